@@ -1,0 +1,28 @@
+"""In-process publish/subscribe for live views: queue changes and streamed tokens."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import contextmanager
+from typing import Iterator
+
+
+class Bus:
+    def __init__(self, max_backlog: int = 10_000):
+        self._subscribers: set[asyncio.Queue] = set()
+        self.max_backlog = max_backlog
+
+    def publish(self, topic: str, data: dict) -> None:
+        for queue in list(self._subscribers):
+            if queue.qsize() >= self.max_backlog:
+                continue  # a reader that stopped reading must not hold the router's memory
+            queue.put_nowait((topic, data))
+
+    @contextmanager
+    def subscribe(self) -> Iterator[asyncio.Queue]:
+        queue: asyncio.Queue = asyncio.Queue()
+        self._subscribers.add(queue)
+        try:
+            yield queue
+        finally:
+            self._subscribers.discard(queue)

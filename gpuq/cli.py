@@ -1,0 +1,486 @@
+"""`gpuq`: the command line. Commands parse, call the router over HTTP, and print; errors
+print `error <status> <message>` then `not retried`, and exit non-zero."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from .client import ApiError, Router
+from .config import ConfigError, find_config, load_config, starter_config
+from .models import parse_iso
+
+DEFAULT_ROUTER = "http://127.0.0.1:8750"
+
+
+def fail(status, message: str) -> None:
+    click.echo(f"error {status} {message}", err=True)
+    click.echo("not retried", err=True)
+    sys.exit(1)
+
+
+def api_errors(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except ApiError as exc:
+            fail(exc.status, exc.message)
+    return wrapper
+
+
+def router_of(ctx: click.Context) -> Router:
+    opts = ctx.obj
+    url, token = opts.get("router") or os.environ.get("GPUQ_ROUTER"), os.environ.get("GPUQ_TOKEN")
+    if not url or not token:
+        try:
+            path = find_config(opts.get("config"))
+            settings = load_config(path) if path else None
+        except ConfigError:
+            settings = None
+        if settings:
+            url = url or settings.public_url
+            token = token or settings.token
+    return Router(url or DEFAULT_ROUTER, token)
+
+
+def ago(ts: str | None, end: str | None = None) -> str:
+    if not ts:
+        return "-"
+    seconds = (parse_iso(end) if end else time.time()) - parse_iso(ts)
+    return duration(seconds)
+
+
+def duration(seconds: float) -> str:
+    seconds = max(int(round(seconds)), 0)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def excerpt(text: str, width: int = 50) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+@click.group()
+@click.option("--router", help="Router URL (else $GPUQ_ROUTER, else the config's public_url).")
+@click.option("--config", type=click.Path(dir_okay=False), help="gpuq.toml (else $GPUQ_CONFIG, else ./gpuq.toml).")
+@click.pass_context
+def main(ctx: click.Context, router: str | None, config: str | None) -> None:
+    """gpuq: send AI jobs to your own GPU machines, one job per node, durably queued.
+
+    Example: gpuq task "add a retry budget to the export job"
+    """
+    ctx.obj = {"router": router, "config": config}
+
+
+# -- the router -----------------------------------------------------------------------------
+
+@main.command()
+@click.option("--demo", is_flag=True, help="Run simulated Ollama nodes on loopback (no gpuq.toml needed).")
+@click.option("--listen", help="host:port to bind, overriding the config.")
+@click.option("--database", type=click.Path(dir_okay=False), help="SQLite file, overriding the config.")
+@click.pass_context
+def serve(ctx: click.Context, demo: bool, listen: str | None, database: str | None) -> None:
+    """Run the router.
+
+    Example: gpuq serve --config ~/gpuq.toml
+    """
+    from .daemon import run_daemon
+
+    path = find_config(ctx.obj["config"])
+    if path is None and not demo:
+        click.echo("gpuq: no config: looked at --config, $GPUQ_CONFIG and ./gpuq.toml. "
+                   "Write one with `gpuq init`, or try `gpuq serve --demo`.", err=True)
+        sys.exit(2)
+    try:
+        settings = None if demo and path is None else load_config(path)
+    except ConfigError as exc:
+        click.echo(f"gpuq: config error: {exc.message}", err=True)
+        sys.exit(2)
+    sys.exit(run_daemon(settings, listen=listen, database=database))
+
+
+@main.command()
+@click.argument("path", default="gpuq.toml", type=click.Path(dir_okay=False))
+def init(path: str) -> None:
+    """Write a starter gpuq.toml (never overwrites).
+
+    Example: gpuq init && $EDITOR gpuq.toml
+    """
+    target = Path(path)
+    if target.exists():
+        click.echo(f"error - {path} already exists; not overwritten", err=True)
+        sys.exit(1)
+    target.write_text(starter_config(), encoding="utf-8")
+    click.echo(f"wrote {path}: set each [[node]]'s url and model, then run `gpuq serve`")
+
+
+# -- submitting -----------------------------------------------------------------------------
+
+def read_text(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        fail("-", f"cannot read {path}: {exc}")
+        raise  # unreachable
+
+
+@main.command()
+@click.argument("prompt", required=False)
+@click.option("--file", "file_", type=click.Path(dir_okay=False, allow_dash=True), help="Read the prompt from a file (- for stdin).")
+@click.option("--model", help="Use this model instead of the node's.")
+@click.option("--node", help="Put the task on this node.")
+@click.option("--timeout", type=float, help="Fail the job if it runs longer than this many seconds.")
+@click.option("--wait", is_flag=True, help="Stream the output as it is generated, then the final state.")
+@click.pass_context
+@api_errors
+def task(ctx, prompt, file_, model, node, timeout, wait) -> None:
+    """Submit a task: it goes to the first free task node by rank.
+
+    Example: gpuq task "add a retry budget to the export job" --wait
+    """
+    if file_:
+        prompt = read_text(file_)
+    if prompt is None:
+        fail("-", "give a PROMPT or --file")
+    body = {"kind": "task", "prompt": prompt, "model": model, "node": node, "timeout": timeout}
+    router = router_of(ctx)
+    job = router.call("POST", "/api/jobs", {k: v for k, v in body.items() if v is not None})["jobs"][0]
+    click.echo(f"{job['id']} -> {job['node']} ({job['reason']})")
+    click.echo(f"preview {job['preview_url']}")
+    if wait:
+        follow(router, job["id"])
+
+
+@main.command()
+@click.argument("file", required=False, type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--parent", help="The task under critique: never critiqued on its own node.")
+@click.option("--node", help="Critique on this node only.")
+@click.option("--model", help="Use this model instead of each node's.")
+@click.option("--timeout", type=float, help="Fail a child if it runs longer than this many seconds.")
+@click.option("--no-wait", is_flag=True, help="Return after submitting.")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@click.pass_context
+@api_errors
+def critique(ctx, file, parent, node, model, timeout, no_wait, as_json) -> None:
+    """Fan a critique out to every critique node, then report each as it finishes.
+
+    Example: gpuq critique plan.md
+    """
+    if file is None and parent is None:
+        fail("-", "give a FILE to critique, or --parent ID")
+    body = {"kind": "critique", "parent": parent, "node": node, "model": model, "timeout": timeout}
+    if file is not None:
+        body["prompt"] = read_text(file)
+    router = router_of(ctx)
+    jobs = router.call("POST", "/api/jobs", {k: v for k, v in body.items() if v is not None})["jobs"]
+    if not as_json:
+        click.echo(f"fan-out {len(jobs)} critique node{'s' if len(jobs) != 1 else ''}")
+    if no_wait:
+        for job in jobs:
+            line = {"node": job["node"], "id": job["id"], "model": job["model"], "state": job["state"],
+                    "preview_url": job["preview_url"]}
+            click.echo(json.dumps(line) if as_json else f"{job['node']} {job['id']} {job['model']} {job['state']}")
+        return
+    finished = wait_all(router, [j["id"] for j in jobs], as_json)
+    if any(j["state"] != "done" for j in finished):
+        sys.exit(1)
+
+
+def critique_line(job: dict) -> str:
+    took = ago(job["created_at"], job["finished_at"])
+    if job["state"] == "done":
+        count = len(job.get("findings") or [])
+        return f"{job['node']} {job['id']} {job['model']} done {count} finding{'s' if count != 1 else ''} {took}"
+    return f"{job['node']} {job['id']} {job['model']} {job['state']} {took}: {job.get('error') or ''}"
+
+
+def wait_all(router: Router, ids: list[str], as_json: bool = False) -> list[dict]:
+    """Print one line per job as each one finishes; poll with a gentle backoff."""
+    pending, finished, delay = list(ids), [], 0.05
+    while pending:
+        for job_id in list(pending):
+            job = router.call("GET", f"/api/jobs/{job_id}")
+            if job["state"] in ("done", "failed", "cancelled"):
+                pending.remove(job_id)
+                finished.append(job)
+                if as_json:
+                    click.echo(json.dumps({k: job.get(k) for k in (
+                        "id", "node", "model", "state", "error", "findings", "created_at", "finished_at",
+                        "preview_url")}))
+                else:
+                    click.echo(critique_line(job))
+        if pending:
+            time.sleep(delay)
+            delay = min(delay * 1.5, 1.0)
+    return finished
+
+
+def follow(router: Router, job_id: str) -> None:
+    """Stream a job's output to the terminal; Ctrl-C stops following, the job goes on."""
+    final = None
+    try:
+        for line in router.lines(f"/api/jobs/{job_id}/stream"):
+            if "text" in line:
+                click.echo(line["text"], nl=False)
+                sys.stdout.flush()
+            if line.get("done"):
+                final = line["job"]
+    except KeyboardInterrupt:
+        click.echo(f"\nstopped following {job_id}; it goes on (gpuq wait {job_id})", err=True)
+        sys.exit(130)
+    click.echo()
+    if final is None:
+        fail("-", f"the stream of {job_id} ended early")
+    click.echo(summary(final))
+    if final["state"] != "done":
+        sys.exit(1)
+
+
+def summary(job: dict) -> str:
+    parts = [job["state"]]
+    if job.get("eval_count"):
+        parts.append(f"{job['eval_count']} tokens")
+    if job.get("started_at") and job.get("finished_at"):
+        parts.append(ago(job["started_at"], job["finished_at"]))
+    if job.get("eval_count") and job.get("eval_duration_ns"):
+        parts.append(f"{job['eval_count'] / (job['eval_duration_ns'] / 1e9):.1f} tok/s")
+    if job.get("error"):
+        parts.append(f"error: {job['error']}")
+    return " ".join(parts)
+
+
+@main.command()
+@click.argument("job_id")
+@click.pass_context
+@api_errors
+def wait(ctx, job_id) -> None:
+    """Follow a job's output until it finishes.
+
+    Example: gpuq wait 1760883402-9f3a7c21
+    """
+    follow(router_of(ctx), job_id)
+
+
+# -- looking ----------------------------------------------------------------------------------
+
+@main.command()
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
+@click.pass_context
+@api_errors
+def show(ctx, job_id, as_json) -> None:
+    """Show a job: state, timings, prompt, output or findings, runs and events.
+
+    Example: gpuq show 1760883402-9f3a7c21
+    """
+    job = router_of(ctx).call("GET", f"/api/jobs/{job_id}")
+    if as_json:
+        click.echo(json.dumps(job, indent=2))
+        return
+    click.echo(f"{job['id']}  {job['kind']}  {job['state']}  on {job['node']}  model {job['model']}")
+    click.echo(f"placed: {job['placement']}   queued {job['created_at']}")
+    if job.get("parent"):
+        click.echo(f"parent: {job['parent']}")
+    for child in job.get("children", []):
+        click.echo(f"critique: {child['id']} on {child['node']} {child['state']}")
+    if job.get("queue_position"):
+        click.echo(f"position {job['queue_position']} in {job['node']}'s queue")
+    click.echo(summary(job))
+    click.echo("\n-- prompt --\n" + job["prompt"])
+    if job.get("findings") is not None:
+        click.echo(f"\n-- findings ({len(job['findings'])}) --")
+        for i, f in enumerate(job["findings"], start=1):
+            click.echo(f"{i}. [{f['severity']}] {f['title']} ({f['where']})\n   {f['detail']}")
+    elif job.get("output"):
+        click.echo("\n-- output --\n" + job["output"])
+    click.echo("\n-- runs --")
+    for run in job.get("runs", []):
+        click.echo(f"run {run['id']} on {run['node']}: {run['state']} {run['started_at']}"
+                   f"{' ' + run['error'] if run.get('error') else ''}")
+    click.echo("\n-- events --")
+    for ev in job.get("events", []):
+        click.echo(f"{ev['at']} {ev['from_state'] or '-'} -> {ev['to_state']} by {ev['actor']}: {ev['reason'] or ''}")
+
+
+@main.command("queue")
+@click.option("--limit", default=50, show_default=True, help="Waiting jobs shown per node.")
+@click.pass_context
+@api_errors
+def queue_cmd(ctx, limit) -> None:
+    """Every node's running job and waiting jobs, in order (like squeue).
+
+    Example: gpuq queue
+    """
+    data = router_of(ctx).call("GET", f"/api/queue?limit={limit}")
+    click.echo(f"queue depth {data['queue_depth']}")
+    for node in data["nodes"]:
+        status = "up" if node["up"] else ("down" if node["checked"] else "checking")
+        click.echo(f"\n{node['name']}  {status}  {node['model']}  [{','.join(node['roles'])}]"
+                   f"  {node['queued_count']} waiting")
+        run = node["running"]
+        if run:
+            click.echo(f"  running  {run['id']}  {run['kind']:8} {ago(run['started_at']):>7}  {excerpt(run['prompt'])}")
+        for i, job in enumerate(node["queued"], start=1):
+            mark = " (preempted)" if job["preempted_runs"] else ""
+            click.echo(f"  {i:>7}  {job['id']}  {job['kind']:8} {ago(job['created_at']):>7}  {excerpt(job['prompt'])}{mark}")
+        if node["queued_count"] > len(node["queued"]):
+            click.echo(f"  … {node['queued_count'] - len(node['queued'])} more")
+
+
+@main.command()
+@click.pass_context
+@api_errors
+def nodes(ctx) -> None:
+    """Each node's health, model and waiting jobs.
+
+    Example: gpuq nodes
+    """
+    data = router_of(ctx).call("GET", "/api/nodes")
+    click.echo(f"{'NODE':12} {'RANK':>4} {'STATUS':8} {'MODEL':22} {'ROLES':15} {'WAITING':>7}  SINCE / PROBLEM")
+    for n in data["nodes"]:
+        status = "up" if n["up"] else ("down" if n["checked"] else "checking")
+        if n["vram_stuck"]:
+            status = "stuck"
+        problem = n["vram_stuck"] or (n["last_error"] if not n["up"] else "")
+        if n["model_installed"] is False:
+            problem = f"model {n['model']} is not installed; {problem}".rstrip("; ")
+        click.echo(f"{n['name']:12} {n['rank']:>4} {status:8} {n['model']:22} {','.join(n['roles']):15} "
+                   f"{n['waiting']:>7}  {n['since']} {problem}")
+
+
+@main.command()
+@click.pass_context
+@api_errors
+def health(ctx) -> None:
+    """The router's health as JSON; exit 1 while it is not ok (a stale head, a node down).
+
+    Example: gpuq health
+    """
+    data = router_of(ctx).call("GET", "/health", allow=(503,))
+    click.echo(json.dumps(data))
+    if not data.get("ok"):
+        sys.exit(1)
+
+
+@main.command()
+@click.pass_context
+@api_errors
+def stale(ctx) -> None:
+    """Stale queue heads, how long and why, and the command that fixes each.
+
+    Example: gpuq stale
+    """
+    heads = router_of(ctx).call("GET", "/api/stale")["stale"]
+    if not heads:
+        click.echo("no stale heads")
+        return
+    for h in heads:
+        click.echo(f"{h['id']} on {h['node']}: {h['reason']} for {ago(h['since'])}   fix: gpuq delete {h['id']}")
+    sys.exit(1)
+
+
+# -- controlling the queue -------------------------------------------------------------------
+
+@main.command()
+@click.argument("job_id")
+@click.option("--to", "position", type=int, help="New position (1 = next to run).")
+@click.option("--before", help="Put it just before this job.")
+@click.option("--after", help="Put it just after this job.")
+@click.option("--node", help="Move it to this node's queue.")
+@click.pass_context
+@api_errors
+def move(ctx, job_id, position, before, after, node) -> None:
+    """Reorder a waiting job, or move it to another node's queue.
+
+    Example: gpuq move 1760883402-9f3a7c21 --to 1 --node node-2
+    """
+    body = {"position": position, "before": before, "after": after, "node": node}
+    job = router_of(ctx).call("POST", f"/api/jobs/{job_id}/move", {k: v for k, v in body.items() if v is not None})["job"]
+    click.echo(f"{job['id']} -> {job['node']} position {job['position']}")
+
+
+@main.command()
+@click.argument("job_id")
+@click.pass_context
+@api_errors
+def preempt(ctx, job_id) -> None:
+    """Run a waiting job next, now, interrupting its node's running job (which goes back behind it).
+
+    Example: gpuq preempt 1760883402-9f3a7c21
+    """
+    data = router_of(ctx).call("POST", f"/api/jobs/{job_id}/preempt")
+    job = data["job"]
+    click.echo(f"{job['id']} -> {job['node']} position 1")
+    if data.get("interrupted"):
+        click.echo(f"{data['interrupted']} preempted -> {job['node']} position 2")
+
+
+@main.command()
+@click.argument("job_ids", nargs=-1, required=True)
+@click.pass_context
+def delete(ctx, job_ids) -> None:
+    """Cancel jobs: waiting ones leave the queue, a running one is aborted. Rows stay for forensics.
+
+    Example: gpuq delete 1760883402-9f3a7c21
+    """
+    router, failed = router_of(ctx), False
+    for job_id in job_ids:
+        try:
+            job = router.call("DELETE", f"/api/jobs/{job_id}")["job"]
+            click.echo(f"{job['id']} cancelled on {job['node']} (was {job['was']})")
+        except ApiError as exc:
+            click.echo(f"error {exc.status} {exc.message}", err=True)
+            failed = True
+    if failed:
+        click.echo("not retried", err=True)
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("node")
+@click.option("--running", is_flag=True, help="Abort the running job too.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_context
+@api_errors
+def clear(ctx, node, running, yes) -> None:
+    """Cancel every waiting job on a node (and the running one with --running).
+
+    Example: gpuq clear node-2 --yes
+    """
+    if not yes:
+        what = "every waiting and the running job" if running else "every waiting job"
+        click.confirm(f"Cancel {what} on {node}?", abort=True)
+    data = router_of(ctx).call("POST", f"/api/nodes/{node}/clear", {"running": running})
+    click.echo(f"{len(data['cancelled'])} jobs cancelled on {node}")
+    for job_id in data["cancelled"]:
+        click.echo(f"{job_id} cancelled")
+
+
+@main.command()
+@click.argument("job_id")
+@click.pass_context
+@api_errors
+def retry(ctx, job_id) -> None:
+    """Put a failed or cancelled job back at the tail of its node's queue, as a new run.
+
+    Example: gpuq retry 1760883402-9f3a7c21
+    """
+    job = router_of(ctx).call("POST", f"/api/jobs/{job_id}/retry")["job"]
+    click.echo(f"{job['id']} -> {job['node']} queued")
+
+
+if __name__ == "__main__":
+    main()

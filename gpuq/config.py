@@ -1,0 +1,262 @@
+"""gpuq.toml → validated, frozen settings. Every mistake names the key that is wrong."""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from urllib.parse import urlparse
+
+import tomli_w
+
+from .errors import ConfigError
+
+DEFAULT_LISTEN = "127.0.0.1:8750"
+ROLES = ("task", "critique")
+
+DEFAULT_CRITIQUE_TEMPLATE = """\
+You are a careful reviewer. Critique the document below. Report only real problems: \
+mistakes, risks, missing pieces, unclear parts. For each finding give a short title, \
+the detail, a severity (low, medium, high) and where in the document it applies.
+
+{subject}"""
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    name: str
+    url: str
+    rank: int
+    roles: tuple[str, ...]
+    model: str
+    max_runtime_s: float | None = None  # None: the router's max_runtime
+
+
+@dataclass(frozen=True)
+class Settings:
+    listen: str = DEFAULT_LISTEN
+    public_url: str = f"http://{DEFAULT_LISTEN}"
+    database: Path = Path("gpuq.db")
+    stale_after_s: float = 600.0  # no tokens for this long: the head is stale
+    stale_grace_s: float = 30.0  # Ollama finished but the job did not, for this long
+    max_runtime_s: float = 4 * 3600.0  # a job running longer is stale, then failed
+    job_timeout_s: float | None = None  # default per-job wall-clock limit
+    stall_timeout_s: float = 300.0  # no bytes from Ollama for this long fails the job
+    unload_timeout_s: float = 30.0  # how long the model may take to leave VRAM
+    health_interval_s: float = 15.0  # node health check period
+    connect_timeout_s: float = 10.0
+    busy_timeout_s: float = 5.0  # SQLite busy timeout
+    max_prompt_bytes: int = 1_000_000
+    token: str | None = None
+    critique_template: str = DEFAULT_CRITIQUE_TEMPLATE
+    nodes: tuple[NodeConfig, ...] = field(default_factory=tuple)
+
+    @property
+    def host(self) -> str:
+        return self.listen.rsplit(":", 1)[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rsplit(":", 1)[1])
+
+    def node(self, name: str) -> NodeConfig | None:
+        return next((n for n in self.nodes if n.name == name), None)
+
+    def max_runtime_for(self, node: NodeConfig) -> float:
+        return node.max_runtime_s if node.max_runtime_s is not None else self.max_runtime_s
+
+    def with_nodes(self, nodes: list[NodeConfig]) -> Settings:
+        return replace(self, nodes=tuple(nodes))
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(value: object, key: str) -> float:
+    """'90s', '10m', '1h30m', '250ms' or a number of seconds."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: expected a duration like '10m' or '30s', got {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ConfigError(f"{key}: a duration cannot be negative, got {value!r}")
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip().lower()
+        parts = _DURATION.findall(text)
+        if parts and "".join(n + u for n, u in parts) == text:
+            return sum(float(n) * _UNIT_S[u] for n, u in parts)
+    raise ConfigError(f"{key}: expected a duration like '10m' or '30s', got {value!r}")
+
+
+def _check_listen(value: object, key: str) -> str:
+    if not isinstance(value, str) or ":" not in value:
+        raise ConfigError(f"{key}: expected 'host:port', got {value!r}")
+    host, port = value.rsplit(":", 1)
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{key}: expected 'host:port' with a port from 1 to 65535, got {value!r}")
+    return value
+
+
+def _check_url(value: object, key: str) -> str:
+    parsed = urlparse(value) if isinstance(value, str) else None
+    if not parsed or parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ConfigError(f"{key}: expected an http:// or https:// URL, got {value!r}")
+    try:
+        parsed.port
+    except ValueError:
+        raise ConfigError(f"{key}: the URL's port is not a number from 0 to 65535: {value!r}") from None
+    return value.rstrip("/")
+
+
+def _typed(table: dict, key: str, kind: type | tuple, where: str, required: bool = False):
+    if key not in table:
+        if required:
+            raise ConfigError(f"{where}: missing required key '{key}'")
+        return None
+    value = table[key]
+    if isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise ConfigError(f"{where}.{key}: expected {names}, got {value!r}")
+    return value
+
+
+_ROUTER_KEYS = {
+    "listen", "public_url", "database", "stale_after", "stale_grace", "max_runtime",
+    "job_timeout", "stall_timeout", "unload_timeout", "health_interval", "connect_timeout",
+    "busy_timeout", "max_prompt_bytes", "token", "critique_template",
+}
+_DURATION_KEYS = {
+    "stale_after": "stale_after_s", "stale_grace": "stale_grace_s",
+    "max_runtime": "max_runtime_s", "job_timeout": "job_timeout_s",
+    "stall_timeout": "stall_timeout_s", "unload_timeout": "unload_timeout_s",
+    "health_interval": "health_interval_s", "connect_timeout": "connect_timeout_s",
+    "busy_timeout": "busy_timeout_s",
+}
+_NODE_KEYS = {"name", "url", "rank", "roles", "model", "max_runtime"}
+
+
+def _parse_node(table: object, index: int) -> NodeConfig:
+    where = f"node[{index}]"
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: expected a [[node]] table")
+    unknown = sorted(set(table) - _NODE_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key '{unknown[0]}' (known: {', '.join(sorted(_NODE_KEYS))})")
+    name = _typed(table, "name", str, where, required=True)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name):
+        raise ConfigError(f"{where}.name: use letters, digits, '.', '_' or '-', got {name!r}")
+    where = f"node '{name}'"
+    roles = _typed(table, "roles", list, where, required=True)
+    if not roles or any(r not in ROLES for r in roles) or len(set(roles)) != len(roles):
+        raise ConfigError(f"{where}.roles: expected a non-empty list of 'task' and/or 'critique', got {roles!r}")
+    rank = _typed(table, "rank", int, where, required=True)
+    model = _typed(table, "model", str, where, required=True)
+    if not model.strip():
+        raise ConfigError(f"{where}.model: must not be empty")
+    runtime = table.get("max_runtime")
+    return NodeConfig(
+        name=name,
+        url=_check_url(_typed(table, "url", str, where, required=True), f"{where}.url"),
+        rank=rank,
+        roles=tuple(roles),
+        model=model.strip(),
+        max_runtime_s=None if runtime is None else parse_duration(runtime, f"{where}.max_runtime"),
+    )
+
+
+def parse_config(data: dict, base_dir: Path) -> Settings:
+    unknown = sorted(set(data) - {"router", "node"})
+    if unknown:
+        raise ConfigError(f"unknown key '{unknown[0]}' (expected [router] and [[node]] tables)")
+    router = data.get("router", {})
+    if not isinstance(router, dict):
+        raise ConfigError("router: expected a [router] table")
+    unknown = sorted(set(router) - _ROUTER_KEYS)
+    if unknown:
+        raise ConfigError(f"router: unknown key '{unknown[0]}' (known: {', '.join(sorted(_ROUTER_KEYS))})")
+    values: dict = {}
+    if "listen" in router:
+        values["listen"] = _check_listen(router["listen"], "router.listen")
+    listen = values.get("listen", DEFAULT_LISTEN)
+    values["public_url"] = _check_url(router.get("public_url", f"http://{listen}"), "router.public_url")
+    database = _typed(router, "database", str, "router")
+    values["database"] = (base_dir / (database or "gpuq.db")).resolve()
+    for key, attr in _DURATION_KEYS.items():
+        if key in router:
+            values[attr] = parse_duration(router[key], f"router.{key}")
+    limit = _typed(router, "max_prompt_bytes", int, "router")
+    if limit is not None:
+        if limit < 1:
+            raise ConfigError(f"router.max_prompt_bytes: must be at least 1, got {limit}")
+        values["max_prompt_bytes"] = limit
+    token = _typed(router, "token", str, "router")
+    if token is not None:
+        values["token"] = token
+    template = _typed(router, "critique_template", str, "router")
+    if template is not None:
+        if "{subject}" not in template:
+            raise ConfigError("router.critique_template: must contain '{subject}'")
+        values["critique_template"] = template
+
+    nodes_raw = data.get("node", [])
+    if not isinstance(nodes_raw, list):
+        raise ConfigError("node: expected [[node]] tables")
+    nodes = [_parse_node(t, i) for i, t in enumerate(nodes_raw, start=1)]
+    seen_names: dict[str, int] = {}
+    seen_ranks: dict[int, str] = {}
+    for n in nodes:
+        if n.name in seen_names:
+            raise ConfigError(f"node '{n.name}'.name: duplicate node name")
+        if n.rank in seen_ranks:
+            raise ConfigError(f"node '{n.name}'.rank: rank {n.rank} is already used by node '{seen_ranks[n.rank]}'")
+        seen_names[n.name] = 1
+        seen_ranks[n.rank] = n.name
+    values["nodes"] = tuple(sorted(nodes, key=lambda n: n.rank))
+    return Settings(**values)
+
+
+def load_config(path: Path) -> Settings:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    settings = parse_config(data, path.resolve().parent)
+    if not settings.nodes:
+        raise ConfigError(f"{path}: node: at least one [[node]] is required")
+    env_token = os.environ.get("GPUQ_TOKEN")
+    return replace(settings, token=env_token) if env_token and not settings.token else settings
+
+
+def find_config(explicit: str | None) -> Path | None:
+    """--config, then $GPUQ_CONFIG, then ./gpuq.toml (None when there is none)."""
+    if explicit:
+        return Path(explicit)
+    if os.environ.get("GPUQ_CONFIG"):
+        return Path(os.environ["GPUQ_CONFIG"])
+    local = Path("gpuq.toml")
+    return local if local.exists() else None
+
+
+def starter_config() -> str:
+    """The file `gpuq init` writes."""
+    return tomli_w.dumps(
+        {
+            "router": {
+                "listen": DEFAULT_LISTEN,
+                "public_url": f"http://{DEFAULT_LISTEN}",
+                "database": "gpuq.db",
+                "stale_after": "10m",
+            },
+            "node": [
+                {"name": "node-1", "url": "http://node-1:11434", "rank": 1,
+                 "roles": ["task", "critique"], "model": "qwen3-coder:30b"},
+                {"name": "node-2", "url": "http://node-2:11434", "rank": 2,
+                 "roles": ["critique"], "model": "deepseek-r1:32b"},
+            ],
+        }
+    )

@@ -1,0 +1,317 @@
+"""One worker per node: claim the head, stream it through Ollama, unload the model, confirm it
+left VRAM, finish the job. Nothing is retried: every failure ends the job, loudly."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from .bus import Bus
+from .config import NodeConfig, Settings
+from .critique import FINDINGS_SCHEMA, FindingsError, instruction, parse_findings
+from .errors import GpuqError, OllamaError
+from .models import iso, normalize_model
+from .ollama import OllamaClient
+from .store import GuardMiss, Interrupted, NodeInfo, Store
+
+log = logging.getLogger("gpuq")
+
+IDLE_POLL_S = 5.0  # the fallback poll; a submit wakes the worker at once
+HEARTBEAT_S = 1.0  # progress is written at most this often while tokens stream
+
+
+@dataclass
+class Current:
+    """The job a node is running now."""
+
+    job_id: str
+    run_id: int
+    task: asyncio.Task | None = None
+    output: list[str] = field(default_factory=list)
+    abort_reason: str | None = None
+
+
+@dataclass
+class NodeRuntime:
+    config: NodeConfig
+    client: OllamaClient
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    up: bool = False
+    checked: bool = False  # False until the first health check has answered
+    last_error: str | None = None
+    since: float = field(default_factory=time.time)
+    model_installed: bool | None = None
+    vram_stuck: str | None = None  # set when a model would not leave VRAM
+    current: Current | None = None
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def claimable(self) -> bool:
+        return self.up and self.vram_stuck is None
+
+
+class Dispatcher:
+    def __init__(self, settings: Settings, store: Store, bus: Bus):
+        self.settings = settings
+        self.store = store
+        self.bus = bus
+        self.session: aiohttp.ClientSession | None = None
+        self.nodes: dict[str, NodeRuntime] = {}
+        self._tasks: list[asyncio.Task] = []
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.session = aiohttp.ClientSession()
+        for cfg in self.settings.nodes:
+            client = OllamaClient(cfg.url, self.session, connect_timeout_s=self.settings.connect_timeout_s,
+                                  stall_timeout_s=self.settings.stall_timeout_s)
+            self.nodes[cfg.name] = NodeRuntime(cfg, client)
+        orphans = await self.store.fail_orphans()
+        for o in orphans:
+            log.warning("job=%s node=%s state=failed reason=%r", o["id"], o["node"], "router restarted while running")
+        for name, rt in self.nodes.items():
+            models = [o["model"] for o in orphans if o["node"] == name]
+            self._tasks.append(asyncio.create_task(self._health_loop(rt), name=f"health-{name}"))
+            self._tasks.append(asyncio.create_task(self._worker(rt, models), name=f"worker-{name}"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.session is not None:
+            await self.session.close()
+
+    def node_infos(self) -> list[NodeInfo]:
+        return [NodeInfo(rt.name, rt.config.rank, rt.config.roles, rt.config.model, rt.claimable)
+                for rt in self.nodes.values()]
+
+    def wake(self, node: str | None = None) -> None:
+        for rt in self.nodes.values():
+            if node is None or rt.name == node:
+                rt.wake.set()
+
+    def abort(self, interrupted: Interrupted | None, reason: str) -> None:
+        """Stop a running job's Ollama request (closing it stops Ollama's generation)."""
+        if interrupted is None:
+            return
+        rt = self.nodes.get(interrupted.node)
+        cur = rt.current if rt else None
+        if cur is not None and cur.run_id == interrupted.run_id and cur.task is not None:
+            cur.abort_reason = reason
+            cur.task.cancel()
+        self.wake(interrupted.node)
+
+    def live_output(self, job_id: str) -> str | None:
+        for rt in self.nodes.values():
+            if rt.current is not None and rt.current.job_id == job_id:
+                return "".join(rt.current.output)
+        return None
+
+    def _changed(self, **data) -> None:
+        self.bus.publish("queue", data)
+
+    # -- node health --------------------------------------------------------------------------
+
+    async def check_node(self, rt: NodeRuntime) -> None:
+        try:
+            await rt.client.version()
+            installed = await rt.client.installed()
+            error = None
+        except OllamaError as exc:
+            installed, error = None, exc.message
+        was_up = rt.up
+        rt.checked = True
+        if installed is not None:
+            rt.model_installed = normalize_model(rt.config.model) in installed
+            if rt.vram_stuck and rt.current is None:
+                try:
+                    if normalize_model(rt.config.model) not in await rt.client.loaded():
+                        log.info("node=%s vram=clear", rt.name)
+                        rt.vram_stuck = None
+                except OllamaError:
+                    pass
+        await self._set_up(rt, error is None, error)
+        if rt.up != was_up and rt.up:
+            rt.wake.set()
+
+    async def _set_up(self, rt: NodeRuntime, up: bool, error: str | None) -> None:
+        changed = up != rt.up or (not up and error != rt.last_error)
+        if up != rt.up:
+            rt.since = time.time()
+            if up:
+                log.info("node=%s health=up", rt.name)
+            else:
+                log.warning("node=%s health=down error=%r", rt.name, error)
+            self._changed(node=rt.name, up=up)
+        rt.up = up
+        rt.last_error = error if not up else rt.last_error
+        if changed:
+            await self.store.set_node_health(rt.name, up, rt.last_error)
+
+    async def _health_loop(self, rt: NodeRuntime) -> None:
+        while True:
+            await self.check_node(rt)
+            await asyncio.sleep(self.settings.health_interval_s if rt.up else min(self.settings.health_interval_s, 2.0))
+
+    # -- the worker ---------------------------------------------------------------------------
+
+    async def _wait(self, rt: NodeRuntime, timeout: float) -> None:
+        try:
+            await asyncio.wait_for(rt.wake.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+        rt.wake.clear()
+
+    async def _worker(self, rt: NodeRuntime, orphan_models: list[str]) -> None:
+        for model in orphan_models:  # a job of a dead router may still hold VRAM
+            await self._unload(rt, model, job_id=None)
+        while True:
+            try:
+                if not rt.claimable:
+                    await self._wait(rt, 1.0)
+                    continue
+                if not await self._ready_to_claim(rt):
+                    await self._wait(rt, IDLE_POLL_S)
+                    continue
+                job = await self.store.claim(rt.name)
+                if job is None:
+                    continue
+                log.info("job=%s node=%s state=running model=%s", job["id"], rt.name, job["model"])
+                self._changed(job=job["id"], node=rt.name, state="running")
+                await self._run(rt, job)
+            except asyncio.CancelledError:
+                raise
+            except GpuqError as exc:  # the store refused (locked, disk full): say so, then go on
+                log.error("node=%s worker error: %s", rt.name, exc.message)
+                await self._wait(rt, 1.0)
+
+    async def _ready_to_claim(self, rt: NodeRuntime) -> bool:
+        """Something waits and the node answers: never claim onto a node that is unreachable."""
+        if not (await self.store.waiting_by_node()).get(rt.name):
+            return False
+        await self.check_node(rt)
+        return rt.claimable
+
+    async def _run(self, rt: NodeRuntime, job: dict) -> None:
+        cur = Current(job["id"], job["run_id"])
+        rt.current = cur
+        cur.task = asyncio.create_task(self._execute(rt, job, cur))
+        try:
+            await asyncio.shield(cur.task)
+        except asyncio.CancelledError:
+            if cur.abort_reason is None:  # the router is shutting down
+                cur.task.cancel()
+                raise
+            await self._after_abort(rt, job, cur)
+        finally:
+            rt.current = None
+            self._changed(job=job["id"], node=rt.name)
+
+    def _limit_s(self, rt: NodeRuntime, job: dict) -> tuple[float, str]:
+        runtime = self.settings.max_runtime_for(rt.config)
+        timeout = job.get("timeout_s") or self.settings.job_timeout_s
+        if timeout is not None and timeout < runtime:
+            return timeout, "timeout"
+        return runtime, "max_runtime"
+
+    async def _execute(self, rt: NodeRuntime, job: dict, cur: Current) -> None:
+        started = time.monotonic()
+        limit_s, limit_name = self._limit_s(rt, job)
+        critique = job["kind"] == "critique"
+        prompt = instruction(self.settings.critique_template, job["prompt"]) if critique else job["prompt"]
+        stats: dict = {}
+        error = None
+        try:
+            async with asyncio.timeout(limit_s):
+                stats = await self._generate(rt, job, cur, prompt, FINDINGS_SCHEMA if critique else None)
+        except TimeoutError:
+            error = (f"{limit_name} fired: the job ran {time.monotonic() - started:.1f}s, "
+                     f"over its {limit_s:g}s limit; request aborted")
+        except OllamaError as exc:
+            error = exc.message
+            if exc.status is None and "cannot connect" in exc.message:
+                await self._set_up(rt, False, exc.message)
+        output = "".join(cur.output)
+        findings = None
+        if error is None:
+            await self.store.work_done(cur.run_id, output, stats)
+            if critique:
+                try:
+                    findings = parse_findings(output)
+                except FindingsError as exc:
+                    error = f"the model's reply does not match the findings schema: {exc}; raw reply kept as output"
+        await self._unload(rt, job["model"], job["id"])
+        state = "failed" if error else "done"
+        try:
+            await self.store.finish(job["id"], cur.run_id, state, error, output, findings=findings)
+        except GuardMiss as exc:
+            if cur.abort_reason is None:
+                log.error("job=%s node=%s finish refused: %s", job["id"], rt.name, exc.message)
+                await self.store.note(job["id"], f"finish refused: {exc.message}")
+            return
+        log.info("job=%s node=%s state=%s%s", job["id"], rt.name, state, f" error={error!r}" if error else "")
+
+    async def _generate(self, rt: NodeRuntime, job: dict, cur: Current, prompt: str, fmt) -> dict:
+        last_beat = time.monotonic()
+        async for chunk in rt.client.chat(job["model"], prompt, fmt):
+            piece = (chunk.get("message") or {}).get("content") or chunk.get("response") or ""
+            if piece:
+                cur.output.append(piece)
+                self.bus.publish("tokens", {"id": job["id"], "run_id": cur.run_id, "text": piece})
+            if chunk.get("done"):
+                return chunk
+            if time.monotonic() - last_beat >= HEARTBEAT_S:
+                last_beat = time.monotonic()
+                await self.store.heartbeat(cur.run_id, "".join(cur.output))
+        raise OllamaError("Ollama's stream ended without done: true")
+
+    async def _after_abort(self, rt: NodeRuntime, job: dict, cur: Current) -> None:
+        log.info("job=%s node=%s aborted: %s", job["id"], rt.name, cur.abort_reason)
+        await self.store.save_output(cur.run_id, "".join(cur.output))
+        await self._unload(rt, job["model"], job["id"])
+
+    async def _unload(self, rt: NodeRuntime, model: str, job_id: str | None) -> bool:
+        """Confirm through /api/ps that the model left VRAM; ask for an unload if it lingers."""
+        wanted = normalize_model(model)
+        deadline = time.monotonic() + self.settings.unload_timeout_s
+        delay, asked = 0.02, False
+        last_error = None
+        while True:
+            try:
+                if wanted not in await rt.client.loaded():
+                    return True
+                if not asked:
+                    await rt.client.unload(model)
+                    asked = True
+                last_error = f"{model} is still listed by /api/ps"
+            except OllamaError as exc:
+                last_error = exc.message
+            if time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(min(delay, max(deadline - time.monotonic(), 0)))
+            delay = min(delay * 2, 0.5)
+        message = (f"unload failed: {model} did not leave VRAM within "
+                   f"{self.settings.unload_timeout_s:g}s ({last_error}); node {rt.name} flagged")
+        rt.vram_stuck = message
+        log.error("node=%s job=%s %s", rt.name, job_id, message)
+        if job_id is not None:
+            await self.store.note(job_id, message)
+        self._changed(node=rt.name, vram_stuck=True)
+        return False
+
+
+def node_json(rt: NodeRuntime) -> dict:
+    return {
+        "name": rt.name, "rank": rt.config.rank, "roles": list(rt.config.roles),
+        "model": rt.config.model, "url": rt.config.url, "up": rt.up, "checked": rt.checked,
+        "since": iso(rt.since), "last_error": rt.last_error, "model_installed": rt.model_installed,
+        "vram_stuck": rt.vram_stuck,
+    }

@@ -1,0 +1,61 @@
+"""One error hierarchy: each class carries the HTTP status the server and the CLI show."""
+
+GUARD_MESSAGE = "a critique never runs on its parent task's node"
+
+
+class GpuqError(Exception):
+    status = 500
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.message = message
+        if status is not None:
+            self.status = status
+
+
+class BadRequest(GpuqError):
+    status = 400
+
+
+class NotFound(GpuqError):
+    status = 404
+
+
+class Conflict(GpuqError):
+    """The request is well formed but the queue's current state refuses it."""
+
+    status = 409
+
+
+class GuardRefused(Conflict):
+    def __init__(self, message: str = GUARD_MESSAGE):
+        super().__init__(message)
+
+
+class TooLarge(GpuqError):
+    status = 413
+
+
+class Unprocessable(GpuqError):
+    """Well-formed JSON that names something that does not exist or cannot be used."""
+
+    status = 422
+
+
+class StoreUnavailable(GpuqError):
+    """The database refused a write (locked past the busy timeout, disk full, read-only)."""
+
+    status = 503
+
+
+class ConfigError(GpuqError):
+    status = 2  # the exit code of `gpuq serve`
+
+
+class OllamaError(Exception):
+    """Anything a node's Ollama said or did wrong; `message` is Ollama's text verbatim."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.message = message
+        self.status = status

@@ -1,0 +1,43 @@
+"""States, ids and times: the vocabulary the rest of gpuq speaks."""
+
+import secrets
+import time
+from datetime import datetime, timezone
+from enum import Enum
+
+
+class JobState(str, Enum):
+    QUEUED = "queued"  #: waiting in its node's queue
+    RUNNING = "running"  #: claimed by its node's worker; at most one per node
+    DONE = "done"  #: Ollama finished and the model was unloaded
+    FAILED = "failed"  #: Ollama or a limit failed it; never retried by itself
+    CANCELLED = "cancelled"  #: deleted or cleared by a person
+
+
+class Kind(str, Enum):
+    TASK = "task"  #: long work, to the first free task node by rank
+    CRITIQUE = "critique"  #: a review, fanned out to every critique node
+
+
+ACTIVE = (JobState.QUEUED.value, JobState.RUNNING.value)
+FINISHED = (JobState.DONE.value, JobState.FAILED.value, JobState.CANCELLED.value)
+
+POSITION_GAP = 1024
+
+
+def new_job_id(now: float | None = None) -> str:
+    """`<unix seconds>-<8 lowercase hex>`: sorts by time, unique without coordination."""
+    return f"{int(now if now is not None else time.time())}-{secrets.token_hex(4)}"
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_iso(text: str) -> float:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
+
+
+def normalize_model(name: str) -> str:
+    """Ollama lists models with their tag: 'llama3.2' is 'llama3.2:latest'."""
+    return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"

@@ -1,0 +1,106 @@
+"""A small Ollama client: stream a chat, unload a model, ask what is loaded. No retries:
+every failure is raised as OllamaError with Ollama's own message."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, AsyncIterator
+
+import aiohttp
+
+from .errors import OllamaError
+from .models import normalize_model
+
+
+def _message(body: str, status: int) -> str:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body.strip() or f"HTTP {status}"
+    if isinstance(data, dict) and isinstance(data.get("error"), str):
+        return data["error"]
+    return body.strip()
+
+
+class OllamaClient:
+    def __init__(self, base_url: str, session: aiohttp.ClientSession, *,
+                 connect_timeout_s: float = 10.0, stall_timeout_s: float = 300.0):
+        self.base_url = base_url.rstrip("/")
+        self.session = session
+        self.connect_timeout_s = connect_timeout_s
+        self.stall_timeout_s = stall_timeout_s
+
+    def _timeout(self, read_s: float) -> aiohttp.ClientTimeout:
+        # No total limit here: a job's wall-clock limit belongs to the worker.
+        return aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s, sock_read=read_s)
+
+    async def _request(self, method: str, path: str, body: Any = None, read_s: float = 10.0) -> Any:
+        url = self.base_url + path
+        try:
+            async with self.session.request(method, url, json=body, timeout=self._timeout(read_s)) as resp:
+                text = await resp.text()
+                if resp.status >= 400:
+                    raise OllamaError(_message(text, resp.status), resp.status)
+                return json.loads(text)
+        except aiohttp.ClientConnectorError as exc:
+            raise OllamaError(f"cannot connect to {self.base_url}: {exc.os_error or exc}") from exc
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+            raise OllamaError(f"{method} {path} on {self.base_url} failed: {exc!r}") from exc
+
+    async def version(self) -> str:
+        return (await self._request("GET", "/api/version"))["version"]
+
+    async def installed(self) -> set[str]:
+        data = await self._request("GET", "/api/tags")
+        return {normalize_model(m["name"]) for m in data.get("models", [])}
+
+    async def loaded(self) -> set[str]:
+        """Models /api/ps lists (in VRAM, loading, or still stopping)."""
+        data = await self._request("GET", "/api/ps")
+        return {normalize_model(m["name"]) for m in data.get("models", [])}
+
+    async def unload(self, model: str) -> None:
+        """An empty chat with keep_alive 0 asks Ollama to unload; it answers done_reason 'unload'."""
+        await self._request("POST", "/api/chat", {"model": model, "messages": [], "keep_alive": 0})
+
+    async def chat(self, model: str, prompt: str, fmt: Any = None) -> AsyncIterator[dict]:
+        """Stream /api/chat with keep_alive 0 (the model unloads when the request ends).
+
+        Yields each chunk; the last one has done: true. Raises OllamaError on an HTTP error,
+        an {"error"} line, a stall longer than stall_timeout_s, or a stream that ends early."""
+        body: dict[str, Any] = {
+            "model": model,
+            "messages": [{"role": "user", "content": prompt}],
+            "stream": True,
+            "keep_alive": 0,
+        }
+        if fmt is not None:
+            body["format"] = fmt
+        url = self.base_url + "/api/chat"
+        try:
+            async with self.session.post(url, json=body, timeout=self._timeout(self.stall_timeout_s)) as resp:
+                if resp.status >= 400:
+                    raise OllamaError(_message(await resp.text(), resp.status), resp.status)
+                async for raw in resp.content:
+                    line = raw.strip()
+                    if not line:
+                        continue
+                    try:
+                        chunk = json.loads(line)
+                    except ValueError:
+                        raise OllamaError(f"Ollama sent a line that is not JSON: {line[:200]!r}") from None
+                    if "error" in chunk:
+                        raise OllamaError(str(chunk["error"]))
+                    yield chunk
+                    if chunk.get("done"):
+                        return
+            raise OllamaError("Ollama's stream ended without done: true")
+        except aiohttp.ClientConnectorError as exc:
+            raise OllamaError(f"cannot connect to {self.base_url}: {exc.os_error or exc}") from exc
+        except asyncio.TimeoutError as exc:
+            raise OllamaError(f"stalled: no bytes from Ollama for {self.stall_timeout_s:g}s") from exc
+        except aiohttp.ClientPayloadError as exc:
+            raise OllamaError(f"Ollama's stream broke off: {exc}") from exc
+        except aiohttp.ClientError as exc:
+            raise OllamaError(f"request to {self.base_url} failed: {exc}") from exc

@@ -1,0 +1,402 @@
+"""The router's HTTP face: thin views over the store and the dispatcher. Errors are raised as
+GpuqError anywhere and rendered once, here, as {"error": {"status", "message"}}."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from .bus import Bus
+from .config import Settings
+from .critique import parent_subject
+from .dispatcher import Dispatcher, node_json
+from .errors import BadRequest, Conflict, GpuqError, NotFound, TooLarge
+from .models import iso
+from .store import NewJob, Store, job_json
+
+log = logging.getLogger("gpuq")
+
+WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+JOB_ID = re.compile(r"\d{1,12}-[0-9a-f]{8}")
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+STALE_CHECK_S = 1.0
+
+SETTINGS = web.AppKey("settings", Settings)
+STORE = web.AppKey("store", Store)
+DISPATCHER = web.AppKey("dispatcher", Dispatcher)
+BUS = web.AppKey("bus", Bus)
+
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+       "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+
+
+def error_response(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"status": status, "message": message}}, status=status)
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler):
+    try:
+        return await handler(request)
+    except GpuqError as exc:
+        return error_response(exc.status, exc.message)
+    except web.HTTPRequestEntityTooLarge as exc:
+        return error_response(413, f"request body too large: {exc.text}")
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error_response(exc.status, exc.reason if exc.status != 404 else f"no route for {request.path}")
+    except Exception:
+        log.exception("unexpected error on %s %s", request.method, request.path)
+        return error_response(500, "internal error in the router; see its log")
+
+
+@web.middleware
+async def headers_middleware(request: web.Request, handler):
+    resp = await handler(request)
+    resp.headers.setdefault("Content-Security-Policy", CSP)
+    resp.headers.setdefault("X-Content-Type-Options", "nosniff")
+    resp.headers.setdefault("Referrer-Policy", "no-referrer")
+    return resp
+
+
+# -- input ------------------------------------------------------------------------------------
+
+async def json_body(request: web.Request, allowed: set[str]) -> dict:
+    raw = await request.read()
+    if not raw:
+        raise BadRequest("missing request body: expected a JSON object")
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise BadRequest("request body is not valid UTF-8") from None
+    except ValueError as exc:
+        raise BadRequest(f"malformed JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest(f"expected a JSON object, got {type(body).__name__}")
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise BadRequest(f"unknown field '{unknown[0]}' (allowed: {', '.join(sorted(allowed))})")
+    return body
+
+
+def field_of(body: dict, key: str, kind: type, required: bool = False) -> Any:
+    value = body.get(key)
+    if value is None:
+        if required:
+            raise BadRequest(f"missing field '{key}'")
+        return None
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise BadRequest(f"field '{key}' must be a {kind.__name__}, got {json.dumps(value)[:80]}")
+    return value
+
+
+def job_id_of(request: web.Request, text: str | None = None) -> str:
+    job_id = text if text is not None else request.match_info["id"]
+    if not JOB_ID.fullmatch(job_id):
+        raise BadRequest(f"'{job_id[:80]}' is not a job id (ids look like 1760883402-9f3a7c21)")
+    return job_id
+
+
+def actor_of(request: web.Request) -> str:
+    who = request.headers.get("X-Gpuq-Actor", "api")
+    who = who if who in ("cli", "page", "api") else "api"
+    return f"{who} {request.remote or '?'}"
+
+
+# -- views ------------------------------------------------------------------------------------
+
+async def health(request: web.Request) -> web.Response:
+    store, dispatcher = request.app[STORE], request.app[DISPATCHER]
+    totals = await store.totals()
+    waiting = await store.waiting_by_node()
+    stale = [{k: h[k] for k in ("id", "node", "state", "since", "reason")} for h in await store.stale_heads()]
+    down = [{"name": rt.name, "since": iso(rt.since), "error": rt.vram_stuck or rt.last_error,
+             "waiting": waiting.get(rt.name, 0)}
+            for rt in dispatcher.nodes.values() if rt.checked and not rt.claimable]
+    ok = not stale and not any(d["waiting"] for d in down)
+    body = {"ok": ok, "queue_depth": totals["queue_depth"], "running": totals["running"],
+            "stale": stale, "nodes_down": down}
+    return web.json_response(body, status=200 if ok else 503)
+
+
+async def submit(request: web.Request) -> web.Response:
+    settings, store = request.app[SETTINGS], request.app[STORE]
+    body = await json_body(request, {"kind", "prompt", "model", "node", "parent", "timeout"})
+    kind = field_of(body, "kind", str, required=True)
+    if kind not in ("task", "critique"):
+        raise BadRequest(f"unknown kind '{kind[:40]}' (expected 'task' or 'critique')")
+    prompt = field_of(body, "prompt", str)
+    parent = field_of(body, "parent", str)
+    if parent is not None:
+        job_id_of(request, parent)
+    timeout = field_of(body, "timeout", (int, float))
+    if timeout is not None and not 0 < timeout <= 7 * 86400:
+        raise BadRequest(f"field 'timeout' must be between 0 and 604800 seconds, got {timeout}")
+    if prompt is None and kind == "critique" and parent is not None:
+        prompt = await subject_of_parent(store, parent)
+    if prompt is None or not prompt.strip():
+        raise BadRequest("field 'prompt' must not be empty")
+    size = len(prompt.encode("utf-8"))
+    if size > settings.max_prompt_bytes:
+        raise TooLarge(f"prompt is {size} bytes, over the limit of {settings.max_prompt_bytes} (router.max_prompt_bytes)")
+    model = field_of(body, "model", str)
+    if model is not None and not model.strip():
+        raise BadRequest("field 'model' must not be empty")
+    node = field_of(body, "node", str)
+    new = NewJob(kind=kind, prompt=prompt, model=model and model.strip(), node=node, parent=parent,
+                 timeout_s=float(timeout) if timeout is not None else None)
+    jobs = await store.submit(new, request.app[DISPATCHER].node_infos(), actor_of(request))
+    for job in jobs:
+        log.info("job=%s node=%s state=queued kind=%s placement=%r", job["id"], job["node"], kind, job["reason"])
+        job["preview_url"] = f"{settings.public_url}/jobs/{job['id']}"
+    request.app[DISPATCHER].wake()
+    request.app[BUS].publish("queue", {"submitted": [j["id"] for j in jobs]})
+    return web.json_response({"jobs": jobs}, status=201)
+
+
+async def subject_of_parent(store: Store, parent: str) -> str:
+    try:
+        job = await store.job_detail(parent)
+    except NotFound:
+        raise GpuqError(f"unknown parent job '{parent}'", status=422) from None
+    if job["kind"] != "task":
+        raise GpuqError(f"parent job '{parent}' is a {job['kind']}, not a task", status=422)
+    if job["state"] != "done":
+        raise Conflict(f"parent task {parent} is {job['state']}; only a done task's result can be "
+                       "critiqued without a file")
+    return parent_subject(job["prompt"], job["output"])
+
+
+async def get_job(request: web.Request) -> web.Response:
+    app = request.app
+    job = await app[STORE].job_detail(job_id_of(request))
+    live = app[DISPATCHER].live_output(job["id"])
+    if live is not None:
+        job["output"] = live
+    return web.json_response(job_json(job, app[SETTINGS].public_url))
+
+
+async def list_jobs(request: web.Request) -> web.Response:
+    q = request.query
+    state = q.get("state")
+    if state and state not in ("queued", "running", "done", "failed", "cancelled"):
+        raise BadRequest(f"unknown state '{state[:40]}'")
+    limit = int_param(q, "limit", 100, 1, 10_000)
+    rows = await request.app[STORE].jobs(q.get("node"), state, limit)
+    url = request.app[SETTINGS].public_url
+    return web.json_response({"jobs": [job_json(r, url) for r in rows]})
+
+
+def int_param(query, key: str, default: int, low: int, high: int) -> int:
+    text = query.get(key)
+    if text is None:
+        return default
+    if not text.isdigit() or not low <= int(text) <= high:
+        raise BadRequest(f"query parameter '{key}' must be a whole number from {low} to {high}, got '{text[:40]}'")
+    return int(text)
+
+
+async def queue(request: web.Request) -> web.Response:
+    app = request.app
+    limit = int_param(request.query, "limit", 1000, 0, 100_000)
+    url = app[SETTINGS].public_url
+    nodes, depth = [], 0
+    for rt in app[DISPATCHER].nodes.values():
+        running, queued, count = await app[STORE].queue(rt.name, limit)
+        depth += count
+        nodes.append(dict(node_json(rt), running=running and job_json(running, url),
+                          queued=[job_json(j, url) for j in queued], queued_count=count))
+    return web.json_response({"queue_depth": depth, "nodes": nodes})
+
+
+async def nodes(request: web.Request) -> web.Response:
+    waiting = await request.app[STORE].waiting_by_node()
+    return web.json_response({"nodes": [dict(node_json(rt), waiting=waiting.get(rt.name, 0))
+                                        for rt in request.app[DISPATCHER].nodes.values()]})
+
+
+async def stale(request: web.Request) -> web.Response:
+    return web.json_response({"stale": await request.app[STORE].stale_heads()})
+
+
+async def move(request: web.Request) -> web.Response:
+    body = await json_body(request, {"position", "before", "after", "node"})
+    before, after = field_of(body, "before", str), field_of(body, "after", str)
+    for other in (before, after):
+        if other is not None:
+            job_id_of(request, other)
+    position = field_of(body, "position", int)
+    if position is not None and not 1 <= position <= 1_000_000_000:
+        raise BadRequest(f"field 'position' must be from 1 to 1000000000, got {position}")
+    node = field_of(body, "node", str)
+    app = request.app
+    job = await app[STORE].move(job_id_of(request), app[DISPATCHER].node_infos(), actor_of(request),
+                                position=position, before=before, after=after, node=node)
+    app[DISPATCHER].wake(job["node"])
+    app[BUS].publish("queue", {"moved": job["id"]})
+    return web.json_response({"job": {"id": job["id"], "node": job["node"], "position": job["position"],
+                                      "state": "queued"}})
+
+
+async def preempt(request: web.Request) -> web.Response:
+    app = request.app
+    job, interrupted = await app[STORE].preempt(job_id_of(request), actor_of(request))
+    app[DISPATCHER].abort(interrupted, f"preempted by {job['id']}")
+    app[BUS].publish("queue", {"preempted": job["id"]})
+    return web.json_response({"job": {"id": job["id"], "node": job["node"], "position": 1, "state": "queued"},
+                              "interrupted": interrupted and interrupted.job_id})
+
+
+async def delete(request: web.Request) -> web.Response:
+    app = request.app
+    job, interrupted = await app[STORE].delete(job_id_of(request), actor_of(request))
+    app[DISPATCHER].abort(interrupted, "deleted")
+    app[BUS].publish("queue", {"deleted": job["id"]})
+    log.info("job=%s node=%s state=cancelled reason=deleted", job["id"], job["node"])
+    return web.json_response({"job": {"id": job["id"], "node": job["node"], "state": "cancelled",
+                                      "was": "running" if interrupted else "queued"}})
+
+
+async def clear(request: web.Request) -> web.Response:
+    app = request.app
+    name = request.match_info["name"]
+    if name not in app[DISPATCHER].nodes:
+        raise NotFound(f"unknown node '{name[:64]}'")
+    body = await json_body(request, {"running"}) if request.can_read_body else {}
+    running = field_of(body, "running", bool) or False
+    ids, interrupted = await app[STORE].clear(name, actor_of(request), running=running)
+    app[DISPATCHER].abort(interrupted, "cleared")
+    app[BUS].publish("queue", {"cleared": name})
+    return web.json_response({"node": name, "cancelled": ids})
+
+
+async def retry(request: web.Request) -> web.Response:
+    app = request.app
+    job = await app[STORE].retry(job_id_of(request), actor_of(request))
+    app[DISPATCHER].wake(job["node"])
+    app[BUS].publish("queue", {"retried": job["id"]})
+    return web.json_response({"job": {"id": job["id"], "node": job["node"], "state": "queued"}})
+
+
+async def stream_job(request: web.Request) -> web.StreamResponse:
+    """NDJSON: {"text"} pieces of output as they are generated, then {"done", "state", ...}."""
+    app = request.app
+    job_id = job_id_of(request)
+    resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-store"})
+    with app[BUS].subscribe() as events:
+        job = await app[STORE].job_detail(job_id)
+        await resp.prepare(request)
+        sent = app[DISPATCHER].live_output(job_id) or job["output"]
+        if sent:
+            await resp.write(json.dumps({"text": sent}).encode() + b"\n")
+        while job["state"] in ("queued", "running"):
+            try:
+                topic, data = await asyncio.wait_for(events.get(), 1.0)
+            except asyncio.TimeoutError:
+                topic, data = "tick", {}
+            if topic == "tokens" and data["id"] == job_id:
+                await resp.write(json.dumps({"text": data["text"]}).encode() + b"\n")
+            elif topic != "tokens":
+                job = await app[STORE].job_detail(job_id)
+        final = job_json(job, app[SETTINGS].public_url)
+        final.pop("runs", None)
+        final.pop("events", None)
+        await resp.write(json.dumps({"done": True, "job": final}).encode() + b"\n")
+    await resp.write_eof()
+    return resp
+
+
+async def events(request: web.Request) -> web.StreamResponse:
+    """Server-sent events for the page: one `change` per queue change, coalesced."""
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"})
+    with request.app[BUS].subscribe() as queue:
+        await resp.prepare(request)
+        await resp.write(b"retry: 1000\nevent: hello\ndata: {}\n\n")
+        while True:
+            try:
+                topic, data = await asyncio.wait_for(queue.get(), 15.0)
+            except asyncio.TimeoutError:
+                await resp.write(b": keep-alive\n\n")
+                continue
+            if topic == "tokens":
+                await resp.write(f"event: tokens\ndata: {json.dumps(data)}\n\n".encode())
+            else:
+                await resp.write(f"event: change\ndata: {json.dumps(data)}\n\n".encode())
+
+
+async def page(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(WEB_DIR / "index.html")
+
+
+async def preview_page(request: web.Request) -> web.FileResponse:
+    job_id_of(request)
+    return web.FileResponse(WEB_DIR / "job.html")
+
+
+# -- assembly ---------------------------------------------------------------------------------
+
+async def _stale_monitor(app: web.Application) -> None:
+    while True:
+        await asyncio.sleep(STALE_CHECK_S)
+        try:
+            for head in await app[STORE].note_stale():
+                log.warning("job=%s node=%s stale reason=%r since=%s fix='gpuq delete %s'",
+                            head["id"], head["node"], head["reason"], head["since"], head["id"])
+                app[BUS].publish("queue", {"stale": head["id"]})
+        except GpuqError as exc:
+            log.error("stale check failed: %s", exc.message)
+
+
+async def _lifecycle(app: web.Application):
+    settings = app[SETTINGS]
+    store = app[STORE]
+    await store.open()
+    await store.configure({"stale_after_s": settings.stale_after_s, "stale_grace_s": settings.stale_grace_s,
+                           "max_runtime_s": settings.max_runtime_s}, list(settings.nodes))
+    dispatcher = app[DISPATCHER]
+    await dispatcher.start()
+    monitor = asyncio.create_task(_stale_monitor(app))
+    yield
+    monitor.cancel()
+    await asyncio.gather(monitor, return_exceptions=True)
+    await dispatcher.stop()
+    await store.close()
+
+
+def create_app(settings: Settings, clock=time.time) -> web.Application:
+    app = web.Application(middlewares=[headers_middleware, errors_middleware],
+                          client_max_size=settings.max_prompt_bytes * 2 + 65536)
+    bus = Bus()
+    store = Store(settings.database, settings.busy_timeout_s, clock)
+    app[SETTINGS] = settings
+    app[STORE] = store
+    app[BUS] = bus
+    app[DISPATCHER] = Dispatcher(settings, store, bus)
+    app.cleanup_ctx.append(_lifecycle)
+    r = app.router
+    r.add_get("/health", health)
+    r.add_get("/api/queue", queue)
+    r.add_get("/api/nodes", nodes)
+    r.add_get("/api/stale", stale)
+    r.add_get("/api/events", events)
+    r.add_post("/api/jobs", submit)
+    r.add_get("/api/jobs", list_jobs)
+    r.add_get("/api/jobs/{id}", get_job)
+    r.add_delete("/api/jobs/{id}", delete)
+    r.add_get("/api/jobs/{id}/stream", stream_job)
+    r.add_post("/api/jobs/{id}/move", move)
+    r.add_post("/api/jobs/{id}/preempt", preempt)
+    r.add_post("/api/jobs/{id}/retry", retry)
+    r.add_post("/api/nodes/{name}/clear", clear)
+    r.add_get("/", page)
+    r.add_get("/jobs/{id}", preview_page)
+    r.add_static("/static/", WEB_DIR, name="static")
+    return app

@@ -1,0 +1,684 @@
+"""Every SQL statement gpuq runs. The methods are the queue's verbs; each write is one
+`BEGIN IMMEDIATE` transaction on the one writer connection, checked against the job's
+current state inside it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable
+
+import aiosqlite
+
+from . import placement as rules
+from .errors import (
+    GUARD_MESSAGE, BadRequest, Conflict, GpuqError, GuardRefused, NotFound, StoreUnavailable,
+    Unprocessable,
+)
+from .models import ACTIVE, POSITION_GAP, JobState, iso, new_job_id
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+
+Row = dict[str, Any]
+
+JOB_COLUMNS = """j.id, j.kind, j.state, j.node, j.model, j.prompt, j.parent_id, j.group_id,
+    j.position, j.placement, j.run_id, j.error, j.findings, j.timeout_s, j.created_at, j.finished_at,
+    r.started_at, r.progress_at, r.work_done_at, r.eval_count, r.prompt_eval_count,
+    r.eval_duration_ns, r.total_duration_ns, r.done_reason,
+    (SELECT COUNT(*) FROM run p WHERE p.job_id = j.id AND p.state = 'preempted') AS preempted_runs"""
+
+JOB_FROM = "FROM job j LEFT JOIN run r ON r.id = j.run_id"
+
+
+# A running head is stale when Ollama finished but the job did not within the grace (the
+# 49-minute case), when it ran past max_runtime, or when no tokens came for stale_after.
+# Only running rows are read (the partial index job_one_running_per_node), so the cost stays
+# flat as history grows. `:now` is the caller's clock; the stale_heads view uses 'now'.
+STALE_SQL = """
+SELECT id, node, state, since, reason, run_id FROM (
+    SELECT j.id, j.node, j.state, j.run_id,
+        CASE
+            WHEN r.work_done_at IS NOT NULL
+                 AND julianday(:now) - julianday(r.work_done_at) > s.grace / 86400.0
+                THEN 'ollama finished but the job was not closed'
+            WHEN julianday(:now) - julianday(r.started_at) > COALESCE(n.max_runtime_s, s.max_runtime) / 86400.0
+                THEN 'ran past max_runtime'
+            WHEN julianday(:now) - julianday(r.progress_at) > s.stale_after / 86400.0
+                THEN 'no progress'
+        END AS reason,
+        CASE
+            WHEN r.work_done_at IS NOT NULL
+                 AND julianday(:now) - julianday(r.work_done_at) > s.grace / 86400.0 THEN r.work_done_at
+            WHEN julianday(:now) - julianday(r.started_at) > COALESCE(n.max_runtime_s, s.max_runtime) / 86400.0
+                THEN r.started_at
+            ELSE r.progress_at
+        END AS since
+    FROM job j INDEXED BY job_one_running_per_node
+    JOIN run r ON r.id = j.run_id
+    LEFT JOIN node n ON n.name = j.node
+    JOIN (SELECT
+            (SELECT value FROM router_setting WHERE key = 'stale_after_s') AS stale_after,
+            (SELECT value FROM router_setting WHERE key = 'stale_grace_s') AS grace,
+            (SELECT value FROM router_setting WHERE key = 'max_runtime_s') AS max_runtime) s
+    WHERE j.state = 'running'
+) WHERE reason IS NOT NULL"""
+
+
+@dataclass(frozen=True)
+class NewJob:
+    kind: str
+    prompt: str
+    model: str | None = None  # None: the node's model
+    node: str | None = None  # asked for; None lets placement choose
+    parent: str | None = None
+    timeout_s: float | None = None
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """What the store needs to know of a node to place and move jobs."""
+
+    name: str
+    rank: int
+    roles: tuple[str, ...]
+    model: str
+    up: bool
+
+
+@dataclass(frozen=True)
+class Interrupted:
+    """A running job that an operation took off its node; its worker must abort it."""
+
+    job_id: str
+    node: str
+    run_id: int
+
+
+class GuardMiss(GpuqError):
+    """A worker tried to finish a run that is no longer the job's running run."""
+
+    status = 409
+
+
+def _translate(exc: sqlite3.Error) -> GpuqError:
+    text = str(exc)
+    if GUARD_MESSAGE in text:
+        return GuardRefused()
+    if isinstance(exc, sqlite3.OperationalError) and "locked" in text:
+        return StoreUnavailable(f"the database is locked by another process ({text}); nothing was changed")
+    if isinstance(exc, sqlite3.OperationalError) and ("disk" in text or "full" in text):
+        return StoreUnavailable(f"the database cannot be written: {text}; nothing was changed")
+    if "readonly" in text or "read-only" in text:
+        return StoreUnavailable(f"the database is read-only: {text}; nothing was changed")
+    return StoreUnavailable(f"database error: {text}")
+
+
+def _rows(cursor_rows: list[sqlite3.Row]) -> list[Row]:
+    return [dict(r) for r in cursor_rows]
+
+
+class Store:
+    def __init__(self, path: Path, busy_timeout_s: float = 5.0, clock: Callable[[], float] = time.time):
+        self.path = Path(path)
+        self.busy_timeout_s = busy_timeout_s
+        self.clock = clock
+        self._writer: aiosqlite.Connection | None = None
+        self._reader: aiosqlite.Connection | None = None
+        self._write_lock = asyncio.Lock()
+
+    # -- connections and migrations ---------------------------------------------------------
+
+    async def _connect(self) -> aiosqlite.Connection:
+        conn = await aiosqlite.connect(self.path, isolation_level=None)
+        conn.row_factory = sqlite3.Row
+        await conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+        await conn.execute("PRAGMA journal_mode = WAL")
+        await conn.execute("PRAGMA synchronous = FULL")
+        await conn.execute("PRAGMA foreign_keys = ON")
+        return conn
+
+    async def open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.path.exists():
+            self.path.touch(mode=0o600)  # the queue holds a person's prompts
+        self._writer = await self._connect()
+        await self._migrate()
+        self._reader = await self._connect()
+
+    async def close(self) -> None:
+        for conn in (self._reader, self._writer):
+            if conn is not None:
+                await conn.close()
+        self._reader = self._writer = None
+
+    async def _migrate(self) -> None:
+        files = sorted(MIGRATIONS_DIR.glob("[0-9][0-9][0-9]_*.sql"))
+        known = {int(f.name[:3]) for f in files}
+        async with self.write() as db:
+            await db.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migration ("
+                " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
+            )
+            applied = {r[0] for r in await db.execute_fetchall("SELECT version FROM schema_migration")}
+        newer = sorted(applied - known)
+        if newer:
+            raise GpuqError(
+                f"{self.path} was written by a newer gpuq (schema version {newer[-1]}; this gpuq "
+                f"knows up to {max(known)}); upgrade gpuq or use another database", status=2
+            )
+        for f in files:
+            version = int(f.name[:3])
+            if version in applied:
+                continue
+            # executescript commits on its own, so the migration carries its own transaction.
+            script = f.read_text(encoding="utf-8")
+            await self._writer.executescript(
+                "BEGIN IMMEDIATE;\n" + script + "\nINSERT INTO schema_migration VALUES "
+                f"({version}, '{f.stem}', '{iso(self.clock())}');\nCOMMIT;"
+            )
+
+    async def configure(self, settings_s: dict[str, float], nodes: list) -> None:
+        """Record the thresholds and nodes in force, and (re)create the stale_heads view."""
+        async with self.write() as db:
+            await db.executemany("INSERT OR REPLACE INTO router_setting (key, value) VALUES (?, ?)",
+                                 list(settings_s.items()))
+            for n in nodes:
+                await db.execute(
+                    "INSERT INTO node (name, url, rank, roles, model, max_runtime_s) VALUES (?,?,?,?,?,?)"
+                    " ON CONFLICT (name) DO UPDATE SET url = excluded.url, rank = excluded.rank,"
+                    " roles = excluded.roles, model = excluded.model, max_runtime_s = excluded.max_runtime_s",
+                    (n.name, n.url, n.rank, ",".join(n.roles), n.model, n.max_runtime_s))
+            await db.execute("DROP VIEW IF EXISTS stale_heads")
+            await db.execute("CREATE VIEW stale_heads AS " + STALE_SQL.replace(":now", "'now'"))
+
+    async def set_node_health(self, name: str, up: bool, error: str | None) -> None:
+        async with self.write() as db:
+            await db.execute("UPDATE node SET up = ?, last_error = ?, since = ? WHERE name = ?",
+                             (int(up), error, iso(self.clock()), name))
+
+    async def stale_heads(self, now: float | None = None) -> list[Row]:
+        return await self.read(STALE_SQL, {"now": iso(self.clock() if now is None else now)})
+
+    async def note_stale(self, now: float | None = None) -> list[Row]:
+        """Write one event per newly stale head (not one per check); returns the new ones."""
+        now = self.clock() if now is None else now
+        fresh = []
+        async with self.write() as db:
+            for head in _rows(await db.execute_fetchall(STALE_SQL, {"now": iso(now)})):
+                cur = await db.execute(
+                    "UPDATE run SET stale_reason = ? WHERE id = ? AND stale_reason IS NOT ?",
+                    (head["reason"], head["run_id"], head["reason"]))
+                if cur.rowcount:
+                    await self._event(db, head["id"], "running", "running", "router",
+                                      f"stale: {head['reason']} since {head['since']}", now)
+                    fresh.append(head)
+        return fresh
+
+    @asynccontextmanager
+    async def write(self) -> AsyncIterator[aiosqlite.Connection]:
+        """One IMMEDIATE transaction on the writer connection; sqlite errors become GpuqErrors."""
+        assert self._writer is not None, "store is not open"
+        async with self._write_lock:
+            db = self._writer
+            try:
+                # BEGIN sits inside the try: a cancelled BEGIN may still have run in
+                # aiosqlite's thread, and must be rolled back like any other failure.
+                await db.execute("BEGIN IMMEDIATE")
+                yield db
+                await db.execute("COMMIT")
+            except BaseException as exc:
+                try:
+                    await db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+                if isinstance(exc, sqlite3.Error):
+                    raise _translate(exc) from exc
+                raise
+
+    async def read(self, sql: str, params: tuple | dict = ()) -> list[Row]:
+        assert self._reader is not None, "store is not open"
+        try:
+            return _rows(await self._reader.execute_fetchall(sql, params))
+        except sqlite3.Error as exc:
+            raise _translate(exc) from exc
+
+    @staticmethod
+    async def _event(db, job_id: str, from_state: str | None, to_state: str, actor: str,
+                     reason: str | None, now: float) -> None:
+        await db.execute(
+            "INSERT INTO event (job_id, at, from_state, to_state, actor, reason) VALUES (?,?,?,?,?,?)",
+            (job_id, iso(now), from_state, to_state, actor, reason),
+        )
+
+    # -- reading ------------------------------------------------------------------------------
+
+    @staticmethod
+    async def _counts(db) -> dict[str, tuple[int, int]]:
+        rows = await db.execute_fetchall(
+            "SELECT node, SUM(state = 'running'), SUM(state = 'queued') FROM job"
+            " WHERE state IN ('queued', 'running') GROUP BY node"
+        )
+        return {r[0]: (r[1], r[2]) for r in rows}
+
+    @staticmethod
+    def _views(nodes: list[NodeInfo], counts: dict[str, tuple[int, int]]) -> list[rules.NodeView]:
+        return [
+            rules.NodeView(n.name, n.rank, n.roles, n.up, counts.get(n.name, (0, 0))[0] > 0,
+                           counts.get(n.name, (0, 0))[1])
+            for n in nodes
+        ]
+
+    async def job(self, job_id: str) -> Row:
+        rows = await self.read(f"SELECT {JOB_COLUMNS} {JOB_FROM} WHERE j.id = ?", (job_id,))
+        if not rows:
+            raise NotFound(f"no job with id '{job_id}'")
+        return rows[0]
+
+    async def job_detail(self, job_id: str) -> Row:
+        job = await self.job(job_id)
+        job["runs"] = await self.read("SELECT * FROM run WHERE job_id = ? ORDER BY id", (job_id,))
+        job["events"] = await self.read(
+            "SELECT at, from_state, to_state, actor, reason FROM event WHERE job_id = ? ORDER BY id",
+            (job_id,),
+        )
+        job["children"] = await self.read(
+            "SELECT id, kind, state, node, model FROM job WHERE parent_id = ? ORDER BY created_at, id",
+            (job_id,),
+        )
+        job["output"] = job["runs"][-1]["output"] if job["runs"] else ""
+        if job["state"] == JobState.QUEUED.value:
+            job["queue_position"] = await self.queue_position(job)
+        return job
+
+    async def queue_position(self, job: Row) -> int:
+        rows = await self.read(
+            "SELECT COUNT(*) AS n FROM job WHERE node = ? AND state = 'queued'"
+            " AND (position < ? OR (position = ? AND id < ?))",
+            (job["node"], job["position"], job["position"], job["id"]),
+        )
+        return rows[0]["n"] + 1
+
+    async def jobs(self, node: str | None = None, state: str | None = None, limit: int = 100) -> list[Row]:
+        where, params = [], []
+        if node:
+            where.append("j.node = ?")
+            params.append(node)
+        if state:
+            where.append("j.state = ?")
+            params.append(state)
+        sql = f"SELECT {JOB_COLUMNS} {JOB_FROM}"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        return await self.read(sql + " ORDER BY j.created_at DESC, j.id DESC LIMIT ?", (*params, limit))
+
+    async def queue(self, node: str, limit: int) -> tuple[Row | None, list[Row], int]:
+        """The node's running job, its first `limit` queued jobs in order, and how many wait."""
+        running = await self.read(
+            f"SELECT {JOB_COLUMNS} {JOB_FROM} WHERE j.node = ? AND j.state = 'running'", (node,)
+        )
+        queued = await self.read(
+            f"SELECT {JOB_COLUMNS} {JOB_FROM} WHERE j.node = ? AND j.state = 'queued'"
+            " ORDER BY j.position, j.id LIMIT ?",
+            (node, limit),
+        )
+        count = await self.read("SELECT COUNT(*) AS n FROM job WHERE node = ? AND state = 'queued'", (node,))
+        return (running[0] if running else None), queued, count[0]["n"]
+
+    async def totals(self) -> Row:
+        rows = await self.read(
+            "SELECT (SELECT COUNT(*) FROM job WHERE state = 'queued') AS queue_depth,"
+            " (SELECT COUNT(*) FROM job WHERE state = 'running') AS running"
+        )
+        return rows[0]
+
+    async def waiting_by_node(self) -> dict[str, int]:
+        rows = await self.read("SELECT node, COUNT(*) AS n FROM job WHERE state = 'queued' GROUP BY node")
+        return {r["node"]: r["n"] for r in rows}
+
+    async def run_output(self, run_id: int) -> Row | None:
+        rows = await self.read("SELECT state, output FROM run WHERE id = ?", (run_id,))
+        return rows[0] if rows else None
+
+    # -- submitting ---------------------------------------------------------------------------
+
+    async def submit(self, new: NewJob, nodes: list[NodeInfo], actor: str) -> list[Row]:
+        """Place and insert a job (a task, or a critique's whole fan-out) in one transaction."""
+        by_name = {n.name: n for n in nodes}
+        now = self.clock()
+        async with self.write() as db:
+            parent_node = None
+            if new.parent is not None:
+                parent = await db.execute_fetchall("SELECT kind, node FROM job WHERE id = ?", (new.parent,))
+                if not parent:
+                    raise Unprocessable(f"unknown parent job '{new.parent}'")
+                if parent[0]["kind"] != "task":
+                    raise Unprocessable(f"parent job '{new.parent}' is a {parent[0]['kind']}, not a task")
+                if new.kind != "critique":
+                    raise BadRequest("only a critique takes a parent")
+                parent_node = parent[0]["node"]
+            views = self._views(nodes, await self._counts(db))
+            if new.kind == "task":
+                placements = [rules.place_task(views, new.node)]
+            else:
+                placements = rules.place_critique(views, parent_node, new.node)
+            group = new_job_id(now) if new.kind == "critique" else None
+            created = []
+            for p in placements:
+                job_id = new_job_id(now)
+                tail = await db.execute_fetchall(
+                    "SELECT MAX(position) FROM job WHERE node = ? AND state = 'queued'", (p.node,)
+                )
+                position = (tail[0][0] or 0) + POSITION_GAP
+                model = new.model or by_name[p.node].model
+                await db.execute(
+                    "INSERT INTO job (id, kind, node, model, prompt, parent_id, group_id, position,"
+                    " placement, timeout_s, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                    (job_id, new.kind, p.node, model, new.prompt, new.parent, group, position,
+                     p.reason, new.timeout_s, iso(now)),
+                )
+                await self._event(db, job_id, None, "queued", actor, f"placed on {p.node} ({p.reason})", now)
+                waiting = views[[v.name for v in views].index(p.node)].queued
+                created.append({"id": job_id, "kind": new.kind, "node": p.node, "model": model,
+                                "state": "queued", "position": waiting + 1, "reason": p.reason,
+                                "parent": new.parent, "group": group})
+        return created
+
+    # -- the worker's verbs -------------------------------------------------------------------
+
+    async def claim(self, node: str) -> Row | None:
+        """Take the head of the node's queue: it becomes running with a new run row."""
+        now = self.clock()
+        async with self.write() as db:
+            rows = await db.execute_fetchall(
+                "UPDATE job SET state = 'running' WHERE id = (SELECT id FROM job WHERE node = ?"
+                " AND state = 'queued' ORDER BY position, id LIMIT 1) RETURNING *",
+                (node,),
+            )
+            if not rows:
+                return None
+            job = dict(rows[0])
+            cur = await db.execute(
+                "INSERT INTO run (job_id, node, model, started_at, progress_at) VALUES (?,?,?,?,?)",
+                (job["id"], node, job["model"], iso(now), iso(now)),
+            )
+            job["run_id"] = cur.lastrowid
+            await db.execute("UPDATE job SET run_id = ? WHERE id = ?", (job["run_id"], job["id"]))
+            await self._event(db, job["id"], "queued", "running", "router", f"claimed by {node}", now)
+        return job
+
+    async def heartbeat(self, run_id: int, output: str) -> None:
+        async with self.write() as db:
+            await db.execute(
+                "UPDATE run SET output = ?, progress_at = ? WHERE id = ? AND state = 'running'",
+                (output, iso(self.clock()), run_id),
+            )
+
+    async def work_done(self, run_id: int, output: str, stats: dict) -> None:
+        """Ollama's stream ended; the job is not finished until its model has left VRAM."""
+        now = iso(self.clock())
+        async with self.write() as db:
+            await db.execute(
+                "UPDATE run SET output = ?, progress_at = ?, work_done_at = ?, done_reason = ?,"
+                " eval_count = ?, prompt_eval_count = ?, total_duration_ns = ?,"
+                " load_duration_ns = ?, eval_duration_ns = ? WHERE id = ? AND state = 'running'",
+                (output, now, now, stats.get("done_reason"), stats.get("eval_count"),
+                 stats.get("prompt_eval_count"), stats.get("total_duration"),
+                 stats.get("load_duration"), stats.get("eval_duration"), run_id),
+            )
+
+    async def save_output(self, run_id: int, output: str) -> None:
+        """Keep the partial output of an interrupted run, whatever state it ended in."""
+        async with self.write() as db:
+            await db.execute("UPDATE run SET output = ? WHERE id = ?", (output, run_id))
+
+    async def finish(self, job_id: str, run_id: int, state: str, error: str | None,
+                     output: str | None = None, actor: str = "router",
+                     findings: list | None = None) -> None:
+        """Finish a run that is still the job's running run; anything else is a GuardMiss."""
+        assert state in ("done", "failed")
+        now = self.clock()
+        async with self.write() as db:
+            rows = await db.execute_fetchall(
+                "UPDATE job SET state = ?, error = ?, finished_at = ?, findings = ? WHERE id = ?"
+                " AND state = 'running' AND run_id = ? RETURNING id",
+                (state, error, iso(now), None if findings is None else dumps(findings), job_id, run_id),
+            )
+            if not rows:
+                raise GuardMiss(f"job {job_id} run {run_id} is no longer running; finish refused")
+            await db.execute(
+                "UPDATE run SET state = ?, error = ?, finished_at = ?, output = COALESCE(?, output)"
+                " WHERE id = ?",
+                (state, error, iso(now), output, run_id),
+            )
+            await self._event(db, job_id, "running", state, actor, error, now)
+
+    async def note(self, job_id: str, reason: str, actor: str = "router") -> None:
+        """An event that changes no state: an unload that failed, a stale head, a node flag."""
+        now = self.clock()
+        async with self.write() as db:
+            state = await db.execute_fetchall("SELECT state FROM job WHERE id = ?", (job_id,))
+            if state:
+                await self._event(db, job_id, state[0][0], state[0][0], actor, reason, now)
+
+    async def fail_orphans(self) -> list[Row]:
+        """At start-up: a job still running belonged to a dead router. Fail it, loudly."""
+        now = self.clock()
+        reason = "router restarted while running"
+        async with self.write() as db:
+            rows = _rows(await db.execute_fetchall(
+                "UPDATE job SET state = 'failed', error = ?, finished_at = ? WHERE state = 'running'"
+                " RETURNING id, node, model, run_id", (reason, iso(now))))
+            for r in rows:
+                await db.execute(
+                    "UPDATE run SET state = 'failed', error = ?, finished_at = ? WHERE id = ?"
+                    " AND state = 'running'", (reason, iso(now), r["run_id"]))
+                await self._event(db, r["id"], "running", "failed", "router", reason, now)
+        return rows
+
+    # -- the user's verbs ---------------------------------------------------------------------
+
+    @staticmethod
+    async def _job_for_update(db, job_id: str) -> Row:
+        rows = await db.execute_fetchall("SELECT * FROM job WHERE id = ?", (job_id,))
+        if not rows:
+            raise NotFound(f"no job with id '{job_id}'")
+        return dict(rows[0])
+
+    @staticmethod
+    async def _renumber(db, node: str) -> None:
+        """Spread a node's queued positions out again when a gap has run out."""
+        rows = await db.execute_fetchall(
+            "SELECT id FROM job WHERE node = ? AND state = 'queued' ORDER BY position, id", (node,)
+        )
+        await db.executemany(
+            "UPDATE job SET position = ? WHERE id = ?",
+            [((i + 1) * POSITION_GAP, r[0]) for i, r in enumerate(rows)],
+        )
+
+    async def _position_at(self, db, node: str, job_id: str, index: int) -> int:
+        """A position that puts the job at 0-based `index` among the node's other queued jobs."""
+        for attempt in range(2):
+            rows = await db.execute_fetchall(
+                "SELECT position FROM job WHERE node = ? AND state = 'queued' AND id <> ?"
+                " ORDER BY position, id LIMIT 2 OFFSET ?",
+                (node, job_id, max(index - 1, 0)),
+            )
+            positions = [r[0] for r in rows]
+            if index == 0:
+                before, after = None, (positions[0] if positions else None)
+            else:
+                before = positions[0] if positions else None
+                after = positions[1] if len(positions) > 1 else None
+                if before is None:  # past the tail: the tail
+                    tail = await db.execute_fetchall(
+                        "SELECT MAX(position) FROM job WHERE node = ? AND state = 'queued' AND id <> ?",
+                        (node, job_id))
+                    before = tail[0][0]
+            found = rules.position_between(before, after, POSITION_GAP)
+            if found is not None:
+                return found
+            if attempt == 0:
+                await self._renumber(db, node)
+        raise GpuqError("no queue position found after renumbering")  # unreachable by construction
+
+    async def _index_of(self, db, node: str, other_id: str, job_id: str) -> int:
+        rows = await db.execute_fetchall("SELECT node, state, position FROM job WHERE id = ?", (other_id,))
+        if not rows:
+            raise Unprocessable(f"unknown job '{other_id}'")
+        if rows[0]["state"] != "queued" or rows[0]["node"] != node:
+            raise Conflict(f"job {other_id} is not waiting in node {node}'s queue")
+        count = await db.execute_fetchall(
+            "SELECT COUNT(*) FROM job WHERE node = ? AND state = 'queued' AND id <> ?"
+            " AND (position < ? OR (position = ? AND id < ?))",
+            (node, job_id, rows[0]["position"], rows[0]["position"], other_id),
+        )
+        return count[0][0]
+
+    async def move(self, job_id: str, nodes: list[NodeInfo], actor: str, *, position: int | None = None,
+                   before: str | None = None, after: str | None = None, node: str | None = None) -> Row:
+        """Reorder a queued job within its node's queue or move it to another node's queue."""
+        if sum(x is not None for x in (position, before, after)) > 1:
+            raise BadRequest("give only one of 'position', 'before' and 'after'")
+        if position is None and before is None and after is None and node is None:
+            raise BadRequest("say where to move the job: 'position', 'before', 'after' or 'node'")
+        now = self.clock()
+        async with self.write() as db:
+            job = await self._job_for_update(db, job_id)
+            if job["state"] != "queued":
+                raise Conflict(f"job {job_id} is {job['state']}; only queued jobs move")
+            target = node or job["node"]
+            if target != job["node"]:
+                parent_node = None
+                if job["parent_id"]:
+                    parent_node = (await self._job_for_update(db, job["parent_id"]))["node"]
+                views = {v.name: v for v in self._views(nodes, {})}
+                rules.check_move(job["kind"], views.get(target), target, parent_node)
+            if before is not None:
+                index = await self._index_of(db, target, before, job_id)
+            elif after is not None:
+                index = await self._index_of(db, target, after, job_id) + 1
+            elif position is not None:
+                if position < 1:
+                    raise BadRequest(f"position must be 1 or more, got {position}")
+                index = position - 1
+            else:
+                index = 1 << 62 if target != job["node"] else None  # a bare node move goes to the tail
+            if index is not None:
+                new_position = await self._position_at(db, target, job_id, index)
+                await db.execute("UPDATE job SET node = ?, position = ?, placement = CASE WHEN node <> ?"
+                                 " THEN 'moved' ELSE placement END WHERE id = ?",
+                                 (target, new_position, target, job_id))
+            moved = dict(job, node=target)
+            moved["position"] = (await db.execute_fetchall(
+                "SELECT COUNT(*) FROM job j, job me WHERE me.id = ? AND j.node = me.node AND"
+                " j.state = 'queued' AND (j.position < me.position OR (j.position = me.position"
+                " AND j.id <= me.id))", (job_id,)))[0][0]
+            where = f"to {target} " if target != job["node"] else ""
+            await self._event(db, job_id, "queued", "queued", actor,
+                              f"moved {where}at position {moved['position']}", now)
+        return moved
+
+    async def preempt(self, job_id: str, actor: str) -> tuple[Row, Interrupted | None]:
+        """The queued job runs next: to the head, and the node's running job goes back behind it."""
+        now = self.clock()
+        async with self.write() as db:
+            job = await self._job_for_update(db, job_id)
+            if job["state"] != "queued":
+                raise Conflict(f"job {job_id} is {job['state']}; only a queued job can preempt")
+            node = job["node"]
+            head = await self._position_at(db, node, job_id, 0)
+            await db.execute("UPDATE job SET position = ? WHERE id = ?", (head, job_id))
+            await self._event(db, job_id, "queued", "queued", actor, "preempt: moved to the head", now)
+            running = await db.execute_fetchall(
+                "SELECT id, run_id FROM job WHERE node = ? AND state = 'running'", (node,)
+            )
+            if not running:
+                return dict(job, position=1), None
+            victim, run_id = running[0]["id"], running[0]["run_id"]
+            behind = await self._position_at(db, node, victim, 1)
+            await db.execute("UPDATE job SET state = 'queued', position = ? WHERE id = ?", (behind, victim))
+            await db.execute("UPDATE run SET state = 'preempted', finished_at = ?, error = ? WHERE id = ?",
+                             (iso(now), f"preempted by {job_id}", run_id))
+            await self._event(db, victim, "running", "queued", actor, f"preempted by {job_id}", now)
+        return dict(job, position=1), Interrupted(victim, node, run_id)
+
+    async def _cancel(self, db, job: Row, actor: str, reason: str, now: float) -> Interrupted | None:
+        await db.execute("UPDATE job SET state = 'cancelled', error = ?, finished_at = ? WHERE id = ?",
+                         (reason, iso(now), job["id"]))
+        await self._event(db, job["id"], job["state"], "cancelled", actor, reason, now)
+        if job["state"] != "running":
+            return None
+        await db.execute("UPDATE run SET state = 'cancelled', error = ?, finished_at = ? WHERE id = ?",
+                         (reason, iso(now), job["run_id"]))
+        return Interrupted(job["id"], job["node"], job["run_id"])
+
+    async def delete(self, job_id: str, actor: str) -> tuple[Row, Interrupted | None]:
+        """A queued or running job is cancelled with reason 'deleted'; its rows stay."""
+        now = self.clock()
+        async with self.write() as db:
+            job = await self._job_for_update(db, job_id)
+            if job["state"] not in ACTIVE:
+                raise Conflict(f"job {job_id} is already {job['state']}; only queued or running jobs can be deleted")
+            interrupted = await self._cancel(db, job, actor, "deleted", now)
+        return dict(job, state="cancelled"), interrupted
+
+    async def clear(self, node: str, actor: str, running: bool = False) -> tuple[list[str], Interrupted | None]:
+        now = self.clock()
+        states = ACTIVE if running else ("queued",)
+        async with self.write() as db:
+            jobs = _rows(await db.execute_fetchall(
+                f"SELECT * FROM job WHERE node = ? AND state IN ({','.join('?' * len(states))})"
+                " ORDER BY state = 'queued', position, id", (node, *states)))
+            interrupted = None
+            for job in jobs:
+                interrupted = await self._cancel(db, job, actor, "cleared", now) or interrupted
+        return [j["id"] for j in jobs], interrupted
+
+    async def retry(self, job_id: str, actor: str) -> Row:
+        """Only by explicit request: a failed or cancelled job goes to the tail of its node's queue."""
+        now = self.clock()
+        async with self.write() as db:
+            job = await self._job_for_update(db, job_id)
+            if job["state"] not in ("failed", "cancelled"):
+                raise Conflict(f"job {job_id} is {job['state']}; only failed or cancelled jobs can be retried")
+            tail = await db.execute_fetchall(
+                "SELECT MAX(position) FROM job WHERE node = ? AND state = 'queued'", (job["node"],))
+            await db.execute(
+                "UPDATE job SET state = 'queued', error = NULL, finished_at = NULL, position = ? WHERE id = ?",
+                ((tail[0][0] or 0) + POSITION_GAP, job_id))
+            await self._event(db, job_id, job["state"], "queued", actor, "retry requested", now)
+        return dict(job, state="queued")
+
+    async def dump(self, sql: str, params: tuple = ()) -> list[Row]:
+        """Read-only access for tests and forensics helpers."""
+        return await self.read(sql, params)
+
+
+def job_json(row: Row, public_url: str) -> Row:
+    """The API's shape of a job row."""
+    out = {
+        "id": row["id"], "kind": row["kind"], "state": row["state"], "node": row["node"],
+        "model": row["model"], "prompt": row["prompt"], "parent": row.get("parent_id"),
+        "group": row.get("group_id"), "placement": row.get("placement"), "error": row.get("error"),
+        "created_at": row.get("created_at"), "started_at": row.get("started_at"),
+        "finished_at": row.get("finished_at"), "progress_at": row.get("progress_at"),
+        "work_done_at": row.get("work_done_at"), "eval_count": row.get("eval_count"),
+        "eval_duration_ns": row.get("eval_duration_ns"), "done_reason": row.get("done_reason"),
+        "preempted_runs": row.get("preempted_runs", 0), "timeout_s": row.get("timeout_s"),
+        "preview_url": f"{public_url}/jobs/{row['id']}",
+    }
+    if row.get("findings") is not None:
+        out["findings"] = json.loads(row["findings"])
+    for key in ("output", "runs", "events", "children", "queue_position"):
+        if key in row:
+            out[key] = row[key]
+    return out
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False)
