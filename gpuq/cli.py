@@ -86,18 +86,20 @@ def main(ctx: click.Context, router: str | None, config: str | None) -> None:
 # -- the router -----------------------------------------------------------------------------
 
 @main.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="gpuq.toml to serve.")
 @click.option("--demo", is_flag=True, help="Run simulated Ollama nodes on loopback (no gpuq.toml needed).")
 @click.option("--listen", help="host:port to bind, overriding the config.")
 @click.option("--database", type=click.Path(dir_okay=False), help="SQLite file, overriding the config.")
 @click.pass_context
-def serve(ctx: click.Context, demo: bool, listen: str | None, database: str | None) -> None:
+def serve(ctx: click.Context, config_path: str | None, demo: bool, listen: str | None,
+          database: str | None) -> None:
     """Run the router.
 
     Example: gpuq serve --config ~/gpuq.toml
     """
     from .daemon import run_daemon
 
-    path = find_config(ctx.obj["config"])
+    path = find_config(config_path or ctx.obj["config"])
     if path is None and not demo:
         click.echo("gpuq: no config: looked at --config, $GPUQ_CONFIG and ./gpuq.toml. "
                    "Write one with `gpuq init`, or try `gpuq serve --demo`.", err=True)

@@ -91,8 +91,8 @@ class FakeOllama:
 
     def app(self) -> web.Application:
         app = web.Application()
-        app.router.add_get("/", lambda r: web.Response(text="Ollama is running"))
-        app.router.add_get("/api/version", lambda r: web.json_response({"version": self.version}))
+        app.router.add_get("/", self._root)
+        app.router.add_get("/api/version", self._version)
         app.router.add_get("/api/tags", self._tags)
         app.router.add_get("/api/ps", self._ps)
         app.router.add_post("/api/chat", self._chat)
@@ -157,6 +157,12 @@ class FakeOllama:
             self._begin_unload(name)
 
     # -- handlers -----------------------------------------------------------------------------
+
+    async def _root(self, request: web.Request) -> web.Response:
+        return web.Response(text="Ollama is running")
+
+    async def _version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": self.version})
 
     async def _tags(self, request: web.Request) -> web.Response:
         return web.json_response({"models": [

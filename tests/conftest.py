@@ -1,0 +1,196 @@
+"""Shared fixtures: fake Ollama nodes on loopback, the real daemon as a subprocess, the real
+CLI as a subprocess, and polling with a deadline (never a bare sleep) for synchronisation."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import aiohttp
+import pytest
+import tomli_w
+
+from gpuq.fake_ollama import FakeOllama, Script
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def eventually(check: Callable[[], Awaitable[Any] | Any], timeout: float = 10.0,
+                     interval: float = 0.02, what: str = "condition") -> Any:
+    """Poll `check` until it returns something truthy, or fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = check()
+        if asyncio.iscoroutine(last):
+            last = await last
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+@dataclass
+class Daemon:
+    """The real router, started as `gpuq serve` in a subprocess."""
+
+    config: Path
+    url: str
+    log: Path
+    proc: asyncio.subprocess.Process | None = None
+    session: aiohttp.ClientSession | None = None
+    env: dict = field(default_factory=dict)
+
+    async def start(self, timeout: float = 20.0) -> None:
+        log = open(self.log, "ab")
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gpuq.cli", "serve", "--config", str(self.config),
+            stdout=log, stderr=log, env={**os.environ, **self.env}, cwd=str(self.config.parent))
+        log.close()
+
+        async def answers():
+            if self.proc.returncode is not None:
+                raise AssertionError(f"daemon exited {self.proc.returncode}:\n{self.log.read_text()}")
+            try:
+                async with self.session.get(self.url + "/health") as resp:
+                    return resp.status in (200, 503)
+            except aiohttp.ClientError:
+                return False
+        await eventually(answers, timeout, 0.05, "the daemon to answer /health")
+
+    async def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc and self.proc.returncode is None:
+            self.proc.send_signal(sig)
+            try:
+                await asyncio.wait_for(self.proc.wait(), 10)
+            except asyncio.TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+
+    async def request(self, method: str, path: str, body: Any = None, raw: bytes | None = None,
+                      headers: dict | None = None) -> tuple[int, Any]:
+        kwargs: dict = {"headers": headers or {}}
+        if raw is not None:
+            kwargs["data"] = raw
+        elif body is not None:
+            kwargs["json"] = body
+        async with self.session.request(method, self.url + path, **kwargs) as resp:
+            text = await resp.text()
+            try:
+                return resp.status, json.loads(text)
+            except ValueError:
+                return resp.status, text
+
+    async def get(self, path: str) -> Any:
+        status, body = await self.request("GET", path)
+        assert status in (200, 503), (status, body)
+        return body
+
+    async def job(self, job_id: str) -> dict:
+        return await self.get(f"/api/jobs/{job_id}")
+
+    async def wait_state(self, job_id: str, *states: str, timeout: float = 10.0) -> dict:
+        async def reached():
+            job = await self.job(job_id)
+            return job if job["state"] in states else None
+        return await eventually(reached, timeout, what=f"job {job_id} to be {'/'.join(states)}")
+
+    async def submit(self, kind: str = "task", prompt: str = "hello", **extra) -> list[dict]:
+        status, body = await self.request("POST", "/api/jobs", {"kind": kind, "prompt": prompt, **extra})
+        assert status == 201, (status, body)
+        return body["jobs"]
+
+    async def cli(self, *args: str, stdin: bytes | None = None, timeout: float = 30.0) -> Result:
+        """Run the real `gpuq` CLI against this router, without blocking the test's loop."""
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gpuq.cli", "--router", self.url, *args,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, **self.env})
+        out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
+        return Result(proc.returncode, out.decode(), err.decode())
+
+
+def node_table(name: str, fake: FakeOllama, rank: int, roles: list[str], model: str) -> dict:
+    return {"name": name, "url": fake.url, "rank": rank, "roles": roles, "model": model}
+
+
+def write_config(path: Path, nodes: list[dict], port: int, **router: Any) -> Path:
+    """A gpuq.toml with short test timings; `router` keys override them."""
+    data = {"router": {"listen": f"127.0.0.1:{port}", "public_url": f"http://127.0.0.1:{port}",
+                       "database": "gpuq.db", "health_interval": "0.2s", "stall_timeout": "5s",
+                       "unload_timeout": "2s", **router},
+            "node": nodes}
+    path.write_text(tomli_w.dumps(data))
+    return path
+
+
+@pytest.fixture
+async def fakes():
+    """A factory of fake Ollama nodes on loopback; all are stopped at the end."""
+    made: list[FakeOllama] = []
+
+    async def make(*models: str, **script: Any) -> FakeOllama:
+        fake = FakeOllama(models=set(models) or {"qwen3-coder:30b"}, script=Script(**script))
+        await fake.start()
+        made.append(fake)
+        return fake
+    yield make
+    for fake in made:
+        await fake.stop()
+
+
+@pytest.fixture
+async def daemon_factory(tmp_path):
+    """Start real routers against a config written from `nodes`; all are killed at the end."""
+    session = aiohttp.ClientSession()
+    started: list[Daemon] = []
+
+    async def make(nodes: list[dict], start: bool = True, env: dict | None = None, **router: Any) -> Daemon:
+        port = free_port()
+        config = write_config(tmp_path / "gpuq.toml", nodes, port, **router)
+        daemon = Daemon(config=config, url=f"http://127.0.0.1:{port}", log=tmp_path / "daemon.log",
+                        session=session, env=env or {})
+        started.append(daemon)
+        if start:
+            await daemon.start()
+        return daemon
+    yield make
+    for d in started:
+        await d.kill(signal.SIGTERM)
+    await session.close()
+
+
+@pytest.fixture
+async def lab(fakes, daemon_factory):
+    """The design's lab: node-1 (task, critique), node-2 (critique), node-3 (task), one fake each."""
+    f1 = await fakes("qwen3-coder:30b")
+    f2 = await fakes("deepseek-r1:32b")
+    f3 = await fakes("llama3.2:latest")
+    daemon = await daemon_factory([
+        node_table("node-1", f1, 1, ["task", "critique"], "qwen3-coder:30b"),
+        node_table("node-2", f2, 2, ["critique"], "deepseek-r1:32b"),
+        node_table("node-3", f3, 3, ["task"], "llama3.2:latest"),
+    ])
+    daemon.fakes = {"node-1": f1, "node-2": f2, "node-3": f3}
+    return daemon

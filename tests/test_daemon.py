@@ -1,0 +1,124 @@
+"""The real daemon against fake Ollama nodes, driven through the real CLI and HTTP."""
+
+from __future__ import annotations
+
+import re
+import signal
+import sqlite3
+
+from conftest import eventually, node_table
+
+ID = r"\d{10}-[0-9a-f]{8}"
+
+
+async def test_design_transcript(lab, tmp_path):
+    plan = tmp_path / "plan.md"
+    plan.write_text("# Plan\nAdd a retry budget to the export job.\n")
+
+    res = await lab.cli("critique", str(plan))
+    assert res.code == 0, res.err
+    lines = res.out.splitlines()
+    assert lines[0] == "fan-out 2 critique nodes"
+    for line in lines[1:]:
+        assert re.fullmatch(rf"node-[12] {ID} \S+ done \d+ findings? \d+s", line), line
+    assert {line.split()[0] for line in lines[1:]} == {"node-1", "node-2"}
+
+    res = await lab.cli("task", "add a retry budget to the export job")
+    assert res.code == 0, res.err
+    first, preview = res.out.splitlines()
+    m = re.fullmatch(rf"({ID}) -> node-1 \(first free node by rank\)", first)
+    assert m, first
+    task_id = m.group(1)
+    assert preview == f"preview {lab.url}/jobs/{task_id}"
+
+    res = await lab.cli("critique", "--parent", task_id, "--node", "node-1")
+    assert res.code != 0
+    assert res.err.splitlines() == ["error 409 a critique never runs on its parent task's node", "not retried"]
+
+    status, health = await lab.request("GET", "/health")
+    assert status == 200 and health["ok"] is True and "queue_depth" in health
+
+
+async def test_one_job_per_node_and_model_unloaded_after_each(lab):
+    fake = lab.fakes["node-3"]
+    fake.script.token_delay_s = 0.01
+    ids = [j["id"] for j in [(await lab.submit("task", f"job {i}", node="node-3"))[0] for i in range(4)]]
+    overlaps = []
+
+    async def watch():
+        queue = await lab.get("/api/queue")
+        node3 = next(n for n in queue["nodes"] if n["name"] == "node-3")
+        overlaps.append(sum(1 for j in [node3["running"]] if j))
+        jobs = [await lab.job(i) for i in ids]
+        return all(j["state"] == "done" for j in jobs)
+    await eventually(watch, 20, what="all four jobs done")
+    assert max(overlaps) <= 1
+    assert len(fake.chat_requests) == 4
+    assert all(r["keep_alive"] == 0 for r in fake.chat_requests)
+    assert fake.loaded == {}
+    # They ran in submission order.
+    started = [(await lab.job(i))["started_at"] for i in ids]
+    assert started == sorted(started)
+
+
+async def test_failure_is_not_retried_and_message_is_verbatim(lab):
+    fake = lab.fakes["node-3"]
+    fake.script.load_error = (500, "llama-server reported out-of-memory during startup: cudaMalloc failed")
+    job = (await lab.submit("task", "too big", node="node-3"))[0]
+    done = await lab.wait_state(job["id"], "failed")
+    assert done["error"] == "llama-server reported out-of-memory during startup: cudaMalloc failed"
+    assert len(fake.chat_requests) == 1
+    fake.script.load_error = None
+    nxt = (await lab.submit("task", "fits", node="node-3"))[0]
+    await lab.wait_state(nxt["id"], "done")
+    assert (await lab.job(job["id"]))["state"] == "failed"
+    assert len(fake.chat_requests) == 2  # the failed job was never sent again
+
+
+async def test_error_line_mid_stream_fails_job(lab):
+    fake = lab.fakes["node-3"]
+    fake.script.error_after = 3
+    job = (await lab.submit("task", "boom", node="node-3"))[0]
+    failed = await lab.wait_state(job["id"], "failed")
+    assert failed["error"].startswith("an error was encountered while running the model")
+    assert len(failed["output"].split()) == 3  # the partial output is kept
+
+
+async def test_kill_and_restart_keeps_queue_and_fails_the_orphan(lab):
+    fake = lab.fakes["node-3"]
+    fake.script.stall_after = 2  # the head streams two tokens, then hangs
+    head = (await lab.submit("task", "long", node="node-3"))[0]
+    waiting = [(await lab.submit("task", f"w{i}", node="node-3"))[0]["id"] for i in range(3)]
+    await lab.wait_state(head["id"], "running")
+    await eventually(lambda: fake.chunk_sent.is_set(), what="the head to stream")
+    await lab.kill(signal.SIGKILL)
+    fake.script.stall_after = None
+    await lab.start()
+    orphan = await lab.job(head["id"])
+    assert orphan["state"] == "failed"
+    assert orphan["error"] == "router restarted while running"
+    for job_id in waiting:
+        await lab.wait_state(job_id, "done")
+    order = [(await lab.job(i))["started_at"] for i in waiting]
+    assert order == sorted(order)
+    assert sum(1 for r in fake.chat_requests if r["messages"][0]["content"] == "long") == 1
+    assert fake.loaded == {}
+
+
+async def test_database_is_readable_in_sqlite_shell(lab, tmp_path):
+    job = (await lab.submit("task", "forensics"))[0]
+    await lab.wait_state(job["id"], "done")
+    db = sqlite3.connect(tmp_path / "gpuq.db")
+    states = [r[0] for r in db.execute("SELECT to_state FROM event WHERE job_id = ? ORDER BY id", (job["id"],))]
+    assert states == ["queued", "running", "done"]
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert db.execute("SELECT COUNT(*) FROM stale_heads").fetchone()[0] == 0
+    db.close()
+
+
+async def test_bad_config_exits_2_naming_the_key(fakes, daemon_factory):
+    fake = await fakes()
+    d = await daemon_factory([node_table("n1", fake, 1, ["task"], "m")], start=False, stale_after="ten minutes")
+    res = await d.cli("serve", "--config", str(d.config))
+    assert res.code == 2
+    assert "router.stale_after" in res.err
