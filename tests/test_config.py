@@ -1,0 +1,75 @@
+"""Config: the example parses; each mistake names its key."""
+
+from pathlib import Path
+
+import pytest
+
+from gpuq.config import ConfigError, load_config, parse_config, parse_duration, starter_config
+import tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def base(**router):
+    return {"router": router, "node": [
+        {"name": "node-1", "url": "http://node-1:11434", "rank": 1, "roles": ["task", "critique"], "model": "m:1"},
+        {"name": "node-2", "url": "http://node-2:11434", "rank": 2, "roles": ["critique"], "model": "m:2"},
+    ]}
+
+
+def test_example_and_starter_configs_parse(tmp_path):
+    example = load_config(ROOT / "gpuq.toml.example")
+    assert [n.name for n in example.nodes] == ["node-1", "node-2", "node-3"]
+    assert example.stale_after_s == 600
+    starter = parse_config(tomllib.loads(starter_config()), tmp_path)
+    assert starter.listen == "127.0.0.1:8750"
+    assert starter.database == (tmp_path / "gpuq.db").resolve()
+
+
+def test_database_is_relative_to_the_config_file(tmp_path):
+    cfg = tmp_path / "sub" / "gpuq.toml"
+    cfg.parent.mkdir()
+    cfg.write_text('[router]\ndatabase = "q.db"\n[[node]]\nname="a"\nurl="http://a:1"\nrank=1\nroles=["task"]\nmodel="m"\n')
+    assert load_config(cfg).database == (tmp_path / "sub" / "q.db").resolve()
+
+
+@pytest.mark.parametrize("text,seconds", [("10m", 600), ("30s", 30), ("1h30m", 5400), ("250ms", 0.25), (90, 90), (1.5, 1.5)])
+def test_durations(text, seconds):
+    assert parse_duration(text, "k") == seconds
+
+
+@pytest.mark.parametrize("mutate,key", [
+    (lambda d: d["router"].update(lisen="x"), "unknown key 'lisen'"),
+    (lambda d: d.update(routr={}), "unknown key 'routr'"),
+    (lambda d: d["node"][0].pop("model"), "node 'node-1': missing required key 'model'"),
+    (lambda d: d["node"][0].pop("name"), "node[1]: missing required key 'name'"),
+    (lambda d: d["node"][1].update(name="node-1"), "node 'node-1'.name: duplicate node name"),
+    (lambda d: d["node"][1].update(rank=1), "node 'node-2'.rank: rank 1 is already used by node 'node-1'"),
+    (lambda d: d["node"][0].update(url="node-1:11434"), "node 'node-1'.url"),
+    (lambda d: d["node"][0].update(url="http://h:99999"), "node 'node-1'.url"),
+    (lambda d: d["router"].update(stale_after="ten minutes"), "router.stale_after"),
+    (lambda d: d["router"].update(listen="8750"), "router.listen"),
+    (lambda d: d["node"][0].update(rank="1"), "node 'node-1'.rank: expected int"),
+    (lambda d: d["node"][0].update(roles=["gpu"]), "node 'node-1'.roles"),
+    (lambda d: d["node"][0].update(colour="red"), "unknown key 'colour'"),
+    (lambda d: d["router"].update(critique_template="no placeholder"), "router.critique_template"),
+])
+def test_each_mistake_names_its_key(mutate, key, tmp_path):
+    data = base()
+    mutate(data)
+    with pytest.raises(ConfigError) as exc:
+        parse_config(data, tmp_path)
+    assert key in exc.value.message
+
+
+def test_not_toml_and_missing_file_and_no_nodes(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[router\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_config(tmp_path / "missing.toml")
+    empty = tmp_path / "empty.toml"
+    empty.write_text("[router]\n")
+    with pytest.raises(ConfigError, match="at least one"):
+        load_config(empty)

@@ -1,0 +1,106 @@
+"""Placement rules: pure functions, every rule and tie."""
+
+import pytest
+
+from gpuq.errors import Conflict, GuardRefused, Unprocessable
+from gpuq.placement import (
+    ASKED, FAN_OUT, FIRST_FREE, SHORTEST, NodeView, check_move, place_critique, place_task,
+    position_between,
+)
+
+
+def node(name, rank, roles=("task", "critique"), up=True, running=False, queued=0):
+    return NodeView(name, rank, tuple(roles), up, running, queued)
+
+
+def test_task_goes_to_first_free_node_by_rank_not_by_list_order():
+    nodes = [node("c", 3), node("a", 1, running=True), node("b", 2)]
+    assert place_task(nodes).node == "b"
+    assert place_task(nodes).reason == FIRST_FREE
+
+
+def test_task_skips_nodes_without_task_role_and_down_nodes_for_free():
+    nodes = [node("a", 1, roles=["critique"]), node("b", 2, up=False), node("c", 3)]
+    assert place_task(nodes) .node == "c"
+
+
+def test_a_node_with_queued_jobs_is_not_free():
+    nodes = [node("a", 1, queued=1), node("b", 2)]
+    assert place_task(nodes).node == "b"
+
+
+def test_all_busy_picks_shortest_queue_ties_by_rank():
+    nodes = [node("a", 1, running=True, queued=2), node("b", 2, running=True, queued=1),
+             node("c", 3, running=True, queued=1)]
+    placed = place_task(nodes)
+    assert (placed.node, placed.reason) == ("b", SHORTEST)
+
+
+def test_all_busy_prefers_an_up_node_over_a_down_one_with_a_shorter_queue():
+    nodes = [node("a", 1, up=False), node("b", 2, running=True, queued=3)]
+    assert place_task(nodes).node == "b"
+
+
+def test_all_down_still_places_so_the_job_waits_visibly():
+    nodes = [node("a", 1, up=False, queued=2), node("b", 2, up=False, queued=1)]
+    assert place_task(nodes).node == "b"
+
+
+def test_asked_node_must_exist_and_take_tasks():
+    nodes = [node("a", 1), node("b", 2, roles=["critique"])]
+    assert place_task(nodes, "a") == type(place_task(nodes, "a"))("a", ASKED)
+    with pytest.raises(Conflict, match="node 'b' does not take task jobs"):
+        place_task(nodes, "b")
+    with pytest.raises(Unprocessable, match="unknown node 'zz'"):
+        place_task(nodes, "zz")
+
+
+def test_no_task_node_is_a_conflict():
+    with pytest.raises(Conflict, match="no node takes task jobs"):
+        place_task([node("a", 1, roles=["critique"])])
+
+
+def test_critique_fans_out_to_every_critique_node_in_rank_order():
+    nodes = [node("b", 2), node("a", 1), node("t", 3, roles=["task"]), node("d", 4, roles=["critique"], up=False)]
+    placed = place_critique(nodes)
+    assert [p.node for p in placed] == ["a", "b", "d"]
+    assert {p.reason for p in placed} == {FAN_OUT}
+
+
+def test_critique_fan_out_excludes_the_parent_node():
+    nodes = [node("a", 1), node("b", 2)]
+    assert [p.node for p in place_critique(nodes, parent_node="a")] == ["b"]
+
+
+def test_guard_refuses_the_parent_node_when_asked():
+    nodes = [node("a", 1), node("b", 2)]
+    with pytest.raises(GuardRefused) as exc:
+        place_critique(nodes, parent_node="a", asked="a")
+    assert exc.value.status == 409
+    assert exc.value.message == "a critique never runs on its parent task's node"
+    assert place_critique(nodes, parent_node="a", asked="b")[0].node == "b"
+
+
+def test_fan_out_with_no_node_left_is_a_clear_conflict():
+    with pytest.raises(Conflict, match="no critique node is left"):
+        place_critique([node("a", 1), node("t", 2, roles=["task"])], parent_node="a")
+    with pytest.raises(Conflict, match="no node takes critique jobs"):
+        place_critique([node("t", 1, roles=["task"])])
+
+
+def test_check_move_rules():
+    target = node("b", 2, roles=["critique"])
+    check_move("critique", target, "b", parent_node="a")
+    with pytest.raises(GuardRefused):
+        check_move("critique", target, "b", parent_node="b")
+    with pytest.raises(Conflict, match="does not take task jobs"):
+        check_move("task", target, "b", parent_node=None)
+    with pytest.raises(Unprocessable, match="unknown node 'x'"):
+        check_move("task", None, "x", parent_node=None)
+
+
+@pytest.mark.parametrize("before,after,expected", [
+    (None, None, 1024), (None, 1024, 0), (1024, None, 2048), (1024, 2048, 1536), (5, 6, None), (5, 7, 6),
+])
+def test_position_between(before, after, expected):
+    assert position_between(before, after, 1024) == expected
