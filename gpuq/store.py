@@ -396,8 +396,9 @@ class Store:
         async with self.write() as db:
             rows = await db.execute_fetchall(
                 "UPDATE job SET state = 'running' WHERE id = (SELECT id FROM job WHERE node = ?"
-                " AND state = 'queued' ORDER BY position, id LIMIT 1) RETURNING *",
-                (node,),
+                " AND state = 'queued' ORDER BY position, id LIMIT 1)"
+                " AND NOT EXISTS (SELECT 1 FROM job WHERE node = ? AND state = 'running') RETURNING *",
+                (node, node),
             )
             if not rows:
                 return None

@@ -1,0 +1,240 @@
+"""The store on a real temp SQLite file: state machine, guarded finish, one running per node,
+claim and staleness use their indexes, migrations, stale boundaries with a controlled clock."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from gpuq.errors import GpuqError, GuardRefused
+from gpuq.models import iso
+from gpuq.store import STALE_SQL, GuardMiss, NewJob, NodeInfo, Store
+
+NODES = [NodeInfo("a", 1, ("task", "critique"), "ma", True), NodeInfo("b", 2, ("critique",), "mb", True)]
+
+
+class Clock:
+    def __init__(self, now: float = 1_800_000_000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+async def store(tmp_path):
+    clock = Clock()
+    s = Store(tmp_path / "q.db", clock=clock)
+    await s.open()
+    await s.configure({"stale_after_s": 600, "stale_grace_s": 30, "max_runtime_s": 3600}, [])
+    s.test_clock = clock
+    yield s
+    await s.close()
+
+
+async def raw(path, sql, *params):
+    db = sqlite3.connect(path)
+    try:
+        rows = db.execute(sql, params).fetchall()
+        db.commit()
+        return rows
+    finally:
+        db.close()
+
+
+async def test_submit_claim_finish_writes_state_runs_and_events(store):
+    [job] = await store.submit(NewJob("task", "p"), NODES, "cli 127.0.0.1")
+    assert job["node"] == "a" and job["model"] == "ma" and job["position"] == 1
+    claimed = await store.claim("a")
+    assert claimed["id"] == job["id"]
+    await store.work_done(claimed["run_id"], "out", {"eval_count": 3, "done_reason": "stop"})
+    await store.finish(job["id"], claimed["run_id"], "done", None, "out")
+    detail = await store.job_detail(job["id"])
+    assert detail["state"] == "done" and detail["output"] == "out" and detail["eval_count"] == 3
+    assert [(e["from_state"], e["to_state"]) for e in detail["events"]] == [
+        (None, "queued"), ("queued", "running"), ("running", "done")]
+    assert detail["events"][0]["actor"] == "cli 127.0.0.1"
+    assert [r["state"] for r in detail["runs"]] == ["done"]
+
+
+async def test_finish_is_guarded(store):
+    [job] = await store.submit(NewJob("task", "p"), NODES, "api")
+    claimed = await store.claim("a")
+    await store.finish(job["id"], claimed["run_id"], "failed", "boom")
+    with pytest.raises(GuardMiss):
+        await store.finish(job["id"], claimed["run_id"], "done", None)
+    assert (await store.job(job["id"]))["state"] == "failed"
+
+
+async def test_a_finish_from_an_old_run_is_refused(store):
+    [job] = await store.submit(NewJob("task", "p"), NODES, "api")
+    first = await store.claim("a")
+    await store.finish(job["id"], first["run_id"], "failed", "boom")
+    await store.retry(job["id"], "cli")
+    second = await store.claim("a")
+    with pytest.raises(GuardMiss):
+        await store.finish(job["id"], first["run_id"], "done", None)
+    await store.finish(job["id"], second["run_id"], "done", None)
+
+
+async def test_one_running_job_per_node_is_enforced_by_the_database(store):
+    for _ in range(2):
+        await store.submit(NewJob("task", "p", node="a"), NODES, "api")
+    await store.claim("a")
+    assert await store.claim("a") is None  # the claim never takes a second head...
+    with pytest.raises(sqlite3.IntegrityError):  # ...and the index refuses any other path
+        await raw(store.path, "UPDATE job SET state = 'running' WHERE state = 'queued'")
+
+
+async def test_states_are_checked_by_the_database(store):
+    [job] = await store.submit(NewJob("task", "p"), NODES, "api")
+    with pytest.raises(sqlite3.IntegrityError):
+        await raw(store.path, "UPDATE job SET state = 'finished' WHERE id = ?", job["id"])
+    with pytest.raises(sqlite3.IntegrityError):  # a finished job must say when
+        await raw(store.path, "UPDATE job SET state = 'done' WHERE id = ?", job["id"])
+
+
+async def test_guard_holds_in_the_database_itself(store):
+    [task] = await store.submit(NewJob("task", "p", node="a"), NODES, "api")
+    [crit] = await store.submit(NewJob("critique", "c", parent=task["id"]), NODES, "api")
+    assert crit["node"] == "b"
+    with pytest.raises(sqlite3.IntegrityError, match="a critique never runs on its parent task's node"):
+        await raw(store.path, "UPDATE job SET node = 'a' WHERE id = ?", crit["id"])
+    with pytest.raises(GuardRefused):
+        await store.submit(NewJob("critique", "c", parent=task["id"], node="a"), NODES, "api")
+
+
+async def test_queued_order_survives_reopen(tmp_path):
+    s = Store(tmp_path / "q.db")
+    await s.open()
+    ids = [(await s.submit(NewJob("task", f"p{i}", node="a"), NODES, "api"))[0]["id"] for i in range(5)]
+    await s.close()
+    s2 = Store(tmp_path / "q.db")
+    await s2.open()
+    _, queued, count = await s2.queue("a", 100)
+    assert [j["id"] for j in queued] == ids and count == 5
+    await s2.close()
+
+
+async def test_orphans_fail_and_never_requeue(store):
+    [job] = await store.submit(NewJob("task", "p"), NODES, "api")
+    await store.claim("a")
+    orphans = await store.fail_orphans()
+    assert [o["id"] for o in orphans] == [job["id"]]
+    detail = await store.job_detail(job["id"])
+    assert detail["state"] == "failed" and detail["error"] == "router restarted while running"
+    assert detail["runs"][0]["state"] == "failed"
+
+
+async def test_claim_uses_the_queue_index(store):
+    db = sqlite3.connect(store.path)
+    plan = " ".join(r[3] for r in db.execute(
+        "EXPLAIN QUERY PLAN SELECT id FROM job WHERE node = ? AND state = 'queued' ORDER BY position, id LIMIT 1",
+        ("a",)))
+    db.close()
+    assert "USING INDEX job_queue" in plan or "USING COVERING INDEX job_queue" in plan
+    assert "TEMP B-TREE" not in plan
+
+
+async def test_staleness_query_reads_only_running_rows(store):
+    db = sqlite3.connect(store.path)
+    plan = " ".join(r[3] for r in db.execute("EXPLAIN QUERY PLAN " + STALE_SQL, {"now": iso(0)}))
+    db.close()
+    assert "job_one_running_per_node" in plan
+
+
+async def test_migrations_new_existing_and_newer(tmp_path):
+    path = tmp_path / "q.db"
+    s = Store(path)
+    await s.open()
+    await s.submit(NewJob("task", "keep me"), NODES, "api")
+    await s.close()
+    s = Store(path)
+    await s.open()  # an existing database starts cleanly, nothing re-applied
+    assert len(await s.jobs()) == 1
+    await s.close()
+    versions = await raw(path, "SELECT version FROM schema_migration")
+    assert versions == [(1,)]
+    db = sqlite3.connect(path)
+    db.execute("INSERT INTO schema_migration VALUES (999, '999_future', 'x')")
+    db.commit()
+    db.close()
+    s = Store(path)
+    with pytest.raises(GpuqError, match="newer gpuq"):
+        await s.open()
+    await s.close()
+
+
+async def test_database_file_is_owner_only(tmp_path):
+    s = Store(tmp_path / "q.db")
+    await s.open()
+    await s.close()
+    assert (tmp_path / "q.db").stat().st_mode & 0o077 == 0
+
+
+# -- staleness boundaries, with the store's clock under the test's control ---------------------
+
+async def running_job(store):
+    [job] = await store.submit(NewJob("task", "p", node="a"), NODES, "api")
+    claimed = await store.claim("a")
+    return job["id"], claimed["run_id"]
+
+
+async def test_no_progress_boundary(store):
+    job_id, run_id = await running_job(store)
+    t0 = store.test_clock.now
+    assert await store.stale_heads(t0 + 599.9) == []
+    [head] = await store.stale_heads(t0 + 600.1)
+    assert (head["id"], head["reason"]) == (job_id, "no progress")
+    store.test_clock.now = t0 + 500
+    await store.heartbeat(run_id, "more")  # progress resets the clock
+    assert await store.stale_heads(t0 + 1000) == []
+    assert (await store.stale_heads(t0 + 1100.1))[0]["reason"] == "no progress"
+
+
+async def test_finished_stream_not_closed_boundary_the_49_minute_case(store):
+    job_id, run_id = await running_job(store)
+    t0 = store.test_clock.now
+    await store.work_done(run_id, "all", {})
+    assert await store.stale_heads(t0 + 29.9) == []
+    [head] = await store.stale_heads(t0 + 30.1)
+    assert head["reason"] == "ollama finished but the job was not closed"
+    [head] = await store.stale_heads(t0 + 49 * 60)
+    assert head["id"] == job_id and head["since"] == iso(t0)
+
+
+async def test_max_runtime_boundary_and_per_node_override(store):
+    await store.configure({"stale_after_s": 10**9}, [type("N", (), dict(
+        name="a", url="http://a:1", rank=1, roles=("task",), model="ma", max_runtime_s=100.0))()])
+    job_id, run_id = await running_job(store)
+    t0 = store.test_clock.now
+    assert await store.stale_heads(t0 + 99.9) == []
+    assert (await store.stale_heads(t0 + 100.1))[0]["reason"] == "ran past max_runtime"
+
+
+async def test_finished_jobs_are_never_stale(store):
+    job_id, run_id = await running_job(store)
+    await store.finish(job_id, run_id, "done", None)
+    assert await store.stale_heads(store.test_clock.now + 10**6) == []
+
+
+async def test_stale_event_is_written_once(store):
+    job_id, _ = await running_job(store)
+    t = store.test_clock.now + 700
+    assert len(await store.note_stale(t)) == 1
+    assert await store.note_stale(t + 1) == []
+    assert await store.note_stale(t + 2) == []
+    events = (await store.job_detail(job_id))["events"]
+    assert sum(1 for e in events if (e["reason"] or "").startswith("stale:")) == 1
+
+
+async def test_stale_heads_view_works_in_the_shell(store):
+    job_id, _ = await running_job(store)
+    # The view uses the real clock, and the test clock's job starts in 2027: not stale yet.
+    rows = await raw(store.path, "SELECT id, reason FROM stale_heads")
+    assert rows == []
+    store_now = store.test_clock.now
+    await raw(store.path, "UPDATE run SET progress_at = ?, started_at = ?", iso(store_now - 10**8), iso(store_now - 10**8))
+    rows = await raw(store.path, "SELECT id, reason FROM stale_heads")
+    assert rows == [(job_id, "ran past max_runtime")]
