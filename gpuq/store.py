@@ -545,6 +545,8 @@ class Store:
         """Reorder a queued job within its node's queue or move it to another node's queue."""
         if sum(x is not None for x in (position, before, after)) > 1:
             raise BadRequest("give only one of 'position', 'before' and 'after'")
+        if job_id in (before, after):
+            raise BadRequest(f"job {job_id} cannot be moved before or after itself")
         if position is None and before is None and after is None and node is None:
             raise BadRequest("say where to move the job: 'position', 'before', 'after' or 'node'")
         now = self.clock()
@@ -647,6 +649,10 @@ class Store:
             job = await self._job_for_update(db, job_id)
             if job["state"] not in ("failed", "cancelled"):
                 raise Conflict(f"job {job_id} is {job['state']}; only failed or cancelled jobs can be retried")
+            if job["parent_id"]:  # the parent may have moved onto this node since (no trigger sees a retry)
+                parent = await self._job_for_update(db, job["parent_id"])
+                if parent["node"] == job["node"]:
+                    raise GuardRefused()
             tail = await db.execute_fetchall(
                 "SELECT MAX(position) FROM job WHERE node = ? AND state = 'queued'", (job["node"],))
             await db.execute(
