@@ -76,6 +76,8 @@ class FakeOllama:
     script: Script = field(default_factory=Script)
     requests: list[dict] = field(default_factory=list)  # every /api/chat and /api/generate body
     disconnects: int = 0  # generations stopped because the client went away
+    in_flight: int = 0  # generations streaming now
+    max_in_flight: int = 0  # the most ever at once: a router runs one job per node
     loaded: dict[str, Loaded] = field(default_factory=dict)
     version: str = "0.33.0"
     host: str = "127.0.0.1"
@@ -101,7 +103,8 @@ class FakeOllama:
 
     async def start(self, port: int | None = None) -> str:
         """Serve on loopback; `port` reuses a port after stop() (a node coming back)."""
-        self._runner = web.AppRunner(self.app(), handle_signals=False)
+        # A stopped node drops its connections at once, as a crashed Ollama would.
+        self._runner = web.AppRunner(self.app(), handle_signals=False, shutdown_timeout=0.1)
         await self._runner.setup()
         self._site = web.TCPSite(self._runner, self.host, port if port is not None else self.port)
         await self._site.start()
@@ -139,13 +142,22 @@ class FakeOllama:
         if m is None or m.stopping:
             return
         m.stopping = True
+        if m.refcount == 0:  # like Ollama: an unload waits for in-flight requests (see _release)
+            self._free(name, m)
+
+    def _free(self, name: str, m: Loaded) -> None:
+        """The runner exits and its VRAM is freed: at once, after a delay, or never."""
         if self.script.unload == "never":
             return  # stuck in "Stopping...": /api/ps keeps listing it
         delay = self.script.unload_delay_s if self.script.unload == "delay" else 0.0
         if delay <= 0:
             self.loaded.pop(name, None)
         else:
-            asyncio.get_running_loop().call_later(delay, self.loaded.pop, name, None)
+            asyncio.get_running_loop().call_later(delay, self._forget, name, m)
+
+    def _forget(self, name: str, m: Loaded) -> None:
+        if self.loaded.get(name) is m and m.stopping and m.refcount == 0:
+            del self.loaded[name]
 
     def _release(self, name: str, keep_alive_s: float | None) -> None:
         m = self.loaded.get(name)
@@ -153,7 +165,9 @@ class FakeOllama:
             return
         m.refcount -= 1
         m.expires_at = None if keep_alive_s is None else time.monotonic() + keep_alive_s
-        if m.refcount == 0 and keep_alive_s == 0:
+        if m.refcount == 0 and m.stopping:
+            self._free(name, m)  # an unload asked for while this request ran
+        elif m.refcount == 0 and keep_alive_s == 0:
             self._begin_unload(name)
 
     # -- handlers -----------------------------------------------------------------------------
@@ -207,8 +221,9 @@ class FakeOllama:
         s = self.script
         if s.busy:
             return self._error(503, BUSY)
-        if s.hang_headers:
-            await asyncio.Event().wait()
+        if s.hang_headers:  # until the client gives up, as Ollama drops a cancelled request
+            await self._wait_for_disconnect(request)
+            return self._error(499, "request canceled")
         if s.load_delay_s:
             await asyncio.sleep(s.load_delay_s)
         if s.load_error:
@@ -219,7 +234,12 @@ class FakeOllama:
         try:
             if empty:
                 return web.json_response(self._final(body["model"], chat, "", "load", with_stats=False))
-            return await self._stream(request, body, chat)
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            try:
+                return await self._stream(request, body, chat)
+            finally:
+                self.in_flight -= 1
         finally:
             self._release(model, keep_alive)
 

@@ -376,10 +376,10 @@ class Store:
                 position = (tail[0][0] or 0) + POSITION_GAP
                 model = new.model or by_name[p.node].model
                 await db.execute(
-                    "INSERT INTO job (id, kind, node, model, prompt, parent_id, group_id, position,"
-                    " placement, timeout_s, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                    (job_id, new.kind, p.node, model, new.prompt, new.parent, group, position,
-                     p.reason, new.timeout_s, iso(now)),
+                    "INSERT INTO job (id, kind, node, model, model_pinned, prompt, parent_id, group_id,"
+                    " position, placement, timeout_s, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                    (job_id, new.kind, p.node, model, int(new.model is not None), new.prompt, new.parent,
+                     group, position, p.reason, new.timeout_s, iso(now)),
                 )
                 await self._event(db, job_id, None, "queued", actor, f"placed on {p.node} ({p.reason})", now)
                 waiting = views[[v.name for v in views].index(p.node)].queued
@@ -573,9 +573,12 @@ class Store:
                 index = 1 << 62 if target != job["node"] else None  # a bare node move goes to the tail
             if index is not None:
                 new_position = await self._position_at(db, target, job_id, index)
+                # A job that did not ask for a model runs the model of the node it moves to.
+                target_model = next((n.model for n in nodes if n.name == target), job["model"])
                 await db.execute("UPDATE job SET node = ?, position = ?, placement = CASE WHEN node <> ?"
-                                 " THEN 'moved' ELSE placement END WHERE id = ?",
-                                 (target, new_position, target, job_id))
+                                 " THEN 'moved' ELSE placement END, model = CASE WHEN model_pinned"
+                                 " THEN model ELSE ? END WHERE id = ?",
+                                 (target, new_position, target, target_model, job_id))
             moved = dict(job, node=target)
             moved["position"] = (await db.execute_fetchall(
                 "SELECT COUNT(*) FROM job j, job me WHERE me.id = ? AND j.node = me.node AND"

@@ -9,6 +9,7 @@ CREATE TABLE job (
                 CHECK (state IN ('queued', 'running', 'done', 'failed', 'cancelled')),
     node        TEXT NOT NULL,                    -- the node whose queue holds the job
     model       TEXT NOT NULL,
+    model_pinned INTEGER NOT NULL DEFAULT 0,      -- 1: asked for; 0: the node's model, follows moves
     prompt      TEXT NOT NULL,
     parent_id   TEXT REFERENCES job(id),          -- a critique's task under review
     group_id    TEXT,                             -- the critiques of one fan-out share it
