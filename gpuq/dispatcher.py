@@ -195,7 +195,7 @@ class Dispatcher:
 
     async def _ready_to_claim(self, rt: NodeRuntime) -> bool:
         """Something waits and the node answers: never claim onto a node that is unreachable."""
-        if not (await self.store.waiting_by_node()).get(rt.name):
+        if not await self.store.has_waiting(rt.name):
             return False
         await self.check_node(rt)
         return rt.claimable

@@ -340,9 +340,10 @@ class Store:
         rows = await self.read("SELECT node, COUNT(*) AS n FROM job WHERE state = 'queued' GROUP BY node")
         return {r["node"]: r["n"] for r in rows}
 
-    async def run_output(self, run_id: int) -> Row | None:
-        rows = await self.read("SELECT state, output FROM run WHERE id = ?", (run_id,))
-        return rows[0] if rows else None
+    async def has_waiting(self, node: str) -> bool:
+        rows = await self.read(
+            "SELECT EXISTS (SELECT 1 FROM job WHERE node = ? AND state = 'queued') AS waiting", (node,))
+        return bool(rows[0]["waiting"])
 
     # -- submitting ---------------------------------------------------------------------------
 
