@@ -46,11 +46,13 @@ async def test_the_49_minute_case_ollama_done_but_job_not_closed(fakes, daemon_f
         return [e for e in job["events"] if (e["reason"] or "").startswith("stale:")]
     await eventually(async_true(lambda: d.job(head["id"]), stale_events), 10, what="the stale event")
 
-    fake.script.unload = "immediate"  # the stuck runner is killed by hand, as in the incident
-    fake.loaded.clear()
     res = await d.cli("delete", head["id"])
     assert res.code == 0, res.err
     assert res.out.strip() == f"{head['id']} cancelled on node-1 (was running)"
+    # The router keeps asking the model to leave; the stuck runner is then killed by hand,
+    # as in the incident, and the node moves on.
+    fake.script.unload = "immediate"
+    fake.loaded.clear()
     await d.wait_state(nxt["id"], "done", timeout=15)
     status, body = await health(d)
     assert status == 200 and body["ok"] is True and body["stale"] == []
