@@ -243,6 +243,8 @@ async def move(request: web.Request) -> web.Response:
                                 position=position, before=before, after=after, node=node)
     app[DISPATCHER].wake(job["node"])
     app[BUS].publish("queue", {"moved": job["id"]})
+    log.info("job=%s node=%s state=queued moved position=%s actor=%r", job["id"], job["node"], job["position"],
+             actor_of(request))
     return web.json_response({"job": {"id": job["id"], "node": job["node"], "position": job["position"],
                                       "state": "queued"}})
 
@@ -252,6 +254,9 @@ async def preempt(request: web.Request) -> web.Response:
     job, interrupted = await app[STORE].preempt(job_id_of(request), actor_of(request))
     app[DISPATCHER].abort(interrupted, f"preempted by {job['id']}")
     app[BUS].publish("queue", {"preempted": job["id"]})
+    log.info("job=%s node=%s state=queued preempt position=1 actor=%r", job["id"], job["node"], actor_of(request))
+    if interrupted:
+        log.info("job=%s node=%s state=queued reason=%r", interrupted.job_id, job["node"], f"preempted by {job['id']}")
     return web.json_response({"job": {"id": job["id"], "node": job["node"], "position": 1, "state": "queued"},
                               "interrupted": interrupted and interrupted.job_id})
 
@@ -261,7 +266,7 @@ async def delete(request: web.Request) -> web.Response:
     job, interrupted = await app[STORE].delete(job_id_of(request), actor_of(request))
     app[DISPATCHER].abort(interrupted, "deleted")
     app[BUS].publish("queue", {"deleted": job["id"]})
-    log.info("job=%s node=%s state=cancelled reason=deleted", job["id"], job["node"])
+    log.info("job=%s node=%s state=cancelled reason=deleted actor=%r", job["id"], job["node"], actor_of(request))
     return web.json_response({"job": {"id": job["id"], "node": job["node"], "state": "cancelled",
                                       "was": "running" if interrupted else "queued"}})
 
@@ -276,6 +281,8 @@ async def clear(request: web.Request) -> web.Response:
     ids, interrupted = await app[STORE].clear(name, actor_of(request), running=running)
     app[DISPATCHER].abort(interrupted, "cleared")
     app[BUS].publish("queue", {"cleared": name})
+    for job_id in ids:
+        log.info("job=%s node=%s state=cancelled reason=cleared actor=%r", job_id, name, actor_of(request))
     return web.json_response({"node": name, "cancelled": ids})
 
 
@@ -284,6 +291,7 @@ async def retry(request: web.Request) -> web.Response:
     job = await app[STORE].retry(job_id_of(request), actor_of(request))
     app[DISPATCHER].wake(job["node"])
     app[BUS].publish("queue", {"retried": job["id"]})
+    log.info("job=%s node=%s state=queued reason='retry requested' actor=%r", job["id"], job["node"], actor_of(request))
     return web.json_response({"job": {"id": job["id"], "node": job["node"], "state": "queued"}})
 
 
