@@ -304,6 +304,8 @@ async def stream_job(request: web.Request) -> web.StreamResponse:
         job = await app[STORE].job_detail(job_id)
         await resp.prepare(request)
         sent = app[DISPATCHER].live_output(job_id) or job["output"]
+        while not events.empty():  # pieces published so far are already in `sent`
+            events.get_nowait()
         if sent:
             await resp.write(json.dumps({"text": sent}).encode() + b"\n")
         while job["state"] in ("queued", "running"):
