@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator, Callable
 import aiosqlite
 
 from . import placement as rules
+from .batching import WriteBatcher
 from .errors import (
     GUARD_MESSAGE, BadRequest, Conflict, GpuqError, GuardRefused, NotFound, StoreUnavailable,
     Unprocessable,
@@ -130,6 +131,7 @@ class Store:
         self._writer: aiosqlite.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
         self._write_lock = asyncio.Lock()
+        self._batcher: WriteBatcher | None = None  # group commit for submits, on the writer
 
     # -- connections and migrations ---------------------------------------------------------
 
@@ -149,8 +151,11 @@ class Store:
         self._writer = await self._connect()
         await self._migrate()
         self._reader = await self._connect()
+        self._batcher = WriteBatcher(lambda: self._writer, self._write_lock, _translate)
 
     async def close(self) -> None:
+        if self._batcher is not None:
+            await self._batcher.close()  # the batch in flight commits (or fails) first
         for conn in (self._reader, self._writer):
             if conn is not None:
                 await conn.close()
@@ -348,45 +353,70 @@ class Store:
     # -- submitting ---------------------------------------------------------------------------
 
     async def submit(self, new: NewJob, nodes: list[NodeInfo], actor: str) -> list[Row]:
-        """Place and insert a job (a task, or a critique's whole fan-out) in one transaction."""
-        by_name = {n.name: n for n in nodes}
+        """Place and insert a job (a task, or a critique's whole fan-out), durably.
+
+        Group commit (gpuq/batching.py): submits that arrive together share one transaction
+        and one fsync; each runs in its own savepoint and is answered only after that commit,
+        and one refused submit never fails the others. Placement sees the jobs submitted
+        before it in the same batch."""
+        assert self._batcher is not None, "store is not open"
         now = self.clock()
-        async with self.write() as db:
-            parent_node = None
-            if new.parent is not None:
-                parent = await db.execute_fetchall("SELECT kind, node FROM job WHERE id = ?", (new.parent,))
-                if not parent:
-                    raise Unprocessable(f"unknown parent job '{new.parent}'")
-                if parent[0]["kind"] != "task":
-                    raise Unprocessable(f"parent job '{new.parent}' is a {parent[0]['kind']}, not a task")
-                if new.kind != "critique":
-                    raise BadRequest("only a critique takes a parent")
-                parent_node = parent[0]["node"]
-            views = self._views(nodes, await self._counts(db))
-            if new.kind == "task":
-                placements = [rules.place_task(views, new.node)]
-            else:
-                placements = rules.place_critique(views, parent_node, new.node)
-            group = new_job_id(now) if new.kind == "critique" else None
-            created = []
-            for p in placements:
-                job_id = new_job_id(now)
-                tail = await db.execute_fetchall(
-                    "SELECT MAX(position) FROM job WHERE node = ? AND state = 'queued'", (p.node,)
-                )
-                position = (tail[0][0] or 0) + POSITION_GAP
-                model = new.model or by_name[p.node].model
-                await db.execute(
-                    "INSERT INTO job (id, kind, node, model, model_pinned, prompt, parent_id, group_id,"
-                    " position, placement, timeout_s, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                    (job_id, new.kind, p.node, model, int(new.model is not None), new.prompt, new.parent,
-                     group, position, p.reason, new.timeout_s, iso(now)),
-                )
-                await self._event(db, job_id, None, "queued", actor, f"placed on {p.node} ({p.reason})", now)
-                waiting = views[[v.name for v in views].index(p.node)].queued
-                created.append({"id": job_id, "kind": new.kind, "node": p.node, "model": model,
-                                "state": "queued", "position": waiting + 1, "reason": p.reason,
-                                "parent": new.parent, "group": group})
+        return await self._batcher.run(lambda db, ctx: self._submit_in(db, ctx, new, nodes, actor, now))
+
+    @staticmethod
+    def _submit_in(db: sqlite3.Connection, ctx: dict, new: NewJob, nodes: list[NodeInfo], actor: str,
+                   now: float) -> list[Row]:
+        """Submit's statements, in the writer's thread, inside the batch's transaction."""
+        by_name = {n.name: n for n in nodes}
+        parent_node = None
+        if new.parent is not None:
+            parent = db.execute("SELECT kind, node FROM job WHERE id = ?", (new.parent,)).fetchall()
+            if not parent:
+                raise Unprocessable(f"unknown parent job '{new.parent}'")
+            if parent[0]["kind"] != "task":
+                raise Unprocessable(f"parent job '{new.parent}' is a {parent[0]['kind']}, not a task")
+            if new.kind != "critique":
+                raise BadRequest("only a critique takes a parent")
+            parent_node = parent[0]["node"]
+        # Per-node (running, queued) counts, read once per batch and kept true by each submit
+        # of the batch, so a burst does not count the whole queue once per job.
+        counts = ctx.get("submit_counts")
+        if counts is None:
+            counts = {r[0]: (r[1], r[2]) for r in db.execute(
+                "SELECT node, SUM(state = 'running'), SUM(state = 'queued') FROM job"
+                " WHERE state IN ('queued', 'running') GROUP BY node")}
+        views = Store._views(nodes, counts)
+        if new.kind == "task":
+            placements = [rules.place_task(views, new.node)]
+        else:
+            placements = rules.place_critique(views, parent_node, new.node)
+        group = new_job_id(now) if new.kind == "critique" else None
+        at = iso(now)
+        created = []
+        for p in placements:
+            job_id = new_job_id(now)
+            tail = db.execute("SELECT MAX(position) FROM job WHERE node = ? AND state = 'queued'",
+                              (p.node,)).fetchone()
+            position = (tail[0] or 0) + POSITION_GAP
+            model = new.model or by_name[p.node].model
+            db.execute(
+                "INSERT INTO job (id, kind, node, model, model_pinned, prompt, parent_id, group_id,"
+                " position, placement, timeout_s, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                (job_id, new.kind, p.node, model, int(new.model is not None), new.prompt, new.parent,
+                 group, position, p.reason, new.timeout_s, at),
+            )
+            db.execute(
+                "INSERT INTO event (job_id, at, from_state, to_state, actor, reason) VALUES (?,?,?,?,?,?)",
+                (job_id, at, None, "queued", actor, f"placed on {p.node} ({p.reason})"),
+            )
+            waiting = counts.get(p.node, (0, 0))[1]
+            created.append({"id": job_id, "kind": new.kind, "node": p.node, "model": model,
+                            "state": "queued", "position": waiting + 1, "reason": p.reason,
+                            "parent": new.parent, "group": group})
+        for job in created:  # every statement succeeded: only now does the batch's cache change
+            running, queued = counts.get(job["node"], (0, 0))
+            counts[job["node"]] = (running, queued + 1)
+        ctx["submit_counts"] = counts
         return created
 
     # -- the worker's verbs -------------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 
 from gpuq.errors import GpuqError, GuardRefused
 from gpuq.models import iso
-from gpuq.store import STALE_SQL, GuardMiss, NewJob, NodeInfo, Store
+from gpuq.store import MIGRATIONS_DIR, STALE_SQL, GuardMiss, NewJob, NodeInfo, Store
 
 NODES = [NodeInfo("a", 1, ("task", "critique"), "ma", True), NodeInfo("b", 2, ("critique",), "mb", True)]
 
@@ -155,7 +155,7 @@ async def test_migrations_new_existing_and_newer(tmp_path):
     assert len(await s.jobs()) == 1
     await s.close()
     versions = await raw(path, "SELECT version FROM schema_migration")
-    assert versions == [(1,)]
+    assert versions == [(int(f.name[:3]),) for f in sorted(MIGRATIONS_DIR.glob("[0-9][0-9][0-9]_*.sql"))]
     db = sqlite3.connect(path)
     db.execute("INSERT INTO schema_migration VALUES (999, '999_future', 'x')")
     db.commit()

@@ -1,0 +1,112 @@
+"""The physical limit and the peers, in-process: raw sqlite3 commits, Huey's SqliteStorage,
+persist-queue's SQLiteAckQueue and gpuq's own Store, all with WAL + synchronous=FULL on the
+same disk. Each loop is bounded by a count and a time limit."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import time
+from pathlib import Path
+
+from gpuq.store import NewJob, NodeInfo, Store
+
+SYNC_FULL = 2  # PRAGMA synchronous value for FULL
+
+
+def _fresh(path: Path) -> Path:
+    if path.is_dir():
+        shutil.rmtree(path)
+    for suffix in ("", "-wal", "-shm"):
+        Path(str(path) + suffix).unlink(missing_ok=True)
+    return path
+
+
+def raw_commits(path: Path, count: int, limit_s: float) -> float:
+    """Single-row INSERT commits per second: the floor every durable queue stands on."""
+    db = sqlite3.connect(_fresh(path), isolation_level=None)
+    try:
+        db.execute("PRAGMA journal_mode = WAL")
+        db.execute("PRAGMA synchronous = FULL")
+        assert db.execute("PRAGMA synchronous").fetchone()[0] == SYNC_FULL
+        db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, body TEXT NOT NULL)")
+        body = "x" * 64
+        start = time.perf_counter()
+        done = 0
+        while done < count and time.perf_counter() - start < limit_s:
+            db.execute("BEGIN IMMEDIATE")
+            db.execute("INSERT INTO t (body) VALUES (?)", (body,))
+            db.execute("COMMIT")
+            done += 1
+        return done / (time.perf_counter() - start)
+    finally:
+        db.close()
+
+
+def huey_round_trips(path: Path, count: int, limit_s: float) -> float:
+    """Huey SqliteStorage: enqueue then dequeue (which deletes the row), fsync=True = FULL."""
+    from huey.storage import SqliteStorage
+
+    storage = SqliteStorage(name="bench", filename=str(_fresh(path)), fsync=True, journal_mode="wal")
+    conn = storage.conn
+    assert conn.execute("PRAGMA synchronous").fetchone()[0] == SYNC_FULL
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    body = b"x" * 64
+    try:
+        start = time.perf_counter()
+        done = 0
+        while done < count and time.perf_counter() - start < limit_s:
+            storage.enqueue(body)
+            assert storage.dequeue() == body
+            done += 1
+        return done / (time.perf_counter() - start)
+    finally:
+        storage.close()
+
+
+def persist_round_trips(path: Path, count: int, limit_s: float) -> float:
+    """persist-queue SQLiteAckQueue: put, get, ack; synchronous set to FULL on its connections
+    (it leaves the compiled-in default, so the bench sets it rather than trust the build)."""
+    from persistqueue import SQLiteAckQueue
+
+    queue = SQLiteAckQueue(str(_fresh(path)), auto_commit=True)
+    for conn in {id(c): c for c in (queue._getter, queue._putter)}.values():
+        conn.execute("PRAGMA synchronous = FULL")
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == SYNC_FULL
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    body = "x" * 64
+    try:
+        start = time.perf_counter()
+        done = 0
+        while done < count and time.perf_counter() - start < limit_s:
+            queue.put(body)
+            item = queue.get(block=False)
+            queue.ack(item)
+            done += 1
+        return done / (time.perf_counter() - start)
+    finally:
+        queue.close()
+
+
+BENCH_NODES = [NodeInfo("n1", 1, ("task", "critique"), "m1", True)]
+
+
+async def store_round_trips(path: Path, count: int, limit_s: float) -> float:
+    """gpuq's Store: submit -> claim -> finish, one job at a time. Each is its own durable
+    transaction, and gpuq also writes a run row and three event rows that the peers do not."""
+    store = Store(_fresh(path))
+    await store.open()
+    try:
+        await store.configure({"stale_after_s": 600, "stale_grace_s": 30, "max_runtime_s": 3600}, [])
+        job = NewJob("task", "x" * 64, node="n1")
+        start = time.perf_counter()
+        done = 0
+        while done < count and time.perf_counter() - start < limit_s:
+            [made] = await store.submit(job, BENCH_NODES, "bench")
+            claimed = await store.claim("n1")
+            assert claimed is not None and claimed["id"] == made["id"]
+            await store.finish(claimed["id"], claimed["run_id"], "done", None, "out")
+            done += 1
+        return done / (time.perf_counter() - start)
+    finally:
+        await store.close()

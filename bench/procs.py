@@ -1,0 +1,137 @@
+"""The processes a bench run starts: the real router (`gpuq serve`) and the fake nodes. Every
+wait is bounded; every process is stopped by its own pid."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import tomli_w
+
+from .http import Conn
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rss_mb(pid: int) -> float:
+    """Resident set size of a process, from /proc (Linux)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+class Fakes:
+    """`python -m bench.fakes` in a subprocess; `control` drives hold/release/log."""
+
+    def __init__(self, nodes: dict[str, str], log: Path):
+        self.spec = nodes  # name -> model
+        self.log_path = log
+        self.proc: asyncio.subprocess.Process | None = None
+        self.urls: dict[str, str] = {}
+        self.control: Conn | None = None
+
+    async def start(self) -> "Fakes":
+        with open(self.log_path, "ab") as log:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "bench.fakes", *(f"{n}={m}" for n, m in self.spec.items()),
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=log, cwd=str(ROOT))
+        line = await asyncio.wait_for(self.proc.stdout.readline(), 20)
+        info = json.loads(line)
+        self.urls = info["nodes"]
+        host, port = info["control"].removeprefix("http://").split(":")
+        self.control = await Conn(host, int(port)).open()
+        return self
+
+    async def call(self, action: str, node: str, **query) -> dict:
+        q = "&".join(f"{k}={v}" for k, v in {"node": node, **query}.items())
+        status, body = await self.control.request("POST", f"/{action}?{q}")
+        assert status == 200, (status, body)
+        return body
+
+    async def log(self, node: str, since: float = 0.0) -> list[tuple[str, float, float, bool]]:
+        return [tuple(e) for e in (await self.call("log", node, since=since))["log"]]
+
+    async def stop(self) -> None:
+        if self.control is not None:
+            await self.control.close()
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.stdin.close()
+            try:
+                await asyncio.wait_for(self.proc.wait(), 10)
+            except asyncio.TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+
+
+class Router:
+    """The real router as a subprocess, on its own config and database."""
+
+    def __init__(self, workdir: Path, nodes: list[dict], database: Path, **router):
+        self.workdir = workdir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.database = database
+        self.config = workdir / f"gpuq-{self.port}.toml"
+        self.log = workdir / f"router-{self.port}.log"
+        data = {"router": {"listen": f"127.0.0.1:{self.port}", "public_url": self.url,
+                           "database": str(database), "unload_timeout": "2s", **router},
+                "node": nodes}
+        self.config.write_text(tomli_w.dumps(data))
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def start(self, timeout: float = 30.0) -> "Router":
+        with open(self.log, "ab") as log:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "gpuq.cli", "serve", "--config", str(self.config),
+                stdout=log, stderr=log, cwd=str(self.workdir),
+                env={k: v for k, v in os.environ.items() if k != "GPUQ_TOKEN"})
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.returncode is not None:
+                raise RuntimeError(f"router exited {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+            try:
+                conn = await Conn("127.0.0.1", self.port).open()
+                try:
+                    status, _ = await conn.request("GET", "/health")
+                finally:
+                    await conn.close()
+                if status in (200, 503):
+                    return self
+            except OSError:
+                pass
+            await asyncio.sleep(0.05)
+        raise RuntimeError(f"router did not answer /health within {timeout}s:\n{self.log.read_text()[-3000:]}")
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    async def connect(self) -> Conn:
+        return await Conn("127.0.0.1", self.port).open()
+
+    async def stop(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.proc.wait(), 15)
+            except asyncio.TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+
+
+def node_table(name: str, url: str, rank: int, model: str, roles=("task", "critique")) -> dict:
+    return {"name": name, "url": url, "rank": rank, "roles": list(roles), "model": model}

@@ -1,0 +1,470 @@
+"""`python -m bench.run [--quick] [--only SECTION,...]`: every measurement of issue 8 in one
+run, one table on stdout, JSON in bench/results.json. Loopback only; every loop is bounded
+in count and in time. GPUQ_BENCH_QUICK=1 is the same as --quick."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+from gpuq.store import NodeInfo, NewJob, Store
+
+from . import growth, peers
+from .procs import Fakes, Router, node_table, rss_mb
+from .stats import Metric, table
+
+BENCH_DIR = Path(__file__).resolve().parent
+SECTIONS = ("physical", "peers", "submit", "turnaround", "first_token", "growth")
+NODES = {"n1": "qwen3-coder:30b", "n2": "llama3.2:latest"}
+SETTINGS = {"stale_after_s": 600.0, "stale_grace_s": 30.0, "max_runtime_s": 4 * 3600.0}
+
+
+class Bench:
+    def __init__(self, quick: bool, only: set[str], workdir: Path):
+        self.quick = quick
+        self.only = only
+        self.workdir = workdir
+        self.repeats = 2 if quick else 5
+        self.metrics: dict[str, Metric] = {}
+        self.notes: list[str] = []
+        self.fakes: Fakes | None = None
+
+    def metric(self, key: str, label: str, unit: str, kind: str, target: str = "") -> Metric:
+        if key not in self.metrics:
+            self.metrics[key] = Metric(key, label, unit, kind, target=target)
+        return self.metrics[key]
+
+    def say(self, text: str) -> None:
+        print(f"[bench {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+    def wants(self, section: str) -> bool:
+        return not self.only or section in self.only
+
+    # -- 1 and 2: the physical limit, the peers, the store's round trip -------------------------
+
+    async def physical_and_peers(self) -> None:
+        raw = self.metric("raw_commits", "raw sqlite3 single-row commits (WAL, synchronous=FULL)",
+                          "commits/s", "rate")
+        want_peers = self.wants("peers")
+        if want_peers:
+            store_rt = self.metric("store_rt", "gpuq Store submit->claim->finish", "round trips/s", "rate")
+            huey_rt = self.metric("huey_rt", "Huey SqliteStorage enqueue->dequeue", "round trips/s", "rate")
+            pq_rt = self.metric("pq_rt", "persist-queue SQLiteAckQueue put->get->ack", "round trips/s", "rate")
+            vs_huey = self.metric("store_vs_huey", "gpuq Store round trip / Huey's (same run)", "ratio",
+                                  "ratio", ">= 1.00x")
+            vs_pq = self.metric("store_vs_pq", "gpuq Store round trip / persist-queue's (same run)", "ratio",
+                                "ratio")
+        n_raw, n_rt, n_store = (400, 200, 150) if self.quick else (1000, 500, 300)
+        for rep in range(self.repeats):
+            # Interleaved within each repeat, so the ratios share the machine's noise.
+            raw.add_run(peers.raw_commits(self.workdir / "raw.db", n_raw, 5.0))
+            if want_peers:
+                h = peers.huey_round_trips(self.workdir / "huey.db", n_rt, 5.0)
+                p = peers.persist_round_trips(self.workdir / "pq", n_rt, 5.0)
+                s = await peers.store_round_trips(self.workdir / "store.db", n_store, 5.0)
+                huey_rt.add_run(h)
+                pq_rt.add_run(p)
+                store_rt.add_run(s)
+                vs_huey.add_run(s / h)
+                vs_pq.add_run(s / p)
+            self.say(f"physical/peers run {rep + 1}/{self.repeats}: raw {raw.runs[-1][0]:,.0f}/s"
+                     + (f", store {s:,.0f}/s, huey {h:,.0f}/s, persist-queue {p:,.0f}/s" if want_peers else ""))
+
+    # -- the router under load ----------------------------------------------------------------
+
+    async def start_router(self, database: Path, **router) -> Router:
+        nodes = [node_table(n, self.fakes.urls[n], rank, m) for rank, (n, m) in enumerate(NODES.items(), 1)]
+        return await Router(self.workdir, nodes, database, **router).start()
+
+    async def submit_burst(self, router: Router, clients: int, total: int, limit_s: float) -> float:
+        """`total` POST /api/jobs over `clients` keep-alive connections; jobs/s to the last 201."""
+        conns = [await router.connect() for _ in range(clients)]
+        issued = 0
+        errors: list[str] = []
+
+        async def client(conn) -> None:
+            nonlocal issued
+            raw = conn.encode("POST", "/api/jobs", {"kind": "task", "prompt": "summarise the export job's retries"})
+            while issued < total and time.perf_counter() < deadline:
+                issued += 1
+                status, body = await conn.send(raw)
+                if status != 201:
+                    errors.append(f"{status} {body[:200]!r}")
+                    return
+
+        start = time.perf_counter()
+        deadline = start + limit_s
+        try:
+            await asyncio.gather(*(client(c) for c in conns))
+        finally:
+            for c in conns:
+                await c.close()
+        elapsed = time.perf_counter() - start
+        if errors:
+            raise RuntimeError(f"submit refused during the bench: {errors[0]}")
+        return issued / elapsed
+
+    async def clear(self, router: Router) -> None:
+        conn = await router.connect()
+        try:
+            for name in NODES:
+                status, body = await conn.request("POST", f"/api/nodes/{name}/clear")
+                assert status == 200, (status, body)
+        finally:
+            await conn.close()
+
+    async def submit_section(self, router: Router) -> None:
+        one = self.metric("submit_1", "durable submit POST /api/jobs, 1 client", "jobs/s", "rate")
+        many = self.metric("submit_32", "durable submit POST /api/jobs, 32 clients", "jobs/s", "rate",
+                           ">= 2,000")
+        scale = self.metric("submit_32_vs_1", "submit: 32 clients / 1 client (same run)", "ratio", "ratio")
+        vs_raw = self.metric("submit_32_vs_raw", "submit, 32 clients / raw commits/s (same run)", "ratio",
+                             "ratio")
+        n1, n32 = (150, 1600) if self.quick else (300, 3200)
+        # A real lab's jobs run for minutes: each node holds one running job during the burst.
+        for name in NODES:
+            await self.fakes.call("hold", name)
+        try:
+            for rep in range(self.repeats):
+                r1 = await self.submit_burst(router, 1, n1, 10.0)
+                await self.clear(router)
+                r32 = await self.submit_burst(router, 32, n32, 15.0)
+                await self.clear(router)
+                raw = peers.raw_commits(self.workdir / "raw-submit.db", 600, 3.0)
+                one.add_run(r1)
+                many.add_run(r32)
+                scale.add_run(r32 / r1)
+                vs_raw.add_run(r32 / raw)
+                self.say(f"submit run {rep + 1}/{self.repeats}: 1 client {r1:,.0f}/s, 32 clients {r32:,.0f}/s,"
+                         f" raw commits {raw:,.0f}/s")
+        finally:
+            for name in NODES:
+                await self.fakes.call("release", name)
+
+    async def wait_idle(self, router: Router, node: str, limit_s: float) -> None:
+        conn = await router.connect()
+        try:
+            deadline = time.monotonic() + limit_s
+            while time.monotonic() < deadline:
+                _, body = await conn.request("GET", "/api/queue?limit=0")
+                mine = next(n for n in body["nodes"] if n["name"] == node)
+                if mine["queued_count"] == 0 and mine["running"] is None:
+                    return
+                await asyncio.sleep(0.05)
+            raise RuntimeError(f"node {node} did not drain within {limit_s}s")
+        finally:
+            await conn.close()
+
+    async def turnaround_section(self, router: Router) -> None:
+        gap = self.metric("gap", "turnaround gap: final Ollama byte -> next request (1 node)", "ms", "ms",
+                          "p50 <= 5 ms")
+        ps = self.metric("gap_ps", "  of which: unload check (GET /api/ps, end to end)", "ms", "ms")
+        check = self.metric("gap_health", "  of which: pre-claim health check (/api/version + /api/tags)",
+                            "ms", "ms")
+        jobs = 40 if self.quick else 100
+        node = "n1"
+        await self.wait_idle(router, node, 30)
+        conn = await router.connect()
+        try:
+            for rep in range(self.repeats):
+                await self.fakes.call("reset", node)
+                await self.fakes.call("hold", node)
+                await conn.request("POST", "/api/jobs", {"kind": "task", "prompt": "head", "node": node})
+                for i in range(jobs):
+                    status, body = await conn.request("POST", "/api/jobs",
+                                                      {"kind": "task", "prompt": f"job {i}", "node": node})
+                    assert status == 201, body
+                since = time.monotonic()
+                await self.fakes.call("release", node)
+                await self.wait_idle(router, node, 60)
+                log = await self.fakes.log(node)
+                gens = sorted((e for e in log if e[3] and e[2] >= since), key=lambda e: e[1])
+                gaps, ps_ms, check_ms = [], [], []
+                for prev, nxt in zip(gens, gens[1:]):
+                    gaps.append((nxt[1] - prev[2]) * 1000)
+                    between = [e for e in log if not e[3] and prev[2] <= e[1] <= nxt[1]]
+                    ps_ms += [(e[2] - prev[2]) * 1000 for e in between if e[0] == "/api/ps"][:1]
+                    version = [e for e in between if e[0] == "/api/version"]
+                    tags = [e for e in between if e[0] == "/api/tags"]
+                    if version and tags:
+                        check_ms.append((tags[-1][2] - version[0][1]) * 1000)
+                if len(gaps) < jobs - 1:
+                    raise RuntimeError(f"only {len(gaps)} gaps recorded for {jobs} jobs")
+                gap.add_run(gaps)
+                ps.add_run(ps_ms)
+                check.add_run(check_ms)
+                self.say(f"turnaround run {rep + 1}/{self.repeats}: gap p50 {statistics.median(gaps):.2f} ms"
+                         f" ({len(gaps)} gaps)")
+        finally:
+            await conn.close()
+
+    async def first_token_section(self, router: Router) -> None:
+        through = self.metric("ttft_gpuq", "first token through gpuq (submit -> /stream)", "ms", "ms")
+        direct = self.metric("ttft_direct", "first token straight from the fake Ollama", "ms", "ms")
+        overhead = self.metric("ttft_overhead", "first-token overhead (gpuq - direct, paired)", "ms", "ms",
+                               "p50 <= 2 ms")
+        pairs = 10 if self.quick else 20
+        node, model = "n2", NODES["n2"]
+        await self.wait_idle(router, node, 30)
+        timeout = aiohttp.ClientTimeout(total=30)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            async def first_line(resp, key) -> None:
+                async for raw in resp.content:
+                    line = raw.strip()
+                    if line and json.loads(line).get(key):
+                        return
+                raise RuntimeError("stream ended before its first token")
+
+            async def straight() -> float:
+                body = {"model": model, "messages": [{"role": "user", "content": "hello"}],
+                        "stream": True, "keep_alive": 0}
+                t0 = time.perf_counter()
+                async with session.post(self.fakes.urls[node] + "/api/chat", json=body) as resp:
+                    await first_line(resp, "message")
+                    t = time.perf_counter() - t0
+                    await resp.read()
+                return t * 1000
+
+            async def via_gpuq() -> float:
+                t0 = time.perf_counter()
+                async with session.post(router.url + "/api/jobs",
+                                        json={"kind": "task", "prompt": "hello", "node": node}) as resp:
+                    assert resp.status == 201, await resp.text()
+                    job_id = (await resp.json())["jobs"][0]["id"]
+                async with session.get(router.url + f"/api/jobs/{job_id}/stream") as resp:
+                    await first_line(resp, "text")
+                    t = time.perf_counter() - t0
+                    async for _ in resp.content:  # to the end: the node is idle again after it
+                        pass
+                return t * 1000
+
+            await straight()  # warm both paths' connections
+            await via_gpuq()
+            for rep in range(self.repeats):
+                g_run, d_run, o_run = [], [], []
+                for _ in range(pairs):
+                    await self.wait_idle(router, node, 30)
+                    d = await straight()
+                    g = await via_gpuq()
+                    d_run.append(d)
+                    g_run.append(g)
+                    o_run.append(g - d)
+                through.add_run(g_run)
+                direct.add_run(d_run)
+                overhead.add_run(o_run)
+                self.say(f"first-token run {rep + 1}/{self.repeats}: gpuq {statistics.median(g_run):.2f} ms,"
+                         f" direct {statistics.median(d_run):.2f} ms")
+
+    # -- 5 and 6: growth and memory -------------------------------------------------------------
+
+    async def growth_section(self) -> None:
+        sizes = (100, 10_000, 100_000)
+        waiting = 1000
+        samples = 15 if self.quick else 30
+        labels = {"claim": "claim (Store.claim)", "stale": "staleness (Store.stale_heads)",
+                  "submit": "submit (Store.submit, 1 job)", "health": "GET /health",
+                  "queue": "GET /api/queue (1,000 waiting: output grows with waiting)"}
+        per: dict[tuple[str, int], Metric] = {}
+        for size in sizes:
+            for key, label in labels.items():
+                per[key, size] = self.metric(f"growth_{key}_{size}", f"{label} @ {size:,} history", "ms", "ms")
+        rss = self.metric("rss_100k", "router RSS, 100,000 jobs of history", "MB", "mb", "<= 100 MB")
+        infos = [NodeInfo(n, rank, ("task", "critique"), m, True) for rank, (n, m) in enumerate(NODES.items(), 1)]
+        for size in sizes:
+            t0 = time.perf_counter()
+            path = await growth.seed(self.workdir / f"history-{size}.db", size, waiting, list(NODES.items()),
+                                     time.time(), SETTINGS)
+            self.say(f"growth: seeded {size:,} jobs of history + {waiting:,} waiting in {time.perf_counter() - t0:.1f}s")
+            for rep in range(self.repeats):
+                store = Store(path)
+                await store.open()
+                try:
+                    claim_ms, stale_ms, submit_ms = [], [], []
+                    for i in range(samples):
+                        node = "n1" if i % 2 == 0 else "n2"
+                        t = time.perf_counter()
+                        job = await store.claim(node)
+                        claim_ms.append((time.perf_counter() - t) * 1000)
+                        await store.finish(job["id"], job["run_id"], "done", None, "out")
+                    heads = [await store.claim(n) for n in NODES]  # staleness reads the running heads
+                    for _ in range(samples):
+                        t = time.perf_counter()
+                        await store.stale_heads()
+                        stale_ms.append((time.perf_counter() - t) * 1000)
+                    for h in heads:
+                        await store.finish(h["id"], h["run_id"], "done", None, "out")
+                    for _ in range(samples):
+                        t = time.perf_counter()
+                        await store.submit(NewJob("task", "one more"), infos, "bench")
+                        submit_ms.append((time.perf_counter() - t) * 1000)
+                finally:
+                    await store.close()
+                per["claim", size].add_run(claim_ms)
+                per["stale", size].add_run(stale_ms)
+                per["submit", size].add_run(submit_ms)
+            # The router on the same file, each node busy with a (held) running job.
+            for name in NODES:
+                await self.fakes.call("hold", name)
+            router = await self.start_router(path)
+            try:
+                conn = await router.connect()
+                try:
+                    await conn.request("GET", "/api/queue")  # warm
+                    for rep in range(self.repeats):
+                        health_ms, queue_ms = [], []
+                        for _ in range(samples):
+                            t = time.perf_counter()
+                            status, _ = await conn.request("GET", "/health")
+                            health_ms.append((time.perf_counter() - t) * 1000)
+                            assert status in (200, 503)
+                            t = time.perf_counter()
+                            status, body = await conn.request("GET", "/api/queue")
+                            queue_ms.append((time.perf_counter() - t) * 1000)
+                            assert status == 200 and body["queue_depth"] >= waiting - 2 * samples - 2, body["queue_depth"]
+                        per["health", size].add_run(health_ms)
+                        per["queue", size].add_run(queue_ms)
+                    if size == 100_000:
+                        rss.add_run(rss_mb(router.pid))
+                finally:
+                    await conn.close()
+            finally:
+                await router.stop()
+                for name in NODES:
+                    await self.fakes.call("release", name)
+            self.say(f"growth @ {size:,}: claim {statistics.median(per['claim', size].pooled):.2f} ms,"
+                     f" stale {statistics.median(per['stale', size].pooled):.2f} ms,"
+                     f" /health {statistics.median(per['health', size].pooled):.2f} ms,"
+                     f" /api/queue {statistics.median(per['queue', size].pooled):.1f} ms")
+            if size == 100_000:
+                rss.note = f"database file {path.stat().st_size / 1e6:.0f} MB"
+            for suffix in ("", "-wal", "-shm"):
+                Path(str(path) + suffix).unlink(missing_ok=True)
+        for key in ("claim", "stale", "health", "queue", "submit"):
+            ratio = self.metric(f"growth_{key}_ratio", f"{labels[key].split(' (')[0]}: 100,000 / 100 history",
+                                "ratio", "ratio", "<= 2.00x" if key in ("claim", "stale", "health") else "")
+            low, high = per[key, 100], per[key, 100_000]
+            for a, b in zip(low.per_run, high.per_run):
+                ratio.add_run(b / a)
+
+    # -- the whole run --------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        if self.wants("physical") or self.wants("peers"):
+            await self.physical_and_peers()
+        needs_router = any(self.wants(s) for s in ("submit", "turnaround", "first_token", "growth"))
+        if not needs_router:
+            return
+        self.fakes = await Fakes(NODES, self.workdir / "fakes.log").start()
+        try:
+            if any(self.wants(s) for s in ("submit", "turnaround", "first_token")):
+                router = await self.start_router(self.workdir / "router.db")
+                try:
+                    idle = self.metric("rss_idle", "router RSS, idle (fresh database)", "MB", "mb")
+                    await asyncio.sleep(0.5)
+                    idle.add_run(rss_mb(router.pid))
+                    if self.wants("submit"):
+                        await self.submit_section(router)
+                    if self.wants("turnaround"):
+                        await self.turnaround_section(router)
+                    if self.wants("first_token"):
+                        await self.first_token_section(router)
+                finally:
+                    await router.stop()
+            if self.wants("growth"):
+                await self.growth_section()
+        finally:
+            await self.fakes.stop()
+
+    def judge(self) -> None:
+        m = self.metrics
+        def med(key):
+            return m[key].summary()["median"] if key in m and m[key].pooled else None
+        checks = {
+            "submit_32": lambda v: v >= 2000,
+            "store_vs_huey": lambda v: v >= 1.0,
+            "gap": lambda v: v <= 5.0,
+            "ttft_overhead": lambda v: v <= 2.0,
+            "growth_claim_ratio": lambda v: v <= 2.0,
+            "growth_stale_ratio": lambda v: v <= 2.0,
+            "growth_health_ratio": lambda v: v <= 2.0,
+            "rss_100k": lambda v: v <= 100.0,
+        }
+        for key, ok in checks.items():
+            if med(key) is not None:
+                m[key].met = bool(ok(med(key)))
+
+
+def machine() -> dict:
+    mounts = {}
+    try:
+        for line in Path("/proc/mounts").read_text().splitlines():
+            dev, mnt, fs = line.split()[:3]
+            mounts[mnt] = f"{fs} ({dev})"
+    except OSError:
+        pass
+    cpu = ""
+    try:
+        cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
+                    if l.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"cpus": os.cpu_count(), "cpu": cpu, "python": platform.python_version(),
+            "sqlite": sqlite3.sqlite_version, "platform": platform.platform(), "mounts": mounts}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer repeats and samples (about 3 minutes)")
+    parser.add_argument("--only", default="", help=f"comma-separated sections: {', '.join(SECTIONS)}")
+    parser.add_argument("--out", default=str(BENCH_DIR / "results.json"), help="where to write the JSON")
+    parser.add_argument("--dir", default=str(BENCH_DIR),
+                        help="where the bench's databases live (must be the disk gpuq's database uses)")
+    args = parser.parse_args()
+    quick = args.quick or os.environ.get("GPUQ_BENCH_QUICK") == "1"
+    only = {s.strip() for s in args.only.split(",") if s.strip()}
+    unknown = only - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown section(s): {', '.join(sorted(unknown))}")
+    workdir = Path(tempfile.mkdtemp(prefix=".work-", dir=args.dir))
+    bench = Bench(quick, only, workdir)
+    started = time.time()
+    try:
+        asyncio.run(bench.run())
+    except BaseException:
+        print(f"bench failed; its databases and logs are kept in {workdir}", file=sys.stderr)
+        raise
+    shutil.rmtree(workdir, ignore_errors=True)
+    bench.judge()
+    metrics = list(bench.metrics.values())
+    print(table(metrics))
+    fs = ""
+    mounts = machine()["mounts"]
+    best = max((m for m in mounts if str(BENCH_DIR).startswith(m)), key=len, default=None)
+    if best:
+        fs = mounts[best]
+    print(f"\n{len(metrics)} measures, {bench.repeats} repeats each, {time.time() - started:.0f}s;"
+          f" databases on {fs or 'unknown filesystem'}; rates: p95 column = the rate 95% of runs reached;"
+          " latencies: median/p95 over all samples, min-max of per-run medians.")
+    out = {"meta": {**machine(), "quick": quick, "repeats": bench.repeats, "only": sorted(only),
+                    "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+                    "seconds": round(time.time() - started, 1), "database_fs": fs},
+           "metrics": [m.as_json() for m in metrics]}
+    Path(args.out).write_text(json.dumps(out, indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
