@@ -49,6 +49,7 @@ class Settings:
     connect_timeout_s: float = 10.0
     busy_timeout_s: float = 5.0  # SQLite busy timeout
     max_prompt_bytes: int = 1_000_000
+    max_database_bytes: int | None = None  # past this SQLite refuses to grow the file ("full")
     token: str | None = None
     critique_template: str = DEFAULT_CRITIQUE_TEMPLATE
     nodes: tuple[NodeConfig, ...] = field(default_factory=tuple)
@@ -126,7 +127,7 @@ def _typed(table: dict, key: str, kind: type | tuple, where: str, required: bool
 _ROUTER_KEYS = {
     "listen", "public_url", "database", "stale_after", "stale_grace", "max_runtime",
     "job_timeout", "stall_timeout", "unload_timeout", "health_interval", "connect_timeout",
-    "busy_timeout", "max_prompt_bytes", "token", "critique_template",
+    "busy_timeout", "max_prompt_bytes", "max_database_bytes", "token", "critique_template",
 }
 _DURATION_KEYS = {
     "stale_after": "stale_after_s", "stale_grace": "stale_grace_s",
@@ -192,6 +193,11 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
         if limit < 1:
             raise ConfigError(f"router.max_prompt_bytes: must be at least 1, got {limit}")
         values["max_prompt_bytes"] = limit
+    cap = _typed(router, "max_database_bytes", int, "router")
+    if cap is not None:
+        if cap < 65536:
+            raise ConfigError(f"router.max_database_bytes: must be at least 65536, got {cap}")
+        values["max_database_bytes"] = cap
     token = _typed(router, "token", str, "router")
     if token is not None:
         values["token"] = token

@@ -13,7 +13,7 @@ import aiohttp
 from .bus import Bus
 from .config import NodeConfig, Settings
 from .critique import FINDINGS_SCHEMA, FindingsError, instruction, parse_findings
-from .errors import GpuqError, OllamaError
+from .errors import GpuqError, OllamaError, StoreUnavailable
 from .models import iso, normalize_model
 from .ollama import OllamaClient
 from .store import GuardMiss, Interrupted, NodeInfo, Store
@@ -22,6 +22,7 @@ log = logging.getLogger("gpuq")
 
 IDLE_POLL_S = 5.0  # the fallback poll; a submit wakes the worker at once
 HEARTBEAT_S = 1.0  # progress is written at most this often while tokens stream
+RECORD_RETRY_MAX_S = 5.0  # the longest wait between tries to record a job's outcome
 
 
 @dataclass
@@ -46,6 +47,7 @@ class NodeRuntime:
     since: float = field(default_factory=time.time)
     model_installed: bool | None = None
     vram_stuck: str | None = None  # set when a model would not leave VRAM
+    health_unrecorded: bool = False  # the database refused the last health change
     current: Current | None = None
 
     @property
@@ -153,8 +155,13 @@ class Dispatcher:
             self._changed(node=rt.name, up=up)
         rt.up = up
         rt.last_error = error if not up else rt.last_error
-        if changed:
-            await self.store.set_node_health(rt.name, up, rt.last_error)
+        if changed or rt.health_unrecorded:
+            try:
+                await self.store.set_node_health(rt.name, up, rt.last_error)
+                rt.health_unrecorded = False
+            except StoreUnavailable as exc:  # claims follow the state in memory; the row catches up
+                rt.health_unrecorded = True
+                log.error("node=%s health not recorded: %s", rt.name, exc.message)
 
     async def _health_loop(self, rt: NodeRuntime) -> None:
         while True:
@@ -242,7 +249,8 @@ class Dispatcher:
         output = "".join(cur.output)
         findings = None
         if error is None:
-            await self.store.work_done(cur.run_id, output, stats)
+            await self._record(job["id"], "end of stream",
+                               lambda: self.store.work_done(cur.run_id, output, stats))
             if critique:
                 try:
                     findings = parse_findings(output)
@@ -251,11 +259,13 @@ class Dispatcher:
         await self._unload(rt, job["model"], job["id"])
         state = "failed" if error else "done"
         try:
-            await self.store.finish(job["id"], cur.run_id, state, error, output, findings=findings)
+            await self._record(job["id"], "outcome", lambda: self.store.finish(
+                job["id"], cur.run_id, state, error, output, findings=findings))
         except GuardMiss as exc:
             if cur.abort_reason is None:
                 log.error("job=%s node=%s finish refused: %s", job["id"], rt.name, exc.message)
-                await self.store.note(job["id"], f"finish refused: {exc.message}")
+                reason = f"finish refused: {exc.message}"
+                await self._record(job["id"], "event", lambda: self.store.note(job["id"], reason))
             return
         log.info("job=%s node=%s state=%s%s", job["id"], rt.name, state, f" error={error!r}" if error else "")
 
@@ -270,12 +280,30 @@ class Dispatcher:
                 return chunk
             if time.monotonic() - last_beat >= HEARTBEAT_S:
                 last_beat = time.monotonic()
-                await self.store.heartbeat(cur.run_id, "".join(cur.output))
+                try:
+                    await self.store.heartbeat(cur.run_id, "".join(cur.output))
+                except StoreUnavailable as exc:  # progress is a hint; the tokens stay in memory
+                    log.warning("job=%s heartbeat not recorded: %s", job["id"], exc.message)
         raise OllamaError("Ollama's stream ended without done: true")
+
+    async def _record(self, job_id: str, what: str, write):
+        """Write what a job did. While the database refuses (a person holds its lock, the disk
+        is full), say so and try again: the outcome waits in memory and the job is never run
+        again; if the router dies meanwhile, the restart fails the job like any orphan."""
+        delay = 0.1
+        while True:
+            try:
+                return await write()
+            except StoreUnavailable as exc:
+                log.error("job=%s %s not recorded yet, trying again in %gs: %s",
+                          job_id, what, delay, exc.message)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RECORD_RETRY_MAX_S)
 
     async def _after_abort(self, rt: NodeRuntime, job: dict, cur: Current) -> None:
         log.info("job=%s node=%s aborted: %s", job["id"], rt.name, cur.abort_reason)
-        await self.store.save_output(cur.run_id, "".join(cur.output))
+        output = "".join(cur.output)
+        await self._record(job["id"], "partial output", lambda: self.store.save_output(cur.run_id, output))
         await self._unload(rt, job["model"], job["id"])
 
     async def _unload(self, rt: NodeRuntime, model: str, job_id: str | None) -> bool:
@@ -303,7 +331,7 @@ class Dispatcher:
         rt.vram_stuck = message
         log.error("node=%s job=%s %s", rt.name, job_id, message)
         if job_id is not None:
-            await self.store.note(job_id, message)
+            await self._record(job_id, "event", lambda: self.store.note(job_id, message))
         self._changed(node=rt.name, vram_stuck=True)
         return False
 

@@ -386,7 +386,7 @@ def create_app(settings: Settings, clock=time.time) -> web.Application:
     app = web.Application(middlewares=[headers_middleware, errors_middleware, access_middleware(settings.token)],
                           client_max_size=settings.max_prompt_bytes * 2 + 65536)
     bus = Bus()
-    store = Store(settings.database, settings.busy_timeout_s, clock)
+    store = Store(settings.database, settings.busy_timeout_s, clock, max_bytes=settings.max_database_bytes)
     app[SETTINGS] = settings
     app[STORE] = store
     app[BUS] = bus

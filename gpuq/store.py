@@ -124,9 +124,11 @@ def _rows(cursor_rows: list[sqlite3.Row]) -> list[Row]:
 
 
 class Store:
-    def __init__(self, path: Path, busy_timeout_s: float = 5.0, clock: Callable[[], float] = time.time):
+    def __init__(self, path: Path, busy_timeout_s: float = 5.0, clock: Callable[[], float] = time.time,
+                 max_bytes: int | None = None):
         self.path = Path(path)
         self.busy_timeout_s = busy_timeout_s
+        self.max_bytes = max_bytes
         self.clock = clock
         self._writer: aiosqlite.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
@@ -142,6 +144,9 @@ class Store:
         await conn.execute("PRAGMA journal_mode = WAL")
         await conn.execute("PRAGMA synchronous = FULL")
         await conn.execute("PRAGMA foreign_keys = ON")
+        if self.max_bytes is not None:  # past it, writes fail as on a full disk: SQLITE_FULL
+            page_size = (await conn.execute_fetchall("PRAGMA page_size"))[0][0]
+            await conn.execute(f"PRAGMA max_page_count = {max(self.max_bytes // page_size, 1)}")
         return conn
 
     async def open(self) -> None:

@@ -1,0 +1,147 @@
+"""The database under a person's hands: the sqlite3 shell reading or holding the write lock,
+and a database that cannot grow (full). The router waits up to its busy timeout, fails the
+one request loudly, keeps serving reads, loses nothing, and recovers on its own."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import time
+
+from conftest import eventually, node_table, write_config
+
+LOCKED = "the database is locked by another process (database is locked); nothing was changed"
+FULL = "the database cannot be written: database or disk is full; nothing was changed"
+
+
+def counts(path) -> dict[str, int]:
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return {t: db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in ("job", "run", "event")}
+    finally:
+        db.close()
+
+
+def integrity(path) -> str:
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return db.execute("PRAGMA integrity_check").fetchone()[0]
+    finally:
+        db.close()
+
+
+async def two_nodes(fakes, daemon_factory, **router):
+    f1 = await fakes("qwen3-coder:30b")
+    f2 = await fakes("qwen3-coder:30b")
+    d = await daemon_factory([node_table("node-1", f1, 1, ["task"], "qwen3-coder:30b"),
+                              node_table("node-2", f2, 2, ["task"], "qwen3-coder:30b")], **router)
+    return f1, f2, d
+
+
+async def test_a_long_read_in_the_sqlite_shell_never_blocks_the_router(fakes, daemon_factory, tmp_path):
+    f1, f2, d = await two_nodes(fakes, daemon_factory, busy_timeout="0.5s")
+    [first] = await d.submit("task", "before the shell")
+    await d.wait_state(first["id"], "done")
+    shell = sqlite3.connect(tmp_path / "gpuq.db", isolation_level=None)
+    shell.execute("BEGIN")
+    assert shell.execute("SELECT COUNT(*) FROM job").fetchone()[0] == 1  # the snapshot is taken
+    ids = [(await d.submit("task", f"while the shell reads {i}"))[0]["id"] for i in range(4)]
+    for job_id in ids:
+        await d.wait_state(job_id, "done", timeout=15)
+    # The shell still sees its own consistent snapshot; the router wrote past it.
+    assert shell.execute("SELECT COUNT(*) FROM job").fetchone()[0] == 1
+    shell.execute("COMMIT")
+    assert shell.execute("SELECT COUNT(*) FROM job WHERE state = 'done'").fetchone()[0] == 5
+    shell.close()
+    assert integrity(tmp_path / "gpuq.db") == "ok"
+
+
+async def test_a_write_lock_in_the_sqlite_shell_fails_one_request_loudly_then_the_router_recovers(
+        fakes, daemon_factory, tmp_path):
+    f1, f2, d = await two_nodes(fakes, daemon_factory, busy_timeout="0.5s")
+    db_path = tmp_path / "gpuq.db"
+    f1.script.token_delay_s = 0.05
+    f1.script.tokens = 30
+    [long] = await d.submit("task", "streams while the shell holds the lock", node="node-1")
+    await d.wait_state(long["id"], "running")
+    before = counts(db_path)
+
+    shell = sqlite3.connect(db_path, isolation_level=None)
+    shell.execute("BEGIN IMMEDIATE")  # what `BEGIN IMMEDIATE;` typed in the sqlite3 shell does
+    try:
+        started = time.monotonic()
+        status, body = await d.request("POST", "/api/jobs", {"kind": "task", "prompt": "refused"})
+        waited = time.monotonic() - started
+        assert status == 503 and body["error"]["message"] == LOCKED
+        assert waited >= 0.45  # it waited for the busy timeout first
+        res = await d.cli("task", "refused too")
+        assert res.code == 1
+        assert res.err.splitlines() == [f"error 503 {LOCKED}", "not retried"]
+        # Reads go on: the job, the queue, health.
+        assert (await d.job(long["id"]))["state"] == "running"
+        assert (await d.get("/api/queue"))["nodes"][0]["running"]["id"] == long["id"]
+        assert "queue_depth" in await d.get("/health")
+        # Hold the lock past the end of the stream: the router cannot record the outcome yet.
+        # The stream ends under the lock: the router cannot record it, and says so in its log.
+        refused = f"job={long['id']} end of stream not recorded yet"
+        await eventually(lambda: refused in d.log.read_text(), 20, 0.05, "the refused write to be logged")
+        assert (await d.job(long["id"]))["state"] == "running"
+    finally:
+        shell.execute("ROLLBACK")
+        shell.close()
+
+    # The outcome was kept, not dropped: the job finishes with its whole output.
+    done = await d.wait_state(long["id"], "done", timeout=15)
+    assert len(done["output"].split()) == 30
+    assert len(f1.chat_requests) == 1  # never re-run
+    # The node is not wedged and submits work again.
+    [after] = await d.submit("task", "after the lock", node="node-1")
+    await d.wait_state(after["id"], "done", timeout=15)
+    now = counts(db_path)
+    assert now["job"] == before["job"] + 1  # the refused submits left nothing behind
+    assert integrity(db_path) == "ok"
+
+
+async def test_a_full_database_refuses_submits_loudly_keeps_serving_reads_and_loses_nothing(
+        fakes, daemon_factory, tmp_path):
+    # A real full disk cannot be made on demand here (the tests run as root, which ignores
+    # file permissions, and mounting a tiny filesystem needs privileges CI lacks). The router's
+    # own size cap, `max_database_bytes` (SQLite's max_page_count), makes SQLite refuse to
+    # grow the file with the same SQLITE_FULL error a full disk gives, through the same path.
+    fake = await fakes("qwen3-coder:30b")
+    port = fake.port
+    await fake.stop()  # jobs wait, so only submits grow the database
+    nodes = [node_table("node-1", fake, 1, ["task"], "qwen3-coder:30b")]
+    d = await daemon_factory(nodes, max_database_bytes=256 * 1024)
+    db_path = tmp_path / "gpuq.db"
+    acked, refused = [], None
+    for i in range(400):
+        status, body = await d.request("POST", "/api/jobs", {"kind": "task", "prompt": f"{i:04d} " + "x" * 3000})
+        if status != 201:
+            refused = (status, body)
+            break
+        acked.append(body["jobs"][0]["id"])
+    assert refused is not None, "the database never filled up"
+    assert refused == (503, {"error": {"status": 503, "message": FULL}})
+    assert len(acked) >= 10
+    big = tmp_path / "big.md"
+    big.write_text("one more " + "x" * 3000)
+    res = await d.cli("task", "--file", str(big))
+    assert res.code == 1 and res.err.splitlines() == [f"error 503 {FULL}", "not retried"]
+
+    # Reads keep working and show every acknowledged job.
+    listed = {j["id"] for j in (await d.get("/api/jobs?limit=1000"))["jobs"]}
+    assert listed == set(acked)
+    assert (await d.get("/api/queue"))["queue_depth"] == len(acked)
+    assert (await d.job(acked[-1]))["state"] == "queued"
+    assert counts(db_path)["job"] == len(acked)  # the refused submits left nothing behind
+
+    # Space comes back (the cap is lifted) and the node returns: every job runs.
+    await d.kill(signal.SIGTERM)
+    write_config(d.config, nodes, int(d.url.rsplit(":", 1)[1]))
+    await fake.start(port=port)
+    await d.start()
+    for job_id in acked:
+        await d.wait_state(job_id, "done", timeout=30)
+    assert len(fake.chat_requests) == len(acked)
+    assert integrity(db_path) == "ok"
