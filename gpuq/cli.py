@@ -466,7 +466,8 @@ def clear(ctx, node, running, yes) -> None:
         what = "every waiting and the running job" if running else "every waiting job"
         click.confirm(f"Cancel {what} on {node}?", abort=True)
     data = router_of(ctx).call("POST", f"/api/nodes/{node}/clear", {"running": running})
-    click.echo(f"{len(data['cancelled'])} jobs cancelled on {node}")
+    count = len(data["cancelled"])
+    click.echo(f"{count} job{'s' if count != 1 else ''} cancelled on {node}")
     for job_id in data["cancelled"]:
         click.echo(f"{job_id} cancelled")
 

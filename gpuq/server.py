@@ -94,7 +94,7 @@ def field_of(body: dict, key: str, kind: type, required: bool = False) -> Any:
         if required:
             raise BadRequest(f"missing field '{key}'")
         return None
-    if isinstance(value, bool) or not isinstance(value, kind):
+    if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):  # a bool is an int to Python
         raise BadRequest(f"field '{key}' must be a {kind.__name__}, got {json.dumps(value)[:80]}")
     return value
 
