@@ -167,12 +167,35 @@ class Bench:
         finally:
             await conn.close()
 
+    def segments(self, prefix: str, points: list[tuple[str, float]], into: dict[str, list[float]]) -> None:
+        """Split a timeline of (checkpoint, monotonic time) into its consecutive segments."""
+        for (a, ta), (b, tb) in zip(points, points[1:]):
+            into.setdefault(f"{a} -> {b}", []).append((tb - ta) * 1000)
+
+    def add_segments(self, prefix: str, found: dict[str, list[float]]) -> None:
+        for i, (name, values) in enumerate(found.items()):
+            key = f"{prefix}_seg_{name}"
+            if key not in self.metrics:
+                self.metric(key, f"  segment: {name}", "ms", "ms")
+            self.metrics[key].add_run(values)
+
+    @staticmethod
+    def fake_points(log: list, start: float, stop: float) -> list[tuple[str, float]]:
+        """The checkpoints the fake saw between two moments (both clocks are CLOCK_MONOTONIC)."""
+        points = []
+        within = sorted((e for e in log if not e[3] and start <= e[1] <= stop), key=lambda e: e[1])
+        ps = [e for e in within if e[0] == "/api/ps"]
+        if ps:
+            points.append(("unload confirmed", ps[0][2]))
+        version = [e for e in within if e[0] == "/api/version"]
+        tags = [e for e in within if e[0] == "/api/tags"]
+        if version and tags:
+            points += [("health check sent", version[-1][1]), ("health check answered", tags[-1][2])]
+        return points
+
     async def turnaround_section(self, router: Router) -> None:
         gap = self.metric("gap", "turnaround gap: final Ollama byte -> next request (1 node)", "ms", "ms",
                           "p50 <= 5 ms")
-        ps = self.metric("gap_ps", "  of which: unload check (GET /api/ps, end to end)", "ms", "ms")
-        check = self.metric("gap_health", "  of which: pre-claim health check (/api/version + /api/tags)",
-                            "ms", "ms")
         jobs = 40 if self.quick else 100
         node = "n1"
         await self.wait_idle(router, node, 30)
@@ -191,20 +214,15 @@ class Bench:
                 await self.wait_idle(router, node, 60)
                 log = await self.fakes.log(node)
                 gens = sorted((e for e in log if e[3] and e[2] >= since), key=lambda e: e[1])
-                gaps, ps_ms, check_ms = [], [], []
+                gaps, parts = [], {}
                 for prev, nxt in zip(gens, gens[1:]):
                     gaps.append((nxt[1] - prev[2]) * 1000)
-                    between = [e for e in log if not e[3] and prev[2] <= e[1] <= nxt[1]]
-                    ps_ms += [(e[2] - prev[2]) * 1000 for e in between if e[0] == "/api/ps"][:1]
-                    version = [e for e in between if e[0] == "/api/version"]
-                    tags = [e for e in between if e[0] == "/api/tags"]
-                    if version and tags:
-                        check_ms.append((tags[-1][2] - version[0][1]) * 1000)
+                    self.segments("gap", [("final byte", prev[2]), *self.fake_points(log, prev[2], nxt[1]),
+                                          ("next request", nxt[1])], parts)
                 if len(gaps) < jobs - 1:
                     raise RuntimeError(f"only {len(gaps)} gaps recorded for {jobs} jobs")
                 gap.add_run(gaps)
-                ps.add_run(ps_ms)
-                check.add_run(check_ms)
+                self.add_segments("gap", parts)
                 self.say(f"turnaround run {rep + 1}/{self.repeats}: gap p50 {statistics.median(gaps):.2f} ms"
                          f" ({len(gaps)} gaps)")
         finally:
@@ -230,40 +248,51 @@ class Bench:
             async def straight() -> float:
                 body = {"model": model, "messages": [{"role": "user", "content": "hello"}],
                         "stream": True, "keep_alive": 0}
-                t0 = time.perf_counter()
+                t0 = time.monotonic()
                 async with session.post(self.fakes.urls[node] + "/api/chat", json=body) as resp:
                     await first_line(resp, "message")
-                    t = time.perf_counter() - t0
+                    t = time.monotonic() - t0
                     await resp.read()
                 return t * 1000
 
-            async def via_gpuq() -> float:
-                t0 = time.perf_counter()
+            async def via_gpuq() -> tuple[float, list[tuple[str, float]]]:
+                t0 = time.monotonic()
                 async with session.post(router.url + "/api/jobs",
                                         json={"kind": "task", "prompt": "hello", "node": node}) as resp:
                     assert resp.status == 201, await resp.text()
                     job_id = (await resp.json())["jobs"][0]["id"]
+                answered = time.monotonic()
                 async with session.get(router.url + f"/api/jobs/{job_id}/stream") as resp:
                     await first_line(resp, "text")
-                    t = time.perf_counter() - t0
+                    t1 = time.monotonic()
                     async for _ in resp.content:  # to the end: the node is idle again after it
                         pass
-                return t * 1000
+                return (t1 - t0) * 1000, [("submit sent", t0), ("submit answered (201)", answered), ("", t1)]
 
             await straight()  # warm both paths' connections
             await via_gpuq()
             for rep in range(self.repeats):
-                g_run, d_run, o_run = [], [], []
+                g_run, d_run, o_run, parts = [], [], [], {}
+                await self.fakes.call("reset", node)
                 for _ in range(pairs):
                     await self.wait_idle(router, node, 30)
                     d = await straight()
-                    g = await via_gpuq()
+                    g, points = await via_gpuq()
                     d_run.append(d)
                     g_run.append(g)
                     o_run.append(g - d)
+                    log = await self.fakes.log(node)
+                    t0, t1 = points[0][1], points[-1][1]
+                    chat = [e for e in log if e[3] and t0 <= e[1] <= t1]
+                    if chat:
+                        timeline = points[:2] + self.fake_points(log, t0, chat[0][1]) + [
+                            ("chat request arrives", chat[0][1]), ("first token at client", t1)]
+                        # The submit answer and the worker's path run concurrently: order by time.
+                        self.segments("ttft", sorted(timeline, key=lambda p: p[1]), parts)
                 through.add_run(g_run)
                 direct.add_run(d_run)
                 overhead.add_run(o_run)
+                self.add_segments("ttft", parts)
                 self.say(f"first-token run {rep + 1}/{self.repeats}: gpuq {statistics.median(g_run):.2f} ms,"
                          f" direct {statistics.median(d_run):.2f} ms")
 

@@ -47,6 +47,24 @@ def apply_batch(db: sqlite3.Connection, writes: list[Write]) -> list[tuple[bool,
     outcomes: list[tuple[bool, Any]] = []
     ctx: dict = {}
     db.execute("BEGIN IMMEDIATE")
+    if len(writes) == 1:  # alone in its transaction: no savepoint needed to fail alone
+        try:
+            result = writes[0](db, ctx)
+        except Exception as exc:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            return [(False, exc)]
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        try:
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        return [(True, result)]
     try:
         for write in writes:
             db.execute(f"SAVEPOINT {SAVEPOINT}")

@@ -265,6 +265,15 @@ class Store:
             (job_id, iso(now), from_state, to_state, actor, reason),
         )
 
+    @staticmethod
+    def _event_in(db: sqlite3.Connection, job_id: str, from_state: str | None, to_state: str, actor: str,
+                  reason: str | None, now: float) -> None:
+        """_event for writes that run in the writer's thread (the write batcher's)."""
+        db.execute(
+            "INSERT INTO event (job_id, at, from_state, to_state, actor, reason) VALUES (?,?,?,?,?,?)",
+            (job_id, iso(now), from_state, to_state, actor, reason),
+        )
+
     # -- reading ------------------------------------------------------------------------------
 
     @staticmethod
@@ -427,26 +436,35 @@ class Store:
     # -- the worker's verbs -------------------------------------------------------------------
 
     async def claim(self, node: str) -> Row | None:
-        """Take the head of the node's queue: it becomes running with a new run row."""
+        """Take the head of the node's queue: it becomes running with a new run row.
+
+        One transaction run in the writer's thread as a single call, on the write batcher
+        (it shares a commit with writes that arrive with it): the worker's path from one
+        job to the next pays one thread hop per write, not one per statement."""
         now = self.clock()
-        async with self.write() as db:
-            rows = await db.execute_fetchall(
+
+        def claim_in(db: sqlite3.Connection, ctx: dict) -> Row | None:
+            rows = db.execute(
                 "UPDATE job SET state = 'running' WHERE id = (SELECT id FROM job WHERE node = ?"
                 " AND state = 'queued' ORDER BY position, id LIMIT 1)"
                 " AND NOT EXISTS (SELECT 1 FROM job WHERE node = ? AND state = 'running') RETURNING *",
                 (node, node),
-            )
+            ).fetchall()
             if not rows:
                 return None
+            ctx.pop("submit_counts", None)  # the batch's cached queue counts no longer hold
             job = dict(rows[0])
-            cur = await db.execute(
+            cur = db.execute(
                 "INSERT INTO run (job_id, node, model, started_at, progress_at) VALUES (?,?,?,?,?)",
                 (job["id"], node, job["model"], iso(now), iso(now)),
             )
             job["run_id"] = cur.lastrowid
-            await db.execute("UPDATE job SET run_id = ? WHERE id = ?", (job["run_id"], job["id"]))
-            await self._event(db, job["id"], "queued", "running", "router", f"claimed by {node}", now)
-        return job
+            db.execute("UPDATE job SET run_id = ? WHERE id = ?", (job["run_id"], job["id"]))
+            self._event_in(db, job["id"], "queued", "running", "router", f"claimed by {node}", now)
+            return job
+
+        assert self._batcher is not None, "store is not open"
+        return await self._batcher.run(claim_in)
 
     async def heartbeat(self, run_id: int, output: str) -> None:
         async with self.write() as db:
@@ -456,10 +474,12 @@ class Store:
             )
 
     async def work_done(self, run_id: int, output: str, stats: dict) -> None:
-        """Ollama's stream ended; the job is not finished until its model has left VRAM."""
+        """Ollama's stream ended; the job is not finished until its model has left VRAM.
+        (One call in the writer's thread, on the write batcher, like claim and finish.)"""
         now = iso(self.clock())
-        async with self.write() as db:
-            await db.execute(
+
+        def work_done_in(db: sqlite3.Connection, ctx: dict) -> None:
+            db.execute(
                 "UPDATE run SET output = ?, progress_at = ?, work_done_at = ?, done_reason = ?,"
                 " eval_count = ?, prompt_eval_count = ?, total_duration_ns = ?,"
                 " load_duration_ns = ?, eval_duration_ns = ? WHERE id = ? AND state = 'running'",
@@ -467,6 +487,9 @@ class Store:
                  stats.get("prompt_eval_count"), stats.get("total_duration"),
                  stats.get("load_duration"), stats.get("eval_duration"), run_id),
             )
+
+        assert self._batcher is not None, "store is not open"
+        await self._batcher.run(work_done_in)
 
     async def save_output(self, run_id: int, output: str) -> None:
         """Keep the partial output of an interrupted run, whatever state it ended in."""
@@ -476,23 +499,29 @@ class Store:
     async def finish(self, job_id: str, run_id: int, state: str, error: str | None,
                      output: str | None = None, actor: str = "router",
                      findings: list | None = None) -> None:
-        """Finish a run that is still the job's running run; anything else is a GuardMiss."""
+        """Finish a run that is still the job's running run; anything else is a GuardMiss.
+        (One call in the writer's thread, on the write batcher, like claim.)"""
         assert state in ("done", "failed")
         now = self.clock()
-        async with self.write() as db:
-            rows = await db.execute_fetchall(
+
+        def finish_in(db: sqlite3.Connection, ctx: dict) -> None:
+            rows = db.execute(
                 "UPDATE job SET state = ?, error = ?, finished_at = ?, findings = ? WHERE id = ?"
                 " AND state = 'running' AND run_id = ? RETURNING id",
                 (state, error, iso(now), None if findings is None else dumps(findings), job_id, run_id),
-            )
+            ).fetchall()
             if not rows:
                 raise GuardMiss(f"job {job_id} run {run_id} is no longer running; finish refused")
-            await db.execute(
+            ctx.pop("submit_counts", None)  # the batch's cached queue counts no longer hold
+            db.execute(
                 "UPDATE run SET state = ?, error = ?, finished_at = ?, output = COALESCE(?, output)"
                 " WHERE id = ?",
                 (state, error, iso(now), output, run_id),
             )
-            await self._event(db, job_id, "running", state, actor, error, now)
+            self._event_in(db, job_id, "running", state, actor, error, now)
+
+        assert self._batcher is not None, "store is not open"
+        await self._batcher.run(finish_in)
 
     async def note(self, job_id: str, reason: str, actor: str = "router") -> None:
         """An event that changes no state: an unload that failed, a stale head, a node flag."""

@@ -77,6 +77,25 @@ async def test_one_refused_submit_fails_alone(store):
     assert stored == ids | {task["id"]}
 
 
+async def test_a_claim_inside_a_batch_is_seen_by_the_submits_after_it(store):
+    [first] = await store.submit(NewJob("task", "waits on b", node="b"), NODES, "api")
+    before = store._batcher.batches
+    x, claimed, y, refused = await together(
+        store,
+        store.submit(NewJob("task", "x"), NODES, "api"),
+        store.claim("b"),
+        store.submit(NewJob("task", "y"), NODES, "api"),
+        store.finish(first["id"], 10**6, "done", None),  # not its run: refused alone
+    )
+    assert store._batcher.batches - before == 1
+    assert (x[0]["node"], x[0]["reason"]) == ("a", FIRST_FREE)
+    assert claimed["id"] == first["id"]
+    # b's only queued job became its running head inside the batch: y sees b's empty queue.
+    assert (y[0]["node"], y[0]["reason"], y[0]["position"]) == ("b", SHORTEST, 1)
+    assert refused.status == 409 and "finish refused" in refused.message
+    assert rows(store.path, "SELECT state FROM job WHERE id = ?", first["id"]) == [("running",)]
+
+
 async def test_a_submit_failing_halfway_rolls_back_only_its_own_rows(store):
     # The database refuses one submit's event row after its job row went in: its savepoint
     # takes the job row back out, and the submits around it in the batch still commit.
