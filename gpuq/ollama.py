@@ -101,6 +101,7 @@ class OllamaClient:
         except asyncio.TimeoutError as exc:
             raise OllamaError(f"stalled: no bytes from Ollama for {self.stall_timeout_s:g}s") from exc
         except aiohttp.ClientPayloadError as exc:
-            raise OllamaError(f"Ollama's stream broke off: {exc}") from exc
+            # aiohttp's text here ("TransferEncodingError: 400 ...") reads like an HTTP status.
+            raise OllamaError("Ollama's stream broke off: the connection closed before the reply ended") from exc
         except aiohttp.ClientError as exc:
             raise OllamaError(f"request to {self.base_url} failed: {exc}") from exc

@@ -1,0 +1,160 @@
+"""Faults from nodes, each with the real daemon and a fake Ollama that misbehaves.
+
+For each: the job's final state and Ollama's (or the router's) message verbatim, the node's
+state afterwards, that the failed job was never sent again, and that the router kept
+serving everyone else: a job on the other node completes meanwhile."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import eventually, node_table
+
+MODEL = "qwen3-coder:30b"
+OOM = "llama-server reported out-of-memory during startup: cudaMalloc failed: out of memory"
+BUSY = "server busy, please try again.  maximum pending requests exceeded"
+STALLED = "stalled: no bytes from Ollama for 2s"
+BROKE_OFF = "Ollama's stream broke off: the connection closed before the reply ended"
+
+
+async def sick_and_well(fakes, daemon_factory, **router):
+    """node-1 misbehaves; node-2 is healthy. Short timeouts so faults show quickly."""
+    sick = await fakes(MODEL)
+    well = await fakes(MODEL)
+    d = await daemon_factory([node_table("sick", sick, 1, ["task"], MODEL),
+                              node_table("well", well, 2, ["task"], MODEL)],
+                             **{"stall_timeout": "2s", "unload_timeout": "1s", **router})
+    return sick, well, d
+
+
+async def node(d, name: str) -> dict:
+    return next(n for n in (await d.get("/api/nodes"))["nodes"] if n["name"] == name)
+
+
+def sent(fake, prompt: str) -> int:
+    return sum(1 for r in fake.chat_requests if r["messages"][-1]["content"] == prompt)
+
+
+# fault script, the job's error verbatim, words of output kept, slow?
+CASES = {
+    "reset mid-stream": ({"close_after": 3}, BROKE_OFF, 3, False),
+    "error line mid-stream": ({"error_after": 3},
+                              "an error was encountered while running the model: unexpected EOF", 3, False),
+    "500 on load (out of memory)": ({"load_error": (500, OOM)}, OOM, 0, False),
+    "503 queue full": ({"busy": True}, BUSY, 0, False),
+    "headers never come": ({"hang_headers": True}, STALLED, 0, True),
+    "stream stalls": ({"stall_after": 2}, STALLED, 2, True),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+async def test_a_node_fault_fails_its_job_loudly_once_and_everyone_else_is_served(case, fakes, daemon_factory):
+    script, error, kept, slow = CASES[case]
+    sick, well, d = await sick_and_well(fakes, daemon_factory)
+    for key, value in script.items():
+        setattr(sick.script, key, value)
+    if slow:
+        sick.script.tokens = 20
+    [job] = await d.submit("task", f"on the sick node: {case}", node="sick")
+    if slow:
+        await d.wait_state(job["id"], "running")
+    [other] = await d.submit("task", "on the well node", node="well")
+
+    failed = await d.wait_state(job["id"], "failed", timeout=20)
+    served = await d.wait_state(other["id"], "done", timeout=20)
+    assert failed["error"] == error
+    assert len(failed["output"].split()) == kept  # the partial output is kept
+    assert [e["to_state"] for e in failed["events"]] == ["queued", "running", "failed"]
+    assert failed["events"][-1]["reason"] == failed["error"]
+    if slow:  # the other node did not wait for the sick one
+        assert served["finished_at"] < failed["finished_at"]
+
+    # The node itself is fine: up, not flagged, its model unloaded, and it takes the next job.
+    await eventually(lambda: sick.loaded == {}, what="the sick node's model to be unloaded")
+    state = await node(d, "sick")
+    assert state["up"] is True and state["vram_stuck"] is None
+    for key in script:
+        setattr(sick.script, key, None if key not in ("busy", "hang_headers") else False)
+    [nxt] = await d.submit("task", "after the fault", node="sick")
+    await d.wait_state(nxt["id"], "done", timeout=20)
+    assert sent(sick, f"on the sick node: {case}") == 1  # never sent again
+    status, health = await d.request("GET", "/health")
+    assert status == 200 and health["ok"] is True
+
+
+async def test_a_node_that_dies_mid_stream_is_refused_then_comes_back(fakes, daemon_factory):
+    sick, well, d = await sick_and_well(fakes, daemon_factory)
+    sick.script.token_delay_s = 0.05
+    sick.script.tokens = 200
+    [dying] = await d.submit("task", "streams when the node dies", node="sick")
+    [waiting] = await d.submit("task", "waits behind it", node="sick")
+    await d.wait_state(dying["id"], "running")
+    await eventually(lambda: sick.chunk_sent.is_set(), what="the first tokens")
+    port = sick.port
+    await sick.stop()  # the machine goes away: connections drop, new ones are refused
+
+    failed = await d.wait_state(dying["id"], "failed", timeout=20)
+    assert failed["error"] == BROKE_OFF
+    assert failed["output"]  # what streamed before the drop is kept
+
+    async def refused():
+        state = await node(d, "sick")
+        return state if not state["up"] else None
+    state = await eventually(refused, 15, what="the node to be seen down")
+    assert state["last_error"].startswith(f"cannot connect to http://127.0.0.1:{port}")
+    status, health = await d.request("GET", "/health")
+    assert status == 503 and health["ok"] is False
+    [down] = health["nodes_down"]
+    assert down["name"] == "sick" and down["waiting"] == 1
+    assert (await d.job(waiting["id"]))["state"] == "queued"  # it waits; it is not failed
+    [other] = await d.submit("task", "served meanwhile", node="well")
+    await d.wait_state(other["id"], "done", timeout=20)
+    res = await d.cli("nodes")
+    line = next(line for line in res.out.splitlines() if line.startswith("sick"))
+    assert "cannot connect" in line
+
+    sick.script.token_delay_s = 0.0
+    sick.script.tokens = 5
+    await sick.start(port=port)  # the node comes back
+    await d.wait_state(waiting["id"], "done", timeout=20)
+    assert sent(sick, "streams when the node dies") == 1  # the failed job was not re-run
+    assert (await d.job(dying["id"]))["state"] == "failed"
+    assert (await node(d, "sick"))["up"] is True
+    status, health = await d.request("GET", "/health")
+    assert status == 200 and health["nodes_down"] == []
+
+
+async def test_an_unload_that_never_frees_the_model_flags_the_node_until_it_is_freed(fakes, daemon_factory):
+    sick, well, d = await sick_and_well(fakes, daemon_factory)
+    sick.script.unload = "never"  # stuck in "Stopping...": /api/ps keeps listing the model
+    [job] = await d.submit("task", "its model never leaves", node="sick")
+    message = (f"unload failed: {MODEL} did not leave VRAM within 1s ({MODEL} is still listed by "
+               "/api/ps); node sick flagged")
+
+    async def flagged():
+        state = await node(d, "sick")
+        return state if state["vram_stuck"] else None
+    state = await eventually(flagged, 15, what="the node to be flagged")
+    assert state["vram_stuck"] == message
+    done = await d.wait_state(job["id"], "done")  # its work is done; the failure is the node's
+    assert [e["reason"] for e in done["events"] if e["from_state"] == e["to_state"] == "running"] == [message]
+
+    [waiting] = await d.submit("task", "must not land on a full GPU", node="sick")
+    status, health = await d.request("GET", "/health")
+    assert status == 503 and health["ok"] is False
+    assert health["nodes_down"] == [{"name": "sick", "since": health["nodes_down"][0]["since"],
+                                     "error": message, "waiting": 1}]
+    [other] = await d.submit("task", "served meanwhile", node="well")
+    await d.wait_state(other["id"], "done", timeout=20)
+    assert (await d.job(waiting["id"]))["state"] == "queued"
+    assert len(sick.chat_requests) == 1  # nothing was claimed onto the stuck node
+    res = await d.cli("nodes")
+    line = next(line for line in res.out.splitlines() if line.startswith("sick"))
+    assert " stuck " in line and "did not leave VRAM" in line
+
+    sick.script.unload = "immediate"  # someone restarts the stuck runner
+    sick.loaded.clear()
+    await d.wait_state(waiting["id"], "done", timeout=20)
+    assert (await node(d, "sick"))["vram_stuck"] is None
+    status, health = await d.request("GET", "/health")
+    assert status == 200 and health["nodes_down"] == []
