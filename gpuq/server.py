@@ -313,6 +313,8 @@ async def stream_job(request: web.Request) -> web.StreamResponse:
                 topic, data = await asyncio.wait_for(events.get(), 1.0)
             except asyncio.TimeoutError:
                 topic, data = "tick", {}
+            if topic == "shutdown":  # the router is stopping: end without a final line
+                return resp
             if topic == "tokens" and data["id"] == job_id:
                 await resp.write(json.dumps({"text": data["text"]}).encode() + b"\n")
             elif topic != "tokens":
@@ -337,6 +339,8 @@ async def events(request: web.Request) -> web.StreamResponse:
             except asyncio.TimeoutError:
                 await resp.write(b": keep-alive\n\n")
                 continue
+            if topic == "shutdown":
+                return resp
             if topic == "tokens":
                 await resp.write(f"event: tokens\ndata: {json.dumps(data)}\n\n".encode())
             else:
@@ -366,6 +370,11 @@ async def _stale_monitor(app: web.Application) -> None:
             log.error("stale check failed: %s", exc.message)
 
 
+async def _end_streams(app: web.Application) -> None:
+    """Open streams (a page's events, a job's output) end first, or shutdown waits for them."""
+    app[BUS].publish("shutdown", {})
+
+
 async def _lifecycle(app: web.Application):
     settings = app[SETTINGS]
     store = app[STORE]
@@ -392,6 +401,7 @@ def create_app(settings: Settings, clock=time.time) -> web.Application:
     app[BUS] = bus
     app[DISPATCHER] = Dispatcher(settings, store, bus)
     app.cleanup_ctx.append(_lifecycle)
+    app.on_shutdown.append(_end_streams)
     r = app.router
     r.add_get("/health", health)
     r.add_get("/api/queue", queue)

@@ -1,0 +1,397 @@
+// Shared by the queue page and the job page: the API client (actor header, access token),
+// live events, time formatting, dialogs and DOM building. Job text only ever reaches the
+// page through textContent and properties (see el()), never as HTML.
+
+const TOKEN_KEY = 'gpuq-token';
+
+// -- the clock --------------------------------------------------------------------------------
+
+let skewMs = 0; // server clock minus ours, from the Date header, when they disagree by > 1.5 s
+
+export function now() {
+  return Date.now() + skewMs;
+}
+
+function noteServerDate(header) {
+  const t = header ? Date.parse(header) : NaN;
+  if (Number.isNaN(t)) return;
+  const skew = t + 500 - Date.now(); // Date has whole seconds
+  skewMs = Math.abs(skew) > 1500 ? skew : 0;
+}
+
+export function parseTime(iso) {
+  if (!iso) return NaN;
+  return Date.parse(iso);
+}
+
+// -- formatting -------------------------------------------------------------------------------
+
+const pad = (n) => String(n).padStart(2, '0');
+
+export function fmtDur(seconds) {
+  if (seconds === null || seconds === undefined || Number.isNaN(seconds)) return '–';
+  let s = Math.max(0, Math.floor(seconds));
+  if (s < 60) return `${s}s`;
+  if (s < 3600) return `${Math.floor(s / 60)}m ${pad(s % 60)}s`;
+  if (s < 86400) return `${Math.floor(s / 3600)}h ${pad(Math.floor((s % 3600) / 60))}m`;
+  return `${Math.floor(s / 86400)}d ${Math.floor((s % 86400) / 3600)}h`;
+}
+
+// A measured duration: tenths under ten seconds (a job can take 0.8 s).
+export function fmtSpan(seconds) {
+  if (seconds === null || seconds === undefined || Number.isNaN(seconds)) return '–';
+  return seconds < 10 ? `${Math.max(0, seconds).toFixed(1)}s` : fmtDur(seconds);
+}
+
+export function since(iso) {
+  const t = parseTime(iso);
+  return Number.isNaN(t) ? NaN : (now() - t) / 1000;
+}
+
+export function between(a, b) {
+  const ta = parseTime(a);
+  const tb = parseTime(b);
+  return Number.isNaN(ta) || Number.isNaN(tb) ? NaN : (tb - ta) / 1000;
+}
+
+export function fmtClock(iso) {
+  const t = parseTime(iso);
+  if (Number.isNaN(t)) return '–';
+  const d = new Date(t);
+  const time = `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+  const today = new Date(now());
+  if (d.toDateString() === today.toDateString()) return time;
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${time}`;
+}
+
+export function fmtNum(n) {
+  return n === null || n === undefined ? '–' : Number(n).toLocaleString('en-US');
+}
+
+export function fmtRate(tokens, seconds) {
+  if (!tokens || !seconds || seconds <= 0) return '–';
+  const r = tokens / seconds;
+  return `${r >= 100 ? r.toFixed(0) : r.toFixed(1)} tok/s`;
+}
+
+export function excerpt(text, max = 180) {
+  const flat = (text || '').replace(/\s+/g, ' ').trim();
+  return flat.length > max ? flat.slice(0, max - 1) + '…' : flat;
+}
+
+// Ollama streams about one token per piece; for text we did not see arrive, ~4 chars a token.
+export function estimateTokens(text) {
+  return text ? Math.max(1, Math.round(text.length / 4)) : 0;
+}
+
+export function jobHref(id) {
+  return `/jobs/${encodeURIComponent(id)}`;
+}
+
+// -- DOM --------------------------------------------------------------------------------------
+
+// el('a', {className: 'x', href, text, dataset: {id}, onclick}, child, 'text', ...): text is
+// always set as text. Attribute names go through setAttribute only for aria-* and role.
+export function el(tag, props = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(props || {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key === 'text') node.textContent = String(value);
+    else if (key === 'dataset') Object.assign(node.dataset, value);
+    else if (key.startsWith('on')) node.addEventListener(key.slice(2), value);
+    else if (key.startsWith('aria-') || key === 'role') node.setAttribute(key, String(value));
+    else node[key] = value;
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+export function badge(text, kind, title) {
+  return el('span', {className: `badge ${kind || ''}`.trim(), text, title});
+}
+
+export function stateBadge(state) {
+  return badge(state, `st-${state}`);
+}
+
+// Elements with data-since="ISO" show the time since then; ticked once a second.
+export function sinceSpan(iso, className = 'since') {
+  return el('span', {className, dataset: {since: iso || ''}, text: fmtDur(since(iso)),
+    title: iso ? `since ${fmtClock(iso)} (${iso})` : ''});
+}
+
+export function tickSince(root = document) {
+  for (const node of root.querySelectorAll('[data-since]')) {
+    if (node.dataset.since) node.textContent = fmtDur(since(node.dataset.since));
+  }
+}
+
+// -- toasts: refusals and failures, readable, dismissable ---------------------------------
+
+export function toast(message, kind = 'error', ms = 15000) {
+  let box = document.getElementById('toasts');
+  if (!box) {
+    box = el('div', {id: 'toasts', role: 'alert', 'aria-live': 'assertive'});
+    document.body.append(box);
+  }
+  const item = el('div', {className: `toast ${kind}`},
+    el('span', {className: 'toast-text', text: message}),
+    el('button', {className: 'toast-close', type: 'button', title: 'Dismiss', 'aria-label': 'Dismiss',
+      text: '×', onclick: () => item.remove()}));
+  box.append(item);
+  while (box.children.length > 4) box.firstElementChild.remove();
+  if (ms) setTimeout(() => item.remove(), ms);
+  return item;
+}
+
+// -- dialogs: an in-page confirm and the token form (no window.confirm / prompt) -----------
+
+export function confirmDialog({title, message, confirm = 'OK', danger = false, checkbox = null}) {
+  return new Promise((resolve) => {
+    const previous = document.activeElement;
+    const box = checkbox ? el('input', {type: 'checkbox', id: 'confirm-check'}) : null;
+    const ok = el('button', {type: 'submit', className: danger ? 'danger' : 'primary', text: confirm});
+    const cancel = el('button', {type: 'button', text: 'Cancel'});
+    const form = el('form', {className: 'dialog-body'},
+      el('h2', {text: title}),
+      message ? el('p', {text: message}) : null,
+      box ? el('label', {className: 'check'}, box, ' ', checkbox) : null,
+      el('div', {className: 'dialog-buttons'}, cancel, ok));
+    const dialog = el('dialog', {className: 'confirm', 'aria-label': title}, form);
+    let answer = false;
+    form.addEventListener('submit', (e) => {
+      e.preventDefault();
+      answer = {checked: box ? box.checked : false};
+      dialog.close();
+    });
+    cancel.addEventListener('click', () => dialog.close());
+    dialog.addEventListener('close', () => {
+      dialog.remove();
+      if (previous && previous.isConnected && previous.focus) previous.focus({preventScroll: true});
+      resolve(answer);
+    });
+    document.body.append(dialog);
+    dialog.showModal();
+    ok.focus();
+  });
+}
+
+export function token() {
+  try {
+    return localStorage.getItem(TOKEN_KEY) || '';
+  } catch {
+    return '';
+  }
+}
+
+let asking = null;
+let declined = false;
+
+// One form however many requests got a 401 at once; resolves true when a token was saved.
+export function askToken(refused = false) {
+  if (asking) return asking;
+  asking = new Promise((resolve) => {
+    const input = el('input', {type: 'password', id: 'token-input', autocomplete: 'current-password',
+      required: true, spellcheck: false, placeholder: 'access token'});
+    const form = el('form', {className: 'dialog-body'},
+      el('h2', {text: 'Access token needed'}),
+      el('p', {text: refused
+        ? 'The router refused the saved token. Enter the current one (router.token in gpuq.toml).'
+        : 'This router asks for an access token (router.token in gpuq.toml). It is kept in this browser.'}),
+      el('label', {className: 'field'}, 'Token ', input),
+      el('div', {className: 'dialog-buttons'},
+        el('button', {type: 'button', text: 'Not now', onclick: () => dialog.close()}),
+        el('button', {type: 'submit', className: 'primary', text: 'Save token'})));
+    const dialog = el('dialog', {className: 'token', 'aria-label': 'Access token'}, form);
+    let saved = false;
+    form.addEventListener('submit', (e) => {
+      e.preventDefault();
+      const value = input.value.trim();
+      if (!value) return;
+      try {
+        localStorage.setItem(TOKEN_KEY, value);
+      } catch { /* private mode: the token lives for this page only */ }
+      memoryToken = value;
+      saved = true;
+      dialog.close();
+    });
+    dialog.addEventListener('close', () => {
+      dialog.remove();
+      declined = !saved;
+      resolve(saved);
+      if (saved) window.dispatchEvent(new Event('gpuq-token'));
+    });
+    document.body.append(dialog);
+    dialog.showModal();
+    input.focus();
+  }).finally(() => { asking = null; });
+  return asking;
+}
+
+let memoryToken = '';
+
+function currentToken() {
+  return token() || memoryToken;
+}
+
+export function tokenDeclined() {
+  return declined;
+}
+
+// -- the API ----------------------------------------------------------------------------------
+
+export class ApiError extends Error {
+  constructor(status, message) {
+    super(message);
+    this.status = status;
+  }
+}
+
+function messageOf(status, data, fallback) {
+  if (data && data.error && data.error.message) return data.error.message;
+  return fallback || `HTTP ${status}`;
+}
+
+// Returns {ok, status, data}; throws ApiError(0, ...) when the router cannot be reached.
+// A 401 asks for the token once (a form), then repeats the request with it.
+export async function api(method, path, body) {
+  for (let attempt = 0; ; attempt++) {
+    const headers = {Accept: 'application/json'};
+    const t = currentToken();
+    if (t) headers.Authorization = `Bearer ${t}`;
+    if (method !== 'GET') headers['X-Gpuq-Actor'] = 'page';
+    if (body !== undefined) headers['Content-Type'] = 'application/json';
+    let resp;
+    try {
+      resp = await fetch(path, {method, headers, cache: 'no-store',
+        body: body === undefined ? undefined : JSON.stringify(body)});
+    } catch (exc) {
+      throw new ApiError(0, `the router does not answer (${exc.message})`);
+    }
+    noteServerDate(resp.headers.get('Date'));
+    if (resp.status === 401 && attempt === 0 && !(declined && !t)) {
+      if (await askToken(Boolean(t))) continue;
+    }
+    let data = null;
+    try {
+      data = await resp.json();
+    } catch { /* not JSON: the message says so below */ }
+    return {ok: resp.ok, status: resp.status, data,
+      message: messageOf(resp.status, data, resp.statusText)};
+  }
+}
+
+// GET that must succeed (503 from /health is data, not failure, so pass okStatuses).
+export async function getJSON(path, okStatuses = [200]) {
+  const r = await api('GET', path);
+  if (!okStatuses.includes(r.status)) throw new ApiError(r.status, r.message);
+  return r.data;
+}
+
+// Streams NDJSON lines to onLine; resolves when the stream ends. signal aborts it.
+export async function streamLines(path, onLine, signal) {
+  const headers = {Accept: 'application/x-ndjson'};
+  const t = currentToken();
+  if (t) headers.Authorization = `Bearer ${t}`;
+  const resp = await fetch(path, {headers, signal, cache: 'no-store'});
+  if (resp.status === 401) {
+    await askToken(Boolean(t));
+    throw new ApiError(401, 'access token needed');
+  }
+  if (!resp.ok || !resp.body) {
+    let data = null;
+    try { data = await resp.json(); } catch { /* ignore */ }
+    throw new ApiError(resp.status, messageOf(resp.status, data, resp.statusText));
+  }
+  const reader = resp.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = '';
+  for (;;) {
+    const {value, done} = await reader.read();
+    if (done) break;
+    buffer += decoder.decode(value, {stream: true});
+    let nl;
+    while ((nl = buffer.indexOf('\n')) >= 0) {
+      const line = buffer.slice(0, nl).trim();
+      buffer = buffer.slice(nl + 1);
+      if (line) onLine(JSON.parse(line));
+    }
+  }
+}
+
+// -- live events ------------------------------------------------------------------------------
+
+// Server-sent events from /api/events. EventSource reconnects by itself (the router sends
+// `retry: 1000`); if it gives up (an HTTP error such as 401), we open a new one.
+// onStatus('live' | 'reconnecting'); every (re)connect calls onConnect, to catch up.
+export function liveEvents({onConnect, onChange, onTokens, onStatus}) {
+  let source = null;
+  let timer = null;
+  function open() {
+    clearTimeout(timer);
+    if (source) source.close();
+    const t = currentToken();
+    source = new EventSource('/api/events' + (t ? `?token=${encodeURIComponent(t)}` : ''));
+    source.addEventListener('hello', () => {
+      onStatus && onStatus('live');
+      onConnect && onConnect();
+    });
+    source.addEventListener('change', (e) => onChange && onChange(safeParse(e.data)));
+    if (onTokens) source.addEventListener('tokens', (e) => onTokens(safeParse(e.data)));
+    source.addEventListener('error', () => {
+      onStatus && onStatus('reconnecting');
+      if (source.readyState === EventSource.CLOSED) timer = setTimeout(open, 2000);
+    });
+  }
+  window.addEventListener('gpuq-token', open);
+  open();
+  return {reopen: open};
+}
+
+function safeParse(text) {
+  try {
+    return JSON.parse(text);
+  } catch {
+    return {};
+  }
+}
+
+// Coalesces calls: at most one run in flight, and one more after it if asked meanwhile.
+export function coalesced(fn, minGapMs = 150) {
+  let running = false;
+  let again = false;
+  let timer = null;
+  async function run() {
+    timer = null;
+    if (running) {
+      again = true;
+      return;
+    }
+    running = true;
+    try {
+      await fn();
+    } finally {
+      running = false;
+      if (again) {
+        again = false;
+        schedule(minGapMs);
+      }
+    }
+  }
+  function schedule(delay = 0) {
+    if (timer === null) timer = setTimeout(run, delay);
+  }
+  return schedule;
+}
+
+export function setConnection(status, detail) {
+  const node = document.getElementById('conn');
+  if (!node) return;
+  node.className = `conn conn-${status}`;
+  node.textContent = {live: 'live', reconnecting: 'reconnecting…', down: 'router unreachable',
+    connecting: 'connecting…'}[status] || status;
+  node.title = detail || (status === 'live' ? 'updates arrive as they happen (server-sent events)' : '');
+}

@@ -1,0 +1,363 @@
+// The job preview page (/jobs/{id}): what the job is, where and how it ran, its output
+// streaming live while it runs, its runs, events, critiques and findings.
+
+import {
+  api, badge, between, coalesced, confirmDialog, el, estimateTokens, fmtClock, fmtDur, fmtNum,
+  fmtRate, fmtSpan, jobHref, liveEvents, setConnection, since, sinceSpan, stateBadge, streamLines,
+  tickSince, toast,
+} from './common.js';
+
+const jobId = decodeURIComponent(window.location.pathname.replace(/\/+$/, '').split('/').pop());
+const main = document.getElementById('job');
+const actions = document.getElementById('actions');
+
+const J = {
+  job: null,
+  sig: '',
+  missing: null, // the API's message when there is no such job
+  error: null, // the last load's failure
+  stream: null, // AbortController of the open output stream
+  streamedRun: null, // the run whose output the stream shows
+  pieces: 0, // pieces streamed after the catch-up text
+  caughtUp: 0, // estimated tokens in the catch-up text
+  streamStart: 0,
+};
+window.gpuqJob = J; // for the browser console (and the page tests)
+
+// The output text node is kept across renders, so streaming appends to it cheaply.
+const outText = document.createTextNode('');
+const outPre = el('pre', {className: 'text', id: 'output'}, outText);
+
+// -- loading ----------------------------------------------------------------------------------
+
+async function load() {
+  let r;
+  try {
+    r = await api('GET', `/api/jobs/${encodeURIComponent(jobId)}`);
+  } catch (exc) {
+    J.error = exc;
+    renderProblem();
+    return;
+  }
+  J.error = null;
+  if (r.status === 404 || r.status === 400) {
+    J.missing = r.message;
+    renderProblem();
+    return;
+  }
+  if (!r.ok) {
+    J.error = r;
+    renderProblem();
+    return;
+  }
+  const job = r.data;
+  const running = job.state === 'running';
+  const runId = job.runs && job.runs.length ? job.runs[job.runs.length - 1].id : null;
+  if (J.stream && (!running || runId !== J.streamedRun)) stopStream(); // preempted, deleted, done
+  if (!J.stream) outText.data = job.output || '';
+  J.job = job;
+  render();
+  if (running && !J.stream) startStream(runId);
+}
+
+const loadSoon = coalesced(load, 300);
+
+function stopStream() {
+  if (J.stream) J.stream.abort();
+  J.stream = null;
+}
+
+// GET /api/jobs/{id}/stream: the first line is the output so far, then each new piece.
+async function startStream(runId) {
+  const ctl = new AbortController();
+  Object.assign(J, {stream: ctl, streamedRun: runId, pieces: 0, caughtUp: 0, streamStart: Date.now()});
+  let first = true;
+  let failed = false;
+  try {
+    await streamLines(`/api/jobs/${encodeURIComponent(jobId)}/stream`, (line) => {
+      if (ctl.signal.aborted || typeof line.text !== 'string') return;
+      if (first) {
+        outText.data = line.text;
+        J.caughtUp = estimateTokens(line.text);
+        first = false;
+      } else {
+        appendOutput(line.text);
+        J.pieces++;
+      }
+      paintLive();
+    }, ctl.signal);
+  } catch (exc) {
+    if (ctl.signal.aborted) return;
+    failed = true;
+    setConnection('reconnecting', `output stream: ${exc.message}`);
+  }
+  if (J.stream === ctl) J.stream = null;
+  if (!ctl.signal.aborted) setTimeout(loadSoon, failed ? 1000 : 0);
+}
+
+function appendOutput(piece) {
+  const atBottom = outPre.scrollHeight - outPre.scrollTop - outPre.clientHeight < 24;
+  outText.appendData(piece);
+  if (atBottom) outPre.scrollTop = outPre.scrollHeight;
+}
+
+// -- rendering --------------------------------------------------------------------------------
+
+function renderProblem() {
+  if (J.missing) {
+    document.title = 'no such job · gpuq';
+    actions.replaceChildren();
+    main.replaceChildren(el('div', {className: 'notice warn'},
+      el('strong', {text: 'No such job. '}), el('span', {text: J.missing}), ' ',
+      el('a', {href: '/', text: 'Back to the queue'})));
+    return;
+  }
+  if (!J.job) {
+    main.replaceChildren(el('div', {className: 'notice warn', id: 'problem',
+      text: `Cannot load job ${jobId}: ${J.error.message}. Retrying…`}));
+  } else {
+    setConnection('down', J.error.message);
+  }
+  setTimeout(loadSoon, 2000);
+}
+
+function fact(label, value, extra = {}) {
+  const dd = el('dd', extra, value instanceof Node ? value : String(value ?? '–'));
+  return el('div', {className: 'fact'}, el('dl', {}, el('dt', {text: label}), dd));
+}
+
+function when(iso) {
+  if (!iso) return el('span', {className: 'muted', text: '–'});
+  return el('span', {title: iso}, fmtClock(iso), el('span', {className: 'muted'}, ' · ', sinceSpan(iso), ' ago'));
+}
+
+function liveTokens(job) {
+  if (job.state !== 'running') return job.eval_count;
+  return J.stream ? J.caughtUp + J.pieces : estimateTokens(outText.data);
+}
+
+function durationOf(job) {
+  if (!job.started_at) return NaN;
+  return job.finished_at ? between(job.started_at, job.finished_at) : since(job.started_at);
+}
+
+function rateOf(job) {
+  if (job.state === 'running') {
+    const secs = J.stream ? (Date.now() - J.streamStart) / 1000 : 0;
+    return J.pieces > 2 && secs > 0 ? fmtRate(J.pieces, secs) : '–';
+  }
+  return fmtRate(job.eval_count, (job.eval_duration_ns || 0) / 1e9);
+}
+
+function paintLive() {
+  const job = J.job;
+  if (!job) return;
+  const set = (id, text) => { const n = document.getElementById(id); if (n) n.textContent = text; };
+  const tokens = liveTokens(job);
+  const approx = job.state === 'running' && J.caughtUp > 8;
+  set('f-tokens', tokens ? `${approx ? '~' : ''}${fmtNum(tokens)}` : '–');
+  set('f-rate', rateOf(job));
+  set('f-duration', fmtSpan(durationOf(job)));
+  if (job.state === 'queued') set('f-waited', fmtDur(since(job.created_at)));
+}
+
+function render() {
+  const job = J.job;
+  const streaming = job.state === 'running';
+  const sig = JSON.stringify({...job, output: streaming ? '' : job.output});
+  document.title = `${job.state} · ${job.id} · gpuq`;
+  if (sig === J.sig) {
+    paintLive();
+    return;
+  }
+  J.sig = sig;
+  const scroll = outPre.scrollTop;
+  renderActions(job);
+  const runs = job.runs || [];
+  const children = job.children || [];
+  main.replaceChildren(...[
+    el('div', {className: 'job-title'},
+      el('h1', {text: job.id}),
+      stateBadge(job.state),
+      badge(job.kind, `kind kind-${job.kind}`),
+      job.preempted_runs ? badge(job.preempted_runs > 1 ? `preempted ×${job.preempted_runs}` : 'preempted', 'preempted') : null),
+    el('div', {className: 'job-sub'},
+      `${job.kind} on `, el('b', {text: job.node}), ' · ', el('span', {className: 'mono', text: job.model}),
+      job.placement ? ` · placed: ${job.placement}` : '',
+      job.kind === 'critique' && job.parent ? el('span', {}, ' · critique of task ',
+        el('a', {className: 'mono', href: jobHref(job.parent), text: job.parent})) : null),
+    stateNotice(job),
+    facts(job),
+    job.error ? el('section', {className: 'box error-box', id: 'error'},
+      el('div', {className: 'box-head'}, el('h2', {text: job.state === 'cancelled' ? 'Why it was cancelled' : 'Error'})),
+      el('pre', {className: 'text short', text: job.error})) : null,
+    job.findings ? findings(job.findings) : null,
+    el('section', {className: 'box', id: 'prompt-box'},
+      el('div', {className: 'box-head'}, el('h2', {text: 'Prompt'}),
+        el('span', {text: `${fmtNum(job.prompt.length)} characters`})),
+      el('pre', {className: 'text short', id: 'prompt', text: job.prompt})),
+    el('section', {className: `box${streaming ? ' streaming' : ''}`, id: 'output-box'},
+      el('div', {className: 'box-head'}, el('h2', {text: 'Output'}), el('span', {text: outputNote(job, runs)})),
+      outPre),
+    job.kind === 'task' ? critiques(children) : null,
+    runsTable(runs),
+    timeline(job.events || [])].filter(Boolean));
+  outPre.scrollTop = streaming ? outPre.scrollHeight : scroll;
+  paintLive();
+}
+
+function outputNote(job, runs) {
+  if (job.state === 'running') return 'streaming live…';
+  if (job.state === 'queued' && runs.length) return 'from its last (interrupted) run; it starts again from the beginning';
+  if (job.state === 'queued') return 'appears here as soon as the job starts';
+  if (job.kind === 'critique' && job.findings) return 'the raw reply (the findings above are parsed from it)';
+  return job.done_reason ? `done reason: ${job.done_reason}` : '';
+}
+
+function stateNotice(job) {
+  if (job.state === 'queued') {
+    return el('div', {className: 'notice', id: 'notice'},
+      `Waiting on ${job.node} at position ${job.queue_position ?? '?'}`,
+      job.queue_position > 1 ? ` (${job.queue_position - 1} ahead of it, plus the running job)` : '',
+      '. This page updates by itself.');
+  }
+  return null;
+}
+
+function facts(job) {
+  const runs = job.runs || [];
+  const items = [
+    fact('Kind', job.kind),
+    fact('Node', job.node),
+    fact('Model', el('span', {className: 'mono', text: job.model, title: job.model})),
+    fact('Queued', when(job.created_at)),
+    fact(job.state === 'queued' ? 'Waiting' : 'Waited',
+      fmtSpan(job.started_at ? between(job.created_at, firstStart(runs) || job.started_at) : since(job.created_at)),
+      {id: job.state === 'queued' ? 'f-waited' : undefined}),
+    fact('Started', when(job.started_at)),
+    fact('Finished', when(job.finished_at)),
+    fact('Duration', fmtSpan(durationOf(job)), {id: 'f-duration'}),
+    fact(job.state === 'running' ? 'Tokens so far' : 'Tokens', '–', {id: 'f-tokens'}),
+    fact('Tokens/s', '–', {id: 'f-rate'}),
+    fact('Runs', `${runs.length}${job.preempted_runs ? ` (${job.preempted_runs} preempted)` : ''}`),
+  ];
+  if (job.timeout_s) items.push(fact('Timeout', fmtDur(job.timeout_s)));
+  if (job.parent) items.push(fact('Parent task', el('a', {className: 'mono', href: jobHref(job.parent), text: job.parent})));
+  if (job.group) items.push(fact('Fan-out group', el('span', {className: 'mono', text: job.group})));
+  return el('div', {className: 'facts'}, ...items);
+}
+
+function firstStart(runs) {
+  return runs.length ? runs[0].started_at : null;
+}
+
+const SEVERITY = {high: 0, medium: 1, low: 2};
+
+function findings(list) {
+  const sorted = [...list].sort((a, b) => (SEVERITY[a.severity] ?? 3) - (SEVERITY[b.severity] ?? 3));
+  return el('section', {className: 'box', id: 'findings'},
+    el('div', {className: 'box-head'}, el('h2', {text: 'Findings'}),
+      el('span', {text: `${list.length} finding${list.length === 1 ? '' : 's'}`})),
+    list.length ? el('ul', {className: 'findings'}, ...sorted.map((f) => el('li', {},
+      el('div', {className: 'finding-title'},
+        badge(String(f.severity || '?'), `sev-${f.severity}`),
+        el('span', {text: String(f.title ?? '')}),
+        f.where ? el('span', {className: 'finding-where', text: `— ${f.where}`}) : null),
+      el('div', {className: 'finding-detail', text: String(f.detail ?? '')}))))
+      : el('p', {className: 'muted', text: 'The reviewer found nothing to report.'}));
+}
+
+function critiques(children) {
+  return el('section', {id: 'children'},
+    el('h2', {text: `Critiques of this task (${children.length})`}),
+    children.length ? el('table', {className: 'grid'},
+      el('thead', {}, el('tr', {}, ...['critique', 'state', 'node', 'model'].map((t) => el('th', {text: t})))),
+      el('tbody', {}, ...children.map((c) => el('tr', {},
+        el('td', {}, el('a', {className: 'mono', href: jobHref(c.id), text: c.id})),
+        el('td', {}, stateBadge(c.state)),
+        el('td', {text: c.node}),
+        el('td', {className: 'mono', text: c.model})))))
+      : el('p', {className: 'muted', text: 'None yet. Ask for one with: gpuq critique --parent ' + J.job.id}));
+}
+
+function runsTable(runs) {
+  return el('section', {id: 'runs'},
+    el('h2', {text: `Runs (${runs.length})`}),
+    runs.length ? el('table', {className: 'grid'},
+      el('thead', {}, el('tr', {}, ...['run', 'state', 'node', 'model', 'started', 'ran', 'tokens', 'speed', 'error / output']
+        .map((t) => el('th', {text: t})))),
+      el('tbody', {}, ...runs.map((r) => el('tr', {dataset: {run: r.id}},
+        el('td', {className: 'num', text: `#${r.id}`}),
+        el('td', {}, stateBadge(r.state)),
+        el('td', {text: r.node}),
+        el('td', {className: 'mono', text: r.model}),
+        el('td', {className: 'num', title: r.started_at, text: fmtClock(r.started_at)}),
+        el('td', {className: 'num', text: fmtSpan(r.finished_at ? between(r.started_at, r.finished_at) : since(r.started_at))}),
+        el('td', {className: 'num', text: fmtNum(r.eval_count)}),
+        el('td', {className: 'num', text: fmtRate(r.eval_count, (r.eval_duration_ns || 0) / 1e9)}),
+        el('td', {},
+          r.error ? el('div', {className: 'err', text: r.error}) : null,
+          r.output && r.state !== 'running' ? el('details', {className: 'run-output'},
+            el('summary', {text: `output (${fmtNum(r.output.length)} chars)`}),
+            el('pre', {className: 'text', text: r.output})) : null)))))
+      : el('p', {className: 'muted', text: 'Not started yet.'}));
+}
+
+function timeline(events) {
+  return el('section', {id: 'events'},
+    el('h2', {text: `Events (${events.length})`}),
+    el('div', {className: 'box'}, el('ol', {className: 'timeline'}, ...events.map((e) => el('li', {},
+      el('span', {className: 'when', title: e.at, text: fmtClock(e.at)}),
+      el('span', {}, e.from_state ? `${e.from_state} → ` : 'created → ', stateBadge(e.to_state)),
+      el('span', {className: 'reason'}, e.reason || '', ' ', el('span', {className: 'actor', text: `by ${e.actor}`})))))));
+}
+
+// -- actions ----------------------------------------------------------------------------------
+
+function renderActions(job) {
+  const buttons = [];
+  if (job.state === 'queued') {
+    buttons.push(el('button', {type: 'button', text: 'Preempt', title: 'Run it next; the running job goes back behind it',
+      onclick: () => act('preempt', 'POST', 'preempt', {title: `Preempt ${job.node}?`, confirm: 'Preempt',
+        message: `${job.id} runs next. A job running on ${job.node} is stopped and goes back to the queue behind it.`})}));
+  }
+  if (job.state === 'queued' || job.state === 'running') {
+    buttons.push(el('button', {type: 'button', className: 'danger', text: 'Delete',
+      onclick: () => act('delete', 'DELETE', '', {title: `Delete ${job.id}?`, confirm: 'Delete', danger: true,
+        message: job.state === 'running'
+          ? `It is running on ${job.node}: generation stops and the job is cancelled.`
+          : 'It is cancelled; its record stays in the history.'})}));
+  }
+  if (job.state === 'failed' || job.state === 'cancelled') {
+    buttons.push(el('button', {type: 'button', text: 'Retry', title: 'Queue it again at the tail of its node',
+      onclick: () => act('retry', 'POST', 'retry')}));
+  }
+  actions.replaceChildren(...buttons);
+}
+
+async function act(what, method, suffix, confirmation) {
+  if (confirmation && !(await confirmDialog(confirmation))) return;
+  const path = `/api/jobs/${encodeURIComponent(jobId)}${suffix ? `/${suffix}` : ''}`;
+  try {
+    const r = await api(method, path);
+    if (!r.ok) toast(`Could not ${what} ${jobId}: ${r.message} (${r.status})`);
+  } catch (exc) {
+    toast(`Could not ${what} ${jobId}: ${exc.message}`);
+  }
+  loadSoon();
+}
+
+// -- start ------------------------------------------------------------------------------------
+
+liveEvents({
+  onConnect: loadSoon,
+  onChange: loadSoon,
+  onStatus: (status) => setConnection(status),
+});
+
+setInterval(() => {
+  tickSince(main);
+  paintLive();
+}, 1000);
+
+loadSoon();

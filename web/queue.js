@@ -1,0 +1,713 @@
+// The queue page: one column per node in rank order, live through server-sent events.
+// Reorder and move by drag (handles) or keys; every change goes through the queue-control API
+// and the page then shows the server's order again, whether the API agreed or refused.
+
+import {
+  api, badge, coalesced, confirmDialog, el, estimateTokens, excerpt, fmtClock, fmtDur, fmtNum,
+  fmtRate, getJSON, jobHref, liveEvents, now, parseTime, setConnection, since, sinceSpan,
+  stateBadge, tickSince, toast, askToken, tokenDeclined, between,
+} from './common.js';
+
+const LIMIT_STEP = 200; // waiting jobs rendered per column; the rest is a count
+const LIMIT_MAX = 2000;
+const RECENT = 12;
+const QUIET_S = 15; // a running job without tokens this long says so
+const TAIL = 1000000000; // the API's largest position: the tail of a queue
+
+const S = {
+  queue: null, // GET /api/queue
+  health: null, // GET /health
+  recent: [],
+  limit: LIMIT_STEP,
+  error: null, // the last refresh's failure, shown until one succeeds
+  dragging: null, // {id, node, kind, card} while a drag is in progress
+  pending: 0, // queue-control calls in flight; renders wait for them
+  deferred: false, // a render was held back by a drag or a pending call
+  gen: 0, // bumped when a call fails: the calls queued after it are dropped
+  sig: '', // what the board was last rendered from
+  tokens: new Map(), // running job id -> {run, count, approx, last}
+  baselined: new Set(), // running jobs whose tokens before the page opened were estimated
+  connectedAt: 0,
+  updatedAt: 0,
+  renders: 0,
+  changes: 0,
+};
+window.gpuq = S; // for the browser console (and the page tests)
+
+const $ = (id) => document.getElementById(id);
+const board = $('board');
+
+// -- loading ----------------------------------------------------------------------------------
+
+async function loadRecent() {
+  const lists = await Promise.all(['done', 'failed', 'cancelled'].map(
+    (state) => getJSON(`/api/jobs?state=${state}&limit=${RECENT}`)));
+  return lists.flatMap((l) => l.jobs)
+    .sort((a, b) => (b.finished_at || '').localeCompare(a.finished_at || ''))
+    .slice(0, RECENT);
+}
+
+async function refresh() {
+  try {
+    const [queue, health, recent] = await Promise.all([
+      getJSON(`/api/queue?limit=${S.limit}`),
+      getJSON('/health', [200, 503]),
+      loadRecent(),
+    ]);
+    Object.assign(S, {queue, health, recent, error: null, updatedAt: Date.now()});
+  } catch (exc) {
+    S.error = exc;
+  }
+  render();
+}
+
+const refreshSoon = coalesced(refresh, 250);
+
+// -- rendering --------------------------------------------------------------------------------
+
+function render() {
+  if (S.dragging || S.pending) {
+    S.deferred = true;
+    return;
+  }
+  S.deferred = false;
+  S.renders++;
+  renderTop();
+  renderAlerts();
+  renderBoard();
+  renderRecent();
+  paintProgress();
+}
+
+function staleHeads() {
+  return (S.health && S.health.stale) || [];
+}
+
+function renderTop() {
+  const q = S.queue;
+  if (!q) return;
+  const running = q.nodes.filter((n) => n.running).length;
+  const up = q.nodes.filter((n) => n.up && !n.vram_stuck).length;
+  $('stat-depth').textContent = fmtNum(q.queue_depth);
+  $('stat-running').textContent = fmtNum(running);
+  $('stat-up').textContent = `${up}/${q.nodes.length}`;
+  $('stat-up').parentElement.classList.toggle('bad', up < q.nodes.length);
+  const trouble = S.health && !S.health.ok;
+  document.title = `${trouble ? '⚠ ' : ''}${fmtNum(q.queue_depth)} queued · gpuq`;
+}
+
+function renderAlerts() {
+  const box = $('alerts');
+  box.replaceChildren();
+  if (S.error) {
+    const needsToken = S.error.status === 401;
+    box.append(el('div', {className: 'alert warn'},
+      el('strong', {text: needsToken ? 'Access token needed' : 'Router unreachable'}),
+      el('span', {text: needsToken ? ' This router asks for an access token.'
+        : ` ${S.error.message}. Showing what was last seen${S.updatedAt ? ` ${fmtClock(new Date(S.updatedAt).toISOString())}` : ''}; retrying.`}),
+      needsToken ? el('button', {type: 'button', text: 'Enter token',
+        onclick: async () => { if (await askToken()) refreshSoon(); }}) : null));
+  }
+  const h = S.health;
+  if (!h || h.ok) return;
+  const nodes = new Map((S.queue ? S.queue.nodes : []).map((n) => [n.name, n]));
+  for (const s of h.stale) box.append(staleAlert(s, nodes.get(s.node)));
+  for (const d of h.nodes_down) {
+    if (d.waiting) box.append(downAlert(d));
+  }
+}
+
+const STALE_WHY = {
+  'no progress': 'no tokens since',
+  'ran past max_runtime': 'running past max_runtime, started',
+  'ollama finished but the job was not closed': 'Ollama finished but the job was never closed, at',
+};
+
+function staleAlert(s, node) {
+  const waiting = node ? node.queued_count : 0;
+  return el('div', {className: 'alert stale', dataset: {id: s.id, node: s.node}},
+    el('span', {className: 'alert-tag', text: 'STALE HEAD'}),
+    el('span', {className: 'alert-text'},
+      el('b', {text: s.node}), ' is blocked: job ',
+      el('a', {href: jobHref(s.id), className: 'mono', text: s.id}),
+      ' stuck for ', el('b', {className: 'big'}, sinceSpan(s.since)),
+      ` (${STALE_WHY[s.reason] || `${s.reason} since`} ${fmtClock(s.since)}).`,
+      waiting ? ` ${fmtNum(waiting)} job${waiting === 1 ? '' : 's'} wait behind it.` : ''),
+    el('button', {type: 'button', className: 'danger', text: 'Delete stuck job',
+      onclick: () => deleteJob({id: s.id, node: s.node, state: 'running'})}));
+}
+
+function downAlert(d) {
+  return el('div', {className: 'alert down', dataset: {node: d.name}},
+    el('span', {className: 'alert-tag', text: 'NODE DOWN'}),
+    el('span', {className: 'alert-text'},
+      el('b', {text: d.name}), ' down for ', el('b', {}, sinceSpan(d.since)),
+      d.error ? ` (${d.error})` : '', ` — ${fmtNum(d.waiting)} job${d.waiting === 1 ? '' : 's'} waiting on it.`));
+}
+
+function renderBoard() {
+  const q = S.queue;
+  if (!q) return;
+  const sig = JSON.stringify([q, staleHeads().map((s) => s.id), S.limit]);
+  if (sig === S.sig) return;
+  S.sig = sig;
+  const active = document.activeElement;
+  const focusCard = board.contains(active) ? active.closest('[data-id]') : null;
+  const scroll = new Map([...board.querySelectorAll('.queue')].map((l) => [l.dataset.node, l.scrollTop]));
+  const stale = new Set(staleHeads().map((s) => s.id));
+  if (!q.nodes.length) {
+    board.replaceChildren(el('p', {className: 'empty', text: 'No nodes are configured: add [[node]] tables to gpuq.toml.'}));
+    return;
+  }
+  board.replaceChildren(...q.nodes.map((n) => column(n, stale)));
+  for (const list of board.querySelectorAll('.queue')) {
+    if (scroll.has(list.dataset.node)) list.scrollTop = scroll.get(list.dataset.node);
+  }
+  if (focusCard) {
+    const again = cardById(focusCard.dataset.id);
+    if (again) again.focus({preventScroll: true});
+  }
+  const running = new Set(q.nodes.filter((n) => n.running).map((n) => n.running.id));
+  for (const id of S.tokens.keys()) if (!running.has(id)) S.tokens.delete(id);
+  for (const n of q.nodes) if (n.running) baseline(n.running);
+}
+
+function nodeStatus(node) {
+  if (!node.checked) return ['checking', 'checking…', 'waiting for the first health check'];
+  if (node.vram_stuck) return ['stuck', 'VRAM stuck', node.vram_stuck];
+  if (!node.up) return ['down', 'down', node.last_error || 'does not answer'];
+  return ['up', 'up', `answering since ${fmtClock(node.since)}`];
+}
+
+function column(node, stale) {
+  const [cls, label, why] = nodeStatus(node);
+  const runningStale = node.running && stale.has(node.running.id);
+  const col = el('section', {className: `col node-${cls}${runningStale ? ' col-stale' : ''}`,
+    dataset: {node: node.name}, 'aria-label': `node ${node.name}`});
+  const clear = el('button', {type: 'button', className: 'small ghost', text: 'Clear',
+    title: `Cancel the jobs waiting on ${node.name}`, disabled: !node.queued_count && !node.running,
+    onclick: () => clearNode(node)});
+  const head = el('header', {className: 'col-head'},
+    el('div', {className: 'col-title'},
+      el('span', {className: `dot dot-${cls}`, title: why}),
+      el('h2', {text: node.name}),
+      el('span', {className: 'rank', text: `#${node.rank}`, title: 'rank: lower is tried first'}),
+      el('span', {className: `pill pill-${cls}`, text: label, title: why}),
+      el('span', {className: 'spacer'}),
+      clear),
+    el('div', {className: 'col-sub'},
+      el('span', {className: 'model mono', text: node.model, title: node.url}),
+      ...node.roles.map((r) => badge(r, `role role-${r}`, `takes ${r} jobs`))));
+  if (cls === 'down') {
+    head.append(el('div', {className: 'col-warn'}, 'down for ', sinceSpan(node.since), `: ${node.last_error || 'no answer'}`));
+  } else if (cls === 'stuck') {
+    head.append(el('div', {className: 'col-warn', text: node.vram_stuck}));
+  }
+  if (node.model_installed === false) {
+    head.append(el('div', {className: 'col-warn amber', text: `${node.model} is not installed on this node (ollama pull ${node.model})`}));
+  }
+  const slot = el('div', {className: 'running-slot'},
+    node.running ? runningCard(node.running, runningStale)
+      : el('div', {className: 'idle', text: node.queued_count ? 'idle — about to start the head' : 'idle'}));
+  const shown = node.queued.length;
+  const list = el('ol', {className: 'queue', dataset: {node: node.name},
+    'aria-label': `jobs waiting on ${node.name}`},
+  ...node.queued.map((job, i) => queuedCard(job, i)));
+  const waiting = el('div', {className: 'queue-head'},
+    el('span', {text: 'Waiting'}), el('span', {className: 'count', text: fmtNum(node.queued_count)}));
+  col.append(head, slot, waiting, list);
+  if (!shown) list.append(el('li', {className: 'empty-queue', text: 'nothing waiting'}));
+  if (node.queued_count > shown) {
+    const more = node.queued_count - shown;
+    col.append(el('div', {className: 'more'},
+      el('span', {text: `+${fmtNum(more)} more waiting`}),
+      S.limit < LIMIT_MAX ? el('button', {type: 'button', className: 'small ghost',
+        text: `Show ${fmtNum(Math.min(LIMIT_STEP, more))} more`,
+        onclick: () => { S.limit = Math.min(LIMIT_MAX, S.limit + LIMIT_STEP); refreshSoon(); }}) : null));
+  }
+  return col;
+}
+
+function jobMeta(job) {
+  const queued = job.state === 'queued';
+  const parts = [
+    el('span', {className: `state-${job.state}`},
+      queued ? 'queued ' : 'running for ',
+      sinceSpan(queued ? job.created_at : job.started_at), queued ? ' ago' : ''),
+    el('span', {className: 'mono model', text: job.model, title: 'model'}),
+  ];
+  if (job.kind === 'critique' && job.parent) {
+    parts.push(el('span', {className: 'parent'}, 'critique of ',
+      el('a', {href: jobHref(job.parent), className: 'mono', text: job.parent})));
+  }
+  return el('div', {className: 'card-meta'}, ...parts.flatMap((p, i) => (i ? [' · ', p] : [p])));
+}
+
+function badges(job) {
+  const out = [badge(job.kind, `kind kind-${job.kind}`, job.placement ? `placed: ${job.placement}` : '')];
+  if (job.preempted_runs) {
+    out.push(badge(job.preempted_runs > 1 ? `preempted ×${job.preempted_runs}` : 'preempted', 'preempted',
+      `this job was interrupted ${job.preempted_runs} time${job.preempted_runs > 1 ? 's' : ''} by a preemption and runs again from the start`));
+  }
+  return out;
+}
+
+function queuedCard(job, i) {
+  const card = el('li', {className: 'card queued', tabIndex: 0,
+    dataset: {id: job.id, node: job.node, kind: job.kind, state: 'queued'},
+    'aria-label': `${job.kind} ${job.id}, position ${i + 1} on ${job.node}: ${excerpt(job.prompt, 80)}`},
+  el('span', {className: 'handle', draggable: true, text: '⠿', 'aria-hidden': 'true',
+    title: 'Drag to reorder, or into another node\'s column to move it'}),
+  el('div', {className: 'card-body'},
+    el('div', {className: 'card-top'},
+      el('span', {className: 'pos', text: String(i + 1)}),
+      el('a', {className: 'jid mono', href: jobHref(job.id), text: job.id, title: 'open the preview'}),
+      ...badges(job),
+      el('span', {className: 'spacer'}),
+      el('button', {type: 'button', className: 'small ghost', text: 'Preempt',
+        title: 'Run this job next: it goes to the head, and the running job goes back behind it',
+        onclick: () => preemptJob(cardInfo(card))}),
+      el('button', {type: 'button', className: 'small ghost danger', text: 'Delete',
+        title: 'Cancel this job (asks first)', onclick: () => deleteJob(cardInfo(card))})),
+    jobMeta(job),
+    el('div', {className: 'prompt', text: excerpt(job.prompt), title: excerpt(job.prompt, 2000)})));
+  return card;
+}
+
+function runningCard(job, stale) {
+  return el('div', {className: `card running${stale ? ' stale' : ''}`, tabIndex: 0,
+    dataset: {id: job.id, node: job.node, kind: job.kind, state: 'running', started: job.started_at || '',
+      progress: job.progress_at || ''},
+    'aria-label': `running ${job.kind} ${job.id} on ${job.node}`},
+  el('div', {className: 'card-body'},
+    el('div', {className: 'card-top'},
+      el('span', {className: 'live-dot', title: 'running'}),
+      el('a', {className: 'jid mono', href: jobHref(job.id), text: job.id, title: 'open the preview (live output)'}),
+      ...badges(job),
+      el('span', {className: 'spacer'}),
+      el('button', {type: 'button', className: 'small ghost danger', text: 'Delete',
+        title: 'Stop and cancel the running job (asks first)',
+        onclick: () => deleteJob({id: job.id, node: job.node, state: 'running'})})),
+    jobMeta(job),
+    el('div', {className: 'prompt', text: excerpt(job.prompt), title: excerpt(job.prompt, 2000)}),
+    el('div', {className: 'progress'},
+      el('span', {className: 'tok', text: '0 tokens'}),
+      el('span', {className: 'rate'}),
+      el('span', {className: 'quiet'})),
+    stale ? el('div', {className: 'stale-note', text: 'STALE — see the banner above'}) : null));
+}
+
+function renderRecent() {
+  const body = $('recent-body');
+  if (!S.recent.length) {
+    body.replaceChildren(el('p', {className: 'muted', text: 'No job has finished yet.'}));
+    return;
+  }
+  const rows = S.recent.map((j) => el('tr', {dataset: {id: j.id, state: j.state}},
+    el('td', {}, stateBadge(j.state)),
+    el('td', {className: 'num', title: fmtClock(j.finished_at)}, sinceSpan(j.finished_at), ' ago'),
+    el('td', {}, el('a', {className: 'mono', href: jobHref(j.id), text: j.id})),
+    el('td', {text: j.kind}),
+    el('td', {text: j.node}),
+    el('td', {className: 'mono', text: j.model}),
+    el('td', {className: 'num', text: j.started_at ? fmtDur(between(j.started_at, j.finished_at)) : '–'}),
+    el('td', {className: 'num', text: fmtNum(j.eval_count)}),
+    el('td', {className: 'num', text: fmtRate(j.eval_count, (j.eval_duration_ns || 0) / 1e9)}),
+    el('td', {className: `what${j.error ? ' err' : ''}`, text: excerpt(j.error || j.prompt, 120),
+      title: excerpt(j.error || j.prompt, 2000)}),
+    el('td', {}, j.state === 'failed' || j.state === 'cancelled'
+      ? el('button', {type: 'button', className: 'small ghost', text: 'Retry',
+        title: 'Queue it again at the tail of its node', onclick: () => retryJob(j)}) : null)));
+  body.replaceChildren(el('table', {className: 'recent'},
+    el('thead', {}, el('tr', {}, ...['state', 'finished', 'job', 'kind', 'node', 'model', 'ran', 'tokens',
+      'speed', 'prompt / error', ''].map((t) => el('th', {text: t})))),
+    el('tbody', {}, ...rows)));
+}
+
+// -- running jobs: elapsed time and tokens so far ---------------------------------------------
+
+function onTokens(d) {
+  if (!d || !d.id) return;
+  let rec = S.tokens.get(d.id);
+  if (!rec || rec.run !== d.run_id) {
+    rec = {run: d.run_id, count: 0, approx: false, last: 0};
+    S.tokens.set(d.id, rec);
+  }
+  rec.count++;
+  rec.last = now();
+  paintSoon();
+}
+
+let paintQueued = false;
+function paintSoon() {
+  if (paintQueued) return;
+  paintQueued = true;
+  requestAnimationFrame(() => { paintQueued = false; paintProgress(); });
+}
+
+// A job that was already running when the page connected: estimate the tokens it made before.
+async function baseline(job) {
+  if (S.baselined.has(job.id)) return;
+  S.baselined.add(job.id);
+  if (S.connectedAt && parseTime(job.started_at) >= S.connectedAt) return;
+  const r = await api('GET', `/api/jobs/${encodeURIComponent(job.id)}`).catch(() => null);
+  if (!r || !r.ok || !r.data.runs || !r.data.runs.length) return;
+  const run = r.data.runs[r.data.runs.length - 1];
+  let rec = S.tokens.get(job.id);
+  if (!rec || rec.run !== run.id) {
+    rec = {run: run.id, count: 0, approx: false, last: 0};
+    S.tokens.set(job.id, rec);
+  }
+  const estimate = estimateTokens(r.data.output);
+  if (estimate > rec.count) Object.assign(rec, {count: estimate, approx: true});
+  paintProgress();
+}
+
+function paintProgress() {
+  for (const card of board.querySelectorAll('.card.running')) {
+    const rec = S.tokens.get(card.dataset.id);
+    const count = rec ? rec.count : 0;
+    const elapsed = since(card.dataset.started);
+    card.querySelector('.tok').textContent = `${rec && rec.approx ? '~' : ''}${fmtNum(count)} token${count === 1 ? '' : 's'}`;
+    card.querySelector('.rate').textContent = count ? fmtRate(count, elapsed) : '';
+    const last = Math.max(rec ? rec.last : 0, parseTime(card.dataset.progress) || 0, parseTime(card.dataset.started) || 0);
+    const quiet = last ? (now() - last) / 1000 : 0;
+    const q = card.querySelector('.quiet');
+    q.textContent = quiet >= QUIET_S ? `no tokens for ${fmtDur(quiet)}` : '';
+    q.classList.toggle('warn', quiet >= QUIET_S);
+  }
+}
+
+// -- queue-control calls ----------------------------------------------------------------------
+
+let chain = Promise.resolve();
+
+// Calls run one after another; while any is in flight the board keeps the page's own
+// (optimistic) order, then shows the server's. A refusal drops the calls queued after it.
+function runOp(what, call) {
+  const gen = S.gen;
+  S.pending++;
+  chain = chain.then(async () => {
+    if (gen !== S.gen) return;
+    let r;
+    try {
+      r = await call();
+    } catch (exc) {
+      r = {ok: false, status: exc.status || 0, message: exc.message};
+    }
+    if (!r.ok) {
+      S.gen++;
+      toast(`Could not ${what}: ${r.message}${r.status ? ` (${r.status})` : ''}`);
+      announce(`Refused: ${r.message}`);
+    }
+  }).finally(() => {
+    S.pending--;
+    if (!S.pending) {
+      S.sig = ''; // the board may show an order the server did not take: redraw from the server
+      refreshSoon();
+    }
+  });
+  return chain;
+}
+
+const idPath = (id) => `/api/jobs/${encodeURIComponent(id)}`;
+
+function cardInfo(card) {
+  return {id: card.dataset.id, node: card.dataset.node, kind: card.dataset.kind, state: card.dataset.state};
+}
+
+function cardById(id) {
+  return board.querySelector(`.card[data-id="${CSS.escape(id)}"]`);
+}
+
+function listOf(node) {
+  return board.querySelector(`.queue[data-node="${CSS.escape(node)}"]`);
+}
+
+function queuedIn(node, except) {
+  const list = listOf(node);
+  return list ? [...list.querySelectorAll(':scope > .card')].filter((c) => c !== except) : [];
+}
+
+function renumber(list) {
+  if (!list) return;
+  const cards = [...list.querySelectorAll(':scope > .card')];
+  cards.forEach((c, i) => { c.querySelector('.pos').textContent = String(i + 1); });
+  const empty = list.querySelector(':scope > .empty-queue');
+  if (empty) empty.hidden = cards.length > 0;
+}
+
+// Put a queued card at `index` among the other waiting cards of `target` (0 = head), on the
+// page at once, and ask the router to do the same.
+function moveTo(card, target, index, {tail = false} = {}) {
+  const {id, node: from} = cardInfo(card);
+  const list = listOf(target);
+  if (!list) return;
+  const others = queuedIn(target, card);
+  index = Math.max(0, Math.min(index, others.length));
+  if (from === target && queuedIn(from).indexOf(card) === index && !tail) return;
+  const body = tail ? {position: TAIL} : index === 0 ? {position: 1} : {after: others[index - 1].dataset.id};
+  if (target !== from) body.node = target;
+  const hadFocus = card.contains(document.activeElement);
+  list.insertBefore(card, others[index] || null);
+  card.dataset.node = target;
+  renumber(list);
+  if (target !== from) renumber(listOf(from));
+  if (hadFocus) card.focus({preventScroll: true});
+  card.scrollIntoView({block: 'nearest'});
+  announce(`${id} moved to position ${index + 1} on ${target}`);
+  runOp(`move ${id}${target !== from ? ` to ${target}` : ''}`,
+    () => api('POST', `${idPath(id)}/move`, body));
+}
+
+async function preemptJob(job) {
+  const node = S.queue && S.queue.nodes.find((n) => n.name === job.node);
+  if (node && node.running) {
+    const ok = await confirmDialog({title: `Preempt ${node.name}?`, confirm: 'Preempt',
+      message: `${job.id} runs next. The running job ${node.running.id} is stopped and goes back to the queue behind it; it will start again from the beginning.`});
+    if (!ok) return;
+  }
+  const card = cardById(job.id);
+  if (card) card.classList.add('busy');
+  runOp(`preempt ${job.id}`, () => api('POST', `${idPath(job.id)}/preempt`));
+}
+
+async function deleteJob(job) {
+  const running = job.state === 'running';
+  const ok = await confirmDialog({title: `Delete ${job.id}?`, confirm: 'Delete', danger: true,
+    message: running
+      ? `It is running on ${job.node}: generation stops, the model is unloaded and the job is cancelled.`
+      : `It is waiting on ${job.node}. It will be cancelled; its record stays in the history.`});
+  if (!ok) return;
+  const card = cardById(job.id);
+  if (card) card.classList.add('busy');
+  runOp(`delete ${job.id}`, () => api('DELETE', idPath(job.id)));
+}
+
+async function clearNode(node) {
+  const ok = await confirmDialog({title: `Clear ${node.name}?`, confirm: 'Clear', danger: true,
+    message: `Cancels the ${fmtNum(node.queued_count)} job${node.queued_count === 1 ? '' : 's'} waiting on ${node.name}.`,
+    checkbox: node.running ? `Also stop the running job ${node.running.id}` : null});
+  if (!ok) return;
+  runOp(`clear ${node.name}`, () => api('POST', `/api/nodes/${encodeURIComponent(node.name)}/clear`,
+    {running: Boolean(ok.checked)}));
+}
+
+function retryJob(job) {
+  runOp(`retry ${job.id}`, () => api('POST', `${idPath(job.id)}/retry`));
+}
+
+function announce(text) {
+  $('announce').textContent = text;
+}
+
+// -- drag and drop ----------------------------------------------------------------------------
+
+let marker = null;
+
+function dropIndex(col, y) {
+  const list = col.querySelector('.queue');
+  if (!list) return 0;
+  if (y < list.getBoundingClientRect().top) return 0; // over the header or the running job: the head
+  const cards = queuedIn(col.dataset.node, S.dragging && S.dragging.card);
+  for (let i = 0; i < cards.length; i++) {
+    const r = cards[i].getBoundingClientRect();
+    if (y < r.top + r.height / 2) return i;
+  }
+  return cards.length;
+}
+
+function showMarker(col, index) {
+  if (!marker) marker = el('li', {className: 'drop-marker', 'aria-hidden': 'true'});
+  const cards = queuedIn(col.dataset.node, S.dragging.card);
+  col.querySelector('.queue').insertBefore(marker, cards[index] || null);
+  for (const c of board.querySelectorAll('.col.drop-target')) if (c !== col) c.classList.remove('drop-target');
+  col.classList.add('drop-target');
+}
+
+function clearMarker() {
+  if (marker) marker.remove();
+  for (const c of board.querySelectorAll('.col.drop-target')) c.classList.remove('drop-target');
+}
+
+function endDrag() {
+  if (!S.dragging) return;
+  S.dragging.card.classList.remove('dragging');
+  S.dragging = null;
+  clearMarker();
+  document.body.classList.remove('is-dragging');
+  for (const c of board.querySelectorAll('.col.no-drop')) c.classList.remove('no-drop');
+  if (S.deferred) render();
+}
+
+board.addEventListener('dragstart', (e) => {
+  const handle = e.target.closest && e.target.closest('.handle');
+  const card = handle && handle.closest('.card.queued');
+  if (!card) return;
+  S.dragging = {...cardInfo(card), card};
+  e.dataTransfer.effectAllowed = 'move';
+  e.dataTransfer.setData('text/plain', card.dataset.id);
+  e.dataTransfer.setDragImage(card, 12, 12);
+  requestAnimationFrame(() => { if (S.dragging && S.dragging.card === card) card.classList.add('dragging'); });
+  document.body.classList.add('is-dragging');
+  for (const n of (S.queue ? S.queue.nodes : [])) {
+    if (!n.roles.includes(card.dataset.kind)) {
+      const col = board.querySelector(`.col[data-node="${CSS.escape(n.name)}"]`);
+      if (col) col.classList.add('no-drop');
+    }
+  }
+});
+
+// dragenter must be cancelled too, or the browser does not make the column the drop target.
+function dragOver(e) {
+  if (!S.dragging) return;
+  const col = e.target.closest && e.target.closest('.col');
+  if (!col) return;
+  e.preventDefault();
+  e.dataTransfer.dropEffect = 'move';
+  showMarker(col, dropIndex(col, e.clientY));
+}
+board.addEventListener('dragenter', dragOver);
+board.addEventListener('dragover', dragOver);
+
+board.addEventListener('dragleave', (e) => {
+  if (S.dragging && (!e.relatedTarget || !board.contains(e.relatedTarget))) clearMarker();
+});
+
+board.addEventListener('drop', (e) => {
+  if (!S.dragging) return;
+  const col = e.target.closest && e.target.closest('.col');
+  if (!col) return;
+  e.preventDefault();
+  const {card} = S.dragging;
+  const index = dropIndex(col, e.clientY);
+  moveTo(card, col.dataset.node, index); // before endDrag: the deferred render must wait for the call
+  endDrag();
+});
+
+board.addEventListener('dragend', endDrag);
+
+// -- keys -------------------------------------------------------------------------------------
+
+function neighbourNode(name, step, kind) {
+  const nodes = S.queue ? S.queue.nodes : [];
+  for (let i = nodes.findIndex((n) => n.name === name) + step; i >= 0 && i < nodes.length; i += step) {
+    if (nodes[i].roles.includes(kind)) return nodes[i].name;
+  }
+  return null;
+}
+
+function keyMove(card, key) {
+  const {node, kind} = cardInfo(card);
+  const cards = queuedIn(node);
+  const i = cards.indexOf(card);
+  if (key === 'ArrowUp' && i > 0) moveTo(card, node, i - 1);
+  else if (key === 'ArrowDown' && i < cards.length - 1) moveTo(card, node, i + 1);
+  else if (key === 'Home' && i > 0) moveTo(card, node, 0);
+  else if (key === 'End') moveTo(card, node, cards.length - 1, {tail: true});
+  else if (key === 'ArrowLeft' || key === 'ArrowRight') {
+    const step = key === 'ArrowLeft' ? -1 : 1;
+    const target = neighbourNode(node, step, kind);
+    if (!target) {
+      toast(`No node to the ${step < 0 ? 'left' : 'right'} of ${node} takes ${kind} jobs.`, 'info', 5000);
+      return;
+    }
+    moveTo(card, target, i);
+  }
+}
+
+function focusStep(card, step) {
+  const col = card.closest('.col');
+  const cards = [...col.querySelectorAll('.card')];
+  const next = cards[cards.indexOf(card) + step];
+  if (next) {
+    next.focus();
+    next.scrollIntoView({block: 'nearest'});
+  }
+}
+
+function focusColumn(card, step) {
+  const cols = [...board.querySelectorAll('.col')];
+  const col = card.closest('.col');
+  const i = [...col.querySelectorAll('.card')].indexOf(card);
+  for (let c = cols.indexOf(col) + step; c >= 0 && c < cols.length; c += step) {
+    const cards = [...cols[c].querySelectorAll('.card')];
+    if (cards.length) {
+      const next = cards[Math.min(i, cards.length - 1)];
+      next.focus();
+      next.scrollIntoView({block: 'nearest', inline: 'nearest'});
+      return;
+    }
+  }
+}
+
+board.addEventListener('keydown', (e) => {
+  const card = e.target.classList && e.target.classList.contains('card') ? e.target : null;
+  if (!card) return;
+  const queued = card.dataset.state === 'queued';
+  const moves = ['ArrowUp', 'ArrowDown', 'ArrowLeft', 'ArrowRight', 'Home', 'End'];
+  if (e.altKey && !e.ctrlKey && !e.metaKey && moves.includes(e.key)) {
+    e.preventDefault(); // Alt+← is the browser's Back otherwise
+    if (queued) keyMove(card, e.key);
+    return;
+  }
+  if (e.altKey || e.ctrlKey || e.metaKey) return;
+  const handlers = {
+    ArrowUp: () => focusStep(card, -1),
+    ArrowDown: () => focusStep(card, 1),
+    ArrowLeft: () => focusColumn(card, -1),
+    ArrowRight: () => focusColumn(card, 1),
+    Enter: () => { window.location.href = jobHref(card.dataset.id); },
+    p: () => queued && preemptJob(cardInfo(card)),
+    P: () => queued && preemptJob(cardInfo(card)),
+    Delete: () => deleteJob(cardInfo(card)),
+    Backspace: () => deleteJob(cardInfo(card)),
+  };
+  if (handlers[e.key]) {
+    e.preventDefault();
+    handlers[e.key]();
+  }
+});
+
+document.addEventListener('keydown', (e) => {
+  const t = e.target;
+  const typing = t && (t.isContentEditable || ['INPUT', 'TEXTAREA', 'SELECT'].includes(t.tagName));
+  if (typing || e.altKey || e.ctrlKey || e.metaKey || document.querySelector('dialog[open]')) return;
+  if (e.key === 'r' || e.key === 'R') {
+    e.preventDefault();
+    S.sig = '';
+    refreshSoon();
+  } else if (e.key === '?') {
+    $('keys').open = !$('keys').open;
+  }
+});
+
+// -- start ------------------------------------------------------------------------------------
+
+$('refresh').addEventListener('click', () => {
+  S.sig = '';
+  refreshSoon();
+});
+
+liveEvents({
+  onConnect: () => {
+    if (!S.connectedAt) S.connectedAt = now();
+    refreshSoon();
+  },
+  onChange: () => {
+    S.changes++;
+    refreshSoon();
+  },
+  onTokens,
+  onStatus: (status) => setConnection(status),
+});
+
+setInterval(() => {
+  tickSince(document);
+  paintProgress();
+}, 1000);
+
+// A slow poll behind the live events, for anything they cannot say (a clock passing a threshold).
+setInterval(() => { if (!tokenDeclined() || !S.error) refreshSoon(); }, 10000);
+
+refreshSoon();
