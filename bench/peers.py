@@ -110,3 +110,100 @@ async def store_round_trips(path: Path, count: int, limit_s: float) -> float:
         return done / (time.perf_counter() - start)
     finally:
         await store.close()
+
+
+# -- the same round trips with several workers at once ----------------------------------------
+# Huey's consumer runs several worker threads against one storage; persist-queue is used the
+# same way; gpuq runs one worker per node. Each worker repeats the full round trip.
+
+def _threaded(cycle, workers: int, count: int, limit_s: float) -> float:
+    import threading
+
+    done = 0
+    lock = threading.Lock()
+    start = time.perf_counter()
+
+    def worker() -> None:
+        nonlocal done
+        while time.perf_counter() - start < limit_s:
+            with lock:
+                if done >= count:
+                    return
+            cycle()
+            with lock:
+                done += 1
+
+    threads = [threading.Thread(target=worker) for _ in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(limit_s + 30)
+    return done / (time.perf_counter() - start)
+
+
+def huey_concurrent(path: Path, workers: int, count: int, limit_s: float) -> float:
+    from huey.storage import SqliteStorage
+
+    storage = SqliteStorage(name="bench", filename=str(_fresh(path)), fsync=True, journal_mode="wal")
+    assert storage.conn.execute("PRAGMA synchronous").fetchone()[0] == SYNC_FULL
+    body = b"x" * 64
+
+    def cycle() -> None:
+        storage.enqueue(body)
+        deadline = time.perf_counter() + 5
+        while storage.dequeue() is None:  # another worker took it: take the next one
+            if time.perf_counter() > deadline:
+                raise RuntimeError("huey: nothing to dequeue for 5s")
+
+    try:
+        return _threaded(cycle, workers, count, limit_s)
+    finally:
+        storage.close()
+
+
+def persist_concurrent(path: Path, workers: int, count: int, limit_s: float) -> float:
+    from persistqueue import SQLiteAckQueue
+
+    queue = SQLiteAckQueue(str(_fresh(path)), auto_commit=True, multithreading=True)
+    for conn in {id(c): c for c in (queue._getter, queue._putter)}.values():
+        conn.execute("PRAGMA synchronous = FULL")
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == SYNC_FULL
+    body = "x" * 64
+
+    def cycle() -> None:
+        queue.put(body)
+        item = queue.get(block=True, timeout=5)
+        queue.ack(item)
+
+    try:
+        return _threaded(cycle, workers, count, limit_s)
+    finally:
+        queue.close()
+
+
+async def store_concurrent(path: Path, workers: int, count: int, limit_s: float) -> float:
+    import asyncio
+
+    nodes = [NodeInfo(f"n{i}", i, ("task",), "m1", True) for i in range(1, workers + 1)]
+    store = Store(_fresh(path))
+    await store.open()
+    done = 0
+    start = time.perf_counter()
+
+    async def worker(node: str) -> None:
+        nonlocal done
+        job = NewJob("task", "x" * 64, node=node)
+        while done < count and time.perf_counter() - start < limit_s:
+            [made] = await store.submit(job, nodes, "bench")
+            claimed = await store.claim(node)
+            assert claimed is not None and claimed["id"] == made["id"]
+            await store.finish(claimed["id"], claimed["run_id"], "done", None, "out")
+            done += 1
+
+    try:
+        await store.configure({"stale_after_s": 600, "stale_grace_s": 30, "max_runtime_s": 3600}, [])
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(n.name) for n in nodes))
+        return done / (time.perf_counter() - start)
+    finally:
+        await store.close()

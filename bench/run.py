@@ -19,7 +19,8 @@ from pathlib import Path
 
 import aiohttp
 
-from gpuq.store import NodeInfo, NewJob, Store
+from gpuq.dispatcher import UNLOAD_FRESH_S
+from gpuq.store import NewJob, NodeInfo, Store
 
 from . import growth, peers
 from .procs import Fakes, Router, node_table, rss_mb
@@ -28,6 +29,7 @@ from .stats import Metric, table
 BENCH_DIR = Path(__file__).resolve().parent
 SECTIONS = ("physical", "peers", "submit", "turnaround", "first_token", "growth")
 NODES = {"n1": "qwen3-coder:30b", "n2": "llama3.2:latest"}
+CONCURRENT_WORKERS = 8
 SETTINGS = {"stale_after_s": 600.0, "stale_grace_s": 30.0, "max_runtime_s": 4 * 3600.0}
 
 
@@ -66,6 +68,15 @@ class Bench:
                                   "ratio", ">= 1.00x")
             vs_pq = self.metric("store_vs_pq", "gpuq Store round trip / persist-queue's (same run)", "ratio",
                                 "ratio")
+            w = CONCURRENT_WORKERS
+            store_c = self.metric("store_rt_c", f"gpuq Store round trips, {w} workers (one per node)",
+                                  "round trips/s", "rate")
+            huey_c = self.metric("huey_rt_c", f"Huey round trips, {w} worker threads", "round trips/s", "rate")
+            pq_c = self.metric("pq_rt_c", f"persist-queue round trips, {w} worker threads", "round trips/s",
+                               "rate")
+            vs_huey_c = self.metric("store_vs_huey_c", f"gpuq / Huey, {w} workers (same run)", "ratio", "ratio")
+            vs_pq_c = self.metric("store_vs_pq_c", f"gpuq / persist-queue, {w} workers (same run)", "ratio",
+                                  "ratio")
         n_raw, n_rt, n_store = (400, 200, 150) if self.quick else (1000, 500, 300)
         for rep in range(self.repeats):
             # Interleaved within each repeat, so the ratios share the machine's noise.
@@ -79,8 +90,19 @@ class Bench:
                 store_rt.add_run(s)
                 vs_huey.add_run(s / h)
                 vs_pq.add_run(s / p)
+                w = CONCURRENT_WORKERS
+                hc = peers.huey_concurrent(self.workdir / "huey-c.db", w, n_rt, 5.0)
+                pc = peers.persist_concurrent(self.workdir / "pq-c", w, n_rt, 5.0)
+                sc = await peers.store_concurrent(self.workdir / "store-c.db", w, n_rt, 5.0)
+                huey_c.add_run(hc)
+                pq_c.add_run(pc)
+                store_c.add_run(sc)
+                vs_huey_c.add_run(sc / hc)
+                vs_pq_c.add_run(sc / pc)
             self.say(f"physical/peers run {rep + 1}/{self.repeats}: raw {raw.runs[-1][0]:,.0f}/s"
-                     + (f", store {s:,.0f}/s, huey {h:,.0f}/s, persist-queue {p:,.0f}/s" if want_peers else ""))
+                     + (f", store {s:,.0f}/s, huey {h:,.0f}/s, persist-queue {p:,.0f}/s;"
+                        f" {CONCURRENT_WORKERS} workers: store {sc:,.0f}/s, huey {hc:,.0f}/s,"
+                        f" persist-queue {pc:,.0f}/s" if want_peers else ""))
 
     # -- the router under load ----------------------------------------------------------------
 
@@ -229,7 +251,7 @@ class Bench:
             await conn.close()
 
     async def first_token_section(self, router: Router) -> None:
-        through = self.metric("ttft_gpuq", "first token through gpuq (submit -> /stream)", "ms", "ms")
+        through = self.metric("ttft_gpuq", "first token through gpuq (submit -> /stream), idle node", "ms", "ms")
         direct = self.metric("ttft_direct", "first token straight from the fake Ollama", "ms", "ms")
         overhead = self.metric("ttft_overhead", "first-token overhead (gpuq - direct, paired)", "ms", "ms",
                                "p50 <= 2 ms")
@@ -276,6 +298,9 @@ class Bench:
                 await self.fakes.call("reset", node)
                 for _ in range(pairs):
                     await self.wait_idle(router, node, 30)
+                    # An idle node, as when a person submits to a quiet lab: its last answer is
+                    # older than UNLOAD_FRESH_S, so the worker health-checks it before claiming.
+                    await asyncio.sleep(UNLOAD_FRESH_S + 0.05)
                     d = await straight()
                     g, points = await via_gpuq()
                     d_run.append(d)

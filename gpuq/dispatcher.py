@@ -22,6 +22,9 @@ log = logging.getLogger("gpuq")
 
 IDLE_POLL_S = 5.0  # the fallback poll; a submit wakes the worker at once
 HEARTBEAT_S = 1.0  # progress is written at most this often while tokens stream
+# A node that confirmed the last job's unload this recently is not health-checked again
+# before the next claim: it has just answered, and a check costs two requests per job.
+UNLOAD_FRESH_S = 0.25
 RECORD_RETRY_MAX_S = 5.0  # the longest wait between tries to record a job's outcome
 
 
@@ -48,6 +51,7 @@ class NodeRuntime:
     model_installed: bool | None = None
     vram_stuck: str | None = None  # set when a model would not leave VRAM
     health_unrecorded: bool = False  # the database refused the last health change
+    unloaded_at: float = float("-inf")  # monotonic time the node last confirmed an unload
     current: Current | None = None
 
     @property
@@ -201,10 +205,12 @@ class Dispatcher:
                 await self._wait(rt, 1.0)
 
     async def _ready_to_claim(self, rt: NodeRuntime) -> bool:
-        """Something waits and the node answers: never claim onto a node that is unreachable."""
+        """Something waits and the node answers: never claim onto a node that is unreachable.
+        Right after a job, the node's answer to the unload check is that proof."""
         if not await self.store.has_waiting(rt.name):
             return False
-        await self.check_node(rt)
+        if time.monotonic() - rt.unloaded_at > UNLOAD_FRESH_S:
+            await self.check_node(rt)
         return rt.claimable
 
     async def _run(self, rt: NodeRuntime, job: dict) -> None:
@@ -315,6 +321,7 @@ class Dispatcher:
         while True:
             try:
                 if wanted not in await rt.client.loaded():
+                    rt.unloaded_at = time.monotonic()
                     return True
                 if not asked:
                     await rt.client.unload(model)

@@ -1,0 +1,63 @@
+"""From one job to the next on a node: the node's answer to the unload check just made stands
+in for the health check before the next claim; a node that has been quiet is checked again
+before anything is claimed onto it."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from conftest import node_table
+from gpuq.fake_ollama import FakeOllama, Script
+
+
+@dataclass
+class PathLog(FakeOllama):
+    paths: list[str] = field(default_factory=list)  # every request, in arrival order
+
+    def app(self) -> web.Application:
+        app = super().app()
+
+        @web.middleware
+        async def note(request, handler):
+            self.paths.append(request.path)
+            return await handler(request)
+        app.middlewares.append(note)
+        return app
+
+
+def between_chats(paths: list[str]) -> list[list[str]]:
+    """The requests before each generation (after the previous one)."""
+    runs, current = [], []
+    for p in paths:
+        if p == "/api/chat":
+            runs.append(current)
+            current = []
+        else:
+            current.append(p)
+    return runs
+
+
+async def test_back_to_back_jobs_skip_the_second_check_and_a_quiet_node_is_checked(daemon_factory):
+    fake = PathLog(models={"qwen3-coder:30b"}, script=Script(tokens=3, token_delay_s=0.05))
+    await fake.start()
+    try:
+        d = await daemon_factory([node_table("node-1", fake, 1, ["task"], "qwen3-coder:30b")],
+                                 health_interval="60s")
+        submitted = await asyncio.gather(*(d.submit("task", f"job {i}") for i in range(3)))
+        ids = [job["id"] for jobs in submitted for job in jobs]
+        for job_id in ids:
+            await d.wait_state(job_id, "done")
+        await asyncio.sleep(0.4)  # quieter than UNLOAD_FRESH_S: the next claim checks the node
+        [late] = await d.submit("task", "after a pause")
+        await d.wait_state(late["id"], "done")
+        before = between_chats(fake.paths)
+        assert len(before) == 4
+        assert "/api/version" in before[0]  # the first claim is checked
+        for gap in before[1:3]:  # back to back: the unload check (/api/ps) was the node's answer
+            assert "/api/ps" in gap and "/api/version" not in gap, fake.paths
+        assert before[3][-2:] == ["/api/version", "/api/tags"], fake.paths
+    finally:
+        await fake.stop()
