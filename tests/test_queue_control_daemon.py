@@ -254,6 +254,21 @@ async def test_clear_asks_then_cancels_the_waiting_jobs_and_with_running_the_hea
     assert res.err.splitlines() == ["error 404 unknown node 'node-9'", "not retried"]
 
 
+async def test_the_api_takes_json_booleans_and_integers_strictly(qlab):
+    await qlab.fakes["node-3"].stop()
+    a, b = await task(qlab, "a"), await task(qlab, "b")
+    status, body = await qlab.request("POST", f"/api/jobs/{b}/move", {"position": True})
+    assert (status, body["error"]["message"]) == (400, "field 'position' must be a int, got true")
+    status, body = await qlab.request("POST", "/api/nodes/node-3/clear", {"running": "yes"})
+    assert (status, body["error"]["message"]) == (400, "field 'running' must be a bool, got \"yes\"")
+    assert await waiting(qlab, "node-3") == [a, b]
+    status, body = await qlab.request("POST", "/api/nodes/node-3/clear", {"running": True})
+    assert (status, body) == (200, {"node": "node-3", "cancelled": [a, b]})
+    events = (await qlab.job(a))["events"]
+    assert (events[-1]["to_state"], events[-1]["actor"], events[-1]["reason"]) == (
+        "cancelled", "api 127.0.0.1", "cleared")
+
+
 async def test_retry_only_on_explicit_request(qlab):
     fake = qlab.fakes["node-3"]
     fake.script.load_error = (500, "llama-server reported out-of-memory during startup")
