@@ -127,12 +127,16 @@ class Dispatcher:
     # -- node health --------------------------------------------------------------------------
 
     async def check_node(self, rt: NodeRuntime) -> None:
-        try:
-            await rt.client.version()
-            installed = await rt.client.installed()
-            error = None
-        except OllamaError as exc:
-            installed, error = None, exc.message
+        # Both questions at once: one round trip, not two, before a claim. A failure is
+        # reported as the sequential check would: /api/version's first.
+        answers = await asyncio.gather(rt.client.version(), rt.client.installed(), return_exceptions=True)
+        failed = next((a for a in answers if isinstance(a, BaseException)), None)
+        if failed is None:
+            installed, error = answers[1], None
+        elif isinstance(failed, OllamaError):
+            installed, error = None, failed.message
+        else:
+            raise failed
         was_up = rt.up
         rt.checked = True
         if installed is not None:
