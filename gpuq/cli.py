@@ -9,6 +9,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import click
 
@@ -48,6 +49,11 @@ def router_of(ctx: click.Context) -> Router:
             url = url or settings.public_url
             token = token or settings.token
     return Router(url or DEFAULT_ROUTER, token)
+
+
+def seg(text: str) -> str:
+    """A job id or node name as one URL path segment, exactly as typed: the router judges it."""
+    return quote(text, safe="")
 
 
 def ago(ts: str | None, end: str | None = None) -> str:
@@ -130,12 +136,12 @@ def init(path: str) -> None:
 # -- submitting -----------------------------------------------------------------------------
 
 def read_text(path: str) -> str:
-    if path == "-":
-        return sys.stdin.read()
     try:
+        if path == "-":
+            return sys.stdin.buffer.read().decode("utf-8")
         return Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        fail("-", f"cannot read {path}: {exc}")
+        fail("-", f"cannot read {'stdin' if path == '-' else path}: {exc}")
         raise  # unreachable
 
 
@@ -214,7 +220,7 @@ def wait_all(router: Router, ids: list[str], as_json: bool = False) -> list[dict
     pending, finished, delay = list(ids), [], 0.05
     while pending:
         for job_id in list(pending):
-            job = router.call("GET", f"/api/jobs/{job_id}")
+            job = router.call("GET", f"/api/jobs/{seg(job_id)}")
             if job["state"] in ("done", "failed", "cancelled"):
                 pending.remove(job_id)
                 finished.append(job)
@@ -234,7 +240,7 @@ def follow(router: Router, job_id: str) -> None:
     """Stream a job's output to the terminal; Ctrl-C stops following, the job goes on."""
     final = None
     try:
-        for line in router.lines(f"/api/jobs/{job_id}/stream"):
+        for line in router.lines(f"/api/jobs/{seg(job_id)}/stream"):
             if "text" in line:
                 click.echo(line["text"], nl=False)
                 sys.stdout.flush()
@@ -288,7 +294,7 @@ def show(ctx, job_id, as_json) -> None:
 
     Example: gpuq show 1760883402-9f3a7c21
     """
-    job = router_of(ctx).call("GET", f"/api/jobs/{job_id}")
+    job = router_of(ctx).call("GET", f"/api/jobs/{seg(job_id)}")
     if as_json:
         click.echo(json.dumps(job, indent=2))
         return
@@ -410,7 +416,7 @@ def move(ctx, job_id, position, before, after, node) -> None:
     Example: gpuq move 1760883402-9f3a7c21 --to 1 --node node-2
     """
     body = {"position": position, "before": before, "after": after, "node": node}
-    job = router_of(ctx).call("POST", f"/api/jobs/{job_id}/move", {k: v for k, v in body.items() if v is not None})["job"]
+    job = router_of(ctx).call("POST", f"/api/jobs/{seg(job_id)}/move", {k: v for k, v in body.items() if v is not None})["job"]
     click.echo(f"{job['id']} -> {job['node']} position {job['position']}")
 
 
@@ -423,7 +429,7 @@ def preempt(ctx, job_id) -> None:
 
     Example: gpuq preempt 1760883402-9f3a7c21
     """
-    data = router_of(ctx).call("POST", f"/api/jobs/{job_id}/preempt")
+    data = router_of(ctx).call("POST", f"/api/jobs/{seg(job_id)}/preempt")
     job = data["job"]
     click.echo(f"{job['id']} -> {job['node']} position 1")
     if data.get("interrupted"):
@@ -441,7 +447,7 @@ def delete(ctx, job_ids) -> None:
     router, failed = router_of(ctx), False
     for job_id in job_ids:
         try:
-            job = router.call("DELETE", f"/api/jobs/{job_id}")["job"]
+            job = router.call("DELETE", f"/api/jobs/{seg(job_id)}")["job"]
             click.echo(f"{job['id']} cancelled on {job['node']} (was {job['was']})")
         except ApiError as exc:
             click.echo(f"error {exc.status} {exc.message}", err=True)
@@ -465,7 +471,7 @@ def clear(ctx, node, running, yes) -> None:
     if not yes:
         what = "every waiting and the running job" if running else "every waiting job"
         click.confirm(f"Cancel {what} on {node}?", abort=True)
-    data = router_of(ctx).call("POST", f"/api/nodes/{node}/clear", {"running": running})
+    data = router_of(ctx).call("POST", f"/api/nodes/{seg(node)}/clear", {"running": running})
     count = len(data["cancelled"])
     click.echo(f"{count} job{'s' if count != 1 else ''} cancelled on {node}")
     for job_id in data["cancelled"]:
@@ -481,7 +487,7 @@ def retry(ctx, job_id) -> None:
 
     Example: gpuq retry 1760883402-9f3a7c21
     """
-    job = router_of(ctx).call("POST", f"/api/jobs/{job_id}/retry")["job"]
+    job = router_of(ctx).call("POST", f"/api/jobs/{seg(job_id)}/retry")["job"]
     click.echo(f"{job['id']} -> {job['node']} queued")
 
 

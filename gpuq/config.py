@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
@@ -76,20 +77,31 @@ _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
+MAX_DURATION_S = 366 * 86400.0  # longer is a typo, and overflows SQLite's busy timeout
+
+
 def parse_duration(value: object, key: str) -> float:
     """'90s', '10m', '1h30m', '250ms' or a number of seconds."""
     if isinstance(value, bool):
         raise ConfigError(f"{key}: expected a duration like '10m' or '30s', got {value!r}")
     if isinstance(value, (int, float)):
+        if not math.isfinite(value):  # TOML has inf and nan
+            raise ConfigError(f"{key}: a duration must be a finite number, got {value!r}")
         if value < 0:
             raise ConfigError(f"{key}: a duration cannot be negative, got {value!r}")
-        return float(value)
+        return _at_most_a_year(float(value), value, key)
     if isinstance(value, str):
         text = value.strip().lower()
         parts = _DURATION.findall(text)
         if parts and "".join(n + u for n, u in parts) == text:
-            return sum(float(n) * _UNIT_S[u] for n, u in parts)
+            return _at_most_a_year(sum(float(n) * _UNIT_S[u] for n, u in parts), value, key)
     raise ConfigError(f"{key}: expected a duration like '10m' or '30s', got {value!r}")
+
+
+def _at_most_a_year(seconds: float, value: object, key: str) -> float:
+    if seconds > MAX_DURATION_S:
+        raise ConfigError(f"{key}: a duration longer than a year is surely a mistake, got {value!r}")
+    return seconds
 
 
 def _check_listen(value: object, key: str) -> str:
@@ -154,6 +166,8 @@ def _parse_node(table: object, index: int) -> NodeConfig:
     if not roles or any(r not in ROLES for r in roles) or len(set(roles)) != len(roles):
         raise ConfigError(f"{where}.roles: expected a non-empty list of 'task' and/or 'critique', got {roles!r}")
     rank = _typed(table, "rank", int, where, required=True)
+    if not -(2**63) <= rank < 2**63:  # SQLite's INTEGER
+        raise ConfigError(f"{where}.rank: must fit in 64 bits, got {rank}")
     model = _typed(table, "model", str, where, required=True)
     if not model.strip():
         raise ConfigError(f"{where}.model: must not be empty")

@@ -49,6 +49,7 @@ class NodeRuntime:
     last_error: str | None = None
     since: float = field(default_factory=time.time)
     model_installed: bool | None = None
+    installed: frozenset[str] | None = None  # the models /api/tags listed at the last answer
     vram_stuck: str | None = None  # set when a model would not leave VRAM
     health_unrecorded: bool = False  # the database refused the last health change
     unloaded_at: float = float("-inf")  # monotonic time the node last confirmed an unload
@@ -96,7 +97,7 @@ class Dispatcher:
             await self.session.close()
 
     def node_infos(self) -> list[NodeInfo]:
-        return [NodeInfo(rt.name, rt.config.rank, rt.config.roles, rt.config.model, rt.claimable)
+        return [NodeInfo(rt.name, rt.config.rank, rt.config.roles, rt.config.model, rt.claimable, rt.installed)
                 for rt in self.nodes.values()]
 
     def wake(self, node: str | None = None) -> None:
@@ -140,6 +141,7 @@ class Dispatcher:
         was_up = rt.up
         rt.checked = True
         if installed is not None:
+            rt.installed = frozenset(installed)
             rt.model_installed = normalize_model(rt.config.model) in installed
             if rt.vram_stuck and rt.current is None:
                 try:

@@ -78,14 +78,33 @@ async def json_body(request: web.Request, allowed: set[str]) -> dict:
         body = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise BadRequest("request body is not valid UTF-8") from None
+    except RecursionError:
+        raise BadRequest("malformed JSON: nested too deeply") from None
     except ValueError as exc:
         raise BadRequest(f"malformed JSON: {exc}") from None
     if not isinstance(body, dict):
-        raise BadRequest(f"expected a JSON object, got {type(body).__name__}")
+        raise BadRequest(f"expected a JSON object, got a JSON {json_type(type(body))}")
     unknown = sorted(set(body) - allowed)
     if unknown:
         raise BadRequest(f"unknown field '{unknown[0]}' (allowed: {', '.join(sorted(allowed))})")
+    for key, value in body.items():
+        try:  # JSON may escape half a UTF-16 pair ("\ud800"): no such string can be stored or sent on
+            if isinstance(value, str):
+                value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise BadRequest(f"field '{key}' is not valid text: it holds a lone surrogate "
+                             f"(\\u{ord(value[exc.start]):04x})") from None
     return body
+
+
+def json_type(kind: type | tuple) -> str:
+    """What a JSON client calls the type, for messages: 'string', not Python's 'str'."""
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if float in kinds:
+        return "number"
+    names = {str: "string", int: "whole number", bool: "boolean", list: "array", dict: "object",
+             type(None): "null"}
+    return names.get(kinds[0], kinds[0].__name__)
 
 
 def field_of(body: dict, key: str, kind: type, required: bool = False) -> Any:
@@ -95,7 +114,7 @@ def field_of(body: dict, key: str, kind: type, required: bool = False) -> Any:
             raise BadRequest(f"missing field '{key}'")
         return None
     if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):  # a bool is an int to Python
-        raise BadRequest(f"field '{key}' must be a {kind.__name__}, got {json.dumps(value)[:80]}")
+        raise BadRequest(f"field '{key}' must be a {json_type(kind)}, got {json.dumps(value)[:80]}")
     return value
 
 
@@ -200,7 +219,7 @@ def int_param(query, key: str, default: int, low: int, high: int) -> int:
     text = query.get(key)
     if text is None:
         return default
-    if not text.isdigit() or not low <= int(text) <= high:
+    if not (text.isascii() and text.isdigit()) or not low <= int(text) <= high:
         raise BadRequest(f"query parameter '{key}' must be a whole number from {low} to {high}, got '{text[:40]}'")
     return int(text)
 
@@ -379,10 +398,15 @@ async def _lifecycle(app: web.Application):
     settings = app[SETTINGS]
     store = app[STORE]
     await store.open()
-    await store.configure({"stale_after_s": settings.stale_after_s, "stale_grace_s": settings.stale_grace_s,
-                           "max_runtime_s": settings.max_runtime_s}, list(settings.nodes))
     dispatcher = app[DISPATCHER]
-    await dispatcher.start()
+    try:
+        await store.configure({"stale_after_s": settings.stale_after_s, "stale_grace_s": settings.stale_grace_s,
+                               "max_runtime_s": settings.max_runtime_s}, list(settings.nodes))
+        await dispatcher.start()
+    except BaseException:  # the store's threads would keep a router that failed to start alive
+        await dispatcher.stop()
+        await store.close()
+        raise
     monitor = asyncio.create_task(_stale_monitor(app))
     yield
     monitor.cancel()

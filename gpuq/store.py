@@ -21,7 +21,7 @@ from .errors import (
     GUARD_MESSAGE, BadRequest, Conflict, GpuqError, GuardRefused, NotFound, StoreUnavailable,
     Unprocessable,
 )
-from .models import ACTIVE, POSITION_GAP, JobState, iso, new_job_id
+from .models import ACTIVE, POSITION_GAP, JobState, iso, new_job_id, normalize_model
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
@@ -89,6 +89,7 @@ class NodeInfo:
     roles: tuple[str, ...]
     model: str
     up: bool
+    models: frozenset[str] | None = None  # installed, as of its last health check; None: unknown
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,16 @@ def _translate(exc: sqlite3.Error) -> GpuqError:
     if "readonly" in text or "read-only" in text:
         return StoreUnavailable(f"the database is read-only: {text}; nothing was changed")
     return StoreUnavailable(f"database error: {text}")
+
+
+def _require_installed(node: NodeInfo, model: str) -> None:
+    """A model the user names must be on the node. Checked against the node's model list from
+    its last health check (no request at submit time); a node not yet heard from lets it
+    through, and Ollama's own 404 "model 'x' not found" then fails the job, loudly."""
+    if node.models is not None and normalize_model(model) not in node.models:
+        listed = ", ".join(sorted(node.models)) or "nothing"
+        raise Unprocessable(f"model '{model}' is not installed on node {node.name} (its Ollama lists: "
+                            f"{listed}); pull it there or choose another model")
 
 
 def _rows(cursor_rows: list[sqlite3.Row]) -> list[Row]:
@@ -153,9 +164,15 @@ class Store:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if not self.path.exists():
             self.path.touch(mode=0o600)  # the queue holds a person's prompts
-        self._writer = await self._connect()
-        await self._migrate()
-        self._reader = await self._connect()
+        try:
+            self._writer = await self._connect()
+            await self._migrate()
+            self._reader = await self._connect()
+        except BaseException as exc:
+            await self.close()  # an open connection's thread would keep a router that failed alive
+            if isinstance(exc, sqlite3.Error):
+                raise GpuqError(f"cannot open the database {self.path}: {exc}", status=2) from exc
+            raise
         self._batcher = WriteBatcher(lambda: self._writer, self._write_lock, _translate)
 
     async def close(self) -> None:
@@ -413,6 +430,8 @@ class Store:
                               (p.node,)).fetchone()
             position = (tail[0] or 0) + POSITION_GAP
             model = new.model or by_name[p.node].model
+            if new.model is not None:
+                _require_installed(by_name[p.node], model)
             db.execute(
                 "INSERT INTO job (id, kind, node, model, model_pinned, prompt, parent_id, group_id,"
                 " position, placement, timeout_s, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",

@@ -82,6 +82,20 @@ async def test_a_node_fault_fails_its_job_loudly_once_and_everyone_else_is_serve
     assert status == 200 and health["ok"] is True
 
 
+async def test_a_model_the_node_lacks_fails_its_job_with_ollamas_404(fakes, daemon_factory):
+    # A model named at submit is checked against the node's last /api/tags (tests/test_bad_input);
+    # the node's own model is not, so a node missing it fails each job with Ollama's words.
+    sick, well, d = await sick_and_well(fakes, daemon_factory)
+    sick.models = {"other:latest"}
+    [job] = await d.submit("task", "for a model that is not there", node="sick")
+    [other] = await d.submit("task", "on the well node", node="well")
+    failed = await d.wait_state(job["id"], "failed")
+    assert failed["error"] == f"model '{MODEL}' not found"
+    await d.wait_state(other["id"], "done")
+    assert sent(sick, "for a model that is not there") == 1
+    assert (await node(d, "sick"))["up"] is True
+
+
 async def test_a_node_that_dies_mid_stream_is_refused_then_comes_back(fakes, daemon_factory):
     sick, well, d = await sick_and_well(fakes, daemon_factory)
     sick.script.token_delay_s = 0.05
