@@ -81,18 +81,33 @@ class Router:
 
     def __init__(self, workdir: Path, nodes: list[dict], database: Path, **router):
         self.workdir = workdir
+        self.nodes = nodes
+        self.database = database
+        self.router = router
+        self.proc: asyncio.subprocess.Process | None = None
+        self._configure()
+
+    def _configure(self) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.database = database
-        self.config = workdir / f"gpuq-{self.port}.toml"
-        self.log = workdir / f"router-{self.port}.log"
+        self.config = self.workdir / f"gpuq-{self.port}.toml"
+        self.log = self.workdir / f"router-{self.port}.log"
         data = {"router": {"listen": f"127.0.0.1:{self.port}", "public_url": self.url,
-                           "database": str(database), "unload_timeout": "2s", **router},
-                "node": nodes}
+                           "database": str(self.database), "unload_timeout": "2s", **self.router},
+                "node": self.nodes}
         self.config.write_text(tomli_w.dumps(data))
-        self.proc: asyncio.subprocess.Process | None = None
 
     async def start(self, timeout: float = 30.0) -> "Router":
+        for attempt in range(3):  # the free port may be taken by another process meanwhile
+            try:
+                return await self._start(timeout)
+            except RuntimeError as exc:
+                if "address already in use" not in str(exc) or attempt == 2:
+                    raise
+                self._configure()
+        raise AssertionError("unreachable")
+
+    async def _start(self, timeout: float) -> "Router":
         with open(self.log, "ab") as log:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "gpuq.cli", "serve", "--config", str(self.config),
