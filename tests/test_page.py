@@ -83,6 +83,13 @@ async def head(daemon, node: str, prompt: str = "head", kind: str = "task") -> s
     return job["id"]
 
 
+async def critique_of(daemon, parent: str) -> list[dict]:
+    """A critique of a done task's result, fanned out (no prompt: the router builds the subject)."""
+    status, body = await daemon.request("POST", "/api/jobs", {"kind": "critique", "parent": parent})
+    assert status == 201, (status, body)
+    return body["jobs"]
+
+
 async def queue_of(daemon, node: str) -> dict:
     body = await daemon.get("/api/queue")
     return next(n for n in body["nodes"] if n["name"] == node)
@@ -134,7 +141,7 @@ async def test_queue_page_shows_every_node_and_job(lab, page):
     victim = await head(lab, "node-3", "summarise the 49-minute incident")
     for i in range(3):
         await lab.submit("task", f"write test {i} for the placement rules", node="node-1")
-    critiques = await lab.submit("critique", parent=parent)  # fan-out: node-1 and node-2
+    critiques = await critique_of(lab, parent)  # fan-out: node-1 and node-2
     assert {c["node"] for c in critiques} == {"node-1", "node-2"}
     on_node2 = next(c["id"] for c in critiques if c["node"] == "node-2")
     await lab.wait_state(on_node2, "done")  # a critique is one structured reply: node-2 is idle again
@@ -228,7 +235,7 @@ async def test_drag_refused_by_the_guard_shows_409_and_restores_order(lab, page)
         return not (await queue_of(lab, "node-2"))["up"]
     await eventually(node2_down, 15, what="node-2 to be seen down")
     first = (await lab.submit("critique", "an unrelated review", node="node-2"))[0]["id"]
-    crit = (await lab.submit("critique", parent=parent))  # fan-out skips node-1, the parent's node
+    crit = await critique_of(lab, parent)  # fan-out skips node-1, the parent's node
     assert [c["node"] for c in crit] == ["node-2"]
     crit = crit[0]["id"]
     await open_queue(page, lab)
@@ -238,6 +245,7 @@ async def test_drag_refused_by_the_guard_shows_409_and_restores_order(lab, page)
     await page.locator(f"{card(crit)} .handle").drag_to(page.locator(f"{column('node-1')} .queue"))
     await expect(page.locator("#toasts")).to_contain_text(GUARD)
     await expect(page.locator("#toasts")).to_contain_text("409")
+    await screenshot(page, "queue-guard-refused.png")
     await page_shows(page, "node-2", [first, crit])
     await page_shows(page, "node-1", [])
     assert await queued_ids(lab, "node-2") == [first, crit]
@@ -367,7 +375,7 @@ async def test_a_job_finishing_elsewhere_appears_without_a_reload(lab, page):
     await open_queue(page, lab)
     await page.evaluate("window.__same_page = true")
     fake = lab.fakes["node-3"]
-    fake.script.token_delay_s = 0.2
+    fake.script.token_delay_s = 0.1
     fake.script.tokens = 15
     job = (await lab.submit("task", "submitted from the CLI", node="node-3"))[0]["id"]
     await expect(page.locator(f"{column('node-3')} .running-slot {card(job)}")).to_be_visible()
@@ -402,11 +410,11 @@ async def test_stale_head_banner(fakes, daemon_factory, page):
     assert (await page.title()).startswith("⚠")
     await screenshot(page, "queue-stale-banner.png")
 
+    f3.script.stall_after = None  # the job behind it streams normally once it gets the node
     await banner.get_by_role("button", name="Delete stuck job").click()
     await page.locator("dialog[open]").get_by_role("button", name="Delete").click()
     await daemon.wait_state(stuck, "cancelled")
     await expect(banner).to_have_count(0)
-    f3.script.stall_after = None
     await daemon.wait_state(behind, "done", timeout=20)
 
 
@@ -456,6 +464,7 @@ async def test_ten_thousand_queued_jobs_do_not_freeze_the_page(lab, page, tmp_pa
     await eventually(moved, 15, what="the first bulk job to move down one place")
     await col.get_by_role("button", name="Show 200 more").click()
     await expect(col.locator(".queue > .card")).to_have_count(400)
+    await screenshot(page, "queue-10000-jobs.png")
 
 
 async def test_live_updates_come_back_after_a_router_restart(lab, page):
@@ -502,8 +511,8 @@ async def test_access_token_is_asked_once_and_sent(lab, page):
 
 async def test_job_page_streams_output_then_shows_the_result(lab, page):
     fake = lab.fakes["node-3"]
-    fake.script.token_delay_s = 0.15
-    fake.script.tokens = 40
+    fake.script.token_delay_s = 0.12
+    fake.script.tokens = 30
     job = (await lab.submit("task", "stream me slowly", node="node-3"))[0]["id"]
     await lab.wait_state(job, "running")
     await page.goto(f"{lab.url}/jobs/{job}")
@@ -515,11 +524,13 @@ async def test_job_page_streams_output_then_shows_the_result(lab, page):
     early = await eventually(words, 15, what="some streamed output")
     await eventually(lambda: _more(words, early), 15, what="the output to grow while it runs")
     assert (await lab.job(job))["state"] == "running"  # it grew live, not at the end
+    await expect(page.locator("#f-tokens")).not_to_have_text("–")
+    await screenshot(page, "job-page-streaming.png")
 
     await expect(page.locator(".job-title .st-done")).to_be_visible(timeout=30_000)
     done = await lab.job(job)
     await expect(page.locator("#output")).to_have_text(done["output"])
-    await expect(page.locator("#f-tokens")).to_have_text("40")
+    await expect(page.locator("#f-tokens")).to_have_text("30")
     await expect(page.locator("#f-rate")).to_contain_text("tok/s")
     await expect(page.locator("#events .timeline li")).to_have_count(3)
     await expect(page.locator("#runs tbody tr")).to_have_count(1)
@@ -535,7 +546,7 @@ async def test_job_page_of_a_critique_and_its_parent(lab, page):
     parent = (await lab.submit("task", "add a retry budget to the export job", node="node-3"))[0]["id"]
     await lab.wait_state(parent, "done")
     lab.fakes["node-1"].script.findings = 3
-    crits = await lab.submit("critique", parent=parent)
+    crits = await critique_of(lab, parent)
     for c in crits:
         await lab.wait_state(c["id"], "done")
     await page.goto(f"{lab.url}/jobs/{parent}")

@@ -74,6 +74,14 @@ export function fmtRate(tokens, seconds) {
   return `${r >= 100 ? r.toFixed(0) : r.toFixed(1)} tok/s`;
 }
 
+// A finished job's or run's speed: Ollama's eval time, or the wall time when that is missing.
+export function jobRate(j) {
+  if (!j || !j.eval_count) return '–';
+  const evalS = (j.eval_duration_ns || 0) / 1e9;
+  if (evalS >= 0.001) return fmtRate(j.eval_count, evalS);
+  return fmtRate(j.eval_count, between(j.started_at, j.work_done_at || j.finished_at));
+}
+
 export function excerpt(text, max = 180) {
   const flat = (text || '').replace(/\s+/g, ' ').trim();
   return flat.length > max ? flat.slice(0, max - 1) + '…' : flat;

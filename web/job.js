@@ -3,7 +3,7 @@
 
 import {
   api, badge, between, coalesced, confirmDialog, el, estimateTokens, fmtClock, fmtDur, fmtNum,
-  fmtRate, fmtSpan, jobHref, liveEvents, setConnection, since, sinceSpan, stateBadge, streamLines,
+  fmtRate, fmtSpan, jobRate, jobHref, liveEvents, setConnection, since, sinceSpan, stateBadge, streamLines,
   tickSince, toast,
 } from './common.js';
 
@@ -146,7 +146,7 @@ function rateOf(job) {
     const secs = J.stream ? (Date.now() - J.streamStart) / 1000 : 0;
     return J.pieces > 2 && secs > 0 ? fmtRate(J.pieces, secs) : '–';
   }
-  return fmtRate(job.eval_count, (job.eval_duration_ns || 0) / 1e9);
+  return jobRate(job);
 }
 
 function paintLive() {
@@ -292,9 +292,10 @@ function runsTable(runs) {
         el('td', {text: r.node}),
         el('td', {className: 'mono', text: r.model}),
         el('td', {className: 'num', title: r.started_at, text: fmtClock(r.started_at)}),
-        el('td', {className: 'num', text: fmtSpan(r.finished_at ? between(r.started_at, r.finished_at) : since(r.started_at))}),
+        r.finished_at ? el('td', {className: 'num', text: fmtSpan(between(r.started_at, r.finished_at))})
+          : el('td', {className: 'num'}, sinceSpan(r.started_at)),
         el('td', {className: 'num', text: fmtNum(r.eval_count)}),
-        el('td', {className: 'num', text: fmtRate(r.eval_count, (r.eval_duration_ns || 0) / 1e9)}),
+        el('td', {className: 'num', text: jobRate(r)}),
         el('td', {},
           r.error ? el('div', {className: 'err', text: r.error}) : null,
           r.output && r.state !== 'running' ? el('details', {className: 'run-output'},

@@ -4,8 +4,8 @@
 
 import {
   api, badge, coalesced, confirmDialog, el, estimateTokens, excerpt, fmtClock, fmtDur, fmtNum,
-  fmtRate, getJSON, jobHref, liveEvents, now, parseTime, setConnection, since, sinceSpan,
-  stateBadge, tickSince, toast, askToken, tokenDeclined, between,
+  fmtRate, fmtSpan, getJSON, jobHref, jobRate, liveEvents, now, parseTime, setConnection, since,
+  sinceSpan, stateBadge, tickSince, toast, askToken, tokenDeclined, between,
 } from './common.js';
 
 const LIMIT_STEP = 200; // waiting jobs rendered per column; the rest is a count
@@ -132,7 +132,7 @@ function staleAlert(s, node) {
       el('a', {href: jobHref(s.id), className: 'mono', text: s.id}),
       ' stuck for ', el('b', {className: 'big'}, sinceSpan(s.since)),
       ` (${STALE_WHY[s.reason] || `${s.reason} since`} ${fmtClock(s.since)}).`,
-      waiting ? ` ${fmtNum(waiting)} job${waiting === 1 ? '' : 's'} wait behind it.` : ''),
+      waiting ? ` ${fmtNum(waiting)} ${waiting === 1 ? 'job waits' : 'jobs wait'} behind it.` : ''),
     el('button', {type: 'button', className: 'danger', text: 'Delete stuck job',
       onclick: () => deleteJob({id: s.id, node: s.node, state: 'running'})}));
 }
@@ -169,6 +169,7 @@ function renderBoard() {
   }
   const running = new Set(q.nodes.filter((n) => n.running).map((n) => n.running.id));
   for (const id of S.tokens.keys()) if (!running.has(id)) S.tokens.delete(id);
+  for (const id of S.baselined) if (!running.has(id)) S.baselined.delete(id);
   for (const n of q.nodes) if (n.running) baseline(n.running);
 }
 
@@ -177,6 +178,13 @@ function nodeStatus(node) {
   if (node.vram_stuck) return ['stuck', 'VRAM stuck', node.vram_stuck];
   if (!node.up) return ['down', 'down', node.last_error || 'does not answer'];
   return ['up', 'up', `answering since ${fmtClock(node.since)}`];
+}
+
+function idleText(node, cls) {
+  if (cls === 'down') return 'nothing runs while the node is down';
+  if (cls === 'stuck') return 'nothing runs until the model leaves VRAM';
+  if (cls === 'checking') return 'waiting for the first health check';
+  return node.queued_count ? 'idle — starting the head' : 'idle';
 }
 
 function column(node, stale) {
@@ -208,7 +216,7 @@ function column(node, stale) {
   }
   const slot = el('div', {className: 'running-slot'},
     node.running ? runningCard(node.running, runningStale)
-      : el('div', {className: 'idle', text: node.queued_count ? 'idle — about to start the head' : 'idle'}));
+      : el('div', {className: 'idle', text: idleText(node, cls)}));
   const shown = node.queued.length;
   const list = el('ol', {className: 'queue', dataset: {node: node.name},
     'aria-label': `jobs waiting on ${node.name}`},
@@ -240,7 +248,7 @@ function jobMeta(job) {
     parts.push(el('span', {className: 'parent'}, 'critique of ',
       el('a', {href: jobHref(job.parent), className: 'mono', text: job.parent})));
   }
-  return el('div', {className: 'card-meta'}, ...parts.flatMap((p, i) => (i ? [' · ', p] : [p])));
+  return el('div', {className: 'card-meta'}, ...badges(job), ' ', ...parts.flatMap((p, i) => (i ? [' · ', p] : [p])));
 }
 
 function badges(job) {
@@ -262,7 +270,6 @@ function queuedCard(job, i) {
     el('div', {className: 'card-top'},
       el('span', {className: 'pos', text: String(i + 1)}),
       el('a', {className: 'jid mono', href: jobHref(job.id), text: job.id, title: 'open the preview'}),
-      ...badges(job),
       el('span', {className: 'spacer'}),
       el('button', {type: 'button', className: 'small ghost', text: 'Preempt',
         title: 'Run this job next: it goes to the head, and the running job goes back behind it',
@@ -283,7 +290,6 @@ function runningCard(job, stale) {
     el('div', {className: 'card-top'},
       el('span', {className: 'live-dot', title: 'running'}),
       el('a', {className: 'jid mono', href: jobHref(job.id), text: job.id, title: 'open the preview (live output)'}),
-      ...badges(job),
       el('span', {className: 'spacer'}),
       el('button', {type: 'button', className: 'small ghost danger', text: 'Delete',
         title: 'Stop and cancel the running job (asks first)',
@@ -310,9 +316,9 @@ function renderRecent() {
     el('td', {text: j.kind}),
     el('td', {text: j.node}),
     el('td', {className: 'mono', text: j.model}),
-    el('td', {className: 'num', text: j.started_at ? fmtDur(between(j.started_at, j.finished_at)) : '–'}),
+    el('td', {className: 'num', text: j.started_at ? fmtSpan(between(j.started_at, j.finished_at)) : '–'}),
     el('td', {className: 'num', text: fmtNum(j.eval_count)}),
-    el('td', {className: 'num', text: fmtRate(j.eval_count, (j.eval_duration_ns || 0) / 1e9)}),
+    el('td', {className: 'num', text: jobRate(j)}),
     el('td', {className: `what${j.error ? ' err' : ''}`, text: excerpt(j.error || j.prompt, 120),
       title: excerpt(j.error || j.prompt, 2000)}),
     el('td', {}, j.state === 'failed' || j.state === 'cancelled'
