@@ -258,9 +258,9 @@ async def test_the_api_takes_json_booleans_and_integers_strictly(qlab):
     await qlab.fakes["node-3"].stop()
     a, b = await task(qlab, "a"), await task(qlab, "b")
     status, body = await qlab.request("POST", f"/api/jobs/{b}/move", {"position": True})
-    assert (status, body["error"]["message"]) == (400, "field 'position' must be a int, got true")
+    assert (status, body["error"]["message"]) == (400, "field 'position' must be a whole number, got true")
     status, body = await qlab.request("POST", "/api/nodes/node-3/clear", {"running": "yes"})
-    assert (status, body["error"]["message"]) == (400, "field 'running' must be a bool, got \"yes\"")
+    assert (status, body["error"]["message"]) == (400, "field 'running' must be a boolean, got \"yes\"")
     assert await waiting(qlab, "node-3") == [a, b]
     status, body = await qlab.request("POST", "/api/nodes/node-3/clear", {"running": True})
     assert (status, body) == (200, {"node": "node-3", "cancelled": [a, b]})
