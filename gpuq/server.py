@@ -337,7 +337,9 @@ async def stream_job(request: web.Request) -> web.StreamResponse:
             if topic == "tokens" and data["id"] == job_id:
                 await resp.write(json.dumps({"text": data["text"]}).encode() + b"\n")
             elif topic != "tokens":
-                job = await app[STORE].job_detail(job_id)
+                job = await app[STORE].job(job_id)  # its state; the whole detail once it is final
+        if "runs" not in job:
+            job = await app[STORE].job_detail(job_id)
         final = job_json(job, app[SETTINGS].public_url)
         final.pop("runs", None)
         final.pop("events", None)
