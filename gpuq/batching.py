@@ -52,7 +52,10 @@ def apply_batch(db: sqlite3.Connection, writes: list[Write]) -> list[tuple[bool,
             result = writes[0](db, ctx)
         except Exception as exc:
             if db.in_transaction:
-                db.execute("ROLLBACK")
+                try:
+                    db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass  # the write's own error is the one to report
             return [(False, exc)]
         except BaseException:
             if db.in_transaction:
