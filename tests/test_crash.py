@@ -222,8 +222,12 @@ async def test_sigkill_at_random_moments_loses_nothing_and_runs_nothing_twice(fa
         if job["state"] == "done":
             assert sends.get(MARK.search(job["prompt"]).group(0), 0) >= 1
     states = {s: sum(1 for j in jobs.values() if j["state"] == s) for s in ("done", "failed", "cancelled")}
+    db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    requeued = dict(db.execute("SELECT from_state, COUNT(*) FROM event WHERE to_state = 'queued'"
+                               " AND from_state IN ('running', 'failed', 'cancelled') GROUP BY from_state"))
+    db.close()
     print(f"crash harness: {ROUNDS} kills ({killed_in_startup} during start-up) in "
           f"{time.monotonic() - started:.1f}s; {len(jobs)} jobs ({len(ledger.acked)} acknowledged, "
           f"{ledger.submits} submits, {ledger.actions} actions), {states}, "
-          f"{orphans_failed} orphans failed on restart")
+          f"{orphans_failed} orphans failed on restart; requeued by users: {requeued}")
     assert len(ledger.acked) >= ROUNDS  # the clients really did work

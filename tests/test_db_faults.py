@@ -102,6 +102,24 @@ async def test_a_write_lock_in_the_sqlite_shell_fails_one_request_loudly_then_th
     assert integrity(db_path) == "ok"
 
 
+async def test_a_router_started_under_the_shells_write_lock_exits_2_naming_it(fakes, daemon_factory, tmp_path):
+    f1, f2, d = await two_nodes(fakes, daemon_factory, busy_timeout="0.5s")
+    [job] = await d.submit("task", "kept across the refused start")
+    await d.wait_state(job["id"], "done")
+    await d.kill(signal.SIGTERM)
+    shell = sqlite3.connect(tmp_path / "gpuq.db", isolation_level=None)
+    shell.execute("BEGIN IMMEDIATE")
+    try:
+        res = await d.cli("serve", "--config", str(d.config), timeout=20)
+    finally:
+        shell.execute("ROLLBACK")
+        shell.close()
+    assert res.code == 2
+    assert f"cannot start: {LOCKED}" in res.err
+    await d.start()  # the lock is gone: it starts, and the job is still there
+    assert (await d.job(job["id"]))["state"] == "done"
+
+
 async def test_a_full_database_refuses_submits_loudly_keeps_serving_reads_and_loses_nothing(
         fakes, daemon_factory, tmp_path):
     # A real full disk cannot be made on demand here (the tests run as root, which ignores
