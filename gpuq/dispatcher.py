@@ -54,6 +54,8 @@ class NodeRuntime:
     health_unrecorded: bool = False  # the database refused the last health change
     unloaded_at: float = float("-inf")  # monotonic time the node last confirmed an unload
     current: Current | None = None
+    # Runs aborted before their worker took them up (a delete racing the claim's return).
+    aborted_runs: dict[int, str] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -114,6 +116,8 @@ class Dispatcher:
         if cur is not None and cur.run_id == interrupted.run_id and cur.task is not None:
             cur.abort_reason = reason
             cur.task.cancel()
+        elif rt is not None:
+            rt.aborted_runs[interrupted.run_id] = reason
         self.wake(interrupted.node)
 
     def live_output(self, job_id: str) -> str | None:
@@ -220,6 +224,11 @@ class Dispatcher:
         return rt.claimable
 
     async def _run(self, rt: NodeRuntime, job: dict) -> None:
+        early = rt.aborted_runs.pop(job["run_id"], None)
+        rt.aborted_runs.clear()  # older entries belong to runs this worker will never see again
+        if early is not None:
+            log.info("job=%s node=%s aborted before it started: %s", job["id"], rt.name, early)
+            return
         cur = Current(job["id"], job["run_id"])
         rt.current = cur
         cur.task = asyncio.create_task(self._execute(rt, job, cur))
