@@ -6,6 +6,8 @@ serving everyone else: a job on the other node completes meanwhile."""
 
 from __future__ import annotations
 
+import errno
+
 import pytest
 
 from conftest import eventually, node_table
@@ -115,11 +117,13 @@ async def test_a_node_that_dies_mid_stream_is_refused_then_comes_back(fakes, dae
         state = await node(d, "sick")
         return state if not state["up"] else None
     state = await eventually(refused, 15, what="the node to be seen down")
-    assert state["last_error"].startswith(f"cannot connect to http://127.0.0.1:{port}")
+    refused = (f"cannot connect to http://127.0.0.1:{port}: [Errno {errno.ECONNREFUSED}] "
+               f"Connect call failed ('127.0.0.1', {port})")
+    assert state["last_error"] == refused
     status, health = await d.request("GET", "/health")
     assert status == 503 and health["ok"] is False
     [down] = health["nodes_down"]
-    assert down["name"] == "sick" and down["waiting"] == 1
+    assert down["name"] == "sick" and down["waiting"] == 1 and refused in down["error"]
     assert (await d.job(waiting["id"]))["state"] == "queued"  # it waits; it is not failed
     [other] = await d.submit("task", "served meanwhile", node="well")
     await d.wait_state(other["id"], "done", timeout=20)
