@@ -18,6 +18,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 import tomli_w
+import yarl
 
 from conftest import Daemon, eventually, free_port, node_table, write_config
 from gpuq.config import ConfigError, load_config, parse_config
@@ -228,10 +229,12 @@ async def test_http_bad_input_is_refused_and_changes_nothing(name, world):
 
 
 @IN_WORLD
-@pytest.mark.parametrize("path", ["/static/..%2f..%2fgpuq.toml.example", "/static/%2e%2e/pyproject.toml",
-                                  "/static/../README.md", "/jobs/..%2F..%2Fgpuq.db"])
+@pytest.mark.parametrize("path", ["/static/..%2fgpuq.toml.example", "/static/%2e%2e/pyproject.toml",
+                                  "/static/%2e%2e%2fpyproject.toml", "/static/../README.md",
+                                  "/static/..%5cpyproject.toml", "/jobs/..%2F..%2Fgpuq.db"])
 async def test_paths_never_escape_the_web_directory(path, world):
-    async with world.daemon.session.get(world.daemon.url + path) as resp:
+    # Sent exactly as written (encoded=True): the client must not tidy the trick away first.
+    async with world.daemon.session.get(yarl.URL(world.daemon.url + path, encoded=True)) as resp:
         text = await resp.text()
         assert resp.status in (400, 403, 404), (resp.status, text[:200])
         assert "[project]" not in text and "[router]" not in text and "# gpuq" not in text
