@@ -164,7 +164,8 @@ function paintLive() {
 function render() {
   const job = J.job;
   const streaming = job.state === 'running';
-  const sig = JSON.stringify({...job, output: streaming ? '' : job.output});
+  const runsSig = (job.runs || []).map((r) => ({...r, output: r.state === 'running' ? '' : r.output}));
+  const sig = JSON.stringify({...job, output: streaming ? '' : job.output, runs: runsSig});
   document.title = `${job.state} · ${job.id} · gpuq`;
   if (sig === J.sig) {
     paintLive();
@@ -172,6 +173,8 @@ function render() {
   }
   J.sig = sig;
   const scroll = outPre.scrollTop;
+  const atBottom = !outPre.isConnected || outPre.scrollHeight - scroll - outPre.clientHeight < 24;
+  const opened = new Set([...main.querySelectorAll('details.run-output[open]')].map((d) => d.dataset.run));
   renderActions(job);
   const runs = job.runs || [];
   const children = job.children || [];
@@ -202,7 +205,8 @@ function render() {
     job.kind === 'task' ? critiques(children) : null,
     runsTable(runs),
     timeline(job.events || [])].filter(Boolean));
-  outPre.scrollTop = streaming ? outPre.scrollHeight : scroll;
+  for (const d of main.querySelectorAll('details.run-output')) d.open = opened.has(d.dataset.run);
+  outPre.scrollTop = streaming && atBottom ? outPre.scrollHeight : scroll;
   paintLive();
 }
 
@@ -298,7 +302,7 @@ function runsTable(runs) {
         el('td', {className: 'num', text: jobRate(r)}),
         el('td', {},
           r.error ? el('div', {className: 'err', text: r.error}) : null,
-          r.output && r.state !== 'running' ? el('details', {className: 'run-output'},
+          r.output && r.state !== 'running' ? el('details', {className: 'run-output', dataset: {run: String(r.id)}},
             el('summary', {text: `output (${fmtNum(r.output.length)} chars)`}),
             el('pre', {className: 'text', text: r.output})) : null)))))
       : el('p', {className: 'muted', text: 'Not started yet.'}));

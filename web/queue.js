@@ -96,8 +96,15 @@ function renderTop() {
   document.title = `${trouble ? '⚠ ' : ''}${fmtNum(q.queue_depth)} queued · gpuq`;
 }
 
+let alertsSig = '';
+
 function renderAlerts() {
   const box = $('alerts');
+  const h = S.health;
+  const sig = JSON.stringify([S.error && [S.error.status, S.error.message], h && !h.ok && [h.stale, h.nodes_down],
+    h && !h.ok && S.queue && S.queue.nodes.map((n) => n.queued_count)]);
+  if (sig === alertsSig) return; // rebuilding would restart the pulse and drop focus
+  alertsSig = sig;
   box.replaceChildren();
   if (S.error) {
     const needsToken = S.error.status === 401;
@@ -108,7 +115,6 @@ function renderAlerts() {
       needsToken ? el('button', {type: 'button', text: 'Enter token',
         onclick: async () => { if (await askToken()) refreshSoon(); }}) : null));
   }
-  const h = S.health;
   if (!h || h.ok) return;
   const nodes = new Map((S.queue ? S.queue.nodes : []).map((n) => [n.name, n]));
   for (const s of h.stale) box.append(staleAlert(s, nodes.get(s.node)));
