@@ -327,6 +327,7 @@ async def stream_job(request: web.Request) -> web.StreamResponse:
             events.get_nowait()
         if sent:
             await resp.write(json.dumps({"text": sent}).encode() + b"\n")
+        streamed = [sent or ""]
         while job["state"] in ("queued", "running"):
             try:
                 topic, data = await asyncio.wait_for(events.get(), 1.0)
@@ -336,10 +337,16 @@ async def stream_job(request: web.Request) -> web.StreamResponse:
                 return resp
             if topic == "tokens" and data["id"] == job_id:
                 await resp.write(json.dumps({"text": data["text"]}).encode() + b"\n")
+                streamed.append(data["text"])
             elif topic != "tokens":
                 job = await app[STORE].job(job_id)  # its state; the whole detail once it is final
         if "runs" not in job:
             job = await app[STORE].job_detail(job_id)
+        # A job that ended while the follower was joining (its pieces were drained as if `sent`
+        # held them, but it was no longer live): the text lines still add up to the output.
+        so_far = "".join(streamed)
+        if job["output"] != so_far and job["output"].startswith(so_far):
+            await resp.write(json.dumps({"text": job["output"][len(so_far):]}).encode() + b"\n")
         final = job_json(job, app[SETTINGS].public_url)
         final.pop("runs", None)
         final.pop("events", None)
