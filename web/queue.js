@@ -72,6 +72,7 @@ function render() {
   }
   S.deferred = false;
   S.renders++;
+  document.body.classList.toggle('offline', Boolean(S.error)); // what is shown may be out of date
   renderTop();
   renderAlerts();
   renderBoard();
