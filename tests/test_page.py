@@ -575,6 +575,7 @@ async def test_job_page_shows_the_error_verbatim_and_retries(lab, page):
     await lab.wait_state(job, "failed")
     await page.goto(f"{lab.url}/jobs/{job}")
     await expect(page.locator("#error pre")).to_have_text(message)
+    await screenshot(page, "job-page-failed.png")
     lab.fakes["node-3"].script.load_error = None
     await page.locator("#actions").get_by_role("button", name="Retry").click()
     await lab.wait_state(job, "done", timeout=20)

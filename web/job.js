@@ -281,7 +281,8 @@ function critiques(children) {
         el('td', {}, stateBadge(c.state)),
         el('td', {text: c.node}),
         el('td', {className: 'mono', text: c.model})))))
-      : el('p', {className: 'muted', text: 'None yet. Ask for one with: gpuq critique --parent ' + J.job.id}));
+      : el('p', {className: 'muted', text: J.job.state === 'done'
+        ? `None yet. Ask for them with: gpuq critique --parent ${J.job.id}` : 'None.'}));
 }
 
 function runsTable(runs) {
