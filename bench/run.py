@@ -38,7 +38,7 @@ class Bench:
         self.quick = quick
         self.only = only
         self.workdir = workdir
-        self.repeats = 2 if quick else 5
+        self.repeats = 2 if quick else 7
         self.metrics: dict[str, Metric] = {}
         self.fakes: Fakes | None = None
 
@@ -80,7 +80,7 @@ class Bench:
             vs_huey_c = self.metric("store_vs_huey_c", f"gpuq / Huey, {w} workers (same run)", "ratio", "ratio")
             vs_pq_c = self.metric("store_vs_pq_c", f"gpuq / persist-queue, {w} workers (same run)", "ratio",
                                   "ratio")
-        n_raw, n_rt, n_store = (400, 200, 150) if self.quick else (1000, 500, 300)
+        n_raw, n_rt, n_store = (400, 200, 150) if self.quick else (2000, 1000, 600)
         for rep in range(self.repeats):
             # Interleaved within each repeat, so the ratios share the machine's noise.
             raw.add_run(peers.raw_commits(self.workdir / "raw.db", n_raw, 5.0))
@@ -262,6 +262,7 @@ class Bench:
         direct = self.metric("ttft_direct", "first token straight from the fake Ollama", "ms", "ms")
         overhead = self.metric("ttft_overhead", "first-token overhead (gpuq - direct, paired)", "ms", "ms",
                                "p50 <= 2 ms")
+        submit_metric = self.metric("ttft_submit", "  the submit's own round trip (POST -> 201, committed)", "ms", "ms")
         pairs = 10 if self.quick else 20
         node, model = "n2", NODES["n2"]
         await self.wait_idle(router, node, 30)
@@ -301,7 +302,7 @@ class Bench:
             await straight()  # warm both paths' connections
             await via_gpuq()
             for rep in range(self.repeats):
-                g_run, d_run, o_run, parts = [], [], [], {}
+                g_run, d_run, o_run, parts, submit_rtt = [], [], [], {}, []
                 await self.fakes.call("reset", node)
                 for _ in range(pairs):
                     await self.wait_idle(router, node, 30)
@@ -314,16 +315,18 @@ class Bench:
                     g_run.append(g)
                     o_run.append(g - d)
                     log = await self.fakes.log(node)
-                    t0, t1 = points[0][1], points[-1][1]
+                    t0, acked, t1 = (p[1] for p in points)
+                    submit_rtt.append((acked - t0) * 1000)
                     chat = [e for e in log if e[3] and t0 <= e[1] <= t1]
                     if chat:
-                        timeline = points[:2] + self.fake_points(log, t0, chat[0][1]) + [
-                            ("chat request arrives", chat[0][1]), ("first token at client", t1)]
-                        # The submit answer and the worker's path run concurrently: order by time.
-                        self.segments("ttft", sorted(timeline, key=lambda p: p[1]), parts)
+                        # The worker's path (the client's stream request runs beside it).
+                        timeline = [("submit sent", t0), *self.fake_points(log, t0, chat[0][1]),
+                                    ("chat request arrives", chat[0][1]), ("first token at client", t1)]
+                        self.segments("ttft", timeline, parts)
                 through.add_run(g_run)
                 direct.add_run(d_run)
                 overhead.add_run(o_run)
+                submit_metric.add_run(submit_rtt)
                 self.add_segments("ttft", parts)
                 self.say(f"first-token run {rep + 1}/{self.repeats}: gpuq {statistics.median(g_run):.2f} ms,"
                          f" direct {statistics.median(d_run):.2f} ms")
