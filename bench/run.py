@@ -125,7 +125,8 @@ class Bench:
 
         async def client(conn) -> None:
             nonlocal issued
-            raw = conn.encode("POST", "/api/jobs", {"kind": "task", "prompt": "summarise the export job's retries"})
+            raw = conn.encode("POST", "/api/jobs",
+                              {"kind": "task", "prompt": "summarise the export job's retries"})
             while issued < total and time.perf_counter() < deadline:
                 issued += 1
                 status, body = await conn.send(raw)
@@ -262,7 +263,8 @@ class Bench:
         direct = self.metric("ttft_direct", "first token straight from the fake Ollama", "ms", "ms")
         overhead = self.metric("ttft_overhead", "first-token overhead (gpuq - direct, paired)", "ms", "ms",
                                "p50 <= 2 ms")
-        submit_metric = self.metric("ttft_submit", "  the submit's own round trip (POST -> 201, committed)", "ms", "ms")
+        submit_metric = self.metric("ttft_submit", "  the submit's own round trip (POST -> 201, committed)",
+                                    "ms", "ms")
         pairs = 10 if self.quick else 20
         node, model = "n2", NODES["n2"]
         await self.wait_idle(router, node, 30)
@@ -520,7 +522,8 @@ def machine() -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="fewer repeats and samples (about 3 minutes)")
+    parser.add_argument("--quick", action="store_true",
+                        help="2 repeats instead of 7, fewer samples (about a minute)")
     parser.add_argument("--only", default="", help=f"comma-separated sections: {', '.join(SECTIONS)}")
     parser.add_argument("--out", default=str(BENCH_DIR / "results.json"), help="where to write the JSON")
     parser.add_argument("--dir", default=str(BENCH_DIR),

@@ -191,7 +191,8 @@ async def test_fifty_concurrent_submits_through_the_api(lab, tmp_path):
     db = sqlite3.connect(tmp_path / "gpuq.db")
     try:
         stored = {r[0] for r in db.execute("SELECT id FROM job")}
-        created = db.execute("SELECT job_id, COUNT(*) FROM event WHERE from_state IS NULL GROUP BY job_id").fetchall()
+        created = db.execute(
+            "SELECT job_id, COUNT(*) FROM event WHERE from_state IS NULL GROUP BY job_id").fetchall()
     finally:
         db.close()
     assert set(ids) <= stored
