@@ -121,9 +121,14 @@ class Dispatcher:
         self.wake(interrupted.node)
 
     def live_output(self, job_id: str) -> str | None:
+        cur = self.live(job_id)
+        return "".join(cur.output) if cur else None
+
+    def live(self, job_id: str) -> Current | None:
+        """The running job's in-memory state (its output so far, one piece per token)."""
         for rt in self.nodes.values():
             if rt.current is not None and rt.current.job_id == job_id:
-                return "".join(rt.current.output)
+                return rt.current
         return None
 
     def _changed(self, **data) -> None:

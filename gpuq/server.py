@@ -198,10 +198,17 @@ async def subject_of_parent(store: Store, parent: str) -> str:
 async def get_job(request: web.Request) -> web.Response:
     app = request.app
     job = await app[STORE].job_detail(job_id_of(request))
-    live = app[DISPATCHER].live_output(job["id"])
-    if live is not None:
-        job["output"] = live
-    return web.json_response(job_json(job, app[SETTINGS].public_url))
+    return web.json_response(with_live(job_json(job, app[SETTINGS].public_url), app[DISPATCHER]))
+
+
+def with_live(job: dict, dispatcher: Dispatcher) -> dict:
+    """A running job's output and token count so far, from memory (the database lags by ~1 s)."""
+    cur = dispatcher.live(job["id"])
+    if cur is not None:
+        job["tokens_so_far"] = len(cur.output)  # Ollama streams one token per chunk
+        if "output" in job:
+            job["output"] = "".join(cur.output)
+    return job
 
 
 async def list_jobs(request: web.Request) -> web.Response:
@@ -232,7 +239,7 @@ async def queue(request: web.Request) -> web.Response:
     for rt in app[DISPATCHER].nodes.values():
         running, queued, count = await app[STORE].queue(rt.name, limit)
         depth += count
-        nodes.append(dict(node_json(rt), running=running and job_json(running, url),
+        nodes.append(dict(node_json(rt), running=running and with_live(job_json(running, url), app[DISPATCHER]),
                           queued=[job_json(j, url) for j in queued], queued_count=count))
     return web.json_response({"queue_depth": depth, "nodes": nodes})
 

@@ -764,7 +764,7 @@ def job_json(row: Row, public_url: str) -> Row:
         "work_done_at": row.get("work_done_at"), "eval_count": row.get("eval_count"),
         "eval_duration_ns": row.get("eval_duration_ns"), "done_reason": row.get("done_reason"),
         "preempted_runs": row.get("preempted_runs", 0), "timeout_s": row.get("timeout_s"),
-        "preview_url": f"{public_url}/jobs/{row['id']}",
+        "run_id": row.get("run_id"), "preview_url": f"{public_url}/jobs/{row['id']}",
     }
     if row.get("findings") is not None:
         out["findings"] = json.loads(row["findings"])

@@ -9,6 +9,8 @@ import os
 import re
 import sys
 
+from conftest import eventually
+
 ID = r"\d{10}-[0-9a-f]{8}"
 
 
@@ -139,3 +141,19 @@ async def test_show_a_task(lab):
     assert res.out.startswith(f"{job['id']}  task  done  on node-3  model llama3.2:latest")
     assert "-- prompt --\nshow me" in res.out and "-- output --" in res.out
     assert "queued -> running by router" in res.out
+
+
+async def test_a_running_job_reports_its_tokens_so_far(lab):
+    fake = lab.fakes["node-3"]
+    fake.script.stall_after = 5
+    [job] = await lab.submit("task", "five then silence", node="node-3")
+
+    async def five():
+        live = await lab.job(job["id"])
+        return live if live.get("tokens_so_far") == 5 else None
+    live = await eventually(five, what="five tokens counted")
+    assert len(live["output"].split()) == 5  # from memory, ahead of the ~1 s heartbeat
+    queue = await lab.get("/api/queue")
+    running = next(n["running"] for n in queue["nodes"] if n["name"] == "node-3")
+    assert running["id"] == job["id"] and running["tokens_so_far"] == 5
+    await lab.request("DELETE", f"/api/jobs/{job['id']}")

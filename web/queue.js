@@ -3,7 +3,7 @@
 // and the page then shows the server's order again, whether the API agreed or refused.
 
 import {
-  api, badge, coalesced, confirmDialog, el, estimateTokens, excerpt, fmtClock, fmtDur, fmtNum,
+  api, badge, coalesced, confirmDialog, el, excerpt, fmtClock, fmtDur, fmtNum,
   fmtRate, fmtSpan, getJSON, jobHref, jobRate, liveEvents, now, parseTime, setConnection, since,
   sinceSpan, stateBadge, tickSince, toast, askToken, tokenDeclined, between,
 } from './common.js';
@@ -25,9 +25,7 @@ const S = {
   deferred: false, // a render was held back by a drag or a pending call
   gen: 0, // bumped when a call fails: the calls queued after it are dropped
   sig: '', // what the board was last rendered from
-  tokens: new Map(), // running job id -> {run, count, approx, last}
-  baselined: new Set(), // running jobs whose tokens before the page opened were estimated
-  connectedAt: 0,
+  tokens: new Map(), // running job id -> {run, count, last}
   updatedAt: 0,
   renders: 0,
   changes: 0,
@@ -176,7 +174,6 @@ function renderBoard() {
   }
   const running = new Set(q.nodes.filter((n) => n.running).map((n) => n.running.id));
   for (const id of S.tokens.keys()) if (!running.has(id)) S.tokens.delete(id);
-  for (const id of S.baselined) if (!running.has(id)) S.baselined.delete(id);
   for (const n of q.nodes) if (n.running) baseline(n.running);
 }
 
@@ -343,7 +340,7 @@ function onTokens(d) {
   if (!d || !d.id) return;
   let rec = S.tokens.get(d.id);
   if (!rec || rec.run !== d.run_id) {
-    rec = {run: d.run_id, count: 0, approx: false, last: 0};
+    rec = {run: d.run_id, count: 0, last: 0};
     S.tokens.set(d.id, rec);
   }
   rec.count++;
@@ -358,21 +355,16 @@ function paintSoon() {
   requestAnimationFrame(() => { paintQueued = false; paintProgress(); });
 }
 
-// A job that was already running when the page connected: estimate the tokens it made before.
-async function baseline(job) {
-  if (S.baselined.has(job.id)) return;
-  S.baselined.add(job.id);
-  if (S.connectedAt && parseTime(job.started_at) >= S.connectedAt) return;
-  const r = await api('GET', `/api/jobs/${encodeURIComponent(job.id)}`).catch(() => null);
-  if (!r || !r.ok || !r.data.runs || !r.data.runs.length) return;
-  const run = r.data.runs[r.data.runs.length - 1];
+// The router's own count for a running job (it includes tokens made before the page connected);
+// the live token events then count on from there.
+function baseline(job) {
+  if (job.tokens_so_far == null) return;
   let rec = S.tokens.get(job.id);
-  if (!rec || rec.run !== run.id) {
-    rec = {run: run.id, count: 0, approx: false, last: 0};
+  if (!rec || rec.run !== job.run_id) {
+    rec = {run: job.run_id, count: 0, last: 0};
     S.tokens.set(job.id, rec);
   }
-  const estimate = estimateTokens(r.data.output);
-  if (estimate > rec.count) Object.assign(rec, {count: estimate, approx: true});
+  if (job.tokens_so_far > rec.count) rec.count = job.tokens_so_far;
   paintProgress();
 }
 
@@ -381,7 +373,7 @@ function paintProgress() {
     const rec = S.tokens.get(card.dataset.id);
     const count = rec ? rec.count : 0;
     const elapsed = since(card.dataset.started);
-    card.querySelector('.tok').textContent = `${rec && rec.approx ? '~' : ''}${fmtNum(count)} token${count === 1 ? '' : 's'}`;
+    card.querySelector('.tok').textContent = `${fmtNum(count)} token${count === 1 ? '' : 's'}`;
     card.querySelector('.rate').textContent = count ? fmtRate(count, elapsed) : '';
     const last = Math.max(rec ? rec.last : 0, parseTime(card.dataset.progress) || 0, parseTime(card.dataset.started) || 0);
     const quiet = last ? (now() - last) / 1000 : 0;
@@ -704,7 +696,6 @@ $('refresh').addEventListener('click', () => {
 
 liveEvents({
   onConnect: () => {
-    if (!S.connectedAt) S.connectedAt = now();
     refreshSoon();
   },
   onChange: () => {
