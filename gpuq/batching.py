@@ -190,6 +190,10 @@ class WriteBatcher:
         task = self._task
         if task is not None:
             try:
-                await asyncio.wait_for(asyncio.shield(task), timeout_s)
-            except (asyncio.TimeoutError, asyncio.CancelledError):
+                async with asyncio.timeout(timeout_s):
+                    await asyncio.shield(task)
+            except TimeoutError:
                 task.cancel()
+            except asyncio.CancelledError:
+                task.cancel()
+                raise

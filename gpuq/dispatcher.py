@@ -190,9 +190,12 @@ class Dispatcher:
     # -- the worker ---------------------------------------------------------------------------
 
     async def _wait(self, rt: NodeRuntime, timeout: float) -> None:
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancel that lands in
+        # the same tick as a wake, and the worker then outlives stop() (a hung shutdown).
         try:
-            await asyncio.wait_for(rt.wake.wait(), timeout)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(timeout):
+                await rt.wake.wait()
+        except TimeoutError:
             pass
         rt.wake.clear()
 

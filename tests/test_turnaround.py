@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from conftest import node_table
+from conftest import eventually, node_table
 from gpuq.fake_ollama import FakeOllama, Script
 
 
@@ -61,3 +61,27 @@ async def test_back_to_back_jobs_skip_the_second_check_and_a_quiet_node_is_check
         assert before[3][-2:] == ["/api/version", "/api/tags"], fake.paths
     finally:
         await fake.stop()
+
+
+async def test_a_stop_in_the_same_tick_as_a_wake_still_ends_the_idle_worker(tmp_path, fakes):
+    # On Python 3.11, asyncio.wait_for swallows a cancel that lands together with the event it
+    # waits for: an idle worker woken by a submit at the moment of shutdown never stopped.
+    from gpuq.bus import Bus
+    from gpuq.config import NodeConfig, Settings
+    from gpuq.dispatcher import Dispatcher
+    from gpuq.store import Store
+
+    fake = await fakes("m:latest")
+    settings = Settings(database=tmp_path / "q.db", health_interval_s=60,
+                        nodes=(NodeConfig("n", fake.url, 1, ("task",), "m:latest"),))
+    store = Store(settings.database)
+    await store.open()
+    dispatcher = Dispatcher(settings, store, Bus())
+    await dispatcher.start()
+    try:
+        await eventually(lambda: dispatcher.nodes["n"].checked, what="the node's first check")
+        await asyncio.sleep(0.05)  # the worker is idle, waiting for a wake
+        dispatcher.wake()
+        await asyncio.wait_for(dispatcher.stop(), 5)
+    finally:
+        await store.close()
