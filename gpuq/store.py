@@ -8,15 +8,14 @@ import asyncio
 import json
 import sqlite3
 import time
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any, Callable, TypeVar
 
 import aiosqlite
 
 from . import placement as rules
-from .batching import WriteBatcher
+from .batching import WriteBatcher, in_writer_thread
 from .errors import (
     GUARD_MESSAGE, BadRequest, Conflict, GpuqError, GuardRefused, NotFound, StoreUnavailable,
     Unprocessable,
@@ -26,6 +25,7 @@ from .models import ACTIVE, POSITION_GAP, JobState, iso, new_job_id, normalize_m
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
 Row = dict[str, Any]
+T = TypeVar("T")
 
 JOB_COLUMNS = """j.id, j.kind, j.state, j.node, j.model, j.prompt, j.parent_id, j.group_id,
     j.position, j.placement, j.run_id, j.error, j.findings, j.timeout_s, j.created_at, j.finished_at,
@@ -134,6 +134,75 @@ def _rows(cursor_rows: list[sqlite3.Row]) -> list[Row]:
     return [dict(r) for r in cursor_rows]
 
 
+def _event(db: sqlite3.Connection, job_id: str, from_state: str | None, to_state: str, actor: str,
+           reason: str | None, now: float) -> None:
+    """The event row every state change (and every move) writes, in the same transaction."""
+    db.execute("INSERT INTO event (job_id, at, from_state, to_state, actor, reason) VALUES (?,?,?,?,?,?)",
+               (job_id, iso(now), from_state, to_state, actor, reason))
+
+
+# -- helpers of the user's verbs, run inside their transaction in the writer's thread ---------
+
+def _job_for_update(db: sqlite3.Connection, job_id: str) -> Row:
+    row = db.execute("SELECT * FROM job WHERE id = ?", (job_id,)).fetchone()
+    if row is None:
+        raise NotFound(f"no job with id '{job_id}'")
+    return dict(row)
+
+
+def _renumber(db: sqlite3.Connection, node: str) -> None:
+    """Spread a node's queued positions out again when a gap has run out."""
+    rows = db.execute("SELECT id FROM job WHERE node = ? AND state = 'queued' ORDER BY position, id",
+                      (node,)).fetchall()
+    db.executemany("UPDATE job SET position = ? WHERE id = ?",
+                   [((i + 1) * POSITION_GAP, r[0]) for i, r in enumerate(rows)])
+
+
+def _position_at(db: sqlite3.Connection, node: str, job_id: str, index: int) -> int:
+    """A position that puts the job at 0-based `index` among the node's other queued jobs."""
+    for attempt in range(2):
+        positions = [r[0] for r in db.execute(
+            "SELECT position FROM job WHERE node = ? AND state = 'queued' AND id <> ?"
+            " ORDER BY position, id LIMIT 2 OFFSET ?", (node, job_id, max(index - 1, 0)))]
+        if index == 0:
+            before, after = None, (positions[0] if positions else None)
+        else:
+            before = positions[0] if positions else None
+            after = positions[1] if len(positions) > 1 else None
+            if before is None:  # past the tail: the tail
+                before = db.execute("SELECT MAX(position) FROM job WHERE node = ? AND state = 'queued'"
+                                    " AND id <> ?", (node, job_id)).fetchone()[0]
+        found = rules.position_between(before, after, POSITION_GAP)
+        if found is not None:
+            return found
+        if attempt == 0:
+            _renumber(db, node)
+    raise GpuqError("no queue position found after renumbering")  # unreachable by construction
+
+
+def _index_of(db: sqlite3.Connection, node: str, other_id: str, job_id: str) -> int:
+    other = db.execute("SELECT node, state, position FROM job WHERE id = ?", (other_id,)).fetchone()
+    if other is None:
+        raise Unprocessable(f"unknown job '{other_id}'")
+    if other["state"] != "queued" or other["node"] != node:
+        raise Conflict(f"job {other_id} is not waiting in node {node}'s queue")
+    return db.execute(
+        "SELECT COUNT(*) FROM job WHERE node = ? AND state = 'queued' AND id <> ?"
+        " AND (position < ? OR (position = ? AND id < ?))",
+        (node, job_id, other["position"], other["position"], other_id)).fetchone()[0]
+
+
+def _cancel(db: sqlite3.Connection, job: Row, actor: str, reason: str, now: float) -> Interrupted | None:
+    db.execute("UPDATE job SET state = 'cancelled', error = ?, finished_at = ? WHERE id = ?",
+               (reason, iso(now), job["id"]))
+    _event(db, job["id"], job["state"], "cancelled", actor, reason, now)
+    if job["state"] != "running":
+        return None
+    db.execute("UPDATE run SET state = 'cancelled', error = ?, finished_at = ? WHERE id = ?",
+               (reason, iso(now), job["run_id"]))
+    return Interrupted(job["id"], job["node"], job["run_id"])
+
+
 class Store:
     def __init__(self, path: Path, busy_timeout_s: float = 5.0, clock: Callable[[], float] = time.time,
                  max_bytes: int | None = None):
@@ -184,49 +253,64 @@ class Store:
         self._reader = self._writer = None
 
     async def _migrate(self) -> None:
+        """Apply migrations/NNN_*.sql in order, each with its record, in its own transaction."""
         files = sorted(MIGRATIONS_DIR.glob("[0-9][0-9][0-9]_*.sql"))
-        known = {int(f.name[:3]) for f in files}
-        async with self.write() as db:
-            await db.execute(
-                "CREATE TABLE IF NOT EXISTS schema_migration ("
-                " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
-            )
-            applied = {r[0] for r in await db.execute_fetchall("SELECT version FROM schema_migration")}
-        newer = sorted(applied - known)
-        if newer:
-            raise GpuqError(
-                f"{self.path} was written by a newer gpuq (schema version {newer[-1]}; this gpuq "
-                f"knows up to {max(known)}); upgrade gpuq or use another database", status=2
-            )
-        for f in files:
-            version = int(f.name[:3])
-            if version in applied:
-                continue
-            # executescript commits on its own, so the migration carries its own transaction.
-            script = f.read_text(encoding="utf-8")
-            await self._writer.executescript(
-                "BEGIN IMMEDIATE;\n" + script + "\nINSERT INTO schema_migration VALUES "
-                f"({version}, '{f.stem}', '{iso(self.clock())}');\nCOMMIT;"
-            )
+        known = {int(f.name[:3]): f for f in files}
+        now = iso(self.clock())
+
+        def migrate(db: sqlite3.Connection) -> None:
+            db.execute("CREATE TABLE IF NOT EXISTS schema_migration ("
+                       " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)")
+            applied = {r[0] for r in db.execute("SELECT version FROM schema_migration")}
+            newer = sorted(applied - set(known))
+            if newer:
+                raise GpuqError(
+                    f"{self.path} was written by a newer gpuq (schema version {newer[-1]}; this gpuq "
+                    f"knows up to {max(known)}); upgrade gpuq or use another database", status=2)
+            for version, f in sorted(known.items()):
+                if version not in applied:
+                    # executescript commits on its own, so the script carries its transaction.
+                    db.executescript(
+                        "BEGIN IMMEDIATE;\n" + f.read_text(encoding="utf-8") + "\nINSERT INTO "
+                        f"schema_migration VALUES ({version}, '{f.stem}', '{now}');\nCOMMIT;")
+
+        try:
+            await in_writer_thread(self._writer, migrate)
+        except sqlite3.Error as exc:
+            raise _translate(exc) from exc
+
+    async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `fn` as one transaction (a savepoint of a group commit) in the writer's thread.
+
+        Every write goes through the write batcher (gpuq/batching.py): writes that arrive
+        together share one commit, each is answered only after it, and one that raises is
+        rolled back alone. `fn` must not await: it runs in aiosqlite's thread."""
+        assert self._batcher is not None, "store is not open"
+
+        def run(db: sqlite3.Connection, ctx: dict) -> T:
+            ctx.pop("submit_counts", None)  # queue counts a submit cached may no longer hold
+            return fn(db)
+        return await self._batcher.run(run)
 
     async def configure(self, settings_s: dict[str, float], nodes: list) -> None:
         """Record the thresholds and nodes in force, and (re)create the stale_heads view."""
-        async with self.write() as db:
-            await db.executemany("INSERT OR REPLACE INTO router_setting (key, value) VALUES (?, ?)",
-                                 list(settings_s.items()))
+        def configure_in(db: sqlite3.Connection) -> None:
+            db.executemany("INSERT OR REPLACE INTO router_setting (key, value) VALUES (?, ?)",
+                           list(settings_s.items()))
             for n in nodes:
-                await db.execute(
+                db.execute(
                     "INSERT INTO node (name, url, rank, roles, model, max_runtime_s) VALUES (?,?,?,?,?,?)"
                     " ON CONFLICT (name) DO UPDATE SET url = excluded.url, rank = excluded.rank,"
                     " roles = excluded.roles, model = excluded.model, max_runtime_s = excluded.max_runtime_s",
                     (n.name, n.url, n.rank, ",".join(n.roles), n.model, n.max_runtime_s))
-            await db.execute("DROP VIEW IF EXISTS stale_heads")
-            await db.execute("CREATE VIEW stale_heads AS " + STALE_SQL.replace(":now", "'now'"))
+            db.execute("DROP VIEW IF EXISTS stale_heads")
+            db.execute("CREATE VIEW stale_heads AS " + STALE_SQL.replace(":now", "'now'"))
+        await self._write(configure_in)
 
     async def set_node_health(self, name: str, up: bool, error: str | None) -> None:
-        async with self.write() as db:
-            await db.execute("UPDATE node SET up = ?, last_error = ?, since = ? WHERE name = ?",
-                             (int(up), error, iso(self.clock()), name))
+        at = iso(self.clock())
+        await self._write(lambda db: db.execute(
+            "UPDATE node SET up = ?, last_error = ?, since = ? WHERE name = ?", (int(up), error, at, name)))
 
     async def stale_heads(self, now: float | None = None) -> list[Row]:
         return await self.read(STALE_SQL, {"now": iso(self.clock() if now is None else now)})
@@ -234,38 +318,18 @@ class Store:
     async def note_stale(self, now: float | None = None) -> list[Row]:
         """Write one event per newly stale head (not one per check); returns the new ones."""
         now = self.clock() if now is None else now
-        fresh = []
-        async with self.write() as db:
-            for head in _rows(await db.execute_fetchall(STALE_SQL, {"now": iso(now)})):
-                cur = await db.execute(
-                    "UPDATE run SET stale_reason = ? WHERE id = ? AND stale_reason IS NOT ?",
-                    (head["reason"], head["run_id"], head["reason"]))
-                if cur.rowcount:
-                    await self._event(db, head["id"], "running", "running", "router",
-                                      f"stale: {head['reason']} since {head['since']}", now)
-                    fresh.append(head)
-        return fresh
 
-    @asynccontextmanager
-    async def write(self) -> AsyncIterator[aiosqlite.Connection]:
-        """One IMMEDIATE transaction on the writer connection; sqlite errors become GpuqErrors."""
-        assert self._writer is not None, "store is not open"
-        async with self._write_lock:
-            db = self._writer
-            try:
-                # BEGIN sits inside the try: a cancelled BEGIN may still have run in
-                # aiosqlite's thread, and must be rolled back like any other failure.
-                await db.execute("BEGIN IMMEDIATE")
-                yield db
-                await db.execute("COMMIT")
-            except BaseException as exc:
-                try:
-                    await db.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
-                if isinstance(exc, sqlite3.Error):
-                    raise _translate(exc) from exc
-                raise
+        def note_stale_in(db: sqlite3.Connection) -> list[Row]:
+            fresh = []
+            for head in _rows(db.execute(STALE_SQL, {"now": iso(now)}).fetchall()):
+                cur = db.execute("UPDATE run SET stale_reason = ? WHERE id = ? AND stale_reason IS NOT ?",
+                                 (head["reason"], head["run_id"], head["reason"]))
+                if cur.rowcount:
+                    _event(db, head["id"], "running", "running", "router",
+                           f"stale: {head['reason']} since {head['since']}", now)
+                    fresh.append(head)
+            return fresh
+        return await self._write(note_stale_in)
 
     async def read(self, sql: str, params: tuple | dict = ()) -> list[Row]:
         assert self._reader is not None, "store is not open"
@@ -274,32 +338,7 @@ class Store:
         except sqlite3.Error as exc:
             raise _translate(exc) from exc
 
-    @staticmethod
-    async def _event(db, job_id: str, from_state: str | None, to_state: str, actor: str,
-                     reason: str | None, now: float) -> None:
-        await db.execute(
-            "INSERT INTO event (job_id, at, from_state, to_state, actor, reason) VALUES (?,?,?,?,?,?)",
-            (job_id, iso(now), from_state, to_state, actor, reason),
-        )
-
-    @staticmethod
-    def _event_in(db: sqlite3.Connection, job_id: str, from_state: str | None, to_state: str, actor: str,
-                  reason: str | None, now: float) -> None:
-        """_event for writes that run in the writer's thread (the write batcher's)."""
-        db.execute(
-            "INSERT INTO event (job_id, at, from_state, to_state, actor, reason) VALUES (?,?,?,?,?,?)",
-            (job_id, iso(now), from_state, to_state, actor, reason),
-        )
-
     # -- reading ------------------------------------------------------------------------------
-
-    @staticmethod
-    async def _counts(db) -> dict[str, tuple[int, int]]:
-        rows = await db.execute_fetchall(
-            "SELECT node, SUM(state = 'running'), SUM(state = 'queued') FROM job"
-            " WHERE state IN ('queued', 'running') GROUP BY node"
-        )
-        return {r[0]: (r[1], r[2]) for r in rows}
 
     @staticmethod
     def _views(nodes: list[NodeInfo], counts: dict[str, tuple[int, int]]) -> list[rules.NodeView]:
@@ -438,10 +477,7 @@ class Store:
                 (job_id, new.kind, p.node, model, int(new.model is not None), new.prompt, new.parent,
                  group, position, p.reason, new.timeout_s, at),
             )
-            db.execute(
-                "INSERT INTO event (job_id, at, from_state, to_state, actor, reason) VALUES (?,?,?,?,?,?)",
-                (job_id, at, None, "queued", actor, f"placed on {p.node} ({p.reason})"),
-            )
+            _event(db, job_id, None, "queued", actor, f"placed on {p.node} ({p.reason})", now)
             waiting = counts.get(p.node, (0, 0))[1]
             created.append({"id": job_id, "kind": new.kind, "node": p.node, "model": model,
                             "state": "queued", "position": waiting + 1, "reason": p.reason,
@@ -462,7 +498,7 @@ class Store:
         job to the next pays one thread hop per write, not one per statement."""
         now = self.clock()
 
-        def claim_in(db: sqlite3.Connection, ctx: dict) -> Row | None:
+        def claim_in(db: sqlite3.Connection) -> Row | None:
             rows = db.execute(
                 "UPDATE job SET state = 'running' WHERE id = (SELECT id FROM job WHERE node = ?"
                 " AND state = 'queued' ORDER BY position, id LIMIT 1)"
@@ -471,7 +507,6 @@ class Store:
             ).fetchall()
             if not rows:
                 return None
-            ctx.pop("submit_counts", None)  # the batch's cached queue counts no longer hold
             job = dict(rows[0])
             cur = db.execute(
                 "INSERT INTO run (job_id, node, model, started_at, progress_at) VALUES (?,?,?,?,?)",
@@ -479,25 +514,22 @@ class Store:
             )
             job["run_id"] = cur.lastrowid
             db.execute("UPDATE job SET run_id = ? WHERE id = ?", (job["run_id"], job["id"]))
-            self._event_in(db, job["id"], "queued", "running", "router", f"claimed by {node}", now)
+            _event(db, job["id"], "queued", "running", "router", f"claimed by {node}", now)
             return job
 
-        assert self._batcher is not None, "store is not open"
-        return await self._batcher.run(claim_in)
+        return await self._write(claim_in)
 
     async def heartbeat(self, run_id: int, output: str) -> None:
-        async with self.write() as db:
-            await db.execute(
-                "UPDATE run SET output = ?, progress_at = ? WHERE id = ? AND state = 'running'",
-                (output, iso(self.clock()), run_id),
-            )
+        at = iso(self.clock())
+        await self._write(lambda db: db.execute(
+            "UPDATE run SET output = ?, progress_at = ? WHERE id = ? AND state = 'running'", (output, at, run_id)))
 
     async def work_done(self, run_id: int, output: str, stats: dict) -> None:
         """Ollama's stream ended; the job is not finished until its model has left VRAM.
         (One call in the writer's thread, on the write batcher, like claim and finish.)"""
         now = iso(self.clock())
 
-        def work_done_in(db: sqlite3.Connection, ctx: dict) -> None:
+        def work_done_in(db: sqlite3.Connection) -> None:
             db.execute(
                 "UPDATE run SET output = ?, progress_at = ?, work_done_at = ?, done_reason = ?,"
                 " eval_count = ?, prompt_eval_count = ?, total_duration_ns = ?,"
@@ -507,13 +539,11 @@ class Store:
                  stats.get("load_duration"), stats.get("eval_duration"), run_id),
             )
 
-        assert self._batcher is not None, "store is not open"
-        await self._batcher.run(work_done_in)
+        await self._write(work_done_in)
 
     async def save_output(self, run_id: int, output: str) -> None:
         """Keep the partial output of an interrupted run, whatever state it ended in."""
-        async with self.write() as db:
-            await db.execute("UPDATE run SET output = ? WHERE id = ?", (output, run_id))
+        await self._write(lambda db: db.execute("UPDATE run SET output = ? WHERE id = ?", (output, run_id)))
 
     async def finish(self, job_id: str, run_id: int, state: str, error: str | None,
                      output: str | None = None, actor: str = "router",
@@ -523,7 +553,7 @@ class Store:
         assert state in ("done", "failed")
         now = self.clock()
 
-        def finish_in(db: sqlite3.Connection, ctx: dict) -> None:
+        def finish_in(db: sqlite3.Connection) -> None:
             rows = db.execute(
                 "UPDATE job SET state = ?, error = ?, finished_at = ?, findings = ? WHERE id = ?"
                 " AND state = 'running' AND run_id = ? RETURNING id",
@@ -531,98 +561,42 @@ class Store:
             ).fetchall()
             if not rows:
                 raise GuardMiss(f"job {job_id} run {run_id} is no longer running; finish refused")
-            ctx.pop("submit_counts", None)  # the batch's cached queue counts no longer hold
             db.execute(
                 "UPDATE run SET state = ?, error = ?, finished_at = ?, output = COALESCE(?, output)"
                 " WHERE id = ?",
                 (state, error, iso(now), output, run_id),
             )
-            self._event_in(db, job_id, "running", state, actor, error, now)
+            _event(db, job_id, "running", state, actor, error, now)
 
-        assert self._batcher is not None, "store is not open"
-        await self._batcher.run(finish_in)
+        await self._write(finish_in)
 
     async def note(self, job_id: str, reason: str, actor: str = "router") -> None:
         """An event that changes no state: an unload that failed, a stale head, a node flag."""
         now = self.clock()
-        async with self.write() as db:
-            state = await db.execute_fetchall("SELECT state FROM job WHERE id = ?", (job_id,))
+
+        def note_in(db: sqlite3.Connection) -> None:
+            state = db.execute("SELECT state FROM job WHERE id = ?", (job_id,)).fetchone()
             if state:
-                await self._event(db, job_id, state[0][0], state[0][0], actor, reason, now)
+                _event(db, job_id, state[0], state[0], actor, reason, now)
+        await self._write(note_in)
 
     async def fail_orphans(self) -> list[Row]:
         """At start-up: a job still running belonged to a dead router. Fail it, loudly."""
         now = self.clock()
         reason = "router restarted while running"
-        async with self.write() as db:
-            rows = _rows(await db.execute_fetchall(
+
+        def fail_orphans_in(db: sqlite3.Connection) -> list[Row]:
+            rows = _rows(db.execute(
                 "UPDATE job SET state = 'failed', error = ?, finished_at = ? WHERE state = 'running'"
-                " RETURNING id, node, model, run_id", (reason, iso(now))))
+                " RETURNING id, node, model, run_id", (reason, iso(now))).fetchall())
             for r in rows:
-                await db.execute(
-                    "UPDATE run SET state = 'failed', error = ?, finished_at = ? WHERE id = ?"
-                    " AND state = 'running'", (reason, iso(now), r["run_id"]))
-                await self._event(db, r["id"], "running", "failed", "router", reason, now)
-        return rows
+                db.execute("UPDATE run SET state = 'failed', error = ?, finished_at = ? WHERE id = ?"
+                           " AND state = 'running'", (reason, iso(now), r["run_id"]))
+                _event(db, r["id"], "running", "failed", "router", reason, now)
+            return rows
+        return await self._write(fail_orphans_in)
 
-    # -- the user's verbs ---------------------------------------------------------------------
-
-    @staticmethod
-    async def _job_for_update(db, job_id: str) -> Row:
-        rows = await db.execute_fetchall("SELECT * FROM job WHERE id = ?", (job_id,))
-        if not rows:
-            raise NotFound(f"no job with id '{job_id}'")
-        return dict(rows[0])
-
-    @staticmethod
-    async def _renumber(db, node: str) -> None:
-        """Spread a node's queued positions out again when a gap has run out."""
-        rows = await db.execute_fetchall(
-            "SELECT id FROM job WHERE node = ? AND state = 'queued' ORDER BY position, id", (node,)
-        )
-        await db.executemany(
-            "UPDATE job SET position = ? WHERE id = ?",
-            [((i + 1) * POSITION_GAP, r[0]) for i, r in enumerate(rows)],
-        )
-
-    async def _position_at(self, db, node: str, job_id: str, index: int) -> int:
-        """A position that puts the job at 0-based `index` among the node's other queued jobs."""
-        for attempt in range(2):
-            rows = await db.execute_fetchall(
-                "SELECT position FROM job WHERE node = ? AND state = 'queued' AND id <> ?"
-                " ORDER BY position, id LIMIT 2 OFFSET ?",
-                (node, job_id, max(index - 1, 0)),
-            )
-            positions = [r[0] for r in rows]
-            if index == 0:
-                before, after = None, (positions[0] if positions else None)
-            else:
-                before = positions[0] if positions else None
-                after = positions[1] if len(positions) > 1 else None
-                if before is None:  # past the tail: the tail
-                    tail = await db.execute_fetchall(
-                        "SELECT MAX(position) FROM job WHERE node = ? AND state = 'queued' AND id <> ?",
-                        (node, job_id))
-                    before = tail[0][0]
-            found = rules.position_between(before, after, POSITION_GAP)
-            if found is not None:
-                return found
-            if attempt == 0:
-                await self._renumber(db, node)
-        raise GpuqError("no queue position found after renumbering")  # unreachable by construction
-
-    async def _index_of(self, db, node: str, other_id: str, job_id: str) -> int:
-        rows = await db.execute_fetchall("SELECT node, state, position FROM job WHERE id = ?", (other_id,))
-        if not rows:
-            raise Unprocessable(f"unknown job '{other_id}'")
-        if rows[0]["state"] != "queued" or rows[0]["node"] != node:
-            raise Conflict(f"job {other_id} is not waiting in node {node}'s queue")
-        count = await db.execute_fetchall(
-            "SELECT COUNT(*) FROM job WHERE node = ? AND state = 'queued' AND id <> ?"
-            " AND (position < ? OR (position = ? AND id < ?))",
-            (node, job_id, rows[0]["position"], rows[0]["position"], other_id),
-        )
-        return count[0][0]
+    # -- the user's verbs: each one transaction, checked against the job's state inside it ----
 
     async def move(self, job_id: str, nodes: list[NodeInfo], actor: str, *, position: int | None = None,
                    before: str | None = None, after: str | None = None, node: str | None = None) -> Row:
@@ -633,120 +607,110 @@ class Store:
             raise BadRequest(f"job {job_id} cannot be moved before or after itself")
         if position is None and before is None and after is None and node is None:
             raise BadRequest("say where to move the job: 'position', 'before', 'after' or 'node'")
+        if position is not None and position < 1:
+            raise BadRequest(f"position must be 1 or more, got {position}")
         now = self.clock()
-        async with self.write() as db:
-            job = await self._job_for_update(db, job_id)
+
+        def move_in(db: sqlite3.Connection) -> Row:
+            job = _job_for_update(db, job_id)
             if job["state"] != "queued":
                 raise Conflict(f"job {job_id} is {job['state']}; only queued jobs move")
             target = node or job["node"]
             if target != job["node"]:
-                parent_node = None
-                if job["parent_id"]:
-                    parent_node = (await self._job_for_update(db, job["parent_id"]))["node"]
+                parent_node = _job_for_update(db, job["parent_id"])["node"] if job["parent_id"] else None
                 views = {v.name: v for v in self._views(nodes, {})}
                 rules.check_move(job["kind"], views.get(target), target, parent_node)
             if before is not None:
-                index = await self._index_of(db, target, before, job_id)
+                index = _index_of(db, target, before, job_id)
             elif after is not None:
-                index = await self._index_of(db, target, after, job_id) + 1
+                index = _index_of(db, target, after, job_id) + 1
             elif position is not None:
-                if position < 1:
-                    raise BadRequest(f"position must be 1 or more, got {position}")
                 index = position - 1
             else:
-                index = 1 << 62 if target != job["node"] else None  # a bare node move goes to the tail
-            if index is not None:
-                new_position = await self._position_at(db, target, job_id, index)
-                # A job that did not ask for a model runs the model of the node it moves to.
-                target_model = next((n.model for n in nodes if n.name == target), job["model"])
-                await db.execute("UPDATE job SET node = ?, position = ?, placement = CASE WHEN node <> ?"
-                                 " THEN 'moved' ELSE placement END, model = CASE WHEN model_pinned"
-                                 " THEN model ELSE ? END WHERE id = ?",
-                                 (target, new_position, target, target_model, job_id))
+                index = 1 << 62  # a bare node move goes to the tail
+            # A job that did not ask for a model runs the model of the node it moves to.
+            target_model = next((n.model for n in nodes if n.name == target), job["model"])
+            db.execute("UPDATE job SET node = ?, position = ?, placement = CASE WHEN node <> ?"
+                       " THEN 'moved' ELSE placement END, model = CASE WHEN model_pinned"
+                       " THEN model ELSE ? END WHERE id = ?",
+                       (target, _position_at(db, target, job_id, index), target, target_model, job_id))
             moved = dict(job, node=target)
-            moved["position"] = (await db.execute_fetchall(
+            moved["position"] = db.execute(
                 "SELECT COUNT(*) FROM job j, job me WHERE me.id = ? AND j.node = me.node AND"
                 " j.state = 'queued' AND (j.position < me.position OR (j.position = me.position"
-                " AND j.id <= me.id))", (job_id,)))[0][0]
+                " AND j.id <= me.id))", (job_id,)).fetchone()[0]
             where = f"to {target} " if target != job["node"] else ""
-            await self._event(db, job_id, "queued", "queued", actor,
-                              f"moved {where}at position {moved['position']}", now)
-        return moved
+            _event(db, job_id, "queued", "queued", actor, f"moved {where}at position {moved['position']}", now)
+            return moved
+        return await self._write(move_in)
 
     async def preempt(self, job_id: str, actor: str) -> tuple[Row, Interrupted | None]:
         """The queued job runs next: to the head, and the node's running job goes back behind it."""
         now = self.clock()
-        async with self.write() as db:
-            job = await self._job_for_update(db, job_id)
+
+        def preempt_in(db: sqlite3.Connection) -> tuple[Row, Interrupted | None]:
+            job = _job_for_update(db, job_id)
             if job["state"] != "queued":
                 raise Conflict(f"job {job_id} is {job['state']}; only a queued job can preempt")
             node = job["node"]
-            head = await self._position_at(db, node, job_id, 0)
-            await db.execute("UPDATE job SET position = ? WHERE id = ?", (head, job_id))
-            await self._event(db, job_id, "queued", "queued", actor, "preempt: moved to the head", now)
-            running = await db.execute_fetchall(
-                "SELECT id, run_id FROM job WHERE node = ? AND state = 'running'", (node,)
-            )
+            db.execute("UPDATE job SET position = ? WHERE id = ?", (_position_at(db, node, job_id, 0), job_id))
+            _event(db, job_id, "queued", "queued", actor, "preempt: moved to the head", now)
+            running = db.execute("SELECT id, run_id FROM job WHERE node = ? AND state = 'running'",
+                                 (node,)).fetchone()
             if not running:
                 return dict(job, position=1), None
-            victim, run_id = running[0]["id"], running[0]["run_id"]
-            behind = await self._position_at(db, node, victim, 1)
-            await db.execute("UPDATE job SET state = 'queued', position = ? WHERE id = ?", (behind, victim))
-            await db.execute("UPDATE run SET state = 'preempted', finished_at = ?, error = ? WHERE id = ?",
-                             (iso(now), f"preempted by {job_id}", run_id))
-            await self._event(db, victim, "running", "queued", actor, f"preempted by {job_id}", now)
-        return dict(job, position=1), Interrupted(victim, node, run_id)
-
-    async def _cancel(self, db, job: Row, actor: str, reason: str, now: float) -> Interrupted | None:
-        await db.execute("UPDATE job SET state = 'cancelled', error = ?, finished_at = ? WHERE id = ?",
-                         (reason, iso(now), job["id"]))
-        await self._event(db, job["id"], job["state"], "cancelled", actor, reason, now)
-        if job["state"] != "running":
-            return None
-        await db.execute("UPDATE run SET state = 'cancelled', error = ?, finished_at = ? WHERE id = ?",
-                         (reason, iso(now), job["run_id"]))
-        return Interrupted(job["id"], job["node"], job["run_id"])
+            victim, run_id = running["id"], running["run_id"]
+            behind = _position_at(db, node, victim, 1)
+            db.execute("UPDATE job SET state = 'queued', position = ? WHERE id = ?", (behind, victim))
+            db.execute("UPDATE run SET state = 'preempted', finished_at = ?, error = ? WHERE id = ?",
+                       (iso(now), f"preempted by {job_id}", run_id))
+            _event(db, victim, "running", "queued", actor, f"preempted by {job_id}", now)
+            return dict(job, position=1), Interrupted(victim, node, run_id)
+        return await self._write(preempt_in)
 
     async def delete(self, job_id: str, actor: str) -> tuple[Row, Interrupted | None]:
         """A queued or running job is cancelled with reason 'deleted'; its rows stay."""
         now = self.clock()
-        async with self.write() as db:
-            job = await self._job_for_update(db, job_id)
+
+        def delete_in(db: sqlite3.Connection) -> tuple[Row, Interrupted | None]:
+            job = _job_for_update(db, job_id)
             if job["state"] not in ACTIVE:
                 raise Conflict(f"job {job_id} is already {job['state']}; only queued or running jobs can be deleted")
-            interrupted = await self._cancel(db, job, actor, "deleted", now)
-        return dict(job, state="cancelled"), interrupted
+            return dict(job, state="cancelled"), _cancel(db, job, actor, "deleted", now)
+        return await self._write(delete_in)
 
     async def clear(self, node: str, actor: str, running: bool = False) -> tuple[list[str], Interrupted | None]:
         now = self.clock()
         states = ACTIVE if running else ("queued",)
-        async with self.write() as db:
-            jobs = _rows(await db.execute_fetchall(
+
+        def clear_in(db: sqlite3.Connection) -> tuple[list[str], Interrupted | None]:
+            jobs = _rows(db.execute(
                 f"SELECT * FROM job WHERE node = ? AND state IN ({','.join('?' * len(states))})"
-                " ORDER BY state = 'queued', position, id", (node, *states)))
+                " ORDER BY state = 'queued', position, id", (node, *states)).fetchall())
             interrupted = None
             for job in jobs:
-                interrupted = await self._cancel(db, job, actor, "cleared", now) or interrupted
-        return [j["id"] for j in jobs], interrupted
+                interrupted = _cancel(db, job, actor, "cleared", now) or interrupted
+            return [j["id"] for j in jobs], interrupted
+        return await self._write(clear_in)
 
     async def retry(self, job_id: str, actor: str) -> Row:
         """Only by explicit request: a failed or cancelled job goes to the tail of its node's queue."""
         now = self.clock()
-        async with self.write() as db:
-            job = await self._job_for_update(db, job_id)
+
+        def retry_in(db: sqlite3.Connection) -> Row:
+            job = _job_for_update(db, job_id)
             if job["state"] not in ("failed", "cancelled"):
                 raise Conflict(f"job {job_id} is {job['state']}; only failed or cancelled jobs can be retried")
             if job["parent_id"]:  # the parent may have moved onto this node since (no trigger sees a retry)
-                parent = await self._job_for_update(db, job["parent_id"])
-                if parent["node"] == job["node"]:
+                if _job_for_update(db, job["parent_id"])["node"] == job["node"]:
                     raise GuardRefused()
-            tail = await db.execute_fetchall(
-                "SELECT MAX(position) FROM job WHERE node = ? AND state = 'queued'", (job["node"],))
-            await db.execute(
-                "UPDATE job SET state = 'queued', error = NULL, finished_at = NULL, position = ? WHERE id = ?",
-                ((tail[0][0] or 0) + POSITION_GAP, job_id))
-            await self._event(db, job_id, job["state"], "queued", actor, "retry requested", now)
-        return dict(job, state="queued")
+            tail = db.execute("SELECT MAX(position) FROM job WHERE node = ? AND state = 'queued'",
+                              (job["node"],)).fetchone()[0]
+            db.execute("UPDATE job SET state = 'queued', error = NULL, finished_at = NULL, position = ?"
+                       " WHERE id = ?", ((tail or 0) + POSITION_GAP, job_id))
+            _event(db, job_id, job["state"], "queued", actor, "retry requested", now)
+            return dict(job, state="queued")
+        return await self._write(retry_in)
 
     async def dump(self, sql: str, params: tuple = ()) -> list[Row]:
         """Read-only access for tests and forensics helpers."""

@@ -35,7 +35,7 @@ def rows(path, sql, *params):
 
 async def together(store: Store, *calls):
     """Start the calls while the writer is busy, so they queue up and form one batch."""
-    async with store.write():
+    async with store._write_lock:  # the batcher waits for the writer's lock
         tasks = [asyncio.ensure_future(c) for c in calls]
         await asyncio.sleep(0.01)
     return await asyncio.gather(*tasks, return_exceptions=True)

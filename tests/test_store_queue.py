@@ -9,6 +9,7 @@ import pytest
 
 from gpuq.errors import GUARD_MESSAGE, BadRequest, Conflict, GpuqError, GuardRefused, NotFound
 from gpuq.models import POSITION_GAP
+import gpuq.store as store_module
 from gpuq.store import GuardMiss, Interrupted, NewJob, NodeInfo, Store
 
 NODES = [
@@ -228,8 +229,7 @@ async def test_the_database_itself_refuses_a_critique_onto_its_parents_node(stor
     finally:
         db.close()
     with pytest.raises(GuardRefused):  # the store's own write path translates it to the 409
-        async with store.write() as conn:
-            await conn.execute("UPDATE job SET node = 'node-1' WHERE id = ?", (crit,))
+        await store._write(lambda db: db.execute("UPDATE job SET node = 'node-1' WHERE id = ?", (crit,)))
     assert (await store.job(crit))["node"] == "node-2"
 
 
@@ -253,12 +253,12 @@ async def test_retrying_a_critique_never_puts_it_on_its_parents_node(store):
 
 async def test_gap_exhaustion_renumbers_inside_the_move_and_order_stays_right(store, monkeypatch):
     renumbered = []
-    real = Store._renumber
+    real = store_module._renumber
 
-    async def spy(db, node):
+    def spy(db, node):
         renumbered.append(node)
-        await real(db, node)
-    monkeypatch.setattr(Store, "_renumber", staticmethod(spy))
+        real(db, node)
+    monkeypatch.setattr(store_module, "_renumber", spy)
 
     head, tail = await tasks(store, 2)
     extra = await tasks(store, 40)
@@ -284,20 +284,19 @@ async def test_gap_exhaustion_renumbers_inside_the_move_and_order_stays_right(st
 
 async def test_a_failed_move_rolls_back_its_renumber(store, monkeypatch):
     a, b, c = await tasks(store, 3)
-    async with store.write() as db:  # no gap left anywhere
-        for i, job in enumerate((a, b, c)):
-            await db.execute("UPDATE job SET position = ? WHERE id = ?", (i, job))
+    await store._write(lambda db: db.executemany(  # no gap left anywhere
+        "UPDATE job SET position = ? WHERE id = ?", [(i, job) for i, job in enumerate((a, b, c))]))
     renumbered = []
-    real = Store._renumber
+    real = store_module._renumber
 
-    async def spy(db, node):
+    def spy(db, node):
         renumbered.append(node)
-        await real(db, node)
+        real(db, node)
 
-    async def broken_event(*args, **kwargs):
+    def broken_event(*args, **kwargs):
         raise sqlite3.OperationalError("disk I/O error")
-    monkeypatch.setattr(Store, "_renumber", staticmethod(spy))
-    monkeypatch.setattr(Store, "_event", staticmethod(broken_event))
+    monkeypatch.setattr(store_module, "_renumber", spy)
+    monkeypatch.setattr(store_module, "_event", broken_event)
     with pytest.raises(GpuqError) as exc:
         await store.move(c, NODES, "api", position=2)
     refused(exc, 503, "nothing was changed")
