@@ -26,3 +26,13 @@ class Bus:
             yield queue
         finally:
             self._subscribers.discard(queue)
+
+
+async def next_event(queue: asyncio.Queue, timeout_s: float) -> tuple[str, dict] | None:
+    """The next (topic, data), or None after `timeout_s`. asyncio.timeout rather than wait_for:
+    on Python 3.11 wait_for can swallow a cancel that lands as the item arrives (shutdown)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await queue.get()
+    except TimeoutError:
+        return None

@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from .bus import Bus
+from .bus import Bus, next_event
 from .config import Settings
 from .critique import parent_subject
 from .dispatcher import Dispatcher, node_json
@@ -336,10 +336,7 @@ async def stream_job(request: web.Request) -> web.StreamResponse:
             await resp.write(json.dumps({"text": sent}).encode() + b"\n")
         streamed = [sent or ""]
         while job["state"] in ("queued", "running"):
-            try:
-                topic, data = await asyncio.wait_for(events.get(), 1.0)
-            except asyncio.TimeoutError:
-                topic, data = "tick", {}
+            topic, data = await next_event(events, 1.0) or ("tick", {})
             if topic == "shutdown":  # the router is stopping: end without a final line
                 return resp
             if topic == "tokens" and data["id"] == job_id:
@@ -369,11 +366,11 @@ async def events(request: web.Request) -> web.StreamResponse:
         await resp.prepare(request)
         await resp.write(b"retry: 1000\nevent: hello\ndata: {}\n\n")
         while True:
-            try:
-                topic, data = await asyncio.wait_for(queue.get(), 15.0)
-            except asyncio.TimeoutError:
+            event = await next_event(queue, 15.0)
+            if event is None:
                 await resp.write(b": keep-alive\n\n")
                 continue
+            topic, data = event
             if topic == "shutdown":
                 return resp
             if topic == "tokens":

@@ -1,6 +1,7 @@
-"""Every SQL statement gpuq runs. The methods are the queue's verbs; each write is one
-`BEGIN IMMEDIATE` transaction on the one writer connection, checked against the job's
-current state inside it."""
+"""Every SQL statement gpuq runs. The methods are the queue's verbs. Each write is a plain
+function run in the one writer connection's thread, in a savepoint of a group commit
+(`BEGIN IMMEDIATE` ... `COMMIT`, see batching.py), checked against the job's current state
+inside it; reads go through a second connection, which WAL lets in alongside."""
 
 from __future__ import annotations
 
