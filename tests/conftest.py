@@ -181,9 +181,9 @@ async def daemon_factory(tmp_path):
     await session.close()
 
 
-@pytest.fixture
-async def lab(fakes, daemon_factory):
-    """The design's lab: node-1 (task, critique), node-2 (critique), node-3 (task), one fake each."""
+async def make_lab(fakes, daemon_factory, **router: Any) -> Daemon:
+    """The design's lab: node-1 (task, critique), node-2 (critique), node-3 (task), one fake
+    each (as `daemon.fakes[name]`); `router` keys override the test config."""
     f1 = await fakes("qwen3-coder:30b")
     f2 = await fakes("deepseek-r1:32b")
     f3 = await fakes("llama3.2:latest")
@@ -191,6 +191,11 @@ async def lab(fakes, daemon_factory):
         node_table("node-1", f1, 1, ["task", "critique"], "qwen3-coder:30b"),
         node_table("node-2", f2, 2, ["critique"], "deepseek-r1:32b"),
         node_table("node-3", f3, 3, ["task"], "llama3.2:latest"),
-    ])
+    ], **router)
     daemon.fakes = {"node-1": f1, "node-2": f2, "node-3": f3}
     return daemon
+
+
+@pytest.fixture
+async def lab(fakes, daemon_factory):
+    return await make_lab(fakes, daemon_factory)

@@ -9,7 +9,7 @@ import sqlite3
 
 import pytest
 
-from conftest import eventually, node_table
+from conftest import eventually, make_lab
 
 GUARD = "a critique never runs on its parent task's node"
 
@@ -18,16 +18,7 @@ GUARD = "a critique never runs on its parent task's node"
 async def qlab(fakes, daemon_factory):
     """The design's lab -- node-1 (task, critique), node-2 (critique), node-3 (task) -- with a
     long stall timeout, so a job held open on purpose is never failed as stalled."""
-    f1 = await fakes("qwen3-coder:30b")
-    f2 = await fakes("deepseek-r1:32b")
-    f3 = await fakes("llama3.2:latest")
-    daemon = await daemon_factory([
-        node_table("node-1", f1, 1, ["task", "critique"], "qwen3-coder:30b"),
-        node_table("node-2", f2, 2, ["critique"], "deepseek-r1:32b"),
-        node_table("node-3", f3, 3, ["task"], "llama3.2:latest"),
-    ], stall_timeout="120s")
-    daemon.fakes = {"node-1": f1, "node-2": f2, "node-3": f3}
-    return daemon
+    return await make_lab(fakes, daemon_factory, stall_timeout="120s")
 
 
 async def task(lab, prompt: str, node: str = "node-3", **extra) -> str:
