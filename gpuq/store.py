@@ -142,6 +142,23 @@ def _event(db: sqlite3.Connection, job_id: str, from_state: str | None, to_state
                (job_id, iso(now), from_state, to_state, actor, reason))
 
 
+def _claim(db: sqlite3.Connection, node: str, now: float) -> Row | None:
+    """The head of the node's queue becomes running, with a new run row (never a second head)."""
+    row = db.execute(
+        "UPDATE job SET state = 'running' WHERE id = (SELECT id FROM job WHERE node = ?"
+        " AND state = 'queued' ORDER BY position, id LIMIT 1)"
+        " AND NOT EXISTS (SELECT 1 FROM job WHERE node = ? AND state = 'running') RETURNING *",
+        (node, node)).fetchone()
+    if row is None:
+        return None
+    job = dict(row)
+    job["run_id"] = db.execute("INSERT INTO run (job_id, node, model, started_at, progress_at) VALUES (?,?,?,?,?)",
+                               (job["id"], node, job["model"], iso(now), iso(now))).lastrowid
+    db.execute("UPDATE job SET run_id = ? WHERE id = ?", (job["run_id"], job["id"]))
+    _event(db, job["id"], "queued", "running", "router", f"claimed by {node}", now)
+    return job
+
+
 # -- helpers of the user's verbs, run inside their transaction in the writer's thread ---------
 
 def _job_for_update(db: sqlite3.Connection, job_id: str) -> Row:
@@ -492,33 +509,9 @@ class Store:
     # -- the worker's verbs -------------------------------------------------------------------
 
     async def claim(self, node: str) -> Row | None:
-        """Take the head of the node's queue: it becomes running with a new run row.
-
-        One transaction run in the writer's thread as a single call, on the write batcher
-        (it shares a commit with writes that arrive with it): the worker's path from one
-        job to the next pays one thread hop per write, not one per statement."""
+        """Take the head of the node's queue: it becomes running with a new run row."""
         now = self.clock()
-
-        def claim_in(db: sqlite3.Connection) -> Row | None:
-            rows = db.execute(
-                "UPDATE job SET state = 'running' WHERE id = (SELECT id FROM job WHERE node = ?"
-                " AND state = 'queued' ORDER BY position, id LIMIT 1)"
-                " AND NOT EXISTS (SELECT 1 FROM job WHERE node = ? AND state = 'running') RETURNING *",
-                (node, node),
-            ).fetchall()
-            if not rows:
-                return None
-            job = dict(rows[0])
-            cur = db.execute(
-                "INSERT INTO run (job_id, node, model, started_at, progress_at) VALUES (?,?,?,?,?)",
-                (job["id"], node, job["model"], iso(now), iso(now)),
-            )
-            job["run_id"] = cur.lastrowid
-            db.execute("UPDATE job SET run_id = ? WHERE id = ?", (job["run_id"], job["id"]))
-            _event(db, job["id"], "queued", "running", "router", f"claimed by {node}", now)
-            return job
-
-        return await self._write(claim_in)
+        return await self._write(lambda db: _claim(db, node, now))
 
     async def heartbeat(self, run_id: int, output: str) -> None:
         at = iso(self.clock())
@@ -548,13 +541,15 @@ class Store:
 
     async def finish(self, job_id: str, run_id: int, state: str, error: str | None,
                      output: str | None = None, actor: str = "router",
-                     findings: list | None = None) -> None:
+                     findings: list | None = None, claim_node: str | None = None) -> Row | None:
         """Finish a run that is still the job's running run; anything else is a GuardMiss.
-        (One call in the writer's thread, on the write batcher, like claim.)"""
+
+        With `claim_node`, the node's next job is claimed in the same transaction and returned:
+        a worker going from job to job pays one durable commit between them, not two."""
         assert state in ("done", "failed")
         now = self.clock()
 
-        def finish_in(db: sqlite3.Connection) -> None:
+        def finish_in(db: sqlite3.Connection) -> Row | None:
             rows = db.execute(
                 "UPDATE job SET state = ?, error = ?, finished_at = ?, findings = ? WHERE id = ?"
                 " AND state = 'running' AND run_id = ? RETURNING id",
@@ -568,8 +563,9 @@ class Store:
                 (state, error, iso(now), output, run_id),
             )
             _event(db, job_id, "running", state, actor, error, now)
+            return _claim(db, claim_node, now) if claim_node else None
 
-        await self._write(finish_in)
+        return await self._write(finish_in)
 
     async def note(self, job_id: str, reason: str, actor: str = "router") -> None:
         """An event that changes no state: an unload that failed, a stale head, a node flag."""
@@ -627,14 +623,15 @@ class Store:
                 index = _index_of(db, target, after, job_id) + 1
             elif position is not None:
                 index = position - 1
-            else:
-                index = 1 << 62  # a bare node move goes to the tail
-            # A job that did not ask for a model runs the model of the node it moves to.
-            target_model = next((n.model for n in nodes if n.name == target), job["model"])
-            db.execute("UPDATE job SET node = ?, position = ?, placement = CASE WHEN node <> ?"
-                       " THEN 'moved' ELSE placement END, model = CASE WHEN model_pinned"
-                       " THEN model ELSE ? END WHERE id = ?",
-                       (target, _position_at(db, target, job_id, index), target, target_model, job_id))
+            else:  # a bare node move goes to the tail (of the queue it is already in: stays)
+                index = 1 << 62 if target != job["node"] else None
+            if index is not None:
+                # A job that did not ask for a model runs the model of the node it moves to.
+                target_model = next((n.model for n in nodes if n.name == target), job["model"])
+                db.execute("UPDATE job SET node = ?, position = ?, placement = CASE WHEN node <> ?"
+                           " THEN 'moved' ELSE placement END, model = CASE WHEN model_pinned"
+                           " THEN model ELSE ? END WHERE id = ?",
+                           (target, _position_at(db, target, job_id, index), target, target_model, job_id))
             moved = dict(job, node=target)
             moved["position"] = db.execute(
                 "SELECT COUNT(*) FROM job j, job me WHERE me.id = ? AND j.node = me.node AND"

@@ -238,3 +238,23 @@ async def test_stale_heads_view_works_in_the_shell(store):
     await raw(store.path, "UPDATE run SET progress_at = ?, started_at = ?", iso(store_now - 10**8), iso(store_now - 10**8))
     rows = await raw(store.path, "SELECT id, reason FROM stale_heads")
     assert rows == [(job_id, "ran past max_runtime")]
+
+
+async def test_a_move_naming_the_jobs_own_node_and_no_position_keeps_its_place(store):
+    ids = [(await store.submit(NewJob("task", f"p{i}", node="a"), NODES, "api"))[0]["id"] for i in range(3)]
+    moved = await store.move(ids[0], NODES, "page", node="a")
+    assert moved["position"] == 1
+    _, queued, _ = await store.queue("a", 10)
+    assert [j["id"] for j in queued] == ids
+
+
+async def test_finish_can_claim_the_next_job_in_the_same_transaction(store):
+    first, second = [(await store.submit(NewJob("task", f"p{i}", node="a"), NODES, "api"))[0]["id"]
+                     for i in range(2)]
+    claimed = await store.claim("a")
+    nxt = await store.finish(first, claimed["run_id"], "done", None, "out", claim_node="a")
+    assert nxt["id"] == second and nxt["state"] == "running" and nxt["run_id"] != claimed["run_id"]
+    assert (await store.job(first))["state"] == "done"
+    assert await store.finish(second, nxt["run_id"], "done", None, claim_node="a") is None  # queue empty
+    with pytest.raises(GuardMiss):  # a refused finish claims nothing either
+        await store.finish(second, nxt["run_id"], "done", None, claim_node="a")
