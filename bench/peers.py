@@ -92,20 +92,24 @@ BENCH_NODES = [NodeInfo("n1", 1, ("task", "critique"), "m1", True)]
 
 
 async def store_round_trips(path: Path, count: int, limit_s: float) -> float:
-    """gpuq's Store: submit -> claim -> finish, one job at a time. Each is its own durable
-    transaction, and gpuq also writes a run row and three event rows that the peers do not."""
+    """gpuq's Store: submit -> claim -> finish, one job at a time, as the worker runs it in
+    steady state: the finish of one job claims the next in the same transaction, so a job
+    costs two durable commits (its submit; its predecessor's finish + its claim). gpuq also
+    writes a run row and three event rows that the peers do not."""
     store = Store(_fresh(path))
     await store.open()
     try:
         await store.configure({"stale_after_s": 600, "stale_grace_s": 30, "max_runtime_s": 3600}, [])
         job = NewJob("task", "x" * 64, node="n1")
+        await store.submit(job, BENCH_NODES, "bench")
+        claimed = await store.claim("n1")
         start = time.perf_counter()
         done = 0
         while done < count and time.perf_counter() - start < limit_s:
             [made] = await store.submit(job, BENCH_NODES, "bench")
-            claimed = await store.claim("n1")
-            assert claimed is not None and claimed["id"] == made["id"]
-            await store.finish(claimed["id"], claimed["run_id"], "done", None, "out")
+            nxt = await store.finish(claimed["id"], claimed["run_id"], "done", None, "out", claim_node="n1")
+            assert nxt is not None and nxt["id"] == made["id"]
+            claimed = nxt
             done += 1
         return done / (time.perf_counter() - start)
     finally:
@@ -193,11 +197,13 @@ async def store_concurrent(path: Path, workers: int, count: int, limit_s: float)
     async def worker(node: str) -> None:
         nonlocal done
         job = NewJob("task", "x" * 64, node=node)
+        await store.submit(job, nodes, "bench")
+        claimed = await store.claim(node)
         while done < count and time.perf_counter() - start < limit_s:
             [made] = await store.submit(job, nodes, "bench")
-            claimed = await store.claim(node)
-            assert claimed is not None and claimed["id"] == made["id"]
-            await store.finish(claimed["id"], claimed["run_id"], "done", None, "out")
+            nxt = await store.finish(claimed["id"], claimed["run_id"], "done", None, "out", claim_node=node)
+            assert nxt is not None and nxt["id"] == made["id"]
+            claimed = nxt
             done += 1
 
     try:

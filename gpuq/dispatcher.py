@@ -37,6 +37,7 @@ class Current:
     task: asyncio.Task | None = None
     output: list[str] = field(default_factory=list)
     abort_reason: str | None = None
+    next_job: dict | None = None  # claimed in the same transaction that finished this one
 
 
 @dataclass
@@ -202,20 +203,23 @@ class Dispatcher:
     async def _worker(self, rt: NodeRuntime, orphan_models: list[str]) -> None:
         for model in orphan_models:  # a job of a dead router may still hold VRAM
             await self._unload(rt, model, job_id=None)
+        job = None  # a job claimed by the previous job's finish, else claimed here
         while True:
             try:
-                if not rt.claimable:
-                    await self._wait(rt, 1.0)
-                    continue
-                if not await self._ready_to_claim(rt):
-                    await self._wait(rt, IDLE_POLL_S)
-                    continue
-                job = await self.store.claim(rt.name)
                 if job is None:
-                    continue
+                    if not rt.claimable:
+                        await self._wait(rt, 1.0)
+                        continue
+                    if not await self._ready_to_claim(rt):
+                        await self._wait(rt, IDLE_POLL_S)
+                        continue
+                    job = await self.store.claim(rt.name)
+                    if job is None:
+                        continue
                 log.info("job=%s node=%s state=running model=%s", job["id"], rt.name, job["model"])
                 self._changed(job=job["id"], node=rt.name, state="running")
-                await self._run(rt, job)
+                running, job = job, None
+                job = await self._run(rt, running)
             except asyncio.CancelledError:
                 raise
             except GpuqError as exc:  # the store refused (locked, disk full): say so, then go on
@@ -231,22 +235,25 @@ class Dispatcher:
             await self.check_node(rt)
         return rt.claimable
 
-    async def _run(self, rt: NodeRuntime, job: dict) -> None:
+    async def _run(self, rt: NodeRuntime, job: dict) -> dict | None:
+        """Run a claimed job to its end; returns the next job if its finish claimed one."""
         early = rt.aborted_runs.pop(job["run_id"], None)
         rt.aborted_runs.clear()  # older entries belong to runs this worker will never see again
         if early is not None:
             log.info("job=%s node=%s aborted before it started: %s", job["id"], rt.name, early)
-            return
+            return None
         cur = Current(job["id"], job["run_id"])
         rt.current = cur
         cur.task = asyncio.create_task(self._execute(rt, job, cur))
         try:
             await asyncio.shield(cur.task)
+            return cur.next_job
         except asyncio.CancelledError:
             if cur.abort_reason is None:  # the router is shutting down
                 cur.task.cancel()
                 raise
             await self._after_abort(rt, job, cur)
+            return None
         finally:
             rt.current = None
             self._changed(job=job["id"], node=rt.name)
@@ -285,11 +292,14 @@ class Dispatcher:
                     findings = parse_findings(output)
                 except FindingsError as exc:
                     error = f"the model's reply does not match the findings schema: {exc}; raw reply kept as output"
-        await self._unload(rt, job["model"], job["id"])
+        unloaded = await self._unload(rt, job["model"], job["id"])
         state = "failed" if error else "done"
+        # The node just answered the unload check: it is reachable, so the finish may claim
+        # its next job in the same commit.
+        claim_node = rt.name if unloaded and rt.claimable else None
         try:
-            await self._record(job["id"], "outcome", lambda: self.store.finish(
-                job["id"], cur.run_id, state, error, output, findings=findings))
+            cur.next_job = await self._record(job["id"], "outcome", lambda: self.store.finish(
+                job["id"], cur.run_id, state, error, output, findings=findings, claim_node=claim_node))
         except GuardMiss as exc:
             if cur.abort_reason is None:
                 log.error("job=%s node=%s finish refused: %s", job["id"], rt.name, exc.message)
