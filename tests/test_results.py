@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import re
+import signal
 import sys
 
 from conftest import eventually
@@ -157,3 +158,21 @@ async def test_a_running_job_reports_its_tokens_so_far(lab):
     running = next(n["running"] for n in queue["nodes"] if n["name"] == "node-3")
     assert running["id"] == job["id"] and running["tokens_so_far"] == 5
     await lab.request("DELETE", f"/api/jobs/{job['id']}")
+
+
+async def test_ctrl_c_stops_following_but_the_job_goes_on(lab):
+    fake = lab.fakes["node-3"]
+    fake.script.token_delay_s = 0.05
+    fake.script.tokens = 60
+    [job] = await lab.submit("task", "long enough to interrupt", node="node-3")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gpuq.cli", "--router", lab.url, "wait", job["id"],
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=dict(os.environ))
+    assert await asyncio.wait_for(proc.stdout.read(5), 20)  # the output is flowing
+    proc.send_signal(signal.SIGINT)
+    _, err = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode == 130
+    assert f"stopped following {job['id']}; it goes on" in err.decode()
+    assert (await lab.job(job["id"]))["state"] == "running"
+    done = await lab.wait_state(job["id"], "done", timeout=20)
+    assert len(done["output"].split()) == 60

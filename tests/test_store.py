@@ -7,7 +7,8 @@ import sqlite3
 
 import pytest
 
-from gpuq.errors import GpuqError, GuardRefused
+from gpuq.batching import in_writer_thread
+from gpuq.errors import GpuqError, GuardRefused, StoreUnavailable
 from gpuq.models import iso
 from gpuq.store import MIGRATIONS_DIR, STALE_SQL, GuardMiss, NewJob, NodeInfo, Store
 
@@ -258,3 +259,18 @@ async def test_finish_can_claim_the_next_job_in_the_same_transaction(store):
     assert await store.finish(second, nxt["run_id"], "done", None, claim_node="a") is None  # queue empty
     with pytest.raises(GuardMiss):  # a refused finish claims nothing either
         await store.finish(second, nxt["run_id"], "done", None, claim_node="a")
+
+
+async def test_a_read_only_database_refuses_writes_loudly_and_keeps_serving_reads(tmp_path):
+    s = Store(tmp_path / "q.db")
+    await s.open()
+    [job] = await s.submit(NewJob("task", "kept"), NODES, "api")
+    # SQLite answers SQLITE_READONLY here exactly as for a read-only file (as root, chmod
+    # would not bite, so the test asks SQLite itself to refuse writes).
+    await in_writer_thread(s._writer, lambda db: db.execute("PRAGMA query_only = ON"))
+    with pytest.raises(StoreUnavailable) as exc:
+        await s.submit(NewJob("task", "refused"), NODES, "api")
+    assert exc.value.status == 503 and "read-only" in exc.value.message
+    assert "nothing was changed" in exc.value.message
+    assert [j["id"] for j in await s.jobs()] == [job["id"]]
+    await s.close()
