@@ -135,15 +135,14 @@ def actor_of(request: web.Request) -> str:
 
 async def health(request: web.Request) -> web.Response:
     store, dispatcher = request.app[STORE], request.app[DISPATCHER]
-    totals = await store.totals()
-    waiting = await store.waiting_by_node()
+    active = await store.active_by_node()  # two indexed queries: this and the stale heads
     stale = [{k: h[k] for k in ("id", "node", "state", "since", "reason")} for h in await store.stale_heads()]
     down = [{"name": rt.name, "since": iso(rt.since), "error": rt.vram_stuck or rt.last_error,
-             "waiting": waiting.get(rt.name, 0)}
+             "waiting": active.get(rt.name, (0, 0))[0]}
             for rt in dispatcher.nodes.values() if rt.checked and not rt.claimable]
     ok = not stale and not any(d["waiting"] for d in down)
-    body = {"ok": ok, "queue_depth": totals["queue_depth"], "running": totals["running"],
-            "stale": stale, "nodes_down": down}
+    body = {"ok": ok, "queue_depth": sum(q for q, _ in active.values()),
+            "running": sum(r for _, r in active.values()), "stale": stale, "nodes_down": down}
     return web.json_response(body, status=200 if ok else 503)
 
 
@@ -245,8 +244,8 @@ async def queue(request: web.Request) -> web.Response:
 
 
 async def nodes(request: web.Request) -> web.Response:
-    waiting = await request.app[STORE].waiting_by_node()
-    return web.json_response({"nodes": [dict(node_json(rt), waiting=waiting.get(rt.name, 0))
+    active = await request.app[STORE].active_by_node()
+    return web.json_response({"nodes": [dict(node_json(rt), waiting=active.get(rt.name, (0, 0))[0])
                                         for rt in request.app[DISPATCHER].nodes.values()]})
 
 

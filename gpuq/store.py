@@ -422,16 +422,12 @@ class Store:
         count = await self.read("SELECT COUNT(*) AS n FROM job WHERE node = ? AND state = 'queued'", (node,))
         return (running[0] if running else None), queued, count[0]["n"]
 
-    async def totals(self) -> Row:
+    async def active_by_node(self) -> dict[str, tuple[int, int]]:
+        """(queued, running) per node, in one query over the active rows only (index job_state)."""
         rows = await self.read(
-            "SELECT (SELECT COUNT(*) FROM job WHERE state = 'queued') AS queue_depth,"
-            " (SELECT COUNT(*) FROM job WHERE state = 'running') AS running"
-        )
-        return rows[0]
-
-    async def waiting_by_node(self) -> dict[str, int]:
-        rows = await self.read("SELECT node, COUNT(*) AS n FROM job WHERE state = 'queued' GROUP BY node")
-        return {r["node"]: r["n"] for r in rows}
+            "SELECT node, SUM(state = 'queued') AS queued, SUM(state = 'running') AS running FROM job"
+            " WHERE state IN ('queued', 'running') GROUP BY node")
+        return {r["node"]: (r["queued"], r["running"]) for r in rows}
 
     async def has_waiting(self, node: str) -> bool:
         rows = await self.read(
