@@ -34,6 +34,7 @@ async def test_token_is_required_on_the_api_and_compared_exactly(fakes, daemon_f
         assert resp.status == 200
     async with d.session.get(f"{d.url}/api/events?token=nope") as resp:
         assert resp.status == 401
+    assert "s3cret-token" not in d.log.read_text()  # no token in the router's log
 
 
 async def test_cli_sends_the_token_from_the_environment(fakes, daemon_factory):
