@@ -365,23 +365,17 @@ class Bench:
                 await store.open()
             try:
                 runs = {(k, size): [] for k in ("claim", "claim_sql", "stale", "submit") for size in sizes}
-                for i in range(samples):
-                    node = "n1" if i % 2 == 0 else "n2"
-                    for size, store in stores.items():
-                        t = time.perf_counter()
-                        job = await store.claim(node)
-                        runs["claim", size].append((time.perf_counter() - t) * 1000)
-                        await store.finish(job["id"], job["run_id"], "done", None, "out")
-                # The same claim without its fsync: the SQL work alone, where growth would show.
-                for store in stores.values():
-                    await store._writer.execute("PRAGMA synchronous = OFF")
-                for i in range(samples):
-                    node = "n1" if i % 2 == 0 else "n2"
-                    for size, store in stores.items():
-                        t = time.perf_counter()
-                        job = await store.claim(node)
-                        runs["claim_sql", size].append((time.perf_counter() - t) * 1000)
-                        await store.finish(job["id"], job["run_id"], "done", None, "out")
+                # The claim with its fsync, then without it: the SQL work alone, where growth would show.
+                for key, synchronous in (("claim", "FULL"), ("claim_sql", "OFF")):
+                    for store in stores.values():
+                        await store._writer.execute(f"PRAGMA synchronous = {synchronous}")
+                    for i in range(samples):
+                        node = "n1" if i % 2 == 0 else "n2"
+                        for size, store in stores.items():
+                            t = time.perf_counter()
+                            job = await store.claim(node)
+                            runs[key, size].append((time.perf_counter() - t) * 1000)
+                            await store.finish(job["id"], job["run_id"], "done", None, "out")
                 for store in stores.values():
                     await store._writer.execute("PRAGMA synchronous = FULL")
                 heads = {size: [await store.claim(n) for n in NODES] for size, store in stores.items()}
