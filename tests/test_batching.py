@@ -9,6 +9,8 @@ import sqlite3
 
 import pytest
 
+from conftest import eventually
+
 from gpuq.errors import StoreUnavailable, Unprocessable
 from gpuq.placement import FIRST_FREE, SHORTEST
 from gpuq.store import NewJob, NodeInfo, Store
@@ -37,7 +39,7 @@ async def together(store: Store, *calls):
     """Start the calls while the writer is busy, so they queue up and form one batch."""
     async with store._write_lock:  # the batcher waits for the writer's lock
         tasks = [asyncio.ensure_future(c) for c in calls]
-        await asyncio.sleep(0.01)
+        await eventually(lambda: len(store._batcher._queue) == len(calls), what="every write to queue up")
     return await asyncio.gather(*tasks, return_exceptions=True)
 
 
