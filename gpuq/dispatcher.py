@@ -52,6 +52,7 @@ class NodeRuntime:
     model_installed: bool | None = None
     installed: frozenset[str] | None = None  # the models /api/tags listed at the last answer
     vram_stuck: str | None = None  # set when a model would not leave VRAM
+    stuck_model: str | None = None  # which model (a job may have asked for another than the node's)
     health_unrecorded: bool = False  # the database refused the last health change
     unloaded_at: float = float("-inf")  # monotonic time the node last confirmed an unload
     current: Current | None = None
@@ -155,7 +156,7 @@ class Dispatcher:
             rt.model_installed = normalize_model(rt.config.model) in installed
             if rt.vram_stuck and rt.current is None:
                 try:
-                    if normalize_model(rt.config.model) not in await rt.client.loaded():
+                    if normalize_model(rt.stuck_model or rt.config.model) not in await rt.client.loaded():
                         log.info("node=%s vram=clear", rt.name)
                         rt.vram_stuck = None
                 except OllamaError:
@@ -368,7 +369,7 @@ class Dispatcher:
             delay = min(delay * 2, 0.5)
         message = (f"unload failed: {model} did not leave VRAM within "
                    f"{self.settings.unload_timeout_s:g}s ({last_error}); node {rt.name} flagged")
-        rt.vram_stuck = message
+        rt.vram_stuck, rt.stuck_model = message, model
         log.error("node=%s job=%s %s", rt.name, job_id, message)
         if job_id is not None:
             await self._record(job_id, "event", lambda: self.store.note(job_id, message))

@@ -76,6 +76,7 @@ class FakeOllama:
     script: Script = field(default_factory=Script)
     requests: list[dict] = field(default_factory=list)  # every /api/chat and /api/generate body
     disconnects: int = 0  # generations stopped because the client went away
+    ps_calls: int = 0  # GET /api/ps answered (how often someone checked what is loaded)
     in_flight: int = 0  # generations streaming now
     max_in_flight: int = 0  # the most ever at once: a router runs one job per node
     loaded: dict[str, Loaded] = field(default_factory=dict)
@@ -184,6 +185,7 @@ class FakeOllama:
              "details": {"format": "gguf", "family": "llama"}} for m in sorted(self.models)]})
 
     async def _ps(self, request: web.Request) -> web.Response:
+        self.ps_calls += 1
         self._expire()
         return web.json_response({"models": [
             {"name": m, "model": m, "size": 1 << 30, "digest": "0" * 64,

@@ -176,3 +176,30 @@ async def test_an_unload_that_never_frees_the_model_flags_the_node_until_it_is_f
     assert (await node(d, "sick"))["vram_stuck"] is None
     status, health = await d.request("GET", "/health")
     assert status == 200 and health["nodes_down"] == []
+
+
+async def test_a_stuck_model_the_job_asked_for_keeps_the_node_flagged_until_that_model_leaves(fakes, daemon_factory):
+    sick = await fakes(MODEL, "small:latest")
+    d = await daemon_factory([node_table("sick", sick, 1, ["task"], MODEL)], unload_timeout="1s")
+    await eventually(lambda: node(d, "sick"), what="the node")
+    await eventually(async_true(lambda: node(d, "sick"), lambda n: n["up"]), what="the node up")
+    sick.script.unload = "never"
+    [job] = await d.submit("task", "on the small model", model="small")
+    await eventually(async_true(lambda: node(d, "sick"), lambda n: n["vram_stuck"]), 15, what="the flag")
+    assert "small" in (await node(d, "sick"))["vram_stuck"]
+    await d.wait_state(job["id"], "done")
+    [waiting] = await d.submit("task", "must wait while small is stuck")
+    checks = sick.ps_calls
+    await eventually(lambda: sick.ps_calls >= checks + 3, what="three more looks at /api/ps")
+    assert (await node(d, "sick"))["vram_stuck"]  # the node's own model is absent, small is not
+    assert (await d.job(waiting["id"]))["state"] == "queued"
+    sick.script.unload = "immediate"
+    sick.loaded.clear()  # the stuck runner is restarted: the model the job used is gone
+    await d.wait_state(waiting["id"], "done", timeout=20)
+    assert (await node(d, "sick"))["vram_stuck"] is None
+
+
+def async_true(fetch, test):
+    async def check():
+        return test(await fetch())
+    return check
