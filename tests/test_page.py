@@ -271,7 +271,7 @@ async def test_a_drag_in_progress_survives_live_updates(lab, page):
                      what="a live update to arrive, and wait, during the drag")
     await expect(page.locator(card(d))).to_have_count(0)  # held back: the drag goes on
     await expect(page.locator(".drop-marker")).to_have_count(1)
-    box = await page.locator(card(a)).bounding_box()
+    box = await eventually(lambda: page.locator(card(a)).bounding_box(), 15, what="card a on screen")
     await page.mouse.move(box["x"] + 80, box["y"] + 4, steps=4)
     await page.mouse.up()
     await api_shows(lab, "node-3", [c, a, b, d])
