@@ -262,7 +262,7 @@ async def test_a_drag_in_progress_survives_live_updates(lab, page):
 
     await page.locator(f"{card(c)} .handle").hover()
     await page.mouse.down()
-    box = await page.locator(card(b)).bounding_box()
+    box = await eventually(lambda: page.locator(card(b)).bounding_box(), 15, what="card b on screen")
     await page.mouse.move(box["x"] + 80, box["y"] + 30, steps=4)
     await page.mouse.move(box["x"] + 80, box["y"] + 20, steps=2)
     await eventually(lambda: page.evaluate("window.gpuq.dragging !== null"), 15, what="the drag to start")
