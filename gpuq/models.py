@@ -26,7 +26,8 @@ POSITION_GAP = 1024
 
 
 def new_job_id(now: float | None = None) -> str:
-    """`<unix seconds>-<8 lowercase hex>`: sorts by time, unique without coordination."""
+    """`<unix seconds>-<8 lowercase hex>`: sorts by time. Not unique by itself in a burst: the
+    store checks each new id against the table."""
     return f"{int(now if now is not None else time.time())}-{secrets.token_hex(4)}"
 
 

@@ -142,6 +142,15 @@ def _event(db: sqlite3.Connection, job_id: str, from_state: str | None, to_state
                (job_id, iso(now), from_state, to_state, actor, reason))
 
 
+def _unused_id(db: sqlite3.Connection, now: float) -> str:
+    """A fresh job id. 32 random bits a second collide now and then in a burst of thousands
+    (the birthday bound), so look before using one."""
+    while True:
+        job_id = new_job_id(now)
+        if db.execute("SELECT 1 FROM job WHERE id = ?", (job_id,)).fetchone() is None:
+            return job_id
+
+
 def _claim(db: sqlite3.Connection, node: str, now: float) -> Row | None:
     """The head of the node's queue becomes running, with a new run row (never a second head)."""
     row = db.execute(
@@ -474,11 +483,13 @@ class Store:
             placements = [rules.place_task(views, new.node)]
         else:
             placements = rules.place_critique(views, parent_node, new.node)
-        group = new_job_id(now) if new.kind == "critique" else None
+        group = None  # a fan-out's children share the first child's id as their group
         at = iso(now)
         created = []
         for p in placements:
-            job_id = new_job_id(now)
+            job_id = _unused_id(db, now)
+            if new.kind == "critique" and group is None:
+                group = job_id
             tail = db.execute("SELECT MAX(position) FROM job WHERE node = ? AND state = 'queued'",
                               (p.node,)).fetchone()
             position = (tail[0] or 0) + POSITION_GAP

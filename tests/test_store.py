@@ -274,3 +274,12 @@ async def test_a_read_only_database_refuses_writes_loudly_and_keeps_serving_read
     assert "nothing was changed" in exc.value.message
     assert [j["id"] for j in await s.jobs()] == [job["id"]]
     await s.close()
+
+
+async def test_a_colliding_job_id_is_replaced_not_refused(store, monkeypatch):
+    [first] = await store.submit(NewJob("task", "p"), NODES, "api")
+    ids = iter([first["id"], first["id"], "1800000000-0000abcd"])  # the id generator repeats itself
+    monkeypatch.setattr("gpuq.store.new_job_id", lambda now: next(ids))
+    [second] = await store.submit(NewJob("task", "q"), NODES, "api")
+    assert second["id"] == "1800000000-0000abcd"
+    assert len(await store.jobs()) == 2
