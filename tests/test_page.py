@@ -105,16 +105,44 @@ async def dom_ids(page: Page, node: str) -> list[str]:
 
 async def page_shows(page: Page, node: str, ids: list[str]) -> list[str]:
     """Wait until the node's column lists exactly `ids`, in order."""
+    seen: list = []
+
     async def same():
-        return await dom_ids(page, node) == ids
-    await eventually(same, 15, what=f"{node}'s column to show {ids}")
+        seen[:] = await dom_ids(page, node)
+        return seen == ids
+    try:
+        await eventually(same, 15, what=f"{node}'s column to show {ids}")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the column shows {seen}") from None
     return ids
 
 
 async def api_shows(daemon, node: str, ids: list[str]) -> None:
+    seen: list = []
+
     async def same():
-        return await queued_ids(daemon, node) == ids
-    await eventually(same, 15, what=f"{node}'s queue to be {ids}")
+        seen[:] = await queued_ids(daemon, node)
+        return seen == ids
+    try:
+        await eventually(same, 15, what=f"{node}'s queue to be {ids}")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the queue is {seen}") from None
+
+
+async def drag(page: Page, job_id: str, target: str, x: float | None = None, y: float | None = None) -> None:
+    """Drag a card by its handle onto `target` (at x, y inside it, else its centre), step by step:
+    the drop waits until the page reports the drag started (Playwright's one-shot drag_to can
+    release the mouse before Chromium has begun the drag, and then nothing is dropped)."""
+    handle = page.locator(f"{card(job_id)} .handle")
+    await handle.hover()
+    await page.mouse.down()
+    start = await eventually(lambda: handle.bounding_box(), 15, what="the handle on screen")
+    await page.mouse.move(start["x"] + start["width"] / 2, start["y"] + start["height"] / 2 + 12, steps=3)
+    await eventually(lambda: page.evaluate("window.gpuq.dragging !== null"), 15, what="the drag to start")
+    box = await eventually(lambda: page.locator(target).bounding_box(), 15, what=f"{target} on screen")
+    await page.mouse.move(box["x"] + (box["width"] / 2 if x is None else x),
+                          box["y"] + (box["height"] / 2 if y is None else y), steps=4)
+    await page.mouse.up()
 
 
 async def open_queue(page: Page, daemon) -> None:
@@ -195,14 +223,14 @@ async def test_drag_reorders_the_queue(lab, page):
     await open_queue(page, lab)
     await page_shows(page, "node-3", [a, b, c])
 
-    await page.locator(f"{card(c)} .handle").drag_to(page.locator(card(a)), target_position={"x": 80, "y": 4})
+    await drag(page, c, card(a), 80, 4)
     await api_shows(lab, "node-3", [c, a, b])
     await page_shows(page, "node-3", [c, a, b])
     events = (await lab.job(c))["events"]
     assert events[-1]["actor"].startswith("page "), events[-1]
     assert events[-1]["reason"] == "moved at position 1"
 
-    await page.locator(f"{card(c)} .handle").drag_to(page.locator(card(b)), target_position={"x": 80, "y": 50})
+    await drag(page, c, card(b), 80, 50)
     await api_shows(lab, "node-3", [a, b, c])
     await page_shows(page, "node-3", [a, b, c])
 
@@ -217,7 +245,7 @@ async def test_drag_into_another_column_moves_the_job(lab, page):
     await open_queue(page, lab)
     await page_shows(page, "node-3", [a, b])
 
-    await page.locator(f"{card(b)} .handle").drag_to(page.locator(card(x)), target_position={"x": 80, "y": 4})
+    await drag(page, b, card(x), 80, 4)
     await api_shows(lab, "node-1", [b, x])
     await api_shows(lab, "node-3", [a])
     await page_shows(page, "node-1", [b, x])
@@ -242,7 +270,7 @@ async def test_drag_refused_by_the_guard_shows_409_and_restores_order(lab, page)
     await page_shows(page, "node-2", [first, crit])
     await expect(page.locator(".alert.down")).to_contain_text("node-2 down for")
 
-    await page.locator(f"{card(crit)} .handle").drag_to(page.locator(f"{column('node-1')} .queue"))
+    await drag(page, crit, f"{column('node-1')} .queue")
     await expect(page.locator("#toasts")).to_contain_text(GUARD)
     await expect(page.locator("#toasts")).to_contain_text("409")
     await screenshot(page, "queue-guard-refused.png")

@@ -21,6 +21,7 @@ const S = {
   limit: LIMIT_STEP,
   error: null, // the last refresh's failure, shown until one succeeds
   dragging: null, // {id, node, kind, card} while a drag is in progress
+  pressing: false, // a drag handle is pressed: the drag has not started yet
   pending: 0, // queue-control calls in flight; renders wait for them
   deferred: false, // a render was held back by a drag or a pending call
   gen: 0, // bumped when a call fails: the calls queued after it are dropped
@@ -64,7 +65,9 @@ const refreshSoon = coalesced(refresh, 250);
 // -- rendering --------------------------------------------------------------------------------
 
 function render() {
-  if (S.dragging || S.pending) {
+  // Never replace the board under a pressed handle: the browser starts the drag on the
+  // element that was pressed, and a detached one would lose it.
+  if (S.dragging || S.pending || S.pressing) {
     S.deferred = true;
     return;
   }
@@ -591,6 +594,18 @@ board.addEventListener('drop', (e) => {
 });
 
 board.addEventListener('dragend', endDrag);
+
+board.addEventListener('pointerdown', (e) => {
+  if (e.target.closest && e.target.closest('.handle')) S.pressing = true;
+});
+function released() {
+  if (!S.pressing) return;
+  S.pressing = false;
+  // A drag that starts now reports itself first (dragstart): render only once it has not.
+  setTimeout(() => { if (S.deferred && !S.dragging) render(); }, 0);
+}
+window.addEventListener('pointerup', released);
+window.addEventListener('pointercancel', released);
 
 // -- keys -------------------------------------------------------------------------------------
 
