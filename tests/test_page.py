@@ -103,30 +103,27 @@ async def dom_ids(page: Page, node: str) -> list[str]:
     return await page.eval_on_selector_all(f"{column(node)} .queue > .card", "cs => cs.map(c => c.dataset.id)")
 
 
-async def page_shows(page: Page, node: str, ids: list[str]) -> list[str]:
-    """Wait until the node's column lists exactly `ids`, in order."""
+async def until_ids(fetch, ids: list[str], what: str) -> list[str]:
+    """Wait until `fetch()` returns exactly `ids`; on a timeout, say what it returned last."""
     seen: list = []
 
     async def same():
-        seen[:] = await dom_ids(page, node)
+        seen[:] = await fetch()
         return seen == ids
     try:
-        await eventually(same, 15, what=f"{node}'s column to show {ids}")
+        await eventually(same, 15, what=f"{what} to be {ids}")
     except AssertionError as exc:
-        raise AssertionError(f"{exc}; the column shows {seen}") from None
+        raise AssertionError(f"{exc}; it was {seen}") from None
     return ids
 
 
-async def api_shows(daemon, node: str, ids: list[str]) -> None:
-    seen: list = []
+async def page_shows(page: Page, node: str, ids: list[str]) -> list[str]:
+    """Wait until the node's column lists exactly `ids`, in order."""
+    return await until_ids(lambda: dom_ids(page, node), ids, f"{node}'s column")
 
-    async def same():
-        seen[:] = await queued_ids(daemon, node)
-        return seen == ids
-    try:
-        await eventually(same, 15, what=f"{node}'s queue to be {ids}")
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}; the queue is {seen}") from None
+
+async def api_shows(daemon, node: str, ids: list[str]) -> None:
+    await until_ids(lambda: queued_ids(daemon, node), ids, f"{node}'s queue")
 
 
 async def drag(page: Page, job_id: str, target: str, x: float | None = None, y: float | None = None) -> None:
