@@ -127,7 +127,12 @@ class Daemon:
             sys.executable, "-m", "gpuq.cli", "--router", self.url, *args,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             env={**os.environ, **self.env})
-        out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
+        except asyncio.TimeoutError:
+            proc.kill()  # a CLI that hangs must not outlive its test
+            await proc.wait()
+            raise AssertionError(f"gpuq {' '.join(args)} did not finish within {timeout}s") from None
         return Result(proc.returncode, out.decode(), err.decode())
 
 
