@@ -176,7 +176,7 @@ async def submit(request: web.Request) -> web.Response:
     for job in jobs:
         log.info("job=%s node=%s state=queued kind=%s placement=%r", job["id"], job["node"], kind, job["reason"])
         job["preview_url"] = f"{settings.public_url}/jobs/{job['id']}"
-    request.app[DISPATCHER].wake()
+        request.app[DISPATCHER].wake(job["node"])  # only its node: the others have nothing new
     request.app[BUS].publish("queue", {"submitted": [j["id"] for j in jobs]})
     return web.json_response({"jobs": jobs}, status=201)
 
