@@ -69,8 +69,6 @@ class Settings:
     def max_runtime_for(self, node: NodeConfig) -> float:
         return node.max_runtime_s if node.max_runtime_s is not None else self.max_runtime_s
 
-    def with_nodes(self, nodes: list[NodeConfig]) -> Settings:
-        return replace(self, nodes=tuple(nodes))
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")

@@ -122,9 +122,6 @@ class Dispatcher:
             rt.aborted_runs[interrupted.run_id] = reason
         self.wake(interrupted.node)
 
-    def live_output(self, job_id: str) -> str | None:
-        cur = self.live(job_id)
-        return "".join(cur.output) if cur else None
 
     def live(self, job_id: str) -> Current | None:
         """The running job's in-memory state (its output so far, one piece per token)."""

@@ -126,9 +126,6 @@ class FakeOllama:
         """Requests that asked for a generation (not unloads)."""
         return [r for r in self.requests if r.get("messages") or r.get("prompt")]
 
-    @property
-    def unload_requests(self) -> list[dict]:
-        return [r for r in self.requests if not (r.get("messages") or r.get("prompt"))]
 
     # -- model state ------------------------------------------------------------------------
 

@@ -20,7 +20,6 @@ class Kind(str, Enum):
 
 
 ACTIVE = (JobState.QUEUED.value, JobState.RUNNING.value)
-FINISHED = (JobState.DONE.value, JobState.FAILED.value, JobState.CANCELLED.value)
 
 POSITION_GAP = 1024
 

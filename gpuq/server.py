@@ -18,7 +18,7 @@ from .config import Settings
 from .critique import parent_subject
 from .dispatcher import Dispatcher, node_json
 from .errors import BadRequest, Conflict, GpuqError, NotFound, TooLarge
-from .models import iso
+from .models import Kind, iso
 from .security import access_middleware
 from .store import NewJob, Store, job_json
 
@@ -150,7 +150,7 @@ async def submit(request: web.Request) -> web.Response:
     settings, store = request.app[SETTINGS], request.app[STORE]
     body = await json_body(request, {"kind", "prompt", "model", "node", "parent", "timeout"})
     kind = field_of(body, "kind", str, required=True)
-    if kind not in ("task", "critique"):
+    if kind not in {k.value for k in Kind}:
         raise BadRequest(f"unknown kind '{kind[:40]}' (expected 'task' or 'critique')")
     prompt = field_of(body, "prompt", str)
     parent = field_of(body, "parent", str)
@@ -328,7 +328,8 @@ async def stream_job(request: web.Request) -> web.StreamResponse:
     with app[BUS].subscribe() as events:
         job = await app[STORE].job_detail(job_id)
         await resp.prepare(request)
-        sent = app[DISPATCHER].live_output(job_id) or job["output"]
+        cur = app[DISPATCHER].live(job_id)
+        sent = "".join(cur.output) if cur else job["output"]
         while not events.empty():  # pieces published so far are already in `sent`
             events.get_nowait()
         if sent:

@@ -717,9 +717,6 @@ class Store:
             return dict(job, state="queued")
         return await self._write(retry_in)
 
-    async def dump(self, sql: str, params: tuple = ()) -> list[Row]:
-        """Read-only access for tests and forensics helpers."""
-        return await self.read(sql, params)
 
 
 def job_json(row: Row, public_url: str) -> Row:

@@ -288,7 +288,7 @@ class QueueMachine(RuleBasedStateMachine):
 
     @invariant()
     def database_equals_model(self):
-        rows = self.run(self.store.dump(
+        rows = self.run(self.store.read(
             "SELECT id, kind, state, node, parent_id FROM job ORDER BY node, state, position, id"))
         assert {r["id"]: r["state"] for r in rows} == self.state  # no job lost, none invented
         assert {r["id"]: r["node"] for r in rows} == self.node
@@ -305,7 +305,7 @@ class QueueMachine(RuleBasedStateMachine):
 
     @invariant()
     def event_log_replays_to_each_state(self):
-        events = self.run(self.store.dump("SELECT job_id, from_state, to_state FROM event ORDER BY id"))
+        events = self.run(self.store.read("SELECT job_id, from_state, to_state FROM event ORDER BY id"))
         replayed: dict[str, str | None] = {}
         for e in events:
             assert e["from_state"] == replayed.get(e["job_id"]), e

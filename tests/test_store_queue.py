@@ -54,7 +54,7 @@ async def order(store, node="node-3") -> list[str]:
 
 
 async def positions(store, node="node-3") -> list[int]:
-    rows = await store.dump("SELECT position FROM job WHERE node = ? AND state = 'queued'"
+    rows = await store.read("SELECT position FROM job WHERE node = ? AND state = 'queued'"
                             " ORDER BY position, id", (node,))
     return [r["position"] for r in rows]
 
@@ -64,7 +64,7 @@ async def events(store, job_id) -> list[dict]:
 
 
 async def event_count(store) -> int:
-    return (await store.dump("SELECT COUNT(*) AS n FROM event"))[0]["n"]
+    return (await store.read("SELECT COUNT(*) AS n FROM event"))[0]["n"]
 
 
 async def in_state(store, state: str, node="node-3") -> str:
@@ -278,7 +278,7 @@ async def test_gap_exhaustion_renumbers_inside_the_move_and_order_stays_right(st
     await store.move(tail, NODES, "page", position=1)
     assert await order(store) == [tail, head, *reversed(extra)]
     # Forty moves, one event each, and nothing else.
-    moves = await store.dump("SELECT COUNT(*) AS n FROM event WHERE reason LIKE 'moved %'")
+    moves = await store.read("SELECT COUNT(*) AS n FROM event WHERE reason LIKE 'moved %'")
     assert moves[0]["n"] == 41
 
 
