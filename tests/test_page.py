@@ -83,6 +83,15 @@ async def head(daemon, node: str, prompt: str = "head", kind: str = "task") -> s
     return job["id"]
 
 
+async def three_waiting_on_node3(lab, page: Page) -> list[str]:
+    """node-3 busy with a running head and three tasks waiting behind it, shown on the page."""
+    busy(lab.fakes["node-3"])
+    await head(lab, "node-3")
+    ids = [(await lab.submit("task", f"job {x}", node="node-3"))[0]["id"] for x in "abc"]
+    await open_queue(page, lab)
+    return await page_shows(page, "node-3", ids)
+
+
 async def critique_of(daemon, parent: str) -> list[dict]:
     """A critique of a done task's result, fanned out (no prompt: the router builds the subject)."""
     status, body = await daemon.request("POST", "/api/jobs", {"kind": "critique", "parent": parent})
@@ -214,11 +223,7 @@ async def test_queue_page_shows_every_node_and_job(lab, page):
 
 
 async def test_drag_reorders_the_queue(lab, page):
-    busy(lab.fakes["node-3"])
-    await head(lab, "node-3")
-    a, b, c = [(await lab.submit("task", f"job {x}", node="node-3"))[0]["id"] for x in "abc"]
-    await open_queue(page, lab)
-    await page_shows(page, "node-3", [a, b, c])
+    a, b, c = await three_waiting_on_node3(lab, page)
 
     await drag(page, c, card(a), 80, 4)
     await api_shows(lab, "node-3", [c, a, b])
@@ -278,11 +283,7 @@ async def test_drag_refused_by_the_guard_shows_409_and_restores_order(lab, page)
 
 
 async def test_a_drag_in_progress_survives_live_updates(lab, page):
-    busy(lab.fakes["node-3"])
-    await head(lab, "node-3")
-    a, b, c = [(await lab.submit("task", f"job {x}", node="node-3"))[0]["id"] for x in "abc"]
-    await open_queue(page, lab)
-    await page_shows(page, "node-3", [a, b, c])
+    a, b, c = await three_waiting_on_node3(lab, page)
     changes = await page.evaluate("window.gpuq.changes")
 
     await page.locator(f"{card(c)} .handle").hover()
@@ -305,12 +306,8 @@ async def test_a_drag_in_progress_survives_live_updates(lab, page):
 
 async def test_keyboard_reorders_and_moves(lab, page):
     busy(lab.fakes["node-1"])
-    busy(lab.fakes["node-3"])
     await head(lab, "node-1")
-    await head(lab, "node-3")
-    a, b, c = [(await lab.submit("task", f"job {x}", node="node-3"))[0]["id"] for x in "abc"]
-    await open_queue(page, lab)
-    await page_shows(page, "node-3", [a, b, c])
+    a, b, c = await three_waiting_on_node3(lab, page)
     await expect(page.locator("#keys")).to_contain_text("Alt")
 
     await page.locator(card(c)).focus()
