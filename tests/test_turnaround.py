@@ -80,8 +80,19 @@ async def test_a_stop_in_the_same_tick_as_a_wake_still_ends_the_idle_worker(tmp_
     await dispatcher.start()
     try:
         await eventually(lambda: dispatcher.nodes["n"].checked, what="the node's first check")
-        await asyncio.sleep(0.05)  # the worker is idle, waiting for a wake
+        worker = next(t for t in dispatcher._tasks if t.get_name() == "worker-n")
+        await eventually(lambda: awaiting(worker, "_wait"), what="the worker to wait for a wake")
         dispatcher.wake()
         await asyncio.wait_for(dispatcher.stop(), 5)
     finally:
         await store.close()
+
+
+def awaiting(task: asyncio.Task, name: str) -> bool:
+    """Is the task suspended inside a coroutine called `name` (following its await chain)?"""
+    coro = task.get_coro()
+    while coro is not None:
+        if getattr(coro, "__name__", None) == name:
+            return True
+        coro = getattr(coro, "cr_await", None)
+    return False
