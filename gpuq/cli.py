@@ -196,11 +196,14 @@ def critique(ctx, file, parent, node, model, timeout, no_wait, as_json) -> None:
     jobs = router.call("POST", "/api/jobs", {k: v for k, v in body.items() if v is not None})["jobs"]
     if not as_json:
         click.echo(f"fan-out {len(jobs)} critique node{'s' if len(jobs) != 1 else ''}")
+        if jobs and jobs[0].get("waiting_for"):
+            click.echo(f"waiting for parent {jobs[0]['waiting_for']} to finish; then each reviews its result")
     if no_wait:
         for job in jobs:
             line = {"node": job["node"], "id": job["id"], "model": job["model"], "state": job["state"],
-                    "preview_url": job["preview_url"]}
-            click.echo(json.dumps(line) if as_json else f"{job['node']} {job['id']} {job['model']} {job['state']}")
+                    "waiting_for": job.get("waiting_for"), "preview_url": job["preview_url"]}
+            held = f" (waiting for parent {job['waiting_for']})" if job.get("waiting_for") else ""
+            click.echo(json.dumps(line) if as_json else f"{job['node']} {job['id']} {job['model']} {job['state']}{held}")
         return
     finished = wait_all(router, [j["id"] for j in jobs], as_json)
     if any(j["state"] != "done" for j in finished):
@@ -306,6 +309,8 @@ def show(ctx, job_id, as_json) -> None:
         click.echo(f"critique: {child['id']} on {child['node']} {child['state']}")
     if job.get("queue_position"):
         click.echo(f"position {job['queue_position']} in {job['node']}'s queue")
+    if job.get("waiting_for"):
+        click.echo(f"waiting for parent {job['waiting_for']} to finish (held: it reviews the parent's result)")
     click.echo(summary(job))
     click.echo("\n-- prompt --\n" + job["prompt"])
     if job.get("findings") is not None:
@@ -343,6 +348,8 @@ def queue_cmd(ctx, limit) -> None:
             click.echo(f"  running  {run['id']}  {run['kind']:8} {ago(run['started_at']):>7}  {excerpt(run['prompt'])}")
         for i, job in enumerate(node["queued"], start=1):
             mark = " (preempted)" if job["preempted_runs"] else ""
+            if job.get("waiting_for"):
+                mark += f" (waiting for parent {job['waiting_for']})"
             click.echo(f"  {i:>7}  {job['id']}  {job['kind']:8} {ago(job['created_at']):>7}  {excerpt(job['prompt'])}{mark}")
         if node["queued_count"] > len(node["queued"]):
             click.echo(f"  … {node['queued_count'] - len(node['queued'])} more")

@@ -305,6 +305,9 @@ class Dispatcher:
                 await self._record(job["id"], "event", lambda: self.store.note(job["id"], reason))
             return
         log.info("job=%s node=%s state=%s%s", job["id"], rt.name, state, f" error={error!r}" if error else "")
+        if job["kind"] == "task":  # critiques held for this task are ready (or were cancelled)
+            self.wake()
+            self._changed(job=job["id"], state=state)
 
     async def _generate(self, rt: NodeRuntime, job: dict, cur: Current, prompt: str, fmt) -> dict:
         last_beat = time.monotonic()

@@ -15,9 +15,8 @@ from aiohttp import web
 
 from .bus import Bus, next_event
 from .config import Settings
-from .critique import parent_subject
 from .dispatcher import Dispatcher, node_json
-from .errors import BadRequest, Conflict, GpuqError, NotFound, TooLarge
+from .errors import BadRequest, GpuqError, NotFound, TooLarge
 from .models import Kind, iso
 from .security import access_middleware
 from .store import NewJob, Store, job_json
@@ -159,13 +158,15 @@ async def submit(request: web.Request) -> web.Response:
     timeout = field_of(body, "timeout", (int, float))
     if timeout is not None and not 0 < timeout <= 7 * 86400:
         raise BadRequest(f"field 'timeout' must be between 0 and 604800 seconds, got {timeout}")
-    if prompt is None and kind == "critique" and parent is not None:
-        prompt = await subject_of_parent(store, parent)
-    if prompt is None or not prompt.strip():
-        raise BadRequest("field 'prompt' must not be empty")
-    size = len(prompt.encode("utf-8"))
-    if size > settings.max_prompt_bytes:
-        raise TooLarge(f"prompt is {size} bytes, over the limit of {settings.max_prompt_bytes} (router.max_prompt_bytes)")
+    # No prompt with a parent: the critique reviews the parent's prompt and result (the store
+    # judges the guard first, then holds it until the parent is done).
+    if prompt is not None or kind != "critique" or parent is None:
+        if prompt is None or not prompt.strip():
+            raise BadRequest("field 'prompt' must not be empty")
+        size = len(prompt.encode("utf-8"))
+        if size > settings.max_prompt_bytes:
+            raise TooLarge(f"prompt is {size} bytes, over the limit of {settings.max_prompt_bytes} "
+                           "(router.max_prompt_bytes)")
     model = field_of(body, "model", str)
     if model is not None and not model.strip():
         raise BadRequest("field 'model' must not be empty")
@@ -179,19 +180,6 @@ async def submit(request: web.Request) -> web.Response:
         request.app[DISPATCHER].wake(job["node"])  # only its node: the others have nothing new
     request.app[BUS].publish("queue", {"submitted": [j["id"] for j in jobs]})
     return web.json_response({"jobs": jobs}, status=201)
-
-
-async def subject_of_parent(store: Store, parent: str) -> str:
-    try:
-        job = await store.job_detail(parent)
-    except NotFound:
-        raise GpuqError(f"unknown parent job '{parent}'", status=422) from None
-    if job["kind"] != "task":
-        raise GpuqError(f"parent job '{parent}' is a {job['kind']}, not a task", status=422)
-    if job["state"] != "done":
-        raise Conflict(f"parent task {parent} is {job['state']}; only a done task's result can be "
-                       "critiqued without a file")
-    return parent_subject(job["prompt"], job["output"])
 
 
 async def get_job(request: web.Request) -> web.Response:

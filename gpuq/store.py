@@ -17,6 +17,7 @@ import aiosqlite
 
 from . import placement as rules
 from .batching import WriteBatcher, in_writer_thread
+from .critique import parent_subject
 from .errors import (
     GUARD_MESSAGE, BadRequest, Conflict, GpuqError, GuardRefused, NotFound, StoreUnavailable,
     Unprocessable,
@@ -32,7 +33,10 @@ JOB_COLUMNS = """j.id, j.kind, j.state, j.node, j.model, j.prompt, j.parent_id, 
     j.position, j.placement, j.run_id, j.error, j.findings, j.timeout_s, j.created_at, j.finished_at,
     r.started_at, r.progress_at, r.work_done_at, r.eval_count, r.prompt_eval_count,
     r.eval_duration_ns, r.total_duration_ns, r.done_reason,
-    (SELECT COUNT(*) FROM run p WHERE p.job_id = j.id AND p.state = 'preempted') AS preempted_runs"""
+    (SELECT COUNT(*) FROM run p WHERE p.job_id = j.id AND p.state = 'preempted') AS preempted_runs,
+    CASE WHEN j.state = 'queued' AND j.subject_from_parent = 1
+              AND (SELECT p.state FROM job p WHERE p.id = j.parent_id) <> 'done'
+         THEN j.parent_id END AS waiting_for"""
 
 JOB_FROM = "FROM job j LEFT JOIN run r ON r.id = j.run_id"
 
@@ -74,7 +78,7 @@ SELECT id, node, state, since, reason, run_id FROM (
 @dataclass(frozen=True)
 class NewJob:
     kind: str
-    prompt: str
+    prompt: str | None  # None: a critique of its parent's prompt and result
     model: str | None = None  # None: the node's model
     node: str | None = None  # asked for; None lets placement choose
     parent: str | None = None
@@ -152,15 +156,22 @@ def _unused_id(db: sqlite3.Connection, now: float) -> str:
 
 
 def _claim(db: sqlite3.Connection, node: str, now: float) -> Row | None:
-    """The head of the node's queue becomes running, with a new run row (never a second head)."""
+    """The first ready job of the node's queue becomes running, with a new run row (never a
+    second head). Ready (the view ready_job, migration 003): not a critique held for its
+    parent's result, so a held critique never blocks the jobs behind it."""
     row = db.execute(
-        "UPDATE job SET state = 'running' WHERE id = (SELECT id FROM job WHERE node = ?"
-        " AND state = 'queued' ORDER BY position, id LIMIT 1)"
+        "UPDATE job SET state = 'running' WHERE id = (SELECT id FROM ready_job WHERE node = ?"
+        " ORDER BY position, id LIMIT 1)"
         " AND NOT EXISTS (SELECT 1 FROM job WHERE node = ? AND state = 'running') RETURNING *",
         (node, node)).fetchone()
     if row is None:
         return None
     job = dict(row)
+    if job["subject_from_parent"]:  # the parent is done (ready_job says so): review its result
+        parent = db.execute("SELECT j.prompt, r.output FROM job j JOIN run r ON r.id = j.run_id WHERE j.id = ?",
+                            (job["parent_id"],)).fetchone()
+        job["prompt"] = parent_subject(parent["prompt"], parent["output"])
+        db.execute("UPDATE job SET prompt = ? WHERE id = ?", (job["prompt"], job["id"]))
     job["run_id"] = db.execute("INSERT INTO run (job_id, node, model, started_at, progress_at) VALUES (?,?,?,?,?)",
                                (job["id"], node, job["model"], iso(now), iso(now))).lastrowid
     db.execute("UPDATE job SET run_id = ? WHERE id = ?", (job["run_id"], job["id"]))
@@ -219,10 +230,21 @@ def _index_of(db: sqlite3.Connection, node: str, other_id: str, job_id: str) -> 
         (node, job_id, other["position"], other["position"], other_id)).fetchone()[0]
 
 
+def _end_held_critiques(db: sqlite3.Connection, parent_id: str, why: str, now: float) -> list[str]:
+    """A task that ended without a result leaves its held critiques nothing to review: they end
+    cancelled, each with an event naming the parent and why; they never run."""
+    held = _rows(db.execute("SELECT * FROM job WHERE parent_id = ? AND subject_from_parent = 1"
+                            " AND state = 'queued'", (parent_id,)).fetchall())
+    for job in held:
+        _cancel(db, job, "router", f"parent task {parent_id} {why}; nothing to critique", now)
+    return [j["id"] for j in held]
+
+
 def _cancel(db: sqlite3.Connection, job: Row, actor: str, reason: str, now: float) -> Interrupted | None:
     db.execute("UPDATE job SET state = 'cancelled', error = ?, finished_at = ? WHERE id = ?",
                (reason, iso(now), job["id"]))
     _event(db, job["id"], job["state"], "cancelled", actor, reason, now)
+    _end_held_critiques(db, job["id"], f"was cancelled ({reason})", now)
     if job["state"] != "running":
         return None
     db.execute("UPDATE run SET state = 'cancelled', error = ?, finished_at = ? WHERE id = ?",
@@ -439,8 +461,8 @@ class Store:
         return {r["node"]: (r["queued"], r["running"]) for r in rows}
 
     async def has_waiting(self, node: str) -> bool:
-        rows = await self.read(
-            "SELECT EXISTS (SELECT 1 FROM job WHERE node = ? AND state = 'queued') AS waiting", (node,))
+        """A job waits on the node that may run now (a held critique does not count)."""
+        rows = await self.read("SELECT EXISTS (SELECT 1 FROM ready_job WHERE node = ?) AS waiting", (node,))
         return bool(rows[0]["waiting"])
 
     # -- submitting ---------------------------------------------------------------------------
@@ -461,16 +483,18 @@ class Store:
                    now: float) -> list[Row]:
         """Submit's statements, in the writer's thread, inside the batch's transaction."""
         by_name = {n.name: n for n in nodes}
-        parent_node = None
+        parent = None
         if new.parent is not None:
-            parent = db.execute("SELECT kind, node FROM job WHERE id = ?", (new.parent,)).fetchall()
-            if not parent:
+            parent = db.execute("SELECT id, kind, node, state, prompt FROM job WHERE id = ?", (new.parent,)).fetchone()
+            if parent is None:
                 raise Unprocessable(f"unknown parent job '{new.parent}'")
-            if parent[0]["kind"] != "task":
-                raise Unprocessable(f"parent job '{new.parent}' is a {parent[0]['kind']}, not a task")
+            if parent["kind"] != "task":
+                raise Unprocessable(f"parent job '{new.parent}' is a {parent['kind']}, not a task")
             if new.kind != "critique":
                 raise BadRequest("only a critique takes a parent")
-            parent_node = parent[0]["node"]
+        elif new.prompt is None:
+            raise BadRequest("field 'prompt' must not be empty")
+        parent_node = parent["node"] if parent else None
         # Per-node (running, queued) counts, read once per batch and kept true by each submit
         # of the batch, so a burst does not count the whole queue once per job.
         counts = ctx.get("submit_counts")
@@ -481,8 +505,14 @@ class Store:
         views = Store._views(nodes, counts)
         if new.kind == "task":
             placements = [rules.place_task(views, new.node)]
-        else:
+        else:  # the guard is judged here, first, whatever state the parent is in
             placements = rules.place_critique(views, parent_node, new.node)
+        prompt, from_parent = new.prompt, new.prompt is None
+        if from_parent:  # reviews the parent's prompt and result; held until the parent is done
+            if parent["state"] in ("failed", "cancelled"):
+                raise Conflict(f"parent task {parent['id']} is {parent['state']}: there is no result to "
+                               f"critique; retry it first (gpuq retry {parent['id']}) or critique a file")
+            prompt = parent_subject(parent["prompt"], f"(the result of task {parent['id']}, once it is done)")
         group = None  # a fan-out's children share the first child's id as their group
         at = iso(now)
         created = []
@@ -498,15 +528,18 @@ class Store:
                 _require_installed(by_name[p.node], model)
             db.execute(
                 "INSERT INTO job (id, kind, node, model, model_pinned, prompt, parent_id, group_id,"
-                " position, placement, timeout_s, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                (job_id, new.kind, p.node, model, int(new.model is not None), new.prompt, new.parent,
-                 group, position, p.reason, new.timeout_s, at),
+                " position, placement, timeout_s, created_at, subject_from_parent)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (job_id, new.kind, p.node, model, int(new.model is not None), prompt, new.parent,
+                 group, position, p.reason, new.timeout_s, at, int(from_parent)),
             )
-            _event(db, job_id, None, "queued", actor, f"placed on {p.node} ({p.reason})", now)
+            waiting_for = new.parent if from_parent and parent["state"] != "done" else None
+            held = f"; waiting for parent {waiting_for}" if waiting_for else ""
+            _event(db, job_id, None, "queued", actor, f"placed on {p.node} ({p.reason}){held}", now)
             waiting = counts.get(p.node, (0, 0))[1]
             created.append({"id": job_id, "kind": new.kind, "node": p.node, "model": model,
                             "state": "queued", "position": waiting + 1, "reason": p.reason,
-                            "parent": new.parent, "group": group})
+                            "parent": new.parent, "group": group, "waiting_for": waiting_for})
         for job in created:  # every statement succeeded: only now does the batch's cache change
             running, queued = counts.get(job["node"], (0, 0))
             counts[job["node"]] = (running, queued + 1)
@@ -570,6 +603,8 @@ class Store:
                 (state, error, iso(now), output, run_id),
             )
             _event(db, job_id, "running", state, actor, error, now)
+            if state == "failed":
+                _end_held_critiques(db, job_id, f"failed ({error})", now)
             return _claim(db, claim_node, now) if claim_node else None
 
         return await self._write(finish_in)
@@ -597,6 +632,7 @@ class Store:
                 db.execute("UPDATE run SET state = 'failed', error = ?, finished_at = ? WHERE id = ?"
                            " AND state = 'running'", (reason, iso(now), r["run_id"]))
                 _event(db, r["id"], "running", "failed", "router", reason, now)
+                _end_held_critiques(db, r["id"], f"failed ({reason})", now)
             return rows
         return await self._write(fail_orphans_in)
 
@@ -657,6 +693,9 @@ class Store:
             job = _job_for_update(db, job_id)
             if job["state"] != "queued":
                 raise Conflict(f"job {job_id} is {job['state']}; only a queued job can preempt")
+            if not db.execute("SELECT 1 FROM ready_job WHERE id = ?", (job_id,)).fetchone():
+                raise Conflict(f"job {job_id} is waiting for parent {job['parent_id']} to finish; "
+                               "it cannot run before")
             node = job["node"]
             db.execute("UPDATE job SET position = ? WHERE id = ?", (_position_at(db, node, job_id, 0), job_id))
             _event(db, job_id, "queued", "queued", actor, "preempt: moved to the head", now)
@@ -707,8 +746,12 @@ class Store:
             if job["state"] not in ("failed", "cancelled"):
                 raise Conflict(f"job {job_id} is {job['state']}; only failed or cancelled jobs can be retried")
             if job["parent_id"]:  # the parent may have moved onto this node since (no trigger sees a retry)
-                if _job_for_update(db, job["parent_id"])["node"] == job["node"]:
+                parent = _job_for_update(db, job["parent_id"])
+                if parent["node"] == job["node"]:
                     raise GuardRefused()
+                if job["subject_from_parent"] and parent["state"] in ("failed", "cancelled"):
+                    raise Conflict(f"parent task {parent['id']} is {parent['state']}: there is no result to "
+                                   f"critique; retry the parent first (gpuq retry {parent['id']})")
             tail = db.execute("SELECT MAX(position) FROM job WHERE node = ? AND state = 'queued'",
                               (job["node"],)).fetchone()[0]
             db.execute("UPDATE job SET state = 'queued', error = NULL, finished_at = NULL, position = ?"
@@ -731,6 +774,7 @@ def job_json(row: Row, public_url: str) -> Row:
         "eval_duration_ns": row.get("eval_duration_ns"), "done_reason": row.get("done_reason"),
         "preempted_runs": row.get("preempted_runs", 0), "timeout_s": row.get("timeout_s"),
         "run_id": row.get("run_id"), "preview_url": f"{public_url}/jobs/{row['id']}",
+        "waiting_for": row.get("waiting_for"),  # a held critique: the parent it waits for
     }
     if row.get("findings") is not None:
         out["findings"] = json.loads(row["findings"])

@@ -219,6 +219,12 @@ function outputNote(job, runs) {
 }
 
 function stateNotice(job) {
+  if (job.state === 'queued' && job.waiting_for) {
+    return el('div', {className: 'notice held', id: 'notice'},
+      'Waiting for parent ', el('a', {className: 'mono', href: jobHref(job.parent), text: job.waiting_for}),
+      ` to finish: this critique reviews its result, then runs on ${job.node}. The jobs behind it do not wait. `,
+      'This page updates by itself.');
+  }
   if (job.state === 'queued') {
     return el('div', {className: 'notice', id: 'notice'},
       `Waiting on ${job.node} at position ${job.queue_position ?? '?'}`,

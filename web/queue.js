@@ -264,12 +264,16 @@ function badges(job) {
     out.push(badge(job.preempted_runs > 1 ? `preempted ×${job.preempted_runs}` : 'preempted', 'preempted',
       `this job was interrupted ${job.preempted_runs} time${job.preempted_runs > 1 ? 's' : ''} by a preemption and runs again from the start`));
   }
+  if (job.waiting_for) {
+    out.push(badge(`waiting for parent ${job.waiting_for}`, 'held',
+      'held: this critique reviews its parent task\'s result, so it runs once the parent is done; the jobs behind it do not wait for it'));
+  }
   return out;
 }
 
 function queuedCard(job, i) {
   const card = el('li', {className: 'card queued', tabIndex: 0,
-    dataset: {id: job.id, node: job.node, kind: job.kind, state: 'queued'},
+    dataset: {id: job.id, node: job.node, kind: job.kind, state: 'queued', held: job.waiting_for ? 'yes' : 'no'},
     'aria-label': `${job.kind} ${job.id}, position ${i + 1} on ${job.node}: ${excerpt(job.prompt, 80)}`},
   el('span', {className: 'handle', draggable: true, text: '⠿', 'aria-hidden': 'true',
     title: 'Drag to reorder, or into another node\'s column to move it'}),
