@@ -48,6 +48,12 @@ class StoreUnavailable(GpuqError):
     status = 503
 
 
+class IncompleteInstall(GpuqError):
+    """A file gpuq ships (the pages, the migrations) is missing from its installation."""
+
+    status = 2  # the exit code of `gpuq serve`
+
+
 class ConfigError(GpuqError):
     status = 2  # the exit code of `gpuq serve`
 

@@ -8,7 +8,6 @@ import json
 import logging
 import re
 import time
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -19,11 +18,12 @@ from .dispatcher import Dispatcher, node_json
 from .errors import BadRequest, GpuqError, NotFound, TooLarge
 from .models import Kind, iso
 from .security import access_middleware
+from .shipped import shipped_dir, shipped_files
 from .store import NewJob, Store, job_json
 
 log = logging.getLogger("gpuq")
 
-WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+WEB_DIR = shipped_dir("web")
 JOB_ID = re.compile(r"\d{1,12}-[0-9a-f]{8}")
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 STALE_CHECK_S = 1.0
@@ -444,5 +444,6 @@ def create_app(settings: Settings, clock=time.time) -> web.Application:
     r.add_post("/api/nodes/{name}/clear", clear)
     r.add_get("/", page)
     r.add_get("/jobs/{id}", preview_page)
+    shipped_files(WEB_DIR, "index.html", "pages")
     r.add_static("/static/", WEB_DIR, name="static")
     return app

@@ -23,8 +23,9 @@ from .errors import (
     Unprocessable,
 )
 from .models import ACTIVE, POSITION_GAP, JobState, iso, new_job_id, normalize_model
+from .shipped import shipped_dir, shipped_files
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+MIGRATIONS_DIR = shipped_dir("migrations")
 
 Row = dict[str, Any]
 T = TypeVar("T")
@@ -303,7 +304,7 @@ class Store:
 
     async def _migrate(self) -> None:
         """Apply migrations/NNN_*.sql in order, each with its record, in its own transaction."""
-        files = sorted(MIGRATIONS_DIR.glob("[0-9][0-9][0-9]_*.sql"))
+        files = shipped_files(MIGRATIONS_DIR, "[0-9][0-9][0-9]_*.sql", "migrations")
         known = {int(f.name[:3]): f for f in files}
         now = iso(self.clock())
 

@@ -61,11 +61,12 @@ class Daemon:
     proc: asyncio.subprocess.Process | None = None
     session: aiohttp.ClientSession | None = None
     env: dict = field(default_factory=dict)
+    command: tuple[str, ...] = (sys.executable, "-m", "gpuq.cli")  # or an installed `gpuq`
 
     async def start(self, timeout: float = 20.0) -> None:
         log = open(self.log, "ab")
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gpuq.cli", "serve", "--config", str(self.config),
+            *self.command, "serve", "--config", str(self.config),
             stdout=log, stderr=log, env={**os.environ, **self.env}, cwd=str(self.config.parent))
         log.close()
 
@@ -124,7 +125,7 @@ class Daemon:
     async def cli(self, *args: str, stdin: bytes | None = None, timeout: float = 30.0) -> Result:
         """Run the real `gpuq` CLI against this router, without blocking the test's loop."""
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gpuq.cli", "--router", self.url, *args,
+            *self.command, "--router", self.url, *args,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             env={**os.environ, **self.env})
         try:
@@ -171,11 +172,14 @@ async def daemon_factory(tmp_path):
     session = aiohttp.ClientSession()
     started: list[Daemon] = []
 
-    async def make(nodes: list[dict], start: bool = True, env: dict | None = None, **router: Any) -> Daemon:
+    async def make(nodes: list[dict], start: bool = True, env: dict | None = None,
+                   command: tuple[str, ...] | None = None, **router: Any) -> Daemon:
         port = free_port()
         config = write_config(tmp_path / "gpuq.toml", nodes, port, **router)
         daemon = Daemon(config=config, url=f"http://127.0.0.1:{port}", log=tmp_path / "daemon.log",
                         session=session, env=env or {})
+        if command:
+            daemon.command = command
         started.append(daemon)
         if start:
             await daemon.start()
