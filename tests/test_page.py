@@ -610,3 +610,22 @@ async def test_job_page_shows_the_error_verbatim_and_retries(lab, page):
 async def test_unknown_job_page_says_so(lab, page):
     await page.goto(f"{lab.url}/jobs/1700000000-deadbeef")
     await expect(page.locator("main")).to_contain_text("No such job")
+
+
+async def test_a_held_critique_says_what_it_waits_for_then_runs(lab, page):
+    busy(lab.fakes["node-1"])
+    parent = await head(lab, "node-1", "add a retry budget to the export job")
+    [held] = await critique_of(lab, parent)
+    assert held["node"] == "node-2" and held["waiting_for"] == parent
+    await open_queue(page, lab)
+    await page_shows(page, "node-2", [held["id"]])
+    await expect(page.locator(f"{card(held['id'])} .badge.held")).to_have_text(f"waiting for parent {parent}")
+    await expect(page.locator(f"{column('node-2')} .idle")).to_have_text("idle — every waiting job waits for its parent")
+    await screenshot(page, "queue-page-held.png")
+    await page.goto(f"{lab.url}/jobs/{held['id']}")
+    await expect(page.locator("#notice")).to_contain_text(f"Waiting for parent {parent} to finish")
+    lab.fakes["node-1"].script.tokens = 5  # the parent's next run is short: delete, retry it
+    await lab.request("DELETE", f"/api/jobs/{parent}")
+    await lab.wait_state(held["id"], "cancelled")
+    await expect(page.locator("#error pre")).to_have_text(
+        f"parent task {parent} was cancelled (deleted); nothing to critique")

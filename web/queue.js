@@ -191,7 +191,9 @@ function idleText(node, cls) {
   if (cls === 'down') return 'nothing runs while the node is down';
   if (cls === 'stuck') return 'nothing runs until the model leaves VRAM';
   if (cls === 'checking') return 'waiting for the first health check';
-  return node.queued_count ? 'idle — starting the head' : 'idle';
+  if (!node.queued_count) return 'idle';
+  const held = node.queued.length === node.queued_count && node.queued.every((j) => j.waiting_for);
+  return held ? 'idle — every waiting job waits for its parent' : 'idle — starting the head';
 }
 
 function column(node, stale) {
