@@ -22,7 +22,7 @@ from .errors import (
     GUARD_MESSAGE, BadRequest, Conflict, GpuqError, GuardRefused, NotFound, StoreUnavailable,
     Unprocessable,
 )
-from .models import ACTIVE, POSITION_GAP, JobState, iso, new_job_id, normalize_model
+from .models import ACTIVE, POSITION_GAP, JobState, iso, new_job_id
 from .shipped import shipped_dir, shipped_files
 
 MIGRATIONS_DIR = shipped_dir("migrations")
@@ -124,16 +124,6 @@ def _translate(exc: sqlite3.Error) -> GpuqError:
     if "readonly" in text or "read-only" in text:
         return StoreUnavailable(f"the database is read-only: {text}; nothing was changed")
     return StoreUnavailable(f"database error: {text}")
-
-
-def _require_installed(node: NodeInfo, model: str) -> None:
-    """A model the user names must be on the node. Checked against the node's model list from
-    its last health check (no request at submit time); a node not yet heard from lets it
-    through, and Ollama's own 404 "model 'x' not found" then fails the job, loudly."""
-    if node.models is not None and normalize_model(model) not in node.models:
-        listed = ", ".join(sorted(node.models)) or "nothing"
-        raise Unprocessable(f"model '{model}' is not installed on node {node.name} (its Ollama lists: "
-                            f"{listed}); pull it there or choose another model")
 
 
 def _rows(cursor_rows: list[sqlite3.Row]) -> list[Row]:
@@ -394,7 +384,7 @@ class Store:
     def _views(nodes: list[NodeInfo], counts: dict[str, tuple[int, int]]) -> list[rules.NodeView]:
         return [
             rules.NodeView(n.name, n.rank, n.roles, n.up, counts.get(n.name, (0, 0))[0] > 0,
-                           counts.get(n.name, (0, 0))[1])
+                           counts.get(n.name, (0, 0))[1], n.models)
             for n in nodes
         ]
 
@@ -505,9 +495,9 @@ class Store:
                 " WHERE state IN ('queued', 'running') GROUP BY node")}
         views = Store._views(nodes, counts)
         if new.kind == "task":
-            placements = [rules.place_task(views, new.node)]
+            placements = [rules.place_task(views, new.node, new.model)]
         else:  # the guard is judged here, first, whatever state the parent is in
-            placements = rules.place_critique(views, parent_node, new.node)
+            placements = rules.place_critique(views, parent_node, new.node, new.model)
         prompt, from_parent = new.prompt, new.prompt is None
         if from_parent:  # reviews the parent's prompt and result; held until the parent is done
             if parent["state"] in ("failed", "cancelled"):
@@ -525,8 +515,6 @@ class Store:
                               (p.node,)).fetchone()
             position = (tail[0] or 0) + POSITION_GAP
             model = new.model or by_name[p.node].model
-            if new.model is not None:
-                _require_installed(by_name[p.node], model)
             db.execute(
                 "INSERT INTO job (id, kind, node, model, model_pinned, prompt, parent_id, group_id,"
                 " position, placement, timeout_s, created_at, subject_from_parent)"
@@ -660,7 +648,8 @@ class Store:
             if target != job["node"]:
                 parent_node = _job_for_update(db, job["parent_id"])["node"] if job["parent_id"] else None
                 views = {v.name: v for v in self._views(nodes, {})}
-                rules.check_move(job["kind"], views.get(target), target, parent_node)
+                rules.check_move(job["kind"], views.get(target), target, parent_node,
+                                 job["model"] if job["model_pinned"] else None)
             if before is not None:
                 index = _index_of(db, target, before, job_id)
             elif after is not None:
