@@ -145,6 +145,34 @@ def read_text(path: str) -> str:
         raise  # unreachable
 
 
+def ollama_params(fn):
+    """--think/--no-think, --think-level and --option KEY=VALUE, for the commands that submit."""
+    fn = click.option("--option", "options", multiple=True, metavar="KEY=VALUE",
+                      help="An Ollama model option, e.g. num_ctx=32768 (repeatable; over the node's).")(fn)
+    fn = click.option("--think-level", type=click.Choice(["low", "medium", "high"]),
+                      help="Think at this level (models that take one, e.g. gpt-oss).")(fn)
+    return click.option("--think/--no-think", default=None,
+                        help="Turn the model's thinking on or off (default: the node's, else Ollama's).")(fn)
+
+
+def params_body(think: bool | None, think_level: str | None, options: tuple[str, ...]) -> dict:
+    """The API fields for --think, --think-level and --option (values read as JSON when they are)."""
+    if think is not None and think_level is not None:
+        raise click.UsageError("give --think/--no-think or --think-level, not both")
+    body: dict = {"think": think_level if think_level is not None else think}
+    parsed = {}
+    for item in options:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--option")
+        try:
+            parsed[key.strip()] = json.loads(text)
+        except ValueError:
+            parsed[key.strip()] = text  # a plain string, e.g. stop words
+    body["options"] = parsed or None
+    return body
+
+
 @main.command()
 @click.argument("prompt", required=False)
 @click.option("--file", "file_", type=click.Path(dir_okay=False, allow_dash=True), help="Read the prompt from a file (- for stdin).")
@@ -152,9 +180,10 @@ def read_text(path: str) -> str:
 @click.option("--node", help="Put the task on this node.")
 @click.option("--timeout", type=float, help="Fail the job if it runs longer than this many seconds.")
 @click.option("--wait", is_flag=True, help="Stream the output as it is generated, then the final state.")
+@ollama_params
 @click.pass_context
 @api_errors
-def task(ctx, prompt, file_, model, node, timeout, wait) -> None:
+def task(ctx, prompt, file_, model, node, timeout, wait, think, think_level, options) -> None:
     """Submit a task: it goes to the first free task node by rank.
 
     Example: gpuq task "add a retry budget to the export job" --wait
@@ -163,7 +192,8 @@ def task(ctx, prompt, file_, model, node, timeout, wait) -> None:
         prompt = read_text(file_)
     if prompt is None:
         fail("-", "give a PROMPT or --file")
-    body = {"kind": "task", "prompt": prompt, "model": model, "node": node, "timeout": timeout}
+    body = {"kind": "task", "prompt": prompt, "model": model, "node": node, "timeout": timeout,
+            **params_body(think, think_level, options)}
     router = router_of(ctx)
     job = router.call("POST", "/api/jobs", {k: v for k, v in body.items() if v is not None})["jobs"][0]
     click.echo(f"{job['id']} -> {job['node']} ({job['reason']})")
@@ -180,16 +210,18 @@ def task(ctx, prompt, file_, model, node, timeout, wait) -> None:
 @click.option("--timeout", type=float, help="Fail a child if it runs longer than this many seconds.")
 @click.option("--no-wait", is_flag=True, help="Return after submitting.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@ollama_params
 @click.pass_context
 @api_errors
-def critique(ctx, file, parent, node, model, timeout, no_wait, as_json) -> None:
+def critique(ctx, file, parent, node, model, timeout, no_wait, as_json, think, think_level, options) -> None:
     """Fan a critique out to every critique node, then report each as it finishes.
 
     Example: gpuq critique plan.md
     """
     if file is None and parent is None:
         fail("-", "give a FILE to critique, or --parent ID")
-    body = {"kind": "critique", "parent": parent, "node": node, "model": model, "timeout": timeout}
+    body = {"kind": "critique", "parent": parent, "node": node, "model": model, "timeout": timeout,
+            **params_body(think, think_level, options)}
     if file is not None:
         body["prompt"] = read_text(file)
     router = router_of(ctx)
@@ -239,13 +271,24 @@ def wait_all(router: Router, ids: list[str], as_json: bool = False) -> list[dict
     return finished
 
 
+THINKING_HEADER = "-- thinking --"
+ANSWER_HEADER = "-- answer --"
+
+
 def follow(router: Router, job_id: str) -> None:
     """Stream a job's output to the terminal; Ctrl-C stops following, the job goes on."""
-    final = None
+    final, shown = None, None  # shown: "thinking" or "text", the kind printed last
     try:
         for line in router.lines(f"/api/jobs/{seg(job_id)}/stream"):
-            if "text" in line:
-                click.echo(line["text"], nl=False)
+            for kind in ("thinking", "text"):
+                if kind not in line:
+                    continue
+                if kind != shown:  # the reasoning is marked and dimmed, apart from the answer
+                    header = THINKING_HEADER if kind == "thinking" else ANSWER_HEADER if shown else None
+                    if header:
+                        click.echo(("\n" if shown else "") + click.style(header, dim=True))
+                    shown = kind
+                click.echo(click.style(line[kind], dim=True) if kind == "thinking" else line[kind], nl=False)
                 sys.stdout.flush()
             if line.get("done"):
                 final = line["job"]
@@ -312,12 +355,21 @@ def show(ctx, job_id, as_json) -> None:
     if job.get("waiting_for"):
         click.echo(f"waiting for parent {job['waiting_for']} to finish (held: it reviews the parent's result)")
     click.echo(summary(job))
+    for ev in job.get("events", []):
+        if (ev["reason"] or "").startswith("warning: "):
+            click.echo(ev["reason"])
     click.echo("\n-- prompt --\n" + job["prompt"])
+    if job.get("think") is not None or job.get("options"):
+        asked = [f"think {json.dumps(job['think'])}"] if job.get("think") is not None else []
+        asked += [f"{k}={json.dumps(v)}" for k, v in (job.get("options") or {}).items()]
+        click.echo("asked: " + " ".join(asked))
+    if job.get("thinking"):
+        click.echo("\n-- thinking --\n" + click.style(job["thinking"], dim=True))
     if job.get("findings") is not None:
         click.echo(f"\n-- findings ({len(job['findings'])}) --")
         for i, f in enumerate(job["findings"], start=1):
             click.echo(f"{i}. [{f['severity']}] {f['title']} ({f['where']})\n   {f['detail']}")
-    elif job.get("output"):
+    if job.get("findings") is None and job.get("output"):
         click.echo("\n-- output --\n" + job["output"])
     click.echo("\n-- runs --")
     for run in job.get("runs", []):

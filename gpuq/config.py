@@ -13,6 +13,7 @@ from urllib.parse import urlparse
 import tomli_w
 
 from .errors import ConfigError
+from .params import options_problem, think_problem
 
 DEFAULT_LISTEN = "127.0.0.1:8750"
 ROLES = ("task", "critique")
@@ -33,6 +34,8 @@ class NodeConfig:
     roles: tuple[str, ...]
     model: str
     max_runtime_s: float | None = None  # None: the router's max_runtime
+    think: bool | str | None = None  # Ollama's `think` for this node's jobs; None: Ollama's default
+    options: dict | None = field(default=None, hash=False)  # Ollama model options, e.g. num_ctx
 
 
 @dataclass(frozen=True)
@@ -146,7 +149,7 @@ _DURATION_KEYS = {
     "health_interval": "health_interval_s", "connect_timeout": "connect_timeout_s",
     "busy_timeout": "busy_timeout_s",
 }
-_NODE_KEYS = {"name", "url", "rank", "roles", "model", "max_runtime"}
+_NODE_KEYS = {"name", "url", "rank", "roles", "model", "max_runtime", "think", "options"}
 
 
 def _parse_node(table: object, index: int) -> NodeConfig:
@@ -170,6 +173,9 @@ def _parse_node(table: object, index: int) -> NodeConfig:
     if not model.strip():
         raise ConfigError(f"{where}.model: must not be empty")
     runtime = table.get("max_runtime")
+    for key, problem in (("think", think_problem), ("options", options_problem)):
+        if key in table and (wrong := problem(table[key])):
+            raise ConfigError(f"{where}.{key}: {wrong}")
     return NodeConfig(
         name=name,
         url=_check_url(_typed(table, "url", str, where, required=True), f"{where}.url"),
@@ -177,6 +183,8 @@ def _parse_node(table: object, index: int) -> NodeConfig:
         roles=tuple(roles),
         model=model.strip(),
         max_runtime_s=None if runtime is None else parse_duration(runtime, f"{where}.max_runtime"),
+        think=table.get("think"),
+        options=table.get("options"),
     )
 
 

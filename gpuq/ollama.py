@@ -64,7 +64,18 @@ class OllamaClient:
         """An empty chat with keep_alive 0 asks Ollama to unload; it answers done_reason 'unload'."""
         await self._request("POST", "/api/chat", {"model": model, "messages": [], "keep_alive": 0})
 
-    async def chat(self, model: str, prompt: str, fmt: Any = None) -> AsyncIterator[dict]:
+    async def context_length(self, model: str) -> int | None:
+        """The model's num_ctx as /api/show's `parameters` set it; None when it sets none (the
+        server's default context then applies, which /api/show does not tell)."""
+        data = await self._request("POST", "/api/show", {"model": model})
+        for line in str(data.get("parameters") or "").splitlines():
+            key, _, value = line.strip().partition(" ")
+            if key == "num_ctx" and value.strip().isdigit():
+                return int(value.strip())
+        return None
+
+    async def chat(self, model: str, prompt: str, fmt: Any = None, think: bool | str | None = None,
+                   options: dict | None = None) -> AsyncIterator[dict]:
         """Stream /api/chat with keep_alive 0 (the model unloads when the request ends).
 
         Yields each chunk; the last one has done: true. Raises OllamaError on an HTTP error,
@@ -77,6 +88,10 @@ class OllamaClient:
         }
         if fmt is not None:
             body["format"] = fmt
+        if think is not None:
+            body["think"] = think
+        if options:
+            body["options"] = options
         url = self.base_url + "/api/chat"
         try:
             async with self.session.post(url, json=body, timeout=self._timeout(self.stall_timeout_s)) as resp:

@@ -17,6 +17,7 @@ from .config import Settings
 from .dispatcher import Dispatcher, node_json
 from .errors import BadRequest, GpuqError, NotFound, TooLarge
 from .models import Kind, iso
+from .params import options_problem, think_problem
 from .security import access_middleware
 from .shipped import shipped_dir, shipped_files
 from .store import NewJob, Store, job_json
@@ -147,7 +148,7 @@ async def health(request: web.Request) -> web.Response:
 
 async def submit(request: web.Request) -> web.Response:
     settings, store = request.app[SETTINGS], request.app[STORE]
-    body = await json_body(request, {"kind", "prompt", "model", "node", "parent", "timeout"})
+    body = await json_body(request, {"kind", "prompt", "model", "node", "parent", "timeout", "think", "options"})
     kind = field_of(body, "kind", str, required=True)
     if kind not in {k.value for k in Kind}:
         raise BadRequest(f"unknown kind '{kind[:40]}' (expected 'task' or 'critique')")
@@ -171,8 +172,12 @@ async def submit(request: web.Request) -> web.Response:
     if model is not None and not model.strip():
         raise BadRequest("field 'model' must not be empty")
     node = field_of(body, "node", str)
+    for key, problem in (("think", think_problem), ("options", options_problem)):
+        if body.get(key) is not None and (wrong := problem(body[key])):
+            raise BadRequest(f"field '{key}': {wrong}")
     new = NewJob(kind=kind, prompt=prompt, model=model and model.strip(), node=node, parent=parent,
-                 timeout_s=float(timeout) if timeout is not None else None)
+                 timeout_s=float(timeout) if timeout is not None else None,
+                 think=body.get("think"), options=body.get("options"))
     jobs = await store.submit(new, request.app[DISPATCHER].node_infos(), actor_of(request))
     for job in jobs:
         log.info("job=%s node=%s state=queued kind=%s placement=%r", job["id"], job["node"], kind, job["reason"])
@@ -192,9 +197,11 @@ def with_live(job: dict, dispatcher: Dispatcher) -> dict:
     """A running job's output and token count so far, from memory (the database lags by ~1 s)."""
     cur = dispatcher.live(job["id"])
     if cur is not None:
-        job["tokens_so_far"] = len(cur.output)  # Ollama streams one token per chunk
+        job["tokens_so_far"] = len(cur.output) + len(cur.thinking)  # Ollama streams one token per chunk
+        job["thinking_tokens_so_far"] = len(cur.thinking)
         if "output" in job:
             job["output"] = "".join(cur.output)
+            job["thinking"] = "".join(cur.thinking) or None
     return job
 
 
@@ -309,40 +316,47 @@ async def retry(request: web.Request) -> web.Response:
 
 
 async def stream_job(request: web.Request) -> web.StreamResponse:
-    """NDJSON: {"text"} pieces of output as they are generated, then {"done", "state", ...}."""
+    """NDJSON: {"thinking"} and {"text"} pieces (the reasoning and the answer) as they are
+    generated, then {"done", "job"}."""
     app = request.app
     job_id = job_id_of(request)
     resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-store"})
+
+    async def line(obj: dict) -> None:
+        await resp.write(json.dumps(obj).encode() + b"\n")
+
     with app[BUS].subscribe() as events:
         job = await app[STORE].job_detail(job_id)
         await resp.prepare(request)
         cur = app[DISPATCHER].live(job_id)
-        sent = "".join(cur.output) if cur else job["output"]
+        sent = {"text": "".join(cur.output) if cur else job["output"],
+                "thinking": "".join(cur.thinking) if cur else (job["thinking"] or "")}
         while not events.empty():  # pieces published so far are already in `sent`
             events.get_nowait()
-        if sent:
-            await resp.write(json.dumps({"text": sent}).encode() + b"\n")
-        streamed = [sent or ""]
+        for kind in ("thinking", "text"):
+            if sent[kind]:
+                await line({kind: sent[kind]})
         while job["state"] in ("queued", "running"):
             topic, data = await next_event(events, 1.0) or ("tick", {})
             if topic == "shutdown":  # the router is stopping: end without a final line
                 return resp
             if topic == "tokens" and data["id"] == job_id:
-                await resp.write(json.dumps({"text": data["text"]}).encode() + b"\n")
-                streamed.append(data["text"])
+                kind = "thinking" if "thinking" in data else "text"
+                await line({kind: data[kind]})
+                sent[kind] += data[kind]
             elif topic != "tokens":
                 job = await app[STORE].job(job_id)  # its state; the whole detail once it is final
         if "runs" not in job:
             job = await app[STORE].job_detail(job_id)
         # A job that ended while the follower was joining (its pieces were drained as if `sent`
-        # held them, but it was no longer live): the text lines still add up to the output.
-        so_far = "".join(streamed)
-        if job["output"] != so_far and job["output"].startswith(so_far):
-            await resp.write(json.dumps({"text": job["output"][len(so_far):]}).encode() + b"\n")
+        # held them, but it was no longer live): the lines still add up to what was stored.
+        for kind, stored in (("thinking", job["thinking"] or ""), ("text", job["output"])):
+            if stored != sent[kind] and stored.startswith(sent[kind]):
+                await line({kind: stored[len(sent[kind]):]})
         final = job_json(job, app[SETTINGS].public_url)
         final.pop("runs", None)
         final.pop("events", None)
-        await resp.write(json.dumps({"done": True, "job": final}).encode() + b"\n")
+        await line({"done": True, "job": final})
     await resp.write_eof()
     return resp
 

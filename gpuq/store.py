@@ -32,6 +32,7 @@ T = TypeVar("T")
 
 JOB_COLUMNS = """j.id, j.kind, j.state, j.node, j.model, j.prompt, j.parent_id, j.group_id,
     j.position, j.placement, j.run_id, j.error, j.findings, j.timeout_s, j.created_at, j.finished_at,
+    j.think, j.options,
     r.started_at, r.progress_at, r.work_done_at, r.eval_count, r.prompt_eval_count,
     r.eval_duration_ns, r.total_duration_ns, r.done_reason,
     (SELECT COUNT(*) FROM run p WHERE p.job_id = j.id AND p.state = 'preempted') AS preempted_runs,
@@ -84,6 +85,8 @@ class NewJob:
     node: str | None = None  # asked for; None lets placement choose
     parent: str | None = None
     timeout_s: float | None = None
+    think: bool | str | None = None  # Ollama's think; None: the node's default
+    options: dict | None = None  # Ollama model options, over the node's
 
 
 @dataclass(frozen=True)
@@ -406,6 +409,7 @@ class Store:
             (job_id,),
         )
         job["output"] = job["runs"][-1]["output"] if job["runs"] else ""
+        job["thinking"] = job["runs"][-1]["thinking"] if job["runs"] else None
         if job["state"] == JobState.QUEUED.value:
             job["queue_position"] = await self.queue_position(job)
         return job
@@ -517,10 +521,11 @@ class Store:
             model = new.model or by_name[p.node].model
             db.execute(
                 "INSERT INTO job (id, kind, node, model, model_pinned, prompt, parent_id, group_id,"
-                " position, placement, timeout_s, created_at, subject_from_parent)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                " position, placement, timeout_s, created_at, subject_from_parent, think, options)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (job_id, new.kind, p.node, model, int(new.model is not None), prompt, new.parent,
-                 group, position, p.reason, new.timeout_s, at, int(from_parent)),
+                 group, position, p.reason, new.timeout_s, at, int(from_parent),
+                 None if new.think is None else dumps(new.think), None if new.options is None else dumps(new.options)),
             )
             waiting_for = new.parent if from_parent and parent["state"] != "done" else None
             held = f"; waiting for parent {waiting_for}" if waiting_for else ""
@@ -542,35 +547,38 @@ class Store:
         now = self.clock()
         return await self._write(lambda db: _claim(db, node, now))
 
-    async def heartbeat(self, run_id: int, output: str) -> None:
+    async def heartbeat(self, run_id: int, output: str, thinking: str | None = None) -> None:
         at = iso(self.clock())
         await self._write(lambda db: db.execute(
-            "UPDATE run SET output = ?, progress_at = ? WHERE id = ? AND state = 'running'", (output, at, run_id)))
+            "UPDATE run SET output = ?, thinking = ?, progress_at = ? WHERE id = ? AND state = 'running'",
+            (output, thinking, at, run_id)))
 
-    async def work_done(self, run_id: int, output: str, stats: dict) -> None:
+    async def work_done(self, run_id: int, output: str, stats: dict, thinking: str | None = None) -> None:
         """Ollama's stream ended; the job is not finished until its model has left VRAM.
         (One call in the writer's thread, on the write batcher, like claim and finish.)"""
         now = iso(self.clock())
 
         def work_done_in(db: sqlite3.Connection) -> None:
             db.execute(
-                "UPDATE run SET output = ?, progress_at = ?, work_done_at = ?, done_reason = ?,"
+                "UPDATE run SET output = ?, thinking = ?, progress_at = ?, work_done_at = ?, done_reason = ?,"
                 " eval_count = ?, prompt_eval_count = ?, total_duration_ns = ?,"
                 " load_duration_ns = ?, eval_duration_ns = ? WHERE id = ? AND state = 'running'",
-                (output, now, now, stats.get("done_reason"), stats.get("eval_count"),
+                (output, thinking, now, now, stats.get("done_reason"), stats.get("eval_count"),
                  stats.get("prompt_eval_count"), stats.get("total_duration"),
                  stats.get("load_duration"), stats.get("eval_duration"), run_id),
             )
 
         await self._write(work_done_in)
 
-    async def save_output(self, run_id: int, output: str) -> None:
+    async def save_output(self, run_id: int, output: str, thinking: str | None = None) -> None:
         """Keep the partial output of an interrupted run, whatever state it ended in."""
-        await self._write(lambda db: db.execute("UPDATE run SET output = ? WHERE id = ?", (output, run_id)))
+        await self._write(lambda db: db.execute("UPDATE run SET output = ?, thinking = ? WHERE id = ?",
+                                                (output, thinking, run_id)))
 
     async def finish(self, job_id: str, run_id: int, state: str, error: str | None,
                      output: str | None = None, actor: str = "router",
-                     findings: list | None = None, claim_node: str | None = None) -> Row | None:
+                     findings: list | None = None, claim_node: str | None = None,
+                     thinking: str | None = None) -> Row | None:
         """Finish a run that is still the job's running run; anything else is a GuardMiss.
 
         With `claim_node`, the node's next job is claimed in the same transaction and returned:
@@ -587,9 +595,9 @@ class Store:
             if not rows:
                 raise GuardMiss(f"job {job_id} run {run_id} is no longer running; finish refused")
             db.execute(
-                "UPDATE run SET state = ?, error = ?, finished_at = ?, output = COALESCE(?, output)"
-                " WHERE id = ?",
-                (state, error, iso(now), output, run_id),
+                "UPDATE run SET state = ?, error = ?, finished_at = ?, output = COALESCE(?, output),"
+                " thinking = COALESCE(?, thinking) WHERE id = ?",
+                (state, error, iso(now), output, thinking, run_id),
             )
             _event(db, job_id, "running", state, actor, error, now)
             if state == "failed":
@@ -766,9 +774,10 @@ def job_json(row: Row, public_url: str) -> Row:
         "run_id": row.get("run_id"), "preview_url": f"{public_url}/jobs/{row['id']}",
         "waiting_for": row.get("waiting_for"),  # a held critique: the parent it waits for
     }
-    if row.get("findings") is not None:
-        out["findings"] = json.loads(row["findings"])
-    for key in ("output", "runs", "events", "children", "queue_position"):
+    for key in ("findings", "think", "options"):  # JSON columns
+        if row.get(key) is not None:
+            out[key] = json.loads(row[key])
+    for key in ("output", "thinking", "runs", "events", "children", "queue_position"):
         if key in row:
             out[key] = row[key]
     return out
