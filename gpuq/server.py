@@ -333,9 +333,9 @@ async def stream_job(request: web.Request) -> web.StreamResponse:
                 "thinking": "".join(cur.thinking) if cur else (job["thinking"] or "")}
         while not events.empty():  # pieces published so far are already in `sent`
             events.get_nowait()
-        for kind in ("thinking", "text"):
+        for kind in ("thinking", "text"):  # what was generated before this follower joined
             if sent[kind]:
-                await line({kind: sent[kind]})
+                await line({kind: sent[kind], "catch_up": True})
         while job["state"] in ("queued", "running"):
             topic, data = await next_event(events, 1.0) or ("tick", {})
             if topic == "shutdown":  # the router is stopping: end without a final line
