@@ -30,9 +30,9 @@ def _token_of(request: web.Request) -> str | None:
 
 
 def check_token(request: web.Request, token: str | None) -> None:
-    # Only /api carries data: /health reveals no prompts, and the page's HTML and static
+    # Only /api and /metrics carry data: /health reveals no prompts, and the page's HTML and static
     # files load without the token so the page can ask for it.
-    if token is None or not request.path.startswith("/api/"):
+    if token is None or not (request.path.startswith("/api/") or request.path == "/metrics"):
         return
     given = _token_of(request)
     if given is None or not hmac.compare_digest(given.encode(), token.encode()):

@@ -16,6 +16,7 @@ from .bus import Bus, next_event
 from .config import Settings
 from .dispatcher import Dispatcher, node_json
 from .errors import BadRequest, GpuqError, NotFound, TooLarge
+from .metrics import Metrics
 from .models import Kind, iso
 from .params import options_problem, think_problem
 from .security import access_middleware
@@ -33,6 +34,7 @@ SETTINGS = web.AppKey("settings", Settings)
 STORE = web.AppKey("store", Store)
 DISPATCHER = web.AppKey("dispatcher", Dispatcher)
 BUS = web.AppKey("bus", Bus)
+METRICS = web.AppKey("metrics", Metrics)
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
@@ -144,6 +146,14 @@ async def health(request: web.Request) -> web.Response:
     body = {"ok": ok, "queue_depth": sum(q for q, _ in active.values()),
             "running": sum(r for _, r in active.values()), "stale": stale, "nodes_down": down}
     return web.json_response(body, status=200 if ok else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """Prometheus' text format (the token applies, as for /api)."""
+    app = request.app
+    stale = await app[STORE].stale_heads()
+    body = await app[METRICS].render(app[STORE], list(app[DISPATCHER].nodes.values()), len(stale))
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
 
 async def submit(request: web.Request) -> web.Response:
@@ -438,11 +448,13 @@ def create_app(settings: Settings, clock=time.time) -> web.Application:
     app[SETTINGS] = settings
     app[STORE] = store
     app[BUS] = bus
+    app[METRICS] = Metrics()
     app[DISPATCHER] = Dispatcher(settings, store, bus)
     app.cleanup_ctx.append(_lifecycle)
     app.on_shutdown.append(_end_streams)
     r = app.router
     r.add_get("/health", health)
+    r.add_get("/metrics", metrics)
     r.add_get("/api/queue", queue)
     r.add_get("/api/nodes", nodes)
     r.add_get("/api/stale", stale)

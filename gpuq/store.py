@@ -455,6 +455,17 @@ class Store:
             " WHERE state IN ('queued', 'running') GROUP BY node")
         return {r["node"]: (r["queued"], r["running"]) for r in rows}
 
+    async def finished_since(self, event_id: int, limit: int) -> list[Row]:
+        """Jobs that ended after event `event_id`, in event order (for /metrics): a range of the
+        event table's primary key, so a scrape reads only what is new."""
+        return await self.read(
+            "SELECT e.id AS event_id, e.to_state AS state, j.node, j.kind, COALESCE(r.model, j.model) AS model,"
+            " j.created_at, r.started_at AS run_started_at, r.finished_at AS run_finished_at, r.eval_count,"
+            " (SELECT MIN(f.started_at) FROM run f WHERE f.job_id = j.id) AS first_started_at"
+            " FROM event e JOIN job j ON j.id = e.job_id LEFT JOIN run r ON r.id = j.run_id"
+            " WHERE e.id > ? AND e.to_state IN ('done', 'failed', 'cancelled') AND e.from_state <> e.to_state"
+            " ORDER BY e.id LIMIT ?", (event_id, limit))
+
     async def has_waiting(self, node: str) -> bool:
         """A job waits on the node that may run now (a held critique does not count)."""
         rows = await self.read("SELECT EXISTS (SELECT 1 FROM ready_job WHERE node = ?) AS waiting", (node,))
