@@ -342,11 +342,15 @@ class Bench:
         labels = {"claim": "claim (Store.claim)", "claim_sql": "claim, SQL only (synchronous=OFF)",
                   "stale": "staleness (Store.stale_heads)",
                   "submit": "submit (Store.submit, 1 job)", "health": "GET /health",
-                  "queue": "GET /api/queue (1,000 waiting: output grows with waiting)"}
+                  "queue": "GET /api/queue (1,000 waiting: output grows with waiting)",
+                  "metrics": "GET /metrics (a steady scrape)"}
         per: dict[tuple[str, int], Metric] = {}
         for size in sizes:
             for key, label in labels.items():
                 per[key, size] = self.metric(f"growth_{key}_{size}", f"{label} @ {size:,} history", "ms", "ms")
+        first_scrape = {size: self.metric(f"growth_metrics_first_{size}",
+                                          f"GET /metrics, first scrape after start (reads the history) @ {size:,}",
+                                          "ms", "ms") for size in sizes}
         rss = {size: self.metric(f"rss_{size}", f"router RSS after the queries @ {size:,} history", "MB", "mb",
                                  "<= 100 MB" if size == 100_000 else "") for size in sizes}
         infos = [NodeInfo(n, rank, ("task", "critique"), m, True) for rank, (n, m) in enumerate(NODES.items(), 1)]
@@ -407,9 +411,14 @@ class Bench:
                 routers[size] = await self.start_router(paths[size])
                 conns[size] = await routers[size].connect()
                 await conns[size].request("GET", "/api/queue")  # warm
+                t = time.perf_counter()
+                status, _ = await conns[size].request("GET", "/metrics")
+                first_scrape[size].add_run([(time.perf_counter() - t) * 1000])
+                assert status == 200, status
             for rep in range(self.repeats):
                 health_ms = {size: [] for size in sizes}
                 queue_ms = {size: [] for size in sizes}
+                metrics_ms = {size: [] for size in sizes}
                 for _ in range(samples):
                     for size, conn in conns.items():
                         t = time.perf_counter()
@@ -420,7 +429,12 @@ class Bench:
                         status, body = await conn.request("GET", "/api/queue")
                         queue_ms[size].append((time.perf_counter() - t) * 1000)
                         assert status == 200 and body["queue_depth"] > waiting // 2, body["queue_depth"]
+                        t = time.perf_counter()
+                        status, _ = await conn.request("GET", "/metrics")
+                        metrics_ms[size].append((time.perf_counter() - t) * 1000)
+                        assert status == 200
                 for size in sizes:
+                    per["metrics", size].add_run(metrics_ms[size])
                     per["health", size].add_run(health_ms[size])
                     per["queue", size].add_run(queue_ms[size])
             for size in sizes:
@@ -441,9 +455,9 @@ class Bench:
                      f" RSS {rss[size].pooled[0]:.1f} MB")
             for suffix in ("", "-wal", "-shm"):
                 Path(str(paths[size]) + suffix).unlink(missing_ok=True)
-        for key in ("claim", "claim_sql", "stale", "health", "queue", "submit"):
+        for key in ("claim", "claim_sql", "stale", "health", "queue", "submit", "metrics"):
             ratio = self.metric(f"growth_{key}_ratio", f"{labels[key].split(' (')[0]}: 100,000 / 100 history",
-                                "ratio", "ratio", "<= 2.00x" if key in ("claim", "stale", "health") else "")
+                                "ratio", "ratio", "<= 2.00x" if key in ("claim", "stale", "health", "metrics") else "")
             low, high = per[key, 100], per[key, 100_000]
             for a, b in zip(low.per_run, high.per_run):
                 ratio.add_run(b / a)

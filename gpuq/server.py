@@ -433,9 +433,12 @@ async def _lifecycle(app: web.Application):
         await store.close()
         raise
     monitor = asyncio.create_task(_stale_monitor(app))
+    # Sum the history for /metrics now, so the first scrape after a start is not the slow one.
+    warm = asyncio.create_task(app[METRICS].catch_up(store))
     yield
     monitor.cancel()
-    await asyncio.gather(monitor, return_exceptions=True)
+    warm.cancel()
+    await asyncio.gather(monitor, warm, return_exceptions=True)
     await dispatcher.stop()
     await store.close()
 

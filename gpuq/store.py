@@ -455,16 +455,25 @@ class Store:
             " WHERE state IN ('queued', 'running') GROUP BY node")
         return {r["node"]: (r["queued"], r["running"]) for r in rows}
 
-    async def finished_since(self, event_id: int, limit: int) -> list[Row]:
-        """Jobs that ended after event `event_id`, in event order (for /metrics): a range of the
-        event table's primary key, so a scrape reads only what is new."""
+    async def finished_totals(self, after_event: int, duration_bounds: tuple, wait_bounds: tuple) -> list[Row]:
+        """Jobs that ended after event `after_event`, summed per (node, kind, state, model) for
+        /metrics: counts, tokens, and each histogram's count, sum and cumulative count per
+        bound. A range of the event table's primary key, grouped in SQL: one query, however
+        long the history."""
+        le = ", ".join([f"SUM(d <= {float(b)!r}) AS d_le_{i}" for i, b in enumerate(duration_bounds)]
+                       + [f"SUM(w <= {float(b)!r}) AS w_le_{i}" for i, b in enumerate(wait_bounds)])
         return await self.read(
-            "SELECT e.id AS event_id, e.to_state AS state, j.node, j.kind, COALESCE(r.model, j.model) AS model,"
-            " j.created_at, r.started_at AS run_started_at, r.finished_at AS run_finished_at, r.eval_count,"
-            " (SELECT MIN(f.started_at) FROM run f WHERE f.job_id = j.id) AS first_started_at"
+            f"SELECT node, kind, state, model, COUNT(*) AS n, SUM(tokens) AS tokens, MAX(event_id) AS last_event,"
+            f" COUNT(d) AS d_n, TOTAL(d) AS d_sum, COUNT(w) AS w_n, TOTAL(w) AS w_sum, {le} FROM ("
+            " SELECT e.id AS event_id, e.to_state AS state, j.node, j.kind, COALESCE(r.model, j.model) AS model,"
+            "  COALESCE(r.eval_count, 0) AS tokens,"
+            "  CASE WHEN e.to_state <> 'cancelled' AND r.finished_at IS NOT NULL"
+            "   THEN MAX((julianday(r.finished_at) - julianday(r.started_at)) * 86400.0, 0) END AS d,"
+            "  MAX((julianday((SELECT MIN(f.started_at) FROM run f WHERE f.job_id = j.id))"
+            "   - julianday(j.created_at)) * 86400.0, 0) AS w"
             " FROM event e JOIN job j ON j.id = e.job_id LEFT JOIN run r ON r.id = j.run_id"
             " WHERE e.id > ? AND e.to_state IN ('done', 'failed', 'cancelled') AND e.from_state <> e.to_state"
-            " ORDER BY e.id LIMIT ?", (event_id, limit))
+            ") GROUP BY node, kind, state, model", (after_event,))
 
     async def has_waiting(self, node: str) -> bool:
         """A job waits on the node that may run now (a held critique does not count)."""
