@@ -19,7 +19,7 @@ from .critique import parent_subject
 from .dispatcher import Dispatcher, node_json
 from .errors import BadRequest, Conflict, GpuqError, NotFound, TooLarge
 from .models import Kind, iso
-from .security import access_middleware
+from .security import access_middleware, host_middleware
 from .store import NewJob, Store, job_json
 
 log = logging.getLogger("gpuq")
@@ -429,7 +429,8 @@ async def _lifecycle(app: web.Application):
 
 
 def create_app(settings: Settings, clock=time.time) -> web.Application:
-    app = web.Application(middlewares=[headers_middleware, errors_middleware, access_middleware(settings.token)],
+    app = web.Application(middlewares=[headers_middleware, errors_middleware, host_middleware(settings),
+                                       access_middleware(settings.token)],
                           client_max_size=settings.max_prompt_bytes * 2 + 65536)
     bus = Bus()
     store = Store(settings.database, settings.busy_timeout_s, clock, max_bytes=settings.max_database_bytes)
