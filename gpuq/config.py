@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
@@ -55,6 +56,7 @@ class Settings:
     max_prompt_bytes: int = 1_000_000
     max_database_bytes: int | None = None  # past this SQLite refuses to grow the file ("full")
     token: str | None = None
+    allowed_hosts: tuple[str, ...] = ()  # more names the router answers to (normal_host form)
     critique_template: str = DEFAULT_CRITIQUE_TEMPLATE
     nodes: tuple[NodeConfig, ...] = field(default_factory=tuple)
 
@@ -125,6 +127,48 @@ def _check_url(value: object, key: str) -> str:
     return value.rstrip("/")
 
 
+_LABEL = re.compile(r"(?!-)[a-z0-9_-]{1,63}(?<!-)")
+
+
+def normal_host(name: str) -> str | None:
+    """A host name or IP address, as compared with the Host header: lower case, IPv6 without
+    brackets, no final dot. None when it is neither (a port, a URL, a wildcard...)."""
+    name = name.lower().removesuffix(".")
+    if name.startswith("[") and name.endswith("]"):
+        name = name[1:-1]
+        if ":" not in name:
+            return None
+    try:
+        return str(ipaddress.ip_address(name))
+    except ValueError:
+        pass
+    if len(name) <= 253 and all(_LABEL.fullmatch(label) for label in name.split(".")):
+        return name
+    return None
+
+
+def _check_hosts(value: object, key: str) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise ConfigError(f'{key}: expected a list of host names like ["mybox.tailnet.ts.net"], got {value!r}')
+    return tuple(_check_host(entry, f"{key}[{i}]") for i, entry in enumerate(value, start=1))
+
+
+def _check_host(entry: object, key: str) -> str:
+    if not isinstance(entry, str):
+        raise ConfigError(f"{key}: expected a host name (a string), got {entry!r}")
+    if "/" in entry:
+        raise ConfigError(f"{key}: write the host name alone, not a URL, got {entry!r}")
+    if "*" in entry:
+        raise ConfigError(f"{key}: wildcards are not supported, list each host name, got {entry!r}")
+    name = normal_host(entry)
+    if name is None:
+        host, _, port = entry.rpartition(":")
+        if port.isdigit() and normal_host(host):
+            raise ConfigError(f"{key}: leave the port out (any port is accepted), got {entry!r}")
+        raise ConfigError(f"{key}: expected a host name or IP address, got {entry!r}")
+    return name
+
+
 def _typed(table: dict, key: str, kind: type | tuple, where: str, required: bool = False):
     if key not in table:
         if required:
@@ -141,6 +185,7 @@ _ROUTER_KEYS = {
     "listen", "public_url", "database", "stale_after", "stale_grace", "max_runtime",
     "job_timeout", "stall_timeout", "unload_timeout", "health_interval", "connect_timeout",
     "busy_timeout", "max_prompt_bytes", "max_database_bytes", "token", "critique_template",
+    "allowed_hosts",
 }
 _DURATION_KEYS = {
     "stale_after": "stale_after_s", "stale_grace": "stale_grace_s",
@@ -221,6 +266,8 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
     token = _typed(router, "token", str, "router")
     if token is not None:
         values["token"] = token
+    if "allowed_hosts" in router:
+        values["allowed_hosts"] = _check_hosts(router["allowed_hosts"], "router.allowed_hosts")
     template = _typed(router, "critique_template", str, "router")
     if template is not None:
         if "{subject}" not in template:

@@ -32,6 +32,12 @@ class GuardRefused(Conflict):
         super().__init__(message)
 
 
+class MisdirectedRequest(GpuqError):
+    """The request names a host that is not this router's (see router.allowed_hosts)."""
+
+    status = 421
+
+
 class TooLarge(GpuqError):
     status = 413
 

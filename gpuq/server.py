@@ -19,7 +19,7 @@ from .errors import BadRequest, GpuqError, NotFound, TooLarge
 from .metrics import Metrics
 from .models import Kind, iso
 from .params import options_problem, think_problem
-from .security import access_middleware
+from .security import access_middleware, host_middleware
 from .shipped import shipped_dir, shipped_files
 from .store import NewJob, Store, job_json
 
@@ -444,7 +444,8 @@ async def _lifecycle(app: web.Application):
 
 
 def create_app(settings: Settings, clock=time.time) -> web.Application:
-    app = web.Application(middlewares=[headers_middleware, errors_middleware, access_middleware(settings.token)],
+    app = web.Application(middlewares=[headers_middleware, errors_middleware, host_middleware(settings),
+                                       access_middleware(settings.token)],
                           client_max_size=settings.max_prompt_bytes * 2 + 65536)
     bus = Bus()
     store = Store(settings.database, settings.busy_timeout_s, clock, max_bytes=settings.max_database_bytes)
