@@ -58,6 +58,9 @@ class Settings:
     token: str | None = None
     allowed_hosts: tuple[str, ...] = ()  # more names the router answers to (normal_host form)
     critique_template: str = DEFAULT_CRITIQUE_TEMPLATE
+    alert_url: str | None = None  # where alerts are POSTed (a webhook, an ntfy topic URL)
+    alert_token: str | None = field(default=None, repr=False)  # sent as a Bearer token
+    alert_format: str = "json"  # "json" (the alert as a JSON body) or "ntfy" (Title header, text)
     nodes: tuple[NodeConfig, ...] = field(default_factory=tuple)
 
     @property
@@ -185,8 +188,9 @@ _ROUTER_KEYS = {
     "listen", "public_url", "database", "stale_after", "stale_grace", "max_runtime",
     "job_timeout", "stall_timeout", "unload_timeout", "health_interval", "connect_timeout",
     "busy_timeout", "max_prompt_bytes", "max_database_bytes", "token", "critique_template",
-    "allowed_hosts",
+    "allowed_hosts", "alert_url", "alert_token", "alert_format",
 }
+ALERT_FORMATS = ("json", "ntfy")
 _DURATION_KEYS = {
     "stale_after": "stale_after_s", "stale_grace": "stale_grace_s",
     "max_runtime": "max_runtime_s", "job_timeout": "job_timeout_s",
@@ -233,6 +237,29 @@ def _parse_node(table: object, index: int) -> NodeConfig:
     )
 
 
+def _alert_settings(router: dict) -> dict:
+    """alert_url, alert_token and alert_format: a token or a format needs somewhere to send."""
+    values: dict = {}
+    url = _typed(router, "alert_url", str, "router")
+    if url is not None:
+        _check_url(url, "router.alert_url")
+        values["alert_url"] = url  # as written: a receiver may care about a final '/'
+    token = _typed(router, "alert_token", str, "router")
+    if token is not None:
+        if not token.strip() or any(c in token for c in "\r\n"):  # it goes into a header
+            raise ConfigError("router.alert_token: expected a token on one line, got an empty or multi-line string")
+        values["alert_token"] = token.strip()
+    fmt = _typed(router, "alert_format", str, "router")
+    if fmt is not None:
+        if fmt not in ALERT_FORMATS:
+            raise ConfigError(f"router.alert_format: expected 'json' or 'ntfy', got {fmt!r}")
+        values["alert_format"] = fmt
+    for key in ("alert_token", "alert_format"):
+        if key in router and url is None:
+            raise ConfigError(f"router.{key}: set router.alert_url too (where alerts are sent)")
+    return values
+
+
 def parse_config(data: dict, base_dir: Path) -> Settings:
     unknown = sorted(set(data) - {"router", "node"})
     if unknown:
@@ -268,6 +295,7 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
         values["token"] = token
     if "allowed_hosts" in router:
         values["allowed_hosts"] = _check_hosts(router["allowed_hosts"], "router.allowed_hosts")
+    values.update(_alert_settings(router))
     template = _typed(router, "critique_template", str, "router")
     if template is not None:
         if "{subject}" not in template:

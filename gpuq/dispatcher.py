@@ -15,7 +15,7 @@ from .bus import Bus
 from .config import NodeConfig, Settings
 from .critique import FINDINGS_SCHEMA, FindingsError, instruction, parse_findings
 from .errors import GpuqError, OllamaError, StoreUnavailable
-from .models import iso, normalize_model
+from .models import iso, normalize_model, parse_iso
 from .params import merged_options
 from .ollama import OllamaClient
 from .store import GuardMiss, Interrupted, NodeInfo, Store
@@ -59,6 +59,8 @@ class NodeRuntime:
     installed: frozenset[str] | None = None  # the models /api/tags listed at the last answer
     vram_stuck: str | None = None  # set when a model would not leave VRAM
     stuck_model: str | None = None  # which model (a job may have asked for another than the node's)
+    stuck_since: float | None = None  # when it was flagged
+    stuck_job: str | None = None  # the job after which it would not leave (None: a dead router's)
     health_unrecorded: bool = False  # the database refused the last health change
     unloaded_at: float = float("-inf")  # monotonic time the node last confirmed an unload
     current: Current | None = None
@@ -86,12 +88,20 @@ class Dispatcher:
 
     # -- lifecycle ----------------------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self, stuck: list[dict] | None = None) -> None:
+        """`stuck`: the models a previous router saw stuck in VRAM (open vram_stuck alerts, with
+        node, model, message, since, job_id): each node stays flagged until /api/ps shows its
+        model gone, as it would have without the restart."""
         self.session = aiohttp.ClientSession()
         for cfg in self.settings.nodes:
             client = OllamaClient(cfg.url, self.session, connect_timeout_s=self.settings.connect_timeout_s,
                                   stall_timeout_s=self.settings.stall_timeout_s)
             self.nodes[cfg.name] = NodeRuntime(cfg, client)
+        for s in stuck or []:
+            rt = self.nodes.get(s["node"])
+            if rt is not None and s.get("model"):
+                rt.vram_stuck, rt.stuck_model, rt.stuck_job = s["message"], s["model"], s.get("job_id")
+                rt.stuck_since = parse_iso(s["since"])
         orphans = await self.store.fail_orphans()
         for o in orphans:
             log.warning("job=%s node=%s state=failed reason=%r", o["id"], o["node"], "router restarted while running")
@@ -162,7 +172,8 @@ class Dispatcher:
                 try:
                     if normalize_model(rt.stuck_model or rt.config.model) not in await rt.client.loaded():
                         log.info("node=%s vram=clear", rt.name)
-                        rt.vram_stuck = None
+                        rt.vram_stuck = rt.stuck_model = rt.stuck_since = rt.stuck_job = None
+                        self._changed(node=rt.name, vram_stuck=False)
                 except OllamaError:
                     pass
         await self._set_up(rt, error is None, error)
@@ -412,7 +423,7 @@ class Dispatcher:
             delay = min(delay * 2, 0.5)
         message = (f"unload failed: {model} did not leave VRAM within "
                    f"{self.settings.unload_timeout_s:g}s ({last_error}); node {rt.name} flagged")
-        rt.vram_stuck, rt.stuck_model = message, model
+        rt.vram_stuck, rt.stuck_model, rt.stuck_since, rt.stuck_job = message, model, time.time(), job_id
         log.error("node=%s job=%s %s", rt.name, job_id, message)
         if job_id is not None:
             await self._record(job_id, "event", lambda: self.store.note(job_id, message))

@@ -12,12 +12,15 @@ from typing import Any
 
 from aiohttp import web
 
+from . import eta
+from .activity import activity
+from .alerts import Alerter
 from .bus import Bus, next_event
 from .config import Settings
-from .dispatcher import Dispatcher, node_json
+from .dispatcher import Dispatcher, NodeRuntime, node_json
 from .errors import BadRequest, GpuqError, NotFound, TooLarge
 from .metrics import Metrics
-from .models import Kind, iso
+from .models import Kind, iso, parse_iso
 from .params import options_problem, think_problem
 from .security import access_middleware, host_middleware
 from .shipped import shipped_dir, shipped_files
@@ -35,6 +38,9 @@ STORE = web.AppKey("store", Store)
 DISPATCHER = web.AppKey("dispatcher", Dispatcher)
 BUS = web.AppKey("bus", Bus)
 METRICS = web.AppKey("metrics", Metrics)
+ALERTER = web.AppKey("alerter", Alerter)
+ACTIVITY_WINDOW_S = 3600.0  # the busy strips and jobs per hour look this far back
+FINAL_STATES = ("done", "failed", "cancelled")
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
@@ -133,6 +139,47 @@ def actor_of(request: web.Request) -> str:
     return f"{who} {request.remote or '?'}"
 
 
+# -- start estimates --------------------------------------------------------------------------
+
+async def estimates(app: web.Application) -> dict[str, eta.Estimate]:
+    """eta.estimate over the queues now: two reads (the plans, the recent run times)."""
+    runtimes = app[DISPATCHER].nodes
+    rows = await app[STORE].queue_plans(list(runtimes), eta.DEPTH)
+    durations = await app[STORE].recent_durations({(r["node"], r["model"]) for r in rows}, set(runtimes),
+                                                  eta.LAST_RUNS)
+    history = eta.History()
+    for d in durations:
+        history.runs.setdefault((d["node"], d["model"]), []).append(d["seconds"])
+    plans = []
+    for name, rt in runtimes.items():
+        mine = [r for r in rows if r["node"] == name]
+        running = next((eta.Slot(r["id"], r["model"], parse_iso(r["started_at"]))
+                        for r in mine if r["state"] == "running"), None)
+        waiting = tuple(eta.Slot(r["id"], r["model"], waiting_for=r["waiting_for"])
+                        for r in mine if r["state"] == "queued")
+        plans.append(eta.NodePlan(name, running, waiting, node_blocked(rt)))
+    return eta.estimate(plans, history, time.time())
+
+
+def node_blocked(rt: NodeRuntime) -> str | None:
+    if rt.vram_stuck:
+        return f"{rt.name} has a model stuck in VRAM: nothing starts there until it leaves"
+    if rt.checked and not rt.up:
+        return f"{rt.name} is down: nothing starts there until it answers"
+    return None
+
+
+def with_eta(job: dict, found: dict[str, eta.Estimate]) -> dict:
+    """eta_start, eta_finish (ISO, or null with eta_reason) on a waiting or running job."""
+    if job["state"] not in ("queued", "running"):
+        return job
+    e = found.get(job["id"]) or eta.Estimate(None, None, f"more than {eta.DEPTH} jobs wait ahead of it")
+    job["eta_start"] = None if e.start_s is None else iso(e.start_s)
+    job["eta_finish"] = None if e.finish_s is None else iso(e.finish_s)
+    job["eta_reason"] = e.reason
+    return job
+
+
 # -- views ------------------------------------------------------------------------------------
 
 async def health(request: web.Request) -> web.Response:
@@ -189,7 +236,9 @@ async def submit(request: web.Request) -> web.Response:
                  timeout_s=float(timeout) if timeout is not None else None,
                  think=body.get("think"), options=body.get("options"))
     jobs = await store.submit(new, request.app[DISPATCHER].node_infos(), actor_of(request))
+    found = await estimates(request.app)
     for job in jobs:
+        with_eta(job, found)
         log.info("job=%s node=%s state=queued kind=%s placement=%r", job["id"], job["node"], kind, job["reason"])
         job["preview_url"] = f"{settings.public_url}/jobs/{job['id']}"
         request.app[DISPATCHER].wake(job["node"])  # only its node: the others have nothing new
@@ -200,7 +249,10 @@ async def submit(request: web.Request) -> web.Response:
 async def get_job(request: web.Request) -> web.Response:
     app = request.app
     job = await app[STORE].job_detail(job_id_of(request))
-    return web.json_response(with_live(job_json(job, app[SETTINGS].public_url), app[DISPATCHER]))
+    out = with_live(job_json(job, app[SETTINGS].public_url), app[DISPATCHER])
+    if out["state"] in ("queued", "running"):
+        with_eta(out, await estimates(app))
+    return web.json_response(out)
 
 
 def with_live(job: dict, dispatcher: Dispatcher) -> dict:
@@ -223,7 +275,8 @@ async def list_jobs(request: web.Request) -> web.Response:
     limit = int_param(q, "limit", 100, 1, 10_000)
     rows = await request.app[STORE].jobs(q.get("node"), state, limit)
     url = request.app[SETTINGS].public_url
-    return web.json_response({"jobs": [job_json(r, url) for r in rows]})
+    found = await estimates(request.app) if any(r["state"] in ("queued", "running") for r in rows) else {}
+    return web.json_response({"jobs": [with_eta(job_json(r, url), found) for r in rows]})
 
 
 def int_param(query, key: str, default: int, low: int, high: int) -> int:
@@ -240,11 +293,13 @@ async def queue(request: web.Request) -> web.Response:
     limit = int_param(request.query, "limit", 1000, 0, 100_000)
     url = app[SETTINGS].public_url
     nodes, depth = [], 0
+    found = await estimates(app)
     for rt in app[DISPATCHER].nodes.values():
         running, queued, count = await app[STORE].queue(rt.name, limit)
         depth += count
-        nodes.append(dict(node_json(rt), running=running and with_live(job_json(running, url), app[DISPATCHER]),
-                          queued=[job_json(j, url) for j in queued], queued_count=count))
+        running = running and with_eta(with_live(job_json(running, url), app[DISPATCHER]), found)
+        nodes.append(dict(node_json(rt), running=running,
+                          queued=[with_eta(job_json(j, url), found) for j in queued], queued_count=count))
     return web.json_response({"queue_depth": depth, "nodes": nodes})
 
 
@@ -325,6 +380,57 @@ async def retry(request: web.Request) -> web.Response:
     return web.json_response({"job": {"id": job["id"], "node": job["node"], "state": "queued"}})
 
 
+async def history(request: web.Request) -> web.Response:
+    """Finished jobs, newest first, paged and filtered by state, node, kind and text."""
+    q = request.query
+    state, kind, node, text = q.get("state") or None, q.get("kind") or None, q.get("node") or None, q.get("q") or None
+    if state and state not in FINAL_STATES:
+        raise BadRequest(f"unknown state '{state[:40]}' (finished jobs are done, failed or cancelled)")
+    if kind and kind not in {k.value for k in Kind}:
+        raise BadRequest(f"unknown kind '{kind[:40]}' (expected 'task' or 'critique')")
+    if node and not NODE_NAME.fullmatch(node):
+        raise BadRequest(f"'{node[:64]}' is not a node name")
+    if text and len(text) > 200:
+        raise BadRequest(f"query parameter 'q' is {len(text)} characters long; at most 200")
+    limit = int_param(q, "limit", 50, 1, 500)
+    offset = int_param(q, "offset", 0, 0, 10_000_000)
+    rows, total = await request.app[STORE].history(state, node, kind, text, limit, offset)
+    url = request.app[SETTINGS].public_url
+    return web.json_response({"jobs": [job_json(r, url) for r in rows], "total": total, "limit": limit,
+                              "offset": offset})
+
+
+async def activity_view(request: web.Request) -> web.Response:
+    """Counts of finished jobs since `since` (the page sends its local midnight; default: the
+    last 24 hours), and per node over the last hour its busy spans and the jobs it finished."""
+    app = request.app
+    now = time.time()
+    since = now - 86400
+    if request.query.get("since"):
+        try:
+            since = parse_iso(request.query["since"])
+        except ValueError:
+            raise BadRequest("query parameter 'since' must be a UTC time like 2026-11-29T00:00:00.000000Z, "
+                             f"got '{request.query['since'][:40]}'") from None
+    start = now - ACTIVITY_WINDOW_S
+    spans = activity(await app[STORE].runs_since(start), start, now)
+    counts = await app[STORE].finished_since(since)
+    nodes = []
+    for name in app[DISPATCHER].nodes:
+        a = spans.get(name)
+        nodes.append({"name": name, "busy": [[iso(b), iso(e)] for b, e in (a.busy if a else [])],
+                      "busy_s": round(a.busy_s, 3) if a else 0.0, "jobs_per_hour": a.finished if a else 0})
+    return web.json_response({"now": iso(now), "since": iso(since), "window_s": ACTIVITY_WINDOW_S,
+                              "finished": {s: counts.get(s, 0) for s in FINAL_STATES}, "nodes": nodes})
+
+
+async def alerts(request: web.Request) -> web.Response:
+    """The latest firings and every try to deliver their notices."""
+    limit = int_param(request.query, "limit", 50, 1, 1000)
+    return web.json_response({"alert_url_set": request.app[SETTINGS].alert_url is not None,
+                              "alerts": await request.app[STORE].alerts(limit)})
+
+
 async def stream_job(request: web.Request) -> web.StreamResponse:
     """NDJSON: {"thinking"} and {"text"} pieces (the reasoning and the answer) as they are
     generated, then {"done", "job"}."""
@@ -395,6 +501,10 @@ async def page(request: web.Request) -> web.FileResponse:
     return web.FileResponse(WEB_DIR / "index.html")
 
 
+async def history_page(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(WEB_DIR / "history.html")
+
+
 async def preview_page(request: web.Request) -> web.FileResponse:
     job_id_of(request)
     return web.FileResponse(WEB_DIR / "job.html")
@@ -427,8 +537,11 @@ async def _lifecycle(app: web.Application):
     try:
         await store.configure({"stale_after_s": settings.stale_after_s, "stale_grace_s": settings.stale_grace_s,
                                "max_runtime_s": settings.max_runtime_s}, list(settings.nodes))
-        await dispatcher.start()
+        # A model a previous router saw stuck in VRAM keeps its node flagged until it is gone.
+        await dispatcher.start(stuck=[a for a in await store.open_alerts() if a["alert"] == "vram_stuck"])
+        await app[ALERTER].start()
     except BaseException:  # the store's threads would keep a router that failed to start alive
+        await app[ALERTER].stop()
         await dispatcher.stop()
         await store.close()
         raise
@@ -439,6 +552,7 @@ async def _lifecycle(app: web.Application):
     monitor.cancel()
     warm.cancel()
     await asyncio.gather(monitor, warm, return_exceptions=True)
+    await app[ALERTER].stop()
     await dispatcher.stop()
     await store.close()
 
@@ -454,6 +568,7 @@ def create_app(settings: Settings, clock=time.time) -> web.Application:
     app[BUS] = bus
     app[METRICS] = Metrics()
     app[DISPATCHER] = Dispatcher(settings, store, bus)
+    app[ALERTER] = Alerter(settings, store, app[DISPATCHER])
     app.cleanup_ctx.append(_lifecycle)
     app.on_shutdown.append(_end_streams)
     r = app.router
@@ -462,6 +577,9 @@ def create_app(settings: Settings, clock=time.time) -> web.Application:
     r.add_get("/api/queue", queue)
     r.add_get("/api/nodes", nodes)
     r.add_get("/api/stale", stale)
+    r.add_get("/api/history", history)
+    r.add_get("/api/activity", activity_view)
+    r.add_get("/api/alerts", alerts)
     r.add_get("/api/events", events)
     r.add_post("/api/jobs", submit)
     r.add_get("/api/jobs", list_jobs)
@@ -474,6 +592,7 @@ def create_app(settings: Settings, clock=time.time) -> web.Application:
     r.add_post("/api/nodes/{name}/clear", clear)
     r.add_get("/", page)
     r.add_get("/jobs/{id}", preview_page)
+    r.add_get("/history", history_page)
     shipped_files(WEB_DIR, "index.html", "pages")
     r.add_static("/static/", WEB_DIR, name="static")
     return app

@@ -42,6 +42,11 @@ JOB_COLUMNS = """j.id, j.kind, j.state, j.node, j.model, j.prompt, j.parent_id, 
 
 JOB_FROM = "FROM job j LEFT JOIN run r ON r.id = j.run_id"
 
+# The history view lists a prompt's first 300 characters and its size, never the prompt.
+HISTORY_COLUMNS = JOB_COLUMNS.replace(
+    "j.prompt,", "substr(j.prompt, 1, 300) AS prompt_excerpt, length(CAST(j.prompt AS BLOB)) AS prompt_bytes,")
+assert HISTORY_COLUMNS != JOB_COLUMNS
+
 
 # A running head is stale when Ollama finished but the job did not within the grace (the
 # 49-minute case), when it ran past max_runtime, or when no tokens came for stale_after.
@@ -480,6 +485,139 @@ class Store:
         rows = await self.read("SELECT EXISTS (SELECT 1 FROM ready_job WHERE node = ?) AS waiting", (node,))
         return bool(rows[0]["waiting"])
 
+    # -- start estimates (gpuq/eta.py) ---------------------------------------------------------
+
+    async def queue_plans(self, nodes: list[str], depth: int) -> list[Row]:
+        """Each node's running job and first `depth` waiting jobs (held critiques included), with
+        the few columns a start estimate needs; one statement, each part on an index."""
+        if not nodes:
+            return []
+        waiting = ("SELECT * FROM (SELECT j.id, j.node, j.state, j.model, j.position, NULL AS started_at,"
+                   " CASE WHEN j.subject_from_parent = 1 AND (SELECT p.state FROM job p WHERE p.id = j.parent_id)"
+                   " <> 'done' THEN j.parent_id END AS waiting_for FROM job j WHERE j.node = ? AND j.state = 'queued'"
+                   " ORDER BY j.position, j.id LIMIT ?)")
+        running = ("SELECT j.id, j.node, j.state, j.model, 0 AS position, r.started_at, NULL AS waiting_for"
+                   " FROM job j JOIN run r ON r.id = j.run_id WHERE j.state = 'running'")
+        params: list = []
+        for name in nodes:
+            params += [name, depth]
+        rows = await self.read(" UNION ALL ".join([running] + [waiting] * len(nodes)), params)
+        rows.sort(key=lambda r: (r["node"], r["state"] != "running", r["position"], r["id"]))
+        return rows
+
+    async def recent_durations(self, node_models: set[tuple[str, str]], nodes: set[str],
+                               last: int = 20) -> list[Row]:
+        """How long the last `last` done runs took, per node and model and per node: rows of
+        (node, model or NULL for the node's, seconds). Each part reads its partial index."""
+        seconds = "MAX((julianday(finished_at) - julianday(started_at)) * 86400.0, 0) AS seconds"
+        parts = [(f"SELECT * FROM (SELECT node, NULL AS model, {seconds} FROM run INDEXED BY run_done_node"
+                  " WHERE state = 'done' AND node = ? ORDER BY id DESC LIMIT ?)", (node, last))
+                 for node in sorted(nodes)]
+        parts += [(f"SELECT * FROM (SELECT node, model, {seconds} FROM run INDEXED BY run_done_node_model"
+                   " WHERE state = 'done' AND node = ? AND model = ? ORDER BY id DESC LIMIT ?)", (node, model, last))
+                  for node, model in sorted(node_models)]
+        rows: list[Row] = []
+        for at in range(0, len(parts), 400):  # SQLite compounds at most 500 SELECTs
+            chunk = parts[at:at + 400]
+            rows += await self.read(" UNION ALL ".join(sql for sql, _ in chunk), [p for _, ps in chunk for p in ps])
+        return rows
+
+    # -- history and utilisation (the history page, the busy strips) ---------------------------
+
+    async def history(self, state: str | None, node: str | None, kind: str | None, text: str | None,
+                      limit: int, offset: int) -> tuple[list[Row], int]:
+        """Finished jobs, newest first, filtered; and how many match in all."""
+        where, params = ["j.finished_at IS NOT NULL"], []
+        for column, value in (("j.state", state), ("j.node", node), ("j.kind", kind)):
+            if value:
+                where.append(f"{column} = ?")
+                params.append(value)
+        if text:
+            like = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+            where.append("(" + " OR ".join(f"{c} LIKE ? ESCAPE '\\'" for c in
+                                           ("j.id", "j.model", "j.error", "j.prompt")) + ")")
+            params += [like] * 4
+        cond = " AND ".join(where)
+        rows = await self.read(
+            f"SELECT {HISTORY_COLUMNS} {JOB_FROM.replace('job j', 'job j INDEXED BY job_finished')} WHERE {cond}"
+            " ORDER BY j.finished_at DESC, j.id DESC"
+            " LIMIT ? OFFSET ?", (*params, limit, offset))
+        total = await self.read(f"SELECT COUNT(*) AS n FROM job j WHERE {cond}", params)
+        return rows, total[0]["n"]
+
+    async def finished_since(self, since: float) -> dict[str, int]:
+        """How many jobs ended in each final state since `since` (index job_finished)."""
+        rows = await self.read("SELECT state, COUNT(*) AS n FROM job INDEXED BY job_finished WHERE finished_at >= ?"
+                               " GROUP BY state",
+                               (iso(since),))
+        return {r["state"]: r["n"] for r in rows}
+
+    async def runs_since(self, since: float) -> list[Row]:
+        """Every run that was on a node at some time after `since`: the running ones and those
+        that ended after it (index run_finished), oldest first."""
+        return await self.read(
+            "SELECT node, state, started_at, finished_at FROM run WHERE finished_at >= ?"
+            " UNION ALL SELECT node, state, started_at, finished_at FROM run WHERE state = 'running'"
+            " ORDER BY started_at", (iso(since),))
+
+    # -- alerts (gpuq/alerts.py) -----------------------------------------------------------------
+
+    async def open_alerts(self) -> list[Row]:
+        """Firings not resolved yet (a restart picks them up where the last router left them)."""
+        return await self.read("SELECT * FROM alert WHERE resolved_at IS NULL ORDER BY id")
+
+    async def fire_alert(self, alert: dict, deliver: bool) -> Row:
+        now = iso(self.clock())
+        return await self._write(lambda db: dict(db.execute(
+            "INSERT INTO alert (alert, node, job_id, model, since, message, fix, fired_at, deliver)"
+            " VALUES (?,?,?,?,?,?,?,?,?) RETURNING *",
+            (alert["alert"], alert["node"], alert["job"], alert.get("model"), alert["since"], alert["message"],
+             alert["fix"], now, int(deliver))).fetchone()))
+
+    async def resolve_alert(self, alert_id: int, resolution: str) -> None:
+        now = iso(self.clock())
+        await self._write(lambda db: db.execute(
+            "UPDATE alert SET resolved_at = ?, resolution = ? WHERE id = ? AND resolved_at IS NULL",
+            (now, resolution, alert_id)))
+
+    async def owe_open_alerts(self) -> int:
+        """At start-up with alert_url set: firings still open are owed their notices, even those
+        seen while no alert_url was configured (they still fire)."""
+        return await self._write(lambda db: db.execute(
+            "UPDATE alert SET deliver = 1 WHERE resolved_at IS NULL AND deliver = 0").rowcount)
+
+    async def alerts_owed(self) -> list[Row]:
+        """Notices not delivered yet, oldest firing first, with how many tries the next one has had."""
+        return await self.read(
+            "SELECT a.*, (SELECT COUNT(*) FROM alert_delivery d WHERE d.alert_id = a.id AND d.status ="
+            " CASE WHEN a.fired_sent_at IS NULL THEN 'firing' ELSE 'resolved' END) AS attempts"
+            " FROM alert a INDEXED BY alert_owed WHERE a.deliver = 1 AND (a.fired_sent_at IS NULL"
+            " OR (a.resolved_at IS NOT NULL AND a.resolved_sent_at IS NULL)) ORDER BY a.id")
+
+    async def record_delivery(self, alert_id: int, status: str, attempt: int, ok: bool,
+                              http_status: int | None, error: str | None) -> None:
+        """One try to deliver a notice; a delivered one is marked sent in the same transaction."""
+        now = iso(self.clock())
+        sent_column = {"firing": "fired_sent_at", "resolved": "resolved_sent_at"}[status]
+
+        def record_in(db: sqlite3.Connection) -> None:
+            db.execute("INSERT INTO alert_delivery (alert_id, status, at, attempt, ok, http_status, error)"
+                       " VALUES (?,?,?,?,?,?,?)", (alert_id, status, now, attempt, int(ok), http_status, error))
+            if ok:
+                db.execute(f"UPDATE alert SET {sent_column} = ? WHERE id = ?", (now, alert_id))
+        await self._write(record_in)
+
+    async def alerts(self, limit: int) -> list[Row]:
+        """The latest firings, newest first, each with its delivery attempts."""
+        rows = await self.read("SELECT * FROM alert ORDER BY id DESC LIMIT ?", (limit,))
+        if rows:
+            tries = await self.read(
+                "SELECT * FROM alert_delivery WHERE alert_id BETWEEN ? AND ? ORDER BY id",
+                (rows[-1]["id"], rows[0]["id"]))
+            for row in rows:
+                row["deliveries"] = [t for t in tries if t["alert_id"] == row["id"]]
+        return rows
+
     # -- submitting ---------------------------------------------------------------------------
 
     async def submit(self, new: NewJob, nodes: list[NodeInfo], actor: str) -> list[Row]:
@@ -784,7 +922,7 @@ def job_json(row: Row, public_url: str) -> Row:
     """The API's shape of a job row."""
     out = {
         "id": row["id"], "kind": row["kind"], "state": row["state"], "node": row["node"],
-        "model": row["model"], "prompt": row["prompt"], "parent": row.get("parent_id"),
+        "model": row["model"], "parent": row.get("parent_id"),
         "group": row.get("group_id"), "placement": row.get("placement"), "error": row.get("error"),
         "created_at": row.get("created_at"), "started_at": row.get("started_at"),
         "finished_at": row.get("finished_at"), "progress_at": row.get("progress_at"),
@@ -797,7 +935,8 @@ def job_json(row: Row, public_url: str) -> Row:
     for key in ("findings", "think", "options"):  # JSON columns
         if row.get(key) is not None:
             out[key] = json.loads(row[key])
-    for key in ("output", "thinking", "runs", "events", "children", "queue_position"):
+    for key in ("prompt", "prompt_excerpt", "prompt_bytes", "output", "thinking", "runs", "events", "children",
+                "queue_position", "eta_start", "eta_finish", "eta_reason"):
         if key in row:
             out[key] = row[key]
     return out

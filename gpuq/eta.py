@@ -1,0 +1,114 @@
+"""When will a job start? Pure estimates over a snapshot of the queues: no I/O, no clock.
+
+A job's expected run time on its node is the median of the node's last 20 done runs of the
+job's model, else of the node's last 20 done runs of any model, else unknown. The running job
+ends at its start plus its expected time (never before now: an overdue job ends "any moment").
+A waiting job starts when every job ahead of it on its node has run, held critiques included
+(each counted in its place, as the issue asks: it may run there once its parent is done); a held
+critique itself starts no earlier than its parent's estimated finish. A node that is down or
+has a model stuck in VRAM starts nothing: its waiting jobs get no estimate, with the reason."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from statistics import median
+
+LAST_RUNS = 20  # how many recent done runs the median is taken over
+DEPTH = 1000  # waiting jobs per node that get an estimate; deeper ones say so
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One job of a node's plan."""
+
+    id: str
+    model: str
+    started_s: float | None = None  # the running job: when its run started
+    waiting_for: str | None = None  # a held critique: the parent task it waits for
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    name: str
+    running: Slot | None = None
+    waiting: tuple[Slot, ...] = ()  # in queue order
+    blocked: str | None = None  # why nothing starts on the node now (down, VRAM stuck)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    start_s: float | None  # None: unknown (see reason); a running job's is its real start
+    finish_s: float | None
+    reason: str | None = None  # why a time is unknown
+
+
+@dataclass(frozen=True)
+class History:
+    """Recent done run times in seconds, newest first: per (node, model) and per (node, None)."""
+
+    runs: dict[tuple[str, str | None], list[float]] = field(default_factory=dict)
+
+    def expected_s(self, node: str, model: str) -> float | None:
+        for key in ((node, model), (node, None)):
+            times = self.runs.get(key, [])[:LAST_RUNS]
+            if times:
+                return median(times)
+        return None
+
+
+def estimate(plans: list[NodePlan], history: History, now: float) -> dict[str, Estimate]:
+    """An estimate for every job in `plans`, keyed by job id."""
+    out: dict[str, Estimate] = {}
+    for plan in plans:
+        out.update(_node_estimates(plan, history, now))
+    for plan in plans:  # a held critique waits for its parent, wherever the parent runs
+        for slot in plan.waiting:
+            if slot.waiting_for is not None and slot.id in out:
+                out[slot.id] = _after_parent(out[slot.id], out.get(slot.waiting_for), slot, plan, history)
+    return out
+
+
+def _node_estimates(plan: NodePlan, history: History, now: float) -> dict[str, Estimate]:
+    out: dict[str, Estimate] = {}
+    free_at: float | None = now  # when the node is free for the next job
+    why = None  # why free_at is unknown
+    if plan.running is not None:
+        run = plan.running
+        expected = history.expected_s(plan.name, run.model)
+        if expected is None:
+            out[run.id] = Estimate(run.started_s, None, no_runs(plan.name))
+            free_at, why = None, f"no finished run on {plan.name} yet to time the running job {run.id}"
+        else:
+            free_at = max((run.started_s or now) + expected, now)
+            out[run.id] = Estimate(run.started_s, free_at)
+    if plan.blocked is not None:
+        free_at, why = None, plan.blocked
+    for slot in plan.waiting:
+        expected = history.expected_s(plan.name, slot.model)
+        if free_at is None:
+            out[slot.id] = Estimate(None, None, why)
+            continue
+        if expected is None:
+            out[slot.id] = Estimate(free_at, None, no_runs(plan.name))
+            free_at, why = None, f"no finished run on {plan.name} yet to time job {slot.id} ahead of it"
+            continue
+        out[slot.id] = Estimate(free_at, free_at + expected)
+        free_at += expected
+    return out
+
+
+def _after_parent(own: Estimate, parent: Estimate | None, slot: Slot, plan: NodePlan,
+                  history: History) -> Estimate:
+    if own.start_s is None:
+        return own
+    if parent is None or parent.finish_s is None:
+        why = parent.reason if parent is not None and parent.reason else "its finish is not known"
+        return Estimate(None, None, f"waits for parent {slot.waiting_for}: {why}")
+    if parent.finish_s <= own.start_s:
+        return own
+    expected = history.expected_s(plan.name, slot.model)
+    return Estimate(parent.finish_s, None if expected is None else parent.finish_s + expected, own.reason)
+
+
+def no_runs(node: str) -> str:
+    return f"no finished run on {node} yet: its run time is not known"
