@@ -53,6 +53,12 @@ def test_durations(text, seconds):
     (lambda d: d["node"][0].update(roles=["gpu"]), "node 'node-1'.roles"),
     (lambda d: d["node"][0].update(colour="red"), "unknown key 'colour'"),
     (lambda d: d["router"].update(critique_template="no placeholder"), "router.critique_template"),
+    (lambda d: d["router"].update(alert_url="ntfy.sh/gpu-lab"), "router.alert_url: expected an http:// or https:// URL"),
+    (lambda d: d["router"].update(alert_url="https://ntfy.sh/x", alert_format="sms"),
+     "router.alert_format: expected 'json' or 'ntfy', got 'sms'"),
+    (lambda d: d["router"].update(alert_token="tk_1"), "router.alert_token: set router.alert_url too"),
+    (lambda d: d["router"].update(alert_format="ntfy"), "router.alert_format: set router.alert_url too"),
+    (lambda d: d["router"].update(alert_url="https://ntfy.sh/x", alert_token="tk\nX-Evil: 1"), "router.alert_token"),
 ])
 def test_each_mistake_names_its_key(mutate, key, tmp_path):
     data = base()
@@ -60,6 +66,15 @@ def test_each_mistake_names_its_key(mutate, key, tmp_path):
     with pytest.raises(ConfigError) as exc:
         parse_config(data, tmp_path)
     assert key in exc.value.message
+
+
+def test_alert_settings(tmp_path):
+    settings = parse_config(base(alert_url="https://ntfy.sh/gpu-lab/", alert_format="ntfy", alert_token="tk_1"),
+                            tmp_path)
+    assert (settings.alert_url, settings.alert_format, settings.alert_token) == ("https://ntfy.sh/gpu-lab/", "ntfy", "tk_1")
+    assert "tk_1" not in repr(settings)
+    plain = parse_config(base(), tmp_path)
+    assert plain.alert_url is None and plain.alert_format == "json"
 
 
 def test_not_toml_and_missing_file_and_no_nodes(tmp_path):
