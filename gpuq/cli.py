@@ -72,6 +72,41 @@ def duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
+def about(seconds: float) -> str:
+    """A rough span for an estimate: '~40 s', '~4 min', '~1 h 20 min'."""
+    seconds = max(seconds, 0)
+    if seconds < 60:
+        return f"~{max(int(round(seconds)), 1)} s"
+    minutes = int(round(seconds / 60))
+    return f"~{minutes} min" if minutes < 60 else f"~{minutes // 60} h {minutes % 60:02d} min"
+
+
+def in_about(ts: str) -> str:
+    """'in ~4 min' to an estimated time, or 'now' when it is (about) here."""
+    seconds = parse_iso(ts) - time.time()
+    return "now" if seconds < 1 else f"in {about(seconds)}"
+
+
+def eta_summary(job: dict) -> str | None:
+    """'est. start in ~4 min, finish in ~9 min' (a waiting job), 'est. finish in ~2 min' (a
+    running one), or the reason an estimate is unknown. None for a finished job."""
+    if job.get("state") not in ("queued", "running") or "eta_finish" not in job:
+        return None
+    parts = []
+    if job["state"] == "queued":
+        parts.append(f"est. start {in_about(job['eta_start'])}" if job.get("eta_start") else "est. start unknown")
+    if job.get("eta_finish"):
+        parts.append(f"{'finish' if parts else 'est. finish'} {in_about(job['eta_finish'])}")
+    elif job["state"] == "running":
+        parts.append("est. finish unknown")
+    text = ", ".join(parts)
+    return f"{text} ({job['eta_reason']})" if job.get("eta_reason") else text
+
+
+def clock(ts: str) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(parse_iso(ts)))
+
+
 def excerpt(text: str, width: int = 50) -> str:
     flat = " ".join(text.split())
     return flat if len(flat) <= width else flat[: width - 1] + "…"
@@ -198,6 +233,8 @@ def task(ctx, prompt, file_, model, node, timeout, wait, think, think_level, opt
     job = router.call("POST", "/api/jobs", {k: v for k, v in body.items() if v is not None})["jobs"][0]
     click.echo(f"{job['id']} -> {job['node']} ({job['reason']})")
     click.echo(f"preview {job['preview_url']}")
+    if eta_summary(job):
+        click.echo(eta_summary(job))
     if wait:
         follow(router, job["id"])
 
@@ -354,6 +391,10 @@ def show(ctx, job_id, as_json) -> None:
         click.echo(f"position {job['queue_position']} in {job['node']}'s queue")
     if job.get("waiting_for"):
         click.echo(f"waiting for parent {job['waiting_for']} to finish (held: it reviews the parent's result)")
+    if eta_summary(job):
+        times = [f"{k} {clock(job['eta_' + k])}" for k in ("start", "finish")
+                 if job.get("eta_" + k) and not (k == "start" and job["state"] == "running")]
+        click.echo(eta_summary(job) + (f"   [{', '.join(times)}]" if times else ""))
     click.echo(summary(job))
     for ev in job.get("events", []):
         if (ev["reason"] or "").startswith("warning: "):
@@ -397,14 +438,21 @@ def queue_cmd(ctx, limit) -> None:
                    f"  {node['queued_count']} waiting")
         run = node["running"]
         if run:
-            click.echo(f"  running  {run['id']}  {run['kind']:8} {ago(run['started_at']):>7}  {excerpt(run['prompt'])}")
+            click.echo(f"  running  {run['id']}  {run['kind']:8} {ago(run['started_at']):>7} "
+                       f"{eta_column(run, 'eta_finish', 'ends')}  {excerpt(run['prompt'])}")
         for i, job in enumerate(node["queued"], start=1):
             mark = " (preempted)" if job["preempted_runs"] else ""
             if job.get("waiting_for"):
                 mark += f" (waiting for parent {job['waiting_for']})"
-            click.echo(f"  {i:>7}  {job['id']}  {job['kind']:8} {ago(job['created_at']):>7}  {excerpt(job['prompt'])}{mark}")
+            click.echo(f"  {i:>7}  {job['id']}  {job['kind']:8} {ago(job['created_at']):>7} "
+                       f"{eta_column(job, 'eta_start', 'starts')}  {excerpt(job['prompt'])}{mark}")
         if node["queued_count"] > len(node["queued"]):
             click.echo(f"  … {node['queued_count'] - len(node['queued'])} more")
+
+
+def eta_column(job: dict, key: str, verb: str) -> str:
+    """'starts in ~4 min' / 'ends now' / 'starts ?' (unknown: `gpuq show ID` says why), padded."""
+    return f"{verb} {in_about(job[key]) if job.get(key) else '?'}".ljust(18)
 
 
 @main.command()
