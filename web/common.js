@@ -64,6 +64,29 @@ export function fmtClock(iso) {
   return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${time}`;
 }
 
+// A rough span for an estimate: '~40s', '~4 min', '~1h 20m'.
+export function fmtApprox(seconds) {
+  const s = Math.max(0, seconds);
+  if (s < 60) return `~${Math.max(1, Math.round(s))}s`;
+  const m = Math.round(s / 60);
+  return m < 60 ? `~${m} min` : `~${Math.floor(m / 60)}h ${pad(m % 60)}m`;
+}
+
+// 'in ~4 min' until an estimated time, 'now' once it is (about) here.
+export function fmtEta(iso) {
+  const t = parseTime(iso);
+  if (Number.isNaN(t)) return '?';
+  const s = (t - now()) / 1000;
+  return s < 1 ? 'now' : `in ${fmtApprox(s)}`;
+}
+
+// The start of today in this browser's time zone, as the API's UTC time.
+export function localMidnight() {
+  const d = new Date(now());
+  d.setHours(0, 0, 0, 0);
+  return d.toISOString().replace('Z', '000Z');
+}
+
 export function fmtNum(n) {
   return n === null || n === undefined ? '–' : Number(n).toLocaleString('en-US');
 }
@@ -135,6 +158,53 @@ export function tickSince(root = document) {
   for (const node of root.querySelectorAll('[data-since]')) {
     if (node.dataset.since) node.textContent = fmtDur(since(node.dataset.since));
   }
+  for (const node of root.querySelectorAll('[data-eta]')) node.textContent = fmtEta(node.dataset.eta);
+}
+
+// An estimated time ('in ~4 min', ticked with the clock), or '?' with the reason as its title.
+export function etaSpan(iso, reason, className = 'eta-time') {
+  if (!iso) return el('span', {className: `${className} unknown`, text: '?', title: reason || 'not known'});
+  return el('span', {className, dataset: {eta: iso}, text: fmtEta(iso),
+    title: `estimated ${fmtClock(iso)}${reason ? ` (${reason})` : ''}`});
+}
+
+// -- utilisation: a node's busy spans over the last hour, as a strip ---------------------------
+
+const SVG = 'http://www.w3.org/2000/svg';
+
+function svg(tag, attrs = {}) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [key, value] of Object.entries(attrs)) node.setAttribute(key, String(value));
+  return node;
+}
+
+// Inline SVG, one unit per second of the window: idle is the track, each busy span a bar.
+export function busyStrip(node, activity) {
+  const windowS = activity.window_s;
+  const end = parseTime(activity.now);
+  const start = end - windowS * 1000;
+  const label = `${node.name} over the last hour: ${utilText(node, activity)}`;
+  const strip = svg('svg', {class: 'strip', viewBox: `0 0 ${windowS} 10`, preserveAspectRatio: 'none',
+    role: 'img', 'aria-label': label});
+  strip.dataset.node = node.name;
+  const title = svg('title');
+  title.textContent = label;
+  strip.append(title, svg('rect', {class: 'strip-idle', x: 0, y: 0, width: windowS, height: 10}));
+  for (const [a, b] of node.busy) {
+    const w = Math.max((parseTime(b) - parseTime(a)) / 1000, windowS / 360); // at least a visible sliver
+    const x = Math.min(Math.max(0, (parseTime(a) - start) / 1000), windowS - w); // a sliver stays inside
+    const bar = svg('rect', {class: 'strip-busy', x: x.toFixed(1), y: 0, width: w.toFixed(1), height: 10});
+    bar.dataset.from = a;
+    bar.dataset.to = b;
+    strip.append(bar);
+  }
+  return strip;
+}
+
+export function utilText(node, activity) {
+  const share = (100 * node.busy_s) / activity.window_s;
+  const pct = share > 0 && share < 0.5 ? '<1' : String(Math.round(share));
+  return `${fmtNum(node.jobs_per_hour)} job${node.jobs_per_hour === 1 ? '' : 's'}/h · busy ${pct}%`;
 }
 
 // -- toasts: refusals and failures, readable, dismissable ---------------------------------

@@ -2,7 +2,7 @@
 // streaming live while it runs, its runs, events, critiques and findings.
 
 import {
-  api, badge, between, coalesced, confirmDialog, el, estimateTokens, fmtClock, fmtDur, fmtNum,
+  api, badge, between, coalesced, confirmDialog, el, estimateTokens, etaSpan, fmtClock, fmtDur, fmtNum,
   fmtRate, fmtSpan, jobRate, jobHref, liveEvents, setConnection, since, sinceSpan, stateBadge, streamLines,
   tickSince, toast,
 } from './common.js';
@@ -260,16 +260,25 @@ function facts(job) {
       fmtSpan(job.started_at ? between(job.created_at, firstStart(runs) || job.started_at) : since(job.created_at)),
       {id: job.state === 'queued' ? 'f-waited' : undefined}),
     fact('Started', when(job.started_at)),
+    job.state === 'queued' ? fact('Est. start', estimated(job.eta_start, job.eta_reason), {id: 'f-eta-start'}) : null,
     fact('Finished', when(job.finished_at)),
+    job.state === 'queued' || job.state === 'running'
+      ? fact('Est. finish', estimated(job.eta_finish, job.eta_reason), {id: 'f-eta-finish'}) : null,
     fact('Duration', fmtSpan(durationOf(job)), {id: 'f-duration'}),
     fact(job.state === 'running' ? 'Tokens so far' : 'Tokens', '–', {id: 'f-tokens'}),
     fact('Tokens/s', '–', {id: 'f-rate'}),
     fact('Runs', `${runs.length}${job.preempted_runs ? ` (${job.preempted_runs} preempted)` : ''}`),
-  ];
+  ].filter(Boolean);
   if (job.timeout_s) items.push(fact('Timeout', fmtDur(job.timeout_s)));
   if (job.parent) items.push(fact('Parent task', el('a', {className: 'mono', href: jobHref(job.parent), text: job.parent})));
   if (job.group) items.push(fact('Fan-out group', el('span', {className: 'mono', text: job.group})));
   return el('div', {className: 'facts'}, ...items);
+}
+
+// An estimate: 'in ~4 min' and its clock time, or 'not known' with the reason beside it.
+function estimated(iso, reason) {
+  if (!iso) return el('span', {className: 'muted', title: reason || ''}, 'not known', reason ? `: ${reason}` : '');
+  return el('span', {title: iso}, etaSpan(iso, null), el('span', {className: 'muted', text: ` · ${fmtClock(iso)}`}));
 }
 
 function firstStart(runs) {

@@ -3,9 +3,9 @@
 // and the page then shows the server's order again, whether the API agreed or refused.
 
 import {
-  api, badge, coalesced, confirmDialog, el, excerpt, fmtClock, fmtDur, fmtNum,
-  fmtRate, fmtSpan, getJSON, jobHref, jobRate, liveEvents, now, parseTime, setConnection, since,
-  sinceSpan, stateBadge, tickSince, toast, askToken, tokenDeclined, between,
+  api, badge, busyStrip, coalesced, confirmDialog, el, etaSpan, excerpt, fmtClock, fmtDur, fmtNum,
+  fmtRate, fmtSpan, getJSON, jobHref, jobRate, liveEvents, localMidnight, now, parseTime, setConnection, since,
+  sinceSpan, stateBadge, tickSince, toast, askToken, tokenDeclined, between, utilText,
 } from './common.js';
 
 const LIMIT_STEP = 200; // waiting jobs rendered per column; the rest is a count
@@ -17,6 +17,7 @@ const TAIL = 1000000000; // the API's largest position: the tail of a queue
 const S = {
   queue: null, // GET /api/queue
   health: null, // GET /health
+  activity: null, // GET /api/activity: today's counts, each node's last hour
   recent: [],
   limit: LIMIT_STEP,
   error: null, // the last refresh's failure, shown until one succeeds
@@ -48,12 +49,13 @@ async function loadRecent() {
 
 async function refresh() {
   try {
-    const [queue, health, recent] = await Promise.all([
+    const [queue, health, recent, activity] = await Promise.all([
       getJSON(`/api/queue?limit=${S.limit}`),
       getJSON('/health', [200, 503]),
       loadRecent(),
+      getJSON(`/api/activity?since=${encodeURIComponent(localMidnight())}`),
     ]);
-    Object.assign(S, {queue, health, recent, error: null, updatedAt: Date.now()});
+    Object.assign(S, {queue, health, recent, activity, error: null, updatedAt: Date.now()});
   } catch (exc) {
     S.error = exc;
   }
@@ -77,6 +79,7 @@ function render() {
   renderTop();
   renderAlerts();
   renderBoard();
+  renderUtil();
   renderRecent();
   paintProgress();
 }
@@ -94,6 +97,12 @@ function renderTop() {
   $('stat-running').textContent = fmtNum(running);
   $('stat-up').textContent = `${up}/${q.nodes.length}`;
   $('stat-up').parentElement.classList.toggle('bad', up < q.nodes.length);
+  if (S.activity) {
+    const {done, failed} = S.activity.finished;
+    $('stat-done').textContent = fmtNum(done);
+    $('stat-failed').textContent = fmtNum(failed);
+    $('stat-failed').parentElement.classList.toggle('bad', failed > 0);
+  }
   const trouble = S.health && !S.health.ok;
   document.title = `${trouble ? '⚠ ' : ''}${fmtNum(q.queue_depth)} queued · gpuq`;
 }
@@ -180,6 +189,16 @@ function renderBoard() {
   for (const n of q.nodes) if (n.running) baseline(n.running);
 }
 
+// Each column's busy strip and jobs per hour, redrawn on every refresh without rebuilding the board.
+function renderUtil() {
+  if (!S.activity) return;
+  const byName = new Map(S.activity.nodes.map((n) => [n.name, n]));
+  for (const box of board.querySelectorAll('.col-util')) {
+    const n = byName.get(box.dataset.node);
+    box.replaceChildren(...(n ? [busyStrip(n, S.activity), el('span', {className: 'util-text', text: utilText(n, S.activity)})] : []));
+  }
+}
+
 function nodeStatus(node) {
   if (!node.checked) return ['checking', 'checking…', 'waiting for the first health check'];
   if (node.vram_stuck) return ['stuck', 'VRAM stuck', node.vram_stuck];
@@ -214,7 +233,8 @@ function column(node, stale) {
       clear),
     el('div', {className: 'col-sub'},
       el('span', {className: 'model mono', text: node.model, title: node.url}),
-      ...node.roles.map((r) => badge(r, `role role-${r}`, `takes ${r} jobs`))));
+      ...node.roles.map((r) => badge(r, `role role-${r}`, `takes ${r} jobs`))),
+    el('div', {className: 'col-util', dataset: {node: node.name}, title: 'the last hour: busy (bars) and idle'}));
   if (cls === 'down') {
     head.append(el('div', {className: 'col-warn'}, 'down for ', sinceSpan(node.since), `: ${node.last_error || 'no answer'}`));
   } else if (cls === 'stuck') {
@@ -253,6 +273,7 @@ function jobMeta(job) {
       sinceSpan(queued ? job.created_at : job.started_at), queued ? ' ago' : ''),
     el('span', {className: 'mono model', text: job.model, title: 'model'}),
   ];
+  if (queued) parts.push(el('span', {className: 'eta'}, 'starts ', etaSpan(job.eta_start, job.eta_reason)));
   if (job.kind === 'critique' && job.parent) {
     parts.push(el('span', {className: 'parent'}, 'critique of ',
       el('a', {href: jobHref(job.parent), className: 'mono', text: job.parent})));
@@ -312,6 +333,7 @@ function runningCard(job, stale) {
     el('div', {className: 'progress'},
       el('span', {className: 'tok', text: '0 tokens'}),
       el('span', {className: 'rate'}),
+      el('span', {className: 'eta'}, 'ends ', etaSpan(job.eta_finish, job.eta_reason)),
       el('span', {className: 'quiet'})),
     stale ? el('div', {className: 'stale-note', text: 'STALE — see the banner above'}) : null));
 }
