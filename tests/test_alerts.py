@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import signal
+import tomllib
 from dataclasses import dataclass, field
 
 import pytest
+import tomli_w
 from aiohttp import web
 
 from conftest import eventually, free_port, node_table
@@ -244,3 +246,29 @@ async def test_a_model_stuck_in_vram_fires_survives_a_restart_and_resolves_when_
     assert (resolved["status"], resolved["alert"], resolved["job"]) == ("resolved", "vram_stuck", job["id"])
     assert resolved["message"].startswith("qwen3-coder:30b left VRAM on node-1; it takes jobs again")
     assert receiver.statuses() == [("firing", "vram_stuck"), ("resolved", "vram_stuck")]
+
+
+async def test_without_alert_url_firings_are_recorded_and_an_open_one_is_sent_once_one_is_set(
+        fakes, daemon_factory, receiver):
+    fake = await fakes("qwen3-coder:30b")
+    d = await daemon_factory([node_table("node-1", fake, 1, ["task"], "qwen3-coder:30b")],
+                             stale_after="0.5s", stall_timeout="60s")
+    head, _ = await stale_head(fake, d)
+
+    async def recorded():
+        body = await d.get("/api/alerts")
+        return body["alerts"] and body
+    body = await eventually(recorded, 20, what="the firing to be recorded")
+    assert body["alert_url_set"] is False
+    [alert] = body["alerts"]
+    assert (alert["alert"], alert["job_id"], alert["deliver"], alert["deliveries"]) == ("stale_head", head, 0, [])
+
+    await d.kill(signal.SIGKILL)  # the head stays running in the database: still firing at the restart
+    config = tomllib.loads(d.config.read_text())
+    config["router"]["alert_url"] = receiver.url
+    d.config.write_text(tomli_w.dumps(config))
+    await d.start()
+    # The restart fails the orphaned head, so the firing ends: its notices are both owed now.
+    await got(receiver, 2, "the firing and its resolution")
+    assert receiver.statuses() == [("firing", "stale_head"), ("resolved", "stale_head")]
+    assert f"job {head} is failed now" in receiver.bodies()[1]["message"]
