@@ -48,7 +48,8 @@ class Settings:
     stale_grace_s: float = 30.0  # Ollama finished but the job did not, for this long
     max_runtime_s: float = 4 * 3600.0  # a job running longer is stale, then failed
     job_timeout_s: float | None = None  # default per-job wall-clock limit
-    stall_timeout_s: float = 300.0  # no bytes from Ollama for this long fails the job
+    stall_timeout_s: float = 300.0  # no bytes from Ollama for this long (after the first) fails the job
+    load_timeout_s: float = 600.0  # no first byte for this long (a cold model load) fails the job
     unload_timeout_s: float = 30.0  # how long the model may take to leave VRAM
     health_interval_s: float = 15.0  # node health check period
     connect_timeout_s: float = 10.0
@@ -183,14 +184,14 @@ def _typed(table: dict, key: str, kind: type | tuple, where: str, required: bool
 
 _ROUTER_KEYS = {
     "listen", "public_url", "database", "stale_after", "stale_grace", "max_runtime",
-    "job_timeout", "stall_timeout", "unload_timeout", "health_interval", "connect_timeout",
+    "job_timeout", "stall_timeout", "load_timeout", "unload_timeout", "health_interval", "connect_timeout",
     "busy_timeout", "max_prompt_bytes", "max_database_bytes", "token", "critique_template",
     "allowed_hosts",
 }
 _DURATION_KEYS = {
     "stale_after": "stale_after_s", "stale_grace": "stale_grace_s",
     "max_runtime": "max_runtime_s", "job_timeout": "job_timeout_s",
-    "stall_timeout": "stall_timeout_s", "unload_timeout": "unload_timeout_s",
+    "stall_timeout": "stall_timeout_s", "load_timeout": "load_timeout_s", "unload_timeout": "unload_timeout_s",
     "health_interval": "health_interval_s", "connect_timeout": "connect_timeout_s",
     "busy_timeout": "busy_timeout_s",
 }

@@ -31,6 +31,7 @@ RECORD_RETRY_MAX_S = 5.0  # the longest wait between tries to record a job's out
 # A prompt that used this share of the context window filled it: Ollama truncates a longer one
 # to about the window (keeping room for num_keep), so it is never reported as over.
 CONTEXT_FULL = 0.98
+MIN_REQUEST_S = 0.05  # the shortest limit given to one request to a node
 
 
 @dataclass
@@ -90,7 +91,8 @@ class Dispatcher:
         self.session = aiohttp.ClientSession()
         for cfg in self.settings.nodes:
             client = OllamaClient(cfg.url, self.session, connect_timeout_s=self.settings.connect_timeout_s,
-                                  stall_timeout_s=self.settings.stall_timeout_s)
+                                  stall_timeout_s=self.settings.stall_timeout_s,
+                                  load_timeout_s=self.settings.load_timeout_s)
             self.nodes[cfg.name] = NodeRuntime(cfg, client)
         orphans = await self.store.fail_orphans()
         for o in orphans:
@@ -288,6 +290,9 @@ class Dispatcher:
                      f"over its {limit_s:g}s limit; request aborted")
         except OllamaError as exc:
             error = exc.message
+            if exc.status == 503:  # Ollama's pending queue is full: another client keeps it busy
+                error = (f"{exc.message} (HTTP 503: node {rt.name}'s Ollama is busy with other clients' "
+                         f"requests; this request never started, so `gpuq retry {job['id']}` is safe)")
             if exc.status is None and "cannot connect" in exc.message:
                 await self._set_up(rt, False, exc.message)
         output, thinking = "".join(cur.output), "".join(cur.thinking) or None
@@ -390,18 +395,21 @@ class Dispatcher:
         await self._unload(rt, job["model"], job["id"])
 
     async def _unload(self, rt: NodeRuntime, model: str, job_id: str | None) -> bool:
-        """Confirm through /api/ps that the model left VRAM; ask for an unload if it lingers."""
+        """Confirm through /api/ps that the model left VRAM; ask for an unload if it lingers.
+        Every request is bounded by the time left: a real /api/ps can block for seconds."""
         wanted = normalize_model(model)
-        deadline = time.monotonic() + self.settings.unload_timeout_s
+        started = time.monotonic()
+        deadline = started + self.settings.unload_timeout_s
         delay, asked = 0.02, False
         last_error = None
         while True:
             try:
-                if wanted not in await rt.client.loaded():
+                left = max(deadline - time.monotonic(), MIN_REQUEST_S)
+                if wanted not in await rt.client.loaded(timeout_s=left):
                     rt.unloaded_at = time.monotonic()
                     return True
                 if not asked:
-                    await rt.client.unload(model)
+                    await rt.client.unload(model, timeout_s=max(deadline - time.monotonic(), MIN_REQUEST_S))
                     asked = True
                 last_error = f"{model} is still listed by /api/ps"
             except OllamaError as exc:
@@ -410,8 +418,8 @@ class Dispatcher:
                 break
             await asyncio.sleep(min(delay, max(deadline - time.monotonic(), 0)))
             delay = min(delay * 2, 0.5)
-        message = (f"unload failed: {model} did not leave VRAM within "
-                   f"{self.settings.unload_timeout_s:g}s ({last_error}); node {rt.name} flagged")
+        message = (f"unload failed: {model} did not leave VRAM within {time.monotonic() - started:.1f}s "
+                   f"(unload_timeout {self.settings.unload_timeout_s:g}s; {last_error}); node {rt.name} flagged")
         rt.vram_stuck, rt.stuck_model = message, model
         log.error("node=%s job=%s %s", rt.name, job_id, message)
         if job_id is not None:

@@ -61,6 +61,7 @@ class Script:
     reply: str | None = None  # exact reply text (else words derived from the prompt)
     invalid_json: bool = False  # a structured-output request gets text that is not JSON
     findings: int | None = None  # how many findings a structured reply holds; None: 1 to 4
+    ps_delay_s: float = 0.0  # /api/ps blocks this long (real Ollama's does during a load or unload)
 
 
 @dataclass
@@ -183,6 +184,8 @@ class FakeOllama:
 
     async def _ps(self, request: web.Request) -> web.Response:
         self.ps_calls += 1
+        if self.script.ps_delay_s:
+            await asyncio.sleep(self.script.ps_delay_s)
         self._expire()
         return web.json_response({"models": [
             {"name": m, "model": m, "size": 1 << 30, "digest": "0" * 64,
