@@ -37,6 +37,7 @@ class NodeConfig:
     max_runtime_s: float | None = None  # None: the router's max_runtime
     think: bool | str | None = None  # Ollama's `think` for this node's jobs; None: Ollama's default
     options: dict | None = field(default=None, hash=False)  # Ollama model options, e.g. num_ctx
+    unload: str | None = None  # "after-each" | "when-idle"; None: the router's
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class Settings:
     token: str | None = None
     allowed_hosts: tuple[str, ...] = ()  # more names the router answers to (normal_host form)
     critique_template: str = DEFAULT_CRITIQUE_TEMPLATE
+    unload: str = "after-each"  # or "when-idle": back-to-back jobs of one model keep it loaded
     nodes: tuple[NodeConfig, ...] = field(default_factory=tuple)
 
     @property
@@ -71,6 +73,9 @@ class Settings:
 
     def node(self, name: str) -> NodeConfig | None:
         return next((n for n in self.nodes if n.name == name), None)
+
+    def unload_for(self, node: NodeConfig) -> str:
+        return node.unload or self.unload
 
     def max_runtime_for(self, node: NodeConfig) -> float:
         return node.max_runtime_s if node.max_runtime_s is not None else self.max_runtime_s
@@ -185,7 +190,7 @@ def _typed(table: dict, key: str, kind: type | tuple, where: str, required: bool
 _ROUTER_KEYS = {
     "listen", "public_url", "database", "stale_after", "stale_grace", "max_runtime",
     "job_timeout", "stall_timeout", "load_timeout", "unload_timeout", "health_interval", "connect_timeout",
-    "busy_timeout", "max_prompt_bytes", "max_database_bytes", "token", "critique_template",
+    "busy_timeout", "max_prompt_bytes", "max_database_bytes", "token", "critique_template", "unload",
     "allowed_hosts",
 }
 _DURATION_KEYS = {
@@ -195,7 +200,15 @@ _DURATION_KEYS = {
     "health_interval": "health_interval_s", "connect_timeout": "connect_timeout_s",
     "busy_timeout": "busy_timeout_s",
 }
-_NODE_KEYS = {"name", "url", "rank", "roles", "model", "max_runtime", "think", "options"}
+_NODE_KEYS = {"name", "url", "rank", "roles", "model", "max_runtime", "think", "options", "unload"}
+UNLOAD_POLICIES = ("after-each", "when-idle")
+
+
+def _unload_policy(table: dict, where: str) -> str | None:
+    policy = table.get("unload")
+    if policy is not None and policy not in UNLOAD_POLICIES:
+        raise ConfigError(f"{where}.unload: expected \"after-each\" or \"when-idle\", got {policy!r}")
+    return policy
 
 
 def _parse_node(table: object, index: int) -> NodeConfig:
@@ -231,6 +244,7 @@ def _parse_node(table: object, index: int) -> NodeConfig:
         max_runtime_s=None if runtime is None else parse_duration(runtime, f"{where}.max_runtime"),
         think=table.get("think"),
         options=table.get("options"),
+        unload=_unload_policy(table, where),
     )
 
 
@@ -269,6 +283,9 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
         values["token"] = token
     if "allowed_hosts" in router:
         values["allowed_hosts"] = _check_hosts(router["allowed_hosts"], "router.allowed_hosts")
+    policy = _unload_policy(router, "router")
+    if policy is not None:
+        values["unload"] = policy
     template = _typed(router, "critique_template", str, "router")
     if template is not None:
         if "{subject}" not in template:

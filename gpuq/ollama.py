@@ -77,8 +77,8 @@ class OllamaClient:
         return None
 
     async def chat(self, model: str, prompt: str, fmt: Any = None, think: bool | str | None = None,
-                   options: dict | None = None) -> AsyncIterator[dict]:
-        """Stream /api/chat with keep_alive 0 (the model unloads when the request ends).
+                   options: dict | None = None, keep_alive: int | str = 0) -> AsyncIterator[dict]:
+        """Stream /api/chat, by default with keep_alive 0 (the model unloads when the request ends).
 
         Yields each chunk; the last one has done: true. Raises OllamaError on an HTTP error,
         an {"error"} line, a stall longer than stall_timeout_s, or a stream that ends early."""
@@ -86,7 +86,7 @@ class OllamaClient:
             "model": model,
             "messages": [{"role": "user", "content": prompt}],
             "stream": True,
-            "keep_alive": 0,
+            "keep_alive": keep_alive,
         }
         if fmt is not None:
             body["format"] = fmt
