@@ -227,7 +227,8 @@ async def test_a_model_stuck_in_vram_fires_survives_a_restart_and_resolves_when_
 
     [firing] = await got(receiver, 1, "the vram_stuck firing")
     assert (firing["alert"], firing["node"], firing["job"]) == ("vram_stuck", "node-1", job["id"])
-    assert firing["message"].startswith("unload failed: qwen3-coder:30b did not leave VRAM within 0.5s")
+    assert firing["message"].startswith("unload failed: qwen3-coder:30b did not leave VRAM within ")
+    assert "(unload_timeout 0.5s;" in firing["message"]
     assert firing["fix"] == (f"OLLAMA_HOST={fake.url} ollama stop qwen3-coder:30b; "
                              "if it stays, restart Ollama on 127.0.0.1")
 
