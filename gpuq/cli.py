@@ -84,23 +84,29 @@ def about(seconds: float) -> str:
 def in_about(ts: str) -> str:
     """'in ~4 min' to an estimated time, or 'now' when it is (about) here."""
     seconds = parse_iso(ts) - time.time()
-    return "now" if seconds < 1 else f"in {about(seconds)}"
+    return "now" if seconds < 0.5 else f"in {about(seconds)}"
 
 
 def eta_summary(job: dict) -> str | None:
     """'est. start in ~4 min, finish in ~9 min' (a waiting job), 'est. finish in ~2 min' (a
-    running one), or the reason an estimate is unknown. None for a finished job."""
+    running one), with the reason when a time is unknown. None for a finished job."""
     if job.get("state") not in ("queued", "running") or "eta_finish" not in job:
         return None
-    parts = []
+    finish = in_about(job["eta_finish"]) if job.get("eta_finish") else "unknown"
     if job["state"] == "queued":
-        parts.append(f"est. start {in_about(job['eta_start'])}" if job.get("eta_start") else "est. start unknown")
-    if job.get("eta_finish"):
-        parts.append(f"{'finish' if parts else 'est. finish'} {in_about(job['eta_finish'])}")
-    elif job["state"] == "running":
-        parts.append("est. finish unknown")
-    text = ", ".join(parts)
+        start = in_about(job["eta_start"]) if job.get("eta_start") else "unknown"
+        text = f"est. start {start}" + (f", finish {finish}" if job.get("eta_start") else "")
+    else:
+        text = f"est. finish {finish}"
     return f"{text} ({job['eta_reason']})" if job.get("eta_reason") else text
+
+
+def after_submit(job: dict) -> str:
+    """The line `gpuq task` prints after placing a job: when it should start (it may already
+    have started, or even finished)."""
+    if job["state"] == "running":
+        return "started; " + (eta_summary(job) or "")
+    return eta_summary(job) or f"already {job['state']}"
 
 
 def clock(ts: str) -> str:
@@ -250,8 +256,7 @@ def task(ctx, prompt, file_, model, node, timeout, wait, think, think_level, opt
     job = router.call("POST", "/api/jobs", {k: v for k, v in body.items() if v is not None})["jobs"][0]
     click.echo(f"{job['id']} -> {job['node']} ({job['reason']})")
     click.echo(f"preview {job['preview_url']}")
-    if eta_summary(job):
-        click.echo(eta_summary(job))
+    click.echo(after_submit(router.call("GET", f"/api/jobs/{seg(job['id'])}")))
     if wait:
         follow(router, job["id"])
 

@@ -235,10 +235,10 @@ async def submit(request: web.Request) -> web.Response:
     new = NewJob(kind=kind, prompt=prompt, model=model and model.strip(), node=node, parent=parent,
                  timeout_s=float(timeout) if timeout is not None else None,
                  think=body.get("think"), options=body.get("options"))
+    # No estimate here: it reads the node's whole queue, and a burst of submits would pay that
+    # once per job. `gpuq task` asks GET /api/jobs/{id} for it.
     jobs = await store.submit(new, request.app[DISPATCHER].node_infos(), actor_of(request))
-    found = await estimates(request.app)
     for job in jobs:
-        with_eta(job, found)
         log.info("job=%s node=%s state=queued kind=%s placement=%r", job["id"], job["node"], kind, job["reason"])
         job["preview_url"] = f"{settings.public_url}/jobs/{job['id']}"
         request.app[DISPATCHER].wake(job["node"])  # only its node: the others have nothing new

@@ -25,11 +25,14 @@ async def test_design_transcript(lab, tmp_path):
 
     res = await lab.cli("task", "add a retry budget to the export job")
     assert res.code == 0, res.err
-    first, preview = res.out.splitlines()
+    first, preview, estimate = res.out.splitlines()
     m = re.fullmatch(rf"({ID}) -> node-1 \(first free node by rank\)", first)
     assert m, first
     task_id = m.group(1)
     assert preview == f"preview {lab.url}/jobs/{task_id}"
+    # node-1 is free, and the critique that just ran there is the basis of the estimate.
+    assert re.fullmatch(r"est\. start now, finish (now|in ~\d+ s)|started; est\. finish (now|in ~\d+ s)|already done",
+                        estimate), estimate
 
     res = await lab.cli("critique", "--parent", task_id, "--node", "node-1")
     assert res.code != 0

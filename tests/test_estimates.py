@@ -31,8 +31,8 @@ async def test_the_fourth_waiting_jobs_estimate_is_within_half_of_when_it_really
     await d.wait_state(running["id"], "running")
     submitted = time.time()
     waiting = [(await d.submit("task", f"waits {i}"))[0] for i in range(4)]
-    fourth = waiting[3]
-    predicted = parse_iso(fourth["eta_start"]) - submitted  # as `gpuq task` got it at submit
+    fourth = await d.job(waiting[3]["id"])  # as `gpuq task` asks for it, right after the submit
+    predicted = parse_iso(fourth["eta_start"]) - submitted
 
     started = await d.wait_state(fourth["id"], "running", "done", timeout=30)
     actual = parse_iso(started["started_at"]) - submitted
@@ -44,6 +44,7 @@ async def test_the_fourth_waiting_jobs_estimate_is_within_half_of_when_it_really
 async def test_estimates_in_the_api_and_the_cli_and_none_for_finished_jobs(fakes, daemon_factory):
     fake, d = await one_node(fakes, daemon_factory)
     [first] = await d.submit("task", "no history yet")
+    first = await d.job(first["id"])
     assert first["eta_finish"] is None
     assert first["eta_reason"] == "no finished run on node-1 yet: its run time is not known"
     done = await d.wait_state(first["id"], "done", timeout=20)
@@ -86,6 +87,7 @@ async def test_a_job_on_a_down_node_has_no_estimate_and_says_why(fakes, daemon_f
         return not (await d.get("/api/nodes"))["nodes"][0]["up"]
     await eventually(down, 10, what="node-1 to be seen down")
     [job] = await d.submit("task", "stranded")
+    job = await d.job(job["id"])
     assert job["eta_start"] is None and job["eta_finish"] is None
     assert job["eta_reason"] == "node-1 is down: nothing starts there until it answers"
     res = await d.cli("show", job["id"])
