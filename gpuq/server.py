@@ -173,7 +173,8 @@ def with_eta(job: dict, found: dict[str, eta.Estimate]) -> dict:
     """eta_start, eta_finish (ISO, or null with eta_reason) on a waiting or running job."""
     if job["state"] not in ("queued", "running"):
         return job
-    e = found.get(job["id"]) or eta.Estimate(None, None, f"more than {eta.DEPTH} jobs wait ahead of it")
+    e = found.get(job["id"]) or eta.Estimate(
+        None, None, f"more than {eta.DEPTH} jobs wait ahead of it, or its node is not in the config")
     job["eta_start"] = None if e.start_s is None else iso(e.start_s)
     job["eta_finish"] = None if e.finish_s is None else iso(e.finish_s)
     job["eta_reason"] = e.reason

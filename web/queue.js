@@ -271,9 +271,9 @@ function jobMeta(job) {
     el('span', {className: `state-${job.state}`},
       queued ? 'queued ' : 'running for ',
       sinceSpan(queued ? job.created_at : job.started_at), queued ? ' ago' : ''),
+    queued ? el('span', {className: 'eta'}, 'starts ', etaSpan(job.eta_start, job.eta_reason)) : null,
     el('span', {className: 'mono model', text: job.model, title: 'model'}),
-  ];
-  if (queued) parts.push(el('span', {className: 'eta'}, 'starts ', etaSpan(job.eta_start, job.eta_reason)));
+  ].filter(Boolean);
   if (job.kind === 'critique' && job.parent) {
     parts.push(el('span', {className: 'parent'}, 'critique of ',
       el('a', {href: jobHref(job.parent), className: 'mono', text: job.parent})));
