@@ -343,7 +343,9 @@ class Bench:
                   "stale": "staleness (Store.stale_heads)",
                   "submit": "submit (Store.submit, 1 job)", "health": "GET /health",
                   "queue": "GET /api/queue (1,000 waiting: output grows with waiting)",
-                  "metrics": "GET /metrics (a steady scrape)"}
+                  "metrics": "GET /metrics (a steady scrape)",
+                  "history": "GET /api/history (the newest 50 finished, and the count)",
+                  "activity": "GET /api/activity (the day's counts, each node's last hour)"}
         per: dict[tuple[str, int], Metric] = {}
         for size in sizes:
             for key, label in labels.items():
@@ -419,6 +421,7 @@ class Bench:
                 health_ms = {size: [] for size in sizes}
                 queue_ms = {size: [] for size in sizes}
                 metrics_ms = {size: [] for size in sizes}
+                page_ms = {key: {size: [] for size in sizes} for key in ("history", "activity")}
                 for _ in range(samples):
                     for size, conn in conns.items():
                         t = time.perf_counter()
@@ -433,7 +436,14 @@ class Bench:
                         status, _ = await conn.request("GET", "/metrics")
                         metrics_ms[size].append((time.perf_counter() - t) * 1000)
                         assert status == 200
+                        for key, path in (("history", "/api/history"), ("activity", "/api/activity")):
+                            t = time.perf_counter()
+                            status, _ = await conn.request("GET", path)
+                            page_ms[key][size].append((time.perf_counter() - t) * 1000)
+                            assert status == 200, (path, status)
                 for size in sizes:
+                    for key in page_ms:
+                        per[key, size].add_run(page_ms[key][size])
                     per["metrics", size].add_run(metrics_ms[size])
                     per["health", size].add_run(health_ms[size])
                     per["queue", size].add_run(queue_ms[size])
@@ -455,7 +465,7 @@ class Bench:
                      f" RSS {rss[size].pooled[0]:.1f} MB")
             for suffix in ("", "-wal", "-shm"):
                 Path(str(paths[size]) + suffix).unlink(missing_ok=True)
-        for key in ("claim", "claim_sql", "stale", "health", "queue", "submit", "metrics"):
+        for key in ("claim", "claim_sql", "stale", "health", "queue", "submit", "metrics", "history", "activity"):
             ratio = self.metric(f"growth_{key}_ratio", f"{labels[key].split(' (')[0]}: 100,000 / 100 history",
                                 "ratio", "ratio", "<= 2.00x" if key in ("claim", "stale", "health", "metrics") else "")
             low, high = per[key, 100], per[key, 100_000]

@@ -47,13 +47,18 @@ class History:
     """Recent done run times in seconds, newest first: per (node, model) and per (node, None)."""
 
     runs: dict[tuple[str, str | None], list[float]] = field(default_factory=dict)
+    _medians: dict = field(default_factory=dict, compare=False, repr=False)  # a queue repeats its models
 
     def expected_s(self, node: str, model: str) -> float | None:
-        for key in ((node, model), (node, None)):
-            times = self.runs.get(key, [])[:LAST_RUNS]
-            if times:
-                return median(times)
-        return None
+        if (node, model) not in self._medians:
+            found = None
+            for key in ((node, model), (node, None)):
+                times = self.runs.get(key, [])[:LAST_RUNS]
+                if times:
+                    found = median(times)
+                    break
+            self._medians[node, model] = found
+        return self._medians[node, model]
 
 
 def estimate(plans: list[NodePlan], history: History, now: float) -> dict[str, Estimate]:

@@ -141,23 +141,26 @@ def actor_of(request: web.Request) -> str:
 
 # -- start estimates --------------------------------------------------------------------------
 
-async def estimates(app: web.Application) -> dict[str, eta.Estimate]:
-    """eta.estimate over the queues now: two reads (the plans, the recent run times)."""
+async def estimates(app: web.Application, rows: list[dict] | None = None) -> dict[str, eta.Estimate]:
+    """eta.estimate over the queues now: two reads (the plans, the recent run times). `rows`:
+    the running and waiting jobs already read, in queue order (then only the run times are read)."""
     runtimes = app[DISPATCHER].nodes
-    rows = await app[STORE].queue_plans(list(runtimes), eta.DEPTH)
+    if rows is None:
+        rows = await app[STORE].queue_plans(list(runtimes), eta.DEPTH)
     durations = await app[STORE].recent_durations({(r["node"], r["model"]) for r in rows}, set(runtimes),
                                                   eta.LAST_RUNS)
     history = eta.History()
     for d in durations:
         history.runs.setdefault((d["node"], d["model"]), []).append(d["seconds"])
-    plans = []
-    for name, rt in runtimes.items():
-        mine = [r for r in rows if r["node"] == name]
-        running = next((eta.Slot(r["id"], r["model"], parse_iso(r["started_at"]))
-                        for r in mine if r["state"] == "running"), None)
-        waiting = tuple(eta.Slot(r["id"], r["model"], waiting_for=r["waiting_for"])
-                        for r in mine if r["state"] == "queued")
-        plans.append(eta.NodePlan(name, running, waiting, node_blocked(rt)))
+    running: dict[str, eta.Slot] = {}
+    waiting: dict[str, list[eta.Slot]] = {name: [] for name in runtimes}
+    for r in rows:
+        if r["state"] == "running":
+            running[r["node"]] = eta.Slot(r["id"], r["model"], parse_iso(r["started_at"]))
+        elif r["node"] in waiting:
+            waiting[r["node"]].append(eta.Slot(r["id"], r["model"], waiting_for=r["waiting_for"]))
+    plans = [eta.NodePlan(name, running.get(name), tuple(waiting[name]), node_blocked(rt))
+             for name, rt in runtimes.items()]
     return eta.estimate(plans, history, time.time())
 
 
@@ -293,10 +296,12 @@ async def queue(request: web.Request) -> web.Response:
     app = request.app
     limit = int_param(request.query, "limit", 1000, 0, 100_000)
     url = app[SETTINGS].public_url
+    queues = {rt.name: await app[STORE].queue(rt.name, limit) for rt in app[DISPATCHER].nodes.values()}
+    # The estimates of the jobs shown, from the rows just read (no second read of the queues).
+    found = await estimates(app, [j for running, queued, _ in queues.values() for j in [running, *queued] if j])
     nodes, depth = [], 0
-    found = await estimates(app)
     for rt in app[DISPATCHER].nodes.values():
-        running, queued, count = await app[STORE].queue(rt.name, limit)
+        running, queued, count = queues[rt.name]
         depth += count
         running = running and with_eta(with_live(job_json(running, url), app[DISPATCHER]), found)
         nodes.append(dict(node_json(rt), running=running,

@@ -43,6 +43,13 @@ async def rows(page) -> list[str]:
     return await page.eval_on_selector_all("#history-table tbody tr", "rs => rs.map(r => r.dataset.id)")
 
 
+async def shows(page, ids: set[str], what: str) -> None:
+    """Wait until the table lists exactly these jobs (a count alone could be the last view's)."""
+    async def same():
+        return set(await rows(page)) == ids
+    await eventually(same, 15, what=what)
+
+
 async def test_history_view_pages_and_filters_every_finished_job(lab, page):
     jobs = await finished_mix(lab)
     await page.goto(lab.url + "/history")
@@ -61,7 +68,7 @@ async def test_history_view_pages_and_filters_every_finished_job(lab, page):
     assert "page=2" in page.url
 
     await page.locator("#f-state").select_option("failed")
-    await expect(page.locator("#history-table tbody tr")).to_have_count(1)
+    await shows(page, set(jobs["failed"]), "only the failed job")
     row = page.locator(f'#history-table tr[data-id="{jobs["failed"][0]}"]')
     await expect(row).to_contain_text("llama-server reported out-of-memory")
     await expect(row.locator("a")).to_have_attribute("href", f"/jobs/{jobs['failed'][0]}")
@@ -70,22 +77,20 @@ async def test_history_view_pages_and_filters_every_finished_job(lab, page):
 
     await page.locator("#f-clear").click()
     await page.locator("#f-kind").select_option("critique")
-    await expect(page.locator("#history-table tbody tr")).to_have_count(1)
-    assert await rows(page) == [jobs["done"][-1]]
+    await shows(page, {jobs["done"][-1]}, "only the critique")
     await page.locator("#f-kind").select_option("")
     await page.locator("#f-node").select_option("node-3")
-    await expect(page.locator("#history-table tbody tr")).to_have_count(2)
-    assert set(await rows(page)) == {jobs["failed"][0], jobs["cancelled"][0]}
+    await shows(page, {jobs["failed"][0], jobs["cancelled"][0]}, "only node-3's jobs")
     await page.locator("#f-node").select_option("")
     await page.locator("#f-q").fill("needle-in-a")
-    await expect(page.locator("#history-table tbody tr")).to_have_count(1)
+    await shows(page, {jobs["done"][-1]}, "the job whose prompt has the words")
     await page.locator("#f-q").fill("no such words anywhere")
     await expect(page.locator("#no-jobs")).to_have_text("No finished job matches these filters.")
 
     # A link keeps its filters; the day's counts filter too.
     await page.goto(lab.url + "/history?state=cancelled")
     await expect(page.locator("#f-state")).to_have_value("cancelled")
-    await expect(page.locator("#history-table tbody tr")).to_have_count(1)
+    await shows(page, set(jobs["cancelled"]), "only the cancelled job")
     await page.locator('#today [data-state="done"]').click()
     await expect(page.locator("#pager")).to_contain_text("of 56")
 
