@@ -274,7 +274,9 @@ class Store:
         await conn.execute("PRAGMA foreign_keys = ON")
         if self.max_bytes is not None:  # past it, writes fail as on a full disk: SQLITE_FULL
             page_size = (await conn.execute_fetchall("PRAGMA page_size"))[0][0]
-            await conn.execute(f"PRAGMA max_page_count = {max(self.max_bytes // page_size, 1)}")
+            # Read to its end: a statement left with a row to give keeps the connection reading,
+            # and a migration that drops a table then fails with "database table is locked".
+            await conn.execute_fetchall(f"PRAGMA max_page_count = {max(self.max_bytes // page_size, 1)}")
         return conn
 
     async def open(self) -> None:

@@ -142,7 +142,7 @@ def old_database(path) -> None:
 async def test_an_old_database_is_migrated_with_everything_in_it(tmp_path):
     path = tmp_path / "old.db"
     old_database(path)
-    store = Store(path)
+    store = Store(path, max_bytes=64 * 1024 * 1024)  # with the size cap set, as gpuq.toml may
     await store.open()
     try:
         await store.configure({"stale_after_s": 600, "stale_grace_s": 30, "max_runtime_s": 3600}, [])
