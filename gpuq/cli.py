@@ -42,7 +42,7 @@ def router_of(ctx: click.Context) -> Router:
     url, source = opts.get("router"), "--router"
     if not url and os.environ.get("GPUQ_ROUTER"):
         url, source = os.environ["GPUQ_ROUTER"], "$GPUQ_ROUTER"
-    token = os.environ.get("GPUQ_TOKEN") or None  # set but empty: as if unset, the config's counts
+    token = os.environ.get("GPUQ_TOKEN") or None  # set but empty: as if unset (the config's token is used)
     try:
         if url:
             url = check_url(url, source)
