@@ -14,7 +14,7 @@ from urllib.parse import quote
 import click
 
 from .client import ApiError, Router
-from .config import ConfigError, find_config, load_config, starter_config
+from .config import ConfigError, check_token, check_url, find_config, load_config, starter_config
 from .models import parse_iso
 
 DEFAULT_ROUTER = "http://127.0.0.1:8750"
@@ -37,12 +37,23 @@ def api_errors(fn):
 
 
 def router_of(ctx: click.Context) -> Router:
+    """--router or $GPUQ_ROUTER, else the config's public_url; $GPUQ_TOKEN, else its token."""
     opts = ctx.obj
-    url, token = opts.get("router") or os.environ.get("GPUQ_ROUTER"), os.environ.get("GPUQ_TOKEN")
+    url, source = opts.get("router"), "--router"
+    if not url and os.environ.get("GPUQ_ROUTER"):
+        url, source = os.environ["GPUQ_ROUTER"], "$GPUQ_ROUTER"
+    token = os.environ.get("GPUQ_TOKEN") or None  # set but empty: as if unset (the config's token is used)
+    try:
+        if url:
+            url = check_url(url, source)
+        if token:
+            check_token(token, "$GPUQ_TOKEN")
+    except ConfigError as exc:
+        raise click.UsageError(exc.message, ctx) from None
     if not url or not token:
         try:
             path = find_config(opts.get("config"))
-            settings = load_config(path) if path else None
+            settings = load_config(path, env_token=False) if path else None
         except ConfigError:
             settings = None
         if settings:
@@ -113,9 +124,18 @@ def clock(ts: str) -> str:
     return time.strftime("%H:%M:%S", time.localtime(parse_iso(ts)))
 
 
-def excerpt(text: str, width: int = 50) -> str:
+def excerpt(text: str, width: int = 50, more: bool = False) -> str:
+    """One line of at most `width` characters; `more`: the text goes on past what we hold."""
     flat = " ".join(text.split())
-    return flat if len(flat) <= width else flat[: width - 1] + "…"
+    if len(flat) > width:
+        return flat[: width - 1] + "…"
+    return flat + "…" if more else flat
+
+
+def prompt_excerpt(job: dict, width: int = 50) -> str:
+    """A listed job's prompt: listings carry its first characters and its size in bytes."""
+    text = job["prompt_excerpt"]
+    return excerpt(text, width, more=len(text.encode("utf-8")) < job["prompt_bytes"])
 
 
 @click.group()
@@ -246,17 +266,22 @@ def task(ctx, prompt, file_, model, node, timeout, wait, think, think_level, opt
 
     Example: gpuq task "add a retry budget to the export job" --wait
     """
-    if file_:
+    if prompt is not None and file_ is not None:
+        raise click.UsageError("give a PROMPT or --file, not both", ctx)
+    if prompt is None and file_ is None:
+        raise click.UsageError("give a PROMPT, or --file PATH (- for stdin)", ctx)
+    if file_ is not None:
         prompt = read_text(file_)
-    if prompt is None:
-        fail("-", "give a PROMPT or --file")
     body = {"kind": "task", "prompt": prompt, "model": model, "node": node, "timeout": timeout,
             **params_body(think, think_level, options)}
     router = router_of(ctx)
     job = router.call("POST", "/api/jobs", {k: v for k, v in body.items() if v is not None})["jobs"][0]
     click.echo(f"{job['id']} -> {job['node']} ({job['reason']})")
     click.echo(f"preview {job['preview_url']}")
-    click.echo(after_submit(router.call("GET", f"/api/jobs/{seg(job['id'])}")))
+    try:
+        click.echo(after_submit(router.call("GET", f"/api/jobs/{seg(job['id'])}")))
+    except ApiError as exc:  # the job is placed: the estimate is only a nicety
+        click.echo(f"est. start unknown (cannot ask the router: {exc.message})")
     if wait:
         follow(router, job["id"])
 
@@ -278,7 +303,7 @@ def critique(ctx, file, parent, node, model, timeout, no_wait, as_json, think, t
     Example: gpuq critique plan.md
     """
     if file is None and parent is None:
-        fail("-", "give a FILE to critique, or --parent ID")
+        raise click.UsageError("give a FILE to critique, or --parent ID", ctx)
     body = {"kind": "critique", "parent": parent, "node": node, "model": model, "timeout": timeout,
             **params_body(think, think_level, options)}
     if file is not None:
@@ -461,13 +486,13 @@ def queue_cmd(ctx, limit) -> None:
         run = node["running"]
         if run:
             click.echo(f"  running  {run['id']}  {run['kind']:8} {ago(run['started_at']):>7} "
-                       f"{eta_column(run, 'eta_finish', 'ends')}  {excerpt(run['prompt'])}")
+                       f"{eta_column(run, 'eta_finish', 'ends')}  {prompt_excerpt(run)}")
         for i, job in enumerate(node["queued"], start=1):
             mark = " (preempted)" if job["preempted_runs"] else ""
             if job.get("waiting_for"):
                 mark += f" (waiting for parent {job['waiting_for']})"
             click.echo(f"  {i:>7}  {job['id']}  {job['kind']:8} {ago(job['created_at']):>7} "
-                       f"{eta_column(job, 'eta_start', 'starts')}  {excerpt(job['prompt'])}{mark}")
+                       f"{eta_column(job, 'eta_start', 'starts')}  {prompt_excerpt(job)}{mark}")
         if node["queued_count"] > len(node["queued"]):
             click.echo(f"  … {node['queued_count'] - len(node['queued'])} more")
 

@@ -30,22 +30,22 @@ MIGRATIONS_DIR = shipped_dir("migrations")
 Row = dict[str, Any]
 T = TypeVar("T")
 
-JOB_COLUMNS = """j.id, j.kind, j.state, j.node, j.model, j.prompt, j.parent_id, j.group_id,
+# A listing (/api/queue, /api/jobs) carries each prompt's first 300 characters and its size in
+# UTF-8 bytes, which SQLite stores beside the prompt when it is written (migration 005): 300
+# waiting 1 MB prompts are neither read from the file nor held in the router's memory. Only a
+# single job's read (/api/jobs/{id}) adds the whole prompt.
+LISTING_COLUMNS = """j.id, j.kind, j.state, j.node, j.model, j.parent_id, j.group_id,
     j.position, j.placement, j.run_id, j.error, j.findings, j.timeout_s, j.created_at, j.finished_at,
-    j.think, j.options,
+    j.think, j.options, j.prompt_excerpt, j.prompt_bytes,
     r.started_at, r.progress_at, r.work_done_at, r.eval_count, r.prompt_eval_count,
     r.eval_duration_ns, r.total_duration_ns, r.done_reason,
     (SELECT COUNT(*) FROM run p WHERE p.job_id = j.id AND p.state = 'preempted') AS preempted_runs,
     CASE WHEN j.state = 'queued' AND j.subject_from_parent = 1
               AND (SELECT p.state FROM job p WHERE p.id = j.parent_id) <> 'done'
          THEN j.parent_id END AS waiting_for"""
+DETAIL_COLUMNS = LISTING_COLUMNS + ", j.prompt"
 
 JOB_FROM = "FROM job j LEFT JOIN run r ON r.id = j.run_id"
-
-# The history view lists a prompt's first 300 characters and its size, never the prompt.
-HISTORY_COLUMNS = JOB_COLUMNS.replace(
-    "j.prompt,", "substr(j.prompt, 1, 300) AS prompt_excerpt, length(CAST(j.prompt AS BLOB)) AS prompt_bytes,")
-assert HISTORY_COLUMNS != JOB_COLUMNS
 
 
 # A running head is stale when Ollama finished but the job did not within the grace (the
@@ -274,7 +274,9 @@ class Store:
         await conn.execute("PRAGMA foreign_keys = ON")
         if self.max_bytes is not None:  # past it, writes fail as on a full disk: SQLITE_FULL
             page_size = (await conn.execute_fetchall("PRAGMA page_size"))[0][0]
-            await conn.execute(f"PRAGMA max_page_count = {max(self.max_bytes // page_size, 1)}")
+            # Read to its end: a statement left with a row to give keeps the connection reading,
+            # and a migration that drops a table then fails with "database table is locked".
+            await conn.execute_fetchall(f"PRAGMA max_page_count = {max(self.max_bytes // page_size, 1)}")
         return conn
 
     async def open(self) -> None:
@@ -315,12 +317,29 @@ class Store:
                 raise GpuqError(
                     f"{self.path} was written by a newer gpuq (schema version {newer[-1]}; this gpuq "
                     f"knows up to {max(known)}); upgrade gpuq or use another database", status=2)
-            for version, f in sorted(known.items()):
-                if version not in applied:
-                    # executescript commits on its own, so the script carries its transaction.
-                    db.executescript(
-                        "BEGIN IMMEDIATE;\n" + f.read_text(encoding="utf-8") + "\nINSERT INTO "
-                        f"schema_migration VALUES ({version}, '{f.stem}', '{now}');\nCOMMIT;")
+            # Foreign keys off while migrating, as SQLite's table rebuild procedure asks (a
+            # rebuild drops a table others refer to), and checked before each commit instead.
+            db.execute("PRAGMA foreign_keys = OFF")
+            try:
+                for version, f in sorted(known.items()):
+                    if version not in applied:
+                        apply(db, version, f)
+            finally:
+                db.execute("PRAGMA foreign_keys = ON")
+
+        def apply(db: sqlite3.Connection, version: int, f: Path) -> None:
+            try:  # executescript runs the script in the transaction it opens; its record joins it
+                db.executescript("BEGIN IMMEDIATE;\n" + f.read_text(encoding="utf-8"))
+                broken = db.execute("PRAGMA foreign_key_check").fetchall()
+                if broken:
+                    raise GpuqError(f"migration {f.name} would leave {len(broken)} broken reference(s), "
+                                    f"the first in table {broken[0][0]}; nothing was changed", status=2)
+                db.execute("INSERT INTO schema_migration VALUES (?, ?, ?)", (version, f.stem, now))
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
 
         try:
             await in_writer_thread(self._writer, migrate)
@@ -396,14 +415,16 @@ class Store:
             for n in nodes
         ]
 
-    async def job(self, job_id: str) -> Row:
-        rows = await self.read(f"SELECT {JOB_COLUMNS} {JOB_FROM} WHERE j.id = ?", (job_id,))
+    async def job(self, job_id: str, columns: str = LISTING_COLUMNS) -> Row:
+        """A job as listings show it (its prompt's excerpt and size, not the prompt)."""
+        rows = await self.read(f"SELECT {columns} {JOB_FROM} WHERE j.id = ?", (job_id,))
         if not rows:
             raise NotFound(f"no job with id '{job_id}'")
         return rows[0]
 
     async def job_detail(self, job_id: str) -> Row:
-        job = await self.job(job_id)
+        """The whole job: its full prompt, output, runs, events and critiques."""
+        job = await self.job(job_id, DETAIL_COLUMNS)
         job["runs"] = await self.read("SELECT * FROM run WHERE job_id = ? ORDER BY id", (job_id,))
         job["events"] = await self.read(
             "SELECT at, from_state, to_state, actor, reason FROM event WHERE job_id = ? ORDER BY id",
@@ -435,7 +456,7 @@ class Store:
         if state:
             where.append("j.state = ?")
             params.append(state)
-        sql = f"SELECT {JOB_COLUMNS} {JOB_FROM}"
+        sql = f"SELECT {LISTING_COLUMNS} {JOB_FROM}"
         if where:
             sql += " WHERE " + " AND ".join(where)
         return await self.read(sql + " ORDER BY j.created_at DESC, j.id DESC LIMIT ?", (*params, limit))
@@ -443,10 +464,10 @@ class Store:
     async def queue(self, node: str, limit: int) -> tuple[Row | None, list[Row], int]:
         """The node's running job, its first `limit` queued jobs in order, and how many wait."""
         running = await self.read(
-            f"SELECT {JOB_COLUMNS} {JOB_FROM} WHERE j.node = ? AND j.state = 'running'", (node,)
+            f"SELECT {LISTING_COLUMNS} {JOB_FROM} WHERE j.node = ? AND j.state = 'running'", (node,)
         )
         queued = await self.read(
-            f"SELECT {JOB_COLUMNS} {JOB_FROM} WHERE j.node = ? AND j.state = 'queued'"
+            f"SELECT {LISTING_COLUMNS} {JOB_FROM} WHERE j.node = ? AND j.state = 'queued'"
             " ORDER BY j.position, j.id LIMIT ?",
             (node, limit),
         )
@@ -544,7 +565,7 @@ class Store:
             params += [like] * 4
         cond = " AND ".join(where)
         rows = await self.read(
-            f"SELECT {HISTORY_COLUMNS} {JOB_FROM.replace('job j', 'job j INDEXED BY job_finished')} WHERE {cond}"
+            f"SELECT {LISTING_COLUMNS} {JOB_FROM.replace('job j', 'job j INDEXED BY job_finished')} WHERE {cond}"
             " ORDER BY j.finished_at DESC, j.id DESC"
             " LIMIT ? OFFSET ?", (*params, limit, offset))
         total = await self.read(f"SELECT COUNT(*) AS n FROM job j WHERE {cond}", params)
@@ -924,10 +945,11 @@ class Store:
 
 
 def job_json(row: Row, public_url: str) -> Row:
-    """The API's shape of a job row."""
+    """The API's shape of a job row: `prompt` (and `output`) only when the row is a job's detail."""
     out = {
         "id": row["id"], "kind": row["kind"], "state": row["state"], "node": row["node"],
-        "model": row["model"], "parent": row.get("parent_id"),
+        "model": row["model"], "prompt_excerpt": row["prompt_excerpt"], "prompt_bytes": row["prompt_bytes"],
+        "parent": row.get("parent_id"),
         "group": row.get("group_id"), "placement": row.get("placement"), "error": row.get("error"),
         "created_at": row.get("created_at"), "started_at": row.get("started_at"),
         "finished_at": row.get("finished_at"), "progress_at": row.get("progress_at"),
@@ -940,8 +962,7 @@ def job_json(row: Row, public_url: str) -> Row:
     for key in ("findings", "think", "options"):  # JSON columns
         if row.get(key) is not None:
             out[key] = json.loads(row[key])
-    for key in ("prompt", "prompt_excerpt", "prompt_bytes", "output", "thinking", "runs", "events", "children",
-                "queue_position", "eta_start", "eta_finish", "eta_reason"):
+    for key in ("prompt", "output", "thinking", "runs", "events", "children", "queue_position"):
         if key in row:
             out[key] = row[key]
     return out
