@@ -73,6 +73,8 @@ def test_alert_settings(tmp_path):
                             tmp_path)
     assert (settings.alert_url, settings.alert_format, settings.alert_token) == ("https://ntfy.sh/gpu-lab/", "ntfy", "tk_1")
     assert "tk_1" not in repr(settings)
+    webhook = parse_config(base(alert_url="http://127.0.0.1:9000/hooks/gpuq?token=abc"), tmp_path)
+    assert webhook.alert_url == "http://127.0.0.1:9000/hooks/gpuq?token=abc"  # a query is the receiver's
     plain = parse_config(base(), tmp_path)
     assert plain.alert_url is None and plain.alert_format == "json"
 
