@@ -95,6 +95,7 @@ async def test_a_parent_that_fails_cancels_its_held_critiques(lab):
 
 
 async def test_a_deleted_parent_cancels_its_held_critiques_and_nothing_else(lab, tmp_path):
+    lab.fakes["node-1"].script.tokens = 100  # ~20 s: still running when it is deleted, however slow the CLI
     parent = await slow_task(lab)
     res = await lab.cli("critique", "--parent", parent, "--no-wait")
     held = res.out.splitlines()[2].split()[1]
