@@ -4,6 +4,7 @@ left VRAM, finish the job. Nothing is retried: every failure ends the job, loudl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from .errors import GpuqError, OllamaError, StoreUnavailable
 from .models import iso, normalize_model
 from .ollama import OllamaClient
 from .store import GuardMiss, Interrupted, NodeInfo, Store
+from .supervise import Loop, Loops
 
 log = logging.getLogger("gpuq")
 
@@ -56,6 +58,8 @@ class NodeRuntime:
     health_unrecorded: bool = False  # the database refused the last health change
     unloaded_at: float = float("-inf")  # monotonic time the node last confirmed an unload
     current: Current | None = None
+    orphan_models: list[str] = field(default_factory=list)  # a dead router's jobs' models, to unload
+    loops: list[Loop] = field(default_factory=list)  # its worker and health loop
     # Runs aborted before their worker took them up (a delete racing the claim's return).
     aborted_runs: dict[int, str] = field(default_factory=dict)
 
@@ -75,28 +79,26 @@ class Dispatcher:
         self.bus = bus
         self.session: aiohttp.ClientSession | None = None
         self.nodes: dict[str, NodeRuntime] = {}
-        self._tasks: list[asyncio.Task] = []
+        self.loops = Loops()  # every background loop, supervised: a crash is logged and restarted
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
         self.session = aiohttp.ClientSession()
         for cfg in self.settings.nodes:
-            client = OllamaClient(cfg.url, self.session, connect_timeout_s=self.settings.connect_timeout_s,
+            client = OllamaClient(cfg.url, self.session, name=cfg.name, connect_timeout_s=self.settings.connect_timeout_s,
                                   stall_timeout_s=self.settings.stall_timeout_s)
             self.nodes[cfg.name] = NodeRuntime(cfg, client)
         orphans = await self.store.fail_orphans()
         for o in orphans:
             log.warning("job=%s node=%s state=failed reason=%r", o["id"], o["node"], "router restarted while running")
         for name, rt in self.nodes.items():
-            models = [o["model"] for o in orphans if o["node"] == name]
-            self._tasks.append(asyncio.create_task(self._health_loop(rt), name=f"health-{name}"))
-            self._tasks.append(asyncio.create_task(self._worker(rt, models), name=f"worker-{name}"))
+            rt.orphan_models = [o["model"] for o in orphans if o["node"] == name]
+            rt.loops = [self.loops.start("health loop", lambda rt=rt: self._health_loop(rt), name),
+                        self.loops.start("worker", lambda rt=rt: self._worker(rt), name)]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.loops.stop()
         if self.session is not None:
             await self.session.close()
 
@@ -198,9 +200,10 @@ class Dispatcher:
             pass
         rt.wake.clear()
 
-    async def _worker(self, rt: NodeRuntime, orphan_models: list[str]) -> None:
-        for model in orphan_models:  # a job of a dead router may still hold VRAM
-            await self._unload(rt, model, job_id=None)
+    async def _worker(self, rt: NodeRuntime) -> None:
+        while rt.orphan_models:  # a job of a dead router may still hold VRAM
+            await self._unload(rt, rt.orphan_models[0], job_id=None)
+            rt.orphan_models.pop(0)
         job = None  # a job claimed by the previous job's finish, else claimed here
         while True:
             try:
@@ -264,32 +267,12 @@ class Dispatcher:
         return runtime, "max_runtime"
 
     async def _execute(self, rt: NodeRuntime, job: dict, cur: Current) -> None:
-        started = time.monotonic()
-        limit_s, limit_name = self._limit_s(rt, job)
-        critique = job["kind"] == "critique"
-        prompt = instruction(self.settings.critique_template, job["prompt"]) if critique else job["prompt"]
-        stats: dict = {}
-        error = None
         try:
-            async with asyncio.timeout(limit_s):
-                stats = await self._generate(rt, job, cur, prompt, FINDINGS_SCHEMA if critique else None)
-        except TimeoutError:
-            error = (f"{limit_name} fired: the job ran {time.monotonic() - started:.1f}s, "
-                     f"over its {limit_s:g}s limit; request aborted")
-        except OllamaError as exc:
-            error = exc.message
-            if exc.status is None and "cannot connect" in exc.message:
-                await self._set_up(rt, False, exc.message)
+            findings, error = await self._work(rt, job, cur)
+        except Exception as exc:  # a bug, or a reply no check foresaw: this job fails, the worker goes on
+            log.exception("job=%s node=%s unexpected error", job["id"], rt.name)
+            findings, error = None, f"unexpected error in the router: {type(exc).__name__}: {exc}"
         output = "".join(cur.output)
-        findings = None
-        if error is None:
-            await self._record(job["id"], "end of stream",
-                               lambda: self.store.work_done(cur.run_id, output, stats))
-            if critique:
-                try:
-                    findings = parse_findings(output)
-                except FindingsError as exc:
-                    error = f"the model's reply does not match the findings schema: {exc}; raw reply kept as output"
         unloaded = await self._unload(rt, job["model"], job["id"])
         state = "failed" if error else "done"
         # The node just answered the unload check: it is reachable, so the finish may claim
@@ -306,21 +289,48 @@ class Dispatcher:
             return
         log.info("job=%s node=%s state=%s%s", job["id"], rt.name, state, f" error={error!r}" if error else "")
 
+    async def _work(self, rt: NodeRuntime, job: dict, cur: Current) -> tuple[list | None, str | None]:
+        """Generate the reply and record it; returns the findings (of a critique) and the error."""
+        started = time.monotonic()
+        limit_s, limit_name = self._limit_s(rt, job)
+        critique = job["kind"] == "critique"
+        prompt = instruction(self.settings.critique_template, job["prompt"]) if critique else job["prompt"]
+        try:
+            async with asyncio.timeout(limit_s):
+                stats = await self._generate(rt, job, cur, prompt, FINDINGS_SCHEMA if critique else None)
+        except TimeoutError:
+            return None, (f"{limit_name} fired: the job ran {time.monotonic() - started:.1f}s, "
+                          f"over its {limit_s:g}s limit; request aborted")
+        except OllamaError as exc:
+            if exc.status is None and "cannot connect" in exc.message:
+                await self._set_up(rt, False, exc.message)
+            return None, exc.message
+        output = "".join(cur.output)
+        await self._record(job["id"], "end of stream", lambda: self.store.work_done(cur.run_id, output, stats))
+        if not critique:
+            return None, None
+        try:
+            return parse_findings(output), None
+        except FindingsError as exc:
+            return None, f"the model's reply does not match the findings schema: {exc}; raw reply kept as output"
+
     async def _generate(self, rt: NodeRuntime, job: dict, cur: Current, prompt: str, fmt) -> dict:
         last_beat = time.monotonic()
-        async for chunk in rt.client.chat(job["model"], prompt, fmt):
-            piece = (chunk.get("message") or {}).get("content") or chunk.get("response") or ""
-            if piece:
-                cur.output.append(piece)
-                self.bus.publish("tokens", {"id": job["id"], "run_id": cur.run_id, "text": piece})
-            if chunk.get("done"):
-                return chunk
-            if time.monotonic() - last_beat >= HEARTBEAT_S:
-                last_beat = time.monotonic()
-                try:
-                    await self.store.heartbeat(cur.run_id, "".join(cur.output))
-                except StoreUnavailable as exc:  # progress is a hint; the tokens stay in memory
-                    log.warning("job=%s heartbeat not recorded: %s", job["id"], exc.message)
+        # aclosing: whatever ends the loop (an error here, an abort) closes the request at once.
+        async with contextlib.aclosing(rt.client.chat(job["model"], prompt, fmt)) as chunks:
+            async for chunk in chunks:
+                piece = (chunk.get("message") or {}).get("content") or chunk.get("response") or ""
+                if piece:
+                    cur.output.append(piece)
+                    self.bus.publish("tokens", {"id": job["id"], "run_id": cur.run_id, "text": piece})
+                if chunk.get("done"):
+                    return chunk
+                if time.monotonic() - last_beat >= HEARTBEAT_S:
+                    last_beat = time.monotonic()
+                    try:
+                        await self.store.heartbeat(cur.run_id, "".join(cur.output))
+                    except StoreUnavailable as exc:  # progress is a hint; the tokens stay in memory
+                        log.warning("job=%s heartbeat not recorded: %s", job["id"], exc.message)
         raise OllamaError("Ollama's stream ended without done: true")
 
     async def _record(self, job_id: str, what: str, write):
@@ -360,6 +370,10 @@ class Dispatcher:
                 last_error = f"{model} is still listed by /api/ps"
             except OllamaError as exc:
                 last_error = exc.message
+            except Exception as exc:  # a bug: the model may still hold VRAM, so the node is flagged
+                log.exception("node=%s job=%s unexpected error while unloading %s", rt.name, job_id, model)
+                last_error = f"unexpected error in the router: {type(exc).__name__}: {exc}"
+                break
             if time.monotonic() >= deadline:
                 break
             await asyncio.sleep(min(delay, max(deadline - time.monotonic(), 0)))
@@ -380,4 +394,5 @@ def node_json(rt: NodeRuntime) -> dict:
         "model": rt.config.model, "url": rt.config.url, "up": rt.up, "checked": rt.checked,
         "since": iso(rt.since), "last_error": rt.last_error, "model_installed": rt.model_installed,
         "vram_stuck": rt.vram_stuck,
+        "loop_error": "; ".join(loop.problem() for loop in rt.loops if not loop.alive) or None,
     }
