@@ -375,7 +375,7 @@ def nodes(ctx) -> None:
 @click.pass_context
 @api_errors
 def health(ctx) -> None:
-    """The router's health as JSON; exit 1 while it is not ok (a stale head, a node down).
+    """The router's health as JSON; exit 1 while it is not ok (a stale head, a node down, a crashed loop).
 
     Example: gpuq health
     """

@@ -270,8 +270,9 @@ class Dispatcher:
         try:
             findings, error = await self._work(rt, job, cur)
         except Exception as exc:  # a bug, or a reply no check foresaw: this job fails, the worker goes on
-            log.exception("job=%s node=%s unexpected error", job["id"], rt.name)
-            findings, error = None, f"unexpected error in the router: {type(exc).__name__}: {exc}"
+            error = f"unexpected error in the router: {type(exc).__name__}: {exc}"
+            log.exception("job=%s node=%s %s", job["id"], rt.name, error)
+            findings = None
         output = "".join(cur.output)
         unloaded = await self._unload(rt, job["model"], job["id"])
         state = "failed" if error else "done"
