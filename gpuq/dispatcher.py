@@ -4,7 +4,6 @@ left VRAM, finish the job. Nothing is retried: every failure ends the job, loudl
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -317,21 +316,19 @@ class Dispatcher:
 
     async def _generate(self, rt: NodeRuntime, job: dict, cur: Current, prompt: str, fmt) -> dict:
         last_beat = time.monotonic()
-        # aclosing: whatever ends the loop (an error here, an abort) closes the request at once.
-        async with contextlib.aclosing(rt.client.chat(job["model"], prompt, fmt)) as chunks:
-            async for chunk in chunks:
-                piece = (chunk.get("message") or {}).get("content") or chunk.get("response") or ""
-                if piece:
-                    cur.output.append(piece)
-                    self.bus.publish("tokens", {"id": job["id"], "run_id": cur.run_id, "text": piece})
-                if chunk.get("done"):
-                    return chunk
-                if time.monotonic() - last_beat >= HEARTBEAT_S:
-                    last_beat = time.monotonic()
-                    try:
-                        await self.store.heartbeat(cur.run_id, "".join(cur.output))
-                    except StoreUnavailable as exc:  # progress is a hint; the tokens stay in memory
-                        log.warning("job=%s heartbeat not recorded: %s", job["id"], exc.message)
+        async for chunk in rt.client.chat(job["model"], prompt, fmt):
+            piece = (chunk.get("message") or {}).get("content") or chunk.get("response") or ""
+            if piece:
+                cur.output.append(piece)
+                self.bus.publish("tokens", {"id": job["id"], "run_id": cur.run_id, "text": piece})
+            if chunk.get("done"):
+                return chunk
+            if time.monotonic() - last_beat >= HEARTBEAT_S:
+                last_beat = time.monotonic()
+                try:
+                    await self.store.heartbeat(cur.run_id, "".join(cur.output))
+                except StoreUnavailable as exc:  # progress is a hint; the tokens stay in memory
+                    log.warning("job=%s heartbeat not recorded: %s", job["id"], exc.message)
         raise OllamaError("Ollama's stream ended without done: true")
 
     async def _record(self, job_id: str, what: str, write):
