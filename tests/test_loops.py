@@ -54,7 +54,7 @@ async def wait_state(client, job_id: str, state: str) -> dict:
     async def reached():
         _, job = await get(client, f"/api/jobs/{job_id}")
         return job if job["state"] == state else None
-    return await eventually(reached, 10, what=f"job {job_id} to be {state}")
+    return await eventually(reached, 20, what=f"job {job_id} to be {state}")  # a restart may wait 5 s
 
 
 def crashes(caplog, text: str) -> list[logging.LogRecord]:
