@@ -611,7 +611,7 @@ class FakeOllama:
         else:
             m.expires_at = None if m.keep_alive_s is None else time.monotonic() + m.keep_alive_s
 
-    async def _acquire(self, request: web.Request, name: str, body: dict, num_ctx: int) -> Loaded:
+    async def _acquire(self, name: str, body: dict, num_ctx: int) -> Loaded:
         """Get a runner for the model [sched.go getRunner]: a loaded one at once; one that is
         not loaded (or stopping, or loaded with another num_ctx) is loaded first, paying
         Script.load_delay_s before any header goes out."""
@@ -789,6 +789,8 @@ class FakeOllama:
         think = body.get("think")
         if "thinking" in caps:
             think = True if think is None else think  # thinking is on unless asked off (since 0.12.4)
+            if think is False and profile_for(model).family == "gptoss":
+                think = True  # gpt-oss's trace cannot be turned off [docs/capabilities/thinking.mdx]
         elif think is True or think in THINK_LEVELS:
             raise _Reply(400, f"{_q(wanted)} does not support thinking")
         needed = ["completion"] + (["tools"] if chat and body.get("tools") else []) \
@@ -804,7 +806,7 @@ class FakeOllama:
             await self._wait_for_disconnect(request)
             return self._error(499, "request canceled")
         num_ctx = self._context_for(model, options)
-        entry = await self._acquire(request, model, body, num_ctx)
+        entry = await self._acquire(model, body, num_ctx)
         try:
             if empty:
                 return web.json_response(self._final(wanted, chat, "", "load", with_stats=False))
@@ -1026,14 +1028,14 @@ class FakeOllama:
                 texts = []
             elif not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
                 raise _Reply(400, "invalid input type")
-            model, entry, num_ctx = await self._embedding_runner(request, wanted, body)
+            model, entry, num_ctx = await self._embedding_runner(wanted, body)
             loaded = time.monotonic()
             try:
                 if not texts:
                     return web.json_response({"model": wanted, "embeddings": []})
                 if "embedding" not in self.capabilities_of(model):
                     raise _Reply(501, NO_EMBEDDINGS)
-                limit = min(num_ctx, profile_for(model).context_length)
+                limit = num_ctx  # already within the model's trained context
                 counts = [_tokens(t) for t in texts]
                 if body.get("truncate") is False and max(counts) > limit:
                     raise _Reply(400, TOO_LONG_FOR_EMBED)
@@ -1057,7 +1059,7 @@ class FakeOllama:
                            EMBEDDINGS_FIELDS)
             wanted = body.get("model") or ""
             self._parse_ref(wanted, (400, "model is required"))
-            model, entry, _ = await self._embedding_runner(request, wanted, body)
+            model, entry, _ = await self._embedding_runner(wanted, body)
             try:
                 if not body.get("prompt"):
                     return web.json_response({"embedding": []})
@@ -1070,13 +1072,13 @@ class FakeOllama:
         except _Reply as r:
             return self._error(r.status, r.message)
 
-    async def _embedding_runner(self, request: web.Request, wanted: str, body: dict) -> tuple[str, Loaded, int]:
+    async def _embedding_runner(self, wanted: str, body: dict) -> tuple[str, Loaded, int]:
         model = self.installed(wanted)
         if model is None:  # this route's message differs from chat's [routes.go handleScheduleError]
             raise _Reply(404, f"model {_q(wanted)} not found, try pulling it first")
         options = _options(body.get("options"))
         num_ctx = self._context_for(model, options)
-        return model, await self._acquire(request, model, body, num_ctx), num_ctx
+        return model, await self._acquire(model, body, num_ctx), num_ctx
 
 
 def _embedding(text: str, size: int, dims: int) -> list[float]:

@@ -94,6 +94,16 @@ async def test_a_thinking_model_thinks_by_default_then_answers(node):
     assert quiet.message.thinking is None and quiet.message.content
 
 
+async def test_gpt_oss_thinks_even_when_asked_not_to(fakes):
+    fake = await fakes("gpt-oss:20b", tokens=3)
+    client = ollama.AsyncClient(host=fake.url)
+    try:
+        reply = await client.chat(model="gpt-oss:20b", messages=ASK, think=False)
+        assert reply.message.thinking and len(reply.message.content.split()) == 3
+    finally:
+        await client.close()
+
+
 async def test_think_on_a_model_that_cannot_think_is_refused_as_ollama_does(node):
     _, client = node
     for think in (True, "medium"):
