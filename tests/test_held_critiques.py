@@ -15,7 +15,6 @@ ID = r"\d{10}-[0-9a-f]{8}"
 
 async def slow_task(lab, node: str = "node-1", delay: float = 0.2, prompt: str = "write the export retry"):
     lab.fakes[node].script.token_delay_s = delay
-    lab.fakes[node].script.tokens = 200  # running for as long as the test looks, however loaded the machine
     res = await lab.cli("task", prompt, "--node", node)
     assert res.code == 0, res.err
     return res.out.split()[0]
@@ -65,7 +64,6 @@ async def test_a_held_critique_waits_for_its_parent_without_blocking_the_queue(f
     assert (await lab.get("/health"))["ok"] is True
 
     # The parent finishes: the critique runs and reviews the parent's prompt and result.
-    lab.fakes["node-1"].script.token_delay_s = 0.0
     done = await lab.wait_state(parent, "done", timeout=30)
     reviewed = await lab.wait_state(held, "done", timeout=30)
     assert reviewed["waiting_for"] is None and reviewed["findings"] is not None
@@ -96,6 +94,7 @@ async def test_a_parent_that_fails_cancels_its_held_critiques(lab):
 
 
 async def test_a_deleted_parent_cancels_its_held_critiques_and_nothing_else(lab, tmp_path):
+    lab.fakes["node-1"].script.tokens = 200  # still running when the delete comes, however loaded the machine
     parent = await slow_task(lab)
     res = await lab.cli("critique", "--parent", parent, "--no-wait")
     held = res.out.splitlines()[2].split()[1]
