@@ -13,7 +13,6 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable
 from urllib.parse import urlparse
 
 import aiohttp
@@ -130,51 +129,45 @@ class Alerter:
         self.next_try: dict[tuple[int, str], float] = {}  # (alert id, status) -> monotonic time
         # Delivered, but the database refused the record: never sent again, recorded later.
         self.unrecorded: dict[tuple[int, str], tuple[int, int]] = {}
-        self._tasks: list[asyncio.Task] = []
 
     @property
     def delivering(self) -> bool:
         return self.settings.alert_url is not None
 
     async def start(self) -> None:
+        """The check loop, and with alert_url the delivery loop, supervised with the dispatcher's
+        loops (a crash is logged, restarted and shown by /health; they stop with the workers)."""
         if self.delivering:
             self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SEND_TIMEOUT_S))
             await self.store.owe_open_alerts()
-            self._tasks.append(asyncio.create_task(self._supervised("delivery", self.send_owed, self._idle),
-                                                   name="alerts-send"))
-        self._tasks.append(asyncio.create_task(self._supervised("check", self.check, self._tick),
-                                               name="alerts-check"))
+            self.dispatcher.loops.start("alert delivery", self._send_loop)
+        self.dispatcher.loops.start("alert check", self._check_loop)
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        """After the loops have stopped: close the delivery session."""
         if self.session is not None:
             await self.session.close()
 
-    async def _supervised(self, what: str, step: Callable[[], Awaitable], pause: Callable[[], Awaitable]) -> None:
-        """Run `step` forever; a failure is logged and the loop goes on (a locked database, a bug)."""
+    async def _check_loop(self) -> None:
         while True:
             try:
-                await step()
-            except asyncio.CancelledError:
-                raise
+                await self.check()
+            except GpuqError as exc:  # the database refused (locked, full): look again next time
+                log.error("alerts: check failed: %s", exc.message)
+            await asyncio.sleep(CHECK_S)
+
+    async def _send_loop(self) -> None:
+        while True:
+            try:
+                await self.send_owed()
             except GpuqError as exc:
-                log.error("alerts: %s failed: %s", what, exc.message)
-            except Exception:
-                log.exception("alerts: %s failed unexpectedly; going on", what)
-            await pause()
-
-    async def _tick(self) -> None:
-        await asyncio.sleep(CHECK_S)
-
-    async def _idle(self) -> None:
-        try:
-            async with asyncio.timeout(SEND_POLL_S):
-                await self.owed.wait()
-        except TimeoutError:
-            pass
-        self.owed.clear()
+                log.error("alerts: delivery failed: %s", exc.message)
+            try:
+                async with asyncio.timeout(SEND_POLL_S):
+                    await self.owed.wait()
+            except TimeoutError:
+                pass
+            self.owed.clear()
 
     # -- firing and resolving -------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from .models import iso, normalize_model, parse_iso
 from .params import merged_options
 from .ollama import OllamaClient
 from .store import GuardMiss, Interrupted, NodeInfo, Store
+from .supervise import Loop, Loops
 
 log = logging.getLogger("gpuq")
 
@@ -68,6 +69,8 @@ class NodeRuntime:
     health_unrecorded: bool = False  # the database refused the last health change
     unloaded_at: float = float("-inf")  # monotonic time the node last confirmed an unload
     current: Current | None = None
+    orphan_models: list[str] = field(default_factory=list)  # a dead router's jobs' models, to unload
+    loops: list[Loop] = field(default_factory=list)  # its worker and health loop
     # Runs aborted before their worker took them up (a delete racing the claim's return).
     aborted_runs: dict[int, str] = field(default_factory=dict)
     context_lengths: dict[str, int | None] = field(default_factory=dict)  # /api/show's num_ctx per model
@@ -89,7 +92,7 @@ class Dispatcher:
         self.bus = bus
         self.session: aiohttp.ClientSession | None = None
         self.nodes: dict[str, NodeRuntime] = {}
-        self._tasks: list[asyncio.Task] = []
+        self.loops = Loops()  # every background loop, supervised: a crash is logged and restarted
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -99,7 +102,8 @@ class Dispatcher:
         model gone, as it would have without the restart."""
         self.session = aiohttp.ClientSession()
         for cfg in self.settings.nodes:
-            client = OllamaClient(cfg.url, self.session, connect_timeout_s=self.settings.connect_timeout_s,
+            client = OllamaClient(cfg.url, self.session, name=cfg.name,
+                                  connect_timeout_s=self.settings.connect_timeout_s,
                                   stall_timeout_s=self.settings.stall_timeout_s,
                                   load_timeout_s=self.settings.load_timeout_s)
             self.nodes[cfg.name] = NodeRuntime(cfg, client)
@@ -112,14 +116,12 @@ class Dispatcher:
         for o in orphans:
             log.warning("job=%s node=%s state=failed reason=%r", o["id"], o["node"], "router restarted while running")
         for name, rt in self.nodes.items():
-            models = [o["model"] for o in orphans if o["node"] == name]
-            self._tasks.append(asyncio.create_task(self._health_loop(rt), name=f"health-{name}"))
-            self._tasks.append(asyncio.create_task(self._worker(rt, models), name=f"worker-{name}"))
+            rt.orphan_models = [o["model"] for o in orphans if o["node"] == name]
+            rt.loops = [self.loops.start("health loop", lambda rt=rt: self._health_loop(rt), name),
+                        self.loops.start("worker", lambda rt=rt: self._worker(rt), name)]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.loops.stop()
         if self.session is not None:
             await self.session.close()
 
@@ -222,9 +224,10 @@ class Dispatcher:
             pass
         rt.wake.clear()
 
-    async def _worker(self, rt: NodeRuntime, orphan_models: list[str]) -> None:
-        for model in orphan_models:  # a job of a dead router may still hold VRAM
-            await self._unload(rt, model, job_id=None)
+    async def _worker(self, rt: NodeRuntime) -> None:
+        while rt.orphan_models:  # a job of a dead router may still hold VRAM
+            await self._unload(rt, rt.orphan_models[0], job_id=None)
+            rt.orphan_models.pop(0)
         job = None  # a job claimed by the previous job's finish, else claimed here
         while True:
             try:
@@ -301,48 +304,19 @@ class Dispatcher:
         return nxt is not None and normalize_model(nxt) == normalize_model(job["model"])
 
     async def _execute(self, rt: NodeRuntime, job: dict, cur: Current) -> None:
-        started = time.monotonic()
         if rt.warm_model is not None and normalize_model(rt.warm_model) != normalize_model(job["model"]):
             # "when-idle" switching model: the one left loaded must leave VRAM first.
             if not await self._unload_warm(rt, job["id"]):
                 message = f"not started: {rt.vram_stuck}"
                 await self._record(job["id"], "outcome", lambda: self.store.finish(job["id"], cur.run_id, "failed", message))
                 return
-        limit_s, limit_name = self._limit_s(rt, job)
-        critique = job["kind"] == "critique"
-        prompt = instruction(self.settings.critique_template, job["prompt"]) if critique else job["prompt"]
-        stats: dict = {}
-        error = None
-        think = json.loads(job["think"]) if job.get("think") is not None else rt.config.think
-        options = merged_options(rt.config.options, json.loads(job["options"]) if job.get("options") else None)
-        keep_alive = KEEP_WARM if self.settings.unload_for(rt.config) == "when-idle" else 0
         try:
-            async with asyncio.timeout(limit_s):
-                stats = await self._generate(rt, job, cur, prompt, FINDINGS_SCHEMA if critique else None,
-                                             think, options, keep_alive)
-        except TimeoutError:
-            error = (f"{limit_name} fired: the job ran {time.monotonic() - started:.1f}s, "
-                     f"over its {limit_s:g}s limit; request aborted")
-        except OllamaError as exc:
-            error = exc.message
-            if exc.status == 503:  # Ollama's pending queue is full: another client keeps it busy
-                error = (f"{exc.message} (HTTP 503: node {rt.name}'s Ollama is busy with other clients' "
-                         f"requests; this request never started, so `gpuq retry {job['id']}` is safe)")
-            if exc.status is None and "cannot connect" in exc.message:
-                await self._set_up(rt, False, exc.message)
+            findings, error = await self._work(rt, job, cur)
+        except Exception as exc:  # a bug, or a reply no check foresaw: this job fails, the worker goes on
+            error = f"unexpected error in the router: {type(exc).__name__}: {exc}"
+            log.exception("job=%s node=%s %s", job["id"], rt.name, error)
+            findings = None
         output, thinking = "".join(cur.output), "".join(cur.thinking) or None
-        findings = None
-        if error is None:
-            await self._record(job["id"], "end of stream",
-                               lambda: self.store.work_done(cur.run_id, output, stats, thinking))
-            await self._warn_if_prompt_filled_context(rt, job, stats, options)
-            if stats.get("done_reason") == "length":  # cut at num_predict or the context: loudly
-                error = "reply cut off at the token limit (done_reason length); output kept, `gpuq retry` to run it again"
-            elif critique:
-                try:
-                    findings = parse_findings(output)
-                except FindingsError as exc:
-                    error = f"the model's reply does not match the findings schema: {exc}; raw reply kept as output"
         if error is None and await self._keep_warm(rt, job):
             rt.warm_model, unloaded = job["model"], True  # the node just answered: reachable
         else:
@@ -366,6 +340,42 @@ class Dispatcher:
         if job["kind"] == "task":  # critiques held for this task are ready (or were cancelled)
             self.wake()
             self._changed(job=job["id"], state=state)
+
+    async def _work(self, rt: NodeRuntime, job: dict, cur: Current) -> tuple[list | None, str | None]:
+        """Generate the reply and record it; returns the findings (of a critique) and the error."""
+        started = time.monotonic()
+        limit_s, limit_name = self._limit_s(rt, job)
+        critique = job["kind"] == "critique"
+        prompt = instruction(self.settings.critique_template, job["prompt"]) if critique else job["prompt"]
+        think = json.loads(job["think"]) if job.get("think") is not None else rt.config.think
+        options = merged_options(rt.config.options, json.loads(job["options"]) if job.get("options") else None)
+        keep_alive = KEEP_WARM if self.settings.unload_for(rt.config) == "when-idle" else 0
+        try:
+            async with asyncio.timeout(limit_s):
+                stats = await self._generate(rt, job, cur, prompt, FINDINGS_SCHEMA if critique else None,
+                                             think, options, keep_alive)
+        except TimeoutError:
+            return None, (f"{limit_name} fired: the job ran {time.monotonic() - started:.1f}s, "
+                          f"over its {limit_s:g}s limit; request aborted")
+        except OllamaError as exc:
+            if exc.status is None and "cannot connect" in exc.message:
+                await self._set_up(rt, False, exc.message)
+            if exc.status == 503:  # Ollama's pending queue is full: another client keeps it busy
+                return None, (f"{exc.message} (HTTP 503: node {rt.name}'s Ollama is busy with other clients' "
+                              f"requests; this request never started, so `gpuq retry {job['id']}` is safe)")
+            return None, exc.message
+        output, thinking = "".join(cur.output), "".join(cur.thinking) or None
+        await self._record(job["id"], "end of stream",
+                           lambda: self.store.work_done(cur.run_id, output, stats, thinking))
+        await self._warn_if_prompt_filled_context(rt, job, stats, options)
+        if stats.get("done_reason") == "length":  # cut at num_predict or the context: loudly
+            return None, "reply cut off at the token limit (done_reason length); output kept, `gpuq retry` to run it again"
+        if not critique:
+            return None, None
+        try:
+            return parse_findings(output), None
+        except FindingsError as exc:
+            return None, f"the model's reply does not match the findings schema: {exc}; raw reply kept as output"
 
     async def _generate(self, rt: NodeRuntime, job: dict, cur: Current, prompt: str, fmt,
                         think: bool | str | None, options: dict | None, keep_alive: int | str) -> dict:
@@ -454,6 +464,10 @@ class Dispatcher:
                 last_error = f"{model} is still listed by /api/ps"
             except OllamaError as exc:
                 last_error = exc.message
+            except Exception as exc:  # a bug: the model may still hold VRAM, so the node is flagged
+                log.exception("node=%s job=%s unexpected error while unloading %s", rt.name, job_id, model)
+                last_error = f"unexpected error in the router: {type(exc).__name__}: {exc}"
+                break
             if time.monotonic() >= deadline:
                 break
             await asyncio.sleep(min(delay, max(deadline - time.monotonic(), 0)))
@@ -474,4 +488,5 @@ def node_json(rt: NodeRuntime) -> dict:
         "model": rt.config.model, "url": rt.config.url, "up": rt.up, "checked": rt.checked,
         "since": iso(rt.since), "last_error": rt.last_error, "model_installed": rt.model_installed,
         "vram_stuck": rt.vram_stuck,
+        "loop_error": "; ".join(loop.problem() for loop in rt.loops if not loop.alive) or None,
     }
