@@ -83,7 +83,7 @@ async def test_preempting_a_held_critique_is_refused(lab):
 
 async def test_a_parent_that_fails_cancels_its_held_critiques(lab):
     lab.fakes["node-1"].script.error_after = 3
-    parent = await slow_task(lab, delay=0.05)
+    parent = await slow_task(lab, delay=0.3)  # fails after ~1 s: `gpuq task` has returned (it asks for an estimate too)
     [held] = await lab.submit("critique", None, parent=parent)
     failed = await lab.wait_state(parent, "failed")
     job = await lab.wait_state(held["id"], "cancelled")
