@@ -51,6 +51,9 @@ class Settings:
     busy_timeout_s: float = 5.0  # SQLite busy timeout
     max_prompt_bytes: int = 1_000_000
     max_database_bytes: int | None = None  # past this SQLite refuses to grow the file ("full")
+    header_timeout_s: float = 10.0  # a new connection must send its request headers within this
+    keepalive_timeout_s: float = 75.0  # an idle keep-alive connection is closed after this
+    max_connections: int = 1000  # more open connections at once are refused (503)
     token: str | None = None
     critique_template: str = DEFAULT_CRITIQUE_TEMPLATE
     nodes: tuple[NodeConfig, ...] = field(default_factory=tuple)
@@ -138,14 +141,17 @@ _ROUTER_KEYS = {
     "listen", "public_url", "database", "stale_after", "stale_grace", "max_runtime",
     "job_timeout", "stall_timeout", "unload_timeout", "health_interval", "connect_timeout",
     "busy_timeout", "max_prompt_bytes", "max_database_bytes", "token", "critique_template",
+    "header_timeout", "keepalive_timeout", "max_connections",
 }
 _DURATION_KEYS = {
     "stale_after": "stale_after_s", "stale_grace": "stale_grace_s",
     "max_runtime": "max_runtime_s", "job_timeout": "job_timeout_s",
     "stall_timeout": "stall_timeout_s", "unload_timeout": "unload_timeout_s",
     "health_interval": "health_interval_s", "connect_timeout": "connect_timeout_s",
-    "busy_timeout": "busy_timeout_s",
+    "busy_timeout": "busy_timeout_s", "header_timeout": "header_timeout_s",
+    "keepalive_timeout": "keepalive_timeout_s",
 }
+_POSITIVE_DURATIONS = {"header_timeout", "keepalive_timeout"}  # 0 would close every connection at once
 _NODE_KEYS = {"name", "url", "rank", "roles", "model", "max_runtime"}
 
 
@@ -200,6 +206,8 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
     for key, attr in _DURATION_KEYS.items():
         if key in router:
             values[attr] = parse_duration(router[key], f"router.{key}")
+            if key in _POSITIVE_DURATIONS and values[attr] <= 0:
+                raise ConfigError(f"router.{key}: must be longer than 0, got {router[key]!r}")
     limit = _typed(router, "max_prompt_bytes", int, "router")
     if limit is not None:
         if limit < 1:
@@ -210,6 +218,11 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
         if cap < 65536:
             raise ConfigError(f"router.max_database_bytes: must be at least 65536, got {cap}")
         values["max_database_bytes"] = cap
+    connections = _typed(router, "max_connections", int, "router")
+    if connections is not None:
+        if not 8 <= connections <= 1_000_000:
+            raise ConfigError(f"router.max_connections: must be from 8 to 1000000, got {connections}")
+        values["max_connections"] = connections
     token = _typed(router, "token", str, "router")
     if token is not None:
         values["token"] = token

@@ -44,6 +44,13 @@ async def eventually(check: Callable[[], Awaitable[Any] | Any], timeout: float =
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
 
 
+# `python -c LIMITED_PYTHON SOFT HARD args...`: `python args...` with that open-file limit (no
+# preexec_fn, which is unsafe in a test process that has threads).
+LIMITED_PYTHON = ("import os, resource, sys; "
+                  "resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[2]))); "
+                  "os.execv(sys.executable, [sys.executable, *sys.argv[3:]])")
+
+
 @dataclass
 class Result:
     code: int
@@ -61,11 +68,16 @@ class Daemon:
     proc: asyncio.subprocess.Process | None = None
     session: aiohttp.ClientSession | None = None
     env: dict = field(default_factory=dict)
+    file_limit: int | tuple[int, int] | None = None  # the router's RLIMIT_NOFILE (soft, hard), or both
 
     async def start(self, timeout: float = 20.0) -> None:
         log = open(self.log, "ab")
+        python = [sys.executable]
+        if self.file_limit:
+            soft, hard = self.file_limit if isinstance(self.file_limit, tuple) else (self.file_limit,) * 2
+            python = [sys.executable, "-c", LIMITED_PYTHON, str(soft), str(hard)]
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gpuq.cli", "serve", "--config", str(self.config),
+            *python, "-m", "gpuq.cli", "serve", "--config", str(self.config),
             stdout=log, stderr=log, env={**os.environ, **self.env}, cwd=str(self.config.parent))
         log.close()
 
@@ -171,11 +183,15 @@ async def daemon_factory(tmp_path):
     session = aiohttp.ClientSession()
     started: list[Daemon] = []
 
-    async def make(nodes: list[dict], start: bool = True, env: dict | None = None, **router: Any) -> Daemon:
+    async def make(nodes: list[dict], start: bool = True, env: dict | None = None, name: str = "gpuq",
+                   file_limit: int | tuple[int, int] | None = None, **router: Any) -> Daemon:
+        """`name` gives a second router its own config and log (`<name>.toml`, `<name>.log`); the
+        database stays tmp_path/gpuq.db unless `database=` says otherwise."""
         port = free_port()
-        config = write_config(tmp_path / "gpuq.toml", nodes, port, **router)
-        daemon = Daemon(config=config, url=f"http://127.0.0.1:{port}", log=tmp_path / "daemon.log",
-                        session=session, env=env or {})
+        config = write_config(tmp_path / f"{name}.toml", nodes, port, **router)
+        log = tmp_path / ("daemon.log" if name == "gpuq" else f"{name}.log")
+        daemon = Daemon(config=config, url=f"http://127.0.0.1:{port}", log=log, session=session,
+                        env=env or {}, file_limit=file_limit)
         started.append(daemon)
         if start:
             await daemon.start()
