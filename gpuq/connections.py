@@ -20,9 +20,11 @@ from .errors import StartupError
 
 log = logging.getLogger("gpuq")
 
-FD_RESERVE = 100  # open files kept for all but client connections: SQLite, Ollama, the log, the loop
+BACKLOG = 64  # connections waiting to be accepted; asyncio also accepts up to this many at a time
+# Open files kept from client connections: one accepting burst (its refused connections are closed
+# only after it), and 64 for SQLite, the Ollama clients, the log and the event loop.
+FD_RESERVE = BACKLOG + 64
 MIN_CONNECTIONS = 16  # even under a tiny file limit, the page and the CLI must get in
-BACKLOG = 128
 ACCEPT_ERROR = "socket.accept() out of system resource"  # asyncio's message, to its exception handler
 
 
@@ -60,7 +62,7 @@ def reason(exc: OSError) -> str:
 def raise_file_limit() -> int:
     """Lift the soft open-file limit to the hard one (desktops often start at 1024); returns it."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 10240)  # macOS refuses more
     if soft == resource.RLIM_INFINITY or soft >= target:
         return soft if soft != resource.RLIM_INFINITY else target
     try:
