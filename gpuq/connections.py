@@ -62,9 +62,11 @@ def reason(exc: OSError) -> str:
 def raise_file_limit() -> int:
     """Lift the soft open-file limit to the hard one (desktops often start at 1024); returns it."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 20  # no limit at all: the cap is what wanted says
     target = hard if hard != resource.RLIM_INFINITY else max(soft, 10240)  # macOS refuses more
-    if soft == resource.RLIM_INFINITY or soft >= target:
-        return soft if soft != resource.RLIM_INFINITY else target
+    if soft >= target:
+        return soft
     try:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
     except (ValueError, OSError) as exc:
@@ -75,7 +77,8 @@ def raise_file_limit() -> int:
 
 
 def connection_cap(wanted: int, file_limit: int) -> int:
-    """At most `wanted` connections, and few enough that accepting one never runs out of files."""
+    """At most `wanted` connections, and FD_RESERVE below the file limit, so that accepting
+    connections does not run out of files."""
     room = max(file_limit - FD_RESERVE, MIN_CONNECTIONS)
     if wanted > room:
         log.warning("at most %d open connections, not %d (router.max_connections): the open-file "

@@ -8,7 +8,7 @@ import signal
 import socket
 import sqlite3
 
-from conftest import eventually, node_table
+from conftest import node_table
 
 
 def job_row(db_path, job_id: str) -> tuple[str, str | None, list[str]]:
@@ -78,5 +78,5 @@ async def test_a_port_in_use_exits_2_and_leaves_the_database_untouched(fakes, da
     assert job_row(tmp_path / "gpuq.db", job["id"]) == ("running", None, ["queued", "running"])
 
     await d.start()  # the port is free again: this router recovers the orphan as usual
-    orphan = await eventually(lambda: d.job(job["id"]), what="the job")
+    orphan = await d.job(job["id"])
     assert (orphan["state"], orphan["error"]) == ("failed", "router restarted while running")
