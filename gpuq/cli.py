@@ -14,7 +14,7 @@ from urllib.parse import quote
 import click
 
 from .client import ApiError, Router
-from .config import ConfigError, find_config, load_config, starter_config
+from .config import ConfigError, check_token, check_url, find_config, load_config, starter_config
 from .models import parse_iso
 
 DEFAULT_ROUTER = "http://127.0.0.1:8750"
@@ -37,12 +37,23 @@ def api_errors(fn):
 
 
 def router_of(ctx: click.Context) -> Router:
+    """--router or $GPUQ_ROUTER, else the config's public_url; $GPUQ_TOKEN, else its token."""
     opts = ctx.obj
-    url, token = opts.get("router") or os.environ.get("GPUQ_ROUTER"), os.environ.get("GPUQ_TOKEN")
+    url, source = opts.get("router"), "--router"
+    if not url and os.environ.get("GPUQ_ROUTER"):
+        url, source = os.environ["GPUQ_ROUTER"], "$GPUQ_ROUTER"
+    token = os.environ.get("GPUQ_TOKEN") or None  # set but empty: as if unset (the config's token is used)
+    try:
+        if url:
+            url = check_url(url, source)
+        if token:
+            check_token(token, "$GPUQ_TOKEN")
+    except ConfigError as exc:
+        raise click.UsageError(exc.message, ctx) from None
     if not url or not token:
         try:
             path = find_config(opts.get("config"))
-            settings = load_config(path) if path else None
+            settings = load_config(path, env_token=False) if path else None
         except ConfigError:
             settings = None
         if settings:
@@ -72,9 +83,18 @@ def duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
-def excerpt(text: str, width: int = 50) -> str:
+def excerpt(text: str, width: int = 50, more: bool = False) -> str:
+    """One line of at most `width` characters; `more`: the text goes on past what we hold."""
     flat = " ".join(text.split())
-    return flat if len(flat) <= width else flat[: width - 1] + "…"
+    if len(flat) > width:
+        return flat[: width - 1] + "…"
+    return flat + "…" if more else flat
+
+
+def prompt_excerpt(job: dict, width: int = 50) -> str:
+    """A listed job's prompt: listings carry its first characters and its size in bytes."""
+    text = job["prompt_excerpt"]
+    return excerpt(text, width, more=len(text.encode("utf-8")) < job["prompt_bytes"])
 
 
 @click.group()
@@ -120,17 +140,34 @@ def serve(ctx: click.Context, config_path: str | None, demo: bool, listen: str |
 
 @main.command()
 @click.argument("path", default="gpuq.toml", type=click.Path(dir_okay=False))
-def init(path: str) -> None:
+@click.option("--tailscale", is_flag=True,
+              help="Find the lab on your tailnet: every online peer whose Ollama answers becomes a node.")
+@click.option("--ollama-port", default=11434, show_default=True, help="The port Ollama listens on (with --tailscale).")
+def init(path: str, tailscale: bool, ollama_port: int) -> None:
     """Write a starter gpuq.toml (never overwrites).
 
-    Example: gpuq init && $EDITOR gpuq.toml
+    Example: gpuq init --tailscale && $EDITOR gpuq.toml
     """
     target = Path(path)
     if target.exists():
-        click.echo(f"error - {path} already exists; not overwritten", err=True)
-        sys.exit(1)
-    target.write_text(starter_config(), encoding="utf-8")
-    click.echo(f"wrote {path}: set each [[node]]'s url and model, then run `gpuq serve`")
+        raise click.ClickException(f"{path} already exists; not overwritten")
+    if not tailscale:
+        target.write_text(starter_config(), encoding="utf-8")
+        click.echo(f"wrote {path}: set each [[node]]'s url and model, then run `gpuq serve`")
+        return
+    from .errors import GpuqError
+    from .tailscale import discover
+    try:
+        text, me, found, silent = discover(ollama_port)
+    except GpuqError as exc:
+        raise click.ClickException(exc.message) from None
+    target.write_text(text, encoding="utf-8")
+    click.echo(f"wrote {path}: the router on {me.ip} ({me.name}), {len(found)} node{'s' if len(found) != 1 else ''}:")
+    for f in found:
+        click.echo(f"  {f.machine.host_name:16} {f.machine.name}  {f.largest}  ({len(f.models)} models)")
+    for m in silent:
+        click.echo(f"  {m.host_name:16} online, but no Ollama answered on port {ollama_port}")
+    click.echo("check each node's roles and model, then run `gpuq serve`")
 
 
 # -- submitting -----------------------------------------------------------------------------
@@ -145,6 +182,34 @@ def read_text(path: str) -> str:
         raise  # unreachable
 
 
+def ollama_params(fn):
+    """--think/--no-think, --think-level and --option KEY=VALUE, for the commands that submit."""
+    fn = click.option("--option", "options", multiple=True, metavar="KEY=VALUE",
+                      help="An Ollama model option, e.g. num_ctx=32768 (repeatable; over the node's).")(fn)
+    fn = click.option("--think-level", type=click.Choice(["low", "medium", "high"]),
+                      help="Think at this level (models that take one, e.g. gpt-oss).")(fn)
+    return click.option("--think/--no-think", default=None,
+                        help="Turn the model's thinking on or off (default: the node's, else Ollama's).")(fn)
+
+
+def params_body(think: bool | None, think_level: str | None, options: tuple[str, ...]) -> dict:
+    """The API fields for --think, --think-level and --option (values read as JSON when they are)."""
+    if think is not None and think_level is not None:
+        raise click.UsageError("give --think/--no-think or --think-level, not both")
+    body: dict = {"think": think_level if think_level is not None else think}
+    parsed = {}
+    for item in options:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--option")
+        try:
+            parsed[key.strip()] = json.loads(text)
+        except ValueError:
+            parsed[key.strip()] = text  # a plain string, e.g. stop words
+    body["options"] = parsed or None
+    return body
+
+
 @main.command()
 @click.argument("prompt", required=False)
 @click.option("--file", "file_", type=click.Path(dir_okay=False, allow_dash=True), help="Read the prompt from a file (- for stdin).")
@@ -152,18 +217,22 @@ def read_text(path: str) -> str:
 @click.option("--node", help="Put the task on this node.")
 @click.option("--timeout", type=float, help="Fail the job if it runs longer than this many seconds.")
 @click.option("--wait", is_flag=True, help="Stream the output as it is generated, then the final state.")
+@ollama_params
 @click.pass_context
 @api_errors
-def task(ctx, prompt, file_, model, node, timeout, wait) -> None:
+def task(ctx, prompt, file_, model, node, timeout, wait, think, think_level, options) -> None:
     """Submit a task: it goes to the first free task node by rank.
 
     Example: gpuq task "add a retry budget to the export job" --wait
     """
-    if file_:
+    if prompt is not None and file_ is not None:
+        raise click.UsageError("give a PROMPT or --file, not both", ctx)
+    if prompt is None and file_ is None:
+        raise click.UsageError("give a PROMPT, or --file PATH (- for stdin)", ctx)
+    if file_ is not None:
         prompt = read_text(file_)
-    if prompt is None:
-        fail("-", "give a PROMPT or --file")
-    body = {"kind": "task", "prompt": prompt, "model": model, "node": node, "timeout": timeout}
+    body = {"kind": "task", "prompt": prompt, "model": model, "node": node, "timeout": timeout,
+            **params_body(think, think_level, options)}
     router = router_of(ctx)
     job = router.call("POST", "/api/jobs", {k: v for k, v in body.items() if v is not None})["jobs"][0]
     click.echo(f"{job['id']} -> {job['node']} ({job['reason']})")
@@ -180,27 +249,32 @@ def task(ctx, prompt, file_, model, node, timeout, wait) -> None:
 @click.option("--timeout", type=float, help="Fail a child if it runs longer than this many seconds.")
 @click.option("--no-wait", is_flag=True, help="Return after submitting.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@ollama_params
 @click.pass_context
 @api_errors
-def critique(ctx, file, parent, node, model, timeout, no_wait, as_json) -> None:
+def critique(ctx, file, parent, node, model, timeout, no_wait, as_json, think, think_level, options) -> None:
     """Fan a critique out to every critique node, then report each as it finishes.
 
     Example: gpuq critique plan.md
     """
     if file is None and parent is None:
-        fail("-", "give a FILE to critique, or --parent ID")
-    body = {"kind": "critique", "parent": parent, "node": node, "model": model, "timeout": timeout}
+        raise click.UsageError("give a FILE to critique, or --parent ID", ctx)
+    body = {"kind": "critique", "parent": parent, "node": node, "model": model, "timeout": timeout,
+            **params_body(think, think_level, options)}
     if file is not None:
         body["prompt"] = read_text(file)
     router = router_of(ctx)
     jobs = router.call("POST", "/api/jobs", {k: v for k, v in body.items() if v is not None})["jobs"]
     if not as_json:
         click.echo(f"fan-out {len(jobs)} critique node{'s' if len(jobs) != 1 else ''}")
+        if jobs and jobs[0].get("waiting_for"):
+            click.echo(f"waiting for parent {jobs[0]['waiting_for']} to finish; then each reviews its result")
     if no_wait:
         for job in jobs:
             line = {"node": job["node"], "id": job["id"], "model": job["model"], "state": job["state"],
-                    "preview_url": job["preview_url"]}
-            click.echo(json.dumps(line) if as_json else f"{job['node']} {job['id']} {job['model']} {job['state']}")
+                    "waiting_for": job.get("waiting_for"), "preview_url": job["preview_url"]}
+            held = f" (waiting for parent {job['waiting_for']})" if job.get("waiting_for") else ""
+            click.echo(json.dumps(line) if as_json else f"{job['node']} {job['id']} {job['model']} {job['state']}{held}")
         return
     finished = wait_all(router, [j["id"] for j in jobs], as_json)
     if any(j["state"] != "done" for j in finished):
@@ -236,13 +310,24 @@ def wait_all(router: Router, ids: list[str], as_json: bool = False) -> list[dict
     return finished
 
 
+THINKING_HEADER = "-- thinking --"
+ANSWER_HEADER = "-- answer --"
+
+
 def follow(router: Router, job_id: str) -> None:
     """Stream a job's output to the terminal; Ctrl-C stops following, the job goes on."""
-    final = None
+    final, shown = None, None  # shown: "thinking" or "text", the kind printed last
     try:
         for line in router.lines(f"/api/jobs/{seg(job_id)}/stream"):
-            if "text" in line:
-                click.echo(line["text"], nl=False)
+            for kind in ("thinking", "text"):
+                if kind not in line:
+                    continue
+                if kind != shown:  # the reasoning is marked and dimmed, apart from the answer
+                    header = THINKING_HEADER if kind == "thinking" else ANSWER_HEADER if shown else None
+                    if header:
+                        click.echo(("\n" if shown else "") + click.style(header, dim=True))
+                    shown = kind
+                click.echo(click.style(line[kind], dim=True) if kind == "thinking" else line[kind], nl=False)
                 sys.stdout.flush()
             if line.get("done"):
                 final = line["job"]
@@ -306,13 +391,24 @@ def show(ctx, job_id, as_json) -> None:
         click.echo(f"critique: {child['id']} on {child['node']} {child['state']}")
     if job.get("queue_position"):
         click.echo(f"position {job['queue_position']} in {job['node']}'s queue")
+    if job.get("waiting_for"):
+        click.echo(f"waiting for parent {job['waiting_for']} to finish (held: it reviews the parent's result)")
     click.echo(summary(job))
+    for ev in job.get("events", []):
+        if (ev["reason"] or "").startswith("warning: "):
+            click.echo(ev["reason"])
     click.echo("\n-- prompt --\n" + job["prompt"])
+    if job.get("think") is not None or job.get("options"):
+        asked = [f"think {json.dumps(job['think'])}"] if job.get("think") is not None else []
+        asked += [f"{k}={json.dumps(v)}" for k, v in (job.get("options") or {}).items()]
+        click.echo("asked: " + " ".join(asked))
+    if job.get("thinking"):
+        click.echo("\n-- thinking --\n" + click.style(job["thinking"], dim=True))
     if job.get("findings") is not None:
         click.echo(f"\n-- findings ({len(job['findings'])}) --")
         for i, f in enumerate(job["findings"], start=1):
             click.echo(f"{i}. [{f['severity']}] {f['title']} ({f['where']})\n   {f['detail']}")
-    elif job.get("output"):
+    if job.get("findings") is None and job.get("output"):
         click.echo("\n-- output --\n" + job["output"])
     click.echo("\n-- runs --")
     for run in job.get("runs", []):
@@ -340,10 +436,12 @@ def queue_cmd(ctx, limit) -> None:
                    f"  {node['queued_count']} waiting")
         run = node["running"]
         if run:
-            click.echo(f"  running  {run['id']}  {run['kind']:8} {ago(run['started_at']):>7}  {excerpt(run['prompt'])}")
+            click.echo(f"  running  {run['id']}  {run['kind']:8} {ago(run['started_at']):>7}  {prompt_excerpt(run)}")
         for i, job in enumerate(node["queued"], start=1):
             mark = " (preempted)" if job["preempted_runs"] else ""
-            click.echo(f"  {i:>7}  {job['id']}  {job['kind']:8} {ago(job['created_at']):>7}  {excerpt(job['prompt'])}{mark}")
+            if job.get("waiting_for"):
+                mark += f" (waiting for parent {job['waiting_for']})"
+            click.echo(f"  {i:>7}  {job['id']}  {job['kind']:8} {ago(job['created_at']):>7}  {prompt_excerpt(job)}{mark}")
         if node["queued_count"] > len(node["queued"]):
             click.echo(f"  … {node['queued_count'] - len(node['queued'])} more")
 

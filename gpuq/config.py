@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
@@ -13,6 +14,7 @@ from urllib.parse import urlparse
 import tomli_w
 
 from .errors import ConfigError
+from .params import options_problem, think_problem
 
 DEFAULT_LISTEN = "127.0.0.1:8750"
 ROLES = ("task", "critique")
@@ -33,6 +35,9 @@ class NodeConfig:
     roles: tuple[str, ...]
     model: str
     max_runtime_s: float | None = None  # None: the router's max_runtime
+    think: bool | str | None = None  # Ollama's `think` for this node's jobs; None: Ollama's default
+    options: dict | None = field(default=None, hash=False)  # Ollama model options, e.g. num_ctx
+    unload: str | None = None  # "after-each" | "when-idle"; None: the router's
 
 
 @dataclass(frozen=True)
@@ -44,7 +49,8 @@ class Settings:
     stale_grace_s: float = 30.0  # Ollama finished but the job did not, for this long
     max_runtime_s: float = 4 * 3600.0  # a job running longer is stale, then failed
     job_timeout_s: float | None = None  # default per-job wall-clock limit
-    stall_timeout_s: float = 300.0  # no bytes from Ollama for this long fails the job
+    stall_timeout_s: float = 300.0  # no bytes from Ollama for this long (after the first) fails the job
+    load_timeout_s: float = 600.0  # no first byte for this long (a cold model load) fails the job
     unload_timeout_s: float = 30.0  # how long the model may take to leave VRAM
     health_interval_s: float = 15.0  # node health check period
     connect_timeout_s: float = 10.0
@@ -55,7 +61,9 @@ class Settings:
     keepalive_timeout_s: float = 75.0  # an idle keep-alive connection is closed after this
     max_connections: int = 1000  # more open connections at once are refused (503)
     token: str | None = None
+    allowed_hosts: tuple[str, ...] = ()  # more names the router answers to (normal_host form)
     critique_template: str = DEFAULT_CRITIQUE_TEMPLATE
+    unload: str = "after-each"  # or "when-idle": back-to-back jobs of one model keep it loaded
     nodes: tuple[NodeConfig, ...] = field(default_factory=tuple)
 
     @property
@@ -69,6 +77,9 @@ class Settings:
     def node(self, name: str) -> NodeConfig | None:
         return next((n for n in self.nodes if n.name == name), None)
 
+    def unload_for(self, node: NodeConfig) -> str:
+        return node.unload or self.unload
+
     def max_runtime_for(self, node: NodeConfig) -> float:
         return node.max_runtime_s if node.max_runtime_s is not None else self.max_runtime_s
 
@@ -77,6 +88,11 @@ class Settings:
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
+
+# No model's context holds more than a few MB of text (a million tokens is ~4 MB), and the
+# router holds a prompt in memory several times over (the request body, up to twice its size
+# with JSON escapes and so its client_max_size, the parsed text, the row, each fan-out copy).
+MAX_PROMPT_BYTES = 64 * 1024 * 1024
 
 MAX_DURATION_S = 366 * 86400.0  # longer is a typo, and overflows SQLite's busy timeout
 
@@ -105,6 +121,51 @@ def _at_most_a_year(seconds: float, value: object, key: str) -> float:
     return seconds
 
 
+# Each duration key's smallest sensible value and why: at 0 a guard turns off, every job fails
+# at once, or a loop spins. A floor above 0 is where smaller values can only do harm.
+_DURATION_FLOORS: dict[str, tuple[float, str]] = {
+    "stale_after": (0.0, "0 would call every running job stale"),
+    "stale_grace": (0.0, "0 would call every job stale while it closes"),
+    "max_runtime": (0.0, "0 would fail every job at once"),
+    "job_timeout": (0.0, "0 would fail every job at once; leave it out for no limit"),
+    "stall_timeout": (0.0, "0 would turn stall detection off"),
+    "load_timeout": (0.0, "0 would fail every job before its model loads"),
+    "unload_timeout": (0.0, "0 would flag a node whenever its model takes a moment to leave VRAM"),
+    "connect_timeout": (0.0, "0 would wait for an unreachable node forever"),
+    # Checks faster than ten a second spin the router's CPU and flood Ollama, for no quicker
+    # detection that matters (a job runs for seconds to hours).
+    "health_interval": (0.1, "checking more than ten times a second only burns CPU"),
+    # SQLite counts whole milliseconds: less is 0, which fails every write that meets a lock.
+    "busy_timeout": (0.001, "SQLite would give up on the first lock"),
+    "header_timeout": (0.0, "0 would close every new connection before its request"),
+    "keepalive_timeout": (0.0, "0 would close every connection after its first request"),
+}
+
+
+def _bounded_duration(value: object, key: str, name: str) -> float:
+    """parse_duration, then refuse 0 or what is under the key's floor (`name` is its bare key)."""
+    seconds = parse_duration(value, key)
+    floor, why = _DURATION_FLOORS[name]
+    if floor == 0.0 and seconds == 0.0:
+        raise ConfigError(f"{key}: must be more than 0 ({why}), got {value!r}")
+    if seconds < floor:
+        raise ConfigError(f"{key}: must be at least {floor * 1000:g}ms ({why}), got {value!r}")
+    return seconds
+
+
+def check_token(value: str, key: str) -> str:
+    """A bearer token every client can send exactly: a browser sends only ASCII headers, and the
+    router strips the Bearer value, so padding or an empty token could never match."""
+    if not value.strip():
+        raise ConfigError(f"{key}: must not be empty (leave it out for no token)")
+    if value != value.strip():
+        raise ConfigError(f"{key}: remove the spaces or newlines around the token; no client sends them")
+    if not all(" " <= c <= "~" for c in value):
+        raise ConfigError(f"{key}: use printable ASCII only (no client can send other characters in "
+                          "a header); e.g. the output of `openssl rand -hex 32`")
+    return value
+
+
 def _check_listen(value: object, key: str) -> str:
     if not isinstance(value, str) or ":" not in value:
         raise ConfigError(f"{key}: expected 'host:port', got {value!r}")
@@ -114,15 +175,68 @@ def _check_listen(value: object, key: str) -> str:
     return value
 
 
-def _check_url(value: object, key: str) -> str:
+def check_url(value: object, key: str) -> str:
+    """An http(s) base URL that gpuq appends its own paths to. A path prefix is kept (an Ollama
+    or router behind a reverse proxy); what cannot survive that appending is refused."""
     parsed = urlparse(value) if isinstance(value, str) else None
     if not parsed or parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise ConfigError(f"{key}: expected an http:// or https:// URL, got {value!r}")
+    if any(c.isspace() or not c.isprintable() for c in value):
+        raise ConfigError(f"{key}: a URL must not contain spaces or control characters, got {value!r}")
     try:
         parsed.port
     except ValueError:
         raise ConfigError(f"{key}: the URL's port is not a number from 0 to 65535: {value!r}") from None
+    if "?" in value or "#" in value:
+        raise ConfigError(f"{key}: a URL with a query ('?') or fragment ('#') cannot take gpuq's paths "
+                          f"after it; give only scheme, host, port and an optional path, got {value!r}")
+    if parsed.username is not None or parsed.password is not None:
+        # The URL is stored in the database and shown on the page, in errors and preview links.
+        raise ConfigError(f"{key}: a user or password in the URL would be shown on the page and in "
+                          f"errors; remove the '...@' part, got {value!r}")
     return value.rstrip("/")
+
+
+_LABEL = re.compile(r"(?!-)[a-z0-9_-]{1,63}(?<!-)")
+
+
+def normal_host(name: str) -> str | None:
+    """A host name or IP address, as compared with the Host header: lower case, IPv6 without
+    brackets, no final dot. None when it is neither (a port, a URL, a wildcard...)."""
+    name = name.lower().removesuffix(".")
+    if name.startswith("[") and name.endswith("]"):
+        name = name[1:-1]
+        if ":" not in name:
+            return None
+    try:
+        return str(ipaddress.ip_address(name))
+    except ValueError:
+        pass
+    if len(name) <= 253 and all(_LABEL.fullmatch(label) for label in name.split(".")):
+        return name
+    return None
+
+
+def _check_hosts(value: object, key: str) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise ConfigError(f'{key}: expected a list of host names like ["mybox.tailnet.ts.net"], got {value!r}')
+    return tuple(_check_host(entry, f"{key}[{i}]") for i, entry in enumerate(value, start=1))
+
+
+def _check_host(entry: object, key: str) -> str:
+    if not isinstance(entry, str):
+        raise ConfigError(f"{key}: expected a host name (a string), got {entry!r}")
+    if "/" in entry:
+        raise ConfigError(f"{key}: write the host name alone, not a URL, got {entry!r}")
+    if "*" in entry:
+        raise ConfigError(f"{key}: wildcards are not supported, list each host name, got {entry!r}")
+    name = normal_host(entry)
+    if name is None:
+        host, _, port = entry.rpartition(":")
+        if port.isdigit() and normal_host(host):
+            raise ConfigError(f"{key}: leave the port out (any port is accepted), got {entry!r}")
+        raise ConfigError(f"{key}: expected a host name or IP address, got {entry!r}")
+    return name
 
 
 def _typed(table: dict, key: str, kind: type | tuple, where: str, required: bool = False):
@@ -139,20 +253,27 @@ def _typed(table: dict, key: str, kind: type | tuple, where: str, required: bool
 
 _ROUTER_KEYS = {
     "listen", "public_url", "database", "stale_after", "stale_grace", "max_runtime",
-    "job_timeout", "stall_timeout", "unload_timeout", "health_interval", "connect_timeout",
-    "busy_timeout", "max_prompt_bytes", "max_database_bytes", "token", "critique_template",
-    "header_timeout", "keepalive_timeout", "max_connections",
+    "job_timeout", "stall_timeout", "load_timeout", "unload_timeout", "health_interval", "connect_timeout",
+    "busy_timeout", "max_prompt_bytes", "max_database_bytes", "token", "critique_template", "unload",
+    "allowed_hosts", "header_timeout", "keepalive_timeout", "max_connections",
 }
 _DURATION_KEYS = {
     "stale_after": "stale_after_s", "stale_grace": "stale_grace_s",
     "max_runtime": "max_runtime_s", "job_timeout": "job_timeout_s",
-    "stall_timeout": "stall_timeout_s", "unload_timeout": "unload_timeout_s",
+    "stall_timeout": "stall_timeout_s", "load_timeout": "load_timeout_s", "unload_timeout": "unload_timeout_s",
     "health_interval": "health_interval_s", "connect_timeout": "connect_timeout_s",
     "busy_timeout": "busy_timeout_s", "header_timeout": "header_timeout_s",
     "keepalive_timeout": "keepalive_timeout_s",
 }
-_POSITIVE_DURATIONS = {"header_timeout", "keepalive_timeout"}  # 0 would close every connection at once
-_NODE_KEYS = {"name", "url", "rank", "roles", "model", "max_runtime"}
+_NODE_KEYS = {"name", "url", "rank", "roles", "model", "max_runtime", "think", "options", "unload"}
+UNLOAD_POLICIES = ("after-each", "when-idle")
+
+
+def _unload_policy(table: dict, where: str) -> str | None:
+    policy = table.get("unload")
+    if policy is not None and policy not in UNLOAD_POLICIES:
+        raise ConfigError(f"{where}.unload: expected \"after-each\" or \"when-idle\", got {policy!r}")
+    return policy
 
 
 def _parse_node(table: object, index: int) -> NodeConfig:
@@ -176,13 +297,19 @@ def _parse_node(table: object, index: int) -> NodeConfig:
     if not model.strip():
         raise ConfigError(f"{where}.model: must not be empty")
     runtime = table.get("max_runtime")
+    for key, problem in (("think", think_problem), ("options", options_problem)):
+        if key in table and (wrong := problem(table[key])):
+            raise ConfigError(f"{where}.{key}: {wrong}")
     return NodeConfig(
         name=name,
-        url=_check_url(_typed(table, "url", str, where, required=True), f"{where}.url"),
+        url=check_url(_typed(table, "url", str, where, required=True), f"{where}.url"),
         rank=rank,
         roles=tuple(roles),
         model=model.strip(),
-        max_runtime_s=None if runtime is None else parse_duration(runtime, f"{where}.max_runtime"),
+        max_runtime_s=None if runtime is None else _bounded_duration(runtime, f"{where}.max_runtime", "max_runtime"),
+        think=table.get("think"),
+        options=table.get("options"),
+        unload=_unload_policy(table, where),
     )
 
 
@@ -200,18 +327,18 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
     if "listen" in router:
         values["listen"] = _check_listen(router["listen"], "router.listen")
     listen = values.get("listen", DEFAULT_LISTEN)
-    values["public_url"] = _check_url(router.get("public_url", f"http://{listen}"), "router.public_url")
+    values["public_url"] = check_url(router.get("public_url", f"http://{listen}"), "router.public_url")
     database = _typed(router, "database", str, "router")
     values["database"] = (base_dir / (database or "gpuq.db")).resolve()
     for key, attr in _DURATION_KEYS.items():
         if key in router:
-            values[attr] = parse_duration(router[key], f"router.{key}")
-            if key in _POSITIVE_DURATIONS and values[attr] <= 0:
-                raise ConfigError(f"router.{key}: must be longer than 0, got {router[key]!r}")
+            values[attr] = _bounded_duration(router[key], f"router.{key}", key)
     limit = _typed(router, "max_prompt_bytes", int, "router")
     if limit is not None:
         if limit < 1:
             raise ConfigError(f"router.max_prompt_bytes: must be at least 1, got {limit}")
+        if limit > MAX_PROMPT_BYTES:
+            raise ConfigError(f"router.max_prompt_bytes: must be at most {MAX_PROMPT_BYTES} (64 MiB), got {limit}")
         values["max_prompt_bytes"] = limit
     cap = _typed(router, "max_database_bytes", int, "router")
     if cap is not None:
@@ -225,7 +352,12 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
         values["max_connections"] = connections
     token = _typed(router, "token", str, "router")
     if token is not None:
-        values["token"] = token
+        values["token"] = check_token(token, "router.token")
+    if "allowed_hosts" in router:
+        values["allowed_hosts"] = _check_hosts(router["allowed_hosts"], "router.allowed_hosts")
+    policy = _unload_policy(router, "router")
+    if policy is not None:
+        values["unload"] = policy
     template = _typed(router, "critique_template", str, "router")
     if template is not None:
         if "{subject}" not in template:
@@ -249,7 +381,8 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
     return Settings(**values)
 
 
-def load_config(path: Path) -> Settings:
+def load_config(path: Path, env_token: bool = True) -> Settings:
+    """Read and check `path`; with env_token, $GPUQ_TOKEN is the token when the file sets none."""
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -259,8 +392,10 @@ def load_config(path: Path) -> Settings:
     settings = parse_config(data, path.resolve().parent)
     if not settings.nodes:
         raise ConfigError(f"{path}: node: at least one [[node]] is required")
-    env_token = os.environ.get("GPUQ_TOKEN")
-    return replace(settings, token=env_token) if env_token and not settings.token else settings
+    if env_token and settings.token is None and "GPUQ_TOKEN" in os.environ:
+        # Set but empty is refused, not ignored: a router meant to be locked would run open.
+        return replace(settings, token=check_token(os.environ["GPUQ_TOKEN"], "$GPUQ_TOKEN"))
+    return settings
 
 
 def find_config(explicit: str | None) -> Path | None:

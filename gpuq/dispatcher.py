@@ -4,6 +4,7 @@ left VRAM, finish the job. Nothing is retried: every failure ends the job, loudl
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from .config import NodeConfig, Settings
 from .critique import FINDINGS_SCHEMA, FindingsError, instruction, parse_findings
 from .errors import GpuqError, OllamaError, StoreUnavailable
 from .models import iso, normalize_model
+from .params import merged_options
 from .ollama import OllamaClient
 from .store import GuardMiss, Interrupted, NodeInfo, Store
 
@@ -26,6 +28,13 @@ HEARTBEAT_S = 1.0  # progress is written at most this often while tokens stream
 # before the next claim: it has just answered, and a check costs two requests per job.
 UNLOAD_FRESH_S = 0.25
 RECORD_RETRY_MAX_S = 5.0  # the longest wait between tries to record a job's outcome
+# A prompt that used this share of the context window filled it: Ollama truncates a longer one
+# to about the window (keeping room for num_keep), so it is never reported as over.
+CONTEXT_FULL = 0.98
+MIN_REQUEST_S = 0.05  # the shortest limit given to one request to a node
+# With unload = "when-idle", the model a job leaves loaded for the next one of the same model.
+# Bounded, so a router that dies does not pin it forever; an idle node unloads it at once.
+KEEP_WARM = "10m"
 
 
 @dataclass
@@ -35,7 +44,8 @@ class Current:
     job_id: str
     run_id: int
     task: asyncio.Task | None = None
-    output: list[str] = field(default_factory=list)
+    output: list[str] = field(default_factory=list)  # the answer, one piece per token
+    thinking: list[str] = field(default_factory=list)  # the reasoning, apart from the answer
     abort_reason: str | None = None
     next_job: dict | None = None  # claimed in the same transaction that finished this one
 
@@ -58,6 +68,8 @@ class NodeRuntime:
     current: Current | None = None
     # Runs aborted before their worker took them up (a delete racing the claim's return).
     aborted_runs: dict[int, str] = field(default_factory=dict)
+    context_lengths: dict[str, int | None] = field(default_factory=dict)  # /api/show's num_ctx per model
+    warm_model: str | None = None  # left loaded on purpose for the next job ("when-idle")
 
     @property
     def name(self) -> str:
@@ -83,7 +95,8 @@ class Dispatcher:
         self.session = aiohttp.ClientSession()
         for cfg in self.settings.nodes:
             client = OllamaClient(cfg.url, self.session, connect_timeout_s=self.settings.connect_timeout_s,
-                                  stall_timeout_s=self.settings.stall_timeout_s)
+                                  stall_timeout_s=self.settings.stall_timeout_s,
+                                  load_timeout_s=self.settings.load_timeout_s)
             self.nodes[cfg.name] = NodeRuntime(cfg, client)
         orphans = await self.store.fail_orphans()
         for o in orphans:
@@ -209,6 +222,8 @@ class Dispatcher:
                         await self._wait(rt, 1.0)
                         continue
                     if not await self._ready_to_claim(rt):
+                        if rt.warm_model is not None:  # "when-idle": the node went idle
+                            await self._unload_warm(rt, None)
                         await self._wait(rt, IDLE_POLL_S)
                         continue
                     job = await self.store.claim(rt.name)
@@ -263,41 +278,73 @@ class Dispatcher:
             return timeout, "timeout"
         return runtime, "max_runtime"
 
+    async def _unload_warm(self, rt: NodeRuntime, job_id: str | None) -> bool:
+        model, rt.warm_model = rt.warm_model, None
+        return model is None or await self._unload(rt, model, job_id)
+
+    async def _keep_warm(self, rt: NodeRuntime, job: dict) -> bool:
+        """With unload = "when-idle": does the next job on this node want the same model?"""
+        if self.settings.unload_for(rt.config) != "when-idle" or not rt.claimable:
+            return False
+        nxt = await self.store.next_ready_model(rt.name)
+        return nxt is not None and normalize_model(nxt) == normalize_model(job["model"])
+
     async def _execute(self, rt: NodeRuntime, job: dict, cur: Current) -> None:
         started = time.monotonic()
+        if rt.warm_model is not None and normalize_model(rt.warm_model) != normalize_model(job["model"]):
+            # "when-idle" switching model: the one left loaded must leave VRAM first.
+            if not await self._unload_warm(rt, job["id"]):
+                message = f"not started: {rt.vram_stuck}"
+                await self._record(job["id"], "outcome", lambda: self.store.finish(job["id"], cur.run_id, "failed", message))
+                return
         limit_s, limit_name = self._limit_s(rt, job)
         critique = job["kind"] == "critique"
         prompt = instruction(self.settings.critique_template, job["prompt"]) if critique else job["prompt"]
         stats: dict = {}
         error = None
+        think = json.loads(job["think"]) if job.get("think") is not None else rt.config.think
+        options = merged_options(rt.config.options, json.loads(job["options"]) if job.get("options") else None)
+        keep_alive = KEEP_WARM if self.settings.unload_for(rt.config) == "when-idle" else 0
         try:
             async with asyncio.timeout(limit_s):
-                stats = await self._generate(rt, job, cur, prompt, FINDINGS_SCHEMA if critique else None)
+                stats = await self._generate(rt, job, cur, prompt, FINDINGS_SCHEMA if critique else None,
+                                             think, options, keep_alive)
         except TimeoutError:
             error = (f"{limit_name} fired: the job ran {time.monotonic() - started:.1f}s, "
                      f"over its {limit_s:g}s limit; request aborted")
         except OllamaError as exc:
             error = exc.message
+            if exc.status == 503:  # Ollama's pending queue is full: another client keeps it busy
+                error = (f"{exc.message} (HTTP 503: node {rt.name}'s Ollama is busy with other clients' "
+                         f"requests; this request never started, so `gpuq retry {job['id']}` is safe)")
             if exc.status is None and "cannot connect" in exc.message:
                 await self._set_up(rt, False, exc.message)
-        output = "".join(cur.output)
+        output, thinking = "".join(cur.output), "".join(cur.thinking) or None
         findings = None
         if error is None:
             await self._record(job["id"], "end of stream",
-                               lambda: self.store.work_done(cur.run_id, output, stats))
-            if critique:
+                               lambda: self.store.work_done(cur.run_id, output, stats, thinking))
+            await self._warn_if_prompt_filled_context(rt, job, stats, options)
+            if stats.get("done_reason") == "length":  # cut at num_predict or the context: loudly
+                error = "reply cut off at the token limit (done_reason length); output kept, `gpuq retry` to run it again"
+            elif critique:
                 try:
                     findings = parse_findings(output)
                 except FindingsError as exc:
                     error = f"the model's reply does not match the findings schema: {exc}; raw reply kept as output"
-        unloaded = await self._unload(rt, job["model"], job["id"])
+        if error is None and await self._keep_warm(rt, job):
+            rt.warm_model, unloaded = job["model"], True  # the node just answered: reachable
+        else:
+            rt.warm_model = None
+            unloaded = await self._unload(rt, job["model"], job["id"])
         state = "failed" if error else "done"
-        # The node just answered the unload check: it is reachable, so the finish may claim
-        # its next job in the same commit.
+        # The node just answered the unload check (or the stream): it is reachable, so the
+        # finish may claim its next job in the same commit.
         claim_node = rt.name if unloaded and rt.claimable else None
         try:
             cur.next_job = await self._record(job["id"], "outcome", lambda: self.store.finish(
-                job["id"], cur.run_id, state, error, output, findings=findings, claim_node=claim_node))
+                job["id"], cur.run_id, state, error, output, findings=findings, claim_node=claim_node,
+                thinking=thinking))
         except GuardMiss as exc:
             if cur.abort_reason is None:
                 log.error("job=%s node=%s finish refused: %s", job["id"], rt.name, exc.message)
@@ -305,11 +352,20 @@ class Dispatcher:
                 await self._record(job["id"], "event", lambda: self.store.note(job["id"], reason))
             return
         log.info("job=%s node=%s state=%s%s", job["id"], rt.name, state, f" error={error!r}" if error else "")
+        if job["kind"] == "task":  # critiques held for this task are ready (or were cancelled)
+            self.wake()
+            self._changed(job=job["id"], state=state)
 
-    async def _generate(self, rt: NodeRuntime, job: dict, cur: Current, prompt: str, fmt) -> dict:
+    async def _generate(self, rt: NodeRuntime, job: dict, cur: Current, prompt: str, fmt,
+                        think: bool | str | None, options: dict | None, keep_alive: int | str) -> dict:
         last_beat = time.monotonic()
-        async for chunk in rt.client.chat(job["model"], prompt, fmt):
-            piece = (chunk.get("message") or {}).get("content") or chunk.get("response") or ""
+        async for chunk in rt.client.chat(job["model"], prompt, fmt, think, options, keep_alive):
+            message = chunk.get("message") or {}
+            thought = message.get("thinking") or ""
+            if thought:  # a thinking model's reasoning (on by default since Ollama 0.12.4)
+                cur.thinking.append(thought)
+                self.bus.publish("tokens", {"id": job["id"], "run_id": cur.run_id, "thinking": thought})
+            piece = message.get("content") or ""
             if piece:
                 cur.output.append(piece)
                 self.bus.publish("tokens", {"id": job["id"], "run_id": cur.run_id, "text": piece})
@@ -318,7 +374,7 @@ class Dispatcher:
             if time.monotonic() - last_beat >= HEARTBEAT_S:
                 last_beat = time.monotonic()
                 try:
-                    await self.store.heartbeat(cur.run_id, "".join(cur.output))
+                    await self.store.heartbeat(cur.run_id, "".join(cur.output), "".join(cur.thinking) or None)
                 except StoreUnavailable as exc:  # progress is a hint; the tokens stay in memory
                     log.warning("job=%s heartbeat not recorded: %s", job["id"], exc.message)
         raise OllamaError("Ollama's stream ended without done: true")
@@ -337,25 +393,52 @@ class Dispatcher:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RECORD_RETRY_MAX_S)
 
+    async def _warn_if_prompt_filled_context(self, rt: NodeRuntime, job: dict, stats: dict,
+                                             options: dict | None) -> None:
+        """Ollama cuts a prompt too long for the context window with only a line in its own log.
+        When the prompt filled the window, say so on the job (num_ctx from the options, else
+        from the model's /api/show parameters; unknown: no warning)."""
+        used = stats.get("prompt_eval_count")
+        if not isinstance(used, int):
+            return
+        num_ctx = (options or {}).get("num_ctx")
+        if num_ctx is None:
+            if job["model"] not in rt.context_lengths:
+                try:
+                    rt.context_lengths[job["model"]] = await rt.client.context_length(job["model"])
+                except OllamaError as exc:
+                    log.warning("job=%s node=%s cannot read num_ctx from /api/show: %s", job["id"], rt.name, exc.message)
+                    return
+            num_ctx = rt.context_lengths[job["model"]]
+        if num_ctx and used >= num_ctx * CONTEXT_FULL:
+            warning = (f"prompt may have been truncated: {used} tokens, num_ctx {num_ctx} "
+                       "(set a larger num_ctx in the node's or the job's options)")
+            log.warning("job=%s node=%s %s", job["id"], rt.name, warning)
+            await self._record(job["id"], "event", lambda: self.store.note(job["id"], f"warning: {warning}"))
+
     async def _after_abort(self, rt: NodeRuntime, job: dict, cur: Current) -> None:
         log.info("job=%s node=%s aborted: %s", job["id"], rt.name, cur.abort_reason)
-        output = "".join(cur.output)
-        await self._record(job["id"], "partial output", lambda: self.store.save_output(cur.run_id, output))
+        output, thinking = "".join(cur.output), "".join(cur.thinking) or None
+        await self._record(job["id"], "partial output", lambda: self.store.save_output(cur.run_id, output, thinking))
+        rt.warm_model = None
         await self._unload(rt, job["model"], job["id"])
 
     async def _unload(self, rt: NodeRuntime, model: str, job_id: str | None) -> bool:
-        """Confirm through /api/ps that the model left VRAM; ask for an unload if it lingers."""
+        """Confirm through /api/ps that the model left VRAM; ask for an unload if it lingers.
+        Every request is bounded by the time left: a real /api/ps can block for seconds."""
         wanted = normalize_model(model)
-        deadline = time.monotonic() + self.settings.unload_timeout_s
+        started = time.monotonic()
+        deadline = started + self.settings.unload_timeout_s
         delay, asked = 0.02, False
         last_error = None
         while True:
             try:
-                if wanted not in await rt.client.loaded():
+                left = max(deadline - time.monotonic(), MIN_REQUEST_S)
+                if wanted not in await rt.client.loaded(timeout_s=left):
                     rt.unloaded_at = time.monotonic()
                     return True
                 if not asked:
-                    await rt.client.unload(model)
+                    await rt.client.unload(model, timeout_s=max(deadline - time.monotonic(), MIN_REQUEST_S))
                     asked = True
                 last_error = f"{model} is still listed by /api/ps"
             except OllamaError as exc:
@@ -364,8 +447,8 @@ class Dispatcher:
                 break
             await asyncio.sleep(min(delay, max(deadline - time.monotonic(), 0)))
             delay = min(delay * 2, 0.5)
-        message = (f"unload failed: {model} did not leave VRAM within "
-                   f"{self.settings.unload_timeout_s:g}s ({last_error}); node {rt.name} flagged")
+        message = (f"unload failed: {model} did not leave VRAM within {time.monotonic() - started:.1f}s "
+                   f"(unload_timeout {self.settings.unload_timeout_s:g}s; {last_error}); node {rt.name} flagged")
         rt.vram_stuck, rt.stuck_model = message, model
         log.error("node=%s job=%s %s", rt.name, job_id, message)
         if job_id is not None:

@@ -32,6 +32,12 @@ class GuardRefused(Conflict):
         super().__init__(message)
 
 
+class MisdirectedRequest(GpuqError):
+    """The request names a host that is not this router's (see router.allowed_hosts)."""
+
+    status = 421
+
+
 class TooLarge(GpuqError):
     status = 413
 
@@ -46,6 +52,12 @@ class StoreUnavailable(GpuqError):
     """The database refused a write (locked past the busy timeout, disk full, read-only)."""
 
     status = 503
+
+
+class IncompleteInstall(GpuqError):
+    """A file gpuq ships (the pages, the migrations) is missing from its installation."""
+
+    status = 2  # the exit code of `gpuq serve`
 
 
 class ConfigError(GpuqError):

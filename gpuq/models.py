@@ -38,6 +38,14 @@ def parse_iso(text: str) -> float:
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
 
 
+DEFAULT_NAME_PREFIXES = ("registry.ollama.ai/", "library/")
+
+
 def normalize_model(name: str) -> str:
-    """Ollama lists models with their tag: 'llama3.2' is 'llama3.2:latest'."""
-    return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
+    """The name as Ollama matches it (types/model/name.go): case-insensitively, the default
+    registry and `library/` namespace dropped, `:latest` implied. 'Qwen3' is 'qwen3:latest'."""
+    key = name.strip().lower()
+    for prefix in DEFAULT_NAME_PREFIXES:
+        if key.startswith(prefix):
+            key = key[len(prefix):]
+    return key if ":" in key.rsplit("/", 1)[-1] else f"{key}:latest"

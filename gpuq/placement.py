@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import Conflict, GuardRefused, Unprocessable
+from .models import normalize_model
 
 FIRST_FREE = "first free node by rank"
 SHORTEST = "shortest queue; all busy"
@@ -20,10 +21,15 @@ class NodeView:
     up: bool
     running: bool
     queued: int
+    models: frozenset[str] | None = None  # installed (normalized), as last seen; None: unknown
 
     @property
     def free(self) -> bool:
         return self.up and not self.running and self.queued == 0
+
+    def may_have(self, model: str | None) -> bool:
+        """No model asked, the node's list not known yet, or the model is on its list."""
+        return model is None or self.models is None or normalize_model(model) in self.models
 
 
 @dataclass(frozen=True)
@@ -36,20 +42,45 @@ def _by_rank(nodes: list[NodeView]) -> list[NodeView]:
     return sorted(nodes, key=lambda n: n.rank)
 
 
-def _asked(nodes: list[NodeView], name: str, role: str) -> NodeView:
+def _listed(node: NodeView) -> str:
+    return ", ".join(sorted(node.models or ())) or "nothing"
+
+
+def _not_installed(model: str, node: NodeView) -> Unprocessable:
+    return Unprocessable(f"model '{model}' is not installed on node {node.name} (its Ollama lists: "
+                         f"{_listed(node)}); pull it there or choose another model")
+
+
+def _asked(nodes: list[NodeView], name: str, role: str, model: str | None = None) -> NodeView:
     node = next((n for n in nodes if n.name == name), None)
     if node is None:
         raise Unprocessable(f"unknown node '{name}'")
     if role not in node.roles:
         raise Conflict(f"node '{name}' does not take {role} jobs (its roles: {', '.join(node.roles)})")
+    if not node.may_have(model):
+        raise _not_installed(model, node)  # type: ignore[arg-type]
     return node
 
 
-def place_task(nodes: list[NodeView], asked: str | None = None) -> Placement:
-    """The first free task node by rank; else the shortest queue (up nodes first), ties by rank."""
+def _having(candidates: list[NodeView], model: str | None, role: str) -> list[NodeView]:
+    """The candidates whose Ollama lists the model (or has not been heard from yet); a 422
+    naming what each one has when none does."""
+    having = [n for n in candidates if n.may_have(model)]
+    if candidates and not having:
+        if len(candidates) == 1:
+            raise _not_installed(model, candidates[0])  # type: ignore[arg-type]
+        listed = "; ".join(f"{n.name}: {_listed(n)}" for n in candidates)
+        raise Unprocessable(f"model '{model}' is not installed on any {role} node ({listed}); "
+                            "pull it on one or choose another model")
+    return having
+
+
+def place_task(nodes: list[NodeView], asked: str | None = None, model: str | None = None) -> Placement:
+    """The first free task node by rank; else the shortest queue (up nodes first), ties by rank.
+    A job that names a model goes only to the nodes whose Ollama lists it."""
     if asked is not None:
-        return Placement(_asked(nodes, asked, "task").name, ASKED)
-    candidates = _by_rank([n for n in nodes if "task" in n.roles])
+        return Placement(_asked(nodes, asked, "task", model).name, ASKED)
+    candidates = _having(_by_rank([n for n in nodes if "task" in n.roles]), model, "task")
     if not candidates:
         raise Conflict("no node takes task jobs")
     free = [n for n in candidates if n.free]
@@ -60,15 +91,18 @@ def place_task(nodes: list[NodeView], asked: str | None = None) -> Placement:
 
 
 def place_critique(
-    nodes: list[NodeView], parent_node: str | None = None, asked: str | None = None
+    nodes: list[NodeView], parent_node: str | None = None, asked: str | None = None,
+    model: str | None = None,
 ) -> list[Placement]:
-    """One placement per critique node (fan-out), never on the parent task's node."""
+    """One placement per critique node (fan-out), never on the parent task's node. A critique
+    that names a model fans out to the critique nodes whose Ollama lists it."""
     if asked is not None:
-        node = _asked(nodes, asked, "critique")
-        if node.name == parent_node:
-            raise GuardRefused()
-        return [Placement(node.name, ASKED)]
+        node = next((n for n in nodes if n.name == asked), None)
+        if node is not None and node.name == parent_node:
+            raise GuardRefused()  # judged first: the guard's answer is the one that matters
+        return [Placement(_asked(nodes, asked, "critique", model).name, ASKED)]
     targets = [n for n in _by_rank(nodes) if "critique" in n.roles and n.name != parent_node]
+    targets = _having(targets, model, "critique")
     if not targets:
         if parent_node is not None:
             raise Conflict(
@@ -79,14 +113,17 @@ def place_critique(
     return [Placement(n.name, FAN_OUT) for n in targets]
 
 
-def check_move(kind: str, target: NodeView | None, target_name: str, parent_node: str | None) -> None:
-    """May a queued job of this kind move to that node's queue?"""
+def check_move(kind: str, target: NodeView | None, target_name: str, parent_node: str | None,
+               model: str | None = None) -> None:
+    """May a queued job of this kind (that asked for `model`) move to that node's queue?"""
     if target is None:
         raise Unprocessable(f"unknown node '{target_name}'")
     if kind not in target.roles:
         raise Conflict(f"node '{target.name}' does not take {kind} jobs (its roles: {', '.join(target.roles)})")
     if kind == "critique" and target.name == parent_node:
         raise GuardRefused()
+    if not target.may_have(model):
+        raise _not_installed(model, target)  # type: ignore[arg-type]
 
 
 def position_between(before: int | None, after: int | None, gap: int) -> int | None:

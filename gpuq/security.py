@@ -1,4 +1,5 @@
-"""Who may use the router: an optional bearer token, and no state changes from other sites."""
+"""Who may use the router: only requests addressed to its own host names (no DNS rebinding),
+an optional bearer token, and no state changes from other sites."""
 
 from __future__ import annotations
 
@@ -7,9 +8,14 @@ from urllib.parse import urlparse
 
 from aiohttp import web
 
-from .errors import GpuqError
+from .config import Settings, normal_host
+from .errors import GpuqError, MisdirectedRequest
 
 UNSAFE_METHODS = ("POST", "PUT", "PATCH", "DELETE")
+# *.localhost is left out: browsers that do not pin it to loopback ask DNS for it, and a
+# resolver that answers it can rebind it. Such a name can be listed in router.allowed_hosts.
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})  # listen addresses, never a name a client uses
 
 
 class Unauthorized(GpuqError):
@@ -18,6 +24,39 @@ class Unauthorized(GpuqError):
 
 class Forbidden(GpuqError):
     status = 403
+
+
+def router_hosts(settings: Settings) -> frozenset[str]:
+    """The host names this router answers to: loopback, its listen address unless that is a
+    wildcard, public_url's host, and router.allowed_hosts."""
+    listen = normal_host(settings.host)
+    public = normal_host(urlparse(settings.public_url).hostname or "")
+    names = {*LOOPBACK_HOSTS, *settings.allowed_hosts, public, None if listen in WILDCARD_HOSTS else listen}
+    return frozenset(names - {None})
+
+
+def host_in(header: str) -> str | None:
+    """The host name in a Host header ('name', 'name:port', '[v6]:port'), port left out."""
+    name, colon, port = header.rpartition(":")
+    if not colon or header.endswith("]"):
+        name, port = header, ""
+    if port and not port.isdigit():
+        return None
+    return normal_host(name)
+
+
+def check_host(request: web.Request, allowed: frozenset[str]) -> None:
+    """A page on a name the router does not know may be a DNS rebinding attack: its domain
+    now resolves to this router, so the browser treats the router as the page's own site."""
+    given = request.headers.getall("Host", [])
+    if len(given) != 1 or not given[0].strip():
+        raise MisdirectedRequest("refused: the request has no single Host header; this router answers "
+                                 "only to its own host names (add more in router.allowed_hosts)")
+    name = host_in(given[0])
+    if name not in allowed:
+        raise MisdirectedRequest(f"refused: host '{name or given[0][:100]}' is not one of this router's names "
+                                 "(a web page under another name may be a DNS rebinding attack); "
+                                 "if it is really this router's name, add it to router.allowed_hosts in gpuq.toml")
 
 
 def _token_of(request: web.Request) -> str | None:
@@ -30,9 +69,9 @@ def _token_of(request: web.Request) -> str | None:
 
 
 def check_token(request: web.Request, token: str | None) -> None:
-    # Only /api carries data: /health reveals no prompts, and the page's HTML and static
+    # Only /api and /metrics carry data: /health reveals no prompts, and the page's HTML and static
     # files load without the token so the page can ask for it.
-    if token is None or not request.path.startswith("/api/"):
+    if token is None or not (request.path.startswith("/api/") or request.path == "/metrics"):
         return
     given = _token_of(request)
     if given is None or not hmac.compare_digest(given.encode(), token.encode()):
@@ -54,6 +93,16 @@ def check_same_site(request: web.Request) -> None:
             raise Forbidden(f"cross-site request refused (Origin {origin} is not {request.host})")
     elif origin == "null":
         raise Forbidden("cross-site request refused (Origin: null)")
+
+
+def host_middleware(settings: Settings):
+    allowed = router_hosts(settings)
+
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        check_host(request, allowed)
+        return await handler(request)
+    return middleware
 
 
 def access_middleware(token: str | None):

@@ -8,23 +8,24 @@ import json
 import logging
 import re
 import time
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from .bus import Bus, next_event
 from .config import Settings
-from .critique import parent_subject
 from .dispatcher import Dispatcher, node_json
-from .errors import BadRequest, Conflict, GpuqError, NotFound, TooLarge
+from .errors import BadRequest, GpuqError, NotFound, TooLarge
+from .metrics import Metrics
 from .models import Kind, iso
-from .security import access_middleware
+from .params import options_problem, think_problem
+from .security import access_middleware, host_middleware
+from .shipped import shipped_dir, shipped_files
 from .store import NewJob, Store, job_json
 
 log = logging.getLogger("gpuq")
 
-WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+WEB_DIR = shipped_dir("web")
 JOB_ID = re.compile(r"\d{1,12}-[0-9a-f]{8}")
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 STALE_CHECK_S = 1.0
@@ -33,6 +34,7 @@ SETTINGS = web.AppKey("settings", Settings)
 STORE = web.AppKey("store", Store)
 DISPATCHER = web.AppKey("dispatcher", Dispatcher)
 BUS = web.AppKey("bus", Bus)
+METRICS = web.AppKey("metrics", Metrics)
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
@@ -154,9 +156,17 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response(body, status=200 if ok else 503)
 
 
+async def metrics(request: web.Request) -> web.Response:
+    """Prometheus' text format (the token applies, as for /api)."""
+    app = request.app
+    stale = await app[STORE].stale_heads()
+    body = await app[METRICS].render(app[STORE], list(app[DISPATCHER].nodes.values()), len(stale))
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
 async def submit(request: web.Request) -> web.Response:
     settings, store = request.app[SETTINGS], request.app[STORE]
-    body = await json_body(request, {"kind", "prompt", "model", "node", "parent", "timeout"})
+    body = await json_body(request, {"kind", "prompt", "model", "node", "parent", "timeout", "think", "options"})
     kind = field_of(body, "kind", str, required=True)
     if kind not in {k.value for k in Kind}:
         raise BadRequest(f"unknown kind '{kind[:40]}' (expected 'task' or 'critique')")
@@ -167,19 +177,25 @@ async def submit(request: web.Request) -> web.Response:
     timeout = field_of(body, "timeout", (int, float))
     if timeout is not None and not 0 < timeout <= 7 * 86400:
         raise BadRequest(f"field 'timeout' must be between 0 and 604800 seconds, got {timeout}")
-    if prompt is None and kind == "critique" and parent is not None:
-        prompt = await subject_of_parent(store, parent)
-    if prompt is None or not prompt.strip():
-        raise BadRequest("field 'prompt' must not be empty")
-    size = len(prompt.encode("utf-8"))
-    if size > settings.max_prompt_bytes:
-        raise TooLarge(f"prompt is {size} bytes, over the limit of {settings.max_prompt_bytes} (router.max_prompt_bytes)")
+    # No prompt with a parent: the critique reviews the parent's prompt and result (the store
+    # judges the guard first, then holds it until the parent is done).
+    if prompt is not None or kind != "critique" or parent is None:
+        if prompt is None or not prompt.strip():
+            raise BadRequest("field 'prompt' must not be empty")
+        size = len(prompt.encode("utf-8"))
+        if size > settings.max_prompt_bytes:
+            raise TooLarge(f"prompt is {size} bytes, over the limit of {settings.max_prompt_bytes} "
+                           "(router.max_prompt_bytes)")
     model = field_of(body, "model", str)
     if model is not None and not model.strip():
         raise BadRequest("field 'model' must not be empty")
     node = field_of(body, "node", str)
+    for key, problem in (("think", think_problem), ("options", options_problem)):
+        if body.get(key) is not None and (wrong := problem(body[key])):
+            raise BadRequest(f"field '{key}': {wrong}")
     new = NewJob(kind=kind, prompt=prompt, model=model and model.strip(), node=node, parent=parent,
-                 timeout_s=float(timeout) if timeout is not None else None)
+                 timeout_s=float(timeout) if timeout is not None else None,
+                 think=body.get("think"), options=body.get("options"))
     jobs = await store.submit(new, request.app[DISPATCHER].node_infos(), actor_of(request))
     for job in jobs:
         log.info("job=%s node=%s state=queued kind=%s placement=%r", job["id"], job["node"], kind, job["reason"])
@@ -187,19 +203,6 @@ async def submit(request: web.Request) -> web.Response:
         request.app[DISPATCHER].wake(job["node"])  # only its node: the others have nothing new
     request.app[BUS].publish("queue", {"submitted": [j["id"] for j in jobs]})
     return web.json_response({"jobs": jobs}, status=201)
-
-
-async def subject_of_parent(store: Store, parent: str) -> str:
-    try:
-        job = await store.job_detail(parent)
-    except NotFound:
-        raise GpuqError(f"unknown parent job '{parent}'", status=422) from None
-    if job["kind"] != "task":
-        raise GpuqError(f"parent job '{parent}' is a {job['kind']}, not a task", status=422)
-    if job["state"] != "done":
-        raise Conflict(f"parent task {parent} is {job['state']}; only a done task's result can be "
-                       "critiqued without a file")
-    return parent_subject(job["prompt"], job["output"])
 
 
 async def get_job(request: web.Request) -> web.Response:
@@ -212,9 +215,11 @@ def with_live(job: dict, dispatcher: Dispatcher) -> dict:
     """A running job's output and token count so far, from memory (the database lags by ~1 s)."""
     cur = dispatcher.live(job["id"])
     if cur is not None:
-        job["tokens_so_far"] = len(cur.output)  # Ollama streams one token per chunk
+        job["tokens_so_far"] = len(cur.output) + len(cur.thinking)  # Ollama streams one token per chunk
+        job["thinking_tokens_so_far"] = len(cur.thinking)
         if "output" in job:
             job["output"] = "".join(cur.output)
+            job["thinking"] = "".join(cur.thinking) or None
     return job
 
 
@@ -329,40 +334,47 @@ async def retry(request: web.Request) -> web.Response:
 
 
 async def stream_job(request: web.Request) -> web.StreamResponse:
-    """NDJSON: {"text"} pieces of output as they are generated, then {"done", "state", ...}."""
+    """NDJSON: {"thinking"} and {"text"} pieces (the reasoning and the answer) as they are
+    generated, then {"done", "job"}."""
     app = request.app
     job_id = job_id_of(request)
     resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-store"})
+
+    async def line(obj: dict) -> None:
+        await resp.write(json.dumps(obj).encode() + b"\n")
+
     with app[BUS].subscribe() as events:
         job = await app[STORE].job_detail(job_id)
         await resp.prepare(request)
         cur = app[DISPATCHER].live(job_id)
-        sent = "".join(cur.output) if cur else job["output"]
+        sent = {"text": "".join(cur.output) if cur else job["output"],
+                "thinking": "".join(cur.thinking) if cur else (job["thinking"] or "")}
         while not events.empty():  # pieces published so far are already in `sent`
             events.get_nowait()
-        if sent:
-            await resp.write(json.dumps({"text": sent}).encode() + b"\n")
-        streamed = [sent or ""]
+        for kind in ("thinking", "text"):  # what was generated before this follower joined
+            if sent[kind]:
+                await line({kind: sent[kind], "catch_up": True})
         while job["state"] in ("queued", "running"):
             topic, data = await next_event(events, 1.0) or ("tick", {})
             if topic == "shutdown":  # the router is stopping: end without a final line
                 return resp
             if topic == "tokens" and data["id"] == job_id:
-                await resp.write(json.dumps({"text": data["text"]}).encode() + b"\n")
-                streamed.append(data["text"])
+                kind = "thinking" if "thinking" in data else "text"
+                await line({kind: data[kind]})
+                sent[kind] += data[kind]
             elif topic != "tokens":
                 job = await app[STORE].job(job_id)  # its state; the whole detail once it is final
         if "runs" not in job:
             job = await app[STORE].job_detail(job_id)
         # A job that ended while the follower was joining (its pieces were drained as if `sent`
-        # held them, but it was no longer live): the text lines still add up to the output.
-        so_far = "".join(streamed)
-        if job["output"] != so_far and job["output"].startswith(so_far):
-            await resp.write(json.dumps({"text": job["output"][len(so_far):]}).encode() + b"\n")
+        # held them, but it was no longer live): the lines still add up to what was stored.
+        for kind, stored in (("thinking", job["thinking"] or ""), ("text", job["output"])):
+            if stored != sent[kind] and stored.startswith(sent[kind]):
+                await line({kind: stored[len(sent[kind]):]})
         final = job_json(job, app[SETTINGS].public_url)
-        final.pop("runs", None)
-        final.pop("events", None)
-        await resp.write(json.dumps({"done": True, "job": final}).encode() + b"\n")
+        for key in ("prompt", "runs", "events"):  # the follower has its prompt: the excerpt is enough
+            final.pop(key, None)
+        await line({"done": True, "job": final})
     await resp.write_eof()
     return resp
 
@@ -429,26 +441,32 @@ async def _lifecycle(app: web.Application):
         await store.close()
         raise
     monitor = asyncio.create_task(_stale_monitor(app))
+    # Sum the history for /metrics now, so the first scrape after a start is not the slow one.
+    warm = asyncio.create_task(app[METRICS].catch_up(store))
     yield
     monitor.cancel()
-    await asyncio.gather(monitor, return_exceptions=True)
+    warm.cancel()
+    await asyncio.gather(monitor, warm, return_exceptions=True)
     await dispatcher.stop()
     await store.close()
 
 
 def create_app(settings: Settings, clock=time.time) -> web.Application:
-    app = web.Application(middlewares=[headers_middleware, errors_middleware, access_middleware(settings.token)],
+    app = web.Application(middlewares=[headers_middleware, errors_middleware, host_middleware(settings),
+                                       access_middleware(settings.token)],
                           client_max_size=settings.max_prompt_bytes * 2 + 65536)
     bus = Bus()
     store = Store(settings.database, settings.busy_timeout_s, clock, max_bytes=settings.max_database_bytes)
     app[SETTINGS] = settings
     app[STORE] = store
     app[BUS] = bus
+    app[METRICS] = Metrics()
     app[DISPATCHER] = Dispatcher(settings, store, bus)
     app.cleanup_ctx.append(_lifecycle)
     app.on_shutdown.append(_end_streams)
     r = app.router
     r.add_get("/health", health)
+    r.add_get("/metrics", metrics)
     r.add_get("/api/queue", queue)
     r.add_get("/api/nodes", nodes)
     r.add_get("/api/stale", stale)
@@ -464,5 +482,6 @@ def create_app(settings: Settings, clock=time.time) -> web.Application:
     r.add_post("/api/nodes/{name}/clear", clear)
     r.add_get("/", page)
     r.add_get("/jobs/{id}", preview_page)
+    shipped_files(WEB_DIR, "index.html", "pages")
     r.add_static("/static/", WEB_DIR, name="static")
     return app

@@ -17,22 +17,33 @@ import aiosqlite
 
 from . import placement as rules
 from .batching import WriteBatcher, in_writer_thread
+from .critique import parent_subject
 from .errors import (
     GUARD_MESSAGE, BadRequest, Conflict, GpuqError, GuardRefused, NotFound, StoreUnavailable,
     Unprocessable,
 )
-from .models import ACTIVE, POSITION_GAP, JobState, iso, new_job_id, normalize_model
+from .models import ACTIVE, POSITION_GAP, JobState, iso, new_job_id
+from .shipped import shipped_dir, shipped_files
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+MIGRATIONS_DIR = shipped_dir("migrations")
 
 Row = dict[str, Any]
 T = TypeVar("T")
 
-JOB_COLUMNS = """j.id, j.kind, j.state, j.node, j.model, j.prompt, j.parent_id, j.group_id,
+# A listing (/api/queue, /api/jobs) carries each prompt's first 300 characters and its size in
+# UTF-8 bytes, which SQLite stores beside the prompt when it is written (migration 005): 300
+# waiting 1 MB prompts are neither read from the file nor held in the router's memory. Only a
+# single job's read (/api/jobs/{id}) adds the whole prompt.
+LISTING_COLUMNS = """j.id, j.kind, j.state, j.node, j.model, j.parent_id, j.group_id,
     j.position, j.placement, j.run_id, j.error, j.findings, j.timeout_s, j.created_at, j.finished_at,
+    j.think, j.options, j.prompt_excerpt, j.prompt_bytes,
     r.started_at, r.progress_at, r.work_done_at, r.eval_count, r.prompt_eval_count,
     r.eval_duration_ns, r.total_duration_ns, r.done_reason,
-    (SELECT COUNT(*) FROM run p WHERE p.job_id = j.id AND p.state = 'preempted') AS preempted_runs"""
+    (SELECT COUNT(*) FROM run p WHERE p.job_id = j.id AND p.state = 'preempted') AS preempted_runs,
+    CASE WHEN j.state = 'queued' AND j.subject_from_parent = 1
+              AND (SELECT p.state FROM job p WHERE p.id = j.parent_id) <> 'done'
+         THEN j.parent_id END AS waiting_for"""
+DETAIL_COLUMNS = LISTING_COLUMNS + ", j.prompt"
 
 JOB_FROM = "FROM job j LEFT JOIN run r ON r.id = j.run_id"
 
@@ -74,11 +85,13 @@ SELECT id, node, state, since, reason, run_id FROM (
 @dataclass(frozen=True)
 class NewJob:
     kind: str
-    prompt: str
+    prompt: str | None  # None: a critique of its parent's prompt and result
     model: str | None = None  # None: the node's model
     node: str | None = None  # asked for; None lets placement choose
     parent: str | None = None
     timeout_s: float | None = None
+    think: bool | str | None = None  # Ollama's think; None: the node's default
+    options: dict | None = None  # Ollama model options, over the node's
 
 
 @dataclass(frozen=True)
@@ -121,16 +134,6 @@ def _translate(exc: sqlite3.Error) -> GpuqError:
     return StoreUnavailable(f"database error: {text}")
 
 
-def _require_installed(node: NodeInfo, model: str) -> None:
-    """A model the user names must be on the node. Checked against the node's model list from
-    its last health check (no request at submit time); a node not yet heard from lets it
-    through, and Ollama's own 404 "model 'x' not found" then fails the job, loudly."""
-    if node.models is not None and normalize_model(model) not in node.models:
-        listed = ", ".join(sorted(node.models)) or "nothing"
-        raise Unprocessable(f"model '{model}' is not installed on node {node.name} (its Ollama lists: "
-                            f"{listed}); pull it there or choose another model")
-
-
 def _rows(cursor_rows: list[sqlite3.Row]) -> list[Row]:
     return [dict(r) for r in cursor_rows]
 
@@ -152,15 +155,22 @@ def _unused_id(db: sqlite3.Connection, now: float) -> str:
 
 
 def _claim(db: sqlite3.Connection, node: str, now: float) -> Row | None:
-    """The head of the node's queue becomes running, with a new run row (never a second head)."""
+    """The first ready job of the node's queue becomes running, with a new run row (never a
+    second head). Ready (the view ready_job, migration 003): not a critique held for its
+    parent's result, so a held critique never blocks the jobs behind it."""
     row = db.execute(
-        "UPDATE job SET state = 'running' WHERE id = (SELECT id FROM job WHERE node = ?"
-        " AND state = 'queued' ORDER BY position, id LIMIT 1)"
+        "UPDATE job SET state = 'running' WHERE id = (SELECT id FROM ready_job WHERE node = ?"
+        " ORDER BY position, id LIMIT 1)"
         " AND NOT EXISTS (SELECT 1 FROM job WHERE node = ? AND state = 'running') RETURNING *",
         (node, node)).fetchone()
     if row is None:
         return None
     job = dict(row)
+    if job["subject_from_parent"]:  # the parent is done (ready_job says so): review its result
+        parent = db.execute("SELECT j.prompt, r.output FROM job j JOIN run r ON r.id = j.run_id WHERE j.id = ?",
+                            (job["parent_id"],)).fetchone()
+        job["prompt"] = parent_subject(parent["prompt"], parent["output"])
+        db.execute("UPDATE job SET prompt = ? WHERE id = ?", (job["prompt"], job["id"]))
     job["run_id"] = db.execute("INSERT INTO run (job_id, node, model, started_at, progress_at) VALUES (?,?,?,?,?)",
                                (job["id"], node, job["model"], iso(now), iso(now))).lastrowid
     db.execute("UPDATE job SET run_id = ? WHERE id = ?", (job["run_id"], job["id"]))
@@ -219,10 +229,21 @@ def _index_of(db: sqlite3.Connection, node: str, other_id: str, job_id: str) -> 
         (node, job_id, other["position"], other["position"], other_id)).fetchone()[0]
 
 
+def _end_held_critiques(db: sqlite3.Connection, parent_id: str, why: str, now: float) -> list[str]:
+    """A task that ended without a result leaves its held critiques nothing to review: they end
+    cancelled, each with an event naming the parent and why; they never run."""
+    held = _rows(db.execute("SELECT * FROM job WHERE parent_id = ? AND subject_from_parent = 1"
+                            " AND state = 'queued'", (parent_id,)).fetchall())
+    for job in held:
+        _cancel(db, job, "router", f"parent task {parent_id} {why}; nothing to critique", now)
+    return [j["id"] for j in held]
+
+
 def _cancel(db: sqlite3.Connection, job: Row, actor: str, reason: str, now: float) -> Interrupted | None:
     db.execute("UPDATE job SET state = 'cancelled', error = ?, finished_at = ? WHERE id = ?",
                (reason, iso(now), job["id"]))
     _event(db, job["id"], job["state"], "cancelled", actor, reason, now)
+    _end_held_critiques(db, job["id"], f"was cancelled ({reason})", now)
     if job["state"] != "running":
         return None
     db.execute("UPDATE run SET state = 'cancelled', error = ?, finished_at = ? WHERE id = ?",
@@ -253,7 +274,9 @@ class Store:
         await conn.execute("PRAGMA foreign_keys = ON")
         if self.max_bytes is not None:  # past it, writes fail as on a full disk: SQLITE_FULL
             page_size = (await conn.execute_fetchall("PRAGMA page_size"))[0][0]
-            await conn.execute(f"PRAGMA max_page_count = {max(self.max_bytes // page_size, 1)}")
+            # Read to its end: a statement left with a row to give keeps the connection reading,
+            # and a migration that drops a table then fails with "database table is locked".
+            await conn.execute_fetchall(f"PRAGMA max_page_count = {max(self.max_bytes // page_size, 1)}")
         return conn
 
     async def open(self) -> None:
@@ -281,7 +304,7 @@ class Store:
 
     async def _migrate(self) -> None:
         """Apply migrations/NNN_*.sql in order, each with its record, in its own transaction."""
-        files = sorted(MIGRATIONS_DIR.glob("[0-9][0-9][0-9]_*.sql"))
+        files = shipped_files(MIGRATIONS_DIR, "[0-9][0-9][0-9]_*.sql", "migrations")
         known = {int(f.name[:3]): f for f in files}
         now = iso(self.clock())
 
@@ -294,12 +317,29 @@ class Store:
                 raise GpuqError(
                     f"{self.path} was written by a newer gpuq (schema version {newer[-1]}; this gpuq "
                     f"knows up to {max(known)}); upgrade gpuq or use another database", status=2)
-            for version, f in sorted(known.items()):
-                if version not in applied:
-                    # executescript commits on its own, so the script carries its transaction.
-                    db.executescript(
-                        "BEGIN IMMEDIATE;\n" + f.read_text(encoding="utf-8") + "\nINSERT INTO "
-                        f"schema_migration VALUES ({version}, '{f.stem}', '{now}');\nCOMMIT;")
+            # Foreign keys off while migrating, as SQLite's table rebuild procedure asks (a
+            # rebuild drops a table others refer to), and checked before each commit instead.
+            db.execute("PRAGMA foreign_keys = OFF")
+            try:
+                for version, f in sorted(known.items()):
+                    if version not in applied:
+                        apply(db, version, f)
+            finally:
+                db.execute("PRAGMA foreign_keys = ON")
+
+        def apply(db: sqlite3.Connection, version: int, f: Path) -> None:
+            try:  # executescript runs the script in the transaction it opens; its record joins it
+                db.executescript("BEGIN IMMEDIATE;\n" + f.read_text(encoding="utf-8"))
+                broken = db.execute("PRAGMA foreign_key_check").fetchall()
+                if broken:
+                    raise GpuqError(f"migration {f.name} would leave {len(broken)} broken reference(s), "
+                                    f"the first in table {broken[0][0]}; nothing was changed", status=2)
+                db.execute("INSERT INTO schema_migration VALUES (?, ?, ?)", (version, f.stem, now))
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
 
         try:
             await in_writer_thread(self._writer, migrate)
@@ -371,18 +411,20 @@ class Store:
     def _views(nodes: list[NodeInfo], counts: dict[str, tuple[int, int]]) -> list[rules.NodeView]:
         return [
             rules.NodeView(n.name, n.rank, n.roles, n.up, counts.get(n.name, (0, 0))[0] > 0,
-                           counts.get(n.name, (0, 0))[1])
+                           counts.get(n.name, (0, 0))[1], n.models)
             for n in nodes
         ]
 
-    async def job(self, job_id: str) -> Row:
-        rows = await self.read(f"SELECT {JOB_COLUMNS} {JOB_FROM} WHERE j.id = ?", (job_id,))
+    async def job(self, job_id: str, columns: str = LISTING_COLUMNS) -> Row:
+        """A job as listings show it (its prompt's excerpt and size, not the prompt)."""
+        rows = await self.read(f"SELECT {columns} {JOB_FROM} WHERE j.id = ?", (job_id,))
         if not rows:
             raise NotFound(f"no job with id '{job_id}'")
         return rows[0]
 
     async def job_detail(self, job_id: str) -> Row:
-        job = await self.job(job_id)
+        """The whole job: its full prompt, output, runs, events and critiques."""
+        job = await self.job(job_id, DETAIL_COLUMNS)
         job["runs"] = await self.read("SELECT * FROM run WHERE job_id = ? ORDER BY id", (job_id,))
         job["events"] = await self.read(
             "SELECT at, from_state, to_state, actor, reason FROM event WHERE job_id = ? ORDER BY id",
@@ -393,6 +435,7 @@ class Store:
             (job_id,),
         )
         job["output"] = job["runs"][-1]["output"] if job["runs"] else ""
+        job["thinking"] = job["runs"][-1]["thinking"] if job["runs"] else None
         if job["state"] == JobState.QUEUED.value:
             job["queue_position"] = await self.queue_position(job)
         return job
@@ -413,7 +456,7 @@ class Store:
         if state:
             where.append("j.state = ?")
             params.append(state)
-        sql = f"SELECT {JOB_COLUMNS} {JOB_FROM}"
+        sql = f"SELECT {LISTING_COLUMNS} {JOB_FROM}"
         if where:
             sql += " WHERE " + " AND ".join(where)
         return await self.read(sql + " ORDER BY j.created_at DESC, j.id DESC LIMIT ?", (*params, limit))
@@ -421,10 +464,10 @@ class Store:
     async def queue(self, node: str, limit: int) -> tuple[Row | None, list[Row], int]:
         """The node's running job, its first `limit` queued jobs in order, and how many wait."""
         running = await self.read(
-            f"SELECT {JOB_COLUMNS} {JOB_FROM} WHERE j.node = ? AND j.state = 'running'", (node,)
+            f"SELECT {LISTING_COLUMNS} {JOB_FROM} WHERE j.node = ? AND j.state = 'running'", (node,)
         )
         queued = await self.read(
-            f"SELECT {JOB_COLUMNS} {JOB_FROM} WHERE j.node = ? AND j.state = 'queued'"
+            f"SELECT {LISTING_COLUMNS} {JOB_FROM} WHERE j.node = ? AND j.state = 'queued'"
             " ORDER BY j.position, j.id LIMIT ?",
             (node, limit),
         )
@@ -438,9 +481,34 @@ class Store:
             " WHERE state IN ('queued', 'running') GROUP BY node")
         return {r["node"]: (r["queued"], r["running"]) for r in rows}
 
+    async def finished_totals(self, after_event: int, duration_bounds: tuple, wait_bounds: tuple) -> list[Row]:
+        """Jobs that ended after event `after_event`, summed per (node, kind, state, model) for
+        /metrics: counts, tokens, and each histogram's count, sum and cumulative count per
+        bound. A range of the event table's primary key, grouped in SQL: one query, however
+        long the history."""
+        le = ", ".join([f"SUM(d <= {float(b)!r}) AS d_le_{i}" for i, b in enumerate(duration_bounds)]
+                       + [f"SUM(w <= {float(b)!r}) AS w_le_{i}" for i, b in enumerate(wait_bounds)])
+        return await self.read(
+            f"SELECT node, kind, state, model, COUNT(*) AS n, SUM(tokens) AS tokens, MAX(event_id) AS last_event,"
+            f" COUNT(d) AS d_n, TOTAL(d) AS d_sum, COUNT(w) AS w_n, TOTAL(w) AS w_sum, {le} FROM ("
+            " SELECT e.id AS event_id, e.to_state AS state, j.node, j.kind, COALESCE(r.model, j.model) AS model,"
+            "  COALESCE(r.eval_count, 0) AS tokens,"
+            "  CASE WHEN e.to_state <> 'cancelled' AND r.finished_at IS NOT NULL"
+            "   THEN MAX((julianday(r.finished_at) - julianday(r.started_at)) * 86400.0, 0) END AS d,"
+            "  MAX((julianday((SELECT MIN(f.started_at) FROM run f WHERE f.job_id = j.id))"
+            "   - julianday(j.created_at)) * 86400.0, 0) AS w"
+            " FROM event e JOIN job j ON j.id = e.job_id LEFT JOIN run r ON r.id = j.run_id"
+            " WHERE e.id > ? AND e.to_state IN ('done', 'failed', 'cancelled') AND e.from_state <> e.to_state"
+            ") GROUP BY node, kind, state, model", (after_event,))
+
+    async def next_ready_model(self, node: str) -> str | None:
+        """The model of the job the node would claim next (None: nothing is ready)."""
+        rows = await self.read("SELECT model FROM ready_job WHERE node = ? ORDER BY position, id LIMIT 1", (node,))
+        return rows[0]["model"] if rows else None
+
     async def has_waiting(self, node: str) -> bool:
-        rows = await self.read(
-            "SELECT EXISTS (SELECT 1 FROM job WHERE node = ? AND state = 'queued') AS waiting", (node,))
+        """A job waits on the node that may run now (a held critique does not count)."""
+        rows = await self.read("SELECT EXISTS (SELECT 1 FROM ready_job WHERE node = ?) AS waiting", (node,))
         return bool(rows[0]["waiting"])
 
     # -- submitting ---------------------------------------------------------------------------
@@ -461,16 +529,18 @@ class Store:
                    now: float) -> list[Row]:
         """Submit's statements, in the writer's thread, inside the batch's transaction."""
         by_name = {n.name: n for n in nodes}
-        parent_node = None
+        parent = None
         if new.parent is not None:
-            parent = db.execute("SELECT kind, node FROM job WHERE id = ?", (new.parent,)).fetchall()
-            if not parent:
+            parent = db.execute("SELECT id, kind, node, state, prompt FROM job WHERE id = ?", (new.parent,)).fetchone()
+            if parent is None:
                 raise Unprocessable(f"unknown parent job '{new.parent}'")
-            if parent[0]["kind"] != "task":
-                raise Unprocessable(f"parent job '{new.parent}' is a {parent[0]['kind']}, not a task")
+            if parent["kind"] != "task":
+                raise Unprocessable(f"parent job '{new.parent}' is a {parent['kind']}, not a task")
             if new.kind != "critique":
                 raise BadRequest("only a critique takes a parent")
-            parent_node = parent[0]["node"]
+        elif new.prompt is None:
+            raise BadRequest("field 'prompt' must not be empty")
+        parent_node = parent["node"] if parent else None
         # Per-node (running, queued) counts, read once per batch and kept true by each submit
         # of the batch, so a burst does not count the whole queue once per job.
         counts = ctx.get("submit_counts")
@@ -480,9 +550,15 @@ class Store:
                 " WHERE state IN ('queued', 'running') GROUP BY node")}
         views = Store._views(nodes, counts)
         if new.kind == "task":
-            placements = [rules.place_task(views, new.node)]
-        else:
-            placements = rules.place_critique(views, parent_node, new.node)
+            placements = [rules.place_task(views, new.node, new.model)]
+        else:  # the guard is judged here, first, whatever state the parent is in
+            placements = rules.place_critique(views, parent_node, new.node, new.model)
+        prompt, from_parent = new.prompt, new.prompt is None
+        if from_parent:  # reviews the parent's prompt and result; held until the parent is done
+            if parent["state"] in ("failed", "cancelled"):
+                raise Conflict(f"parent task {parent['id']} is {parent['state']}: there is no result to "
+                               f"critique; retry it first (gpuq retry {parent['id']}) or critique a file")
+            prompt = parent_subject(parent["prompt"], f"(the result of task {parent['id']}, once it is done)")
         group = None  # a fan-out's children share the first child's id as their group
         at = iso(now)
         created = []
@@ -494,19 +570,21 @@ class Store:
                               (p.node,)).fetchone()
             position = (tail[0] or 0) + POSITION_GAP
             model = new.model or by_name[p.node].model
-            if new.model is not None:
-                _require_installed(by_name[p.node], model)
             db.execute(
                 "INSERT INTO job (id, kind, node, model, model_pinned, prompt, parent_id, group_id,"
-                " position, placement, timeout_s, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                (job_id, new.kind, p.node, model, int(new.model is not None), new.prompt, new.parent,
-                 group, position, p.reason, new.timeout_s, at),
+                " position, placement, timeout_s, created_at, subject_from_parent, think, options)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (job_id, new.kind, p.node, model, int(new.model is not None), prompt, new.parent,
+                 group, position, p.reason, new.timeout_s, at, int(from_parent),
+                 None if new.think is None else dumps(new.think), None if new.options is None else dumps(new.options)),
             )
-            _event(db, job_id, None, "queued", actor, f"placed on {p.node} ({p.reason})", now)
+            waiting_for = new.parent if from_parent and parent["state"] != "done" else None
+            held = f"; waiting for parent {waiting_for}" if waiting_for else ""
+            _event(db, job_id, None, "queued", actor, f"placed on {p.node} ({p.reason}){held}", now)
             waiting = counts.get(p.node, (0, 0))[1]
             created.append({"id": job_id, "kind": new.kind, "node": p.node, "model": model,
                             "state": "queued", "position": waiting + 1, "reason": p.reason,
-                            "parent": new.parent, "group": group})
+                            "parent": new.parent, "group": group, "waiting_for": waiting_for})
         for job in created:  # every statement succeeded: only now does the batch's cache change
             running, queued = counts.get(job["node"], (0, 0))
             counts[job["node"]] = (running, queued + 1)
@@ -520,35 +598,38 @@ class Store:
         now = self.clock()
         return await self._write(lambda db: _claim(db, node, now))
 
-    async def heartbeat(self, run_id: int, output: str) -> None:
+    async def heartbeat(self, run_id: int, output: str, thinking: str | None = None) -> None:
         at = iso(self.clock())
         await self._write(lambda db: db.execute(
-            "UPDATE run SET output = ?, progress_at = ? WHERE id = ? AND state = 'running'", (output, at, run_id)))
+            "UPDATE run SET output = ?, thinking = ?, progress_at = ? WHERE id = ? AND state = 'running'",
+            (output, thinking, at, run_id)))
 
-    async def work_done(self, run_id: int, output: str, stats: dict) -> None:
+    async def work_done(self, run_id: int, output: str, stats: dict, thinking: str | None = None) -> None:
         """Ollama's stream ended; the job is not finished until its model has left VRAM.
         (One call in the writer's thread, on the write batcher, like claim and finish.)"""
         now = iso(self.clock())
 
         def work_done_in(db: sqlite3.Connection) -> None:
             db.execute(
-                "UPDATE run SET output = ?, progress_at = ?, work_done_at = ?, done_reason = ?,"
+                "UPDATE run SET output = ?, thinking = ?, progress_at = ?, work_done_at = ?, done_reason = ?,"
                 " eval_count = ?, prompt_eval_count = ?, total_duration_ns = ?,"
                 " load_duration_ns = ?, eval_duration_ns = ? WHERE id = ? AND state = 'running'",
-                (output, now, now, stats.get("done_reason"), stats.get("eval_count"),
+                (output, thinking, now, now, stats.get("done_reason"), stats.get("eval_count"),
                  stats.get("prompt_eval_count"), stats.get("total_duration"),
                  stats.get("load_duration"), stats.get("eval_duration"), run_id),
             )
 
         await self._write(work_done_in)
 
-    async def save_output(self, run_id: int, output: str) -> None:
+    async def save_output(self, run_id: int, output: str, thinking: str | None = None) -> None:
         """Keep the partial output of an interrupted run, whatever state it ended in."""
-        await self._write(lambda db: db.execute("UPDATE run SET output = ? WHERE id = ?", (output, run_id)))
+        await self._write(lambda db: db.execute("UPDATE run SET output = ?, thinking = ? WHERE id = ?",
+                                                (output, thinking, run_id)))
 
     async def finish(self, job_id: str, run_id: int, state: str, error: str | None,
                      output: str | None = None, actor: str = "router",
-                     findings: list | None = None, claim_node: str | None = None) -> Row | None:
+                     findings: list | None = None, claim_node: str | None = None,
+                     thinking: str | None = None) -> Row | None:
         """Finish a run that is still the job's running run; anything else is a GuardMiss.
 
         With `claim_node`, the node's next job is claimed in the same transaction and returned:
@@ -565,11 +646,13 @@ class Store:
             if not rows:
                 raise GuardMiss(f"job {job_id} run {run_id} is no longer running; finish refused")
             db.execute(
-                "UPDATE run SET state = ?, error = ?, finished_at = ?, output = COALESCE(?, output)"
-                " WHERE id = ?",
-                (state, error, iso(now), output, run_id),
+                "UPDATE run SET state = ?, error = ?, finished_at = ?, output = COALESCE(?, output),"
+                " thinking = COALESCE(?, thinking) WHERE id = ?",
+                (state, error, iso(now), output, thinking, run_id),
             )
             _event(db, job_id, "running", state, actor, error, now)
+            if state == "failed":
+                _end_held_critiques(db, job_id, f"failed ({error})", now)
             return _claim(db, claim_node, now) if claim_node else None
 
         return await self._write(finish_in)
@@ -597,6 +680,7 @@ class Store:
                 db.execute("UPDATE run SET state = 'failed', error = ?, finished_at = ? WHERE id = ?"
                            " AND state = 'running'", (reason, iso(now), r["run_id"]))
                 _event(db, r["id"], "running", "failed", "router", reason, now)
+                _end_held_critiques(db, r["id"], f"failed ({reason})", now)
             return rows
         return await self._write(fail_orphans_in)
 
@@ -623,7 +707,8 @@ class Store:
             if target != job["node"]:
                 parent_node = _job_for_update(db, job["parent_id"])["node"] if job["parent_id"] else None
                 views = {v.name: v for v in self._views(nodes, {})}
-                rules.check_move(job["kind"], views.get(target), target, parent_node)
+                rules.check_move(job["kind"], views.get(target), target, parent_node,
+                                 job["model"] if job["model_pinned"] else None)
             if before is not None:
                 index = _index_of(db, target, before, job_id)
             elif after is not None:
@@ -657,6 +742,9 @@ class Store:
             job = _job_for_update(db, job_id)
             if job["state"] != "queued":
                 raise Conflict(f"job {job_id} is {job['state']}; only a queued job can preempt")
+            if not db.execute("SELECT 1 FROM ready_job WHERE id = ?", (job_id,)).fetchone():
+                raise Conflict(f"job {job_id} is waiting for parent {job['parent_id']} to finish; "
+                               "it cannot run before")
             node = job["node"]
             db.execute("UPDATE job SET position = ? WHERE id = ?", (_position_at(db, node, job_id, 0), job_id))
             _event(db, job_id, "queued", "queued", actor, "preempt: moved to the head", now)
@@ -707,8 +795,12 @@ class Store:
             if job["state"] not in ("failed", "cancelled"):
                 raise Conflict(f"job {job_id} is {job['state']}; only failed or cancelled jobs can be retried")
             if job["parent_id"]:  # the parent may have moved onto this node since (no trigger sees a retry)
-                if _job_for_update(db, job["parent_id"])["node"] == job["node"]:
+                parent = _job_for_update(db, job["parent_id"])
+                if parent["node"] == job["node"]:
                     raise GuardRefused()
+                if job["subject_from_parent"] and parent["state"] in ("failed", "cancelled"):
+                    raise Conflict(f"parent task {parent['id']} is {parent['state']}: there is no result to "
+                                   f"critique; retry the parent first (gpuq retry {parent['id']})")
             tail = db.execute("SELECT MAX(position) FROM job WHERE node = ? AND state = 'queued'",
                               (job["node"],)).fetchone()[0]
             db.execute("UPDATE job SET state = 'queued', error = NULL, finished_at = NULL, position = ?"
@@ -720,10 +812,11 @@ class Store:
 
 
 def job_json(row: Row, public_url: str) -> Row:
-    """The API's shape of a job row."""
+    """The API's shape of a job row: `prompt` (and `output`) only when the row is a job's detail."""
     out = {
         "id": row["id"], "kind": row["kind"], "state": row["state"], "node": row["node"],
-        "model": row["model"], "prompt": row["prompt"], "parent": row.get("parent_id"),
+        "model": row["model"], "prompt_excerpt": row["prompt_excerpt"], "prompt_bytes": row["prompt_bytes"],
+        "parent": row.get("parent_id"),
         "group": row.get("group_id"), "placement": row.get("placement"), "error": row.get("error"),
         "created_at": row.get("created_at"), "started_at": row.get("started_at"),
         "finished_at": row.get("finished_at"), "progress_at": row.get("progress_at"),
@@ -731,10 +824,12 @@ def job_json(row: Row, public_url: str) -> Row:
         "eval_duration_ns": row.get("eval_duration_ns"), "done_reason": row.get("done_reason"),
         "preempted_runs": row.get("preempted_runs", 0), "timeout_s": row.get("timeout_s"),
         "run_id": row.get("run_id"), "preview_url": f"{public_url}/jobs/{row['id']}",
+        "waiting_for": row.get("waiting_for"),  # a held critique: the parent it waits for
     }
-    if row.get("findings") is not None:
-        out["findings"] = json.loads(row["findings"])
-    for key in ("output", "runs", "events", "children", "queue_position"):
+    for key in ("findings", "think", "options"):  # JSON columns
+        if row.get(key) is not None:
+            out[key] = json.loads(row[key])
+    for key in ("prompt", "output", "thinking", "runs", "events", "children", "queue_position"):
         if key in row:
             out[key] = row[key]
     return out

@@ -44,11 +44,11 @@ async def eventually(check: Callable[[], Awaitable[Any] | Any], timeout: float =
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
 
 
-# `python -c LIMITED_PYTHON SOFT HARD args...`: `python args...` with that open-file limit (no
+# `python -c LIMITED_PYTHON SOFT HARD command...`: runs the command with that open-file limit (no
 # preexec_fn, which is unsafe in a test process that has threads).
 LIMITED_PYTHON = ("import os, resource, sys; "
                   "resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[2]))); "
-                  "os.execv(sys.executable, [sys.executable, *sys.argv[3:]])")
+                  "os.execvp(sys.argv[3], sys.argv[3:])")
 
 
 @dataclass
@@ -68,16 +68,17 @@ class Daemon:
     proc: asyncio.subprocess.Process | None = None
     session: aiohttp.ClientSession | None = None
     env: dict = field(default_factory=dict)
+    command: tuple[str, ...] = (sys.executable, "-m", "gpuq.cli")  # or an installed `gpuq`
     file_limit: int | tuple[int, int] | None = None  # the router's RLIMIT_NOFILE (soft, hard), or both
 
     async def start(self, timeout: float = 20.0) -> None:
         log = open(self.log, "ab")
-        python = [sys.executable]
+        command = list(self.command)
         if self.file_limit:
             soft, hard = self.file_limit if isinstance(self.file_limit, tuple) else (self.file_limit,) * 2
-            python = [sys.executable, "-c", LIMITED_PYTHON, str(soft), str(hard)]
+            command = [sys.executable, "-c", LIMITED_PYTHON, str(soft), str(hard), *command]
         self.proc = await asyncio.create_subprocess_exec(
-            *python, "-m", "gpuq.cli", "serve", "--config", str(self.config),
+            *command, "serve", "--config", str(self.config),
             stdout=log, stderr=log, env={**os.environ, **self.env}, cwd=str(self.config.parent))
         log.close()
 
@@ -135,17 +136,24 @@ class Daemon:
 
     async def cli(self, *args: str, stdin: bytes | None = None, timeout: float = 30.0) -> Result:
         """Run the real `gpuq` CLI against this router, without blocking the test's loop."""
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gpuq.cli", "--router", self.url, *args,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env={**os.environ, **self.env})
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
-        except asyncio.TimeoutError:
-            proc.kill()  # a CLI that hangs must not outlive its test
-            await proc.wait()
-            raise AssertionError(f"gpuq {' '.join(args)} did not finish within {timeout}s") from None
-        return Result(proc.returncode, out.decode(), err.decode())
+        return await run_cli("--router", self.url, *args, stdin=stdin, timeout=timeout, env=self.env,
+                             command=self.command)
+
+
+async def run_cli(*args: str, stdin: bytes | None = None, timeout: float = 30.0, env: dict | None = None,
+                  command: tuple[str, ...] = (sys.executable, "-m", "gpuq.cli")) -> Result:
+    """Run the real `gpuq` CLI as a subprocess; one that hangs is killed and reported."""
+    proc = await asyncio.create_subprocess_exec(
+        *command, *args,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, **(env or {})})
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
+    except asyncio.TimeoutError:
+        proc.kill()  # a CLI that hangs must not outlive its test
+        await proc.wait()
+        raise AssertionError(f"gpuq {' '.join(args)} did not finish within {timeout}s") from None
+    return Result(proc.returncode, out.decode(), err.decode())
 
 
 def node_table(name: str, fake: FakeOllama, rank: int, roles: list[str], model: str) -> dict:
@@ -183,7 +191,8 @@ async def daemon_factory(tmp_path):
     session = aiohttp.ClientSession()
     started: list[Daemon] = []
 
-    async def make(nodes: list[dict], start: bool = True, env: dict | None = None, name: str = "gpuq",
+    async def make(nodes: list[dict], start: bool = True, env: dict | None = None,
+                   command: tuple[str, ...] | None = None, name: str = "gpuq",
                    file_limit: int | tuple[int, int] | None = None, **router: Any) -> Daemon:
         """`name` gives a second router its own config and log (`<name>.toml`, `<name>.log`); the
         database stays tmp_path/gpuq.db unless `database=` says otherwise."""
@@ -192,6 +201,8 @@ async def daemon_factory(tmp_path):
         log = tmp_path / ("daemon.log" if name == "gpuq" else f"{name}.log")
         daemon = Daemon(config=config, url=f"http://127.0.0.1:{port}", log=log, session=session,
                         env=env or {}, file_limit=file_limit)
+        if command:
+            daemon.command = command
         started.append(daemon)
         if start:
             await daemon.start()

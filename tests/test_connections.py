@@ -102,7 +102,7 @@ async def test_slow_headers_and_idle_keep_alive_connections_are_closed(fakes, da
 
     # Headers trickled one line at a time never finish: the router closes the connection.
     reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(b"GET /health HTTP/1.1\r\nHost: gpuq\r\n")
+    writer.write(f"GET /health HTTP/1.1\r\nHost: {host}:{port}\r\n".encode())
     lines = 0
 
     async def trickled_until_closed():
@@ -119,7 +119,7 @@ async def test_slow_headers_and_idle_keep_alive_connections_are_closed(fakes, da
 
     # A kept-alive connection that answered one request and then sits idle is closed too.
     reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(b"GET /health HTTP/1.1\r\nHost: gpuq\r\n\r\n")
+    writer.write(f"GET /health HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
     head = await reader.readuntil(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200")
     await eventually(lambda: closed_by_router(reader), 10, 0, "the router to close an idle keep-alive connection")

@@ -9,8 +9,8 @@ from gpuq.placement import (
 )
 
 
-def node(name, rank, roles=("task", "critique"), up=True, running=False, queued=0):
-    return NodeView(name, rank, tuple(roles), up, running, queued)
+def node(name, rank, roles=("task", "critique"), up=True, running=False, queued=0, models=None):
+    return NodeView(name, rank, tuple(roles), up, running, queued, models)
 
 
 def test_task_goes_to_first_free_node_by_rank_not_by_list_order():
@@ -104,3 +104,58 @@ def test_check_move_rules():
 ])
 def test_position_between(before, after, expected):
     assert position_between(before, after, 1024) == expected
+
+
+def test_a_task_naming_a_model_goes_to_the_first_free_node_that_has_it():
+    nodes = [node("a", 1, models=frozenset({"qwen3:latest"})),
+             node("b", 2, running=True, models=frozenset({"llama3.2:latest"})),
+             node("c", 3, models=frozenset({"llama3.2:latest", "qwen3:latest"}))]
+    assert place_task(nodes, model="llama3.2").node == "c"
+    assert place_task(nodes, model="Library/LLAMA3.2:latest").node == "c"  # as Ollama matches names
+    assert place_task(nodes, model="qwen3").node == "a"
+
+
+def test_when_every_node_with_the_model_is_busy_the_shortest_such_queue():
+    nodes = [node("a", 1, models=frozenset({"qwen3:latest"})),
+             node("b", 2, running=True, queued=3, models=frozenset({"llama3.2:latest"})),
+             node("c", 3, running=True, queued=1, models=frozenset({"llama3.2:latest"}))]
+    placed = place_task(nodes, model="llama3.2")
+    assert (placed.node, placed.reason) == ("c", SHORTEST)
+
+
+def test_a_model_no_task_node_has_is_422_naming_what_each_has():
+    nodes = [node("a", 1, models=frozenset({"qwen3:latest"})),
+             node("b", 2, roles=["critique"], models=frozenset({"mistral:latest"})),
+             node("c", 3, models=frozenset())]
+    with pytest.raises(Unprocessable) as exc:
+        place_task(nodes, model="mistral")
+    assert exc.value.message == ("model 'mistral' is not installed on any task node (a: qwen3:latest; "
+                                 "c: nothing); pull it on one or choose another model")
+
+
+def test_a_node_not_heard_from_yet_may_have_the_model():
+    nodes = [node("a", 1, models=frozenset({"qwen3:latest"})), node("b", 2)]
+    assert place_task(nodes, model="mistral").node == "b"
+
+
+def test_a_critique_naming_a_model_fans_out_to_the_nodes_that_have_it():
+    nodes = [node("a", 1, models=frozenset({"qwen3:latest"})), node("b", 2, models=frozenset({"mistral:latest"})),
+             node("c", 3, models=frozenset({"qwen3:latest"}))]
+    assert [p.node for p in place_critique(nodes, model="QWEN3")] == ["a", "c"]
+    assert [p.node for p in place_critique(nodes, parent_node="a", model="qwen3")] == ["c"]
+    with pytest.raises(Unprocessable):
+        place_critique(nodes, asked="b", model="qwen3")
+
+
+def test_the_guard_is_judged_before_anything_else_about_the_asked_node():
+    nodes = [node("a", 1, models=frozenset({"qwen3:latest"}))]
+    with pytest.raises(GuardRefused):
+        place_critique(nodes, parent_node="a", asked="a", model="not-there")
+
+
+def test_a_pinned_model_cannot_move_to_a_node_without_it():
+    target = node("b", 2, models=frozenset({"mistral:latest"}))
+    with pytest.raises(Unprocessable):
+        check_move("task", target, "b", None, model="qwen3")
+    check_move("task", target, "b", None, model="Mistral")
+    check_move("task", target, "b", None, model=None)

@@ -1,5 +1,6 @@
 """A Hypothesis state machine: random sequences of submit, move, preempt, delete, clear, retry,
-claim and finish against a plain Python model of the per-node queues. After every step the
+claim and finish against a plain Python model of the per-node queues, critiques held for their
+parent's result included. After every step the
 database's order equals the model's, at most one job runs per node, no job is lost, the guard
 holds, and each job's event log replays to its state."""
 
@@ -47,6 +48,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.node: dict[str, str] = {}
         self.kind: dict[str, str] = {}
         self.parent: dict[str, str | None] = {}
+        self.from_parent: set[str] = set()  # critiques that review their parent's result
         self.old_runs: list[tuple[str, int]] = []  # runs that ended: finishing them is refused
 
     def teardown(self):
@@ -83,6 +85,15 @@ class QueueMachine(RuleBasedStateMachine):
         self.old_runs.append((job_id, run_id))
         return job_id
 
+    def _held(self, job: str) -> bool:
+        return job in self.from_parent and self.state[self.parent[job]] != "done"
+
+    def _end_held_critiques(self, task: str) -> None:
+        """A task that ended without a result: its held critiques are cancelled."""
+        for c in [c for c in self.from_parent if self.parent[c] == task and self.state[c] == "queued"]:
+            self.queues[self.node[c]].remove(c)
+            self.state[c] = "cancelled"
+
     def _critique_waits_on(self, task: str, node: str) -> bool:
         return any(p == task and self.node[c] == node and self.state[c] in ("queued", "running")
                    for c, p in self.parent.items())
@@ -115,14 +126,26 @@ class QueueMachine(RuleBasedStateMachine):
         self._add(job["id"], "task", node, None)
 
     @precondition(lambda self: self.state)
-    @rule(data=st.data(), node=st.sampled_from(["a", "b"]))
-    def submit_critique(self, data, node):
-        parent = data.draw(st.sampled_from([j for j in self.state if self.kind[j] == "task"]), label="parent")
-        expected = GuardRefused if self.node[parent] == node else None
+    @rule(data=st.data(), node=st.sampled_from(["a", "b"]), of_result=st.booleans())
+    def submit_critique(self, data, node, of_result):
+        """With a file (a prompt) or of the parent's result (no prompt: held until it is done)."""
+        tasks = [j for j in self.state if self.kind[j] == "task"]
+        unfinished = [j for j in tasks if self.state[j] in ("queued", "running") and self.node[j] != node]
+        if of_result and unfinished and data.draw(st.booleans(), label="of an unfinished task"):
+            tasks = unfinished  # the case that holds: make it common
+        parent = data.draw(st.sampled_from(tasks), label="parent")
+        expected = None
+        if self.node[parent] == node:  # the guard first, whatever the parent's state
+            expected = GuardRefused
+        elif of_result and self.state[parent] in ("failed", "cancelled"):
+            expected = Conflict
         created = self.attempt(expected, self.store.submit(
-            NewJob("critique", "c", node=node, parent=parent), NODES, "api"))
+            NewJob("critique", None if of_result else "c", node=node, parent=parent), NODES, "api"))
         if created is not None:
             self._add(created[0]["id"], "critique", node, parent)
+            if of_result:
+                self.from_parent.add(created[0]["id"])
+            assert created[0]["waiting_for"] == (parent if self._held(created[0]["id"]) else None)
 
     @precondition(lambda self: self.state)
     @rule(data=st.data(), how=st.sampled_from(["position", "before", "after", "node"]),
@@ -183,7 +206,7 @@ class QueueMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def preempt(self, data):
         job = self.draw_job(data, "queued", busy_node=True)
-        expected = None if self.state[job] == "queued" else Conflict
+        expected = None if self.state[job] == "queued" and not self._held(job) else Conflict
         result = self.attempt(expected, self.store.preempt(job, "api"))
         if result is None:
             return
@@ -215,6 +238,7 @@ class QueueMachine(RuleBasedStateMachine):
             assert interrupted is None
             self.queues[node].remove(job)
         self.state[job] = "cancelled"
+        self._end_held_critiques(job)
 
     @rule(node=st.sampled_from(NAMES), running=st.booleans())
     def clear(self, node, running):
@@ -230,6 +254,7 @@ class QueueMachine(RuleBasedStateMachine):
         assert ids == expected
         for job in ids:
             self.state[job] = "cancelled"
+            self._end_held_critiques(job)
 
     @precondition(lambda self: self.state)
     @rule(data=st.data())
@@ -240,6 +265,8 @@ class QueueMachine(RuleBasedStateMachine):
             expected = Conflict
         elif self.parent[job] is not None and self.node[self.parent[job]] == self.node[job]:
             expected = GuardRefused
+        elif job in self.from_parent and self.state[self.parent[job]] in ("failed", "cancelled"):
+            expected = Conflict
         if self.attempt(expected, self.store.retry(job, "api")) is None:
             return
         self.state[job] = "queued"
@@ -252,10 +279,12 @@ class QueueMachine(RuleBasedStateMachine):
 
     def _claim(self, node):
         claimed = self.run(self.store.claim(node))
-        if self.running[node] is not None or not self.queues[node]:
+        ready = [j for j in self.queues[node] if not self._held(j)]  # a held critique blocks nothing
+        if self.running[node] is not None or not ready:
             assert claimed is None
             return
-        job = self.queues[node].pop(0)
+        job = ready[0]
+        self.queues[node].remove(job)
         assert claimed is not None and claimed["id"] == job
         self.state[job] = "running"
         self.running[node] = (job, claimed["run_id"])
@@ -269,6 +298,8 @@ class QueueMachine(RuleBasedStateMachine):
         self.run(self.store.finish(job, run_id, state, None if ok else "boom", "out"))
         self._end_run(node)
         self.state[job] = state
+        if state == "failed":
+            self._end_held_critiques(job)
 
     @precondition(lambda self: self.old_runs)
     @rule(data=st.data())
@@ -298,6 +329,8 @@ class QueueMachine(RuleBasedStateMachine):
             running = [r["id"] for r in rows if r["node"] == name and r["state"] == "running"]
             assert len(running) <= 1
             assert running == ([self.running[name][0]] if self.running[name] else [])
+        held = {r["id"] for r in self.run(self.store.read("SELECT id FROM held_job"))}
+        assert held == {j for j in self.from_parent if self.state[j] == "queued" and self._held(j)}
         by_id = {r["id"]: r for r in rows}
         for r in rows:  # the guard: no critique waits or runs on its parent task's node
             if r["parent_id"] and r["state"] in ("queued", "running"):
@@ -314,6 +347,6 @@ class QueueMachine(RuleBasedStateMachine):
 
 
 QueueMachine.TestCase.settings = settings(
-    max_examples=50, stateful_step_count=30, deadline=None,
+    max_examples=100, stateful_step_count=30, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 test_queue_model = QueueMachine.TestCase

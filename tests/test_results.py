@@ -78,15 +78,6 @@ async def test_critique_of_a_parent_reviews_its_prompt_and_result_never_on_its_n
     assert f"-- findings ({len(results[0]['findings'])}) --" in shown.out
 
 
-async def test_critique_of_an_unfinished_parent_without_a_file_is_refused(lab):
-    lab.fakes["node-1"].script.token_delay_s = 0.2
-    res = await lab.cli("task", "long", "--node", "node-1")
-    task_id = res.out.split()[0]
-    res = await lab.cli("critique", "--parent", task_id)
-    assert res.code == 1
-    assert re.match(rf"error 409 parent task {task_id} is (queued|running)", res.err)
-
-
 async def test_no_wait_prints_the_submit_lines(lab, tmp_path):
     plan = tmp_path / "plan.md"
     plan.write_text("x")

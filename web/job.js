@@ -27,6 +27,9 @@ window.gpuqJob = J; // for the browser console (and the page tests)
 // The output text node is kept across renders, so streaming appends to it cheaply.
 const outText = document.createTextNode('');
 const outPre = el('pre', {className: 'text', id: 'output'}, outText);
+// The reasoning of a thinking model, apart from the answer: collapsed above the output.
+const thinkText = document.createTextNode('');
+const thinkPre = el('pre', {className: 'text thinking', id: 'thinking'}, thinkText);
 
 // -- loading ----------------------------------------------------------------------------------
 
@@ -54,7 +57,10 @@ async function load() {
   const running = job.state === 'running';
   const runId = job.runs && job.runs.length ? job.runs[job.runs.length - 1].id : null;
   if (J.stream && (!running || runId !== J.streamedRun)) stopStream(); // preempted, deleted, done
-  if (!J.stream) outText.data = job.output || '';
+  if (!J.stream) {
+    outText.data = job.output || '';
+    thinkText.data = job.thinking || '';
+  }
   J.job = job;
   render();
   if (running && !J.stream) startStream(runId);
@@ -67,23 +73,27 @@ function stopStream() {
   J.stream = null;
 }
 
-// GET /api/jobs/{id}/stream: the first line is the output so far, then each new piece.
+// GET /api/jobs/{id}/stream: the reasoning and the answer so far (lines marked catch_up), then
+// each new piece of either.
 async function startStream(runId) {
   const ctl = new AbortController();
   Object.assign(J, {stream: ctl, streamedRun: runId, pieces: 0, caughtUp: 0, streamStart: Date.now()});
-  let first = true;
   let failed = false;
   try {
     await streamLines(`/api/jobs/${encodeURIComponent(jobId)}/stream`, (line) => {
-      if (ctl.signal.aborted || typeof line.text !== 'string') return;
-      if (first) {
-        outText.data = line.text;
-        J.caughtUp = estimateTokens(line.text);
-        first = false;
+      if (ctl.signal.aborted) return;
+      const kind = typeof line.thinking === 'string' ? 'thinking' : typeof line.text === 'string' ? 'text' : null;
+      if (!kind) return;
+      const node = kind === 'thinking' ? thinkText : outText;
+      if (line.catch_up) {
+        node.data = line[kind];
+        J.caughtUp += estimateTokens(line[kind]);
       } else {
-        appendOutput(line.text);
+        if (kind === 'thinking') thinkText.appendData(line.thinking);
+        else appendOutput(line.text);
         J.pieces++;
       }
+      if (kind === 'thinking' && !document.getElementById('thinking-box')) render();
       paintLive();
     }, ctl.signal);
   } catch (exc) {
@@ -174,6 +184,7 @@ function render() {
   J.sig = sig;
   const scroll = outPre.scrollTop;
   const atBottom = !outPre.isConnected || outPre.scrollHeight - scroll - outPre.clientHeight < 24;
+  const thinkingOpen = Boolean(document.getElementById('thinking-box')?.open);
   const opened = new Set([...main.querySelectorAll('details.run-output[open]')].map((d) => d.dataset.run));
   renderActions(job);
   const runs = job.runs || [];
@@ -199,6 +210,10 @@ function render() {
       el('div', {className: 'box-head'}, el('h2', {text: 'Prompt'}),
         el('span', {text: `${fmtNum(job.prompt.length)} characters`})),
       el('pre', {className: 'text short', id: 'prompt', text: job.prompt})),
+    thinkText.data ? el('details', {className: 'box thinking-box', id: 'thinking-box', open: thinkingOpen},
+      el('summary', {className: 'box-head'}, el('h2', {text: 'Thinking'}),
+        el('span', {text: `the model's reasoning, apart from its answer · ${fmtNum(thinkText.data.length)} characters`})),
+      thinkPre) : null,
     el('section', {className: `box${streaming ? ' streaming' : ''}`, id: 'output-box'},
       el('div', {className: 'box-head'}, el('h2', {text: 'Output'}), el('span', {text: outputNote(job, runs)})),
       outPre),
@@ -219,6 +234,12 @@ function outputNote(job, runs) {
 }
 
 function stateNotice(job) {
+  if (job.state === 'queued' && job.waiting_for) {
+    return el('div', {className: 'notice held', id: 'notice'},
+      'Waiting for parent ', el('a', {className: 'mono', href: jobHref(job.parent), text: job.waiting_for}),
+      ` to finish: this critique reviews its result, then runs on ${job.node}. The jobs behind it do not wait. `,
+      'This page updates by itself.');
+  }
   if (job.state === 'queued') {
     return el('div', {className: 'notice', id: 'notice'},
       `Waiting on ${job.node} at position ${job.queue_position ?? '?'}`,

@@ -1,0 +1,130 @@
+"""GET /metrics for Prometheus, built with prometheus_client (its metric families and its
+exposition). Never a prompt or an output.
+
+Gauges come from the queue and the nodes at each scrape. The totals of finished jobs (counts,
+tokens, duration and wait histograms) are summed by SQL over the store's event log, from the
+event after the last one counted: the first scrape after a start sums the whole history in one
+grouped query, later ones only what finished since. So they survive restarts and stay cheap."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+DURATION_BUCKETS_S = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400)
+WAIT_BUCKETS_S = (0.1, 0.5, 1, 5, 15, 60, 300, 900, 1800, 3600, 7200, 14400)
+
+
+@dataclass
+class Histogram:
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)  # per bucket, not cumulative; the last is +Inf
+    total: float = 0.0
+    n: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = self.counts or [0] * (len(self.bounds) + 1)
+
+    def add(self, le_counts: list[int], n: int, total: float) -> None:
+        """Add observations given as cumulative counts per bound (as SQL sums them)."""
+        below = 0
+        for i, cumulative in enumerate(le_counts):
+            self.counts[i] += cumulative - below
+            below = cumulative
+        self.counts[-1] += n - below
+        self.n += n
+        self.total += total
+
+    def buckets(self) -> list[tuple[str, int]]:
+        out, running = [], 0
+        for bound, count in zip((*map(str, self.bounds), "+Inf"), self.counts):
+            running += count
+            out.append((bound, running))
+        return out
+
+
+@dataclass
+class Snapshot:
+    """What a scrape reports about now."""
+
+    nodes: list = field(default_factory=list)  # the dispatcher's NodeRuntimes
+    active: dict = field(default_factory=dict)  # node -> (queued, running)
+    stale_heads: int = 0
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.cursor = 0  # the last event id counted
+        self.finished: dict[tuple[str, str, str], int] = defaultdict(int)
+        self.tokens: dict[tuple[str, str], int] = defaultdict(int)
+        self.duration: dict[tuple[str, str], Histogram] = {}
+        self.wait: dict[str, Histogram] = {}
+        self.now = Snapshot()
+        self._counting = asyncio.Lock()  # two scrapes at once must not count one job twice
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+
+    def count(self, rows: list[dict]) -> None:
+        """Add the grouped totals of Store.finished_totals."""
+        for r in rows:
+            self.finished[r["node"], r["kind"], r["state"]] += r["n"]
+            if r["tokens"]:
+                self.tokens[r["node"], r["model"]] += r["tokens"]
+            if r["d_n"]:
+                self.duration.setdefault((r["node"], r["model"]), Histogram(DURATION_BUCKETS_S)).add(
+                    [r[f"d_le_{i}"] for i in range(len(DURATION_BUCKETS_S))], r["d_n"], r["d_sum"])
+            if r["w_n"]:
+                self.wait.setdefault(r["node"], Histogram(WAIT_BUCKETS_S)).add(
+                    [r[f"w_le_{i}"] for i in range(len(WAIT_BUCKETS_S))], r["w_n"], r["w_sum"])
+            self.cursor = max(self.cursor, r["last_event"])
+
+    async def catch_up(self, store) -> None:
+        """Count what finished since the last count (at start-up: the whole history)."""
+        async with self._counting:
+            self.count(await store.finished_totals(self.cursor, DURATION_BUCKETS_S, WAIT_BUCKETS_S))
+
+    async def render(self, store, nodes: list, stale_heads: int) -> bytes:
+        await self.catch_up(store)
+        self.now = Snapshot(nodes, await store.active_by_node(), stale_heads)
+        return generate_latest(self.registry)
+
+    def collect(self):
+        """prometheus_client's collector protocol: the families, from the last render."""
+        gauges = {
+            "gpuq_jobs_waiting": "Jobs waiting in a node's queue (held critiques included).",
+            "gpuq_jobs_running": "Jobs running on a node (0 or 1).",
+            "gpuq_node_up": "1 while the node's Ollama answers its health check.",
+            "gpuq_node_vram_stuck": "1 while a model would not leave the node's VRAM.",
+        }
+        families = {name: GaugeMetricFamily(name, doc, labels=["node"]) for name, doc in gauges.items()}
+        for rt in self.now.nodes:
+            queued, running = self.now.active.get(rt.name, (0, 0))
+            families["gpuq_jobs_waiting"].add_metric([rt.name], queued)
+            families["gpuq_jobs_running"].add_metric([rt.name], running)
+            families["gpuq_node_up"].add_metric([rt.name], 1 if rt.up else 0)
+            families["gpuq_node_vram_stuck"].add_metric([rt.name], 1 if rt.vram_stuck else 0)
+        yield from families.values()
+        yield GaugeMetricFamily("gpuq_stale_heads", "Running queue heads that are stale (see /api/stale).",
+                                value=self.now.stale_heads)
+        finished = CounterMetricFamily("gpuq_jobs_finished", "Jobs that ended, by node, kind and final state.",
+                                       labels=["node", "kind", "state"])
+        for key, n in sorted(self.finished.items()):
+            finished.add_metric(list(key), n)
+        yield finished
+        tokens = CounterMetricFamily("gpuq_tokens", "Tokens generated by finished runs.", labels=["node", "model"])
+        for key, n in sorted(self.tokens.items()):
+            tokens.add_metric(list(key), n)
+        yield tokens
+        duration = HistogramMetricFamily("gpuq_job_duration_seconds", "How long a finished run ran.",
+                                         labels=["node", "model"])
+        for key, h in sorted(self.duration.items()):
+            duration.add_metric(list(key), h.buckets(), h.total)
+        yield duration
+        wait = HistogramMetricFamily("gpuq_job_wait_seconds", "From submit to a job's first start.", labels=["node"])
+        for node, h in sorted(self.wait.items()):
+            wait.add_metric([node], h.buckets(), h.total)
+        yield wait

@@ -1,0 +1,51 @@
+"""What a job asks of Ollama beyond its prompt: `think` and model `options`, each checked once
+here for both gpuq.toml (a node's defaults) and the API (a job's own), merged job over node."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+THINK_LEVELS = ("low", "medium", "high")  # for models that take a level (gpt-oss)
+
+# Options whose type Ollama checks (api/types.go Options): a wrong type there is refused by
+# Ollama only when the job runs; refuse it at submit instead. Other keys pass through as given.
+INT_OPTIONS = ("num_ctx", "num_predict", "seed", "top_k", "num_keep", "repeat_last_n", "num_batch",
+               "num_gpu", "main_gpu", "num_thread")
+NUMBER_OPTIONS = ("temperature", "top_p", "min_p", "typical_p", "repeat_penalty", "presence_penalty",
+                  "frequency_penalty")
+
+
+def _shown(value: Any) -> str:
+    return json.dumps(value)[:80]
+
+
+def think_problem(value: Any) -> str | None:
+    """None when `value` is one of Ollama's think values, else what is wrong with it."""
+    if isinstance(value, bool) or value in THINK_LEVELS:
+        return None
+    return f"expected true, false, \"low\", \"medium\" or \"high\", got {_shown(value)}"
+
+
+def options_problem(value: Any) -> str | None:
+    """None when `value` is an object of model options Ollama can take, else what is wrong."""
+    if not isinstance(value, dict):
+        return f"expected an object of Ollama model options such as {{\"num_ctx\": 32768}}, got {_shown(value)}"
+    for key, item in value.items():
+        if key in INT_OPTIONS and (isinstance(item, bool) or not isinstance(item, int)):
+            return f"option '{key}' must be a whole number, got {_shown(item)}"
+        if key in NUMBER_OPTIONS and (isinstance(item, bool) or not isinstance(item, (int, float))):
+            return f"option '{key}' must be a number, got {_shown(item)}"
+        if key == "num_ctx" and item < 1:
+            return f"option 'num_ctx' must be at least 1, got {item}"
+        if key == "stop" and not (isinstance(item, list) and all(isinstance(s, str) for s in item)):
+            return f"option 'stop' must be a list of strings, got {_shown(item)}"
+        if isinstance(item, dict):
+            return f"option '{key}' must be a number, string, boolean or list, got an object"
+    return None
+
+
+def merged_options(node: dict | None, job: dict | None) -> dict | None:
+    """The options a run sends: the job's over the node's; None when neither has any."""
+    merged = {**(node or {}), **(job or {})}
+    return merged or None

@@ -1,0 +1,72 @@
+"""`think` and Ollama model `options`, per node (gpuq.toml) and per job (API, CLI), merged job
+over node and passed through to Ollama as given."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import node_table
+
+
+@pytest.fixture
+async def node_with_defaults(fakes, daemon_factory):
+    fake = await fakes("gpt-oss:20b")
+    table = dict(node_table("n", fake, 1, ["task", "critique"], "gpt-oss:20b"),
+                 think=False, options={"num_ctx": 8192, "temperature": 0.7})
+    d = await daemon_factory([table])
+    d.fake = fake
+    return d
+
+
+async def test_node_defaults_reach_ollama(node_with_defaults):
+    d = node_with_defaults
+    [job] = await d.submit("task", "hi")
+    await d.wait_state(job["id"], "done")
+    [req] = d.fake.chat_requests
+    assert req["think"] is False and req["options"] == {"num_ctx": 8192, "temperature": 0.7}
+
+
+async def test_a_jobs_own_think_and_options_win_over_the_nodes(node_with_defaults):
+    d = node_with_defaults
+    res = await d.cli("task", "hi", "--think-level", "high", "--option", "temperature=0.1",
+                      "--option", "seed=42", "--option", "stop=[\"END\"]", "--wait")
+    assert res.code == 0, res.err
+    [req] = d.fake.chat_requests
+    assert req["think"] == "high"
+    assert req["options"] == {"num_ctx": 8192, "temperature": 0.1, "seed": 42, "stop": ["END"]}
+    job_id = res.out.split()[0]
+    job = await d.job(job_id)
+    assert job["think"] == "high" and job["options"] == {"temperature": 0.1, "seed": 42, "stop": ["END"]}
+    shown = await d.cli("show", job_id)
+    assert 'asked: think "high" temperature=0.1 seed=42 stop=["END"]' in shown.out
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("options", [1, 2], "field 'options': expected an object of Ollama model options such as "
+                        "{\"num_ctx\": 32768}, got [1, 2]"),
+    ("options", {"num_ctx": "big"}, "field 'options': option 'num_ctx' must be a whole number, got \"big\""),
+    ("options", {"temperature": True}, "field 'options': option 'temperature' must be a number, got true"),
+    ("think", "max", "field 'think': expected true, false, \"low\", \"medium\" or \"high\", got \"max\""),
+])
+async def test_bad_think_or_options_are_400_naming_the_field(node_with_defaults, field, value, message):
+    d = node_with_defaults
+    status, body = await d.request("POST", "/api/jobs", {"kind": "task", "prompt": "x", field: value})
+    assert (status, body["error"]["message"]) == (400, message)
+    assert (await d.get("/api/jobs"))["jobs"] == []
+
+
+async def test_cli_usage_errors_for_think_and_option(node_with_defaults):
+    d = node_with_defaults
+    res = await d.cli("task", "x", "--think", "--think-level", "low")
+    assert res.code == 2 and "give --think/--no-think or --think-level, not both" in res.err
+    res = await d.cli("task", "x", "--option", "num_ctx")
+    assert res.code == 2 and "expected KEY=VALUE, got 'num_ctx'" in res.err
+
+
+async def test_bad_node_options_stop_the_router_naming_the_key(fakes, daemon_factory):
+    fake = await fakes("m:latest")
+    table = dict(node_table("n", fake, 1, ["task"], "m:latest"), options={"num_ctx": 0})
+    d = await daemon_factory([table], start=False)
+    res = await d.cli("serve", "--config", str(d.config))
+    assert res.code == 2
+    assert "node 'n'.options: option 'num_ctx' must be at least 1, got 0" in res.err
