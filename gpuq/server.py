@@ -62,9 +62,17 @@ async def errors_middleware(request: web.Request, handler):
         if exc.status < 400:
             raise
         return error_response(exc.status, exc.reason if exc.status != 404 else f"no route for {request.path}")
-    except Exception:
-        log.exception("unexpected error on %s %s", request.method, request.path)
+    except Exception as exc:
+        if isinstance(exc, ConnectionResetError) and client_left(request):
+            # A closed tab ends its event stream or job stream this way: normal, and nobody to answer.
+            log.debug("client left during %s %s", request.method, request.path)
+        else:
+            log.exception("unexpected error on %s %s", request.method, request.path)
         return error_response(500, "internal error in the router; see its log")
+
+
+def client_left(request: web.Request) -> bool:
+    return request.transport is None or request.transport.is_closing()
 
 
 @web.middleware
@@ -254,11 +262,14 @@ async def submit(request: web.Request) -> web.Response:
 
 async def get_job(request: web.Request) -> web.Response:
     app = request.app
-    job = await app[STORE].job_detail(job_id_of(request))
-    out = with_live(job_json(job, app[SETTINGS].public_url), app[DISPATCHER])
-    if out["state"] in ("queued", "running"):
-        with_eta(out, await estimates(app))
-    return web.json_response(out)
+    job_id = job_id_of(request)
+    job = await app[STORE].job_detail(job_id)
+    found: dict = {}
+    if job["state"] in ("queued", "running"):
+        found = await estimates(app)
+        if job_id not in found:  # it ended (or moved on) between the two reads: read it again
+            job = await app[STORE].job_detail(job_id)
+    return web.json_response(with_eta(with_live(job_json(job, app[SETTINGS].public_url), app[DISPATCHER]), found))
 
 
 def with_live(job: dict, dispatcher: Dispatcher) -> dict:
@@ -279,9 +290,10 @@ async def list_jobs(request: web.Request) -> web.Response:
     if state and state not in ("queued", "running", "done", "failed", "cancelled"):
         raise BadRequest(f"unknown state '{state[:40]}'")
     limit = int_param(q, "limit", 100, 1, 10_000)
+    # The estimates first: a job still waiting or running in the listing read after was in them.
+    found = await estimates(request.app) if not state or state in ("queued", "running") else {}
     rows = await request.app[STORE].jobs(q.get("node"), state, limit)
     url = request.app[SETTINGS].public_url
-    found = await estimates(request.app) if any(r["state"] in ("queued", "running") for r in rows) else {}
     return web.json_response({"jobs": [with_eta(job_json(r, url), found) for r in rows]})
 
 
