@@ -96,9 +96,11 @@ def main(ctx: click.Context, router: str | None, config: str | None) -> None:
 @click.option("--demo", is_flag=True, help="Run simulated Ollama nodes on loopback (no gpuq.toml needed).")
 @click.option("--listen", help="host:port to bind, overriding the config.")
 @click.option("--database", type=click.Path(dir_okay=False), help="SQLite file, overriding the config.")
+@click.option("--ollama-listen", help="host:port of the Ollama/OpenAI front door, overriding the config "
+                                      "(the demo's: 127.0.0.1:11435).")
 @click.pass_context
 def serve(ctx: click.Context, config_path: str | None, demo: bool, listen: str | None,
-          database: str | None) -> None:
+          database: str | None, ollama_listen: str | None) -> None:
     """Run the router.
 
     Example: gpuq serve --config ~/gpuq.toml
@@ -115,7 +117,7 @@ def serve(ctx: click.Context, config_path: str | None, demo: bool, listen: str |
     except ConfigError as exc:
         click.echo(f"gpuq: config error: {exc.message}", err=True)
         sys.exit(2)
-    sys.exit(run_daemon(settings, listen=listen, database=database))
+    sys.exit(run_daemon(settings, listen=listen, database=database, ollama_listen=ollama_listen))
 
 
 @main.command()

@@ -57,6 +57,7 @@ class Settings:
     max_database_bytes: int | None = None  # past this SQLite refuses to grow the file ("full")
     token: str | None = None
     allowed_hosts: tuple[str, ...] = ()  # more names the router answers to (normal_host form)
+    ollama_listen: str | None = None  # host:port of the Ollama/OpenAI front door; None: off
     critique_template: str = DEFAULT_CRITIQUE_TEMPLATE
     nodes: tuple[NodeConfig, ...] = field(default_factory=tuple)
 
@@ -67,6 +68,17 @@ class Settings:
     @property
     def port(self) -> int:
         return int(self.listen.rsplit(":", 1)[1])
+
+    @property
+    def ollama_url(self) -> str | None:
+        """The front door's address for clients (OLLAMA_HOST); None when it is off."""
+        if self.ollama_listen is None:
+            return None
+        host, port = self.ollama_listen.rsplit(":", 1)
+        if host.strip("[]") in ("0.0.0.0", "::"):  # listening everywhere: name the public host
+            host = urlparse(self.public_url).hostname or "127.0.0.1"
+            host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{port}"
 
     def node(self, name: str) -> NodeConfig | None:
         return next((n for n in self.nodes if n.name == name), None)
@@ -185,7 +197,7 @@ _ROUTER_KEYS = {
     "listen", "public_url", "database", "stale_after", "stale_grace", "max_runtime",
     "job_timeout", "stall_timeout", "unload_timeout", "health_interval", "connect_timeout",
     "busy_timeout", "max_prompt_bytes", "max_database_bytes", "token", "critique_template",
-    "allowed_hosts",
+    "allowed_hosts", "ollama_listen",
 }
 _DURATION_KEYS = {
     "stale_after": "stale_after_s", "stale_grace": "stale_grace_s",
@@ -266,6 +278,11 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
     token = _typed(router, "token", str, "router")
     if token is not None:
         values["token"] = token
+    if "ollama_listen" in router:
+        values["ollama_listen"] = _check_listen(router["ollama_listen"], "router.ollama_listen")
+        if values["ollama_listen"] == listen:
+            raise ConfigError(f"router.ollama_listen: {listen} is router.listen already; give the front door "
+                              "a port of its own (Ollama clients use 11434, e.g. \"127.0.0.1:11435\" beside it)")
     if "allowed_hosts" in router:
         values["allowed_hosts"] = _check_hosts(router["allowed_hosts"], "router.allowed_hosts")
     template = _typed(router, "critique_template", str, "router")

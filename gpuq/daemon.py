@@ -36,13 +36,21 @@ async def start_demo_nodes() -> tuple[list[FakeOllama], list[NodeConfig]]:
     return fakes, nodes
 
 
-async def serve(settings: Settings | None, listen: str | None, database: str | None) -> int:
+DEMO_FRONT_DOOR = "127.0.0.1:11435"  # beside Ollama's own 11434
+
+
+async def serve(settings: Settings | None, listen: str | None, database: str | None,
+                ollama_listen: str | None = None) -> int:
+    from .front import start_front_door
     from .server import create_app
 
     fakes: list[FakeOllama] = []
     if settings is None:
         fakes, nodes = await start_demo_nodes()
-        settings = Settings(database=Path("gpuq-demo.db").resolve(), stale_after_s=60, nodes=tuple(nodes))
+        settings = Settings(database=Path("gpuq-demo.db").resolve(), stale_after_s=60, nodes=tuple(nodes),
+                            ollama_listen=DEMO_FRONT_DOOR)
+    if ollama_listen:
+        settings = replace(settings, ollama_listen=_check_listen(ollama_listen, "--ollama-listen"))
     if listen:
         listen = _check_listen(listen, "--listen")
         settings = replace(settings, listen=listen, public_url=f"http://{listen}")
@@ -61,6 +69,12 @@ async def serve(settings: Settings | None, listen: str | None, database: str | N
         log.error("cannot listen on %s: %s", settings.listen, exc)
         await runner.cleanup()
         return 2
+    try:  # the Ollama/OpenAI front door, when router.ollama_listen is set (gpuq/front.py)
+        front = await start_front_door(settings, runner.app, any_port_if_taken=bool(fakes) and not ollama_listen)
+    except OSError as exc:
+        log.error("cannot listen on %s (router.ollama_listen): %s", settings.ollama_listen, exc)
+        await runner.cleanup()
+        return 2
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -68,6 +82,10 @@ async def serve(settings: Settings | None, listen: str | None, database: str | N
     log.info("gpuq router listening on http://%s (database %s, %d nodes)", settings.listen,
              settings.database, len(settings.nodes))
     print(f"gpuq router: {settings.public_url}   queue page: {settings.public_url}/", flush=True)
+    if front is not None:
+        log.info("front door for Ollama and OpenAI clients on %s", front.url)
+        print(f"front door for Ollama and OpenAI clients:  export OLLAMA_HOST={front.url}   "
+              f"(OpenAI SDK: base_url=\"{front.url}/v1\")", flush=True)
     if fakes:
         print("demo mode: simulated Ollama nodes " + ", ".join(f"{n.name} ({n.model})" for n in settings.nodes),
               flush=True)
@@ -75,18 +93,21 @@ async def serve(settings: Settings | None, listen: str | None, database: str | N
               flush=True)
     await stop.wait()
     log.info("shutting down")
+    if front is not None:  # first: its waiting calls end while the store is open
+        await front.runner.cleanup()
     await runner.cleanup()
     for fake in fakes:
         await fake.stop()
     return 0
 
 
-def run_daemon(settings: Settings | None, listen: str | None = None, database: str | None = None) -> int:
+def run_daemon(settings: Settings | None, listen: str | None = None, database: str | None = None,
+               ollama_listen: str | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s gpuq %(levelname)s %(message)s")
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     try:
-        return asyncio.run(serve(settings, listen, database))
+        return asyncio.run(serve(settings, listen, database, ollama_listen))
     except ConfigError as exc:
         print(f"gpuq: config error: {exc.message}", file=sys.stderr)
         return 2

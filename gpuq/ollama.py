@@ -51,9 +51,23 @@ class OllamaClient:
     async def version(self) -> str:
         return (await self._request("GET", "/api/version"))["version"]
 
-    async def installed(self) -> set[str]:
+    async def tags(self) -> list[dict]:
+        """/api/tags' models as the node lists them (names, details, capabilities)."""
         data = await self._request("GET", "/api/tags")
-        return {normalize_model(m["name"]) for m in data.get("models", [])}
+        models = data.get("models") if isinstance(data, dict) else None
+        return [m for m in models or [] if isinstance(m, dict) and isinstance(m.get("name"), str)]
+
+    async def installed(self) -> set[str]:
+        return {normalize_model(m["name"]) for m in await self.tags()}
+
+    async def ps(self, read_s: float = 10.0) -> list[dict]:
+        data = await self._request("GET", "/api/ps", read_s=read_s)
+        return [m for m in (data.get("models") if isinstance(data, dict) else None) or [] if isinstance(m, dict)]
+
+    async def post(self, path: str, body: dict, read_s: float | None = None) -> Any:
+        """One JSON request and its JSON answer (/api/show, /api/embed); an error status raises
+        OllamaError with Ollama's message and status."""
+        return await self._request("POST", path, body, read_s=read_s if read_s is not None else self.stall_timeout_s)
 
     async def loaded(self) -> set[str]:
         """Models /api/ps lists (in VRAM, loading, or still stopping)."""
@@ -92,7 +106,13 @@ class OllamaClient:
             body["think"] = think
         if options:
             body["options"] = options
-        url = self.base_url + "/api/chat"
+        async for _, chunk in self.stream("/api/chat", body):
+            yield chunk
+
+    async def stream(self, path: str, body: dict) -> AsyncIterator[tuple[bytes, dict]]:
+        """Stream /api/chat or /api/generate: each line as Ollama sent it, and parsed. The same
+        failures as chat(); an error status keeps Ollama's status."""
+        url = self.base_url + path
         try:
             async with self.session.post(url, json=body, timeout=self._timeout(self.stall_timeout_s)) as resp:
                 if resp.status >= 400:
@@ -105,9 +125,11 @@ class OllamaClient:
                         chunk = json.loads(line)
                     except ValueError:
                         raise OllamaError(f"Ollama sent a line that is not JSON: {line[:200]!r}") from None
+                    if not isinstance(chunk, dict):
+                        raise OllamaError(f"Ollama sent a line that is not a JSON object: {line[:200]!r}")
                     if "error" in chunk:
                         raise OllamaError(str(chunk["error"]))
-                    yield chunk
+                    yield line, chunk
                     if chunk.get("done"):
                         return
             raise OllamaError("Ollama's stream ended without done: true")

@@ -160,7 +160,7 @@ async def submit(request: web.Request) -> web.Response:
     settings, store = request.app[SETTINGS], request.app[STORE]
     body = await json_body(request, {"kind", "prompt", "model", "node", "parent", "timeout", "think", "options"})
     kind = field_of(body, "kind", str, required=True)
-    if kind not in {k.value for k in Kind}:
+    if kind not in (Kind.TASK.value, Kind.CRITIQUE.value):  # embeddings come through the front door
         raise BadRequest(f"unknown kind '{kind[:40]}' (expected 'task' or 'critique')")
     prompt = field_of(body, "prompt", str)
     parent = field_of(body, "parent", str)
@@ -295,6 +295,7 @@ async def delete(request: web.Request) -> web.Response:
     app = request.app
     job, interrupted = await app[STORE].delete(job_id_of(request), actor_of(request))
     app[DISPATCHER].abort(interrupted, "deleted")
+    app[DISPATCHER].ended([job["id"]], "deleted")
     app[BUS].publish("queue", {"deleted": job["id"]})
     log.info("job=%s node=%s state=cancelled reason=deleted actor=%r", job["id"], job["node"], actor_of(request))
     return web.json_response({"job": {"id": job["id"], "node": job["node"], "state": "cancelled",
@@ -310,6 +311,7 @@ async def clear(request: web.Request) -> web.Response:
     running = field_of(body, "running", bool) or False
     ids, interrupted = await app[STORE].clear(name, actor_of(request), running=running)
     app[DISPATCHER].abort(interrupted, "cleared")
+    app[DISPATCHER].ended(ids, "cleared")
     app[BUS].publish("queue", {"cleared": name})
     for job_id in ids:
         log.info("job=%s node=%s state=cancelled reason=cleared actor=%r", job_id, name, actor_of(request))
