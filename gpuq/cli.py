@@ -122,17 +122,34 @@ def serve(ctx: click.Context, config_path: str | None, demo: bool, listen: str |
 
 @main.command()
 @click.argument("path", default="gpuq.toml", type=click.Path(dir_okay=False))
-def init(path: str) -> None:
+@click.option("--tailscale", is_flag=True,
+              help="Find the lab on your tailnet: every online peer whose Ollama answers becomes a node.")
+@click.option("--ollama-port", default=11434, show_default=True, help="The port Ollama listens on (with --tailscale).")
+def init(path: str, tailscale: bool, ollama_port: int) -> None:
     """Write a starter gpuq.toml (never overwrites).
 
-    Example: gpuq init && $EDITOR gpuq.toml
+    Example: gpuq init --tailscale && $EDITOR gpuq.toml
     """
     target = Path(path)
     if target.exists():
-        click.echo(f"error - {path} already exists; not overwritten", err=True)
-        sys.exit(1)
-    target.write_text(starter_config(), encoding="utf-8")
-    click.echo(f"wrote {path}: set each [[node]]'s url and model, then run `gpuq serve`")
+        raise click.ClickException(f"{path} already exists; not overwritten")
+    if not tailscale:
+        target.write_text(starter_config(), encoding="utf-8")
+        click.echo(f"wrote {path}: set each [[node]]'s url and model, then run `gpuq serve`")
+        return
+    from .errors import GpuqError
+    from .tailscale import discover
+    try:
+        text, me, found, silent = discover(ollama_port)
+    except GpuqError as exc:
+        raise click.ClickException(exc.message) from None
+    target.write_text(text, encoding="utf-8")
+    click.echo(f"wrote {path}: the router on {me.ip} ({me.name}), {len(found)} node{'s' if len(found) != 1 else ''}:")
+    for f in found:
+        click.echo(f"  {f.machine.host_name:16} {f.machine.name}  {f.largest}  ({len(f.models)} models)")
+    for m in silent:
+        click.echo(f"  {m.host_name:16} online, but no Ollama answered on port {ollama_port}")
+    click.echo("check each node's roles and model, then run `gpuq serve`")
 
 
 # -- submitting -----------------------------------------------------------------------------

@@ -37,6 +37,7 @@ class NodeConfig:
     max_runtime_s: float | None = None  # None: the router's max_runtime
     think: bool | str | None = None  # Ollama's `think` for this node's jobs; None: Ollama's default
     options: dict | None = field(default=None, hash=False)  # Ollama model options, e.g. num_ctx
+    unload: str | None = None  # "after-each" | "when-idle"; None: the router's
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,8 @@ class Settings:
     stale_grace_s: float = 30.0  # Ollama finished but the job did not, for this long
     max_runtime_s: float = 4 * 3600.0  # a job running longer is stale, then failed
     job_timeout_s: float | None = None  # default per-job wall-clock limit
-    stall_timeout_s: float = 300.0  # no bytes from Ollama for this long fails the job
+    stall_timeout_s: float = 300.0  # no bytes from Ollama for this long (after the first) fails the job
+    load_timeout_s: float = 600.0  # no first byte for this long (a cold model load) fails the job
     unload_timeout_s: float = 30.0  # how long the model may take to leave VRAM
     health_interval_s: float = 15.0  # node health check period
     connect_timeout_s: float = 10.0
@@ -59,6 +61,7 @@ class Settings:
     allowed_hosts: tuple[str, ...] = ()  # more names the router answers to (normal_host form)
     ollama_listen: str | None = None  # host:port of the Ollama/OpenAI front door; None: off
     critique_template: str = DEFAULT_CRITIQUE_TEMPLATE
+    unload: str = "after-each"  # or "when-idle": back-to-back jobs of one model keep it loaded
     nodes: tuple[NodeConfig, ...] = field(default_factory=tuple)
 
     @property
@@ -82,6 +85,9 @@ class Settings:
 
     def node(self, name: str) -> NodeConfig | None:
         return next((n for n in self.nodes if n.name == name), None)
+
+    def unload_for(self, node: NodeConfig) -> str:
+        return node.unload or self.unload
 
     def max_runtime_for(self, node: NodeConfig) -> float:
         return node.max_runtime_s if node.max_runtime_s is not None else self.max_runtime_s
@@ -195,18 +201,26 @@ def _typed(table: dict, key: str, kind: type | tuple, where: str, required: bool
 
 _ROUTER_KEYS = {
     "listen", "public_url", "database", "stale_after", "stale_grace", "max_runtime",
-    "job_timeout", "stall_timeout", "unload_timeout", "health_interval", "connect_timeout",
-    "busy_timeout", "max_prompt_bytes", "max_database_bytes", "token", "critique_template",
+    "job_timeout", "stall_timeout", "load_timeout", "unload_timeout", "health_interval", "connect_timeout",
+    "busy_timeout", "max_prompt_bytes", "max_database_bytes", "token", "critique_template", "unload",
     "allowed_hosts", "ollama_listen",
 }
 _DURATION_KEYS = {
     "stale_after": "stale_after_s", "stale_grace": "stale_grace_s",
     "max_runtime": "max_runtime_s", "job_timeout": "job_timeout_s",
-    "stall_timeout": "stall_timeout_s", "unload_timeout": "unload_timeout_s",
+    "stall_timeout": "stall_timeout_s", "load_timeout": "load_timeout_s", "unload_timeout": "unload_timeout_s",
     "health_interval": "health_interval_s", "connect_timeout": "connect_timeout_s",
     "busy_timeout": "busy_timeout_s",
 }
-_NODE_KEYS = {"name", "url", "rank", "roles", "model", "max_runtime", "think", "options"}
+_NODE_KEYS = {"name", "url", "rank", "roles", "model", "max_runtime", "think", "options", "unload"}
+UNLOAD_POLICIES = ("after-each", "when-idle")
+
+
+def _unload_policy(table: dict, where: str) -> str | None:
+    policy = table.get("unload")
+    if policy is not None and policy not in UNLOAD_POLICIES:
+        raise ConfigError(f"{where}.unload: expected \"after-each\" or \"when-idle\", got {policy!r}")
+    return policy
 
 
 def _parse_node(table: object, index: int) -> NodeConfig:
@@ -242,6 +256,7 @@ def _parse_node(table: object, index: int) -> NodeConfig:
         max_runtime_s=None if runtime is None else parse_duration(runtime, f"{where}.max_runtime"),
         think=table.get("think"),
         options=table.get("options"),
+        unload=_unload_policy(table, where),
     )
 
 
@@ -285,6 +300,9 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
                               "a port of its own (Ollama clients use 11434, e.g. \"127.0.0.1:11435\" beside it)")
     if "allowed_hosts" in router:
         values["allowed_hosts"] = _check_hosts(router["allowed_hosts"], "router.allowed_hosts")
+    policy = _unload_policy(router, "router")
+    if policy is not None:
+        values["unload"] = policy
     template = _typed(router, "critique_template", str, "router")
     if template is not None:
         if "{subject}" not in template:

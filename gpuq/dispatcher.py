@@ -32,6 +32,10 @@ RECORD_RETRY_MAX_S = 5.0  # the longest wait between tries to record a job's out
 # A prompt that used this share of the context window filled it: Ollama truncates a longer one
 # to about the window (keeping room for num_keep), so it is never reported as over.
 CONTEXT_FULL = 0.98
+MIN_REQUEST_S = 0.05  # the shortest limit given to one request to a node
+# With unload = "when-idle", the model a job leaves loaded for the next one of the same model.
+# Bounded, so a router that dies does not pin it forever; an idle node unloads it at once.
+KEEP_WARM = "10m"
 
 
 @dataclass
@@ -68,6 +72,7 @@ class NodeRuntime:
     # Runs aborted before their worker took them up (a delete racing the claim's return).
     aborted_runs: dict[int, str] = field(default_factory=dict)
     context_lengths: dict[str, int | None] = field(default_factory=dict)  # /api/show's num_ctx per model
+    warm_model: str | None = None  # left loaded on purpose for the next job ("when-idle")
 
     @property
     def name(self) -> str:
@@ -97,7 +102,8 @@ class Dispatcher:
         self.session = aiohttp.ClientSession()
         for cfg in self.settings.nodes:
             client = OllamaClient(cfg.url, self.session, connect_timeout_s=self.settings.connect_timeout_s,
-                                  stall_timeout_s=self.settings.stall_timeout_s)
+                                  stall_timeout_s=self.settings.stall_timeout_s,
+                                  load_timeout_s=self.settings.load_timeout_s)
             self.nodes[cfg.name] = NodeRuntime(cfg, client)
         orphans = await self.store.fail_orphans()
         for o in orphans:
@@ -227,6 +233,8 @@ class Dispatcher:
                         await self._wait(rt, 1.0)
                         continue
                     if not await self._ready_to_claim(rt):
+                        if rt.warm_model is not None:  # "when-idle": the node went idle
+                            await self._unload_warm(rt, None)
                         await self._wait(rt, IDLE_POLL_S)
                         continue
                     job = await self.store.claim(rt.name)
@@ -293,8 +301,25 @@ class Dispatcher:
         if relay is not None:
             relay.put_nowait(item)
 
+    async def _unload_warm(self, rt: NodeRuntime, job_id: str | None) -> bool:
+        model, rt.warm_model = rt.warm_model, None
+        return model is None or await self._unload(rt, model, job_id)
+
+    async def _keep_warm(self, rt: NodeRuntime, job: dict) -> bool:
+        """With unload = "when-idle": does the next job on this node want the same model?"""
+        if self.settings.unload_for(rt.config) != "when-idle" or not rt.claimable:
+            return False
+        nxt = await self.store.next_ready_model(rt.name)
+        return nxt is not None and normalize_model(nxt) == normalize_model(job["model"])
+
     async def _execute(self, rt: NodeRuntime, job: dict, cur: Current) -> None:
         started = time.monotonic()
+        if rt.warm_model is not None and normalize_model(rt.warm_model) != normalize_model(job["model"]):
+            # "when-idle" switching model: the one left loaded must leave VRAM first.
+            if not await self._unload_warm(rt, job["id"]):
+                message = f"not started: {rt.vram_stuck}"
+                await self._record(job["id"], "outcome", lambda: self.store.finish(job["id"], cur.run_id, "failed", message))
+                return
         limit_s, limit_name = self._limit_s(rt, job)
         critique = job["kind"] == "critique"
         front = job.get("endpoint") is not None  # a call through the front door (gpuq/front.py)
@@ -303,23 +328,27 @@ class Dispatcher:
         error, status = None, None
         think = json.loads(job["think"]) if job.get("think") is not None else rt.config.think
         options = merged_options(rt.config.options, json.loads(job["options"]) if job.get("options") else None)
+        keep_alive = KEEP_WARM if self.settings.unload_for(rt.config) == "when-idle" else 0
         if front:
             self._tell(job["id"], "start", rt.name)
         try:
             async with asyncio.timeout(limit_s):
                 if front:
                     route, body = node_request(job["endpoint"], json.loads(job["request"])["body"],
-                                               rt.config.think, rt.config.options)
+                                               rt.config.think, rt.config.options, keep_alive)
                     options = body.get("options")
                     stats = await self._call(rt, job, cur, route, body)
                 else:
                     stats = await self._generate(rt, job, cur, prompt, FINDINGS_SCHEMA if critique else None,
-                                                 think, options)
+                                                 think, options, keep_alive)
         except TimeoutError:
             error = (f"{limit_name} fired: the job ran {time.monotonic() - started:.1f}s, "
                      f"over its {limit_s:g}s limit; request aborted")
         except OllamaError as exc:
             error, status = exc.message, exc.status
+            if exc.status == 503:  # Ollama's pending queue is full: another client keeps it busy
+                error = (f"{exc.message} (HTTP 503: node {rt.name}'s Ollama is busy with other clients' "
+                         f"requests; this request never started, so `gpuq retry {job['id']}` is safe)")
             if exc.status is None and "cannot connect" in exc.message:
                 await self._set_up(rt, False, exc.message)
         except GpuqError as exc:  # a stored request this gpuq cannot read (written by another version)
@@ -342,10 +371,14 @@ class Dispatcher:
                     findings = parse_findings(output)
                 except FindingsError as exc:
                     error = f"the model's reply does not match the findings schema: {exc}; raw reply kept as output"
-        unloaded = await self._unload(rt, job["model"], job["id"])
+        if error is None and await self._keep_warm(rt, job):
+            rt.warm_model, unloaded = job["model"], True  # the node just answered: reachable
+        else:
+            rt.warm_model = None
+            unloaded = await self._unload(rt, job["model"], job["id"])
         state = "failed" if error else "done"
-        # The node just answered the unload check: it is reachable, so the finish may claim
-        # its next job in the same commit.
+        # The node just answered the unload check (or the stream): it is reachable, so the
+        # finish may claim its next job in the same commit.
         claim_node = rt.name if unloaded and rt.claimable else None
         try:
             cur.next_job = await self._record(job["id"], "outcome", lambda: self.store.finish(
@@ -363,9 +396,9 @@ class Dispatcher:
             self._changed(job=job["id"], state=state)
 
     async def _generate(self, rt: NodeRuntime, job: dict, cur: Current, prompt: str, fmt,
-                        think: bool | str | None, options: dict | None) -> dict:
+                        think: bool | str | None, options: dict | None, keep_alive: int | str) -> dict:
         last_beat = time.monotonic()
-        async for chunk in rt.client.chat(job["model"], prompt, fmt, think, options):
+        async for chunk in rt.client.chat(job["model"], prompt, fmt, think, options, keep_alive):
             message = chunk.get("message") or {}
             thought = message.get("thinking") or ""
             if thought:  # a thinking model's reasoning (on by default since Ollama 0.12.4)
@@ -462,21 +495,25 @@ class Dispatcher:
         log.info("job=%s node=%s aborted: %s", job["id"], rt.name, cur.abort_reason)
         output, thinking = "".join(cur.output), "".join(cur.thinking) or None
         await self._record(job["id"], "partial output", lambda: self.store.save_output(cur.run_id, output, thinking))
+        rt.warm_model = None
         await self._unload(rt, job["model"], job["id"])
 
     async def _unload(self, rt: NodeRuntime, model: str, job_id: str | None) -> bool:
-        """Confirm through /api/ps that the model left VRAM; ask for an unload if it lingers."""
+        """Confirm through /api/ps that the model left VRAM; ask for an unload if it lingers.
+        Every request is bounded by the time left: a real /api/ps can block for seconds."""
         wanted = normalize_model(model)
-        deadline = time.monotonic() + self.settings.unload_timeout_s
+        started = time.monotonic()
+        deadline = started + self.settings.unload_timeout_s
         delay, asked = 0.02, False
         last_error = None
         while True:
             try:
-                if wanted not in await rt.client.loaded():
+                left = max(deadline - time.monotonic(), MIN_REQUEST_S)
+                if wanted not in await rt.client.loaded(timeout_s=left):
                     rt.unloaded_at = time.monotonic()
                     return True
                 if not asked:
-                    await rt.client.unload(model)
+                    await rt.client.unload(model, timeout_s=max(deadline - time.monotonic(), MIN_REQUEST_S))
                     asked = True
                 last_error = f"{model} is still listed by /api/ps"
             except OllamaError as exc:
@@ -485,8 +522,8 @@ class Dispatcher:
                 break
             await asyncio.sleep(min(delay, max(deadline - time.monotonic(), 0)))
             delay = min(delay * 2, 0.5)
-        message = (f"unload failed: {model} did not leave VRAM within "
-                   f"{self.settings.unload_timeout_s:g}s ({last_error}); node {rt.name} flagged")
+        message = (f"unload failed: {model} did not leave VRAM within {time.monotonic() - started:.1f}s "
+                   f"(unload_timeout {self.settings.unload_timeout_s:g}s; {last_error}); node {rt.name} flagged")
         rt.vram_stuck, rt.stuck_model = message, model
         log.error("node=%s job=%s %s", rt.name, job_id, message)
         if job_id is not None:

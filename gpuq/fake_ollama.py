@@ -22,6 +22,12 @@ WORDS = ("the queue node model token plan risk retry budget export job result re
          "change test guard order state commit error memory latency design").split()
 
 
+def model_size(name: str) -> int:
+    """Bytes on disk, from the parameter count in the tag ('qwen3-coder:30b': ~18 GB at Q4)."""
+    found = re.search(r":(\d+(?:\.\d+)?)b\b", name)
+    return int(float(found.group(1)) * 0.6e9) if found else 2 << 30
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f000Z")
 
@@ -61,6 +67,7 @@ class Script:
     reply: str | None = None  # exact reply text (else words derived from the prompt)
     invalid_json: bool = False  # a structured-output request gets text that is not JSON
     findings: int | None = None  # how many findings a structured reply holds; None: 1 to 4
+    ps_delay_s: float = 0.0  # /api/ps blocks this long (real Ollama's does during a load or unload)
 
 
 @dataclass
@@ -178,11 +185,13 @@ class FakeOllama:
 
     async def _tags(self, request: web.Request) -> web.Response:
         return web.json_response({"models": [
-            {"name": m, "model": m, "modified_at": _now(), "size": 1 << 30, "digest": "0" * 64,
+            {"name": m, "model": m, "modified_at": _now(), "size": model_size(m), "digest": "0" * 64,
              "details": {"format": "gguf", "family": "llama"}} for m in sorted(self.models)]})
 
     async def _ps(self, request: web.Request) -> web.Response:
         self.ps_calls += 1
+        if self.script.ps_delay_s:
+            await asyncio.sleep(self.script.ps_delay_s)
         self._expire()
         return web.json_response({"models": [
             {"name": m, "model": m, "size": 1 << 30, "digest": "0" * 64,

@@ -175,7 +175,7 @@ async def tags(request: web.Request) -> web.Response:
 async def ps(request: web.Request) -> web.Response:
     """What the nodes have loaded now (a node that does not answer in time is left out)."""
     nodes = [rt for rt in request.app[FRONT].nodes_by_rank() if rt.up]
-    answers = await asyncio.gather(*(rt.client.ps(read_s=LISTING_TIMEOUT_S) for rt in nodes), return_exceptions=True)
+    answers = await asyncio.gather(*(rt.client.ps(timeout_s=LISTING_TIMEOUT_S) for rt in nodes), return_exceptions=True)
     return web.json_response({"models": tr.merged_ps(a for a in answers if isinstance(a, list))}, dumps=tr.dumps)
 
 
@@ -193,7 +193,7 @@ async def _show(front: Front, body: dict) -> dict:
     if rt is None:
         raise NotFound(f"model '{model}' not found")
     try:
-        return await rt.client.post("/api/show", {**body, "model": model}, read_s=30.0)
+        return await rt.client.post("/api/show", {**body, "model": model}, timeout_s=30.0)
     except OllamaError as exc:
         raise FrontError(exc.status or 502, exc.message) from None
 

@@ -25,27 +25,29 @@ def _message(body: str, status: int) -> str:
 
 class OllamaClient:
     def __init__(self, base_url: str, session: aiohttp.ClientSession, *,
-                 connect_timeout_s: float = 10.0, stall_timeout_s: float = 300.0):
+                 connect_timeout_s: float = 10.0, stall_timeout_s: float = 300.0, load_timeout_s: float = 600.0):
         self.base_url = base_url.rstrip("/")
         self.session = session
         self.connect_timeout_s = connect_timeout_s
         self.stall_timeout_s = stall_timeout_s
+        self.load_timeout_s = load_timeout_s
 
-    def _timeout(self, read_s: float) -> aiohttp.ClientTimeout:
-        # No total limit here: a job's wall-clock limit belongs to the worker.
-        return aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s, sock_read=read_s)
-
-    async def _request(self, method: str, path: str, body: Any = None, read_s: float = 10.0) -> Any:
+    async def _request(self, method: str, path: str, body: Any = None, timeout_s: float = 10.0) -> Any:
+        """One request and its JSON answer, all of it within `timeout_s` (a real /api/ps can
+        block for seconds while another client's model loads or unloads)."""
         url = self.base_url + path
+        timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=min(self.connect_timeout_s, timeout_s))
         try:
-            async with self.session.request(method, url, json=body, timeout=self._timeout(read_s)) as resp:
+            async with self.session.request(method, url, json=body, timeout=timeout) as resp:
                 text = await resp.text()
                 if resp.status >= 400:
                     raise OllamaError(_message(text, resp.status), resp.status)
                 return json.loads(text)
         except aiohttp.ClientConnectorError as exc:
             raise OllamaError(f"cannot connect to {self.base_url}: {exc.os_error or exc}") from exc
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+        except asyncio.TimeoutError as exc:
+            raise OllamaError(f"{method} {path} on {self.base_url} did not answer within {timeout_s:.1f}s") from exc
+        except (aiohttp.ClientError, ValueError) as exc:
             raise OllamaError(f"{method} {path} on {self.base_url} failed: {exc!r}") from exc
 
     async def version(self) -> str:
@@ -60,23 +62,25 @@ class OllamaClient:
     async def installed(self) -> set[str]:
         return {normalize_model(m["name"]) for m in await self.tags()}
 
-    async def ps(self, read_s: float = 10.0) -> list[dict]:
-        data = await self._request("GET", "/api/ps", read_s=read_s)
+    async def ps(self, timeout_s: float = 10.0) -> list[dict]:
+        """/api/ps' models as the node lists them."""
+        data = await self._request("GET", "/api/ps", timeout_s=timeout_s)
         return [m for m in (data.get("models") if isinstance(data, dict) else None) or [] if isinstance(m, dict)]
 
-    async def post(self, path: str, body: dict, read_s: float | None = None) -> Any:
-        """One JSON request and its JSON answer (/api/show, /api/embed); an error status raises
-        OllamaError with Ollama's message and status."""
-        return await self._request("POST", path, body, read_s=read_s if read_s is not None else self.stall_timeout_s)
+    async def post(self, path: str, body: dict, timeout_s: float | None = None) -> Any:
+        """One JSON request and its JSON answer (/api/show, /api/embed), within `timeout_s`
+        (default: load_timeout, as a cold load comes first); an error status raises OllamaError
+        with Ollama's message and status."""
+        return await self._request("POST", path, body, timeout_s if timeout_s is not None else self.load_timeout_s)
 
-    async def loaded(self) -> set[str]:
+    async def loaded(self, timeout_s: float = 10.0) -> set[str]:
         """Models /api/ps lists (in VRAM, loading, or still stopping)."""
-        data = await self._request("GET", "/api/ps")
+        data = await self._request("GET", "/api/ps", timeout_s=timeout_s)
         return {normalize_model(m["name"]) for m in data.get("models", [])}
 
-    async def unload(self, model: str) -> None:
+    async def unload(self, model: str, timeout_s: float = 10.0) -> None:
         """An empty chat with keep_alive 0 asks Ollama to unload; it answers done_reason 'unload'."""
-        await self._request("POST", "/api/chat", {"model": model, "messages": [], "keep_alive": 0})
+        await self._request("POST", "/api/chat", {"model": model, "messages": [], "keep_alive": 0}, timeout_s)
 
     async def context_length(self, model: str) -> int | None:
         """The model's num_ctx as /api/show's `parameters` set it; None when it sets none (the
@@ -89,8 +93,8 @@ class OllamaClient:
         return None
 
     async def chat(self, model: str, prompt: str, fmt: Any = None, think: bool | str | None = None,
-                   options: dict | None = None) -> AsyncIterator[dict]:
-        """Stream /api/chat with keep_alive 0 (the model unloads when the request ends).
+                   options: dict | None = None, keep_alive: int | str = 0) -> AsyncIterator[dict]:
+        """Stream /api/chat, by default with keep_alive 0 (the model unloads when the request ends).
 
         Yields each chunk; the last one has done: true. Raises OllamaError on an HTTP error,
         an {"error"} line, a stall longer than stall_timeout_s, or a stream that ends early."""
@@ -98,7 +102,7 @@ class OllamaClient:
             "model": model,
             "messages": [{"role": "user", "content": prompt}],
             "stream": True,
-            "keep_alive": 0,
+            "keep_alive": keep_alive,
         }
         if fmt is not None:
             body["format"] = fmt
@@ -111,13 +115,34 @@ class OllamaClient:
 
     async def stream(self, path: str, body: dict) -> AsyncIterator[tuple[bytes, dict]]:
         """Stream /api/chat or /api/generate: each line as Ollama sent it, and parsed. The same
-        failures as chat(); an error status keeps Ollama's status."""
+        limits and failures as chat(); an error status keeps Ollama's status."""
         url = self.base_url + path
+        # A cold load of a large model sends nothing, not even headers, until the model is in
+        # VRAM (minutes): the first line gets load_timeout, each line after it stall_timeout.
+        # The limits are per read, never held across a `yield` (the consumer's own awaits must
+        # not be cancelled by this generator's clock).
+        loop = asyncio.get_running_loop()
+        first_by = loop.time() + self.load_timeout_s
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s, sock_read=None)
+        first = True
         try:
-            async with self.session.post(url, json=body, timeout=self._timeout(self.stall_timeout_s)) as resp:
+            try:
+                async with asyncio.timeout_at(first_by):
+                    resp = await self.session.post(url, json=body, timeout=timeout)
+            except TimeoutError:
+                raise self._late(first) from None
+            async with resp:
                 if resp.status >= 400:
                     raise OllamaError(_message(await resp.text(), resp.status), resp.status)
-                async for raw in resp.content:
+                while True:
+                    try:
+                        async with asyncio.timeout_at(first_by if first else loop.time() + self.stall_timeout_s):
+                            raw = await resp.content.readline()
+                    except TimeoutError:
+                        raise self._late(first) from None
+                    if not raw:
+                        break
+                    first = False
                     line = raw.strip()
                     if not line:
                         continue
@@ -135,10 +160,14 @@ class OllamaClient:
             raise OllamaError("Ollama's stream ended without done: true")
         except aiohttp.ClientConnectorError as exc:
             raise OllamaError(f"cannot connect to {self.base_url}: {exc.os_error or exc}") from exc
-        except asyncio.TimeoutError as exc:
-            raise OllamaError(f"stalled: no bytes from Ollama for {self.stall_timeout_s:g}s") from exc
         except aiohttp.ClientPayloadError as exc:
             # aiohttp's text here ("TransferEncodingError: 400 ...") reads like an HTTP status.
             raise OllamaError("Ollama's stream broke off: the connection closed before the reply ended") from exc
         except aiohttp.ClientError as exc:
             raise OllamaError(f"request to {self.base_url} failed: {exc}") from exc
+
+    def _late(self, first: bool) -> OllamaError:
+        if first:
+            return OllamaError(f"no reply from Ollama within load_timeout ({self.load_timeout_s:g}s): "
+                               "the model did not load in time")
+        return OllamaError(f"stalled: no bytes from Ollama for {self.stall_timeout_s:g}s")

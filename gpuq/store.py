@@ -507,6 +507,11 @@ class Store:
             " WHERE e.id > ? AND e.to_state IN ('done', 'failed', 'cancelled') AND e.from_state <> e.to_state"
             ") GROUP BY node, kind, state, model", (after_event,))
 
+    async def next_ready_model(self, node: str) -> str | None:
+        """The model of the job the node would claim next (None: nothing is ready)."""
+        rows = await self.read("SELECT model FROM ready_job WHERE node = ? ORDER BY position, id LIMIT 1", (node,))
+        return rows[0]["model"] if rows else None
+
     async def has_waiting(self, node: str) -> bool:
         """A job waits on the node that may run now (a held critique does not count)."""
         rows = await self.read("SELECT EXISTS (SELECT 1 FROM ready_job WHERE node = ?) AS waiting", (node,))

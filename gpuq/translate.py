@@ -522,13 +522,14 @@ def ollama_request(endpoint: str, body: dict) -> dict:
 
 
 def node_request(endpoint: str, body: dict, node_think: bool | str | None = None,
-                 node_options: dict | None = None) -> tuple[str, dict]:
+                 node_options: dict | None = None, keep_alive: int | str = 0) -> tuple[str, dict]:
     """The Ollama route and body a front-door job sends its node: the client's own request, with
-    the node's policy over it: keep_alive 0 (the model leaves VRAM after every job, whatever
-    the client asked), chat and generate streamed (gpuq relays each chunk as it comes), the
-    node's options under the client's, and the node's `think` when the client set none."""
+    the node's policy over it: the node's keep_alive, whatever the client asked (0: the model
+    leaves VRAM after the job), chat and generate streamed (gpuq relays each chunk as it
+    comes), the node's options under the client's, and the node's `think` when the client set
+    none."""
     out = dict(ollama_request(endpoint, body))
-    out["keep_alive"] = 0
+    out["keep_alive"] = keep_alive
     route = NODE_ROUTE[endpoint]
     if route in STREAMED_ROUTES:
         out["stream"] = True

@@ -175,6 +175,7 @@ async def test_closing_the_store_lets_the_batch_in_flight_commit(tmp_path):
     await s.close()
     results = await asyncio.gather(*pending, return_exceptions=True)
     stored = {r[0] for r in rows(tmp_path / "q.db", "SELECT id FROM job")}
+    assert stored, "close() must let the batch in flight commit, but nothing was stored"
     assert {r[0]["id"] for r in results if isinstance(r, list)} == stored
     assert all(isinstance(r, (list, StoreUnavailable)) for r in results), results
     with pytest.raises(StoreUnavailable):

@@ -36,6 +36,7 @@ class Ledger:
     acked: dict[str, str] = field(default_factory=dict)  # job id -> its prompt's mark (got 201)
     retried: set[str] = field(default_factory=set)  # job ids a retry was sent for
     preempted: set[str] = field(default_factory=set)  # job ids a preempt was sent for
+    wrong_answers: list[tuple] = field(default_factory=list)  # (operation, status, body) not allowed
     submits: int = 0
     actions: int = 0
     next_mark: int = 0
@@ -43,6 +44,19 @@ class Ledger:
     def mark(self) -> str:
         self.next_mark += 1
         return f"crash job {self.next_mark:05d}:"
+
+
+# What each operation may answer while the router is up: anything else (a 500, a 503) is a
+# defect, even when the queue's invariants still hold.
+ALLOWED = {"submit": {201}, "move": {200, 409}, "delete": {200, 409}, "preempt": {200, 409},
+           "retry": {200, 409}}
+
+
+async def answered(ledger: Ledger, operation: str, resp: aiohttp.ClientResponse) -> dict:
+    body = await resp.json(content_type=None)
+    if resp.status not in ALLOWED[operation]:
+        ledger.wrong_answers.append((operation, resp.status, body))
+    return body
 
 
 async def client(url: str, session: aiohttp.ClientSession, ledger: Ledger, rng: random.Random) -> None:
@@ -63,26 +77,27 @@ async def client(url: str, session: aiohttp.ClientSession, ledger: Ledger, rng: 
                     body["node"] = node
                 ledger.submits += 1
                 async with session.post(url + "/api/jobs", json=body) as resp:
+                    answer = await answered(ledger, "submit", resp)
                     if resp.status == 201:
-                        for job in (await resp.json())["jobs"]:
+                        for job in answer["jobs"]:
                             ledger.acked[job["id"]] = mark
             elif roll < 0.70:
                 move = rng.choice([{"position": 1}, {"node": "node-1"}, {"node": "node-3"}, {"position": 3}])
                 async with session.post(f"{url}/api/jobs/{target}/move", json=move) as resp:
-                    await resp.read()
+                    await answered(ledger, "move", resp)
             elif roll < 0.85:
                 async with session.delete(f"{url}/api/jobs/{target}") as resp:
-                    await resp.read()
+                    await answered(ledger, "delete", resp)
             elif roll < 0.92:
                 ledger.preempted.add(target)  # before sending: the answer may never come
                 async with session.post(f"{url}/api/jobs/{target}/preempt") as resp:
-                    await resp.read()
+                    await answered(ledger, "preempt", resp)
             else:
                 ledger.retried.add(target)
                 async with session.post(f"{url}/api/jobs/{target}/retry") as resp:
-                    await resp.read()
-        except (aiohttp.ClientError, asyncio.TimeoutError):
-            return  # the router was killed under us
+                    await answered(ledger, "retry", resp)
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            return  # the router was killed under us (a ValueError: its answer was cut short)
 
 
 def sent_marks(fakes) -> dict[str, int]:
@@ -111,6 +126,9 @@ def check_database(path: Path, ledger: Ledger, fakes) -> dict[str, dict]:
             events.setdefault(e["job_id"], []).append(dict(e))
     finally:
         db.close()
+
+    # Every answer the router gave was one its operation allows.
+    assert not ledger.wrong_answers, f"answers no operation allows: {ledger.wrong_answers[:5]}"
 
     # Every job that got a 201 is there, with its prompt.
     missing = [i for i in ledger.acked if i not in jobs]

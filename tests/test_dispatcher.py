@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from gpuq.bus import Bus
 from gpuq.config import NodeConfig, Settings
 from gpuq.dispatcher import Dispatcher
@@ -17,7 +19,9 @@ async def test_a_delete_that_lands_between_claim_and_start_never_reaches_ollama(
     await dispatcher.start()
     try:
         rt = dispatcher.nodes["n"]
-        rt.up = False  # keep the node's own worker from claiming: this test claims by hand
+        for task in dispatcher._tasks:  # no worker of its own may claim: this test claims by hand
+            task.cancel()
+        await asyncio.gather(*dispatcher._tasks, return_exceptions=True)
         await store.submit(NewJob("task", "never sent"), [NodeInfo("n", 1, ("task",), "m:latest", True)], "api")
         job = await store.claim("n")
         _, interrupted = await store.delete(job["id"], "cli")

@@ -6,6 +6,9 @@ serving everyone else: a job on the other node completes meanwhile."""
 
 from __future__ import annotations
 
+import re
+import time
+
 import errno
 
 import pytest
@@ -16,6 +19,7 @@ MODEL = "qwen3-coder:30b"
 OOM = "llama-server reported out-of-memory during startup: cudaMalloc failed: out of memory"
 BUSY = "server busy, please try again.  maximum pending requests exceeded"
 STALLED = "stalled: no bytes from Ollama for 2s"
+NEVER_LOADED = "no reply from Ollama within load_timeout (3s): the model did not load in time"
 BROKE_OFF = "Ollama's stream broke off: the connection closed before the reply ended"
 
 
@@ -25,7 +29,7 @@ async def sick_and_well(fakes, daemon_factory, **router):
     well = await fakes(MODEL)
     d = await daemon_factory([node_table("sick", sick, 1, ["task"], MODEL),
                               node_table("well", well, 2, ["task"], MODEL)],
-                             **{"stall_timeout": "2s", "unload_timeout": "1s", **router})
+                             **{"stall_timeout": "2s", "load_timeout": "3s", "unload_timeout": "1s", **router})
     return sick, well, d
 
 
@@ -43,8 +47,9 @@ CASES = {
     "error line mid-stream": ({"error_after": 3},
                               "an error was encountered while running the model: unexpected EOF", 3, False),
     "500 on load (out of memory)": ({"load_error": (500, OOM)}, OOM, 0, False),
-    "503 queue full": ({"busy": True}, BUSY, 0, False),
-    "headers never come": ({"hang_headers": True}, STALLED, 0, True),
+    "503 queue full": ({"busy": True}, f"{BUSY} (HTTP 503: node sick's Ollama is busy with other clients' "
+                       "requests; this request never started, so `gpuq retry {id}` is safe)", 0, False),
+    "headers never come (a cold load past load_timeout)": ({"hang_headers": True}, NEVER_LOADED, 0, True),
     "stream stalls": ({"stall_after": 2}, STALLED, 2, True),
 }
 
@@ -64,7 +69,7 @@ async def test_a_node_fault_fails_its_job_loudly_once_and_everyone_else_is_serve
 
     failed = await d.wait_state(job["id"], "failed", timeout=20)
     served = await d.wait_state(other["id"], "done", timeout=20)
-    assert failed["error"] == error
+    assert failed["error"] == error.replace("{id}", job["id"])
     assert len(failed["output"].split()) == kept  # the partial output is kept
     assert [e["to_state"] for e in failed["events"]] == ["queued", "running", "failed"]
     assert failed["events"][-1]["reason"] == failed["error"]
@@ -146,14 +151,14 @@ async def test_an_unload_that_never_frees_the_model_flags_the_node_until_it_is_f
     sick, well, d = await sick_and_well(fakes, daemon_factory)
     sick.script.unload = "never"  # stuck in "Stopping...": /api/ps keeps listing the model
     [job] = await d.submit("task", "its model never leaves", node="sick")
-    message = (f"unload failed: {MODEL} did not leave VRAM within 1s ({MODEL} is still listed by "
-               "/api/ps); node sick flagged")
-
     async def flagged():
         state = await node(d, "sick")
         return state if state["vram_stuck"] else None
     state = await eventually(flagged, 15, what="the node to be flagged")
-    assert state["vram_stuck"] == message
+    message = state["vram_stuck"]
+    waited = re.fullmatch(rf"unload failed: {MODEL} did not leave VRAM within ([\d.]+)s \(unload_timeout 1s; "
+                          rf"{MODEL} is still listed by /api/ps\); node sick flagged", message)
+    assert waited and 1.0 <= float(waited.group(1)) < 3.0, message
     done = await d.wait_state(job["id"], "done")  # its work is done; the failure is the node's
     assert [e["reason"] for e in done["events"] if e["from_state"] == e["to_state"] == "running"] == [message]
 
@@ -203,3 +208,32 @@ def async_true(fetch, test):
     async def check():
         return test(await fetch())
     return check
+
+
+async def test_a_blocking_api_ps_is_bounded_by_unload_timeout_and_the_flag_says_how_long(fakes, daemon_factory):
+    """Real /api/ps can block for seconds during another client's load or an unload: each poll
+    gets only the time left, so the node is flagged after about unload_timeout (1 s), not after
+    one 10 s request, and the message says how long gpuq really waited."""
+    sick, well, d = await sick_and_well(fakes, daemon_factory)
+    sick.script.ps_delay_s = 30  # only the unload check reads /api/ps
+    started = time.monotonic()
+    await d.submit("task", "its unload check blocks", node="sick")
+
+    async def flagged():
+        return (await node(d, "sick"))["vram_stuck"]
+    message = await eventually(flagged, 10, what="the node to be flagged")
+    elapsed = time.monotonic() - started
+    waited = re.search(r"did not leave VRAM within ([\d.]+)s \(unload_timeout 1s; (.*)\)", message)
+    assert waited, message
+    assert 1.0 <= float(waited.group(1)) < 2.5 and elapsed < 8, (message, elapsed)
+    assert "/api/ps on" in waited.group(2) and "did not answer within" in waited.group(2)
+
+
+async def test_a_cold_load_longer_than_stall_timeout_is_not_a_stall(fakes, daemon_factory):
+    """The first byte of a cold load may take minutes: load_timeout (3 s here) rules until it
+    comes, stall_timeout (2 s) only between bytes after it."""
+    sick, well, d = await sick_and_well(fakes, daemon_factory)
+    sick.script.load_delay_s = 2.5  # longer than stall_timeout, shorter than load_timeout
+    [job] = await d.submit("task", "a slow cold load", node="sick")
+    done = await d.wait_state(job["id"], "done", timeout=20)
+    assert done["output"]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from playwright.async_api import Page, async_playwright, expect
 
-from conftest import ROOT, eventually, node_table
+from conftest import ROOT, eventually, make_lab, node_table
 
 pytestmark = pytest.mark.browser
 
@@ -500,34 +500,30 @@ async def test_live_updates_come_back_after_a_router_restart(lab, page):
     await expect(page.locator(f'#recent tr[data-id="{job}"]')).to_contain_text("done")
 
 
-async def test_access_token_is_asked_once_and_sent(lab, page):
-    """No token is configured on the router yet, so the browser plays a router that wants one."""
+async def test_access_token_is_asked_once_and_sent(fakes, daemon_factory, page):
+    """Against a real router with a token: the page asks for it once, then sends it on every
+    /api call (as a Bearer header; the event stream, which cannot send headers, in its URL)."""
+    token = "s3cret-token-for-the-page-test"
+    d = await make_lab(fakes, daemon_factory, token=token)
     seen: list[tuple[str, str | None]] = []
 
-    async def gate(route):
-        request = route.request
-        auth = await request.header_value("authorization")
-        seen.append((request.url, auth))
-        ok = auth == "Bearer s3cret" or ("/api/events" in request.url and "token=s3cret" in request.url)
-        if ok:
-            await route.continue_()
-        else:
-            await route.fulfill(status=401, content_type="application/json",
-                                body=json.dumps({"error": {"status": 401, "message": "access token required"}}))
-    await page.route(lambda url: "/api/" in url or url.endswith("/health"), gate)
-    await page.goto(lab.url + "/")
+    async def note(request):
+        if "/api/" in request.url:
+            seen.append((request.url, await request.header_value("authorization")))
+    page.on("request", note)
+    await page.goto(d.url + "/")
     dialog = page.locator("dialog[open]")
     await expect(dialog).to_contain_text("Access token needed")
-    await dialog.locator("#token-input").fill("s3cret")
+    await dialog.locator("#token-input").fill(token)
     await dialog.get_by_role("button", name="Save token").click()
     await expect(page.locator(".col")).to_have_count(3)
     await expect(page.locator("#conn")).to_have_text("live")
-    assert await page.evaluate("localStorage.getItem('gpuq-token')") == "s3cret"
+    assert await page.evaluate("localStorage.getItem('gpuq-token')") == token
     assert await page.locator("dialog").count() == 0  # asked once, not once per request
     first = next(i for i, (_, auth) in enumerate(seen) if auth)
     later = [(url, auth) for url, auth in seen[first:] if "/api/events" not in url]
-    assert later and all(auth == "Bearer s3cret" for _, auth in later), later
-    assert any("/api/events?token=s3cret" in url for url, _ in seen)
+    assert later and all(auth == f"Bearer {token}" for _, auth in later), later
+    assert any(f"/api/events?token={token}" in url for url, _ in seen)
 
 
 # -- the job page -------------------------------------------------------------------------------

@@ -283,3 +283,11 @@ async def test_a_colliding_job_id_is_replaced_not_refused(store, monkeypatch):
     [second] = await store.submit(NewJob("task", "q"), NODES, "api")
     assert second["id"] == "1800000000-0000abcd"
     assert len(await store.jobs()) == 2
+
+
+async def test_every_write_is_durable_wal_and_synchronous_full(store):
+    """A 201 means the job is on disk: the writer connection runs WAL at synchronous=FULL with
+    foreign keys on. (A SIGKILL cannot catch synchronous=OFF: the page cache survives it.)"""
+    def pragmas(db: sqlite3.Connection) -> tuple:
+        return tuple(db.execute(f"PRAGMA {p}").fetchone()[0] for p in ("journal_mode", "synchronous", "foreign_keys"))
+    assert await in_writer_thread(store._writer, pragmas) == ("wal", 2, 1)  # 2 = FULL
