@@ -22,12 +22,12 @@ import aiohttp
 from gpuq.dispatcher import UNLOAD_FRESH_S
 from gpuq.store import NewJob, NodeInfo, Store
 
-from . import growth, peers
+from . import front, growth, peers
 from .procs import Fakes, Router, node_table, rss_mb
 from .stats import Metric, table
 
 BENCH_DIR = Path(__file__).resolve().parent
-SECTIONS = ("physical", "peers", "submit", "turnaround", "first_token", "growth")
+SECTIONS = ("physical", "peers", "submit", "turnaround", "first_token", "growth", "front")
 NODES = {"n1": "qwen3-coder:30b", "n2": "llama3.2:latest"}
 CONCURRENT_WORKERS = 8
 SETTINGS = {"stale_after_s": 600.0, "stale_grace_s": 30.0, "max_runtime_s": 4 * 3600.0}
@@ -467,6 +467,8 @@ class Bench:
     async def run(self) -> None:
         if self.wants("physical") or self.wants("peers"):
             await self.physical_and_peers()
+        if self.wants("front"):  # its own nodes and router
+            await front.front_section(self)
         needs_router = any(self.wants(s) for s in ("submit", "turnaround", "first_token", "growth"))
         if not needs_router:
             return
@@ -500,6 +502,9 @@ class Bench:
             "store_vs_huey": lambda v: v >= 1.0,
             "gap": lambda v: v <= 5.0,
             "ttft_overhead": lambda v: v <= 2.0,
+            "front_ttft_overhead": lambda v: v <= 2.0,
+            "front_rate_1_ratio": lambda v: v >= 0.95,
+            "front_rate_20_ratio": lambda v: v >= 0.95,
             "growth_claim_ratio": lambda v: v <= 2.0,
             "growth_stale_ratio": lambda v: v <= 2.0,
             "growth_health_ratio": lambda v: v <= 2.0,
