@@ -134,29 +134,38 @@ class OllamaClient:
             async with resp:
                 if resp.status >= 400:
                     raise OllamaError(_message(await resp.text(), resp.status), resp.status)
+                # One read takes whatever has arrived (often many lines): one clock per read,
+                # not per line, and no limit on a line's length (generate's last chunk carries
+                # its whole token context).
+                pending = b""
                 while True:
                     try:
                         async with asyncio.timeout_at(first_by if first else loop.time() + self.stall_timeout_s):
-                            raw = await resp.content.readline()
+                            data = await resp.content.readany()
                     except TimeoutError:
                         raise self._late(first) from None
-                    if not raw:
+                    if not data:
+                        lines, pending = [pending], b""
+                    else:
+                        first = False
+                        *lines, pending = (pending + data).split(b"\n")
+                    for raw in lines:
+                        line = raw.strip()
+                        if not line:
+                            continue
+                        try:
+                            chunk = json.loads(line)
+                        except ValueError:
+                            raise OllamaError(f"Ollama sent a line that is not JSON: {line[:200]!r}") from None
+                        if not isinstance(chunk, dict):
+                            raise OllamaError(f"Ollama sent a line that is not a JSON object: {line[:200]!r}")
+                        if "error" in chunk:
+                            raise OllamaError(str(chunk["error"]))
+                        yield line, chunk
+                        if chunk.get("done"):
+                            return
+                    if not data:
                         break
-                    first = False
-                    line = raw.strip()
-                    if not line:
-                        continue
-                    try:
-                        chunk = json.loads(line)
-                    except ValueError:
-                        raise OllamaError(f"Ollama sent a line that is not JSON: {line[:200]!r}") from None
-                    if not isinstance(chunk, dict):
-                        raise OllamaError(f"Ollama sent a line that is not a JSON object: {line[:200]!r}")
-                    if "error" in chunk:
-                        raise OllamaError(str(chunk["error"]))
-                    yield line, chunk
-                    if chunk.get("done"):
-                        return
             raise OllamaError("Ollama's stream ended without done: true")
         except aiohttp.ClientConnectorError as exc:
             raise OllamaError(f"cannot connect to {self.base_url}: {exc.os_error or exc}") from exc
