@@ -113,7 +113,7 @@ HTTP: dict[str, tuple[str, str, Any, int, str]] = {
                                  Starts("request body too large")),
     # Fields.
     "unknown field": ("POST", "/api/jobs", task(priority=1), 400,
-                      "unknown field 'priority' (allowed: kind, model, node, parent, prompt, timeout)"),
+                      "unknown field 'priority' (allowed: kind, model, node, options, parent, prompt, think, timeout)"),
     "missing kind": ("POST", "/api/jobs", {"prompt": "x"}, 400, "missing field 'kind'"),
     "kind of the wrong type": ("POST", "/api/jobs", task(kind=5), 400, "field 'kind' must be a string, got 5"),
     "prompt of the wrong type": ("POST", "/api/jobs", task(prompt=["x"]), 400,

@@ -487,9 +487,8 @@ def test_migration_keeps_every_row_and_allows_embed(tmp_path):
             break
         db.executescript(f.read_text())
         db.execute("INSERT INTO schema_migration VALUES (?, ?, 'then')", (int(f.name[:3]), f.stem))
-    db.execute("INSERT INTO job (id, kind, node, model, prompt, position, placement, created_at, state, run_id)"
-               " VALUES ('1-aaaaaaaa', 'task', 'n1', 'm', 'p', 1024, 'asked', 'now', 'done', 1)")
-    db.execute("UPDATE job SET finished_at = 'now' WHERE id = '1-aaaaaaaa'")
+    db.execute("INSERT INTO job (id, kind, node, model, prompt, position, placement, created_at, state, run_id,"
+               " finished_at) VALUES ('1-aaaaaaaa', 'task', 'n1', 'm', 'p', 1024, 'asked', 'now', 'done', 1, 'now')")
     db.execute("INSERT INTO run (id, job_id, node, model, state, started_at, progress_at, finished_at, output)"
                " VALUES (1, '1-aaaaaaaa', 'n1', 'm', 'done', 'now', 'now', 'now', 'result')")
     db.execute("INSERT INTO job (id, kind, node, model, prompt, position, placement, created_at, parent_id,"
