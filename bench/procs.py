@@ -25,12 +25,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def rss_mb(pid: int) -> float:
-    """Resident set size of a process, from /proc (Linux)."""
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
+    """Resident set size of a process (VmHWM: its peak so far), from /proc (Linux)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for pid {pid}")
+    raise RuntimeError(f"no {field} for pid {pid}")
 
 
 class Fakes:

@@ -22,12 +22,12 @@ import aiohttp
 from gpuq.dispatcher import UNLOAD_FRESH_S
 from gpuq.store import NewJob, NodeInfo, Store
 
-from . import front, growth, peers
-from .procs import Fakes, Router, node_table, rss_mb
+from . import front, growth, listings, peers
+from .procs import Fakes, Router, free_port, node_table, rss_mb
 from .stats import Metric, table
 
 BENCH_DIR = Path(__file__).resolve().parent
-SECTIONS = ("physical", "peers", "submit", "turnaround", "first_token", "growth", "front")
+SECTIONS = ("physical", "peers", "submit", "turnaround", "first_token", "growth", "listings", "front")
 NODES = {"n1": "qwen3-coder:30b", "n2": "llama3.2:latest"}
 CONCURRENT_WORKERS = 8
 SETTINGS = {"stale_after_s": 600.0, "stale_grace_s": 30.0, "max_runtime_s": 4 * 3600.0}
@@ -462,6 +462,57 @@ class Bench:
             for a, b in zip(low.per_run, high.per_run):
                 ratio.add_run(b / a)
 
+    # -- 7: listings over 300 jobs with 1 MB prompts (issue 11, item 8) -------------------------
+
+    async def listings_section(self) -> None:
+        jobs, mb = listings.JOBS, listings.PROMPT_BYTES / 1e6
+        size = {path: self.metric(f"listing_kb_{i}", f"GET {path} response ({jobs} x {mb:g} MB prompts waiting)",
+                                  "KB", "mb", "<= 300 KB") for i, path in enumerate(listings.LISTINGS)}
+        alone = {path: self.metric(f"listing_ms_{i}", f"GET {path}, alone", "ms", "ms")
+                 for i, path in enumerate(listings.LISTINGS)}
+        health_idle = self.metric("listing_health_idle", "GET /health, no listing in flight", "ms", "ms")
+        health_busy = self.metric("listing_health_busy", "GET /health while 2 clients fetch listings back to back",
+                                  "ms", "ms", "p95 <= 50 ms")
+        busy = self.metric("listing_busy_ms", "  a listing fetched by those 2 clients", "ms", "ms")
+        rss = self.metric("listing_rss", "router RSS after the listings (VmRSS)", "MB", "mb", "<= 200 MB")
+        hwm = self.metric("listing_hwm", "router peak RSS over the whole section (VmHWM)", "MB", "mb", "<= 200 MB")
+        window = 3.0 if self.quick else 6.0
+        # Both nodes are down (nothing listens on their ports): every job stays queued.
+        nodes = [node_table(n, f"http://127.0.0.1:{free_port()}", rank, m)
+                 for rank, (n, m) in enumerate(NODES.items(), 1)]
+        router = await Router(self.workdir, nodes, self.workdir / "listings.db").start()
+        try:
+            t0 = time.perf_counter()
+            await listings.fill(router, list(NODES))
+            self.say(f"listings: {jobs} jobs of {mb:g} MB queued in {time.perf_counter() - t0:.1f}s")
+            conn = await router.connect()
+            try:
+                for rep in range(self.repeats):
+                    for path in listings.LISTINGS:
+                        samples = []
+                        for _ in range(3 if self.quick else 5):
+                            n, ms = await listings.timed(conn, path)
+                            samples.append(ms)
+                        size[path].add_run(n / 1000)
+                        alone[path].add_run(samples)
+                    health_idle.add_run([(await listings.timed(conn, "/health"))[1] for _ in range(20)])
+                    h, fetched = await listings.health_under_listings(router, 2, window, 400)
+                    health_busy.add_run(h)
+                    busy.add_run(fetched)
+                    rss.add_run(rss_mb(router.pid))
+                    self.say(f"listings run {rep + 1}/{self.repeats}: "
+                             + ", ".join(f"{p} {size[p].runs[-1][0]:,.1f} KB" for p in listings.LISTINGS)
+                             + f"; /health under load p50 {statistics.median(h):.2f} ms, max {max(h):.1f} ms"
+                             f" ({len(fetched)} listings); RSS {rss.runs[-1][0]:.1f} MB")
+            finally:
+                await conn.close()
+            hwm.add_run(rss_mb(router.pid, "VmHWM"))
+            hwm.note = f"database file {(self.workdir / 'listings.db').stat().st_size / 1e6:.0f} MB"
+        finally:
+            await router.stop()
+            for suffix in ("", "-wal", "-shm"):
+                Path(str(self.workdir / "listings.db") + suffix).unlink(missing_ok=True)
+
     # -- the whole run --------------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -469,7 +520,7 @@ class Bench:
             await self.physical_and_peers()
         if self.wants("front"):  # its own nodes and router
             await front.front_section(self)
-        needs_router = any(self.wants(s) for s in ("submit", "turnaround", "first_token", "growth"))
+        needs_router = any(self.wants(s) for s in ("submit", "turnaround", "first_token", "growth", "listings"))
         if not needs_router:
             return
         self.fakes = await Fakes(NODES, self.workdir / "fakes.log").start()
@@ -490,6 +541,8 @@ class Bench:
                     await router.stop()
             if self.wants("growth"):
                 await self.growth_section()
+            if self.wants("listings"):
+                await self.listings_section()
         finally:
             await self.fakes.stop()
 
@@ -509,7 +562,13 @@ class Bench:
             "growth_stale_ratio": lambda v: v <= 2.0,
             "growth_health_ratio": lambda v: v <= 2.0,
             "rss_100000": lambda v: v <= 100.0,
+            "listing_kb_0": lambda v: v <= 300.0,
+            "listing_kb_1": lambda v: v <= 300.0,
+            "listing_rss": lambda v: v <= 200.0,
+            "listing_hwm": lambda v: v <= 200.0,
         }
+        if "listing_health_busy" in m and m["listing_health_busy"].pooled:  # its target is on p95
+            m["listing_health_busy"].met = m["listing_health_busy"].summary()["p95"] <= 50.0
         for key, ok in checks.items():
             if med(key) is not None:
                 m[key].met = bool(ok(med(key)))

@@ -72,9 +72,18 @@ def duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
-def excerpt(text: str, width: int = 50) -> str:
+def excerpt(text: str, width: int = 50, more: bool = False) -> str:
+    """One line of at most `width` characters; `more`: the text goes on past what we hold."""
     flat = " ".join(text.split())
-    return flat if len(flat) <= width else flat[: width - 1] + "…"
+    if len(flat) > width:
+        return flat[: width - 1] + "…"
+    return flat + "…" if more else flat
+
+
+def prompt_excerpt(job: dict, width: int = 50) -> str:
+    """A listed job's prompt: listings carry its first characters and its size in bytes."""
+    text = job["prompt_excerpt"]
+    return excerpt(text, width, more=len(text.encode("utf-8")) < job["prompt_bytes"])
 
 
 @click.group()
@@ -416,12 +425,12 @@ def queue_cmd(ctx, limit) -> None:
                    f"  {node['queued_count']} waiting")
         run = node["running"]
         if run:
-            click.echo(f"  running  {run['id']}  {run['kind']:8} {ago(run['started_at']):>7}  {excerpt(run['prompt'])}")
+            click.echo(f"  running  {run['id']}  {run['kind']:8} {ago(run['started_at']):>7}  {prompt_excerpt(run)}")
         for i, job in enumerate(node["queued"], start=1):
             mark = " (preempted)" if job["preempted_runs"] else ""
             if job.get("waiting_for"):
                 mark += f" (waiting for parent {job['waiting_for']})"
-            click.echo(f"  {i:>7}  {job['id']}  {job['kind']:8} {ago(job['created_at']):>7}  {excerpt(job['prompt'])}{mark}")
+            click.echo(f"  {i:>7}  {job['id']}  {job['kind']:8} {ago(job['created_at']):>7}  {prompt_excerpt(job)}{mark}")
         if node["queued_count"] > len(node["queued"]):
             click.echo(f"  … {node['queued_count'] - len(node['queued'])} more")
 

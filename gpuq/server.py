@@ -366,8 +366,8 @@ async def stream_job(request: web.Request) -> web.StreamResponse:
             if stored != sent[kind] and stored.startswith(sent[kind]):
                 await line({kind: stored[len(sent[kind]):]})
         final = job_json(job, app[SETTINGS].public_url)
-        final.pop("runs", None)
-        final.pop("events", None)
+        for key in ("prompt", "runs", "events"):  # the follower has its prompt: the excerpt is enough
+            final.pop(key, None)
         await line({"done": True, "job": final})
     await resp.write_eof()
     return resp

@@ -30,15 +30,20 @@ MIGRATIONS_DIR = shipped_dir("migrations")
 Row = dict[str, Any]
 T = TypeVar("T")
 
-JOB_COLUMNS = """j.id, j.kind, j.state, j.node, j.model, j.prompt, j.parent_id, j.group_id,
+# A listing (/api/queue, /api/jobs) carries each prompt's first 300 characters and its size in
+# UTF-8 bytes, which SQLite stores beside the prompt when it is written (migration 005): 300
+# waiting 1 MB prompts are neither read from the file nor held in the router's memory. Only a
+# single job's read (/api/jobs/{id}) adds the whole prompt.
+LISTING_COLUMNS = """j.id, j.kind, j.state, j.node, j.model, j.parent_id, j.group_id,
     j.position, j.placement, j.run_id, j.error, j.findings, j.timeout_s, j.created_at, j.finished_at,
-    j.think, j.options, j.endpoint,
+    j.think, j.options, j.endpoint, j.prompt_excerpt, j.prompt_bytes,
     r.started_at, r.progress_at, r.work_done_at, r.eval_count, r.prompt_eval_count,
     r.eval_duration_ns, r.total_duration_ns, r.done_reason,
     (SELECT COUNT(*) FROM run p WHERE p.job_id = j.id AND p.state = 'preempted') AS preempted_runs,
     CASE WHEN j.state = 'queued' AND j.subject_from_parent = 1
               AND (SELECT p.state FROM job p WHERE p.id = j.parent_id) <> 'done'
          THEN j.parent_id END AS waiting_for"""
+DETAIL_COLUMNS = LISTING_COLUMNS + ", j.prompt"
 
 JOB_FROM = "FROM job j LEFT JOIN run r ON r.id = j.run_id"
 
@@ -421,14 +426,16 @@ class Store:
             for n in nodes
         ]
 
-    async def job(self, job_id: str) -> Row:
-        rows = await self.read(f"SELECT {JOB_COLUMNS} {JOB_FROM} WHERE j.id = ?", (job_id,))
+    async def job(self, job_id: str, columns: str = LISTING_COLUMNS) -> Row:
+        """A job as listings show it (its prompt's excerpt and size, not the prompt)."""
+        rows = await self.read(f"SELECT {columns} {JOB_FROM} WHERE j.id = ?", (job_id,))
         if not rows:
             raise NotFound(f"no job with id '{job_id}'")
         return rows[0]
 
     async def job_detail(self, job_id: str) -> Row:
-        job = await self.job(job_id)
+        """The whole job: its full prompt, output, runs, events and critiques."""
+        job = await self.job(job_id, DETAIL_COLUMNS)
         job["runs"] = await self.read("SELECT * FROM run WHERE job_id = ? ORDER BY id", (job_id,))
         job["events"] = await self.read(
             "SELECT at, from_state, to_state, actor, reason FROM event WHERE job_id = ? ORDER BY id",
@@ -462,7 +469,7 @@ class Store:
         if state:
             where.append("j.state = ?")
             params.append(state)
-        sql = f"SELECT {JOB_COLUMNS} {JOB_FROM}"
+        sql = f"SELECT {LISTING_COLUMNS} {JOB_FROM}"
         if where:
             sql += " WHERE " + " AND ".join(where)
         return await self.read(sql + " ORDER BY j.created_at DESC, j.id DESC LIMIT ?", (*params, limit))
@@ -470,10 +477,10 @@ class Store:
     async def queue(self, node: str, limit: int) -> tuple[Row | None, list[Row], int]:
         """The node's running job, its first `limit` queued jobs in order, and how many wait."""
         running = await self.read(
-            f"SELECT {JOB_COLUMNS} {JOB_FROM} WHERE j.node = ? AND j.state = 'running'", (node,)
+            f"SELECT {LISTING_COLUMNS} {JOB_FROM} WHERE j.node = ? AND j.state = 'running'", (node,)
         )
         queued = await self.read(
-            f"SELECT {JOB_COLUMNS} {JOB_FROM} WHERE j.node = ? AND j.state = 'queued'"
+            f"SELECT {LISTING_COLUMNS} {JOB_FROM} WHERE j.node = ? AND j.state = 'queued'"
             " ORDER BY j.position, j.id LIMIT ?",
             (node, limit),
         )
@@ -834,10 +841,11 @@ class Store:
 
 
 def job_json(row: Row, public_url: str) -> Row:
-    """The API's shape of a job row."""
+    """The API's shape of a job row: `prompt` (and `output`) only when the row is a job's detail."""
     out = {
         "id": row["id"], "kind": row["kind"], "state": row["state"], "node": row["node"],
-        "model": row["model"], "prompt": row["prompt"], "parent": row.get("parent_id"),
+        "model": row["model"], "prompt_excerpt": row["prompt_excerpt"], "prompt_bytes": row["prompt_bytes"],
+        "parent": row.get("parent_id"),
         "group": row.get("group_id"), "placement": row.get("placement"), "error": row.get("error"),
         "created_at": row.get("created_at"), "started_at": row.get("started_at"),
         "finished_at": row.get("finished_at"), "progress_at": row.get("progress_at"),
@@ -852,7 +860,7 @@ def job_json(row: Row, public_url: str) -> Row:
     for key in ("findings", "think", "options", "request"):  # JSON columns
         if row.get(key) is not None:
             out[key] = json.loads(row[key])
-    for key in ("output", "thinking", "runs", "events", "children", "queue_position"):
+    for key in ("prompt", "output", "thinking", "runs", "events", "children", "queue_position"):
         if key in row:
             out[key] = row[key]
     return out

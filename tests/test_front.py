@@ -44,7 +44,7 @@ class FrontLab:
     async def job_with(self, prompt: str, *states: str) -> dict:
         async def found():
             for job in await self.jobs():
-                if job["prompt"] == prompt and (not states or job["state"] in states):
+                if job["prompt_excerpt"] == prompt and (not states or job["state"] in states):
                     return job
             return None
         return await eventually(found, 15, what=f"a job with prompt {prompt!r} in {states or 'any state'}")
@@ -483,7 +483,7 @@ def test_migration_keeps_every_row_and_allows_embed(tmp_path):
     from gpuq.store import MIGRATIONS_DIR
     db.execute("CREATE TABLE schema_migration (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)")
     for f in sorted(MIGRATIONS_DIR.glob("[0-9][0-9][0-9]_*.sql")):
-        if f.name.startswith("007"):
+        if f.name.startswith("006"):
             break
         db.executescript(f.read_text())
         db.execute("INSERT INTO schema_migration VALUES (?, ?, 'then')", (int(f.name[:3]), f.stem))

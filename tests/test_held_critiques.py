@@ -35,7 +35,8 @@ async def test_the_design_transcript_verbatim_while_the_parent_is_queued_or_runn
 async def test_a_held_critique_waits_for_its_parent_without_blocking_the_queue(fakes, daemon_factory, tmp_path):
     from conftest import make_lab
     lab = await make_lab(fakes, daemon_factory, stale_after="1s")
-    parent = await slow_task(lab, delay=0.15)
+    lab.fakes["node-1"].script.tokens = 80  # ~8 s: it runs while everything below is checked
+    parent = await slow_task(lab, delay=0.1)
     res = await lab.cli("critique", "--parent", parent, "--no-wait")
     assert res.code == 0, res.err
     lines = res.out.splitlines()

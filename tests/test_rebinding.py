@@ -51,7 +51,8 @@ async def running_and_waiting(d, headers: dict | None = None) -> tuple[str, str]
 async def snapshot(d, headers: dict | None = None) -> list[tuple]:
     status, body = await d.request("GET", "/api/jobs?limit=1000", headers=headers)
     assert status == 200, body
-    return sorted((j["id"], j["state"], j["node"], j.get("position"), j["prompt"]) for j in body["jobs"])
+    return sorted((j["id"], j["state"], j["node"], j.get("position"), j["prompt_excerpt"], j["prompt_bytes"])
+                  for j in body["jobs"])
 
 
 async def ask(d, method: str, path: str, host: str, body=None, headers: dict | None = None) -> tuple[int, str]:

@@ -82,9 +82,18 @@ export function jobRate(j) {
   return fmtRate(j.eval_count, between(j.started_at, j.work_done_at || j.finished_at));
 }
 
-export function excerpt(text, max = 180) {
+export function excerpt(text, max = 180, more = false) {
   const flat = (text || '').replace(/\s+/g, ' ').trim();
-  return flat.length > max ? flat.slice(0, max - 1) + '…' : flat;
+  if (flat.length > max) return flat.slice(0, max - 1) + '…';
+  return more ? flat + '…' : flat;
+}
+
+// Listings carry a prompt's first characters (prompt_excerpt) and its size in UTF-8 bytes
+// (prompt_bytes), never the whole prompt: only GET /api/jobs/{id} has that.
+const utf8 = new TextEncoder();
+export function promptExcerpt(job, max = 180) {
+  const text = job.prompt_excerpt || '';
+  return excerpt(text, max, utf8.encode(text).length < (job.prompt_bytes || 0));
 }
 
 // Ollama streams about one token per piece; for text we did not see arrive, ~4 chars a token.

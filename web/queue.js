@@ -4,8 +4,8 @@
 
 import {
   api, badge, coalesced, confirmDialog, el, excerpt, fmtClock, fmtDur, fmtNum,
-  fmtRate, fmtSpan, getJSON, jobHref, jobRate, liveEvents, now, parseTime, setConnection, since,
-  sinceSpan, stateBadge, tickSince, toast, askToken, tokenDeclined, between,
+  fmtRate, fmtSpan, getJSON, jobHref, jobRate, liveEvents, now, parseTime, promptExcerpt,
+  setConnection, since, sinceSpan, stateBadge, tickSince, toast, askToken, tokenDeclined, between,
 } from './common.js';
 
 const LIMIT_STEP = 200; // waiting jobs rendered per column; the rest is a count
@@ -276,7 +276,7 @@ function badges(job) {
 function queuedCard(job, i) {
   const card = el('li', {className: 'card queued', tabIndex: 0,
     dataset: {id: job.id, node: job.node, kind: job.kind, state: 'queued', held: job.waiting_for ? 'yes' : 'no'},
-    'aria-label': `${job.kind} ${job.id}, position ${i + 1} on ${job.node}: ${excerpt(job.prompt, 80)}`},
+    'aria-label': `${job.kind} ${job.id}, position ${i + 1} on ${job.node}: ${promptExcerpt(job, 80)}`},
   el('span', {className: 'handle', draggable: true, text: '⠿', 'aria-hidden': 'true',
     title: 'Drag to reorder, or into another node\'s column to move it'}),
   el('div', {className: 'card-body'},
@@ -290,7 +290,7 @@ function queuedCard(job, i) {
       el('button', {type: 'button', className: 'small ghost danger', text: 'Delete',
         title: 'Cancel this job (asks first)', onclick: () => deleteJob(cardInfo(card))})),
     jobMeta(job),
-    el('div', {className: 'prompt', text: excerpt(job.prompt), title: excerpt(job.prompt, 2000)})));
+    el('div', {className: 'prompt', text: promptExcerpt(job), title: promptExcerpt(job, 2000)})));
   return card;
 }
 
@@ -308,7 +308,7 @@ function runningCard(job, stale) {
         title: 'Stop and cancel the running job (asks first)',
         onclick: () => deleteJob({id: job.id, node: job.node, state: 'running'})})),
     jobMeta(job),
-    el('div', {className: 'prompt', text: excerpt(job.prompt), title: excerpt(job.prompt, 2000)}),
+    el('div', {className: 'prompt', text: promptExcerpt(job), title: promptExcerpt(job, 2000)}),
     el('div', {className: 'progress'},
       el('span', {className: 'tok', text: '0 tokens'}),
       el('span', {className: 'rate'}),
@@ -332,8 +332,9 @@ function renderRecent() {
     el('td', {className: 'num', text: j.started_at ? fmtSpan(between(j.started_at, j.finished_at)) : '–'}),
     el('td', {className: 'num', text: fmtNum(j.eval_count)}),
     el('td', {className: 'num', text: jobRate(j)}),
-    el('td', {className: `what${j.error ? ' err' : ''}`, text: excerpt(j.error || j.prompt, 120),
-      title: excerpt(j.error || j.prompt, 2000)}),
+    el('td', {className: `what${j.error ? ' err' : ''}`,
+      text: j.error ? excerpt(j.error, 120) : promptExcerpt(j, 120),
+      title: j.error ? excerpt(j.error, 2000) : promptExcerpt(j, 2000)}),
     el('td', {}, j.state === 'failed' || j.state === 'cancelled'
       ? el('button', {type: 'button', className: 'small ghost', text: 'Retry',
         title: 'Queue it again at the tail of its node', onclick: () => retryJob(j)}) : null)));

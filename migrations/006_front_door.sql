@@ -1,9 +1,11 @@
--- 007_front_door: calls through the Ollama/OpenAI front door (gpuq/front.py) are jobs. Each
+-- 006_front_door: calls through the Ollama/OpenAI front door (gpuq/front.py) are jobs. Each
 -- keeps the route it came in on and the client's whole request, for forensics and to run it;
--- an embedding is a job of its own kind, 'embed'. The kind's CHECK can only change by
--- rebuilding the table (SQLite's procedure: the router runs migrations with foreign keys off
--- and checks them before committing): the rows are copied as they are, then every index,
--- trigger and view of the old table is made again, as 001, 002 and 003 made them.
+-- an embedding is a job of its own kind, 'embed'. A CHECK changes only by rebuilding the table,
+-- as 005 did (SQLite's procedure: the router runs migrations with foreign keys off and checks
+-- them before committing): the rows are copied as they are, then every index, trigger and view
+-- of the old table is made again as 001-005 made them. `endpoint` is read by listings, so it
+-- comes before the prompt; `request` (as large as the prompt, images included) comes last.
+-- A later migration that adds an index, trigger or view on `job` must come after this one.
 
 CREATE TABLE job_rebuilt (
     id          TEXT PRIMARY KEY,                 -- '<unix seconds>-<8 hex>'
@@ -13,7 +15,6 @@ CREATE TABLE job_rebuilt (
     node        TEXT NOT NULL,                    -- the node whose queue holds the job
     model       TEXT NOT NULL,
     model_pinned INTEGER NOT NULL DEFAULT 0,      -- 1: asked for; 0: the node's model, follows moves
-    prompt      TEXT NOT NULL,                    -- a front-door call's: its last user message
     parent_id   TEXT REFERENCES job(id),          -- a critique's task under review
     group_id    TEXT,                             -- the critiques of one fan-out share it
     position    INTEGER NOT NULL,                 -- order in the node's queue, gaps of 1024
@@ -28,20 +29,23 @@ CREATE TABLE job_rebuilt (
                 CHECK (subject_from_parent IN (0, 1)),
     think       TEXT,                             -- 004: Ollama's `think` as JSON; NULL: the node's
     options     TEXT,                             -- 004: the job's own Ollama options, JSON object
-    endpoint    TEXT,                             -- the front-door route it came in on ('/api/chat',
-                                                  -- '/v1/chat/completions', ...); NULL: gpuq's own API
-    request     TEXT,                             -- that call as received, JSON: {path, user_agent, body}
+    endpoint    TEXT,                             -- 006: the front-door route it came in on
+                                                  -- ('/api/chat', '/v1/chat/completions', ...)
+    prompt_excerpt TEXT GENERATED ALWAYS AS (substr(prompt, 1, 300)) STORED,  -- characters, not bytes
+    prompt_bytes   INTEGER GENERATED ALWAYS AS (length(CAST(prompt AS BLOB))) STORED,
+    prompt      TEXT NOT NULL,                    -- a front-door call's: its last user message
+    request     TEXT,                             -- 006: that call as received, JSON {path, user_agent, body}
     CHECK ((finished_at IS NULL) = (state IN ('queued', 'running'))),
     CHECK ((endpoint IS NULL) = (request IS NULL)),
     CHECK (kind <> 'embed' OR endpoint IS NOT NULL)
 );
 
-INSERT INTO job_rebuilt (id, kind, state, node, model, model_pinned, prompt, parent_id, group_id,
-                         position, placement, run_id, error, findings, timeout_s, created_at,
-                         finished_at, subject_from_parent, think, options)
-SELECT id, kind, state, node, model, model_pinned, prompt, parent_id, group_id,
-       position, placement, run_id, error, findings, timeout_s, created_at,
-       finished_at, subject_from_parent, think, options
+INSERT INTO job_rebuilt (id, kind, state, node, model, model_pinned, parent_id, group_id, position,
+                         placement, run_id, error, findings, timeout_s, created_at, finished_at,
+                         subject_from_parent, think, options, prompt)
+SELECT id, kind, state, node, model, model_pinned, parent_id, group_id, position,
+       placement, run_id, error, findings, timeout_s, created_at, finished_at,
+       subject_from_parent, think, options, prompt
 FROM job;
 
 -- A view that names a dropped table would make the rename below fail: they go, and come back
