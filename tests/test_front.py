@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sqlite3
 
 import aiohttp
@@ -391,6 +392,45 @@ async def test_the_router_restarting_cancels_calls_whose_clients_are_gone(front)
     job = await front.daemon.wait_state(waiting["id"], "cancelled")
     assert job["error"].startswith("client gone: the router restarted while it waited")
     assert not any(m.get("content") == "b" for r in fake.requests for m in r.get("messages") or [])
+
+
+async def test_a_router_stopping_tells_waiting_clients_and_cancels_their_jobs(front):
+    fake = front.fakes["node-1"]
+    fake.script.token_delay_s, fake.script.tokens = 0.05, 400
+    running = asyncio.create_task(front.ollama().chat(model=CHAT_MODEL, messages=[{"role": "user", "content": "r"}]))
+    await eventually(lambda: fake.in_flight == 1, what="a call to hold the node")
+    waiting = asyncio.create_task(front.openai().chat.completions.create(
+        model=CHAT_MODEL, messages=[{"role": "user", "content": "w"}]))
+    job = await front.job_with("w", "queued")
+    await front.daemon.kill(signal.SIGTERM)
+    with pytest.raises(openai.APIStatusError) as exc:
+        await waiting
+    assert exc.value.status_code == 503 and exc.value.body["code"] == "router_shutdown"
+    with pytest.raises(ollama.ResponseError) as exc:
+        await running
+    assert exc.value.status_code == 503
+    assert front.daemon.proc.returncode == 0
+    fake.script.token_delay_s = 0
+    await front.daemon.start()
+    assert (await front.daemon.job(job["id"]))["error"] == "router shut down while its client waited"
+
+
+async def test_an_openai_stream_opens_at_once_while_its_job_waits(front):
+    fake = front.fakes["node-1"]
+    fake.script.token_delay_s, fake.script.tokens = 0.05, 400
+    first = asyncio.create_task(front.ollama().chat(model=CHAT_MODEL, messages=[{"role": "user", "content": "1st"}]))
+    await eventually(lambda: fake.in_flight == 1, what="a call to hold the node")
+    async with front.daemon.session.post(front.url + "/v1/chat/completions", json={
+            "model": CHAT_MODEL, "stream": True, "messages": [{"role": "user", "content": "2nd"}]}) as resp:
+        # Headers (and its job's id) before it runs: the SDK's read timeout counts from here,
+        # and comments keep the wait alive.
+        assert resp.status == 200 and resp.headers["Content-Type"] == "text/event-stream"
+        job = await front.daemon.job(resp.headers["X-Gpuq-Job"])
+        assert job["state"] == "queued" and job["prompt"] == "2nd"
+        fake.script.token_delay_s = 0
+        events = (await resp.read()).decode().split("\n\n")
+    assert events[-2] == "data: [DONE]"
+    await first
 
 
 # -- access ---------------------------------------------------------------------------------------
