@@ -14,7 +14,7 @@ from urllib.parse import quote
 import click
 
 from .client import ApiError, Router
-from .config import ConfigError, find_config, load_config, starter_config
+from .config import ConfigError, check_token, check_url, find_config, load_config, starter_config
 from .models import parse_iso
 
 DEFAULT_ROUTER = "http://127.0.0.1:8750"
@@ -37,12 +37,23 @@ def api_errors(fn):
 
 
 def router_of(ctx: click.Context) -> Router:
+    """--router or $GPUQ_ROUTER, else the config's public_url; $GPUQ_TOKEN, else its token."""
     opts = ctx.obj
-    url, token = opts.get("router") or os.environ.get("GPUQ_ROUTER"), os.environ.get("GPUQ_TOKEN")
+    url, source = opts.get("router"), "--router"
+    if not url and os.environ.get("GPUQ_ROUTER"):
+        url, source = os.environ["GPUQ_ROUTER"], "$GPUQ_ROUTER"
+    token = os.environ.get("GPUQ_TOKEN") or None  # set but empty: as if unset (the config's token is used)
+    try:
+        if url:
+            url = check_url(url, source)
+        if token:
+            check_token(token, "$GPUQ_TOKEN")
+    except ConfigError as exc:
+        raise click.UsageError(exc.message, ctx) from None
     if not url or not token:
         try:
             path = find_config(opts.get("config"))
-            settings = load_config(path) if path else None
+            settings = load_config(path, env_token=False) if path else None
         except ConfigError:
             settings = None
         if settings:
@@ -216,10 +227,12 @@ def task(ctx, prompt, file_, model, node, timeout, wait, think, think_level, opt
 
     Example: gpuq task "add a retry budget to the export job" --wait
     """
-    if file_:
+    if prompt is not None and file_ is not None:
+        raise click.UsageError("give a PROMPT or --file, not both", ctx)
+    if prompt is None and file_ is None:
+        raise click.UsageError("give a PROMPT, or --file PATH (- for stdin)", ctx)
+    if file_ is not None:
         prompt = read_text(file_)
-    if prompt is None:
-        fail("-", "give a PROMPT or --file")
     body = {"kind": "task", "prompt": prompt, "model": model, "node": node, "timeout": timeout,
             **params_body(think, think_level, options)}
     router = router_of(ctx)
@@ -247,7 +260,7 @@ def critique(ctx, file, parent, node, model, timeout, no_wait, as_json, think, t
     Example: gpuq critique plan.md
     """
     if file is None and parent is None:
-        fail("-", "give a FILE to critique, or --parent ID")
+        raise click.UsageError("give a FILE to critique, or --parent ID", ctx)
     body = {"kind": "critique", "parent": parent, "node": node, "model": model, "timeout": timeout,
             **params_body(think, think_level, options)}
     if file is not None:

@@ -1,11 +1,19 @@
-"""The CLI's HTTP client: a few clear lines of urllib, errors carried with their status."""
+"""The CLI's HTTP client: a few clear lines of urllib, errors carried with their status. An
+answer that is not gpuq's JSON (another server on the port, a proxy's page) is one clear error
+naming the URL, never a traceback or a page of HTML."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.request
+from email.message import Message
 from typing import Any, Iterator
+
+# What breaks a request or a reply mid-way: the socket (resets, timeouts) or HTTP itself (a
+# status line that is not HTTP, a body cut short).
+BROKEN = (OSError, http.client.HTTPException)
 
 
 class ApiError(Exception):
@@ -36,26 +44,78 @@ class Router:
         except urllib.error.HTTPError as exc:
             if exc.code in allow:
                 return exc  # e.g. /health's 503 still carries the report
-            raise ApiError(exc.code, _error_message(exc.read(), exc.reason)) from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise ApiError("-", f"cannot reach the router at {self.base_url}: {reason}") from None
+            raw = self._read(exc, req.full_url)
+            error = _json_object(raw).get("error")
+            if isinstance(error, dict) and isinstance(error.get("message"), str):
+                raise ApiError(exc.code, error["message"]) from None
+            raise self._foreign(req.full_url, exc.code, exc.headers, raw) from None
+        except urllib.error.URLError as exc:
+            raise ApiError("-", f"cannot reach the router at {self.base_url}: {exc.reason}"
+                                f"{_start_hint(exc.reason)}") from None
+        except TimeoutError:
+            raise ApiError("-", f"no answer from {req.full_url} within {timeout or self.timeout_s:g}s") from None
+        except BROKEN as exc:  # e.g. a server that does not speak HTTP, or hangs up at once
+            raise ApiError("-", f"{req.full_url} did not answer like a gpuq router ({_describe(exc)}); "
+                                f"is {self.base_url} the router's URL?") from None
 
     def call(self, method: str, path: str, body: Any = None, allow: tuple[int, ...] = ()) -> dict:
+        url = self.base_url + path
         with self._request(method, path, body, allow=allow) as resp:
-            return json.loads(resp.read() or b"{}")
+            raw = self._read(resp, url)
+            data = _json_object(raw)
+            if not data:  # every gpuq answer is a non-empty JSON object
+                raise self._foreign(url, resp.status, resp.headers, raw)
+            return data
 
     def lines(self, path: str) -> Iterator[dict]:
         """Follow an NDJSON stream line by line."""
+        url = self.base_url + path
         with self._request("GET", path, timeout=3600 * 24) as resp:
-            for raw in resp:
-                if raw.strip():
-                    yield json.loads(raw)
+            try:
+                for raw in resp:
+                    if raw.strip():
+                        line = _json_object(raw)
+                        if not line:
+                            raise self._foreign(url, resp.status, resp.headers, raw)
+                        yield line
+            except BROKEN as exc:
+                raise ApiError("-", f"the stream from {url} broke off: {_describe(exc)}") from None
+
+    def _read(self, resp, url: str) -> bytes:
+        try:
+            return resp.read()
+        except BROKEN as exc:
+            raise ApiError("-", f"the answer from {url} broke off: {_describe(exc)}") from None
+
+    def _foreign(self, url: str, status: int, headers: Message | None, raw: bytes) -> ApiError:
+        """Something answered, but not gpuq: say what it sent, in one line."""
+        text = " ".join(raw.decode("utf-8", "replace").split())
+        content_type = (headers.get("Content-Type") if headers else None) or ""
+        if "html" in content_type or text.startswith("<"):
+            what = "an HTML page"
+        elif not text:
+            what = "an empty body"
+        else:
+            what = f'"{text[:80]}{"…" if len(text) > 80 else ""}"'
+        return ApiError(status, f"{url} answered {what}, not gpuq's JSON; is {self.base_url} the router's URL?")
 
 
-def _error_message(raw: bytes, fallback: str) -> str:
+def _json_object(raw: bytes) -> dict:
+    """The JSON object in `raw`, or {} when it holds anything else."""
     try:
         data = json.loads(raw)
-        return data["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        return raw.decode("utf-8", "replace").strip() or str(fallback)
+    except (ValueError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _describe(exc: BaseException) -> str:
+    """The error in one short line (a BadStatusLine carries whatever the server sent)."""
+    text = " ".join(str(exc).split())
+    return (text[:80] + "…" if len(text) > 80 else text) or type(exc).__name__
+
+
+def _start_hint(reason: object) -> str:
+    if isinstance(reason, ConnectionRefusedError):
+        return "; is it running? Start it with `gpuq serve` (or `make run` in a gpuq checkout)"
+    return ""

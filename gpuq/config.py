@@ -98,6 +98,11 @@ _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
+# No model's context holds more than a few MB of text (a million tokens is ~4 MB), and the
+# router holds a prompt in memory several times over (the request body, up to twice its size
+# with JSON escapes and so its client_max_size, the parsed text, the row, each fan-out copy).
+MAX_PROMPT_BYTES = 64 * 1024 * 1024
+
 MAX_DURATION_S = 366 * 86400.0  # longer is a typo, and overflows SQLite's busy timeout
 
 
@@ -125,6 +130,49 @@ def _at_most_a_year(seconds: float, value: object, key: str) -> float:
     return seconds
 
 
+# Each duration key's smallest sensible value and why: at 0 a guard turns off, every job fails
+# at once, or a loop spins. A floor above 0 is where smaller values can only do harm.
+_DURATION_FLOORS: dict[str, tuple[float, str]] = {
+    "stale_after": (0.0, "0 would call every running job stale"),
+    "stale_grace": (0.0, "0 would call every job stale while it closes"),
+    "max_runtime": (0.0, "0 would fail every job at once"),
+    "job_timeout": (0.0, "0 would fail every job at once; leave it out for no limit"),
+    "stall_timeout": (0.0, "0 would turn stall detection off"),
+    "load_timeout": (0.0, "0 would fail every job before its model loads"),
+    "unload_timeout": (0.0, "0 would flag a node whenever its model takes a moment to leave VRAM"),
+    "connect_timeout": (0.0, "0 would wait for an unreachable node forever"),
+    # Checks faster than ten a second spin the router's CPU and flood Ollama, for no quicker
+    # detection that matters (a job runs for seconds to hours).
+    "health_interval": (0.1, "checking more than ten times a second only burns CPU"),
+    # SQLite counts whole milliseconds: less is 0, which fails every write that meets a lock.
+    "busy_timeout": (0.001, "SQLite would give up on the first lock"),
+}
+
+
+def _bounded_duration(value: object, key: str, name: str) -> float:
+    """parse_duration, then refuse 0 or what is under the key's floor (`name` is its bare key)."""
+    seconds = parse_duration(value, key)
+    floor, why = _DURATION_FLOORS[name]
+    if floor == 0.0 and seconds == 0.0:
+        raise ConfigError(f"{key}: must be more than 0 ({why}), got {value!r}")
+    if seconds < floor:
+        raise ConfigError(f"{key}: must be at least {floor * 1000:g}ms ({why}), got {value!r}")
+    return seconds
+
+
+def check_token(value: str, key: str) -> str:
+    """A bearer token every client can send exactly: a browser sends only ASCII headers, and the
+    router strips the Bearer value, so padding or an empty token could never match."""
+    if not value.strip():
+        raise ConfigError(f"{key}: must not be empty (leave it out for no token)")
+    if value != value.strip():
+        raise ConfigError(f"{key}: remove the spaces or newlines around the token; no client sends them")
+    if not all(" " <= c <= "~" for c in value):
+        raise ConfigError(f"{key}: use printable ASCII only (no client can send other characters in "
+                          "a header); e.g. the output of `openssl rand -hex 32`")
+    return value
+
+
 def _check_listen(value: object, key: str) -> str:
     if not isinstance(value, str) or ":" not in value:
         raise ConfigError(f"{key}: expected 'host:port', got {value!r}")
@@ -134,14 +182,25 @@ def _check_listen(value: object, key: str) -> str:
     return value
 
 
-def _check_url(value: object, key: str) -> str:
+def check_url(value: object, key: str) -> str:
+    """An http(s) base URL that gpuq appends its own paths to. A path prefix is kept (an Ollama
+    or router behind a reverse proxy); what cannot survive that appending is refused."""
     parsed = urlparse(value) if isinstance(value, str) else None
     if not parsed or parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise ConfigError(f"{key}: expected an http:// or https:// URL, got {value!r}")
+    if any(c.isspace() or not c.isprintable() for c in value):
+        raise ConfigError(f"{key}: a URL must not contain spaces or control characters, got {value!r}")
     try:
         parsed.port
     except ValueError:
         raise ConfigError(f"{key}: the URL's port is not a number from 0 to 65535: {value!r}") from None
+    if "?" in value or "#" in value:
+        raise ConfigError(f"{key}: a URL with a query ('?') or fragment ('#') cannot take gpuq's paths "
+                          f"after it; give only scheme, host, port and an optional path, got {value!r}")
+    if parsed.username is not None or parsed.password is not None:
+        # The URL is stored in the database and shown on the page, in errors and preview links.
+        raise ConfigError(f"{key}: a user or password in the URL would be shown on the page and in "
+                          f"errors; remove the '...@' part, got {value!r}")
     return value.rstrip("/")
 
 
@@ -249,11 +308,11 @@ def _parse_node(table: object, index: int) -> NodeConfig:
             raise ConfigError(f"{where}.{key}: {wrong}")
     return NodeConfig(
         name=name,
-        url=_check_url(_typed(table, "url", str, where, required=True), f"{where}.url"),
+        url=check_url(_typed(table, "url", str, where, required=True), f"{where}.url"),
         rank=rank,
         roles=tuple(roles),
         model=model.strip(),
-        max_runtime_s=None if runtime is None else parse_duration(runtime, f"{where}.max_runtime"),
+        max_runtime_s=None if runtime is None else _bounded_duration(runtime, f"{where}.max_runtime", "max_runtime"),
         think=table.get("think"),
         options=table.get("options"),
         unload=_unload_policy(table, where),
@@ -274,16 +333,18 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
     if "listen" in router:
         values["listen"] = _check_listen(router["listen"], "router.listen")
     listen = values.get("listen", DEFAULT_LISTEN)
-    values["public_url"] = _check_url(router.get("public_url", f"http://{listen}"), "router.public_url")
+    values["public_url"] = check_url(router.get("public_url", f"http://{listen}"), "router.public_url")
     database = _typed(router, "database", str, "router")
     values["database"] = (base_dir / (database or "gpuq.db")).resolve()
     for key, attr in _DURATION_KEYS.items():
         if key in router:
-            values[attr] = parse_duration(router[key], f"router.{key}")
+            values[attr] = _bounded_duration(router[key], f"router.{key}", key)
     limit = _typed(router, "max_prompt_bytes", int, "router")
     if limit is not None:
         if limit < 1:
             raise ConfigError(f"router.max_prompt_bytes: must be at least 1, got {limit}")
+        if limit > MAX_PROMPT_BYTES:
+            raise ConfigError(f"router.max_prompt_bytes: must be at most {MAX_PROMPT_BYTES} (64 MiB), got {limit}")
         values["max_prompt_bytes"] = limit
     cap = _typed(router, "max_database_bytes", int, "router")
     if cap is not None:
@@ -292,7 +353,7 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
         values["max_database_bytes"] = cap
     token = _typed(router, "token", str, "router")
     if token is not None:
-        values["token"] = token
+        values["token"] = check_token(token, "router.token")
     if "ollama_listen" in router:
         values["ollama_listen"] = _check_listen(router["ollama_listen"], "router.ollama_listen")
         if values["ollama_listen"] == listen:
@@ -326,7 +387,8 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
     return Settings(**values)
 
 
-def load_config(path: Path) -> Settings:
+def load_config(path: Path, env_token: bool = True) -> Settings:
+    """Read and check `path`; with env_token, $GPUQ_TOKEN is the token when the file sets none."""
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -336,8 +398,10 @@ def load_config(path: Path) -> Settings:
     settings = parse_config(data, path.resolve().parent)
     if not settings.nodes:
         raise ConfigError(f"{path}: node: at least one [[node]] is required")
-    env_token = os.environ.get("GPUQ_TOKEN")
-    return replace(settings, token=env_token) if env_token and not settings.token else settings
+    if env_token and settings.token is None and "GPUQ_TOKEN" in os.environ:
+        # Set but empty is refused, not ignored: a router meant to be locked would run open.
+        return replace(settings, token=check_token(os.environ["GPUQ_TOKEN"], "$GPUQ_TOKEN"))
+    return settings
 
 
 def find_config(explicit: str | None) -> Path | None:

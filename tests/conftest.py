@@ -124,17 +124,24 @@ class Daemon:
 
     async def cli(self, *args: str, stdin: bytes | None = None, timeout: float = 30.0) -> Result:
         """Run the real `gpuq` CLI against this router, without blocking the test's loop."""
-        proc = await asyncio.create_subprocess_exec(
-            *self.command, "--router", self.url, *args,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env={**os.environ, **self.env})
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
-        except asyncio.TimeoutError:
-            proc.kill()  # a CLI that hangs must not outlive its test
-            await proc.wait()
-            raise AssertionError(f"gpuq {' '.join(args)} did not finish within {timeout}s") from None
-        return Result(proc.returncode, out.decode(), err.decode())
+        return await run_cli("--router", self.url, *args, stdin=stdin, timeout=timeout, env=self.env,
+                             command=self.command)
+
+
+async def run_cli(*args: str, stdin: bytes | None = None, timeout: float = 30.0, env: dict | None = None,
+                  command: tuple[str, ...] = (sys.executable, "-m", "gpuq.cli")) -> Result:
+    """Run the real `gpuq` CLI as a subprocess; one that hangs is killed and reported."""
+    proc = await asyncio.create_subprocess_exec(
+        *command, *args,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, **(env or {})})
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
+    except asyncio.TimeoutError:
+        proc.kill()  # a CLI that hangs must not outlive its test
+        await proc.wait()
+        raise AssertionError(f"gpuq {' '.join(args)} did not finish within {timeout}s") from None
+    return Result(proc.returncode, out.decode(), err.decode())
 
 
 def node_table(name: str, fake: FakeOllama, rank: int, roles: list[str], model: str) -> dict:

@@ -81,3 +81,11 @@ async def test_security_headers_on_every_response(lab):
 
 def test_listens_on_loopback_by_default():
     assert Settings().host == "127.0.0.1"
+
+
+async def test_an_empty_token_from_the_environment_stops_the_router_from_starting(fakes, daemon_factory):
+    # The variable is set, so a token was meant: ignoring it would serve the queue to anyone.
+    d = await token_lab(fakes, daemon_factory, env={"GPUQ_TOKEN": ""}, start=False)
+    res = await d.cli("serve", "--config", str(d.config), timeout=20)
+    assert res.code == 2
+    assert res.err.strip() == "gpuq: config error: $GPUQ_TOKEN: must not be empty (leave it out for no token)"

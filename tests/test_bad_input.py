@@ -305,6 +305,22 @@ async def test_cli_option_of_the_wrong_type_is_a_usage_error(world):
     assert res.code == 2 and "Invalid value for '--timeout': 'soon' is not a valid float." in res.err
 
 
+@IN_WORLD
+@pytest.mark.parametrize("args,message", [
+    (["task", "the prompt", "--file", "{tmp}/plan.md"], "Error: give a PROMPT or --file, not both"),
+    (["task"], "Error: give a PROMPT, or --file PATH (- for stdin)"),
+    (["critique"], "Error: give a FILE to critique, or --parent ID"),
+])
+async def test_a_missing_or_doubled_prompt_is_a_usage_error(args, message, world):
+    # A PROMPT next to --file used to be dropped without a word, and the file's text sent instead.
+    (world.tmp / "plan.md").write_text("the file's text")
+    before = counts(world.db)
+    res = await world.daemon.cli(*[a.replace("{tmp}", str(world.tmp)) for a in args])
+    assert res.code == 2 and res.out == "", res
+    assert res.err.splitlines()[0].startswith("Usage: ") and res.err.splitlines()[-1] == message, res.err
+    assert counts(world.db) == before
+
+
 # -- the config file ----------------------------------------------------------------------------
 
 def base() -> dict:
@@ -377,6 +393,59 @@ CONFIG = {
                       "router.stale_after: a duration longer than a year is surely a mistake, got '99999h'"),
     "bad node max_runtime": (node1(max_runtime="forever"),
                              "node 'node-1'.max_runtime: expected a duration like '10m' or '30s', got 'forever'"),
+    # Zero where zero turns a guard off or fails every job; floors where tiny values spin.
+    "stale_after zero": (router(stale_after="0s"),
+                         "router.stale_after: must be more than 0 (0 would call every running job stale), got '0s'"),
+    "stale_grace zero": (router(stale_grace=0),
+                         "router.stale_grace: must be more than 0 (0 would call every job stale while it closes), got 0"),
+    "max_runtime zero": (router(max_runtime="0m"),
+                         "router.max_runtime: must be more than 0 (0 would fail every job at once), got '0m'"),
+    "job_timeout zero": (router(job_timeout=0),
+                         "router.job_timeout: must be more than 0 (0 would fail every job at once; leave it out "
+                         "for no limit), got 0"),
+    "stall_timeout zero": (router(stall_timeout="0s"),
+                           "router.stall_timeout: must be more than 0 (0 would turn stall detection off), got '0s'"),
+    "unload_timeout zero": (router(unload_timeout=0), Starts("router.unload_timeout: must be more than 0 (")),
+    "connect_timeout zero": (router(connect_timeout="0ms"),
+                             "router.connect_timeout: must be more than 0 (0 would wait for an unreachable node "
+                             "forever), got '0ms'"),
+    "health_interval zero": (router(health_interval=0),
+                             "router.health_interval: must be at least 100ms (checking more than ten times a "
+                             "second only burns CPU), got 0"),
+    "health_interval negative": (router(health_interval=-1),
+                                 "router.health_interval: a duration cannot be negative, got -1"),
+    "health_interval that spins": (router(health_interval="10ms"), Starts("router.health_interval: must be at least 100ms")),
+    "busy_timeout zero": (router(busy_timeout=0),
+                          "router.busy_timeout: must be at least 1ms (SQLite would give up on the first lock), got 0"),
+    "busy_timeout under a millisecond": (router(busy_timeout=0.0004), Starts("router.busy_timeout: must be at least 1ms")),
+    "node max_runtime zero": (node1(max_runtime="0s"),
+                              "node 'node-1'.max_runtime: must be more than 0 (0 would fail every job at once), got '0s'"),
+    # URLs: gpuq appends its paths; what cannot survive that, or would leak, is refused.
+    "url with a query": (node1(url="http://node-1:11434/?key=1"),
+                         Starts("node 'node-1'.url: a URL with a query ('?') or fragment ('#') cannot take gpuq's paths")),
+    "url with a fragment": (node1(url="http://node-1:11434#top"),
+                            Starts("node 'node-1'.url: a URL with a query ('?') or fragment ('#')")),
+    "url with a password": (node1(url="http://me:pw@node-1:11434"),
+                            "node 'node-1'.url: a user or password in the URL would be shown on the page and in "
+                            "errors; remove the '...@' part, got 'http://me:pw@node-1:11434'"),
+    "url with a space": (node1(url="http://node 1:11434"),
+                         "node 'node-1'.url: a URL must not contain spaces or control characters, got 'http://node 1:11434'"),
+    "url with a trailing newline": (node1(url="http://node-1:11434\n"),
+                                    Starts("node 'node-1'.url: a URL must not contain spaces or control characters")),
+    "public_url with a query": (router(public_url="http://127.0.0.1:8750?x=1"),
+                                Starts("router.public_url: a URL with a query ('?')")),
+    "public_url with a user": (router(public_url="http://me@127.0.0.1:8750"),
+                               Starts("router.public_url: a user or password in the URL")),
+    "public_url with a space": (router(public_url=" http://127.0.0.1:8750"),
+                                Starts("router.public_url: a URL must not contain spaces")),
+    # Tokens a client could never send back (the router strips the Bearer value).
+    "empty token": (router(token=""), "router.token: must not be empty (leave it out for no token)"),
+    "blank token": (router(token="   "), "router.token: must not be empty (leave it out for no token)"),
+    "padded token": (router(token="s3cret\n"),
+                     "router.token: remove the spaces or newlines around the token; no client sends them"),
+    "non-ASCII token": (router(token="café-token"), Starts("router.token: use printable ASCII only")),
+    "max_prompt_bytes absurd": (router(max_prompt_bytes=10**9),
+                                f"router.max_prompt_bytes: must be at most {64 * 1024 * 1024} (64 MiB), got {10**9}"),
     "database of the wrong type": (router(database=5), "router.database: expected str, got 5"),
     "token of the wrong type": (router(token=12345), "router.token: expected str, got 12345"),
     "max_prompt_bytes as a string": (router(max_prompt_bytes="1MB"), "router.max_prompt_bytes: expected int, got '1MB'"),
@@ -418,7 +487,8 @@ def test_a_config_file_that_is_not_a_config_is_refused(text, message, tmp_path):
 
 
 @IN_WORLD
-@pytest.mark.parametrize("name", ["unknown router key", "duplicate rank", "infinite duration", "rank beyond 64 bits"])
+@pytest.mark.parametrize("name", ["unknown router key", "duplicate rank", "infinite duration", "rank beyond 64 bits",
+                                  "empty token", "health_interval zero"])
 async def test_serve_exits_2_naming_the_key(name, world, tmp_path):
     mutate, message = CONFIG[name]
     data = base()
@@ -437,6 +507,44 @@ def test_config_table_covers_a_good_config(tmp_path):
     # The base config the table mutates is itself valid: each refusal comes from its one mistake.
     settings = parse_config(tomllib.loads(tomli_w.dumps(base())), tmp_path)
     assert [n.name for n in settings.nodes] == ["node-1", "node-2"]
+
+
+def test_the_limits_themselves_and_a_path_prefix_are_accepted(tmp_path):
+    # Each refusal above is at its boundary: the smallest sensible values still parse, and an
+    # Ollama behind a reverse proxy keeps its path prefix (the client appends /api/... to it).
+    data = base()
+    data["router"].update(health_interval="100ms", busy_timeout="1ms", stall_timeout="1ms",
+                          max_prompt_bytes=64 * 1024 * 1024, token="a-token with inner spaces",
+                          public_url="https://gpuq.example.ts.net/queue/")
+    data["node"][0]["url"] = "https://proxy.example.ts.net/ollama/node-1/"
+    settings = parse_config(data, tmp_path)
+    assert (settings.health_interval_s, settings.busy_timeout_s) == (0.1, 0.001)
+    assert settings.max_prompt_bytes == 64 * 1024 * 1024
+    assert settings.public_url == "https://gpuq.example.ts.net/queue"
+    assert settings.nodes[0].url == "https://proxy.example.ts.net/ollama/node-1"
+
+
+def write_base(tmp_path: Path, **router_keys) -> Path:
+    data = base()
+    data["router"].update(router_keys)
+    path = tmp_path / "gpuq.toml"
+    path.write_text(tomli_w.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize("value,message", [
+    ("", "$GPUQ_TOKEN: must not be empty (leave it out for no token)"),
+    (" tok-123", "$GPUQ_TOKEN: remove the spaces or newlines around the token; no client sends them"),
+    ("tok-123\n", "$GPUQ_TOKEN: remove the spaces or newlines around the token; no client sends them"),
+])
+def test_a_bad_token_from_the_environment_is_refused_naming_the_variable(value, message, tmp_path, monkeypatch):
+    # Set but empty is refused, not ignored: the router would otherwise run without a token.
+    monkeypatch.setenv("GPUQ_TOKEN", value)
+    with pytest.raises(ConfigError) as exc:
+        load_config(write_base(tmp_path))
+    assert exc.value.message == message
+    # The file's own token wins, so the variable is not used and not judged.
+    assert load_config(write_base(tmp_path, token="from-file")).token == "from-file"
 
 
 def newer_schema(path: Path) -> None:
