@@ -19,12 +19,12 @@ from . import translate as tr
 from .bus import Bus
 from .config import Settings
 from .dispatcher import Dispatcher
-from .errors import BadRequest, Conflict, GpuqError, NotFound, OllamaError, StoreUnavailable
+from .errors import (
+    BadRequest, Conflict, FrontError, GpuqError, ModelMissing, NotFound, OllamaError, StoreUnavailable,
+)
 from .models import new_job_id, normalize_model
-from .placement import ModelMissing
-from .security import check_host, check_same_site, router_hosts, _token_of
+from .security import check_host, check_same_site, router_hosts, token_of
 from .store import IdTaken, NewJob, Store
-from .translate import FrontError
 
 log = logging.getLogger("gpuq")
 
@@ -118,7 +118,7 @@ def access_middleware(settings: Settings):
         check_same_site(request)
         token = settings.token
         if token is not None and request.path != "/":
-            given = _token_of(request)
+            given = token_of(request)
             if given is None or not hmac.compare_digest(given.encode(), token.encode()):
                 raise FrontError(401, "missing or wrong token: this gpuq front door needs 'Authorization: Bearer "
                                       "<token>' (OpenAI SDK: api_key=<token>; ollama: "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import Conflict, GuardRefused, Unprocessable
+from .errors import Conflict, GuardRefused, ModelMissing, Unprocessable
 from .models import normalize_model
 
 FIRST_FREE = "first free node by rank"
@@ -44,14 +44,6 @@ def _by_rank(nodes: list[NodeView]) -> list[NodeView]:
 
 def _listed(node: NodeView) -> str:
     return ", ".join(sorted(node.models or ())) or "nothing"
-
-
-class ModelMissing(Unprocessable):
-    """No node that may take the job has its model (the front door answers as Ollama: 404)."""
-
-    def __init__(self, message: str, model: str):
-        super().__init__(message)
-        self.model = model
 
 
 def _not_installed(model: str, node: NodeView) -> ModelMissing:

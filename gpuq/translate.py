@@ -15,7 +15,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Iterable
 
-from .errors import BadRequest, GpuqError, NotFound
+from .errors import BadRequest, NotFound
 from .params import merged_options, options_problem
 
 # The routes whose calls become jobs, and the Ollama route each one runs on its node.
@@ -781,11 +781,3 @@ def merged_ps(per_node: Iterable[list[dict]]) -> list[dict]:
     """Every node's loaded models, longest time left first, as Ollama sorts /api/ps."""
     models = [m for node in per_node for m in node if isinstance(m, dict)]
     return sorted(models, key=lambda m: -unix_of(m.get("expires_at")))
-
-
-class FrontError(GpuqError):
-    """A refusal or failure to show a front-door client in its own API's shape."""
-
-    def __init__(self, status: int, message: str, code: str | None = None):
-        super().__init__(message, status)
-        self.code = code

@@ -35,6 +35,10 @@ class FrontLab:
         self.clients.append(openai.AsyncOpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, **kwargs))
         return self.clients[-1]
 
+    async def models_ready(self) -> bool:
+        async with self.daemon.session.get(self.url + "/api/tags") as resp:
+            return resp.status == 200 and bool((await resp.json())["models"])
+
     async def close(self) -> None:
         for client in self.clients:
             await client.close()
@@ -194,6 +198,18 @@ async def test_a_model_no_node_has_is_404_as_ollama_says_and_no_job(front):
     assert len(await front.jobs()) == before
 
 
+async def test_the_nodes_own_refusal_reaches_the_client_with_its_status_and_fails_the_job(front):
+    with pytest.raises(ollama.ResponseError) as exc:
+        await front.ollama().chat(model=CHAT_MODEL, think=True, messages=[{"role": "user", "content": "think?"}])
+    assert (exc.value.status_code, exc.value.error) == (400, f'"{CHAT_MODEL}" does not support thinking')
+    job = await front.daemon.wait_state((await front.job_with("think?"))["id"], "failed")
+    assert job["error"] == f'"{CHAT_MODEL}" does not support thinking'
+    with pytest.raises(openai.BadRequestError) as exc:
+        await front.openai().chat.completions.create(model=CHAT_MODEL, reasoning_effort="high",
+                                                     messages=[{"role": "user", "content": "think hard?"}])
+    assert exc.value.body["message"] == f'"{CHAT_MODEL}" does not support thinking'
+
+
 async def test_an_unload_call_is_answered_without_a_job(front):
     """Open WebUI unloads with generate {prompt: "", keep_alive: 0}; gpuq unloads after each job."""
     async with front.daemon.session.post(front.url + "/api/generate",
@@ -241,6 +257,44 @@ async def test_openai_json_schema_becomes_ollamas_format(front):
     assert "findings" in json.loads(completion.choices[0].message.content)
     sent = [r for r in front.fakes["node-1"].requests if r.get("messages")][-1]
     assert sent["format"] == schema and sent["options"]["temperature"] == 1.0
+
+
+async def test_a_thinking_models_reasoning_reaches_each_client_as_its_api_gives_it(fakes, daemon_factory):
+    """Ollama's `thinking` (on by default for a thinking model), OpenAI's `reasoning`; the job
+    keeps it apart from the answer, as for gpuq's own jobs."""
+    node = await fakes("qwen3:8b")
+    port = free_port()
+    daemon = await daemon_factory([node_table("node-1", node, 1, ["task"], "qwen3:8b")],
+                                  ollama_listen=f"127.0.0.1:{port}")
+    lab = FrontLab(daemon, f"http://127.0.0.1:{port}", {"node-1": node})
+    try:
+        await eventually(lambda: lab.models_ready(), 10, what="the front door to know qwen3:8b")
+        reply = await lab.ollama().chat(model="qwen3:8b", messages=[{"role": "user", "content": "think first"}])
+        assert reply.message.thinking and reply.message.content
+        job = await daemon.job((await lab.job_with("think first", "done"))["id"])
+        assert job["thinking"] == reply.message.thinking and job["output"] == reply.message.content
+
+        parts = [p async for p in await lab.ollama().generate(model="qwen3:8b", prompt="think aloud", stream=True)]
+        assert "".join(p.thinking or "" for p in parts) and "".join(p.response for p in parts)
+
+        completion = await lab.openai().chat.completions.create(
+            model="qwen3:8b", messages=[{"role": "user", "content": "reason please"}])
+        message = completion.choices[0].message
+        assert message.content and message.model_extra["reasoning"]
+        stream = await lab.openai().chat.completions.create(
+            model="qwen3:8b", stream=True, messages=[{"role": "user", "content": "reason in a stream"}])
+        deltas = [c.choices[0].delta async for c in stream if c.choices]
+        reasoning = "".join((d.model_extra or {}).get("reasoning") or "" for d in deltas)
+        content = "".join(d.content or "" for d in deltas)
+        assert reasoning and content
+        job = await daemon.job((await lab.job_with("reason in a stream", "done"))["id"])
+        assert (job["thinking"], job["output"]) == (reasoning, content)
+
+        no_think = await lab.ollama().chat(model="qwen3:8b", think=False,
+                                           messages=[{"role": "user", "content": "no thinking"}])
+        assert not no_think.message.thinking and no_think.message.content
+    finally:
+        await lab.close()
 
 
 # -- the queue ------------------------------------------------------------------------------------
