@@ -333,6 +333,10 @@ async def test_a_client_that_leaves_while_queued_cancels_its_job_before_ollama_s
     fake.script.token_delay_s = 0
     await first
     assert not any(m.get("content") == "gave up" for r in fake.requests for m in r.get("messages") or [])
+    # Only by explicit request, it runs for no one: its output on its page.
+    assert (await front.daemon.cli("retry", job["id"])).code == 0
+    done = await front.daemon.wait_state(job["id"], "done")
+    assert done["output"] and any(m.get("content") == "gave up" for r in fake.requests for m in r.get("messages") or [])
 
 
 async def test_a_client_that_leaves_while_running_aborts_the_run(front):
