@@ -249,6 +249,22 @@ async def test_openai_chat_stream_and_not_and_models(front):
     assert {m.owned_by for m in models} == {"library"}
 
 
+async def test_openai_completions_and_one_model(front):
+    client = front.openai()
+    completion = await client.completions.create(model=CHAT_MODEL, prompt="def add(a, b):", max_tokens=64)
+    assert completion.object == "text_completion" and completion.choices[0].text.strip()
+    job = await front.job_with("def add(a, b):", "done")
+    assert completion.id == f"cmpl-{job['id']}" and job["endpoint"] == "/v1/completions"
+    sent = [r for r in front.fakes["node-1"].requests if r.get("prompt") == "def add(a, b):"][-1]
+    assert sent["options"]["num_predict"] == 64 and sent["stream"] is True and sent["keep_alive"] == 0
+    pieces = [c async for c in await client.completions.create(model=CHAT_MODEL, prompt="stream it", stream=True)]
+    assert "".join(c.choices[0].text for c in pieces).strip() and pieces[-1].choices[0].finish_reason == "stop"
+    card = await client.models.retrieve(CHAT_MODEL)
+    assert (card.id, card.owned_by) == (CHAT_MODEL, "library")
+    with pytest.raises(openai.NotFoundError):
+        await client.models.retrieve("absent:1b")
+
+
 async def test_openai_json_schema_becomes_ollamas_format(front):
     schema = {"type": "object", "properties": {"findings": {"type": "array"}}, "required": ["findings"]}
     completion = await front.openai().chat.completions.create(
