@@ -102,7 +102,8 @@ async def first_token(bench: "Bench", session, fakes: Fakes, router: Router, fro
     await _stream(session, fakes.urls[node], "warm")
     await _stream(session, front_url, "warm")
     for rep in range(bench.repeats):
-        g_run, d_run, o_run = [], [], []
+        g_run, d_run, o_run, parts = [], [], [], {}
+        await fakes.call("reset", node)
         for _ in range(pairs):
             await _idle(session, router)
             await asyncio.sleep(UNLOAD_FRESH_S + 0.05)  # a quiet lab: the node is health-checked first
@@ -113,9 +114,16 @@ async def first_token(bench: "Bench", session, fakes: Fakes, router: Router, fro
             d_run.append(d)
             g_run.append(g)
             o_run.append(g - d)
+            log = await fakes.log(node, since=sent)
+            chat = [e for e in log if e[3] and sent <= e[1] <= arrivals[0]]
+            if chat:  # where the time goes, cut at what the node saw (both clocks are monotonic)
+                bench.segments("front_ttft", [("call sent", sent), *bench.fake_points(log, sent, chat[0][1]),
+                                              ("chat request arrives", chat[0][1]),
+                                              ("first token at client", arrivals[0])], parts)
         through.add_run(g_run)
         direct.add_run(d_run)
         overhead.add_run(o_run)
+        bench.add_segments("front_ttft", parts)
         bench.say(f"front first-token run {rep + 1}/{bench.repeats}: front {statistics.median(g_run):.2f} ms,"
                   f" direct {statistics.median(d_run):.2f} ms")
 
