@@ -387,6 +387,9 @@ def show(ctx, job_id, as_json) -> None:
         return
     click.echo(f"{job['id']}  {job['kind']}  {job['state']}  on {job['node']}  model {job['model']}")
     click.echo(f"placed: {job['placement']}   queued {job['created_at']}")
+    if job.get("endpoint"):  # a call through the front door; the whole request: --json
+        agent = (job.get("request") or {}).get("user_agent")
+        click.echo(f"via: {job['endpoint']} (front door){f', client {agent}' if agent else ''}")
     if job.get("parent"):
         click.echo(f"parent: {job['parent']}")
     for child in job.get("children", []):

@@ -123,6 +123,8 @@ async def test_ollama_chat_and_generate_stream_and_not_each_a_job(front):
     assert (await front.job_with("say hi", "done"))["node"] == "node-1"
     queue = await front.daemon.cli("queue")
     assert queue.code == 0
+    shown = await front.daemon.cli("show", job["id"])
+    assert shown.code == 0 and "via: /api/chat (front door), client ollama-python/" in shown.out
 
 
 async def test_the_node_gets_the_request_with_its_own_unload_policy(front):
