@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
 import time
 from typing import TYPE_CHECKING
@@ -42,6 +43,13 @@ async def _stream(session: aiohttp.ClientSession, url: str, prompt: str) -> tupl
             if chunk.get("message", {}).get("content"):
                 arrivals.append(time.monotonic())
     return sent, arrivals
+
+
+def cpu_s(pid: int) -> float:
+    """A process's CPU time so far (user + system), from /proc: what the relay costs, whatever
+    else the machine is doing (its rate depends on how often the router gets a core)."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _rate(arrivals: list[float]) -> float:
@@ -143,10 +151,14 @@ async def relay_rates(bench: "Bench", session, fakes: Fakes, router: Router, fro
         ratio = bench.metric(f"front_rate_{clients}{suffix}_ratio",
                              f"front door / direct, {clients} client(s), {pace} (same run)", "ratio", "ratio",
                              ">= 0.95x" if paced else "")
+        cost = bench.metric(f"front_cpu_{clients}{suffix}",
+                            f"  router CPU per relayed token, {clients} client(s), {pace} (submit to last token)", "us", "ms")
         for rep in range(bench.repeats):
             d = await _aggregate(session, [fakes.urls[n] for n in names[:clients]], "relay")
             await _idle(session, router)
+            cpu = cpu_s(router.pid)
             f = await _aggregate(session, [front_url] * clients, "relay")
+            cost.add_run((cpu_s(router.pid) - cpu) / (tokens * clients) * 1e6)
             await _idle(session, router)
             rate_d.add_run(d)
             rate_f.add_run(f)
