@@ -466,6 +466,8 @@ def nodes(ctx) -> None:
         if n["vram_stuck"]:
             status = "stuck"
         problem = n["vram_stuck"] or (n["last_error"] if not n["up"] else "")
+        if n.get("loop_error"):  # a worker or health loop crashed and waits for its restart
+            status, problem = "crashed", f"{n['loop_error']}; {problem}".rstrip("; ")
         if n["model_installed"] is False:
             problem = f"model {n['model']} is not installed; {problem}".rstrip("; ")
         click.echo(f"{n['name']:12} {n['rank']:>4} {status:8} {n['model']:22} {','.join(n['roles']):15} "
@@ -476,7 +478,7 @@ def nodes(ctx) -> None:
 @click.pass_context
 @api_errors
 def health(ctx) -> None:
-    """The router's health as JSON; exit 1 while it is not ok (a stale head, a node down).
+    """The router's health as JSON; exit 1 while it is not ok (a stale head, a node down, a crashed loop).
 
     Example: gpuq health
     """

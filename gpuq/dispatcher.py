@@ -19,6 +19,7 @@ from .models import iso, normalize_model
 from .params import merged_options
 from .ollama import OllamaClient
 from .store import GuardMiss, Interrupted, NodeInfo, Store
+from .supervise import Loop, Loops
 from .translate import STREAMED_ROUTES, chunk_text, node_request
 
 log = logging.getLogger("gpuq")
@@ -36,6 +37,9 @@ MIN_REQUEST_S = 0.05  # the shortest limit given to one request to a node
 # With unload = "when-idle", the model a job leaves loaded for the next one of the same model.
 # Bounded, so a router that dies does not pin it forever; an idle node unloads it at once.
 KEEP_WARM = "10m"
+# A front-door generate's last chunk carries its whole token context (`context`), which may be
+# far past the reader's buffer; still bounded, so a broken node cannot fill the router's memory.
+FRONT_MAX_LINE = 16 << 20
 
 
 @dataclass
@@ -69,6 +73,8 @@ class NodeRuntime:
     health_unrecorded: bool = False  # the database refused the last health change
     unloaded_at: float = float("-inf")  # monotonic time the node last confirmed an unload
     current: Current | None = None
+    orphan_models: list[str] = field(default_factory=list)  # a dead router's jobs' models, to unload
+    loops: list[Loop] = field(default_factory=list)  # its worker and health loop
     # Runs aborted before their worker took them up (a delete racing the claim's return).
     aborted_runs: dict[int, str] = field(default_factory=dict)
     context_lengths: dict[str, int | None] = field(default_factory=dict)  # /api/show's num_ctx per model
@@ -90,7 +96,7 @@ class Dispatcher:
         self.bus = bus
         self.session: aiohttp.ClientSession | None = None
         self.nodes: dict[str, NodeRuntime] = {}
-        self._tasks: list[asyncio.Task] = []
+        self.loops = Loops()  # every background loop, supervised: a crash is logged and restarted
         # Front-door calls whose client waits (gpuq/front.py): what their run sends it, in order:
         # ("start", node), ("chunk", raw line, chunk), ("reply", object), ("error", status,
         # message), ("ended", reason). The client's handler puts the queue here before its submit.
@@ -101,7 +107,8 @@ class Dispatcher:
     async def start(self) -> None:
         self.session = aiohttp.ClientSession()
         for cfg in self.settings.nodes:
-            client = OllamaClient(cfg.url, self.session, connect_timeout_s=self.settings.connect_timeout_s,
+            client = OllamaClient(cfg.url, self.session, name=cfg.name,
+                                  connect_timeout_s=self.settings.connect_timeout_s,
                                   stall_timeout_s=self.settings.stall_timeout_s,
                                   load_timeout_s=self.settings.load_timeout_s)
             self.nodes[cfg.name] = NodeRuntime(cfg, client)
@@ -112,14 +119,12 @@ class Dispatcher:
             log.warning("job=%s node=%s state=cancelled reason=%r", o["id"], o["node"],
                         "client gone: the router restarted while it waited")
         for name, rt in self.nodes.items():
-            models = [o["model"] for o in orphans if o["node"] == name]
-            self._tasks.append(asyncio.create_task(self._health_loop(rt), name=f"health-{name}"))
-            self._tasks.append(asyncio.create_task(self._worker(rt, models), name=f"worker-{name}"))
+            rt.orphan_models = [o["model"] for o in orphans if o["node"] == name]
+            rt.loops = [self.loops.start("health loop", lambda rt=rt: self._health_loop(rt), name),
+                        self.loops.start("worker", lambda rt=rt: self._worker(rt), name)]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.loops.stop()
         if self.session is not None:
             await self.session.close()
 
@@ -222,9 +227,10 @@ class Dispatcher:
             pass
         rt.wake.clear()
 
-    async def _worker(self, rt: NodeRuntime, orphan_models: list[str]) -> None:
-        for model in orphan_models:  # a job of a dead router may still hold VRAM
-            await self._unload(rt, model, job_id=None)
+    async def _worker(self, rt: NodeRuntime) -> None:
+        while rt.orphan_models:  # a job of a dead router may still hold VRAM
+            await self._unload(rt, rt.orphan_models[0], job_id=None)
+            rt.orphan_models.pop(0)
         job = None  # a job claimed by the previous job's finish, else claimed here
         while True:
             try:
@@ -313,64 +319,20 @@ class Dispatcher:
         return nxt is not None and normalize_model(nxt) == normalize_model(job["model"])
 
     async def _execute(self, rt: NodeRuntime, job: dict, cur: Current) -> None:
-        started = time.monotonic()
         if rt.warm_model is not None and normalize_model(rt.warm_model) != normalize_model(job["model"]):
             # "when-idle" switching model: the one left loaded must leave VRAM first.
             if not await self._unload_warm(rt, job["id"]):
                 message = f"not started: {rt.vram_stuck}"
                 await self._record(job["id"], "outcome", lambda: self.store.finish(job["id"], cur.run_id, "failed", message))
                 return
-        limit_s, limit_name = self._limit_s(rt, job)
-        critique = job["kind"] == "critique"
-        front = job.get("endpoint") is not None  # a call through the front door (gpuq/front.py)
-        prompt = instruction(self.settings.critique_template, job["prompt"]) if critique else job["prompt"]
-        stats: dict = {}
-        error, status = None, None
-        think = json.loads(job["think"]) if job.get("think") is not None else rt.config.think
-        options = merged_options(rt.config.options, json.loads(job["options"]) if job.get("options") else None)
-        keep_alive = KEEP_WARM if self.settings.unload_for(rt.config) == "when-idle" else 0
-        if front:
-            self._tell(job["id"], "start", rt.name)
         try:
-            async with asyncio.timeout(limit_s):
-                if front:
-                    route, body = node_request(job["endpoint"], json.loads(job["request"])["body"],
-                                               rt.config.think, rt.config.options, keep_alive)
-                    options = body.get("options")
-                    stats = await self._call(rt, job, cur, route, body)
-                else:
-                    stats = await self._generate(rt, job, cur, prompt, FINDINGS_SCHEMA if critique else None,
-                                                 think, options, keep_alive)
-        except TimeoutError:
-            error = (f"{limit_name} fired: the job ran {time.monotonic() - started:.1f}s, "
-                     f"over its {limit_s:g}s limit; request aborted")
-        except OllamaError as exc:
-            error, status = exc.message, exc.status
-            if exc.status == 503:  # Ollama's pending queue is full: another client keeps it busy
-                error = (f"{exc.message} (HTTP 503: node {rt.name}'s Ollama is busy with other clients' "
-                         f"requests; this request never started, so `gpuq retry {job['id']}` is safe)")
-            if exc.status is None and "cannot connect" in exc.message:
-                await self._set_up(rt, False, exc.message)
-        except GpuqError as exc:  # a stored request this gpuq cannot read (written by another version)
-            error, status = f"cannot run the stored request: {exc.message}", 400
-        if error is not None and front:
-            self._tell(job["id"], "error", status, error)
+            findings, error = await self._work(rt, job, cur)
+        except Exception as exc:  # a bug, or a reply no check foresaw: this job fails, the worker goes on
+            error = f"unexpected error in the router: {type(exc).__name__}: {exc}"
+            log.exception("job=%s node=%s %s", job["id"], rt.name, error)
+            self._tell(job["id"], "error", 500, error)
+            findings = None
         output, thinking = "".join(cur.output), "".join(cur.thinking) or None
-        findings = None
-        if error is None:
-            await self._record(job["id"], "end of stream",
-                               lambda: self.store.work_done(cur.run_id, output, stats, thinking))
-            if job["kind"] != "embed":  # an embedding's prompt_eval_count sums all its inputs
-                await self._warn_if_prompt_filled_context(rt, job, stats, options)
-            # A front-door client asked for its limit and was told done_reason "length", as
-            # Ollama tells it: its job is done. gpuq's own jobs fail loudly instead.
-            if stats.get("done_reason") == "length" and not front:  # cut at num_predict or the context
-                error = "reply cut off at the token limit (done_reason length); output kept, `gpuq retry` to run it again"
-            elif critique:
-                try:
-                    findings = parse_findings(output)
-                except FindingsError as exc:
-                    error = f"the model's reply does not match the findings schema: {exc}; raw reply kept as output"
         if error is None and await self._keep_warm(rt, job):
             rt.warm_model, unloaded = job["model"], True  # the node just answered: reachable
         else:
@@ -394,6 +356,62 @@ class Dispatcher:
         if job["kind"] == "task":  # critiques held for this task are ready (or were cancelled)
             self.wake()
             self._changed(job=job["id"], state=state)
+
+    async def _work(self, rt: NodeRuntime, job: dict, cur: Current) -> tuple[list | None, str | None]:
+        """Generate the reply and record it; returns the findings (of a critique) and the error.
+        A front-door call's client hears of an error at once, with Ollama's status."""
+        started = time.monotonic()
+        limit_s, limit_name = self._limit_s(rt, job)
+        critique = job["kind"] == "critique"
+        front = job.get("endpoint") is not None  # a call through the front door (gpuq/front.py)
+        prompt = instruction(self.settings.critique_template, job["prompt"]) if critique else job["prompt"]
+        think = json.loads(job["think"]) if job.get("think") is not None else rt.config.think
+        options = merged_options(rt.config.options, json.loads(job["options"]) if job.get("options") else None)
+        keep_alive = KEEP_WARM if self.settings.unload_for(rt.config) == "when-idle" else 0
+        try:
+            async with asyncio.timeout(limit_s):
+                if front:
+                    self._tell(job["id"], "start", rt.name)
+                    route, body = node_request(job["endpoint"], json.loads(job["request"])["body"],
+                                               rt.config.think, rt.config.options, keep_alive)
+                    options = body.get("options")
+                    stats = await self._call(rt, job, cur, route, body)
+                else:
+                    stats = await self._generate(rt, job, cur, prompt, FINDINGS_SCHEMA if critique else None,
+                                                 think, options, keep_alive)
+        except TimeoutError:
+            return None, self._told(job["id"], None, f"{limit_name} fired: the job ran "
+                                    f"{time.monotonic() - started:.1f}s, over its {limit_s:g}s limit; request aborted")
+        except OllamaError as exc:
+            if exc.status is None and "cannot connect" in exc.message:
+                await self._set_up(rt, False, exc.message)
+            if exc.status == 503:  # Ollama's pending queue is full: another client keeps it busy
+                return None, self._told(job["id"], 503, (
+                    f"{exc.message} (HTTP 503: node {rt.name}'s Ollama is busy with other clients' "
+                    f"requests; this request never started, so `gpuq retry {job['id']}` is safe)"))
+            return None, self._told(job["id"], exc.status, exc.message)
+        except GpuqError as exc:  # a stored request this gpuq cannot read (written by another version)
+            return None, self._told(job["id"], 400, f"cannot run the stored request: {exc.message}")
+        output, thinking = "".join(cur.output), "".join(cur.thinking) or None
+        await self._record(job["id"], "end of stream",
+                           lambda: self.store.work_done(cur.run_id, output, stats, thinking))
+        if job["kind"] != "embed":  # an embedding's prompt_eval_count sums all its inputs
+            await self._warn_if_prompt_filled_context(rt, job, stats, options)
+        # A front-door client that set its limit is told done_reason "length", as Ollama tells it:
+        # its job is done. gpuq's own jobs fail loudly instead.
+        if stats.get("done_reason") == "length" and not front:
+            return None, "reply cut off at the token limit (done_reason length); output kept, `gpuq retry` to run it again"
+        if not critique:
+            return None, None
+        try:
+            return parse_findings(output), None
+        except FindingsError as exc:
+            return None, f"the model's reply does not match the findings schema: {exc}; raw reply kept as output"
+
+    def _told(self, job_id: str, status: int | None, error: str) -> str:
+        """A run's error, passed to its waiting front-door client (if any) first."""
+        self._tell(job_id, "error", status, error)
+        return error
 
     async def _generate(self, rt: NodeRuntime, job: dict, cur: Current, prompt: str, fmt,
                         think: bool | str | None, options: dict | None, keep_alive: int | str) -> dict:
@@ -432,7 +450,7 @@ class Dispatcher:
             return {k: reply.get(k) for k in ("prompt_eval_count", "total_duration", "load_duration")} \
                 if isinstance(reply, dict) else {}
         last_beat = time.monotonic()
-        async for raw, chunk in rt.client.stream(route, body):
+        async for raw, chunk in rt.client.stream(route, body, max_line=FRONT_MAX_LINE):
             self._tell(job["id"], "chunk", raw, chunk)
             text, thought, calls = chunk_text(chunk)
             if thought:
@@ -518,6 +536,10 @@ class Dispatcher:
                 last_error = f"{model} is still listed by /api/ps"
             except OllamaError as exc:
                 last_error = exc.message
+            except Exception as exc:  # a bug: the model may still hold VRAM, so the node is flagged
+                log.exception("node=%s job=%s unexpected error while unloading %s", rt.name, job_id, model)
+                last_error = f"unexpected error in the router: {type(exc).__name__}: {exc}"
+                break
             if time.monotonic() >= deadline:
                 break
             await asyncio.sleep(min(delay, max(deadline - time.monotonic(), 0)))
@@ -538,4 +560,5 @@ def node_json(rt: NodeRuntime) -> dict:
         "model": rt.config.model, "url": rt.config.url, "up": rt.up, "checked": rt.checked,
         "since": iso(rt.since), "last_error": rt.last_error, "model_installed": rt.model_installed,
         "vram_stuck": rt.vram_stuck,
+        "loop_error": "; ".join(loop.problem() for loop in rt.loops if not loop.alive) or None,
     }

@@ -68,6 +68,10 @@ class Script:
     invalid_json: bool = False  # a structured-output request gets text that is not JSON
     findings: int | None = None  # how many findings a structured reply holds; None: 1 to 4
     ps_delay_s: float = 0.0  # /api/ps blocks this long (real Ollama's does during a load or unload)
+    # Replies of the wrong shape (valid JSON or not), to test the router's client:
+    raw_lines: list[str] | None = None  # after raw_after chunks, these lines end the chat stream
+    raw_after: int = 0
+    raw_bodies: dict[str, str] = field(default_factory=dict)  # e.g. {"/api/ps": "[]"}: a GET's 200 body
 
 
 @dataclass
@@ -180,11 +184,15 @@ class FakeOllama:
     async def _root(self, request: web.Request) -> web.Response:
         return web.Response(text="Ollama is running")
 
+    def _raw_body(self, request: web.Request) -> web.Response | None:
+        raw = self.script.raw_bodies.get(request.path)
+        return None if raw is None else web.Response(text=raw, content_type="application/json")
+
     async def _version(self, request: web.Request) -> web.Response:
-        return web.json_response({"version": self.version})
+        return self._raw_body(request) or web.json_response({"version": self.version})
 
     async def _tags(self, request: web.Request) -> web.Response:
-        return web.json_response({"models": [
+        return self._raw_body(request) or web.json_response({"models": [
             {"name": m, "model": m, "modified_at": _now(), "size": model_size(m), "digest": "0" * 64,
              "details": {"format": "gguf", "family": "llama"}} for m in sorted(self.models)]})
 
@@ -193,7 +201,7 @@ class FakeOllama:
         if self.script.ps_delay_s:
             await asyncio.sleep(self.script.ps_delay_s)
         self._expire()
-        return web.json_response({"models": [
+        return self._raw_body(request) or web.json_response({"models": [
             {"name": m, "model": m, "size": 1 << 30, "digest": "0" * 64,
              "details": {"format": "gguf", "family": "llama"},
              "expires_at": _now(), "size_vram": 1 << 30, "context_length": 4096}
@@ -309,6 +317,10 @@ class FakeOllama:
                     return resp
                 if s.stall_after is not None and i == s.stall_after:
                     await self._wait_for_disconnect(request)
+                    return resp
+                if s.raw_lines is not None and i == s.raw_after:
+                    await resp.write("".join(line + "\n" for line in s.raw_lines).encode())
+                    await resp.write_eof()
                     return resp
                 chunk = {"model": model, "created_at": _now(), "done": False}
                 if chat:

@@ -1,5 +1,7 @@
 """A small Ollama client: stream a chat, unload a model, ask what is loaded. No retries:
-every failure is raised as OllamaError with Ollama's own message."""
+every failure is raised as OllamaError with Ollama's own message. A reply of the wrong shape
+(valid JSON, but not what Ollama sends) is an OllamaError too, naming the node and what was
+wrong: nothing past this client ever sees a chunk that is not an object of the right types."""
 
 from __future__ import annotations
 
@@ -23,10 +25,33 @@ def _message(body: str, status: int) -> str:
     return body.strip()
 
 
+def json_type(value: Any) -> str:
+    """What JSON calls the value's type, for messages."""
+    if isinstance(value, bool):
+        return "boolean"
+    names = {dict: "object", list: "array", str: "string", int: "number", float: "number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _snippet(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _is(value: Any, kind: type) -> bool:
+    return isinstance(value, kind) and isinstance(value, bool) == (kind is bool)  # a bool is an int to Python
+
+
+EXPECTED = {str: "a string", bool: "a boolean", int: "a whole number"}
+# The final chunk's counters and durations (ns); the store records them as they are.
+STATS = ("eval_count", "prompt_eval_count", "total_duration", "load_duration", "eval_duration")
+
+
 class OllamaClient:
-    def __init__(self, base_url: str, session: aiohttp.ClientSession, *,
+    def __init__(self, base_url: str, session: aiohttp.ClientSession, *, name: str | None = None,
                  connect_timeout_s: float = 10.0, stall_timeout_s: float = 300.0, load_timeout_s: float = 600.0):
         self.base_url = base_url.rstrip("/")
+        self.name = name or self.base_url  # who a wrong-shaped reply is blamed on
         self.session = session
         self.connect_timeout_s = connect_timeout_s
         self.stall_timeout_s = stall_timeout_s
@@ -47,25 +72,49 @@ class OllamaClient:
             raise OllamaError(f"cannot connect to {self.base_url}: {exc.os_error or exc}") from exc
         except asyncio.TimeoutError as exc:
             raise OllamaError(f"{method} {path} on {self.base_url} did not answer within {timeout_s:.1f}s") from exc
-        except (aiohttp.ClientError, ValueError) as exc:
+        except (aiohttp.ClientError, ValueError, RecursionError) as exc:
             raise OllamaError(f"{method} {path} on {self.base_url} failed: {exc!r}") from exc
 
+    def _wrong(self, what: str) -> OllamaError:
+        return OllamaError(f"{self.name} sent {what}")
+
+    async def _object(self, path: str, timeout_s: float = 10.0) -> dict:
+        data = await self._request("GET", path, timeout_s=timeout_s)
+        if not isinstance(data, dict):
+            raise self._wrong(f"{path} as a JSON {json_type(data)}, not an object")
+        return data
+
     async def version(self) -> str:
-        return (await self._request("GET", "/api/version"))["version"]
+        data = await self._object("/api/version")
+        if not isinstance(data.get("version"), str):
+            raise self._wrong(f"/api/version without a 'version' string: {_snippet(data)}")
+        return data["version"]
+
+    async def _models(self, path: str, timeout_s: float = 10.0) -> list[dict]:
+        """The entries of a {"models": [{"name": ...}]} list (/api/tags, /api/ps), as sent."""
+        models = (await self._object(path, timeout_s)).get("models")
+        if models is None:  # Go encodes an empty list as null
+            return []
+        if not isinstance(models, list):
+            raise self._wrong(f"{path} whose 'models' is a JSON {json_type(models)}, not an array")
+        for m in models:
+            if not isinstance(m, dict) or not isinstance(m.get("name"), str):
+                raise self._wrong(f"an {path} entry without a 'name' string: {_snippet(m)}")
+        return models
+
+    async def _model_names(self, path: str, timeout_s: float = 10.0) -> set[str]:
+        return {normalize_model(m["name"]) for m in await self._models(path, timeout_s)}
 
     async def tags(self) -> list[dict]:
-        """/api/tags' models as the node lists them (names, details, capabilities)."""
-        data = await self._request("GET", "/api/tags")
-        models = data.get("models") if isinstance(data, dict) else None
-        return [m for m in models or [] if isinstance(m, dict) and isinstance(m.get("name"), str)]
+        """/api/tags' models as the node describes them (names, details, capabilities)."""
+        return await self._models("/api/tags")
 
     async def installed(self) -> set[str]:
-        return {normalize_model(m["name"]) for m in await self.tags()}
+        return await self._model_names("/api/tags")
 
     async def ps(self, timeout_s: float = 10.0) -> list[dict]:
-        """/api/ps' models as the node lists them."""
-        data = await self._request("GET", "/api/ps", timeout_s=timeout_s)
-        return [m for m in (data.get("models") if isinstance(data, dict) else None) or [] if isinstance(m, dict)]
+        """/api/ps' models as the node describes them."""
+        return await self._models("/api/ps", timeout_s)
 
     async def post(self, path: str, body: dict, timeout_s: float | None = None) -> Any:
         """One JSON request and its JSON answer (/api/show, /api/embed), within `timeout_s`
@@ -75,8 +124,7 @@ class OllamaClient:
 
     async def loaded(self, timeout_s: float = 10.0) -> set[str]:
         """Models /api/ps lists (in VRAM, loading, or still stopping)."""
-        data = await self._request("GET", "/api/ps", timeout_s=timeout_s)
-        return {normalize_model(m["name"]) for m in data.get("models", [])}
+        return await self._model_names("/api/ps", timeout_s)
 
     async def unload(self, model: str, timeout_s: float = 10.0) -> None:
         """An empty chat with keep_alive 0 asks Ollama to unload; it answers done_reason 'unload'."""
@@ -113,9 +161,10 @@ class OllamaClient:
         async for _, chunk in self.stream("/api/chat", body):
             yield chunk
 
-    async def stream(self, path: str, body: dict) -> AsyncIterator[tuple[bytes, dict]]:
+    async def stream(self, path: str, body: dict, max_line: int | None = None) -> AsyncIterator[tuple[bytes, dict]]:
         """Stream /api/chat or /api/generate: each line as Ollama sent it, and parsed. The same
-        limits and failures as chat(); an error status keeps Ollama's status."""
+        limits and failures as chat(); an error status keeps Ollama's status. A line may be
+        `max_line` bytes long (default: the reader's buffer limit)."""
         url = self.base_url + path
         # A cold load of a large model sends nothing, not even headers, until the model is in
         # VRAM (minutes): the first line gets load_timeout, each line after it stall_timeout.
@@ -135,8 +184,9 @@ class OllamaClient:
                 if resp.status >= 400:
                     raise OllamaError(_message(await resp.text(), resp.status), resp.status)
                 # One read takes whatever has arrived (often many lines): one clock per read,
-                # not per line, and no limit on a line's length (generate's last chunk carries
-                # its whole token context).
+                # not per line. A line still unfinished past the limit fails here, before it
+                # fills the router's memory.
+                limit = max_line or resp.content.get_read_buffer_limits()[1]
                 pending = b""
                 while True:
                     try:
@@ -144,26 +194,27 @@ class OllamaClient:
                             data = await resp.content.readany()
                     except TimeoutError:
                         raise self._late(first) from None
-                    if not data:
-                        lines, pending = [pending], b""
-                    else:
+                    if data:
                         first = False
                         *lines, pending = (pending + data).split(b"\n")
+                    else:
+                        lines, pending = [pending], b""
                     for raw in lines:
+                        if len(raw) > limit:
+                            raise self._wrong(f"a chat line longer than {limit} bytes, the most the router reads")
                         line = raw.strip()
                         if not line:
                             continue
                         try:
                             chunk = json.loads(line)
-                        except ValueError:
-                            raise OllamaError(f"Ollama sent a line that is not JSON: {line[:200]!r}") from None
-                        if not isinstance(chunk, dict):
-                            raise OllamaError(f"Ollama sent a line that is not a JSON object: {line[:200]!r}")
-                        if "error" in chunk:
-                            raise OllamaError(str(chunk["error"]))
+                        except (ValueError, RecursionError):
+                            raise self._wrong(f"a chat line that is not JSON: {line[:200]!r}") from None
+                        self._check_chunk(chunk, line)
                         yield line, chunk
                         if chunk.get("done"):
                             return
+                    if len(pending) > limit:
+                        raise self._wrong(f"a chat line longer than {limit} bytes, the most the router reads")
                     if not data:
                         break
             raise OllamaError("Ollama's stream ended without done: true")
@@ -180,3 +231,22 @@ class OllamaClient:
             return OllamaError(f"no reply from Ollama within load_timeout ({self.load_timeout_s:g}s): "
                                "the model did not load in time")
         return OllamaError(f"stalled: no bytes from Ollama for {self.stall_timeout_s:g}s")
+
+    def _check_chunk(self, chunk: Any, line: bytes) -> None:
+        """Raise Ollama's {"error"} line as it is, and a chunk of the wrong shape naming what is wrong."""
+        if not isinstance(chunk, dict):
+            text = line[:200].decode("utf-8", "replace") + ("..." if len(line) > 200 else "")
+            raise self._wrong(f"a chat line that is a JSON {json_type(chunk)}, not an object: {text}")
+        if "error" in chunk:
+            raise OllamaError(str(chunk["error"]))
+        message = chunk.get("message")
+        if message is not None and not isinstance(message, dict):
+            raise self._wrong(f"a chat line whose 'message' is a JSON {json_type(message)}, not an object")
+        fields = [("message.content", (message or {}).get("content"), str),
+                  ("message.thinking", (message or {}).get("thinking"), str),
+                  ("response", chunk.get("response"), str), ("done", chunk.get("done"), bool),
+                  ("done_reason", chunk.get("done_reason"), str)]
+        fields += [(key, chunk.get(key), int) for key in STATS]
+        for key, value, kind in fields:
+            if value is not None and not _is(value, kind):
+                raise self._wrong(f"a chat line whose '{key}' is a JSON {json_type(value)}, not {EXPECTED[kind]}")

@@ -142,9 +142,11 @@ async def health(request: web.Request) -> web.Response:
     down = [{"name": rt.name, "since": iso(rt.since), "error": rt.vram_stuck or rt.last_error,
              "waiting": active.get(rt.name, (0, 0))[0]}
             for rt in dispatcher.nodes.values() if rt.checked and not rt.claimable]
-    ok = not stale and not any(d["waiting"] for d in down)
+    crashed = [loop.json() for loop in dispatcher.loops.down()]  # a loop that is not running, for now
+    ok = not stale and not any(d["waiting"] for d in down) and not crashed
     body = {"ok": ok, "queue_depth": sum(q for q, _ in active.values()),
-            "running": sum(r for _, r in active.values()), "stale": stale, "nodes_down": down}
+            "running": sum(r for _, r in active.values()), "stale": stale, "nodes_down": down,
+            "loops_down": crashed}
     return web.json_response(body, status=200 if ok else 503)
 
 
@@ -434,13 +436,12 @@ async def _lifecycle(app: web.Application):
         await dispatcher.stop()
         await store.close()
         raise
-    monitor = asyncio.create_task(_stale_monitor(app))
+    dispatcher.loops.start("stale monitor", lambda: _stale_monitor(app))  # stopped with the workers
     # Sum the history for /metrics now, so the first scrape after a start is not the slow one.
     warm = asyncio.create_task(app[METRICS].catch_up(store))
     yield
-    monitor.cancel()
     warm.cancel()
-    await asyncio.gather(monitor, warm, return_exceptions=True)
+    await asyncio.gather(warm, return_exceptions=True)
     await dispatcher.stop()
     await store.close()
 

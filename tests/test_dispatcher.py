@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 
 from gpuq.bus import Bus
 from gpuq.config import NodeConfig, Settings
@@ -19,9 +18,7 @@ async def test_a_delete_that_lands_between_claim_and_start_never_reaches_ollama(
     await dispatcher.start()
     try:
         rt = dispatcher.nodes["n"]
-        for task in dispatcher._tasks:  # no worker of its own may claim: this test claims by hand
-            task.cancel()
-        await asyncio.gather(*dispatcher._tasks, return_exceptions=True)
+        await dispatcher.loops.stop()  # no worker of its own may claim: this test claims by hand
         await store.submit(NewJob("task", "never sent"), [NodeInfo("n", 1, ("task",), "m:latest", True)], "api")
         job = await store.claim("n")
         _, interrupted = await store.delete(job["id"], "cli")

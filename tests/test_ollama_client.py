@@ -122,3 +122,92 @@ async def test_ps_500_is_an_error(client):
         with pytest.raises(OllamaError) as exc:
             await client.loaded()
     assert exc.value.status == 500
+
+
+# -- replies of the wrong shape: an OllamaError naming the node and what was wrong ------------
+
+@pytest.fixture
+async def named():
+    async with aiohttp.ClientSession() as session:
+        yield OllamaClient(URL, session, name="node-1", stall_timeout_s=5)
+
+
+@pytest.mark.parametrize("line,message", [
+    ("[1,2]", "node-1 sent a chat line that is a JSON array, not an object: [1,2]"),
+    ("42", "node-1 sent a chat line that is a JSON number, not an object: 42"),
+    ('"done"', "node-1 sent a chat line that is a JSON string, not an object: \"done\""),
+    ('{"message": "str", "done": false}', "node-1 sent a chat line whose 'message' is a JSON string, not an object"),
+    ('{"message": {"content": 5}, "done": false}',
+     "node-1 sent a chat line whose 'message.content' is a JSON number, not a string"),
+    ('{"response": ["a"], "done": false}', "node-1 sent a chat line whose 'response' is a JSON array, not a string"),
+    ('{"message": {"content": "a"}, "done": "yes"}',
+     "node-1 sent a chat line whose 'done' is a JSON string, not a boolean"),
+    ('{"message": {"content": ""}, "done": true, "eval_count": "259"}',
+     "node-1 sent a chat line whose 'eval_count' is a JSON string, not a whole number"),
+    ('{"message": {"content": ""}, "done": true, "total_duration": true}',
+     "node-1 sent a chat line whose 'total_duration' is a JSON boolean, not a whole number"),
+    ("{not json", "node-1 sent a chat line that is not JSON: b'{not json'"),
+])
+async def test_a_chat_line_of_the_wrong_shape_names_the_node_and_the_fault(named, line, message):
+    with aioresponses() as m:
+        m.post(f"{URL}/api/chat", body=ndjson(chunk("a")) + line + "\n")
+        chunks = []
+        with pytest.raises(OllamaError) as exc:
+            async for c in named.chat("m", "hi"):
+                chunks.append(c)
+    assert [c["message"]["content"] for c in chunks] == ["a"]  # the good chunk before it got through
+    assert exc.value.message == message
+
+
+async def test_a_line_nested_too_deeply_for_python_is_not_json_to_the_router(named):
+    with aioresponses() as m:
+        m.post(f"{URL}/api/chat", body="[" * 50_000 + "]" * 50_000 + "\n")
+        with pytest.raises(OllamaError, match="^node-1 sent a chat line that is not JSON: b'\\[\\[\\["):
+            await collect(named)
+
+
+async def test_a_line_over_the_limit_fails_cleanly_naming_the_limit(named):
+    huge = json.dumps(chunk("x" * 300_000))
+    with aioresponses() as m:
+        m.post(f"{URL}/api/chat", body=ndjson(chunk("a")) + huge + "\n" + ndjson(FINAL))
+        with pytest.raises(OllamaError) as exc:
+            await collect(named)
+    assert exc.value.message == "node-1 sent a chat line longer than 131072 bytes, the most the router reads"
+
+
+async def test_a_wrong_shape_names_the_url_when_the_client_has_no_name(client):
+    with aioresponses() as m:
+        m.post(f"{URL}/api/chat", body="[]\n")
+        with pytest.raises(OllamaError) as exc:
+            await collect(client)
+    assert exc.value.message == f"{URL} sent a chat line that is a JSON array, not an object: []"
+
+
+@pytest.mark.parametrize("path,call,body,message", [
+    ("/api/version", "version", '{"v": "1"}', "node-1 sent /api/version without a 'version' string: {\"v\": \"1\"}"),
+    ("/api/version", "version", '{"version": 33}', "node-1 sent /api/version without a 'version' string: {\"version\": 33}"),
+    ("/api/version", "version", '"0.33.0"', "node-1 sent /api/version as a JSON string, not an object"),
+    ("/api/tags", "installed", '{"models": [{"model": "m"}]}',
+     "node-1 sent an /api/tags entry without a 'name' string: {\"model\": \"m\"}"),
+    ("/api/tags", "installed", '{"models": ["m"]}', "node-1 sent an /api/tags entry without a 'name' string: \"m\""),
+    ("/api/tags", "installed", '{"models": {"name": "m"}}',
+     "node-1 sent /api/tags whose 'models' is a JSON object, not an array"),
+    ("/api/ps", "loaded", "[]", "node-1 sent /api/ps as a JSON array, not an object"),
+    ("/api/ps", "loaded", "null", "node-1 sent /api/ps as a JSON null, not an object"),
+    ("/api/ps", "loaded", '{"models": [{"name": null}]}',
+     "node-1 sent an /api/ps entry without a 'name' string: {\"name\": null}"),
+])
+async def test_a_health_answer_of_the_wrong_shape_names_the_node_and_the_fault(named, path, call, body, message):
+    with aioresponses() as m:
+        m.get(f"{URL}{path}", body=body, content_type="application/json")
+        with pytest.raises(OllamaError) as exc:
+            await getattr(named, call)()
+    assert exc.value.message == message
+
+
+async def test_an_empty_model_list_may_be_null_as_go_encodes_it(named):
+    with aioresponses() as m:
+        m.get(f"{URL}/api/ps", payload={"models": None})
+        m.get(f"{URL}/api/tags", payload={})
+        assert await named.loaded() == set()
+        assert await named.installed() == set()

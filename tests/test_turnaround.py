@@ -83,7 +83,7 @@ async def test_a_stop_in_the_same_tick_as_a_wake_still_ends_the_idle_worker(tmp_
     await dispatcher.start()
     try:
         await eventually(lambda: dispatcher.nodes["n"].checked, what="the node's first check")
-        worker = next(t for t in dispatcher._tasks if t.get_name() == "worker-n")
+        worker = next(loop.task for loop in dispatcher.nodes["n"].loops if loop.name == "worker")
         await eventually(lambda: awaiting(worker, "_wait"), what="the worker to wait for a wake")
         dispatcher.wake()
         await asyncio.wait_for(dispatcher.stop(), 5)

@@ -1,0 +1,188 @@
+"""No loop dies silently: the router in-process with a fake Ollama, a fault injected into its
+store. A crash inside a job fails that job and the worker goes on; a crash of a loop itself
+is logged with its traceback, turns /health red naming the node, and the loop restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from conftest import eventually
+from gpuq.config import NodeConfig, Settings
+from gpuq.fake_ollama import FakeOllama, Script
+from gpuq.server import STORE, create_app
+from gpuq.supervise import BACKOFF_FIRST_S, BACKOFF_MAX_S, HEALTHY_S, Loops, backoff
+
+
+@pytest.fixture
+async def router(tmp_path):
+    """The app on loopback with one node, n1, on a fake Ollama; yields (client, fake)."""
+    fake = FakeOllama(models={"m:latest"}, script=Script(tokens=4))
+    await fake.start()
+    settings = Settings(database=tmp_path / "gpuq.db", health_interval_s=0.2, unload_timeout_s=2,
+                        nodes=(NodeConfig("n1", fake.url, 1, ("task",), "m:latest"),))
+    client = TestClient(TestServer(create_app(settings), host="127.0.0.1"))
+    await client.start_server()
+    try:
+        async def up():
+            _, body = await get(client, "/api/nodes")
+            return body["nodes"][0]["up"]
+        await eventually(up, what="the node to be up")
+        yield client, fake
+    finally:
+        await client.close()
+        await fake.stop()
+
+
+async def get(client, path: str) -> tuple[int, dict]:
+    resp = await client.get(path)
+    return resp.status, await resp.json()
+
+
+async def submit(client, prompt: str) -> str:
+    resp = await client.post("/api/jobs", json={"kind": "task", "prompt": prompt})
+    assert resp.status == 201, await resp.text()
+    return (await resp.json())["jobs"][0]["id"]
+
+
+async def wait_state(client, job_id: str, state: str) -> dict:
+    async def reached():
+        _, job = await get(client, f"/api/jobs/{job_id}")
+        return job if job["state"] == state else None
+    return await eventually(reached, 20, what=f"job {job_id} to be {state}")  # a restart may wait 5 s
+
+
+def crashes(caplog, text: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if text in r.getMessage() and r.exc_info]
+
+
+async def test_an_unexpected_error_inside_a_job_fails_it_and_the_worker_runs_the_next(router, caplog):
+    client, fake = router
+    store = client.server.app[STORE]
+    real = store.work_done
+    calls = 0
+
+    async def broken_once(*args):
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("injected: work_done broke")
+        return await real(*args)
+    store.work_done = broken_once
+    first = await submit(client, "meets the bug")
+    second = await submit(client, "runs after it")
+
+    failed = await wait_state(client, first, "failed")
+    assert failed["error"] == "unexpected error in the router: RuntimeError: injected: work_done broke"
+    assert len(failed["output"].split()) == 4  # what streamed is kept
+    assert failed["events"][-1]["to_state"] == "failed" and failed["events"][-1]["reason"] == failed["error"]
+    [record] = crashes(caplog, f"job={first} node=n1 unexpected error")
+    assert "injected: work_done broke" in logging.Formatter().formatException(record.exc_info)
+    assert (await wait_state(client, second, "done"))["error"] is None
+    status, health = await get(client, "/health")
+    assert status == 200 and health["loops_down"] == []
+
+
+async def test_a_crashed_worker_is_logged_turns_health_red_and_restarts(router, caplog):
+    client, fake = router
+    store = client.server.app[STORE]
+    real = store.has_waiting
+    calls = 0
+
+    async def broken(node):
+        nonlocal calls
+        calls += 1
+        raise RuntimeError("injected: has_waiting broke")
+    store.has_waiting = broken
+    job = await submit(client, "waits for the worker")  # wakes the worker, which crashes
+
+    async def red():
+        status, health = await get(client, "/health")
+        return health if status == 503 and health["loops_down"] else None
+    health = await eventually(red, what="/health to report the crashed worker")
+    assert health["ok"] is False
+    [down] = health["loops_down"]
+    assert (down["loop"], down["node"]) == ("worker", "n1")
+    assert down["error"].startswith("worker crashed (RuntimeError: injected: has_waiting broke); restarting in ")
+    _, nodes = await get(client, "/api/nodes")
+    assert nodes["nodes"][0]["loop_error"].startswith("worker crashed (RuntimeError: injected: has_waiting broke)")
+    res = await cli(client, "nodes")
+    line = next(line for line in res.splitlines() if line.startswith("n1"))
+    assert " crashed " in line and "injected: has_waiting broke" in line
+
+    await eventually(lambda: calls >= 3, what="the worker to restart twice")  # backoff 0.1 s, 0.2 s
+    logged = crashes(caplog, "node=n1 worker crashed, restarting in")
+    assert len(logged) >= 2
+    assert "injected: has_waiting broke" in logging.Formatter().formatException(logged[0].exc_info)
+    assert [r.getMessage().split("restarting in ")[1].split("s:")[0] for r in logged[:2]] == ["0.1", "0.2"]
+    _, queued = await get(client, f"/api/jobs/{job}")
+    assert queued["state"] == "queued"
+
+    store.has_waiting = real  # the fault is gone: the next restart runs the job
+    await wait_state(client, job, "done")
+    status, health = await get(client, "/health")
+    assert status == 200 and health["loops_down"] == [] and health["ok"] is True
+    _, nodes = await get(client, "/api/nodes")
+    assert nodes["nodes"][0]["loop_error"] is None
+
+
+async def test_a_crashed_stale_monitor_turns_health_red_until_it_runs_again(router, caplog):
+    client, fake = router
+    store = client.server.app[STORE]
+    real = store.note_stale
+
+    async def broken():
+        raise KeyError("injected")
+    store.note_stale = broken
+
+    async def red():
+        status, health = await get(client, "/health")
+        return health if status == 503 else None
+    health = await eventually(red, what="/health to report the crashed monitor")
+    [down] = health["loops_down"]
+    assert (down["loop"], down["node"]) == ("stale monitor", None)
+    assert down["error"].startswith("stale monitor crashed (KeyError: 'injected'); restarting in ")
+    assert crashes(caplog, "stale monitor crashed, restarting in")
+
+    store.note_stale = real
+    async def green():
+        status, _ = await get(client, "/health")
+        return status == 200
+    await eventually(green, 15, what="/health to be ok again")
+
+
+async def cli(client, *args: str) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gpuq.cli", "--router", str(client.make_url("")).rstrip("/"), *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=dict(os.environ))
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0, err.decode()
+    return out.decode()
+
+
+def test_backoff_doubles_to_its_cap_and_starts_over_after_a_healthy_stretch():
+    delays = [backoff(None, 0.0)]
+    for _ in range(7):
+        delays.append(backoff(delays[-1], 0.01))
+    assert delays == [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0]
+    assert (BACKOFF_FIRST_S, BACKOFF_MAX_S) == (0.1, 5.0)
+    assert backoff(5.0, HEALTHY_S) == BACKOFF_FIRST_S
+
+
+async def test_stop_ends_a_loop_that_waits_for_its_restart():
+    loops = Loops()
+    crashed = asyncio.Event()
+
+    async def crash():
+        crashed.set()
+        raise RuntimeError("always")
+    loop = loops.start("crasher", crash)
+    await asyncio.wait_for(crashed.wait(), 5)
+    assert not loop.alive and loop.error == "RuntimeError: always"
+    await asyncio.wait_for(loops.stop(), 5)
+    assert loop.task.cancelled()
