@@ -27,7 +27,7 @@ from .procs import Fakes, Router, free_port, node_table, rss_mb
 from .stats import Metric, table
 
 BENCH_DIR = Path(__file__).resolve().parent
-SECTIONS = ("physical", "peers", "submit", "turnaround", "first_token", "growth", "listings", "front")
+SECTIONS = ("physical", "peers", "submit", "turnaround", "first_token", "growth", "listings", "unload_policy", "front")
 NODES = {"n1": "qwen3-coder:30b", "n2": "llama3.2:latest"}
 CONCURRENT_WORKERS = 8
 SETTINGS = {"stale_after_s": 600.0, "stale_grace_s": 30.0, "max_runtime_s": 4 * 3600.0}
@@ -515,9 +515,50 @@ class Bench:
 
     # -- the whole run --------------------------------------------------------------------------
 
+    async def unload_policy_section(self) -> None:
+        """Jobs per minute on one node, back to back for one model, with a realistic cold load
+        (2 s) and unload (0.2 s): unload after each job (the default) vs "when-idle"."""
+        from gpuq.fake_ollama import FakeOllama, Script
+        jobs = 6 if self.quick else 12
+        rates = {policy: self.metric(f"unload_{policy}", f"jobs/min, one node, {jobs} back-to-back jobs,"
+                                     f" 2 s cold load, unload = {policy}", "jobs/min", "rate")
+                 for policy in ("after-each", "when-idle")}
+        fake = FakeOllama(models={"qwen3-coder:30b"}, script=Script(
+            tokens=40, token_delay_s=0.01, load_delay_s=2.0, unload="delay", unload_delay_s=0.2))
+        await fake.start()
+        try:
+            for rep in range(max(self.repeats // 2, 1)):
+                for policy, metric in rates.items():
+                    node = dict(node_table("n1", fake.url, 1, "qwen3-coder:30b"), unload=policy)
+                    router = await Router(self.workdir, [node], self.workdir / f"unload-{policy}-{rep}.db").start()
+                    conn = await router.connect()
+                    try:
+                        t = time.perf_counter()
+                        ids = []
+                        for i in range(jobs):
+                            status, body = await conn.request("POST", "/api/jobs", {"kind": "task", "prompt": f"job {i}"})
+                            assert status == 201, body
+                            ids.append(body["jobs"][0]["id"])
+                        while True:
+                            status, body = await conn.request("GET", f"/api/jobs/{ids[-1]}")
+                            if body["state"] not in ("queued", "running"):
+                                break
+                            await asyncio.sleep(0.05)
+                        assert body["state"] == "done", body
+                        metric.add_run(jobs / ((time.perf_counter() - t) / 60))
+                    finally:
+                        await conn.close()
+                        await router.stop()
+                self.say(f"unload policy run {rep + 1}: " + ", ".join(
+                    f"{p} {m.runs[-1][0]:.1f} jobs/min" for p, m in rates.items()))
+        finally:
+            await fake.stop()
+
     async def run(self) -> None:
         if self.wants("physical") or self.wants("peers"):
             await self.physical_and_peers()
+        if self.wants("unload_policy"):
+            await self.unload_policy_section()
         if self.wants("front"):  # its own nodes and router
             await front.front_section(self)
         needs_router = any(self.wants(s) for s in ("submit", "turnaround", "first_token", "growth", "listings"))

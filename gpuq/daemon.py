@@ -87,8 +87,8 @@ async def serve(settings: Settings | None, listen: str | None, database: str | N
         print(f"front door for Ollama and OpenAI clients:  export OLLAMA_HOST={front.url}   "
               f"(OpenAI SDK: base_url=\"{front.url}/v1\")", flush=True)
     if fakes:
-        print("demo mode: simulated Ollama nodes " + ", ".join(f"{n.name} ({n.model})" for n in settings.nodes),
-              flush=True)
+        nodes = ", ".join(f"{n.name} ({n.model}, {n.url})" for n in settings.nodes)
+        print(f"demo mode: simulated Ollama nodes {nodes}", flush=True)
         print(f'try:  .venv/bin/gpuq --router {settings.public_url} task "write a haiku about queues" --wait',
               flush=True)
     await stop.wait()

@@ -17,7 +17,7 @@ from .critique import FINDINGS_SCHEMA, FindingsError, instruction, parse_finding
 from .errors import GpuqError, OllamaError, StoreUnavailable
 from .models import iso, normalize_model
 from .params import merged_options
-from .ollama import OllamaClient
+from .ollama import OllamaClient, prompt_was_cut
 from .store import GuardMiss, Interrupted, NodeInfo, Store
 from .supervise import Loop, Loops
 from .translate import STREAMED_ROUTES, chunk_text, node_request
@@ -30,9 +30,7 @@ HEARTBEAT_S = 1.0  # progress is written at most this often while tokens stream
 # before the next claim: it has just answered, and a check costs two requests per job.
 UNLOAD_FRESH_S = 0.25
 RECORD_RETRY_MAX_S = 5.0  # the longest wait between tries to record a job's outcome
-# A prompt that used this share of the context window filled it: Ollama truncates a longer one
-# to about the window (keeping room for num_keep), so it is never reported as over.
-CONTEXT_FULL = 0.98
+OLLAMA_DEFAULT_CONTEXT = 4096  # num_ctx when neither the job, the node nor the model sets one
 MIN_REQUEST_S = 0.05  # the shortest limit given to one request to a node
 # With unload = "when-idle", the model a job leaves loaded for the next one of the same model.
 # Bounded, so a router that dies does not pin it forever; an idle node unloads it at once.
@@ -489,7 +487,7 @@ class Dispatcher:
     async def _warn_if_prompt_filled_context(self, rt: NodeRuntime, job: dict, stats: dict,
                                              options: dict | None) -> None:
         """Ollama cuts a prompt too long for the context window with only a line in its own log.
-        When the prompt filled the window, say so on the job (num_ctx from the options, else
+        When the prompt tokens it evaluated show a cut, say so on the job (num_ctx from the options, else
         from the model's /api/show parameters; unknown: no warning)."""
         used = stats.get("prompt_eval_count")
         if not isinstance(used, int):
@@ -502,8 +500,10 @@ class Dispatcher:
                 except OllamaError as exc:
                     log.warning("job=%s node=%s cannot read num_ctx from /api/show: %s", job["id"], rt.name, exc.message)
                     return
-            num_ctx = rt.context_lengths[job["model"]]
-        if num_ctx and used >= num_ctx * CONTEXT_FULL:
+            # No num_ctx in the model's parameters: the server's default context applies, 4096
+            # unless its OLLAMA_CONTEXT_LENGTH says otherwise (which no API tells).
+            num_ctx = rt.context_lengths[job["model"]] or OLLAMA_DEFAULT_CONTEXT
+        if num_ctx and prompt_was_cut(used, num_ctx, (options or {}).get("num_keep", 4)):
             warning = (f"prompt may have been truncated: {used} tokens, num_ctx {num_ctx} "
                        "(set a larger num_ctx in the node's or the job's options)")
             log.warning("job=%s node=%s %s", job["id"], rt.name, warning)

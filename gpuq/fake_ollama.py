@@ -1,53 +1,427 @@
-"""A simulated Ollama server that speaks Ollama's HTTP API (see shared/reference/ollama-api.md):
-streaming NDJSON chat, /api/ps with keep_alive semantics, exact error shapes, and scriptable
-faults. The demo nodes of `gpuq serve --demo` and every integration test use it."""
+"""A simulated Ollama server that real clients accept (shared/reference/ollama-api.md, its
+section 12 first): /api/chat and /api/generate streamed or as one object, thinking, structured
+output, options, load and unload with keep_alive, /api/ps, /api/show, /api/tags, /api/embed,
+Ollama's exact error texts, and scriptable faults. `gpuq serve --demo`, every integration test
+and the benchmarks use it.
+
+Where a choice is not obvious, a comment names the Ollama file it follows: server/routes.go,
+server/sched.go, server/images.go, api/types.go, types/model/name.go, llm/llama_server.go."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import math
 import random
 import re
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from aiohttp import web
 
-from .models import normalize_model
-
 BUSY = "server busy, please try again.  maximum pending requests exceeded"
 WORDS = ("the queue node model token plan risk retry budget export job result review "
          "change test guard order state commit error memory latency design").split()
-
-
-def model_size(name: str) -> int:
-    """Bytes on disk, from the parameter count in the tag ('qwen3-coder:30b': ~18 GB at Q4)."""
-    found = re.search(r":(\d+(?:\.\d+)?)b\b", name)
-    return int(float(found.group(1)) * 0.6e9) if found else 2 << 30
+THOUGHTS = ("okay so the user wants this let me think about the plan first wait the queue "
+            "matters here maybe check the order again then answer").split()
+DEFAULT_KEEP_ALIVE_S = 300.0  # OLLAMA_KEEP_ALIVE [envconfig/config.go]
+FOREVER_S = (2**63 - 1) / 1e9  # a negative keep_alive is time.Duration(math.MaxInt64) [api/types.go]
+THINK_LEVELS = ("high", "medium", "low", "max")  # api/types.go ThinkValue
+# llama-server started without --embeddings answers this; Ollama passes it on [llm/llama_server.go]
+NO_EMBEDDINGS = "This server does not support embeddings. Start it with `--embeddings`"
+TOO_LONG_FOR_EMBED = "the input length exceeds the context length"
 
 
 def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f000Z")
 
 
+def _iso(ts: float) -> str:
+    """A wall-clock time as Go writes a time.Time (RFC 3339, UTC)."""
+    moment = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(seconds=ts)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _q(text: str) -> str:
+    """Go's %q for the names and values Ollama quotes in its messages."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+class _Reply(Exception):
+    """An error answer: Ollama writes {"error": message} with this status."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+# -- durations ------------------------------------------------------------------------------
+
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _go_duration_s(text: str) -> float:
+    """Go's time.ParseDuration, with its error texts."""
+    rest = text[1:] if text[:1] in "+-" else text
+    if rest == "0":
+        return 0.0
+    if not rest:
+        raise ValueError(f"time: invalid duration {_q(text)}")
+    total = 0.0
+    while rest:
+        number = re.match(r"\d*(?:\.\d*)?", rest).group(0)
+        if number in ("", "."):
+            raise ValueError(f"time: invalid duration {_q(text)}")
+        rest = rest[len(number):]
+        unit = re.match(r"[^\d.]*", rest).group(0)
+        if not unit:
+            raise ValueError(f"time: missing unit in duration {_q(text)}")
+        if unit not in _UNITS:
+            raise ValueError(f"time: unknown unit {_q(unit)} in duration {_q(text)}")
+        total += float(number) * _UNITS[unit]
+        rest = rest[len(unit):]
+    return -total if text.startswith("-") else total
+
+
 def _keep_alive_s(value: Any) -> float | None:
     """Ollama's Duration: number = seconds, string = Go duration; negative = forever (None)."""
     if value is None:
-        return 300.0
+        return DEFAULT_KEEP_ALIVE_S
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ValueError("Unsupported type")
-    if isinstance(value, str):
-        parts = re.findall(r"(-?\d+(?:\.\d+)?)(ns|us|ms|s|m|h)", value)
-        if value != "0" and "".join(n + u for n, u in parts) != value:
-            raise ValueError(f'time: missing unit in duration "{value}"')
-        unit = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "h": 3600}
-        seconds = sum(float(n) * unit[u] for n, u in parts)
-    else:
-        seconds = float(value)
+        raise ValueError(f"Unsupported type: '{_go_any_type(value)}'")
+    seconds = _go_duration_s(value) if isinstance(value, str) else float(value)
     return None if seconds < 0 else seconds
 
+
+# -- request bodies, decoded as Go's encoding/json does --------------------------------------
+
+def _go_kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float)):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}.get(type(value), "null")
+
+
+def _go_any_type(value: Any) -> str:
+    """reflect.TypeOf of what json.Unmarshal put in an `any`."""
+    if isinstance(value, dict):
+        return "map[string]interface {}"
+    if isinstance(value, list):
+        return "[]interface {}"
+    return {bool: "bool", str: "string"}.get(type(value), "float64")
+
+
+# Field types of the request structs [api/types.go]; other keys are ignored, as Go ignores them.
+OPTIONS = "map[string]interface {}"
+GENERATE_FIELDS = {"model": "string", "prompt": "string", "suffix": "string", "system": "string",
+                   "template": "string", "context": "[]int", "stream": "bool", "raw": "bool",
+                   "format": "raw", "keep_alive": "duration", "images": "[]api.ImageData",
+                   "options": OPTIONS, "think": "think", "truncate": "bool", "shift": "bool",
+                   "logprobs": "bool", "top_logprobs": "int"}
+CHAT_FIELDS = {"model": "string", "messages": "[]api.Message", "stream": "bool", "format": "raw",
+               "keep_alive": "duration", "tools": "api.Tools", "options": OPTIONS, "think": "think",
+               "truncate": "bool", "shift": "bool", "logprobs": "bool", "top_logprobs": "int"}
+EMBED_FIELDS = {"model": "string", "input": "raw", "keep_alive": "duration", "truncate": "bool",
+                "dimensions": "int", "options": OPTIONS}
+EMBEDDINGS_FIELDS = {"model": "string", "prompt": "string", "keep_alive": "duration", "options": OPTIONS}
+SHOW_FIELDS = {"model": "string", "system": "string", "template": "string", "verbose": "bool",
+               "options": OPTIONS, "name": "string"}
+MESSAGE_FIELDS = {"role": "string", "content": "string", "thinking": "string", "images": "[]api.ImageData",
+                  "tool_name": "string", "tool_call_id": "string", "tool_calls": "[]api.ToolCall"}
+
+
+def _mismatch(gotype: str, value: Any) -> tuple[str, str, str] | None:
+    """(what the JSON held, the sub-path, the Go type) when `value` cannot fill a `gotype`."""
+    if value is None or gotype == "raw":
+        return None
+    if gotype in ("string", "bool"):
+        return None if _go_kind(value) == gotype else (_go_kind(value), "", gotype)
+    if gotype == "int":
+        if isinstance(value, int) and not isinstance(value, bool):
+            return None
+        return (f"number {value}" if isinstance(value, float) else _go_kind(value)), "", "int"
+    if gotype == OPTIONS:
+        return None if isinstance(value, dict) else (_go_kind(value), "", gotype)
+    if not isinstance(value, list):
+        return _go_kind(value), "", gotype
+    element = {"[]int": "int", "[]api.ImageData": "string"}.get(gotype)
+    for item in value:
+        if element and (bad := _mismatch(element, item)):
+            return bad[0], "", gotype[2:] if element == "string" else element
+        if not element and item is not None and not isinstance(item, dict):
+            return _go_kind(item), "", gotype.removeprefix("[]").replace("Tools", "Tool")
+        if gotype == "[]api.Message" and item:
+            for key, sub in item.items():
+                if (subtype := MESSAGE_FIELDS.get(key)) and (bad := _mismatch(subtype, sub)):
+                    return bad[0], f".{key}", bad[2]
+    return None
+
+
+def _check_think(value: Any) -> None:
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, str):
+        if value not in THINK_LEVELS:
+            raise _Reply(400, f"invalid think value: {_q(value)} "
+                              '(must be "high", "medium", "low", "max", true, or false)')
+        return
+    raise _Reply(400, 'think must be a boolean or string ("high", "medium", "low", "max", true, or false)')
+
+
+def _syntax_error(exc: json.JSONDecodeError, text: str) -> str:
+    """encoding/json's text for a body that is not JSON."""
+    if exc.pos >= len(text.rstrip()):
+        return "unexpected EOF"
+    char = text[exc.pos]
+    quoted = "'\\''" if char == "'" else f"'{char}'"
+    if exc.msg.startswith("Expecting property name"):
+        return f"invalid character {quoted} looking for beginning of object key string"
+    if exc.msg.startswith("Expecting ':'"):
+        return f"invalid character {quoted} after object key"
+    if exc.msg.startswith("Expecting ','"):
+        where = "array element" if _innermost(text, exc.pos) == "[" else "object key:value pair"
+        return f"invalid character {quoted} after {where}"
+    return f"invalid character {quoted} looking for beginning of value"
+
+
+def _innermost(text: str, pos: int) -> str:
+    stack, in_string, escaped = [], False, False
+    for char in text[:pos]:
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (char == "\\", char != '"')
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            stack.append(char)
+        elif char in "]}" and stack:
+            stack.pop()
+    return stack[-1] if stack else ""
+
+
+def _parse_body(raw: bytes, struct: str) -> dict:
+    """gin's ShouldBindJSON: one JSON value (anything after it is never read)."""
+    text = raw.decode("utf-8", "replace").lstrip()
+    if not text:
+        raise _Reply(400, "missing request body")
+    try:
+        value, _ = json.JSONDecoder().raw_decode(text)
+    except json.JSONDecodeError as exc:
+        raise _Reply(400, _syntax_error(exc, text)) from None
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _Reply(400, f"json: cannot unmarshal {_go_kind(value)} into Go value of type api.{struct}")
+    return value
+
+
+def _fields(body: dict, struct: str, fields: dict[str, str]) -> dict:
+    """The request's fields by their canonical names (Go matches keys case-insensitively).
+    A custom decoder's error (think, keep_alive) stops at once; a type error is reported after
+    the whole body was read, the first one found."""
+    out: dict[str, Any] = {}
+    first_error = None
+    for key, value in body.items():
+        name = key if key in fields else next((f for f in fields if f.lower() == key.lower()), None)
+        if name is None:
+            continue
+        gotype = fields[name]
+        if gotype == "think":
+            _check_think(value)
+        elif gotype == "duration":
+            if value is not None:
+                try:
+                    _keep_alive_s(value)
+                except ValueError as exc:
+                    raise _Reply(400, str(exc)) from None
+        elif (bad := _mismatch(gotype, value)) is not None:
+            first_error = first_error or (f"json: cannot unmarshal {bad[0]} into Go struct field "
+                                          f"{struct}.{name}{bad[1]} of type {bad[2]}")
+            continue
+        out[name] = value
+    if first_error:
+        raise _Reply(400, first_error)
+    return out
+
+
+# api/types.go Options: a known key of the wrong type fails the request; unknown keys only log.
+_OPTION_TYPES = {**dict.fromkeys(("num_keep", "seed", "num_predict", "top_k", "repeat_last_n", "num_ctx",
+                                  "num_batch", "num_gpu", "num_thread", "draft_num_predict", "main_gpu"), "integer"),
+                 **dict.fromkeys(("top_p", "min_p", "typical_p", "temperature", "repeat_penalty",
+                                  "presence_penalty", "frequency_penalty"), "float32"),
+                 "use_mmap": "boolean", "stop": "array"}
+
+
+def _options(raw: dict | None) -> dict:
+    """The options Ollama understands, checked like Options.FromMap (an error here is a 500)."""
+    out = {}
+    for key, value in (raw or {}).items():
+        kind = _OPTION_TYPES.get(key)
+        if kind is None or value is None:
+            continue  # "invalid option provided" is a log line, not an error
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if kind in ("integer", "float32") and not number or kind == "boolean" and not isinstance(value, bool):
+            raise _Reply(500, f"option {_q(key)} must be of type {kind}")
+        if kind == "array":
+            if not isinstance(value, list):
+                raise _Reply(500, f"option {_q(key)} must be of type array")
+            if not all(isinstance(v, str) for v in value):
+                raise _Reply(500, f"option {_q(key)} must be of an array of strings")
+        out[key] = int(value) if kind == "integer" else value
+    return out
+
+
+# -- model names and the catalogue -----------------------------------------------------------
+
+_MISSING = "!MISSING!"
+
+
+@dataclass(frozen=True)
+class ModelName:
+    """host/namespace/model:tag, defaults registry.ollama.ai, library, latest [types/model/name.go]."""
+
+    host: str
+    namespace: str
+    model: str
+    tag: str
+
+    @classmethod
+    def parse(cls, text: str) -> ModelName:
+        host = namespace = tag = ""
+        if text.rfind(":") > text.rfind("/"):
+            text, tag = _cut(text, ":")
+        if "/" not in text:
+            model = text
+        else:
+            text, model = _cut(text, "/")
+            if "/" not in text:
+                namespace = text
+            else:
+                text, namespace = _cut(text, "/")
+                host = text.split("://", 1)[-1]
+        return cls(host or "registry.ollama.ai", namespace or "library", model, tag or "latest")
+
+    @property
+    def valid(self) -> bool:
+        return all(_valid_part(kind, part) for kind, part in
+                   (("host", self.host), ("namespace", self.namespace), ("model", self.model), ("tag", self.tag)))
+
+    def same(self, other: ModelName) -> bool:
+        return all(a.lower() == b.lower() for a, b in zip(
+            (self.host, self.namespace, self.model, self.tag), (other.host, other.namespace, other.model, other.tag)))
+
+    @property
+    def short(self) -> str:
+        """DisplayShortest: what /api/tags and /api/ps call it ('qwen3:latest')."""
+        if self.host.lower() != "registry.ollama.ai":
+            return f"{self.host}/{self.namespace}/{self.model}:{self.tag}"
+        prefix = "" if self.namespace.lower() == "library" else f"{self.namespace}/"
+        return f"{prefix}{self.model}:{self.tag}"
+
+    @property
+    def full(self) -> str:
+        return f"{self.host}/{self.namespace}/{self.model}:{self.tag}"
+
+
+def _cut(text: str, sep: str) -> tuple[str, str]:
+    i = text.rfind(sep)
+    return text[:i] or _MISSING, text[i + 1:] or _MISSING
+
+
+def _valid_part(kind: str, part: str) -> bool:
+    if not 1 <= len(part) <= (350 if kind == "host" else 80):
+        return False
+    word = re.compile(r"[A-Za-z0-9_]")
+    if not word.match(part[0]):
+        return False
+    allowed = "_-" + ("" if kind == "namespace" else ".") + (":" if kind == "host" else "")
+    return all(word.match(c) or c in allowed for c in part[1:])
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What a model is, as /api/show and /api/tags describe it."""
+
+    capabilities: tuple[str, ...]
+    family: str  # general.architecture
+    context_length: int  # trained context: model_info "<family>.context_length"
+    embedding_length: int
+    parameter_size: str  # when the tag does not say
+    quantization: str = "Q4_K_M"
+    parameters: tuple[tuple[str, Any], ...] = ()  # the Modelfile's PARAMETER lines
+
+
+_CHATML = (("stop", "<|im_start|>"), ("stop", "<|im_end|>"))
+_LLAMA3 = (("stop", "<|start_header_id|>"), ("stop", "<|end_header_id|>"), ("stop", "<|eot_id|>"))
+_R1 = (("stop", "<｜begin▁of▁sentence｜>"), ("stop", "<｜end▁of▁sentence｜>"), ("stop", "<｜User｜>"),
+       ("stop", "<｜Assistant｜>"), ("temperature", 0.6), ("top_p", 0.95))
+_SAMPLING_QWEN3 = (("repeat_penalty", 1), ("temperature", 0.6), ("top_k", 20), ("top_p", 0.95))
+# Library models by name prefix, first match wins; capabilities in the order Ollama lists them
+# [server/images.go Capabilities: completion/embedding, vision, then tools, insert, thinking].
+PROFILES: tuple[tuple[tuple[str, ...], Profile], ...] = (
+    (("qwen3-coder",), Profile(("completion", "tools"), "qwen3moe", 262144, 2048, "30.5B",
+                               parameters=(("repeat_penalty", 1.05), *_CHATML, ("stop", "<|endoftext|>"),
+                                           ("temperature", 0.7), ("top_k", 20), ("top_p", 0.8)))),
+    (("qwen3-embedding",), Profile(("embedding",), "qwen3", 40960, 4096, "7.6B")),
+    (("qwen3-vl",), Profile(("completion", "vision", "tools", "thinking"), "qwen3vl", 262144, 4096, "8.8B")),
+    (("qwen3",), Profile(("completion", "tools", "thinking"), "qwen3", 40960, 4096, "8.2B",
+                         parameters=(*_CHATML, *_SAMPLING_QWEN3))),
+    (("deepseek-r1",), Profile(("completion", "tools", "thinking"), "qwen2", 131072, 5120, "32.8B", parameters=_R1)),
+    (("gpt-oss",), Profile(("completion", "tools", "thinking"), "gptoss", 131072, 2880, "20.9B", "MXFP4",
+                           (("temperature", 1),))),
+    (("qwen2.5-coder",), Profile(("completion", "tools", "insert"), "qwen2", 32768, 3584, "7.6B", parameters=_CHATML)),
+    (("qwen2.5",), Profile(("completion", "tools"), "qwen2", 32768, 3584, "7.6B", parameters=_CHATML)),
+    (("llama3.2-vision",), Profile(("completion", "vision"), "mllama", 131072, 4096, "10.7B")),
+    (("llama3.1", "llama3.2", "llama3.3"), Profile(("completion", "tools"), "llama", 131072, 3072, "3.2B",
+                                                    parameters=_LLAMA3)),
+    (("mistral",), Profile(("completion", "tools"), "llama", 32768, 4096, "7.2B", "Q4_0")),
+    (("gemma3",), Profile(("completion", "vision"), "gemma3", 131072, 2560, "4.3B")),
+    (("llava",), Profile(("completion", "vision"), "llama", 32768, 4096, "7.2B", "Q4_0")),
+    (("nomic-embed-text",), Profile(("embedding",), "nomic-bert", 2048, 768, "137M", "F16", (("num_ctx", 8192),))),
+    (("all-minilm",), Profile(("embedding",), "bert", 512, 384, "23M", "F16")),
+    (("mxbai-embed-large",), Profile(("embedding",), "bert", 512, 1024, "334M", "F16")),
+    (("bge-m3",), Profile(("embedding",), "bert", 8192, 1024, "567M", "F16")),
+)
+DEFAULT_PROFILE = Profile(("completion",), "llama", 131072, 4096, "8.0B")
+
+
+def profile_for(name: str) -> Profile:
+    model = ModelName.parse(name).model.lower()
+    return next((p for prefixes, p in PROFILES if model.startswith(prefixes)), DEFAULT_PROFILE)
+
+
+def _parameter_size(name: ModelName, profile: Profile) -> str:
+    found = re.search(r"(?:^|[-_])(\d+(?:\.\d+)?)([bm])(?:$|[-_])", name.tag.lower())
+    if not found:
+        return profile.parameter_size
+    size = f"{found.group(1)}{found.group(2).upper()}"
+    # A tag rounds the count ("32b"); the library's own figure is more exact ("32.8B").
+    same = profile.parameter_size.split(".")[0].rstrip("BM") == size[:-1] and profile.parameter_size[-1] == size[-1]
+    return profile.parameter_size if same else size
+
+
+def _size_bytes(parameter_size: str, quantization: str) -> int:
+    count = float(parameter_size[:-1]) * (1e9 if parameter_size.endswith("B") else 1e6)
+    return int(count * {"F16": 2.0, "Q8_0": 1.07, "MXFP4": 0.62, "Q4_0": 0.57}.get(quantization, 0.6))
+
+
+def _tokens(text: str) -> int:
+    """About four characters a token."""
+    return (len(text) + 3) // 4
+
+
+def _template(profile: Profile) -> str:
+    think = "{{ if .Thinking }}<think>{{ .Thinking }}</think>{{ end }}" if "thinking" in profile.capabilities else ""
+    return ("{{- if .System }}<|im_start|>system\n{{ .System }}<|im_end|>\n{{ end }}"
+            "{{- range .Messages }}<|im_start|>{{ .Role }}\n"
+            f"{think}{{{{ .Content }}}}<|im_end|>\n{{{{ end }}}}<|im_start|>assistant\n")
+
+
+# -- the simulator -----------------------------------------------------------------------------
 
 @dataclass
 class Script:
@@ -55,10 +429,10 @@ class Script:
 
     token_delay_s: float = 0.0  # between chunks
     tokens: int | None = None  # reply length in words; None: 8 to 24
-    load_delay_s: float = 0.0  # before the headers, like a model load
+    load_delay_s: float = 0.0  # load time, paid before the headers by a request whose model is not loaded
     hang_headers: bool = False  # never send headers
     load_error: tuple[int, str] | None = None  # e.g. (500, "llama-server reported out-of-memory ...")
-    busy: bool = False  # 503 queue full
+    busy: bool = False  # 503 queue full (for a model that is not loaded, as Ollama)
     error_after: int | None = None  # an {"error"} line after N chunks
     stall_after: int | None = None  # stop sending after N chunks, keep the connection open
     close_after: int | None = None  # drop the connection after N chunks
@@ -67,6 +441,7 @@ class Script:
     reply: str | None = None  # exact reply text (else words derived from the prompt)
     invalid_json: bool = False  # a structured-output request gets text that is not JSON
     findings: int | None = None  # how many findings a structured reply holds; None: 1 to 4
+    thinking_tokens: int | None = None  # a thinking model's reasoning in words; None: 6 to 16 (by level); 0: none
     ps_delay_s: float = 0.0  # /api/ps blocks this long (real Ollama's does during a load or unload)
     # Replies of the wrong shape (valid JSON or not), to test the router's client:
     raw_lines: list[str] | None = None  # after raw_after chunks, these lines end the chat stream
@@ -76,9 +451,25 @@ class Script:
 
 @dataclass
 class Loaded:
-    expires_at: float | None  # None: forever
+    expires_at: float | None  # monotonic deadline once idle; None: forever, or not set yet
     refcount: int = 0
     stopping: bool = False
+    keep_alive_s: float | None = DEFAULT_KEEP_ALIVE_S  # the session: the last request's keep_alive
+    context_length: int = 4096  # num_ctx it was loaded with
+    ready: asyncio.Future | None = None  # done once loaded (None: loaded)
+
+
+@dataclass
+class Generation:
+    """One request's reply: reasoning, then the answer, and what ended it."""
+
+    thinking: list[str]
+    content: list[str]
+    done_reason: str
+    prompt_tokens: int
+    started: float  # monotonic, when the request arrived
+    loaded: float  # when its model was ready
+    first: float | None = None  # when its first token came out
 
 
 @dataclass
@@ -97,20 +488,26 @@ class FakeOllama:
     _runner: web.AppRunner | None = None
     _site: web.TCPSite | None = None
     chunk_sent: asyncio.Event = field(default_factory=asyncio.Event)
+    capabilities: dict[str, tuple[str, ...]] = field(default_factory=dict)  # by model: overrides PROFILES
+    context_length: int = 4096  # the server's default num_ctx (OLLAMA_CONTEXT_LENGTH)
+    installed_at: float = field(default_factory=lambda: time.time() - 86400)  # modified_at of every model
 
     def __post_init__(self) -> None:
-        self.models = {normalize_model(m) for m in self.models}
+        self.models = {ModelName.parse(m).short for m in self.models}
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_get("/", self._root)
+        app = web.Application(middlewares=[self._gin_errors])
+        app.router.add_get("/", self._root)  # GET and HEAD, as every route below that has them
         app.router.add_get("/api/version", self._version)
         app.router.add_get("/api/tags", self._tags)
-        app.router.add_get("/api/ps", self._ps)
+        app.router.add_get("/api/ps", self._ps, allow_head=False)
+        app.router.add_post("/api/show", self._show)
         app.router.add_post("/api/chat", self._chat)
         app.router.add_post("/api/generate", self._chat)
+        app.router.add_post("/api/embed", self._embed)
+        app.router.add_post("/api/embeddings", self._embeddings)
         return app
 
     async def start(self, port: int | None = None) -> str:
@@ -137,6 +534,43 @@ class FakeOllama:
         """Requests that asked for a generation (not unloads)."""
         return [r for r in self.requests if r.get("messages") or r.get("prompt")]
 
+    # -- the catalogue ------------------------------------------------------------------------
+
+    def installed(self, name: str) -> str | None:
+        """The installed model a name means: case-insensitive, ':latest' and the default
+        registry implied [server/routes.go getExistingName]."""
+        wanted = ModelName.parse(name)
+        return next((m for m in sorted(self.models) if ModelName.parse(m).same(wanted)), None)
+
+    def capabilities_of(self, model: str) -> tuple[str, ...]:
+        wanted = ModelName.parse(model)
+        for name, caps in self.capabilities.items():
+            if ModelName.parse(name).same(wanted):
+                return tuple(caps)
+        return profile_for(model).capabilities
+
+    def _details(self, model: str, with_lengths: bool = False) -> dict:
+        profile, name = profile_for(model), ModelName.parse(model)
+        details = {"parent_model": "", "format": "gguf", "family": profile.family, "families": [profile.family],
+                   "parameter_size": _parameter_size(name, profile), "quantization_level": profile.quantization}
+        if with_lengths:  # /api/tags reads them from the GGUF; /api/show and /api/ps leave them out
+            details.update(context_length=profile.context_length, embedding_length=profile.embedding_length)
+        return details
+
+    def _size(self, model: str) -> int:
+        details = self._details(model)
+        return _size_bytes(details["parameter_size"], details["quantization_level"])
+
+    @staticmethod
+    def _digest(model: str) -> str:
+        return hashlib.sha256(ModelName.parse(model).full.lower().encode()).hexdigest()
+
+    def _context_for(self, model: str, options: dict) -> int:
+        """The num_ctx a runner is loaded with [server/sched.go getRunner, effectiveContext]."""
+        num_ctx = max(options.get("num_ctx", self.context_length), 4)
+        if "vision" in self.capabilities_of(model):
+            num_ctx = max(num_ctx, 2048)
+        return min(num_ctx, profile_for(model).context_length)
 
     # -- model state ------------------------------------------------------------------------
 
@@ -151,6 +585,8 @@ class FakeOllama:
         if m is None or m.stopping:
             return
         m.stopping = True
+        m.expires_at = time.monotonic()  # /api/ps shows a stopping model expiring now [sched.go expireRunner]
+        m.keep_alive_s = 0.0
         if m.refcount == 0:  # like Ollama: an unload waits for in-flight requests (see _release)
             self._free(name, m)
 
@@ -168,18 +604,75 @@ class FakeOllama:
         if self.loaded.get(name) is m and m.stopping and m.refcount == 0:
             del self.loaded[name]
 
-    def _release(self, name: str, keep_alive_s: float | None) -> None:
-        m = self.loaded.get(name)
-        if m is None:
-            return
+    def _release(self, name: str, m: Loaded) -> None:
+        """A request is done with its runner [sched.go: finishedReqCh]."""
         m.refcount -= 1
-        m.expires_at = None if keep_alive_s is None else time.monotonic() + keep_alive_s
-        if m.refcount == 0 and m.stopping:
+        if m.refcount > 0 or self.loaded.get(name) is not m:
+            return
+        if m.stopping:
             self._free(name, m)  # an unload asked for while this request ran
-        elif m.refcount == 0 and keep_alive_s == 0:
-            self._begin_unload(name)
+        elif m.keep_alive_s is not None and m.keep_alive_s <= 0:
+            self._begin_unload(name)  # a zero session expires as soon as it goes idle
+        else:
+            m.expires_at = None if m.keep_alive_s is None else time.monotonic() + m.keep_alive_s
+
+    async def _acquire(self, name: str, body: dict, num_ctx: int) -> Loaded:
+        """Get a runner for the model [sched.go getRunner]: a loaded one at once; one that is
+        not loaded (or stopping, or loaded with another num_ctx) is loaded first, paying
+        Script.load_delay_s before any header goes out."""
+        s = self.script
+        self._expire()
+        keep_alive = _keep_alive_s(body["keep_alive"]) if body.get("keep_alive") is not None else None
+        m = self.loaded.get(name)
+        if m is not None and m.refcount == 0 and (m.stopping or m.context_length != num_ctx):
+            self.loaded.pop(name)  # it must unload (or reload) first
+            m = None
+        if m is not None:
+            m.refcount += 1
+            m.stopping = False
+            if body.get("keep_alive") is not None:
+                m.keep_alive_s = keep_alive
+            if m.ready is not None:
+                try:
+                    await asyncio.shield(m.ready)  # loading for another request: wait for it
+                except BaseException:
+                    m.refcount -= 1
+                    raise
+            return m
+        if s.busy:
+            raise _Reply(503, BUSY)
+        m = Loaded(expires_at=None, refcount=1, context_length=num_ctx,
+                   ready=asyncio.get_running_loop().create_future())
+        if body.get("keep_alive") is not None:
+            m.keep_alive_s = keep_alive
+        self.loaded[name] = m
+        try:
+            if s.load_delay_s:
+                await asyncio.sleep(s.load_delay_s)
+            if s.load_error:
+                raise _Reply(*s.load_error)
+        except BaseException as exc:
+            m.refcount -= 1
+            if self.loaded.get(name) is m:
+                del self.loaded[name]
+            m.ready.set_exception(exc if isinstance(exc, _Reply) else _Reply(499, "request canceled"))
+            m.ready.exception()  # a load nobody else waited for is not an unretrieved error
+            raise
+        m.ready.set_result(None)
+        m.ready = None
+        return m
 
     # -- handlers -----------------------------------------------------------------------------
+
+    @web.middleware
+    async def _gin_errors(self, request: web.Request, handler):
+        """gin's own answers for an unknown path and a wrong method [routes.go HandleMethodNotAllowed]."""
+        try:
+            return await handler(request)
+        except web.HTTPMethodNotAllowed:
+            return web.Response(status=405, text="405 method not allowed")
+        except web.HTTPNotFound:
+            return web.Response(status=404, text="404 page not found")
 
     async def _root(self, request: web.Request) -> web.Response:
         return web.Response(text="Ollama is running")
@@ -192,90 +685,235 @@ class FakeOllama:
         return self._raw_body(request) or web.json_response({"version": self.version})
 
     async def _tags(self, request: web.Request) -> web.Response:
+        # Most recently modified first; every fake model was installed at the same moment.
         return self._raw_body(request) or web.json_response({"models": [
-            {"name": m, "model": m, "modified_at": _now(), "size": model_size(m), "digest": "0" * 64,
-             "details": {"format": "gguf", "family": "llama"}} for m in sorted(self.models)]})
+            {"name": m, "model": m, "modified_at": _iso(self.installed_at), "size": self._size(m),
+             "digest": self._digest(m), "details": self._details(m, with_lengths=True),
+             "capabilities": list(self.capabilities_of(m))} for m in sorted(self.models)]})
 
     async def _ps(self, request: web.Request) -> web.Response:
         self.ps_calls += 1
         if self.script.ps_delay_s:
             await asyncio.sleep(self.script.ps_delay_s)
+        raw = self._raw_body(request)
+        if raw is not None:
+            return raw
         self._expire()
-        return self._raw_body(request) or web.json_response({"models": [
-            {"name": m, "model": m, "size": 1 << 30, "digest": "0" * 64,
-             "details": {"format": "gguf", "family": "llama"},
-             "expires_at": _now(), "size_vram": 1 << 30, "context_length": 4096}
-            for m in self.loaded]})
+        models = []
+        for name, m in self.loaded.items():
+            models.append((self._expires_wall(m), {
+                "name": name, "model": name, "size": self._size(name), "digest": self._digest(name),
+                "details": self._details(name), "expires_at": None, "size_vram": self._size(name),
+                "context_length": m.context_length}))
+        models.sort(key=lambda pair: -pair[0])  # the longest time left first [routes.go PsHandler]
+        for expires, entry in models:
+            entry["expires_at"] = _iso(expires)
+        return web.json_response({"models": [entry for _, entry in models]})
+
+    @staticmethod
+    def _expires_wall(m: Loaded) -> float:
+        """expires_at as wall-clock time; a model in use or loading shows now + its session."""
+        now = time.monotonic()
+        if m.expires_at is not None:
+            return time.time() + (m.expires_at - now)
+        return time.time() + (FOREVER_S if m.keep_alive_s is None else m.keep_alive_s)
+
+    async def _show(self, request: web.Request) -> web.Response:
+        try:
+            body = _fields(_parse_body(await request.read(), "ShowRequest"), "ShowRequest", SHOW_FIELDS)
+            wanted = body.get("model") or body.get("name") or ""
+            if not wanted:
+                raise _Reply(400, "model is required")
+            name = self._parse_ref(wanted, missing=(400, "model is required"))
+            model = self.installed(wanted)
+            if model is None:
+                raise _Reply(404, f"model '{name.short}' not found")
+        except _Reply as r:
+            return self._error(r.status, r.message)
+        return web.json_response(self._card(model, body))
+
+    def _card(self, model: str, body: dict) -> dict:
+        """/api/show's answer [routes.go GetModelInfo, api/types.go ShowResponse]."""
+        profile, name = profile_for(model), ModelName.parse(model)
+        template = _template(profile) if "completion" in profile.capabilities else "{{ .Prompt }}"
+        parameters = "\n".join(f"{k:<30} {json.dumps(v, ensure_ascii=False)}" for k, v in profile.parameters)
+        modelfile = (f'# Modelfile generated by "ollama show"\n# To build a new Modelfile based on this, '
+                     f'replace FROM with:\n# FROM {name.short}\n\nFROM /root/.ollama/models/blobs/sha256-'
+                     f'{self._digest(model)}\nTEMPLATE """{template}"""\n'
+                     + "".join(f"PARAMETER {k} {json.dumps(v, ensure_ascii=False)}\n" for k, v in profile.parameters))
+        family = profile.family
+        details = self._details(model)
+        info = {"general.architecture": family, "general.basename": name.model,
+                "general.parameter_count": int(_size_bytes(details["parameter_size"], "F16") / 2),
+                "general.quantization_version": 2, f"{family}.context_length": profile.context_length,
+                f"{family}.embedding_length": profile.embedding_length,
+                f"{family}.block_count": 28 if profile.embedding_length > 1024 else 12}
+        out: dict[str, Any] = {"license": "Apache License 2.0", "modelfile": modelfile}
+        if parameters:
+            out["parameters"] = parameters
+        out["template"] = template
+        if body.get("system"):
+            out["system"] = body["system"]
+        out.update({"details": details, "model_info": info, "capabilities": list(self.capabilities_of(model)),
+                    "modified_at": _iso(self.installed_at)})
+        return out
 
     @staticmethod
     def _error(status: int, message: str) -> web.Response:
         return web.json_response({"error": message}, status=status)
 
+    def _parse_ref(self, raw: str, missing: tuple[int, str]) -> ModelName:
+        """Ollama's parseAndValidateModelRef: a blank name gets `missing`, a bad one 400."""
+        if not raw.strip():
+            raise _Reply(*missing)
+        name = ModelName.parse(raw.strip())
+        if not name.valid:
+            raise _Reply(400, "invalid model name")
+        return name
+
     async def _chat(self, request: web.Request) -> web.StreamResponse:
+        """POST /api/chat and /api/generate, in Ollama's order of checks [routes.go ChatHandler,
+        GenerateHandler]."""
+        started = time.monotonic()
         chat = request.path.endswith("/chat")
-        raw = await request.read()
-        if not raw:
-            return self._error(400, "missing request body")
+        struct = "ChatRequest" if chat else "GenerateRequest"
         try:
-            body = json.loads(raw)
-        except ValueError as exc:
-            return self._error(400, str(exc))
-        if not isinstance(body, dict) or not body.get("model"):
-            return self._error(400, "model is required") if chat else self._error(404, "model '' not found")
-        self.requests.append(body)
-        try:
-            keep_alive = _keep_alive_s(body.get("keep_alive"))
-        except ValueError as exc:
-            return self._error(400, str(exc))
-        model = normalize_model(body["model"])
-        if model not in self.models:
-            return self._error(404, f"model '{body['model']}' not found")
+            body = _parse_body(await request.read(), struct)
+            self.requests.append(body)
+            body = _fields(body, struct, CHAT_FIELDS if chat else GENERATE_FIELDS)
+            return await self._answer(request, body, chat, started)
+        except _Reply as r:
+            return self._error(r.status, r.message)
+
+    async def _answer(self, request: web.Request, body: dict, chat: bool, started: float) -> web.StreamResponse:
+        wanted = body.get("model") or ""
+        if not 0 <= (body.get("top_logprobs") or 0) <= 20:
+            raise _Reply(400, "top_logprobs must be between 0 and 20")
+        self._parse_ref(wanted, (400, "model is required") if chat else (404, f"model '{wanted}' not found"))
+        model = self.installed(wanted)
+        if model is None:
+            raise _Reply(404, f"model '{wanted}' not found")
         empty = not (body.get("messages") if chat else body.get("prompt"))
-        if empty and keep_alive == 0:
-            self._begin_unload(model)
-            return web.json_response(self._final(body["model"], chat, "", "unload", with_stats=False))
+        if empty and body.get("keep_alive") is not None and _keep_alive_s(body["keep_alive"]) == 0:
+            self._begin_unload(model)  # before any other check; the stream flag is ignored
+            return web.json_response(self._final(wanted, chat, "", "unload", with_stats=False))
+        if not chat and body.get("raw") and (body.get("template") or body.get("system") or body.get("context")):
+            raise _Reply(400, "raw mode does not support template, system, or context")
+        caps = self.capabilities_of(model)
+        think = body.get("think")
+        if "thinking" in caps:
+            think = True if think is None else think  # thinking is on unless asked off (since 0.12.4)
+            if think is False and profile_for(model).family == "gptoss":
+                think = True  # gpt-oss's trace cannot be turned off [docs/capabilities/thinking.mdx]
+        elif think is True or think in THINK_LEVELS:
+            raise _Reply(400, f"{_q(wanted)} does not support thinking")
+        needed = ["completion"] + (["tools"] if chat and body.get("tools") else []) \
+            + (["insert"] if not chat and body.get("suffix") else [])
+        missing = [c for c in needed if c not in caps]
+        if "completion" in missing:
+            raise _Reply(400, f"{_q(wanted)} does not support {'chat' if chat else 'generate'}")
+        if missing:  # [images.go CheckCapabilities, routes.go scheduleRunner]
+            raise _Reply(400, f"{ModelName.parse(model).full} does not support " + "\n".join(missing))
+        options = _options(body.get("options"))
         s = self.script
-        if s.busy:
-            return self._error(503, BUSY)
         if s.hang_headers:  # until the client gives up, as Ollama drops a cancelled request
             await self._wait_for_disconnect(request)
             return self._error(499, "request canceled")
-        if s.load_delay_s:
-            await asyncio.sleep(s.load_delay_s)
-        if s.load_error:
-            return self._error(*s.load_error)
-        entry = self.loaded.setdefault(model, Loaded(expires_at=None))
-        entry.refcount += 1
-        entry.stopping = False
+        num_ctx = self._context_for(model, options)
+        entry = await self._acquire(model, body, num_ctx)
         try:
             if empty:
-                return web.json_response(self._final(body["model"], chat, "", "load", with_stats=False))
+                return web.json_response(self._final(wanted, chat, "", "load", with_stats=False))
+            self._check_format(body.get("format"))
+            gen = self._plan(body, chat, think, options, num_ctx, started)
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             try:
-                return await self._stream(request, body, chat)
+                if body.get("stream") is False:
+                    return await self._whole(request, body, chat, gen)
+                return await self._stream(request, body, chat, gen)
             finally:
                 self.in_flight -= 1
         finally:
-            self._release(model, keep_alive)
+            self._release(model, entry)
+
+    @staticmethod
+    def _check_format(fmt: Any) -> None:
+        """"json", a JSON schema object, or nothing ("" and null) [llm/llama_server.go]."""
+        if fmt is None or fmt == "" or fmt == "json" or isinstance(fmt, dict):
+            return
+        raw = json.dumps(fmt, separators=(",", ":"), ensure_ascii=False)
+        raise _Reply(500, f'invalid format: {_q(raw)}; expected "json" or a valid JSON Schema object')
+
+    # -- the reply ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _prompt_text(body: dict, chat: bool) -> str:
+        if chat:
+            return "\n".join((m or {}).get("content") or "" for m in body.get("messages") or [])
+        return "\n".join(body.get(k) or "" for k in ("system", "prompt", "suffix"))
+
+    def _plan(self, body: dict, chat: bool, think: Any, options: dict, num_ctx: int, started: float) -> Generation:
+        thinking = self._thinking_words(body, chat, think) if think else []
+        content = self._reply_words(body, chat)
+        reason = "stop"
+        stops = [s for s in options.get("stop") or [] if s]
+        if stops:  # the reply ends before the first stop sequence it would have written
+            text, cut = "", len(content)
+            for i, word in enumerate(content):
+                text += word
+                if any(stop in text for stop in stops):
+                    cut = i
+                    break
+            content = content[:cut]
+        limit = options.get("num_predict", -1)
+        if 0 <= limit <= len(thinking) + len(content):  # llama-server stops with "limit" [llama_server.go]
+            thinking, content = thinking[:limit], content[:max(0, limit - len(thinking))]
+            reason = "length"
+        return Generation(thinking, content, reason, self._prompt_tokens(body, chat, options, num_ctx),
+                          started, time.monotonic())
+
+    def _prompt_tokens(self, body: dict, chat: bool, options: dict, num_ctx: int) -> int:
+        """Prompt tokens evaluated. A prompt longer than the context is cut to about half of it,
+        keeping its first num_keep tokens [llm/llama_server.go completionPromptForRequest]."""
+        text = self._prompt_text(body, chat)
+        template = 4 * len(body.get("messages") or []) + 3 if chat else (0 if body.get("raw") else 8)
+        count = template + _tokens(text)
+        if count <= num_ctx - 1:
+            return count
+        num_keep = options.get("num_keep", 4)
+        keep = min(count if num_keep < 0 else num_keep + 1, num_ctx - 1)  # + the BOS token
+        return num_ctx - max((num_ctx - keep) // 2, 1)
+
+    def _thinking_words(self, body: dict, chat: bool, level: Any) -> list[str]:
+        rng = random.Random("think:" + self._prompt_text(body, chat) + str(body.get("options", {}).get("seed", "")))
+        count = self.script.thinking_tokens
+        if count is None:
+            scale = {"low": 0.5, "high": 2.0, "max": 3.0}.get(level, 1.0) if isinstance(level, str) else 1.0
+            count = int(rng.randint(6, 16) * scale)
+        return [rng.choice(THOUGHTS) + " " for _ in range(count)]
 
     def _reply_words(self, body: dict, chat: bool) -> list[str]:
         s = self.script
-        if body.get("format") is not None:
-            return [self._structured(body)]
+        if body.get("format") not in (None, ""):
+            return re.findall(r"\S+\s*|\s+", self._structured(body))
         if s.reply is not None:
             return re.findall(r"\S+\s*", s.reply)
-        prompt = body["messages"][-1]["content"] if chat else body["prompt"]
+        prompt = ((body["messages"][-1] or {}).get("content") or "") if chat else body["prompt"]
         rng = random.Random(prompt)
         count = s.tokens if s.tokens is not None else rng.randint(8, 24)
         return [rng.choice(WORDS) + " " for _ in range(count)]
 
     def _structured(self, body: dict) -> str:
-        """A reply to a `format` (JSON schema) request: schema-valid findings, or junk."""
+        """A reply to a `format` request: JSON that fits the schema (findings for gpuq's), or junk."""
         if self.script.invalid_json:
             return "Sure! Here are my findings: the plan looks fine"
-        prompt = body["messages"][-1]["content"] if body.get("messages") else body.get("prompt", "")
+        prompt = (body["messages"][-1] or {}).get("content") or "" if body.get("messages") else body.get("prompt", "")
         rng = random.Random(prompt + (body.get("model") or ""))
+        fmt = body["format"]
+        if not (isinstance(fmt, dict) and "findings" in (fmt.get("properties") or {})):
+            return json.dumps(_instance(fmt if isinstance(fmt, dict) else {"type": "object", "properties": {
+                "answer": {"type": "string"}}}, rng, fmt if isinstance(fmt, dict) else {}))
         count = self.script.findings if self.script.findings is not None else rng.randint(1, 4)
         findings = [{"title": f"finding {i + 1}: {rng.choice(WORDS)} {rng.choice(WORDS)}",
                      "detail": " ".join(rng.choice(WORDS) for _ in range(12)),
@@ -283,31 +921,51 @@ class FakeOllama:
                      "where": f"paragraph {rng.randint(1, 9)}"} for i in range(count)]
         return json.dumps({"findings": findings})
 
-    def _final(self, model: str, chat: bool, text: str, reason: str, with_stats: bool = True,
-               eval_count: int = 0, started: float = 0.0) -> dict:
+    def _chunk(self, model: str, chat: bool, content: str = "", thinking: str = "") -> dict:
+        """A streamed piece; `thinking` is omitted when empty [api/types.go omitempty]."""
         out: dict[str, Any] = {"model": model, "created_at": _now()}
         if chat:
-            out["message"] = {"role": "assistant", "content": text}
+            out["message"] = {"role": "assistant", "content": content, **({"thinking": thinking} if thinking else {})}
         else:
-            out["response"] = text
-        out["done"] = True
-        out["done_reason"] = reason
-        if with_stats:
-            total = int((time.monotonic() - started) * 1e9)
-            out.update({"total_duration": total, "load_duration": int(self.script.load_delay_s * 1e9),
-                        "prompt_eval_count": 26, "prompt_eval_duration": 1_000_000,
-                        "eval_count": eval_count, "eval_duration": max(total - 1_000_000, 1)})
+            out["response"] = content
+            if thinking:
+                out["thinking"] = thinking
+        out["done"] = False
         return out
 
-    async def _stream(self, request: web.Request, body: dict, chat: bool) -> web.StreamResponse:
+    def _final(self, model: str, chat: bool, text: str, reason: str, with_stats: bool = True,
+               eval_count: int = 0, started: float = 0.0, gen: Generation | None = None,
+               thinking: str = "", raw: bool = False) -> dict:
+        out = self._chunk(model, chat, text, thinking)
+        out["done"] = True
+        out["done_reason"] = reason
+        if not with_stats:
+            return out
+        now = time.monotonic()
+        started = gen.started if gen else started
+        loaded = gen.loaded if gen else started
+        if not chat and not raw:  # the conversation so far as tokens [routes.go GenerateHandler]
+            rng = random.Random(model)
+            out["context"] = [rng.randrange(1, 151000) for _ in range((gen.prompt_tokens if gen else 0) + eval_count)]
+        first = gen.first if gen and gen.first is not None else now
+        stats = {"total_duration": int((now - started) * 1e9), "load_duration": max(int((loaded - started) * 1e9), 1),
+                 "prompt_eval_count": gen.prompt_tokens if gen else 26,
+                 "prompt_eval_duration": max(int((first - loaded) * 1e9), 1),
+                 "eval_count": eval_count, "eval_duration": max(int((now - first) * 1e9), 1)}
+        out.update({k: v for k, v in stats.items() if v})  # Metrics are omitempty
+        return out
+
+    def _pieces(self, gen: Generation) -> list[tuple[str, str]]:
+        return [("thinking", w) for w in gen.thinking] + [("content", w) for w in gen.content]
+
+    async def _stream(self, request: web.Request, body: dict, chat: bool, gen: Generation) -> web.StreamResponse:
         s = self.script
-        started = time.monotonic()
         model = body["model"]
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await resp.prepare(request)
-        words = self._reply_words(body, chat)
+        pieces = self._pieces(gen)
         try:
-            for i, word in enumerate(words):
+            for i, (kind, word) in enumerate(pieces):
                 if s.error_after is not None and i == s.error_after:
                     await resp.write(json.dumps({"error": "an error was encountered while running the model: "
                                                           "unexpected EOF"}).encode() + b"\n")
@@ -322,26 +980,164 @@ class FakeOllama:
                     await resp.write("".join(line + "\n" for line in s.raw_lines).encode())
                     await resp.write_eof()
                     return resp
-                chunk = {"model": model, "created_at": _now(), "done": False}
-                if chat:
-                    chunk["message"] = {"role": "assistant", "content": word}
-                else:
-                    chunk["response"] = word
-                await resp.write(json.dumps(chunk).encode() + b"\n")
+                gen.first = gen.first or time.monotonic()
+                chunk = self._chunk(model, chat, **{kind: word})
+                await resp.write(json.dumps(chunk, ensure_ascii=False).encode() + b"\n")
                 self.chunk_sent.set()
                 if s.token_delay_s:
                     await asyncio.sleep(s.token_delay_s)
                 if request.transport is None or request.transport.is_closing():
                     raise ConnectionResetError
-            await resp.write(json.dumps(self._final(model, chat, "", "stop", eval_count=len(words),
-                                                    started=started)).encode() + b"\n")
+            final = self._final(model, chat, "", gen.done_reason, eval_count=len(pieces), gen=gen,
+                                raw=bool(body.get("raw")))
+            await resp.write(json.dumps(final).encode() + b"\n")
             await resp.write_eof()
         except (ConnectionResetError, asyncio.CancelledError):
             self.disconnects += 1  # like Ollama: the client left, generation stops
             raise
         return resp
 
+    async def _whole(self, request: web.Request, body: dict, chat: bool, gen: Generation) -> web.StreamResponse:
+        """stream: false: the same generation, answered as one JSON object [routes.go writeChatResponse]."""
+        s = self.script
+        pieces = self._pieces(gen)
+        try:
+            for i, _ in enumerate(pieces):
+                if s.error_after is not None and i == s.error_after:
+                    raise _Reply(500, "an error was encountered while running the model: unexpected EOF")
+                if s.close_after is not None and i == s.close_after:
+                    request.transport.close()
+                    return web.Response()
+                if s.stall_after is not None and i == s.stall_after:
+                    await self._wait_for_disconnect(request)
+                    return web.Response()
+                gen.first = gen.first or time.monotonic()
+                if s.token_delay_s:
+                    await asyncio.sleep(s.token_delay_s)
+                if request.transport is None or request.transport.is_closing():
+                    raise ConnectionResetError
+        except (ConnectionResetError, asyncio.CancelledError):
+            self.disconnects += 1
+            raise
+        final = self._final(body["model"], chat, "".join(gen.content), gen.done_reason, eval_count=len(pieces),
+                            gen=gen, thinking="".join(gen.thinking), raw=bool(body.get("raw")))
+        self.chunk_sent.set()
+        return web.json_response(final, dumps=lambda d: json.dumps(d, ensure_ascii=False))
+
     async def _wait_for_disconnect(self, request: web.Request) -> None:
         while request.transport is not None and not request.transport.is_closing():
             await asyncio.sleep(0.02)
         self.disconnects += 1
+
+    # -- embeddings ---------------------------------------------------------------------------
+
+    async def _embed(self, request: web.Request) -> web.Response:
+        """POST /api/embed [routes.go EmbedHandler]: any model loads; one without embeddings
+        then fails in its runner."""
+        started = time.monotonic()
+        try:
+            body = _fields(_parse_body(await request.read(), "EmbedRequest"), "EmbedRequest", EMBED_FIELDS)
+            wanted = body.get("model") or ""
+            self._parse_ref(wanted, (404, f"model '{wanted}' not found"))
+            texts = body.get("input")
+            if isinstance(texts, str):
+                texts = [texts] if texts else []
+            elif texts is None:
+                texts = []
+            elif not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+                raise _Reply(400, "invalid input type")
+            model, entry, num_ctx = await self._embedding_runner(wanted, body)
+            loaded = time.monotonic()
+            try:
+                if not texts:
+                    return web.json_response({"model": wanted, "embeddings": []})
+                if "embedding" not in self.capabilities_of(model):
+                    raise _Reply(501, NO_EMBEDDINGS)
+                limit = num_ctx  # already within the model's trained context
+                counts = [_tokens(t) for t in texts]
+                if body.get("truncate") is False and max(counts) > limit:
+                    raise _Reply(400, TOO_LONG_FOR_EMBED)
+                size = profile_for(model).embedding_length
+                dims = body.get("dimensions") or 0
+                vectors = [_embedding(t, size, dims if 0 < dims < size else size) for t in texts]
+                return web.json_response({
+                    "model": wanted, "embeddings": vectors,
+                    "total_duration": max(int((time.monotonic() - started) * 1e9), 1),
+                    "load_duration": max(int((loaded - started) * 1e9), 1),
+                    "prompt_eval_count": sum(min(c, limit) for c in counts)})
+            finally:
+                self._release(model, entry)
+        except _Reply as r:
+            return self._error(r.status, r.message)
+
+    async def _embeddings(self, request: web.Request) -> web.Response:
+        """POST /api/embeddings, the older single-prompt form [routes.go EmbeddingsHandler]."""
+        try:
+            body = _fields(_parse_body(await request.read(), "EmbeddingRequest"), "EmbeddingRequest",
+                           EMBEDDINGS_FIELDS)
+            wanted = body.get("model") or ""
+            self._parse_ref(wanted, (400, "model is required"))
+            model, entry, _ = await self._embedding_runner(wanted, body)
+            try:
+                if not body.get("prompt"):
+                    return web.json_response({"embedding": []})
+                if "embedding" not in self.capabilities_of(model):
+                    raise _Reply(500, NO_EMBEDDINGS)
+                size = profile_for(model).embedding_length
+                return web.json_response({"embedding": _embedding(body["prompt"], size, size)})
+            finally:
+                self._release(model, entry)
+        except _Reply as r:
+            return self._error(r.status, r.message)
+
+    async def _embedding_runner(self, wanted: str, body: dict) -> tuple[str, Loaded, int]:
+        model = self.installed(wanted)
+        if model is None:  # this route's message differs from chat's [routes.go handleScheduleError]
+            raise _Reply(404, f"model {_q(wanted)} not found, try pulling it first")
+        options = _options(body.get("options"))
+        num_ctx = self._context_for(model, options)
+        return model, await self._acquire(model, body, num_ctx), num_ctx
+
+
+def _embedding(text: str, size: int, dims: int) -> list[float]:
+    """A unit vector derived from the text (cut to `dims` and normalised again, as Ollama does)."""
+    rng = random.Random("embed:" + text)
+    vector = [rng.gauss(0.0, 1.0) for _ in range(size)][:dims]
+    norm = math.sqrt(sum(x * x for x in vector)) or 1.0
+    return [float(f"{x / norm:.7g}") for x in vector]
+
+
+def _instance(schema: Any, rng: random.Random, root: dict, depth: int = 0) -> Any:
+    """A value that fits a JSON schema (the subset structured outputs use)."""
+    if not isinstance(schema, dict) or depth > 8:
+        return None
+    if "$ref" in schema:
+        target: Any = root
+        for part in schema["$ref"].lstrip("#/").split("/"):
+            target = target.get(part, {}) if isinstance(target, dict) else {}
+        return _instance(target, rng, root, depth + 1)
+    if "const" in schema:
+        return schema["const"]
+    if schema.get("enum"):
+        return rng.choice(schema["enum"])
+    for key in ("anyOf", "oneOf", "allOf"):
+        if schema.get(key):
+            return _instance(schema[key][0], rng, root, depth + 1)
+    kind = schema.get("type", "object" if "properties" in schema else "string")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "object":
+        return {k: _instance(v, rng, root, depth + 1) for k, v in (schema.get("properties") or {}).items()}
+    if kind == "array":
+        low = schema.get("minItems", 1)
+        count = max(low, min(schema.get("maxItems", low + 2), rng.randint(low, low + 2)))
+        return [_instance(schema.get("items", {}), rng, root, depth + 1) for _ in range(count)]
+    if kind == "integer":
+        return rng.randint(schema.get("minimum", 0), schema.get("maximum", 100))
+    if kind == "number":
+        return round(rng.uniform(schema.get("minimum", 0), schema.get("maximum", 100)), 2)
+    if kind == "boolean":
+        return rng.random() < 0.5
+    if kind == "null":
+        return None
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 6)))

@@ -47,6 +47,19 @@ EXPECTED = {str: "a string", bool: "a boolean", int: "a whole number"}
 STATS = ("eval_count", "prompt_eval_count", "total_duration", "load_duration", "eval_duration")
 
 
+def prompt_was_cut(prompt_eval_count: int, num_ctx: int, num_keep: int = 4) -> bool:
+    """Did Ollama cut the prompt to fit the context window? It says so only in its own log, but
+    the prompt tokens it evaluated show it: older runners cut to the window (num_ctx), current
+    ones (llm/llama_server.go contextShiftPromptLimit) keep num_keep (+1 for the BOS token)
+    and half of the rest, exactly num_ctx - (num_ctx - keep) // 2."""
+    if num_ctx <= 1:
+        return False
+    if prompt_eval_count >= num_ctx - 1:
+        return True
+    return any(prompt_eval_count == num_ctx - max((num_ctx - min(keep, num_ctx - 1)) // 2, 1)
+               for keep in (num_keep, num_keep + 1))
+
+
 class OllamaClient:
     def __init__(self, base_url: str, session: aiohttp.ClientSession, *, name: str | None = None,
                  connect_timeout_s: float = 10.0, stall_timeout_s: float = 300.0, load_timeout_s: float = 600.0):

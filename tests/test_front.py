@@ -15,13 +15,6 @@ import openai
 import pytest
 
 from conftest import eventually, free_port, node_table
-from gpuq.fake_ollama import FakeOllama
-
-# /api/show, /api/embed, thinking and capability refusals come with the faithful simulator
-# (branch sim); until it is on main these tests wait for it instead of failing on its absence.
-SIMULATED = {route.resource.canonical for route in FakeOllama().app().router.routes()}
-needs_full_simulator = pytest.mark.skipif("/api/embed" not in SIMULATED,
-                                          reason="needs the simulator's /api/show, /api/embed and thinking")
 
 CHAT_MODEL = "qwen3-coder:30b"
 EMBED_MODEL = "nomic-embed-text:latest"
@@ -145,7 +138,6 @@ async def test_the_node_gets_the_request_with_its_own_unload_policy(front):
     assert (await front.daemon.job(job["id"]))["request"]["body"]["keep_alive"] == "1h"  # kept as asked
 
 
-@needs_full_simulator
 async def test_list_show_ps_version(front):
     client = front.ollama()
     listed = await client.list()
@@ -177,7 +169,6 @@ async def test_ps_shows_what_a_node_has_loaded(front):
     await call
 
 
-@needs_full_simulator
 async def test_embeddings_are_jobs_of_their_own_kind(front):
     client = front.ollama()
     embedded = await client.embed(model=EMBED_MODEL, input=["first text", "second text"])
@@ -209,7 +200,6 @@ async def test_a_model_no_node_has_is_404_as_ollama_says_and_no_job(front):
     assert len(await front.jobs()) == before
 
 
-@needs_full_simulator
 async def test_the_nodes_own_refusal_reaches_the_client_with_its_status_and_fails_the_job(front):
     with pytest.raises(ollama.ResponseError) as exc:
         await front.ollama().chat(model=CHAT_MODEL, think=True, messages=[{"role": "user", "content": "think?"}])
@@ -261,7 +251,6 @@ async def test_openai_chat_stream_and_not_and_models(front):
     assert {m.owned_by for m in models} == {"library"}
 
 
-@needs_full_simulator
 async def test_openai_completions_and_one_model(front):
     client = front.openai()
     completion = await client.completions.create(model=CHAT_MODEL, prompt="def add(a, b):", max_tokens=64)
@@ -288,7 +277,6 @@ async def test_openai_json_schema_becomes_ollamas_format(front):
     assert sent["format"] == schema and sent["options"]["temperature"] == 1.0
 
 
-@needs_full_simulator
 async def test_a_thinking_models_reasoning_reaches_each_client_as_its_api_gives_it(fakes, daemon_factory):
     """Ollama's `thinking` (on by default for a thinking model), OpenAI's `reasoning`; the job
     keeps it apart from the answer, as for gpuq's own jobs."""
@@ -593,7 +581,6 @@ async def test_bad_requests_get_each_apis_error_shape(front):
     assert await front.jobs() == []
 
 
-@needs_full_simulator
 async def test_embeddings_through_openai_as_floats(front):
     reply = await front.openai().embeddings.create(model=EMBED_MODEL, input="one", encoding_format="float")
     assert reply.object == "list" and reply.model == EMBED_MODEL and len(reply.data[0].embedding) > 10

@@ -95,6 +95,7 @@ async def test_a_parent_that_fails_cancels_its_held_critiques(lab):
 
 
 async def test_a_deleted_parent_cancels_its_held_critiques_and_nothing_else(lab, tmp_path):
+    lab.fakes["node-1"].script.tokens = 200  # still running when the delete comes, however loaded the machine
     parent = await slow_task(lab)
     res = await lab.cli("critique", "--parent", parent, "--no-wait")
     held = res.out.splitlines()[2].split()[1]
@@ -102,6 +103,8 @@ async def test_a_deleted_parent_cancels_its_held_critiques_and_nothing_else(lab,
     plan.write_text("unrelated")
     other = (await lab.cli("critique", str(plan), "--no-wait")).out.splitlines()[1:]
     assert (await lab.cli("delete", parent)).code == 0
+    # The slow pace was for the parent; the critiques' JSON streams token by token, as Ollama's does.
+    lab.fakes["node-1"].script.token_delay_s = 0.0
     job = await lab.wait_state(held, "cancelled")
     assert job["error"] == f"parent task {parent} was cancelled (deleted); nothing to critique"
     for line in other:

@@ -186,3 +186,33 @@ async def test_stop_ends_a_loop_that_waits_for_its_restart():
     assert not loop.alive and loop.error == "RuntimeError: always"
     await asyncio.wait_for(loops.stop(), 5)
     assert loop.task.cancelled()
+
+
+@pytest.mark.browser
+async def test_the_queue_page_names_a_crashed_loop(router):
+    """A person looking at the page sees the crash, not just a red title."""
+    import shutil
+
+    from playwright.async_api import async_playwright, expect
+    from test_page import CHROMIUM_ARGS
+
+    client, fake = router
+    store = client.server.app[STORE]
+    real = store.note_stale
+
+    async def broken():
+        raise KeyError("injected")
+    store.note_stale = broken
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=shutil.which("chromium") or "/usr/bin/chromium",
+                                          args=CHROMIUM_ARGS)
+        try:
+            page = await browser.new_page()
+            await page.goto(str(client.make_url("/")))
+            alert = page.locator('.alert[data-loop="stale monitor"]')
+            await expect(alert).to_contain_text("The router's stale monitor crashed", timeout=15_000)
+            await expect(alert).to_contain_text("KeyError: 'injected'")
+            store.note_stale = real
+            await expect(alert).to_have_count(0, timeout=20_000)
+        finally:
+            await browser.close()

@@ -18,7 +18,9 @@ ID = r"\d{10}-[0-9a-f]{8}"
 async def test_critique_lines_appear_as_each_child_finishes(lab, tmp_path):
     plan = tmp_path / "plan.md"
     plan.write_text("a plan")
-    lab.fakes["node-2"].script.token_delay_s = 0.3  # node-2 is slow; node-1 answers at once
+    # node-2 is slow; node-1 answers at once. Its reply (reasoning, then findings JSON streamed
+    # token by token, as Ollama's) is some 30 to 120 chunks: a few seconds at this pace.
+    lab.fakes["node-2"].script.token_delay_s = 0.1
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "gpuq.cli", "--router", lab.url, "critique", str(plan),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=dict(os.environ))

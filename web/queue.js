@@ -103,7 +103,7 @@ let alertsSig = '';
 function renderAlerts() {
   const box = $('alerts');
   const h = S.health;
-  const sig = JSON.stringify([S.error && [S.error.status, S.error.message], h && !h.ok && [h.stale, h.nodes_down],
+  const sig = JSON.stringify([S.error && [S.error.status, S.error.message], h && !h.ok && [h.stale, h.nodes_down, h.loops_down],
     h && !h.ok && S.queue && S.queue.nodes.map((n) => n.queued_count)]);
   if (sig === alertsSig) return; // rebuilding would restart the pulse and drop focus
   alertsSig = sig;
@@ -122,6 +122,14 @@ function renderAlerts() {
   for (const s of h.stale) box.append(staleAlert(s, nodes.get(s.node)));
   for (const d of h.nodes_down) {
     if (d.waiting) box.append(downAlert(d));
+  }
+  for (const l of h.loops_down || []) {
+    box.append(el('div', {className: 'alert stale', dataset: {loop: l.loop, node: l.node || ''}},
+      el('span', {className: 'alert-tag', text: 'LOOP CRASHED'}),
+      el('span', {className: 'alert-text'},
+        `The router's ${l.loop}${l.node ? ` for ${l.node}` : ''} crashed (${l.crashes}× since `,
+        sinceSpan(l.since), ' ago): ', el('span', {className: 'mono', text: l.error}),
+        '. It restarts by itself; the router log has the traceback.')));
   }
 }
 
