@@ -212,6 +212,19 @@ async def test_the_nodes_own_refusal_reaches_the_client_with_its_status_and_fail
     assert exc.value.body["message"] == f'"{CHAT_MODEL}" does not support thinking'
 
 
+async def test_a_node_failing_mid_stream_ends_the_clients_stream_with_its_error(front):
+    fake = front.fakes["node-1"]
+    fake.script.error_after = 3
+    parts = []
+    with pytest.raises(ollama.ResponseError) as exc:
+        async for part in await front.ollama().chat(model=CHAT_MODEL, stream=True,
+                                                    messages=[{"role": "user", "content": "breaks"}]):
+            parts.append(part)
+    assert len(parts) == 3 and exc.value.error.startswith("an error was encountered while running the model")
+    job = await front.daemon.wait_state((await front.job_with("breaks"))["id"], "failed")
+    assert job["error"] == exc.value.error and job["output"] == "".join(p.message.content for p in parts)
+
+
 async def test_an_unload_call_is_answered_without_a_job(front):
     """Open WebUI unloads with generate {prompt: "", keep_alive: 0}; gpuq unloads after each job."""
     async with front.daemon.session.post(front.url + "/api/generate",
