@@ -102,7 +102,7 @@ class Router:
             try:
                 return await self._start(timeout)
             except RuntimeError as exc:
-                if "address already in use" not in str(exc) or attempt == 2:
+                if "address already in use" not in str(exc).lower() or attempt == 2:
                     raise
                 self._configure()
         raise AssertionError("unreachable")

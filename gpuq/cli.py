@@ -98,6 +98,7 @@ def prompt_excerpt(job: dict, width: int = 50) -> str:
 
 
 @click.group()
+@click.version_option(package_name="gpuq", prog_name="gpuq", message="%(prog)s %(version)s")
 @click.option("--router", help="Router URL (else $GPUQ_ROUTER, else the config's public_url).")
 @click.option("--config", type=click.Path(dir_okay=False), help="gpuq.toml (else $GPUQ_CONFIG, else ./gpuq.toml).")
 @click.pass_context
@@ -219,10 +220,11 @@ def params_body(think: bool | None, think_level: str | None, options: tuple[str,
 @click.option("--node", help="Put the task on this node.")
 @click.option("--timeout", type=float, help="Fail the job if it runs longer than this many seconds.")
 @click.option("--wait", is_flag=True, help="Stream the output as it is generated, then the final state.")
+@click.option("--json", "as_json", is_flag=True, help="Print the submitted job (with --wait: the finished job) as JSON.")
 @ollama_params
 @click.pass_context
 @api_errors
-def task(ctx, prompt, file_, model, node, timeout, wait, think, think_level, options) -> None:
+def task(ctx, prompt, file_, model, node, timeout, wait, think, think_level, options, as_json) -> None:
     """Submit a task: it goes to the first free task node by rank.
 
     Example: gpuq task "add a retry budget to the export job" --wait
@@ -237,10 +239,13 @@ def task(ctx, prompt, file_, model, node, timeout, wait, think, think_level, opt
             **params_body(think, think_level, options)}
     router = router_of(ctx)
     job = router.call("POST", "/api/jobs", {k: v for k, v in body.items() if v is not None})["jobs"][0]
+    if as_json and not wait:
+        click.echo(json.dumps(job))
+        return
     click.echo(f"{job['id']} -> {job['node']} ({job['reason']})")
     click.echo(f"preview {job['preview_url']}")
     if wait:
-        follow(router, job["id"])
+        follow(router, job["id"], as_json)
 
 
 @main.command()
@@ -316,8 +321,9 @@ THINKING_HEADER = "-- thinking --"
 ANSWER_HEADER = "-- answer --"
 
 
-def follow(router: Router, job_id: str) -> None:
-    """Stream a job's output to the terminal; Ctrl-C stops following, the job goes on."""
+def follow(router: Router, job_id: str, as_json: bool = False) -> None:
+    """Stream a job's output to the terminal; Ctrl-C stops following, the job goes on. With
+    `as_json` the final line is the job as JSON (the API's shape) instead of the summary."""
     final, shown = None, None  # shown: "thinking" or "text", the kind printed last
     try:
         for line in router.lines(f"/api/jobs/{seg(job_id)}/stream"):
@@ -339,7 +345,7 @@ def follow(router: Router, job_id: str) -> None:
     click.echo()
     if final is None:
         fail("-", f"the stream of {job_id} ended early")
-    click.echo(summary(final))
+    click.echo(json.dumps(final) if as_json else summary(final))
     if final["state"] != "done":
         sys.exit(1)
 
@@ -347,7 +353,7 @@ def follow(router: Router, job_id: str) -> None:
 def summary(job: dict) -> str:
     parts = [job["state"]]
     if job.get("eval_count"):
-        parts.append(f"{job['eval_count']} tokens")
+        parts.append(f"{job['eval_count']} token{'s' if job['eval_count'] != 1 else ''}")
     if job.get("started_at") and job.get("finished_at"):
         parts.append(ago(job["started_at"], job["finished_at"]))
     if job.get("eval_count") and job.get("eval_duration_ns"):
@@ -359,14 +365,15 @@ def summary(job: dict) -> str:
 
 @main.command()
 @click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True, help="End with the finished job as JSON instead of a summary.")
 @click.pass_context
 @api_errors
-def wait(ctx, job_id) -> None:
+def wait(ctx, job_id, as_json) -> None:
     """Follow a job's output until it finishes.
 
     Example: gpuq wait 1760883402-9f3a7c21
     """
-    follow(router_of(ctx), job_id)
+    follow(router_of(ctx), job_id, as_json)
 
 
 # -- looking ----------------------------------------------------------------------------------
@@ -426,14 +433,18 @@ def show(ctx, job_id, as_json) -> None:
 
 @main.command("queue")
 @click.option("--limit", default=50, show_default=True, help="Waiting jobs shown per node.")
+@click.option("--json", "as_json", is_flag=True, help="Print the API's answer as JSON.")
 @click.pass_context
 @api_errors
-def queue_cmd(ctx, limit) -> None:
+def queue_cmd(ctx, limit, as_json) -> None:
     """Every node's running job and waiting jobs, in order (like squeue).
 
     Example: gpuq queue
     """
     data = router_of(ctx).call("GET", f"/api/queue?limit={limit}")
+    if as_json:
+        click.echo(json.dumps(data))
+        return
     click.echo(f"queue depth {data['queue_depth']}")
     for node in data["nodes"]:
         status = "up" if node["up"] else ("down" if node["checked"] else "checking")
@@ -452,14 +463,18 @@ def queue_cmd(ctx, limit) -> None:
 
 
 @main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the API's answer as JSON.")
 @click.pass_context
 @api_errors
-def nodes(ctx) -> None:
+def nodes(ctx, as_json) -> None:
     """Each node's health, model and waiting jobs.
 
     Example: gpuq nodes
     """
     data = router_of(ctx).call("GET", "/api/nodes")
+    if as_json:
+        click.echo(json.dumps(data))
+        return
     click.echo(f"{'NODE':12} {'RANK':>4} {'STATUS':8} {'MODEL':22} {'ROLES':15} {'WAITING':>7}  SINCE / PROBLEM")
     for n in data["nodes"]:
         status = "up" if n["up"] else ("down" if n["checked"] else "checking")
@@ -471,13 +486,14 @@ def nodes(ctx) -> None:
         if n["model_installed"] is False:
             problem = f"model {n['model']} is not installed; {problem}".rstrip("; ")
         click.echo(f"{n['name']:12} {n['rank']:>4} {status:8} {n['model']:22} {','.join(n['roles']):15} "
-                   f"{n['waiting']:>7}  {n['since']} {problem}")
+                   f"{n['waiting']:>7}  {ago(n['since'])} ago {problem}".rstrip())
 
 
 @main.command()
+@click.option("--json", "as_json", is_flag=True, help="The same JSON (accepted for symmetry with the other commands).")
 @click.pass_context
 @api_errors
-def health(ctx) -> None:
+def health(ctx, as_json) -> None:
     """The router's health as JSON; exit 1 while it is not ok (a stale head, a node down, a crashed loop).
 
     Example: gpuq health
@@ -489,14 +505,18 @@ def health(ctx) -> None:
 
 
 @main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the API's answer as JSON.")
 @click.pass_context
 @api_errors
-def stale(ctx) -> None:
-    """Stale queue heads, how long and why, and the command that fixes each.
+def stale(ctx, as_json) -> None:
+    """Stale queue heads, how long and why, and the command that fixes each; exit 1 while any.
 
     Example: gpuq stale
     """
     heads = router_of(ctx).call("GET", "/api/stale")["stale"]
+    if as_json:
+        click.echo(json.dumps({"stale": heads}))
+        sys.exit(1 if heads else 0)
     if not heads:
         click.echo("no stale heads")
         return
@@ -520,9 +540,14 @@ def move(ctx, job_id, position, before, after, node) -> None:
 
     Example: gpuq move 1760883402-9f3a7c21 --to 1 --node node-2
     """
+    if position is None and before is None and after is None and node is None:
+        raise click.UsageError("say where to move it: --to N, --before ID, --after ID or --node NAME", ctx)
+    if sum(x is not None for x in (position, before, after)) > 1:
+        raise click.UsageError("give only one of --to, --before and --after", ctx)
     body = {"position": position, "before": before, "after": after, "node": node}
     job = router_of(ctx).call("POST", f"/api/jobs/{seg(job_id)}/move", {k: v for k, v in body.items() if v is not None})["job"]
-    click.echo(f"{job['id']} -> {job['node']} position {job['position']}")
+    beyond = f" (the end of its queue: --to {position} is past it)" if position and job["position"] < position else ""
+    click.echo(f"{job['id']} -> {job['node']} position {job['position']}{beyond}")
 
 
 @main.command()
@@ -573,10 +598,17 @@ def clear(ctx, node, running, yes) -> None:
 
     Example: gpuq clear node-2 --yes
     """
+    router = router_of(ctx)
     if not yes:
-        what = "every waiting and the running job" if running else "every waiting job"
+        queue = router.call("GET", "/api/queue?limit=0")
+        found = next((n for n in queue["nodes"] if n["name"] == node), None)
+        if found is None:
+            names = ", ".join(n["name"] for n in queue["nodes"])
+            raise click.UsageError(f"unknown node '{node}' (the nodes: {names})", ctx)
+        count = found["queued_count"] + (1 if running and found["running"] else 0)
+        what = f"{count} job{'s' if count != 1 else ''}" + (" (the running one included)" if running and found["running"] else "")
         click.confirm(f"Cancel {what} on {node}?", abort=True)
-    data = router_of(ctx).call("POST", f"/api/nodes/{seg(node)}/clear", {"running": running})
+    data = router.call("POST", f"/api/nodes/{seg(node)}/clear", {"running": running})
     count = len(data["cancelled"])
     click.echo(f"{count} job{'s' if count != 1 else ''} cancelled on {node}")
     for job_id in data["cancelled"]:

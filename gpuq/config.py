@@ -57,6 +57,9 @@ class Settings:
     busy_timeout_s: float = 5.0  # SQLite busy timeout
     max_prompt_bytes: int = 1_000_000
     max_database_bytes: int | None = None  # past this SQLite refuses to grow the file ("full")
+    header_timeout_s: float = 10.0  # a new connection must send its request headers within this
+    keepalive_timeout_s: float = 75.0  # an idle keep-alive connection is closed after this
+    max_connections: int = 1000  # more open connections at once are refused (503)
     token: str | None = None
     allowed_hosts: tuple[str, ...] = ()  # more names the router answers to (normal_host form)
     ollama_listen: str | None = None  # host:port of the Ollama/OpenAI front door; None: off
@@ -146,6 +149,8 @@ _DURATION_FLOORS: dict[str, tuple[float, str]] = {
     "health_interval": (0.1, "checking more than ten times a second only burns CPU"),
     # SQLite counts whole milliseconds: less is 0, which fails every write that meets a lock.
     "busy_timeout": (0.001, "SQLite would give up on the first lock"),
+    "header_timeout": (0.0, "0 would close every new connection before its request"),
+    "keepalive_timeout": (0.0, "0 would close every connection after its first request"),
 }
 
 
@@ -262,14 +267,15 @@ _ROUTER_KEYS = {
     "listen", "public_url", "database", "stale_after", "stale_grace", "max_runtime",
     "job_timeout", "stall_timeout", "load_timeout", "unload_timeout", "health_interval", "connect_timeout",
     "busy_timeout", "max_prompt_bytes", "max_database_bytes", "token", "critique_template", "unload",
-    "allowed_hosts", "ollama_listen",
+    "allowed_hosts", "header_timeout", "keepalive_timeout", "max_connections", "ollama_listen",
 }
 _DURATION_KEYS = {
     "stale_after": "stale_after_s", "stale_grace": "stale_grace_s",
     "max_runtime": "max_runtime_s", "job_timeout": "job_timeout_s",
     "stall_timeout": "stall_timeout_s", "load_timeout": "load_timeout_s", "unload_timeout": "unload_timeout_s",
     "health_interval": "health_interval_s", "connect_timeout": "connect_timeout_s",
-    "busy_timeout": "busy_timeout_s",
+    "busy_timeout": "busy_timeout_s", "header_timeout": "header_timeout_s",
+    "keepalive_timeout": "keepalive_timeout_s",
 }
 _NODE_KEYS = {"name", "url", "rank", "roles", "model", "max_runtime", "think", "options", "unload"}
 UNLOAD_POLICIES = ("after-each", "when-idle")
@@ -351,6 +357,11 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
         if cap < 65536:
             raise ConfigError(f"router.max_database_bytes: must be at least 65536, got {cap}")
         values["max_database_bytes"] = cap
+    connections = _typed(router, "max_connections", int, "router")
+    if connections is not None:
+        if not 8 <= connections <= 1_000_000:
+            raise ConfigError(f"router.max_connections: must be from 8 to 1000000, got {connections}")
+        values["max_connections"] = connections
     token = _typed(router, "token", str, "router")
     if token is not None:
         values["token"] = check_token(token, "router.token")

@@ -1,19 +1,29 @@
-"""Running the router as a process: logging, the demo nodes, signals, a clean shutdown."""
+"""Running the router as a process: one per database (a lock), the listening port, logging, the demo
+nodes, signals, a clean shutdown."""
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import json
 import logging
+import os
 import signal
+import socket
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
 from aiohttp import web
 
 from .config import ConfigError, NodeConfig, Settings, _check_listen
-from .errors import GpuqError
+from .connections import (BACKLOG, ConnectionGuard, bind_sockets, connection_cap, raise_file_limit,
+                          throttle_accept_errors)
+from .errors import GpuqError, StartupError
 from .fake_ollama import FakeOllama, Script
+from .front import bind_front_door, start_front_door
+from .models import iso
 
 log = logging.getLogger("gpuq")
 
@@ -36,51 +46,102 @@ async def start_demo_nodes() -> tuple[list[FakeOllama], list[NodeConfig]]:
     return fakes, nodes
 
 
+def lock_database(database: Path, listen: str) -> int:
+    """Hold `<database>.lock` for as long as this router runs: a second router on the same database
+    stops here, before it touches the file. The kernel drops the lock when the process ends, even
+    by SIGKILL, so a crash never blocks the restart. Returns the lock's file descriptor."""
+    path = database.with_name(database.name + ".lock")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise StartupError(f"cannot open the lock file {path}: {exc.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = lock_holder(fd)
+        os.close(fd)
+        raise StartupError(f"the database {database} is in use by another router ({holder}): "
+                           "stop that one first, or give this one another database") from None
+    except OSError as exc:
+        os.close(fd)
+        raise StartupError(f"cannot lock {path}: {exc.strerror}") from None
+    holder = {"pid": os.getpid(), "listen": listen, "started": iso(time.time())}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+    return fd
+
+
+def lock_holder(fd: int) -> str:
+    """Who holds the lock, as its holder wrote it: pid, address, start time."""
+    try:
+        holder = json.loads(os.pread(fd, 4096, 0))
+        return f"pid {holder['pid']}, listening on {holder['listen']} since {holder['started']}"
+    except (OSError, ValueError, TypeError, KeyError):
+        return "its pid is not recorded yet"
+
+
 DEMO_FRONT_DOOR = "127.0.0.1:11435"  # beside Ollama's own 11434
 
 
 async def serve(settings: Settings | None, listen: str | None, database: str | None,
                 ollama_listen: str | None = None) -> int:
-    from .front import start_front_door
-    from .server import create_app
-
-    fakes: list[FakeOllama] = []
-    if settings is None:
-        fakes, nodes = await start_demo_nodes()
-        settings = Settings(database=Path("gpuq-demo.db").resolve(), stale_after_s=60, nodes=tuple(nodes),
-                            ollama_listen=DEMO_FRONT_DOOR)
-    if ollama_listen:
-        settings = replace(settings, ollama_listen=_check_listen(ollama_listen, "--ollama-listen"))
+    """Start-up order: the database's lock, the listening port, and only then the store (migrations,
+    orphan recovery), so a router that cannot run exits 2 having changed nothing."""
+    demo = settings is None
+    settings = settings or Settings(database=Path("gpuq-demo.db").resolve(), stale_after_s=60)
     if listen:
         listen = _check_listen(listen, "--listen")
         settings = replace(settings, listen=listen, public_url=f"http://{listen}")
     if database:
         settings = replace(settings, database=Path(database).resolve())
-    runner = web.AppRunner(create_app(settings), handle_signals=False, access_log=None)
+    if ollama_listen or demo:  # the demo opens the front door too (gpuq/front.py)
+        settings = replace(settings, ollama_listen=_check_listen(ollama_listen, "--ollama-listen")
+                           if ollama_listen else DEMO_FRONT_DOOR)
+    lock = lock_database(settings.database, settings.listen)
+    try:
+        sockets = bind_sockets(settings.listen, settings.host, settings.port)
+        front_sockets: list[socket.socket] = []
+        try:
+            # The demo's front door takes any free port when its usual one is taken.
+            front_sockets = bind_front_door(settings, any_port_if_taken=demo and not ollama_listen)
+            return await run_router(settings, sockets, demo, front_sockets)
+        finally:
+            for sock in sockets + front_sockets:
+                sock.close()
+    finally:
+        os.close(lock)
+
+
+async def run_router(settings: Settings, sockets: list[socket.socket], demo: bool,
+                     front_sockets: list[socket.socket] = ()) -> int:
+    from .server import create_app
+
+    loop = asyncio.get_running_loop()
+    throttle_accept_errors(loop)
+    file_limit = raise_file_limit()
+    guard = ConnectionGuard(connection_cap(settings.max_connections, file_limit), settings.header_timeout_s)
+    fakes: list[FakeOllama] = []
+    if demo:
+        fakes, nodes = await start_demo_nodes()
+        settings = replace(settings, nodes=tuple(nodes))
+    runner = web.AppRunner(create_app(settings), handle_signals=False, access_log=None,
+                           keepalive_timeout=settings.keepalive_timeout_s)
     try:
         await runner.setup()
     except GpuqError as exc:
         log.error("cannot start: %s", exc.message)
+        await stop_fakes(fakes)
         return 2
-    site = web.TCPSite(runner, settings.host, settings.port)
-    try:
-        await site.start()
-    except OSError as exc:
-        log.error("cannot listen on %s: %s", settings.listen, exc)
-        await runner.cleanup()
-        return 2
-    try:  # the Ollama/OpenAI front door, when router.ollama_listen is set (gpuq/front.py)
-        front = await start_front_door(settings, runner.app, any_port_if_taken=bool(fakes) and not ollama_listen)
-    except OSError as exc:
-        log.error("cannot listen on %s (router.ollama_listen): %s", settings.ollama_listen, exc)
-        await runner.cleanup()
-        return 2
+    servers = [await loop.create_server(guard.protocol_factory(runner.server), sock=sock, backlog=BACKLOG)
+               for sock in sockets]
+    # The Ollama/OpenAI front door, under the same connection cap (gpuq/front.py).
+    front = await start_front_door(settings, runner.app, front_sockets, guard)
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    log.info("gpuq router listening on http://%s (database %s, %d nodes)", settings.listen,
-             settings.database, len(settings.nodes))
+    log.info("gpuq router listening on http://%s (database %s, %d nodes, open-file limit %d, at most %d "
+             "connections)", settings.listen, settings.database, len(settings.nodes), file_limit,
+             guard.max_connections)
     print(f"gpuq router: {settings.public_url}   queue page: {settings.public_url}/", flush=True)
     if front is not None:
         log.info("front door for Ollama and OpenAI clients on %s", front.url)
@@ -93,12 +154,18 @@ async def serve(settings: Settings | None, listen: str | None, database: str | N
               flush=True)
     await stop.wait()
     log.info("shutting down")
-    if front is not None:  # first: its waiting calls end while the store is open
-        await front.runner.cleanup()
+    if front is not None:  # first: its waiting calls end (their jobs cancelled) while the store is open
+        await front.stop()
+    for server in servers:
+        server.close()  # no new connections; the runner's cleanup ends the open ones
     await runner.cleanup()
+    await stop_fakes(fakes)
+    return 0
+
+
+async def stop_fakes(fakes: list[FakeOllama]) -> None:
     for fake in fakes:
         await fake.stop()
-    return 0
 
 
 def run_daemon(settings: Settings | None, listen: str | None = None, database: str | None = None,

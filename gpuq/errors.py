@@ -80,6 +80,12 @@ class ConfigError(GpuqError):
     status = 2  # the exit code of `gpuq serve`
 
 
+class StartupError(GpuqError):
+    """`gpuq serve` cannot start: its database is in use by another router, its port is taken."""
+
+    status = 2  # the exit code of `gpuq serve`
+
+
 class OllamaError(Exception):
     """Anything a node's Ollama said or did wrong; `message` is Ollama's text verbatim."""
 

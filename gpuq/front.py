@@ -10,6 +10,7 @@ import asyncio
 import hmac
 import json
 import logging
+import socket
 import time
 from typing import Any
 
@@ -18,9 +19,11 @@ from aiohttp import web
 from . import translate as tr
 from .bus import Bus
 from .config import Settings
+from .connections import BACKLOG, bind_sockets
 from .dispatcher import Dispatcher
 from .errors import (
-    BadRequest, Conflict, FrontError, GpuqError, ModelMissing, NotFound, OllamaError, StoreUnavailable,
+    BadRequest, Conflict, FrontError, GpuqError, ModelMissing, NotFound, OllamaError, StartupError,
+    StoreUnavailable,
 )
 from .models import new_job_id, normalize_model
 from .security import check_host, check_same_site, router_hosts, token_of
@@ -535,37 +538,50 @@ def create_front_app(settings: Settings, store: Store, dispatcher: Dispatcher, b
 
 
 class FrontDoor:
-    """The running front door: its runner and the address clients use."""
+    """The running front door: its runner, its servers and the address clients use."""
 
-    def __init__(self, runner: web.AppRunner, url: str):
+    def __init__(self, runner: web.AppRunner, servers: list, url: str):
         self.runner = runner
+        self.servers = servers
         self.url = url
 
+    async def stop(self) -> None:
+        for server in self.servers:
+            server.close()
+        await self.runner.cleanup()  # its waiting calls end first (on_shutdown), then connections
 
-async def start_front_door(settings: Settings, router_app: web.Application,
-                           any_port_if_taken: bool = False) -> FrontDoor | None:
-    """Serve the front door beside the router (None when `ollama_listen` is not set). A client
-    that disconnects cancels its handler (handler_cancellation), so its waiting job is cancelled
-    at once. The demo takes any free port when its usual one is taken."""
-    from .server import BUS, DISPATCHER, STORE
 
+def bind_front_door(settings: Settings, any_port_if_taken: bool = False) -> list[socket.socket]:
+    """The front door's listening sockets, bound with the router's before anything starts (none
+    when `ollama_listen` is not set). The demo takes any free port when its usual one is taken."""
     if settings.ollama_listen is None:
-        return None
-    app = create_front_app(settings, router_app[STORE], router_app[DISPATCHER], router_app[BUS])
-    runner = web.AppRunner(app, handle_signals=False, access_log=None, handler_cancellation=True)
-    await runner.setup()
+        return []
     host, port = settings.ollama_listen.rsplit(":", 1)
     host = host.strip("[]")
     try:
-        try:
-            await web.TCPSite(runner, host, int(port)).start()
-        except OSError:
-            if not any_port_if_taken:
-                raise
-            await web.TCPSite(runner, host, 0).start()
-    except BaseException:
-        await runner.cleanup()
-        raise
-    bound = runner.addresses[0][1]
-    url = settings.ollama_url.rsplit(":", 1)[0] + f":{bound}"
-    return FrontDoor(runner, url)
+        sockets = bind_sockets(settings.ollama_listen, host, int(port))
+    except StartupError as exc:
+        if not any_port_if_taken:
+            raise StartupError(f"{exc.message} (router.ollama_listen)") from None
+        sockets = bind_sockets(f"{host}:0", host, 0)
+    return sockets
+
+
+async def start_front_door(settings: Settings, router_app: web.Application, sockets: list[socket.socket],
+                           guard) -> FrontDoor | None:
+    """Serve the front door on its sockets, beside the router (the router's app owns the store
+    and the dispatcher). A client that disconnects cancels its handler (handler_cancellation),
+    so its waiting job is cancelled at once."""
+    from .server import BUS, DISPATCHER, STORE
+
+    if not sockets:
+        return None
+    app = create_front_app(settings, router_app[STORE], router_app[DISPATCHER], router_app[BUS])
+    runner = web.AppRunner(app, handle_signals=False, access_log=None, handler_cancellation=True,
+                           keepalive_timeout=settings.keepalive_timeout_s)
+    await runner.setup()
+    loop = asyncio.get_running_loop()
+    servers = [await loop.create_server(guard.protocol_factory(runner.server), sock=sock, backlog=BACKLOG)
+               for sock in sockets]
+    bound = sockets[0].getsockname()[1]
+    return FrontDoor(runner, servers, settings.ollama_url.rsplit(":", 1)[0] + f":{bound}")

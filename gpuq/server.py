@@ -56,9 +56,17 @@ async def errors_middleware(request: web.Request, handler):
         if exc.status < 400:
             raise
         return error_response(exc.status, exc.reason if exc.status != 404 else f"no route for {request.path}")
-    except Exception:
-        log.exception("unexpected error on %s %s", request.method, request.path)
+    except Exception as exc:
+        if isinstance(exc, ConnectionResetError) and client_left(request):
+            # A closed tab ends its event stream or job stream this way: normal, and nobody to answer.
+            log.debug("client left during %s %s", request.method, request.path)
+        else:
+            log.exception("unexpected error on %s %s", request.method, request.path)
         return error_response(500, "internal error in the router; see its log")
+
+
+def client_left(request: web.Request) -> bool:
+    return request.transport is None or request.transport.is_closing()
 
 
 @web.middleware

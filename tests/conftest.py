@@ -44,6 +44,13 @@ async def eventually(check: Callable[[], Awaitable[Any] | Any], timeout: float =
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
 
 
+# `python -c LIMITED_PYTHON SOFT HARD command...`: runs the command with that open-file limit (no
+# preexec_fn, which is unsafe in a test process that has threads).
+LIMITED_PYTHON = ("import os, resource, sys; "
+                  "resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[2]))); "
+                  "os.execvp(sys.argv[3], sys.argv[3:])")
+
+
 @dataclass
 class Result:
     code: int
@@ -62,11 +69,16 @@ class Daemon:
     session: aiohttp.ClientSession | None = None
     env: dict = field(default_factory=dict)
     command: tuple[str, ...] = (sys.executable, "-m", "gpuq.cli")  # or an installed `gpuq`
+    file_limit: int | tuple[int, int] | None = None  # the router's RLIMIT_NOFILE (soft, hard), or both
 
     async def start(self, timeout: float = 20.0) -> None:
         log = open(self.log, "ab")
+        command = list(self.command)
+        if self.file_limit:
+            soft, hard = self.file_limit if isinstance(self.file_limit, tuple) else (self.file_limit,) * 2
+            command = [sys.executable, "-c", LIMITED_PYTHON, str(soft), str(hard), *command]
         self.proc = await asyncio.create_subprocess_exec(
-            *self.command, "serve", "--config", str(self.config),
+            *command, "serve", "--config", str(self.config),
             stdout=log, stderr=log, env={**os.environ, **self.env}, cwd=str(self.config.parent))
         log.close()
 
@@ -180,11 +192,15 @@ async def daemon_factory(tmp_path):
     started: list[Daemon] = []
 
     async def make(nodes: list[dict], start: bool = True, env: dict | None = None,
-                   command: tuple[str, ...] | None = None, **router: Any) -> Daemon:
+                   command: tuple[str, ...] | None = None, name: str = "gpuq",
+                   file_limit: int | tuple[int, int] | None = None, **router: Any) -> Daemon:
+        """`name` gives a second router its own config and log (`<name>.toml`, `<name>.log`); the
+        database stays tmp_path/gpuq.db unless `database=` says otherwise."""
         port = free_port()
-        config = write_config(tmp_path / "gpuq.toml", nodes, port, **router)
-        daemon = Daemon(config=config, url=f"http://127.0.0.1:{port}", log=tmp_path / "daemon.log",
-                        session=session, env=env or {})
+        config = write_config(tmp_path / f"{name}.toml", nodes, port, **router)
+        log = tmp_path / ("daemon.log" if name == "gpuq" else f"{name}.log")
+        daemon = Daemon(config=config, url=f"http://127.0.0.1:{port}", log=log, session=session,
+                        env=env or {}, file_limit=file_limit)
         if command:
             daemon.command = command
         started.append(daemon)

@@ -454,6 +454,13 @@ CONFIG = {
                                      "router.max_database_bytes: must be at least 65536, got 100"),
     "critique_template without the subject": (router(critique_template="Review it."),
                                               "router.critique_template: must contain '{subject}'"),
+    "header_timeout zero": (router(header_timeout="0s"), "router.header_timeout: must be more than 0 (0 would close "
+                                                         "every new connection before its request), got '0s'"),
+    "keepalive_timeout zero": (router(keepalive_timeout=0), "router.keepalive_timeout: must be more than 0 (0 would "
+                                                            "close every connection after its first request), got 0"),
+    "max_connections too few": (router(max_connections=2), "router.max_connections: must be from 8 to 1000000, got 2"),
+    "max_connections as a string": (router(max_connections="many"),
+                                    "router.max_connections: expected int, got 'many'"),
 }
 
 

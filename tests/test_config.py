@@ -33,6 +33,13 @@ def test_database_is_relative_to_the_config_file(tmp_path):
     assert load_config(cfg).database == (tmp_path / "sub" / "q.db").resolve()
 
 
+def test_connection_settings_have_defaults_and_can_be_set(tmp_path):
+    default = parse_config(base(), tmp_path)
+    assert (default.header_timeout_s, default.keepalive_timeout_s, default.max_connections) == (10, 75, 1000)
+    custom = parse_config(base(header_timeout="2s", keepalive_timeout="5m", max_connections=200), tmp_path)
+    assert (custom.header_timeout_s, custom.keepalive_timeout_s, custom.max_connections) == (2, 300, 200)
+
+
 @pytest.mark.parametrize("text,seconds", [("10m", 600), ("30s", 30), ("1h30m", 5400), ("250ms", 0.25), (90, 90), (1.5, 1.5)])
 def test_durations(text, seconds):
     assert parse_duration(text, "k") == seconds

@@ -13,8 +13,11 @@ from conftest import eventually
 ID = r"\d{10}-[0-9a-f]{8}"
 
 
-async def slow_task(lab, node: str = "node-1", delay: float = 0.2, prompt: str = "write the export retry"):
+async def slow_task(lab, node: str = "node-1", delay: float = 0.2, prompt: str = "write the export retry",
+                    tokens: int = 200):
+    """A task that is still running while the test looks (tokens x delay), however loaded the machine."""
     lab.fakes[node].script.token_delay_s = delay
+    lab.fakes[node].script.tokens = tokens
     res = await lab.cli("task", prompt, "--node", node)
     assert res.code == 0, res.err
     return res.out.split()[0]
@@ -35,8 +38,7 @@ async def test_the_design_transcript_verbatim_while_the_parent_is_queued_or_runn
 async def test_a_held_critique_waits_for_its_parent_without_blocking_the_queue(fakes, daemon_factory, tmp_path):
     from conftest import make_lab
     lab = await make_lab(fakes, daemon_factory, stale_after="1s")
-    lab.fakes["node-1"].script.tokens = 80  # ~8 s: it runs while everything below is checked
-    parent = await slow_task(lab, delay=0.1)
+    parent = await slow_task(lab, delay=0.1, tokens=80)  # ~8 s: it runs while everything below is checked
     res = await lab.cli("critique", "--parent", parent, "--no-wait")
     assert res.code == 0, res.err
     lines = res.out.splitlines()
@@ -95,7 +97,6 @@ async def test_a_parent_that_fails_cancels_its_held_critiques(lab):
 
 
 async def test_a_deleted_parent_cancels_its_held_critiques_and_nothing_else(lab, tmp_path):
-    lab.fakes["node-1"].script.tokens = 200  # still running when the delete comes, however loaded the machine
     parent = await slow_task(lab)
     res = await lab.cli("critique", "--parent", parent, "--no-wait")
     held = res.out.splitlines()[2].split()[1]
