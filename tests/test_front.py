@@ -648,6 +648,24 @@ def test_migration_keeps_every_row_and_allows_embed(tmp_path):
     db.close()
 
 
+async def test_a_taken_front_door_port_stops_the_router_before_it_starts(fakes, daemon_factory):
+    import socket
+
+    chat = await fakes(CHAT_MODEL)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        daemon = await daemon_factory([node_table("node-1", chat, 1, ["task"], CHAT_MODEL)], start=False,
+                                      ollama_listen=f"127.0.0.1:{port}")
+        proc = await asyncio.create_subprocess_exec(*daemon.command, "serve", "--config", str(daemon.config),
+                                                    stderr=asyncio.subprocess.PIPE, cwd=str(daemon.config.parent))
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}: address already in use (router.ollama_listen)" in err.decode()
+    assert not (daemon.config.parent / "gpuq.db").exists()  # nothing was touched
+
+
 def test_front_door_config_errors(tmp_path):
     from gpuq.config import parse_config
     from gpuq.errors import ConfigError
