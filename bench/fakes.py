@@ -81,6 +81,9 @@ async def serve(specs: list[str]) -> None:
         elif action == "reset":
             fake.log.clear()
             fake.requests.clear()
+        elif action == "script":  # reply length and pace (the front door's relay rows)
+            fake.script.tokens = int(request.query["tokens"])
+            fake.script.token_delay_s = float(request.query["delay"])
         return web.json_response({"ok": True, "held": fake.held})
 
     app = web.Application()

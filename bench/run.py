@@ -22,12 +22,12 @@ import aiohttp
 from gpuq.dispatcher import UNLOAD_FRESH_S
 from gpuq.store import NewJob, NodeInfo, Store
 
-from . import growth, listings, peers
+from . import front, growth, listings, peers
 from .procs import Fakes, Router, free_port, node_table, rss_mb
 from .stats import Metric, table
 
 BENCH_DIR = Path(__file__).resolve().parent
-SECTIONS = ("physical", "peers", "submit", "turnaround", "first_token", "growth", "listings", "unload_policy")
+SECTIONS = ("physical", "peers", "submit", "turnaround", "first_token", "growth", "listings", "unload_policy", "front")
 NODES = {"n1": "qwen3-coder:30b", "n2": "llama3.2:latest"}
 CONCURRENT_WORKERS = 8
 SETTINGS = {"stale_after_s": 600.0, "stale_grace_s": 30.0, "max_runtime_s": 4 * 3600.0}
@@ -569,6 +569,8 @@ class Bench:
             await self.physical_and_peers()
         if self.wants("unload_policy"):
             await self.unload_policy_section()
+        if self.wants("front"):  # its own nodes and router
+            await front.front_section(self)
         needs_router = any(self.wants(s) for s in ("submit", "turnaround", "first_token", "growth", "listings"))
         if not needs_router:
             return
@@ -604,6 +606,9 @@ class Bench:
             "store_vs_huey": lambda v: v >= 1.0,
             "gap": lambda v: v <= 5.0,
             "ttft_overhead": lambda v: v <= 2.0,
+            "front_ttft_overhead": lambda v: v <= 2.0,
+            "front_rate_1_ratio": lambda v: v >= 0.95,
+            "front_rate_20_ratio": lambda v: v >= 0.95,
             "growth_claim_ratio": lambda v: v <= 2.0,
             "growth_stale_ratio": lambda v: v <= 2.0,
             "growth_health_ratio": lambda v: v <= 2.0,

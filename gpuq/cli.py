@@ -158,9 +158,11 @@ def main(ctx: click.Context, router: str | None, config: str | None) -> None:
 @click.option("--demo", is_flag=True, help="Run simulated Ollama nodes on loopback (no gpuq.toml needed).")
 @click.option("--listen", help="host:port to bind, overriding the config.")
 @click.option("--database", type=click.Path(dir_okay=False), help="SQLite file, overriding the config.")
+@click.option("--ollama-listen", help="host:port of the Ollama/OpenAI front door, overriding the config "
+                                      "(the demo's: 127.0.0.1:11435).")
 @click.pass_context
 def serve(ctx: click.Context, config_path: str | None, demo: bool, listen: str | None,
-          database: str | None) -> None:
+          database: str | None, ollama_listen: str | None) -> None:
     """Run the router.
 
     Example: gpuq serve --config ~/gpuq.toml
@@ -177,7 +179,7 @@ def serve(ctx: click.Context, config_path: str | None, demo: bool, listen: str |
     except ConfigError as exc:
         click.echo(f"gpuq: config error: {exc.message}", err=True)
         sys.exit(2)
-    sys.exit(run_daemon(settings, listen=listen, database=database))
+    sys.exit(run_daemon(settings, listen=listen, database=database, ollama_listen=ollama_listen))
 
 
 @main.command()
@@ -437,6 +439,9 @@ def show(ctx, job_id, as_json) -> None:
         return
     click.echo(f"{job['id']}  {job['kind']}  {job['state']}  on {job['node']}  model {job['model']}")
     click.echo(f"placed: {job['placement']}   queued {job['created_at']}")
+    if job.get("endpoint"):  # a call through the front door; the whole request: --json
+        agent = (job.get("request") or {}).get("user_agent")
+        click.echo(f"via: {job['endpoint']} (front door){f', client {agent}' if agent else ''}")
     if job.get("parent"):
         click.echo(f"parent: {job['parent']}")
     for child in job.get("children", []):

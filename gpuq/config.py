@@ -62,6 +62,7 @@ class Settings:
     max_connections: int = 1000  # more open connections at once are refused (503)
     token: str | None = None
     allowed_hosts: tuple[str, ...] = ()  # more names the router answers to (normal_host form)
+    ollama_listen: str | None = None  # host:port of the Ollama/OpenAI front door; None: off
     critique_template: str = DEFAULT_CRITIQUE_TEMPLATE
     unload: str = "after-each"  # or "when-idle": back-to-back jobs of one model keep it loaded
     alert_url: str | None = None  # where alerts are POSTed (a webhook, an ntfy topic URL)
@@ -76,6 +77,17 @@ class Settings:
     @property
     def port(self) -> int:
         return int(self.listen.rsplit(":", 1)[1])
+
+    @property
+    def ollama_url(self) -> str | None:
+        """The front door's address for clients (OLLAMA_HOST); None when it is off."""
+        if self.ollama_listen is None:
+            return None
+        host, port = self.ollama_listen.rsplit(":", 1)
+        if host.strip("[]") in ("0.0.0.0", "::"):  # listening everywhere: name the public host
+            host = urlparse(self.public_url).hostname or "127.0.0.1"
+            host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{port}"
 
     def node(self, name: str) -> NodeConfig | None:
         return next((n for n in self.nodes if n.name == name), None)
@@ -258,7 +270,7 @@ _ROUTER_KEYS = {
     "listen", "public_url", "database", "stale_after", "stale_grace", "max_runtime",
     "job_timeout", "stall_timeout", "load_timeout", "unload_timeout", "health_interval", "connect_timeout",
     "busy_timeout", "max_prompt_bytes", "max_database_bytes", "token", "critique_template", "unload",
-    "allowed_hosts", "header_timeout", "keepalive_timeout", "max_connections",
+    "allowed_hosts", "header_timeout", "keepalive_timeout", "max_connections", "ollama_listen",
     "alert_url", "alert_token", "alert_format",
 }
 ALERT_FORMATS = ("json", "ntfy")
@@ -395,6 +407,11 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
     token = _typed(router, "token", str, "router")
     if token is not None:
         values["token"] = check_token(token, "router.token")
+    if "ollama_listen" in router:
+        values["ollama_listen"] = _check_listen(router["ollama_listen"], "router.ollama_listen")
+        if values["ollama_listen"] == listen:
+            raise ConfigError(f"router.ollama_listen: {listen} is router.listen already; give the front door "
+                              "a port of its own (Ollama clients use 11434, e.g. \"127.0.0.1:11435\" beside it)")
     if "allowed_hosts" in router:
         values["allowed_hosts"] = _check_hosts(router["allowed_hosts"], "router.allowed_hosts")
     policy = _unload_policy(router, "router")

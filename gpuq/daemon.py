@@ -22,6 +22,7 @@ from .connections import (BACKLOG, ConnectionGuard, bind_sockets, connection_cap
                           throttle_accept_errors)
 from .errors import GpuqError, StartupError
 from .fake_ollama import FakeOllama, Script
+from .front import bind_front_door, start_front_door
 from .models import iso
 
 log = logging.getLogger("gpuq")
@@ -79,7 +80,11 @@ def lock_holder(fd: int) -> str:
         return "its pid is not recorded yet"
 
 
-async def serve(settings: Settings | None, listen: str | None, database: str | None) -> int:
+DEMO_FRONT_DOOR = "127.0.0.1:11435"  # beside Ollama's own 11434
+
+
+async def serve(settings: Settings | None, listen: str | None, database: str | None,
+                ollama_listen: str | None = None) -> int:
     """Start-up order: the database's lock, the listening port, and only then the store (migrations,
     orphan recovery), so a router that cannot run exits 2 having changed nothing."""
     demo = settings is None
@@ -89,19 +94,26 @@ async def serve(settings: Settings | None, listen: str | None, database: str | N
         settings = replace(settings, listen=listen, public_url=f"http://{listen}")
     if database:
         settings = replace(settings, database=Path(database).resolve())
+    if ollama_listen or demo:  # the demo opens the front door too (gpuq/front.py)
+        settings = replace(settings, ollama_listen=_check_listen(ollama_listen, "--ollama-listen")
+                           if ollama_listen else DEMO_FRONT_DOOR)
     lock = lock_database(settings.database, settings.listen)
     try:
         sockets = bind_sockets(settings.listen, settings.host, settings.port)
+        front_sockets: list[socket.socket] = []
         try:
-            return await run_router(settings, sockets, demo)
+            # The demo's front door takes any free port when its usual one is taken.
+            front_sockets = bind_front_door(settings, any_port_if_taken=demo and not ollama_listen)
+            return await run_router(settings, sockets, demo, front_sockets)
         finally:
-            for sock in sockets:
+            for sock in sockets + front_sockets:
                 sock.close()
     finally:
         os.close(lock)
 
 
-async def run_router(settings: Settings, sockets: list[socket.socket], demo: bool) -> int:
+async def run_router(settings: Settings, sockets: list[socket.socket], demo: bool,
+                     front_sockets: list[socket.socket] = ()) -> int:
     from .server import create_app
 
     loop = asyncio.get_running_loop()
@@ -122,6 +134,8 @@ async def run_router(settings: Settings, sockets: list[socket.socket], demo: boo
         return 2
     servers = [await loop.create_server(guard.protocol_factory(runner.server), sock=sock, backlog=BACKLOG)
                for sock in sockets]
+    # The Ollama/OpenAI front door, under the same connection cap (gpuq/front.py).
+    front = await start_front_door(settings, runner.app, front_sockets, guard)
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
@@ -129,6 +143,10 @@ async def run_router(settings: Settings, sockets: list[socket.socket], demo: boo
              "connections)", settings.listen, settings.database, len(settings.nodes), file_limit,
              guard.max_connections)
     print(f"gpuq router: {settings.public_url}   queue page: {settings.public_url}/", flush=True)
+    if front is not None:
+        log.info("front door for Ollama and OpenAI clients on %s", front.url)
+        print(f"front door for Ollama and OpenAI clients:  export OLLAMA_HOST={front.url}   "
+              f"(OpenAI SDK: base_url=\"{front.url}/v1\")", flush=True)
     if fakes:
         nodes = ", ".join(f"{n.name} ({n.model}, {n.url})" for n in settings.nodes)
         print(f"demo mode: simulated Ollama nodes {nodes}", flush=True)
@@ -136,6 +154,8 @@ async def run_router(settings: Settings, sockets: list[socket.socket], demo: boo
               flush=True)
     await stop.wait()
     log.info("shutting down")
+    if front is not None:  # first: its waiting calls end (their jobs cancelled) while the store is open
+        await front.stop()
     for server in servers:
         server.close()  # no new connections; the runner's cleanup ends the open ones
     await runner.cleanup()
@@ -148,12 +168,13 @@ async def stop_fakes(fakes: list[FakeOllama]) -> None:
         await fake.stop()
 
 
-def run_daemon(settings: Settings | None, listen: str | None = None, database: str | None = None) -> int:
+def run_daemon(settings: Settings | None, listen: str | None = None, database: str | None = None,
+               ollama_listen: str | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s gpuq %(levelname)s %(message)s")
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     try:
-        return asyncio.run(serve(settings, listen, database))
+        return asyncio.run(serve(settings, listen, database, ollama_listen))
     except ConfigError as exc:
         print(f"gpuq: config error: {exc.message}", file=sys.stderr)
         return 2

@@ -20,6 +20,7 @@ from .params import merged_options
 from .ollama import OllamaClient, prompt_was_cut
 from .store import GuardMiss, Interrupted, NodeInfo, Store
 from .supervise import Loop, Loops
+from .translate import STREAMED_ROUTES, chunk_text, node_request
 
 log = logging.getLogger("gpuq")
 
@@ -34,6 +35,9 @@ MIN_REQUEST_S = 0.05  # the shortest limit given to one request to a node
 # With unload = "when-idle", the model a job leaves loaded for the next one of the same model.
 # Bounded, so a router that dies does not pin it forever; an idle node unloads it at once.
 KEEP_WARM = "10m"
+# A front-door generate's last chunk carries its whole token context (`context`), which may be
+# far past the reader's buffer; still bounded, so a broken node cannot fill the router's memory.
+FRONT_MAX_LINE = 16 << 20
 
 
 @dataclass
@@ -60,6 +64,8 @@ class NodeRuntime:
     since: float = field(default_factory=time.time)
     model_installed: bool | None = None
     installed: frozenset[str] | None = None  # the models /api/tags listed at the last answer
+    tags: list[dict] = field(default_factory=list)  # those models as /api/tags described them
+    version: str | None = None  # /api/version's answer at the last check
     vram_stuck: str | None = None  # set when a model would not leave VRAM
     stuck_model: str | None = None  # which model (a job may have asked for another than the node's)
     stuck_since: float | None = None  # when it was flagged
@@ -91,6 +97,10 @@ class Dispatcher:
         self.session: aiohttp.ClientSession | None = None
         self.nodes: dict[str, NodeRuntime] = {}
         self.loops = Loops()  # every background loop, supervised: a crash is logged and restarted
+        # Front-door calls whose client waits (gpuq/front.py): what their run sends it, in order:
+        # ("start", node), ("chunk", raw line, chunk), ("reply", object), ("error", status,
+        # message), ("ended", reason). The client's handler puts the queue here before its submit.
+        self.relays: dict[str, asyncio.Queue] = {}
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -113,6 +123,9 @@ class Dispatcher:
         orphans = await self.store.fail_orphans()
         for o in orphans:
             log.warning("job=%s node=%s state=failed reason=%r", o["id"], o["node"], "router restarted while running")
+        for o in await self.store.cancel_clientless():
+            log.warning("job=%s node=%s state=cancelled reason=%r", o["id"], o["node"],
+                        "client gone: the router restarted while it waited")
         for name, rt in self.nodes.items():
             rt.orphan_models = [o["model"] for o in orphans if o["node"] == name]
             rt.loops = [self.loops.start("health loop", lambda rt=rt: self._health_loop(rt), name),
@@ -161,10 +174,11 @@ class Dispatcher:
     async def check_node(self, rt: NodeRuntime) -> None:
         # Both questions at once: one round trip, not two, before a claim. A failure is
         # reported as the sequential check would: /api/version's first.
-        answers = await asyncio.gather(rt.client.version(), rt.client.installed(), return_exceptions=True)
+        answers = await asyncio.gather(rt.client.version(), rt.client.tags(), return_exceptions=True)
         failed = next((a for a in answers if isinstance(a, BaseException)), None)
         if failed is None:
-            installed, error = answers[1], None
+            rt.version, rt.tags = answers[0], answers[1]
+            installed, error = {normalize_model(m["name"]) for m in rt.tags}, None
         elif isinstance(failed, OllamaError):
             installed, error = None, failed.message
         else:
@@ -277,6 +291,7 @@ class Dispatcher:
             if cur.abort_reason is None:  # the router is shutting down
                 cur.task.cancel()
                 raise
+            self._tell(job["id"], "ended", cur.abort_reason)
             await self._after_abort(rt, job, cur)
             return None
         finally:
@@ -289,6 +304,17 @@ class Dispatcher:
         if timeout is not None and timeout < runtime:
             return timeout, "timeout"
         return runtime, "max_runtime"
+
+    def ended(self, job_ids: list[str], reason: str) -> None:
+        """Jobs a person ended (deleted, cleared): their waiting front-door clients hear why."""
+        for job_id in job_ids:
+            self._tell(job_id, "ended", reason)
+
+    def _tell(self, job_id: str, *item) -> None:
+        """Pass a front-door call's progress to its waiting client, if it still waits."""
+        relay = self.relays.get(job_id)
+        if relay is not None:
+            relay.put_nowait(item)
 
     async def _unload_warm(self, rt: NodeRuntime, job_id: str | None) -> bool:
         model, rt.warm_model = rt.warm_model, None
@@ -313,6 +339,7 @@ class Dispatcher:
         except Exception as exc:  # a bug, or a reply no check foresaw: this job fails, the worker goes on
             error = f"unexpected error in the router: {type(exc).__name__}: {exc}"
             log.exception("job=%s node=%s %s", job["id"], rt.name, error)
+            self._tell(job["id"], "error", 500, error)
             findings = None
         output, thinking = "".join(cur.output), "".join(cur.thinking) or None
         if error is None and await self._keep_warm(rt, job):
@@ -340,33 +367,48 @@ class Dispatcher:
             self._changed(job=job["id"], state=state)
 
     async def _work(self, rt: NodeRuntime, job: dict, cur: Current) -> tuple[list | None, str | None]:
-        """Generate the reply and record it; returns the findings (of a critique) and the error."""
+        """Generate the reply and record it; returns the findings (of a critique) and the error.
+        A front-door call's client hears of an error at once, with Ollama's status."""
         started = time.monotonic()
         limit_s, limit_name = self._limit_s(rt, job)
         critique = job["kind"] == "critique"
+        front = job.get("endpoint") is not None  # a call through the front door (gpuq/front.py)
         prompt = instruction(self.settings.critique_template, job["prompt"]) if critique else job["prompt"]
         think = json.loads(job["think"]) if job.get("think") is not None else rt.config.think
         options = merged_options(rt.config.options, json.loads(job["options"]) if job.get("options") else None)
         keep_alive = KEEP_WARM if self.settings.unload_for(rt.config) == "when-idle" else 0
         try:
             async with asyncio.timeout(limit_s):
-                stats = await self._generate(rt, job, cur, prompt, FINDINGS_SCHEMA if critique else None,
-                                             think, options, keep_alive)
+                if front:
+                    self._tell(job["id"], "start", rt.name)
+                    route, body = node_request(job["endpoint"], json.loads(job["request"])["body"],
+                                               rt.config.think, rt.config.options, keep_alive)
+                    options = body.get("options")
+                    stats = await self._call(rt, job, cur, route, body)
+                else:
+                    stats = await self._generate(rt, job, cur, prompt, FINDINGS_SCHEMA if critique else None,
+                                                 think, options, keep_alive)
         except TimeoutError:
-            return None, (f"{limit_name} fired: the job ran {time.monotonic() - started:.1f}s, "
-                          f"over its {limit_s:g}s limit; request aborted")
+            return None, self._told(job["id"], None, f"{limit_name} fired: the job ran "
+                                    f"{time.monotonic() - started:.1f}s, over its {limit_s:g}s limit; request aborted")
         except OllamaError as exc:
             if exc.status is None and "cannot connect" in exc.message:
                 await self._set_up(rt, False, exc.message)
             if exc.status == 503:  # Ollama's pending queue is full: another client keeps it busy
-                return None, (f"{exc.message} (HTTP 503: node {rt.name}'s Ollama is busy with other clients' "
-                              f"requests; this request never started, so `gpuq retry {job['id']}` is safe)")
-            return None, exc.message
+                return None, self._told(job["id"], 503, (
+                    f"{exc.message} (HTTP 503: node {rt.name}'s Ollama is busy with other clients' "
+                    f"requests; this request never started, so `gpuq retry {job['id']}` is safe)"))
+            return None, self._told(job["id"], exc.status, exc.message)
+        except GpuqError as exc:  # a stored request this gpuq cannot read (written by another version)
+            return None, self._told(job["id"], 400, f"cannot run the stored request: {exc.message}")
         output, thinking = "".join(cur.output), "".join(cur.thinking) or None
         await self._record(job["id"], "end of stream",
                            lambda: self.store.work_done(cur.run_id, output, stats, thinking))
-        await self._warn_if_prompt_filled_context(rt, job, stats, options)
-        if stats.get("done_reason") == "length":  # cut at num_predict or the context: loudly
+        if job["kind"] != "embed":  # an embedding's prompt_eval_count sums all its inputs
+            await self._warn_if_prompt_filled_context(rt, job, stats, options)
+        # A front-door client that set its limit is told done_reason "length", as Ollama tells it:
+        # its job is done. gpuq's own jobs fail loudly instead.
+        if stats.get("done_reason") == "length" and not front:
             return None, "reply cut off at the token limit (done_reason length); output kept, `gpuq retry` to run it again"
         if not critique:
             return None, None
@@ -374,6 +416,11 @@ class Dispatcher:
             return parse_findings(output), None
         except FindingsError as exc:
             return None, f"the model's reply does not match the findings schema: {exc}; raw reply kept as output"
+
+    def _told(self, job_id: str, status: int | None, error: str) -> str:
+        """A run's error, passed to its waiting front-door client (if any) first."""
+        self._tell(job_id, "error", status, error)
+        return error
 
     async def _generate(self, rt: NodeRuntime, job: dict, cur: Current, prompt: str, fmt,
                         think: bool | str | None, options: dict | None, keep_alive: int | str) -> dict:
@@ -395,6 +442,42 @@ class Dispatcher:
                 try:
                     await self.store.heartbeat(cur.run_id, "".join(cur.output), "".join(cur.thinking) or None)
                 except StoreUnavailable as exc:  # progress is a hint; the tokens stay in memory
+                    log.warning("job=%s heartbeat not recorded: %s", job["id"], exc.message)
+        raise OllamaError("Ollama's stream ended without done: true")
+
+    async def _call(self, rt: NodeRuntime, job: dict, cur: Current, route: str, body: dict) -> dict:
+        """Run a front-door call on the node and relay what it answers, chunk by chunk as Ollama
+        sent it; keep the answer, the reasoning and any tool calls as the job's output."""
+        if route not in STREAMED_ROUTES:  # an embedding: one answer
+            reply = await rt.client.post(route, body)
+            vectors = reply.get("embeddings") if isinstance(reply, dict) else None
+            if vectors is None and isinstance(reply, dict) and "embedding" in reply:
+                vectors = [reply["embedding"]]
+            dims = len(vectors[0]) if vectors else 0
+            cur.output.append(f"{len(vectors or [])} embedding(s) of {dims} dimensions (the vectors went to the client)")
+            self._tell(job["id"], "reply", reply)
+            return {k: reply.get(k) for k in ("prompt_eval_count", "total_duration", "load_duration")} \
+                if isinstance(reply, dict) else {}
+        last_beat = time.monotonic()
+        async for raw, chunk in rt.client.stream(route, body, max_line=FRONT_MAX_LINE):
+            self._tell(job["id"], "chunk", raw, chunk)
+            text, thought, calls = chunk_text(chunk)
+            if thought:
+                cur.thinking.append(thought)
+                self.bus.publish("tokens", {"id": job["id"], "run_id": cur.run_id, "thinking": thought})
+            for call in calls:  # shown with the answer on the job's page
+                function = call.get("function") or {}
+                text += f"\n[tool call {function.get('name')} {json.dumps(function.get('arguments'))}]"
+            if text:
+                cur.output.append(text)
+                self.bus.publish("tokens", {"id": job["id"], "run_id": cur.run_id, "text": text})
+            if chunk.get("done"):
+                return chunk
+            if time.monotonic() - last_beat >= HEARTBEAT_S:
+                last_beat = time.monotonic()
+                try:
+                    await self.store.heartbeat(cur.run_id, "".join(cur.output), "".join(cur.thinking) or None)
+                except StoreUnavailable as exc:
                     log.warning("job=%s heartbeat not recorded: %s", job["id"], exc.message)
         raise OllamaError("Ollama's stream ended without done: true")
 

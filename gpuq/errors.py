@@ -48,6 +48,22 @@ class Unprocessable(GpuqError):
     status = 422
 
 
+class ModelMissing(Unprocessable):
+    """No node that may take the job has its model (the front door answers as Ollama: 404)."""
+
+    def __init__(self, message: str, model: str):
+        super().__init__(message)
+        self.model = model
+
+
+class FrontError(GpuqError):
+    """A front-door refusal or failure with its own status and an OpenAI error `code`."""
+
+    def __init__(self, status: int, message: str, code: str | None = None):
+        super().__init__(message, status)
+        self.code = code
+
+
 class StoreUnavailable(GpuqError):
     """The database refused a write (locked past the busy timeout, disk full, read-only)."""
 

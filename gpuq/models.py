@@ -17,6 +17,7 @@ class JobState(str, Enum):
 class Kind(str, Enum):
     TASK = "task"  #: long work, to the first free task node by rank
     CRITIQUE = "critique"  #: a review, fanned out to every critique node
+    EMBED = "embed"  #: an embedding through the front door, placed as a task
 
 
 ACTIVE = (JobState.QUEUED.value, JobState.RUNNING.value)

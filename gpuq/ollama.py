@@ -10,7 +10,6 @@ import json
 from typing import Any, AsyncIterator
 
 import aiohttp
-from aiohttp.http_exceptions import LineTooLong
 
 from .errors import OllamaError
 from .models import normalize_model
@@ -104,20 +103,37 @@ class OllamaClient:
             raise self._wrong(f"/api/version without a 'version' string: {_snippet(data)}")
         return data["version"]
 
-    async def _model_names(self, path: str, timeout_s: float = 10.0) -> set[str]:
-        """The names in a {"models": [{"name": ...}]} list (/api/tags, /api/ps)."""
+    async def _models(self, path: str, timeout_s: float = 10.0) -> list[dict]:
+        """The entries of a {"models": [{"name": ...}]} list (/api/tags, /api/ps), as sent."""
         models = (await self._object(path, timeout_s)).get("models")
         if models is None:  # Go encodes an empty list as null
-            return set()
+            return []
         if not isinstance(models, list):
             raise self._wrong(f"{path} whose 'models' is a JSON {json_type(models)}, not an array")
         for m in models:
             if not isinstance(m, dict) or not isinstance(m.get("name"), str):
                 raise self._wrong(f"an {path} entry without a 'name' string: {_snippet(m)}")
-        return {normalize_model(m["name"]) for m in models}
+        return models
+
+    async def _model_names(self, path: str, timeout_s: float = 10.0) -> set[str]:
+        return {normalize_model(m["name"]) for m in await self._models(path, timeout_s)}
+
+    async def tags(self) -> list[dict]:
+        """/api/tags' models as the node describes them (names, details, capabilities)."""
+        return await self._models("/api/tags")
 
     async def installed(self) -> set[str]:
         return await self._model_names("/api/tags")
+
+    async def ps(self, timeout_s: float = 10.0) -> list[dict]:
+        """/api/ps' models as the node describes them."""
+        return await self._models("/api/ps", timeout_s)
+
+    async def post(self, path: str, body: dict, timeout_s: float | None = None) -> Any:
+        """One JSON request and its JSON answer (/api/show, /api/embed), within `timeout_s`
+        (default: load_timeout, as a cold load comes first); an error status raises OllamaError
+        with Ollama's message and status."""
+        return await self._request("POST", path, body, timeout_s if timeout_s is not None else self.load_timeout_s)
 
     async def loaded(self, timeout_s: float = 10.0) -> set[str]:
         """Models /api/ps lists (in VRAM, loading, or still stopping)."""
@@ -155,7 +171,14 @@ class OllamaClient:
             body["think"] = think
         if options:
             body["options"] = options
-        url = self.base_url + "/api/chat"
+        async for _, chunk in self.stream("/api/chat", body):
+            yield chunk
+
+    async def stream(self, path: str, body: dict, max_line: int | None = None) -> AsyncIterator[tuple[bytes, dict]]:
+        """Stream /api/chat or /api/generate: each line as Ollama sent it, and parsed. The same
+        limits and failures as chat(); an error status keeps Ollama's status. A line may be
+        `max_line` bytes long (default: the reader's buffer limit)."""
+        url = self.base_url + path
         # A cold load of a large model sends nothing, not even headers, until the model is in
         # VRAM (minutes): the first line gets load_timeout, each line after it stall_timeout.
         # The limits are per read, never held across a `yield` (the consumer's own awaits must
@@ -173,26 +196,40 @@ class OllamaClient:
             async with resp:
                 if resp.status >= 400:
                     raise OllamaError(_message(await resp.text(), resp.status), resp.status)
+                # One read takes whatever has arrived (often many lines): one clock per read,
+                # not per line. A line still unfinished past the limit fails here, before it
+                # fills the router's memory.
+                limit = max_line or resp.content.get_read_buffer_limits()[1]
+                pending = b""
                 while True:
                     try:
                         async with asyncio.timeout_at(first_by if first else loop.time() + self.stall_timeout_s):
-                            raw = await self._read_line(resp)
+                            data = await resp.content.readany()
                     except TimeoutError:
                         raise self._late(first) from None
-                    if not raw:
+                    if data:
+                        first = False
+                        *lines, pending = (pending + data).split(b"\n")
+                    else:
+                        lines, pending = [pending], b""
+                    for raw in lines:
+                        if len(raw) > limit:
+                            raise self._wrong(f"a chat line longer than {limit} bytes, the most the router reads")
+                        line = raw.strip()
+                        if not line:
+                            continue
+                        try:
+                            chunk = json.loads(line)
+                        except (ValueError, RecursionError):
+                            raise self._wrong(f"a chat line that is not JSON: {line[:200]!r}") from None
+                        self._check_chunk(chunk, line)
+                        yield line, chunk
+                        if chunk.get("done"):
+                            return
+                    if len(pending) > limit:
+                        raise self._wrong(f"a chat line longer than {limit} bytes, the most the router reads")
+                    if not data:
                         break
-                    first = False
-                    line = raw.strip()
-                    if not line:
-                        continue
-                    try:
-                        chunk = json.loads(line)
-                    except (ValueError, RecursionError):
-                        raise self._wrong(f"a chat line that is not JSON: {line[:200]!r}") from None
-                    self._check_chunk(chunk, line)
-                    yield chunk
-                    if chunk.get("done"):
-                        return
             raise OllamaError("Ollama's stream ended without done: true")
         except aiohttp.ClientConnectorError as exc:
             raise OllamaError(f"cannot connect to {self.base_url}: {exc.os_error or exc}") from exc
@@ -207,16 +244,6 @@ class OllamaClient:
             return OllamaError(f"no reply from Ollama within load_timeout ({self.load_timeout_s:g}s): "
                                "the model did not load in time")
         return OllamaError(f"stalled: no bytes from Ollama for {self.stall_timeout_s:g}s")
-
-    async def _read_line(self, resp: aiohttp.ClientResponse) -> bytes:
-        """The next line of the stream (b"" at its end). A line longer than the reader's buffer
-        limit fails here, before it fills the router's memory; aiohttp says so with LineTooLong
-        (3.13) or a ValueError (some older releases)."""
-        try:
-            return await resp.content.readline()
-        except (LineTooLong, ValueError):
-            limit = resp.content.get_read_buffer_limits()[1]
-            raise self._wrong(f"a chat line longer than {limit} bytes, the most the router reads") from None
 
     def _check_chunk(self, chunk: Any, line: bytes) -> None:
         """Raise Ollama's {"error"} line as it is, and a chunk of the wrong shape naming what is wrong."""

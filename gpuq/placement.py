@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import Conflict, GuardRefused, Unprocessable
+from .errors import Conflict, GuardRefused, ModelMissing, Unprocessable
 from .models import normalize_model
 
 FIRST_FREE = "first free node by rank"
@@ -46,9 +46,14 @@ def _listed(node: NodeView) -> str:
     return ", ".join(sorted(node.models or ())) or "nothing"
 
 
-def _not_installed(model: str, node: NodeView) -> Unprocessable:
-    return Unprocessable(f"model '{model}' is not installed on node {node.name} (its Ollama lists: "
-                         f"{_listed(node)}); pull it there or choose another model")
+def _not_installed(model: str, node: NodeView) -> ModelMissing:
+    return ModelMissing(f"model '{model}' is not installed on node {node.name} (its Ollama lists: "
+                        f"{_listed(node)}); pull it there or choose another model", model)
+
+
+def role_of(kind: str) -> str:
+    """The node role that takes a job of this kind: an embedding runs where tasks run."""
+    return "critique" if kind == "critique" else "task"
 
 
 def _asked(nodes: list[NodeView], name: str, role: str, model: str | None = None) -> NodeView:
@@ -70,8 +75,8 @@ def _having(candidates: list[NodeView], model: str | None, role: str) -> list[No
         if len(candidates) == 1:
             raise _not_installed(model, candidates[0])  # type: ignore[arg-type]
         listed = "; ".join(f"{n.name}: {_listed(n)}" for n in candidates)
-        raise Unprocessable(f"model '{model}' is not installed on any {role} node ({listed}); "
-                            "pull it on one or choose another model")
+        raise ModelMissing(f"model '{model}' is not installed on any {role} node ({listed}); "
+                           "pull it on one or choose another model", model)  # type: ignore[arg-type]
     return having
 
 
@@ -115,15 +120,17 @@ def place_critique(
 
 def check_move(kind: str, target: NodeView | None, target_name: str, parent_node: str | None,
                model: str | None = None) -> None:
-    """May a queued job of this kind (that asked for `model`) move to that node's queue?"""
+    """May a queued job of this kind (that asked for `model`) move to that node's queue? A node
+    whose Ollama does not list the model refuses it (409: the job stays where it is)."""
     if target is None:
         raise Unprocessable(f"unknown node '{target_name}'")
-    if kind not in target.roles:
+    if role_of(kind) not in target.roles:
         raise Conflict(f"node '{target.name}' does not take {kind} jobs (its roles: {', '.join(target.roles)})")
     if kind == "critique" and target.name == parent_node:
         raise GuardRefused()
     if not target.may_have(model):
-        raise _not_installed(model, target)  # type: ignore[arg-type]
+        raise Conflict(f"model '{model}' is not installed on node {target.name} (its Ollama lists: "
+                       f"{_listed(target)}); the job stays where it is")
 
 
 def position_between(before: int | None, after: int | None, gap: int) -> int | None:

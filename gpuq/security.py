@@ -32,6 +32,9 @@ def router_hosts(settings: Settings) -> frozenset[str]:
     listen = normal_host(settings.host)
     public = normal_host(urlparse(settings.public_url).hostname or "")
     names = {*LOOPBACK_HOSTS, *settings.allowed_hosts, public, None if listen in WILDCARD_HOSTS else listen}
+    if settings.ollama_listen:  # the front door's own address (gpuq/front.py)
+        front = normal_host(settings.ollama_listen.rsplit(":", 1)[0].strip("[]"))
+        names.add(None if front in WILDCARD_HOSTS else front)
     return frozenset(names - {None})
 
 
@@ -59,7 +62,7 @@ def check_host(request: web.Request, allowed: frozenset[str]) -> None:
                                  "if it is really this router's name, add it to router.allowed_hosts in gpuq.toml")
 
 
-def _token_of(request: web.Request) -> str | None:
+def token_of(request: web.Request) -> str | None:
     header = request.headers.get("Authorization", "")
     if header.startswith("Bearer "):
         return header[len("Bearer "):].strip()
@@ -73,7 +76,7 @@ def check_token(request: web.Request, token: str | None) -> None:
     # files load without the token so the page can ask for it.
     if token is None or not (request.path.startswith("/api/") or request.path == "/metrics"):
         return
-    given = _token_of(request)
+    given = token_of(request)
     if given is None or not hmac.compare_digest(given.encode(), token.encode()):
         raise Unauthorized("missing or wrong token: send 'Authorization: Bearer <token>' "
                            "(the router's token is set in gpuq.toml or $GPUQ_TOKEN)")

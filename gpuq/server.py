@@ -221,7 +221,7 @@ async def submit(request: web.Request) -> web.Response:
     settings, store = request.app[SETTINGS], request.app[STORE]
     body = await json_body(request, {"kind", "prompt", "model", "node", "parent", "timeout", "think", "options"})
     kind = field_of(body, "kind", str, required=True)
-    if kind not in {k.value for k in Kind}:
+    if kind not in (Kind.TASK.value, Kind.CRITIQUE.value):  # embeddings come through the front door
         raise BadRequest(f"unknown kind '{kind[:40]}' (expected 'task' or 'critique')")
     prompt = field_of(body, "prompt", str)
     parent = field_of(body, "parent", str)
@@ -370,6 +370,7 @@ async def delete(request: web.Request) -> web.Response:
     app = request.app
     job, interrupted = await app[STORE].delete(job_id_of(request), actor_of(request))
     app[DISPATCHER].abort(interrupted, "deleted")
+    app[DISPATCHER].ended([job["id"]], "deleted")
     app[BUS].publish("queue", {"deleted": job["id"]})
     log.info("job=%s node=%s state=cancelled reason=deleted actor=%r", job["id"], job["node"], actor_of(request))
     return web.json_response({"job": {"id": job["id"], "node": job["node"], "state": "cancelled",
@@ -385,6 +386,7 @@ async def clear(request: web.Request) -> web.Response:
     running = field_of(body, "running", bool) or False
     ids, interrupted = await app[STORE].clear(name, actor_of(request), running=running)
     app[DISPATCHER].abort(interrupted, "cleared")
+    app[DISPATCHER].ended(ids, "cleared")
     app[BUS].publish("queue", {"cleared": name})
     for job_id in ids:
         log.info("job=%s node=%s state=cancelled reason=cleared actor=%r", job_id, name, actor_of(request))
@@ -407,7 +409,7 @@ async def history(request: web.Request) -> web.Response:
     if state and state not in FINAL_STATES:
         raise BadRequest(f"unknown state '{state[:40]}' (finished jobs are done, failed or cancelled)")
     if kind and kind not in {k.value for k in Kind}:
-        raise BadRequest(f"unknown kind '{kind[:40]}' (expected 'task' or 'critique')")
+        raise BadRequest(f"unknown kind '{kind[:40]}' (expected {', '.join(repr(k.value) for k in Kind)})")
     if node and not NODE_NAME.fullmatch(node):
         raise BadRequest(f"'{node[:64]}' is not a node name")
     if text and len(text) > 200:

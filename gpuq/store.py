@@ -36,7 +36,7 @@ T = TypeVar("T")
 # single job's read (/api/jobs/{id}) adds the whole prompt.
 LISTING_COLUMNS = """j.id, j.kind, j.state, j.node, j.model, j.parent_id, j.group_id,
     j.position, j.placement, j.run_id, j.error, j.findings, j.timeout_s, j.created_at, j.finished_at,
-    j.think, j.options, j.prompt_excerpt, j.prompt_bytes,
+    j.think, j.options, j.endpoint, j.prompt_excerpt, j.prompt_bytes,
     r.started_at, r.progress_at, r.work_done_at, r.eval_count, r.prompt_eval_count,
     r.eval_duration_ns, r.total_duration_ns, r.done_reason,
     (SELECT COUNT(*) FROM run p WHERE p.job_id = j.id AND p.state = 'preempted') AS preempted_runs,
@@ -92,6 +92,11 @@ class NewJob:
     timeout_s: float | None = None
     think: bool | str | None = None  # Ollama's think; None: the node's default
     options: dict | None = None  # Ollama model options, over the node's
+    # A front-door call (gpuq/front.py): the route it came in on, the request as received
+    # (JSON text), and the id its client chose, so that it can follow the job from the start.
+    endpoint: str | None = None
+    request: str | None = None
+    job_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,12 @@ class Interrupted:
     job_id: str
     node: str
     run_id: int
+
+
+class IdTaken(GpuqError):
+    """A client-chosen job id collided with one in the table (its chooser picks another)."""
+
+    status = 409
 
 
 class GuardMiss(GpuqError):
@@ -434,6 +445,8 @@ class Store:
             "SELECT id, kind, state, node, model FROM job WHERE parent_id = ? ORDER BY created_at, id",
             (job_id,),
         )
+        if job.get("endpoint"):  # a front-door call: the request as received, for forensics
+            job["request"] = (await self.read("SELECT request FROM job WHERE id = ?", (job_id,)))[0]["request"]
         job["output"] = job["runs"][-1]["output"] if job["runs"] else ""
         job["thinking"] = job["runs"][-1]["thinking"] if job["runs"] else None
         if job["state"] == JobState.QUEUED.value:
@@ -682,7 +695,7 @@ class Store:
                 "SELECT node, SUM(state = 'running'), SUM(state = 'queued') FROM job"
                 " WHERE state IN ('queued', 'running') GROUP BY node")}
         views = Store._views(nodes, counts)
-        if new.kind == "task":
+        if new.kind != "critique":  # a task, or an embedding (placed as a task)
             placements = [rules.place_task(views, new.node, new.model)]
         else:  # the guard is judged here, first, whatever state the parent is in
             placements = rules.place_critique(views, parent_node, new.node, new.model)
@@ -696,7 +709,9 @@ class Store:
         at = iso(now)
         created = []
         for p in placements:
-            job_id = _unused_id(db, now)
+            job_id = new.job_id or _unused_id(db, now)
+            if new.job_id and db.execute("SELECT 1 FROM job WHERE id = ?", (job_id,)).fetchone():
+                raise IdTaken(f"job id {job_id} is taken")
             if new.kind == "critique" and group is None:
                 group = job_id
             tail = db.execute("SELECT MAX(position) FROM job WHERE node = ? AND state = 'queued'",
@@ -705,11 +720,12 @@ class Store:
             model = new.model or by_name[p.node].model
             db.execute(
                 "INSERT INTO job (id, kind, node, model, model_pinned, prompt, parent_id, group_id,"
-                " position, placement, timeout_s, created_at, subject_from_parent, think, options)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                " position, placement, timeout_s, created_at, subject_from_parent, think, options,"
+                " endpoint, request) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (job_id, new.kind, p.node, model, int(new.model is not None), prompt, new.parent,
                  group, position, p.reason, new.timeout_s, at, int(from_parent),
-                 None if new.think is None else dumps(new.think), None if new.options is None else dumps(new.options)),
+                 None if new.think is None else dumps(new.think), None if new.options is None else dumps(new.options),
+                 new.endpoint, new.request),
             )
             waiting_for = new.parent if from_parent and parent["state"] != "done" else None
             held = f"; waiting for parent {waiting_for}" if waiting_for else ""
@@ -817,6 +833,19 @@ class Store:
             return rows
         return await self._write(fail_orphans_in)
 
+    async def cancel_clientless(self) -> list[Row]:
+        """At start-up: a front-door call still waiting lost its client with the old router (its
+        connection is gone). It would run for no one: cancel it, loudly; `gpuq retry` runs it."""
+        now = self.clock()
+        reason = "client gone: the router restarted while it waited (gpuq retry runs it, its output on its page)"
+
+        def cancel_in(db: sqlite3.Connection) -> list[Row]:
+            rows = _rows(db.execute("SELECT * FROM job WHERE state = 'queued' AND endpoint IS NOT NULL").fetchall())
+            for job in rows:
+                _cancel(db, job, "router", reason, now)
+            return rows
+        return await self._write(cancel_in)
+
     # -- the user's verbs: each one transaction, checked against the job's state inside it ----
 
     async def move(self, job_id: str, nodes: list[NodeInfo], actor: str, *, position: int | None = None,
@@ -894,15 +923,15 @@ class Store:
             return dict(job, position=1), Interrupted(victim, node, run_id)
         return await self._write(preempt_in)
 
-    async def delete(self, job_id: str, actor: str) -> tuple[Row, Interrupted | None]:
-        """A queued or running job is cancelled with reason 'deleted'; its rows stay."""
+    async def delete(self, job_id: str, actor: str, reason: str = "deleted") -> tuple[Row, Interrupted | None]:
+        """A queued or running job is cancelled with the reason ('deleted'); its rows stay."""
         now = self.clock()
 
         def delete_in(db: sqlite3.Connection) -> tuple[Row, Interrupted | None]:
             job = _job_for_update(db, job_id)
             if job["state"] not in ACTIVE:
                 raise Conflict(f"job {job_id} is already {job['state']}; only queued or running jobs can be deleted")
-            return dict(job, state="cancelled"), _cancel(db, job, actor, "deleted", now)
+            return dict(job, state="cancelled"), _cancel(db, job, actor, reason, now)
         return await self._write(delete_in)
 
     async def clear(self, node: str, actor: str, running: bool = False) -> tuple[list[str], Interrupted | None]:
@@ -959,7 +988,9 @@ def job_json(row: Row, public_url: str) -> Row:
         "run_id": row.get("run_id"), "preview_url": f"{public_url}/jobs/{row['id']}",
         "waiting_for": row.get("waiting_for"),  # a held critique: the parent it waits for
     }
-    for key in ("findings", "think", "options"):  # JSON columns
+    if row.get("endpoint"):
+        out["endpoint"] = row["endpoint"]
+    for key in ("findings", "think", "options", "request"):  # JSON columns
         if row.get(key) is not None:
             out[key] = json.loads(row[key])
     for key in ("prompt", "output", "thinking", "runs", "events", "children", "queue_position"):

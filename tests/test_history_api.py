@@ -12,7 +12,7 @@ from gpuq.models import iso
 
 @pytest.mark.parametrize("query,message", [
     ("state=queued", "unknown state 'queued' (finished jobs are done, failed or cancelled)"),
-    ("kind=essay", "unknown kind 'essay' (expected 'task' or 'critique')"),
+    ("kind=essay", "unknown kind 'essay' (expected 'task', 'critique', 'embed')"),
     ("node=no/such", "'no/such' is not a node name"),
     ("limit=0", "query parameter 'limit' must be a whole number from 1 to 500, got '0'"),
     ("offset=-1", "query parameter 'offset' must be a whole number from 0 to 10000000, got '-1'"),

@@ -155,7 +155,11 @@ def test_the_guard_is_judged_before_anything_else_about_the_asked_node():
 
 def test_a_pinned_model_cannot_move_to_a_node_without_it():
     target = node("b", 2, models=frozenset({"mistral:latest"}))
-    with pytest.raises(Unprocessable):
+    with pytest.raises(Conflict) as exc:  # 409, as the front door's issue asks: the job stays put
         check_move("task", target, "b", None, model="qwen3")
+    assert exc.value.message == ("model 'qwen3' is not installed on node b (its Ollama lists: "
+                                 "mistral:latest); the job stays where it is")
+    with pytest.raises(Conflict):
+        check_move("embed", target, "b", None, model="qwen3")
     check_move("task", target, "b", None, model="Mistral")
     check_move("task", target, "b", None, model=None)

@@ -269,6 +269,10 @@ function facts(job) {
     fact('Tokens/s', '–', {id: 'f-rate'}),
     fact('Runs', `${runs.length}${job.preempted_runs ? ` (${job.preempted_runs} preempted)` : ''}`),
   ].filter(Boolean);
+  if (job.endpoint) {  // a call through the front door: its route and client
+    const agent = job.request && job.request.user_agent;
+    items.push(fact('Via', el('span', {className: 'mono', text: job.endpoint, title: agent || ''})));
+  }
   if (job.timeout_s) items.push(fact('Timeout', fmtDur(job.timeout_s)));
   if (job.parent) items.push(fact('Parent task', el('a', {className: 'mono', href: jobHref(job.parent), text: job.parent})));
   if (job.group) items.push(fact('Fan-out group', el('span', {className: 'mono', text: job.group})));

@@ -295,6 +295,10 @@ function badges(job) {
     out.push(badge(job.preempted_runs > 1 ? `preempted ×${job.preempted_runs}` : 'preempted', 'preempted',
       `this job was interrupted ${job.preempted_runs} time${job.preempted_runs > 1 ? 's' : ''} by a preemption and runs again from the start`));
   }
+  if (job.endpoint) {  // a call through the front door; its client waits for it
+    out.push(badge(job.endpoint.startsWith('/v1/') ? 'openai' : 'ollama', 'via',
+      `a client's ${job.endpoint} call through the front door; it waits for this job (deleting it ends the call)`));
+  }
   if (job.waiting_for) {
     out.push(badge(`waiting for parent ${job.waiting_for}`, 'held',
       'held: this critique reviews its parent task\'s result, so it runs once the parent is done; the jobs behind it do not wait for it'));
@@ -596,7 +600,7 @@ board.addEventListener('dragstart', (e) => {
   requestAnimationFrame(() => { if (S.dragging && S.dragging.card === card) card.classList.add('dragging'); });
   document.body.classList.add('is-dragging');
   for (const n of (S.queue ? S.queue.nodes : [])) {
-    if (!n.roles.includes(card.dataset.kind)) {
+    if (!n.roles.includes(roleOf(card.dataset.kind))) {
       const col = board.querySelector(`.col[data-node="${CSS.escape(n.name)}"]`);
       if (col) col.classList.add('no-drop');
     }
@@ -646,10 +650,15 @@ window.addEventListener('pointercancel', released);
 
 // -- keys -------------------------------------------------------------------------------------
 
+// The node role that takes a kind of job: an embedding (from the front door) runs as a task.
+function roleOf(kind) {
+  return kind === 'critique' ? 'critique' : 'task';
+}
+
 function neighbourNode(name, step, kind) {
   const nodes = S.queue ? S.queue.nodes : [];
   for (let i = nodes.findIndex((n) => n.name === name) + step; i >= 0 && i < nodes.length; i += step) {
-    if (nodes[i].roles.includes(kind)) return nodes[i].name;
+    if (nodes[i].roles.includes(roleOf(kind))) return nodes[i].name;
   }
   return null;
 }

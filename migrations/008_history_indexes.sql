@@ -1,4 +1,4 @@
--- 007_history_indexes: start estimates, the history view and the busy strips read recent
+-- 008_history_indexes: start estimates, the history view and the busy strips read recent
 -- history by these indexes, so their cost follows what they show, not the jobs ever run.
 
 -- The last 20 done runs of a node (and of a node's model): the basis of eta_start/eta_finish.

@@ -1,4 +1,4 @@
--- 006_alerts: gpuq tells the person when the queue is stuck (a stale head, a node with waiting
+-- 007_alerts: gpuq tells the person when the queue is stuck (a stale head, a node with waiting
 -- jobs down, a model that will not leave VRAM) and again when it recovers. One `alert` row per
 -- firing, open until the condition ends; one `alert_delivery` row per attempt to notify
 -- router.alert_url, delivered or not. A firing's two notices (firing, resolved) are each sent

@@ -1,0 +1,178 @@
+"""The front door's rows (issue 14), each beside the same call made straight to the simulator in
+the same run: the first token through `router.ollama_listen` minus direct on an idle node, and
+the tokens per second relayed to 1 and to 20 concurrent clients (20 nodes of one model, so each
+client's job runs at once on a node of its own) at a real GPU's pace and unpaced."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import time
+from typing import TYPE_CHECKING
+
+import aiohttp
+
+from gpuq.dispatcher import UNLOAD_FRESH_S
+
+from .procs import Fakes, Router, free_port, node_table
+
+if TYPE_CHECKING:
+    from .run import Bench
+
+MODEL = "qwen3-coder:30b"
+CLIENTS = 20
+PACE_S = 0.005  # 200 tokens/s per stream: a fast GPU on a small model
+
+
+async def _stream(session: aiohttp.ClientSession, url: str, prompt: str) -> tuple[float, list[float]]:
+    """POST /api/chat streamed; (when it was sent, the arrival time of each token)."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "stream": True}
+    arrivals = []
+    sent = time.monotonic()
+    async with session.post(url + "/api/chat", json=body) as resp:
+        assert resp.status == 200, await resp.text()
+        async for raw in resp.content:
+            line = raw.strip()
+            if not line:
+                continue
+            chunk = json.loads(line)
+            if "error" in chunk:
+                raise RuntimeError(f"stream failed: {chunk['error']}")
+            if chunk.get("message", {}).get("content"):
+                arrivals.append(time.monotonic())
+    return sent, arrivals
+
+
+def cpu_s(pid: int) -> float:
+    """A process's CPU time so far (user + system), from /proc: what the relay costs, whatever
+    else the machine is doing (its rate depends on how often the router gets a core)."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _rate(arrivals: list[float]) -> float:
+    return (len(arrivals) - 1) / (arrivals[-1] - arrivals[0])
+
+
+async def _idle(session: aiohttp.ClientSession, router: Router, limit_s: float = 60.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        async with session.get(router.url + "/api/queue?limit=0") as resp:
+            body = await resp.json()
+        if all(n["queued_count"] == 0 and n["running"] is None for n in body["nodes"]):
+            return
+        await asyncio.sleep(0.05)
+    raise RuntimeError(f"the router's nodes did not drain within {limit_s}s")
+
+
+async def front_section(bench: "Bench") -> None:
+    nodes = {f"f{i:02d}": MODEL for i in range(1, CLIENTS + 1)}
+    fakes = await Fakes(nodes, bench.workdir / "front-fakes.log").start()
+    port = free_port()
+    table = [node_table(name, fakes.urls[name], rank, MODEL, roles=("task",)) for rank, name in enumerate(nodes, 1)]
+    router = await Router(bench.workdir, table, bench.workdir / "front.db", ollama_listen=f"127.0.0.1:{port}").start()
+    front_url = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+            await _wait_front(session, front_url, len(nodes))
+            await first_token(bench, session, fakes, router, front_url)
+            for paced in (True, False):
+                await relay_rates(bench, session, fakes, router, front_url, paced)
+    finally:
+        await router.stop()
+        await fakes.stop()
+
+
+async def _wait_front(session: aiohttp.ClientSession, url: str, models_from: int) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            async with session.get(url + "/api/tags") as resp:
+                if resp.status == 200 and (await resp.json())["models"]:
+                    await asyncio.sleep(0.5)  # every node's first health check
+                    return
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.05)
+    raise RuntimeError("the front door did not answer within 30s")
+
+
+async def first_token(bench: "Bench", session, fakes: Fakes, router: Router, front_url: str) -> None:
+    through = bench.metric("front_ttft", "front door: first token, POST /api/chat (a job), idle node", "ms", "ms")
+    direct = bench.metric("front_ttft_direct", "  the same call straight to the simulator", "ms", "ms")
+    overhead = bench.metric("front_ttft_overhead", "front door: first-token overhead (minus direct, paired)",
+                            "ms", "ms", "p50 <= 2 ms")
+    pairs = 10 if bench.quick else 20
+    node = "f01"  # the first free node by rank takes every call of an idle lab
+    await fakes.call("script", node, tokens=4, delay=0)
+    await _stream(session, fakes.urls[node], "warm")
+    await _stream(session, front_url, "warm")
+    for rep in range(bench.repeats):
+        g_run, d_run, o_run, parts = [], [], [], {}
+        await fakes.call("reset", node)
+        for _ in range(pairs):
+            await _idle(session, router)
+            await asyncio.sleep(UNLOAD_FRESH_S + 0.05)  # a quiet lab: the node is health-checked first
+            sent, arrivals = await _stream(session, fakes.urls[node], "hello")
+            d = (arrivals[0] - sent) * 1000
+            sent, arrivals = await _stream(session, front_url, "hello")
+            g = (arrivals[0] - sent) * 1000
+            d_run.append(d)
+            g_run.append(g)
+            o_run.append(g - d)
+            log = await fakes.log(node, since=sent)
+            chat = [e for e in log if e[3] and sent <= e[1] <= arrivals[0]]
+            if chat:  # where the time goes, cut at what the node saw (both clocks are monotonic)
+                bench.segments("front_ttft", [("call sent", sent), *bench.fake_points(log, sent, chat[0][1]),
+                                              ("chat request arrives", chat[0][1]),
+                                              ("first token at client", arrivals[0])], parts)
+        through.add_run(g_run)
+        direct.add_run(d_run)
+        overhead.add_run(o_run)
+        bench.add_segments("front_ttft", parts)
+        bench.say(f"front first-token run {rep + 1}/{bench.repeats}: front {statistics.median(g_run):.2f} ms,"
+                  f" direct {statistics.median(d_run):.2f} ms")
+
+
+async def relay_rates(bench: "Bench", session, fakes: Fakes, router: Router, front_url: str, paced: bool) -> None:
+    pace = f"{1 / PACE_S:.0f} tokens/s per stream" if paced else "unpaced"
+    tokens = (300 if bench.quick else 600) if paced else (1000 if bench.quick else 3000)
+    names = list(fakes.urls)
+    for name in names:
+        await fakes.call("script", name, tokens=tokens, delay=PACE_S if paced else 0)
+    suffix = "" if paced else "_unpaced"
+    for clients in (1, CLIENTS):
+        rate_d = bench.metric(f"front_rate_{clients}{suffix}_direct",
+                              f"  straight to the simulator, {clients} client(s), {pace}", "tokens/s", "rate")
+        rate_f = bench.metric(f"front_rate_{clients}{suffix}",
+                              f"front door: tokens/s relayed to {clients} client(s), {pace}", "tokens/s", "rate")
+        ratio = bench.metric(f"front_rate_{clients}{suffix}_ratio",
+                             f"front door / direct, {clients} client(s), {pace} (same run)", "ratio", "ratio",
+                             ">= 0.95x" if paced else "")
+        cost = bench.metric(f"front_cpu_{clients}{suffix}",
+                            f"  router CPU per relayed token, {clients} client(s), {pace} (submit to last token)", "us", "ms")
+        for rep in range(bench.repeats):
+            d = await _aggregate(session, [fakes.urls[n] for n in names[:clients]], "relay")
+            await _idle(session, router)
+            cpu = cpu_s(router.pid)
+            f = await _aggregate(session, [front_url] * clients, "relay")
+            cost.add_run((cpu_s(router.pid) - cpu) / (tokens * clients) * 1e6)
+            await _idle(session, router)
+            rate_d.add_run(d)
+            rate_f.add_run(f)
+            ratio.add_run(f / d)
+            bench.say(f"front relay {clients} client(s) {pace} run {rep + 1}/{bench.repeats}: "
+                      f"front {f:,.0f} tokens/s, direct {d:,.0f} tokens/s ({f / d:.3f}x)")
+
+
+async def _aggregate(session, urls: list[str], prompt: str) -> float:
+    """Every client's tokens from the first token any client got to the last any got."""
+    results = await asyncio.gather(*(_stream(session, url, f"{prompt} {i}") for i, url in enumerate(urls)))
+    firsts = [a[0] for _, a in results]
+    lasts = [a[-1] for _, a in results]
+    count = sum(len(a) for _, a in results)
+    if len(urls) == 1:
+        return _rate(results[0][1])
+    return (count - len(urls)) / (max(lasts) - min(firsts))

@@ -1,0 +1,587 @@
+"""The front door: a second listener (`[router] ollama_listen`) that answers as an Ollama server
+does, its OpenAI-compatible /v1 routes included, so that any Ollama or OpenAI client can use the
+lab unchanged. Every call that makes a model work is a durable job: stored before any work,
+placed by its model, queued, visible, movable; its client's connection is held while it waits
+and its chunks are relayed as the node sends them. Translations live in gpuq/translate.py."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import socket
+import time
+from typing import Any
+
+from aiohttp import web
+
+from . import translate as tr
+from .bus import Bus
+from .config import Settings
+from .connections import BACKLOG, bind_sockets
+from .dispatcher import Dispatcher
+from .errors import (
+    BadRequest, Conflict, FrontError, GpuqError, ModelMissing, NotFound, OllamaError, StartupError,
+    StoreUnavailable,
+)
+from .models import new_job_id, normalize_model
+from .security import check_host, check_same_site, router_hosts, token_of
+from .store import IdTaken, NewJob, Store
+
+log = logging.getLogger("gpuq")
+
+FRONT = web.AppKey("front", "Front")
+STATE_CHECK_S = 1.0  # a waiting call rereads its job this often when nothing arrives (a safety net)
+KEEPALIVE_S = 10.0  # an OpenAI stream that waits gets an SSE comment this often
+LISTING_TIMEOUT_S = 3.0  # /api/ps and /api/show ask the nodes; a slow node is left out of /api/ps
+NOT_SERVED = ("/api/pull", "/api/push", "/api/create", "/api/delete", "/api/copy", "/api/blobs")
+
+
+class Front:
+    """What the front door's handlers share: the router's store, dispatcher and bus."""
+
+    def __init__(self, settings: Settings, store: Store, dispatcher: Dispatcher, bus: Bus):
+        self.settings = settings
+        self.store = store
+        self.dispatcher = dispatcher
+        self.bus = bus
+        self.closing = False
+
+    def nodes_by_rank(self):
+        return sorted(self.dispatcher.nodes.values(), key=lambda rt: rt.config.rank)
+
+    def preview_url(self, job_id: str) -> str:
+        return f"{self.settings.public_url}/jobs/{job_id}"
+
+    async def cancel(self, job_id: str, reason: str, actor: str) -> None:
+        """End a call's job because its client is gone: as a delete, with the reason."""
+        try:
+            job, interrupted = await self.store.delete(job_id, actor, reason=reason)
+        except (Conflict, NotFound):
+            return  # it ended on its own meanwhile
+        except StoreUnavailable as exc:
+            log.error("job=%s could not be cancelled (%s): %s", job_id, reason, exc.message)
+            return
+        self.dispatcher.abort(interrupted, reason)
+        self.bus.publish("queue", {"deleted": job_id})
+        log.info("job=%s node=%s state=cancelled reason=%r actor=%r", job_id, job["node"], reason, actor)
+
+
+# -- errors, access --------------------------------------------------------------------------
+
+def is_openai(request: web.Request) -> bool:
+    return request.path.startswith("/v1/")
+
+
+def error_response(request: web.Request, status: int, message: str, code: str | None = None,
+                   headers: dict | None = None) -> web.Response:
+    """An error in the shape of the caller's API; an OpenAI client is told not to retry it
+    (x-should-retry): nothing is retried silently, the SDK's retries included."""
+    if is_openai(request):
+        headers = {**(headers or {}), "x-should-retry": "false"}
+        return web.json_response(tr.openai_error(status, message, code), status=status, headers=headers,
+                                 dumps=tr.dumps)
+    return web.json_response(tr.ollama_error(message), status=status, headers=headers, dumps=tr.dumps)
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler):
+    try:
+        return await handler(request)
+    except FrontError as exc:
+        return error_response(request, exc.status, exc.message, exc.code)
+    except GpuqError as exc:
+        return error_response(request, exc.status, exc.message)
+    except web.HTTPRequestEntityTooLarge as exc:
+        return error_response(request, 413, f"request body too large: {exc.text}")
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        if exc.status == 405:
+            return error_response(request, 405, f"405 method not allowed: {request.method} {request.path}")
+        if exc.status == 404:
+            return error_response(request, 404, f"404 page not found: gpuq's front door has no route "
+                                                f"{request.method} {request.path}")
+        return error_response(request, exc.status, exc.reason)
+    except Exception:
+        log.exception("unexpected error on the front door: %s %s", request.method, request.path)
+        return error_response(request, 500, "internal error in the gpuq router; see its log")
+
+
+def access_middleware(settings: Settings):
+    """The router's own rules: its host names only (no DNS rebinding), no state changes from
+    other sites, and its token when one is set (Bearer, as the OpenAI SDK's api_key sends it),
+    on every route but `/` ("Ollama is running", which clients probe)."""
+    allowed = router_hosts(settings)
+
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        check_host(request, allowed)
+        check_same_site(request)
+        token = settings.token
+        if token is not None and request.path != "/":
+            given = token_of(request)
+            if given is None or not hmac.compare_digest(given.encode(), token.encode()):
+                raise FrontError(401, "missing or wrong token: this gpuq front door needs 'Authorization: Bearer "
+                                      "<token>' (OpenAI SDK: api_key=<token>; ollama: "
+                                      "headers={'Authorization': 'Bearer <token>'})", "invalid_api_key")
+        return await handler(request)
+    return middleware
+
+
+async def json_of(request: web.Request) -> dict:
+    raw = await request.read()
+    if not raw:
+        raise BadRequest("missing request body")
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise BadRequest("request body is not valid UTF-8") from None
+    except RecursionError:
+        raise BadRequest("malformed JSON: nested too deeply") from None
+    except ValueError as exc:
+        raise BadRequest(f"invalid character in JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest(f"expected a JSON object, got {tr._go_type(body)}")
+    return body
+
+
+# -- what the nodes have -----------------------------------------------------------------------
+
+def _version_key(text: str) -> tuple:
+    parts = []
+    for piece in text.split("-")[0].split("."):
+        parts.append(int(piece) if piece.isdigit() else 0)
+    return tuple(parts)
+
+
+async def root(request: web.Request) -> web.Response:
+    return web.Response(text="Ollama is running")
+
+
+async def version(request: web.Request) -> web.Response:
+    """The oldest Ollama among the nodes: what every node can do (clients gate features on it)."""
+    known = [rt.version for rt in request.app[FRONT].nodes_by_rank() if rt.version]
+    return web.json_response({"version": min(known, key=_version_key) if known else "0.0.0"}, dumps=tr.dumps)
+
+
+def all_tags(front: Front) -> list[dict]:
+    return tr.merged_tags((rt.tags for rt in front.nodes_by_rank()), normalize_model)
+
+
+async def tags(request: web.Request) -> web.Response:
+    """Every model installed on any node, each once, as the nodes' last health checks saw them."""
+    return web.json_response({"models": all_tags(request.app[FRONT])}, dumps=tr.dumps)
+
+
+async def ps(request: web.Request) -> web.Response:
+    """What the nodes have loaded now (a node that does not answer in time is left out)."""
+    nodes = [rt for rt in request.app[FRONT].nodes_by_rank() if rt.up]
+    answers = await asyncio.gather(*(rt.client.ps(timeout_s=LISTING_TIMEOUT_S) for rt in nodes), return_exceptions=True)
+    return web.json_response({"models": tr.merged_ps(a for a in answers if isinstance(a, list))}, dumps=tr.dumps)
+
+
+def node_with(front: Front, model: str):
+    """The first node by rank, up, whose Ollama lists the model (for /api/show)."""
+    wanted = normalize_model(model)
+    return next((rt for rt in front.nodes_by_rank() if rt.up and rt.installed and wanted in rt.installed), None)
+
+
+async def _show(front: Front, body: dict) -> dict:
+    model = body.get("model") or body.get("name")
+    if not isinstance(model, str) or not model.strip():
+        raise BadRequest("model is required")
+    rt = node_with(front, model)
+    if rt is None:
+        raise NotFound(f"model '{model}' not found")
+    try:
+        return await rt.client.post("/api/show", {**body, "model": model}, timeout_s=30.0)
+    except OllamaError as exc:
+        raise FrontError(exc.status or 502, exc.message) from None
+
+
+async def show(request: web.Request) -> web.Response:
+    """Answered by a node that has the model: no GPU work, so not a job."""
+    return web.json_response(await _show(request.app[FRONT], await json_of(request)), dumps=tr.dumps)
+
+
+async def openai_models(request: web.Request) -> web.Response:
+    return web.json_response(tr.model_list(all_tags(request.app[FRONT])), dumps=tr.dumps)
+
+
+async def openai_model(request: web.Request) -> web.Response:
+    name = request.match_info["model"]
+    return web.json_response(tr.model_card(name, await _show(request.app[FRONT], {"model": name})), dumps=tr.dumps)
+
+
+async def not_served(request: web.Request) -> web.Response:
+    raise FrontError(501, f"gpuq's front door does not manage models ({request.path}): run it on a node's own "
+                          "Ollama (e.g. `ollama pull <model>` there); /api/tags lists what the nodes have")
+
+
+# -- calls that are jobs -----------------------------------------------------------------------
+
+class Call:
+    """One front-door call from submit to its last byte."""
+
+    def __init__(self, request: web.Request, endpoint: str, body: dict):
+        self.request = request
+        self.front: Front = request.app[FRONT]
+        self.endpoint = endpoint
+        self.body = body  # as the client sent it
+        self.ollama = tr.ollama_request(endpoint, body)  # in Ollama's terms (raises BadRequest)
+        self.openai = endpoint.startswith("/v1/")
+        self.stream = bool(body.get("stream")) if self.openai else body.get("stream") is not False
+        if endpoint in tr.EMBED_ROUTES:
+            self.stream = False
+        self.job_id = ""
+        self.node = ""
+        self.relay: asyncio.Queue = asyncio.Queue()
+        self.resp: web.StreamResponse | None = None
+        self.chunks: list[dict] = []
+        self.delivered = False  # the client has its whole answer: a disconnect now cancels nothing
+        self.started = False  # its run began on a node
+        self.sse: Any = None  # an OpenAI stream's translator, once the job has its id
+
+    @property
+    def actor(self) -> str:
+        return f"{'openai' if self.openai else 'ollama'} {self.request.remote or '?'}"
+
+    def headers(self) -> dict:
+        out = {"X-Gpuq-Job": self.job_id, "X-Gpuq-Preview": self.front.preview_url(self.job_id)}
+        if self.node:
+            out["X-Gpuq-Node"] = self.node
+        return out
+
+    # -- submit ---------------------------------------------------------------------------
+
+    def new_job(self, job_id: str) -> NewJob:
+        request = {"path": self.endpoint, "user_agent": self.request.headers.get("User-Agent"), "body": self.body}
+        return NewJob(kind=tr.kind_of(self.endpoint), prompt=tr.prompt_of(self.endpoint, self.body),
+                      model=self.ollama["model"].strip(), endpoint=self.endpoint, request=tr.dumps(request),
+                      job_id=job_id)
+
+    async def submit(self) -> None:
+        """Store the job (placed by its model) before any work; the relay is in place first, so
+        the node's first chunk cannot come before its client listens."""
+        front = self.front
+        for _ in range(8):  # a chosen id taken by another job of the same second: choose again
+            self.job_id = new_job_id()
+            front.dispatcher.relays[self.job_id] = self.relay
+            submitting = asyncio.ensure_future(front.store.submit(
+                self.new_job(self.job_id), front.dispatcher.node_infos(), self.actor))
+            try:
+                jobs = await asyncio.shield(submitting)
+                break
+            except IdTaken:
+                front.dispatcher.relays.pop(self.job_id, None)
+            except ModelMissing:
+                front.dispatcher.relays.pop(self.job_id, None)
+                raise FrontError(404, f"model '{self.ollama['model']}' not found", "model_not_found") from None
+            except asyncio.CancelledError:  # the client left while its job was being stored
+                await self._cancel_when_stored(submitting)
+                raise
+            except BaseException:
+                front.dispatcher.relays.pop(self.job_id, None)
+                raise
+        else:
+            raise FrontError(503, "could not choose a free job id; try again")
+        job = jobs[0]
+        self.node = job["node"]
+        log.info("job=%s node=%s state=queued kind=%s placement=%r via=%s actor=%r", self.job_id, self.node,
+                 job["kind"], job["reason"], self.endpoint, self.actor)
+        front.dispatcher.wake(self.node)
+        front.bus.publish("queue", {"submitted": [self.job_id]})
+        if self.openai and self.stream:
+            options = self.body.get("stream_options")
+            usage = isinstance(options, dict) and bool(options.get("include_usage"))
+            chat = self.endpoint == "/v1/chat/completions"
+            self.sse = (tr.ChatStream if chat else tr.CompletionStream)(self.completion_id(), usage)
+
+    def completion_id(self) -> str:
+        """OpenAI's id of the reply: the job's, so a client's log leads to the job."""
+        return f"{'chatcmpl' if self.endpoint == '/v1/chat/completions' else 'cmpl'}-{self.job_id}"
+
+    async def _cancel_when_stored(self, submitting: asyncio.Future) -> None:
+        try:
+            await submitting
+        except BaseException:
+            self.front.dispatcher.relays.pop(self.job_id, None)
+            return
+        await self.front.cancel(self.job_id, "client disconnected", self.actor)
+        self.front.dispatcher.relays.pop(self.job_id, None)
+
+    # -- follow -----------------------------------------------------------------------------
+
+    async def follow(self) -> web.StreamResponse:
+        """Relay the job's run to the client until its last byte, or its end. Chunks that
+        arrived together go out in one write: a slow reader costs the relay no extra CPU."""
+        if self.sse is not None:  # headers now, so that comments keep a long wait alive
+            await self.prepare("text/event-stream")
+        waited = time.monotonic()
+        while True:
+            try:
+                async with asyncio.timeout(STATE_CHECK_S):
+                    items = [await self.relay.get()]
+            except TimeoutError:
+                ended = await self.ended_meanwhile()
+                if ended is not None:
+                    return await self.fail(*ended)
+                if self.sse is not None and time.monotonic() - waited >= KEEPALIVE_S:
+                    waited = time.monotonic()
+                    await self.resp.write(f": waiting for node {self.node} (gpuq job {self.job_id})\n\n".encode())
+                continue
+            while not self.relay.empty():
+                items.append(self.relay.get_nowait())
+            out: list[bytes] = []
+            for item in items:
+                kind = item[0]
+                if kind == "chunk":
+                    data, done = self.on_chunk(item[1], item[2])
+                    out.append(data)
+                    if done:
+                        await self.flush(out, last=True)
+                        return self.resp
+                    continue
+                await self.flush(out)
+                out = []
+                if kind == "start":
+                    self.node, self.started = item[1], True
+                elif kind == "reply":
+                    return await self.on_reply(item[1])
+                elif kind == "error":
+                    return await self.fail(item[1] or 500, item[2])
+                elif kind == "ended":
+                    return await self.on_ended(item[1])
+                elif kind == "shutdown":  # a running job is failed at the next start, as any running then
+                    if not self.started:
+                        await self.front.cancel(self.job_id, "router shut down while its client waited", "router")
+                    return await self.fail(503, "the gpuq router is shutting down; this request was cancelled",
+                                           "router_shutdown")
+            await self.flush(out)
+
+    async def flush(self, out: list[bytes], last: bool = False) -> None:
+        data = b"".join(out)
+        if data:
+            await self.prepare("text/event-stream" if self.sse is not None else "application/x-ndjson")
+            await self.resp.write(data)
+        if last:
+            self.delivered = True
+            if self.resp is not None and self.resp.prepared:
+                await self.resp.write_eof()
+
+    async def ended_meanwhile(self) -> tuple | None:
+        """The job ended with nothing for this client (a path that did not tell it)."""
+        if not self.relay.empty():
+            return None
+        try:
+            job = await self.front.store.job(self.job_id)
+        except (NotFound, StoreUnavailable):
+            return None
+        if job["state"] in ("queued", "running") or not self.relay.empty():
+            return None
+        return 499, f"gpuq job {self.job_id} is {job['state']}: {job['error'] or 'ended'}", "job_" + job["state"]
+
+    async def prepare(self, content_type: str) -> None:
+        if self.resp is None:
+            self.resp = web.StreamResponse(headers={"Content-Type": content_type, **self.headers()})
+            if content_type == "text/event-stream":
+                self.resp.headers["Cache-Control"] = "no-cache"
+            await self.resp.prepare(self.request)
+
+    def on_chunk(self, raw: bytes, chunk: dict) -> tuple[bytes, bool]:
+        """One chunk from the node: the bytes for the client now, and whether it was the last.
+        stream:false keeps them, and the last makes the one reply."""
+        done = bool(chunk.get("done"))
+        if self.sse is not None:
+            return self.sse.feed(chunk), done
+        if self.stream:  # Ollama's own stream: the node's line as it sent it
+            return raw + b"\n", done
+        self.chunks.append(chunk)
+        if done:
+            reply = tr.collected(tr.NODE_ROUTE[self.endpoint], self.chunks, self.ollama)
+            if self.openai:
+                make = tr.chat_completion if self.endpoint == "/v1/chat/completions" else tr.text_completion
+                reply = make(self.completion_id(), reply)
+            self.resp = web.json_response(reply, headers=self.headers(), dumps=tr.dumps)
+            if not self.openai:
+                self.resp.content_type, self.resp.charset = "application/json", "utf-8"
+        return b"", done
+
+    async def on_reply(self, reply: Any) -> web.StreamResponse:
+        if self.endpoint == "/v1/embeddings":
+            reply = tr.embedding_list(self.body["model"], reply, self.body.get("encoding_format"))
+        self.delivered = True
+        return web.json_response(reply, headers=self.headers(), dumps=tr.dumps)
+
+    async def on_ended(self, reason: str) -> web.StreamResponse:
+        """A person (or the router) ended the running job: the client hears why."""
+        if reason.startswith("preempted by"):
+            # Its run went back in the queue, but its client's request ends here: with no one to
+            # answer, it would run for no one. It is cancelled; `gpuq retry` runs it again.
+            await self.front.cancel(self.job_id, f"{reason}; its client's request ended with the run", "router")
+            return await self.fail(499, f"gpuq job {self.job_id} was {reason}; its request ended (gpuq retry "
+                                        f"{self.job_id} runs it again)", "job_preempted")
+        if reason == "client disconnected":
+            return await self.fail(499, "request canceled", "job_cancelled")
+        return await self.fail(499, f"gpuq job {self.job_id} was {reason}: request canceled", "job_cancelled")
+
+    async def fail(self, status: int, message: str, code: str | None = None) -> web.StreamResponse:
+        """The call ends with an error: its status and body when nothing was sent yet, else one
+        error line in its API's stream shape."""
+        self.delivered = True  # the client has its answer: the error
+        if self.resp is not None and self.resp.prepared:
+            if self.sse is not None:
+                await self.resp.write(tr.sse(tr.openai_error(status, message, code)))
+            else:
+                await self.resp.write(tr.dumps(tr.ollama_error(message)).encode() + b"\n")
+            await self.resp.write_eof()
+            return self.resp
+        return error_response(self.request, status, message, code, headers=self.headers())
+
+
+async def run_call(request: web.Request, endpoint: str, check=None) -> web.StreamResponse:
+    """A call that makes a model work: a job, followed to its end by its client."""
+    body = await json_of(request)
+    if check is not None:
+        check(body)
+    front = request.app[FRONT]
+    if front.closing:
+        raise FrontError(503, "the gpuq router is shutting down", "router_shutdown")
+    if tr.is_load_or_unload(endpoint, body):
+        # gpuq loads a model for each job and unloads it after: nothing to do, answered as Ollama
+        # does, for a model some node has (Open WebUI unloads this way).
+        if not any(normalize_model(body["model"]) in (rt.installed or ()) for rt in front.nodes_by_rank()):
+            raise NotFound(f"model '{body['model']}' not found")
+        return web.json_response(tr.load_or_unload_reply(endpoint, body), dumps=tr.dumps)
+    call = Call(request, endpoint, body)
+    try:
+        await call.submit()
+        return await call.follow()
+    except asyncio.CancelledError:  # aiohttp cancels the handler when its client disconnects
+        if call.job_id and not call.delivered and not front.closing:
+            await asyncio.shield(front.cancel(call.job_id, "client disconnected", call.actor))
+        raise
+    except ConnectionError:  # the client left while a chunk was written
+        if call.job_id and not call.delivered:
+            await front.cancel(call.job_id, "client disconnected", call.actor)
+        raise
+    finally:
+        if call.job_id:
+            front.dispatcher.relays.pop(call.job_id, None)
+
+
+async def chat(request: web.Request) -> web.StreamResponse:
+    return await run_call(request, "/api/chat", tr.check_chat)
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    return await run_call(request, "/api/generate", tr.check_generate)
+
+
+async def embed(request: web.Request) -> web.StreamResponse:
+    return await run_call(request, "/api/embed", lambda body: tr.check_embed(body, legacy=False))
+
+
+async def embeddings(request: web.Request) -> web.StreamResponse:
+    return await run_call(request, "/api/embeddings", lambda body: tr.check_embed(body, legacy=True))
+
+
+async def openai_chat(request: web.Request) -> web.StreamResponse:
+    return await run_call(request, "/v1/chat/completions")
+
+
+async def openai_completions(request: web.Request) -> web.StreamResponse:
+    return await run_call(request, "/v1/completions")
+
+
+async def openai_embeddings(request: web.Request) -> web.StreamResponse:
+    return await run_call(request, "/v1/embeddings")
+
+
+# -- assembly -----------------------------------------------------------------------------------
+
+async def _closing(app: web.Application) -> None:
+    """Calls still waiting end first (their jobs cancelled), or the shutdown waits for them."""
+    front = app[FRONT]
+    front.closing = True
+    for relay in list(front.dispatcher.relays.values()):
+        relay.put_nowait(("shutdown",))
+
+
+def create_front_app(settings: Settings, store: Store, dispatcher: Dispatcher, bus: Bus) -> web.Application:
+    """The front door's app; the router's app (gpuq/server.py) owns the store and dispatcher."""
+    app = web.Application(middlewares=[errors_middleware, access_middleware(settings)],
+                          client_max_size=settings.max_prompt_bytes * 2 + 65536)
+    app[FRONT] = Front(settings, store, dispatcher, bus)
+    app.on_shutdown.append(_closing)
+    r = app.router
+    r.add_get("/", root)
+    r.add_get("/api/version", version)
+    r.add_get("/api/tags", tags)
+    r.add_get("/api/ps", ps, allow_head=False)
+    r.add_post("/api/show", show)
+    r.add_post("/api/chat", chat)
+    r.add_post("/api/generate", generate)
+    r.add_post("/api/embed", embed)
+    r.add_post("/api/embeddings", embeddings)
+    r.add_post("/v1/chat/completions", openai_chat)
+    r.add_post("/v1/completions", openai_completions)
+    r.add_post("/v1/embeddings", openai_embeddings)
+    r.add_get("/v1/models", openai_models, allow_head=False)
+    r.add_get("/v1/models/{model:.+}", openai_model, allow_head=False)
+    for path in NOT_SERVED:
+        r.add_route("*", path, not_served)
+        r.add_route("*", path + "/{rest:.*}", not_served)
+    return app
+
+
+class FrontDoor:
+    """The running front door: its runner, its servers and the address clients use."""
+
+    def __init__(self, runner: web.AppRunner, servers: list, url: str):
+        self.runner = runner
+        self.servers = servers
+        self.url = url
+
+    async def stop(self) -> None:
+        for server in self.servers:
+            server.close()
+        await self.runner.cleanup()  # its waiting calls end first (on_shutdown), then connections
+
+
+def bind_front_door(settings: Settings, any_port_if_taken: bool = False) -> list[socket.socket]:
+    """The front door's listening sockets, bound with the router's before anything starts (none
+    when `ollama_listen` is not set). The demo takes any free port when its usual one is taken."""
+    if settings.ollama_listen is None:
+        return []
+    host, port = settings.ollama_listen.rsplit(":", 1)
+    host = host.strip("[]")
+    try:
+        sockets = bind_sockets(settings.ollama_listen, host, int(port))
+    except StartupError as exc:
+        if not any_port_if_taken:
+            raise StartupError(f"{exc.message} (router.ollama_listen)") from None
+        sockets = bind_sockets(f"{host}:0", host, 0)
+    return sockets
+
+
+async def start_front_door(settings: Settings, router_app: web.Application, sockets: list[socket.socket],
+                           guard) -> FrontDoor | None:
+    """Serve the front door on its sockets, beside the router (the router's app owns the store
+    and the dispatcher). A client that disconnects cancels its handler (handler_cancellation),
+    so its waiting job is cancelled at once."""
+    from .server import BUS, DISPATCHER, STORE
+
+    if not sockets:
+        return None
+    app = create_front_app(settings, router_app[STORE], router_app[DISPATCHER], router_app[BUS])
+    runner = web.AppRunner(app, handle_signals=False, access_log=None, handler_cancellation=True,
+                           keepalive_timeout=settings.keepalive_timeout_s)
+    await runner.setup()
+    loop = asyncio.get_running_loop()
+    servers = [await loop.create_server(guard.protocol_factory(runner.server), sock=sock, backlog=BACKLOG)
+               for sock in sockets]
+    bound = sockets[0].getsockname()[1]
+    return FrontDoor(runner, servers, settings.ollama_url.rsplit(":", 1)[0] + f":{bound}")
