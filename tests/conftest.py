@@ -21,6 +21,7 @@ import tomli_w
 from gpuq.fake_ollama import FakeOllama, Script
 
 ROOT = Path(__file__).resolve().parent.parent
+LISTENING = "gpuq router listening on "  # the daemon's log line once its port is bound
 
 
 def free_port() -> int:
@@ -71,7 +72,13 @@ class Daemon:
     command: tuple[str, ...] = (sys.executable, "-m", "gpuq.cli")  # or an installed `gpuq`
     file_limit: int | tuple[int, int] | None = None  # the router's RLIMIT_NOFILE (soft, hard), or both
 
+    def _listening_lines(self) -> int:
+        return self.log.read_text(errors="replace").count(LISTENING) if self.log.exists() else 0
+
     async def start(self, timeout: float = 20.0) -> None:
+        # Ours is up when it says it listens (another test's router may hold a free port we
+        # picked and answer /health, while ours exits 2 naming the port).
+        before = self._listening_lines()
         log = open(self.log, "ab")
         command = list(self.command)
         if self.file_limit:
@@ -85,6 +92,8 @@ class Daemon:
         async def answers():
             if self.proc.returncode is not None:
                 raise AssertionError(f"daemon exited {self.proc.returncode}:\n{self.log.read_text()}")
+            if self._listening_lines() <= before:
+                return False
             try:
                 async with self.session.get(self.url + "/health") as resp:
                     return resp.status in (200, 503)
