@@ -61,10 +61,12 @@ async def test_a_held_critique_waits_for_its_parent_without_blocking_the_queue(f
     assert re.search(rf"{held} +critique .*\(waiting for parent {parent}\)", queue.out), queue.out
     shown = await lab.cli("show", held)
     assert f"waiting for parent {parent} to finish" in shown.out
+    # (The running parent writes its progress about once a second, so on a loaded machine it
+    # may itself look stale at 1 s; what matters here is that the held critique never does.)
     created = time.time()
     await eventually(lambda: time.time() - created > 1.5, 5, 0.1, "the held critique to wait past stale_after")
-    assert (await lab.get("/api/stale"))["stale"] == []
-    assert (await lab.get("/health"))["ok"] is True
+    assert held not in [h["id"] for h in (await lab.get("/api/stale"))["stale"]]
+    assert held not in [h["id"] for h in (await lab.get("/health"))["stale"]]
 
     # The parent finishes: the critique runs and reviews the parent's prompt and result.
     done = await lab.wait_state(parent, "done", timeout=30)
