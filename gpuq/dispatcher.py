@@ -427,23 +427,29 @@ class Dispatcher:
         last_beat = time.monotonic()
         async for chunk in rt.client.chat(job["model"], prompt, fmt, think, options, keep_alive):
             message = chunk.get("message") or {}
-            thought = message.get("thinking") or ""
-            if thought:  # a thinking model's reasoning (on by default since Ollama 0.12.4)
-                cur.thinking.append(thought)
-                self.bus.publish("tokens", {"id": job["id"], "run_id": cur.run_id, "thinking": thought})
-            piece = message.get("content") or ""
-            if piece:
-                cur.output.append(piece)
-                self.bus.publish("tokens", {"id": job["id"], "run_id": cur.run_id, "text": piece})
+            # A thinking model's reasoning (on by default since Ollama 0.12.4), then its answer.
+            self._keep(job, cur, message.get("thinking") or "", message.get("content") or "")
             if chunk.get("done"):
                 return chunk
-            if time.monotonic() - last_beat >= HEARTBEAT_S:
-                last_beat = time.monotonic()
-                try:
-                    await self.store.heartbeat(cur.run_id, "".join(cur.output), "".join(cur.thinking) or None)
-                except StoreUnavailable as exc:  # progress is a hint; the tokens stay in memory
-                    log.warning("job=%s heartbeat not recorded: %s", job["id"], exc.message)
+            last_beat = await self._beat(job, cur, last_beat)
         raise OllamaError("Ollama's stream ended without done: true")
+
+    def _keep(self, job: dict, cur: Current, thought: str, text: str) -> None:
+        """Keep a chunk's reasoning and answer apart, and show both to live followers."""
+        for kind, piece, pieces in (("thinking", thought, cur.thinking), ("text", text, cur.output)):
+            if piece:
+                pieces.append(piece)
+                self.bus.publish("tokens", {"id": job["id"], "run_id": cur.run_id, kind: piece})
+
+    async def _beat(self, job: dict, cur: Current, last_beat: float) -> float:
+        """Write the progress so far, at most every HEARTBEAT_S; returns when it last did."""
+        if time.monotonic() - last_beat < HEARTBEAT_S:
+            return last_beat
+        try:
+            await self.store.heartbeat(cur.run_id, "".join(cur.output), "".join(cur.thinking) or None)
+        except StoreUnavailable as exc:  # progress is a hint; the tokens stay in memory
+            log.warning("job=%s heartbeat not recorded: %s", job["id"], exc.message)
+        return time.monotonic()
 
     async def _call(self, rt: NodeRuntime, job: dict, cur: Current, route: str, body: dict) -> dict:
         """Run a front-door call on the node and relay what it answers, chunk by chunk as Ollama
@@ -462,23 +468,13 @@ class Dispatcher:
         async for raw, chunk in rt.client.stream(route, body, max_line=FRONT_MAX_LINE):
             self._tell(job["id"], "chunk", raw, chunk)
             text, thought, calls = chunk_text(chunk)
-            if thought:
-                cur.thinking.append(thought)
-                self.bus.publish("tokens", {"id": job["id"], "run_id": cur.run_id, "thinking": thought})
             for call in calls:  # shown with the answer on the job's page
                 function = call.get("function") or {}
                 text += f"\n[tool call {function.get('name')} {json.dumps(function.get('arguments'))}]"
-            if text:
-                cur.output.append(text)
-                self.bus.publish("tokens", {"id": job["id"], "run_id": cur.run_id, "text": text})
+            self._keep(job, cur, thought, text)
             if chunk.get("done"):
                 return chunk
-            if time.monotonic() - last_beat >= HEARTBEAT_S:
-                last_beat = time.monotonic()
-                try:
-                    await self.store.heartbeat(cur.run_id, "".join(cur.output), "".join(cur.thinking) or None)
-                except StoreUnavailable as exc:
-                    log.warning("job=%s heartbeat not recorded: %s", job["id"], exc.message)
+            last_beat = await self._beat(job, cur, last_beat)
         raise OllamaError("Ollama's stream ended without done: true")
 
     async def _record(self, job_id: str, what: str, write):
