@@ -499,10 +499,17 @@ def queue_cmd(ctx, limit, as_json) -> None:
         status = "up" if node["up"] else ("down" if node["checked"] else "checking")
         click.echo(f"\n{node['name']}  {status}  {node['model']}  [{','.join(node['roles'])}]"
                    f"  {node['queued_count']} waiting")
+        click.echo(f"  {'POS':>7}  {'JOB':19}  {'KIND':8} {'AGE':>7} {'ESTIMATE':18}  PROMPT")
         run = node["running"]
         if run:
+            tokens = run.get("tokens_so_far") or 0
             click.echo(f"  running  {run['id']}  {run['kind']:8} {ago(run['started_at']):>7} "
-                       f"{eta_column(run, 'eta_finish', 'ends')}  {prompt_excerpt(run)}")
+                       f"{eta_column(run, 'eta_finish', 'ends')}  "
+                       f"[ran {ago(run['started_at'])}, {tokens} token{'s' if tokens != 1 else ''}]  {prompt_excerpt(run)}")
+        elif status == "up":
+            click.echo(f"  {'idle':>7}")
+        else:
+            click.echo(f"  {'idle':>7}  (nothing runs while the node is {status})")
         for i, job in enumerate(node["queued"], start=1):
             mark = " (preempted)" if job["preempted_runs"] else ""
             if job.get("waiting_for"):

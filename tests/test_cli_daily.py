@@ -63,3 +63,18 @@ async def test_one_token_is_singular(lab):
     lab.fakes["node-3"].script.reply = "one"
     res = await lab.cli("task", "x", "--node", "node-3", "--wait")
     assert res.out.splitlines()[-1].startswith("done 1 token ")
+
+
+async def test_queue_has_a_header_an_idle_word_and_a_labelled_running_line(lab):
+    lab.fakes["node-3"].script.token_delay_s = 0.2
+    lab.fakes["node-3"].script.tokens = 200
+    head = (await lab.submit("task", "the long one", node="node-3"))[0]["id"]
+    await lab.wait_state(head, "running")
+    await eventually(lambda: lab.fakes["node-3"].chunk_sent.is_set(), what="the first tokens")
+    out = (await lab.cli("queue")).out
+    blocks = {b.split()[0]: b for b in out.split("\n\n")[1:]}
+    for block in blocks.values():
+        assert re.search(r"^ +POS  JOB +KIND +AGE ESTIMATE +PROMPT$", block, re.M), block
+    assert re.search(r"^ +idle$", blocks["node-1"], re.M), blocks["node-1"]
+    assert re.search(rf"running  {head} .*\[ran \d+s, \d+ tokens?\]  the long one$", blocks["node-3"], re.M), \
+        blocks["node-3"]
