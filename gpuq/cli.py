@@ -356,6 +356,9 @@ def wait_all(router: Router, ids: list[str], as_json: bool = False) -> list[dict
                         "preview_url")}))
                 else:
                     click.echo(critique_line(job))
+                    for f in job.get("findings") or []:  # at a glance, without gpuq show per child
+                        click.echo(f"    [{f['severity']}] {excerpt(f['title'], 100)}")
+                    click.echo(f"    {job['preview_url']}")
         if pending:
             time.sleep(delay)
             delay = min(delay * 1.5, 1.0)

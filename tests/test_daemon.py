@@ -19,9 +19,12 @@ async def test_design_transcript(lab, tmp_path):
     assert res.code == 0, res.err
     lines = res.out.splitlines()
     assert lines[0] == "fan-out 2 critique nodes"
-    for line in lines[1:]:
+    children = [line for line in lines[1:] if not line.startswith("    ")]  # under each: findings, link
+    for line in children:
         assert re.fullmatch(rf"node-[12] {ID} \S+ done \d+ findings? \d+s", line), line
-    assert {line.split()[0] for line in lines[1:]} == {"node-1", "node-2"}
+    assert {line.split()[0] for line in children} == {"node-1", "node-2"}
+    assert all(re.fullmatch(r"    (\[(low|medium|high)\] .+|http://\S+/jobs/\S+)", line)
+               for line in lines[1:] if line not in children), lines
 
     res = await lab.cli("task", "add a retry budget to the export job")
     assert res.code == 0, res.err

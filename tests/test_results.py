@@ -29,14 +29,18 @@ async def test_critique_lines_appear_as_each_child_finishes(lab, tmp_path):
     assert first.startswith("node-1 ")
     slow_id = (await lab.get("/api/jobs?node=node-2"))["jobs"][0]["id"]
     assert (await lab.job(slow_id))["state"] in ("queued", "running")  # printed before node-2 finished
-    second = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
-    assert second.startswith(f"node-2 {slow_id} deepseek-r1:32b done ")
+    # Under each child's line: its findings (severity and title, one line each), its preview link.
+    rest = (await asyncio.wait_for(proc.stdout.read(), 30)).decode().splitlines()
     assert await proc.wait() == 0
-    for line in (first, second):
+    second_at = next(i for i, line in enumerate(rest) if line.startswith("node-2 "))
+    second = rest[second_at]
+    assert second.startswith(f"node-2 {slow_id} deepseek-r1:32b done ")
+    for line, under in ((first, rest[:second_at]), (second, rest[second_at + 1:])):
         node, job_id, model, state, count = line.split()[:5]
         job = await lab.job(job_id)
         assert state == "done" and int(count) == len(job["findings"]) and job["node"] == node
         assert all(set(f) == {"title", "detail", "severity", "where"} for f in job["findings"])
+        assert under == [f"    [{f['severity']}] {f['title']}" for f in job["findings"]] + [f"    {job['preview_url']}"]
 
 
 async def test_the_critique_request_uses_structured_output_and_the_template(lab, tmp_path):
