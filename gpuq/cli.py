@@ -385,6 +385,12 @@ def follow(router: Router, job_id: str, as_json: bool = False) -> None:
                     shown = kind
                 click.echo(click.style(line[kind], dim=True) if kind == "thinking" else line[kind], nl=False)
                 sys.stdout.flush()
+            if "queued" in line:  # where it waits, on stderr: stdout stays the job's output
+                q = line["queued"]
+                held = f", waiting for parent {q['waiting_for']}" if q.get("waiting_for") else ""
+                click.echo(f"queued on {q['node']}, position {q['position']}{held}", err=True)
+            if "started" in line:
+                click.echo(f"started on {line['started']['node']}", err=True)
             if line.get("done"):
                 final = line["job"]
     except KeyboardInterrupt:

@@ -455,7 +455,8 @@ async def alerts(request: web.Request) -> web.Response:
 
 async def stream_job(request: web.Request) -> web.StreamResponse:
     """NDJSON: {"thinking"} and {"text"} pieces (the reasoning and the answer) as they are
-    generated, then {"done", "job"}."""
+    generated, then {"done", "job"}. While the job waits, {"queued": {node, position,
+    waiting_for}} whenever where it waits changes, and {"started": {node}} when it starts."""
     app = request.app
     job_id = job_id_of(request)
     resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-store"})
@@ -474,6 +475,22 @@ async def stream_job(request: web.Request) -> web.StreamResponse:
         for kind in ("thinking", "text"):  # what was generated before this follower joined
             if sent[kind]:
                 await line({kind: sent[kind], "catch_up": True})
+        where = None  # where the job was last said to wait
+
+        async def say_where() -> None:
+            nonlocal where
+            if job["state"] == "queued":
+                now = {"node": job["node"], "position": await app[STORE].queue_position(job),
+                       "waiting_for": job.get("waiting_for")}
+                if now != where:
+                    await line({"queued": now})
+            elif job["state"] == "running" and where is not None and "started" not in where:
+                now = {"started": True}
+                await line({"started": {"node": job["node"]}})
+            else:
+                return
+            where = now
+        await say_where()
         while job["state"] in ("queued", "running"):
             topic, data = await next_event(events, 1.0) or ("tick", {})
             if topic == "shutdown":  # the router is stopping: end without a final line
@@ -484,6 +501,7 @@ async def stream_job(request: web.Request) -> web.StreamResponse:
                 sent[kind] += data[kind]
             elif topic != "tokens":
                 job = await app[STORE].job(job_id)  # its state; the whole detail once it is final
+                await say_where()
         if "runs" not in job:
             job = await app[STORE].job_detail(job_id)
         # A job that ended while the follower was joining (its pieces were drained as if `sent`

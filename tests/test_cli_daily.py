@@ -78,3 +78,18 @@ async def test_queue_has_a_header_an_idle_word_and_a_labelled_running_line(lab):
     assert re.search(r"^ +idle$", blocks["node-1"], re.M), blocks["node-1"]
     assert re.search(rf"running  {head} .*\[ran \d+s, \d+ tokens?\]  the long one$", blocks["node-3"], re.M), \
         blocks["node-3"]
+
+
+async def test_task_wait_says_where_the_job_waits_and_when_it_starts(lab):
+    lab.fakes["node-3"].script.token_delay_s = 0.1
+    lab.fakes["node-3"].script.tokens = 30
+    head = (await lab.submit("task", "ahead", node="node-3"))[0]["id"]
+    await lab.wait_state(head, "running")
+    ahead = (await lab.submit("task", "also ahead", node="node-3"))[0]["id"]
+    res = await lab.cli("task", "mine", "--node", "node-3", "--wait", timeout=60)
+    assert res.code == 0, res.err
+    said = res.err.splitlines()
+    assert said[0] == "queued on node-3, position 2"
+    assert "queued on node-3, position 1" in said  # the job ahead of it started
+    assert said[-1] == "started on node-3"
+    assert "queued on" not in res.out and (await lab.job(ahead))["state"] == "done"
