@@ -190,9 +190,8 @@ def _check_listen(value: object, key: str) -> str:
     return value
 
 
-def check_url(value: object, key: str) -> str:
-    """An http(s) base URL that gpuq appends its own paths to. A path prefix is kept (an Ollama
-    or router behind a reverse proxy); what cannot survive that appending is refused."""
+def _http_url(value: object, key: str):
+    """Any http(s) URL gpuq can send to: a host, a valid port, no spaces or control characters."""
     parsed = urlparse(value) if isinstance(value, str) else None
     if not parsed or parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise ConfigError(f"{key}: expected an http:// or https:// URL, got {value!r}")
@@ -202,6 +201,13 @@ def check_url(value: object, key: str) -> str:
         parsed.port
     except ValueError:
         raise ConfigError(f"{key}: the URL's port is not a number from 0 to 65535: {value!r}") from None
+    return parsed
+
+
+def check_url(value: object, key: str) -> str:
+    """An http(s) base URL that gpuq appends its own paths to. A path prefix is kept (an Ollama
+    or router behind a reverse proxy); what cannot survive that appending is refused."""
+    parsed = _http_url(value, key)
     if "?" in value or "#" in value:
         raise ConfigError(f"{key}: a URL with a query ('?') or fragment ('#') cannot take gpuq's paths "
                           f"after it; give only scheme, host, port and an optional path, got {value!r}")
@@ -333,15 +339,7 @@ def _parse_node(table: object, index: int) -> NodeConfig:
 def _check_alert_url(value: str, key: str) -> str:
     """The exact URL alerts are POSTed to: unlike a base URL, a query (a webhook's own token) is
     fine, and it is kept as written (a receiver may care about a final '/')."""
-    parsed = urlparse(value)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ConfigError(f"{key}: expected an http:// or https:// URL, got {value!r}")
-    if any(c.isspace() or not c.isprintable() for c in value):
-        raise ConfigError(f"{key}: a URL must not contain spaces or control characters, got {value!r}")
-    try:
-        parsed.port
-    except ValueError:
-        raise ConfigError(f"{key}: the URL's port is not a number from 0 to 65535: {value!r}") from None
+    _http_url(value, key)
     return value
 
 
