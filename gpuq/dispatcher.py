@@ -363,8 +363,7 @@ class Dispatcher:
             return
         log.info("job=%s node=%s state=%s%s", job["id"], rt.name, state, f" error={error!r}" if error else "")
         if job["kind"] == "task":  # critiques held for this task are ready (or were cancelled)
-            self.wake()
-            self._changed(job=job["id"], state=state)
+            self.wake()  # (the page hears of the change from _run, as for every job)
 
     async def _work(self, rt: NodeRuntime, job: dict, cur: Current) -> tuple[list | None, str | None]:
         """Generate the reply and record it; returns the findings (of a critique) and the error.

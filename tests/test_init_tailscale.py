@@ -4,6 +4,7 @@ Ollama simulators on loopback addresses (127.0.0.x stand in for 100.x.y.z)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -53,7 +54,6 @@ def stand_in(tmp_path, status: dict | None, exit_code: int = 0, stderr: str = ""
 
 
 async def run_init(daemon_cli_env: dict, tmp_path, *args: str):
-    import asyncio
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "gpuq.cli", "init", *args, cwd=tmp_path,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={**os.environ, **daemon_cli_env})
