@@ -374,7 +374,7 @@ class Bench:
                 # The claim with its fsync, then without it: the SQL work alone, where growth would show.
                 for key, synchronous in (("claim", "FULL"), ("claim_sql", "OFF")):
                     for store in stores.values():
-                        await store._writer.execute(f"PRAGMA synchronous = {synchronous}")
+                        await store._writer.call(lambda db: db.execute(f"PRAGMA synchronous = {synchronous}"))
                     for i in range(samples):
                         node = "n1" if i % 2 == 0 else "n2"
                         for size, store in stores.items():
@@ -383,7 +383,7 @@ class Bench:
                             runs[key, size].append((time.perf_counter() - t) * 1000)
                             await store.finish(job["id"], job["run_id"], "done", None, "out")
                 for store in stores.values():
-                    await store._writer.execute("PRAGMA synchronous = FULL")
+                    await store._writer.call(lambda db: db.execute("PRAGMA synchronous = FULL"))
                 heads = {size: [await store.claim(n) for n in NODES] for size, store in stores.items()}
                 for _ in range(samples * 5):  # tens of microseconds each: more samples
                     for size, store in stores.items():

@@ -1,33 +1,31 @@
-"""Group commit on the store's one writer connection.
+"""The store's one writer: a dedicated thread with its own stdlib sqlite3 connection.
 
-Writes that arrive while the writer is busy (or in the same event-loop turn) are applied in
-one `BEGIN IMMEDIATE ... COMMIT`, so one fsync covers all of them. Each write runs inside its
-own SAVEPOINT: one that raises is rolled back alone and gets its own error, while the others
-commit. Every caller is answered only after the COMMIT that holds its write has returned, so
-an acknowledged write is on disk (synchronous=FULL). When the transaction itself fails (BEGIN
-or COMMIT refused, or an error that aborts the whole transaction such as a full disk), it is
-rolled back and every write of the batch gets that error: nothing is half-stored.
+Callers on the event loop queue writes; the thread takes every write waiting (up to
+`max_batch`) and applies them in one `BEGIN IMMEDIATE ... COMMIT`, so one fsync covers all of
+them (group commit). Each write runs inside its own SAVEPOINT: one that raises is rolled back
+alone and gets its own error, while the others commit. Every caller is answered (through
+`loop.call_soon_threadsafe`) only after the COMMIT that holds its write has returned, so an
+acknowledged write is on disk (synchronous=FULL). When the transaction itself fails (BEGIN or
+COMMIT refused, or an error that aborts the whole transaction such as a full disk), it is rolled
+back and every write of the batch gets that error: nothing is half-stored.
 
-There is no timer: a lone write is applied at once; batches form only from writes that queue
-up behind the one in flight, so group commit adds no latency to a single client.
+There is no timer: a lone write is applied at once; batches form only from writes that queue up
+behind the one in flight, so group commit adds no latency to a single client. One thread owns
+the connection, so a write costs one hop to it and one back, whatever it does.
 
-A write is a plain function of the sqlite3 connection and a per-batch `ctx` dict. It runs in
-the connection's own thread (aiosqlite's), so it must not await or touch the event loop.
-`ctx` lives for one transaction: a write may cache what it read there (for example per-node
-counts) and must keep the cache true for the writes after it. A write's changes to `ctx`
-should be made only once all its statements have succeeded: if it raises, its savepoint is
-rolled back but `ctx` is not."""
+A write is a plain function of the sqlite3 connection. It runs in the writer's thread, so it
+must not await or touch the event loop."""
 
 from __future__ import annotations
 
 import asyncio
+import queue
 import sqlite3
-from typing import Any, Callable, TypeVar
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
 
-import aiosqlite
-
-T = TypeVar("T")
-Write = Callable[[sqlite3.Connection, dict], Any]
+Write = Callable[[sqlite3.Connection], Any]
 
 SAVEPOINT = "gpuq_batch_item"
 
@@ -40,39 +38,40 @@ class BatchAborted(Exception):
         self.cause = cause
 
 
+def _rollback(db: sqlite3.Connection) -> None:
+    if db.in_transaction:
+        try:
+            db.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass  # the error that got us here is the one to report
+
+
 def apply_batch(db: sqlite3.Connection, writes: list[Write]) -> list[tuple[bool, Any]]:
     """Run `writes` in one transaction, each in its own savepoint; (ok, result-or-error) each.
 
     Raises (after a ROLLBACK) when the transaction as a whole cannot commit."""
     outcomes: list[tuple[bool, Any]] = []
-    ctx: dict = {}
     db.execute("BEGIN IMMEDIATE")
     if len(writes) == 1:  # alone in its transaction: no savepoint needed to fail alone
         try:
-            result = writes[0](db, ctx)
+            result = writes[0](db)
         except Exception as exc:
-            if db.in_transaction:
-                try:
-                    db.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass  # the write's own error is the one to report
+            _rollback(db)
             return [(False, exc)]
         except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
+            _rollback(db)
             raise
         try:
             db.execute("COMMIT")
         except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
+            _rollback(db)
             raise
         return [(True, result)]
     try:
         for write in writes:
             db.execute(f"SAVEPOINT {SAVEPOINT}")
             try:
-                result = write(db, ctx)
+                result = write(db)
             except Exception as exc:
                 if not db.in_transaction:  # SQLite rolled the whole transaction back
                     raise BatchAborted(exc) from exc
@@ -84,116 +83,152 @@ def apply_batch(db: sqlite3.Connection, writes: list[Write]) -> list[tuple[bool,
                 outcomes.append((True, result))
         db.execute("COMMIT")
     except BaseException:
-        if db.in_transaction:
-            try:
-                db.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
+        _rollback(db)
         raise
     return outcomes
 
 
-async def in_writer_thread(conn: aiosqlite.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
-    """Run `fn(sqlite3_connection)` in aiosqlite's connection thread, as one queued call.
-
-    aiosqlite has no public call for this; `_execute` and `_conn` are what every one of its own
-    methods uses (stable since aiosqlite 0.11). tests/test_batching.py fails loudly if that
-    ever changes."""
-    return await conn._execute(lambda: fn(conn._conn))
+@dataclass
+class _Item:
+    fn: Write | None  # None: stop
+    future: asyncio.Future | None
+    alone: bool = False  # run as is, outside any transaction (migrations, pragmas)
 
 
-class WriteBatcher:
-    """Queues writes and applies them in batches on `conn()`, holding `lock` (the store's
-    write lock, so a batch never interleaves with the store's other transactions)."""
+class Writer:
+    """Owns the writer thread and its connection; `run` queues a write, `call` runs a function
+    of the connection alone (outside a transaction), `close` lets the queued writes finish."""
 
-    def __init__(self, conn: Callable[[], aiosqlite.Connection | None], lock: asyncio.Lock,
+    def __init__(self, connect: Callable[[], sqlite3.Connection],
                  translate: Callable[[sqlite3.Error], Exception], max_batch: int = 256):
-        self._conn = conn
-        self._lock = lock
+        self._connect = connect
         self._translate = translate
         self.max_batch = max_batch
-        self._queue: list[tuple[Write, asyncio.Future]] = []
-        self._task: asyncio.Task | None = None
+        self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopped: asyncio.Future | None = None
         self._closed = False
-        self.batches = 0  # counters for tests and the bench
+        self.batches = 0  # counters for tests and the bench (read on the loop, written by the thread)
         self.writes = 0
+
+    @property
+    def waiting(self) -> int:
+        """Writes queued and not yet taken by the thread."""
+        return self._queue.qsize()
+
+    async def open(self) -> None:
+        """Start the thread; its connection is open (or its error raised) when this returns."""
+        self._loop = asyncio.get_running_loop()
+        opened = self._loop.create_future()
+        self._stopped = self._loop.create_future()
+        self._thread = threading.Thread(target=self._main, args=(opened,), name="gpuq-writer", daemon=True)
+        self._thread.start()
+        await opened
+
+    async def run(self, write: Write) -> Any:
+        """Apply `write` durably; its result once its transaction has committed."""
+        return await self._put(write, alone=False)
+
+    async def call(self, fn: Write) -> Any:
+        """Run `fn(connection)` in the writer's thread, between batches, with no transaction of
+        the writer's around it (fn opens its own, as a migration does)."""
+        return await self._put(fn, alone=True)
+
+    async def _put(self, fn: Write, alone: bool) -> Any:
+        if self._closed or self._loop is None:
+            raise self._translate(sqlite3.OperationalError("the store is closed; nothing was changed"))
+        future = self._loop.create_future()
+        self._queue.put(_Item(fn, future, alone))
+        return await future
+
+    async def close(self, timeout_s: float = 10.0) -> None:
+        """Refuse new writes, let those already queued commit (or fail), close the connection."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._thread is None or self._stopped is None:
+            return
+        self._queue.put(_Item(None, None))
+        try:
+            await asyncio.wait_for(asyncio.shield(self._stopped), timeout_s)
+        except TimeoutError:
+            pass  # stuck on a busy database: the daemon thread dies with the process
+
+    # -- the thread -----------------------------------------------------------------------------
+
+    def _answer(self, future: asyncio.Future | None, ok: bool, value: Any) -> None:
+        def settle() -> None:
+            if future is None or future.done():  # its caller went away; the write stands
+                return
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
+        try:
+            self._loop.call_soon_threadsafe(settle)  # type: ignore[union-attr]
+        except RuntimeError:
+            pass  # the event loop is closed: nobody is waiting any more
 
     def _error(self, exc: BaseException) -> BaseException:
         """sqlite3 errors become the store's errors; a write's own errors pass unchanged."""
         return self._translate(exc) if isinstance(exc, sqlite3.Error) else exc
 
-    def _batch_error(self, exc: BaseException) -> BaseException:
-        if isinstance(exc, BatchAborted):
-            exc = exc.cause
-        if not isinstance(exc, sqlite3.Error):  # e.g. aiosqlite's "Connection closed"
-            exc = sqlite3.OperationalError(f"{exc}; nothing was changed")
-        return self._translate(exc)
-
-    async def run(self, write: Write) -> Any:
-        """Apply `write` durably; its result once its transaction has committed."""
-        if self._closed:
-            raise self._translate(sqlite3.OperationalError("the store is closed; nothing was changed"))
-        future = asyncio.get_running_loop().create_future()
-        self._queue.append((write, future))
-        if self._task is None:
-            self._task = asyncio.create_task(self._flush(), name="gpuq-write-batcher")
-        return await future
-
-    async def _flush(self) -> None:
+    def _main(self, opened: asyncio.Future) -> None:
         try:
-            while self._queue:
-                async with self._lock:
-                    # Taken only once the lock is ours: writes that queued up while another
-                    # transaction held it all go into this one.
-                    batch = [(w, f) for w, f in self._queue[:self.max_batch] if not f.done()]
-                    del self._queue[:self.max_batch]
-                    if batch:
-                        await self._apply(batch)
-        except BaseException as exc:  # cancelled (shutdown) or a bug: nobody may wait forever
-            for _, future in self._queue:
-                if not future.done():
-                    future.set_exception(self._batch_error(sqlite3.OperationalError(
-                        f"the store stopped before this write ran ({exc!r}); nothing was changed")))
-            self._queue.clear()
-            raise
+            db = self._connect()
+        except BaseException as exc:
+            self._answer(opened, False, exc)
+            self._answer(self._stopped, True, None)
+            return
+        self._answer(opened, True, None)
+        try:
+            self._serve(db)
         finally:
-            self._task = None
+            db.close()
+            self._answer(self._stopped, True, None)
 
-    async def _apply(self, batch: list[tuple[Write, asyncio.Future]]) -> None:
-        conn = self._conn()
+    def _serve(self, db: sqlite3.Connection) -> None:
+        held: _Item | None = None  # an item taken while filling a batch, which must wait its turn
+        while True:
+            item = held or self._queue.get()
+            held = None
+            if item.fn is None:
+                return
+            if item.alone:
+                self._run_alone(db, item)
+                continue
+            batch = [item]
+            while len(batch) < self.max_batch:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt.fn is None or nxt.alone:
+                    held = nxt
+                    break
+                batch.append(nxt)
+            self._apply(db, batch)
+
+    def _run_alone(self, db: sqlite3.Connection, item: _Item) -> None:
         try:
-            if conn is None:
-                raise sqlite3.OperationalError("the store is not open")
-            outcomes = await in_writer_thread(conn, lambda db: apply_batch(db, [w for w, _ in batch]))
-        except asyncio.CancelledError:
-            for _, future in batch:  # the batch may or may not have committed: say neither
-                future.cancel()
-            raise
+            result = item.fn(db)  # type: ignore[misc]
         except Exception as exc:
-            for _, future in batch:
-                if not future.done():
-                    future.set_exception(self._batch_error(exc))
+            self._answer(item.future, False, self._error(exc))
+        else:
+            self._answer(item.future, True, result)
+
+    def _apply(self, db: sqlite3.Connection, batch: list[_Item]) -> None:
+        try:
+            outcomes = apply_batch(db, [i.fn for i in batch])  # type: ignore[misc]
+        except Exception as exc:
+            cause = exc.cause if isinstance(exc, BatchAborted) else exc
+            if not isinstance(cause, sqlite3.Error):
+                cause = sqlite3.OperationalError(f"{cause}; nothing was changed")
+            for item in batch:
+                self._answer(item.future, False, self._translate(cause))
             return
         self.batches += 1
         self.writes += len(batch)
-        for (_, future), (ok, value) in zip(batch, outcomes):
-            if future.done():  # its caller went away; the write stands, like any lost reply
-                continue
-            if ok:
-                future.set_result(value)
-            else:
-                future.set_exception(self._error(value))
-
-    async def close(self, timeout_s: float = 10.0) -> None:
-        """Let the batch in flight finish, then refuse new writes."""
-        self._closed = True
-        task = self._task
-        if task is not None:
-            try:
-                async with asyncio.timeout(timeout_s):
-                    await asyncio.shield(task)
-            except TimeoutError:
-                task.cancel()
-            except asyncio.CancelledError:
-                task.cancel()
-                raise
+        for item, (ok, value) in zip(batch, outcomes):
+            self._answer(item.future, ok, value if ok else self._error(value))

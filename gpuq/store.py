@@ -1,11 +1,11 @@
 """Every SQL statement gpuq runs. The methods are the queue's verbs. Each write is a plain
-function run in the one writer connection's thread, in a savepoint of a group commit
-(`BEGIN IMMEDIATE` ... `COMMIT`, see batching.py), checked against the job's current state
-inside it; reads go through a second connection, which WAL lets in alongside."""
+function run in the writer's own thread on its stdlib sqlite3 connection, in a savepoint of a
+group commit (`BEGIN IMMEDIATE` ... `COMMIT`, see batching.py), checked against the job's current
+state inside it; reads go through a second connection (aiosqlite's, its public API), which WAL
+lets in alongside."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sqlite3
 import time
@@ -16,7 +16,7 @@ from typing import Any, Callable, TypeVar
 import aiosqlite
 
 from . import placement as rules
-from .batching import WriteBatcher, in_writer_thread
+from .batching import Writer
 from .critique import parent_subject
 from .errors import (
     GUARD_MESSAGE, BadRequest, Conflict, GpuqError, GuardRefused, NotFound, StoreUnavailable,
@@ -269,25 +269,35 @@ class Store:
         self.busy_timeout_s = busy_timeout_s
         self.max_bytes = max_bytes
         self.clock = clock
-        self._writer: aiosqlite.Connection | None = None
+        self._writer: Writer | None = None  # every write, group-committed in its own thread
         self._reader: aiosqlite.Connection | None = None
-        self._write_lock = asyncio.Lock()
-        self._batcher: WriteBatcher | None = None  # group commit for submits, on the writer
 
     # -- connections and migrations ---------------------------------------------------------
 
-    async def _connect(self) -> aiosqlite.Connection:
+    def _connect_writer(self) -> sqlite3.Connection:
+        """The writer's connection, opened in (and used only by) the writer's thread."""
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            db.row_factory = sqlite3.Row
+            db.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+            db.execute("PRAGMA journal_mode = WAL").fetchall()
+            db.execute("PRAGMA synchronous = FULL")
+            db.execute("PRAGMA foreign_keys = ON")
+            if self.max_bytes is not None:  # past it, writes fail as on a full disk: SQLITE_FULL
+                page_size = db.execute("PRAGMA page_size").fetchone()[0]
+                # Read to its end: a statement left with a row to give keeps the connection
+                # reading, and a migration that drops a table then fails with "table is locked".
+                db.execute(f"PRAGMA max_page_count = {max(self.max_bytes // page_size, 1)}").fetchall()
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    async def _connect_reader(self) -> aiosqlite.Connection:
         conn = await aiosqlite.connect(self.path, isolation_level=None)
         conn.row_factory = sqlite3.Row
         await conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
-        await conn.execute("PRAGMA journal_mode = WAL")
-        await conn.execute("PRAGMA synchronous = FULL")
         await conn.execute("PRAGMA foreign_keys = ON")
-        if self.max_bytes is not None:  # past it, writes fail as on a full disk: SQLITE_FULL
-            page_size = (await conn.execute_fetchall("PRAGMA page_size"))[0][0]
-            # Read to its end: a statement left with a row to give keeps the connection reading,
-            # and a migration that drops a table then fails with "database table is locked".
-            await conn.execute_fetchall(f"PRAGMA max_page_count = {max(self.max_bytes // page_size, 1)}")
         return conn
 
     async def open(self) -> None:
@@ -295,22 +305,21 @@ class Store:
         if not self.path.exists():
             self.path.touch(mode=0o600)  # the queue holds a person's prompts
         try:
-            self._writer = await self._connect()
+            self._writer = Writer(self._connect_writer, _translate)
+            await self._writer.open()
             await self._migrate()
-            self._reader = await self._connect()
+            self._reader = await self._connect_reader()
         except BaseException as exc:
             await self.close()  # an open connection's thread would keep a router that failed alive
             if isinstance(exc, sqlite3.Error):
                 raise GpuqError(f"cannot open the database {self.path}: {exc}", status=2) from exc
             raise
-        self._batcher = WriteBatcher(lambda: self._writer, self._write_lock, _translate)
 
     async def close(self) -> None:
-        if self._batcher is not None:
-            await self._batcher.close()  # the batch in flight commits (or fails) first
-        for conn in (self._reader, self._writer):
-            if conn is not None:
-                await conn.close()
+        if self._writer is not None:
+            await self._writer.close()  # the writes queued commit (or fail) first
+        if self._reader is not None:
+            await self._reader.close()
         self._reader = self._writer = None
 
     async def _migrate(self) -> None:
@@ -352,23 +361,17 @@ class Store:
                     db.execute("ROLLBACK")
                 raise
 
-        try:
-            await in_writer_thread(self._writer, migrate)
-        except sqlite3.Error as exc:
-            raise _translate(exc) from exc
+        await self._writer.call(migrate)  # type: ignore[union-attr]
 
     async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run `fn` as one transaction (a savepoint of a group commit) in the writer's thread.
 
-        Every write goes through the write batcher (gpuq/batching.py): writes that arrive
-        together share one commit, each is answered only after it, and one that raises is
-        rolled back alone. `fn` must not await: it runs in aiosqlite's thread."""
-        assert self._batcher is not None, "store is not open"
-
-        def run(db: sqlite3.Connection, ctx: dict) -> T:
-            ctx.pop("submit_counts", None)  # queue counts a submit cached may no longer hold
-            return fn(db)
-        return await self._batcher.run(run)
+        Every write goes through the writer (gpuq/batching.py): writes that arrive together
+        share one commit, each is answered only after it, and one that raises is rolled back
+        alone. `fn` must not await: it runs in the writer's thread."""
+        if self._writer is None:
+            raise _translate(sqlite3.OperationalError("the store is not open; nothing was changed"))
+        return await self._writer.run(fn)
 
     async def configure(self, settings_s: dict[str, float], nodes: list) -> None:
         """Record the thresholds and nodes in force, and (re)create the stale_heads view."""
@@ -666,12 +669,11 @@ class Store:
         and one fsync; each runs in its own savepoint and is answered only after that commit,
         and one refused submit never fails the others. Placement sees the jobs submitted
         before it in the same batch."""
-        assert self._batcher is not None, "store is not open"
         now = self.clock()
-        return await self._batcher.run(lambda db, ctx: self._submit_in(db, ctx, new, nodes, actor, now))
+        return await self._write(lambda db: self._submit_in(db, new, nodes, actor, now))
 
     @staticmethod
-    def _submit_in(db: sqlite3.Connection, ctx: dict, new: NewJob, nodes: list[NodeInfo], actor: str,
+    def _submit_in(db: sqlite3.Connection, new: NewJob, nodes: list[NodeInfo], actor: str,
                    now: float) -> list[Row]:
         """Submit's statements, in the writer's thread, inside the batch's transaction."""
         by_name = {n.name: n for n in nodes}
@@ -687,13 +689,9 @@ class Store:
         elif new.prompt is None:
             raise BadRequest("field 'prompt' must not be empty")
         parent_node = parent["node"] if parent else None
-        # Per-node (running, queued) counts, read once per batch and kept true by each submit
-        # of the batch, so a burst does not count the whole queue once per job.
-        counts = ctx.get("submit_counts")
-        if counts is None:
-            counts = {r[0]: (r[1], r[2]) for r in db.execute(
-                "SELECT node, SUM(state = 'running'), SUM(state = 'queued') FROM job"
-                " WHERE state IN ('queued', 'running') GROUP BY node")}
+        counts = {r[0]: (r[1], r[2]) for r in db.execute(
+            "SELECT node, SUM(state = 'running'), SUM(state = 'queued') FROM job"
+            " WHERE state IN ('queued', 'running') GROUP BY node")}
         views = Store._views(nodes, counts)
         if new.kind != "critique":  # a task, or an embedding (placed as a task)
             placements = [rules.place_task(views, new.node, new.model)]
@@ -734,10 +732,6 @@ class Store:
             created.append({"id": job_id, "kind": new.kind, "node": p.node, "model": model,
                             "state": "queued", "position": waiting + 1, "reason": p.reason,
                             "parent": new.parent, "group": group, "waiting_for": waiting_for})
-        for job in created:  # every statement succeeded: only now does the batch's cache change
-            running, queued = counts.get(job["node"], (0, 0))
-            counts[job["node"]] = (running, queued + 1)
-        ctx["submit_counts"] = counts
         return created
 
     # -- the worker's verbs -------------------------------------------------------------------

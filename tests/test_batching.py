@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 
 import pytest
 
@@ -36,18 +37,28 @@ def rows(path, sql, *params):
 
 
 async def together(store: Store, *calls):
-    """Start the calls while the writer is busy, so they queue up and form one batch."""
-    async with store._write_lock:  # the batcher waits for the writer's lock
+    """Start the calls while the writer's thread is busy, so they queue up and form one batch."""
+    busy, go = threading.Event(), threading.Event()
+
+    def hold(db):
+        busy.set()
+        go.wait(10)
+    held = asyncio.ensure_future(store._writer.call(hold))
+    try:
+        await eventually(busy.is_set, what="the writer to be busy")
         tasks = [asyncio.ensure_future(c) for c in calls]
-        await eventually(lambda: len(store._batcher._queue) == len(calls), what="every write to queue up")
+        await eventually(lambda: store._writer.waiting == len(calls), what="every write to queue up")
+    finally:
+        go.set()
+    await held
     return await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def test_concurrent_submits_share_a_transaction_and_placement_sees_the_earlier_ones(store):
-    before = store._batcher.batches
+    before = store._writer.batches
     results = await together(store, *(store.submit(NewJob("task", f"p{i}"), NODES, "api") for i in range(10)))
     jobs = [r[0] for r in results]
-    assert store._batcher.batches - before == 1  # one transaction, one fsync for all ten
+    assert store._writer.batches - before == 1  # one transaction, one fsync for all ten
     # Placement saw each earlier submit of the batch: first free by rank, then the shorter queue.
     assert [(j["node"], j["reason"]) for j in jobs[:2]] == [("a", FIRST_FREE), ("b", FIRST_FREE)]
     assert all(j["reason"] == SHORTEST for j in jobs[2:])
@@ -81,7 +92,7 @@ async def test_one_refused_submit_fails_alone(store):
 
 async def test_a_claim_inside_a_batch_is_seen_by_the_submits_after_it(store):
     [first] = await store.submit(NewJob("task", "waits on b", node="b"), NODES, "api")
-    before = store._batcher.batches
+    before = store._writer.batches
     x, claimed, y, refused = await together(
         store,
         store.submit(NewJob("task", "x"), NODES, "api"),
@@ -89,7 +100,7 @@ async def test_a_claim_inside_a_batch_is_seen_by_the_submits_after_it(store):
         store.submit(NewJob("task", "y"), NODES, "api"),
         store.finish(first["id"], 10**6, "done", None),  # not its run: refused alone
     )
-    assert store._batcher.batches - before == 1
+    assert store._writer.batches - before == 1
     assert (x[0]["node"], x[0]["reason"]) == ("a", FIRST_FREE)
     assert claimed["id"] == first["id"]
     # b's only queued job became its running head inside the batch: y sees b's empty queue.
@@ -101,9 +112,9 @@ async def test_a_claim_inside_a_batch_is_seen_by_the_submits_after_it(store):
 async def test_a_submit_failing_halfway_rolls_back_only_its_own_rows(store):
     # The database refuses one submit's event row after its job row went in: its savepoint
     # takes the job row back out, and the submits around it in the batch still commit.
-    await store._writer.execute(
+    await store._writer.call(lambda db: db.execute(
         "CREATE TEMP TRIGGER refuse_evil BEFORE INSERT ON event WHEN NEW.actor = 'evil'"
-        " BEGIN SELECT RAISE(ABORT, 'refused by the test'); END")
+        " BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"))
     results = await together(
         store,
         store.submit(NewJob("task", "before"), NODES, "api"),
@@ -118,14 +129,14 @@ async def test_a_submit_failing_halfway_rolls_back_only_its_own_rows(store):
 
 
 async def test_a_batch_whose_commit_fails_fails_every_submit_and_stores_nothing(store):
-    def dangling(db, ctx):
+    def dangling(db):
         db.execute("PRAGMA defer_foreign_keys = ON")  # checked at COMMIT, which then refuses
         db.execute("INSERT INTO event (job_id, at, to_state, actor) VALUES (?, 'x', 'queued', 'test')",
                    (UNKNOWN,))
     results = await together(
         store,
         *(store.submit(NewJob("task", f"p{i}"), NODES, "api") for i in range(4)),
-        store._batcher.run(dangling),
+        store._writer.run(dangling),
     )
     assert all(isinstance(r, StoreUnavailable) for r in results), results
     assert all("FOREIGN KEY" in r.message for r in results)
@@ -136,8 +147,8 @@ async def test_a_batch_whose_commit_fails_fails_every_submit_and_stores_nothing(
 
 
 async def test_a_full_disk_leaves_each_submit_either_stored_whole_or_refused(store):
-    pages = (await (await store._writer.execute("PRAGMA page_count")).fetchone())[0]
-    await store._writer.execute(f"PRAGMA max_page_count = {pages + 12}")
+    pages = await store._writer.call(lambda db: db.execute("PRAGMA page_count").fetchone()[0])
+    await store._writer.call(lambda db: db.execute(f"PRAGMA max_page_count = {pages + 12}").fetchall())
     prompt = "x" * 6000
     results = await together(store, *(store.submit(NewJob("task", f"{i} {prompt}"), NODES, "api")
                                       for i in range(20)))

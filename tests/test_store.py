@@ -7,7 +7,6 @@ import sqlite3
 
 import pytest
 
-from gpuq.batching import in_writer_thread
 from gpuq.errors import GpuqError, GuardRefused, StoreUnavailable
 from gpuq.models import iso
 from gpuq.store import MIGRATIONS_DIR, STALE_SQL, GuardMiss, NewJob, NodeInfo, Store
@@ -267,7 +266,7 @@ async def test_a_read_only_database_refuses_writes_loudly_and_keeps_serving_read
     [job] = await s.submit(NewJob("task", "kept"), NODES, "api")
     # SQLite answers SQLITE_READONLY here exactly as for a read-only file (as root, chmod
     # would not bite, so the test asks SQLite itself to refuse writes).
-    await in_writer_thread(s._writer, lambda db: db.execute("PRAGMA query_only = ON"))
+    await s._writer.call(lambda db: db.execute("PRAGMA query_only = ON"))
     with pytest.raises(StoreUnavailable) as exc:
         await s.submit(NewJob("task", "refused"), NODES, "api")
     assert exc.value.status == 503 and "read-only" in exc.value.message
@@ -290,4 +289,4 @@ async def test_every_write_is_durable_wal_and_synchronous_full(store):
     foreign keys on. (A SIGKILL cannot catch synchronous=OFF: the page cache survives it.)"""
     def pragmas(db: sqlite3.Connection) -> tuple:
         return tuple(db.execute(f"PRAGMA {p}").fetchone()[0] for p in ("journal_mode", "synchronous", "foreign_keys"))
-    assert await in_writer_thread(store._writer, pragmas) == ("wal", 2, 1)  # 2 = FULL
+    assert await store._writer.call(pragmas) == ("wal", 2, 1)  # 2 = FULL
