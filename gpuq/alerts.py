@@ -174,7 +174,7 @@ class Alerter:
     async def check(self) -> tuple[int, int]:
         """Compare what fires now with the open firings: open the new, resolve the ended."""
         runtimes = self.dispatcher.nodes
-        waiting = {node: queued for node, (queued, _) in (await self.store.active_by_node()).items()}
+        waiting = {node: counts.queued for node, counts in (await self.store.active_by_node()).items()}
         now = {c.key: c for c in conditions(await self.store.stale_heads(), list(runtimes.values()), waiting)}
         open_rows = {(r["alert"], r["node"], r["job_id"] or ""): r for r in await self.store.open_alerts()}
         fired = resolved = 0

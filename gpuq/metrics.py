@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from .models import NodeCounts
+
 DURATION_BUCKETS_S = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400)
 WAIT_BUCKETS_S = (0.1, 0.5, 1, 5, 15, 60, 300, 900, 1800, 3600, 7200, 14400)
 
@@ -52,7 +54,7 @@ class Snapshot:
     """What a scrape reports about now."""
 
     nodes: list = field(default_factory=list)  # the dispatcher's NodeRuntimes
-    active: dict = field(default_factory=dict)  # node -> (queued, running)
+    active: dict[str, NodeCounts] = field(default_factory=dict)
     stale_heads: int = 0
 
 
@@ -102,7 +104,7 @@ class Metrics:
         }
         families = {name: GaugeMetricFamily(name, doc, labels=["node"]) for name, doc in gauges.items()}
         for rt in self.now.nodes:
-            queued, running = self.now.active.get(rt.name, (0, 0))
+            running, queued = self.now.active.get(rt.name, NodeCounts())
             families["gpuq_jobs_waiting"].add_metric([rt.name], queued)
             families["gpuq_jobs_running"].add_metric([rt.name], running)
             families["gpuq_node_up"].add_metric([rt.name], 1 if rt.up else 0)

@@ -4,6 +4,7 @@ import secrets
 import time
 from datetime import datetime, timezone
 from enum import Enum
+from typing import NamedTuple
 
 
 class JobState(str, Enum):
@@ -21,6 +22,13 @@ class Kind(str, Enum):
 
 
 ACTIVE = (JobState.QUEUED.value, JobState.RUNNING.value)
+
+
+class NodeCounts(NamedTuple):
+    """A node's active jobs (the table node_load keeps them, migration 009)."""
+
+    running: int = 0
+    queued: int = 0
 
 POSITION_GAP = 1024
 

@@ -20,7 +20,7 @@ from .config import Settings
 from .dispatcher import Dispatcher, NodeRuntime, node_json
 from .errors import BadRequest, GpuqError, NotFound, TooLarge
 from .metrics import Metrics
-from .models import Kind, iso, parse_iso
+from .models import Kind, NodeCounts, iso, parse_iso
 from .params import options_problem, think_problem
 from .security import access_middleware, host_middleware
 from .shipped import shipped_dir, shipped_files
@@ -199,12 +199,12 @@ async def health(request: web.Request) -> web.Response:
     active = await store.active_by_node()  # two indexed queries: this and the stale heads
     stale = [{k: h[k] for k in ("id", "node", "state", "since", "reason")} for h in await store.stale_heads()]
     down = [{"name": rt.name, "since": iso(rt.since), "error": rt.vram_stuck or rt.last_error,
-             "waiting": active.get(rt.name, (0, 0))[0]}
+             "waiting": active.get(rt.name, NodeCounts()).queued}
             for rt in dispatcher.nodes.values() if rt.checked and not rt.claimable]
     crashed = [loop.json() for loop in dispatcher.loops.down()]  # a loop that is not running, for now
     ok = not stale and not any(d["waiting"] for d in down) and not crashed
-    body = {"ok": ok, "queue_depth": sum(q for q, _ in active.values()),
-            "running": sum(r for _, r in active.values()), "stale": stale, "nodes_down": down,
+    body = {"ok": ok, "queue_depth": sum(c.queued for c in active.values()),
+            "running": sum(c.running for c in active.values()), "stale": stale, "nodes_down": down,
             "loops_down": crashed}
     return web.json_response(body, status=200 if ok else 503)
 
@@ -325,7 +325,7 @@ async def queue(request: web.Request) -> web.Response:
 
 async def nodes(request: web.Request) -> web.Response:
     active = await request.app[STORE].active_by_node()
-    return web.json_response({"nodes": [dict(node_json(rt), waiting=active.get(rt.name, (0, 0))[0])
+    return web.json_response({"nodes": [dict(node_json(rt), waiting=active.get(rt.name, NodeCounts()).queued)
                                         for rt in request.app[DISPATCHER].nodes.values()]})
 
 

@@ -22,7 +22,7 @@ from .errors import (
     GUARD_MESSAGE, BadRequest, Conflict, GpuqError, GuardRefused, NotFound, StoreUnavailable,
     Unprocessable,
 )
-from .models import ACTIVE, POSITION_GAP, JobState, iso, new_job_id
+from .models import ACTIVE, POSITION_GAP, JobState, NodeCounts, iso, new_job_id
 from .shipped import shipped_dir, shipped_files
 
 MIGRATIONS_DIR = shipped_dir("migrations")
@@ -154,6 +154,11 @@ def _event(db: sqlite3.Connection, job_id: str, from_state: str | None, to_state
     """The event row every state change (and every move) writes, in the same transaction."""
     db.execute("INSERT INTO event (job_id, at, from_state, to_state, actor, reason) VALUES (?,?,?,?,?,?)",
                (job_id, iso(now), from_state, to_state, actor, reason))
+
+
+def _node_counts(db: sqlite3.Connection) -> dict[str, NodeCounts]:
+    """Running and queued jobs per node: one row per node, kept by triggers (migration 009)."""
+    return {r[0]: NodeCounts(r[1], r[2]) for r in db.execute("SELECT node, running, queued FROM node_load")}
 
 
 def _unused_id(db: sqlite3.Connection, now: float) -> str:
@@ -422,12 +427,9 @@ class Store:
     # -- reading ------------------------------------------------------------------------------
 
     @staticmethod
-    def _views(nodes: list[NodeInfo], counts: dict[str, tuple[int, int]]) -> list[rules.NodeView]:
-        return [
-            rules.NodeView(n.name, n.rank, n.roles, n.up, counts.get(n.name, (0, 0))[0] > 0,
-                           counts.get(n.name, (0, 0))[1], n.models)
-            for n in nodes
-        ]
+    def _views(nodes: list[NodeInfo], counts: dict[str, NodeCounts]) -> list[rules.NodeView]:
+        return [rules.NodeView(n.name, n.rank, n.roles, n.up, counts.get(n.name, NodeCounts()).running > 0,
+                               counts.get(n.name, NodeCounts()).queued, n.models) for n in nodes]
 
     async def job(self, job_id: str, columns: str = LISTING_COLUMNS) -> Row:
         """A job as listings show it (its prompt's excerpt and size, not the prompt)."""
@@ -490,12 +492,10 @@ class Store:
         count = await self.read("SELECT COUNT(*) AS n FROM job WHERE node = ? AND state = 'queued'", (node,))
         return (running[0] if running else None), queued, count[0]["n"]
 
-    async def active_by_node(self) -> dict[str, tuple[int, int]]:
-        """(queued, running) per node, in one query over the active rows only (index job_state)."""
-        rows = await self.read(
-            "SELECT node, SUM(state = 'queued') AS queued, SUM(state = 'running') AS running FROM job"
-            " WHERE state IN ('queued', 'running') GROUP BY node")
-        return {r["node"]: (r["queued"], r["running"]) for r in rows}
+    async def active_by_node(self) -> dict[str, NodeCounts]:
+        """Running and queued jobs per node (one row per node: the table node_load)."""
+        rows = await self.read("SELECT node, running, queued FROM node_load")
+        return {r["node"]: NodeCounts(r["running"], r["queued"]) for r in rows}
 
     async def finished_totals(self, after_event: int, duration_bounds: tuple, wait_bounds: tuple) -> list[Row]:
         """Jobs that ended after event `after_event`, summed per (node, kind, state, model) for
@@ -689,9 +689,7 @@ class Store:
         elif new.prompt is None:
             raise BadRequest("field 'prompt' must not be empty")
         parent_node = parent["node"] if parent else None
-        counts = {r[0]: (r[1], r[2]) for r in db.execute(
-            "SELECT node, SUM(state = 'running'), SUM(state = 'queued') FROM job"
-            " WHERE state IN ('queued', 'running') GROUP BY node")}
+        counts = _node_counts(db)
         views = Store._views(nodes, counts)
         if new.kind != "critique":  # a task, or an embedding (placed as a task)
             placements = [rules.place_task(views, new.node, new.model)]
@@ -728,7 +726,7 @@ class Store:
             waiting_for = new.parent if from_parent and parent["state"] != "done" else None
             held = f"; waiting for parent {waiting_for}" if waiting_for else ""
             _event(db, job_id, None, "queued", actor, f"placed on {p.node} ({p.reason}){held}", now)
-            waiting = counts.get(p.node, (0, 0))[1]
+            waiting = counts.get(p.node, NodeCounts()).queued
             created.append({"id": job_id, "kind": new.kind, "node": p.node, "model": model,
                             "state": "queued", "position": waiting + 1, "reason": p.reason,
                             "parent": new.parent, "group": group, "waiting_for": waiting_for})

@@ -290,3 +290,38 @@ async def test_every_write_is_durable_wal_and_synchronous_full(store):
     def pragmas(db: sqlite3.Connection) -> tuple:
         return tuple(db.execute(f"PRAGMA {p}").fetchone()[0] for p in ("journal_mode", "synchronous", "foreign_keys"))
     assert await store._writer.call(pragmas) == ("wal", 2, 1)  # 2 = FULL
+
+
+async def test_node_load_counts_every_way_a_job_comes_and_goes(store):
+    """The per-node counts placement reads (table node_load, kept by triggers) equal a count of
+    the job table after submits, a claim, a move, a preempt, a finish, a delete and a retry."""
+    def truth() -> dict:
+        db = sqlite3.connect(store.path)
+        try:
+            return {n: (r, q) for n, r, q in db.execute(
+                "SELECT node, SUM(state = 'running'), SUM(state = 'queued') FROM job"
+                " WHERE state IN ('queued', 'running') GROUP BY node")}
+        finally:
+            db.close()
+
+    async def check():
+        kept = {n: tuple(c) for n, c in (await store.active_by_node()).items() if c != (0, 0)}
+        assert kept == truth()
+    nodes = [NodeInfo("a", 1, ("task",), "ma", True), NodeInfo("c", 2, ("task",), "mc", True)]
+    jobs = [j for i in range(6) for j in await store.submit(NewJob("task", f"p{i}"), nodes, "api")]
+    await check()
+    head = await store.claim(jobs[0]["node"])
+    await check()
+    waiting = [j for j in jobs if j["node"] == head["node"] and j["id"] != head["id"]]
+    other = "c" if head["node"] == "a" else "a"
+    await store.move(waiting[0]["id"], nodes, "api", node=other)
+    await check()
+    await store.preempt(waiting[1]["id"], "api")
+    await check()
+    nxt = await store.claim(head["node"])
+    await store.finish(nxt["id"], nxt["run_id"], "done", None, "out")
+    await check()
+    await store.delete(jobs[-1]["id"], "api")
+    await check()
+    await store.retry(jobs[-1]["id"], "api")
+    await check()
