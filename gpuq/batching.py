@@ -105,9 +105,7 @@ class Writer:
         self._translate = translate
         self.max_batch = max_batch
         self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._stopped: asyncio.Future | None = None
         self._closed = False
         self.batches = 0  # counters for tests and the bench (read on the loop, written by the thread)
         self.writes = 0
@@ -119,9 +117,7 @@ class Writer:
 
     async def open(self) -> None:
         """Start the thread; its connection is open (or its error raised) when this returns."""
-        self._loop = asyncio.get_running_loop()
-        opened = self._loop.create_future()
-        self._stopped = self._loop.create_future()
+        opened = asyncio.get_running_loop().create_future()
         self._thread = threading.Thread(target=self._main, args=(opened,), name="gpuq-writer", daemon=True)
         self._thread.start()
         await opened
@@ -136,9 +132,9 @@ class Writer:
         return await self._put(fn, alone=True)
 
     async def _put(self, fn: Write, alone: bool) -> Any:
-        if self._closed or self._loop is None:
+        if self._closed or self._thread is None:
             raise self._translate(sqlite3.OperationalError("the store is closed; nothing was changed"))
-        future = self._loop.create_future()
+        future = asyncio.get_running_loop().create_future()
         self._queue.put(_Item(fn, future, alone))
         return await future
 
@@ -147,26 +143,32 @@ class Writer:
         if self._closed:
             return
         self._closed = True
-        if self._thread is None or self._stopped is None:
+        if self._thread is None or not self._thread.is_alive():  # never opened, or failed to
             return
-        self._queue.put(_Item(None, None))
+        stopped = asyncio.get_running_loop().create_future()
+        self._queue.put(_Item(None, stopped))
         try:
-            await asyncio.wait_for(asyncio.shield(self._stopped), timeout_s)
+            await asyncio.wait_for(stopped, timeout_s)
         except TimeoutError:
             pass  # stuck on a busy database: the daemon thread dies with the process
 
     # -- the thread -----------------------------------------------------------------------------
 
-    def _answer(self, future: asyncio.Future | None, ok: bool, value: Any) -> None:
+    @staticmethod
+    def _answer(future: asyncio.Future | None, ok: bool, value: Any) -> None:
+        """Settle `future` from the writer's thread, on the event loop that made it."""
+        if future is None:
+            return
+
         def settle() -> None:
-            if future is None or future.done():  # its caller went away; the write stands
+            if future.done():  # its caller went away; the write stands
                 return
             if ok:
                 future.set_result(value)
             else:
                 future.set_exception(value)
         try:
-            self._loop.call_soon_threadsafe(settle)  # type: ignore[union-attr]
+            future.get_loop().call_soon_threadsafe(settle)
         except RuntimeError:
             pass  # the event loop is closed: nobody is waiting any more
 
@@ -179,22 +181,23 @@ class Writer:
             db = self._connect()
         except BaseException as exc:
             self._answer(opened, False, exc)
-            self._answer(self._stopped, True, None)
             return
         self._answer(opened, True, None)
+        stop = None
         try:
-            self._serve(db)
+            stop = self._serve(db)
         finally:
             db.close()
-            self._answer(self._stopped, True, None)
+            self._answer(stop and stop.future, True, None)
 
-    def _serve(self, db: sqlite3.Connection) -> None:
+    def _serve(self, db: sqlite3.Connection) -> _Item:
+        """Apply what is queued until the stop item comes; return it."""
         held: _Item | None = None  # an item taken while filling a batch, which must wait its turn
         while True:
             item = held or self._queue.get()
             held = None
             if item.fn is None:
-                return
+                return item
             if item.alone:
                 self._run_alone(db, item)
                 continue

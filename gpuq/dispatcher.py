@@ -14,11 +14,11 @@ import aiohttp
 from .bus import Bus
 from .config import NodeConfig, Settings
 from .critique import FINDINGS_SCHEMA, FindingsError, instruction, parse_findings
-from .errors import GpuqError, OllamaError, StoreUnavailable
+from .errors import GpuqError, GuardMiss, OllamaError, StoreUnavailable
 from .models import iso, normalize_model, parse_iso
 from .params import merged_options
 from .ollama import OllamaClient, prompt_was_cut
-from .store import GuardMiss, Interrupted, NodeInfo, Store
+from .store import Interrupted, NodeInfo, Store
 from .supervise import Loop, Loops
 from .translate import STREAMED_ROUTES, chunk_text, node_request
 

@@ -1,5 +1,8 @@
 """One error hierarchy: each class carries the HTTP status the server and the CLI show."""
 
+import sqlite3
+
+# The schema's triggers raise exactly this (migration 010); from_sqlite turns it into GuardRefused.
 GUARD_MESSAGE = "a critique never runs on its parent task's node"
 
 
@@ -21,6 +24,14 @@ class NotFound(GpuqError):
     status = 404
 
 
+class Unauthorized(GpuqError):
+    status = 401
+
+
+class Forbidden(GpuqError):
+    status = 403
+
+
 class Conflict(GpuqError):
     """The request is well formed but the queue's current state refuses it."""
 
@@ -30,6 +41,14 @@ class Conflict(GpuqError):
 class GuardRefused(Conflict):
     def __init__(self, message: str = GUARD_MESSAGE):
         super().__init__(message)
+
+
+class IdTaken(Conflict):
+    """A client-chosen job id collided with one in the table (its chooser picks another)."""
+
+
+class GuardMiss(Conflict):
+    """A worker tried to finish a run that is no longer the job's running run."""
 
 
 class MisdirectedRequest(GpuqError):
@@ -93,3 +112,17 @@ class OllamaError(Exception):
         super().__init__(message)
         self.message = message
         self.status = status
+
+
+def from_sqlite(exc: sqlite3.Error) -> GpuqError:
+    """The one mapping of a database error to what a user sees, by SQLite's own error name."""
+    name, text = getattr(exc, "sqlite_errorname", None) or "", str(exc)
+    if name == "SQLITE_CONSTRAINT_TRIGGER" and text == GUARD_MESSAGE:
+        return GuardRefused()
+    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+        return StoreUnavailable(f"the database is locked by another process ({text}); nothing was changed")
+    if name.startswith(("SQLITE_FULL", "SQLITE_IOERR")):
+        return StoreUnavailable(f"the database cannot be written: {text}; nothing was changed")
+    if name.startswith("SQLITE_READONLY"):
+        return StoreUnavailable(f"the database is read-only: {text}; nothing was changed")
+    return StoreUnavailable(f"database error: {text}; nothing was changed")

@@ -27,7 +27,8 @@ from .errors import (
 )
 from .models import new_job_id, normalize_model
 from .security import check_host, check_same_site, router_hosts, token_of
-from .store import IdTaken, NewJob, Store
+from .errors import IdTaken
+from .store import NewJob, Store
 
 log = logging.getLogger("gpuq")
 

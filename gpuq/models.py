@@ -3,6 +3,7 @@
 import secrets
 import time
 from datetime import datetime, timezone
+from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
 
@@ -31,6 +32,44 @@ class NodeCounts(NamedTuple):
     queued: int = 0
 
 POSITION_GAP = 1024
+
+
+@dataclass(frozen=True)
+class NewJob:
+    kind: str
+    prompt: str | None  # None: a critique of its parent's prompt and result
+    model: str | None = None  # None: the node's model
+    node: str | None = None  # asked for; None lets placement choose
+    parent: str | None = None
+    timeout_s: float | None = None
+    think: bool | str | None = None  # Ollama's think; None: the node's default
+    options: dict | None = None  # Ollama model options, over the node's
+    # A front-door call (gpuq/front.py): the route it came in on, the request as received
+    # (JSON text), and the id its client chose, so that it can follow the job from the start.
+    endpoint: str | None = None
+    request: str | None = None
+    job_id: str | None = None
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """What the store needs to know of a node to place and move jobs."""
+
+    name: str
+    rank: int
+    roles: tuple[str, ...]
+    model: str
+    up: bool
+    models: frozenset[str] | None = None  # installed, as of its last health check; None: unknown
+
+
+@dataclass(frozen=True)
+class Interrupted:
+    """A running job that an operation took off its node; its worker must abort it."""
+
+    job_id: str
+    node: str
+    run_id: int
 
 
 def new_job_id(now: float | None = None) -> str:

@@ -9,21 +9,13 @@ from urllib.parse import urlparse
 from aiohttp import web
 
 from .config import Settings, normal_host
-from .errors import GpuqError, MisdirectedRequest
+from .errors import Forbidden, MisdirectedRequest, Unauthorized
 
 UNSAFE_METHODS = ("POST", "PUT", "PATCH", "DELETE")
 # *.localhost is left out: browsers that do not pin it to loopback ask DNS for it, and a
 # resolver that answers it can rebind it. Such a name can be listed in router.allowed_hosts.
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})  # listen addresses, never a name a client uses
-
-
-class Unauthorized(GpuqError):
-    status = 401
-
-
-class Forbidden(GpuqError):
-    status = 403
 
 
 def router_hosts(settings: Settings) -> frozenset[str]:

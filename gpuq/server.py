@@ -24,7 +24,7 @@ from .models import Kind, NodeCounts, iso, parse_iso
 from .params import options_problem, think_problem
 from .security import access_middleware, host_middleware
 from .shipped import shipped_dir, shipped_files
-from .store import NewJob, Store, job_json
+from .store import NewJob, Row, Store
 
 log = logging.getLogger("gpuq")
 
@@ -44,6 +44,32 @@ FINAL_STATES = ("done", "failed", "cancelled")
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+
+
+def job_json(row: Row, public_url: str) -> Row:
+    """The API's shape of a job row: `prompt` (and `output`) only when the row is a job's detail."""
+    out = {
+        "id": row["id"], "kind": row["kind"], "state": row["state"], "node": row["node"],
+        "model": row["model"], "prompt_excerpt": row["prompt_excerpt"], "prompt_bytes": row["prompt_bytes"],
+        "parent": row.get("parent_id"),
+        "group": row.get("group_id"), "placement": row.get("placement"), "error": row.get("error"),
+        "created_at": row.get("created_at"), "started_at": row.get("started_at"),
+        "finished_at": row.get("finished_at"), "progress_at": row.get("progress_at"),
+        "work_done_at": row.get("work_done_at"), "eval_count": row.get("eval_count"),
+        "eval_duration_ns": row.get("eval_duration_ns"), "done_reason": row.get("done_reason"),
+        "preempted_runs": row.get("preempted_runs", 0), "timeout_s": row.get("timeout_s"),
+        "run_id": row.get("run_id"), "preview_url": f"{public_url}/jobs/{row['id']}",
+        "waiting_for": row.get("waiting_for"),  # a held critique: the parent it waits for
+    }
+    if row.get("endpoint"):
+        out["endpoint"] = row["endpoint"]
+    for key in ("findings", "think", "options", "request"):  # JSON columns
+        if row.get(key) is not None:
+            out[key] = json.loads(row[key])
+    for key in ("prompt", "output", "thinking", "runs", "events", "children", "queue_position"):
+        if key in row:
+            out[key] = row[key]
+    return out
 
 
 def error_response(status: int, message: str) -> web.Response:

@@ -1,33 +1,31 @@
-"""Every SQL statement gpuq runs. The methods are the queue's verbs. Each write is a plain
-function run in the writer's own thread on its stdlib sqlite3 connection, in a savepoint of a
-group commit (`BEGIN IMMEDIATE` ... `COMMIT`, see batching.py), checked against the job's current
-state inside it; reads go through a second connection (aiosqlite's, its public API), which WAL
-lets in alongside."""
+"""The store: an async facade over the queue's verbs (gpuq/verbs.py) and every read.
+
+Each write is a verb, a plain function of a sqlite3 connection, run in the writer's own thread
+on its stdlib connection, in a savepoint of a group commit (`BEGIN IMMEDIATE` ... `COMMIT`, see
+batching.py), checked against the job's current state inside it. Reads go through a second
+connection (aiosqlite's, its public API), which WAL lets in alongside; their SQL is here."""
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import time
-from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Callable, TypeVar
 
 import aiosqlite
 
-from . import placement as rules
+from . import verbs
 from .batching import Writer
-from .critique import parent_subject
-from .errors import (
-    GUARD_MESSAGE, BadRequest, Conflict, GpuqError, GuardRefused, NotFound, StoreUnavailable,
-    Unprocessable,
-)
-from .models import ACTIVE, POSITION_GAP, JobState, NodeCounts, iso, new_job_id
+from .errors import GpuqError, NotFound, from_sqlite
+from .models import Interrupted, JobState, NewJob, NodeCounts, NodeInfo, iso
 from .shipped import shipped_dir, shipped_files
+from .verbs import STALE_SQL, Row, rows
+
+__all__ = ["Interrupted", "NewJob", "NodeInfo", "Store", "STALE_SQL", "MIGRATIONS_DIR"]
 
 MIGRATIONS_DIR = shipped_dir("migrations")
 
-Row = dict[str, Any]
 T = TypeVar("T")
 
 # A listing (/api/queue, /api/jobs) carries each prompt's first 300 characters and its size in
@@ -48,223 +46,6 @@ DETAIL_COLUMNS = LISTING_COLUMNS + ", j.prompt"
 JOB_FROM = "FROM job j LEFT JOIN run r ON r.id = j.run_id"
 
 
-# A running head is stale when Ollama finished but the job did not within the grace (the
-# 49-minute case), when it ran past max_runtime, or when no tokens came for stale_after.
-# Only running rows are read (the partial index job_one_running_per_node), so the cost stays
-# flat as history grows. `:now` is the caller's clock; the stale_heads view uses 'now'.
-STALE_SQL = """
-SELECT id, node, state, since, reason, run_id FROM (
-    SELECT j.id, j.node, j.state, j.run_id,
-        CASE
-            WHEN r.work_done_at IS NOT NULL
-                 AND julianday(:now) - julianday(r.work_done_at) > s.grace / 86400.0
-                THEN 'ollama finished but the job was not closed'
-            WHEN julianday(:now) - julianday(r.started_at) > COALESCE(n.max_runtime_s, s.max_runtime) / 86400.0
-                THEN 'ran past max_runtime'
-            WHEN julianday(:now) - julianday(r.progress_at) > s.stale_after / 86400.0
-                THEN 'no progress'
-        END AS reason,
-        CASE
-            WHEN r.work_done_at IS NOT NULL
-                 AND julianday(:now) - julianday(r.work_done_at) > s.grace / 86400.0 THEN r.work_done_at
-            WHEN julianday(:now) - julianday(r.started_at) > COALESCE(n.max_runtime_s, s.max_runtime) / 86400.0
-                THEN r.started_at
-            ELSE r.progress_at
-        END AS since
-    FROM job j INDEXED BY job_one_running_per_node
-    JOIN run r ON r.id = j.run_id
-    LEFT JOIN node n ON n.name = j.node
-    JOIN (SELECT
-            (SELECT value FROM router_setting WHERE key = 'stale_after_s') AS stale_after,
-            (SELECT value FROM router_setting WHERE key = 'stale_grace_s') AS grace,
-            (SELECT value FROM router_setting WHERE key = 'max_runtime_s') AS max_runtime) s
-    WHERE j.state = 'running'
-) WHERE reason IS NOT NULL"""
-
-
-@dataclass(frozen=True)
-class NewJob:
-    kind: str
-    prompt: str | None  # None: a critique of its parent's prompt and result
-    model: str | None = None  # None: the node's model
-    node: str | None = None  # asked for; None lets placement choose
-    parent: str | None = None
-    timeout_s: float | None = None
-    think: bool | str | None = None  # Ollama's think; None: the node's default
-    options: dict | None = None  # Ollama model options, over the node's
-    # A front-door call (gpuq/front.py): the route it came in on, the request as received
-    # (JSON text), and the id its client chose, so that it can follow the job from the start.
-    endpoint: str | None = None
-    request: str | None = None
-    job_id: str | None = None
-
-
-@dataclass(frozen=True)
-class NodeInfo:
-    """What the store needs to know of a node to place and move jobs."""
-
-    name: str
-    rank: int
-    roles: tuple[str, ...]
-    model: str
-    up: bool
-    models: frozenset[str] | None = None  # installed, as of its last health check; None: unknown
-
-
-@dataclass(frozen=True)
-class Interrupted:
-    """A running job that an operation took off its node; its worker must abort it."""
-
-    job_id: str
-    node: str
-    run_id: int
-
-
-class IdTaken(GpuqError):
-    """A client-chosen job id collided with one in the table (its chooser picks another)."""
-
-    status = 409
-
-
-class GuardMiss(GpuqError):
-    """A worker tried to finish a run that is no longer the job's running run."""
-
-    status = 409
-
-
-def _translate(exc: sqlite3.Error) -> GpuqError:
-    text = str(exc)
-    if GUARD_MESSAGE in text:
-        return GuardRefused()
-    if isinstance(exc, sqlite3.OperationalError) and "locked" in text:
-        return StoreUnavailable(f"the database is locked by another process ({text}); nothing was changed")
-    if isinstance(exc, sqlite3.OperationalError) and ("disk" in text or "full" in text):
-        return StoreUnavailable(f"the database cannot be written: {text}; nothing was changed")
-    if "readonly" in text or "read-only" in text:
-        return StoreUnavailable(f"the database is read-only: {text}; nothing was changed")
-    return StoreUnavailable(f"database error: {text}")
-
-
-def _rows(cursor_rows: list[sqlite3.Row]) -> list[Row]:
-    return [dict(r) for r in cursor_rows]
-
-
-def _event(db: sqlite3.Connection, job_id: str, from_state: str | None, to_state: str, actor: str,
-           reason: str | None, now: float) -> None:
-    """The event row every state change (and every move) writes, in the same transaction."""
-    db.execute("INSERT INTO event (job_id, at, from_state, to_state, actor, reason) VALUES (?,?,?,?,?,?)",
-               (job_id, iso(now), from_state, to_state, actor, reason))
-
-
-def _node_counts(db: sqlite3.Connection) -> dict[str, NodeCounts]:
-    """Running and queued jobs per node: one row per node, kept by triggers (migration 009)."""
-    return {r[0]: NodeCounts(r[1], r[2]) for r in db.execute("SELECT node, running, queued FROM node_load")}
-
-
-def _unused_id(db: sqlite3.Connection, now: float) -> str:
-    """A fresh job id. 32 random bits a second collide now and then in a burst of thousands
-    (the birthday bound), so look before using one."""
-    while True:
-        job_id = new_job_id(now)
-        if db.execute("SELECT 1 FROM job WHERE id = ?", (job_id,)).fetchone() is None:
-            return job_id
-
-
-def _claim(db: sqlite3.Connection, node: str, now: float) -> Row | None:
-    """The first ready job of the node's queue becomes running, with a new run row (never a
-    second head). Ready (the view ready_job, migration 003): not a critique held for its
-    parent's result, so a held critique never blocks the jobs behind it."""
-    row = db.execute(
-        "UPDATE job SET state = 'running' WHERE id = (SELECT id FROM ready_job WHERE node = ?"
-        " ORDER BY position, id LIMIT 1)"
-        " AND NOT EXISTS (SELECT 1 FROM job WHERE node = ? AND state = 'running') RETURNING *",
-        (node, node)).fetchone()
-    if row is None:
-        return None
-    job = dict(row)
-    if job["subject_from_parent"]:  # the parent is done (ready_job says so): review its result
-        parent = db.execute("SELECT j.prompt, r.output FROM job j JOIN run r ON r.id = j.run_id WHERE j.id = ?",
-                            (job["parent_id"],)).fetchone()
-        job["prompt"] = parent_subject(parent["prompt"], parent["output"])
-        db.execute("UPDATE job SET prompt = ? WHERE id = ?", (job["prompt"], job["id"]))
-    job["run_id"] = db.execute("INSERT INTO run (job_id, node, model, started_at, progress_at) VALUES (?,?,?,?,?)",
-                               (job["id"], node, job["model"], iso(now), iso(now))).lastrowid
-    db.execute("UPDATE job SET run_id = ? WHERE id = ?", (job["run_id"], job["id"]))
-    _event(db, job["id"], "queued", "running", "router", f"claimed by {node}", now)
-    return job
-
-
-# -- helpers of the user's verbs, run inside their transaction in the writer's thread ---------
-
-def _job_for_update(db: sqlite3.Connection, job_id: str) -> Row:
-    row = db.execute("SELECT * FROM job WHERE id = ?", (job_id,)).fetchone()
-    if row is None:
-        raise NotFound(f"no job with id '{job_id}'")
-    return dict(row)
-
-
-def _renumber(db: sqlite3.Connection, node: str) -> None:
-    """Spread a node's queued positions out again when a gap has run out."""
-    rows = db.execute("SELECT id FROM job WHERE node = ? AND state = 'queued' ORDER BY position, id",
-                      (node,)).fetchall()
-    db.executemany("UPDATE job SET position = ? WHERE id = ?",
-                   [((i + 1) * POSITION_GAP, r[0]) for i, r in enumerate(rows)])
-
-
-def _position_at(db: sqlite3.Connection, node: str, job_id: str, index: int) -> int:
-    """A position that puts the job at 0-based `index` among the node's other queued jobs."""
-    for attempt in range(2):
-        positions = [r[0] for r in db.execute(
-            "SELECT position FROM job WHERE node = ? AND state = 'queued' AND id <> ?"
-            " ORDER BY position, id LIMIT 2 OFFSET ?", (node, job_id, max(index - 1, 0)))]
-        if index == 0:
-            before, after = None, (positions[0] if positions else None)
-        else:
-            before = positions[0] if positions else None
-            after = positions[1] if len(positions) > 1 else None
-            if before is None:  # past the tail: the tail
-                before = db.execute("SELECT MAX(position) FROM job WHERE node = ? AND state = 'queued'"
-                                    " AND id <> ?", (node, job_id)).fetchone()[0]
-        found = rules.position_between(before, after, POSITION_GAP)
-        if found is not None:
-            return found
-        if attempt == 0:
-            _renumber(db, node)
-    raise GpuqError("no queue position found after renumbering")  # unreachable by construction
-
-
-def _index_of(db: sqlite3.Connection, node: str, other_id: str, job_id: str) -> int:
-    other = db.execute("SELECT node, state, position FROM job WHERE id = ?", (other_id,)).fetchone()
-    if other is None:
-        raise Unprocessable(f"unknown job '{other_id}'")
-    if other["state"] != "queued" or other["node"] != node:
-        raise Conflict(f"job {other_id} is not waiting in node {node}'s queue")
-    return db.execute(
-        "SELECT COUNT(*) FROM job WHERE node = ? AND state = 'queued' AND id <> ?"
-        " AND (position < ? OR (position = ? AND id < ?))",
-        (node, job_id, other["position"], other["position"], other_id)).fetchone()[0]
-
-
-def _end_held_critiques(db: sqlite3.Connection, parent_id: str, why: str, now: float) -> list[str]:
-    """A task that ended without a result leaves its held critiques nothing to review: they end
-    cancelled, each with an event naming the parent and why; they never run."""
-    held = _rows(db.execute("SELECT * FROM job WHERE parent_id = ? AND subject_from_parent = 1"
-                            " AND state = 'queued'", (parent_id,)).fetchall())
-    for job in held:
-        _cancel(db, job, "router", f"parent task {parent_id} {why}; nothing to critique", now)
-    return [j["id"] for j in held]
-
-
-def _cancel(db: sqlite3.Connection, job: Row, actor: str, reason: str, now: float) -> Interrupted | None:
-    db.execute("UPDATE job SET state = 'cancelled', error = ?, finished_at = ? WHERE id = ?",
-               (reason, iso(now), job["id"]))
-    _event(db, job["id"], job["state"], "cancelled", actor, reason, now)
-    _end_held_critiques(db, job["id"], f"was cancelled ({reason})", now)
-    if job["state"] != "running":
-        return None
-    db.execute("UPDATE run SET state = 'cancelled', error = ?, finished_at = ? WHERE id = ?",
-               (reason, iso(now), job["run_id"]))
-    return Interrupted(job["id"], job["node"], job["run_id"])
 
 
 class Store:
@@ -310,7 +91,7 @@ class Store:
         if not self.path.exists():
             self.path.touch(mode=0o600)  # the queue holds a person's prompts
         try:
-            self._writer = Writer(self._connect_writer, _translate)
+            self._writer = Writer(self._connect_writer, from_sqlite)
             await self._writer.open()
             await self._migrate()
             self._reader = await self._connect_reader()
@@ -328,108 +109,125 @@ class Store:
         self._reader = self._writer = None
 
     async def _migrate(self) -> None:
-        """Apply migrations/NNN_*.sql in order, each with its record, in its own transaction."""
         files = shipped_files(MIGRATIONS_DIR, "[0-9][0-9][0-9]_*.sql", "migrations")
-        known = {int(f.name[:3]): f for f in files}
-        now = iso(self.clock())
+        await self._writer.call(partial(verbs.migrate, files=files, now=self.clock(), path=self.path))  # type: ignore[union-attr]
 
-        def migrate(db: sqlite3.Connection) -> None:
-            db.execute("CREATE TABLE IF NOT EXISTS schema_migration ("
-                       " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)")
-            applied = {r[0] for r in db.execute("SELECT version FROM schema_migration")}
-            newer = sorted(applied - set(known))
-            if newer:
-                raise GpuqError(
-                    f"{self.path} was written by a newer gpuq (schema version {newer[-1]}; this gpuq "
-                    f"knows up to {max(known)}); upgrade gpuq or use another database", status=2)
-            # Foreign keys off while migrating, as SQLite's table rebuild procedure asks (a
-            # rebuild drops a table others refer to), and checked before each commit instead.
-            db.execute("PRAGMA foreign_keys = OFF")
-            try:
-                for version, f in sorted(known.items()):
-                    if version not in applied:
-                        apply(db, version, f)
-            finally:
-                db.execute("PRAGMA foreign_keys = ON")
-
-        def apply(db: sqlite3.Connection, version: int, f: Path) -> None:
-            try:  # executescript runs the script in the transaction it opens; its record joins it
-                db.executescript("BEGIN IMMEDIATE;\n" + f.read_text(encoding="utf-8"))
-                broken = db.execute("PRAGMA foreign_key_check").fetchall()
-                if broken:
-                    raise GpuqError(f"migration {f.name} would leave {len(broken)} broken reference(s), "
-                                    f"the first in table {broken[0][0]}; nothing was changed", status=2)
-                db.execute("INSERT INTO schema_migration VALUES (?, ?, ?)", (version, f.stem, now))
-                db.execute("COMMIT")
-            except BaseException:
-                if db.in_transaction:
-                    db.execute("ROLLBACK")
-                raise
-
-        await self._writer.call(migrate)  # type: ignore[union-attr]
-
-    async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run `fn` as one transaction (a savepoint of a group commit) in the writer's thread.
-
-        Every write goes through the writer (gpuq/batching.py): writes that arrive together
-        share one commit, each is answered only after it, and one that raises is rolled back
-        alone. `fn` must not await: it runs in the writer's thread."""
+    async def _write(self, verb: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `verb` as one transaction (a savepoint of a group commit) in the writer's thread.
+        Writes that arrive together share one commit, each is answered only after it, and one
+        that raises is rolled back alone."""
         if self._writer is None:
-            raise _translate(sqlite3.OperationalError("the store is not open; nothing was changed"))
-        return await self._writer.run(fn)
+            raise from_sqlite(sqlite3.OperationalError("the store is not open; nothing was changed"))
+        return await self._writer.run(verb)
+
+    # -- the router's own writes ----------------------------------------------------------------
 
     async def configure(self, settings_s: dict[str, float], nodes: list) -> None:
         """Record the thresholds and nodes in force, and (re)create the stale_heads view."""
-        def configure_in(db: sqlite3.Connection) -> None:
-            db.executemany("INSERT OR REPLACE INTO router_setting (key, value) VALUES (?, ?)",
-                           list(settings_s.items()))
-            for n in nodes:
-                db.execute(
-                    "INSERT INTO node (name, url, rank, roles, model, max_runtime_s) VALUES (?,?,?,?,?,?)"
-                    " ON CONFLICT (name) DO UPDATE SET url = excluded.url, rank = excluded.rank,"
-                    " roles = excluded.roles, model = excluded.model, max_runtime_s = excluded.max_runtime_s",
-                    (n.name, n.url, n.rank, ",".join(n.roles), n.model, n.max_runtime_s))
-            db.execute("DROP VIEW IF EXISTS stale_heads")
-            db.execute("CREATE VIEW stale_heads AS " + STALE_SQL.replace(":now", "'now'"))
-        await self._write(configure_in)
+        await self._write(partial(verbs.configure, settings_s=settings_s, nodes=nodes))
 
     async def set_node_health(self, name: str, up: bool, error: str | None) -> None:
-        at = iso(self.clock())
-        await self._write(lambda db: db.execute(
-            "UPDATE node SET up = ?, last_error = ?, since = ? WHERE name = ?", (int(up), error, at, name)))
-
-    async def stale_heads(self, now: float | None = None) -> list[Row]:
-        return await self.read(STALE_SQL, {"now": iso(self.clock() if now is None else now)})
+        await self._write(partial(verbs.set_node_health, name=name, up=up, error=error, now=self.clock()))
 
     async def note_stale(self, now: float | None = None) -> list[Row]:
         """Write one event per newly stale head (not one per check); returns the new ones."""
-        now = self.clock() if now is None else now
+        return await self._write(partial(verbs.note_stale, now=self.clock() if now is None else now))
 
-        def note_stale_in(db: sqlite3.Connection) -> list[Row]:
-            fresh = []
-            for head in _rows(db.execute(STALE_SQL, {"now": iso(now)}).fetchall()):
-                cur = db.execute("UPDATE run SET stale_reason = ? WHERE id = ? AND stale_reason IS NOT ?",
-                                 (head["reason"], head["run_id"], head["reason"]))
-                if cur.rowcount:
-                    _event(db, head["id"], "running", "running", "router",
-                           f"stale: {head['reason']} since {head['since']}", now)
-                    fresh.append(head)
-            return fresh
-        return await self._write(note_stale_in)
+    async def note(self, job_id: str, reason: str, actor: str = "router") -> None:
+        """An event that changes no state: an unload that failed, a stale head, a node flag."""
+        await self._write(partial(verbs.note, job_id=job_id, reason=reason, actor=actor, now=self.clock()))
+
+    async def fail_orphans(self) -> list[Row]:
+        """At start-up: a job still running belonged to a dead router. Fail it, loudly."""
+        return await self._write(partial(verbs.fail_orphans, now=self.clock()))
+
+    async def cancel_clientless(self) -> list[Row]:
+        """At start-up: a front-door call still waiting lost its client with the old router."""
+        return await self._write(partial(verbs.cancel_clientless, now=self.clock()))
+
+    async def fire_alert(self, alert: dict, deliver: bool) -> Row:
+        return await self._write(partial(verbs.fire_alert, alert=alert, deliver=deliver, now=self.clock()))
+
+    async def resolve_alert(self, alert_id: int, resolution: str) -> None:
+        await self._write(partial(verbs.resolve_alert, alert_id=alert_id, resolution=resolution, now=self.clock()))
+
+    async def owe_open_alerts(self) -> int:
+        return await self._write(verbs.owe_open_alerts)
+
+    async def record_delivery(self, alert_id: int, status: str, attempt: int, ok: bool,
+                              http_status: int | None, error: str | None) -> None:
+        await self._write(partial(verbs.record_delivery, alert_id=alert_id, status=status, attempt=attempt,
+                                  ok=ok, http_status=http_status, error=error, now=self.clock()))
+
+    # -- the queue's verbs ----------------------------------------------------------------------
+
+    async def submit(self, new: NewJob, nodes: list[NodeInfo], actor: str) -> list[Row]:
+        """Place and insert a job (a task, or a critique's whole fan-out), durably: answered
+        only once its transaction has committed."""
+        return await self._write(partial(verbs.submit, new=new, nodes=nodes, actor=actor, now=self.clock()))
+
+    async def claim(self, node: str) -> Row | None:
+        """Take the head of the node's queue: it becomes running with a new run row."""
+        return await self._write(partial(verbs.claim, node=node, now=self.clock()))
+
+    async def heartbeat(self, run_id: int, output: str, thinking: str | None = None) -> None:
+        await self._write(partial(verbs.heartbeat, run_id=run_id, output=output, thinking=thinking,
+                                  now=self.clock()))
+
+    async def work_done(self, run_id: int, output: str, stats: dict, thinking: str | None = None) -> None:
+        """Ollama's stream ended; the job is not finished until its model has left VRAM."""
+        await self._write(partial(verbs.work_done, run_id=run_id, output=output, stats=stats, thinking=thinking,
+                                  now=self.clock()))
+
+    async def save_output(self, run_id: int, output: str, thinking: str | None = None) -> None:
+        """Keep the partial output of an interrupted run, whatever state it ended in."""
+        await self._write(partial(verbs.save_output, run_id=run_id, output=output, thinking=thinking))
+
+    async def finish(self, job_id: str, run_id: int, state: str, error: str | None,
+                     output: str | None = None, actor: str = "router",
+                     findings: list | None = None, claim_node: str | None = None,
+                     thinking: str | None = None) -> Row | None:
+        """Finish a run that is still the job's running run; anything else is a GuardMiss.
+
+        With `claim_node`, the node's next job is claimed in the same transaction and returned:
+        a worker going from job to job pays one durable commit between them, not two."""
+        assert state in ("done", "failed")
+        return await self._write(partial(
+            verbs.finish, job_id=job_id, run_id=run_id, state=state, error=error, now=self.clock(),
+            output=output, actor=actor, findings=findings, claim_node=claim_node, thinking=thinking))
+
+    async def move(self, job_id: str, nodes: list[NodeInfo], actor: str, *, position: int | None = None,
+                   before: str | None = None, after: str | None = None, node: str | None = None) -> Row:
+        """Reorder a queued job within its node's queue or move it to another node's queue."""
+        return await self._write(partial(verbs.move, job_id=job_id, nodes=nodes, actor=actor, now=self.clock(),
+                                         position=position, before=before, after=after, node=node))
+
+    async def preempt(self, job_id: str, actor: str) -> tuple[Row, Interrupted | None]:
+        """The queued job runs next: to the head, and the node's running job goes back behind it."""
+        return await self._write(partial(verbs.preempt, job_id=job_id, actor=actor, now=self.clock()))
+
+    async def delete(self, job_id: str, actor: str, reason: str = "deleted") -> tuple[Row, Interrupted | None]:
+        """A queued or running job is cancelled with the reason ('deleted'); its rows stay."""
+        return await self._write(partial(verbs.delete, job_id=job_id, actor=actor, reason=reason, now=self.clock()))
+
+    async def clear(self, node: str, actor: str, running: bool = False) -> tuple[list[str], Interrupted | None]:
+        return await self._write(partial(verbs.clear, node=node, actor=actor, running=running, now=self.clock()))
+
+    async def retry(self, job_id: str, actor: str) -> Row:
+        """Only by explicit request: a failed or cancelled job goes to the tail of its node's queue."""
+        return await self._write(partial(verbs.retry, job_id=job_id, actor=actor, now=self.clock()))
+
+    # -- reading ------------------------------------------------------------------------------
 
     async def read(self, sql: str, params: tuple | dict = ()) -> list[Row]:
         assert self._reader is not None, "store is not open"
         try:
-            return _rows(await self._reader.execute_fetchall(sql, params))
+            return rows(await self._reader.execute_fetchall(sql, params))
         except sqlite3.Error as exc:
-            raise _translate(exc) from exc
+            raise from_sqlite(exc) from exc
 
-    # -- reading ------------------------------------------------------------------------------
-
-    @staticmethod
-    def _views(nodes: list[NodeInfo], counts: dict[str, NodeCounts]) -> list[rules.NodeView]:
-        return [rules.NodeView(n.name, n.rank, n.roles, n.up, counts.get(n.name, NodeCounts()).running > 0,
-                               counts.get(n.name, NodeCounts()).queued, n.models) for n in nodes]
+    async def stale_heads(self, now: float | None = None) -> list[Row]:
+        return await self.read(STALE_SQL, {"now": iso(self.clock() if now is None else now)})
 
     async def job(self, job_id: str, columns: str = LISTING_COLUMNS) -> Row:
         """A job as listings show it (its prompt's excerpt and size, not the prompt)."""
@@ -608,26 +406,6 @@ class Store:
         """Firings not resolved yet (a restart picks them up where the last router left them)."""
         return await self.read("SELECT * FROM alert WHERE resolved_at IS NULL ORDER BY id")
 
-    async def fire_alert(self, alert: dict, deliver: bool) -> Row:
-        now = iso(self.clock())
-        return await self._write(lambda db: dict(db.execute(
-            "INSERT INTO alert (alert, node, job_id, model, since, message, fix, fired_at, deliver)"
-            " VALUES (?,?,?,?,?,?,?,?,?) RETURNING *",
-            (alert["alert"], alert["node"], alert["job"], alert.get("model"), alert["since"], alert["message"],
-             alert["fix"], now, int(deliver))).fetchone()))
-
-    async def resolve_alert(self, alert_id: int, resolution: str) -> None:
-        now = iso(self.clock())
-        await self._write(lambda db: db.execute(
-            "UPDATE alert SET resolved_at = ?, resolution = ? WHERE id = ? AND resolved_at IS NULL",
-            (now, resolution, alert_id)))
-
-    async def owe_open_alerts(self) -> int:
-        """At start-up with alert_url set: firings still open are owed their notices, even those
-        seen while no alert_url was configured (they still fire)."""
-        return await self._write(lambda db: db.execute(
-            "UPDATE alert SET deliver = 1 WHERE resolved_at IS NULL AND deliver = 0").rowcount)
-
     async def alerts_owed(self) -> list[Row]:
         """Notices not delivered yet, oldest firing first, with how many tries the next one has had."""
         return await self.read(
@@ -635,19 +413,6 @@ class Store:
             " CASE WHEN a.fired_sent_at IS NULL THEN 'firing' ELSE 'resolved' END) AS attempts"
             " FROM alert a INDEXED BY alert_owed WHERE a.deliver = 1 AND (a.fired_sent_at IS NULL"
             " OR (a.resolved_at IS NOT NULL AND a.resolved_sent_at IS NULL)) ORDER BY a.id")
-
-    async def record_delivery(self, alert_id: int, status: str, attempt: int, ok: bool,
-                              http_status: int | None, error: str | None) -> None:
-        """One try to deliver a notice; a delivered one is marked sent in the same transaction."""
-        now = iso(self.clock())
-        sent_column = {"firing": "fired_sent_at", "resolved": "resolved_sent_at"}[status]
-
-        def record_in(db: sqlite3.Connection) -> None:
-            db.execute("INSERT INTO alert_delivery (alert_id, status, at, attempt, ok, http_status, error)"
-                       " VALUES (?,?,?,?,?,?,?)", (alert_id, status, now, attempt, int(ok), http_status, error))
-            if ok:
-                db.execute(f"UPDATE alert SET {sent_column} = ? WHERE id = ?", (now, alert_id))
-        await self._write(record_in)
 
     async def alerts(self, limit: int) -> list[Row]:
         """The latest firings, newest first, each with its delivery attempts."""
@@ -659,337 +424,3 @@ class Store:
             for row in rows:
                 row["deliveries"] = [t for t in tries if t["alert_id"] == row["id"]]
         return rows
-
-    # -- submitting ---------------------------------------------------------------------------
-
-    async def submit(self, new: NewJob, nodes: list[NodeInfo], actor: str) -> list[Row]:
-        """Place and insert a job (a task, or a critique's whole fan-out), durably.
-
-        Group commit (gpuq/batching.py): submits that arrive together share one transaction
-        and one fsync; each runs in its own savepoint and is answered only after that commit,
-        and one refused submit never fails the others. Placement sees the jobs submitted
-        before it in the same batch."""
-        now = self.clock()
-        return await self._write(lambda db: self._submit_in(db, new, nodes, actor, now))
-
-    @staticmethod
-    def _submit_in(db: sqlite3.Connection, new: NewJob, nodes: list[NodeInfo], actor: str,
-                   now: float) -> list[Row]:
-        """Submit's statements, in the writer's thread, inside the batch's transaction."""
-        by_name = {n.name: n for n in nodes}
-        parent = None
-        if new.parent is not None:
-            parent = db.execute("SELECT id, kind, node, state, prompt FROM job WHERE id = ?", (new.parent,)).fetchone()
-            if parent is None:
-                raise Unprocessable(f"unknown parent job '{new.parent}'")
-            if parent["kind"] != "task":
-                raise Unprocessable(f"parent job '{new.parent}' is a {parent['kind']}, not a task")
-            if new.kind != "critique":
-                raise BadRequest("only a critique takes a parent")
-        elif new.prompt is None:
-            raise BadRequest("field 'prompt' must not be empty")
-        parent_node = parent["node"] if parent else None
-        counts = _node_counts(db)
-        views = Store._views(nodes, counts)
-        if new.kind != "critique":  # a task, or an embedding (placed as a task)
-            placements = [rules.place_task(views, new.node, new.model)]
-        else:  # the guard is judged here, first, whatever state the parent is in
-            placements = rules.place_critique(views, parent_node, new.node, new.model)
-        prompt, from_parent = new.prompt, new.prompt is None
-        if from_parent:  # reviews the parent's prompt and result; held until the parent is done
-            if parent["state"] in ("failed", "cancelled"):
-                raise Conflict(f"parent task {parent['id']} is {parent['state']}: there is no result to "
-                               f"critique; retry it first (gpuq retry {parent['id']}) or critique a file")
-            prompt = parent_subject(parent["prompt"], f"(the result of task {parent['id']}, once it is done)")
-        group = None  # a fan-out's children share the first child's id as their group
-        at = iso(now)
-        created = []
-        for p in placements:
-            job_id = new.job_id or _unused_id(db, now)
-            if new.job_id and db.execute("SELECT 1 FROM job WHERE id = ?", (job_id,)).fetchone():
-                raise IdTaken(f"job id {job_id} is taken")
-            if new.kind == "critique" and group is None:
-                group = job_id
-            tail = db.execute("SELECT MAX(position) FROM job WHERE node = ? AND state = 'queued'",
-                              (p.node,)).fetchone()
-            position = (tail[0] or 0) + POSITION_GAP
-            model = new.model or by_name[p.node].model
-            db.execute(
-                "INSERT INTO job (id, kind, node, model, model_pinned, prompt, parent_id, group_id,"
-                " position, placement, timeout_s, created_at, subject_from_parent, think, options,"
-                " endpoint, request) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (job_id, new.kind, p.node, model, int(new.model is not None), prompt, new.parent,
-                 group, position, p.reason, new.timeout_s, at, int(from_parent),
-                 None if new.think is None else dumps(new.think), None if new.options is None else dumps(new.options),
-                 new.endpoint, new.request),
-            )
-            waiting_for = new.parent if from_parent and parent["state"] != "done" else None
-            held = f"; waiting for parent {waiting_for}" if waiting_for else ""
-            _event(db, job_id, None, "queued", actor, f"placed on {p.node} ({p.reason}){held}", now)
-            waiting = counts.get(p.node, NodeCounts()).queued
-            created.append({"id": job_id, "kind": new.kind, "node": p.node, "model": model,
-                            "state": "queued", "position": waiting + 1, "reason": p.reason,
-                            "parent": new.parent, "group": group, "waiting_for": waiting_for})
-        return created
-
-    # -- the worker's verbs -------------------------------------------------------------------
-
-    async def claim(self, node: str) -> Row | None:
-        """Take the head of the node's queue: it becomes running with a new run row."""
-        now = self.clock()
-        return await self._write(lambda db: _claim(db, node, now))
-
-    async def heartbeat(self, run_id: int, output: str, thinking: str | None = None) -> None:
-        at = iso(self.clock())
-        await self._write(lambda db: db.execute(
-            "UPDATE run SET output = ?, thinking = ?, progress_at = ? WHERE id = ? AND state = 'running'",
-            (output, thinking, at, run_id)))
-
-    async def work_done(self, run_id: int, output: str, stats: dict, thinking: str | None = None) -> None:
-        """Ollama's stream ended; the job is not finished until its model has left VRAM.
-        (One call in the writer's thread, on the write batcher, like claim and finish.)"""
-        now = iso(self.clock())
-
-        def work_done_in(db: sqlite3.Connection) -> None:
-            db.execute(
-                "UPDATE run SET output = ?, thinking = ?, progress_at = ?, work_done_at = ?, done_reason = ?,"
-                " eval_count = ?, prompt_eval_count = ?, total_duration_ns = ?,"
-                " load_duration_ns = ?, eval_duration_ns = ? WHERE id = ? AND state = 'running'",
-                (output, thinking, now, now, stats.get("done_reason"), stats.get("eval_count"),
-                 stats.get("prompt_eval_count"), stats.get("total_duration"),
-                 stats.get("load_duration"), stats.get("eval_duration"), run_id),
-            )
-
-        await self._write(work_done_in)
-
-    async def save_output(self, run_id: int, output: str, thinking: str | None = None) -> None:
-        """Keep the partial output of an interrupted run, whatever state it ended in."""
-        await self._write(lambda db: db.execute("UPDATE run SET output = ?, thinking = ? WHERE id = ?",
-                                                (output, thinking, run_id)))
-
-    async def finish(self, job_id: str, run_id: int, state: str, error: str | None,
-                     output: str | None = None, actor: str = "router",
-                     findings: list | None = None, claim_node: str | None = None,
-                     thinking: str | None = None) -> Row | None:
-        """Finish a run that is still the job's running run; anything else is a GuardMiss.
-
-        With `claim_node`, the node's next job is claimed in the same transaction and returned:
-        a worker going from job to job pays one durable commit between them, not two."""
-        assert state in ("done", "failed")
-        now = self.clock()
-
-        def finish_in(db: sqlite3.Connection) -> Row | None:
-            rows = db.execute(
-                "UPDATE job SET state = ?, error = ?, finished_at = ?, findings = ? WHERE id = ?"
-                " AND state = 'running' AND run_id = ? RETURNING id",
-                (state, error, iso(now), None if findings is None else dumps(findings), job_id, run_id),
-            ).fetchall()
-            if not rows:
-                raise GuardMiss(f"job {job_id} run {run_id} is no longer running; finish refused")
-            db.execute(
-                "UPDATE run SET state = ?, error = ?, finished_at = ?, output = COALESCE(?, output),"
-                " thinking = COALESCE(?, thinking) WHERE id = ?",
-                (state, error, iso(now), output, thinking, run_id),
-            )
-            _event(db, job_id, "running", state, actor, error, now)
-            if state == "failed":
-                _end_held_critiques(db, job_id, f"failed ({error})", now)
-            return _claim(db, claim_node, now) if claim_node else None
-
-        return await self._write(finish_in)
-
-    async def note(self, job_id: str, reason: str, actor: str = "router") -> None:
-        """An event that changes no state: an unload that failed, a stale head, a node flag."""
-        now = self.clock()
-
-        def note_in(db: sqlite3.Connection) -> None:
-            state = db.execute("SELECT state FROM job WHERE id = ?", (job_id,)).fetchone()
-            if state:
-                _event(db, job_id, state[0], state[0], actor, reason, now)
-        await self._write(note_in)
-
-    async def fail_orphans(self) -> list[Row]:
-        """At start-up: a job still running belonged to a dead router. Fail it, loudly."""
-        now = self.clock()
-        reason = "router restarted while running"
-
-        def fail_orphans_in(db: sqlite3.Connection) -> list[Row]:
-            rows = _rows(db.execute(
-                "UPDATE job SET state = 'failed', error = ?, finished_at = ? WHERE state = 'running'"
-                " RETURNING id, node, model, run_id", (reason, iso(now))).fetchall())
-            for r in rows:
-                db.execute("UPDATE run SET state = 'failed', error = ?, finished_at = ? WHERE id = ?"
-                           " AND state = 'running'", (reason, iso(now), r["run_id"]))
-                _event(db, r["id"], "running", "failed", "router", reason, now)
-                _end_held_critiques(db, r["id"], f"failed ({reason})", now)
-            return rows
-        return await self._write(fail_orphans_in)
-
-    async def cancel_clientless(self) -> list[Row]:
-        """At start-up: a front-door call still waiting lost its client with the old router (its
-        connection is gone). It would run for no one: cancel it, loudly; `gpuq retry` runs it."""
-        now = self.clock()
-        reason = "client gone: the router restarted while it waited (gpuq retry runs it, its output on its page)"
-
-        def cancel_in(db: sqlite3.Connection) -> list[Row]:
-            rows = _rows(db.execute("SELECT * FROM job WHERE state = 'queued' AND endpoint IS NOT NULL").fetchall())
-            for job in rows:
-                _cancel(db, job, "router", reason, now)
-            return rows
-        return await self._write(cancel_in)
-
-    # -- the user's verbs: each one transaction, checked against the job's state inside it ----
-
-    async def move(self, job_id: str, nodes: list[NodeInfo], actor: str, *, position: int | None = None,
-                   before: str | None = None, after: str | None = None, node: str | None = None) -> Row:
-        """Reorder a queued job within its node's queue or move it to another node's queue."""
-        if sum(x is not None for x in (position, before, after)) > 1:
-            raise BadRequest("give only one of 'position', 'before' and 'after'")
-        if job_id in (before, after):
-            raise BadRequest(f"job {job_id} cannot be moved before or after itself")
-        if position is None and before is None and after is None and node is None:
-            raise BadRequest("say where to move the job: 'position', 'before', 'after' or 'node'")
-        if position is not None and position < 1:
-            raise BadRequest(f"position must be 1 or more, got {position}")
-        now = self.clock()
-
-        def move_in(db: sqlite3.Connection) -> Row:
-            job = _job_for_update(db, job_id)
-            if job["state"] != "queued":
-                raise Conflict(f"job {job_id} is {job['state']}; only queued jobs move")
-            target = node or job["node"]
-            if target != job["node"]:
-                parent_node = _job_for_update(db, job["parent_id"])["node"] if job["parent_id"] else None
-                views = {v.name: v for v in self._views(nodes, {})}
-                rules.check_move(job["kind"], views.get(target), target, parent_node,
-                                 job["model"] if job["model_pinned"] else None)
-            if before is not None:
-                index = _index_of(db, target, before, job_id)
-            elif after is not None:
-                index = _index_of(db, target, after, job_id) + 1
-            elif position is not None:
-                index = position - 1
-            else:  # a bare node move goes to the tail (of the queue it is already in: stays)
-                index = 1 << 62 if target != job["node"] else None
-            if index is not None:
-                # A job that did not ask for a model runs the model of the node it moves to.
-                target_model = next((n.model for n in nodes if n.name == target), job["model"])
-                db.execute("UPDATE job SET node = ?, position = ?, placement = CASE WHEN node <> ?"
-                           " THEN 'moved' ELSE placement END, model = CASE WHEN model_pinned"
-                           " THEN model ELSE ? END WHERE id = ?",
-                           (target, _position_at(db, target, job_id, index), target, target_model, job_id))
-            moved = dict(job, node=target)
-            moved["position"] = db.execute(
-                "SELECT COUNT(*) FROM job j, job me WHERE me.id = ? AND j.node = me.node AND"
-                " j.state = 'queued' AND (j.position < me.position OR (j.position = me.position"
-                " AND j.id <= me.id))", (job_id,)).fetchone()[0]
-            where = f"to {target} " if target != job["node"] else ""
-            _event(db, job_id, "queued", "queued", actor, f"moved {where}at position {moved['position']}", now)
-            return moved
-        return await self._write(move_in)
-
-    async def preempt(self, job_id: str, actor: str) -> tuple[Row, Interrupted | None]:
-        """The queued job runs next: to the head, and the node's running job goes back behind it."""
-        now = self.clock()
-
-        def preempt_in(db: sqlite3.Connection) -> tuple[Row, Interrupted | None]:
-            job = _job_for_update(db, job_id)
-            if job["state"] != "queued":
-                raise Conflict(f"job {job_id} is {job['state']}; only a queued job can preempt")
-            if not db.execute("SELECT 1 FROM ready_job WHERE id = ?", (job_id,)).fetchone():
-                raise Conflict(f"job {job_id} is waiting for parent {job['parent_id']} to finish; "
-                               "it cannot run before")
-            node = job["node"]
-            db.execute("UPDATE job SET position = ? WHERE id = ?", (_position_at(db, node, job_id, 0), job_id))
-            _event(db, job_id, "queued", "queued", actor, "preempt: moved to the head", now)
-            running = db.execute("SELECT id, run_id FROM job WHERE node = ? AND state = 'running'",
-                                 (node,)).fetchone()
-            if not running:
-                return dict(job, position=1), None
-            victim, run_id = running["id"], running["run_id"]
-            behind = _position_at(db, node, victim, 1)
-            db.execute("UPDATE job SET state = 'queued', position = ? WHERE id = ?", (behind, victim))
-            db.execute("UPDATE run SET state = 'preempted', finished_at = ?, error = ? WHERE id = ?",
-                       (iso(now), f"preempted by {job_id}", run_id))
-            _event(db, victim, "running", "queued", actor, f"preempted by {job_id}", now)
-            return dict(job, position=1), Interrupted(victim, node, run_id)
-        return await self._write(preempt_in)
-
-    async def delete(self, job_id: str, actor: str, reason: str = "deleted") -> tuple[Row, Interrupted | None]:
-        """A queued or running job is cancelled with the reason ('deleted'); its rows stay."""
-        now = self.clock()
-
-        def delete_in(db: sqlite3.Connection) -> tuple[Row, Interrupted | None]:
-            job = _job_for_update(db, job_id)
-            if job["state"] not in ACTIVE:
-                raise Conflict(f"job {job_id} is already {job['state']}; only queued or running jobs can be deleted")
-            return dict(job, state="cancelled"), _cancel(db, job, actor, reason, now)
-        return await self._write(delete_in)
-
-    async def clear(self, node: str, actor: str, running: bool = False) -> tuple[list[str], Interrupted | None]:
-        now = self.clock()
-        states = ACTIVE if running else ("queued",)
-
-        def clear_in(db: sqlite3.Connection) -> tuple[list[str], Interrupted | None]:
-            jobs = _rows(db.execute(
-                f"SELECT * FROM job WHERE node = ? AND state IN ({','.join('?' * len(states))})"
-                " ORDER BY state = 'queued', position, id", (node, *states)).fetchall())
-            interrupted = None
-            for job in jobs:
-                interrupted = _cancel(db, job, actor, "cleared", now) or interrupted
-            return [j["id"] for j in jobs], interrupted
-        return await self._write(clear_in)
-
-    async def retry(self, job_id: str, actor: str) -> Row:
-        """Only by explicit request: a failed or cancelled job goes to the tail of its node's queue."""
-        now = self.clock()
-
-        def retry_in(db: sqlite3.Connection) -> Row:
-            job = _job_for_update(db, job_id)
-            if job["state"] not in ("failed", "cancelled"):
-                raise Conflict(f"job {job_id} is {job['state']}; only failed or cancelled jobs can be retried")
-            if job["parent_id"]:  # the parent may have moved onto this node since (no trigger sees a retry)
-                parent = _job_for_update(db, job["parent_id"])
-                if parent["node"] == job["node"]:
-                    raise GuardRefused()
-                if job["subject_from_parent"] and parent["state"] in ("failed", "cancelled"):
-                    raise Conflict(f"parent task {parent['id']} is {parent['state']}: there is no result to "
-                                   f"critique; retry the parent first (gpuq retry {parent['id']})")
-            tail = db.execute("SELECT MAX(position) FROM job WHERE node = ? AND state = 'queued'",
-                              (job["node"],)).fetchone()[0]
-            db.execute("UPDATE job SET state = 'queued', error = NULL, finished_at = NULL, position = ?"
-                       " WHERE id = ?", ((tail or 0) + POSITION_GAP, job_id))
-            _event(db, job_id, job["state"], "queued", actor, "retry requested", now)
-            return dict(job, state="queued")
-        return await self._write(retry_in)
-
-
-
-def job_json(row: Row, public_url: str) -> Row:
-    """The API's shape of a job row: `prompt` (and `output`) only when the row is a job's detail."""
-    out = {
-        "id": row["id"], "kind": row["kind"], "state": row["state"], "node": row["node"],
-        "model": row["model"], "prompt_excerpt": row["prompt_excerpt"], "prompt_bytes": row["prompt_bytes"],
-        "parent": row.get("parent_id"),
-        "group": row.get("group_id"), "placement": row.get("placement"), "error": row.get("error"),
-        "created_at": row.get("created_at"), "started_at": row.get("started_at"),
-        "finished_at": row.get("finished_at"), "progress_at": row.get("progress_at"),
-        "work_done_at": row.get("work_done_at"), "eval_count": row.get("eval_count"),
-        "eval_duration_ns": row.get("eval_duration_ns"), "done_reason": row.get("done_reason"),
-        "preempted_runs": row.get("preempted_runs", 0), "timeout_s": row.get("timeout_s"),
-        "run_id": row.get("run_id"), "preview_url": f"{public_url}/jobs/{row['id']}",
-        "waiting_for": row.get("waiting_for"),  # a held critique: the parent it waits for
-    }
-    if row.get("endpoint"):
-        out["endpoint"] = row["endpoint"]
-    for key in ("findings", "think", "options", "request"):  # JSON columns
-        if row.get(key) is not None:
-            out[key] = json.loads(row[key])
-    for key in ("prompt", "output", "thinking", "runs", "events", "children", "queue_position"):
-        if key in row:
-            out[key] = row[key]
-    return out
-
-
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False)

@@ -7,9 +7,9 @@ import sqlite3
 
 import pytest
 
-from gpuq.errors import GpuqError, GuardRefused, StoreUnavailable
+from gpuq.errors import GpuqError, GuardMiss, GuardRefused, StoreUnavailable
 from gpuq.models import iso
-from gpuq.store import MIGRATIONS_DIR, STALE_SQL, GuardMiss, NewJob, NodeInfo, Store
+from gpuq.store import MIGRATIONS_DIR, STALE_SQL, NewJob, NodeInfo, Store
 
 NODES = [NodeInfo("a", 1, ("task", "critique"), "ma", True), NodeInfo("b", 2, ("critique",), "mb", True)]
 
@@ -278,7 +278,7 @@ async def test_a_read_only_database_refuses_writes_loudly_and_keeps_serving_read
 async def test_a_colliding_job_id_is_replaced_not_refused(store, monkeypatch):
     [first] = await store.submit(NewJob("task", "p"), NODES, "api")
     ids = iter([first["id"], first["id"], "1800000000-0000abcd"])  # the id generator repeats itself
-    monkeypatch.setattr("gpuq.store.new_job_id", lambda now: next(ids))
+    monkeypatch.setattr("gpuq.verbs.new_job_id", lambda now: next(ids))
     [second] = await store.submit(NewJob("task", "q"), NODES, "api")
     assert second["id"] == "1800000000-0000abcd"
     assert len(await store.jobs()) == 2

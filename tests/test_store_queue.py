@@ -7,10 +7,10 @@ import sqlite3
 
 import pytest
 
-from gpuq.errors import GUARD_MESSAGE, BadRequest, Conflict, GpuqError, GuardRefused, NotFound
+from gpuq.errors import GUARD_MESSAGE, BadRequest, Conflict, GpuqError, GuardMiss, GuardRefused, NotFound
 from gpuq.models import POSITION_GAP
-import gpuq.store as store_module
-from gpuq.store import GuardMiss, Interrupted, NewJob, NodeInfo, Store
+import gpuq.verbs as store_module
+from gpuq.store import Interrupted, NewJob, NodeInfo, Store
 
 NODES = [
     NodeInfo("node-1", 1, ("task", "critique"), "m1", True),

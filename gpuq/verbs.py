@@ -1,0 +1,536 @@
+"""The queue's verbs: each a plain function of a sqlite3 connection that runs inside one
+transaction its caller opened (the writer's batch, see batching.py; or a test's own
+connection). All the write SQL lives here; gpuq/store.py is the async facade that runs each verb
+on the writer and holds the reads. `now` is the caller's clock, in seconds."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from . import placement as rules
+from .critique import parent_subject
+from .errors import BadRequest, Conflict, GpuqError, GuardMiss, GuardRefused, IdTaken, NotFound, Unprocessable
+from .models import (
+    ACTIVE, POSITION_GAP, Interrupted, NewJob, NodeCounts, NodeInfo, iso, new_job_id,
+)
+
+Row = dict[str, Any]
+
+# A running head is stale when Ollama finished but the job did not within the grace (the
+# 49-minute case), when it ran past max_runtime, or when no tokens came for stale_after.
+# Only running rows are read (the partial index job_one_running_per_node), so the cost stays
+# flat as history grows. `:now` is the caller's clock; the stale_heads view uses 'now'.
+STALE_SQL = """
+SELECT id, node, state, since, reason, run_id FROM (
+    SELECT j.id, j.node, j.state, j.run_id,
+        CASE
+            WHEN r.work_done_at IS NOT NULL
+                 AND julianday(:now) - julianday(r.work_done_at) > s.grace / 86400.0
+                THEN 'ollama finished but the job was not closed'
+            WHEN julianday(:now) - julianday(r.started_at) > COALESCE(n.max_runtime_s, s.max_runtime) / 86400.0
+                THEN 'ran past max_runtime'
+            WHEN julianday(:now) - julianday(r.progress_at) > s.stale_after / 86400.0
+                THEN 'no progress'
+        END AS reason,
+        CASE
+            WHEN r.work_done_at IS NOT NULL
+                 AND julianday(:now) - julianday(r.work_done_at) > s.grace / 86400.0 THEN r.work_done_at
+            WHEN julianday(:now) - julianday(r.started_at) > COALESCE(n.max_runtime_s, s.max_runtime) / 86400.0
+                THEN r.started_at
+            ELSE r.progress_at
+        END AS since
+    FROM job j INDEXED BY job_one_running_per_node
+    JOIN run r ON r.id = j.run_id
+    LEFT JOIN node n ON n.name = j.node
+    JOIN (SELECT
+            (SELECT value FROM router_setting WHERE key = 'stale_after_s') AS stale_after,
+            (SELECT value FROM router_setting WHERE key = 'stale_grace_s') AS grace,
+            (SELECT value FROM router_setting WHERE key = 'max_runtime_s') AS max_runtime) s
+    WHERE j.state = 'running'
+) WHERE reason IS NOT NULL"""
+
+
+
+
+def _views(nodes: list[NodeInfo], counts: dict[str, NodeCounts]) -> list[rules.NodeView]:
+    """The nodes as placement sees them, with their running and queued counts."""
+    return [rules.NodeView(n.name, n.rank, n.roles, n.up, counts.get(n.name, NodeCounts()).running > 0,
+                           counts.get(n.name, NodeCounts()).queued, n.models) for n in nodes]
+
+
+def rows(cursor_rows: list[sqlite3.Row]) -> list[Row]:
+    return [dict(r) for r in cursor_rows]
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False)
+
+
+def _event(db: sqlite3.Connection, job_id: str, from_state: str | None, to_state: str, actor: str,
+           reason: str | None, now: float) -> None:
+    """The event row every state change (and every move) writes, in the same transaction."""
+    db.execute("INSERT INTO event (job_id, at, from_state, to_state, actor, reason) VALUES (?,?,?,?,?,?)",
+               (job_id, iso(now), from_state, to_state, actor, reason))
+
+
+def _node_counts(db: sqlite3.Connection) -> dict[str, NodeCounts]:
+    """Running and queued jobs per node: one row per node, kept by triggers (migration 009)."""
+    return {r[0]: NodeCounts(r[1], r[2]) for r in db.execute("SELECT node, running, queued FROM node_load")}
+
+
+def _unused_id(db: sqlite3.Connection, now: float) -> str:
+    """A fresh job id. 32 random bits a second collide now and then in a burst of thousands
+    (the birthday bound), so look before using one."""
+    while True:
+        job_id = new_job_id(now)
+        if db.execute("SELECT 1 FROM job WHERE id = ?", (job_id,)).fetchone() is None:
+            return job_id
+
+
+def claim(db: sqlite3.Connection, node: str, now: float) -> Row | None:
+    """The first ready job of the node's queue becomes running, with a new run row (never a
+    second head). Ready (the view ready_job, migration 003): not a critique held for its
+    parent's result, so a held critique never blocks the jobs behind it."""
+    row = db.execute(
+        "UPDATE job SET state = 'running' WHERE id = (SELECT id FROM ready_job WHERE node = ?"
+        " ORDER BY position, id LIMIT 1)"
+        " AND NOT EXISTS (SELECT 1 FROM job WHERE node = ? AND state = 'running') RETURNING *",
+        (node, node)).fetchone()
+    if row is None:
+        return None
+    job = dict(row)
+    if job["subject_from_parent"]:  # the parent is done (ready_job says so): review its result
+        parent = db.execute("SELECT j.prompt, r.output FROM job j JOIN run r ON r.id = j.run_id WHERE j.id = ?",
+                            (job["parent_id"],)).fetchone()
+        job["prompt"] = parent_subject(parent["prompt"], parent["output"])
+        db.execute("UPDATE job SET prompt = ? WHERE id = ?", (job["prompt"], job["id"]))
+    job["run_id"] = db.execute("INSERT INTO run (job_id, node, model, started_at, progress_at) VALUES (?,?,?,?,?)",
+                               (job["id"], node, job["model"], iso(now), iso(now))).lastrowid
+    db.execute("UPDATE job SET run_id = ? WHERE id = ?", (job["run_id"], job["id"]))
+    _event(db, job["id"], "queued", "running", "router", f"claimed by {node}", now)
+    return job
+
+
+def _job_for_update(db: sqlite3.Connection, job_id: str) -> Row:
+    row = db.execute("SELECT * FROM job WHERE id = ?", (job_id,)).fetchone()
+    if row is None:
+        raise NotFound(f"no job with id '{job_id}'")
+    return dict(row)
+
+
+def _renumber(db: sqlite3.Connection, node: str) -> None:
+    """Spread a node's queued positions out again when a gap has run out."""
+    rows = db.execute("SELECT id FROM job WHERE node = ? AND state = 'queued' ORDER BY position, id",
+                      (node,)).fetchall()
+    db.executemany("UPDATE job SET position = ? WHERE id = ?",
+                   [((i + 1) * POSITION_GAP, r[0]) for i, r in enumerate(rows)])
+
+
+def _position_at(db: sqlite3.Connection, node: str, job_id: str, index: int) -> int:
+    """A position that puts the job at 0-based `index` among the node's other queued jobs."""
+    for attempt in range(2):
+        positions = [r[0] for r in db.execute(
+            "SELECT position FROM job WHERE node = ? AND state = 'queued' AND id <> ?"
+            " ORDER BY position, id LIMIT 2 OFFSET ?", (node, job_id, max(index - 1, 0)))]
+        if index == 0:
+            before, after = None, (positions[0] if positions else None)
+        else:
+            before = positions[0] if positions else None
+            after = positions[1] if len(positions) > 1 else None
+            if before is None:  # past the tail: the tail
+                before = db.execute("SELECT MAX(position) FROM job WHERE node = ? AND state = 'queued'"
+                                    " AND id <> ?", (node, job_id)).fetchone()[0]
+        found = rules.position_between(before, after, POSITION_GAP)
+        if found is not None:
+            return found
+        if attempt == 0:
+            _renumber(db, node)
+    raise GpuqError("no queue position found after renumbering")  # unreachable by construction
+
+
+def _index_of(db: sqlite3.Connection, node: str, other_id: str, job_id: str) -> int:
+    other = db.execute("SELECT node, state, position FROM job WHERE id = ?", (other_id,)).fetchone()
+    if other is None:
+        raise Unprocessable(f"unknown job '{other_id}'")
+    if other["state"] != "queued" or other["node"] != node:
+        raise Conflict(f"job {other_id} is not waiting in node {node}'s queue")
+    return db.execute(
+        "SELECT COUNT(*) FROM job WHERE node = ? AND state = 'queued' AND id <> ?"
+        " AND (position < ? OR (position = ? AND id < ?))",
+        (node, job_id, other["position"], other["position"], other_id)).fetchone()[0]
+
+
+def _end_held_critiques(db: sqlite3.Connection, parent_id: str, why: str, now: float) -> list[str]:
+    """A task that ended without a result leaves its held critiques nothing to review: they end
+    cancelled, each with an event naming the parent and why; they never run."""
+    held = rows(db.execute("SELECT * FROM job WHERE parent_id = ? AND subject_from_parent = 1"
+                            " AND state = 'queued'", (parent_id,)).fetchall())
+    for job in held:
+        _cancel(db, job, "router", f"parent task {parent_id} {why}; nothing to critique", now)
+    return [j["id"] for j in held]
+
+
+def _cancel(db: sqlite3.Connection, job: Row, actor: str, reason: str, now: float) -> Interrupted | None:
+    db.execute("UPDATE job SET state = 'cancelled', error = ?, finished_at = ? WHERE id = ?",
+               (reason, iso(now), job["id"]))
+    _event(db, job["id"], job["state"], "cancelled", actor, reason, now)
+    _end_held_critiques(db, job["id"], f"was cancelled ({reason})", now)
+    if job["state"] != "running":
+        return None
+    db.execute("UPDATE run SET state = 'cancelled', error = ?, finished_at = ? WHERE id = ?",
+               (reason, iso(now), job["run_id"]))
+    return Interrupted(job["id"], job["node"], job["run_id"])
+
+
+# -- the router's own writes ------------------------------------------------------------------
+
+def migrate(db: sqlite3.Connection, files: list[Path], now: float, path: Path) -> None:
+    """Apply migrations/NNN_*.sql in order, each with its record, in its own transaction."""
+    known = {int(f.name[:3]): f for f in files}
+    db.execute("CREATE TABLE IF NOT EXISTS schema_migration ("
+               " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)")
+    applied = {r[0] for r in db.execute("SELECT version FROM schema_migration")}
+    newer = sorted(applied - set(known))
+    if newer:
+        raise GpuqError(
+            f"{path} was written by a newer gpuq (schema version {newer[-1]}; this gpuq "
+            f"knows up to {max(known)}); upgrade gpuq or use another database", status=2)
+    # Foreign keys off while migrating, as SQLite's table rebuild procedure asks (a rebuild
+    # drops a table others refer to), and checked before each commit instead.
+    db.execute("PRAGMA foreign_keys = OFF")
+    try:
+        for version, f in sorted(known.items()):
+            if version not in applied:
+                _apply_migration(db, version, f, now)
+    finally:
+        db.execute("PRAGMA foreign_keys = ON")
+
+
+def _apply_migration(db: sqlite3.Connection, version: int, f: Path, now: float) -> None:
+    try:  # executescript runs the script in the transaction it opens; its record joins it
+        db.executescript("BEGIN IMMEDIATE;\n" + f.read_text(encoding="utf-8"))
+        broken = db.execute("PRAGMA foreign_key_check").fetchall()
+        if broken:
+            raise GpuqError(f"migration {f.name} would leave {len(broken)} broken reference(s), "
+                            f"the first in table {broken[0][0]}; nothing was changed", status=2)
+        db.execute("INSERT INTO schema_migration VALUES (?, ?, ?)", (version, f.stem, iso(now)))
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+
+
+def configure(db: sqlite3.Connection, settings_s: dict[str, float], nodes: list) -> None:
+    """Record the thresholds and nodes in force, and (re)create the stale_heads view."""
+    db.executemany("INSERT OR REPLACE INTO router_setting (key, value) VALUES (?, ?)", list(settings_s.items()))
+    for n in nodes:
+        db.execute(
+            "INSERT INTO node (name, url, rank, roles, model, max_runtime_s) VALUES (?,?,?,?,?,?)"
+            " ON CONFLICT (name) DO UPDATE SET url = excluded.url, rank = excluded.rank,"
+            " roles = excluded.roles, model = excluded.model, max_runtime_s = excluded.max_runtime_s",
+            (n.name, n.url, n.rank, ",".join(n.roles), n.model, n.max_runtime_s))
+    db.execute("DROP VIEW IF EXISTS stale_heads")
+    db.execute("CREATE VIEW stale_heads AS " + STALE_SQL.replace(":now", "'now'"))
+
+
+def set_node_health(db: sqlite3.Connection, name: str, up: bool, error: str | None, now: float) -> None:
+    db.execute("UPDATE node SET up = ?, last_error = ?, since = ? WHERE name = ?", (int(up), error, iso(now), name))
+
+
+def note_stale(db: sqlite3.Connection, now: float) -> list[Row]:
+    """Write one event per newly stale head (not one per check); returns the new ones."""
+    fresh = []
+    for head in rows(db.execute(STALE_SQL, {"now": iso(now)}).fetchall()):
+        cur = db.execute("UPDATE run SET stale_reason = ? WHERE id = ? AND stale_reason IS NOT ?",
+                         (head["reason"], head["run_id"], head["reason"]))
+        if cur.rowcount:
+            _event(db, head["id"], "running", "running", "router", f"stale: {head['reason']} since {head['since']}", now)
+            fresh.append(head)
+    return fresh
+
+
+def note(db: sqlite3.Connection, job_id: str, reason: str, actor: str, now: float) -> None:
+    """An event that changes no state: an unload that failed, a stale head, a node flag."""
+    state = db.execute("SELECT state FROM job WHERE id = ?", (job_id,)).fetchone()
+    if state:
+        _event(db, job_id, state[0], state[0], actor, reason, now)
+
+
+def fail_orphans(db: sqlite3.Connection, now: float) -> list[Row]:
+    """At start-up: a job still running belonged to a dead router. Fail it, loudly."""
+    reason = "router restarted while running"
+    failed = rows(db.execute(
+        "UPDATE job SET state = 'failed', error = ?, finished_at = ? WHERE state = 'running'"
+        " RETURNING id, node, model, run_id", (reason, iso(now))).fetchall())
+    for r in failed:
+        db.execute("UPDATE run SET state = 'failed', error = ?, finished_at = ? WHERE id = ?"
+                   " AND state = 'running'", (reason, iso(now), r["run_id"]))
+        _event(db, r["id"], "running", "failed", "router", reason, now)
+        _end_held_critiques(db, r["id"], f"failed ({reason})", now)
+    return failed
+
+
+def cancel_clientless(db: sqlite3.Connection, now: float) -> list[Row]:
+    """At start-up: a front-door call still waiting lost its client with the old router (its
+    connection is gone). It would run for no one: cancel it, loudly; `gpuq retry` runs it."""
+    reason = "client gone: the router restarted while it waited (gpuq retry runs it, its output on its page)"
+    waiting = rows(db.execute("SELECT * FROM job WHERE state = 'queued' AND endpoint IS NOT NULL").fetchall())
+    for job in waiting:
+        _cancel(db, job, "router", reason, now)
+    return waiting
+
+
+# -- alerts (gpuq/alerts.py) -------------------------------------------------------------------
+
+def fire_alert(db: sqlite3.Connection, alert: dict, deliver: bool, now: float) -> Row:
+    return dict(db.execute(
+        "INSERT INTO alert (alert, node, job_id, model, since, message, fix, fired_at, deliver)"
+        " VALUES (?,?,?,?,?,?,?,?,?) RETURNING *",
+        (alert["alert"], alert["node"], alert["job"], alert.get("model"), alert["since"], alert["message"],
+         alert["fix"], iso(now), int(deliver))).fetchone())
+
+
+def resolve_alert(db: sqlite3.Connection, alert_id: int, resolution: str, now: float) -> None:
+    db.execute("UPDATE alert SET resolved_at = ?, resolution = ? WHERE id = ? AND resolved_at IS NULL",
+               (iso(now), resolution, alert_id))
+
+
+def owe_open_alerts(db: sqlite3.Connection) -> int:
+    """At start-up with alert_url set: firings still open are owed their notices, even those
+    seen while no alert_url was configured (they still fire)."""
+    return db.execute("UPDATE alert SET deliver = 1 WHERE resolved_at IS NULL AND deliver = 0").rowcount
+
+
+def record_delivery(db: sqlite3.Connection, alert_id: int, status: str, attempt: int, ok: bool,
+                    http_status: int | None, error: str | None, now: float) -> None:
+    """One try to deliver a notice; a delivered one is marked sent in the same transaction."""
+    sent_column = {"firing": "fired_sent_at", "resolved": "resolved_sent_at"}[status]
+    db.execute("INSERT INTO alert_delivery (alert_id, status, at, attempt, ok, http_status, error)"
+               " VALUES (?,?,?,?,?,?,?)", (alert_id, status, iso(now), attempt, int(ok), http_status, error))
+    if ok:
+        db.execute(f"UPDATE alert SET {sent_column} = ? WHERE id = ?", (iso(now), alert_id))
+
+
+# -- submitting --------------------------------------------------------------------------------
+
+def submit(db: sqlite3.Connection, new: NewJob, nodes: list[NodeInfo], actor: str, now: float) -> list[Row]:
+    """Place and insert a job (a task, or a critique's whole fan-out). Placement sees the jobs
+    submitted before it, in the same batch too (node_load counts them)."""
+    by_name = {n.name: n for n in nodes}
+    parent = None
+    if new.parent is not None:
+        parent = db.execute("SELECT id, kind, node, state, prompt FROM job WHERE id = ?", (new.parent,)).fetchone()
+        if parent is None:
+            raise Unprocessable(f"unknown parent job '{new.parent}'")
+        if parent["kind"] != "task":
+            raise Unprocessable(f"parent job '{new.parent}' is a {parent['kind']}, not a task")
+        if new.kind != "critique":
+            raise BadRequest("only a critique takes a parent")
+    elif new.prompt is None:
+        raise BadRequest("field 'prompt' must not be empty")
+    parent_node = parent["node"] if parent else None
+    counts = _node_counts(db)
+    views = _views(nodes, counts)
+    if new.kind != "critique":  # a task, or an embedding (placed as a task)
+        placements = [rules.place_task(views, new.node, new.model)]
+    else:  # the guard is judged here, first, whatever state the parent is in
+        placements = rules.place_critique(views, parent_node, new.node, new.model)
+    prompt, from_parent = new.prompt, new.prompt is None
+    if from_parent:  # reviews the parent's prompt and result; held until the parent is done
+        if parent["state"] in ("failed", "cancelled"):
+            raise Conflict(f"parent task {parent['id']} is {parent['state']}: there is no result to "
+                           f"critique; retry it first (gpuq retry {parent['id']}) or critique a file")
+        prompt = parent_subject(parent["prompt"], f"(the result of task {parent['id']}, once it is done)")
+    group = None  # a fan-out's children share the first child's id as their group
+    at = iso(now)
+    created = []
+    for p in placements:
+        job_id = new.job_id or _unused_id(db, now)
+        if new.job_id and db.execute("SELECT 1 FROM job WHERE id = ?", (job_id,)).fetchone():
+            raise IdTaken(f"job id {job_id} is taken")
+        if new.kind == "critique" and group is None:
+            group = job_id
+        tail = db.execute("SELECT MAX(position) FROM job WHERE node = ? AND state = 'queued'",
+                          (p.node,)).fetchone()
+        position = (tail[0] or 0) + POSITION_GAP
+        model = new.model or by_name[p.node].model
+        db.execute(
+            "INSERT INTO job (id, kind, node, model, model_pinned, prompt, parent_id, group_id,"
+            " position, placement, timeout_s, created_at, subject_from_parent, think, options,"
+            " endpoint, request) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (job_id, new.kind, p.node, model, int(new.model is not None), prompt, new.parent,
+             group, position, p.reason, new.timeout_s, at, int(from_parent),
+             None if new.think is None else dumps(new.think), None if new.options is None else dumps(new.options),
+             new.endpoint, new.request),
+        )
+        waiting_for = new.parent if from_parent and parent["state"] != "done" else None
+        held = f"; waiting for parent {waiting_for}" if waiting_for else ""
+        _event(db, job_id, None, "queued", actor, f"placed on {p.node} ({p.reason}){held}", now)
+        waiting = counts.get(p.node, NodeCounts()).queued
+        created.append({"id": job_id, "kind": new.kind, "node": p.node, "model": model,
+                        "state": "queued", "position": waiting + 1, "reason": p.reason,
+                        "parent": new.parent, "group": group, "waiting_for": waiting_for})
+    return created
+
+
+# -- the worker's verbs ------------------------------------------------------------------------
+
+def heartbeat(db: sqlite3.Connection, run_id: int, output: str, thinking: str | None, now: float) -> None:
+    db.execute("UPDATE run SET output = ?, thinking = ?, progress_at = ? WHERE id = ? AND state = 'running'",
+               (output, thinking, iso(now), run_id))
+
+
+def work_done(db: sqlite3.Connection, run_id: int, output: str, stats: dict, thinking: str | None,
+              now: float) -> None:
+    """Ollama's stream ended; the job is not finished until its model has left VRAM."""
+    db.execute(
+        "UPDATE run SET output = ?, thinking = ?, progress_at = ?, work_done_at = ?, done_reason = ?,"
+        " eval_count = ?, prompt_eval_count = ?, total_duration_ns = ?,"
+        " load_duration_ns = ?, eval_duration_ns = ? WHERE id = ? AND state = 'running'",
+        (output, thinking, iso(now), iso(now), stats.get("done_reason"), stats.get("eval_count"),
+         stats.get("prompt_eval_count"), stats.get("total_duration"),
+         stats.get("load_duration"), stats.get("eval_duration"), run_id))
+
+
+def save_output(db: sqlite3.Connection, run_id: int, output: str, thinking: str | None) -> None:
+    """Keep the partial output of an interrupted run, whatever state it ended in."""
+    db.execute("UPDATE run SET output = ?, thinking = ? WHERE id = ?", (output, thinking, run_id))
+
+
+def finish(db: sqlite3.Connection, job_id: str, run_id: int, state: str, error: str | None, now: float, *,
+           output: str | None = None, actor: str = "router", findings: list | None = None,
+           claim_node: str | None = None, thinking: str | None = None) -> Row | None:
+    """Finish a run that is still the job's running run; anything else is a GuardMiss. With
+    `claim_node`, the node's next job is claimed in the same transaction and returned."""
+    done = db.execute(
+        "UPDATE job SET state = ?, error = ?, finished_at = ?, findings = ? WHERE id = ?"
+        " AND state = 'running' AND run_id = ? RETURNING id",
+        (state, error, iso(now), None if findings is None else dumps(findings), job_id, run_id)).fetchall()
+    if not done:
+        raise GuardMiss(f"job {job_id} run {run_id} is no longer running; finish refused")
+    db.execute("UPDATE run SET state = ?, error = ?, finished_at = ?, output = COALESCE(?, output),"
+               " thinking = COALESCE(?, thinking) WHERE id = ?",
+               (state, error, iso(now), output, thinking, run_id))
+    _event(db, job_id, "running", state, actor, error, now)
+    if state == "failed":
+        _end_held_critiques(db, job_id, f"failed ({error})", now)
+    return claim(db, claim_node, now) if claim_node else None
+
+
+# -- the user's verbs: each checked against the job's state inside its transaction --------------
+
+def _check_move_request(job_id: str, position: int | None, before: str | None, after: str | None,
+                        node: str | None) -> None:
+    if sum(x is not None for x in (position, before, after)) > 1:
+        raise BadRequest("give only one of 'position', 'before' and 'after'")
+    if job_id in (before, after):
+        raise BadRequest(f"job {job_id} cannot be moved before or after itself")
+    if position is None and before is None and after is None and node is None:
+        raise BadRequest("say where to move the job: 'position', 'before', 'after' or 'node'")
+    if position is not None and position < 1:
+        raise BadRequest(f"position must be 1 or more, got {position}")
+
+
+def move(db: sqlite3.Connection, job_id: str, nodes: list[NodeInfo], actor: str, now: float, *,
+         position: int | None = None, before: str | None = None, after: str | None = None,
+         node: str | None = None) -> Row:
+    """Reorder a queued job within its node's queue or move it to another node's queue."""
+    _check_move_request(job_id, position, before, after, node)
+    job = _job_for_update(db, job_id)
+    if job["state"] != "queued":
+        raise Conflict(f"job {job_id} is {job['state']}; only queued jobs move")
+    target = node or job["node"]
+    if target != job["node"]:
+        parent_node = _job_for_update(db, job["parent_id"])["node"] if job["parent_id"] else None
+        views = {v.name: v for v in _views(nodes, {})}
+        rules.check_move(job["kind"], views.get(target), target, parent_node,
+                         job["model"] if job["model_pinned"] else None)
+    if before is not None:
+        index = _index_of(db, target, before, job_id)
+    elif after is not None:
+        index = _index_of(db, target, after, job_id) + 1
+    elif position is not None:
+        index = position - 1
+    else:  # a bare node move goes to the tail (of the queue it is already in: stays)
+        index = 1 << 62 if target != job["node"] else None
+    if index is not None:
+        # A job that did not ask for a model runs the model of the node it moves to.
+        target_model = next((n.model for n in nodes if n.name == target), job["model"])
+        db.execute("UPDATE job SET node = ?, position = ?, placement = CASE WHEN node <> ?"
+                   " THEN 'moved' ELSE placement END, model = CASE WHEN model_pinned"
+                   " THEN model ELSE ? END WHERE id = ?",
+                   (target, _position_at(db, target, job_id, index), target, target_model, job_id))
+    moved = dict(job, node=target)
+    moved["position"] = db.execute(
+        "SELECT COUNT(*) FROM job j, job me WHERE me.id = ? AND j.node = me.node AND"
+        " j.state = 'queued' AND (j.position < me.position OR (j.position = me.position"
+        " AND j.id <= me.id))", (job_id,)).fetchone()[0]
+    where = f"to {target} " if target != job["node"] else ""
+    _event(db, job_id, "queued", "queued", actor, f"moved {where}at position {moved['position']}", now)
+    return moved
+
+
+def preempt(db: sqlite3.Connection, job_id: str, actor: str, now: float) -> tuple[Row, Interrupted | None]:
+    """The queued job runs next: to the head, and the node's running job goes back behind it."""
+    job = _job_for_update(db, job_id)
+    if job["state"] != "queued":
+        raise Conflict(f"job {job_id} is {job['state']}; only a queued job can preempt")
+    if not db.execute("SELECT 1 FROM ready_job WHERE id = ?", (job_id,)).fetchone():
+        raise Conflict(f"job {job_id} is waiting for parent {job['parent_id']} to finish; it cannot run before")
+    node = job["node"]
+    db.execute("UPDATE job SET position = ? WHERE id = ?", (_position_at(db, node, job_id, 0), job_id))
+    _event(db, job_id, "queued", "queued", actor, "preempt: moved to the head", now)
+    running = db.execute("SELECT id, run_id FROM job WHERE node = ? AND state = 'running'", (node,)).fetchone()
+    if not running:
+        return dict(job, position=1), None
+    victim, run_id = running["id"], running["run_id"]
+    behind = _position_at(db, node, victim, 1)
+    db.execute("UPDATE job SET state = 'queued', position = ? WHERE id = ?", (behind, victim))
+    db.execute("UPDATE run SET state = 'preempted', finished_at = ?, error = ? WHERE id = ?",
+               (iso(now), f"preempted by {job_id}", run_id))
+    _event(db, victim, "running", "queued", actor, f"preempted by {job_id}", now)
+    return dict(job, position=1), Interrupted(victim, node, run_id)
+
+
+def delete(db: sqlite3.Connection, job_id: str, actor: str, reason: str, now: float) -> tuple[Row, Interrupted | None]:
+    """A queued or running job is cancelled with the reason ('deleted'); its rows stay."""
+    job = _job_for_update(db, job_id)
+    if job["state"] not in ACTIVE:
+        raise Conflict(f"job {job_id} is already {job['state']}; only queued or running jobs can be deleted")
+    return dict(job, state="cancelled"), _cancel(db, job, actor, reason, now)
+
+
+def clear(db: sqlite3.Connection, node: str, actor: str, running: bool, now: float) -> tuple[list[str], Interrupted | None]:
+    """Cancel the node's queued jobs (and its running one, with `running`)."""
+    states = ACTIVE if running else ("queued",)
+    jobs = rows(db.execute(
+        f"SELECT * FROM job WHERE node = ? AND state IN ({','.join('?' * len(states))})"
+        " ORDER BY state = 'queued', position, id", (node, *states)).fetchall())
+    interrupted = None
+    for job in jobs:
+        interrupted = _cancel(db, job, actor, "cleared", now) or interrupted
+    return [j["id"] for j in jobs], interrupted
+
+
+def retry(db: sqlite3.Connection, job_id: str, actor: str, now: float) -> Row:
+    """Only by explicit request: a failed or cancelled job goes to the tail of its node's queue."""
+    job = _job_for_update(db, job_id)
+    if job["state"] not in ("failed", "cancelled"):
+        raise Conflict(f"job {job_id} is {job['state']}; only failed or cancelled jobs can be retried")
+    if job["parent_id"]:  # the parent may have moved onto this node since (no trigger sees a retry)
+        parent = _job_for_update(db, job["parent_id"])
+        if parent["node"] == job["node"]:
+            raise GuardRefused()
+        if job["subject_from_parent"] and parent["state"] in ("failed", "cancelled"):
+            raise Conflict(f"parent task {parent['id']} is {parent['state']}: there is no result to "
+                           f"critique; retry the parent first (gpuq retry {parent['id']})")
+    tail = db.execute("SELECT MAX(position) FROM job WHERE node = ? AND state = 'queued'",
+                      (job["node"],)).fetchone()[0]
+    db.execute("UPDATE job SET state = 'queued', error = NULL, finished_at = NULL, position = ?"
+               " WHERE id = ?", ((tail or 0) + POSITION_GAP, job_id))
+    _event(db, job_id, job["state"], "queued", actor, "retry requested", now)
+    return dict(job, state="queued")

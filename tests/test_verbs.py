@@ -1,0 +1,60 @@
+"""The queue's verbs (gpuq/verbs.py) alone: plain functions of a sqlite3 connection, run here
+on a real database file with no event loop, no thread and no Store around them."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from gpuq import verbs
+from gpuq.errors import GuardMiss
+from gpuq.models import NewJob, NodeInfo
+from gpuq.shipped import shipped_files
+from gpuq.store import MIGRATIONS_DIR
+
+NODES = [NodeInfo("a", 1, ("task",), "ma", True), NodeInfo("b", 2, ("critique",), "mb", True)]
+NOW = 1_800_000_000.0
+
+
+@pytest.fixture
+def db(tmp_path):
+    conn = sqlite3.connect(tmp_path / "q.db", isolation_level=None)
+    conn.row_factory = sqlite3.Row
+    verbs.migrate(conn, shipped_files(MIGRATIONS_DIR, "[0-9][0-9][0-9]_*.sql", "migrations"), NOW, tmp_path / "q.db")
+    yield conn
+    conn.close()
+
+
+def in_transaction(db: sqlite3.Connection, verb, **kwargs):
+    """What the writer does for one write: BEGIN IMMEDIATE, the verb, COMMIT (ROLLBACK if it raises)."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        result = verb(db, **kwargs)
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+    return result
+
+
+def test_submit_claim_and_finish_by_hand(db):
+    [job] = in_transaction(db, verbs.submit, new=NewJob("task", "hello"), nodes=NODES, actor="test", now=NOW)
+    assert (job["node"], job["state"], job["position"]) == ("a", "queued", 1)
+    claimed = in_transaction(db, verbs.claim, node="a", now=NOW + 1)
+    assert claimed["id"] == job["id"] and claimed["prompt"] == "hello"
+    in_transaction(db, verbs.finish, job_id=job["id"], run_id=claimed["run_id"], state="done", error=None,
+                   now=NOW + 2, output="world")
+    assert db.execute("SELECT j.state, r.output FROM job j JOIN run r ON r.id = j.run_id").fetchone()[:] == \
+        ("done", "world")
+    assert [r[0] for r in db.execute("SELECT to_state FROM event ORDER BY id")] == ["queued", "running", "done"]
+
+
+def test_a_refused_verb_leaves_nothing_behind(db):
+    [job] = in_transaction(db, verbs.submit, new=NewJob("task", "x"), nodes=NODES, actor="test", now=NOW)
+    claimed = in_transaction(db, verbs.claim, node="a", now=NOW)
+    with pytest.raises(GuardMiss):  # not the job's running run
+        in_transaction(db, verbs.finish, job_id=job["id"], run_id=claimed["run_id"] + 1, state="done",
+                       error=None, now=NOW)
+    assert db.execute("SELECT state FROM job").fetchone()[0] == "running"
+    assert db.execute("SELECT COUNT(*) FROM event").fetchone()[0] == 2
