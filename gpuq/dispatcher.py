@@ -49,8 +49,16 @@ class Current:
     task: asyncio.Task | None = None
     output: list[str] = field(default_factory=list)  # the answer, one piece per token
     thinking: list[str] = field(default_factory=list)  # the reasoning, apart from the answer
+    saved: tuple[int, int] = (0, 0)  # pieces of output and of thinking the store already holds
     abort_reason: str | None = None
     next_job: dict | None = None  # claimed in the same transaction that finished this one
+
+    def unsaved(self) -> tuple[str, str | None, tuple[int, int]]:
+        """The output and thinking not stored yet (each written once: the store appends), and
+        the mark to put in `saved` once the write that carries them has returned."""
+        done_out, done_thought = self.saved
+        return ("".join(self.output[done_out:]), "".join(self.thinking[done_thought:]) or None,
+                (len(self.output), len(self.thinking)))
 
 
 @dataclass
@@ -341,7 +349,7 @@ class Dispatcher:
             log.exception("job=%s node=%s %s", job["id"], rt.name, error)
             self._tell(job["id"], "error", 500, error)
             findings = None
-        output, thinking = "".join(cur.output), "".join(cur.thinking) or None
+        output, thinking, _ = cur.unsaved()
         if error is None and await self._keep_warm(rt, job):
             rt.warm_model, unloaded = job["model"], True  # the node just answered: reachable
         else:
@@ -400,9 +408,11 @@ class Dispatcher:
             return None, self._told(job["id"], exc.status, exc.message)
         except GpuqError as exc:  # a stored request this gpuq cannot read (written by another version)
             return None, self._told(job["id"], 400, f"cannot run the stored request: {exc.message}")
-        output, thinking = "".join(cur.output), "".join(cur.thinking) or None
+        unsaved, thinking, upto = cur.unsaved()
         await self._record(job["id"], "end of stream",
-                           lambda: self.store.work_done(cur.run_id, output, stats, thinking))
+                           lambda: self.store.work_done(cur.run_id, unsaved, stats, thinking))
+        cur.saved = upto
+        output = "".join(cur.output)
         if job["kind"] != "embed":  # an embedding's prompt_eval_count sums all its inputs
             await self._warn_if_prompt_filled_context(rt, job, stats, options)
         # A front-door client that set its limit is told done_reason "length", as Ollama tells it:
@@ -445,7 +455,9 @@ class Dispatcher:
         if time.monotonic() - last_beat < HEARTBEAT_S:
             return last_beat
         try:
-            await self.store.heartbeat(cur.run_id, "".join(cur.output), "".join(cur.thinking) or None)
+            output, thinking, upto = cur.unsaved()
+            await self.store.heartbeat(cur.run_id, output, thinking)
+            cur.saved = upto
         except StoreUnavailable as exc:  # progress is a hint; the tokens stay in memory
             log.warning("job=%s heartbeat not recorded: %s", job["id"], exc.message)
         return time.monotonic()
@@ -517,8 +529,9 @@ class Dispatcher:
 
     async def _after_abort(self, rt: NodeRuntime, job: dict, cur: Current) -> None:
         log.info("job=%s node=%s aborted: %s", job["id"], rt.name, cur.abort_reason)
-        output, thinking = "".join(cur.output), "".join(cur.thinking) or None
+        output, thinking, upto = cur.unsaved()
         await self._record(job["id"], "partial output", lambda: self.store.save_output(cur.run_id, output, thinking))
+        cur.saved = upto
         rt.warm_model = None
         await self._unload(rt, job["model"], job["id"])
 

@@ -171,17 +171,19 @@ class Store:
         return await self._write(partial(verbs.claim, node=node, now=self.clock()))
 
     async def heartbeat(self, run_id: int, output: str, thinking: str | None = None) -> None:
+        """Progress: `output` and `thinking` are the text that came since the last write (appended)."""
         await self._write(partial(verbs.heartbeat, run_id=run_id, output=output, thinking=thinking,
                                   now=self.clock()))
 
     async def work_done(self, run_id: int, output: str, stats: dict, thinking: str | None = None) -> None:
-        """Ollama's stream ended; the job is not finished until its model has left VRAM."""
+        """Ollama's stream ended (`output`: the text not stored yet); the job is not finished
+        until its model has left VRAM."""
         await self._write(partial(verbs.work_done, run_id=run_id, output=output, stats=stats, thinking=thinking,
                                   now=self.clock()))
 
     async def save_output(self, run_id: int, output: str, thinking: str | None = None) -> None:
-        """Keep the partial output of an interrupted run, whatever state it ended in."""
-        await self._write(partial(verbs.save_output, run_id=run_id, output=output, thinking=thinking))
+        """Keep the last, unsaved output of an interrupted run, whatever state it ended in."""
+        await self._write(partial(verbs.append_output, run_id=run_id, output=output, thinking=thinking))
 
     async def finish(self, job_id: str, run_id: int, state: str, error: str | None,
                      output: str | None = None, actor: str = "router",

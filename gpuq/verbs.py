@@ -379,42 +379,52 @@ def submit(db: sqlite3.Connection, new: NewJob, nodes: list[NodeInfo], actor: st
 
 # -- the worker's verbs ------------------------------------------------------------------------
 
+# Output is written once: each write appends only the text its caller has not stored yet, so a
+# long job writes O(n) bytes, not the whole output at every heartbeat. Text is appended whatever
+# state the run is in (its tokens were produced in it); thinking stays NULL until some comes.
+APPEND_TEXT = ("UPDATE run SET output = output || COALESCE(:output, ''),"
+               " thinking = COALESCE(thinking || :thinking, thinking, :thinking) WHERE id = :run_id")
+
+
+def append_output(db: sqlite3.Connection, run_id: int, output: str | None, thinking: str | None) -> None:
+    """Keep more of a run's output (and reasoning): a heartbeat's, or an interrupted run's last."""
+    if output or thinking:
+        db.execute(APPEND_TEXT, {"output": output, "thinking": thinking, "run_id": run_id})
+
+
 def heartbeat(db: sqlite3.Connection, run_id: int, output: str, thinking: str | None, now: float) -> None:
-    db.execute("UPDATE run SET output = ?, thinking = ?, progress_at = ? WHERE id = ? AND state = 'running'",
-               (output, thinking, iso(now), run_id))
+    append_output(db, run_id, output, thinking)
+    db.execute("UPDATE run SET progress_at = ? WHERE id = ? AND state = 'running'", (iso(now), run_id))
 
 
 def work_done(db: sqlite3.Connection, run_id: int, output: str, stats: dict, thinking: str | None,
               now: float) -> None:
-    """Ollama's stream ended; the job is not finished until its model has left VRAM."""
+    """Ollama's stream ended (`output`: its text not stored yet); the job is not finished until
+    its model has left VRAM."""
+    append_output(db, run_id, output, thinking)
     db.execute(
-        "UPDATE run SET output = ?, thinking = ?, progress_at = ?, work_done_at = ?, done_reason = ?,"
+        "UPDATE run SET progress_at = ?, work_done_at = ?, done_reason = ?,"
         " eval_count = ?, prompt_eval_count = ?, total_duration_ns = ?,"
         " load_duration_ns = ?, eval_duration_ns = ? WHERE id = ? AND state = 'running'",
-        (output, thinking, iso(now), iso(now), stats.get("done_reason"), stats.get("eval_count"),
+        (iso(now), iso(now), stats.get("done_reason"), stats.get("eval_count"),
          stats.get("prompt_eval_count"), stats.get("total_duration"),
          stats.get("load_duration"), stats.get("eval_duration"), run_id))
-
-
-def save_output(db: sqlite3.Connection, run_id: int, output: str, thinking: str | None) -> None:
-    """Keep the partial output of an interrupted run, whatever state it ended in."""
-    db.execute("UPDATE run SET output = ?, thinking = ? WHERE id = ?", (output, thinking, run_id))
 
 
 def finish(db: sqlite3.Connection, job_id: str, run_id: int, state: str, error: str | None, now: float, *,
            output: str | None = None, actor: str = "router", findings: list | None = None,
            claim_node: str | None = None, thinking: str | None = None) -> Row | None:
-    """Finish a run that is still the job's running run; anything else is a GuardMiss. With
-    `claim_node`, the node's next job is claimed in the same transaction and returned."""
+    """Finish a run that is still the job's running run; anything else is a GuardMiss. `output`
+    and `thinking`: text not stored yet, appended. With `claim_node`, the node's next job is
+    claimed in the same transaction and returned."""
     done = db.execute(
         "UPDATE job SET state = ?, error = ?, finished_at = ?, findings = ? WHERE id = ?"
         " AND state = 'running' AND run_id = ? RETURNING id",
         (state, error, iso(now), None if findings is None else dumps(findings), job_id, run_id)).fetchall()
     if not done:
         raise GuardMiss(f"job {job_id} run {run_id} is no longer running; finish refused")
-    db.execute("UPDATE run SET state = ?, error = ?, finished_at = ?, output = COALESCE(?, output),"
-               " thinking = COALESCE(?, thinking) WHERE id = ?",
-               (state, error, iso(now), output, thinking, run_id))
+    append_output(db, run_id, output, thinking)
+    db.execute("UPDATE run SET state = ?, error = ?, finished_at = ? WHERE id = ?", (state, error, iso(now), run_id))
     _event(db, job_id, "running", state, actor, error, now)
     if state == "failed":
         _end_held_critiques(db, job_id, f"failed ({error})", now)

@@ -49,7 +49,7 @@ async def test_submit_claim_finish_writes_state_runs_and_events(store):
     claimed = await store.claim("a")
     assert claimed["id"] == job["id"]
     await store.work_done(claimed["run_id"], "out", {"eval_count": 3, "done_reason": "stop"})
-    await store.finish(job["id"], claimed["run_id"], "done", None, "out")
+    await store.finish(job["id"], claimed["run_id"], "done", None)  # the output is stored already
     detail = await store.job_detail(job["id"])
     assert detail["state"] == "done" and detail["output"] == "out" and detail["eval_count"] == 3
     assert [(e["from_state"], e["to_state"]) for e in detail["events"]] == [
