@@ -1,10 +1,13 @@
-"""Where a job goes. Pure functions over a snapshot of the nodes: no I/O, no clock."""
+"""Where a job goes. Pure functions over a snapshot of the nodes: no I/O, no clock.
+
+Placement chooses; it never picks a critique's parent's node for it. Refusing a critique on its
+parent's node (asked for, moved there, retried there) is the schema's job alone (migration 010)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import Conflict, GuardRefused, ModelMissing, Unprocessable
+from .errors import Conflict, ModelMissing, Unprocessable
 from .models import normalize_model
 
 FIRST_FREE = "first free node by rank"
@@ -56,12 +59,17 @@ def role_of(kind: str) -> str:
     return "critique" if kind == "critique" else "task"
 
 
+def _check_role(node: NodeView, role: str) -> None:
+    """The role rule: a node takes only the jobs of its roles."""
+    if role not in node.roles:
+        raise Conflict(f"node '{node.name}' does not take {role} jobs (its roles: {', '.join(node.roles)})")
+
+
 def _asked(nodes: list[NodeView], name: str, role: str, model: str | None = None) -> NodeView:
     node = next((n for n in nodes if n.name == name), None)
     if node is None:
         raise Unprocessable(f"unknown node '{name}'")
-    if role not in node.roles:
-        raise Conflict(f"node '{name}' does not take {role} jobs (its roles: {', '.join(node.roles)})")
+    _check_role(node, role)
     if not node.may_have(model):
         raise _not_installed(model, node)  # type: ignore[arg-type]
     return node
@@ -99,12 +107,10 @@ def place_critique(
     nodes: list[NodeView], parent_node: str | None = None, asked: str | None = None,
     model: str | None = None,
 ) -> list[Placement]:
-    """One placement per critique node (fan-out), never on the parent task's node. A critique
-    that names a model fans out to the critique nodes whose Ollama lists it."""
+    """One placement per critique node (fan-out), never choosing the parent task's node. A
+    critique that names a model fans out to the critique nodes whose Ollama lists it. A node
+    asked for is taken as asked (the schema refuses the parent's node)."""
     if asked is not None:
-        node = next((n for n in nodes if n.name == asked), None)
-        if node is not None and node.name == parent_node:
-            raise GuardRefused()  # judged first: the guard's answer is the one that matters
         return [Placement(_asked(nodes, asked, "critique", model).name, ASKED)]
     targets = [n for n in _by_rank(nodes) if "critique" in n.roles and n.name != parent_node]
     targets = _having(targets, model, "critique")
@@ -118,16 +124,12 @@ def place_critique(
     return [Placement(n.name, FAN_OUT) for n in targets]
 
 
-def check_move(kind: str, target: NodeView | None, target_name: str, parent_node: str | None,
-               model: str | None = None) -> None:
+def check_move(kind: str, target: NodeView | None, target_name: str, model: str | None = None) -> None:
     """May a queued job of this kind (that asked for `model`) move to that node's queue? A node
     whose Ollama does not list the model refuses it (409: the job stays where it is)."""
     if target is None:
         raise Unprocessable(f"unknown node '{target_name}'")
-    if role_of(kind) not in target.roles:
-        raise Conflict(f"node '{target.name}' does not take {kind} jobs (its roles: {', '.join(target.roles)})")
-    if kind == "critique" and target.name == parent_node:
-        raise GuardRefused()
+    _check_role(target, role_of(kind))
     if not target.may_have(model):
         raise Conflict(f"model '{model}' is not installed on node {target.name} (its Ollama lists: "
                        f"{_listed(target)}); the job stays where it is")

@@ -12,7 +12,7 @@ from typing import Any
 
 from . import placement as rules
 from .critique import parent_subject
-from .errors import BadRequest, Conflict, GpuqError, GuardMiss, GuardRefused, IdTaken, NotFound, Unprocessable
+from .errors import BadRequest, Conflict, GpuqError, GuardMiss, IdTaken, NotFound, Unprocessable
 from .models import (
     ACTIVE, POSITION_GAP, Interrupted, NewJob, NodeCounts, NodeInfo, iso, new_job_id,
 )
@@ -455,10 +455,8 @@ def move(db: sqlite3.Connection, job_id: str, nodes: list[NodeInfo], actor: str,
         raise Conflict(f"job {job_id} is {job['state']}; only queued jobs move")
     target = node or job["node"]
     if target != job["node"]:
-        parent_node = _job_for_update(db, job["parent_id"])["node"] if job["parent_id"] else None
         views = {v.name: v for v in _views(nodes, {})}
-        rules.check_move(job["kind"], views.get(target), target, parent_node,
-                         job["model"] if job["model_pinned"] else None)
+        rules.check_move(job["kind"], views.get(target), target, job["model"] if job["model_pinned"] else None)
     if before is not None:
         index = _index_of(db, target, before, job_id)
     elif after is not None:
@@ -531,11 +529,9 @@ def retry(db: sqlite3.Connection, job_id: str, actor: str, now: float) -> Row:
     job = _job_for_update(db, job_id)
     if job["state"] not in ("failed", "cancelled"):
         raise Conflict(f"job {job_id} is {job['state']}; only failed or cancelled jobs can be retried")
-    if job["parent_id"]:  # the parent may have moved onto this node since (no trigger sees a retry)
+    if job["subject_from_parent"]:  # (a parent now on this node: the schema refuses the requeue)
         parent = _job_for_update(db, job["parent_id"])
-        if parent["node"] == job["node"]:
-            raise GuardRefused()
-        if job["subject_from_parent"] and parent["state"] in ("failed", "cancelled"):
+        if parent["state"] in ("failed", "cancelled"):
             raise Conflict(f"parent task {parent['id']} is {parent['state']}: there is no result to "
                            f"critique; retry the parent first (gpuq retry {parent['id']})")
     tail = db.execute("SELECT MAX(position) FROM job WHERE node = ? AND state = 'queued'",

@@ -135,10 +135,10 @@ class QueueMachine(RuleBasedStateMachine):
             tasks = unfinished  # the case that holds: make it common
         parent = data.draw(st.sampled_from(tasks), label="parent")
         expected = None
-        if self.node[parent] == node:  # the guard first, whatever the parent's state
-            expected = GuardRefused
-        elif of_result and self.state[parent] in ("failed", "cancelled"):
+        if of_result and self.state[parent] in ("failed", "cancelled"):
             expected = Conflict
+        elif self.node[parent] == node:  # the schema refuses the insert (migration 010)
+            expected = GuardRefused
         created = self.attempt(expected, self.store.submit(
             NewJob("critique", None if of_result else "c", node=node, parent=parent), NODES, "api"))
         if created is not None:
@@ -183,10 +183,10 @@ class QueueMachine(RuleBasedStateMachine):
             expected = Conflict
         elif target != self.node[job] and self.kind[job] not in ROLES[target]:
             expected = Conflict
-        elif target != self.node[job] and self.kind[job] == "critique" and self.node[self.parent[job]] == target:
-            expected = GuardRefused
         elif other is not None and other not in self.queues[target]:
             expected = Conflict
+        elif target != self.node[job] and self.kind[job] == "critique" and self.node[self.parent[job]] == target:
+            expected = GuardRefused  # the schema refuses the update of node
         elif target != self.node[job] and self.kind[job] == "task" and self._critique_waits_on(job, target):
             expected = GuardRefused
         moved = self.attempt(expected, self.store.move(job, NODES, "api", **where))
@@ -263,10 +263,10 @@ class QueueMachine(RuleBasedStateMachine):
         expected = None
         if self.state[job] not in ("failed", "cancelled"):
             expected = Conflict
-        elif self.parent[job] is not None and self.node[self.parent[job]] == self.node[job]:
-            expected = GuardRefused
         elif job in self.from_parent and self.state[self.parent[job]] in ("failed", "cancelled"):
             expected = Conflict
+        elif self.parent[job] is not None and self.node[self.parent[job]] == self.node[job]:
+            expected = GuardRefused  # the schema refuses the requeue
         if self.attempt(expected, self.store.retry(job, "api")) is None:
             return
         self.state[job] = "queued"

@@ -8,7 +8,7 @@ import sqlite3
 import pytest
 
 from gpuq import verbs
-from gpuq.errors import GuardMiss
+from gpuq.errors import GUARD_MESSAGE, GuardMiss
 from gpuq.models import NewJob, NodeInfo
 from gpuq.shipped import shipped_files
 from gpuq.store import MIGRATIONS_DIR
@@ -58,3 +58,29 @@ def test_a_refused_verb_leaves_nothing_behind(db):
                        error=None, now=NOW)
     assert db.execute("SELECT state FROM job").fetchone()[0] == "running"
     assert db.execute("SELECT COUNT(*) FROM event").fetchone()[0] == 2
+
+
+def test_the_schema_refuses_every_write_that_puts_a_critique_on_its_parents_node(db):
+    """The guard lives in the schema alone (migration 010): an insert, a move of the critique, a
+    move of its parent, and a retry's requeue each fail with the one message the router maps to
+    409; a write that leaves an active critique where it is (its claim) is not judged again."""
+    nodes = [NodeInfo("a", 1, ("task", "critique"), "ma", True), NodeInfo("b", 2, ("task", "critique"), "mb", True)]
+    [task] = in_transaction(db, verbs.submit, new=NewJob("task", "t", node="a"), nodes=nodes, actor="t", now=NOW)
+    with pytest.raises(sqlite3.IntegrityError, match=GUARD_MESSAGE):  # asked for the parent's node
+        in_transaction(db, verbs.submit, new=NewJob("critique", "c", parent=task["id"], node="a"), nodes=nodes,
+                       actor="t", now=NOW)
+    [critique] = in_transaction(db, verbs.submit, new=NewJob("critique", "c", parent=task["id"]), nodes=nodes,
+                                actor="t", now=NOW)
+    assert critique["node"] == "b"  # the fan-out never chooses the parent's node
+    for sql, job in (("UPDATE job SET node = 'a' WHERE id = ?", critique["id"]),
+                     ("UPDATE job SET node = 'b' WHERE id = ?", task["id"])):
+        with pytest.raises(sqlite3.IntegrityError, match=GUARD_MESSAGE):
+            in_transaction(db, lambda d: d.execute(sql, (job,)))
+    in_transaction(db, verbs.delete, job_id=critique["id"], actor="t", reason="deleted", now=NOW)
+    in_transaction(db, lambda d: d.execute("UPDATE job SET node = 'b' WHERE id = ?", (task["id"],)))
+    with pytest.raises(sqlite3.IntegrityError, match=GUARD_MESSAGE):  # retry would requeue it beside its parent
+        in_transaction(db, verbs.retry, job_id=critique["id"], actor="t", now=NOW)
+    assert db.execute("SELECT state FROM job WHERE id = ?", (critique["id"],)).fetchone()[0] == "cancelled"
+    in_transaction(db, lambda d: d.execute("UPDATE job SET node = 'a' WHERE id = ?", (task["id"],)))
+    in_transaction(db, verbs.retry, job_id=critique["id"], actor="t", now=NOW)
+    assert in_transaction(db, verbs.claim, node="b", now=NOW)["id"] == critique["id"]
