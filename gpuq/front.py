@@ -25,7 +25,7 @@ from .errors import (
     BadRequest, Conflict, FrontError, GpuqError, ModelMissing, NotFound, OllamaError, StartupError,
     StoreUnavailable,
 )
-from .models import new_job_id, normalize_model
+from .models import new_job_id, normalize_model, preview_url
 from .security import check_host, check_same_site, router_hosts, token_of
 from .errors import IdTaken
 from .store import NewJob, Store
@@ -53,7 +53,7 @@ class Front:
         return sorted(self.dispatcher.nodes.values(), key=lambda rt: rt.config.rank)
 
     def preview_url(self, job_id: str) -> str:
-        return f"{self.settings.public_url}/jobs/{job_id}"
+        return preview_url(self.settings.public_url, job_id)
 
     async def cancel(self, job_id: str, reason: str, actor: str) -> None:
         """End a call's job because its client is gone: as a delete, with the reason."""

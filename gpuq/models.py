@@ -78,6 +78,11 @@ def new_job_id(now: float | None = None) -> str:
     return f"{int(now if now is not None else time.time())}-{secrets.token_hex(4)}"
 
 
+def preview_url(public_url: str, job_id: str) -> str:
+    """The job's own page, where a person follows it."""
+    return f"{public_url}/jobs/{job_id}"
+
+
 def iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 

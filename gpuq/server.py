@@ -20,7 +20,7 @@ from .config import Settings
 from .dispatcher import Dispatcher, NodeRuntime, node_json
 from .errors import BadRequest, GpuqError, NotFound, TooLarge
 from .metrics import Metrics
-from .models import Kind, NodeCounts, iso, parse_iso
+from .models import Kind, NodeCounts, iso, parse_iso, preview_url
 from .params import options_problem, think_problem
 from .security import access_middleware, host_middleware
 from .shipped import shipped_dir, shipped_files
@@ -58,7 +58,7 @@ def job_json(row: Row, public_url: str) -> Row:
         "work_done_at": row.get("work_done_at"), "eval_count": row.get("eval_count"),
         "eval_duration_ns": row.get("eval_duration_ns"), "done_reason": row.get("done_reason"),
         "preempted_runs": row.get("preempted_runs", 0), "timeout_s": row.get("timeout_s"),
-        "run_id": row.get("run_id"), "preview_url": f"{public_url}/jobs/{row['id']}",
+        "run_id": row.get("run_id"), "preview_url": preview_url(public_url, row["id"]),
         "waiting_for": row.get("waiting_for"),  # a held critique: the parent it waits for
     }
     if row.get("endpoint"):
@@ -280,7 +280,7 @@ async def submit(request: web.Request) -> web.Response:
     jobs = await store.submit(new, request.app[DISPATCHER].node_infos(), actor_of(request))
     for job in jobs:
         log.info("job=%s node=%s state=queued kind=%s placement=%r", job["id"], job["node"], kind, job["reason"])
-        job["preview_url"] = f"{settings.public_url}/jobs/{job['id']}"
+        job["preview_url"] = preview_url(settings.public_url, job["id"])
         request.app[DISPATCHER].wake(job["node"])  # only its node: the others have nothing new
     request.app[BUS].publish("queue", {"submitted": [j["id"] for j in jobs]})
     return web.json_response({"jobs": jobs}, status=201)

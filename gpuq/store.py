@@ -20,7 +20,7 @@ from .batching import Writer
 from .errors import GpuqError, NotFound, from_sqlite
 from .models import Interrupted, JobState, NewJob, NodeCounts, NodeInfo, iso
 from .shipped import shipped_dir, shipped_files
-from .verbs import STALE_SQL, Row, rows
+from .verbs import QUEUE_POSITION_SQL, STALE_SQL, Row, rows
 
 __all__ = ["Interrupted", "NewJob", "NodeInfo", "Store", "STALE_SQL", "MIGRATIONS_DIR"]
 
@@ -259,12 +259,8 @@ class Store:
         return job
 
     async def queue_position(self, job: Row) -> int:
-        rows = await self.read(
-            "SELECT COUNT(*) AS n FROM job WHERE node = ? AND state = 'queued'"
-            " AND (position < ? OR (position = ? AND id < ?))",
-            (job["node"], job["position"], job["position"], job["id"]),
-        )
-        return rows[0]["n"] + 1
+        rows = await self.read(QUEUE_POSITION_SQL, {k: job[k] for k in ("node", "position", "id")})
+        return rows[0]["n"]
 
     async def jobs(self, node: str | None = None, state: str | None = None, limit: int = 100) -> list[Row]:
         where, params = [], []

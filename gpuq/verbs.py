@@ -55,6 +55,12 @@ SELECT id, node, state, since, reason, run_id FROM (
 
 
 
+# A queued job's place in its node's queue, from 1: the one statement of it (listings, the
+# stream's "queued" lines and a move's answer all read it).
+QUEUE_POSITION_SQL = ("SELECT COUNT(*) + 1 AS n FROM job WHERE node = :node AND state = 'queued'"
+                      " AND (position < :position OR (position = :position AND id < :id))")
+
+
 def _views(nodes: list[NodeInfo], counts: dict[str, NodeCounts]) -> list[rules.NodeView]:
     """The nodes as placement sees them, with their running and queued counts."""
     return [rules.NodeView(n.name, n.rank, n.roles, n.up, counts.get(n.name, NodeCounts()).running > 0,
@@ -473,10 +479,8 @@ def move(db: sqlite3.Connection, job_id: str, nodes: list[NodeInfo], actor: str,
                    " THEN model ELSE ? END WHERE id = ?",
                    (target, _position_at(db, target, job_id, index), target, target_model, job_id))
     moved = dict(job, node=target)
-    moved["position"] = db.execute(
-        "SELECT COUNT(*) FROM job j, job me WHERE me.id = ? AND j.node = me.node AND"
-        " j.state = 'queued' AND (j.position < me.position OR (j.position = me.position"
-        " AND j.id <= me.id))", (job_id,)).fetchone()[0]
+    now_at = db.execute("SELECT node, position, id FROM job WHERE id = ?", (job_id,)).fetchone()
+    moved["position"] = db.execute(QUEUE_POSITION_SQL, dict(now_at)).fetchone()[0]
     where = f"to {target} " if target != job["node"] else ""
     _event(db, job_id, "queued", "queued", actor, f"moved {where}at position {moved['position']}", now)
     return moved
