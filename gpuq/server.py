@@ -368,11 +368,13 @@ async def preempt(request: web.Request) -> web.Response:
 
 async def delete(request: web.Request) -> web.Response:
     app = request.app
-    job, interrupted = await app[STORE].delete(job_id_of(request), actor_of(request))
-    app[DISPATCHER].abort(interrupted, "deleted")
-    app[DISPATCHER].ended([job["id"]], "deleted")
+    actor = actor_of(request)
+    reason = f"deleted by {actor}"
+    job, interrupted = await app[STORE].delete(job_id_of(request), actor, reason)
+    app[DISPATCHER].abort(interrupted, reason)
+    app[DISPATCHER].ended([job["id"]], reason)
     app[BUS].publish("queue", {"deleted": job["id"]})
-    log.info("job=%s node=%s state=cancelled reason=deleted actor=%r", job["id"], job["node"], actor_of(request))
+    log.info("job=%s node=%s state=cancelled reason=%r", job["id"], job["node"], reason)
     return web.json_response({"job": {"id": job["id"], "node": job["node"], "state": "cancelled",
                                       "was": "running" if interrupted else "queued"}})
 

@@ -399,7 +399,7 @@ async def test_delete_ends_the_clients_stream_with_an_error_naming_it(front):
     assert (await front.daemon.cli("delete", job["id"])).code == 0
     with pytest.raises(ollama.ResponseError) as exc:
         await reading
-    assert exc.value.error == f"gpuq job {job['id']} was deleted: request canceled"
+    assert exc.value.error == f"gpuq job {job['id']} was deleted by cli 127.0.0.1: request canceled"
     assert not got[-1].done
 
     # Waiting, not yet running: the call ends with its status, in OpenAI's shape too.
