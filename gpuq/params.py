@@ -32,6 +32,8 @@ def options_problem(value: Any) -> str | None:
     if not isinstance(value, dict):
         return f"expected an object of Ollama model options such as {{\"num_ctx\": 32768}}, got {_shown(value)}"
     for key, item in value.items():
+        if item is None:  # unset, as Ollama reads it (Options.FromMap skips nil): LangChain sends these
+            continue
         if key in INT_OPTIONS and (isinstance(item, bool) or not isinstance(item, int)):
             return f"option '{key}' must be a whole number, got {_shown(item)}"
         if key in NUMBER_OPTIONS and (isinstance(item, bool) or not isinstance(item, (int, float))):
@@ -46,6 +48,7 @@ def options_problem(value: Any) -> str | None:
 
 
 def merged_options(node: dict | None, job: dict | None) -> dict | None:
-    """The options a run sends: the job's over the node's; None when neither has any."""
-    merged = {**(node or {}), **(job or {})}
+    """The options a run sends: the job's over the node's (a job's null leaves the node's value,
+    as null leaves Ollama's default); None when neither has any."""
+    merged = {**(node or {}), **{k: v for k, v in (job or {}).items() if v is not None}}
     return merged or None

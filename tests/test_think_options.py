@@ -41,6 +41,16 @@ async def test_a_jobs_own_think_and_options_win_over_the_nodes(node_with_default
     assert 'asked: think "high" temperature=0.1 seed=42 stop=["END"]' in shown.out
 
 
+async def test_a_null_option_is_unset_as_ollama_reads_it(node_with_defaults):
+    # LangChain's ChatOllama sends every option it knows, null where the user set none; Ollama
+    # skips nulls (api/types.go Options.FromMap), so the node's own value stays.
+    d = node_with_defaults
+    [job] = await d.submit("task", "hi", options={"num_ctx": None, "temperature": 0.2, "stop": None})
+    await d.wait_state(job["id"], "done")
+    [req] = d.fake.chat_requests
+    assert req["options"] == {"num_ctx": 8192, "temperature": 0.2}
+
+
 @pytest.mark.parametrize("field, value, message", [
     ("options", [1, 2], "field 'options': expected an object of Ollama model options such as "
                         "{\"num_ctx\": 32768}, got [1, 2]"),
