@@ -17,16 +17,16 @@ async def test_a_delete_that_lands_between_claim_and_start_never_reaches_ollama(
     dispatcher = Dispatcher(settings, store, Bus())
     await dispatcher.start()
     try:
-        rt = dispatcher.nodes["n"]
+        worker = dispatcher.workers["n"]
         await dispatcher.loops.stop()  # no worker of its own may claim: this test claims by hand
         await store.submit(NewJob("task", "never sent"), [NodeInfo("n", 1, ("task",), "m:latest", True)], "api")
         job = await store.claim("n")
         _, interrupted = await store.delete(job["id"], "cli")
         dispatcher.abort(interrupted, "deleted")  # the worker has not taken the job up yet
-        await dispatcher._run(rt, job)
+        await worker._run(job)
         assert fake.chat_requests == []
         assert (await store.job(job["id"]))["state"] == "cancelled"
-        assert rt.aborted_runs == {}
+        assert worker.aborted_runs == {}
     finally:
         await dispatcher.stop()
         await store.close()
