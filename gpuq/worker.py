@@ -14,7 +14,7 @@ from typing import Awaitable, Callable, TypeVar
 from .bus import Bus
 from .config import Settings
 from .critique import FINDINGS_SCHEMA, FindingsError, instruction, parse_findings
-from .errors import GpuqError, OllamaError, StoreUnavailable
+from .errors import GpuqError, OllamaError, OllamaUnreachable, StoreUnavailable
 from .models import normalize_model
 from .monitor import NodeMonitor, NodeRuntime
 from .ollama import prompt_was_cut
@@ -213,9 +213,10 @@ class Worker:
         except TimeoutError:
             return None, self._told(job["id"], None, f"{limit_name} fired: the job ran "
                                     f"{time.monotonic() - started:.1f}s, over its {limit_s:g}s limit; request aborted")
+        except OllamaUnreachable as exc:  # the node is down: nothing more is claimed onto it
+            await self.monitor.set_up(False, exc.message)
+            return None, self._told(job["id"], None, exc.message)
         except OllamaError as exc:
-            if exc.status is None and "cannot connect" in exc.message:
-                await self.monitor.set_up(False, exc.message)
             if exc.status == 503:  # Ollama's pending queue is full: another client keeps it busy
                 return None, self._told(job["id"], 503, (
                     f"{exc.message} (HTTP 503: node {self.rt.name}'s Ollama is busy with other clients' "
