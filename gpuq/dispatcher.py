@@ -10,12 +10,13 @@ import aiohttp
 
 from .bus import Bus
 from .config import Settings
+from .errors import GpuqError
 from .models import parse_iso
 from .monitor import NodeMonitor, NodeRuntime
 from .ollama import OllamaClient
 from .store import Interrupted, NodeInfo, Store
 from .supervise import Loops
-from .worker import UNLOAD_FRESH_S, Current, Worker
+from .worker import NOT_SENT, UNLOAD_FRESH_S, Current, Worker
 
 __all__ = ["Dispatcher", "NodeRuntime", "UNLOAD_FRESH_S"]
 
@@ -68,8 +69,24 @@ class Dispatcher:
             rt.loops = [self.loops.start("health loop", self.monitors[name].run, name),
                         self.loops.start("worker", self.workers[name].run, name)]
 
+    def quiesce(self) -> None:
+        """The router is told to stop: no worker claims or sends anything new from now on."""
+        for worker in self.workers.values():
+            worker.stopping = True
+
     async def stop(self) -> None:
+        """Stop every loop (a request in flight is cut: its job fails at the next start, as it
+        may have run), then put back what was claimed but never sent (claims a cancel cut off)."""
+        self.quiesce()
         await self.loops.stop()
+        if self.workers:
+            try:
+                requeued = await self.store.requeue_unsent({n: w.sent_run for n, w in self.workers.items()}, NOT_SENT)
+            except GpuqError as exc:  # the next start fails them as orphans: loud, never lost
+                log.error("claimed jobs not put back: %s", exc.message)
+                requeued = []
+            for job in requeued:
+                log.info("job=%s node=%s state=queued reason=%r", job["id"], job["node"], NOT_SENT)
         if self.session is not None:
             await self.session.close()
 

@@ -40,6 +40,8 @@ KEEP_WARM = "10m"
 # A front-door generate's last chunk carries its whole token context (`context`), which may be
 # far past the reader's buffer; still bounded, so a broken node cannot fill the router's memory.
 FRONT_MAX_LINE = 16 << 20
+# Why a claimed job goes back to the head of its queue when the router stops before sending it.
+NOT_SENT = "back to the head of the queue: the router stopped before this run's request reached Ollama"
 
 
 @dataclass
@@ -80,6 +82,8 @@ class Worker:
         self.aborted_runs: dict[int, str] = {}
         self.context_lengths: dict[str, int | None] = {}  # /api/show's num_ctx per model
         self.warm_model: str | None = None  # left loaded on purpose for the next job ("when-idle")
+        self.sent_run: int | None = None  # the last run whose request went to Ollama
+        self.stopping = False  # the router is stopping: nothing new is claimed or sent
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -106,6 +110,9 @@ class Worker:
 
     async def _claim(self) -> dict | None:
         """The head of the node's queue, once the node answers; None after a wait for a wake."""
+        if self.stopping:
+            await self._wait(IDLE_POLL_S)
+            return None
         if not self.rt.claimable:
             await self._wait(1.0)
             return None
@@ -173,6 +180,9 @@ class Worker:
 
     async def _execute(self, job: dict, cur: Current) -> None:
         """The job's steps, in order: generate, record, unload, finish."""
+        if self.stopping:  # claimed as the router was told to stop: it waits for the next start
+            await self.give_back()
+            return
         if not await self._unload_other_model(job, cur):
             return
         findings = None
@@ -186,6 +196,12 @@ class Worker:
             self._tell(job["id"], "error", 500, error)
         unloaded = await self._unload_after(job, error)
         await self._finish(job, cur, error, findings, unloaded)
+
+    async def give_back(self) -> None:
+        """Put a job claimed but never sent back at the head of the node's queue (a claim whose
+        answer a shutdown cut off included): it never reached Ollama, so it is not an orphan."""
+        for job in await self.store.requeue_unsent({self.rt.name: self.sent_run}, NOT_SENT):
+            log.info("job=%s node=%s state=queued reason=%r", job["id"], self.rt.name, NOT_SENT)
 
     async def _unload_other_model(self, job: dict, cur: Current) -> bool:
         """"when-idle" switching model: the one left loaded must leave VRAM first; else the job
@@ -244,6 +260,7 @@ class Worker:
         cur.options = merged_options(config.options, json.loads(job["options"]) if job.get("options") else None)
         chunks = self.rt.client.chat(job["model"], prompt, FINDINGS_SCHEMA if critique else None, think,
                                      cur.options, self._keep_alive())
+        self.sent_run = cur.run_id  # the request leaves at the first iteration, below
         last_beat = time.monotonic()
         async for chunk in chunks:
             message = chunk.get("message") or {}
@@ -262,6 +279,7 @@ class Worker:
         route, body = node_request(job["endpoint"], json.loads(job["request"])["body"],
                                    config.think, config.options, self._keep_alive())
         cur.options = body.get("options")
+        self.sent_run = cur.run_id  # the request leaves now
         if route not in STREAMED_ROUTES:  # an embedding: one answer
             return await self._embed(job, cur, route, body)
         last_beat = time.monotonic()
@@ -448,7 +466,7 @@ class Worker:
         """Record the outcome. A node that just answered the unload check is reachable, so the
         finish may claim its next job in the same commit (cur.next_job)."""
         state = "failed" if error else "done"
-        claim_node = self.rt.name if unloaded and self.rt.claimable else None
+        claim_node = self.rt.name if unloaded and self.rt.claimable and not self.stopping else None
         output, thinking = cur.text()
         try:
             cur.next_job = await self._persist(job["id"], "outcome", lambda: self.store.finish(
