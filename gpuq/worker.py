@@ -15,7 +15,7 @@ from .bus import Bus
 from .config import Settings
 from .critique import FINDINGS_SCHEMA, FindingsError, instruction, parse_findings
 from .errors import GpuqError, OllamaError, OllamaUnreachable, StoreUnavailable
-from .models import normalize_model
+from .models import JobState, Kind, normalize_model
 from .monitor import NodeMonitor, NodeRuntime
 from .ollama import prompt_was_cut
 from .params import merged_options
@@ -99,7 +99,7 @@ class Worker:
                     if job is None:
                         continue
                 log.info("job=%s node=%s state=running model=%s", job["id"], self.rt.name, job["model"])
-                self.changed(job=job["id"], node=self.rt.name, state="running")
+                self.changed(job=job["id"], node=self.rt.name, state=JobState.RUNNING.value)
                 running, job = job, None
                 job = await self._run(running)
             except asyncio.CancelledError:
@@ -211,7 +211,8 @@ class Worker:
         if await self._unload_warm(job["id"]):
             return True
         message = f"not started: {self.rt.vram_stuck}"
-        await self._persist(job["id"], "outcome", lambda: self.store.finish(job["id"], cur.run_id, "failed", message))
+        await self._persist(job["id"], "outcome", lambda: self.store.finish(
+            job["id"], cur.run_id, JobState.FAILED.value, message))
         return False
 
     # -- step 1: generate ---------------------------------------------------------------------
@@ -254,7 +255,7 @@ class Worker:
     async def _chat(self, job: dict, cur: Current) -> dict:
         """gpuq's own job: its prompt (a critique's with the findings schema) as one chat."""
         config = self.rt.config
-        critique = job["kind"] == "critique"
+        critique = job["kind"] == Kind.CRITIQUE
         prompt = instruction(self.settings.critique_template, job["prompt"]) if critique else job["prompt"]
         think = json.loads(job["think"]) if job.get("think") is not None else config.think
         cur.options = merged_options(config.options, json.loads(job["options"]) if job.get("options") else None)
@@ -340,14 +341,15 @@ class Worker:
         """Write the reply and Ollama's stats; returns a critique's findings, and the error of a
         reply that cannot stand (cut at the token limit, findings that miss the schema)."""
         output, thinking = cur.text()
-        await self._persist(job["id"], "end of stream", lambda: self.store.work_done(cur.run_id, output, stats, thinking))
-        if job["kind"] != "embed":  # an embedding's prompt_eval_count sums all its inputs
+        await self._persist(job["id"], "end of stream",
+                            lambda: self.store.work_done(cur.run_id, output, stats, thinking))
+        if job["kind"] != Kind.EMBED:  # an embedding's prompt_eval_count sums all its inputs
             await self._warn_if_prompt_filled_context(job, stats, cur.options)
         # A front-door client that set its limit is told done_reason "length", as Ollama tells it:
         # its job is done. gpuq's own jobs fail loudly instead.
         if stats.get("done_reason") == "length" and job.get("endpoint") is None:
             return None, "reply cut off at the token limit (done_reason length); output kept, `gpuq retry` to run it again"
-        if job["kind"] != "critique":
+        if job["kind"] != Kind.CRITIQUE:
             return None, None
         try:
             return parse_findings(output), None
@@ -465,7 +467,7 @@ class Worker:
                       unloaded: bool) -> None:
         """Record the outcome. A node that just answered the unload check is reachable, so the
         finish may claim its next job in the same commit (cur.next_job)."""
-        state = "failed" if error else "done"
+        state = (JobState.FAILED if error else JobState.DONE).value
         claim_node = self.rt.name if unloaded and self.rt.claimable and not self.stopping else None
         output, thinking = cur.text()
         try:
@@ -479,5 +481,5 @@ class Worker:
                 await self._persist(job["id"], "event", lambda: self.store.note(job["id"], reason))
             return
         log.info("job=%s node=%s state=%s%s", job["id"], self.rt.name, state, f" error={error!r}" if error else "")
-        if job["kind"] == "task":  # critiques held for this task are ready (or were cancelled)
+        if job["kind"] == Kind.TASK:  # critiques held for this task are ready (or were cancelled)
             self.wake_all()  # (the page hears of the change from _run, as for every job)
