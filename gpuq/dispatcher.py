@@ -16,7 +16,7 @@ from .monitor import NodeMonitor, NodeRuntime
 from .ollama import OllamaClient
 from .store import Interrupted, NodeInfo, Store
 from .supervise import Loops
-from .worker import NOT_SENT, UNLOAD_FRESH_S, Current, Worker
+from .worker import UNLOAD_FRESH_S, Current, Worker, put_back_unsent
 
 __all__ = ["Dispatcher", "NodeRuntime", "UNLOAD_FRESH_S"]
 
@@ -81,12 +81,9 @@ class Dispatcher:
         await self.loops.stop()
         if self.workers:
             try:
-                requeued = await self.store.requeue_unsent({n: w.sent_run for n, w in self.workers.items()}, NOT_SENT)
+                await put_back_unsent(self.store, {name: w.sent_run for name, w in self.workers.items()})
             except GpuqError as exc:  # the next start fails them as orphans: loud, never lost
-                log.error("claimed jobs not put back: %s", exc.message)
-                requeued = []
-            for job in requeued:
-                log.info("job=%s node=%s state=queued reason=%r", job["id"], job["node"], NOT_SENT)
+                log.error("claimed jobs not put back in their queues: %s", exc.message)
         if self.session is not None:
             await self.session.close()
 

@@ -44,6 +44,13 @@ FRONT_MAX_LINE = 16 << 20
 NOT_SENT = "back to the head of the queue: the router stopped before this run's request reached Ollama"
 
 
+async def put_back_unsent(store: Store, sent: dict[str, int | None]) -> None:
+    """A job claimed on a node but never sent (`sent`: each node's last run that was) goes back
+    to the head of its queue: it never reached Ollama, so it is no orphan of the stop."""
+    for job in await store.requeue_unsent(sent, NOT_SENT):
+        log.info("job=%s node=%s state=queued reason=%r", job["id"], job["node"], NOT_SENT)
+
+
 @dataclass
 class Current:
     """The job a node is running now."""
@@ -181,7 +188,7 @@ class Worker:
     async def _execute(self, job: dict, cur: Current) -> None:
         """The job's steps, in order: generate, record, unload, finish."""
         if self.stopping:  # claimed as the router was told to stop: it waits for the next start
-            await self.give_back()
+            await put_back_unsent(self.store, {self.rt.name: self.sent_run})
             return
         if not await self._unload_other_model(job, cur):
             return
@@ -196,12 +203,6 @@ class Worker:
             self._tell(job["id"], "error", 500, error)
         unloaded = await self._unload_after(job, error)
         await self._finish(job, cur, error, findings, unloaded)
-
-    async def give_back(self) -> None:
-        """Put a job claimed but never sent back at the head of the node's queue (a claim whose
-        answer a shutdown cut off included): it never reached Ollama, so it is not an orphan."""
-        for job in await self.store.requeue_unsent({self.rt.name: self.sent_run}, NOT_SENT):
-            log.info("job=%s node=%s state=queued reason=%r", job["id"], self.rt.name, NOT_SENT)
 
     async def _unload_other_model(self, job: dict, cur: Current) -> bool:
         """"when-idle" switching model: the one left loaded must leave VRAM first; else the job

@@ -30,9 +30,12 @@ async def test_a_job_claimed_as_the_router_stops_waits_for_the_restart_then_runs
 
     # A front-door call waits behind them. The stop cancels its job first, a write the test holds
     # up with the database's lock: the shutdown waits there, its worker still alive.
-    session = aiohttp.ClientSession()
-    call = asyncio.create_task(session.post(f"http://{front}/api/chat", json={
-        "model": MODEL, "messages": [{"role": "user", "content": "third"}], "stream": False}))
+    async def third_call():
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"http://{front}/api/chat", json={
+                    "model": MODEL, "messages": [{"role": "user", "content": "third"}], "stream": False}) as resp:
+                return resp.status
+    call = asyncio.create_task(third_call())
 
     async def two_waiting():
         return len((await d.get("/api/jobs?node=n&state=queued"))["jobs"]) == 2
@@ -49,10 +52,7 @@ async def test_a_job_claimed_as_the_router_stops_waits_for_the_restart_then_runs
         db.execute("ROLLBACK")
         db.close()
     assert await asyncio.wait_for(d.proc.wait(), 30) == 0
-    await asyncio.gather(call, return_exceptions=True)
-    if not call.exception():
-        call.result().close()
-    await session.close()
+    await asyncio.gather(call, return_exceptions=True)  # ended by the stop, its job cancelled
     assert [r["messages"][0]["content"] for r in fake.chat_requests] == ["first"]  # the second never left
 
     fake.script.unload = "immediate"
