@@ -187,10 +187,10 @@ class Worker:
 
     async def _execute(self, job: dict, cur: Current) -> None:
         """The job's steps, in order: generate, record, unload, finish."""
+        if not await self._unload_other_model(job, cur):
+            return
         if self.stopping:  # claimed as the router was told to stop: it waits for the next start
             await put_back_unsent(self.store, {self.rt.name: self.sent_run})
-            return
-        if not await self._unload_other_model(job, cur):
             return
         findings = None
         try:
