@@ -26,7 +26,7 @@ async def test_a_job_claimed_as_the_router_stops_waits_for_the_restart_then_runs
 
     async def unloading():
         return (await d.job(first["id"]))["work_done_at"] and fake.ps_calls
-    await eventually(unloading, what="the first job's reply to be whole and its unload checked")
+    await eventually(unloading, 20, what="the first job's reply to be whole and its unload checked")
 
     # A front-door call waits behind them. The stop cancels its job first, a write the test holds
     # up with the database's lock: the shutdown waits there, its worker still alive.
@@ -39,7 +39,7 @@ async def test_a_job_claimed_as_the_router_stops_waits_for_the_restart_then_runs
 
     async def two_waiting():
         return len((await d.get("/api/jobs?node=n&state=queued"))["jobs"]) == 2
-    await eventually(two_waiting, what="the front-door call's job to wait")
+    await eventually(two_waiting, 20, what="the front-door call's job to wait")
     db = sqlite3.connect(tmp_path / "gpuq.db", isolation_level=None)
     try:
         db.execute("BEGIN IMMEDIATE")
