@@ -128,7 +128,7 @@ async def serve(settings: Settings | None, listen: str | None, database: str | N
 
 async def run_router(settings: Settings, sockets: list[socket.socket], demo: bool,
                      front_sockets: list[socket.socket] = ()) -> int:
-    from .server import create_app
+    from .server import DISPATCHER, create_app
 
     loop = asyncio.get_running_loop()
     throttle_accept_errors(loop)
@@ -167,6 +167,7 @@ async def run_router(settings: Settings, sockets: list[socket.socket], demo: boo
         router = "" if settings.public_url == DEFAULT_ROUTER else f" --router {settings.public_url}"
         print(f'try:  {invoked_as()}{router} task "write a haiku about queues" --wait', flush=True)
     await stop.wait()
+    runner.app[DISPATCHER].quiesce()  # first: nothing new starts while the rest shuts down
     log.info("shutting down")
     if front is not None:  # first: its waiting calls end (their jobs cancelled) while the store is open
         await front.stop()

@@ -93,3 +93,8 @@ class OllamaError(Exception):
         super().__init__(message)
         self.message = message
         self.status = status
+
+
+class OllamaUnreachable(OllamaError):
+    """The node cannot be connected to (refused, no such host, no answer to the connect): it is
+    down, whatever the request was. The message names the node, its URL and the failure."""

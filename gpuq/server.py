@@ -17,7 +17,7 @@ from .activity import activity
 from .alerts import Alerter
 from .bus import Bus, next_event
 from .config import Settings
-from .dispatcher import Dispatcher, NodeRuntime, node_json
+from .dispatcher import Dispatcher, NodeRuntime
 from .errors import BadRequest, GpuqError, NotFound, TooLarge
 from .metrics import Metrics
 from .models import Kind, iso, parse_iso
@@ -304,6 +304,17 @@ def int_param(query, key: str, default: int, low: int, high: int) -> int:
     if not (text.isascii() and text.isdigit()) or not low <= int(text) <= high:
         raise BadRequest(f"query parameter '{key}' must be a whole number from {low} to {high}, got '{text[:40]}'")
     return int(text)
+
+
+def node_json(rt: NodeRuntime) -> dict:
+    """The API's shape of a node: its config, its health, a crashed loop of its own."""
+    return {
+        "name": rt.name, "rank": rt.config.rank, "roles": list(rt.config.roles),
+        "model": rt.config.model, "url": rt.config.url, "up": rt.up, "checked": rt.checked,
+        "since": iso(rt.since), "last_error": rt.last_error, "model_installed": rt.model_installed,
+        "vram_stuck": rt.vram_stuck,
+        "loop_error": "; ".join(loop.problem() for loop in rt.loops if not loop.alive) or None,
+    }
 
 
 async def queue(request: web.Request) -> web.Response:

@@ -971,6 +971,27 @@ class Store:
             return dict(job, state="queued")
         return await self._write(retry_in)
 
+    async def requeue_unsent(self, sent: dict[str, int | None], reason: str) -> list[Row]:
+        """When the router stops: the running job of each node in `sent` whose run is not the one
+        its worker last sent to Ollama never reached it; it goes back to the head of its queue."""
+        now = self.clock()
+        return await self._write(lambda db: _requeue_unsent(db, sent, reason, now))
+
+
+def _requeue_unsent(db: sqlite3.Connection, sent: dict[str, int | None], reason: str, now: float) -> list[Row]:
+    """The claim of a job whose request never left is undone: the job is queued at the head
+    again, its run ends cancelled with `reason` (kept for forensics), an event says why."""
+    rows = _rows(db.execute(
+        f"SELECT id, node, run_id FROM job WHERE state = 'running' AND node IN ({','.join('?' * len(sent))})",
+        tuple(sent)).fetchall())
+    unsent = [r for r in rows if r["run_id"] != sent[r["node"]]]
+    for r in unsent:
+        db.execute("UPDATE job SET state = 'queued', position = ? WHERE id = ?",
+                   (_position_at(db, r["node"], r["id"], 0), r["id"]))
+        db.execute("UPDATE run SET state = 'cancelled', finished_at = ?, error = ? WHERE id = ?",
+                   (iso(now), reason, r["run_id"]))
+        _event(db, r["id"], "running", "queued", "router", reason, now)
+    return unsent
 
 
 def job_json(row: Row, public_url: str) -> Row:

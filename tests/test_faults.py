@@ -122,7 +122,7 @@ async def test_a_node_that_dies_mid_stream_is_refused_then_comes_back(fakes, dae
         state = await node(d, "sick")
         return state if not state["up"] else None
     state = await eventually(refused, 15, what="the node to be seen down")
-    refused = (f"cannot connect to http://127.0.0.1:{port}: [Errno {errno.ECONNREFUSED}] "
+    refused = (f"cannot connect to node sick at http://127.0.0.1:{port}: [Errno {errno.ECONNREFUSED}] "
                f"Connect call failed ('127.0.0.1', {port})")
     assert state["last_error"] == refused
     status, health = await d.request("GET", "/health")
