@@ -223,6 +223,10 @@ async def test_the_job_page_shows_timeout_failed_tokens_dates_and_findings(lab, 
     whens = page.locator("#events .timeline .when")
     await expect(whens.first).to_have_text(shown_at)
     await expect(whens.last).to_have_text(re.compile(r"^\d\d:\d\d:\d\d$"))  # today: the time alone
+    await shoot(page, "1400-job-failed-dated.png")
+    await page.set_viewport_size(PHONE["viewport"])
+    await no_sideways_scroll(page, "the failed job's page with a dated event at 400 px")
+    await shoot(page, "400-job-failed-dated.png")
 
     await page.goto(f"{lab.url}/jobs/{day['parent']}")
     table = page.locator("#children table")
