@@ -182,14 +182,14 @@ async def test_a_node_column_shows_nine_dense_cards_at_1400(lab, open_at):
     await expect(page.locator(f"{card(day['other_model'])} .card-meta .model")).to_have_text("qwen3:8b")
     assert node_model != "qwen3:8b"
     # The prompt comes first, the id under it in a smaller type.
-    prompt, jid = await page.locator(card(day["waiting"][0])).evaluate(
-        "c => [c.querySelector('.prompt'), c.querySelector('.jid')].map(e => [e.getBoundingClientRect().top,"
-        " parseFloat(getComputedStyle(e).fontSize)])")
+    prompt, jid = await page.eval_on_selector(
+        card(day["waiting"][0]), "c => [c.querySelector('.prompt'), c.querySelector('.jid')]"
+        ".map(e => [e.getBoundingClientRect().top, parseFloat(getComputedStyle(e).fontSize)])")
     assert prompt[0] < jid[0] and jid[1] < prompt[1], (prompt, jid)
     # A critique's parent, in full and inside its card.
     crit = page.locator(card(day["waiting_critique"]))
     await expect(crit.locator(".parent a")).to_have_text(day["parent"])
-    link_right, card_right = await crit.evaluate(
+    link_right, card_right = await page.eval_on_selector(card(day["waiting_critique"]),
         "c => [c.querySelector('.parent a').getBoundingClientRect().right, c.getBoundingClientRect().right]")
     assert link_right <= card_right, (link_right, card_right)
 
