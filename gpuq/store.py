@@ -441,8 +441,12 @@ class Store:
             "SELECT at, from_state, to_state, actor, reason FROM event WHERE job_id = ? ORDER BY id",
             (job_id,),
         )
-        job["children"] = await self.read(
-            "SELECT id, kind, state, node, model FROM job WHERE parent_id = ? ORDER BY created_at, id",
+        job["children"] = await self.read(  # each critique's finding count and highest severity too
+            "SELECT id, kind, state, node, model, json_array_length(findings) AS finding_count,"
+            " (SELECT json_extract(f.value, '$.severity') FROM json_each(findings) f ORDER BY"
+            "  CASE json_extract(f.value, '$.severity') WHEN 'high' THEN 0 WHEN 'medium' THEN 1 ELSE 2 END"
+            "  LIMIT 1) AS top_severity"
+            " FROM job WHERE parent_id = ? ORDER BY created_at, id",
             (job_id,),
         )
         if job.get("endpoint"):  # a front-door call: the request as received, for forensics
@@ -778,13 +782,17 @@ class Store:
     async def finish(self, job_id: str, run_id: int, state: str, error: str | None,
                      output: str | None = None, actor: str = "router",
                      findings: list | None = None, claim_node: str | None = None,
-                     thinking: str | None = None) -> Row | None:
+                     thinking: str | None = None, streamed: int = 0) -> Row | None:
         """Finish a run that is still the job's running run; anything else is a GuardMiss.
+
+        `streamed` pieces (one token each) count as a failed run's tokens: Ollama counts them in
+        its last line, which a reply that broke off never sent.
 
         With `claim_node`, the node's next job is claimed in the same transaction and returned:
         a worker going from job to job pays one durable commit between them, not two."""
         assert state in ("done", "failed")
         now = self.clock()
+        tokens = streamed if state == "failed" and streamed else None
 
         def finish_in(db: sqlite3.Connection) -> Row | None:
             rows = db.execute(
@@ -796,8 +804,8 @@ class Store:
                 raise GuardMiss(f"job {job_id} run {run_id} is no longer running; finish refused")
             db.execute(
                 "UPDATE run SET state = ?, error = ?, finished_at = ?, output = COALESCE(?, output),"
-                " thinking = COALESCE(?, thinking) WHERE id = ?",
-                (state, error, iso(now), output, thinking, run_id),
+                " thinking = COALESCE(?, thinking), eval_count = COALESCE(eval_count, ?) WHERE id = ?",
+                (state, error, iso(now), output, thinking, tokens, run_id),
             )
             _event(db, job_id, "running", state, actor, error, now)
             if state == "failed":

@@ -474,7 +474,7 @@ class Worker:
         try:
             cur.next_job = await self._persist(job["id"], "outcome", lambda: self.store.finish(
                 job["id"], cur.run_id, state, error, output, findings=findings, claim_node=claim_node,
-                thinking=thinking))
+                thinking=thinking, streamed=len(cur.output) + len(cur.thinking)))
         except GuardMiss as exc:
             if cur.abort_reason is None:
                 log.error("job=%s node=%s finish refused: %s", job["id"], self.rt.name, exc.message)
