@@ -628,4 +628,4 @@ async def test_a_held_critique_says_what_it_waits_for_then_runs(lab, page):
     await lab.request("DELETE", f"/api/jobs/{parent}")
     await lab.wait_state(held["id"], "cancelled")
     await expect(page.locator("#error pre")).to_have_text(
-        f"parent task {parent} was cancelled (deleted); nothing to critique")
+        f"parent task {parent} was cancelled (deleted by api 127.0.0.1); nothing to critique")
