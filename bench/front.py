@@ -150,7 +150,7 @@ async def relay_rates(bench: "Bench", session, fakes: Fakes, router: Router, fro
                               f"front door: tokens/s relayed to {clients} client(s), {pace}", "tokens/s", "rate")
         ratio = bench.metric(f"front_rate_{clients}{suffix}_ratio",
                              f"front door / direct, {clients} client(s), {pace} (same run)", "ratio", "ratio",
-                             ">= 0.95x" if paced else "")
+                             ">= 0.95x" if paced else "", better="higher")
         cost = bench.metric(f"front_cpu_{clients}{suffix}",
                             f"  router CPU per relayed token, {clients} client(s), {pace} (submit to last token)", "us", "ms")
         for rep in range(bench.repeats):
