@@ -3,8 +3,9 @@ loop with the load generator.
 
 `TimedFake` is gpuq's FakeOllama with a request log: for every request, when it reached the
 fake and when the fake's handler returned (for a streamed chat, after its final byte was
-written and the stream closed). It behaves exactly like FakeOllama, except that the bench may
-*hold* generation requests (they wait before answering) to line up a queue before a
+written and the stream closed), and the moment a model that unloads with a delay left
+(`MODEL_LEFT`, as its own log entry). It behaves exactly like FakeOllama, except that the bench
+may *hold* generation requests (they wait before answering) to line up a queue before a
 measurement, or to stand in for the minutes-long jobs a real lab runs.
 
 Run: `python -m bench.fakes name=model ...`; prints one JSON line {"control": url,
@@ -21,6 +22,8 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from gpuq.fake_ollama import FakeOllama, Script
+
+MODEL_LEFT = "(model left VRAM)"  # the log's path for the moment a delayed unload completed
 
 
 @dataclass
@@ -50,6 +53,12 @@ class TimedFake(FakeOllama):
             return await handler(request)
         finally:
             self.log.append((request.path, arrive, time.monotonic(), generation))
+
+    def _forget(self, name, m) -> None:
+        super()._forget(name, m)
+        if name not in self.loaded:
+            now = time.monotonic()
+            self.log.append((MODEL_LEFT, now, now, False))
 
     def hold(self) -> None:
         self.held = True
@@ -81,9 +90,13 @@ async def serve(specs: list[str]) -> None:
         elif action == "reset":
             fake.log.clear()
             fake.requests.clear()
-        elif action == "script":  # reply length and pace (the front door's relay rows)
-            fake.script.tokens = int(request.query["tokens"])
-            fake.script.token_delay_s = float(request.query["delay"])
+        elif action == "script":  # reply length and pace; how long an unload takes
+            q = request.query
+            fake.script.tokens = int(q.get("tokens", fake.script.tokens))
+            fake.script.token_delay_s = float(q.get("delay", fake.script.token_delay_s))
+            if "unload_delay" in q:  # seconds the model stays listed by /api/ps after keep_alive: 0
+                fake.script.unload_delay_s = float(q["unload_delay"])
+                fake.script.unload = "delay" if fake.script.unload_delay_s > 0 else "immediate"
         return web.json_response({"ok": True, "held": fake.held})
 
     app = web.Application()

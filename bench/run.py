@@ -24,6 +24,7 @@ from gpuq.dispatcher import UNLOAD_FRESH_S
 from gpuq.store import NewJob, NodeInfo, Store
 
 from . import front, growth, listings, peers
+from .fakes import MODEL_LEFT
 from .procs import Fakes, Router, free_port, node_table, rss_mb
 from .stats import Metric, fmt, table
 
@@ -31,6 +32,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 SECTIONS = ("physical", "peers", "submit", "turnaround", "first_token", "growth", "listings", "unload_policy", "front")
 NODES = {"n1": "qwen3-coder:30b", "n2": "llama3.2:latest"}
 CONCURRENT_WORKERS = 8
+UNLOAD_S = 0.2  # how long a real Ollama lists a model in /api/ps after keep_alive: 0 (its runner exits)
 SETTINGS = {"stale_after_s": 600.0, "stale_grace_s": 30.0, "max_runtime_s": 4 * 3600.0}
 
 
@@ -224,33 +226,64 @@ class Bench:
             await conn.close()
 
     async def submit_section(self, router: Router) -> None:
-        one = self.metric("submit_1", "durable submit POST /api/jobs, 1 client", "jobs/s", "rate")
-        many = self.metric("submit_32", "durable submit POST /api/jobs, 32 clients", "jobs/s", "rate",
-                           ">= 2,000")
+        one = self.metric("submit_1", "durable submit POST /api/jobs, 1 client, nodes busy with a held job",
+                          "jobs/s", "rate")
+        many = self.metric("submit_32", "durable submit POST /api/jobs, 32 clients, nodes busy with a held job",
+                           "jobs/s", "rate", ">= 2,000")
         scale = self.metric("submit_32_vs_1", "submit: 32 clients / 1 client (same run)", "ratio", "ratio",
                             better="higher")
         vs_raw = self.metric("submit_32_vs_raw", "submit, 32 clients / raw commits/s (same run)", "ratio",
                              "ratio", better="higher")
+        working = self.metric("submit_32_working", f"durable submit, 32 clients, while {len(NODES)} nodes' workers"
+                              " run jobs to completion", "jobs/s", "rate")
+        finished = self.metric("submit_32_working_done", "  jobs the workers ran meanwhile (their last byte sent; 4-token"
+                               " replies, instant unload)", "jobs/s", "rate")
+        working_vs = self.metric("submit_32_working_vs_held", "submit, 32 clients: workers running / nodes held"
+                                 " (same run)", "ratio", "ratio", better="higher")
         n1, n32 = (150, 1600) if self.quick else (300, 3200)
-        # A real lab's jobs run for minutes: each node holds one running job during the burst.
-        for name in NODES:
-            await self.fakes.call("hold", name)
-        try:
-            for rep in range(self.repeats):
+        for rep in range(self.repeats):
+            # A real lab's jobs run for minutes: each node holds one running job during the burst.
+            for name in NODES:
+                await self.fakes.call("hold", name)
+            try:
                 r1 = await self.submit_burst(router, 1, n1, 10.0)
                 await self.clear(router)
                 r32 = await self.submit_burst(router, 32, n32, 15.0)
                 await self.clear(router)
-                raw = peers.raw_commits(self.workdir / "raw-submit.db", 600, 3.0)
-                one.add_run(r1)
-                many.add_run(r32)
-                scale.add_run(r32 / r1)
-                vs_raw.add_run(r32 / raw)
-                self.say(f"submit run {rep + 1}/{self.repeats}: 1 client {r1:,.0f}/s, 32 clients {r32:,.0f}/s,"
-                         f" raw commits {raw:,.0f}/s")
-        finally:
-            for name in NODES:
-                await self.fakes.call("release", name)
+            finally:
+                for name in NODES:
+                    await self.fakes.call("release", name)
+            raw = peers.raw_commits(self.workdir / "raw-submit.db", 600, 3.0)
+            rw, done = await self.submit_while_working(router, n32)
+            one.add_run(r1)
+            many.add_run(r32)
+            scale.add_run(r32 / r1)
+            vs_raw.add_run(r32 / raw)
+            working.add_run(rw)
+            finished.add_run(done)
+            working_vs.add_run(rw / r32)
+            self.say(f"submit run {rep + 1}/{self.repeats}: 1 client {r1:,.0f}/s, 32 clients {r32:,.0f}/s,"
+                     f" raw commits {raw:,.0f}/s; 32 clients while the workers run jobs {rw:,.0f}/s"
+                     f" ({done:,.0f} jobs/s finished meanwhile)")
+
+    async def submit_while_working(self, router: Router, total: int) -> tuple[float, float]:
+        """32 clients submit while every node's worker claims, runs and finishes jobs (the fakes
+        answer at once): the submits' commits share the writer with the workers' claims, outputs
+        and finishes. Returns (submits/s, jobs finished per second during the burst)."""
+        for name in NODES:
+            await self.wait_idle(router, name, 30)
+            await self.fakes.call("reset", name)
+        t0 = time.monotonic()
+        rate = await self.submit_burst(router, 32, total, 15.0)
+        t1 = time.monotonic()
+        await self.clear(router)
+        ends = [e[2] for name in NODES for e in await self.fakes.log(name, since=t0) if e[3]]
+        for name in NODES:
+            await self.wait_idle(router, name, 30)
+        finished = sum(t0 <= end <= t1 for end in ends)
+        if not finished:
+            raise RuntimeError("no job finished while the clients submitted: the workers did not run")
+        return rate, finished / (t1 - t0)
 
     async def wait_idle(self, router: Router, node: str, limit_s: float) -> None:
         conn = await router.connect()
@@ -283,49 +316,64 @@ class Bench:
         """The checkpoints the fake saw between two moments (both clocks are CLOCK_MONOTONIC)."""
         points = []
         within = sorted((e for e in log if not e[3] and start <= e[1] <= stop), key=lambda e: e[1])
+        left = [e for e in within if e[0] == MODEL_LEFT]
+        if left:  # a delayed unload: the runner exited here
+            points.append(("model left /api/ps", left[0][1]))
         ps = [e for e in within if e[0] == "/api/ps"]
-        if ps:
-            points.append(("unload confirmed", ps[0][2]))
+        if ps:  # the last check is the one that found the model gone
+            points.append(("unload confirmed", ps[-1][2]))
         version = [e for e in within if e[0] == "/api/version"]
         tags = [e for e in within if e[0] == "/api/tags"]
         if version and tags:
             points += [("health check sent", version[-1][1]), ("health check answered", tags[-1][2])]
-        return points
+        return sorted(points, key=lambda p: p[1])
 
     async def turnaround_section(self, router: Router) -> None:
-        gap = self.metric("gap", "turnaround gap: final Ollama byte -> next request (1 node)", "ms", "ms",
-                          "p50 <= 5 ms")
-        jobs = 40 if self.quick else 100
+        """One node works through a queue; the gap from a job's last byte to the next job's request,
+        with the simulator unloading at once, then as Ollama does (the model listed by /api/ps
+        for UNLOAD_S after keep_alive: 0, while its runner exits)."""
+        rows = (("gap", "turnaround gap: final Ollama byte -> next request (1 node, simulator unloads instantly)",
+                 "p50 <= 5 ms", 40 if self.quick else 100, 0.0),
+                ("gap_real", f"turnaround gap, realistic unload (the model listed by /api/ps for"
+                             f" {UNLOAD_S * 1000:.0f} ms after keep_alive: 0)", "", 6 if self.quick else 15, UNLOAD_S))
         node = "n1"
         await self.wait_idle(router, node, 30)
         conn = await router.connect()
         try:
             for rep in range(self.repeats):
-                await self.fakes.call("reset", node)
-                await self.fakes.call("hold", node)
-                await conn.request("POST", "/api/jobs", {"kind": "task", "prompt": "head", "node": node})
-                for i in range(jobs):
-                    status, body = await conn.request("POST", "/api/jobs",
-                                                      {"kind": "task", "prompt": f"job {i}", "node": node})
-                    assert status == 201, body
-                since = time.monotonic()
-                await self.fakes.call("release", node)
-                await self.wait_idle(router, node, 60)
-                log = await self.fakes.log(node)
-                gens = sorted((e for e in log if e[3] and e[2] >= since), key=lambda e: e[1])
-                gaps, parts = [], {}
-                for prev, nxt in zip(gens, gens[1:]):
-                    gaps.append((nxt[1] - prev[2]) * 1000)
-                    self.segments("gap", [("final byte", prev[2]), *self.fake_points(log, prev[2], nxt[1]),
-                                          ("next request", nxt[1])], parts)
-                if len(gaps) < jobs - 1:
-                    raise RuntimeError(f"only {len(gaps)} gaps recorded for {jobs} jobs")
-                gap.add_run(gaps)
-                self.add_segments("gap", parts)
-                self.say(f"turnaround run {rep + 1}/{self.repeats}: gap p50 {statistics.median(gaps):.2f} ms"
-                         f" ({len(gaps)} gaps)")
+                for key, label, target, jobs, unload in rows:
+                    metric = self.metric(key, label, "ms", "ms", target)  # before its segments' rows
+                    await self.fakes.call("script", node, unload_delay=unload)
+                    gaps = await self.gaps(router, conn, node, jobs, metric.key)
+                    metric.add_run(gaps)
+                    self.say(f"turnaround run {rep + 1}/{self.repeats}, unload {unload * 1000:.0f} ms:"
+                             f" gap p50 {statistics.median(gaps):.2f} ms ({len(gaps)} gaps)")
         finally:
+            await self.fakes.call("script", node, unload_delay=0)
             await conn.close()
+
+    async def gaps(self, router: Router, conn, node: str, jobs: int, key: str) -> list[float]:
+        """`jobs` jobs queued behind a held head, then released: each gap (ms), cut into segments."""
+        await self.fakes.call("reset", node)
+        await self.fakes.call("hold", node)
+        await conn.request("POST", "/api/jobs", {"kind": "task", "prompt": "head", "node": node})
+        for i in range(jobs):
+            status, body = await conn.request("POST", "/api/jobs", {"kind": "task", "prompt": f"job {i}", "node": node})
+            assert status == 201, body
+        since = time.monotonic()
+        await self.fakes.call("release", node)
+        await self.wait_idle(router, node, 60)
+        log = await self.fakes.log(node)
+        gens = sorted((e for e in log if e[3] and e[2] >= since), key=lambda e: e[1])
+        gaps, parts = [], {}
+        for prev, nxt in zip(gens, gens[1:]):
+            gaps.append((nxt[1] - prev[2]) * 1000)
+            self.segments(key, [("final byte", prev[2]), *self.fake_points(log, prev[2], nxt[1]),
+                                ("next request", nxt[1])], parts)
+        if len(gaps) < jobs - 1:
+            raise RuntimeError(f"only {len(gaps)} gaps recorded for {jobs} jobs")
+        self.add_segments(key, parts)
+        return gaps
 
     async def first_token_section(self, router: Router) -> None:
         through = self.metric("ttft_gpuq", "first token through gpuq (submit -> /stream), idle node", "ms", "ms")
