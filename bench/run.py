@@ -23,13 +23,14 @@ import aiohttp
 from gpuq.dispatcher import UNLOAD_FRESH_S
 from gpuq.store import NewJob, NodeInfo, Store
 
-from . import front, growth, listings, peers
+from . import front, growth, listings, peers, written
 from .fakes import MODEL_LEFT
 from .procs import Fakes, Router, free_port, node_table, rss_mb
 from .stats import Metric, fmt, table
 
 BENCH_DIR = Path(__file__).resolve().parent
-SECTIONS = ("physical", "peers", "submit", "turnaround", "first_token", "growth", "listings", "unload_policy", "front")
+SECTIONS = ("physical", "peers", "submit", "turnaround", "first_token", "written", "growth", "listings", "unload_policy",
+            "front")
 NODES = {"n1": "qwen3-coder:30b", "n2": "llama3.2:latest"}
 CONCURRENT_WORKERS = 8
 UNLOAD_S = 0.2  # how long a real Ollama lists a model in /api/ps after keep_alive: 0 (its runner exits)
@@ -689,7 +690,7 @@ class Bench:
             await self.unload_policy_section()
         if self.wants("front"):  # its own nodes and router
             await front.front_section(self)
-        needs_router = any(self.wants(s) for s in ("submit", "turnaround", "first_token", "growth", "listings"))
+        needs_router = any(self.wants(s) for s in ("submit", "turnaround", "first_token", "written", "growth", "listings"))
         if not needs_router:
             return
         self.fakes = await Fakes(NODES, self.workdir / "fakes.log").start()
@@ -708,6 +709,8 @@ class Bench:
                         await self.first_token_section(router)
                 finally:
                     await router.stop()
+            if self.wants("written"):  # its own router and database
+                await written.written_section(self)
             if self.wants("growth"):
                 await self.growth_section()
             if self.wants("listings"):
