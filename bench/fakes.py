@@ -30,6 +30,7 @@ MODEL_LEFT = "(model left VRAM)"  # the log's path for the moment a delayed unlo
 class TimedFake(FakeOllama):
     log: list[tuple[str, float, float, bool]] = field(default_factory=list)  # path, arrive, end, generation
     held: bool = False
+    waiting: int = 0  # generation requests held at the gate now
     _gate: asyncio.Event = field(default_factory=asyncio.Event)
 
     def app(self) -> web.Application:
@@ -48,7 +49,11 @@ class TimedFake(FakeOllama):
             except ValueError:
                 pass
             if generation and self.held:
-                await self._gate.wait()
+                self.waiting += 1  # the bench may count what the router did before this request
+                try:
+                    await self._gate.wait()
+                finally:
+                    self.waiting -= 1
         try:
             return await handler(request)
         finally:
@@ -97,7 +102,9 @@ async def serve(specs: list[str]) -> None:
             if "unload_delay" in q:  # seconds the model stays listed by /api/ps after keep_alive: 0
                 fake.script.unload_delay_s = float(q["unload_delay"])
                 fake.script.unload = "delay" if fake.script.unload_delay_s > 0 else "immediate"
-        return web.json_response({"ok": True, "held": fake.held})
+        elif action != "status":  # status: only the answer below
+            return web.json_response({"error": f"unknown action {action}"}, status=404)
+        return web.json_response({"ok": True, "held": fake.held, "waiting": fake.waiting})
 
     app = web.Application()
     app.router.add_route("*", "/{action}", control)

@@ -376,11 +376,45 @@ class Bench:
         self.add_segments(key, parts)
         return gaps
 
+    def disk_share_rows(self, key: str) -> None:
+        """Rows that split a first-token overhead into the disk's share and the rest (created
+        here so they sit under the overhead's row)."""
+        self.metric(f"{key}_commits", "  durable commits before the chat request leaves (counted in the router's WAL)",
+                    "commits", "count")
+        self.metric(f"{key}_disk", "    those commits x one durable commit (raw sqlite3, same run): the disk's share",
+                    "ms", "ms")
+        self.metric(f"{key}_rest", "    the rest of the overhead (its p50 - the disk's share): CPU, thread hops,"
+                    " loopback HTTP", "ms", "ms")
+
+    async def disk_share(self, key: str, fakes: Fakes, node: str, database: Path, call, overheads: list[float]) -> None:
+        """Count the durable commits the router makes between a call's arrival and its chat
+        request reaching the node (which holds the request meanwhile), and price them at this
+        run's raw commit time."""
+        await fakes.call("hold", node)
+        peers.restart_wal(database)
+        before = peers.wal_commits(database)
+        task = asyncio.create_task(call())
+        try:
+            deadline = time.monotonic() + 10
+            while (await fakes.call("status", node))["waiting"] < 1:
+                if time.monotonic() > deadline or task.done():
+                    raise RuntimeError(f"the call never reached node {node}")
+                await asyncio.sleep(0.005)
+            commits = peers.commits_per(database, 1, before)
+        finally:
+            await fakes.call("release", node)
+            await task
+        disk = commits * 1000 / peers.raw_commits(self.workdir / "raw-ttft.db", 300, 2.0)
+        self.metrics[f"{key}_commits"].add_run(commits)
+        self.metrics[f"{key}_disk"].add_run(disk)
+        self.metrics[f"{key}_rest"].add_run(statistics.median(overheads) - disk)
+
     async def first_token_section(self, router: Router) -> None:
         through = self.metric("ttft_gpuq", "first token through gpuq (submit -> /stream), idle node", "ms", "ms")
         direct = self.metric("ttft_direct", "first token straight from the fake Ollama", "ms", "ms")
         overhead = self.metric("ttft_overhead", "first-token overhead (gpuq - direct, paired)", "ms", "ms",
                                "p50 <= 2 ms")
+        self.disk_share_rows("ttft")
         submit_metric = self.metric("ttft_submit", "  the submit's own round trip (POST -> 201, committed)",
                                     "ms", "ms")
         pairs = 10 if self.quick else 20
@@ -448,6 +482,9 @@ class Bench:
                 overhead.add_run(o_run)
                 submit_metric.add_run(submit_rtt)
                 self.add_segments("ttft", parts)
+                await self.wait_idle(router, node, 30)
+                await asyncio.sleep(UNLOAD_FRESH_S + 0.05)  # idle, as in the pairs
+                await self.disk_share("ttft", self.fakes, node, router.database, via_gpuq, o_run)
                 self.say(f"first-token run {rep + 1}/{self.repeats}: gpuq {statistics.median(g_run):.2f} ms,"
                          f" direct {statistics.median(d_run):.2f} ms")
 
