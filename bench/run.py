@@ -783,6 +783,41 @@ class Bench:
                 m[key].met = bool(ok(med(key)))
 
 
+    def targets(self) -> str:
+        """Every target judged in this run, and for the ones about cost, where the time goes:
+        the disk's share (durable commits counted, at this run's raw commit time) and the rest."""
+        m = self.metrics
+
+        def med(key: str) -> float:
+            return m[key].summary()["median"]
+
+        def share(key: str) -> str:
+            return (f"{med(key + '_commits'):g} commits x one durable commit = {med(key + '_disk'):.2f} ms;"
+                    f" the rest {med(key + '_rest'):.2f} ms")
+
+        why = {
+            "store_vs_huey": lambda: (
+                f"per round trip gpuq {med('store_rt_ms'):.2f} ms = disk {med('store_rt_disk_ms'):.2f} + rest"
+                f" {med('store_rt_rest_ms'):.2f}; Huey {med('huey_rt_ms'):.2f} = {med('huey_rt_disk_ms'):.2f} +"
+                f" {med('huey_rt_rest_ms'):.2f}; a thread hop {med('thread_hop') * 1000:.0f} us"),
+            "ttft_overhead": lambda: share("ttft"),
+            "front_ttft_overhead": lambda: share("front_ttft"),
+        }
+        rows = ["| target | measured: median (range) | met | where the time goes |", "| --- | --- | --- | --- |"]
+        for key, metric in m.items():
+            if not metric.target or metric.met is None:
+                continue
+            s = metric.summary()
+            measured = f"{fmt(s['median'], metric.kind)} ({fmt(s['min'], metric.kind)}-{fmt(s['max'], metric.kind)})"
+            try:
+                detail = why[key]() if key in why else ""
+            except KeyError:  # a row it needs was not measured in this run
+                detail = ""
+            unit = "" if metric.kind == "ratio" else f" {metric.unit}"
+            rows.append(f"| {metric.label.strip()} {metric.target} | {measured}{unit} |"
+                        f" {'yes' if metric.met else 'NO'} | {detail} |")
+        return "\n".join(rows)
+
 def disk_write_cache(path: Path) -> dict:
     """The write-cache mode of the block device holding `path`, from sysfs: "write back" (the
     disk acknowledges writes from a volatile cache, so each fsync also sends a cache flush) or
@@ -853,6 +888,8 @@ def main() -> int:
     bench.judge()
     metrics = list(bench.metrics.values())
     print(table(metrics))
+    print("\nTargets, each against the same run's peers and disk:\n")
+    print(bench.targets())
     fs = ""
     mounts = machine()["mounts"]
     best = max((m for m in mounts if str(Path(args.dir).resolve()).startswith(m)), key=len, default=None)
