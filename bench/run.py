@@ -106,7 +106,7 @@ class Bench:
             short, label = labels[who]
             rate, commits = runs[who]
             self.metric(f"{who}_rt", label, "round trips/s", "rate").add_run(rate)
-            self.commits_row(f"{who}_rt", short).add_run(commits)
+            self.commits_row(who, short).add_run(commits)
         (s, s_c), (h, h_c), (p, _) = runs["store"], runs["huey"], runs["pq"]
         self.metric("store_vs_huey", "gpuq Store round trip / Huey's, one at a time (same run)", "ratio", "ratio",
                     ">= 1.00x", better="higher").add_run(s / h)
@@ -175,12 +175,13 @@ class Bench:
             await store.close()
 
     def name_commits(self) -> None:
-        """Put the counted commits (their median over the runs) into the rows' labels."""
-        counted = {key.removesuffix("_commits"): m for key, m in self.metrics.items() if key.endswith("_commits")}
-        names = {k: fmt(statistics.median(m.pooled), "count").removesuffix(".00") for k, m in counted.items() if m.pooled}
-        for m in self.metrics.values():
-            if "{" in m.label:
-                m.label = m.label.format(**{k.removesuffix("_rt"): v for k, v in names.items()})
+        """Put the counted commits (their median over the runs) into the labels that name them:
+        `{store}` in a label is replaced by the median of the row `store_commits`."""
+        for key, counted in list(self.metrics.items()):
+            if key.endswith("_commits") and counted.pooled:
+                value = fmt(statistics.median(counted.pooled), "count").removesuffix(".00")
+                for m in self.metrics.values():
+                    m.label = m.label.replace("{" + key.removesuffix("_commits") + "}", value)
 
     # -- the router under load ----------------------------------------------------------------
 
