@@ -771,6 +771,7 @@ class Bench:
             "growth_claim_ratio": lambda v: v <= 2.0,
             "growth_stale_ratio": lambda v: v <= 2.0,
             "growth_health_ratio": lambda v: v <= 2.0,
+            "growth_metrics_ratio": lambda v: v <= 2.0,
             "rss_100000": lambda v: v <= 100.0,
             "listing_kb_0": lambda v: v <= 300.0,
             "listing_kb_1": lambda v: v <= 300.0,
