@@ -3,6 +3,13 @@
 GUARD_MESSAGE = "a critique never runs on its parent task's node"
 
 
+def described(exc: BaseException) -> str:
+    """An exception as a reason a person reads: its class, and its text when it has any (a bare
+    TimeoutError() or AssertionError() would otherwise end the reason in an empty colon)."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 class GpuqError(Exception):
     status = 500
 

@@ -253,7 +253,7 @@ class OllamaClient:
             # aiohttp's text here ("TransferEncodingError: 400 ...") reads like an HTTP status.
             raise OllamaError("Ollama's stream broke off: the connection closed before the reply ended") from exc
         except aiohttp.ClientError as exc:
-            raise OllamaError(f"request to {self.where} failed: {exc}") from exc
+            raise OllamaError(f"request to {self.where} failed: {str(exc) or type(exc).__name__}") from exc
 
     def _late(self, first: bool) -> OllamaError:
         if first:

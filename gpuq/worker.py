@@ -14,7 +14,7 @@ from typing import Awaitable, Callable, TypeVar
 from .bus import Bus
 from .config import Settings
 from .critique import FINDINGS_SCHEMA, FindingsError, instruction, parse_findings
-from .errors import GpuqError, OllamaError, OllamaUnreachable, StoreUnavailable
+from .errors import GpuqError, OllamaError, OllamaUnreachable, StoreUnavailable, described
 from .models import JobState, Kind, normalize_model
 from .monitor import NodeMonitor, NodeRuntime
 from .ollama import prompt_was_cut
@@ -198,7 +198,7 @@ class Worker:
             if error is None:
                 findings, error = await self._record(job, cur, stats)
         except Exception as exc:  # a bug, or a reply no check foresaw: this job fails, the worker goes on
-            error = f"unexpected error in the router: {type(exc).__name__}: {exc}"
+            error = f"unexpected error in the router: {described(exc)}"
             log.exception("job=%s node=%s %s", job["id"], self.rt.name, error)
             self._tell(job["id"], "error", 500, error)
         unloaded = await self._unload_after(job, error)
@@ -448,7 +448,7 @@ class Worker:
                 last_error = exc.message
             except Exception as exc:  # a bug: the model may still hold VRAM, so the node is flagged
                 log.exception("node=%s job=%s unexpected error while unloading %s", self.rt.name, job_id, model)
-                last_error = f"unexpected error in the router: {type(exc).__name__}: {exc}"
+                last_error = f"unexpected error in the router: {described(exc)}"
                 break
             if time.monotonic() >= deadline:
                 break
