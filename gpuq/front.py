@@ -35,6 +35,10 @@ FRONT = web.AppKey("front", "Front")
 STATE_CHECK_S = 1.0  # a waiting call rereads its job this often when nothing arrives (a safety net)
 KEEPALIVE_S = 10.0  # an OpenAI stream that waits gets an SSE comment this often
 LISTING_TIMEOUT_S = 3.0  # /api/ps and /api/show ask the nodes; a slow node is left out of /api/ps
+# A call whose job someone else ended (deleted, preempted) before anything was sent gets this
+# status, not Ollama's 499: 499 means "the client closed the request", and clients treat it as
+# their own abort and show nothing (Continue's streamResponse returns quietly on 499).
+ENDED_STATUS = 410
 NOT_SERVED = ("/api/pull", "/api/push", "/api/create", "/api/delete", "/api/copy", "/api/blobs")
 
 
@@ -381,7 +385,7 @@ class Call:
             return None
         if job["state"] in ("queued", "running") or not self.relay.empty():
             return None
-        return 499, f"gpuq job {self.job_id} is {job['state']}: {job['error'] or 'ended'}", "job_" + job["state"]
+        return ENDED_STATUS, f"gpuq job {self.job_id} is {job['state']}: {job['error'] or 'ended'}", "job_" + job["state"]
 
     async def prepare(self, content_type: str) -> None:
         if self.resp is None:
@@ -421,11 +425,12 @@ class Call:
             # Its run went back in the queue, but its client's request ends here: with no one to
             # answer, it would run for no one. It is cancelled; `gpuq retry` runs it again.
             await self.front.cancel(self.job_id, f"{reason}; its client's request ended with the run", "router")
-            return await self.fail(499, f"gpuq job {self.job_id} was {reason}; its request ended (gpuq retry "
+            return await self.fail(ENDED_STATUS, f"gpuq job {self.job_id} was {reason}; its request ended (gpuq retry "
                                         f"{self.job_id} runs it again)", "job_preempted")
         if reason == "client disconnected":
             return await self.fail(499, "request canceled", "job_cancelled")
-        return await self.fail(499, f"gpuq job {self.job_id} was {reason}: request canceled", "job_cancelled")
+        return await self.fail(ENDED_STATUS, f"gpuq job {self.job_id} was {reason}: request canceled",
+                               "job_cancelled")
 
     async def fail(self, status: int, message: str, code: str | None = None) -> web.StreamResponse:
         """The call ends with an error: its status and body when nothing was sent yet, else one

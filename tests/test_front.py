@@ -413,7 +413,7 @@ async def test_delete_ends_the_clients_stream_with_an_error_naming_it(front):
     assert (await front.daemon.cli("delete", waiting["id"])).code == 0
     with pytest.raises(openai.APIStatusError) as exc:
         await queued
-    assert exc.value.status_code == 499 and exc.value.body["code"] == "job_cancelled"
+    assert exc.value.status_code == 410 and exc.value.body["code"] == "job_cancelled"
     assert exc.value.response.headers["x-should-retry"] == "false"
     assert "was deleted" in exc.value.body["message"]
     fake.script.token_delay_s = 0

@@ -6,6 +6,7 @@ comes from: Open WebUI 0.12.4 (PyPI wheel, open_webui/...), Continue at d0a3c0b 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from datetime import datetime
@@ -42,10 +43,18 @@ async def lines_of(resp: aiohttp.ClientResponse) -> list[str]:
     return lines + ([buffer] if buffer else [])
 
 
+async def router_request(front, method: str, path: str):
+    return await front.daemon.request(method, path, headers={"Authorization": f"Bearer {TOKEN}"})
+
+
 async def router_get(front, path: str):
-    status, body = await front.daemon.request("GET", path, headers={"Authorization": f"Bearer {TOKEN}"})
+    status, body = await router_request(front, "GET", path)
     assert status == 200, (status, body)
     return body
+
+
+async def first_job(front, prompt: str, state: str) -> dict | None:
+    return next((j for j in await all_jobs(front) if j["prompt_excerpt"] == prompt and j["state"] == state), None)
 
 
 async def all_jobs(front) -> list[dict]:
@@ -53,10 +62,7 @@ async def all_jobs(front) -> list[dict]:
 
 
 async def done_job(front, prompt: str) -> dict:
-    async def found():
-        return next((j for j in await all_jobs(front) if j["prompt_excerpt"] == prompt and j["state"] == "done"),
-                    None)
-    return await eventually(found, 15, what=f"a done job with prompt {prompt!r}")
+    return await eventually(lambda: first_job(front, prompt, "done"), 15, what=f"a done job with prompt {prompt!r}")
 
 
 async def job_detail(front, prompt: str) -> dict:
@@ -297,6 +303,32 @@ async def test_continue_autocomplete_with_and_without_fim(front):
            "raw": True, "options": {"temperature": 0.01, "num_predict": 256, "num_ctx": 8192}, "keep_alive": 1800}
     assert await continue_stream(front, "/api/generate", raw, "response")
     assert [b for b in front.fakes["node-1"].requests if b.get("raw")][-1]["raw"] is True
+
+
+async def test_continue_hears_why_its_waiting_call_was_deleted(front):
+    fake = front.fakes["node-1"]
+    fake.script.token_delay_s, fake.script.tokens = 0.05, 400
+    hold = {"model": CHAT_MODEL, "messages": [{"role": "user", "content": "hold the node"}], "keep_alive": 1800}
+    holding = asyncio.create_task(continue_stream(front, "/api/chat", hold, "message"))
+    await eventually(lambda: fake.in_flight == 1, what="a call to hold the node")
+
+    async def waiting_call():
+        # packages/fetch/src/stream.ts streamResponse (l. 10): a 499 returns quietly (Continue's
+        # own abort: the chat shows nothing), any other non-200 throws its body's text.
+        body = {"model": CHAT_MODEL, "messages": [{"role": "user", "content": "continue waits"}],
+                "keep_alive": 1800}
+        async with front.daemon.session.post(front.url + "/api/chat", headers=continue_headers(),
+                                             data=json.dumps(body)) as r:
+            return r.status, await r.text()
+    call = asyncio.create_task(waiting_call())
+    job = await eventually(lambda: first_job(front, "continue waits", "queued"), what="the call to queue")
+    status, _ = await router_request(front, "DELETE", f"/api/jobs/{job['id']}")
+    assert status == 200
+    status, text = await call
+    assert status not in (200, 499)  # Continue would show an empty reply and never say why
+    assert json.loads(text)["error"] == f"gpuq job {job['id']} was deleted by api 127.0.0.1: request canceled"
+    fake.script.token_delay_s = 0
+    await holding
 
 
 async def test_continue_tool_result_round_trip_reaches_the_node(front):
