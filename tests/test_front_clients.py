@@ -142,6 +142,23 @@ async def test_open_webui_chat_streams_as_it_reads_it(front):
             b["messages"][-1]["content"] == "owui says hello"][-1]
     assert sent["options"] == {"temperature": 0.7, "num_ctx": 4096} and sent["keep_alive"] == 0
 
+    # Native tool calling: after running a tool, convert_messages_openai_to_ollama (payload.py
+    # l. 300) sends the assistant's calls with index, id and arguments as an object, content "",
+    # and the result as role "tool" with its tool_call_id; tools go as given.
+    messages = [{"role": "user", "content": "weather in Oslo?"},
+                {"role": "assistant", "tool_calls": [{"index": 0, "id": "call_1", "function": {
+                    "name": "get_weather", "arguments": {"city": "Oslo"}}}], "content": ""},
+                {"role": "tool", "content": "rain, 8C", "tool_call_id": "call_1"}]
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "weather now",
+                                               "parameters": {"type": "object", "properties": {
+                                                   "city": {"type": "string"}}}}}]
+    async with front.daemon.session.post(front.url + "/api/chat", headers=bearer(), data=json.dumps(
+            {"model": CHAT_MODEL, "messages": messages, "tools": tools, "stream": True})) as r:
+        assert r.status == 200
+        assert json.loads([line for line in await lines_of(r) if line][-1])["done"]
+    sent = [b for b in front.fakes["node-1"].requests if b.get("tools")][-1]
+    assert sent["messages"] == messages and sent["tools"] == tools
+
 
 async def test_open_webui_title_generation_is_one_json_reply(front):
     # routers/tasks.py generate_title (payload l. 188): stream False, one user message, the task
@@ -275,6 +292,13 @@ async def test_continue_lists_shows_and_chats(front):
             b["messages"][-1]["content"] == "continue says hi"][-1]
     assert sent["options"]["num_ctx"] == 8192 and sent["keep_alive"] == 0
 
+    # _embed (l. 729): POST api/embed {model, input: chunks}; !resp.ok throws its text, then
+    # data.embeddings, an empty list throwing too.
+    async with front.daemon.session.post(front.url + "/api/embed", headers=continue_headers(), data=json.dumps(
+            {"model": EMBED_MODEL, "input": ["continue chunk a", "continue chunk b"]})) as r:
+        assert r.ok
+        assert len((await r.json())["embeddings"]) == 2
+
 
 async def test_continue_autocomplete_with_and_without_fim(front):
     node = front.fakes["node-3"]
@@ -376,3 +400,26 @@ async def test_continue_openai_provider_lists_and_streams(front):
             delta = (data.get("choices") or [{}])[0].get("delta") or {}
             text += delta.get("content") or ""
     assert text and (await job_detail(front, "continue via v1"))["output"] == text
+
+    # Autocomplete on this provider: supportsFim() is false (core/llm/index.ts l. 108), so
+    # CompletionStreamer streams with raw: true, which _streamChat (OpenAI.ts l. 515) sends to
+    # the legacy /completions (_legacystreamComplete l. 490): _convertArgs without messages,
+    # the prompt, stream: true; each event's choices[0].text is yielded.
+    body = {"model": CHAT_MODEL, "max_tokens": 256, "temperature": 0.01, "stream": True,
+            "stop": ["\n\n", "```"], "prompt": "<|fim_prefix|>def mul(a, b):\n    <|fim_suffix|><|fim_middle|>"}
+    async with front.daemon.session.post(front.url + "/v1/completions", headers=headers,
+                                         data=json.dumps(body)) as r:
+        assert r.status == 200
+        lines = await lines_of(r)
+    completed = ""
+    for line in lines:
+        if line.startswith(("data:[DONE]", "data: [DONE]", ": ping")):
+            break
+        if line.startswith("data:"):
+            value = json.loads(line[5:].strip())
+            assert not value.get("error")
+            if (value.get("choices") or [{}])[0].get("text") and value.get("finish_reason") != "eos":
+                completed += value["choices"][0]["text"]
+    assert completed
+    sent = [b for b in front.fakes["node-1"].requests if b.get("prompt", "").startswith("<|fim_prefix|>def mul")][-1]
+    assert sent["options"]["stop"] == ["\n\n", "```"] and sent["options"]["num_predict"] == 256
