@@ -205,6 +205,18 @@ async def _show(front: Front, body: dict) -> dict:
         raise FrontError(exc.status or 502, exc.message) from None
 
 
+def model_not_found(front: Front, model: str) -> str:
+    """Ollama's 404 text, and why when /api/tags lists the model: only nodes that take no task
+    jobs have it, and every front-door call is a task (or embed) job."""
+    wanted = normalize_model(model)
+    elsewhere = [rt.name for rt in front.nodes_by_rank()
+                 if "task" not in rt.config.roles and rt.installed and wanted in rt.installed]
+    if not elsewhere:
+        return f"model '{model}' not found"
+    return (f"model '{model}' not found on a node that takes task jobs: only {', '.join(elsewhere)} has it "
+            "(front-door calls run on task nodes; pull it on one, or give that node the task role)")
+
+
 async def show(request: web.Request) -> web.Response:
     """Answered by a node that has the model: no GPU work, so not a job."""
     return web.json_response(await _show(request.app[FRONT], await json_of(request)), dumps=tr.dumps)
@@ -282,7 +294,7 @@ class Call:
                 front.dispatcher.relays.pop(self.job_id, None)
             except ModelMissing:
                 front.dispatcher.relays.pop(self.job_id, None)
-                raise FrontError(404, f"model '{self.ollama['model']}' not found", "model_not_found") from None
+                raise FrontError(404, model_not_found(front, self.ollama["model"]), "model_not_found") from None
             except asyncio.CancelledError:  # the client left while its job was being stored
                 await self._cancel_when_stored(submitting)
                 raise

@@ -195,6 +195,20 @@ async def test_open_webui_embeddings_and_unload(front):
     assert len(await all_jobs(front)) == before
 
 
+async def test_open_webui_hears_why_a_listed_model_cannot_run(front):
+    # Open WebUI offers every model /api/tags lists (fetch_ollama_models); deepseek-r1:32b is on
+    # node-2, which takes critiques only. Its chat fails as send_request reads it (l. 92):
+    # HTTPException(status, detail=res['error']), shown to the person as is.
+    async with front.daemon.session.get(front.url + "/api/tags", headers=bearer()) as r:
+        assert "deepseek-r1:32b" in [m["model"] for m in (await r.json())["models"]]
+    async with front.daemon.session.post(front.url + "/api/chat", headers=bearer(), data=json.dumps(
+            {"model": "deepseek-r1:32b", "messages": [{"role": "user", "content": "hi"}], "stream": True})) as r:
+        assert r.status == 404
+        error = (await r.json())["error"]
+    assert error.startswith("model 'deepseek-r1:32b' not found") and "only node-2 has it" in error
+    assert await all_jobs(front) == []
+
+
 # -- Open WebUI, OpenAI connection (http://host:11435/v1, key = the token) ----------------------
 
 async def test_open_webui_openai_connection_lists_and_streams_with_usage(front):
