@@ -397,7 +397,8 @@ class Call:
             return None
         if job["state"] in ("queued", "running") or not self.relay.empty():
             return None
-        return ENDED_STATUS, f"gpuq job {self.job_id} is {job['state']}: {job['error'] or 'ended'}", "job_" + job["state"]
+        message = f"gpuq job {self.job_id} is {job['state']}: {job['error'] or 'ended'}"
+        return ENDED_STATUS, message, "job_" + job["state"]
 
     async def prepare(self, content_type: str) -> None:
         if self.resp is None:

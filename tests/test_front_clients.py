@@ -249,7 +249,7 @@ async def test_open_webui_openai_connection_lists_and_streams_with_usage(front):
 # -- Continue, provider: ollama (apiBase http://host:11435, apiKey = the token) ------------------
 
 def continue_headers() -> dict:
-    # core/llm/llms/Ollama.ts: every call sends these two (l. 181-188 and the like).
+    # core/llm/llms/Ollama.ts: every call sends these two (e.g. ensureModelInfo l. 182-188).
     return {"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"}
 
 
@@ -272,8 +272,9 @@ async def continue_show(front, model: str) -> dict:
 
 
 async def continue_stream(front, path: str, body: dict, field: str) -> str:
-    """Continue's NDJSON reading (Ollama.ts l. 438-460, 629-650, 679-700): split on "\\n",
-    JSON.parse each non-blank line, an "error" key throws, else the field is yielded."""
+    """Continue's NDJSON reading (Ollama.ts _streamComplete l. 417, _streamChat l. 496,
+    _streamFim l. 657): split on "\\n", JSON.parse each non-blank line, an "error" key throws,
+    else the field is yielded."""
     async with front.daemon.session.post(front.url + path, headers=continue_headers(),
                                          data=json.dumps(body)) as r:
         assert r.status == 200, await r.text()  # streamResponse: 499 returns quietly, others throw
@@ -287,14 +288,14 @@ async def continue_stream(front, path: str, body: dict, field: str) -> str:
 
 
 async def test_continue_lists_shows_and_chats(front):
-    # Ollama.ts listModels (l. 703): GET /api/tags, data.models.map(model => model.name).
+    # Ollama.ts listModels (l. 704): GET /api/tags, data.models.map(model => model.name).
     async with front.daemon.session.get(front.url + "/api/tags", headers=continue_headers()) as r:
         names = [m["name"] for m in (await r.json())["models"]]
     assert CHAT_MODEL in names
 
     info = await continue_show(front, CHAT_MODEL)
     assert info["stop"] and not info["fim"]  # qwen3-coder: a chat model, no FIM template
-    # _streamChat (l. 495): model, messages, options (_getModelFileParams l. 306: num_ctx is the
+    # _streamChat (l. 496): model, messages, options (_getModelFileParams l. 306: num_ctx is the
     # context length, 8192 unless the Modelfile says; stop from /api/show), keep_alive 1800;
     # think and stream are undefined, so JSON.stringify leaves them out (NDJSON by default).
     body = {"model": CHAT_MODEL, "messages": [{"role": "user", "content": "continue says hi"}],
@@ -306,7 +307,7 @@ async def test_continue_lists_shows_and_chats(front):
             b["messages"][-1]["content"] == "continue says hi"][-1]
     assert sent["options"]["num_ctx"] == 8192 and sent["keep_alive"] == 0
 
-    # _embed (l. 729): POST api/embed {model, input: chunks}; !resp.ok throws its text, then
+    # _embed (l. 730): POST api/embed {model, input: chunks}; !resp.ok throws its text, then
     # data.embeddings, an empty list throwing too.
     async with front.daemon.session.post(front.url + "/api/embed", headers=continue_headers(), data=json.dumps(
             {"model": EMBED_MODEL, "input": ["continue chunk a", "continue chunk b"]})) as r:
@@ -325,7 +326,7 @@ async def test_continue_autocomplete_with_and_without_fim(front):
 
     # CompletionStreamer.ts l. 34: supportsFim() (the template has .Suffix) -> streamFim:
     # POST /api/generate {model, prompt: prefix, suffix, options, keep_alive} (Ollama.ts
-    # _getGenerateOptions l. 390, _streamFim l. 656), yielding j.response.
+    # _getGenerateOptions l. 391, _streamFim l. 657), yielding j.response.
     info = await continue_show(front, FIM_MODEL)
     assert info["fim"]
     fim = {"model": FIM_MODEL, "prompt": "def add(a, b):\n    ", "suffix": "\n\nprint(add(1, 2))\n",
@@ -371,9 +372,9 @@ async def test_continue_hears_why_its_waiting_call_was_deleted(front):
 
 async def test_continue_tool_result_round_trip_reaches_the_node(front):
     # The simulator never emits tool calls itself, so this replays Continue's second leg only:
-    # _convertToOllamaMessage (Ollama.ts l. 325) sends the assistant's calls as
+    # _convertToOllamaMessage (Ollama.ts l. 324) sends the assistant's calls as
     # {function: {name, arguments: object}} (no id, no index), the result as role "tool";
-    # tools go only when the last message is the user's (l. 511), so none here.
+    # tools go only when the last message is the user's (l. 514), so none here.
     messages = [{"role": "user", "content": "what is the weather in Paris?"},
                 {"role": "assistant", "content": "", "tool_calls": [
                     {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
@@ -392,12 +393,12 @@ async def test_continue_tool_result_round_trip_reaches_the_node(front):
 async def test_continue_openai_provider_lists_and_streams(front):
     # core/llm/llms/OpenAI.ts _getHeaders (l. 373): Bearer and an "api-key" header (for Azure).
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}", "api-key": TOKEN}
-    # listModels (l. 689): data.data ?? data, each m.id.
+    # listModels (l. 690): data.data ?? data, each m.id.
     async with front.daemon.session.get(front.url + "/v1/models", headers=headers) as r:
         assert CHAT_MODEL in [m["id"] for m in (await r.json())["data"]]
     # toChatBody (core/llm/openaiTypeConverters.ts l. 210): stream defaults to true, no
-    # stream_options; streamSse (packages/fetch/src/stream.ts l. 111-140) stops at
-    # "data: [DONE]" and also at a line starting ": ping"; an "error" object throws.
+    # stream_options; streamSse (packages/fetch/src/stream.ts parseSseLine l. 111, streamSse
+    # l. 124) stops at "data: [DONE]" and also at a line starting ": ping"; an "error" throws.
     body = {"model": CHAT_MODEL, "messages": [{"role": "user", "content": "continue via v1"}],
             "max_tokens": 4096, "temperature": 0.5, "stream": True}
     async with front.daemon.session.post(front.url + "/v1/chat/completions", headers=headers,
@@ -417,7 +418,7 @@ async def test_continue_openai_provider_lists_and_streams(front):
 
     # Autocomplete on this provider: supportsFim() is false (core/llm/index.ts l. 108), so
     # CompletionStreamer streams with raw: true, which _streamChat (OpenAI.ts l. 515) sends to
-    # the legacy /completions (_legacystreamComplete l. 490): _convertArgs without messages,
+    # the legacy /completions (_legacystreamComplete l. 488): _convertArgs without messages,
     # the prompt, stream: true; each event's choices[0].text is yielded.
     body = {"model": CHAT_MODEL, "max_tokens": 256, "temperature": 0.01, "stream": True,
             "stop": ["\n\n", "```"], "prompt": "<|fim_prefix|>def mul(a, b):\n    <|fim_suffix|><|fim_middle|>"}
