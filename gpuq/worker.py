@@ -31,6 +31,11 @@ HEARTBEAT_S = 1.0  # progress is written at most this often while tokens stream
 # A node that confirmed the last job's unload this recently is not health-checked again
 # before the next claim: it has just answered, and a check costs two requests per job.
 UNLOAD_FRESH_S = 0.25
+# A real unload takes a few hundred ms after keep_alive: 0 returns, and the next job waits for
+# /api/ps to show it gone: ask often (a backoff overshot a 200 ms unload by 114 ms), and less
+# often only once an unload is slow.
+UNLOAD_POLL_S = 0.025
+UNLOAD_POLL_FAST_S = 2.0
 RECORD_RETRY_MAX_S = 5.0  # the longest wait between tries to record a job's outcome
 OLLAMA_DEFAULT_CONTEXT = 4096  # num_ctx when neither the job, the node nor the model sets one
 MIN_REQUEST_S = 0.05  # the shortest limit given to one request to a node
@@ -433,7 +438,7 @@ class Worker:
         wanted = normalize_model(model)
         started = time.monotonic()
         deadline = started + self.settings.unload_timeout_s
-        delay, asked = 0.02, False
+        delay, asked = UNLOAD_POLL_S, False
         last_error = None
         while True:
             try:
@@ -453,7 +458,8 @@ class Worker:
             if time.monotonic() >= deadline:
                 break
             await asyncio.sleep(min(delay, max(deadline - time.monotonic(), 0)))
-            delay = min(delay * 2, 0.5)
+            if time.monotonic() - started > UNLOAD_POLL_FAST_S:  # a slow unload: ask less often
+                delay = min(delay * 2, 0.5)
         message = (f"unload failed: {model} did not leave VRAM within {time.monotonic() - started:.1f}s "
                    f"(unload_timeout {self.settings.unload_timeout_s:g}s; {last_error}); node {self.rt.name} flagged")
         log.error("node=%s job=%s %s", self.rt.name, job_id, message)

@@ -51,6 +51,16 @@ async def test_a_null_option_is_unset_as_ollama_reads_it(node_with_defaults):
     assert req["options"] == {"num_ctx": 8192, "temperature": 0.2}
 
 
+async def test_options_ollama_takes_are_taken(node_with_defaults):
+    # A float for an integer option (Ollama truncates it) and a key Ollama does not know (it
+    # logs and ignores it) are not errors at Ollama, so not at gpuq either.
+    d = node_with_defaults
+    [job] = await d.submit("task", "hi", options={"num_predict": 64.0, "some_future_knob": {"on": True}})
+    await d.wait_state(job["id"], "done")
+    [req] = d.fake.chat_requests
+    assert req["options"]["num_predict"] == 64 and req["options"]["some_future_knob"] == {"on": True}
+
+
 @pytest.mark.parametrize("field, value, message", [
     ("options", [1, 2], "field 'options': expected an object of Ollama model options such as "
                         "{\"num_ctx\": 32768}, got [1, 2]"),
