@@ -255,6 +255,12 @@ class Worker:
             return timeout, "timeout"
         return runtime, "max_runtime"
 
+    def _node_think(self, model: str) -> bool | str | None:
+        """The node's `think` is for its own model: another one may not think at all, and Ollama
+        refuses think for such a model (400). Its options (num_ctx: what the GPU holds) hold for all."""
+        same = normalize_model(model) == normalize_model(self.rt.config.model)
+        return self.rt.config.think if same else None
+
     def _keep_alive(self) -> int | str:
         return KEEP_WARM if self.settings.unload_for(self.rt.config) == "when-idle" else 0
 
@@ -263,7 +269,7 @@ class Worker:
         config = self.rt.config
         critique = job["kind"] == Kind.CRITIQUE
         prompt = instruction(self.settings.critique_template, job["prompt"]) if critique else job["prompt"]
-        think = json.loads(job["think"]) if job.get("think") is not None else config.think
+        think = json.loads(job["think"]) if job.get("think") is not None else self._node_think(job["model"])
         cur.options = merged_options(config.options, json.loads(job["options"]) if job.get("options") else None)
         chunks = self.rt.client.chat(job["model"], prompt, FINDINGS_SCHEMA if critique else None, think,
                                      cur.options, self._keep_alive())
@@ -284,7 +290,7 @@ class Worker:
         self._tell(job["id"], "start", self.rt.name)
         config = self.rt.config
         route, body = node_request(job["endpoint"], json.loads(job["request"])["body"],
-                                   config.think, config.options, self._keep_alive())
+                                   self._node_think(job["model"]), config.options, self._keep_alive())
         cur.options = body.get("options")
         self.sent_run = cur.run_id  # the request leaves now
         if route not in STREAMED_ROUTES:  # an embedding: one answer

@@ -90,3 +90,17 @@ async def test_bad_node_options_stop_the_router_naming_the_key(fakes, daemon_fac
     res = await d.cli("serve", "--config", str(d.config))
     assert res.code == 2
     assert "node 'n'.options: option 'num_ctx' must be at least 1, got 0" in res.err
+
+
+async def test_the_nodes_think_is_for_its_own_model_only(fakes, daemon_factory):
+    # A node set to think = false for gpt-oss may also hold a model that does not think at all:
+    # Ollama answers think for that one with 400, so it gets none; the node's options still hold.
+    fake = await fakes("gpt-oss:20b", "llama3.2:latest")
+    table = dict(node_table("n", fake, 1, ["task"], "gpt-oss:20b"), think="low", options={"num_ctx": 8192})
+    d = await daemon_factory([table])
+    [own] = await d.submit("task", "own model")
+    [other] = await d.submit("task", "other model", model="llama3.2:latest")
+    assert (await d.wait_state(other["id"], "done"))["error"] is None
+    by_model = {r["model"]: r for r in fake.chat_requests}
+    assert by_model["gpt-oss:20b"]["think"] == "low"
+    assert "think" not in by_model["llama3.2:latest"] and by_model["llama3.2:latest"]["options"] == {"num_ctx": 8192}
