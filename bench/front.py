@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 
-from gpuq.dispatcher import UNLOAD_FRESH_S
 
-from .procs import Fakes, Router, free_port, node_table
+from .procs import QUIET_S, Fakes, Router, free_port, node_table
 
 if TYPE_CHECKING:
     from .run import Bench
@@ -115,7 +114,7 @@ async def first_token(bench: "Bench", session, fakes: Fakes, router: Router, fro
         await fakes.call("reset", node)
         for _ in range(pairs):
             await _idle(session, router)
-            await asyncio.sleep(UNLOAD_FRESH_S + 0.05)  # a quiet lab: the node is health-checked first
+            await asyncio.sleep(QUIET_S)  # a quiet lab: the node idle a moment
             sent, arrivals = await _stream(session, fakes.urls[node], "hello")
             d = (arrivals[0] - sent) * 1000
             sent, arrivals = await _stream(session, front_url, "hello")
@@ -134,7 +133,7 @@ async def first_token(bench: "Bench", session, fakes: Fakes, router: Router, fro
         overhead.add_run(o_run)
         bench.add_segments("front_ttft", parts)
         await _idle(session, router)
-        await asyncio.sleep(UNLOAD_FRESH_S + 0.05)  # idle, as in the pairs
+        await asyncio.sleep(QUIET_S)  # idle, as in the pairs
         await bench.disk_share("front_ttft", fakes, node, router.database,
                                lambda: _stream(session, front_url, "hello"), o_run)
         bench.say(f"front first-token run {rep + 1}/{bench.repeats}: front {statistics.median(g_run):.2f} ms,"

@@ -20,12 +20,11 @@ from pathlib import Path
 
 import aiohttp
 
-from gpuq.dispatcher import UNLOAD_FRESH_S
 from gpuq.store import NewJob, NodeInfo, Store
 
 from . import front, growth, listings, peers, written
 from .fakes import MODEL_LEFT
-from .procs import Fakes, Router, free_port, node_table, rss_mb
+from .procs import QUIET_S, Fakes, Router, free_port, node_table, rss_mb
 from .stats import Metric, fmt, table
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -461,9 +460,8 @@ class Bench:
                 await self.fakes.call("reset", node)
                 for _ in range(pairs):
                     await self.wait_idle(router, node, 30)
-                    # An idle node, as when a person submits to a quiet lab: its last answer is
-                    # older than UNLOAD_FRESH_S, so the worker health-checks it before claiming.
-                    await asyncio.sleep(UNLOAD_FRESH_S + 0.05)
+                    # An idle node, as when a person submits to a quiet lab.
+                    await asyncio.sleep(QUIET_S)
                     d = await straight()
                     g, points = await via_gpuq()
                     d_run.append(d)
@@ -484,7 +482,7 @@ class Bench:
                 submit_metric.add_run(submit_rtt)
                 self.add_segments("ttft", parts)
                 await self.wait_idle(router, node, 30)
-                await asyncio.sleep(UNLOAD_FRESH_S + 0.05)  # idle, as in the pairs
+                await asyncio.sleep(QUIET_S)  # idle, as in the pairs
                 await self.disk_share("ttft", self.fakes, node, router.database, via_gpuq, o_run)
                 self.say(f"first-token run {rep + 1}/{self.repeats}: gpuq {statistics.median(g_run):.2f} ms,"
                          f" direct {statistics.median(d_run):.2f} ms")

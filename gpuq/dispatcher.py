@@ -16,9 +16,9 @@ from .monitor import NodeMonitor, NodeRuntime
 from .ollama import OllamaClient
 from .store import Interrupted, NodeInfo, Store
 from .supervise import Loops
-from .worker import UNLOAD_FRESH_S, Current, Worker, put_back_unsent
+from .worker import Current, Worker, put_back_unsent
 
-__all__ = ["Dispatcher", "NodeRuntime", "UNLOAD_FRESH_S"]
+__all__ = ["Dispatcher", "NodeRuntime"]
 
 log = logging.getLogger("gpuq")
 

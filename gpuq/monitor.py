@@ -45,7 +45,6 @@ class NodeRuntime:
     stuck_since: float | None = None  # when it was flagged
     stuck_job: str | None = None  # the job after which it would not leave (None: a dead router's)
     health_unrecorded: bool = False  # the database refused the last health change
-    unloaded_at: float = float("-inf")  # monotonic time the node last confirmed an unload
     current: Current | None = None  # the job it runs now (its output so far, in memory)
     loops: list[Loop] = field(default_factory=list)  # its worker and health loop
 
@@ -68,12 +67,19 @@ class NodeMonitor:
         self.interval_s = interval_s
         self.changed = changed
         self.came_up = came_up  # wakes the node's worker
+        self.went_down = asyncio.Event()  # set when the node is found down (by the worker too)
 
     async def run(self) -> None:
-        """The health loop: a node that is down is asked more often, to notice it is back."""
+        """The health loop: a node that is down is asked more often, to notice it is back, and
+        from the moment it is found down, not at the end of a healthy node's long interval."""
         while True:
             await self.check()
-            await asyncio.sleep(self.interval_s if self.rt.up else min(self.interval_s, DOWN_RECHECK_S))
+            self.went_down.clear()
+            try:
+                async with asyncio.timeout(self.interval_s if self.rt.up else min(self.interval_s, DOWN_RECHECK_S)):
+                    await self.went_down.wait()
+            except TimeoutError:
+                pass
 
     async def check(self) -> None:
         """Ask the node what it runs and has; it is up when both answer."""
@@ -103,6 +109,7 @@ class NodeMonitor:
                 self.came_up()
             else:
                 log.warning("node=%s health=down error=%r", rt.name, error)
+                self.went_down.set()
             self.changed(node=rt.name, up=up)
         rt.up = up
         rt.last_error = error if not up else rt.last_error

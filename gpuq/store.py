@@ -985,6 +985,12 @@ class Store:
         now = self.clock()
         return await self._write(lambda db: _requeue_unsent(db, sent, reason, now))
 
+    async def put_back(self, job_id: str, run_id: int, reason: str) -> bool:
+        """The run's request never reached Ollama (the node refused the connection): the job goes
+        back to the head of its queue. False when the run had already ended (deleted meanwhile)."""
+        now = self.clock()
+        return await self._write(lambda db: _put_back_run(db, job_id, run_id, reason, now))
+
 
 def _requeue_unsent(db: sqlite3.Connection, sent: dict[str, int | None], reason: str, now: float) -> list[Row]:
     """The claim of a job whose request never left is undone: the job is queued at the head
@@ -994,12 +1000,26 @@ def _requeue_unsent(db: sqlite3.Connection, sent: dict[str, int | None], reason:
         tuple(sent)).fetchall())
     unsent = [r for r in rows if r["run_id"] != sent[r["node"]]]
     for r in unsent:
-        db.execute("UPDATE job SET state = 'queued', position = ? WHERE id = ?",
-                   (_position_at(db, r["node"], r["id"], 0), r["id"]))
-        db.execute("UPDATE run SET state = 'cancelled', finished_at = ?, error = ? WHERE id = ?",
-                   (iso(now), reason, r["run_id"]))
-        _event(db, r["id"], "running", "queued", "router", reason, now)
+        _put_back(db, r, reason, now)
     return unsent
+
+
+def _put_back(db: sqlite3.Connection, job: Row, reason: str, now: float) -> None:
+    """Undo a claim whose request never reached Ollama: the job is queued at the head again,
+    its run ends cancelled with `reason` (kept for forensics), an event says why."""
+    db.execute("UPDATE job SET state = 'queued', position = ? WHERE id = ?",
+               (_position_at(db, job["node"], job["id"], 0), job["id"]))
+    db.execute("UPDATE run SET state = 'cancelled', finished_at = ?, error = ? WHERE id = ?",
+               (iso(now), reason, job["run_id"]))
+    _event(db, job["id"], "running", "queued", "router", reason, now)
+
+
+def _put_back_run(db: sqlite3.Connection, job_id: str, run_id: int, reason: str, now: float) -> bool:
+    job = db.execute("SELECT id, node, run_id, state FROM job WHERE id = ?", (job_id,)).fetchone()
+    if job is None or job["state"] != "running" or job["run_id"] != run_id:
+        return False  # deleted or preempted meanwhile: that already ended the run
+    _put_back(db, job, reason, now)
+    return True
 
 
 def job_json(row: Row, public_url: str) -> Row:

@@ -28,9 +28,6 @@ T = TypeVar("T")
 
 IDLE_POLL_S = 5.0  # the fallback poll; a submit wakes the worker at once
 HEARTBEAT_S = 1.0  # progress is written at most this often while tokens stream
-# A node that confirmed the last job's unload this recently is not health-checked again
-# before the next claim: it has just answered, and a check costs two requests per job.
-UNLOAD_FRESH_S = 0.25
 # A real unload takes a few hundred ms after keep_alive: 0 returns, and the next job waits for
 # /api/ps to show it gone: ask often (a backoff overshot a 200 ms unload by 114 ms), and less
 # often only once an unload is slow.
@@ -146,13 +143,9 @@ class Worker:
         self.wake.clear()
 
     async def _ready_to_claim(self) -> bool:
-        """Something waits and the node answers: never claim onto a node that is unreachable.
-        Right after a job, the node's answer to the unload check is that proof."""
-        if not await self.store.has_waiting(self.rt.name):
-            return False
-        if time.monotonic() - self.rt.unloaded_at > UNLOAD_FRESH_S:
-            await self.monitor.check()
-        return self.rt.claimable
+        """Something waits (the node is up, as its monitor last heard: a connection it refuses
+        after all puts the job back, see _not_reached)."""
+        return await self.store.has_waiting(self.rt.name)
 
     # -- one job ------------------------------------------------------------------------------
 
@@ -202,12 +195,27 @@ class Worker:
             stats, error = await self._generate(job, cur)
             if error is None:
                 findings, error = await self._record(job, cur, stats)
+        except OllamaUnreachable as exc:
+            await self._not_reached(job, cur, exc)
+            return
         except Exception as exc:  # a bug, or a reply no check foresaw: this job fails, the worker goes on
             error = f"unexpected error in the router: {described(exc)}"
             log.exception("job=%s node=%s %s", job["id"], self.rt.name, error)
             self._tell(job["id"], "error", 500, error)
         unloaded = await self._unload_after(job, error)
         await self._finish(job, cur, error, findings, unloaded)
+
+    async def _not_reached(self, job: dict, cur: Current, exc: OllamaUnreachable) -> None:
+        """The node refused the connection (or never completed it): the request never reached
+        Ollama and nothing ran, so the job goes back to the head of its queue, with an event
+        naming why (no retry of work that ran: none did), and the node is down until its
+        monitor hears from it again. This, not a health check before each claim, is what keeps
+        a job from failing on a node that went away since the monitor last asked."""
+        await self.monitor.set_up(False, exc.message)
+        reason = f"back to the head of the queue: {exc.message}; the request never reached Ollama"
+        if await self._persist(job["id"], "event", lambda: self.store.put_back(job["id"], cur.run_id, reason)):
+            log.warning("job=%s node=%s state=queued reason=%r", job["id"], self.rt.name, reason)
+            self.changed(job=job["id"], node=self.rt.name, state=JobState.QUEUED.value)
 
     async def _unload_other_model(self, job: dict, cur: Current) -> bool:
         """"when-idle" switching model: the one left loaded must leave VRAM first; else the job
@@ -236,9 +244,8 @@ class Worker:
         except TimeoutError:
             return None, self._told(job["id"], None, f"{limit_name} fired: the job ran "
                                     f"{time.monotonic() - started:.1f}s, over its {limit_s:g}s limit; request aborted")
-        except OllamaUnreachable as exc:  # the node is down: nothing more is claimed onto it
-            await self.monitor.set_up(False, exc.message)
-            return None, self._told(job["id"], None, exc.message)
+        except OllamaUnreachable:  # nothing reached Ollama: not this job's failure (see _execute)
+            raise
         except OllamaError as exc:
             if exc.status == 503:  # Ollama's pending queue is full: another client keeps it busy
                 return None, self._told(job["id"], 503, (
@@ -449,7 +456,6 @@ class Worker:
         while True:
             try:
                 if wanted not in await client.loaded(timeout_s=max(deadline - time.monotonic(), MIN_REQUEST_S)):
-                    self.rt.unloaded_at = time.monotonic()
                     return True
                 if not asked:
                     await client.unload(model, timeout_s=max(deadline - time.monotonic(), MIN_REQUEST_S))
