@@ -3,8 +3,9 @@ loop with the load generator.
 
 `TimedFake` is gpuq's FakeOllama with a request log: for every request, when it reached the
 fake and when the fake's handler returned (for a streamed chat, after its final byte was
-written and the stream closed). It behaves exactly like FakeOllama, except that the bench may
-*hold* generation requests (they wait before answering) to line up a queue before a
+written and the stream closed), and the moment a model that unloads with a delay left
+(`MODEL_LEFT`, as its own log entry). It behaves exactly like FakeOllama, except that the bench
+may *hold* generation requests (they wait before answering) to line up a queue before a
 measurement, or to stand in for the minutes-long jobs a real lab runs.
 
 Run: `python -m bench.fakes name=model ...`; prints one JSON line {"control": url,
@@ -22,11 +23,14 @@ from aiohttp import web
 
 from gpuq.fake_ollama import FakeOllama, Script
 
+MODEL_LEFT = "(model left VRAM)"  # the log's path for the moment a delayed unload completed
+
 
 @dataclass
 class TimedFake(FakeOllama):
     log: list[tuple[str, float, float, bool]] = field(default_factory=list)  # path, arrive, end, generation
     held: bool = False
+    waiting: int = 0  # generation requests held at the gate now
     _gate: asyncio.Event = field(default_factory=asyncio.Event)
 
     def app(self) -> web.Application:
@@ -45,11 +49,21 @@ class TimedFake(FakeOllama):
             except ValueError:
                 pass
             if generation and self.held:
-                await self._gate.wait()
+                self.waiting += 1  # the bench may count what the router did before this request
+                try:
+                    await self._gate.wait()
+                finally:
+                    self.waiting -= 1
         try:
             return await handler(request)
         finally:
             self.log.append((request.path, arrive, time.monotonic(), generation))
+
+    def _forget(self, name, m) -> None:
+        super()._forget(name, m)
+        if name not in self.loaded:
+            now = time.monotonic()
+            self.log.append((MODEL_LEFT, now, now, False))
 
     def hold(self) -> None:
         self.held = True
@@ -81,10 +95,16 @@ async def serve(specs: list[str]) -> None:
         elif action == "reset":
             fake.log.clear()
             fake.requests.clear()
-        elif action == "script":  # reply length and pace (the front door's relay rows)
-            fake.script.tokens = int(request.query["tokens"])
-            fake.script.token_delay_s = float(request.query["delay"])
-        return web.json_response({"ok": True, "held": fake.held})
+        elif action == "script":  # reply length and pace; how long an unload takes
+            q = request.query
+            fake.script.tokens = int(q.get("tokens", fake.script.tokens))
+            fake.script.token_delay_s = float(q.get("delay", fake.script.token_delay_s))
+            if "unload_delay" in q:  # seconds the model stays listed by /api/ps after keep_alive: 0
+                fake.script.unload_delay_s = float(q["unload_delay"])
+                fake.script.unload = "delay" if fake.script.unload_delay_s > 0 else "immediate"
+        elif action != "status":  # status: only the answer below
+            return web.json_response({"error": f"unknown action {action}"}, status=404)
+        return web.json_response({"ok": True, "held": fake.held, "waiting": fake.waiting})
 
     app = web.Application()
     app.router.add_route("*", "/{action}", control)

@@ -17,6 +17,7 @@ import tomli_w
 from .http import Conn
 
 ROOT = Path(__file__).resolve().parent.parent
+QUIET_S = 0.3  # a quiet lab before a first-token sample: the node idle a moment, as when a person submits
 
 
 def free_port() -> int:

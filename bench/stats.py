@@ -20,16 +20,27 @@ class Metric:
 
     A throughput (`kind="rate"`) has one value per repeated run. A latency (`kind="ms"`) has
     many samples per run: median and p95 are over all samples pooled, min-max is the range of
-    the per-run medians, so a noisy run shows up as a wide range rather than a shifted median."""
+    the per-run medians, so a noisy run shows up as a wide range rather than a shifted median.
+
+    The p95 column is always the pessimistic end: the 5th percentile where higher is better
+    (throughputs, most ratios), the 95th where lower is better (latencies, sizes). A ratio must
+    say which it is (`better`): "same run / peer" is better high, "100,000 / 100 history" low."""
 
     key: str
     label: str
     unit: str
-    kind: str = "rate"  # rate | ms | ratio | mb
+    kind: str = "rate"  # rate | ms | ratio | mb | count
     runs: list[list[float]] = field(default_factory=list)
     target: str = ""
     note: str = ""
     met: bool | None = None
+    better: str = ""  # higher | lower; rates default to higher, ms and mb to lower, ratios must say
+
+    def __post_init__(self) -> None:
+        if not self.better:
+            self.better = {"rate": "higher", "ms": "lower", "mb": "lower", "count": "lower"}.get(self.kind, "")
+        if self.better not in ("higher", "lower"):
+            raise ValueError(f"metric {self.key}: say whether higher or lower is better (better=...)")
 
     def add_run(self, samples: list[float] | float) -> None:
         self.runs.append(list(samples) if isinstance(samples, list) else [float(samples)])
@@ -49,16 +60,15 @@ class Metric:
         per_run = self.per_run
         if self.kind == "ms":
             low, high = min(per_run), max(per_run)
-            p95 = percentile(pooled, 95)
         else:
             low, high = min(pooled), max(pooled)
-            p95 = percentile(pooled, 95) if self.kind != "rate" else percentile(pooled, 5)
+        p95 = percentile(pooled, 5 if self.better == "higher" else 95)  # the pessimistic end
         return {"median": statistics.median(pooled), "p95": p95, "min": low, "max": high,
                 "runs": len(self.runs), "samples": len(pooled)}
 
     def as_json(self) -> dict:
         return {"key": self.key, "label": self.label, "unit": self.unit, "kind": self.kind,
-                **self.summary(), "target": self.target, "met": self.met, "note": self.note,
+                "better": self.better, **self.summary(), "target": self.target, "met": self.met, "note": self.note,
                 "values": self.runs if self.kind != "ms" else None,
                 "per_run_median": self.per_run}
 
@@ -72,6 +82,8 @@ def fmt(value: float | None, kind: str) -> str:
         return f"{value:.2f}x"
     if kind == "mb":
         return f"{value:.1f}"
+    if kind == "count":
+        return f"{value:,.2f}"
     if value >= 100:
         return f"{value:.0f}"
     if value >= 10:

@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 import aiohttp
 
 from .config import Settings
-from .errors import GpuqError, NotFound
+from .errors import GpuqError, NotFound, described
 from .models import iso, parse_iso
 
 log = logging.getLogger("gpuq")
@@ -243,7 +243,7 @@ class Alerter:
                     text = (await resp.text(errors="replace")).strip()[:200]
                     error = f"HTTP {resp.status} {resp.reason or ''}".strip() + (f": {text}" if text else "")
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            error = described(exc)
         key = (row["id"], status)
         ok = error is None
         where = f"alert={row['alert']} node={row['node']} job={row['job_id']} notice={status} attempt={attempt}"

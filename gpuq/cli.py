@@ -14,10 +14,8 @@ from urllib.parse import quote
 import click
 
 from .client import ApiError, Router
-from .config import ConfigError, check_token, check_url, find_config, load_config, starter_config
+from .config import DEFAULT_ROUTER, ConfigError, check_token, check_url, find_config, load_config, starter_config
 from .models import parse_iso
-
-DEFAULT_ROUTER = "http://127.0.0.1:8750"
 
 
 def fail(status, message: str) -> None:
@@ -405,16 +403,18 @@ def follow(router: Router, job_id: str, as_json: bool = False) -> None:
 
 
 def summary(job: dict) -> str:
-    parts = [job["state"]]
+    # A cancelled job's error is why it was cancelled ("deleted by cli 127.0.0.1"), not a failure.
+    cancelled = job["state"] == "cancelled" and job.get("error")
+    parts = [f"cancelled: {job['error']};" if cancelled else job["state"]]
     if job.get("eval_count"):
         parts.append(f"{job['eval_count']} token{'s' if job['eval_count'] != 1 else ''}")
     if job.get("started_at") and job.get("finished_at"):
         parts.append(ago(job["started_at"], job["finished_at"]))
     if job.get("eval_count") and job.get("eval_duration_ns"):
         parts.append(f"{job['eval_count'] / (job['eval_duration_ns'] / 1e9):.1f} tok/s")
-    if job.get("error"):
+    if job.get("error") and not cancelled:
         parts.append(f"error: {job['error']}")
-    return " ".join(parts)
+    return " ".join(parts).rstrip(";")
 
 
 @main.command()

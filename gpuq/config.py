@@ -17,6 +17,7 @@ from .errors import ConfigError
 from .params import options_problem, think_problem
 
 DEFAULT_LISTEN = "127.0.0.1:8750"
+DEFAULT_ROUTER = f"http://{DEFAULT_LISTEN}"  # where the CLI looks when told nothing
 ROLES = ("task", "critique")
 
 DEFAULT_CRITIQUE_TEMPLATE = """\

@@ -8,6 +8,7 @@ import fcntl
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from .config import ConfigError, NodeConfig, Settings, _check_listen
+from .config import DEFAULT_ROUTER, ConfigError, NodeConfig, Settings, _check_listen
 from .connections import (BACKLOG, ConnectionGuard, bind_sockets, connection_cap, raise_file_limit,
                           throttle_accept_errors)
 from .errors import GpuqError, StartupError
@@ -32,6 +33,19 @@ DEMO_NODES = (
     ("demo-2", ("task", "critique"), "deepseek-r1:32b"),
     ("demo-3", ("critique",), "llama3.2:latest"),
 )
+
+
+def invoked_as(argv0: str | None = None, cwd: str | None = None) -> str:
+    """How to type gpuq again, as this process was started: `gpuq` when that is the same program
+    on PATH (pipx, an activated venv), else its path (relative when under the current directory)."""
+    path = os.path.abspath(argv0 or sys.argv[0])
+    if os.path.basename(path) in ("__main__.py", "cli.py"):  # python -m gpuq.cli
+        return f"{sys.executable} -m gpuq.cli"
+    on_path = shutil.which("gpuq")
+    if on_path and os.path.realpath(on_path) == os.path.realpath(path):
+        return "gpuq"
+    here = Path(cwd or os.getcwd())
+    return str(Path(path).relative_to(here)) if here != here.parent and Path(path).is_relative_to(here) else path
 
 
 async def start_demo_nodes() -> tuple[list[FakeOllama], list[NodeConfig]]:
@@ -114,7 +128,7 @@ async def serve(settings: Settings | None, listen: str | None, database: str | N
 
 async def run_router(settings: Settings, sockets: list[socket.socket], demo: bool,
                      front_sockets: list[socket.socket] = ()) -> int:
-    from .server import create_app
+    from .server import DISPATCHER, create_app
 
     loop = asyncio.get_running_loop()
     throttle_accept_errors(loop)
@@ -150,9 +164,10 @@ async def run_router(settings: Settings, sockets: list[socket.socket], demo: boo
     if fakes:
         nodes = ", ".join(f"{n.name} ({n.model}, {n.url})" for n in settings.nodes)
         print(f"demo mode: simulated Ollama nodes {nodes}", flush=True)
-        print(f'try:  .venv/bin/gpuq --router {settings.public_url} task "write a haiku about queues" --wait',
-              flush=True)
+        router = "" if settings.public_url == DEFAULT_ROUTER else f" --router {settings.public_url}"
+        print(f'try:  {invoked_as()}{router} task "write a haiku about queues" --wait', flush=True)
     await stop.wait()
+    runner.app[DISPATCHER].quiesce()  # first: nothing new starts while the rest shuts down
     log.info("shutting down")
     if front is not None:  # first: its waiting calls end (their jobs cancelled) while the store is open
         await front.stop()

@@ -6,6 +6,13 @@ import sqlite3
 GUARD_MESSAGE = "a critique never runs on its parent task's node"
 
 
+def described(exc: BaseException) -> str:
+    """An exception as a reason a person reads: its class, and its text when it has any (a bare
+    TimeoutError() or AssertionError() would otherwise end the reason in an empty colon)."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 class GpuqError(Exception):
     status = 500
 
@@ -112,6 +119,11 @@ class OllamaError(Exception):
         super().__init__(message)
         self.message = message
         self.status = status
+
+
+class OllamaUnreachable(OllamaError):
+    """The node cannot be connected to (refused, no such host, no answer to the connect): it is
+    down, whatever the request was. The message names the node, its URL and the failure."""
 
 
 def from_sqlite(exc: sqlite3.Error) -> GpuqError:

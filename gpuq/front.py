@@ -36,6 +36,10 @@ FRONT = web.AppKey("front", "Front")
 STATE_CHECK_S = 1.0  # a waiting call rereads its job this often when nothing arrives (a safety net)
 KEEPALIVE_S = 10.0  # an OpenAI stream that waits gets an SSE comment this often
 LISTING_TIMEOUT_S = 3.0  # /api/ps and /api/show ask the nodes; a slow node is left out of /api/ps
+# A call whose job someone else ended (deleted, preempted) before anything was sent gets this
+# status, not Ollama's 499: 499 means "the client closed the request", and clients treat it as
+# their own abort and show nothing (Continue's streamResponse returns quietly on 499).
+ENDED_STATUS = 410
 NOT_SERVED = ("/api/pull", "/api/push", "/api/create", "/api/delete", "/api/copy", "/api/blobs")
 
 
@@ -202,6 +206,18 @@ async def _show(front: Front, body: dict) -> dict:
         raise FrontError(exc.status or 502, exc.message) from None
 
 
+def model_not_found(front: Front, model: str) -> str:
+    """Ollama's 404 text, and why when /api/tags lists the model: only nodes that take no task
+    jobs have it, and every front-door call is a task (or embed) job."""
+    wanted = normalize_model(model)
+    elsewhere = [rt.name for rt in front.nodes_by_rank()
+                 if "task" not in rt.config.roles and rt.installed and wanted in rt.installed]
+    if not elsewhere:
+        return f"model '{model}' not found"
+    return (f"model '{model}' not found on a node that takes task jobs: only {', '.join(elsewhere)} has it "
+            "(front-door calls run on task nodes; pull it on one, or give that node the task role)")
+
+
 async def show(request: web.Request) -> web.Response:
     """Answered by a node that has the model: no GPU work, so not a job."""
     return web.json_response(await _show(request.app[FRONT], await json_of(request)), dumps=tr.dumps)
@@ -279,7 +295,7 @@ class Call:
                 front.dispatcher.relays.pop(self.job_id, None)
             except ModelMissing:
                 front.dispatcher.relays.pop(self.job_id, None)
-                raise FrontError(404, f"model '{self.ollama['model']}' not found", "model_not_found") from None
+                raise FrontError(404, model_not_found(front, self.ollama["model"]), "model_not_found") from None
             except asyncio.CancelledError:  # the client left while its job was being stored
                 await self._cancel_when_stored(submitting)
                 raise
@@ -382,7 +398,8 @@ class Call:
             return None
         if job["state"] in ("queued", "running") or not self.relay.empty():
             return None
-        return 499, f"gpuq job {self.job_id} is {job['state']}: {job['error'] or 'ended'}", "job_" + job["state"]
+        message = f"gpuq job {self.job_id} is {job['state']}: {job['error'] or 'ended'}"
+        return ENDED_STATUS, message, "job_" + job["state"]
 
     async def prepare(self, content_type: str) -> None:
         if self.resp is None:
@@ -422,11 +439,12 @@ class Call:
             # Its run went back in the queue, but its client's request ends here: with no one to
             # answer, it would run for no one. It is cancelled; `gpuq retry` runs it again.
             await self.front.cancel(self.job_id, f"{reason}; its client's request ended with the run", "router")
-            return await self.fail(499, f"gpuq job {self.job_id} was {reason}; its request ended (gpuq retry "
+            return await self.fail(ENDED_STATUS, f"gpuq job {self.job_id} was {reason}; its request ended (gpuq retry "
                                         f"{self.job_id} runs it again)", "job_preempted")
         if reason == "client disconnected":
             return await self.fail(499, "request canceled", "job_cancelled")
-        return await self.fail(499, f"gpuq job {self.job_id} was {reason}: request canceled", "job_cancelled")
+        return await self.fail(ENDED_STATUS, f"gpuq job {self.job_id} was {reason}: request canceled",
+                               "job_cancelled")
 
     async def fail(self, status: int, message: str, code: str | None = None) -> web.StreamResponse:
         """The call ends with an error: its status and body when nothing was sent yet, else one

@@ -1,5 +1,6 @@
 """A small Ollama client: stream a chat, unload a model, ask what is loaded. No retries:
-every failure is raised as OllamaError with Ollama's own message. A reply of the wrong shape
+every failure is raised as OllamaError with Ollama's own message (OllamaUnreachable when the
+node cannot be connected to at all). A reply of the wrong shape
 (valid JSON, but not what Ollama sends) is an OllamaError too, naming the node and what was
 wrong: nothing past this client ever sees a chunk that is not an object of the right types."""
 
@@ -11,7 +12,7 @@ from typing import Any, AsyncIterator
 
 import aiohttp
 
-from .errors import OllamaError
+from .errors import OllamaError, OllamaUnreachable
 from .models import normalize_model
 
 
@@ -81,12 +82,25 @@ class OllamaClient:
                 if resp.status >= 400:
                     raise OllamaError(_message(text, resp.status), resp.status)
                 return json.loads(text)
-        except aiohttp.ClientConnectorError as exc:
-            raise OllamaError(f"cannot connect to {self.base_url}: {exc.os_error or exc}") from exc
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            raise self._unreachable(exc, timeout.sock_connect) from exc
         except asyncio.TimeoutError as exc:
             raise OllamaError(f"{method} {path} on {self.base_url} did not answer within {timeout_s:.1f}s") from exc
         except (aiohttp.ClientError, ValueError, RecursionError) as exc:
             raise OllamaError(f"{method} {path} on {self.base_url} failed: {exc!r}") from exc
+
+    @property
+    def where(self) -> str:
+        """The node as messages name it: its name and URL (the URL alone when it has no name)."""
+        return self.base_url if self.name == self.base_url else f"node {self.name} at {self.base_url}"
+
+    def _unreachable(self, exc: aiohttp.ClientError, connect_s: float | None) -> OllamaUnreachable:
+        """Refused, no such host, or no answer to the connect in time."""
+        if isinstance(exc, aiohttp.ClientConnectorError):
+            why = str(exc.os_error or exc)
+        else:
+            why = f"no connection within {connect_s:g}s (connect_timeout)"
+        return OllamaUnreachable(f"cannot connect to {self.where}: {why}")
 
     def _wrong(self, what: str) -> OllamaError:
         return OllamaError(f"{self.name} sent {what}")
@@ -191,6 +205,8 @@ class OllamaClient:
             try:
                 async with asyncio.timeout_at(first_by):
                     resp = await self.session.post(url, json=body, timeout=timeout)
+            except aiohttp.ConnectionTimeoutError:
+                raise  # no connection at all (a TimeoutError too): the node is unreachable
             except TimeoutError:
                 raise self._late(first) from None
             async with resp:
@@ -231,13 +247,13 @@ class OllamaClient:
                     if not data:
                         break
             raise OllamaError("Ollama's stream ended without done: true")
-        except aiohttp.ClientConnectorError as exc:
-            raise OllamaError(f"cannot connect to {self.base_url}: {exc.os_error or exc}") from exc
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            raise self._unreachable(exc, self.connect_timeout_s) from exc
         except aiohttp.ClientPayloadError as exc:
             # aiohttp's text here ("TransferEncodingError: 400 ...") reads like an HTTP status.
             raise OllamaError("Ollama's stream broke off: the connection closed before the reply ended") from exc
         except aiohttp.ClientError as exc:
-            raise OllamaError(f"request to {self.base_url} failed: {exc}") from exc
+            raise OllamaError(f"request to {self.where} failed: {str(exc) or type(exc).__name__}") from exc
 
     def _late(self, first: bool) -> OllamaError:
         if first:

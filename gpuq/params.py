@@ -9,7 +9,8 @@ from typing import Any
 THINK_LEVELS = ("low", "medium", "high")  # for models that take a level (gpt-oss)
 
 # Options whose type Ollama checks (api/types.go Options): a wrong type there is refused by
-# Ollama only when the job runs; refuse it at submit instead. Other keys pass through as given.
+# Ollama only when the job runs; refuse it at submit instead. Other keys pass through as given
+# (Ollama logs an unknown key and ignores it).
 INT_OPTIONS = ("num_ctx", "num_predict", "seed", "top_k", "num_keep", "repeat_last_n", "num_batch",
                "num_gpu", "main_gpu", "num_thread")
 NUMBER_OPTIONS = ("temperature", "top_p", "min_p", "typical_p", "repeat_penalty", "presence_penalty",
@@ -32,20 +33,24 @@ def options_problem(value: Any) -> str | None:
     if not isinstance(value, dict):
         return f"expected an object of Ollama model options such as {{\"num_ctx\": 32768}}, got {_shown(value)}"
     for key, item in value.items():
-        if key in INT_OPTIONS and (isinstance(item, bool) or not isinstance(item, int)):
+        if item is None:  # unset, as Ollama reads it (Options.FromMap skips nil): LangChain sends these
+            continue
+        # A float where Ollama wants an integer is truncated there (JSON numbers are float64 to
+        # Go), so 2048.0 is taken as Ollama takes it; anything else there Ollama refuses.
+        is_number = isinstance(item, (int, float)) and not isinstance(item, bool)
+        if key in INT_OPTIONS and not is_number:
             return f"option '{key}' must be a whole number, got {_shown(item)}"
-        if key in NUMBER_OPTIONS and (isinstance(item, bool) or not isinstance(item, (int, float))):
+        if key in NUMBER_OPTIONS and not is_number:
             return f"option '{key}' must be a number, got {_shown(item)}"
         if key == "num_ctx" and item < 1:
             return f"option 'num_ctx' must be at least 1, got {item}"
         if key == "stop" and not (isinstance(item, list) and all(isinstance(s, str) for s in item)):
             return f"option 'stop' must be a list of strings, got {_shown(item)}"
-        if isinstance(item, dict):
-            return f"option '{key}' must be a number, string, boolean or list, got an object"
     return None
 
 
 def merged_options(node: dict | None, job: dict | None) -> dict | None:
-    """The options a run sends: the job's over the node's; None when neither has any."""
-    merged = {**(node or {}), **(job or {})}
+    """The options a run sends: the job's over the node's (a job's null leaves the node's value,
+    as null leaves Ollama's default); None when neither has any."""
+    merged = {**(node or {}), **{k: v for k, v in (job or {}).items() if v is not None}}
     return merged or None

@@ -17,7 +17,7 @@ from .activity import activity
 from .alerts import Alerter
 from .bus import Bus, next_event
 from .config import Settings
-from .dispatcher import Dispatcher, NodeRuntime, node_json
+from .dispatcher import Dispatcher, NodeRuntime
 from .errors import BadRequest, GpuqError, NotFound, TooLarge
 from .metrics import Metrics
 from .models import Kind, NodeCounts, iso, parse_iso, preview_url
@@ -332,6 +332,17 @@ def int_param(query, key: str, default: int, low: int, high: int) -> int:
     return int(text)
 
 
+def node_json(rt: NodeRuntime) -> dict:
+    """The API's shape of a node: its config, its health, a crashed loop of its own."""
+    return {
+        "name": rt.name, "rank": rt.config.rank, "roles": list(rt.config.roles),
+        "model": rt.config.model, "url": rt.config.url, "up": rt.up, "checked": rt.checked,
+        "since": iso(rt.since), "last_error": rt.last_error, "model_installed": rt.model_installed,
+        "vram_stuck": rt.vram_stuck,
+        "loop_error": "; ".join(loop.problem() for loop in rt.loops if not loop.alive) or None,
+    }
+
+
 async def queue(request: web.Request) -> web.Response:
     app = request.app
     limit = int_param(request.query, "limit", 1000, 0, 100_000)
@@ -394,11 +405,13 @@ async def preempt(request: web.Request) -> web.Response:
 
 async def delete(request: web.Request) -> web.Response:
     app = request.app
-    job, interrupted = await app[STORE].delete(job_id_of(request), actor_of(request))
-    app[DISPATCHER].abort(interrupted, "deleted")
-    app[DISPATCHER].ended([job["id"]], "deleted")
+    actor = actor_of(request)
+    reason = f"deleted by {actor}"
+    job, interrupted = await app[STORE].delete(job_id_of(request), actor, reason)
+    app[DISPATCHER].abort(interrupted, reason)
+    app[DISPATCHER].ended([job["id"]], reason)
     app[BUS].publish("queue", {"deleted": job["id"]})
-    log.info("job=%s node=%s state=cancelled reason=deleted actor=%r", job["id"], job["node"], actor_of(request))
+    log.info("job=%s node=%s state=cancelled reason=%r", job["id"], job["node"], reason)
     return web.json_response({"job": {"id": job["id"], "node": job["node"], "state": "cancelled",
                                       "was": "running" if interrupted else "queued"}})
 

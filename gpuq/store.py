@@ -188,15 +188,19 @@ class Store:
     async def finish(self, job_id: str, run_id: int, state: str, error: str | None,
                      output: str | None = None, actor: str = "router",
                      findings: list | None = None, claim_node: str | None = None,
-                     thinking: str | None = None) -> Row | None:
+                     thinking: str | None = None, streamed: int = 0) -> Row | None:
         """Finish a run that is still the job's running run; anything else is a GuardMiss.
+
+        `streamed` pieces (one token each) count as a failed run's tokens: Ollama counts them in
+        its last line, which a reply that broke off never sent.
 
         With `claim_node`, the node's next job is claimed in the same transaction and returned:
         a worker going from job to job pays one durable commit between them, not two."""
         assert state in ("done", "failed")
         return await self._write(partial(
             verbs.finish, job_id=job_id, run_id=run_id, state=state, error=error, now=self.clock(),
-            output=output, actor=actor, findings=findings, claim_node=claim_node, thinking=thinking))
+            output=output, actor=actor, findings=findings, claim_node=claim_node, thinking=thinking,
+            streamed=streamed))
 
     async def move(self, job_id: str, nodes: list[NodeInfo], actor: str, *, position: int | None = None,
                    before: str | None = None, after: str | None = None, node: str | None = None) -> Row:
@@ -218,6 +222,17 @@ class Store:
     async def retry(self, job_id: str, actor: str) -> Row:
         """Only by explicit request: a failed or cancelled job goes to the tail of its node's queue."""
         return await self._write(partial(verbs.retry, job_id=job_id, actor=actor, now=self.clock()))
+
+    async def requeue_unsent(self, sent: dict[str, int | None], reason: str) -> list[Row]:
+        """When the router stops: the running job of each node in `sent` whose run is not the one
+        its worker last sent to Ollama never reached it; it goes back to the head of its queue."""
+        return await self._write(partial(verbs.requeue_unsent, sent=sent, reason=reason, now=self.clock()))
+
+    async def put_back(self, job_id: str, run_id: int, reason: str) -> bool:
+        """The run's request never reached Ollama (the node refused the connection): the job goes
+        back to the head of its queue. False when the run had already ended (deleted meanwhile)."""
+        return await self._write(partial(verbs.put_back, job_id=job_id, run_id=run_id, reason=reason,
+                                         now=self.clock()))
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -246,8 +261,12 @@ class Store:
             "SELECT at, from_state, to_state, actor, reason FROM event WHERE job_id = ? ORDER BY id",
             (job_id,),
         )
-        job["children"] = await self.read(
-            "SELECT id, kind, state, node, model FROM job WHERE parent_id = ? ORDER BY created_at, id",
+        job["children"] = await self.read(  # each critique's finding count and highest severity too
+            "SELECT id, kind, state, node, model, json_array_length(findings) AS finding_count,"
+            " (SELECT json_extract(f.value, '$.severity') FROM json_each(findings) f ORDER BY"
+            "  CASE json_extract(f.value, '$.severity') WHEN 'high' THEN 0 WHEN 'medium' THEN 1 ELSE 2 END"
+            "  LIMIT 1) AS top_severity"
+            " FROM job WHERE parent_id = ? ORDER BY created_at, id",
             (job_id,),
         )
         if job.get("endpoint"):  # a front-door call: the request as received, for forensics

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
+from .errors import described
 from .models import iso
 
 log = logging.getLogger("gpuq")
@@ -65,7 +66,7 @@ async def supervise(loop: Loop, run: Callable[[], Awaitable[None]]) -> None:
             raise RuntimeError("the loop returned; it must run until it is cancelled")
         except Exception as exc:  # not CancelledError: a shutdown still stops the loop
             delay = backoff(delay, time.monotonic() - started)
-            loop.error, loop.crashed_at, loop.restart_in_s = f"{type(exc).__name__}: {exc}", time.time(), delay
+            loop.error, loop.crashed_at, loop.restart_in_s = described(exc), time.time(), delay
             loop.crashes += 1
             log.exception("%s crashed, restarting in %gs: %s", loop.label, delay, loop.error)
         await asyncio.sleep(delay)

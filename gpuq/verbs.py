@@ -419,7 +419,7 @@ def work_done(db: sqlite3.Connection, run_id: int, output: str, stats: dict, thi
 
 def finish(db: sqlite3.Connection, job_id: str, run_id: int, state: str, error: str | None, now: float, *,
            output: str | None = None, actor: str = "router", findings: list | None = None,
-           claim_node: str | None = None, thinking: str | None = None) -> Row | None:
+           claim_node: str | None = None, thinking: str | None = None, streamed: int = 0) -> Row | None:
     """Finish a run that is still the job's running run; anything else is a GuardMiss. `output`
     and `thinking`: text not stored yet, appended. With `claim_node`, the node's next job is
     claimed in the same transaction and returned."""
@@ -430,7 +430,9 @@ def finish(db: sqlite3.Connection, job_id: str, run_id: int, state: str, error: 
     if not done:
         raise GuardMiss(f"job {job_id} run {run_id} is no longer running; finish refused")
     append_output(db, run_id, output, thinking)
-    db.execute("UPDATE run SET state = ?, error = ?, finished_at = ? WHERE id = ?", (state, error, iso(now), run_id))
+    tokens = streamed if state == "failed" and streamed else None  # a reply that broke off: no last line
+    db.execute("UPDATE run SET state = ?, error = ?, finished_at = ?, eval_count = COALESCE(eval_count, ?)"
+               " WHERE id = ?", (state, error, iso(now), tokens, run_id))
     _event(db, job_id, "running", state, actor, error, now)
     if state == "failed":
         _end_held_critiques(db, job_id, f"failed ({error})", now)
@@ -544,3 +546,35 @@ def retry(db: sqlite3.Connection, job_id: str, actor: str, now: float) -> Row:
                " WHERE id = ?", ((tail or 0) + POSITION_GAP, job_id))
     _event(db, job_id, job["state"], "queued", actor, "retry requested", now)
     return dict(job, state="queued")
+
+
+def requeue_unsent(db: sqlite3.Connection, sent: dict[str, int | None], reason: str, now: float) -> list[Row]:
+    """When the router stops: the running job of each node in `sent` whose run is not the one its
+    worker last sent to Ollama never reached it; its claim is undone (see _put_back)."""
+    running = rows(db.execute(
+        f"SELECT id, node, run_id FROM job WHERE state = 'running' AND node IN ({','.join('?' * len(sent))})",
+        tuple(sent)).fetchall())
+    unsent = [r for r in running if r["run_id"] != sent[r["node"]]]
+    for r in unsent:
+        _put_back(db, r, reason, now)
+    return unsent
+
+
+def put_back(db: sqlite3.Connection, job_id: str, run_id: int, reason: str, now: float) -> bool:
+    """The run's request never reached Ollama: undo its claim. False when the run had already
+    ended (deleted or preempted meanwhile: that already ended it)."""
+    job = db.execute("SELECT id, node, run_id, state FROM job WHERE id = ?", (job_id,)).fetchone()
+    if job is None or job["state"] != "running" or job["run_id"] != run_id:
+        return False
+    _put_back(db, dict(job), reason, now)
+    return True
+
+
+def _put_back(db: sqlite3.Connection, job: Row, reason: str, now: float) -> None:
+    """Undo a claim whose request never reached Ollama: the job is queued at the head again,
+    its run ends cancelled with `reason` (kept for forensics), an event says why."""
+    db.execute("UPDATE job SET state = 'queued', position = ? WHERE id = ?",
+               (_position_at(db, job["node"], job["id"], 0), job["id"]))
+    db.execute("UPDATE run SET state = 'cancelled', finished_at = ?, error = ? WHERE id = ?",
+               (iso(now), reason, job["run_id"]))
+    _event(db, job["id"], "running", "queued", "router", reason, now)

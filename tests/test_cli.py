@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import sys
 
 import aiohttp
@@ -14,6 +15,7 @@ from click.testing import CliRunner
 
 from conftest import eventually, free_port, run_cli
 from gpuq.cli import main
+from gpuq.daemon import invoked_as
 
 
 def test_every_command_has_help_with_an_example():
@@ -162,6 +164,17 @@ async def test_demo_mode_runs_jobs_on_simulated_nodes(tmp_path):
         banner = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode()
         assert banner.startswith(f"gpuq router: http://127.0.0.1:{port}")
         url = f"http://127.0.0.1:{port}"
+        lines = [(await asyncio.wait_for(proc.stdout.readline(), 20)).decode() for _ in range(3)]
+        [example] = [line for line in lines if line.startswith("try:")]
+        # The example is a command that works as printed, from where the user is.
+        command = shlex.split(example.removeprefix("try:"))
+        assert command[:5] == [sys.executable, "-m", "gpuq.cli", "--router", url]
+        tried = await asyncio.create_subprocess_exec(*command, cwd=tmp_path, env=env, stdout=asyncio.subprocess.PIPE,
+                                                     stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(tried.communicate(), 60)
+        assert tried.returncode == 0, err
+        printed = out.decode().splitlines()
+        assert printed[0].endswith("-> demo-1 (first free node by rank)") and printed[-1].startswith("done ")
         async with aiohttp.ClientSession() as s:
             async def submitted():
                 async with s.post(f"{url}/api/jobs", json={"kind": "task", "prompt": "hello demo"}) as r:
@@ -179,3 +192,17 @@ async def test_demo_mode_runs_jobs_on_simulated_nodes(tmp_path):
     finally:
         proc.terminate()
         assert await asyncio.wait_for(proc.wait(), 15) == 0  # a clean shutdown on SIGTERM
+
+
+def test_the_banner_names_gpuq_as_the_user_typed_it(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    script = bin_dir / "gpuq"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    # Inside the project (make run): the path from here; elsewhere: the whole path.
+    assert invoked_as(str(script), cwd=str(tmp_path)) == "venv/bin/gpuq"
+    assert invoked_as(str(script), cwd="/") == str(script)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")  # pipx, or an activated venv
+    assert invoked_as(str(script), cwd="/") == "gpuq"

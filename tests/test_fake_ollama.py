@@ -170,6 +170,20 @@ async def test_list_and_show_describe_each_model_like_ollama(node):
     assert (missing.value.status_code, missing.value.error) == (404, "model 'nope:latest' not found")
 
 
+async def test_a_template_implies_the_capabilities_shown_as_ollama_derives_them(fakes):
+    # Ollama derives tools and insert from the template's variables (server/images.go
+    # goTemplateCapabilities); Continue offers fill-in-the-middle only when /api/show's template
+    # has ".Suffix" (core/llm/llms/Ollama.ts).
+    fake = await fakes("qwen2.5-coder:7b", "qwen3-coder:30b", "deepseek-r1:32b", "gemma3:4b")
+    async with ollama.AsyncClient(host=fake.url) as client:
+        for model in ("qwen2.5-coder:7b", "qwen3-coder:30b", "deepseek-r1:32b", "gemma3:4b"):
+            shown = await client.show(model)
+            assert ("insert" in shown.capabilities) == (".Suffix" in shown.template), model
+            assert ("tools" in shown.capabilities) == (".Tools" in shown.template), model
+            assert ("thinking" in shown.capabilities) == ("<think>" in shown.template), model
+        assert "insert" in (await client.show("qwen2.5-coder:7b")).capabilities
+
+
 async def test_ps_reports_expiry_from_keep_alive_and_names_in_short_form(node):
     fake, client = node
     assert (await client.ps()).models == []

@@ -122,7 +122,7 @@ async def test_a_node_that_dies_mid_stream_is_refused_then_comes_back(fakes, dae
         state = await node(d, "sick")
         return state if not state["up"] else None
     state = await eventually(refused, 15, what="the node to be seen down")
-    refused = (f"cannot connect to http://127.0.0.1:{port}: [Errno {errno.ECONNREFUSED}] "
+    refused = (f"cannot connect to node sick at http://127.0.0.1:{port}: [Errno {errno.ECONNREFUSED}] "
                f"Connect call failed ('127.0.0.1', {port})")
     assert state["last_error"] == refused
     status, health = await d.request("GET", "/health")
@@ -237,3 +237,33 @@ async def test_a_cold_load_longer_than_stall_timeout_is_not_a_stall(fakes, daemo
     [job] = await d.submit("task", "a slow cold load", node="sick")
     done = await d.wait_state(job["id"], "done", timeout=20)
     assert done["output"]
+
+
+async def test_a_node_gone_since_its_last_check_gets_its_job_back_not_failed(fakes, daemon_factory):
+    # No health check stands between a submit and its request (it would cost the first token a
+    # round trip); a connection the node then refuses means nothing reached Ollama: the job goes
+    # back to the head of its queue, the node is down, and the job runs once it is back.
+    sick, well, d = await sick_and_well(fakes, daemon_factory, health_interval="60s")
+    async def checked():
+        return (await node(d, "sick"))["up"]
+    await eventually(checked, what="the first health check")
+    port = sick.port
+    await sick.stop()  # gone, and the monitor will not ask for a minute
+    [job] = await d.submit("task", "sent to a node that just went away", node="sick")
+
+    async def put_back():
+        detail = await d.job(job["id"])
+        return detail if detail["state"] == "queued" and len(detail["runs"]) == 1 else None
+    detail = await eventually(put_back, 15, what="the job to be put back")
+    [back] = [e for e in detail["events"] if e["from_state"] == "running"]
+    refused = f"cannot connect to node sick at http://127.0.0.1:{port}: "
+    assert back["to_state"] == "queued" and back["actor"] == "router"
+    assert back["reason"].startswith(f"back to the head of the queue: {refused}")
+    assert back["reason"].endswith("; the request never reached Ollama")
+    assert detail["runs"][0]["state"] == "cancelled" and detail["error"] is None
+    assert (await node(d, "sick"))["up"] is False
+
+    await sick.start(port=port)  # back: the monitor, asking often while it is down, sees it
+    done = await d.wait_state(job["id"], "done", timeout=20)
+    assert [r["state"] for r in done["runs"]] == ["cancelled", "done"]
+    assert sent(sick, "sent to a node that just went away") == 1

@@ -66,6 +66,7 @@ async def start_front_lab(fakes, daemon_factory, **router) -> FrontLab:
         node_table("node-3", other, 3, ["task"], "llama3.2:latest"),
     ], ollama_listen=f"127.0.0.1:{port}", stall_timeout="60s", **router)
     url = f"http://127.0.0.1:{port}"
+    auth = {"Authorization": f"Bearer {router['token']}"} if router.get("token") else {}
 
     async def answers():
         try:
@@ -77,7 +78,7 @@ async def start_front_lab(fakes, daemon_factory, **router) -> FrontLab:
     lab = FrontLab(daemon, url, {"node-1": chat, "node-2": critique, "node-3": other})
 
     async def models_known():  # every node's /api/tags has been read once
-        async with daemon.session.get(url + "/api/tags") as resp:
+        async with daemon.session.get(url + "/api/tags", headers=auth) as resp:
             return len((await resp.json())["models"]) == 4
     await eventually(models_known, 10, what="the nodes' models to be known")
     return lab
@@ -399,7 +400,7 @@ async def test_delete_ends_the_clients_stream_with_an_error_naming_it(front):
     assert (await front.daemon.cli("delete", job["id"])).code == 0
     with pytest.raises(ollama.ResponseError) as exc:
         await reading
-    assert exc.value.error == f"gpuq job {job['id']} was deleted: request canceled"
+    assert exc.value.error == f"gpuq job {job['id']} was deleted by cli 127.0.0.1: request canceled"
     assert not got[-1].done
 
     # Waiting, not yet running: the call ends with its status, in OpenAI's shape too.
@@ -412,7 +413,7 @@ async def test_delete_ends_the_clients_stream_with_an_error_naming_it(front):
     assert (await front.daemon.cli("delete", waiting["id"])).code == 0
     with pytest.raises(openai.APIStatusError) as exc:
         await queued
-    assert exc.value.status_code == 499 and exc.value.body["code"] == "job_cancelled"
+    assert exc.value.status_code == 410 and exc.value.body["code"] == "job_cancelled"
     assert exc.value.response.headers["x-should-retry"] == "false"
     assert "was deleted" in exc.value.body["message"]
     fake.script.token_delay_s = 0

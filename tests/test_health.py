@@ -58,7 +58,7 @@ async def test_the_49_minute_case_ollama_done_but_job_not_closed(fakes, daemon_f
     assert status == 200 and body["ok"] is True and body["stale"] == []
     events = (await d.job(head["id"]))["events"]
     assert len(stale_events({"events": events})) == 1  # written once, not once per check
-    assert events[-1]["to_state"] == "cancelled" and events[-1]["reason"] == "deleted"
+    assert events[-1]["to_state"] == "cancelled" and events[-1]["reason"] == "deleted by cli 127.0.0.1"
 
 
 async def test_a_head_that_streams_nothing_goes_stale_and_delete_frees_the_node(fakes, daemon_factory):

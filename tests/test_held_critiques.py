@@ -109,7 +109,7 @@ async def test_a_deleted_parent_cancels_its_held_critiques_and_nothing_else(lab,
     # The slow pace was for the parent; the critiques' JSON streams token by token, as Ollama's does.
     lab.fakes["node-1"].script.token_delay_s = 0.0
     job = await lab.wait_state(held, "cancelled")
-    assert job["error"] == f"parent task {parent} was cancelled (deleted); nothing to critique"
+    assert job["error"] == f"parent task {parent} was cancelled (deleted by cli 127.0.0.1); nothing to critique"
     for line in other:
         assert (await lab.wait_state(line.split()[1], "done"))["state"] == "done"
     assert all(parent not in r["messages"][0]["content"] for r in lab.fakes["node-2"].chat_requests)

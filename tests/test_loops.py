@@ -216,3 +216,16 @@ async def test_the_queue_page_names_a_crashed_loop(router):
             await expect(alert).to_have_count(0, timeout=20_000)
         finally:
             await browser.close()
+
+
+async def test_a_crash_without_text_reads_as_its_class_not_an_empty_colon():
+    loops = Loops()
+    crashed = asyncio.Event()
+
+    async def crash():
+        crashed.set()
+        raise TimeoutError()
+    loop = loops.start("crasher", crash)
+    await asyncio.wait_for(crashed.wait(), 5)
+    assert not loop.alive and loop.error == "TimeoutError"
+    await asyncio.wait_for(loops.stop(), 5)

@@ -1,12 +1,14 @@
 """The Ollama client against aioresponses: streaming, errors mid-stream, 404/500, unload, ps."""
 
+import errno
 import json
+import socket
 
 import aiohttp
 import pytest
 from aioresponses import aioresponses
 
-from gpuq.errors import OllamaError
+from gpuq.errors import OllamaError, OllamaUnreachable
 from gpuq.ollama import OllamaClient
 
 URL = "http://node-1:11434"
@@ -82,11 +84,36 @@ async def test_http_errors_keep_status_and_message(client, status, message):
     assert (exc.value.status, exc.value.message) == (status, message)
 
 
-async def test_connection_refused_names_the_node(client):
+async def test_a_connection_that_breaks_names_the_node_its_url_and_the_failure(named):
     with aioresponses() as m:
-        m.post(f"{URL}/api/chat", exception=aiohttp.ClientConnectionError("refused"))
-        with pytest.raises(OllamaError, match="failed"):
-            await collect(client)
+        m.post(f"{URL}/api/chat", exception=aiohttp.ServerDisconnectedError("Server disconnected"))
+        with pytest.raises(OllamaError) as exc:
+            await collect(named)
+    assert exc.value.message == f"request to node node-1 at {URL} failed: Server disconnected"
+    assert not isinstance(exc.value, OllamaUnreachable)  # it answered the connect: not down
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed): a connect is refused."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("call", [
+    lambda c: collect(c),  # the chat stream
+    lambda c: c.version(),  # a health check
+    lambda c: c.loaded(),  # an unload check
+])
+async def test_a_node_that_refuses_the_connection_is_unreachable_naming_node_and_url(call):
+    url = f"http://127.0.0.1:{closed_port()}"
+    async with aiohttp.ClientSession() as session:
+        client = OllamaClient(url, session, name="node-7", connect_timeout_s=2)
+        with pytest.raises(OllamaUnreachable) as exc:
+            await call(client)
+    assert exc.value.message.startswith(f"cannot connect to node node-7 at {url}: ")
+    assert f"[Errno {errno.ECONNREFUSED}]" in exc.value.message
+    assert exc.value.status is None
 
 
 async def test_unload_sends_empty_messages_with_keep_alive_zero(client):

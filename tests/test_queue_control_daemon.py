@@ -119,10 +119,13 @@ async def test_deleting_a_running_job_frees_the_node_at_once(qlab):
     await qlab.wait_state(nxt, "running", timeout=10)
     await eventually(lambda: fake.disconnects == 1, what="the fake to see the client leave")
     gone = await qlab.job(head)
-    assert (gone["state"], gone["error"]) == ("cancelled", "deleted")
+    assert (gone["state"], gone["error"]) == ("cancelled", "deleted by cli 127.0.0.1")
     [run] = gone["runs"]
     assert run["state"] == "cancelled" and len(run["output"].split()) >= 2  # kept for forensics
     assert gone["events"][-1]["to_state"] == "cancelled" and gone["events"][-1]["actor"].startswith("cli ")
+    shown = (await qlab.cli("show", head)).out.splitlines()
+    assert any(line.startswith("cancelled: deleted by cli 127.0.0.1; ") for line in shown), shown
+    assert not any(line.startswith("error") or " error: " in line for line in shown), shown
     assert [r["messages"][0]["content"] for r in fake.chat_requests] == ["stuck head", "next"]
 
     res = await qlab.cli("delete", nxt)
@@ -358,6 +361,6 @@ async def test_many_clients_moving_and_deleting_while_jobs_finish(qlab, tmp_path
         if state == "done":
             assert [s for j, s in runs if j == job_id][-1] == "done"
     deleted = [j for j in jobs if j["state"] == "cancelled"]
-    assert deleted and all(j["error"] == "deleted" for j in deleted)
+    assert deleted and all(j["error"].startswith("deleted by ") for j in deleted)
     assert "finish refused" not in (tmp_path / "daemon.log").read_text()
     assert "Traceback" not in (tmp_path / "daemon.log").read_text()

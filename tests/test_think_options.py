@@ -41,6 +41,26 @@ async def test_a_jobs_own_think_and_options_win_over_the_nodes(node_with_default
     assert 'asked: think "high" temperature=0.1 seed=42 stop=["END"]' in shown.out
 
 
+async def test_a_null_option_is_unset_as_ollama_reads_it(node_with_defaults):
+    # LangChain's ChatOllama sends every option it knows, null where the user set none; Ollama
+    # skips nulls (api/types.go Options.FromMap), so the node's own value stays.
+    d = node_with_defaults
+    [job] = await d.submit("task", "hi", options={"num_ctx": None, "temperature": 0.2, "stop": None})
+    await d.wait_state(job["id"], "done")
+    [req] = d.fake.chat_requests
+    assert req["options"] == {"num_ctx": 8192, "temperature": 0.2}
+
+
+async def test_options_ollama_takes_are_taken(node_with_defaults):
+    # A float for an integer option (Ollama truncates it) and a key Ollama does not know (it
+    # logs and ignores it) are not errors at Ollama, so not at gpuq either.
+    d = node_with_defaults
+    [job] = await d.submit("task", "hi", options={"num_predict": 64.0, "some_future_knob": {"on": True}})
+    await d.wait_state(job["id"], "done")
+    [req] = d.fake.chat_requests
+    assert req["options"]["num_predict"] == 64 and req["options"]["some_future_knob"] == {"on": True}
+
+
 @pytest.mark.parametrize("field, value, message", [
     ("options", [1, 2], "field 'options': expected an object of Ollama model options such as "
                         "{\"num_ctx\": 32768}, got [1, 2]"),
@@ -70,3 +90,17 @@ async def test_bad_node_options_stop_the_router_naming_the_key(fakes, daemon_fac
     res = await d.cli("serve", "--config", str(d.config))
     assert res.code == 2
     assert "node 'n'.options: option 'num_ctx' must be at least 1, got 0" in res.err
+
+
+async def test_the_nodes_think_is_for_its_own_model_only(fakes, daemon_factory):
+    # A node set to think = false for gpt-oss may also hold a model that does not think at all:
+    # Ollama answers think for that one with 400, so it gets none; the node's options still hold.
+    fake = await fakes("gpt-oss:20b", "llama3.2:latest")
+    table = dict(node_table("n", fake, 1, ["task"], "gpt-oss:20b"), think="low", options={"num_ctx": 8192})
+    d = await daemon_factory([table])
+    [own] = await d.submit("task", "own model")
+    [other] = await d.submit("task", "other model", model="llama3.2:latest")
+    assert (await d.wait_state(other["id"], "done"))["error"] is None
+    by_model = {r["model"]: r for r in fake.chat_requests}
+    assert by_model["gpt-oss:20b"]["think"] == "low"
+    assert "think" not in by_model["llama3.2:latest"] and by_model["llama3.2:latest"]["options"] == {"num_ctx": 8192}

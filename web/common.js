@@ -37,6 +37,12 @@ export function fmtDur(seconds) {
   return `${Math.floor(s / 86400)}d ${Math.floor((s % 86400) / 3600)}h`;
 }
 
+// A duration someone set (a timeout): exactly as given under a minute ('0.5s', '2.25s').
+export function fmtSetting(seconds) {
+  if (seconds === null || seconds === undefined || Number.isNaN(seconds)) return '–';
+  return seconds < 60 ? `${Number(seconds.toFixed(3))}s` : fmtDur(seconds);
+}
+
 // A measured duration: tenths under ten seconds (a job can take 0.8 s).
 export function fmtSpan(seconds) {
   if (seconds === null || seconds === undefined || Number.isNaN(seconds)) return '–';

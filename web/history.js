@@ -101,10 +101,10 @@ function renderJobs() {
     box.replaceChildren(el('p', {className: 'muted', id: 'no-jobs',
       text: filtered ? 'No finished job matches these filters.' : 'No job has finished yet.'}));
   } else {
-    box.replaceChildren(el('table', {className: 'recent', id: 'history-table'},
+    box.replaceChildren(el('div', {className: 'table-scroll'}, el('table', {className: 'recent', id: 'history-table'},
       el('thead', {}, el('tr', {}, ...['state', 'finished', 'job', 'kind', 'node', 'model', 'ran', 'tokens',
         'speed', 'prompt / error'].map((t) => el('th', {text: t})))),
-      el('tbody', {}, ...H.jobs.map(row))));
+      el('tbody', {}, ...H.jobs.map(row)))));
   }
   for (const id of ['pager-top', 'pager']) $(id).replaceChildren(...pager());
 }

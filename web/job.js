@@ -3,7 +3,7 @@
 
 import {
   api, badge, between, coalesced, confirmDialog, el, estimateTokens, etaSpan, fmtClock, fmtDur, fmtNum,
-  fmtRate, fmtSpan, jobRate, jobHref, liveEvents, setConnection, since, sinceSpan, stateBadge, streamLines,
+  fmtRate, fmtSetting, fmtSpan, jobRate, jobHref, liveEvents, setConnection, since, sinceSpan, stateBadge, streamLines,
   tickSince, toast,
 } from './common.js';
 
@@ -20,6 +20,7 @@ const J = {
   streamedRun: null, // the run whose output the stream shows
   pieces: 0, // pieces streamed after the catch-up text
   caughtUp: 0, // estimated tokens in the catch-up text
+  counted: null, // {thinking, answer}: the router's counts when the stream opened, plus each piece since
   streamStart: 0,
 };
 window.gpuqJob = J; // for the browser console (and the page tests)
@@ -77,7 +78,10 @@ function stopStream() {
 // each new piece of either.
 async function startStream(runId) {
   const ctl = new AbortController();
-  Object.assign(J, {stream: ctl, streamedRun: runId, pieces: 0, caughtUp: 0, streamStart: Date.now()});
+  const job = J.job;
+  const counted = job.tokens_so_far == null ? null
+    : {thinking: job.thinking_tokens_so_far || 0, answer: job.tokens_so_far - (job.thinking_tokens_so_far || 0)};
+  Object.assign(J, {stream: ctl, streamedRun: runId, pieces: 0, caughtUp: 0, streamStart: Date.now(), counted});
   let failed = false;
   try {
     await streamLines(`/api/jobs/${encodeURIComponent(jobId)}/stream`, (line) => {
@@ -92,6 +96,7 @@ async function startStream(runId) {
         if (kind === 'thinking') thinkText.appendData(line.thinking);
         else appendOutput(line.text);
         J.pieces++;
+        if (J.counted) J.counted[kind === 'thinking' ? 'thinking' : 'answer']++;
       }
       if (kind === 'thinking' && !document.getElementById('thinking-box')) render();
       paintLive();
@@ -141,9 +146,26 @@ function when(iso) {
   return el('span', {title: iso}, fmtClock(iso), el('span', {className: 'muted'}, ' · ', sinceSpan(iso), ' ago'));
 }
 
-function liveTokens(job) {
-  if (job.state !== 'running') return job.eval_count;
-  return J.stream ? J.caughtUp + J.pieces : estimateTokens(outText.data);
+// Running: the router's counts when the stream opened, plus each piece since (a thinking model's
+// reasoning and answer apart). Ended: Ollama's count, or the pieces the router counted before
+// the reply broke off; with neither (the router restarted under it), estimated from its text: '~42'.
+function tokensText(job) {
+  if (job.state === 'running' && J.stream && J.counted) {
+    const {thinking, answer} = J.counted;
+    if (thinking || job.kind === 'critique') return `thinking ${fmtNum(thinking)} · answer ${fmtNum(answer)}`;
+    return fmtNum(answer);
+  }
+  if (job.state === 'running') {
+    const tokens = J.stream ? J.caughtUp + J.pieces : estimateTokens(outText.data + thinkText.data);
+    return tokens ? `~${fmtNum(tokens)}` : '–';
+  }
+  return runTokens(job, outText.data + thinkText.data);
+}
+
+function runTokens(run, text) {
+  if (run.eval_count != null) return fmtNum(run.eval_count);
+  const guess = estimateTokens(text);
+  return guess ? `~${fmtNum(guess)}` : '–';
 }
 
 function durationOf(job) {
@@ -163,9 +185,7 @@ function paintLive() {
   const job = J.job;
   if (!job) return;
   const set = (id, text) => { const n = document.getElementById(id); if (n) n.textContent = text; };
-  const tokens = liveTokens(job);
-  const approx = job.state === 'running' && J.caughtUp > 8;
-  set('f-tokens', tokens ? `${approx ? '~' : ''}${fmtNum(tokens)}` : '–');
+  set('f-tokens', tokensText(job));
   set('f-rate', rateOf(job));
   set('f-duration', fmtSpan(durationOf(job)));
   if (job.state === 'queued') set('f-waited', fmtDur(since(job.created_at)));
@@ -273,7 +293,7 @@ function facts(job) {
     const agent = job.request && job.request.user_agent;
     items.push(fact('Via', el('span', {className: 'mono', text: job.endpoint, title: agent || ''})));
   }
-  if (job.timeout_s) items.push(fact('Timeout', fmtDur(job.timeout_s)));
+  if (job.timeout_s) items.push(fact('Timeout', fmtSetting(job.timeout_s), {id: 'f-timeout'}));
   if (job.parent) items.push(fact('Parent task', el('a', {className: 'mono', href: jobHref(job.parent), text: job.parent})));
   if (job.group) items.push(fact('Fan-out group', el('span', {className: 'mono', text: job.group})));
   return el('div', {className: 'facts'}, ...items);
@@ -308,13 +328,17 @@ function findings(list) {
 function critiques(children) {
   return el('section', {id: 'children'},
     el('h2', {text: `Critiques of this task (${children.length})`}),
-    children.length ? el('table', {className: 'grid'},
-      el('thead', {}, el('tr', {}, ...['critique', 'state', 'node', 'model'].map((t) => el('th', {text: t})))),
-      el('tbody', {}, ...children.map((c) => el('tr', {},
+    children.length ? el('div', {className: 'table-scroll'}, el('table', {className: 'grid'},
+      el('thead', {}, el('tr', {}, ...['critique', 'state', 'findings', 'highest', 'node', 'model']
+        .map((t) => el('th', {text: t})))),
+      el('tbody', {}, ...children.map((c) => el('tr', {dataset: {id: c.id}},
         el('td', {}, el('a', {className: 'mono', href: jobHref(c.id), text: c.id})),
         el('td', {}, stateBadge(c.state)),
+        el('td', {className: 'num findings-count', text: c.finding_count == null ? '–' : fmtNum(c.finding_count)}),
+        el('td', {className: 'top-severity'}, c.top_severity ? badge(c.top_severity, `sev-${c.top_severity}`)
+          : el('span', {className: 'muted', text: c.finding_count === 0 ? 'none' : '–'})),
         el('td', {text: c.node}),
-        el('td', {className: 'mono', text: c.model})))))
+        el('td', {className: 'mono', text: c.model}))))))
       : el('p', {className: 'muted', text: J.job.state === 'done'
         ? `None yet. Ask for them with: gpuq critique --parent ${J.job.id}` : 'None.'}));
 }
@@ -322,7 +346,7 @@ function critiques(children) {
 function runsTable(runs) {
   return el('section', {id: 'runs'},
     el('h2', {text: `Runs (${runs.length})`}),
-    runs.length ? el('table', {className: 'grid'},
+    runs.length ? el('div', {className: 'table-scroll'}, el('table', {className: 'grid'},
       el('thead', {}, el('tr', {}, ...['run', 'state', 'node', 'model', 'started', 'ran', 'tokens', 'speed', 'error / output']
         .map((t) => el('th', {text: t})))),
       el('tbody', {}, ...runs.map((r) => el('tr', {dataset: {run: r.id}},
@@ -333,13 +357,14 @@ function runsTable(runs) {
         el('td', {className: 'num', title: r.started_at, text: fmtClock(r.started_at)}),
         r.finished_at ? el('td', {className: 'num', text: fmtSpan(between(r.started_at, r.finished_at))})
           : el('td', {className: 'num'}, sinceSpan(r.started_at)),
-        el('td', {className: 'num', text: fmtNum(r.eval_count)}),
+        el('td', {className: 'num', text: r.state === 'running' ? '–' : runTokens(r, (r.output || '') + (r.thinking || '')),
+          title: r.eval_count == null ? 'estimated from the text it streamed (Ollama did not count them)' : ''}),
         el('td', {className: 'num', text: jobRate(r)}),
         el('td', {},
           r.error ? el('div', {className: 'err', text: r.error}) : null,
           r.output && r.state !== 'running' ? el('details', {className: 'run-output', dataset: {run: String(r.id)}},
             el('summary', {text: `output (${fmtNum(r.output.length)} chars)`}),
-            el('pre', {className: 'text', text: r.output})) : null)))))
+            el('pre', {className: 'text', text: r.output})) : null))))))
       : el('p', {className: 'muted', text: 'Not started yet.'}));
 }
 

@@ -252,12 +252,12 @@ function column(node, stale) {
     head.append(el('div', {className: 'col-warn amber', text: `${node.model} is not installed on this node (ollama pull ${node.model})`}));
   }
   const slot = el('div', {className: 'running-slot'},
-    node.running ? runningCard(node.running, runningStale)
+    node.running ? runningCard(node.running, runningStale, node.model)
       : el('div', {className: 'idle', text: idleText(node, cls)}));
   const shown = node.queued.length;
   const list = el('ol', {className: 'queue', dataset: {node: node.name},
     'aria-label': `jobs waiting on ${node.name}`},
-  ...node.queued.map((job, i) => queuedCard(job, i)));
+  ...node.queued.map((job, i) => queuedCard(job, i, node.model)));
   const waiting = el('div', {className: 'queue-head'},
     el('span', {text: 'Waiting'}), el('span', {className: 'count', text: fmtNum(node.queued_count)}));
   col.append(head, slot, waiting, list);
@@ -273,20 +273,24 @@ function column(node, stale) {
   return col;
 }
 
-function jobMeta(job) {
+// One small line under the prompt: the id, badges, how long it has waited or run, its start
+// estimate, the model only where it is not the column's own, and a critique's parent in full.
+function jobMeta(job, nodeModel) {
   const queued = job.state === 'queued';
   const parts = [
     el('span', {className: `state-${job.state}`},
       queued ? 'queued ' : 'running for ',
       sinceSpan(queued ? job.created_at : job.started_at), queued ? ' ago' : ''),
     queued ? el('span', {className: 'eta'}, 'starts ', etaSpan(job.eta_start, job.eta_reason)) : null,
-    el('span', {className: 'mono model', text: job.model, title: 'model'}),
+    job.model !== nodeModel ? el('span', {className: 'mono model', text: job.model,
+      title: `model (this node's own is ${nodeModel})`}) : null,
+    job.kind === 'critique' && job.parent ? el('span', {className: 'parent'}, 'critique of ',
+      el('a', {href: jobHref(job.parent), className: 'mono', text: job.parent})) : null,
   ].filter(Boolean);
-  if (job.kind === 'critique' && job.parent) {
-    parts.push(el('span', {className: 'parent'}, 'critique of ',
-      el('a', {href: jobHref(job.parent), className: 'mono', text: job.parent})));
-  }
-  return el('div', {className: 'card-meta'}, ...badges(job), ' ', ...parts.flatMap((p, i) => (i ? [' · ', p] : [p])));
+  const id = el('a', {className: 'jid mono', href: jobHref(job.id), text: job.id,
+    title: queued ? 'open the preview' : 'open the preview (live output)'});
+  return el('div', {className: 'card-meta'}, id, ' ', ...badges(job), ' ',
+    ...parts.flatMap((p, i) => (i ? [' · ', p] : [p])));
 }
 
 function badges(job) {
@@ -306,48 +310,50 @@ function badges(job) {
   return out;
 }
 
-function queuedCard(job, i) {
+function queuedCard(job, i, nodeModel) {
   const card = el('li', {className: 'card queued', tabIndex: 0,
     dataset: {id: job.id, node: job.node, kind: job.kind, state: 'queued', held: job.waiting_for ? 'yes' : 'no'},
     'aria-label': `${job.kind} ${job.id}, position ${i + 1} on ${job.node}: ${promptExcerpt(job, 80)}`},
   el('span', {className: 'handle', draggable: true, text: '⠿', 'aria-hidden': 'true',
     title: 'Drag to reorder, or into another node\'s column to move it'}),
+  el('span', {className: 'pos', text: String(i + 1), title: 'position in the queue'}),
   el('div', {className: 'card-body'},
-    el('div', {className: 'card-top'},
-      el('span', {className: 'pos', text: String(i + 1)}),
-      el('a', {className: 'jid mono', href: jobHref(job.id), text: job.id, title: 'open the preview'}),
-      el('span', {className: 'spacer'}),
-      el('button', {type: 'button', className: 'small ghost', text: 'Preempt',
-        title: 'Run this job next: it goes to the head, and the running job goes back behind it',
-        onclick: () => preemptJob(cardInfo(card))}),
-      el('button', {type: 'button', className: 'small ghost danger', text: 'Delete',
-        title: 'Cancel this job (asks first)', onclick: () => deleteJob(cardInfo(card))})),
-    jobMeta(job),
-    el('div', {className: 'prompt', text: promptExcerpt(job), title: promptExcerpt(job, 2000)})));
+    el('div', {className: 'prompt', text: promptExcerpt(job), title: promptExcerpt(job, 2000)}),
+    jobMeta(job, nodeModel)),
+  cardActions(
+    el('button', {type: 'button', className: 'small ghost', text: 'Preempt',
+      title: 'Run this job next: it goes to the head, and the running job goes back behind it',
+      onclick: () => preemptJob(cardInfo(card))}),
+    el('button', {type: 'button', className: 'small ghost danger', text: 'Delete',
+      title: 'Cancel this job (asks first)', onclick: () => deleteJob(cardInfo(card))})));
   return card;
 }
 
-function runningCard(job, stale) {
+// A card's buttons: over its top right corner while it is hovered or focused (always shown
+// where nothing hovers), so they take no line of their own.
+function cardActions(...buttons) {
+  return el('div', {className: 'card-actions'}, ...buttons);
+}
+
+function runningCard(job, stale, nodeModel) {
   return el('div', {className: `card running${stale ? ' stale' : ''}`, tabIndex: 0,
     dataset: {id: job.id, node: job.node, kind: job.kind, state: 'running', started: job.started_at || '',
       progress: job.progress_at || ''},
     'aria-label': `running ${job.kind} ${job.id} on ${job.node}`},
+  el('span', {className: 'live-dot', title: 'running'}),
   el('div', {className: 'card-body'},
-    el('div', {className: 'card-top'},
-      el('span', {className: 'live-dot', title: 'running'}),
-      el('a', {className: 'jid mono', href: jobHref(job.id), text: job.id, title: 'open the preview (live output)'}),
-      el('span', {className: 'spacer'}),
-      el('button', {type: 'button', className: 'small ghost danger', text: 'Delete',
-        title: 'Stop and cancel the running job (asks first)',
-        onclick: () => deleteJob({id: job.id, node: job.node, state: 'running'})})),
-    jobMeta(job),
     el('div', {className: 'prompt', text: promptExcerpt(job), title: promptExcerpt(job, 2000)}),
+    jobMeta(job, nodeModel),
     el('div', {className: 'progress'},
       el('span', {className: 'tok', text: '0 tokens'}),
       el('span', {className: 'rate'}),
       el('span', {className: 'eta'}, 'ends ', etaSpan(job.eta_finish, job.eta_reason)),
       el('span', {className: 'quiet'})),
-    stale ? el('div', {className: 'stale-note', text: 'STALE — see the banner above'}) : null));
+    stale ? el('div', {className: 'stale-note', text: 'STALE — see the banner above'}) : null),
+  cardActions(
+    el('button', {type: 'button', className: 'small ghost danger', text: 'Delete',
+      title: 'Stop and cancel the running job (asks first)',
+      onclick: () => deleteJob({id: job.id, node: job.node, state: 'running'})})));
 }
 
 function renderRecent() {
@@ -372,22 +378,29 @@ function renderRecent() {
     el('td', {}, j.state === 'failed' || j.state === 'cancelled'
       ? el('button', {type: 'button', className: 'small ghost', text: 'Retry',
         title: 'Queue it again at the tail of its node', onclick: () => retryJob(j)}) : null)));
-  body.replaceChildren(el('table', {className: 'recent'},
+  body.replaceChildren(el('div', {className: 'table-scroll'}, el('table', {className: 'recent'},
     el('thead', {}, el('tr', {}, ...['state', 'finished', 'job', 'kind', 'node', 'model', 'ran', 'tokens',
       'speed', 'prompt / error', ''].map((t) => el('th', {text: t})))),
-    el('tbody', {}, ...rows)));
+    el('tbody', {}, ...rows))));
 }
 
 // -- running jobs: elapsed time and tokens so far ---------------------------------------------
 
+function tokenRecord(id, run) {
+  let rec = S.tokens.get(id);
+  if (!rec || rec.run !== run) {
+    rec = {run, thinking: 0, answer: 0, last: 0};
+    S.tokens.set(id, rec);
+  }
+  return rec;
+}
+
+// Each token event carries one piece of either the reasoning or the answer.
 function onTokens(d) {
   if (!d || !d.id) return;
-  let rec = S.tokens.get(d.id);
-  if (!rec || rec.run !== d.run_id) {
-    rec = {run: d.run_id, count: 0, last: 0};
-    S.tokens.set(d.id, rec);
-  }
-  rec.count++;
+  const rec = tokenRecord(d.id, d.run_id);
+  if (typeof d.thinking === 'string') rec.thinking++;
+  else rec.answer++;
   rec.last = now();
   paintSoon();
 }
@@ -399,27 +412,34 @@ function paintSoon() {
   requestAnimationFrame(() => { paintQueued = false; paintProgress(); });
 }
 
-// The router's own count for a running job (it includes tokens made before the page connected);
-// the live token events then count on from there.
+// The router's own counts for a running job (they include tokens made before the page
+// connected); the live token events then count on from there.
 function baseline(job) {
   if (job.tokens_so_far == null) return;
-  let rec = S.tokens.get(job.id);
-  if (!rec || rec.run !== job.run_id) {
-    rec = {run: job.run_id, count: 0, last: 0};
-    S.tokens.set(job.id, rec);
-  }
-  if (job.tokens_so_far > rec.count) rec.count = job.tokens_so_far;
+  const rec = tokenRecord(job.id, job.run_id);
+  const thinking = job.thinking_tokens_so_far || 0;
+  rec.thinking = Math.max(rec.thinking, thinking);
+  rec.answer = Math.max(rec.answer, job.tokens_so_far - thinking);
   paintProgress();
+}
+
+// A thinking model (and every critique, which reasons before its findings) shows its reasoning
+// and its answer apart: "thinking 312 tok · answer 40 tok"; any other job its tokens and speed.
+function tokenText(kind, rec) {
+  if (rec.thinking || kind === 'critique') {
+    return `thinking ${fmtNum(rec.thinking)} tok · answer ${fmtNum(rec.answer)} tok`;
+  }
+  return `${fmtNum(rec.answer)} token${rec.answer === 1 ? '' : 's'}`;
 }
 
 function paintProgress() {
   for (const card of board.querySelectorAll('.card.running')) {
-    const rec = S.tokens.get(card.dataset.id);
-    const count = rec ? rec.count : 0;
+    const rec = S.tokens.get(card.dataset.id) || {thinking: 0, answer: 0, last: 0};
+    const count = rec.thinking + rec.answer;
     const elapsed = since(card.dataset.started);
-    card.querySelector('.tok').textContent = `${fmtNum(count)} token${count === 1 ? '' : 's'}`;
-    card.querySelector('.rate').textContent = count ? fmtRate(count, elapsed) : '';
-    const last = Math.max(rec ? rec.last : 0, parseTime(card.dataset.progress) || 0, parseTime(card.dataset.started) || 0);
+    card.querySelector('.tok').textContent = tokenText(card.dataset.kind, rec);
+    card.querySelector('.rate').textContent = count > 1 ? fmtRate(count, elapsed) : '';
+    const last = Math.max(rec.last, parseTime(card.dataset.progress) || 0, parseTime(card.dataset.started) || 0);
     const quiet = last ? (now() - last) / 1000 : 0;
     const q = card.querySelector('.quiet');
     q.textContent = quiet >= QUIET_S ? `no tokens for ${fmtDur(quiet)}` : '';

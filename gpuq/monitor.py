@@ -1,0 +1,140 @@
+"""Each node's health as the router sees it: up or down, the models it has, a model stuck in
+VRAM. The monitor asks the node (/api/version and /api/tags) on a timer and before a claim; the
+worker reads the answer and reports what it learns on the way (a node it cannot reach, a model
+that would not leave VRAM)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+from .config import NodeConfig
+from .errors import OllamaError, StoreUnavailable
+from .models import normalize_model
+from .ollama import OllamaClient
+from .store import Store
+from .supervise import Loop
+
+if TYPE_CHECKING:
+    from .worker import Current
+
+log = logging.getLogger("gpuq")
+
+DOWN_RECHECK_S = 2.0  # a node that is down is asked again at least this often
+
+
+@dataclass
+class NodeRuntime:
+    """One node now: what the pages, /health, the alerts and the metrics show of it."""
+
+    config: NodeConfig
+    client: OllamaClient
+    up: bool = False
+    checked: bool = False  # False until the first health check has answered
+    last_error: str | None = None
+    since: float = field(default_factory=time.time)
+    model_installed: bool | None = None
+    installed: frozenset[str] | None = None  # the models /api/tags listed at the last answer
+    tags: list[dict] = field(default_factory=list)  # those models as /api/tags described them
+    version: str | None = None  # /api/version's answer at the last check
+    vram_stuck: str | None = None  # set when a model would not leave VRAM
+    stuck_model: str | None = None  # which model (a job may have asked for another than the node's)
+    stuck_since: float | None = None  # when it was flagged
+    stuck_job: str | None = None  # the job after which it would not leave (None: a dead router's)
+    health_unrecorded: bool = False  # the database refused the last health change
+    current: Current | None = None  # the job it runs now (its output so far, in memory)
+    loops: list[Loop] = field(default_factory=list)  # its worker and health loop
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def claimable(self) -> bool:
+        return self.up and self.vram_stuck is None
+
+
+class NodeMonitor:
+    """Health checks of one node; `changed` tells the pages (the bus) what changed."""
+
+    def __init__(self, rt: NodeRuntime, store: Store, interval_s: float, changed: Callable[..., None],
+                 came_up: Callable[[], None]):
+        self.rt = rt
+        self.store = store
+        self.interval_s = interval_s
+        self.changed = changed
+        self.came_up = came_up  # wakes the node's worker
+        self.went_down = asyncio.Event()  # set when the node is found down (by the worker too)
+
+    async def run(self) -> None:
+        """The health loop: a node that is down is asked more often, to notice it is back, and
+        from the moment it is found down, not at the end of a healthy node's long interval."""
+        while True:
+            await self.check()
+            self.went_down.clear()
+            try:
+                async with asyncio.timeout(self.interval_s if self.rt.up else min(self.interval_s, DOWN_RECHECK_S)):
+                    await self.went_down.wait()
+            except TimeoutError:
+                pass
+
+    async def check(self) -> None:
+        """Ask the node what it runs and has; it is up when both answer."""
+        rt = self.rt
+        # Both questions at once: one round trip, not two, before a claim. A failure is
+        # reported as the sequential check would: /api/version's first.
+        answers = await asyncio.gather(rt.client.version(), rt.client.tags(), return_exceptions=True)
+        failed = next((a for a in answers if isinstance(a, BaseException)), None)
+        if failed is not None and not isinstance(failed, OllamaError):
+            raise failed
+        rt.checked = True
+        if failed is None:
+            rt.version, rt.tags = answers[0], answers[1]
+            rt.installed = frozenset(normalize_model(m["name"]) for m in rt.tags)
+            rt.model_installed = normalize_model(rt.config.model) in rt.installed
+            await self._clear_stuck_if_gone()
+        await self.set_up(failed is None, None if failed is None else failed.message)
+
+    async def set_up(self, up: bool, error: str | None) -> None:
+        """Record up or down (and why) in memory at once, in the node table when it changed."""
+        rt = self.rt
+        changed = up != rt.up or (not up and error != rt.last_error)
+        if up != rt.up:
+            rt.since = time.time()
+            if up:
+                log.info("node=%s health=up", rt.name)
+                self.came_up()
+            else:
+                log.warning("node=%s health=down error=%r", rt.name, error)
+                self.went_down.set()
+            self.changed(node=rt.name, up=up)
+        rt.up = up
+        rt.last_error = error if not up else rt.last_error
+        if changed or rt.health_unrecorded:
+            try:
+                await self.store.set_node_health(rt.name, up, rt.last_error)
+                rt.health_unrecorded = False
+            except StoreUnavailable as exc:  # claims follow the state in memory; the row catches up
+                rt.health_unrecorded = True
+                log.error("node=%s health not recorded: %s", rt.name, exc.message)
+
+    def flag_stuck(self, message: str, model: str, job_id: str | None) -> None:
+        """A model would not leave VRAM: nothing is claimed onto the node until it is gone."""
+        rt = self.rt
+        rt.vram_stuck, rt.stuck_model, rt.stuck_since, rt.stuck_job = message, model, time.time(), job_id
+        self.changed(node=rt.name, vram_stuck=True)
+
+    async def _clear_stuck_if_gone(self) -> None:
+        rt = self.rt
+        if not rt.vram_stuck or rt.current is not None:  # never behind a running job's back
+            return
+        try:
+            if normalize_model(rt.stuck_model or rt.config.model) not in await rt.client.loaded():
+                log.info("node=%s vram=clear", rt.name)
+                rt.vram_stuck = rt.stuck_model = rt.stuck_since = rt.stuck_job = None
+                self.changed(node=rt.name, vram_stuck=False)
+        except OllamaError:
+            pass

@@ -1,0 +1,514 @@
+"""One worker per node: claim the head of its queue, and run it in four steps: generate (stream
+the reply from Ollama), record it, unload the model (and confirm through /api/ps that it left
+VRAM), finish the job. Nothing is retried: every failure ends the job, loudly."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, TypeVar
+
+from .bus import Bus
+from .config import Settings
+from .critique import FINDINGS_SCHEMA, FindingsError, instruction, parse_findings
+from .errors import GpuqError, OllamaError, OllamaUnreachable, StoreUnavailable, described
+from .models import JobState, Kind, normalize_model
+from .monitor import NodeMonitor, NodeRuntime
+from .ollama import prompt_was_cut
+from .params import merged_options
+from .errors import GuardMiss
+from .store import Store
+from .translate import STREAMED_ROUTES, chunk_text, node_request
+
+log = logging.getLogger("gpuq")
+
+T = TypeVar("T")
+
+IDLE_POLL_S = 5.0  # the fallback poll; a submit wakes the worker at once
+HEARTBEAT_S = 1.0  # progress is written at most this often while tokens stream
+# A real unload takes a few hundred ms after keep_alive: 0 returns, and the next job waits for
+# /api/ps to show it gone: ask often (a backoff overshot a 200 ms unload by 114 ms), and less
+# often only once an unload is slow.
+UNLOAD_POLL_S = 0.025
+UNLOAD_POLL_FAST_S = 2.0
+RECORD_RETRY_MAX_S = 5.0  # the longest wait between tries to record a job's outcome
+OLLAMA_DEFAULT_CONTEXT = 4096  # num_ctx when neither the job, the node nor the model sets one
+MIN_REQUEST_S = 0.05  # the shortest limit given to one request to a node
+# With unload = "when-idle", the model a job leaves loaded for the next one of the same model.
+# Bounded, so a router that dies does not pin it forever; an idle node unloads it at once.
+KEEP_WARM = "10m"
+# A front-door generate's last chunk carries its whole token context (`context`), which may be
+# far past the reader's buffer; still bounded, so a broken node cannot fill the router's memory.
+FRONT_MAX_LINE = 16 << 20
+# Why a claimed job goes back to the head of its queue when the router stops before sending it.
+NOT_SENT = "back to the head of the queue: the router stopped before this run's request reached Ollama"
+
+
+async def put_back_unsent(store: Store, sent: dict[str, int | None]) -> None:
+    """A job claimed on a node but never sent (`sent`: each node's last run that was) goes back
+    to the head of its queue: it never reached Ollama, so it is no orphan of the stop."""
+    for job in await store.requeue_unsent(sent, NOT_SENT):
+        log.info("job=%s node=%s state=queued reason=%r", job["id"], job["node"], NOT_SENT)
+
+
+@dataclass
+class Current:
+    """The job a node is running now."""
+
+    job_id: str
+    run_id: int
+    task: asyncio.Task | None = None
+    output: list[str] = field(default_factory=list)  # the answer, one piece per token
+    thinking: list[str] = field(default_factory=list)  # the reasoning, apart from the answer
+    options: dict | None = None  # the Ollama options the request carried
+    saved: tuple[int, int] = (0, 0)  # pieces of output and of thinking the store already holds
+    abort_reason: str | None = None
+    next_job: dict | None = None  # claimed in the same transaction that finished this one
+
+    def unsaved(self) -> tuple[str, str | None, tuple[int, int]]:
+        """The output and thinking not stored yet (each written once: the store appends), and
+        the mark to put in `saved` once the write that carries them has returned."""
+        done_out, done_thought = self.saved
+        return ("".join(self.output[done_out:]), "".join(self.thinking[done_thought:]) or None,
+                (len(self.output), len(self.thinking)))
+
+
+class Worker:
+    """Runs one node's queue, one job at a time. `changed` tells the pages what changed,
+    `wake_all` wakes every node's worker (a finished task readies critiques held elsewhere)."""
+
+    def __init__(self, rt: NodeRuntime, monitor: NodeMonitor, settings: Settings, store: Store, bus: Bus,
+                 relays: dict[str, asyncio.Queue], changed: Callable[..., None], wake_all: Callable[[], None]):
+        self.rt = rt
+        self.monitor = monitor
+        self.settings = settings
+        self.store = store
+        self.bus = bus
+        self.relays = relays  # front-door calls whose client waits (see Dispatcher.relays)
+        self.changed = changed
+        self.wake_all = wake_all
+        self.wake = asyncio.Event()
+        self.orphan_models: list[str] = []  # a dead router's jobs' models, to unload first
+        # Runs aborted before this worker took them up (a delete racing the claim's return).
+        self.aborted_runs: dict[int, str] = {}
+        self.context_lengths: dict[str, int | None] = {}  # /api/show's num_ctx per model
+        self.warm_model: str | None = None  # left loaded on purpose for the next job ("when-idle")
+        self.sent_run: int | None = None  # the last run whose request went to Ollama
+        self.stopping = False  # the router is stopping: nothing new is claimed or sent
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        while self.orphan_models:  # a job of a dead router may still hold VRAM
+            await self.unload(self.orphan_models[0], job_id=None)
+            self.orphan_models.pop(0)
+        job = None  # a job claimed by the previous job's finish, else claimed here
+        while True:
+            try:
+                if job is None:
+                    job = await self._claim()
+                    if job is None:
+                        continue
+                log.info("job=%s node=%s state=running model=%s", job["id"], self.rt.name, job["model"])
+                self.changed(job=job["id"], node=self.rt.name, state=JobState.RUNNING.value)
+                running, job = job, None
+                job = await self._run(running)
+            except asyncio.CancelledError:
+                raise
+            except GpuqError as exc:  # the store refused (locked, disk full): say so, then go on
+                log.error("node=%s worker error: %s", self.rt.name, exc.message)
+                await self._wait(1.0)
+
+    async def _claim(self) -> dict | None:
+        """The head of the node's queue, once the node answers; None after a wait for a wake."""
+        if self.stopping:
+            await self._wait(IDLE_POLL_S)
+            return None
+        if not self.rt.claimable:
+            await self._wait(1.0)
+            return None
+        if not await self._ready_to_claim():
+            if self.warm_model is not None:  # "when-idle": the node went idle
+                await self._unload_warm(None)
+            await self._wait(IDLE_POLL_S)
+            return None
+        return await self.store.claim(self.rt.name)
+
+    async def _wait(self, timeout: float) -> None:
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancel that lands in
+        # the same tick as a wake, and the worker then outlives stop() (a hung shutdown).
+        try:
+            async with asyncio.timeout(timeout):
+                await self.wake.wait()
+        except TimeoutError:
+            pass
+        self.wake.clear()
+
+    async def _ready_to_claim(self) -> bool:
+        """Something waits (the node is up, as its monitor last heard: a connection it refuses
+        after all puts the job back, see _not_reached)."""
+        return await self.store.has_waiting(self.rt.name)
+
+    # -- one job ------------------------------------------------------------------------------
+
+    def abort(self, run_id: int, reason: str) -> None:
+        """Stop a running job's Ollama request (closing it stops Ollama's generation)."""
+        cur = self.rt.current
+        if cur is not None and cur.run_id == run_id and cur.task is not None:
+            cur.abort_reason = reason
+            cur.task.cancel()
+        else:
+            self.aborted_runs[run_id] = reason
+        self.wake.set()
+
+    async def _run(self, job: dict) -> dict | None:
+        """Run a claimed job to its end; returns the next job if its finish claimed one."""
+        early = self.aborted_runs.pop(job["run_id"], None)
+        self.aborted_runs.clear()  # older entries belong to runs this worker will never see again
+        if early is not None:
+            log.info("job=%s node=%s aborted before it started: %s", job["id"], self.rt.name, early)
+            return None
+        cur = Current(job["id"], job["run_id"])
+        self.rt.current = cur
+        cur.task = asyncio.create_task(self._execute(job, cur))
+        try:
+            await asyncio.shield(cur.task)
+            return cur.next_job
+        except asyncio.CancelledError:
+            if cur.abort_reason is None:  # the router is shutting down
+                cur.task.cancel()
+                raise
+            self._tell(job["id"], "ended", cur.abort_reason)
+            await self._after_abort(job, cur)
+            return None
+        finally:
+            self.rt.current = None
+            self.changed(job=job["id"], node=self.rt.name)
+
+    async def _execute(self, job: dict, cur: Current) -> None:
+        """The job's steps, in order: generate, record, unload, finish."""
+        if not await self._unload_other_model(job, cur):
+            return
+        if self.stopping:  # claimed as the router was told to stop: it waits for the next start
+            await put_back_unsent(self.store, {self.rt.name: self.sent_run})
+            return
+        findings = None
+        try:
+            stats, error = await self._generate(job, cur)
+            if error is None:
+                findings, error = await self._record(job, cur, stats)
+        except OllamaUnreachable as exc:
+            await self._not_reached(job, cur, exc)
+            return
+        except Exception as exc:  # a bug, or a reply no check foresaw: this job fails, the worker goes on
+            error = f"unexpected error in the router: {described(exc)}"
+            log.exception("job=%s node=%s %s", job["id"], self.rt.name, error)
+            self._tell(job["id"], "error", 500, error)
+        unloaded = await self._unload_after(job, error)
+        await self._finish(job, cur, error, findings, unloaded)
+
+    async def _not_reached(self, job: dict, cur: Current, exc: OllamaUnreachable) -> None:
+        """The node refused the connection (or never completed it): the request never reached
+        Ollama and nothing ran, so the job goes back to the head of its queue, with an event
+        naming why (no retry of work that ran: none did), and the node is down until its
+        monitor hears from it again. This, not a health check before each claim, is what keeps
+        a job from failing on a node that went away since the monitor last asked."""
+        await self.monitor.set_up(False, exc.message)
+        reason = f"back to the head of the queue: {exc.message}; the request never reached Ollama"
+        if await self._persist(job["id"], "event", lambda: self.store.put_back(job["id"], cur.run_id, reason)):
+            log.warning("job=%s node=%s state=queued reason=%r", job["id"], self.rt.name, reason)
+            self.changed(job=job["id"], node=self.rt.name, state=JobState.QUEUED.value)
+
+    async def _unload_other_model(self, job: dict, cur: Current) -> bool:
+        """"when-idle" switching model: the one left loaded must leave VRAM first; else the job
+        fails without starting."""
+        if self.warm_model is None or normalize_model(self.warm_model) == normalize_model(job["model"]):
+            return True
+        if await self._unload_warm(job["id"]):
+            return True
+        message = f"not started: {self.rt.vram_stuck}"
+        await self._persist(job["id"], "outcome", lambda: self.store.finish(
+            job["id"], cur.run_id, JobState.FAILED.value, message))
+        return False
+
+    # -- step 1: generate ---------------------------------------------------------------------
+
+    async def _generate(self, job: dict, cur: Current) -> tuple[dict | None, str | None]:
+        """Stream the reply within the job's limit; returns Ollama's last chunk (its stats) or the
+        error. A front-door call's client hears of an error at once, with Ollama's status."""
+        started = time.monotonic()
+        limit_s, limit_name = self._limit_s(job)
+        try:
+            async with asyncio.timeout(limit_s):
+                if job.get("endpoint") is not None:  # a call through the front door (gpuq/front.py)
+                    return await self._call(job, cur), None
+                return await self._chat(job, cur), None
+        except TimeoutError:
+            return None, self._told(job["id"], None, f"{limit_name} fired: the job ran "
+                                    f"{time.monotonic() - started:.1f}s, over its {limit_s:g}s limit; request aborted")
+        except OllamaUnreachable:  # nothing reached Ollama: not this job's failure (see _execute)
+            raise
+        except OllamaError as exc:
+            if exc.status == 503:  # Ollama's pending queue is full: another client keeps it busy
+                return None, self._told(job["id"], 503, (
+                    f"{exc.message} (HTTP 503: node {self.rt.name}'s Ollama is busy with other clients' "
+                    f"requests; this request never started, so `gpuq retry {job['id']}` is safe)"))
+            return None, self._told(job["id"], exc.status, exc.message)
+        except GpuqError as exc:  # a stored request this gpuq cannot read (written by another version)
+            return None, self._told(job["id"], 400, f"cannot run the stored request: {exc.message}")
+
+    def _limit_s(self, job: dict) -> tuple[float, str]:
+        runtime = self.settings.max_runtime_for(self.rt.config)
+        timeout = job.get("timeout_s") or self.settings.job_timeout_s
+        if timeout is not None and timeout < runtime:
+            return timeout, "timeout"
+        return runtime, "max_runtime"
+
+    def _node_think(self, model: str) -> bool | str | None:
+        """The node's `think` is for its own model: another one may not think at all, and Ollama
+        refuses think for such a model (400). Its options (num_ctx: what the GPU holds) hold for all."""
+        same = normalize_model(model) == normalize_model(self.rt.config.model)
+        return self.rt.config.think if same else None
+
+    def _keep_alive(self) -> int | str:
+        return KEEP_WARM if self.settings.unload_for(self.rt.config) == "when-idle" else 0
+
+    async def _chat(self, job: dict, cur: Current) -> dict:
+        """gpuq's own job: its prompt (a critique's with the findings schema) as one chat."""
+        config = self.rt.config
+        critique = job["kind"] == Kind.CRITIQUE
+        prompt = instruction(self.settings.critique_template, job["prompt"]) if critique else job["prompt"]
+        think = json.loads(job["think"]) if job.get("think") is not None else self._node_think(job["model"])
+        cur.options = merged_options(config.options, json.loads(job["options"]) if job.get("options") else None)
+        chunks = self.rt.client.chat(job["model"], prompt, FINDINGS_SCHEMA if critique else None, think,
+                                     cur.options, self._keep_alive())
+        self.sent_run = cur.run_id  # the request leaves at the first iteration, below
+        last_beat = time.monotonic()
+        async for chunk in chunks:
+            message = chunk.get("message") or {}
+            # A thinking model's reasoning (on by default since Ollama 0.12.4), then its answer.
+            self._keep(job, cur, message.get("thinking") or "", message.get("content") or "")
+            if chunk.get("done"):
+                return chunk
+            last_beat = await self._beat(job, cur, last_beat)
+        raise OllamaError("Ollama's stream ended without done: true")
+
+    async def _call(self, job: dict, cur: Current) -> dict:
+        """Run a front-door call on the node and relay what it answers, chunk by chunk as Ollama
+        sent it; keep the answer, the reasoning and any tool calls as the job's output."""
+        self._tell(job["id"], "start", self.rt.name)
+        config = self.rt.config
+        route, body = node_request(job["endpoint"], json.loads(job["request"])["body"],
+                                   self._node_think(job["model"]), config.options, self._keep_alive())
+        cur.options = body.get("options")
+        self.sent_run = cur.run_id  # the request leaves now
+        if route not in STREAMED_ROUTES:  # an embedding: one answer
+            return await self._embed(job, cur, route, body)
+        last_beat = time.monotonic()
+        async for raw, chunk in self.rt.client.stream(route, body, max_line=FRONT_MAX_LINE):
+            self._tell(job["id"], "chunk", raw, chunk)
+            text, thought, calls = chunk_text(chunk)
+            for call in calls:  # shown with the answer on the job's page
+                function = call.get("function") or {}
+                text += f"\n[tool call {function.get('name')} {json.dumps(function.get('arguments'))}]"
+            self._keep(job, cur, thought, text)
+            if chunk.get("done"):
+                return chunk
+            last_beat = await self._beat(job, cur, last_beat)
+        raise OllamaError("Ollama's stream ended without done: true")
+
+    async def _embed(self, job: dict, cur: Current, route: str, body: dict) -> dict:
+        reply = await self.rt.client.post(route, body)
+        vectors = reply.get("embeddings") if isinstance(reply, dict) else None
+        if vectors is None and isinstance(reply, dict) and "embedding" in reply:
+            vectors = [reply["embedding"]]
+        dims = len(vectors[0]) if vectors else 0
+        cur.output.append(f"{len(vectors or [])} embedding(s) of {dims} dimensions (the vectors went to the client)")
+        self._tell(job["id"], "reply", reply)
+        return {k: reply.get(k) for k in ("prompt_eval_count", "total_duration", "load_duration")} \
+            if isinstance(reply, dict) else {}
+
+    def _keep(self, job: dict, cur: Current, thought: str, text: str) -> None:
+        """Keep a chunk's reasoning and answer apart, and show both to live followers."""
+        for kind, piece, pieces in (("thinking", thought, cur.thinking), ("text", text, cur.output)):
+            if piece:
+                pieces.append(piece)
+                self.bus.publish("tokens", {"id": job["id"], "run_id": cur.run_id, kind: piece})
+
+    async def _beat(self, job: dict, cur: Current, last_beat: float) -> float:
+        """Write the progress so far, at most every HEARTBEAT_S; returns when it last did."""
+        if time.monotonic() - last_beat < HEARTBEAT_S:
+            return last_beat
+        try:
+            output, thinking, upto = cur.unsaved()
+            await self.store.heartbeat(cur.run_id, output, thinking)
+            cur.saved = upto
+        except StoreUnavailable as exc:  # progress is a hint; the tokens stay in memory
+            log.warning("job=%s heartbeat not recorded: %s", job["id"], exc.message)
+        return time.monotonic()
+
+    def _tell(self, job_id: str, *item) -> None:
+        """Pass a front-door call's progress to its waiting client, if it still waits."""
+        relay = self.relays.get(job_id)
+        if relay is not None:
+            relay.put_nowait(item)
+
+    def _told(self, job_id: str, status: int | None, error: str) -> str:
+        """A run's error, passed to its waiting front-door client (if any) first."""
+        self._tell(job_id, "error", status, error)
+        return error
+
+    # -- step 2: record -----------------------------------------------------------------------
+
+    async def _record(self, job: dict, cur: Current, stats: dict) -> tuple[list | None, str | None]:
+        """Write the reply and Ollama's stats; returns a critique's findings, and the error of a
+        reply that cannot stand (cut at the token limit, findings that miss the schema)."""
+        unsaved, thinking, upto = cur.unsaved()
+        await self._persist(job["id"], "end of stream",
+                            lambda: self.store.work_done(cur.run_id, unsaved, stats, thinking))
+        cur.saved = upto
+        output = "".join(cur.output)
+        if job["kind"] != Kind.EMBED:  # an embedding's prompt_eval_count sums all its inputs
+            await self._warn_if_prompt_filled_context(job, stats, cur.options)
+        # A front-door client that set its limit is told done_reason "length", as Ollama tells it:
+        # its job is done. gpuq's own jobs fail loudly instead.
+        if stats.get("done_reason") == "length" and job.get("endpoint") is None:
+            return None, "reply cut off at the token limit (done_reason length); output kept, `gpuq retry` to run it again"
+        if job["kind"] != Kind.CRITIQUE:
+            return None, None
+        try:
+            return parse_findings(output), None
+        except FindingsError as exc:
+            return None, f"the model's reply does not match the findings schema: {exc}; raw reply kept as output"
+
+    async def _warn_if_prompt_filled_context(self, job: dict, stats: dict, options: dict | None) -> None:
+        """Ollama cuts a prompt too long for the context window with only a line in its own log.
+        When the prompt tokens it evaluated show a cut, say so on the job (num_ctx from the options, else
+        from the model's /api/show parameters; unknown: no warning)."""
+        used = stats.get("prompt_eval_count")
+        if not isinstance(used, int):
+            return
+        num_ctx = (options or {}).get("num_ctx")
+        if num_ctx is None:
+            if job["model"] not in self.context_lengths:
+                try:
+                    self.context_lengths[job["model"]] = await self.rt.client.context_length(job["model"])
+                except OllamaError as exc:
+                    log.warning("job=%s node=%s cannot read num_ctx from /api/show: %s",
+                                job["id"], self.rt.name, exc.message)
+                    return
+            # No num_ctx in the model's parameters: the server's default context applies, 4096
+            # unless its OLLAMA_CONTEXT_LENGTH says otherwise (which no API tells).
+            num_ctx = self.context_lengths[job["model"]] or OLLAMA_DEFAULT_CONTEXT
+        if num_ctx and prompt_was_cut(used, num_ctx, (options or {}).get("num_keep", 4)):
+            warning = (f"prompt may have been truncated: {used} tokens, num_ctx {num_ctx} "
+                       "(set a larger num_ctx in the node's or the job's options)")
+            log.warning("job=%s node=%s %s", job["id"], self.rt.name, warning)
+            await self._persist(job["id"], "event", lambda: self.store.note(job["id"], f"warning: {warning}"))
+
+    async def _persist(self, job_id: str, what: str, write: Callable[[], Awaitable[T]]) -> T:
+        """Write what a job did. While the database refuses (a person holds its lock, the disk
+        is full), say so and try again: the outcome waits in memory and the job is never run
+        again; if the router dies meanwhile, the restart fails the job like any orphan."""
+        delay = 0.1
+        while True:
+            try:
+                return await write()
+            except StoreUnavailable as exc:
+                log.error("job=%s %s not recorded yet, trying again in %gs: %s",
+                          job_id, what, delay, exc.message)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RECORD_RETRY_MAX_S)
+
+    # -- step 3: unload -----------------------------------------------------------------------
+
+    async def _unload_after(self, job: dict, error: str | None) -> bool:
+        """Unload the job's model and confirm it left VRAM, or (with "when-idle") keep it loaded
+        for the next job of the same model. True: the node answered, it is reachable."""
+        if error is None and await self._keep_warm(job):
+            self.warm_model = job["model"]
+            return True
+        self.warm_model = None
+        return await self.unload(job["model"], job["id"])
+
+    async def _keep_warm(self, job: dict) -> bool:
+        """With unload = "when-idle": does the next job on this node want the same model?"""
+        if self.settings.unload_for(self.rt.config) != "when-idle" or not self.rt.claimable:
+            return False
+        nxt = await self.store.next_ready_model(self.rt.name)
+        return nxt is not None and normalize_model(nxt) == normalize_model(job["model"])
+
+    async def _unload_warm(self, job_id: str | None) -> bool:
+        model, self.warm_model = self.warm_model, None
+        return model is None or await self.unload(model, job_id)
+
+    async def _after_abort(self, job: dict, cur: Current) -> None:
+        log.info("job=%s node=%s aborted: %s", job["id"], self.rt.name, cur.abort_reason)
+        output, thinking, upto = cur.unsaved()
+        await self._persist(job["id"], "partial output", lambda: self.store.save_output(cur.run_id, output, thinking))
+        cur.saved = upto
+        self.warm_model = None
+        await self.unload(job["model"], job["id"])
+
+    async def unload(self, model: str, job_id: str | None) -> bool:
+        """Confirm through /api/ps that the model left VRAM; ask for an unload if it lingers.
+        Every request is bounded by the time left: a real /api/ps can block for seconds. A model
+        that stays flags the node (the monitor clears the flag once /api/ps shows it gone)."""
+        client = self.rt.client
+        wanted = normalize_model(model)
+        started = time.monotonic()
+        deadline = started + self.settings.unload_timeout_s
+        delay, asked = UNLOAD_POLL_S, False
+        last_error = None
+        while True:
+            try:
+                if wanted not in await client.loaded(timeout_s=max(deadline - time.monotonic(), MIN_REQUEST_S)):
+                    return True
+                if not asked:
+                    await client.unload(model, timeout_s=max(deadline - time.monotonic(), MIN_REQUEST_S))
+                    asked = True
+                last_error = f"{model} is still listed by /api/ps"
+            except OllamaError as exc:
+                last_error = exc.message
+            except Exception as exc:  # a bug: the model may still hold VRAM, so the node is flagged
+                log.exception("node=%s job=%s unexpected error while unloading %s", self.rt.name, job_id, model)
+                last_error = f"unexpected error in the router: {described(exc)}"
+                break
+            if time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(min(delay, max(deadline - time.monotonic(), 0)))
+            if time.monotonic() - started > UNLOAD_POLL_FAST_S:  # a slow unload: ask less often
+                delay = min(delay * 2, 0.5)
+        message = (f"unload failed: {model} did not leave VRAM within {time.monotonic() - started:.1f}s "
+                   f"(unload_timeout {self.settings.unload_timeout_s:g}s; {last_error}); node {self.rt.name} flagged")
+        log.error("node=%s job=%s %s", self.rt.name, job_id, message)
+        if job_id is not None:
+            await self._persist(job_id, "event", lambda: self.store.note(job_id, message))
+        self.monitor.flag_stuck(message, model, job_id)
+        return False
+
+    # -- step 4: finish -----------------------------------------------------------------------
+
+    async def _finish(self, job: dict, cur: Current, error: str | None, findings: list | None,
+                      unloaded: bool) -> None:
+        """Record the outcome. A node that just answered the unload check is reachable, so the
+        finish may claim its next job in the same commit (cur.next_job)."""
+        state = (JobState.FAILED if error else JobState.DONE).value
+        claim_node = self.rt.name if unloaded and self.rt.claimable and not self.stopping else None
+        output, thinking, _ = cur.unsaved()
+        try:
+            cur.next_job = await self._persist(job["id"], "outcome", lambda: self.store.finish(
+                job["id"], cur.run_id, state, error, output, findings=findings, claim_node=claim_node,
+                thinking=thinking, streamed=len(cur.output) + len(cur.thinking)))
+        except GuardMiss as exc:
+            if cur.abort_reason is None:
+                log.error("job=%s node=%s finish refused: %s", job["id"], self.rt.name, exc.message)
+                reason = f"finish refused: {exc.message}"
+                await self._persist(job["id"], "event", lambda: self.store.note(job["id"], reason))
+            return
+        log.info("job=%s node=%s state=%s%s", job["id"], self.rt.name, state, f" error={error!r}" if error else "")
+        if job["kind"] == Kind.TASK:  # critiques held for this task are ready (or were cancelled)
+            self.wake_all()  # (the page hears of the change from _run, as for every job)
