@@ -9,9 +9,11 @@ acknowledged write is on disk (synchronous=FULL). When the transaction itself fa
 COMMIT refused, or an error that aborts the whole transaction such as a full disk), it is rolled
 back and every write of the batch gets that error: nothing is half-stored.
 
-There is no timer: a lone write is applied at once; batches form only from writes that queue up
-behind the one in flight, so group commit adds no latency to a single client. One thread owns
-the connection, so a write costs one hop to it and one back, whatever it does.
+There is no timer: a lone write is applied at once; batches form from writes that queue up
+behind the one in flight, and from writes made in the same turn of the event loop (handed to
+the thread together at the end of that turn, so the thread does not wake for the first alone),
+so group commit adds no latency to a single client. One thread owns the connection, so a write
+costs one hop to it and one back, whatever it does.
 
 A write is a plain function of the sqlite3 connection. It runs in the writer's thread, so it
 must not await or touch the event loop."""
@@ -104,7 +106,10 @@ class Writer:
         self._connect = connect
         self._translate = translate
         self.max_batch = max_batch
-        self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[list[_Item]] = queue.SimpleQueue()
+        self._turn: list[_Item] = []  # made in this turn of the event loop, not handed over yet
+        self._waiting = 0  # items handed over and not taken by the thread yet (under _count_lock)
+        self._count_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = False
         self.batches = 0  # counters for tests and the bench (read on the loop, written by the thread)
@@ -113,7 +118,15 @@ class Writer:
     @property
     def waiting(self) -> int:
         """Writes queued and not yet taken by the thread."""
-        return self._queue.qsize()
+        with self._count_lock:
+            return self._waiting + len(self._turn)
+
+    def _hand_over(self) -> None:
+        """At the end of the loop's turn: every write of the turn, to the thread in one put."""
+        items, self._turn = self._turn, []
+        with self._count_lock:
+            self._waiting += len(items)
+        self._queue.put(items)
 
     async def open(self) -> None:
         """Start the thread; its connection is open (or its error raised) when this returns."""
@@ -134,8 +147,11 @@ class Writer:
     async def _put(self, fn: Write, alone: bool) -> Any:
         if self._closed or self._thread is None:
             raise self._translate(sqlite3.OperationalError("the store is closed; nothing was changed"))
-        future = asyncio.get_running_loop().create_future()
-        self._queue.put(_Item(fn, future, alone))
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._turn.append(_Item(fn, future, alone))
+        if len(self._turn) == 1:
+            loop.call_soon(self._hand_over)
         return await future
 
     async def close(self, timeout_s: float = 10.0) -> None:
@@ -146,7 +162,8 @@ class Writer:
         if self._thread is None or not self._thread.is_alive():  # never opened, or failed to
             return
         stopped = asyncio.get_running_loop().create_future()
-        self._queue.put(_Item(None, stopped))
+        self._hand_over()  # the writes of this turn go first
+        self._queue.put([_Item(None, stopped)])
         try:
             await asyncio.wait_for(stopped, timeout_s)
         except TimeoutError:
@@ -190,27 +207,34 @@ class Writer:
             db.close()
             self._answer(stop and stop.future, True, None)
 
+    def _take(self, block: bool) -> list[_Item]:
+        try:
+            items = self._queue.get(block)
+        except queue.Empty:
+            return []
+        with self._count_lock:
+            self._waiting -= len(items)
+        return items
+
     def _serve(self, db: sqlite3.Connection) -> _Item:
-        """Apply what is queued until the stop item comes; return it."""
-        held: _Item | None = None  # an item taken while filling a batch, which must wait its turn
+        """Apply what is queued, in order, until the stop item comes; return it."""
+        todo: list[_Item] = []
         while True:
-            item = held or self._queue.get()
-            held = None
+            if not todo:
+                todo = self._take(block=True)
+            while len(todo) < self.max_batch and (more := self._take(block=False)):
+                todo += more  # everything waiting by now joins this batch
+            item = todo[0]
             if item.fn is None:
                 return item
             if item.alone:
+                todo.pop(0)
                 self._run_alone(db, item)
                 continue
-            batch = [item]
-            while len(batch) < self.max_batch:
-                try:
-                    nxt = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt.fn is None or nxt.alone:
-                    held = nxt
-                    break
-                batch.append(nxt)
+            n = 0  # the run of plain writes at the head, up to max_batch
+            while n < len(todo) and n < self.max_batch and todo[n].fn is not None and not todo[n].alone:
+                n += 1
+            batch, todo = todo[:n], todo[n:]
             self._apply(db, batch)
 
     def _run_alone(self, db: sqlite3.Connection, item: _Item) -> None:
