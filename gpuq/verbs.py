@@ -428,7 +428,7 @@ def finish(db: sqlite3.Connection, job_id: str, run_id: int, state: str, error: 
         " AND state = 'running' AND run_id = ? RETURNING id",
         (state, error, iso(now), None if findings is None else dumps(findings), job_id, run_id)).fetchall()
     if not done:
-        raise GuardMiss(f"job {job_id} run {run_id} is no longer running; finish refused")
+        raise GuardMiss(f"job {job_id} run {run_id} is no longer running")
     append_output(db, run_id, output, thinking)
     tokens = streamed if state == "failed" and streamed else None  # a reply that broke off: no last line
     db.execute("UPDATE run SET state = ?, error = ?, finished_at = ?, eval_count = COALESCE(eval_count, ?)"

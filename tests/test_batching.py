@@ -105,7 +105,7 @@ async def test_a_claim_inside_a_batch_is_seen_by_the_submits_after_it(store):
     assert claimed["id"] == first["id"]
     # b's only queued job became its running head inside the batch: y sees b's empty queue.
     assert (y[0]["node"], y[0]["reason"], y[0]["position"]) == ("b", SHORTEST, 1)
-    assert refused.status == 409 and "finish refused" in refused.message
+    assert refused.status == 409 and refused.message.endswith("is no longer running") and "finish refused" not in refused.message
     assert rows(store.path, "SELECT state FROM job WHERE id = ?", first["id"]) == [("running",)]
 
 

@@ -67,7 +67,7 @@ async def a_busy_day(lab) -> dict:
     node-2, a thinking model, runs a long critique; node-3 is idle after a task that failed part
     way through its reply and one submitted with a 0.5 s timeout. The parent task's first two
     critiques: one done with three findings, one running."""
-    lab.fakes["node-1"].models.add("qwen3:8b")  # long before the router's health check needs to see it
+    lab.fakes["node-1"].models.add("qwen3:8b")  # pulled now; the router sees it at its next health check
     fast = lab.fakes["node-3"]
     fast.script.tokens = 5
     parent = (await lab.submit("task", "add a retry budget to the export job", node="node-3"))[0]["id"]
@@ -84,7 +84,11 @@ async def a_busy_day(lab) -> dict:
     waiting = [(await lab.submit("task", f"write test {i} for the placement rules: the guard, the ranks, "
                                  "the roles and what a preemption leaves behind", node="node-1"))[0]["id"]
                for i in range(WAITING - 1)]
-    other = (await lab.submit("task", "summarise the incident in a haiku", node="node-1", model="qwen3:8b"))[0]["id"]
+    async def submit_other():  # once the router's health check has seen the model pulled above
+        status, body = await lab.request("POST", "/api/jobs", {"kind": "task", "node": "node-1", "model": "qwen3:8b",
+                                                               "prompt": "summarise the incident in a haiku"})
+        return body["jobs"][0]["id"] if status == 201 else None
+    other = await eventually(submit_other, what="node-1's new model to be seen")
     waiting.append(other)
     second = {c["node"]: c["id"] for c in await critique_of(lab, parent)}
 
