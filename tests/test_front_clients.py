@@ -248,6 +248,19 @@ async def test_open_webui_openai_connection_lists_and_streams_with_usage(front):
 
 # -- Continue, provider: ollama (apiBase http://host:11435, apiKey = the token) ------------------
 
+def continue_sse(lines: list[str]) -> list[dict]:
+    """The events as Continue's streamSse reads them (packages/fetch/src/stream.ts l. 111-124): up
+    to "data: [DONE]" or a line starting ": ping"; an event carrying an error throws."""
+    events = []
+    for line in lines:
+        if line.startswith(("data:[DONE]", "data: [DONE]", ": ping")):
+            break
+        if line.startswith("data:"):
+            events.append(json.loads(line[5:].strip()))
+            assert not events[-1].get("error")
+    return events
+
+
 def continue_headers() -> dict:
     # core/llm/llms/Ollama.ts: every call sends these two (e.g. ensureModelInfo l. 182-188).
     return {"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"}
@@ -406,14 +419,9 @@ async def test_continue_openai_provider_lists_and_streams(front):
         assert r.status == 200
         lines = await lines_of(r)
     text = ""
-    for line in lines:
-        if line.startswith(("data:[DONE]", "data: [DONE]", ": ping")):
-            break
-        if line.startswith("data:"):
-            data = json.loads(line[5:].strip())
-            assert not data.get("error")
-            delta = (data.get("choices") or [{}])[0].get("delta") or {}
-            text += delta.get("content") or ""
+    for data in continue_sse(lines):
+        delta = (data.get("choices") or [{}])[0].get("delta") or {}
+        text += delta.get("content") or ""
     assert text and (await job_detail(front, "continue via v1"))["output"] == text
 
     # Autocomplete on this provider: supportsFim() is false (core/llm/index.ts l. 108), so
@@ -427,14 +435,9 @@ async def test_continue_openai_provider_lists_and_streams(front):
         assert r.status == 200
         lines = await lines_of(r)
     completed = ""
-    for line in lines:
-        if line.startswith(("data:[DONE]", "data: [DONE]", ": ping")):
-            break
-        if line.startswith("data:"):
-            value = json.loads(line[5:].strip())
-            assert not value.get("error")
-            if (value.get("choices") or [{}])[0].get("text") and value.get("finish_reason") != "eos":
-                completed += value["choices"][0]["text"]
+    for value in continue_sse(lines):
+        if (value.get("choices") or [{}])[0].get("text") and value.get("finish_reason") != "eos":
+            completed += value["choices"][0]["text"]
     assert completed
     sent = [b for b in front.fakes["node-1"].requests if b.get("prompt", "").startswith("<|fim_prefix|>def mul")][-1]
     assert sent["options"]["stop"] == ["\n\n", "```"] and sent["options"]["num_predict"] == 256

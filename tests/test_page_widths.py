@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import sqlite3
 import time
 from pathlib import Path
 
 import pytest
-from playwright.async_api import Page, async_playwright, expect
+from playwright.async_api import Page, expect
 
 from conftest import eventually
-from test_page import ARTIFACTS, CHROMIUM_ARGS, busy, card, column, critique_of, head, queue_of
+from test_page import ARTIFACTS, browser, busy, card, column, critique_of, head, queue_of  # noqa: F401 (browser: a fixture)
 
 pytestmark = pytest.mark.browser
 
@@ -32,15 +31,6 @@ WAITING = 11  # tasks waiting on node-1 behind its running head, with a critique
 STREAMED = 9  # tokens the failing job streams before Ollama's error line
 
 expect.set_options(timeout=15_000)
-
-
-@pytest.fixture
-async def browser():
-    chromium = shutil.which("chromium") or "/usr/bin/chromium"
-    async with async_playwright() as p:
-        b = await p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
-        yield b
-        await b.close()
 
 
 @pytest.fixture
