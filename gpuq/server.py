@@ -423,12 +423,13 @@ async def clear(request: web.Request) -> web.Response:
         raise NotFound(f"unknown node '{name[:64]}'")
     body = await json_body(request, {"running"}) if request.can_read_body else {}
     running = field_of(body, "running", bool) or False
-    ids, interrupted = await app[STORE].clear(name, actor_of(request), running=running)
-    app[DISPATCHER].abort(interrupted, "cleared")
-    app[DISPATCHER].ended(ids, "cleared")
+    reason = f"cleared by {actor_of(request)}"
+    ids, interrupted = await app[STORE].clear(name, actor_of(request), running=running, reason=reason)
+    app[DISPATCHER].abort(interrupted, reason)
+    app[DISPATCHER].ended(ids, reason)
     app[BUS].publish("queue", {"cleared": name})
     for job_id in ids:
-        log.info("job=%s node=%s state=cancelled reason=cleared actor=%r", job_id, name, actor_of(request))
+        log.info("job=%s node=%s state=cancelled reason=%r", job_id, name, reason)
     return web.json_response({"node": name, "cancelled": ids})
 
 

@@ -216,8 +216,10 @@ class Store:
         """A queued or running job is cancelled with the reason ('deleted'); its rows stay."""
         return await self._write(partial(verbs.delete, job_id=job_id, actor=actor, reason=reason, now=self.clock()))
 
-    async def clear(self, node: str, actor: str, running: bool = False) -> tuple[list[str], Interrupted | None]:
-        return await self._write(partial(verbs.clear, node=node, actor=actor, running=running, now=self.clock()))
+    async def clear(self, node: str, actor: str, running: bool = False,
+                    reason: str = "cleared") -> tuple[list[str], Interrupted | None]:
+        return await self._write(partial(verbs.clear, node=node, actor=actor, running=running, now=self.clock(),
+                                         reason=reason))
 
     async def retry(self, job_id: str, actor: str) -> Row:
         """Only by explicit request: a failed or cancelled job goes to the tail of its node's queue."""

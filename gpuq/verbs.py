@@ -518,15 +518,16 @@ def delete(db: sqlite3.Connection, job_id: str, actor: str, reason: str, now: fl
     return dict(job, state="cancelled"), _cancel(db, job, actor, reason, now)
 
 
-def clear(db: sqlite3.Connection, node: str, actor: str, running: bool, now: float) -> tuple[list[str], Interrupted | None]:
-    """Cancel the node's queued jobs (and its running one, with `running`)."""
+def clear(db: sqlite3.Connection, node: str, actor: str, running: bool, now: float,
+          reason: str = "cleared") -> tuple[list[str], Interrupted | None]:
+    """Cancel the node's queued jobs (and its running one, with `running`), each with `reason`."""
     states = ACTIVE if running else ("queued",)
     jobs = rows(db.execute(
         f"SELECT * FROM job WHERE node = ? AND state IN ({','.join('?' * len(states))})"
         " ORDER BY state = 'queued', position, id", (node, *states)).fetchall())
     interrupted = None
     for job in jobs:
-        interrupted = _cancel(db, job, actor, "cleared", now) or interrupted
+        interrupted = _cancel(db, job, actor, reason, now) or interrupted
     return [j["id"] for j in jobs], interrupted
 
 

@@ -132,6 +132,16 @@ class Daemon:
     async def job(self, job_id: str) -> dict:
         return await self.get(f"/api/jobs/{job_id}")
 
+    async def take_down(self, fake: FakeOllama, name: str) -> None:
+        """Stop a node's Ollama and wait for the router to see it down: until then a job may be
+        claimed onto it and put back (nothing reached Ollama), which a test of waiting jobs must
+        not race."""
+        await fake.stop()
+
+        async def seen_down():
+            return not next(n for n in (await self.get("/api/nodes"))["nodes"] if n["name"] == name)["up"]
+        await eventually(seen_down, 15, what=f"{name} to be seen down")
+
     async def wait_state(self, job_id: str, *states: str, timeout: float = 10.0) -> dict:
         async def reached():
             job = await self.job(job_id)

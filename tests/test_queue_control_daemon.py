@@ -134,7 +134,7 @@ async def test_deleting_a_running_job_frees_the_node_at_once(qlab):
 
 
 async def test_delete_several_reports_each_and_fails_on_a_finished_one(qlab):
-    await qlab.fakes["node-3"].stop()  # node-3 is down: its jobs wait
+    await qlab.take_down(qlab.fakes["node-3"], "node-3")  # node-3 is down: its jobs wait
     a, b = await task(qlab, "a"), await task(qlab, "b")
     done = await task(qlab, "done", node="node-1")
     await qlab.wait_state(done, "done")
@@ -149,7 +149,7 @@ async def test_delete_several_reports_each_and_fails_on_a_finished_one(qlab):
 
 
 async def test_moving_a_critique_onto_its_parents_node_is_409_and_changes_nothing(qlab):
-    await qlab.fakes["node-2"].stop()  # node-2 is down, so its critiques stay queued
+    await qlab.take_down(qlab.fakes["node-2"], "node-2")  # node-2 is down, so its critiques stay queued
     parent = await task(qlab, "the plan", node="node-1")
     [crit] = await qlab.submit("critique", "review the plan", parent=parent)
     [other] = await qlab.submit("critique", "review another", node="node-2")
@@ -175,8 +175,8 @@ async def test_moving_a_critique_onto_its_parents_node_is_409_and_changes_nothin
 
 
 async def test_move_reorders_and_moves_between_nodes_on_the_cli(qlab):
-    await qlab.fakes["node-3"].stop()
-    await qlab.fakes["node-1"].stop()
+    await qlab.take_down(qlab.fakes["node-3"], "node-3")
+    await qlab.take_down(qlab.fakes["node-1"], "node-1")
     a, b, c = [await task(qlab, p) for p in ("a", "b", "c")]
     res = await qlab.cli("move", c, "--to", "1")
     assert (res.code, res.out) == (0, f"{c} -> node-3 position 1\n"), res.err
@@ -233,7 +233,7 @@ async def test_clear_asks_then_cancels_the_waiting_jobs_and_with_running_the_hea
     assert await waiting(qlab, "node-3") == []
     for j in rest:
         job = await qlab.job(j)
-        assert (job["state"], job["error"]) == ("cancelled", "cleared")
+        assert (job["state"], job["error"]) == ("cancelled", "cleared by cli 127.0.0.1")
     assert (await qlab.job(head))["state"] == "running" and fake.disconnects == 0
     assert (await qlab.wait_state(elsewhere, "done"))["state"] == "done"
 
@@ -249,7 +249,7 @@ async def test_clear_asks_then_cancels_the_waiting_jobs_and_with_running_the_hea
 
 
 async def test_the_api_takes_json_booleans_and_integers_strictly(qlab):
-    await qlab.fakes["node-3"].stop()
+    await qlab.take_down(qlab.fakes["node-3"], "node-3")
     a, b = await task(qlab, "a"), await task(qlab, "b")
     status, body = await qlab.request("POST", f"/api/jobs/{b}/move", {"position": True})
     assert (status, body["error"]["message"]) == (400, "field 'position' must be a whole number, got true")
@@ -260,7 +260,7 @@ async def test_the_api_takes_json_booleans_and_integers_strictly(qlab):
     assert (status, body) == (200, {"node": "node-3", "cancelled": [a, b]})
     events = (await qlab.job(a))["events"]
     assert (events[-1]["to_state"], events[-1]["actor"], events[-1]["reason"]) == (
-        "cancelled", "api 127.0.0.1", "cleared")
+        "cancelled", "api 127.0.0.1", "cleared by api 127.0.0.1")
 
 
 async def test_retry_only_on_explicit_request(qlab):
