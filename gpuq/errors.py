@@ -1,6 +1,8 @@
 """One error hierarchy: each class carries the HTTP status the server and the CLI show."""
 
+import json
 import sqlite3
+from typing import Any, Callable
 
 # The schema's triggers raise exactly this (migration 010); from_sqlite turns it into GuardRefused.
 GUARD_MESSAGE = "a critique never runs on its parent task's node"
@@ -138,3 +140,21 @@ def from_sqlite(exc: sqlite3.Error) -> GpuqError:
     if name.startswith("SQLITE_READONLY"):
         return StoreUnavailable(f"the database is read-only: {text}; nothing was changed")
     return StoreUnavailable(f"database error: {text}; nothing was changed")
+
+
+def json_object(raw: bytes, missing: str, malformed: str, type_name: Callable[[Any], str]) -> dict:
+    """A request body as a JSON object, else BadRequest naming what is wrong, in the words of the
+    API that asks (gpuq's own, or Ollama's at the front door)."""
+    if not raw:
+        raise BadRequest(missing)
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise BadRequest("request body is not valid UTF-8") from None
+    except RecursionError:
+        raise BadRequest("malformed JSON: nested too deeply") from None
+    except ValueError as exc:
+        raise BadRequest(f"{malformed}: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest(f"expected a JSON object, got {type_name(body)}")
+    return body

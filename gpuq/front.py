@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import socket
 import time
@@ -22,12 +21,11 @@ from .config import Settings
 from .connections import BACKLOG, bind_sockets
 from .dispatcher import Dispatcher
 from .errors import (
-    BadRequest, Conflict, FrontError, GpuqError, ModelMissing, NotFound, OllamaError, StartupError,
-    StoreUnavailable,
+    BadRequest, Conflict, FrontError, GpuqError, IdTaken, ModelMissing, NotFound, OllamaError, StartupError,
+    StoreUnavailable, json_object,
 )
 from .models import new_job_id, normalize_model, preview_url
 from .security import check_host, check_same_site, router_hosts, token_of
-from .errors import IdTaken
 from .store import NewJob, Store
 
 log = logging.getLogger("gpuq")
@@ -136,20 +134,7 @@ def access_middleware(settings: Settings):
 
 
 async def json_of(request: web.Request) -> dict:
-    raw = await request.read()
-    if not raw:
-        raise BadRequest("missing request body")
-    try:
-        body = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise BadRequest("request body is not valid UTF-8") from None
-    except RecursionError:
-        raise BadRequest("malformed JSON: nested too deeply") from None
-    except ValueError as exc:
-        raise BadRequest(f"invalid character in JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise BadRequest(f"expected a JSON object, got {tr._go_type(body)}")
-    return body
+    return json_object(await request.read(), "missing request body", "invalid character in JSON", tr._go_type)
 
 
 # -- what the nodes have -----------------------------------------------------------------------

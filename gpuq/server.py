@@ -18,7 +18,7 @@ from .alerts import Alerter
 from .bus import Bus, next_event
 from .config import Settings
 from .dispatcher import Dispatcher, NodeRuntime
-from .errors import BadRequest, GpuqError, NotFound, TooLarge
+from .errors import BadRequest, GpuqError, NotFound, TooLarge, json_object
 from .metrics import Metrics
 from .models import Kind, NodeCounts, iso, parse_iso, preview_url
 from .params import options_problem, think_problem
@@ -113,19 +113,8 @@ async def headers_middleware(request: web.Request, handler):
 # -- input ------------------------------------------------------------------------------------
 
 async def json_body(request: web.Request, allowed: set[str]) -> dict:
-    raw = await request.read()
-    if not raw:
-        raise BadRequest("missing request body: expected a JSON object")
-    try:
-        body = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise BadRequest("request body is not valid UTF-8") from None
-    except RecursionError:
-        raise BadRequest("malformed JSON: nested too deeply") from None
-    except ValueError as exc:
-        raise BadRequest(f"malformed JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise BadRequest(f"expected a JSON object, got a JSON {json_type(type(body))}")
+    body = json_object(await request.read(), "missing request body: expected a JSON object", "malformed JSON",
+                       lambda value: f"a JSON {json_type(type(value))}")
     unknown = sorted(set(body) - allowed)
     if unknown:
         raise BadRequest(f"unknown field '{unknown[0]}' (allowed: {', '.join(sorted(allowed))})")
