@@ -39,6 +39,14 @@ class FrontLab:
         async with self.daemon.session.get(self.url + "/api/tags") as resp:
             return resp.status == 200 and bool((await resp.json())["models"])
 
+    async def hold_node_1(self, prompt: str) -> asyncio.Task:
+        """A slow call that holds node-1 (400 tokens, 50 ms each); calls after it wait in its queue."""
+        fake = self.fakes["node-1"]
+        fake.script.token_delay_s, fake.script.tokens = 0.05, 400
+        call = asyncio.create_task(self.ollama().chat(model=CHAT_MODEL, messages=[{"role": "user", "content": prompt}]))
+        await eventually(lambda: fake.in_flight == 1, what="a call to hold node-1")
+        return call
+
     async def close(self) -> None:
         for client in self.clients:
             await client.close()
@@ -348,11 +356,8 @@ async def test_three_calls_for_one_model_queue_on_its_node_one_at_a_time(front):
 
 async def test_a_client_that_leaves_while_queued_cancels_its_job_before_ollama_sees_it(front):
     fake = front.fakes["node-1"]
-    fake.script.token_delay_s, fake.script.tokens = 0.05, 400
-    client = front.ollama()
-    first = asyncio.create_task(client.chat(model=CHAT_MODEL, messages=[{"role": "user", "content": "busy"}]))
-    await eventually(lambda: fake.in_flight == 1, what="the first call to run")
-    waiting = asyncio.create_task(client.chat(model=CHAT_MODEL, messages=[{"role": "user", "content": "gave up"}]))
+    first = await front.hold_node_1("busy")
+    waiting = asyncio.create_task(front.ollama().chat(model=CHAT_MODEL, messages=[{"role": "user", "content": "gave up"}]))
     job = await front.job_with("gave up", "queued")
     waiting.cancel()  # the client closes its connection
     with pytest.raises(asyncio.CancelledError):
@@ -442,9 +447,7 @@ async def test_preempt_ends_the_interrupted_clients_stream_and_its_job(front):
 
 async def test_moving_a_call_to_a_node_without_its_model_is_409_naming_it(front):
     fake = front.fakes["node-1"]
-    fake.script.token_delay_s, fake.script.tokens = 0.05, 400
-    first = asyncio.create_task(front.ollama().chat(model=CHAT_MODEL, messages=[{"role": "user", "content": "one"}]))
-    await eventually(lambda: fake.in_flight == 1, what="a call to hold the node")
+    first = await front.hold_node_1("one")
     second = asyncio.create_task(front.ollama().chat(model=CHAT_MODEL, messages=[{"role": "user", "content": "two"}]))
     waiting = await front.job_with("two", "queued")
     res = await front.daemon.cli("move", waiting["id"], "--node", "node-3")
@@ -468,9 +471,7 @@ async def test_responses_carry_the_job_and_its_preview(front):
 
 async def test_the_router_restarting_cancels_calls_whose_clients_are_gone(front):
     fake = front.fakes["node-1"]
-    fake.script.token_delay_s, fake.script.tokens = 0.05, 400
-    first = asyncio.create_task(front.ollama().chat(model=CHAT_MODEL, messages=[{"role": "user", "content": "a"}]))
-    await eventually(lambda: fake.in_flight == 1, what="a call to hold the node")
+    first = await front.hold_node_1("a")
     second = asyncio.create_task(front.ollama().chat(model=CHAT_MODEL, messages=[{"role": "user", "content": "b"}]))
     waiting = await front.job_with("b", "queued")
     await front.daemon.kill()
@@ -486,9 +487,7 @@ async def test_the_router_restarting_cancels_calls_whose_clients_are_gone(front)
 
 async def test_a_router_stopping_tells_waiting_clients_and_cancels_their_jobs(front):
     fake = front.fakes["node-1"]
-    fake.script.token_delay_s, fake.script.tokens = 0.05, 400
-    running = asyncio.create_task(front.ollama().chat(model=CHAT_MODEL, messages=[{"role": "user", "content": "r"}]))
-    await eventually(lambda: fake.in_flight == 1, what="a call to hold the node")
+    running = await front.hold_node_1("r")
     waiting = asyncio.create_task(front.openai().chat.completions.create(
         model=CHAT_MODEL, messages=[{"role": "user", "content": "w"}]))
     job = await front.job_with("w", "queued")
@@ -507,9 +506,7 @@ async def test_a_router_stopping_tells_waiting_clients_and_cancels_their_jobs(fr
 
 async def test_an_openai_stream_opens_at_once_while_its_job_waits(front):
     fake = front.fakes["node-1"]
-    fake.script.token_delay_s, fake.script.tokens = 0.05, 400
-    first = asyncio.create_task(front.ollama().chat(model=CHAT_MODEL, messages=[{"role": "user", "content": "1st"}]))
-    await eventually(lambda: fake.in_flight == 1, what="a call to hold the node")
+    first = await front.hold_node_1("1st")
     async with front.daemon.session.post(front.url + "/v1/chat/completions", json={
             "model": CHAT_MODEL, "stream": True, "messages": [{"role": "user", "content": "2nd"}]}) as resp:
         # Headers (and its job's id) before it runs: the SDK's read timeout counts from here,
