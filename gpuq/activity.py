@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .models import parse_iso
+from .models import JobState, parse_iso
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ def activity(runs: list[dict], start: float, end: float) -> dict[str, NodeActivi
         if ended < start or began > end:
             continue
         spans.setdefault(r["node"], []).append((max(began, start), min(ended, end)))
-        if r["state"] in ("done", "failed") and r["finished_at"] and start <= ended <= end:
+        if r["state"] in (JobState.DONE, JobState.FAILED) and r["finished_at"] and start <= ended <= end:
             finished[r["node"]] = finished.get(r["node"], 0) + 1
     out = {}
     for node in spans.keys() | finished.keys():

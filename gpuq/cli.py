@@ -15,7 +15,7 @@ import click
 
 from .client import ApiError, Router
 from .config import DEFAULT_ROUTER, ConfigError, check_token, check_url, find_config, load_config, starter_config
-from .models import parse_iso
+from .models import ACTIVE, FINAL, JobState, parse_iso
 
 
 def fail(status, message: str) -> None:
@@ -99,10 +99,10 @@ def in_about(ts: str) -> str:
 def eta_summary(job: dict) -> str | None:
     """'est. start in ~4 min, finish in ~9 min' (a waiting job), 'est. finish in ~2 min' (a
     running one), with the reason when a time is unknown. None for a finished job."""
-    if job.get("state") not in ("queued", "running") or "eta_finish" not in job:
+    if job.get("state") not in ACTIVE or "eta_finish" not in job:
         return None
     finish = in_about(job["eta_finish"]) if job.get("eta_finish") else "unknown"
-    if job["state"] == "queued":
+    if job["state"] == JobState.QUEUED:
         start = in_about(job["eta_start"]) if job.get("eta_start") else "unknown"
         text = f"est. start {start}" + (f", finish {finish}" if job.get("eta_start") else "")
     else:
@@ -113,7 +113,7 @@ def eta_summary(job: dict) -> str | None:
 def after_submit(job: dict) -> str:
     """The line `gpuq task` prints after placing a job: when it should start (it may already
     have started, or even finished)."""
-    if job["state"] == "running":
+    if job["state"] == JobState.RUNNING:
         return "started; " + (eta_summary(job) or "")
     return eta_summary(job) or f"already {job['state']}"
 
@@ -327,13 +327,13 @@ def critique(ctx, file, parent, node, model, timeout, no_wait, as_json, think, t
             click.echo(json.dumps(line) if as_json else f"{job['node']} {job['id']} {job['model']} {job['state']}{held}")
         return
     finished = wait_all(router, [j["id"] for j in jobs], as_json)
-    if any(j["state"] != "done" for j in finished):
+    if any(j["state"] != JobState.DONE for j in finished):
         sys.exit(1)
 
 
 def critique_line(job: dict) -> str:
     took = ago(job["created_at"], job["finished_at"])
-    if job["state"] == "done":
+    if job["state"] == JobState.DONE:
         count = len(job.get("findings") or [])
         return f"{job['node']} {job['id']} {job['model']} done {count} finding{'s' if count != 1 else ''} {took}"
     return f"{job['node']} {job['id']} {job['model']} {job['state']} {took}: {job.get('error') or ''}"
@@ -345,7 +345,7 @@ def wait_all(router: Router, ids: list[str], as_json: bool = False) -> list[dict
     while pending:
         for job_id in list(pending):
             job = router.call("GET", f"/api/jobs/{seg(job_id)}")
-            if job["state"] in ("done", "failed", "cancelled"):
+            if job["state"] in FINAL:
                 pending.remove(job_id)
                 finished.append(job)
                 if as_json:
@@ -398,13 +398,13 @@ def follow(router: Router, job_id: str, as_json: bool = False) -> None:
     if final is None:
         fail("-", f"the stream of {job_id} ended early")
     click.echo(json.dumps(final) if as_json else summary(final))
-    if final["state"] != "done":
+    if final["state"] != JobState.DONE:
         sys.exit(1)
 
 
 def summary(job: dict) -> str:
     # A cancelled job's error is why it was cancelled ("deleted by cli 127.0.0.1"), not a failure.
-    cancelled = job["state"] == "cancelled" and job.get("error")
+    cancelled = job["state"] == JobState.CANCELLED and job.get("error")
     parts = [f"cancelled: {job['error']};" if cancelled else job["state"]]
     if job.get("eval_count"):
         parts.append(f"{job['eval_count']} token{'s' if job['eval_count'] != 1 else ''}")
@@ -461,7 +461,7 @@ def show(ctx, job_id, as_json) -> None:
         click.echo(f"waiting for parent {job['waiting_for']} to finish (held: it reviews the parent's result)")
     if eta_summary(job):
         times = [f"{k} {clock(job['eta_' + k])}" for k in ("start", "finish")
-                 if job.get("eta_" + k) and not (k == "start" and job["state"] == "running")]
+                 if job.get("eta_" + k) and not (k == "start" and job["state"] == JobState.RUNNING)]
         click.echo(eta_summary(job) + (f"   [{', '.join(times)}]" if times else ""))
     click.echo(summary(job))
     for ev in job.get("events", []):

@@ -24,7 +24,7 @@ from .errors import (
     BadRequest, Conflict, FrontError, GpuqError, IdTaken, ModelMissing, NotFound, OllamaError, StartupError,
     StoreUnavailable, json_object,
 )
-from .models import new_job_id, normalize_model, preview_url
+from .models import ACTIVE, new_job_id, normalize_model, preview_url
 from .security import check_host, check_same_site, router_hosts, token_of
 from .store import NewJob, Store
 
@@ -381,7 +381,7 @@ class Call:
             job = await self.front.store.job(self.job_id)
         except (NotFound, StoreUnavailable):
             return None
-        if job["state"] in ("queued", "running") or not self.relay.empty():
+        if job["state"] in ACTIVE or not self.relay.empty():
             return None
         message = f"gpuq job {self.job_id} is {job['state']}: {job['error'] or 'ended'}"
         return ENDED_STATUS, message, "job_" + job["state"]

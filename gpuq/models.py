@@ -4,11 +4,16 @@ import secrets
 import time
 from datetime import datetime, timezone
 from dataclasses import dataclass
-from enum import Enum
+from enum import Enum, StrEnum
 from typing import NamedTuple
 
+from .errors import BadRequest
 
-class JobState(str, Enum):
+
+class JobState(StrEnum):
+    """A job's state. The schema's CHECK constraints (migrations/001, 005) spell the same values,
+    and SQL text names them literally; Python code names them here."""
+
     QUEUED = "queued"  #: waiting in its node's queue
     RUNNING = "running"  #: claimed by its node's worker; at most one per node
     DONE = "done"  #: Ollama finished and the model was unloaded
@@ -16,13 +21,15 @@ class JobState(str, Enum):
     CANCELLED = "cancelled"  #: deleted or cleared by a person
 
 
-class Kind(str, Enum):
+class Kind(StrEnum):
     TASK = "task"  #: long work, to the first free task node by rank
     CRITIQUE = "critique"  #: a review, fanned out to every critique node
     EMBED = "embed"  #: an embedding through the front door, placed as a task
 
 
-ACTIVE = (JobState.QUEUED.value, JobState.RUNNING.value)
+ACTIVE = (JobState.QUEUED, JobState.RUNNING)  #: on a node: waiting or running
+FINAL = (JobState.DONE, JobState.FAILED, JobState.CANCELLED)  #: ended; only a retry starts it again
+NO_RESULT = (JobState.FAILED, JobState.CANCELLED)  #: ended without a result: what a retry takes
 
 
 class NodeCounts(NamedTuple):
@@ -49,6 +56,16 @@ class NewJob:
     endpoint: str | None = None
     request: str | None = None
     job_id: str | None = None
+
+    def __post_init__(self) -> None:
+        """The shape every new job must have, whichever door it came in by. What needs the
+        database (the parent exists, is a task, has a result to review) the store judges."""
+        if self.parent is not None and self.kind != Kind.CRITIQUE.value:
+            raise BadRequest("only a critique takes a parent")
+        reviews_parent = self.prompt is None and self.parent is not None
+        # A front-door call keeps its whole request; its prompt is only what the page shows.
+        if self.request is None and not reviews_parent and not (self.prompt or "").strip():
+            raise BadRequest("field 'prompt' must not be empty")
 
 
 @dataclass(frozen=True)

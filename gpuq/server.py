@@ -20,7 +20,7 @@ from .config import Settings
 from .dispatcher import Dispatcher, NodeRuntime
 from .errors import BadRequest, GpuqError, NotFound, TooLarge, json_object
 from .metrics import Metrics
-from .models import Kind, NodeCounts, iso, parse_iso, preview_url
+from .models import ACTIVE, FINAL, JobState, Kind, NodeCounts, iso, parse_iso, preview_url
 from .params import options_problem, think_problem
 from .security import access_middleware, host_middleware
 from .shipped import shipped_dir, shipped_files
@@ -40,7 +40,6 @@ BUS = web.AppKey("bus", Bus)
 METRICS = web.AppKey("metrics", Metrics)
 ALERTER = web.AppKey("alerter", Alerter)
 ACTIVITY_WINDOW_S = 3600.0  # the busy strips and jobs per hour look this far back
-FINAL_STATES = ("done", "failed", "cancelled")
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
@@ -178,7 +177,7 @@ async def estimates(app: web.Application, rows: list[dict] | None = None) -> dic
     running: dict[str, eta.Slot] = {}
     waiting: dict[str, list[eta.Slot]] = {name: [] for name in runtimes}
     for r in rows:
-        if r["state"] == "running":
+        if r["state"] == JobState.RUNNING:
             running[r["node"]] = eta.Slot(r["id"], r["model"], parse_iso(r["started_at"]))
         elif r["node"] in waiting:
             waiting[r["node"]].append(eta.Slot(r["id"], r["model"], waiting_for=r["waiting_for"]))
@@ -197,7 +196,7 @@ def node_blocked(rt: NodeRuntime) -> str | None:
 
 def with_eta(job: dict, found: dict[str, eta.Estimate]) -> dict:
     """eta_start, eta_finish (ISO, or null with eta_reason) on a waiting or running job."""
-    if job["state"] not in ("queued", "running"):
+    if job["state"] not in ACTIVE:
         return job
     e = found.get(job["id"]) or eta.Estimate(
         None, None, f"more than {eta.DEPTH} jobs wait ahead of it, or its node is not in the config")
@@ -236,7 +235,7 @@ async def submit(request: web.Request) -> web.Response:
     settings, store = request.app[SETTINGS], request.app[STORE]
     body = await json_body(request, {"kind", "prompt", "model", "node", "parent", "timeout", "think", "options"})
     kind = field_of(body, "kind", str, required=True)
-    if kind not in (Kind.TASK.value, Kind.CRITIQUE.value):  # embeddings come through the front door
+    if kind not in (Kind.TASK, Kind.CRITIQUE):  # embeddings come through the front door
         raise BadRequest(f"unknown kind '{kind[:40]}' (expected 'task' or 'critique')")
     prompt = field_of(body, "prompt", str)
     parent = field_of(body, "parent", str)
@@ -245,15 +244,9 @@ async def submit(request: web.Request) -> web.Response:
     timeout = field_of(body, "timeout", (int, float))
     if timeout is not None and not 0 < timeout <= 7 * 86400:
         raise BadRequest(f"field 'timeout' must be between 0 and 604800 seconds, got {timeout}")
-    # No prompt with a parent: the critique reviews the parent's prompt and result (the store
-    # judges the guard first, then holds it until the parent is done).
-    if prompt is not None or kind != "critique" or parent is None:
-        if prompt is None or not prompt.strip():
-            raise BadRequest("field 'prompt' must not be empty")
-        size = len(prompt.encode("utf-8"))
-        if size > settings.max_prompt_bytes:
-            raise TooLarge(f"prompt is {size} bytes, over the limit of {settings.max_prompt_bytes} "
-                           "(router.max_prompt_bytes)")
+    if prompt is not None and (size := len(prompt.encode("utf-8"))) > settings.max_prompt_bytes:
+        raise TooLarge(f"prompt is {size} bytes, over the limit of {settings.max_prompt_bytes} "
+                       "(router.max_prompt_bytes)")
     model = field_of(body, "model", str)
     if model is not None and not model.strip():
         raise BadRequest("field 'model' must not be empty")
@@ -280,7 +273,7 @@ async def get_job(request: web.Request) -> web.Response:
     job_id = job_id_of(request)
     job = await app[STORE].job_detail(job_id)
     found: dict = {}
-    if job["state"] in ("queued", "running"):
+    if job["state"] in ACTIVE:
         found = await estimates(app)
         if job_id not in found:  # it ended (or moved on) between the two reads: read it again
             job = await app[STORE].job_detail(job_id)
@@ -302,11 +295,11 @@ def with_live(job: dict, dispatcher: Dispatcher) -> dict:
 async def list_jobs(request: web.Request) -> web.Response:
     q = request.query
     state = q.get("state")
-    if state and state not in ("queued", "running", "done", "failed", "cancelled"):
+    if state and state not in list(JobState):
         raise BadRequest(f"unknown state '{state[:40]}'")
     limit = int_param(q, "limit", 100, 1, 10_000)
     # The estimates first: a job still waiting or running in the listing read after was in them.
-    found = await estimates(request.app) if not state or state in ("queued", "running") else {}
+    found = await estimates(request.app) if not state or state in ACTIVE else {}
     rows = await request.app[STORE].jobs(q.get("node"), state, limit)
     url = request.app[SETTINGS].public_url
     return web.json_response({"jobs": [with_eta(job_json(r, url), found) for r in rows]})
@@ -435,7 +428,7 @@ async def history(request: web.Request) -> web.Response:
     """Finished jobs, newest first, paged and filtered by state, node, kind and text."""
     q = request.query
     state, kind, node, text = q.get("state") or None, q.get("kind") or None, q.get("node") or None, q.get("q") or None
-    if state and state not in FINAL_STATES:
+    if state and state not in FINAL:
         raise BadRequest(f"unknown state '{state[:40]}' (finished jobs are done, failed or cancelled)")
     if kind and kind not in {k.value for k in Kind}:
         raise BadRequest(f"unknown kind '{kind[:40]}' (expected {', '.join(repr(k.value) for k in Kind)})")
@@ -472,7 +465,7 @@ async def activity_view(request: web.Request) -> web.Response:
         nodes.append({"name": name, "busy": [[iso(b), iso(e)] for b, e in (a.busy if a else [])],
                       "busy_s": round(a.busy_s, 3) if a else 0.0, "jobs_per_hour": a.finished if a else 0})
     return web.json_response({"now": iso(now), "since": iso(since), "window_s": ACTIVITY_WINDOW_S,
-                              "finished": {s: counts.get(s, 0) for s in FINAL_STATES}, "nodes": nodes})
+                              "finished": {s: counts.get(s, 0) for s in FINAL}, "nodes": nodes})
 
 
 async def alerts(request: web.Request) -> web.Response:

@@ -275,7 +275,7 @@ class Store:
             job["request"] = (await self.read("SELECT request FROM job WHERE id = ?", (job_id,)))[0]["request"]
         job["output"] = job["runs"][-1]["output"] if job["runs"] else ""
         job["thinking"] = job["runs"][-1]["thinking"] if job["runs"] else None
-        if job["state"] == JobState.QUEUED.value:
+        if job["state"] == JobState.QUEUED:
             job["queue_position"] = await self.queue_position(job)
         return job
 

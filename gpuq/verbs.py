@@ -334,10 +334,6 @@ def submit(db: sqlite3.Connection, new: NewJob, nodes: list[NodeInfo], actor: st
             raise Unprocessable(f"unknown parent job '{new.parent}'")
         if parent["kind"] != "task":
             raise Unprocessable(f"parent job '{new.parent}' is a {parent['kind']}, not a task")
-        if new.kind != "critique":
-            raise BadRequest("only a critique takes a parent")
-    elif new.prompt is None:
-        raise BadRequest("field 'prompt' must not be empty")
     parent_node = parent["node"] if parent else None
     counts = _node_counts(db)
     views = _views(nodes, counts)

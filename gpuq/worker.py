@@ -113,7 +113,7 @@ class Worker:
                     if job is None:
                         continue
                 log.info("job=%s node=%s state=running model=%s", job["id"], self.rt.name, job["model"])
-                self.changed(job=job["id"], node=self.rt.name, state=JobState.RUNNING.value)
+                self.changed(job=job["id"], node=self.rt.name, state=JobState.RUNNING)
                 running, job = job, None
                 job = await self._run(running)
             except asyncio.CancelledError:
@@ -220,7 +220,7 @@ class Worker:
         reason = f"back to the head of the queue: {exc.message}; the request never reached Ollama"
         if await self._persist(job["id"], "event", lambda: self.store.put_back(job["id"], cur.run_id, reason)):
             log.warning("job=%s node=%s state=queued reason=%r", job["id"], self.rt.name, reason)
-            self.changed(job=job["id"], node=self.rt.name, state=JobState.QUEUED.value)
+            self.changed(job=job["id"], node=self.rt.name, state=JobState.QUEUED)
 
     async def _unload_other_model(self, job: dict, cur: Current) -> bool:
         """"when-idle" switching model: the one left loaded must leave VRAM first; else the job
@@ -231,7 +231,7 @@ class Worker:
             return True
         message = f"not started: {self.rt.vram_stuck}"
         await self._persist(job["id"], "outcome", lambda: self.store.finish(
-            job["id"], cur.run_id, JobState.FAILED.value, message))
+            job["id"], cur.run_id, JobState.FAILED, message))
         return False
 
     # -- step 1: generate ---------------------------------------------------------------------
@@ -496,7 +496,7 @@ class Worker:
                       unloaded: bool) -> None:
         """Record the outcome. A node that just answered the unload check is reachable, so the
         finish may claim its next job in the same commit (cur.next_job)."""
-        state = (JobState.FAILED if error else JobState.DONE).value
+        state = JobState.FAILED if error else JobState.DONE
         claim_node = self.rt.name if unloaded and self.rt.claimable and not self.stopping else None
         output, thinking, _ = cur.unsaved()
         try:
