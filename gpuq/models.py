@@ -1,5 +1,6 @@
 """States, ids and times: the vocabulary the rest of gpuq speaks."""
 
+import json
 import secrets
 import time
 from datetime import datetime, timezone
@@ -87,6 +88,12 @@ class Interrupted:
     job_id: str
     node: str
     run_id: int
+
+
+def compact_json(obj) -> str:
+    """JSON as the router sends it (and Go's encoder writes it): no spaces, UTF-8 as is, so a
+    listing's excerpts in any script cost their UTF-8 bytes, not six per character."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
 
 
 def new_job_id(now: float | None = None) -> str:

@@ -20,7 +20,7 @@ from .config import Settings
 from .dispatcher import Dispatcher, NodeRuntime
 from .errors import BadRequest, GpuqError, NotFound, TooLarge, json_object
 from .metrics import Metrics
-from .models import ACTIVE, FINAL, JobState, Kind, NodeCounts, iso, parse_iso, preview_url
+from .models import ACTIVE, FINAL, JobState, Kind, NodeCounts, compact_json, iso, parse_iso, preview_url
 from .params import options_problem, think_problem
 from .security import access_middleware, host_middleware
 from .shipped import shipped_dir, shipped_files
@@ -43,6 +43,10 @@ ACTIVITY_WINDOW_S = 3600.0  # the busy strips and jobs per hour look this far ba
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+
+
+def json_response(body: Any, status: int = 200, **kwargs: Any) -> web.Response:
+    return web.json_response(body, status=status, dumps=compact_json, **kwargs)
 
 
 def job_json(row: Row, public_url: str) -> Row:
@@ -72,7 +76,7 @@ def job_json(row: Row, public_url: str) -> Row:
 
 
 def error_response(status: int, message: str) -> web.Response:
-    return web.json_response({"error": {"status": status, "message": message}}, status=status)
+    return json_response({"error": {"status": status, "message": message}}, status=status)
 
 
 @web.middleware
@@ -220,7 +224,7 @@ async def health(request: web.Request) -> web.Response:
     body = {"ok": ok, "queue_depth": sum(c.queued for c in active.values()),
             "running": sum(c.running for c in active.values()), "stale": stale, "nodes_down": down,
             "loops_down": crashed}
-    return web.json_response(body, status=200 if ok else 503)
+    return json_response(body, status=200 if ok else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -265,7 +269,7 @@ async def submit(request: web.Request) -> web.Response:
         job["preview_url"] = preview_url(settings.public_url, job["id"])
         request.app[DISPATCHER].wake(job["node"])  # only its node: the others have nothing new
     request.app[BUS].publish("queue", {"submitted": [j["id"] for j in jobs]})
-    return web.json_response({"jobs": jobs}, status=201)
+    return json_response({"jobs": jobs}, status=201)
 
 
 async def get_job(request: web.Request) -> web.Response:
@@ -277,7 +281,7 @@ async def get_job(request: web.Request) -> web.Response:
         found = await estimates(app)
         if job_id not in found:  # it ended (or moved on) between the two reads: read it again
             job = await app[STORE].job_detail(job_id)
-    return web.json_response(with_eta(with_live(job_json(job, app[SETTINGS].public_url), app[DISPATCHER]), found))
+    return json_response(with_eta(with_live(job_json(job, app[SETTINGS].public_url), app[DISPATCHER]), found))
 
 
 def with_live(job: dict, dispatcher: Dispatcher) -> dict:
@@ -302,7 +306,7 @@ async def list_jobs(request: web.Request) -> web.Response:
     found = await estimates(request.app) if not state or state in ACTIVE else {}
     rows = await request.app[STORE].jobs(q.get("node"), state, limit)
     url = request.app[SETTINGS].public_url
-    return web.json_response({"jobs": [with_eta(job_json(r, url), found) for r in rows]})
+    return json_response({"jobs": [with_eta(job_json(r, url), found) for r in rows]})
 
 
 def int_param(query, key: str, default: int, low: int, high: int) -> int:
@@ -339,17 +343,17 @@ async def queue(request: web.Request) -> web.Response:
         running = running and with_eta(with_live(job_json(running, url), app[DISPATCHER]), found)
         nodes.append(dict(node_json(rt), running=running,
                           queued=[with_eta(job_json(j, url), found) for j in queued], queued_count=count))
-    return web.json_response({"queue_depth": depth, "nodes": nodes})
+    return json_response({"queue_depth": depth, "nodes": nodes})
 
 
 async def nodes(request: web.Request) -> web.Response:
     active = await request.app[STORE].active_by_node()
-    return web.json_response({"nodes": [dict(node_json(rt), waiting=active.get(rt.name, NodeCounts()).queued)
+    return json_response({"nodes": [dict(node_json(rt), waiting=active.get(rt.name, NodeCounts()).queued)
                                         for rt in request.app[DISPATCHER].nodes.values()]})
 
 
 async def stale(request: web.Request) -> web.Response:
-    return web.json_response({"stale": await request.app[STORE].stale_heads()})
+    return json_response({"stale": await request.app[STORE].stale_heads()})
 
 
 async def move(request: web.Request) -> web.Response:
@@ -369,7 +373,7 @@ async def move(request: web.Request) -> web.Response:
     app[BUS].publish("queue", {"moved": job["id"]})
     log.info("job=%s node=%s state=queued moved position=%s actor=%r", job["id"], job["node"], job["position"],
              actor_of(request))
-    return web.json_response({"job": {"id": job["id"], "node": job["node"], "position": job["position"],
+    return json_response({"job": {"id": job["id"], "node": job["node"], "position": job["position"],
                                       "state": "queued"}})
 
 
@@ -381,7 +385,7 @@ async def preempt(request: web.Request) -> web.Response:
     log.info("job=%s node=%s state=queued preempt position=1 actor=%r", job["id"], job["node"], actor_of(request))
     if interrupted:
         log.info("job=%s node=%s state=queued reason=%r", interrupted.job_id, job["node"], f"preempted by {job['id']}")
-    return web.json_response({"job": {"id": job["id"], "node": job["node"], "position": 1, "state": "queued"},
+    return json_response({"job": {"id": job["id"], "node": job["node"], "position": 1, "state": "queued"},
                               "interrupted": interrupted and interrupted.job_id})
 
 
@@ -394,7 +398,7 @@ async def delete(request: web.Request) -> web.Response:
     app[DISPATCHER].ended([job["id"]], reason)
     app[BUS].publish("queue", {"deleted": job["id"]})
     log.info("job=%s node=%s state=cancelled reason=%r", job["id"], job["node"], reason)
-    return web.json_response({"job": {"id": job["id"], "node": job["node"], "state": "cancelled",
+    return json_response({"job": {"id": job["id"], "node": job["node"], "state": "cancelled",
                                       "was": "running" if interrupted else "queued"}})
 
 
@@ -412,7 +416,7 @@ async def clear(request: web.Request) -> web.Response:
     app[BUS].publish("queue", {"cleared": name})
     for job_id in ids:
         log.info("job=%s node=%s state=cancelled reason=%r", job_id, name, reason)
-    return web.json_response({"node": name, "cancelled": ids})
+    return json_response({"node": name, "cancelled": ids})
 
 
 async def retry(request: web.Request) -> web.Response:
@@ -421,7 +425,7 @@ async def retry(request: web.Request) -> web.Response:
     app[DISPATCHER].wake(job["node"])
     app[BUS].publish("queue", {"retried": job["id"]})
     log.info("job=%s node=%s state=queued reason='retry requested' actor=%r", job["id"], job["node"], actor_of(request))
-    return web.json_response({"job": {"id": job["id"], "node": job["node"], "state": "queued"}})
+    return json_response({"job": {"id": job["id"], "node": job["node"], "state": "queued"}})
 
 
 async def history(request: web.Request) -> web.Response:
@@ -440,7 +444,7 @@ async def history(request: web.Request) -> web.Response:
     offset = int_param(q, "offset", 0, 0, 10_000_000)
     rows, total = await request.app[STORE].history(state, node, kind, text, limit, offset)
     url = request.app[SETTINGS].public_url
-    return web.json_response({"jobs": [job_json(r, url) for r in rows], "total": total, "limit": limit,
+    return json_response({"jobs": [job_json(r, url) for r in rows], "total": total, "limit": limit,
                               "offset": offset})
 
 
@@ -464,14 +468,14 @@ async def activity_view(request: web.Request) -> web.Response:
         a = spans.get(name)
         nodes.append({"name": name, "busy": [[iso(b), iso(e)] for b, e in (a.busy if a else [])],
                       "busy_s": round(a.busy_s, 3) if a else 0.0, "jobs_per_hour": a.finished if a else 0})
-    return web.json_response({"now": iso(now), "since": iso(since), "window_s": ACTIVITY_WINDOW_S,
+    return json_response({"now": iso(now), "since": iso(since), "window_s": ACTIVITY_WINDOW_S,
                               "finished": {s: counts.get(s, 0) for s in FINAL}, "nodes": nodes})
 
 
 async def alerts(request: web.Request) -> web.Response:
     """The latest firings and every try to deliver their notices."""
     limit = int_param(request.query, "limit", 50, 1, 1000)
-    return web.json_response({"alert_url_set": request.app[SETTINGS].alert_url is not None,
+    return json_response({"alert_url_set": request.app[SETTINGS].alert_url is not None,
                               "alerts": await request.app[STORE].alerts(limit)})
 
 
@@ -484,7 +488,7 @@ async def stream_job(request: web.Request) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-store"})
 
     async def line(obj: dict) -> None:
-        await resp.write(json.dumps(obj).encode() + b"\n")
+        await resp.write(compact_json(obj).encode() + b"\n")
 
     with app[BUS].subscribe() as events:
         job = await app[STORE].job_detail(job_id)
@@ -554,9 +558,9 @@ async def events(request: web.Request) -> web.StreamResponse:
             if topic == "shutdown":
                 return resp
             if topic == "tokens":
-                await resp.write(f"event: tokens\ndata: {json.dumps(data)}\n\n".encode())
+                await resp.write(f"event: tokens\ndata: {compact_json(data)}\n\n".encode())
             else:
-                await resp.write(f"event: change\ndata: {json.dumps(data)}\n\n".encode())
+                await resp.write(f"event: change\ndata: {compact_json(data)}\n\n".encode())
 
 
 async def page(request: web.Request) -> web.FileResponse:

@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from typing import Any, Iterable
 
 from .errors import BadRequest, NotFound
+from .models import compact_json
 from .params import merged_options, options_problem
 
 # The routes whose calls become jobs, and the Ollama route each one runs on its node.
@@ -37,9 +38,7 @@ def kind_of(endpoint: str) -> str:
     return "embed" if endpoint in EMBED_ROUTES else "task"
 
 
-def dumps(obj: Any) -> str:
-    """JSON as Go's encoder writes it: compact, UTF-8 as is."""
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+dumps = compact_json  # as Go's encoder writes it: compact, UTF-8 as is
 
 
 def now_rfc3339() -> str:

@@ -64,6 +64,8 @@ async def test_listings_carry_excerpts_and_sizes_and_the_job_its_prompt(lab):
         assert_listed(job, prompts[job["id"]])
     raw = await raw_get(lab, "/api/queue")
     assert len(raw) < 16_000, f"/api/queue is {len(raw)} bytes for three jobs"
+    # Excerpts in any script cost their UTF-8 bytes, not six bytes per character as \u escapes.
+    assert "Grüße an die Welt, 世界".encode() in raw and b"\\u" not in raw
 
     raw = await raw_get(lab, "/api/jobs?node=node-3&limit=10")
     listed = json.loads(raw)["jobs"]
@@ -71,6 +73,7 @@ async def test_listings_carry_excerpts_and_sizes_and_the_job_its_prompt(lab):
     for job in listed:
         assert_listed(job, prompts[job["id"]])
     assert len(raw) < 16_000, f"/api/jobs is {len(raw)} bytes for three jobs"
+    assert "Grüße an die Welt, 世界".encode() in raw and b"\\u" not in raw
 
     for job_id, prompt in prompts.items():
         detail = await lab.job(job_id)
