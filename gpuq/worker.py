@@ -184,9 +184,33 @@ class Worker:
             self._tell(job["id"], "ended", cur.abort_reason)
             await self._after_abort(job, cur)
             return None
+        except Exception as exc:  # a step outside the job's own error handling broke (finish, unload)
+            await self._end_lost(job, cur, exc)
+            raise  # the loop's crash is logged, /health names it, and it starts again
         finally:
             self.rt.current = None
             self.changed(job=job["id"], node=self.rt.name)
+
+    async def _end_lost(self, job: dict, cur: Current, exc: Exception) -> None:
+        """The worker broke while ending a job: the job must not stay "running" with no one
+        running it (a queue head that only the stale check would find). It fails naming the
+        crash, its model is unloaded; a job its finish claimed never reached Ollama and goes back
+        to the head of the queue."""
+        crash = described(exc)
+        try:
+            try:
+                output, thinking, _ = cur.unsaved()
+                await self.store.finish(job["id"], cur.run_id, JobState.FAILED,
+                                        f"the node's worker crashed while ending the job: {crash}", output,
+                                        thinking=thinking, streamed=len(cur.output) + len(cur.thinking))
+                await self.unload(job["model"], job["id"])
+            except GuardMiss:  # its finish was recorded before the crash
+                pass
+            await self.store.requeue_unsent({self.rt.name: self.sent_run}, (
+                f"back to the head of the queue: the node's worker crashed after {job['id']} ended "
+                f"({crash}); the request never reached Ollama"))
+        except Exception:  # the store broke too: the stale check is the last net
+            log.exception("job=%s node=%s could not record the crash", job["id"], self.rt.name)
 
     async def _execute(self, job: dict, cur: Current) -> None:
         """The job's steps, in order: generate, record, unload, finish."""

@@ -131,6 +131,50 @@ async def test_a_crashed_worker_is_logged_turns_health_red_and_restarts(router, 
     assert nodes["nodes"][0]["loop_error"] is None
 
 
+async def test_a_worker_that_crashes_while_recording_a_finish_fails_that_job_not_leaves_it_running(router, caplog):
+    """Before: the job stayed "running" on a node no one ran, and its queue waited behind it
+    until the stale check noticed, many minutes later."""
+    client, fake = router
+    store = client.server.app[STORE]
+    real = store.finish
+
+    async def broken_once(*args, **kwargs):
+        store.finish = real
+        raise RuntimeError("injected: finish broke")
+    store.finish = broken_once
+    first = await submit(client, "its finish breaks")
+    second = await submit(client, "runs after it")
+    failed = await wait_state(client, first, "failed")
+    assert failed["error"] == "the node's worker crashed while ending the job: RuntimeError: injected: finish broke"
+    assert len(failed["output"].split()) == 4  # what streamed is kept
+    assert (await wait_state(client, second, "done"))["error"] is None
+    assert crashes(caplog, "node=n1 worker crashed, restarting in")
+    assert fake.loaded == {} and fake.max_in_flight == 1
+
+
+async def test_a_worker_that_crashes_after_its_finish_claimed_the_next_job_puts_that_job_back(router, caplog):
+    client, fake = router
+    store = client.server.app[STORE]
+    real = store.finish
+    fake.script.token_delay_s = 0.05  # the second job is queued before the first one ends
+
+    async def claims_then_breaks(*args, **kwargs):
+        store.finish = real
+        await real(*args, **kwargs)
+        raise RuntimeError("injected: broke after the finish")
+    store.finish = claims_then_breaks
+    first = await submit(client, "ends, then the worker breaks")
+    second = await submit(client, "claimed by that finish")
+    assert (await wait_state(client, first, "done"))["error"] is None
+    done = await wait_state(client, second, "done")
+    reasons = [e["reason"] for e in done["events"]]
+    assert (f"back to the head of the queue: the node's worker crashed after {first} ended "
+            "(RuntimeError: injected: broke after the finish); the request never reached Ollama") in reasons
+    assert [r["state"] for r in done["runs"]] == ["cancelled", "done"]
+    assert sum(1 for r in fake.requests if r.get("prompt") == "claimed by that finish"
+               or "claimed by that finish" in str(r.get("messages"))) == 1  # sent once: the put-back run never reached it
+
+
 async def test_a_crashed_stale_monitor_turns_health_red_until_it_runs_again(router, caplog):
     client, fake = router
     store = client.server.app[STORE]
