@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import Any, AsyncIterator
 
 import aiohttp
@@ -44,6 +45,7 @@ def _is(value: Any, kind: type) -> bool:
 
 
 EXPECTED = {str: "a string", bool: "a boolean", int: "a whole number"}
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # half of a UTF-16 pair, which JSON's \u escapes allow
 # The final chunk's counters and durations (ns); the store records them as they are.
 STATS = ("eval_count", "prompt_eval_count", "total_duration", "load_duration", "eval_duration")
 
@@ -279,3 +281,7 @@ class OllamaClient:
         for key, value, kind in fields:
             if value is not None and not _is(value, kind):
                 raise self._wrong(f"a chat line whose '{key}' is a JSON {json_type(value)}, not {EXPECTED[kind]}")
+            # Go's encoder never writes one; text holding one cannot be stored or sent on as UTF-8.
+            if kind is str and value and (half := LONE_SURROGATE.search(value)):
+                raise self._wrong(f"a chat line whose '{key}' holds a lone surrogate "
+                                  f"(\\u{ord(half.group()):04x}), not text")

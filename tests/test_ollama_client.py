@@ -174,6 +174,10 @@ async def named():
     ('{"message": {"content": ""}, "done": true, "total_duration": true}',
      "node-1 sent a chat line whose 'total_duration' is a JSON boolean, not a whole number"),
     ("{not json", "node-1 sent a chat line that is not JSON: b'{not json'"),
+    ('{"message": {"content": "a\\ud800b"}, "done": false}',
+     "node-1 sent a chat line whose 'message.content' holds a lone surrogate (\\ud800), not text"),
+    ('{"message": {"content": "", "thinking": "\\udc00"}, "done": false}',
+     "node-1 sent a chat line whose 'message.thinking' holds a lone surrogate (\\udc00), not text"),
 ])
 async def test_a_chat_line_of_the_wrong_shape_names_the_node_and_the_fault(named, line, message):
     with aioresponses() as m:
