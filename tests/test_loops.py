@@ -57,33 +57,43 @@ async def wait_state(client, job_id: str, state: str) -> dict:
     return await eventually(reached, 20, what=f"job {job_id} to be {state}")  # a restart may wait 5 s
 
 
+def break_once(store, verb: str, message: str, after: bool = False) -> None:
+    """The store's `verb` raises RuntimeError(message) once: before its work, or `after` it."""
+    real = getattr(store, verb)
+
+    async def broken(*args, **kwargs):
+        setattr(store, verb, real)
+        if after:
+            await real(*args, **kwargs)
+        raise RuntimeError(message)
+    setattr(store, verb, broken)
+
+
 def crashes(caplog, text: str) -> list[logging.LogRecord]:
     return [r for r in caplog.records if text in r.getMessage() and r.exc_info]
 
 
-async def test_an_unexpected_error_inside_a_job_fails_it_and_the_worker_runs_the_next(router, caplog):
+@pytest.mark.parametrize("verb,error,logged", [
+    # Inside the job's steps: the job fails and the worker goes straight on.
+    ("work_done", "unexpected error in the router: ", "job={job} node=n1 unexpected error"),
+    # Ending it (before: the job stayed "running" with no one running it, and its queue waited
+    # behind it until the stale check noticed): the job fails, the worker's loop restarts.
+    ("finish", "the node's worker crashed while ending the job: ", "node=n1 worker crashed, restarting in"),
+])
+async def test_an_unexpected_error_in_a_job_fails_it_and_the_worker_runs_the_next(router, caplog, verb, error, logged):
     client, fake = router
-    store = client.server.app[STORE]
-    real = store.work_done
-    calls = 0
-
-    async def broken_once(*args):
-        nonlocal calls
-        calls += 1
-        if calls == 1:
-            raise RuntimeError("injected: work_done broke")
-        return await real(*args)
-    store.work_done = broken_once
+    break_once(client.server.app[STORE], verb, f"injected: {verb} broke")
     first = await submit(client, "meets the bug")
     second = await submit(client, "runs after it")
 
     failed = await wait_state(client, first, "failed")
-    assert failed["error"] == "unexpected error in the router: RuntimeError: injected: work_done broke"
+    assert failed["error"] == f"{error}RuntimeError: injected: {verb} broke"
     assert len(failed["output"].split()) == 4  # what streamed is kept
     assert failed["events"][-1]["to_state"] == "failed" and failed["events"][-1]["reason"] == failed["error"]
-    [record] = crashes(caplog, f"job={first} node=n1 unexpected error")
-    assert "injected: work_done broke" in logging.Formatter().formatException(record.exc_info)
+    [record, *_] = crashes(caplog, logged.format(job=first))
+    assert f"injected: {verb} broke" in logging.Formatter().formatException(record.exc_info)
     assert (await wait_state(client, second, "done"))["error"] is None
+    assert fake.loaded == {} and fake.max_in_flight == 1
     status, health = await get(client, "/health")
     assert status == 200 and health["loops_down"] == []
 
@@ -131,38 +141,10 @@ async def test_a_crashed_worker_is_logged_turns_health_red_and_restarts(router, 
     assert nodes["nodes"][0]["loop_error"] is None
 
 
-async def test_a_worker_that_crashes_while_recording_a_finish_fails_that_job_not_leaves_it_running(router, caplog):
-    """Before: the job stayed "running" on a node no one ran, and its queue waited behind it
-    until the stale check noticed, many minutes later."""
-    client, fake = router
-    store = client.server.app[STORE]
-    real = store.finish
-
-    async def broken_once(*args, **kwargs):
-        store.finish = real
-        raise RuntimeError("injected: finish broke")
-    store.finish = broken_once
-    first = await submit(client, "its finish breaks")
-    second = await submit(client, "runs after it")
-    failed = await wait_state(client, first, "failed")
-    assert failed["error"] == "the node's worker crashed while ending the job: RuntimeError: injected: finish broke"
-    assert len(failed["output"].split()) == 4  # what streamed is kept
-    assert (await wait_state(client, second, "done"))["error"] is None
-    assert crashes(caplog, "node=n1 worker crashed, restarting in")
-    assert fake.loaded == {} and fake.max_in_flight == 1
-
-
 async def test_a_worker_that_crashes_after_its_finish_claimed_the_next_job_puts_that_job_back(router, caplog):
     client, fake = router
-    store = client.server.app[STORE]
-    real = store.finish
     fake.script.token_delay_s = 0.05  # the second job is queued before the first one ends
-
-    async def claims_then_breaks(*args, **kwargs):
-        store.finish = real
-        await real(*args, **kwargs)
-        raise RuntimeError("injected: broke after the finish")
-    store.finish = claims_then_breaks
+    break_once(client.server.app[STORE], "finish", "injected: broke after the finish", after=True)
     first = await submit(client, "ends, then the worker breaks")
     second = await submit(client, "claimed by that finish")
     assert (await wait_state(client, first, "done"))["error"] is None
