@@ -183,6 +183,13 @@ def messages_request(body: dict) -> dict:
     return out
 
 
+def relaxes_thinking(endpoint: str, think: Any, status: int | None, message: str) -> bool:
+    """Whether a node's refusal is one Ollama does not make for this API: asked to think, a model
+    that cannot is answered without thinking on /v1/messages (routes.go ChatHandler relax_thinking)."""
+    return (endpoint == "/v1/messages" and think not in (None, False) and status == 400
+            and message.endswith("does not support thinking"))
+
+
 def estimate_input_tokens(body: dict) -> int:
     """message_start's input tokens before the node has counted them: about 4 characters a token
     (EstimateCountTokens)."""
