@@ -91,7 +91,10 @@ def error_response(request: web.Request, status: int, message: str, code: str | 
     if api == "ollama":
         return web.json_response(tr.ollama_error(message), status=status, headers=headers, dumps=tr.dumps)
     headers = {**(headers or {}), "x-should-retry": "false"}
-    body = anthropic_api.anthropic_error(status, message) if api == "anthropic" else tr.openai_error(status, message, code)
+    if api == "anthropic":
+        body = anthropic_api.anthropic_error(status, message)
+    else:
+        body = tr.openai_error(status, message, code)
     return web.json_response(body, status=status, headers=headers, dumps=tr.dumps)
 
 

@@ -70,7 +70,8 @@ def test_a_tool_result_before_the_users_text():
                                      {"type": "text", "text": "Please describe it."}]}]})
     assert out["messages"] == [
         {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "call_read", "function": {"name": "Read", "arguments": {"file_path": "/Users/hoyyeva/Desktop/aaa.png"}}}]},
+            {"id": "call_read", "function": {"name": "Read",
+                                             "arguments": {"file_path": "/Users/hoyyeva/Desktop/aaa.png"}}}]},
         {"role": "tool", "content": "Read image (311.5KB)", "tool_call_id": "call_read"},
         {"role": "user", "content": "Please describe it."}]
 
