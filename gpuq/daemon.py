@@ -160,7 +160,8 @@ async def run_router(settings: Settings, sockets: list[socket.socket], demo: boo
     if front is not None:
         log.info("front door for Ollama and OpenAI clients on %s", front.url)
         print(f"front door for Ollama and OpenAI clients:  export OLLAMA_HOST={front.url}   "
-              f"(OpenAI SDK: base_url=\"{front.url}/v1\")", flush=True)
+              f"(OpenAI SDK: base_url=\"{front.url}/v1\"; Anthropic SDK, Claude Code: "
+              f"ANTHROPIC_BASE_URL={front.url})", flush=True)
     if fakes:
         nodes = ", ".join(f"{n.name} ({n.model}, {n.url})" for n in settings.nodes)
         print(f"demo mode: simulated Ollama nodes {nodes}", flush=True)

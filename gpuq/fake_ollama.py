@@ -162,6 +162,11 @@ def _mismatch(gotype: str, value: Any) -> tuple[str, str, str] | None:
     return None
 
 
+def _tool_call_id() -> str:
+    """Ollama's id of a parsed tool call [server/routes.go toolCallId]."""
+    return "call_" + "".join(random.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(8))
+
+
 def _check_think(value: Any) -> None:
     if value is None or isinstance(value, bool):
         return
@@ -448,6 +453,9 @@ class Script:
     unload: str = "immediate"  # immediate | delay | never (stuck in "Stopping...")
     unload_delay_s: float = 0.2
     reply: str | None = None  # exact reply text (else words derived from the prompt)
+    # A chat that offers tools, its last message not a tool's result, calls this tool (name,
+    # arguments) instead of answering, after any reasoning; given the result, it answers.
+    tool_call: tuple[str, dict] | None = None
     invalid_json: bool = False  # a structured-output request gets text that is not JSON
     findings: int | None = None  # how many findings a structured reply holds; None: 1 to 4
     thinking_tokens: int | None = None  # a thinking model's reasoning in words; None: 6 to 16 (by level); 0: none
@@ -479,6 +487,7 @@ class Generation:
     started: float  # monotonic, when the request arrived
     loaded: float  # when its model was ready
     first: float | None = None  # when its first token came out
+    tool_calls: list[dict] = field(default_factory=list)  # Ollama's, with their ids
 
 
 @dataclass
@@ -880,8 +889,14 @@ class FakeOllama:
         if 0 <= limit <= len(thinking) + len(content):  # llama-server stops with "limit" [llama_server.go]
             thinking, content = thinking[:limit], content[:max(0, limit - len(thinking))]
             reason = "length"
-        return Generation(thinking, content, reason, self._prompt_tokens(body, chat, options, num_ctx),
-                          started, time.monotonic())
+        gen = Generation(thinking, content, reason, self._prompt_tokens(body, chat, options, num_ctx),
+                         started, time.monotonic())
+        messages = body.get("messages") or []
+        if chat and self.script.tool_call and body.get("tools") and (messages[-1] or {}).get("role") != "tool":
+            name, arguments = self.script.tool_call
+            gen.content = []  # a parsed tool call's text is not content [routes.go ChatHandler]
+            gen.tool_calls = [{"id": _tool_call_id(), "function": {"index": 0, "name": name, "arguments": arguments}}]
+        return gen
 
     def _prompt_tokens(self, body: dict, chat: bool, options: dict, num_ctx: int) -> int:
         """Prompt tokens evaluated. A prompt longer than the context is cut to about half of it,
@@ -998,6 +1013,10 @@ class FakeOllama:
                     await asyncio.sleep(s.token_delay_s)
                 if request.transport is None or request.transport.is_closing():
                     raise ConnectionResetError
+            if gen.tool_calls:  # one chunk, its content empty [routes.go ChatHandler]
+                chunk = self._chunk(model, chat)
+                chunk["message"]["tool_calls"] = gen.tool_calls
+                await resp.write(json.dumps(chunk, ensure_ascii=False).encode() + b"\n")
             final = self._final(model, chat, "", gen.done_reason, eval_count=len(pieces), gen=gen,
                                 raw=bool(body.get("raw")))
             await resp.write(json.dumps(final).encode() + b"\n")
@@ -1031,6 +1050,8 @@ class FakeOllama:
             raise
         final = self._final(body["model"], chat, "".join(gen.content), gen.done_reason, eval_count=len(pieces),
                             gen=gen, thinking="".join(gen.thinking), raw=bool(body.get("raw")))
+        if gen.tool_calls:
+            final["message"]["tool_calls"] = gen.tool_calls
         self.chunk_sent.set()
         return web.json_response(final, dumps=lambda d: json.dumps(d, ensure_ascii=False))
 

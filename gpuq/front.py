@@ -1,8 +1,10 @@
 """The front door: a second listener (`[router] ollama_listen`) that answers as an Ollama server
 does, its OpenAI-compatible /v1 routes included, so that any Ollama or OpenAI client can use the
-lab unchanged. Every call that makes a model work is a durable job: stored before any work,
-placed by its model, queued, visible, movable; its client's connection is held while it waits
-and its chunks are relayed as the node sends them. Translations live in gpuq/translate.py."""
+lab unchanged, and OpenAI's Responses API and Anthropic's Messages API as Ollama serves them.
+Every call that makes a model work is a durable job: stored before any work, placed by its
+model, queued, visible, movable; its client's connection is held while it waits and its chunks
+are relayed as the node sends them. Translations live in gpuq/translate.py, gpuq/responses.py
+and gpuq/anthropic_api.py."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
+from . import anthropic_api, responses
 from . import translate as tr
 from .bus import Bus
 from .config import Settings
@@ -73,19 +76,26 @@ class Front:
 
 # -- errors, access --------------------------------------------------------------------------
 
-def is_openai(request: web.Request) -> bool:
-    return request.path.startswith("/v1/")
+def api_of(path: str) -> str:
+    """Which API a route speaks: Anthropic's on /v1/messages, OpenAI's on the other /v1 routes."""
+    if path == "/v1/messages":
+        return "anthropic"
+    return "openai" if path.startswith("/v1/") else "ollama"
 
 
 def error_response(request: web.Request, status: int, message: str, code: str | None = None,
                    headers: dict | None = None) -> web.Response:
-    """An error in the shape of the caller's API; an OpenAI client is told not to retry it
-    (x-should-retry): nothing is retried silently, the SDK's retries included."""
-    if is_openai(request):
-        headers = {**(headers or {}), "x-should-retry": "false"}
-        return web.json_response(tr.openai_error(status, message, code), status=status, headers=headers,
-                                 dumps=tr.dumps)
-    return web.json_response(tr.ollama_error(message), status=status, headers=headers, dumps=tr.dumps)
+    """An error in the shape of the caller's API; an OpenAI or Anthropic client is told not to
+    retry it (x-should-retry, which both SDKs obey): nothing is retried silently."""
+    api = api_of(request.path)
+    if api == "ollama":
+        return web.json_response(tr.ollama_error(message), status=status, headers=headers, dumps=tr.dumps)
+    headers = {**(headers or {}), "x-should-retry": "false"}
+    if api == "anthropic":
+        body = anthropic_api.anthropic_error(status, message)
+    else:
+        body = tr.openai_error(status, message, code)
+    return web.json_response(body, status=status, headers=headers, dumps=tr.dumps)
 
 
 @web.middleware
@@ -112,6 +122,15 @@ async def errors_middleware(request: web.Request, handler):
         return error_response(request, 500, "internal error in the gpuq router; see its log")
 
 
+def tokens_given(request: web.Request) -> list[str]:
+    """The tokens a call offers: Bearer, and on /v1/messages also x-api-key (the Anthropic SDK's
+    api_key and Claude Code's ANTHROPIC_API_KEY send it; ANTHROPIC_AUTH_TOKEN sends Bearer)."""
+    given = [token_of(request)]
+    if request.path == "/v1/messages":
+        given.append(request.headers.get("x-api-key"))
+    return [t for t in given if t is not None]
+
+
 def access_middleware(settings: Settings):
     """The router's own rules: its host names only (no DNS rebinding), no state changes from
     other sites, and its token when one is set (Bearer, as the OpenAI SDK's api_key sends it),
@@ -123,12 +142,15 @@ def access_middleware(settings: Settings):
         check_host(request, allowed)
         check_same_site(request)
         token = settings.token
-        if token is not None and request.path != "/":
-            given = token_of(request)
-            if given is None or not hmac.compare_digest(given.encode(), token.encode()):
-                raise FrontError(401, "missing or wrong token: this gpuq front door needs 'Authorization: Bearer "
-                                      "<token>' (OpenAI SDK: api_key=<token>; ollama: "
-                                      "headers={'Authorization': 'Bearer <token>'})", "invalid_api_key")
+        if token is not None and request.path != "/" and not any(
+                hmac.compare_digest(given.encode(), token.encode()) for given in tokens_given(request)):
+            if request.path == "/v1/messages":
+                raise FrontError(401, "missing or wrong token: this gpuq front door needs the token as 'x-api-key: "
+                                      "<token>' or 'Authorization: Bearer <token>' (ANTHROPIC_API_KEY or "
+                                      "ANTHROPIC_AUTH_TOKEN=<token>)")
+            raise FrontError(401, "missing or wrong token: this gpuq front door needs 'Authorization: Bearer "
+                                  "<token>' (OpenAI SDK: api_key=<token>; ollama: "
+                                  "headers={'Authorization': 'Bearer <token>'})", "invalid_api_key")
         return await handler(request)
     return middleware
 
@@ -233,7 +255,8 @@ class Call:
         self.endpoint = endpoint
         self.body = body  # as the client sent it
         self.ollama = tr.ollama_request(endpoint, body)  # in Ollama's terms (raises BadRequest)
-        self.openai = endpoint.startswith("/v1/")
+        self.api = api_of(endpoint)
+        self.openai = self.api != "ollama"  # /v1: streams only when asked, as SSE
         self.stream = bool(body.get("stream")) if self.openai else body.get("stream") is not False
         if endpoint in tr.EMBED_ROUTES:
             self.stream = False
@@ -244,11 +267,11 @@ class Call:
         self.chunks: list[dict] = []
         self.delivered = False  # the client has its whole answer: a disconnect now cancels nothing
         self.started = False  # its run began on a node
-        self.sse: Any = None  # an OpenAI stream's translator, once the job has its id
+        self.sse: Any = None  # a /v1 stream's translator (feed, error), once the job has its id
 
     @property
     def actor(self) -> str:
-        return f"{'openai' if self.openai else 'ollama'} {self.request.remote or '?'}"
+        return f"{self.api} {self.request.remote or '?'}"
 
     def headers(self) -> dict:
         out = {"X-Gpuq-Job": self.job_id, "X-Gpuq-Preview": self.front.preview_url(self.job_id)}
@@ -296,14 +319,35 @@ class Call:
         front.dispatcher.wake(self.node)
         front.bus.publish("queue", {"submitted": [self.job_id]})
         if self.openai and self.stream:
-            options = self.body.get("stream_options")
-            usage = isinstance(options, dict) and bool(options.get("include_usage"))
-            chat = self.endpoint == "/v1/chat/completions"
-            self.sse = (tr.ChatStream if chat else tr.CompletionStream)(self.completion_id(), usage)
+            self.sse = self.stream_translator()
 
-    def completion_id(self) -> str:
-        """OpenAI's id of the reply: the job's, so a client's log leads to the job."""
-        return f"{'chatcmpl' if self.endpoint == '/v1/chat/completions' else 'cmpl'}-{self.job_id}"
+    def reply_id(self) -> str:
+        """The API's id of the reply: the job's, so a client's log leads to the job."""
+        prefix = {"/v1/chat/completions": "chatcmpl-", "/v1/completions": "cmpl-", "/v1/responses": "resp_",
+                  "/v1/messages": "msg_"}[self.endpoint]
+        return prefix + self.job_id
+
+    def stream_translator(self):
+        """Chat or generate chunks -> the /v1 route's server-sent events."""
+        if self.endpoint == "/v1/responses":
+            return responses.ResponsesStream(self.reply_id(), f"msg_{self.job_id}", self.body)
+        if self.endpoint == "/v1/messages":
+            return anthropic_api.MessagesStream(self.reply_id(), self.body["model"],
+                                                anthropic_api.estimate_input_tokens(self.body))
+        options = self.body.get("stream_options")
+        usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        chat = self.endpoint == "/v1/chat/completions"
+        return (tr.ChatStream if chat else tr.CompletionStream)(self.reply_id(), usage)
+
+    def whole_reply(self, reply: dict) -> dict:
+        """stream:false: the collected reply in the /v1 route's shape."""
+        if self.endpoint == "/v1/chat/completions":
+            return tr.chat_completion(self.reply_id(), reply)
+        if self.endpoint == "/v1/completions":
+            return tr.text_completion(self.reply_id(), reply)
+        if self.endpoint == "/v1/responses":
+            return responses.whole_response(self.reply_id(), f"msg_{self.job_id}", reply, self.body)
+        return anthropic_api.whole_message(self.reply_id(), reply)
 
     async def _cancel_when_stored(self, submitting: asyncio.Future) -> None:
         try:
@@ -405,8 +449,7 @@ class Call:
         if done:
             reply = tr.collected(tr.NODE_ROUTE[self.endpoint], self.chunks, self.ollama)
             if self.openai:
-                make = tr.chat_completion if self.endpoint == "/v1/chat/completions" else tr.text_completion
-                reply = make(self.completion_id(), reply)
+                reply = self.whole_reply(reply)
             self.resp = web.json_response(reply, headers=self.headers(), dumps=tr.dumps)
             if not self.openai:
                 self.resp.content_type, self.resp.charset = "application/json", "utf-8"
@@ -437,7 +480,7 @@ class Call:
         self.delivered = True  # the client has its answer: the error
         if self.resp is not None and self.resp.prepared:
             if self.sse is not None:
-                await self.resp.write(tr.sse(tr.openai_error(status, message, code)))
+                await self.resp.write(self.sse.error(status, message, code))
             else:
                 await self.resp.write(tr.dumps(tr.ollama_error(message)).encode() + b"\n")
             await self.resp.write_eof()
@@ -504,6 +547,14 @@ async def openai_embeddings(request: web.Request) -> web.StreamResponse:
     return await run_call(request, "/v1/embeddings")
 
 
+async def openai_responses(request: web.Request) -> web.StreamResponse:
+    return await run_call(request, "/v1/responses")
+
+
+async def anthropic_messages(request: web.Request) -> web.StreamResponse:
+    return await run_call(request, "/v1/messages")
+
+
 # -- assembly -----------------------------------------------------------------------------------
 
 async def _closing(app: web.Application) -> None:
@@ -533,6 +584,8 @@ def create_front_app(settings: Settings, store: Store, dispatcher: Dispatcher, b
     r.add_post("/v1/chat/completions", openai_chat)
     r.add_post("/v1/completions", openai_completions)
     r.add_post("/v1/embeddings", openai_embeddings)
+    r.add_post("/v1/responses", openai_responses)
+    r.add_post("/v1/messages", anthropic_messages)
     r.add_get("/v1/models", openai_models, allow_head=False)
     r.add_get("/v1/models/{model:.+}", openai_model, allow_head=False)
     for path in NOT_SERVED:

@@ -28,7 +28,10 @@ NODE_ROUTE = {
     "/v1/chat/completions": "/api/chat",
     "/v1/completions": "/api/generate",
     "/v1/embeddings": "/api/embed",
+    "/v1/responses": "/api/chat",  # OpenAI's Responses API (gpuq/responses.py)
+    "/v1/messages": "/api/chat",  # Anthropic's Messages API (gpuq/anthropic_api.py)
 }
+CHAT_SHAPED = ("/v1/responses", "/v1/messages")  # their own shapes of a chat, translated to one
 EMBED_ROUTES = ("/api/embed", "/api/embeddings", "/v1/embeddings")
 STREAMED_ROUTES = ("/api/chat", "/api/generate")  # on the node: the others answer one object
 
@@ -243,6 +246,8 @@ def _with_images(text: str, images: Any) -> str:
 def prompt_of(endpoint: str, body: dict) -> str:
     """What the queue and the page show as the job's prompt: the last user message of a chat,
     the prompt of a generate, the input of an embedding (the whole request is kept too)."""
+    if endpoint in CHAT_SHAPED:
+        return prompt_of("/api/chat", ollama_request(endpoint, body))
     if endpoint in ("/api/chat", "/v1/chat/completions"):
         messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
         users = [m for m in messages if m.get("role") == "user"] or messages
@@ -517,6 +522,12 @@ def ollama_request(endpoint: str, body: dict) -> dict:
         return openai_completion_request(body)
     if endpoint == "/v1/embeddings":
         return openai_embed_request(body)
+    if endpoint == "/v1/responses":
+        from .responses import responses_request  # it builds on this module
+        return responses_request(body)
+    if endpoint == "/v1/messages":
+        from .anthropic_api import messages_request
+        return messages_request(body)
     return body
 
 
@@ -692,6 +703,10 @@ class ChatStream:
         data = b"".join(sse(c) for c in out)
         return data + SSE_DONE if done else data
 
+    def error(self, status: int, message: str, code: str | None = None) -> bytes:
+        """The stream ends with OpenAI's error object, which the OpenAI SDK raises."""
+        return sse(openai_error(status, message, code))
+
 
 def text_completion(completion_id: str, reply: dict) -> dict:
     """A collected /api/generate reply as a text_completion (openai.ToCompletion)."""
@@ -723,6 +738,8 @@ class CompletionStream:
         if self.include_usage:
             data += sse({**event, "choices": [], "usage": usage_of(chunk)})
         return data + SSE_DONE
+
+    error = ChatStream.error
 
 
 def _base64_floats(vector: list) -> str:

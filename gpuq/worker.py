@@ -21,6 +21,7 @@ from .ollama import prompt_was_cut
 from .params import merged_options
 from .errors import GuardMiss
 from .store import Store
+from .anthropic_api import relaxes_thinking
 from .translate import STREAMED_ROUTES, chunk_text, node_request
 
 log = logging.getLogger("gpuq")
@@ -332,7 +333,7 @@ class Worker:
         if route not in STREAMED_ROUTES:  # an embedding: one answer
             return await self._embed(job, cur, route, body)
         last_beat = time.monotonic()
-        async for raw, chunk in self.rt.client.stream(route, body, max_line=FRONT_MAX_LINE):
+        async for raw, chunk in self._node_stream(job, route, body):
             self._tell(job["id"], "chunk", raw, chunk)
             text, thought, calls = chunk_text(chunk)
             for call in calls:  # shown with the answer on the job's page
@@ -343,6 +344,25 @@ class Worker:
                 return chunk
             last_beat = await self._beat(job, cur, last_beat)
         raise OllamaError("Ollama's stream ended without done: true")
+
+    async def _node_stream(self, job: dict, route: str, body: dict):
+        """The node's chunks. An Anthropic call asking a model that cannot think to think is sent
+        again without `think`, as Ollama relaxes it for Claude Code and the like (server/routes.go
+        ChatHandler, "relax_thinking"): the node refused it before any work."""
+        sent = False
+        try:
+            async for item in self.rt.client.stream(route, body, max_line=FRONT_MAX_LINE):
+                sent = True
+                yield item
+            return
+        except OllamaError as exc:
+            if sent or not relaxes_thinking(job["endpoint"], body.get("think"), exc.status, exc.message):
+                raise
+        log.warning("job=%s node=%s model %s does not support thinking: thinking relaxed to the model's default",
+                    job["id"], self.rt.name, body.get("model"))
+        body = {k: v for k, v in body.items() if k != "think"}
+        async for item in self.rt.client.stream(route, body, max_line=FRONT_MAX_LINE):
+            yield item
 
     async def _embed(self, job: dict, cur: Current, route: str, body: dict) -> dict:
         reply = await self.rt.client.post(route, body)
