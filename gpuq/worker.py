@@ -358,8 +358,9 @@ class Worker:
         except OllamaError as exc:
             if sent or not relaxes_thinking(job["endpoint"], body.get("think"), exc.status, exc.message):
                 raise
-        log.warning("job=%s node=%s model %s does not support thinking: thinking relaxed to the model's default",
-                    job["id"], self.rt.name, body.get("model"))
+        warning = f"warning: {body.get('model')} does not support thinking: sent again without it, as Ollama relaxes it"
+        log.warning("job=%s node=%s %s", job["id"], self.rt.name, warning)
+        await self._persist(job["id"], "event", lambda: self.store.note(job["id"], warning))
         body = {k: v for k, v in body.items() if k != "think"}
         async for item in self.rt.client.stream(route, body, max_line=FRONT_MAX_LINE):
             yield item

@@ -178,6 +178,9 @@ async def test_thinking_asked_of_a_model_that_cannot_think_is_relaxed_as_ollama_
     assert [b.type for b in message.content] == ["text"] and message.content[0].text.strip()
     asked = [b for b in front.fakes["node-1"].requests if b["messages"][-1]["content"] == "think if you can"]
     assert [b.get("think") for b in asked] == [True, None]
+    job = await front.daemon.job((await front.job_with("think if you can", "done"))["id"])
+    assert (f"warning: {CHAT_MODEL} does not support thinking: sent again without it, as Ollama relaxes it"
+            in [e["reason"] for e in job["events"]])  # the second request is on the record
     # The other APIs keep Ollama's refusal.
     with pytest.raises(Exception) as exc:
         await front.openai().chat.completions.create(model=CHAT_MODEL, reasoning_effort="high",
