@@ -45,8 +45,8 @@ def test_submit_claim_and_finish_by_hand(db):
     assert claimed["id"] == job["id"] and claimed["prompt"] == "hello"
     in_transaction(db, verbs.finish, job_id=job["id"], run_id=claimed["run_id"], state="done", error=None,
                    now=NOW + 2, output="world")
-    assert db.execute("SELECT j.state, r.output FROM job j JOIN run r ON r.id = j.run_id").fetchone()[:] == \
-        ("done", "world")
+    assert db.execute("SELECT state FROM job").fetchone()[0] == "done"
+    assert verbs.run_texts(db, [claimed["run_id"]]) == {claimed["run_id"]: {"output": "world", "thinking": None}}
     assert [r[0] for r in db.execute("SELECT to_state FROM event ORDER BY id")] == ["queued", "running", "done"]
 
 
