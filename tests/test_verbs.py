@@ -129,3 +129,17 @@ def test_a_run_that_gave_no_reasoning_reads_none_and_a_run_with_no_text_reads_em
     silent = in_transaction(db, verbs.claim, node="a", now=NOW)["run_id"]
     assert verbs.run_texts(db, [answered, silent]) == {answered: {"output": "partial", "thinking": None},
                                                        silent: {"output": "", "thinking": None}}
+
+
+@pytest.mark.parametrize("foreign_keys", ["ON", "OFF"])  # the router's connections / the sqlite3 shell's default
+def test_a_run_deleted_by_hand_takes_its_chunks_with_it(db, foreign_keys):
+    """Nothing in the router deletes a run; a person in the sqlite3 shell may, and leaves no
+    orphaned text behind."""
+    in_transaction(db, verbs.submit, new=NewJob("task", "p"), nodes=NODES, actor="t", now=NOW)
+    run_id = in_transaction(db, verbs.claim, node="a", now=NOW)["run_id"]
+    for i in range(3):
+        in_transaction(db, verbs.heartbeat, run_id=run_id, output=f"piece {i}", thinking=None, now=NOW + i)
+    db.execute(f"PRAGMA foreign_keys = {foreign_keys}")
+    db.execute("DELETE FROM run WHERE id = ?", (run_id,))
+    assert db.execute("SELECT COUNT(*) FROM run_chunk").fetchone()[0] == 0
+    assert db.execute("PRAGMA foreign_key_check").fetchall() == []
