@@ -183,7 +183,8 @@ class Store:
 
     async def save_output(self, run_id: int, output: str, thinking: str | None = None) -> None:
         """Keep the last, unsaved output of an interrupted run, whatever state it ended in."""
-        await self._write(partial(verbs.append_output, run_id=run_id, output=output, thinking=thinking))
+        await self._write(partial(verbs.append_output, run_id=run_id, output=output, thinking=thinking,
+                                  now=self.clock()))
 
     async def finish(self, job_id: str, run_id: int, state: str, error: str | None,
                      output: str | None = None, actor: str = "router",
@@ -258,7 +259,7 @@ class Store:
     async def job_detail(self, job_id: str) -> Row:
         """The whole job: its full prompt, output, runs, events and critiques."""
         job = await self.job(job_id, DETAIL_COLUMNS)
-        job["runs"] = await self.read("SELECT * FROM run WHERE job_id = ? ORDER BY id", (job_id,))
+        job["runs"] = await self.runs(job_id)
         job["events"] = await self.read(
             "SELECT at, from_state, to_state, actor, reason FROM event WHERE job_id = ? ORDER BY id",
             (job_id,),
@@ -278,6 +279,20 @@ class Store:
         if job["state"] == JobState.QUEUED:
             job["queue_position"] = await self.queue_position(job)
         return job
+
+    async def runs(self, job_id: str) -> list[Row]:
+        """A job's runs, oldest first, each with its whole text (output, thinking) from the view
+        run_text (see verbs.run_text_query), not the run row's columns, which hold only the text
+        of runs written before migration 011."""
+        runs = await self.read("SELECT * FROM run WHERE job_id = ? ORDER BY id", (job_id,))
+        texts = await self.run_texts([r["id"] for r in runs]) if runs else {}
+        for r in runs:
+            r.update(texts[r["id"]])
+        return runs
+
+    async def run_texts(self, run_ids: list[int]) -> dict[int, dict[str, str | None]]:
+        """Runs' whole text, each {"output", "thinking"}: the one read of it (verbs.run_text_query)."""
+        return verbs.joined_text(run_ids, await self.read(*verbs.run_text_query(run_ids)))
 
     async def queue_position(self, job: Row) -> int:
         rows = await self.read(QUEUE_POSITION_SQL, {k: job[k] for k in ("node", "position", "id")})

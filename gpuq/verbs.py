@@ -61,6 +61,33 @@ QUEUE_POSITION_SQL = ("SELECT COUNT(*) + 1 AS n FROM job WHERE node = :node AND 
                       " AND (position < :position OR (position = :position AND id < :id))")
 
 
+# The one read of runs' whole text (the job's page and API, the CLI through it, a critique's
+# subject): the pieces in the view run_text, in the order ORDER BY guarantees, joined here.
+# Each run is named (run_id IN (...)): SQLite pushes that into both halves of the view's
+# UNION ALL and reads each by its primary key.
+def run_text_query(run_ids: list[int]) -> tuple[str, tuple[int, ...]]:
+    return (f"SELECT run_id, output, thinking FROM run_text WHERE run_id IN ({','.join('?' * len(run_ids))})"
+            " ORDER BY run_id, seq", tuple(run_ids))
+
+
+def joined_text(run_ids: list[int], pieces: list) -> dict[int, dict[str, str | None]]:
+    """Each run's {"output", "thinking"} from its pieces, read in order; a run without any has
+    "" and None (thinking stays None for a run that gave none)."""
+    parts: dict[int, tuple[list[str], list[str]]] = {run_id: ([], []) for run_id in run_ids}
+    for p in pieces:
+        output, thinking = parts[p["run_id"]]
+        output.append(p["output"] or "")
+        if p["thinking"] is not None:
+            thinking.append(p["thinking"])
+    return {run_id: {"output": "".join(output), "thinking": "".join(thinking) if thinking else None}
+            for run_id, (output, thinking) in parts.items()}
+
+
+def run_texts(db: sqlite3.Connection, run_ids: list[int]) -> dict[int, dict[str, str | None]]:
+    """Runs' whole text, inside a write (a critique's subject)."""
+    return joined_text(run_ids, db.execute(*run_text_query(run_ids)).fetchall())
+
+
 def _views(nodes: list[NodeInfo], counts: dict[str, NodeCounts]) -> list[rules.NodeView]:
     """The nodes as placement sees them, with their running and queued counts."""
     return [rules.NodeView(n.name, n.rank, n.roles, n.up, counts.get(n.name, NodeCounts()).running > 0,
@@ -109,9 +136,9 @@ def claim(db: sqlite3.Connection, node: str, now: float) -> Row | None:
         return None
     job = dict(row)
     if job["subject_from_parent"]:  # the parent is done (ready_job says so): review its result
-        parent = db.execute("SELECT j.prompt, r.output FROM job j JOIN run r ON r.id = j.run_id WHERE j.id = ?",
-                            (job["parent_id"],)).fetchone()
-        job["prompt"] = parent_subject(parent["prompt"], parent["output"])
+        parent = db.execute("SELECT prompt, run_id FROM job WHERE id = ?", (job["parent_id"],)).fetchone()
+        text = run_texts(db, [parent["run_id"]])[parent["run_id"]]
+        job["prompt"] = parent_subject(parent["prompt"], text["output"])
         db.execute("UPDATE job SET prompt = ? WHERE id = ?", (job["prompt"], job["id"]))
     job["run_id"] = db.execute("INSERT INTO run (job_id, node, model, started_at, progress_at) VALUES (?,?,?,?,?)",
                                (job["id"], node, job["model"], iso(now), iso(now))).lastrowid
@@ -381,21 +408,24 @@ def submit(db: sqlite3.Connection, new: NewJob, nodes: list[NodeInfo], actor: st
 
 # -- the worker's verbs ------------------------------------------------------------------------
 
-# Output is written once: each write appends only the text its caller has not stored yet, so a
-# long job writes O(n) bytes, not the whole output at every heartbeat. Text is appended whatever
-# state the run is in (its tokens were produced in it); thinking stays NULL until some comes.
-APPEND_TEXT = ("UPDATE run SET output = output || COALESCE(:output, ''),"
-               " thinking = COALESCE(thinking || :thinking, thinking, :thinking) WHERE id = :run_id")
+# Output is written once: each write inserts one run_chunk row (migration 011) with only the text
+# its caller has not stored yet, so a long job writes O(n) bytes; nothing rewrites earlier text.
+# Text is kept whatever state the run is in (its tokens were produced in it).
+APPEND_CHUNK = ("INSERT INTO run_chunk (run_id, seq, at, output, thinking)"
+                " SELECT :run_id, COALESCE(MAX(seq), 0) + 1, :at, :output, :thinking"
+                " FROM run_chunk WHERE run_id = :run_id")
 
 
-def append_output(db: sqlite3.Connection, run_id: int, output: str | None, thinking: str | None) -> None:
+def append_output(db: sqlite3.Connection, run_id: int, output: str | None, thinking: str | None,
+                  now: float) -> None:
     """Keep more of a run's output (and reasoning): a heartbeat's, or an interrupted run's last."""
     if output or thinking:
-        db.execute(APPEND_TEXT, {"output": output, "thinking": thinking, "run_id": run_id})
+        db.execute(APPEND_CHUNK, {"run_id": run_id, "at": iso(now), "output": output or None,
+                                  "thinking": thinking or None})
 
 
 def heartbeat(db: sqlite3.Connection, run_id: int, output: str, thinking: str | None, now: float) -> None:
-    append_output(db, run_id, output, thinking)
+    append_output(db, run_id, output, thinking, now)
     db.execute("UPDATE run SET progress_at = ? WHERE id = ? AND state = 'running'", (iso(now), run_id))
 
 
@@ -403,7 +433,7 @@ def work_done(db: sqlite3.Connection, run_id: int, output: str, stats: dict, thi
               now: float) -> None:
     """Ollama's stream ended (`output`: its text not stored yet); the job is not finished until
     its model has left VRAM."""
-    append_output(db, run_id, output, thinking)
+    append_output(db, run_id, output, thinking, now)
     db.execute(
         "UPDATE run SET progress_at = ?, work_done_at = ?, done_reason = ?,"
         " eval_count = ?, prompt_eval_count = ?, total_duration_ns = ?,"
@@ -425,7 +455,7 @@ def finish(db: sqlite3.Connection, job_id: str, run_id: int, state: str, error: 
         (state, error, iso(now), None if findings is None else dumps(findings), job_id, run_id)).fetchall()
     if not done:
         raise GuardMiss(f"job {job_id} run {run_id} is no longer running")
-    append_output(db, run_id, output, thinking)
+    append_output(db, run_id, output, thinking, now)
     tokens = streamed if state == "failed" and streamed else None  # a reply that broke off: no last line
     db.execute("UPDATE run SET state = ?, error = ?, finished_at = ?, eval_count = COALESCE(eval_count, ?)"
                " WHERE id = ?", (state, error, iso(now), tokens, run_id))

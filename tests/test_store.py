@@ -325,3 +325,62 @@ async def test_node_load_counts_every_way_a_job_comes_and_goes(store):
     await check()
     await store.retry(jobs[-1]["id"], "api")
     await check()
+
+
+# How the router before migration 011 stored text: appended to the run row's own columns.
+OLD_APPEND = ("UPDATE run SET output = output || COALESCE(:output, ''),"
+              " thinking = COALESCE(thinking || :thinking, thinking, :thinking) WHERE id = :run_id")
+
+
+async def test_an_upgrade_from_migration_010_keeps_every_runs_text(tmp_path):
+    """A database at migration 010, its runs' text in run.output/run.thinking as the old router
+    wrote it: after the upgrade every run reads exactly as before (the API's job, a held
+    critique's subject), a run that gave no reasoning still reads None, and new text goes to
+    run_chunk after the run's old text, which stays where it was."""
+    from gpuq import verbs
+    from gpuq.shipped import shipped_files
+
+    path, now = tmp_path / "q.db", 1_800_000_000.0
+    nodes = [NodeInfo("a", 1, ("task",), "ma", True), NodeInfo("b", 2, ("task",), "mb", True),
+             NodeInfo("c", 3, ("critique",), "mc", True)]
+    db = sqlite3.connect(path, isolation_level=None)
+    db.row_factory = sqlite3.Row
+    files = shipped_files(MIGRATIONS_DIR, "[0-9][0-9][0-9]_*.sql", "migrations")
+    verbs.migrate(db, [f for f in files if int(f.name[:3]) <= 10], now, path)
+
+    def old_run(prompt: str, node: str, texts: list[tuple[str | None, str | None]], done: bool = True) -> str:
+        [job] = verbs.submit(db, NewJob("task", prompt, node=node), nodes, "api", now)
+        run_id = verbs.claim(db, node, now)["run_id"]
+        for output, thinking in texts:
+            db.execute(OLD_APPEND, {"output": output, "thinking": thinking, "run_id": run_id})
+        if done:
+            verbs.finish(db, job["id"], run_id, "done", None, now)
+        return job["id"]
+
+    thought = old_run("think first", "a", [("The answer, ", "mulling "), ("in two parts.", "it over")])
+    [held] = verbs.submit(db, NewJob("critique", None, parent=thought), nodes, "api", now)
+    plain = old_run("just answer", "a", [("plain", None)])
+    running = old_run("still going", "b", [("before ", None)], done=False)
+    db.close()
+
+    store = Store(path, clock=lambda: now + 60)
+    await store.open()
+    try:
+        for job_id, output, thinking in ((thought, "The answer, in two parts.", "mulling it over"),
+                                         (plain, "plain", None)):
+            job = await store.job_detail(job_id)
+            assert (job["output"], job["thinking"]) == (output, thinking)
+            assert [(r["output"], r["thinking"]) for r in job["runs"]] == [(output, thinking)]
+        critique = await store.claim("c")
+        assert (critique["id"], critique["prompt"]) == (
+            held["id"], "## Task\nthink first\n\n## Result\nThe answer, in two parts.")
+        run_id = (await store.job(running))["run_id"]
+        await store.heartbeat(run_id, "and after")
+        assert (await store.job_detail(running))["output"] == "before and after"
+    finally:
+        await store.close()
+    assert await raw(path, "SELECT output, thinking FROM run ORDER BY id") == [
+        ("The answer, in two parts.", "mulling it over"), ("plain", None), ("before ", None), ("", None)]
+    assert await raw(path, "SELECT run_id, seq, output, thinking FROM run_chunk") == [(run_id, 1, "and after", None)]
+    assert await raw(path, "PRAGMA foreign_key_check") == []
+    assert await raw(path, "SELECT MAX(version) FROM schema_migration") == [(11,)]

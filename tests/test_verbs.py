@@ -9,7 +9,7 @@ import pytest
 
 from gpuq import verbs
 from gpuq.errors import GUARD_MESSAGE, GuardMiss
-from gpuq.models import NewJob, NodeInfo
+from gpuq.models import NewJob, NodeInfo, iso
 from gpuq.shipped import shipped_files
 from gpuq.store import MIGRATIONS_DIR
 
@@ -45,8 +45,8 @@ def test_submit_claim_and_finish_by_hand(db):
     assert claimed["id"] == job["id"] and claimed["prompt"] == "hello"
     in_transaction(db, verbs.finish, job_id=job["id"], run_id=claimed["run_id"], state="done", error=None,
                    now=NOW + 2, output="world")
-    assert db.execute("SELECT j.state, r.output FROM job j JOIN run r ON r.id = j.run_id").fetchone()[:] == \
-        ("done", "world")
+    assert db.execute("SELECT state FROM job").fetchone()[0] == "done"
+    assert verbs.run_texts(db, [claimed["run_id"]]) == {claimed["run_id"]: {"output": "world", "thinking": None}}
     assert [r[0] for r in db.execute("SELECT to_state FROM event ORDER BY id")] == ["queued", "running", "done"]
 
 
@@ -84,3 +84,62 @@ def test_the_schema_refuses_every_write_that_puts_a_critique_on_its_parents_node
     in_transaction(db, lambda d: d.execute("UPDATE job SET node = 'a' WHERE id = ?", (task["id"],)))
     in_transaction(db, verbs.retry, job_id=critique["id"], actor="t", now=NOW)
     assert in_transaction(db, verbs.claim, node="b", now=NOW)["id"] == critique["id"]
+
+
+def test_many_appends_keep_the_whole_text_in_order_and_never_rewrite_earlier_text(db):
+    """Output is written once (issue 12): each heartbeat, the end of the stream and the finish
+    insert one chunk with only the new text; the run row's own text columns are not touched and
+    no earlier chunk changes. Read back, the pieces join into the whole text, reasoning and
+    answer apart, in the order written; and a critique held for the run's job reviews all of it."""
+    nodes = [NodeInfo("a", 1, ("task",), "ma", True), NodeInfo("b", 2, ("critique",), "mb", True)]
+    [job] = in_transaction(db, verbs.submit, new=NewJob("task", "write at length"), nodes=nodes, actor="t", now=NOW)
+    [held] = in_transaction(db, verbs.submit, new=NewJob("critique", None, parent=job["id"]), nodes=nodes,
+                            actor="t", now=NOW)
+    run_id = in_transaction(db, verbs.claim, node="a", now=NOW)["run_id"]
+    pieces = [(f"answer {i:03d} ünïcode\n", f"thought {i:03d} " if i < 40 else None) for i in range(200)]
+
+    def chunks() -> list[tuple]:
+        return [tuple(r) for r in db.execute("SELECT * FROM run_chunk WHERE run_id = ? ORDER BY seq", (run_id,))]
+
+    for i, (output, thinking) in enumerate(pieces[:-2]):
+        before = chunks()
+        in_transaction(db, verbs.heartbeat, run_id=run_id, output=output, thinking=thinking, now=NOW + i)
+        after = chunks()
+        assert after[:-1] == before and len(after) == i + 1  # one new row; the earlier ones as they were
+        assert after[-1][1:] == (i + 1, iso(NOW + i), output, thinking)
+    in_transaction(db, verbs.heartbeat, run_id=run_id, output="", thinking=None, now=NOW + 500)  # nothing new
+    in_transaction(db, verbs.work_done, run_id=run_id, output=pieces[-2][0], stats={"eval_count": 240},
+                   thinking=None, now=NOW + 501)
+    in_transaction(db, verbs.finish, job_id=job["id"], run_id=run_id, state="done", error=None, now=NOW + 502,
+                   output=pieces[-1][0])
+    assert len(chunks()) == len(pieces)
+    assert db.execute("SELECT output, thinking FROM run WHERE id = ?", (run_id,)).fetchone()[:] == ("", None)
+    whole = {"output": "".join(o for o, _ in pieces), "thinking": "".join(t for _, t in pieces if t)}
+    assert verbs.run_texts(db, [run_id]) == {run_id: whole}
+    claimed = in_transaction(db, verbs.claim, node="b", now=NOW + 503)
+    assert claimed["id"] == held["id"] and claimed["prompt"].endswith("## Result\n" + whole["output"])
+
+
+def test_a_run_that_gave_no_reasoning_reads_none_and_a_run_with_no_text_reads_empty(db):
+    in_transaction(db, verbs.submit, new=NewJob("task", "p"), nodes=NODES, actor="t", now=NOW)
+    answered = in_transaction(db, verbs.claim, node="a", now=NOW)["run_id"]
+    in_transaction(db, verbs.heartbeat, run_id=answered, output="partial", thinking=None, now=NOW)
+    [other] = in_transaction(db, verbs.submit, new=NewJob("task", "q"), nodes=NODES, actor="t", now=NOW)
+    in_transaction(db, verbs.preempt, job_id=other["id"], actor="t", now=NOW)  # ends the first run
+    silent = in_transaction(db, verbs.claim, node="a", now=NOW)["run_id"]
+    assert verbs.run_texts(db, [answered, silent]) == {answered: {"output": "partial", "thinking": None},
+                                                       silent: {"output": "", "thinking": None}}
+
+
+@pytest.mark.parametrize("foreign_keys", ["ON", "OFF"])  # the router's connections / the sqlite3 shell's default
+def test_a_run_deleted_by_hand_takes_its_chunks_with_it(db, foreign_keys):
+    """Nothing in the router deletes a run; a person in the sqlite3 shell may, and leaves no
+    orphaned text behind."""
+    in_transaction(db, verbs.submit, new=NewJob("task", "p"), nodes=NODES, actor="t", now=NOW)
+    run_id = in_transaction(db, verbs.claim, node="a", now=NOW)["run_id"]
+    for i in range(3):
+        in_transaction(db, verbs.heartbeat, run_id=run_id, output=f"piece {i}", thinking=None, now=NOW + i)
+    db.execute(f"PRAGMA foreign_keys = {foreign_keys}")
+    db.execute("DELETE FROM run WHERE id = ?", (run_id,))
+    assert db.execute("SELECT COUNT(*) FROM run_chunk").fetchone()[0] == 0
+    assert db.execute("PRAGMA foreign_key_check").fetchall() == []
