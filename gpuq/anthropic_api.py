@@ -172,10 +172,7 @@ def messages_request(body: dict) -> dict:
         options["stop"] = stops
     out: dict[str, Any] = {"model": body["model"], "messages": out_messages, "options": options,
                            "stream": bool(body.get("stream"))}
-    tools = body.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise tr._wrong("tools", "an array of tools", tools)
-    if tools:
+    if tools := tr.tools_of(body):
         out["tools"] = [_tool(t) for t in tools]
     think = _think(body)
     if think is not None:

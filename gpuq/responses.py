@@ -183,10 +183,7 @@ def responses_request(body: dict) -> dict:
         options["num_predict"] = limit
     out: dict[str, Any] = {"model": body["model"], "messages": messages, "options": options,
                            "stream": bool(body.get("stream"))}
-    tools = body.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise tr._wrong("tools", "an array of tools", tools)
-    if tools:
+    if tools := tr.tools_of(body):
         out["tools"] = [t for tool in tools for t in _tool(tool)]
     fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema" and fmt.get("schema") is not None:

@@ -93,6 +93,14 @@ def _wrong(field: str, want: str, value: Any) -> BadRequest:
     return BadRequest(f"field '{field}' must be {want}, got {_go_type(value)} {json.dumps(value)[:60]}")
 
 
+def tools_of(body: dict) -> list:
+    """The request's `tools`: an array (or none), as every API's middleware in Ollama checks it."""
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise _wrong("tools", "an array of tools", tools)
+    return tools or []
+
+
 def check_keep_alive(value: Any) -> None:
     """Ollama refuses a keep_alive it cannot parse (400), even though gpuq ignores the value."""
     if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
@@ -156,8 +164,7 @@ def check_chat(body: dict) -> None:
         if msg.get("tool_calls") is not None and not isinstance(msg["tool_calls"], list):
             raise _wrong(f"messages[{i}].tool_calls", "an array", msg["tool_calls"])
         _check_images(msg.get("images"), f"messages[{i}].images")
-    if body.get("tools") is not None and not isinstance(body["tools"], list):
-        raise _wrong("tools", "an array of tools", body["tools"])
+    tools_of(body)
 
 
 def check_generate(body: dict) -> None:
@@ -460,9 +467,7 @@ def openai_chat_request(body: dict) -> dict:
             if schema is not None:
                 out["format"] = schema
     if body.get("tools") is not None:
-        if not isinstance(body["tools"], list):
-            raise _wrong("tools", "an array of tools", body["tools"])
-        out["tools"] = body["tools"]
+        out["tools"] = tools_of(body)
     reasoning = body.get("reasoning")
     effort = reasoning.get("effort") if isinstance(reasoning, dict) else body.get("reasoning_effort")
     think = think_from_effort(effort)

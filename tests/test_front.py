@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Awaitable, Callable
 import signal
 import sqlite3
 
@@ -46,6 +47,21 @@ class FrontLab:
         call = asyncio.create_task(self.ollama().chat(model=CHAT_MODEL, messages=[{"role": "user", "content": prompt}]))
         await eventually(lambda: fake.in_flight == 1, what="a call to hold node-1")
         return call
+
+    async def delete_mid_stream(self, prompt: str, read: Callable[[list], Awaitable[None]],
+                                enough: Callable[[list], bool]) -> tuple[dict, BaseException, list]:
+        """A client streams a slow reply to `prompt` (`read(got)` appends what it receives); its
+        job is deleted once `enough(got)`. Returns the job, what `read` raised and what it got."""
+        fake = self.fakes["node-1"]
+        fake.script.token_delay_s, fake.script.tokens = 0.05, 400
+        got: list = []
+        reading = asyncio.create_task(read(got))
+        job = await self.job_with(prompt, "running")
+        await eventually(lambda: enough(got), what="part of the reply to reach the client")
+        assert (await self.daemon.cli("delete", job["id"])).code == 0
+        with pytest.raises(Exception) as exc:
+            await reading
+        return job, exc.value, got
 
     async def close(self) -> None:
         for client in self.clients:
@@ -89,6 +105,17 @@ async def start_front_lab(fakes, daemon_factory, **router) -> FrontLab:
         async with daemon.session.get(url + "/api/tags", headers=auth) as resp:
             return len((await resp.json())["models"]) == 4
     await eventually(models_known, 10, what="the nodes' models to be known")
+    return lab
+
+
+async def start_thinking_lab(fakes, daemon_factory) -> FrontLab:
+    """One task node, node-1, with a thinking model (qwen3:8b), behind the front door."""
+    node = await fakes("qwen3:8b")
+    port = free_port()
+    daemon = await daemon_factory([node_table("node-1", node, 1, ["task"], "qwen3:8b")],
+                                  ollama_listen=f"127.0.0.1:{port}")
+    lab = FrontLab(daemon, f"http://127.0.0.1:{port}", {"node-1": node})
+    await eventually(lambda: lab.models_ready(), 10, what="the front door to know qwen3:8b")
     return lab
 
 
@@ -302,13 +329,9 @@ async def test_openai_json_schema_becomes_ollamas_format(front):
 async def test_a_thinking_models_reasoning_reaches_each_client_as_its_api_gives_it(fakes, daemon_factory):
     """Ollama's `thinking` (on by default for a thinking model), OpenAI's `reasoning`; the job
     keeps it apart from the answer, as for gpuq's own jobs."""
-    node = await fakes("qwen3:8b")
-    port = free_port()
-    daemon = await daemon_factory([node_table("node-1", node, 1, ["task"], "qwen3:8b")],
-                                  ollama_listen=f"127.0.0.1:{port}")
-    lab = FrontLab(daemon, f"http://127.0.0.1:{port}", {"node-1": node})
+    lab = await start_thinking_lab(fakes, daemon_factory)
+    node, daemon = lab.fakes["node-1"], lab.daemon
     try:
-        await eventually(lambda: lab.models_ready(), 10, what="the front door to know qwen3:8b")
         reply = await lab.ollama().chat(model="qwen3:8b", messages=[{"role": "user", "content": "think first"}])
         assert reply.message.thinking and reply.message.content
         job = await daemon.job((await lab.job_with("think first", "done"))["id"])
@@ -392,20 +415,14 @@ async def test_a_client_that_leaves_while_running_aborts_the_run(front):
 
 async def test_delete_ends_the_clients_stream_with_an_error_naming_it(front):
     fake = front.fakes["node-1"]
-    fake.script.token_delay_s, fake.script.tokens = 0.05, 400
-    got = []
 
-    async def read():  # the ollama client sends its request when the stream is first read
+    async def read(got):  # the ollama client sends its request when the stream is first read
         async for part in await front.ollama().chat(model=CHAT_MODEL, stream=True,
                                                     messages=[{"role": "user", "content": "doomed"}]):
             got.append(part)
-    reading = asyncio.create_task(read())
-    job = await front.job_with("doomed", "running")
-    await eventually(lambda: len(got) >= 2, what="two chunks to reach the client")
-    assert (await front.daemon.cli("delete", job["id"])).code == 0
-    with pytest.raises(ollama.ResponseError) as exc:
-        await reading
-    assert exc.value.error == f"gpuq job {job['id']} was deleted by cli 127.0.0.1: request canceled"
+    job, raised, got = await front.delete_mid_stream("doomed", read, lambda got: len(got) >= 2)
+    assert isinstance(raised, ollama.ResponseError)
+    assert raised.error == f"gpuq job {job['id']} was deleted by cli 127.0.0.1: request canceled"
     assert not got[-1].done
 
     # Waiting, not yet running: the call ends with its status, in OpenAI's shape too.

@@ -4,13 +4,10 @@ real daemon and simulated Ollama nodes on loopback. Each call is a job like a ch
 
 from __future__ import annotations
 
-import asyncio
-
 import anthropic
 import pytest
 
-from conftest import eventually, free_port, node_table
-from test_front import CHAT_MODEL, FrontLab, start_front_lab, start_front_lab_with_token
+from test_front import CHAT_MODEL, FrontLab, front, start_front_lab_with_token, start_thinking_lab  # noqa: F401 (front: the fixture)
 
 WEATHER = {"name": "get_weather", "description": "the weather now",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -20,13 +17,6 @@ def client_for(lab: FrontLab, **kwargs) -> anthropic.AsyncAnthropic:
     kwargs.setdefault("api_key", "unused")
     lab.clients.append(anthropic.AsyncAnthropic(base_url=lab.url, max_retries=0, **kwargs))
     return lab.clients[-1]
-
-
-@pytest.fixture
-async def front(fakes, daemon_factory):
-    lab = await start_front_lab(fakes, daemon_factory)
-    yield lab
-    await lab.close()
 
 
 async def test_a_message_whole_and_streamed_each_a_job(front):
@@ -95,13 +85,9 @@ async def test_a_tool_use_round_trip(front):
 
 
 async def test_thinking_from_a_thinking_model(fakes, daemon_factory):
-    node = await fakes("qwen3:8b")
-    port = free_port()
-    daemon = await daemon_factory([node_table("node-1", node, 1, ["task"], "qwen3:8b")],
-                                  ollama_listen=f"127.0.0.1:{port}")
-    lab = FrontLab(daemon, f"http://127.0.0.1:{port}", {"node-1": node})
+    lab = await start_thinking_lab(fakes, daemon_factory)
+    node, daemon = lab.fakes["node-1"], lab.daemon
     try:
-        await eventually(lambda: lab.models_ready(), 10, what="the front door to know qwen3:8b")
         client = client_for(lab)
         message = await client.messages.create(model="qwen3:8b", max_tokens=500,
                                                thinking={"type": "enabled", "budget_tokens": 100},
@@ -151,22 +137,14 @@ async def test_the_token_is_required_and_accepted_as_x_api_key_or_bearer(fakes, 
 
 
 async def test_a_delete_while_streaming_ends_the_stream_with_an_error_the_sdk_raises(front):
-    fake = front.fakes["node-1"]
-    fake.script.token_delay_s, fake.script.tokens = 0.05, 400
-    got = []
-
-    async def read():
+    async def read(got):
         async with client_for(front).messages.stream(model=CHAT_MODEL, max_tokens=1000,
                                                      messages=[{"role": "user", "content": "doomed"}]) as stream:
             async for text in stream.text_stream:
                 got.append(text)
-    reading = asyncio.create_task(read())
-    job = await front.job_with("doomed", "running")
-    await eventually(lambda: len(got) >= 2, what="two deltas to reach the client")
-    assert (await front.daemon.cli("delete", job["id"])).code == 0
-    with pytest.raises(anthropic.APIStatusError) as exc:
-        await reading
-    assert exc.value.body["error"]["message"] == f"gpuq job {job['id']} was deleted by cli 127.0.0.1: request canceled"
+    job, raised, _ = await front.delete_mid_stream("doomed", read, lambda got: len(got) >= 2)
+    assert isinstance(raised, anthropic.APIStatusError)
+    assert raised.body["error"]["message"] == f"gpuq job {job['id']} was deleted by cli 127.0.0.1: request canceled"
 
 
 async def test_thinking_asked_of_a_model_that_cannot_think_is_relaxed_as_ollama_does(front):

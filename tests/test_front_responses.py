@@ -4,23 +4,13 @@ simulated Ollama nodes on loopback. Each call is a job like a chat completion.""
 
 from __future__ import annotations
 
-import asyncio
-
 import openai
 import pytest
 
-from conftest import eventually, free_port, node_table
-from test_front import CHAT_MODEL, FrontLab, start_front_lab, start_front_lab_with_token
+from test_front import CHAT_MODEL, front, start_front_lab_with_token, start_thinking_lab  # noqa: F401 (front: the fixture)
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "the weather now",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
-
-
-@pytest.fixture
-async def front(fakes, daemon_factory):
-    lab = await start_front_lab(fakes, daemon_factory)
-    yield lab
-    await lab.close()
 
 
 async def test_a_response_whole_and_streamed_each_a_job(front):
@@ -98,13 +88,9 @@ async def test_a_tool_call_round_trip(front):
 
 
 async def test_reasoning_from_a_thinking_model(fakes, daemon_factory):
-    node = await fakes("qwen3:8b")
-    port = free_port()
-    daemon = await daemon_factory([node_table("node-1", node, 1, ["task"], "qwen3:8b")],
-                                  ollama_listen=f"127.0.0.1:{port}")
-    lab = FrontLab(daemon, f"http://127.0.0.1:{port}", {"node-1": node})
+    lab = await start_thinking_lab(fakes, daemon_factory)
+    node, daemon = lab.fakes["node-1"], lab.daemon
     try:
-        await eventually(lambda: lab.models_ready(), 10, what="the front door to know qwen3:8b")
         client = lab.openai()
         response = await client.responses.create(model="qwen3:8b", input="reason first", reasoning={"effort": "high"})
         reasoning = response.output[0]
@@ -157,19 +143,12 @@ async def test_the_token_is_required_and_accepted(fakes, daemon_factory):
 
 
 async def test_a_delete_while_streaming_ends_the_stream_with_an_error_the_sdk_raises(front):
-    fake = front.fakes["node-1"]
-    fake.script.token_delay_s, fake.script.tokens = 0.05, 400
-    got = []
-
-    async def read():
+    async def read(got):
         stream = await front.openai().responses.create(model=CHAT_MODEL, input="doomed response", stream=True)
         async for item in stream:
             got.append(item)
-    reading = asyncio.create_task(read())
-    job = await front.job_with("doomed response", "running")
-    await eventually(lambda: sum(e.type == "response.output_text.delta" for e in got) >= 2, what="two deltas")
-    assert (await front.daemon.cli("delete", job["id"])).code == 0
-    with pytest.raises(openai.APIError) as exc:
-        await reading
-    assert exc.value.message == f"gpuq job {job['id']} was deleted by cli 127.0.0.1: request canceled"
-    assert exc.value.body["code"] == "job_cancelled"
+    job, raised, _ = await front.delete_mid_stream(
+        "doomed response", read, lambda got: sum(e.type == "response.output_text.delta" for e in got) >= 2)
+    assert isinstance(raised, openai.APIError)
+    assert raised.message == f"gpuq job {job['id']} was deleted by cli 127.0.0.1: request canceled"
+    assert raised.body["code"] == "job_cancelled"
