@@ -20,7 +20,7 @@ from .config import Settings
 from .dispatcher import Dispatcher, NodeRuntime
 from .errors import BadRequest, GpuqError, NotFound, TooLarge, json_object
 from .metrics import Metrics
-from .models import Kind, NodeCounts, iso, parse_iso, preview_url
+from .models import JobState, Kind, NodeCounts, iso, parse_iso, preview_url
 from .params import options_problem, think_problem
 from .security import access_middleware, host_middleware
 from .shipped import shipped_dir, shipped_files
@@ -266,11 +266,14 @@ async def submit(request: web.Request) -> web.Response:
                  think=body.get("think"), options=body.get("options"))
     # No estimate here: it reads the node's whole queue, and a burst of submits would pay that
     # once per job. `gpuq task` asks GET /api/jobs/{id} for it.
-    jobs = await store.submit(new, request.app[DISPATCHER].node_infos(), actor_of(request))
+    dispatcher = request.app[DISPATCHER]
+    jobs = await store.submit(new, dispatcher.node_infos(), actor_of(request), dispatcher.hand_over)
     for job in jobs:
-        log.info("job=%s node=%s state=queued kind=%s placement=%r", job["id"], job["node"], kind, job["reason"])
+        log.info("job=%s node=%s state=%s kind=%s placement=%r", job["id"], job["node"], job["state"], kind,
+                 job["reason"])
         job["preview_url"] = preview_url(settings.public_url, job["id"])
-        request.app[DISPATCHER].wake(job["node"])  # only its node: the others have nothing new
+        if job["state"] == JobState.QUEUED.value:  # (a job claimed in its submit went to its worker)
+            dispatcher.wake(job["node"])  # only its node: the others have nothing new
     request.app[BUS].publish("queue", {"submitted": [j["id"] for j in jobs]})
     return web.json_response({"jobs": jobs}, status=201)
 
