@@ -497,9 +497,12 @@ async def stream_job(request: web.Request) -> web.StreamResponse:
         await resp.write(json.dumps(obj).encode() + b"\n")
 
     with app[BUS].subscribe() as events:
-        job = await app[STORE].job_detail(job_id)
+        job = await app[STORE].job(job_id)  # one read: a running job's output so far is in memory
         await resp.prepare(request)
         cur = app[DISPATCHER].live(job_id)
+        if cur is None:  # not running: what it stored (one that starts meanwhile is live again)
+            job = await app[STORE].job_detail(job_id)
+            cur = app[DISPATCHER].live(job_id)
         sent = {"text": "".join(cur.output) if cur else job["output"],
                 "thinking": "".join(cur.thinking) if cur else (job["thinking"] or "")}
         while not events.empty():  # pieces published so far are already in `sent`
