@@ -182,14 +182,13 @@ class Writer:
             return
 
         def settle() -> None:
-            if ok and after is not None:
+            if not future.done():  # else its caller went away; the write stands
+                if ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(value)
+            if ok and after is not None:  # last: should it raise, the caller has its answer
                 after(value)
-            if future.done():  # its caller went away; the write stands
-                return
-            if ok:
-                future.set_result(value)
-            else:
-                future.set_exception(value)
         try:
             future.get_loop().call_soon_threadsafe(settle)
         except RuntimeError:

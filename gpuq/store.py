@@ -350,7 +350,6 @@ class Store:
         rows = await self.read("SELECT model FROM ready_job WHERE node = ? ORDER BY position, id LIMIT 1", (node,))
         return rows[0]["model"] if rows else None
 
-
     # -- start estimates (gpuq/eta.py) ---------------------------------------------------------
 
     async def queue_plans(self, nodes: list[str], depth: int) -> list[Row]:
