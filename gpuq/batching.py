@@ -95,6 +95,7 @@ class _Item:
     fn: Write | None  # None: stop
     future: asyncio.Future | None
     alone: bool = False  # run as is, outside any transaction (migrations, pragmas)
+    after: Callable[[Any], None] | None = None  # given the result on the loop once committed
 
 
 class Writer:
@@ -135,21 +136,23 @@ class Writer:
         self._thread.start()
         await opened
 
-    async def run(self, write: Write) -> Any:
-        """Apply `write` durably; its result once its transaction has committed."""
-        return await self._put(write, alone=False)
+    async def run(self, write: Write, after: Callable[[Any], None] | None = None) -> Any:
+        """Apply `write` durably; its result once its transaction has committed. `after` gets the
+        result on the event loop right after the commit, even when the caller has gone away
+        (a claimed job must reach its worker whatever became of the request that claimed it)."""
+        return await self._put(write, alone=False, after=after)
 
     async def call(self, fn: Write) -> Any:
         """Run `fn(connection)` in the writer's thread, between batches, with no transaction of
         the writer's around it (fn opens its own, as a migration does)."""
         return await self._put(fn, alone=True)
 
-    async def _put(self, fn: Write, alone: bool) -> Any:
+    async def _put(self, fn: Write, alone: bool, after: Callable[[Any], None] | None = None) -> Any:
         if self._closed or self._thread is None:
             raise self._translate(sqlite3.OperationalError("the store is closed; nothing was changed"))
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._turn.append(_Item(fn, future, alone))
+        self._turn.append(_Item(fn, future, alone, after))
         if len(self._turn) == 1:
             loop.call_soon(self._hand_over)
         return await future
@@ -172,18 +175,20 @@ class Writer:
     # -- the thread -----------------------------------------------------------------------------
 
     @staticmethod
-    def _answer(future: asyncio.Future | None, ok: bool, value: Any) -> None:
+    def _answer(future: asyncio.Future | None, ok: bool, value: Any,
+                after: Callable[[Any], None] | None = None) -> None:
         """Settle `future` from the writer's thread, on the event loop that made it."""
         if future is None:
             return
 
         def settle() -> None:
-            if future.done():  # its caller went away; the write stands
-                return
-            if ok:
-                future.set_result(value)
-            else:
-                future.set_exception(value)
+            if not future.done():  # else its caller went away; the write stands
+                if ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(value)
+            if ok and after is not None:  # last: should it raise, the caller has its answer
+                after(value)
         try:
             future.get_loop().call_soon_threadsafe(settle)
         except RuntimeError:
@@ -258,4 +263,4 @@ class Writer:
         self.batches += 1
         self.writes += len(batch)
         for item, (ok, value) in zip(batch, outcomes):
-            self._answer(item.future, ok, value if ok else self._error(value))
+            self._answer(item.future, ok, value if ok else self._error(value), item.after)

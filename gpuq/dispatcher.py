@@ -88,8 +88,13 @@ class Dispatcher:
             await self.session.close()
 
     def node_infos(self) -> list[NodeInfo]:
-        return [NodeInfo(rt.name, rt.config.rank, rt.config.roles, rt.config.model, rt.claimable, rt.installed)
-                for rt in self.nodes.values()]
+        return [NodeInfo(rt.name, rt.config.rank, rt.config.roles, rt.config.model, rt.claimable, rt.installed,
+                         self.workers[name].idle and not self.workers[name].stopping)
+                for name, rt in self.nodes.items()]
+
+    def hand_over(self, job: dict) -> None:
+        """A job its submit claimed for an idle node's worker (Store.submit), to that worker."""
+        self.workers[job["node"]].take(job)
 
     def wake(self, node: str | None = None) -> None:
         for name, worker in self.workers.items():

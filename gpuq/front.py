@@ -27,7 +27,7 @@ from .errors import (
     BadRequest, Conflict, FrontError, GpuqError, IdTaken, ModelMissing, NotFound, OllamaError, StartupError,
     StoreUnavailable, json_object,
 )
-from .models import ACTIVE, new_job_id, normalize_model, preview_url
+from .models import ACTIVE, JobState, new_job_id, normalize_model, preview_url
 from .security import check_host, check_same_site, router_hosts, token_of
 from .store import NewJob, Store
 
@@ -295,7 +295,7 @@ class Call:
             self.job_id = new_job_id()
             front.dispatcher.relays[self.job_id] = self.relay
             submitting = asyncio.ensure_future(front.store.submit(
-                self.new_job(self.job_id), front.dispatcher.node_infos(), self.actor))
+                self.new_job(self.job_id), front.dispatcher.node_infos(), self.actor, front.dispatcher.hand_over))
             try:
                 jobs = await asyncio.shield(submitting)
                 break
@@ -314,9 +314,10 @@ class Call:
             raise FrontError(503, "could not choose a free job id; try again")
         job = jobs[0]
         self.node = job["node"]
-        log.info("job=%s node=%s state=queued kind=%s placement=%r via=%s actor=%r", self.job_id, self.node,
-                 job["kind"], job["reason"], self.endpoint, self.actor)
-        front.dispatcher.wake(self.node)
+        log.info("job=%s node=%s state=%s kind=%s placement=%r via=%s actor=%r", self.job_id, self.node,
+                 job["state"], job["kind"], job["reason"], self.endpoint, self.actor)
+        if job["state"] == JobState.QUEUED.value:  # (a job claimed in its submit went to its worker)
+            front.dispatcher.wake(self.node)
         front.bus.publish("queue", {"submitted": [self.job_id]})
         if self.openai and self.stream:
             self.sse = self.stream_translator()

@@ -4,6 +4,7 @@ an optional bearer token, and no state changes from other sites."""
 from __future__ import annotations
 
 import hmac
+from functools import lru_cache
 from urllib.parse import urlparse
 
 from aiohttp import web
@@ -30,6 +31,7 @@ def router_hosts(settings: Settings) -> frozenset[str]:
     return frozenset(names - {None})
 
 
+@lru_cache(maxsize=64)  # a client sends the same Host header every time: parse it once
 def host_in(header: str) -> str | None:
     """The host name in a Host header ('name', 'name:port', '[v6]:port'), port left out."""
     name, colon, port = header.rpartition(":")

@@ -263,11 +263,14 @@ async def submit(request: web.Request) -> web.Response:
                  think=body.get("think"), options=body.get("options"))
     # No estimate here: it reads the node's whole queue, and a burst of submits would pay that
     # once per job. `gpuq task` asks GET /api/jobs/{id} for it.
-    jobs = await store.submit(new, request.app[DISPATCHER].node_infos(), actor_of(request))
+    dispatcher = request.app[DISPATCHER]
+    jobs = await store.submit(new, dispatcher.node_infos(), actor_of(request), dispatcher.hand_over)
     for job in jobs:
-        log.info("job=%s node=%s state=queued kind=%s placement=%r", job["id"], job["node"], kind, job["reason"])
+        log.info("job=%s node=%s state=%s kind=%s placement=%r", job["id"], job["node"], job["state"], kind,
+                 job["reason"])
         job["preview_url"] = preview_url(settings.public_url, job["id"])
-        request.app[DISPATCHER].wake(job["node"])  # only its node: the others have nothing new
+        if job["state"] == JobState.QUEUED.value:  # (a job claimed in its submit went to its worker)
+            dispatcher.wake(job["node"])  # only its node: the others have nothing new
     request.app[BUS].publish("queue", {"submitted": [j["id"] for j in jobs]})
     return json_response({"jobs": jobs}, status=201)
 
@@ -491,9 +494,12 @@ async def stream_job(request: web.Request) -> web.StreamResponse:
         await resp.write(compact_json(obj).encode() + b"\n")
 
     with app[BUS].subscribe() as events:
-        job = await app[STORE].job_detail(job_id)
+        job = await app[STORE].job(job_id)  # one read: a running job's output so far is in memory
         await resp.prepare(request)
         cur = app[DISPATCHER].live(job_id)
+        if cur is None:  # not running: what it stored (one that starts meanwhile is live again)
+            job = await app[STORE].job_detail(job_id)
+            cur = app[DISPATCHER].live(job_id)
         sent = {"text": "".join(cur.output) if cur else job["output"],
                 "thinking": "".join(cur.thinking) if cur else (job["thinking"] or "")}
         while not events.empty():  # pieces published so far are already in `sent`

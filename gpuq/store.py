@@ -112,13 +112,14 @@ class Store:
         files = shipped_files(MIGRATIONS_DIR, "[0-9][0-9][0-9]_*.sql", "migrations")
         await self._writer.call(partial(verbs.migrate, files=files, now=self.clock(), path=self.path))  # type: ignore[union-attr]
 
-    async def _write(self, verb: Callable[[sqlite3.Connection], T]) -> T:
+    async def _write(self, verb: Callable[[sqlite3.Connection], T],
+                     after: Callable[[T], None] | None = None) -> T:
         """Run `verb` as one transaction (a savepoint of a group commit) in the writer's thread.
         Writes that arrive together share one commit, each is answered only after it, and one
-        that raises is rolled back alone."""
+        that raises is rolled back alone. `after` gets the result once committed (see Writer.run)."""
         if self._writer is None:
             raise from_sqlite(sqlite3.OperationalError("the store is not open; nothing was changed"))
-        return await self._writer.run(verb)
+        return await self._writer.run(verb, after)
 
     # -- the router's own writes ----------------------------------------------------------------
 
@@ -161,10 +162,20 @@ class Store:
 
     # -- the queue's verbs ----------------------------------------------------------------------
 
-    async def submit(self, new: NewJob, nodes: list[NodeInfo], actor: str) -> list[Row]:
+    async def submit(self, new: NewJob, nodes: list[NodeInfo], actor: str,
+                     hand_over: Callable[[Row], None] | None = None) -> list[Row]:
         """Place and insert a job (a task, or a critique's whole fan-out), durably: answered
-        only once its transaction has committed."""
-        return await self._write(partial(verbs.submit, new=new, nodes=nodes, actor=actor, now=self.clock()))
+        only once its transaction has committed. On a node whose worker waits idle
+        (NodeInfo.idle) the same commit claims the node's head, and `hand_over` gives it to
+        that worker on the loop right after the commit, whether or not the caller still waits."""
+        assert hand_over is not None or not any(n.idle for n in nodes), "a claim needs its worker"
+
+        def handed(result: tuple[list[Row], list[Row]]) -> None:
+            for job in result[1]:
+                hand_over(job)  # type: ignore[misc]
+        created, _ = await self._write(partial(verbs.submit_and_claim, new=new, nodes=nodes, actor=actor,
+                                               now=self.clock()), handed if hand_over else None)
+        return created
 
     async def claim(self, node: str) -> Row | None:
         """Take the head of the node's queue: it becomes running with a new run row."""
@@ -353,11 +364,6 @@ class Store:
         """The model of the job the node would claim next (None: nothing is ready)."""
         rows = await self.read("SELECT model FROM ready_job WHERE node = ? ORDER BY position, id LIMIT 1", (node,))
         return rows[0]["model"] if rows else None
-
-    async def has_waiting(self, node: str) -> bool:
-        """A job waits on the node that may run now (a held critique does not count)."""
-        rows = await self.read("SELECT EXISTS (SELECT 1 FROM ready_job WHERE node = ?) AS waiting", (node,))
-        return bool(rows[0]["waiting"])
 
     # -- start estimates (gpuq/eta.py) ---------------------------------------------------------
 

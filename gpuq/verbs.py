@@ -406,6 +406,23 @@ def submit(db: sqlite3.Connection, new: NewJob, nodes: list[NodeInfo], actor: st
     return created
 
 
+def submit_and_claim(db: sqlite3.Connection, new: NewJob, nodes: list[NodeInfo], actor: str,
+                     now: float) -> tuple[list[Row], list[Row]]:
+    """Submit, then claim the head of each chosen node whose worker waits idle (NodeInfo.idle),
+    in the same transaction: an idle node's job pays one commit before its request, not two.
+    The claim is the worker's own (claim: the same guards, run row and event); the created
+    rows it took say so (state running). Returns the created rows and the claimed jobs."""
+    created = submit(db, new, nodes, actor, now)
+    idle = {n.name for n in nodes if n.idle and n.up}
+    claimed = [job for node in dict.fromkeys(j["node"] for j in created if j["node"] in idle)
+               if (job := claim(db, node, now)) is not None]
+    running = {job["id"] for job in claimed}
+    for row in created:
+        if row["id"] in running:
+            row.update(state="running", position=None)
+    return created, claimed
+
+
 # -- the worker's verbs ------------------------------------------------------------------------
 
 # Output is written once: each write inserts one run_chunk row (migration 011) with only the text

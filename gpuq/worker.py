@@ -99,6 +99,10 @@ class Worker:
         self.warm_model: str | None = None  # left loaded on purpose for the next job ("when-idle")
         self.sent_run: int | None = None  # the last run whose request went to Ollama
         self.stopping = False  # the router is stopping: nothing new is claimed or sent
+        # Waiting for work with nothing claimed: a submit to this node may claim its head in the
+        # submit's own commit and hand it over (take), with no wake-up claim of this worker's.
+        self.idle = False
+        self.handed: dict | None = None  # such a job, not taken up yet
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -124,19 +128,38 @@ class Worker:
                 await self._wait(1.0)
 
     async def _claim(self) -> dict | None:
-        """The head of the node's queue, once the node answers; None after a wait for a wake."""
+        """The head of the node's queue: handed over by its submit, or claimed here once the
+        node answers (as its monitor last heard: a connection it refuses after all puts the job
+        back, see _not_reached); None after a wait for a wake. Claiming is the check that
+        something waits: an empty claim writes nothing, so its commit costs no fsync."""
+        if self.handed is not None:  # claimed already: run it (or put it back) whatever changed since
+            job, self.handed = self.handed, None
+            return job
         if self.stopping:
             await self._wait(IDLE_POLL_S)
             return None
         if not self.rt.claimable:
             await self._wait(1.0)
             return None
-        if not await self._ready_to_claim():
+        job = await self.store.claim(self.rt.name)
+        if job is None:
             if self.warm_model is not None:  # "when-idle": the node went idle
                 await self._unload_warm(None)
+            await self._wait_idle()
+        return job
+
+    def take(self, job: dict) -> None:
+        """A job its submit claimed for this worker while it waited idle (Store.submit's
+        hand_over): this worker runs it as a job it claimed itself."""
+        self.handed, self.idle = job, False
+        self.wake.set()
+
+    async def _wait_idle(self) -> None:
+        self.idle = self.handed is None
+        try:
             await self._wait(IDLE_POLL_S)
-            return None
-        return await self.store.claim(self.rt.name)
+        finally:
+            self.idle = False
 
     async def _wait(self, timeout: float) -> None:
         # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancel that lands in
@@ -147,11 +170,6 @@ class Worker:
         except TimeoutError:
             pass
         self.wake.clear()
-
-    async def _ready_to_claim(self) -> bool:
-        """Something waits (the node is up, as its monitor last heard: a connection it refuses
-        after all puts the job back, see _not_reached)."""
-        return await self.store.has_waiting(self.rt.name)
 
     # -- one job ------------------------------------------------------------------------------
 

@@ -221,3 +221,38 @@ async def test_an_invalid_submit_among_concurrent_ones_gets_its_own_error(lab):
     statuses = [s for s, _ in results]
     assert statuses[10] == 422 and "unknown parent" in results[10][1]["error"]["message"]
     assert statuses[:10] + statuses[11:] == [201] * 20
+
+
+async def test_a_job_claimed_in_its_submit_reaches_its_worker_even_when_the_submitter_went_away(store, tmp_path):
+    """The hand-over runs after the commit whatever became of the caller: a request cancelled
+    while its submit was committing still leaves its claimed job with the worker, not orphaned
+    as running with nobody to run it."""
+    idle = [NodeInfo("a", 1, ("task",), "ma", True, idle=True)]
+    handed = []
+    busy, go = threading.Event(), threading.Event()
+
+    def hold(db):
+        busy.set()
+        go.wait(10)
+    held = asyncio.ensure_future(store._writer.call(hold))
+    await eventually(busy.is_set, what="the writer to be busy")
+    submitting = asyncio.ensure_future(store.submit(NewJob("task", "p"), idle, "api", handed.append))
+    await eventually(lambda: store._writer.waiting == 1, what="the submit to queue up")
+    submitting.cancel()  # its client went away while the write waited
+    go.set()
+    await held
+    await eventually(lambda: handed, what="the claimed job to be handed over")
+    [job] = handed
+    assert (job["node"], job["state"], job["prompt"]) == ("a", "running", "p")
+    assert rows(tmp_path / "q.db", "SELECT state, run_id FROM job") == [("running", job["run_id"])]
+    with pytest.raises(asyncio.CancelledError):
+        await submitting
+
+
+async def test_a_refused_submit_hands_nothing_over(store):
+    idle = [NodeInfo("a", 1, ("task",), "ma", True, idle=True)]
+    handed = []
+    with pytest.raises(Unprocessable):
+        await store.submit(NewJob("critique", None, parent=UNKNOWN), idle, "api", handed.append)
+    [job] = await store.submit(NewJob("task", "p"), idle, "api", handed.append)
+    assert [j["id"] for j in handed] == [job["id"]]

@@ -45,7 +45,8 @@ class FrontLab:
         fake = self.fakes["node-1"]
         fake.script.token_delay_s, fake.script.tokens = 0.05, 400
         call = asyncio.create_task(self.ollama().chat(model=CHAT_MODEL, messages=[{"role": "user", "content": prompt}]))
-        await eventually(lambda: fake.in_flight == 1, what="a call to hold node-1")
+        # Its job running, not merely a request in flight (an aborted one may linger at the fake).
+        await self.job_with(prompt, "running")
         return call
 
     async def delete_mid_stream(self, prompt: str, read: Callable[[list], Awaitable[None]],
@@ -427,8 +428,9 @@ async def test_delete_ends_the_clients_stream_with_an_error_naming_it(front):
 
     # Waiting, not yet running: the call ends with its status, in OpenAI's shape too.
     fake.script.token_delay_s = 0.05
+    # (the deleted call's request may still be in flight at the fake: wait for this job to run)
     first = asyncio.create_task(front.ollama().chat(model=CHAT_MODEL, messages=[{"role": "user", "content": "hold"}]))
-    await eventually(lambda: fake.in_flight == 1, what="a call to hold the node")
+    await front.job_with("hold", "running")
     queued = asyncio.create_task(front.openai().chat.completions.create(
         model=CHAT_MODEL, messages=[{"role": "user", "content": "queued then deleted"}]))
     waiting = await front.job_with("queued then deleted", "queued")

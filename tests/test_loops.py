@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from conftest import eventually
 from gpuq.config import NodeConfig, Settings
 from gpuq.fake_ollama import FakeOllama, Script
-from gpuq.server import STORE, create_app
+from gpuq.server import DISPATCHER, STORE, create_app
 from gpuq.supervise import BACKOFF_FIRST_S, BACKOFF_MAX_S, HEALTHY_S, Loops, backoff
 
 
@@ -101,15 +101,15 @@ async def test_an_unexpected_error_in_a_job_fails_it_and_the_worker_runs_the_nex
 async def test_a_crashed_worker_is_logged_turns_health_red_and_restarts(router, caplog):
     client, fake = router
     store = client.server.app[STORE]
-    real = store.has_waiting
+    real = store.claim
     calls = 0
 
     async def broken(node):
         nonlocal calls
         calls += 1
-        raise RuntimeError("injected: has_waiting broke")
-    store.has_waiting = broken
-    job = await submit(client, "waits for the worker")  # wakes the worker, which crashes
+        raise RuntimeError("injected: claim broke")
+    store.claim = broken
+    client.server.app[DISPATCHER].wake("n1")  # the idle worker claims, and crashes
 
     async def red():
         status, health = await get(client, "/health")
@@ -118,22 +118,24 @@ async def test_a_crashed_worker_is_logged_turns_health_red_and_restarts(router, 
     assert health["ok"] is False
     [down] = health["loops_down"]
     assert (down["loop"], down["node"]) == ("worker", "n1")
-    assert down["error"].startswith("worker crashed (RuntimeError: injected: has_waiting broke); restarting in ")
+    assert down["error"].startswith("worker crashed (RuntimeError: injected: claim broke); restarting in ")
     _, nodes = await get(client, "/api/nodes")
-    assert nodes["nodes"][0]["loop_error"].startswith("worker crashed (RuntimeError: injected: has_waiting broke)")
+    assert nodes["nodes"][0]["loop_error"].startswith("worker crashed (RuntimeError: injected: claim broke)")
     res = await cli(client, "nodes")
     line = next(line for line in res.splitlines() if line.startswith("n1"))
-    assert " crashed " in line and "injected: has_waiting broke" in line
+    assert " crashed " in line and "injected: claim broke" in line
 
+    # A crashed worker waits for no submit: this job is queued, not claimed in its submit.
+    job = await submit(client, "waits for the worker")
     await eventually(lambda: calls >= 3, what="the worker to restart twice")  # backoff 0.1 s, 0.2 s
     logged = crashes(caplog, "node=n1 worker crashed, restarting in")
     assert len(logged) >= 2
-    assert "injected: has_waiting broke" in logging.Formatter().formatException(logged[0].exc_info)
+    assert "injected: claim broke" in logging.Formatter().formatException(logged[0].exc_info)
     assert [r.getMessage().split("restarting in ")[1].split("s:")[0] for r in logged[:2]] == ["0.1", "0.2"]
     _, queued = await get(client, f"/api/jobs/{job}")
     assert queued["state"] == "queued"
 
-    store.has_waiting = real  # the fault is gone: the next restart runs the job
+    store.claim = real  # the fault is gone: the next restart runs the job
     await wait_state(client, job, "done")
     status, health = await get(client, "/health")
     assert status == 200 and health["loops_down"] == [] and health["ok"] is True

@@ -143,3 +143,60 @@ def test_a_run_deleted_by_hand_takes_its_chunks_with_it(db, foreign_keys):
     db.execute("DELETE FROM run WHERE id = ?", (run_id,))
     assert db.execute("SELECT COUNT(*) FROM run_chunk").fetchone()[0] == 0
     assert db.execute("PRAGMA foreign_key_check").fetchall() == []
+
+
+def events_of(db: sqlite3.Connection, job_id: str) -> list[tuple]:
+    return [tuple(r) for r in db.execute("SELECT at, from_state, to_state, actor, reason FROM event"
+                                         " WHERE job_id = ? ORDER BY id", (job_id,))]
+
+
+def test_a_submit_to_an_idle_node_claims_it_in_the_same_transaction_as_a_claim_would(db):
+    idle = [NodeInfo("a", 1, ("task",), "ma", True, idle=True), NODES[1]]
+    [job], [claimed] = in_transaction(db, verbs.submit_and_claim, new=NewJob("task", "now"), nodes=idle,
+                                      actor="test", now=NOW)
+    assert (job["id"], job["state"], job["position"]) == (claimed["id"], "running", None)
+    assert claimed["prompt"] == "now" and claimed["state"] == "running"
+    assert db.execute("SELECT state, run_id FROM job").fetchone()[:] == ("running", claimed["run_id"])
+    assert [tuple(r) for r in db.execute("SELECT job_id, node, state FROM run")] == [(job["id"], "a", "running")]
+    at = "2027-01-15T08:00:00.000000Z"
+    assert events_of(db, job["id"]) == [(at, None, "queued", "test", "placed on a (first free node by rank)"),
+                                        (at, "queued", "running", "router", "claimed by a")]
+    # The same job submitted, then claimed by its worker: the same rows, the same events.
+    [other] = in_transaction(db, verbs.submit, new=NewJob("task", "later", node="b"),
+                             nodes=[NODES[0], NodeInfo("b", 2, ("task",), "mb", True)], actor="test", now=NOW)
+    in_transaction(db, verbs.claim, node="b", now=NOW)
+    assert [e[1:] for e in events_of(db, other["id"])] == [
+        (None, "queued", "test", "placed on b (asked)"), ("queued", "running", "router", "claimed by b")]
+
+
+def test_a_submit_claims_nothing_on_a_busy_node_a_node_not_idle_or_down_or_for_a_held_critique(db):
+    busy = [NodeInfo("a", 1, ("task", "critique"), "ma", True, idle=True),
+            NodeInfo("b", 2, ("task", "critique"), "mb", True, idle=True)]
+    [first], _ = in_transaction(db, verbs.submit_and_claim, new=NewJob("task", "1", node="a"), nodes=busy,
+                                actor="t", now=NOW)
+    # (the worker's idle flag is stale: it runs `first` already; the claim's own guard says no)
+    [second], claimed = in_transaction(db, verbs.submit_and_claim, new=NewJob("task", "2", node="a"), nodes=busy,
+                                       actor="t", now=NOW)
+    assert claimed == [] and (second["state"], second["position"]) == ("queued", 1)
+    not_idle = [NodeInfo("b", 2, ("task",), "mb", True)]
+    down = [NodeInfo("b", 2, ("task",), "mb", False, idle=True)]
+    for nodes in (not_idle, down):
+        [job], claimed = in_transaction(db, verbs.submit_and_claim, new=NewJob("task", "3", node="b"),
+                                        nodes=nodes, actor="t", now=NOW)
+        assert claimed == [] and job["state"] == "queued"
+        in_transaction(db, verbs.delete, job_id=job["id"], actor="t", reason="deleted", now=NOW)
+    [held], claimed = in_transaction(db, verbs.submit_and_claim, new=NewJob("critique", None, parent=first["id"]),
+                                     nodes=busy, actor="t", now=NOW)  # waits for `first` to be done
+    assert claimed == [] and (held["node"], held["state"], held["waiting_for"]) == ("b", "queued", first["id"])
+    assert db.execute("SELECT COUNT(*) FROM job WHERE state = 'running'").fetchone()[0] == 1
+
+
+def test_a_critique_fanned_out_to_idle_nodes_is_claimed_on_each(db):
+    nodes = [NodeInfo("a", 1, ("task",), "ma", True), NodeInfo("b", 2, ("critique",), "mb", True, idle=True),
+             NodeInfo("c", 3, ("critique",), "mc", True, idle=True)]
+    created, claimed = in_transaction(db, verbs.submit_and_claim, new=NewJob("critique", "review"), nodes=nodes,
+                                      actor="t", now=NOW)
+    assert [(j["node"], j["state"]) for j in created] == [("b", "running"), ("c", "running")]
+    assert sorted(j["node"] for j in claimed) == ["b", "c"]
+    assert [tuple(r) for r in db.execute("SELECT node, running, queued FROM node_load ORDER BY node")] == [
+        ("b", 1, 0), ("c", 1, 0)]
