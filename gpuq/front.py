@@ -316,7 +316,7 @@ class Call:
         self.node = job["node"]
         log.info("job=%s node=%s state=%s kind=%s placement=%r via=%s actor=%r", self.job_id, self.node,
                  job["state"], job["kind"], job["reason"], self.endpoint, self.actor)
-        if job["state"] == JobState.QUEUED.value:  # (a job claimed in its submit went to its worker)
+        if job["state"] == JobState.QUEUED:  # (a job claimed in its submit went to its worker)
             front.dispatcher.wake(self.node)
         front.bus.publish("queue", {"submitted": [self.job_id]})
         if self.openai and self.stream:

@@ -61,7 +61,7 @@ class NewJob:
     def __post_init__(self) -> None:
         """The shape every new job must have, whichever door it came in by. What needs the
         database (the parent exists, is a task, has a result to review) the store judges."""
-        if self.parent is not None and self.kind != Kind.CRITIQUE.value:
+        if self.parent is not None and self.kind != Kind.CRITIQUE:
             raise BadRequest("only a critique takes a parent")
         reviews_parent = self.prompt is None and self.parent is not None
         # A front-door call keeps its whole request; its prompt is only what the page shows.

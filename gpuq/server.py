@@ -269,7 +269,7 @@ async def submit(request: web.Request) -> web.Response:
         log.info("job=%s node=%s state=%s kind=%s placement=%r", job["id"], job["node"], job["state"], kind,
                  job["reason"])
         job["preview_url"] = preview_url(settings.public_url, job["id"])
-        if job["state"] == JobState.QUEUED.value:  # (a job claimed in its submit went to its worker)
+        if job["state"] == JobState.QUEUED:  # (a job claimed in its submit went to its worker)
             dispatcher.wake(job["node"])  # only its node: the others have nothing new
     request.app[BUS].publish("queue", {"submitted": [j["id"] for j in jobs]})
     return json_response({"jobs": jobs}, status=201)
@@ -377,7 +377,7 @@ async def move(request: web.Request) -> web.Response:
     log.info("job=%s node=%s state=queued moved position=%s actor=%r", job["id"], job["node"], job["position"],
              actor_of(request))
     return json_response({"job": {"id": job["id"], "node": job["node"], "position": job["position"],
-                                      "state": "queued"}})
+                                      "state": JobState.QUEUED}})
 
 
 async def preempt(request: web.Request) -> web.Response:
@@ -388,7 +388,7 @@ async def preempt(request: web.Request) -> web.Response:
     log.info("job=%s node=%s state=queued preempt position=1 actor=%r", job["id"], job["node"], actor_of(request))
     if interrupted:
         log.info("job=%s node=%s state=queued reason=%r", interrupted.job_id, job["node"], f"preempted by {job['id']}")
-    return json_response({"job": {"id": job["id"], "node": job["node"], "position": 1, "state": "queued"},
+    return json_response({"job": {"id": job["id"], "node": job["node"], "position": 1, "state": JobState.QUEUED},
                               "interrupted": interrupted and interrupted.job_id})
 
 
@@ -401,8 +401,8 @@ async def delete(request: web.Request) -> web.Response:
     app[DISPATCHER].ended([job["id"]], reason)
     app[BUS].publish("queue", {"deleted": job["id"]})
     log.info("job=%s node=%s state=cancelled reason=%r", job["id"], job["node"], reason)
-    return json_response({"job": {"id": job["id"], "node": job["node"], "state": "cancelled",
-                                      "was": "running" if interrupted else "queued"}})
+    return json_response({"job": {"id": job["id"], "node": job["node"], "state": JobState.CANCELLED,
+                                      "was": JobState.RUNNING if interrupted else JobState.QUEUED}})
 
 
 async def clear(request: web.Request) -> web.Response:
@@ -428,7 +428,7 @@ async def retry(request: web.Request) -> web.Response:
     app[DISPATCHER].wake(job["node"])
     app[BUS].publish("queue", {"retried": job["id"]})
     log.info("job=%s node=%s state=queued reason='retry requested' actor=%r", job["id"], job["node"], actor_of(request))
-    return json_response({"job": {"id": job["id"], "node": job["node"], "state": "queued"}})
+    return json_response({"job": {"id": job["id"], "node": job["node"], "state": JobState.QUEUED}})
 
 
 async def history(request: web.Request) -> web.Response:
@@ -511,19 +511,19 @@ async def stream_job(request: web.Request) -> web.StreamResponse:
 
         async def say_where() -> None:
             nonlocal where
-            if job["state"] == "queued":
+            if job["state"] == JobState.QUEUED:
                 now = {"node": job["node"], "position": await app[STORE].queue_position(job),
                        "waiting_for": job.get("waiting_for")}
                 if now != where:
                     await line({"queued": now})
-            elif job["state"] == "running" and where is not None and "started" not in where:
+            elif job["state"] == JobState.RUNNING and where is not None and "started" not in where:
                 now = {"started": True}
                 await line({"started": {"node": job["node"]}})
             else:
                 return
             where = now
         await say_where()
-        while job["state"] in ("queued", "running"):
+        while job["state"] in ACTIVE:
             topic, data = await next_event(events, 1.0) or ("tick", {})
             if topic == "shutdown":  # the router is stopping: end without a final line
                 return resp

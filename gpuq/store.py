@@ -208,7 +208,7 @@ class Store:
 
         With `claim_node`, the node's next job is claimed in the same transaction and returned:
         a worker going from job to job pays one durable commit between them, not two."""
-        assert state in ("done", "failed")
+        assert state in (JobState.DONE, JobState.FAILED)
         return await self._write(partial(
             verbs.finish, job_id=job_id, run_id=run_id, state=state, error=error, now=self.clock(),
             output=output, actor=actor, findings=findings, claim_node=claim_node, thinking=thinking,
@@ -382,7 +382,7 @@ class Store:
         for name in nodes:
             params += [name, depth]
         rows = await self.read(" UNION ALL ".join([running] + [waiting] * len(nodes)), params)
-        rows.sort(key=lambda r: (r["node"], r["state"] != "running", r["position"], r["id"]))
+        rows.sort(key=lambda r: (r["node"], r["state"] != JobState.RUNNING, r["position"], r["id"]))
         return rows
 
     async def recent_durations(self, node_models: set[tuple[str, str]], nodes: set[str],

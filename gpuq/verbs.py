@@ -14,7 +14,7 @@ from . import placement as rules
 from .critique import parent_subject
 from .errors import BadRequest, Conflict, GpuqError, GuardMiss, IdTaken, NotFound, Unprocessable
 from .models import (
-    ACTIVE, POSITION_GAP, Interrupted, NewJob, NodeCounts, NodeInfo, iso, new_job_id,
+    ACTIVE, NO_RESULT, POSITION_GAP, Interrupted, JobState, NewJob, NodeCounts, NodeInfo, iso, new_job_id,
 )
 
 Row = dict[str, Any]
@@ -143,7 +143,7 @@ def claim(db: sqlite3.Connection, node: str, now: float) -> Row | None:
     job["run_id"] = db.execute("INSERT INTO run (job_id, node, model, started_at, progress_at) VALUES (?,?,?,?,?)",
                                (job["id"], node, job["model"], iso(now), iso(now))).lastrowid
     db.execute("UPDATE job SET run_id = ? WHERE id = ?", (job["run_id"], job["id"]))
-    _event(db, job["id"], "queued", "running", "router", f"claimed by {node}", now)
+    _event(db, job["id"], JobState.QUEUED, JobState.RUNNING, "router", f"claimed by {node}", now)
     return job
 
 
@@ -188,7 +188,7 @@ def _index_of(db: sqlite3.Connection, node: str, other_id: str, job_id: str) -> 
     other = db.execute("SELECT node, state, position FROM job WHERE id = ?", (other_id,)).fetchone()
     if other is None:
         raise Unprocessable(f"unknown job '{other_id}'")
-    if other["state"] != "queued" or other["node"] != node:
+    if other["state"] != JobState.QUEUED or other["node"] != node:
         raise Conflict(f"job {other_id} is not waiting in node {node}'s queue")
     return db.execute(
         "SELECT COUNT(*) FROM job WHERE node = ? AND state = 'queued' AND id <> ?"
@@ -209,9 +209,9 @@ def _end_held_critiques(db: sqlite3.Connection, parent_id: str, why: str, now: f
 def _cancel(db: sqlite3.Connection, job: Row, actor: str, reason: str, now: float) -> Interrupted | None:
     db.execute("UPDATE job SET state = 'cancelled', error = ?, finished_at = ? WHERE id = ?",
                (reason, iso(now), job["id"]))
-    _event(db, job["id"], job["state"], "cancelled", actor, reason, now)
+    _event(db, job["id"], job["state"], JobState.CANCELLED, actor, reason, now)
     _end_held_critiques(db, job["id"], f"was cancelled ({reason})", now)
-    if job["state"] != "running":
+    if job["state"] != JobState.RUNNING:
         return None
     db.execute("UPDATE run SET state = 'cancelled', error = ?, finished_at = ? WHERE id = ?",
                (reason, iso(now), job["run_id"]))
@@ -281,7 +281,8 @@ def note_stale(db: sqlite3.Connection, now: float) -> list[Row]:
         cur = db.execute("UPDATE run SET stale_reason = ? WHERE id = ? AND stale_reason IS NOT ?",
                          (head["reason"], head["run_id"], head["reason"]))
         if cur.rowcount:
-            _event(db, head["id"], "running", "running", "router", f"stale: {head['reason']} since {head['since']}", now)
+            _event(db, head["id"], JobState.RUNNING, JobState.RUNNING, "router",
+                   f"stale: {head['reason']} since {head['since']}", now)
             fresh.append(head)
     return fresh
 
@@ -302,7 +303,7 @@ def fail_orphans(db: sqlite3.Connection, now: float) -> list[Row]:
     for r in failed:
         db.execute("UPDATE run SET state = 'failed', error = ?, finished_at = ? WHERE id = ?"
                    " AND state = 'running'", (reason, iso(now), r["run_id"]))
-        _event(db, r["id"], "running", "failed", "router", reason, now)
+        _event(db, r["id"], JobState.RUNNING, JobState.FAILED, "router", reason, now)
         _end_held_critiques(db, r["id"], f"failed ({reason})", now)
     return failed
 
@@ -370,7 +371,7 @@ def submit(db: sqlite3.Connection, new: NewJob, nodes: list[NodeInfo], actor: st
         placements = rules.place_critique(views, parent_node, new.node, new.model)
     prompt, from_parent = new.prompt, new.prompt is None
     if from_parent:  # reviews the parent's prompt and result; held until the parent is done
-        if parent["state"] in ("failed", "cancelled"):
+        if parent["state"] in NO_RESULT:
             raise Conflict(f"parent task {parent['id']} is {parent['state']}: there is no result to "
                            f"critique; retry it first (gpuq retry {parent['id']}) or critique a file")
         prompt = parent_subject(parent["prompt"], f"(the result of task {parent['id']}, once it is done)")
@@ -396,12 +397,12 @@ def submit(db: sqlite3.Connection, new: NewJob, nodes: list[NodeInfo], actor: st
              None if new.think is None else dumps(new.think), None if new.options is None else dumps(new.options),
              new.endpoint, new.request),
         )
-        waiting_for = new.parent if from_parent and parent["state"] != "done" else None
+        waiting_for = new.parent if from_parent and parent["state"] != JobState.DONE else None
         held = f"; waiting for parent {waiting_for}" if waiting_for else ""
-        _event(db, job_id, None, "queued", actor, f"placed on {p.node} ({p.reason}){held}", now)
+        _event(db, job_id, None, JobState.QUEUED, actor, f"placed on {p.node} ({p.reason}){held}", now)
         waiting = counts.get(p.node, NodeCounts()).queued
         created.append({"id": job_id, "kind": new.kind, "node": p.node, "model": model,
-                        "state": "queued", "position": waiting + 1, "reason": p.reason,
+                        "state": JobState.QUEUED, "position": waiting + 1, "reason": p.reason,
                         "parent": new.parent, "group": group, "waiting_for": waiting_for})
     return created
 
@@ -419,7 +420,7 @@ def submit_and_claim(db: sqlite3.Connection, new: NewJob, nodes: list[NodeInfo],
     running = {job["id"] for job in claimed}
     for row in created:
         if row["id"] in running:
-            row.update(state="running", position=None)
+            row.update(state=JobState.RUNNING, position=None)
     return created, claimed
 
 
@@ -473,11 +474,11 @@ def finish(db: sqlite3.Connection, job_id: str, run_id: int, state: str, error: 
     if not done:
         raise GuardMiss(f"job {job_id} run {run_id} is no longer running")
     append_output(db, run_id, output, thinking, now)
-    tokens = streamed if state == "failed" and streamed else None  # a reply that broke off: no last line
+    tokens = streamed if state == JobState.FAILED and streamed else None  # a reply that broke off: no last line
     db.execute("UPDATE run SET state = ?, error = ?, finished_at = ?, eval_count = COALESCE(eval_count, ?)"
                " WHERE id = ?", (state, error, iso(now), tokens, run_id))
-    _event(db, job_id, "running", state, actor, error, now)
-    if state == "failed":
+    _event(db, job_id, JobState.RUNNING, state, actor, error, now)
+    if state == JobState.FAILED:
         _end_held_critiques(db, job_id, f"failed ({error})", now)
     return claim(db, claim_node, now) if claim_node else None
 
@@ -502,7 +503,7 @@ def move(db: sqlite3.Connection, job_id: str, nodes: list[NodeInfo], actor: str,
     """Reorder a queued job within its node's queue or move it to another node's queue."""
     _check_move_request(job_id, position, before, after, node)
     job = _job_for_update(db, job_id)
-    if job["state"] != "queued":
+    if job["state"] != JobState.QUEUED:
         raise Conflict(f"job {job_id} is {job['state']}; only queued jobs move")
     target = node or job["node"]
     if target != job["node"]:
@@ -527,20 +528,20 @@ def move(db: sqlite3.Connection, job_id: str, nodes: list[NodeInfo], actor: str,
     now_at = db.execute("SELECT node, position, id FROM job WHERE id = ?", (job_id,)).fetchone()
     moved["position"] = db.execute(QUEUE_POSITION_SQL, dict(now_at)).fetchone()[0]
     where = f"to {target} " if target != job["node"] else ""
-    _event(db, job_id, "queued", "queued", actor, f"moved {where}at position {moved['position']}", now)
+    _event(db, job_id, JobState.QUEUED, JobState.QUEUED, actor, f"moved {where}at position {moved['position']}", now)
     return moved
 
 
 def preempt(db: sqlite3.Connection, job_id: str, actor: str, now: float) -> tuple[Row, Interrupted | None]:
     """The queued job runs next: to the head, and the node's running job goes back behind it."""
     job = _job_for_update(db, job_id)
-    if job["state"] != "queued":
+    if job["state"] != JobState.QUEUED:
         raise Conflict(f"job {job_id} is {job['state']}; only a queued job can preempt")
     if not db.execute("SELECT 1 FROM ready_job WHERE id = ?", (job_id,)).fetchone():
         raise Conflict(f"job {job_id} is waiting for parent {job['parent_id']} to finish; it cannot run before")
     node = job["node"]
     db.execute("UPDATE job SET position = ? WHERE id = ?", (_position_at(db, node, job_id, 0), job_id))
-    _event(db, job_id, "queued", "queued", actor, "preempt: moved to the head", now)
+    _event(db, job_id, JobState.QUEUED, JobState.QUEUED, actor, "preempt: moved to the head", now)
     running = db.execute("SELECT id, run_id FROM job WHERE node = ? AND state = 'running'", (node,)).fetchone()
     if not running:
         return dict(job, position=1), None
@@ -549,7 +550,7 @@ def preempt(db: sqlite3.Connection, job_id: str, actor: str, now: float) -> tupl
     db.execute("UPDATE job SET state = 'queued', position = ? WHERE id = ?", (behind, victim))
     db.execute("UPDATE run SET state = 'preempted', finished_at = ?, error = ? WHERE id = ?",
                (iso(now), f"preempted by {job_id}", run_id))
-    _event(db, victim, "running", "queued", actor, f"preempted by {job_id}", now)
+    _event(db, victim, JobState.RUNNING, JobState.QUEUED, actor, f"preempted by {job_id}", now)
     return dict(job, position=1), Interrupted(victim, node, run_id)
 
 
@@ -558,13 +559,13 @@ def delete(db: sqlite3.Connection, job_id: str, actor: str, reason: str, now: fl
     job = _job_for_update(db, job_id)
     if job["state"] not in ACTIVE:
         raise Conflict(f"job {job_id} is already {job['state']}; only queued or running jobs can be deleted")
-    return dict(job, state="cancelled"), _cancel(db, job, actor, reason, now)
+    return dict(job, state=JobState.CANCELLED), _cancel(db, job, actor, reason, now)
 
 
 def clear(db: sqlite3.Connection, node: str, actor: str, running: bool, now: float,
           reason: str = "cleared") -> tuple[list[str], Interrupted | None]:
     """Cancel the node's queued jobs (and its running one, with `running`), each with `reason`."""
-    states = ACTIVE if running else ("queued",)
+    states = ACTIVE if running else (JobState.QUEUED,)
     jobs = rows(db.execute(
         f"SELECT * FROM job WHERE node = ? AND state IN ({','.join('?' * len(states))})"
         " ORDER BY state = 'queued', position, id", (node, *states)).fetchall())
@@ -577,19 +578,19 @@ def clear(db: sqlite3.Connection, node: str, actor: str, running: bool, now: flo
 def retry(db: sqlite3.Connection, job_id: str, actor: str, now: float) -> Row:
     """Only by explicit request: a failed or cancelled job goes to the tail of its node's queue."""
     job = _job_for_update(db, job_id)
-    if job["state"] not in ("failed", "cancelled"):
+    if job["state"] not in NO_RESULT:
         raise Conflict(f"job {job_id} is {job['state']}; only failed or cancelled jobs can be retried")
     if job["subject_from_parent"]:  # (a parent now on this node: the schema refuses the requeue)
         parent = _job_for_update(db, job["parent_id"])
-        if parent["state"] in ("failed", "cancelled"):
+        if parent["state"] in NO_RESULT:
             raise Conflict(f"parent task {parent['id']} is {parent['state']}: there is no result to "
                            f"critique; retry the parent first (gpuq retry {parent['id']})")
     tail = db.execute("SELECT MAX(position) FROM job WHERE node = ? AND state = 'queued'",
                       (job["node"],)).fetchone()[0]
     db.execute("UPDATE job SET state = 'queued', error = NULL, finished_at = NULL, position = ?"
                " WHERE id = ?", ((tail or 0) + POSITION_GAP, job_id))
-    _event(db, job_id, job["state"], "queued", actor, "retry requested", now)
-    return dict(job, state="queued")
+    _event(db, job_id, job["state"], JobState.QUEUED, actor, "retry requested", now)
+    return dict(job, state=JobState.QUEUED)
 
 
 def requeue_unsent(db: sqlite3.Connection, sent: dict[str, int | None], reason: str, now: float) -> list[Row]:
@@ -608,7 +609,7 @@ def put_back(db: sqlite3.Connection, job_id: str, run_id: int, reason: str, now:
     """The run's request never reached Ollama: undo its claim. False when the run had already
     ended (deleted or preempted meanwhile: that already ended it)."""
     job = db.execute("SELECT id, node, run_id, state FROM job WHERE id = ?", (job_id,)).fetchone()
-    if job is None or job["state"] != "running" or job["run_id"] != run_id:
+    if job is None or job["state"] != JobState.RUNNING or job["run_id"] != run_id:
         return False
     _put_back(db, dict(job), reason, now)
     return True
@@ -621,4 +622,4 @@ def _put_back(db: sqlite3.Connection, job: Row, reason: str, now: float) -> None
                (_position_at(db, job["node"], job["id"], 0), job["id"]))
     db.execute("UPDATE run SET state = 'cancelled', finished_at = ?, error = ? WHERE id = ?",
                (iso(now), reason, job["run_id"]))
-    _event(db, job["id"], "running", "queued", "router", reason, now)
+    _event(db, job["id"], JobState.RUNNING, JobState.QUEUED, "router", reason, now)

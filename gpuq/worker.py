@@ -103,6 +103,7 @@ class Worker:
         # submit's own commit and hand it over (take), with no wake-up claim of this worker's.
         self.idle = False
         self.handed: dict | None = None  # such a job, not taken up yet
+        self.polled = False  # the last idle wait ended by its timeout, not by a wake
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -141,7 +142,12 @@ class Worker:
         if not self.rt.claimable:
             await self._wait(1.0)
             return None
-        job = await self.store.claim(self.rt.name)
+        # A poll that no wake asked for reads first: the claim is a write, and an idle node's
+        # poll must not take the write lock every few seconds for nothing (nor fail while a
+        # person holds it in the sqlite3 shell).
+        polled, self.polled = self.polled, False
+        nothing = polled and await self.store.next_ready_model(self.rt.name) is None
+        job = None if nothing else await self.store.claim(self.rt.name)
         if job is None:
             if self.warm_model is not None:  # "when-idle": the node went idle
                 await self._unload_warm(None)
@@ -157,19 +163,22 @@ class Worker:
     async def _wait_idle(self) -> None:
         self.idle = self.handed is None
         try:
-            await self._wait(IDLE_POLL_S)
+            self.polled = not await self._wait(IDLE_POLL_S)
         finally:
             self.idle = False
 
-    async def _wait(self, timeout: float) -> None:
+    async def _wait(self, timeout: float) -> bool:
+        """Wait for a wake or the timeout; True if woken."""
         # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancel that lands in
         # the same tick as a wake, and the worker then outlives stop() (a hung shutdown).
         try:
             async with asyncio.timeout(timeout):
                 await self.wake.wait()
         except TimeoutError:
-            pass
-        self.wake.clear()
+            return False
+        finally:
+            self.wake.clear()
+        return True
 
     # -- one job ------------------------------------------------------------------------------
 

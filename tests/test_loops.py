@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import dataclasses
 import os
+import sqlite3
 import sys
 
 import pytest
@@ -15,6 +17,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from conftest import eventually
 from gpuq.config import NodeConfig, Settings
 from gpuq.fake_ollama import FakeOllama, Script
+from gpuq import worker as worker_module
+from gpuq.models import NewJob
 from gpuq.server import DISPATCHER, STORE, create_app
 from gpuq.supervise import BACKOFF_FIRST_S, BACKOFF_MAX_S, HEALTHY_S, Loops, backoff
 
@@ -257,3 +261,47 @@ async def test_a_crash_without_text_reads_as_its_class_not_an_empty_colon():
     await asyncio.wait_for(crashed.wait(), 5)
     assert not loop.alive and loop.error == "TimeoutError"
     await asyncio.wait_for(loops.stop(), 5)
+
+
+async def test_an_idle_nodes_poll_reads_first_so_a_write_lock_in_the_shell_meets_no_claim(router, monkeypatch,
+                                                                                          caplog):
+    """The worker's fallback poll (a wait no wake ended) reads before it claims: an idle node
+    does not take the write lock every few seconds, so a person holding it in the sqlite3 shell
+    sees no refused claims in the log; a job that appears with no wake is still found and run."""
+    client, fake = router
+    app = client.server.app
+    store, dispatcher = app[STORE], app[DISPATCHER]
+    claims, polls = [], []
+    real_claim, real_peek = store.claim, store.next_ready_model
+
+    async def claim(node):
+        claims.append(node)
+        return await real_claim(node)
+
+    async def peek(node):
+        polls.append(node)
+        return await real_peek(node)
+    monkeypatch.setattr(store, "claim", claim)
+    monkeypatch.setattr(store, "next_ready_model", peek)
+    monkeypatch.setattr(worker_module, "IDLE_POLL_S", 0.02)
+    dispatcher.wake("n1")  # out of its 5 s wait, into the short one
+    await eventually(lambda: len(polls) >= 2, what="the idle worker to poll")
+
+    shell = sqlite3.connect(store.path, isolation_level=None)
+    shell.execute("BEGIN IMMEDIATE")  # `BEGIN IMMEDIATE;` typed in the sqlite3 shell
+    try:
+        claims.clear()
+        seen = len(polls)
+        await eventually(lambda: len(polls) >= seen + 10, what="ten more polls under the lock")
+        assert claims == []
+        assert [r.getMessage() for r in caplog.records if "locked" in r.getMessage()] == []
+    finally:
+        shell.execute("ROLLBACK")
+        shell.close()
+
+    # A job stored with no wake and no hand-over (as if its wake were lost): the poll runs it.
+    not_idle = [dataclasses.replace(n, idle=False) for n in dispatcher.node_infos()]
+    [job] = await store.submit(NewJob("task", "found by the poll"), not_idle, "test")
+    assert job["state"] == "queued"
+    assert (await wait_state(client, job["id"], "done"))["events"][1]["reason"] == "claimed by n1"
+    assert claims[:1] == ["n1"]  # one claim, asked by the poll that saw the job
