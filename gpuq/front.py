@@ -314,8 +314,8 @@ class Call:
             raise FrontError(503, "could not choose a free job id; try again")
         job = jobs[0]
         self.node = job["node"]
-        log.info("job=%s node=%s state=%s kind=%s placement=%r via=%s actor=%r", self.job_id, self.node,
-                 job["state"], job["kind"], job["reason"], self.endpoint, self.actor)
+        log.info("job=%s node=%s state=%s model=%s kind=%s placement=%r via=%s actor=%r", self.job_id, self.node,
+                 job["state"], job["model"], job["kind"], job["reason"], self.endpoint, self.actor)
         if job["state"] == JobState.QUEUED:  # (a job claimed in its submit went to its worker)
             front.dispatcher.wake(self.node)
         front.bus.publish("queue", {"submitted": [self.job_id]})

@@ -266,8 +266,8 @@ async def submit(request: web.Request) -> web.Response:
     dispatcher = request.app[DISPATCHER]
     jobs = await store.submit(new, dispatcher.node_infos(), actor_of(request), dispatcher.hand_over)
     for job in jobs:
-        log.info("job=%s node=%s state=%s kind=%s placement=%r", job["id"], job["node"], job["state"], kind,
-                 job["reason"])
+        log.info("job=%s node=%s state=%s model=%s kind=%s placement=%r", job["id"], job["node"], job["state"],
+                 job["model"], kind, job["reason"])
         job["preview_url"] = preview_url(settings.public_url, job["id"])
         if job["state"] == JobState.QUEUED:  # (a job claimed in its submit went to its worker)
             dispatcher.wake(job["node"])  # only its node: the others have nothing new

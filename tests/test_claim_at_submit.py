@@ -63,6 +63,12 @@ async def test_a_job_submitted_to_an_idle_node_runs_once_with_a_claimed_jobs_row
     # Claimed in the submit's own commit: placed and claimed at the same instant, one transaction.
     assert done[0]["events"][0]["at"] == done[0]["events"][1]["at"]
     assert done[1]["events"][0]["at"] < done[1]["events"][1]["at"]
+    # The router's log says each job went running once, with its model: the first by its submit
+    # (the worker does not say it again before the request), the second by the worker's claim.
+    lines = d.log.read_text().splitlines()
+    for job in done:
+        running = [line for line in lines if f"job={job['id']} " in line and "state=running" in line]
+        assert len(running) == 1 and f"model={MODEL}" in running[0], running
 
 
 async def test_the_guard_refuses_a_critique_on_its_parents_idle_node(fakes, daemon_factory):
