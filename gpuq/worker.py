@@ -161,7 +161,7 @@ class Worker:
     def take(self, job: dict) -> None:
         """A job its submit claimed for this worker while it waited idle (Store.submit's
         hand_over): this worker runs it as a job it claimed itself."""
-        self.handed, self.idle = job, False
+        self.handed, self.idle, self.polled = job, False, False
         self.wake.set()
 
     async def _wait_idle(self) -> None:
