@@ -538,15 +538,16 @@ class Worker:
         started = time.monotonic()
         deadline = started + self.settings.unload_timeout_s
         delay, asked = UNLOAD_POLL_S, False
-        last_error = None
+        listed = False  # /api/ps answered with the model still in it
+        last_error = None  # the check that failed after that answer, if one did
         while True:
             try:
                 if wanted not in await client.loaded(timeout_s=max(deadline - time.monotonic(), MIN_REQUEST_S)):
                     return True
+                listed, last_error = True, None
                 if not asked:
                     await client.unload(model, timeout_s=max(deadline - time.monotonic(), MIN_REQUEST_S))
                     asked = True
-                last_error = f"{model} is still listed by /api/ps"
             except OllamaError as exc:
                 last_error = exc.message
             except Exception as exc:  # a bug: the model may still hold VRAM, so the node is flagged
@@ -558,8 +559,14 @@ class Worker:
             await asyncio.sleep(min(delay, max(deadline - time.monotonic(), 0)))
             if time.monotonic() - started > UNLOAD_POLL_FAST_S:  # a slow unload: ask less often
                 delay = min(delay * 2, 0.5)
+        # What was seen stays in the message: a last check cut short by the deadline (or a node
+        # that stops answering) must not hide that /api/ps still listed the model.
+        seen = [f"{model} is still listed by /api/ps"] if listed else []
+        if last_error:
+            seen.append(f"the last check: {last_error}" if listed else last_error)
         message = (f"unload failed: {model} did not leave VRAM within {time.monotonic() - started:.1f}s "
-                   f"(unload_timeout {self.settings.unload_timeout_s:g}s; {last_error}); node {self.rt.name} flagged")
+                   f"(unload_timeout {self.settings.unload_timeout_s:g}s; {'; '.join(seen)});"
+                   f" node {self.rt.name} flagged")
         log.error("node=%s job=%s %s", self.rt.name, job_id, message)
         if job_id is not None:
             await self._persist(job_id, "event", lambda: self.store.note(job_id, message))
