@@ -237,17 +237,23 @@ def whole_message(message_id: str, reply: dict) -> dict:
     if message.get("content"):
         content.append({"type": "text", "text": message["content"]})
     calls = message.get("tool_calls") or []
-    content += [{"type": "tool_use", "id": c.get("id", ""), "name": (c.get("function") or {}).get("name", ""),
-                 "input": (c.get("function") or {}).get("arguments") or {}} for c in calls]
+    content += [_tool_use(c) for c in calls]
     return _without_none({
         "id": message_id, "type": "message", "role": "assistant", "model": reply.get("model", ""),
         "content": content, "stop_reason": stop_reason(reply.get("done_reason"), bool(calls)),
-        "usage": {"input_tokens": reply.get("prompt_eval_count") or 0, "output_tokens": reply.get("eval_count") or 0},
+        "usage": _usage(reply),
     })
 
 
-def event(kind: str, data: dict) -> bytes:
-    return f"event: {kind}\ndata: ".encode() + tr.dumps(data).encode() + b"\n\n"
+def _tool_use(call: dict) -> dict:
+    """An Ollama tool call as a tool_use block."""
+    function = call.get("function") or {}
+    return {"type": "tool_use", "id": call.get("id", ""), "name": function.get("name", ""),
+            "input": function.get("arguments") or {}}
+
+
+def _usage(reply: dict) -> dict:
+    return {"input_tokens": reply.get("prompt_eval_count") or 0, "output_tokens": reply.get("eval_count") or 0}
 
 
 class MessagesStream:
@@ -268,28 +274,32 @@ class MessagesStream:
             return []
         self.started = True
         tokens = chunk.get("prompt_eval_count") or self.estimate
-        return [event("message_start", {"type": "message_start", "message": {
+        return [tr.sse_event("message_start", {"type": "message_start", "message": {
             "id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
             "usage": {"input_tokens": tokens, "output_tokens": 0}}})]
 
     def _stop_block(self) -> bytes:
-        data = event("content_block_stop", {"type": "content_block_stop", "index": self.index})
+        data = tr.sse_event("content_block_stop", {"type": "content_block_stop", "index": self.index})
         self.index += 1
         return data
 
     def _block(self, block: dict, delta: dict) -> list[bytes]:
-        return [event("content_block_start", {"type": "content_block_start", "index": self.index,
-                                              "content_block": block}),
-                event("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta})]
+        return [tr.sse_event("content_block_start", {"type": "content_block_start", "index": self.index,
+                                                     "content_block": block}),
+                self._delta(delta)]
 
     def _delta(self, delta: dict) -> bytes:
-        return event("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta})
+        return tr.sse_event("content_block_delta", {"type": "content_block_delta", "index": self.index,
+                                                    "delta": delta})
+
+    def _close_text(self) -> list[bytes]:
+        if not self.text_open:
+            return []
+        self.text_open = False
+        return [self._stop_block()]
 
     def _think(self, thinking: str) -> list[bytes]:
-        out = []
-        if self.text_open:
-            out.append(self._stop_block())
-            self.text_open = False
+        out = self._close_text()
         delta = {"type": "thinking_delta", "thinking": thinking}
         if self.thinking == "no":
             self.thinking = "open"
@@ -311,27 +321,21 @@ class MessagesStream:
         return out + [self._delta(delta)]
 
     def _call(self, call: dict) -> list[bytes]:
-        out = self._close_thinking()
-        if self.text_open:
-            out.append(self._stop_block())
-            self.text_open = False
-        function = call.get("function") or {}
-        out += self._block({"type": "tool_use", "id": call.get("id", ""), "name": function.get("name", ""),
-                            "input": {}},
-                           {"type": "input_json_delta", "partial_json": tr.dumps(function.get("arguments") or {})})
+        out = self._close_thinking() + self._close_text()
+        block = _tool_use(call)
+        out += self._block(dict(block, input={}),
+                           {"type": "input_json_delta", "partial_json": tr.dumps(block["input"])})
         out.append(self._stop_block())
         self.calls_sent.add(call.get("id", ""))
         return out
 
     def _finish(self, chunk: dict) -> list[bytes]:
-        out = []
-        if self.text_open or self.thinking == "open":
-            out.append(event("content_block_stop", {"type": "content_block_stop", "index": self.index}))
+        out = self._close_thinking() + self._close_text()
         reason = stop_reason(chunk.get("done_reason"), bool(self.calls_sent))
-        usage = {"input_tokens": chunk.get("prompt_eval_count") or 0, "output_tokens": chunk.get("eval_count") or 0}
-        out.append(event("message_delta", {"type": "message_delta", "delta": _without_none({"stop_reason": reason}),
-                                           "usage": usage}))
-        out.append(event("message_stop", {"type": "message_stop"}))
+        out.append(tr.sse_event("message_delta", {"type": "message_delta",
+                                                  "delta": _without_none({"stop_reason": reason}),
+                                                  "usage": _usage(chunk)}))
+        out.append(tr.sse_event("message_stop", {"type": "message_stop"}))
         return out
 
     def feed(self, chunk: dict) -> bytes:
@@ -351,4 +355,4 @@ class MessagesStream:
     def error(self, status: int, message: str, code: str | None = None) -> bytes:
         """The stream ends with Anthropic's error event, which its SDK raises."""
         body = anthropic_error(status, message)
-        return event("error", {"type": "error", "error": body["error"]})
+        return tr.sse_event("error", {"type": "error", "error": body["error"]})

@@ -126,7 +126,7 @@ def tokens_given(request: web.Request) -> list[str]:
     """The tokens a call offers: Bearer, and on /v1/messages also x-api-key (the Anthropic SDK's
     api_key and Claude Code's ANTHROPIC_API_KEY send it; ANTHROPIC_AUTH_TOKEN sends Bearer)."""
     given = [token_of(request)]
-    if request.path == "/v1/messages":
+    if api_of(request.path) == "anthropic":
         given.append(request.headers.get("x-api-key"))
     return [t for t in given if t is not None]
 
@@ -144,7 +144,7 @@ def access_middleware(settings: Settings):
         token = settings.token
         if token is not None and request.path != "/" and not any(
                 hmac.compare_digest(given.encode(), token.encode()) for given in tokens_given(request)):
-            if request.path == "/v1/messages":
+            if api_of(request.path) == "anthropic":
                 raise FrontError(401, "missing or wrong token: this gpuq front door needs the token as 'x-api-key: "
                                       "<token>' or 'Authorization: Bearer <token>' (ANTHROPIC_API_KEY or "
                                       "ANTHROPIC_AUTH_TOKEN=<token>)")
@@ -283,7 +283,9 @@ class Call:
 
     def new_job(self, job_id: str) -> NewJob:
         request = {"path": self.endpoint, "user_agent": self.request.headers.get("User-Agent"), "body": self.body}
-        return NewJob(kind=tr.kind_of(self.endpoint), prompt=tr.prompt_of(self.endpoint, self.body),
+        # (a Responses or Messages call is shown from its translation, made once, in __init__)
+        shown = ("/api/chat", self.ollama) if self.endpoint in tr.CHAT_SHAPED else (self.endpoint, self.body)
+        return NewJob(kind=tr.kind_of(self.endpoint), prompt=tr.prompt_of(*shown),
                       model=self.ollama["model"].strip(), endpoint=self.endpoint, request=tr.dumps(request),
                       job_id=job_id)
 

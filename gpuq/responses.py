@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from . import translate as tr
-from .errors import BadRequest
+from .errors import BadRequest, json_object
 
 WEB_SEARCH_REFUSED = ("the built-in web_search tool is not served by gpuq's front door (Ollama runs it through "
                       "ollama.com); declare your own function tool instead")
@@ -62,13 +62,9 @@ def _kind(item: dict) -> str:
 def _arguments(text: Any) -> dict:
     if text in (None, ""):
         return {}
-    try:
-        arguments = json.loads(text) if isinstance(text, str) else None
-    except ValueError as exc:
-        raise BadRequest(f"failed to parse function call arguments: {exc}") from None
-    if not isinstance(arguments, dict):
-        raise BadRequest("failed to parse function call arguments: not a JSON object")
-    return arguments
+    if not isinstance(text, str):
+        raise tr._wrong("arguments", "a string", text)
+    return json_object(text.encode(), "", "failed to parse function call arguments", tr._go_type)
 
 
 def input_messages(items: list) -> list[dict]:
@@ -279,10 +275,6 @@ def whole_response(response_id: str, item_id: str, reply: dict, body: dict) -> d
     return response_object(response_id, body, "completed", output, _usage(reply), tr.unix_of(reply.get("created_at")))
 
 
-def event(kind: str, data: dict) -> bytes:
-    return f"event: {kind}\ndata: ".encode() + tr.dumps(data).encode() + b"\n\n"
-
-
 class ResponsesStream:
     """Chat chunks -> Responses events (ResponsesStreamConverter.Process): response.created and
     .in_progress first; reasoning as a reasoning item; tool calls as function_call items (text
@@ -293,15 +285,17 @@ class ResponsesStream:
         self.seq = 0
         self.started = False
         self.index = 0  # the next output item's index
-        self.reasoning: str | None = None  # the open reasoning item's text so far
-        self.text: str | None = None  # the open message item's text so far
+        # The open reasoning and message items' text so far, in pieces (joined once, at the
+        # item's end: `self.x += piece` would copy the whole text at every chunk)
+        self.reasoning: list[str] | None = None
+        self.text: list[str] | None = None
         self.calls_sent = False
         self.done_items: list[dict] = []
 
     def _event(self, kind: str, **data: Any) -> bytes:
         data = {"type": kind, "sequence_number": self.seq, **data}
         self.seq += 1
-        return event(kind, data)
+        return tr.sse_event(kind, data)
 
     def _start(self) -> list[bytes]:
         if self.started:
@@ -313,10 +307,10 @@ class ResponsesStream:
     def _think(self, thinking: str) -> list[bytes]:
         out = []
         if self.reasoning is None:
-            self.reasoning = ""
+            self.reasoning = []
             out.append(self._event("response.output_item.added", output_index=self.index,
                                    item={"id": self._reasoning_id(), "type": "reasoning", "summary": []}))
-        self.reasoning += thinking
+        self.reasoning.append(thinking)
         out.append(self._event("response.reasoning_summary_text.delta", item_id=self._reasoning_id(),
                                output_index=self.index, summary_index=0, delta=thinking))
         return out
@@ -327,9 +321,10 @@ class ResponsesStream:
     def _end_reasoning(self) -> list[bytes]:
         if self.reasoning is None:
             return []
-        item = _reasoning_item(self._reasoning_id(), self.reasoning)
+        thinking = "".join(self.reasoning)
+        item = _reasoning_item(self._reasoning_id(), thinking)
         out = [self._event("response.reasoning_summary_text.done", item_id=item["id"], output_index=self.index,
-                           summary_index=0, text=self.reasoning),
+                           summary_index=0, text=thinking),
                self._event("response.output_item.done", output_index=self.index, item=item)]
         self.done_items.append(item)
         self.reasoning = None
@@ -356,12 +351,12 @@ class ResponsesStream:
     def _say(self, text: str) -> list[bytes]:
         out = self._end_reasoning()
         if self.text is None:
-            self.text = ""
+            self.text = []
             out += [self._event("response.output_item.added", output_index=self.index,
                                 item=_message_item(self.item_id, "", "in_progress")),
                     self._event("response.content_part.added", item_id=self.item_id, output_index=self.index,
                                 content_index=0, part=_text_part(""))]
-        self.text += text
+        self.text.append(text)
         out.append(self._event("response.output_text.delta", item_id=self.item_id, output_index=self.index,
                                content_index=0, delta=text, logprobs=[]))
         return out
@@ -369,11 +364,12 @@ class ResponsesStream:
     def _complete(self, chunk: dict) -> list[bytes]:
         out = self._end_reasoning()
         if self.text is not None and not self.calls_sent:
-            item = _message_item(self.item_id, self.text)
+            text = "".join(self.text)
+            item = _message_item(self.item_id, text)
             out += [self._event("response.output_text.done", item_id=self.item_id, output_index=self.index,
-                                content_index=0, text=self.text, logprobs=[]),
+                                content_index=0, text=text, logprobs=[]),
                     self._event("response.content_part.done", item_id=self.item_id, output_index=self.index,
-                                content_index=0, part=_text_part(self.text)),
+                                content_index=0, part=_text_part(text)),
                     self._event("response.output_item.done", output_index=self.index, item=item)]
             self.done_items.append(item)
         response = response_object(self.id, self.body, "completed", self.done_items, _usage(chunk))

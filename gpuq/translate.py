@@ -252,9 +252,8 @@ def _with_images(text: str, images: Any) -> str:
 
 def prompt_of(endpoint: str, body: dict) -> str:
     """What the queue and the page show as the job's prompt: the last user message of a chat,
-    the prompt of a generate, the input of an embedding (the whole request is kept too)."""
-    if endpoint in CHAT_SHAPED:
-        return prompt_of("/api/chat", ollama_request(endpoint, body))
+    the prompt of a generate, the input of an embedding (the whole request is kept too). A
+    Responses or Messages call is shown from its translation to /api/chat (CHAT_SHAPED)."""
     if endpoint in ("/api/chat", "/v1/chat/completions"):
         messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
         users = [m for m in messages if m.get("role") == "user"] or messages
@@ -646,6 +645,11 @@ def chat_completion(completion_id: str, reply: dict) -> dict:
 
 def sse(obj: Any) -> bytes:
     return b"data: " + dumps(obj).encode() + b"\n\n"
+
+
+def sse_event(kind: str, obj: Any) -> bytes:
+    """A named server-sent event (the Responses and Messages streams name each one)."""
+    return f"event: {kind}\n".encode() + sse(obj)
 
 
 SSE_DONE = b"data: [DONE]\n\n"

@@ -94,6 +94,10 @@ def test_tools_flat_and_namespaced():
     ({"model": "m", "input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{"}]},
      "failed to parse function call arguments: Expecting property name enclosed in double quotes: line 1 column 2 "
      "(char 1)"),
+    ({"model": "m", "input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "[" * 100_000}]},
+     "malformed JSON: nested too deeply"),  # (a 400, not the 500 of an escaped RecursionError)
+    ({"model": "m", "input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "[1]"}]},
+     "expected a JSON object, got array"),
     ({"model": "m", "input": "x", "reasoning": {"effort": "huge"}}, "invalid reasoning value"),
     ({"model": "m", "input": "x", "tools": [{"type": "web_search"}]}, "web_search tool is not served"),
 ])
