@@ -302,7 +302,7 @@ def with_live(job: dict, dispatcher: Dispatcher) -> dict:
 async def list_jobs(request: web.Request) -> web.Response:
     q = request.query
     state = q.get("state")
-    if state and state not in list(JobState):
+    if state and state not in set(JobState):
         raise BadRequest(f"unknown state '{state[:40]}'")
     limit = int_param(q, "limit", 100, 1, 10_000)
     # The estimates first: a job still waiting or running in the listing read after was in them.
@@ -377,7 +377,7 @@ async def move(request: web.Request) -> web.Response:
     log.info("job=%s node=%s state=queued moved position=%s actor=%r", job["id"], job["node"], job["position"],
              actor_of(request))
     return json_response({"job": {"id": job["id"], "node": job["node"], "position": job["position"],
-                                      "state": JobState.QUEUED}})
+                                  "state": JobState.QUEUED}})
 
 
 async def preempt(request: web.Request) -> web.Response:
@@ -389,7 +389,7 @@ async def preempt(request: web.Request) -> web.Response:
     if interrupted:
         log.info("job=%s node=%s state=queued reason=%r", interrupted.job_id, job["node"], f"preempted by {job['id']}")
     return json_response({"job": {"id": job["id"], "node": job["node"], "position": 1, "state": JobState.QUEUED},
-                              "interrupted": interrupted and interrupted.job_id})
+                          "interrupted": interrupted and interrupted.job_id})
 
 
 async def delete(request: web.Request) -> web.Response:
@@ -402,7 +402,7 @@ async def delete(request: web.Request) -> web.Response:
     app[BUS].publish("queue", {"deleted": job["id"]})
     log.info("job=%s node=%s state=cancelled reason=%r", job["id"], job["node"], reason)
     return json_response({"job": {"id": job["id"], "node": job["node"], "state": JobState.CANCELLED,
-                                      "was": JobState.RUNNING if interrupted else JobState.QUEUED}})
+                                  "was": JobState.RUNNING if interrupted else JobState.QUEUED}})
 
 
 async def clear(request: web.Request) -> web.Response:
@@ -448,7 +448,7 @@ async def history(request: web.Request) -> web.Response:
     rows, total = await request.app[STORE].history(state, node, kind, text, limit, offset)
     url = request.app[SETTINGS].public_url
     return json_response({"jobs": [job_json(r, url) for r in rows], "total": total, "limit": limit,
-                              "offset": offset})
+                          "offset": offset})
 
 
 async def activity_view(request: web.Request) -> web.Response:
@@ -472,14 +472,14 @@ async def activity_view(request: web.Request) -> web.Response:
         nodes.append({"name": name, "busy": [[iso(b), iso(e)] for b, e in (a.busy if a else [])],
                       "busy_s": round(a.busy_s, 3) if a else 0.0, "jobs_per_hour": a.finished if a else 0})
     return json_response({"now": iso(now), "since": iso(since), "window_s": ACTIVITY_WINDOW_S,
-                              "finished": {s: counts.get(s, 0) for s in FINAL}, "nodes": nodes})
+                          "finished": {s: counts.get(s, 0) for s in FINAL}, "nodes": nodes})
 
 
 async def alerts(request: web.Request) -> web.Response:
     """The latest firings and every try to deliver their notices."""
     limit = int_param(request.query, "limit", 50, 1, 1000)
     return json_response({"alert_url_set": request.app[SETTINGS].alert_url is not None,
-                              "alerts": await request.app[STORE].alerts(limit)})
+                          "alerts": await request.app[STORE].alerts(limit)})
 
 
 async def stream_job(request: web.Request) -> web.StreamResponse:
