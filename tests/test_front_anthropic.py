@@ -5,6 +5,7 @@ real daemon and simulated Ollama nodes on loopback. Each call is a job like a ch
 from __future__ import annotations
 
 import anthropic
+import openai
 import pytest
 
 from test_front import CHAT_MODEL, FrontLab, front, start_front_lab_with_token, start_thinking_lab  # noqa: F401 (front: the fixture)
@@ -160,7 +161,7 @@ async def test_thinking_asked_of_a_model_that_cannot_think_is_relaxed_as_ollama_
     assert (f"warning: {CHAT_MODEL} does not support thinking: sent again without it, as Ollama relaxes it"
             in [e["reason"] for e in job["events"]])  # the second request is on the record
     # The other APIs keep Ollama's refusal.
-    with pytest.raises(Exception) as exc:
+    with pytest.raises(openai.BadRequestError) as exc:
         await front.openai().chat.completions.create(model=CHAT_MODEL, reasoning_effort="high",
                                                      messages=[{"role": "user", "content": "must think"}])
     assert "does not support thinking" in str(exc.value)

@@ -13,15 +13,9 @@ from gpuq.anthropic_api import (
     whole_message,
 )
 from gpuq.errors import BadRequest
+from test_translate_responses import events  # (the one reader of named SSE events)
 
 
-def events(data: bytes) -> list[tuple[str, dict]]:
-    out = []
-    for block in data.decode().split("\n\n"):
-        if block:
-            kind, payload = block.split("\n")
-            out.append((kind[len("event: "):], json.loads(payload[len("data: "):])))
-    return out
 
 
 def labels(data: bytes) -> list[str]:
