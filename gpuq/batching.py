@@ -40,6 +40,15 @@ class BatchAborted(Exception):
         self.cause = cause
 
 
+class Refused(Exception):
+    """The writer's `refuse` check said no just before a COMMIT: every write of the batch is
+    rolled back and gets `error` (the store refuses to commit into a file no longer at its path)."""
+
+    def __init__(self, error: Exception):
+        super().__init__(str(error))
+        self.error = error
+
+
 def _rollback(db: sqlite3.Connection) -> None:
     if db.in_transaction:
         try:
@@ -48,10 +57,12 @@ def _rollback(db: sqlite3.Connection) -> None:
             pass  # the error that got us here is the one to report
 
 
-def apply_batch(db: sqlite3.Connection, writes: list[Write]) -> list[tuple[bool, Any]]:
+def apply_batch(db: sqlite3.Connection, writes: list[Write],
+                before_commit: Callable[[], None] | None = None) -> list[tuple[bool, Any]]:
     """Run `writes` in one transaction, each in its own savepoint; (ok, result-or-error) each.
 
-    Raises (after a ROLLBACK) when the transaction as a whole cannot commit."""
+    Raises (after a ROLLBACK) when the transaction as a whole cannot commit, or `before_commit`
+    (called last before the COMMIT) raises."""
     outcomes: list[tuple[bool, Any]] = []
     db.execute("BEGIN IMMEDIATE")
     if len(writes) == 1:  # alone in its transaction: no savepoint needed to fail alone
@@ -64,6 +75,8 @@ def apply_batch(db: sqlite3.Connection, writes: list[Write]) -> list[tuple[bool,
             _rollback(db)
             raise
         try:
+            if before_commit is not None:
+                before_commit()
             db.execute("COMMIT")
         except BaseException:
             _rollback(db)
@@ -83,6 +96,8 @@ def apply_batch(db: sqlite3.Connection, writes: list[Write]) -> list[tuple[bool,
             else:
                 db.execute(f"RELEASE {SAVEPOINT}")
                 outcomes.append((True, result))
+        if before_commit is not None:
+            before_commit()
         db.execute("COMMIT")
     except BaseException:
         _rollback(db)
@@ -103,9 +118,11 @@ class Writer:
     of the connection alone (outside a transaction), `close` lets the queued writes finish."""
 
     def __init__(self, connect: Callable[[], sqlite3.Connection],
-                 translate: Callable[[sqlite3.Error], Exception], max_batch: int = 256):
+                 translate: Callable[[sqlite3.Error], Exception], max_batch: int = 256,
+                 refuse: Callable[[], Exception | None] | None = None):
         self._connect = connect
         self._translate = translate
+        self._refuse = refuse  # asked in the thread before each COMMIT: an error refuses the batch
         self.max_batch = max_batch
         self._queue: queue.SimpleQueue[list[_Item]] = queue.SimpleQueue()
         self._turn: list[_Item] = []  # made in this turn of the event loop, not handed over yet
@@ -250,9 +267,17 @@ class Writer:
         else:
             self._answer(item.future, True, result)
 
+    def _before_commit(self) -> None:
+        if self._refuse is not None and (error := self._refuse()) is not None:
+            raise Refused(error)
+
     def _apply(self, db: sqlite3.Connection, batch: list[_Item]) -> None:
         try:
-            outcomes = apply_batch(db, [i.fn for i in batch])  # type: ignore[misc]
+            outcomes = apply_batch(db, [i.fn for i in batch], self._before_commit)  # type: ignore[misc]
+        except Refused as exc:
+            for item in batch:
+                self._answer(item.future, False, exc.error)
+            return
         except Exception as exc:
             cause = exc.cause if isinstance(exc, BatchAborted) else exc
             if not isinstance(cause, sqlite3.Error):

@@ -65,7 +65,8 @@ def lock_database(database: Path, listen: str) -> int:
     stops here, before it touches the file. The kernel drops the lock when the process ends, even
     by SIGKILL, so a crash never blocks the restart. Returns the lock's file descriptor."""
     path = database.with_name(database.name + ".lock")
-    try:
+    try:  # as the store does: a removed directory (see gpuq/dbfile.py) must not stop the restart
+        database.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
         raise StartupError(f"cannot open the lock file {path}: {exc.strerror}") from None

@@ -220,10 +220,11 @@ async def health(request: web.Request) -> web.Response:
              "waiting": active.get(rt.name, NodeCounts()).queued}
             for rt in dispatcher.nodes.values() if rt.checked and not rt.claimable]
     crashed = [loop.json() for loop in dispatcher.loops.down()]  # a loop that is not running, for now
-    ok = not stale and not any(d["waiting"] for d in down) and not crashed
+    lost = store.lost  # the database file deleted or replaced under the router: writes are refused
+    ok = not stale and not any(d["waiting"] for d in down) and not crashed and lost is None
     body = {"ok": ok, "queue_depth": sum(c.queued for c in active.values()),
             "running": sum(c.running for c in active.values()), "stale": stale, "nodes_down": down,
-            "loops_down": crashed}
+            "loops_down": crashed, "database_lost": lost}
     return json_response(body, status=200 if ok else 503)
 
 

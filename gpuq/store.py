@@ -17,7 +17,8 @@ import aiosqlite
 
 from . import verbs
 from .batching import Writer
-from .errors import GpuqError, NotFound, from_sqlite
+from .dbfile import DatabaseFile
+from .errors import GpuqError, NotFound, StoreUnavailable, from_sqlite
 from .models import Interrupted, JobState, NewJob, NodeCounts, NodeInfo, iso
 from .shipped import shipped_dir, shipped_files
 from .verbs import QUEUE_POSITION_SQL, STALE_SQL, Row, rows
@@ -57,6 +58,7 @@ class Store:
         self.clock = clock
         self._writer: Writer | None = None  # every write, group-committed in its own thread
         self._reader: aiosqlite.Connection | None = None
+        self._file = DatabaseFile(self.path)  # is the open database still the file at its path?
 
     # -- connections and migrations ---------------------------------------------------------
 
@@ -91,10 +93,11 @@ class Store:
         if not self.path.exists():
             self.path.touch(mode=0o600)  # the queue holds a person's prompts
         try:
-            self._writer = Writer(self._connect_writer, from_sqlite)
+            self._writer = Writer(self._connect_writer, from_sqlite, refuse=self._refusal)
             await self._writer.open()
             await self._migrate()
             self._reader = await self._connect_reader()
+            self._file.record()
         except BaseException as exc:
             await self.close()  # an open connection's thread would keep a router that failed alive
             if isinstance(exc, sqlite3.Error):
@@ -119,7 +122,20 @@ class Store:
         that raises is rolled back alone. `after` gets the result once committed (see Writer.run)."""
         if self._writer is None:
             raise from_sqlite(sqlite3.OperationalError("the store is not open; nothing was changed"))
+        if self._file.lost is not None:  # known lost: not even queued
+            raise StoreUnavailable(self._file.lost)
         return await self._writer.run(verb, after)
+
+    @property
+    def lost(self) -> str | None:
+        """What happened to the database's files, once one is no longer at its path (else None)."""
+        return self._file.check()
+
+    def _refusal(self) -> StoreUnavailable | None:
+        """Asked by the writer's thread right before each COMMIT (three os.stat, ~7 us, once per
+        batch): a batch is never committed, so never acknowledged, into a file no longer at its path."""
+        lost = self._file.check()
+        return None if lost is None else StoreUnavailable(lost)
 
     # -- the router's own writes ----------------------------------------------------------------
 

@@ -4,9 +4,13 @@ one request loudly, keeps serving reads, loses nothing, and recovers on its own.
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
 import sqlite3
 import time
+
+import pytest
 
 from conftest import eventually, node_table, write_config
 
@@ -163,3 +167,70 @@ async def test_a_full_database_refuses_submits_loudly_keeps_serving_reads_and_lo
         await d.wait_state(job_id, "done", timeout=30)
     assert len(fake.chat_requests) == len(acked)
     assert integrity(db_path) == "ok"
+
+
+def _unlink_wal(db_path) -> None:
+    (db_path.parent / (db_path.name + "-wal")).unlink()
+
+
+def _unlink_db(db_path) -> None:
+    db_path.unlink()
+
+
+def _remove_directory(db_path) -> None:
+    shutil.rmtree(db_path.parent)
+
+
+def _replace_with_a_copy(db_path) -> None:
+    """What restoring a backup with `mv` does: another file (a consistent copy) at the path."""
+    copy = db_path.with_name("copy.db")
+    src, dst = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True), sqlite3.connect(copy)
+    try:
+        src.backup(dst)
+    finally:
+        src.close()
+        dst.close()
+    os.replace(copy, db_path)
+
+
+@pytest.mark.parametrize("damage, what", [
+    (_unlink_wal, "the database's WAL file {db}-wal was deleted while the router ran"),
+    (_unlink_db, "the database file {db} was deleted while the router ran"),
+    (_remove_directory, "the database's directory {dir} was removed while the router ran"),
+    (_replace_with_a_copy, "the database file {db} was replaced by another file while the router ran"),
+])
+async def test_a_database_deleted_or_replaced_under_the_router_turns_it_red_and_refuses_every_write(
+        fakes, daemon_factory, tmp_path, damage, what):
+    fake = await fakes("qwen3-coder:30b")
+    db_path = tmp_path / "db" / "gpuq.db"
+    db_path.parent.mkdir()
+    d = await daemon_factory([node_table("node-1", fake, 1, ["task"], "qwen3-coder:30b")], database="db/gpuq.db")
+    [before] = await d.submit("task", "acknowledged before the loss")
+    await d.wait_state(before["id"], "done")
+    status, health = await d.request("GET", "/health")
+    assert status == 200 and health["ok"] is True and health.get("database_lost") is None
+
+    damage(db_path)
+    message = what.format(db=db_path, dir=db_path.parent) + "; restart the router (nothing is stored until then)"
+    for i in range(5):  # every submit after the loss is refused, none acknowledged into the lost file
+        status, body = await d.request("POST", "/api/jobs", {"kind": "task", "prompt": f"after the loss {i}"})
+        assert (status, body) == (503, {"error": {"status": 503, "message": message}})
+    res = await d.cli("task", "from the CLI after the loss")
+    assert res.code == 1 and res.err.splitlines() == [f"error 503 {message}", "not retried"]
+
+    async def red():
+        status, health = await d.request("GET", "/health")
+        return health if status == 503 else None
+    health = await eventually(red, 5, what="/health to turn red")
+    assert health["ok"] is False and health["database_lost"] == message
+    assert message in d.log.read_text()  # said once in the log too
+    # Restarted, the router runs on what is at the path now, and is green again.
+    await d.kill(signal.SIGTERM)
+    await d.start()
+    status, health = await d.request("GET", "/health")
+    assert status == 200 and health["database_lost"] is None
+    # Nothing refused was committed anywhere: no refused job turns up after the restart. The
+    # job acknowledged before is in a database that is still at its path (the WAL's frames are
+    # checkpointed into it as the router stops; the replacement was a copy).
+    listed = [j["prompt_excerpt"] for j in (await d.get("/api/jobs?limit=1000"))["jobs"]]
+    assert listed == (["acknowledged before the loss"] if damage in (_unlink_wal, _replace_with_a_copy) else [])
