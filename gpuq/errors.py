@@ -142,6 +142,40 @@ def from_sqlite(exc: sqlite3.Error) -> GpuqError:
     return StoreUnavailable(f"database error: {text}; nothing was changed")
 
 
+def check_text(body: Any) -> None:
+    """JSON may escape half a UTF-16 pair ("\\ud800"), which decodes to a Python str that no
+    UTF-8 can hold: it could be neither stored nor sent on. BadRequest naming the first such
+    string (a value or a key, at any depth: 'messages[0].content'). The one check of a request's
+    text, for the router's API and every API of the front door."""
+    todo: list[tuple[str, Any]] = [("", body)]
+    while todo:  # a stack, not recursion: a body nested as deep as json.loads allows is fine
+        where, value = todo.pop()
+        if isinstance(value, str):
+            if not value.isascii() and (half := _lone_surrogate(value)) is not None:
+                raise BadRequest(f"field '{where[:200]}' is not valid text: it holds a lone surrogate "
+                                 f"(\\u{half:04x})")
+        elif isinstance(value, dict):
+            inner = []
+            for key, item in value.items():
+                if not key.isascii() and (half := _lone_surrogate(key)) is not None:
+                    place = f"field '{where[:200]}'" if where else "the request body"
+                    raise BadRequest(f"{place} has a key that is not valid text: it holds a lone surrogate "
+                                     f"(\\u{half:04x})")
+                inner.append((f"{where}.{key}" if where else key, item))
+            todo.extend(reversed(inner))  # document order: the first bad string is the one named
+        elif isinstance(value, list):
+            todo.extend(reversed([(f"{where}[{i}]", item) for i, item in enumerate(value)]))
+
+
+def _lone_surrogate(text: str) -> int | None:
+    """The code point of the first half of a UTF-16 pair standing alone in `text`, if any."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return ord(text[exc.start])
+    return None
+
+
 def json_object(raw: bytes, missing: str, malformed: str, type_name: Callable[[Any], str]) -> dict:
     """A request body as a JSON object, else BadRequest naming what is wrong, in the words of the
     API that asks (gpuq's own, or Ollama's at the front door)."""

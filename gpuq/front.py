@@ -25,7 +25,7 @@ from .connections import BACKLOG, bind_sockets
 from .dispatcher import Dispatcher
 from .errors import (
     BadRequest, Conflict, FrontError, GpuqError, IdTaken, ModelMissing, NotFound, OllamaError, StartupError,
-    StoreUnavailable, json_object,
+    StoreUnavailable, check_text, json_object,
 )
 from .models import ACTIVE, JobState, new_job_id, normalize_model, preview_url
 from .security import check_host, check_same_site, router_hosts, token_of
@@ -156,7 +156,10 @@ def access_middleware(settings: Settings):
 
 
 async def json_of(request: web.Request) -> dict:
-    return json_object(await request.read(), "missing request body", "invalid character in JSON", tr._go_type)
+    """A front-door call's body, whatever its API; text that cannot be stored is a 400 here, once."""
+    body = json_object(await request.read(), "missing request body", "invalid character in JSON", tr._go_type)
+    check_text(body)
+    return body
 
 
 # -- what the nodes have -----------------------------------------------------------------------

@@ -18,7 +18,7 @@ from .alerts import Alerter
 from .bus import Bus, next_event
 from .config import Settings
 from .dispatcher import Dispatcher, NodeRuntime
-from .errors import BadRequest, GpuqError, NotFound, TooLarge, json_object
+from .errors import BadRequest, GpuqError, NotFound, TooLarge, check_text, json_object
 from .metrics import Metrics
 from .models import ACTIVE, FINAL, JobState, Kind, NodeCounts, compact_json, iso, parse_iso, preview_url
 from .params import options_problem, think_problem
@@ -118,16 +118,10 @@ async def headers_middleware(request: web.Request, handler):
 async def json_body(request: web.Request, allowed: set[str]) -> dict:
     body = json_object(await request.read(), "missing request body: expected a JSON object", "malformed JSON",
                        lambda value: f"a JSON {json_type(type(value))}")
+    check_text(body)  # first: the messages below quote the body's text
     unknown = sorted(set(body) - allowed)
     if unknown:
         raise BadRequest(f"unknown field '{unknown[0]}' (allowed: {', '.join(sorted(allowed))})")
-    for key, value in body.items():
-        try:  # JSON may escape half a UTF-16 pair ("\ud800"): no such string can be stored or sent on
-            if isinstance(value, str):
-                value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise BadRequest(f"field '{key}' is not valid text: it holds a lone surrogate "
-                             f"(\\u{ord(value[exc.start]):04x})") from None
     return body
 
 

@@ -109,6 +109,13 @@ HTTP: dict[str, tuple[str, str, Any, int, str]] = {
                         "request body is not valid UTF-8"),
     "a lone surrogate": ("POST", "/api/jobs", b'{"kind": "task", "prompt": "\\ud800 half a character"}', 400,
                          "field 'prompt' is not valid text: it holds a lone surrogate (\\ud800)"),
+    "a lone surrogate inside options": ("POST", "/api/jobs",
+                                        b'{"kind": "task", "prompt": "x", "options": {"stop": ["ok", "\\udfff"]}}',
+                                        400, "field 'options.stop[1]' is not valid text: it holds a lone surrogate "
+                                             "(\\udfff)"),
+    "a lone surrogate in a key": ("POST", "/api/jobs", b'{"kind": "task", "prompt": "x", "\\ud800": 1}', 400,
+                                  "the request body has a key that is not valid text: it holds a lone surrogate "
+                                  "(\\ud800)"),
     "body over the size limit": ("POST", "/api/jobs", json.dumps(task(prompt="x" * 70_000)).encode(), 413,
                                  Starts("request body too large")),
     # Fields.

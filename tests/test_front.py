@@ -694,3 +694,44 @@ def test_front_door_config_errors(tmp_path):
     settings = parse_config({"router": {"ollama_listen": "0.0.0.0:11435", "public_url": "http://100.64.0.5:8750"}},
                             tmp_path)
     assert settings.ollama_url == "http://100.64.0.5:11435"
+
+
+# -- text that cannot be stored -----------------------------------------------------------------
+
+SURROGATE = "it holds a lone surrogate (\\ud800)"  # the message's end: the escape, as text
+# path: (raw JSON body with the escape "\ud800" as sent on the wire, the field it names)
+HALF_A_CHARACTER = {
+    "/api/chat": (b'{"model": "qwen3-coder:30b", "messages": [{"role": "user", "content": "half \\ud800"}]}',
+                  "messages[0].content"),
+    "/api/generate": (b'{"model": "qwen3-coder:30b", "prompt": "\\ud800", "stream": false}', "prompt"),
+    "/v1/chat/completions": (b'{"model": "qwen3-coder:30b", "messages": [{"role": "system", "content": "ok"},'
+                             b' {"role": "user", "content": [{"type": "text", "text": "a\\ud800"}]}]}',
+                             "messages[1].content[0].text"),
+    "/v1/responses": (b'{"model": "qwen3-coder:30b", "input": [{"role": "user", "content": "\\ud800"}]}',
+                      "input[0].content"),
+    "/v1/messages": (b'{"model": "qwen3-coder:30b", "max_tokens": 64,'
+                     b' "messages": [{"role": "user", "content": "x\\ud800y"}]}', "messages[0].content"),
+}
+
+
+async def test_a_lone_surrogate_is_a_400_in_each_apis_own_shape_and_stores_nothing(front):
+    """JSON may escape half a UTF-16 pair; no such text can be stored or sent to a node. Each API
+    answers 400 naming the field, in its own error shape (it was a 500 'internal error')."""
+    got = {}
+    for path, (raw, field) in HALF_A_CHARACTER.items():
+        async with front.daemon.session.post(front.url + path, data=raw,
+                                             headers={"Content-Type": "application/json"}) as resp:
+            got[path] = (resp.status, await resp.json(), resp.headers.get("x-should-retry"))
+    said = {path: f"field '{field}' is not valid text: {SURROGATE}" for path, (_, field) in HALF_A_CHARACTER.items()}
+    assert got["/api/chat"] == (400, {"error": said["/api/chat"]}, None)
+    assert got["/api/generate"] == (400, {"error": said["/api/generate"]}, None)
+    for path in ("/v1/chat/completions", "/v1/responses"):
+        assert got[path] == (400, {"error": {"message": said[path], "type": "invalid_request_error", "param": None,
+                                             "code": None}}, "false"), path
+    status, body, retry = got["/v1/messages"]
+    assert (status, retry, body["type"], body["error"]) == (
+        400, "false", "error", {"type": "invalid_request_error", "message": said["/v1/messages"]})
+    # Nothing was stored or sent, and the router's own API says the same in its words.
+    assert await front.jobs() == [] and front.fakes["node-1"].chat_requests == []
+    status, body = await front.daemon.request("POST", "/api/jobs", raw=b'{"kind": "task", "prompt": "\\ud800"}')
+    assert (status, body) == (400, {"error": {"status": 400, "message": f"field 'prompt' is not valid text: {SURROGATE}"}})
