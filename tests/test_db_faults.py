@@ -1,9 +1,11 @@
 """The database under a person's hands: the sqlite3 shell reading or holding the write lock,
 and a database that cannot grow (full). The router waits up to its busy timeout, fails the
-one request loudly, keeps serving reads, loses nothing, and recovers on its own."""
+one request loudly, keeps serving reads, loses nothing, and recovers on its own. A database
+deleted or replaced under it turns it red and every write is refused until it is restarted."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
@@ -234,3 +236,45 @@ async def test_a_database_deleted_or_replaced_under_the_router_turns_it_red_and_
     # checkpointed into it as the router stops; the replacement was a copy).
     listed = [j["prompt_excerpt"] for j in (await d.get("/api/jobs?limit=1000"))["jobs"]]
     assert listed == (["acknowledged before the loss"] if damage in (_unlink_wal, _replace_with_a_copy) else [])
+
+
+async def test_submits_racing_the_loss_of_the_wal_are_either_acknowledged_and_kept_or_refused_and_absent(
+        fakes, daemon_factory, tmp_path):
+    """Eight clients submit without pause while the WAL is unlinked: the check runs in the writer's
+    thread right before each commit, so no batch is committed into the lost file after it is seen.
+    Stopped with SIGTERM (what the 503 advises), the router checkpoints what it had into the
+    database, still at its path: every job answered 201 is there after the restart, and none of
+    those answered 503."""
+    fake = await fakes("qwen3-coder:30b")
+    await fake.stop()  # the jobs wait: only submits write
+    d = await daemon_factory([node_table("node-1", fake, 1, ["task"], "qwen3-coder:30b")])
+    db_path = tmp_path / "gpuq.db"
+    acked: list[str] = []
+    refused: list[str] = []
+    stop = asyncio.Event()
+
+    async def client(n: int) -> None:
+        for i in range(10_000):
+            if stop.is_set():
+                return
+            prompt = f"client {n} job {i}"
+            status, body = await d.request("POST", "/api/jobs", {"kind": "task", "prompt": prompt})
+            if status == 201:
+                acked.append(body["jobs"][0]["id"])
+            else:
+                assert status == 503 and "was deleted while the router ran" in body["error"]["message"], body
+                refused.append(prompt)
+    clients = [asyncio.create_task(client(n)) for n in range(8)]
+    try:
+        await eventually(lambda: len(acked) >= 40, 15, 0.01, "submits to be acknowledged")
+        _unlink_wal(db_path)
+        await eventually(lambda: len(refused) >= 40, 15, 0.01, "submits to be refused")
+    finally:
+        stop.set()
+        await asyncio.gather(*clients)
+    await d.kill(signal.SIGTERM)
+    await d.start()
+    listed = (await d.get("/api/jobs?limit=10000"))["jobs"]
+    assert {j["id"] for j in listed} == set(acked)
+    assert not {j["prompt_excerpt"] for j in listed} & set(refused)
+    assert integrity(db_path) == "ok"
