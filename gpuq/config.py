@@ -39,6 +39,7 @@ class NodeConfig:
     think: bool | str | None = None  # Ollama's `think` for this node's jobs; None: Ollama's default
     options: dict | None = field(default=None, hash=False)  # Ollama model options, e.g. num_ctx
     unload: str | None = None  # "after-each" | "when-idle"; None: the router's
+    max_output_bytes: int | None = None  # None: the router's
 
 
 @dataclass(frozen=True)
@@ -50,14 +51,16 @@ class Settings:
     stale_grace_s: float = 30.0  # Ollama finished but the job did not, for this long
     max_runtime_s: float = 4 * 3600.0  # a job running longer is stale, then failed
     job_timeout_s: float | None = None  # default per-job wall-clock limit
-    stall_timeout_s: float = 300.0  # no bytes from Ollama for this long (after the first) fails the job
-    load_timeout_s: float = 600.0  # no first byte for this long (a cold model load) fails the job
+    stall_timeout_s: float = 300.0  # no new token from Ollama for this long (after the first) fails the job
+    load_timeout_s: float = 600.0  # no first token for this long (a cold model load) fails the job
     unload_timeout_s: float = 30.0  # how long the model may take to leave VRAM
     health_interval_s: float = 15.0  # node health check period
     connect_timeout_s: float = 10.0
     busy_timeout_s: float = 5.0  # SQLite busy timeout
     max_prompt_bytes: int = 1_000_000
     max_database_bytes: int | None = None  # past this SQLite refuses to grow the file ("full")
+    max_output_bytes: int = 8 << 20  # a job's answer and reasoning; past this it fails, output kept
+    max_reply_bytes: int = 16 << 20  # a node's non-streamed reply (/api/tags, /api/ps, /api/show...)
     header_timeout_s: float = 10.0  # a new connection must send its request headers within this
     keepalive_timeout_s: float = 75.0  # an idle keep-alive connection is closed after this
     max_connections: int = 1000  # more open connections at once are refused (503)
@@ -99,6 +102,9 @@ class Settings:
     def max_runtime_for(self, node: NodeConfig) -> float:
         return node.max_runtime_s if node.max_runtime_s is not None else self.max_runtime_s
 
+    def max_output_for(self, node: NodeConfig) -> int:
+        return node.max_output_bytes if node.max_output_bytes is not None else self.max_output_bytes
+
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
@@ -109,6 +115,10 @@ _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 # router holds a prompt in memory several times over (the request body, up to twice its size
 # with JSON escapes and so its client_max_size, the parsed text, the row, each fan-out copy).
 MAX_PROMPT_BYTES = 64 * 1024 * 1024
+
+# A node's bytes the router holds: at least enough for any real reply, at most what one
+# machine's router should ever hold for one job or one health answer.
+_BYTE_LIMITS = {"max_output_bytes": (1024, 1 << 30), "max_reply_bytes": (64 * 1024, 1 << 30)}
 
 MAX_DURATION_S = 366 * 86400.0  # longer is a typo, and overflows SQLite's busy timeout
 
@@ -261,6 +271,15 @@ def _check_host(entry: object, key: str) -> str:
     return name
 
 
+def _byte_limit(table: dict, key: str, where: str) -> int | None:
+    value = _typed(table, key, int, where)
+    if value is not None:
+        low, high = _BYTE_LIMITS[key]
+        if not low <= value <= high:
+            raise ConfigError(f"{where}.{key}: must be from {low} to {high} (1 GiB), got {value}")
+    return value
+
+
 def _typed(table: dict, key: str, kind: type | tuple, where: str, required: bool = False):
     if key not in table:
         if required:
@@ -278,7 +297,7 @@ _ROUTER_KEYS = {
     "job_timeout", "stall_timeout", "load_timeout", "unload_timeout", "health_interval", "connect_timeout",
     "busy_timeout", "max_prompt_bytes", "max_database_bytes", "token", "critique_template", "unload",
     "allowed_hosts", "header_timeout", "keepalive_timeout", "max_connections", "ollama_listen",
-    "alert_url", "alert_token", "alert_format",
+    "alert_url", "alert_token", "alert_format", "max_output_bytes", "max_reply_bytes",
 }
 ALERT_FORMATS = ("json", "ntfy")
 _DURATION_KEYS = {
@@ -289,7 +308,8 @@ _DURATION_KEYS = {
     "busy_timeout": "busy_timeout_s", "header_timeout": "header_timeout_s",
     "keepalive_timeout": "keepalive_timeout_s",
 }
-_NODE_KEYS = {"name", "url", "rank", "roles", "model", "max_runtime", "think", "options", "unload"}
+_NODE_KEYS = {"name", "url", "rank", "roles", "model", "max_runtime", "think", "options", "unload",
+              "max_output_bytes"}
 UNLOAD_POLICIES = ("after-each", "when-idle")
 
 
@@ -334,6 +354,7 @@ def _parse_node(table: object, index: int) -> NodeConfig:
         think=table.get("think"),
         options=table.get("options"),
         unload=_unload_policy(table, where),
+        max_output_bytes=_byte_limit(table, "max_output_bytes", where),
     )
 
 
@@ -398,6 +419,9 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
         if cap < 65536:
             raise ConfigError(f"router.max_database_bytes: must be at least 65536, got {cap}")
         values["max_database_bytes"] = cap
+    for key in _BYTE_LIMITS:
+        if (limit := _byte_limit(router, key, "router")) is not None:
+            values[key] = limit
     connections = _typed(router, "max_connections", int, "router")
     if connections is not None:
         if not 8 <= connections <= 1_000_000:

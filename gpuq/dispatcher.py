@@ -16,7 +16,7 @@ from .monitor import NodeMonitor, NodeRuntime
 from .ollama import OllamaClient
 from .store import Interrupted, NodeInfo, Store
 from .supervise import Loops
-from .worker import Current, Worker, put_back_unsent
+from .worker import Current, Worker, keep_big_blocks_apart, put_back_unsent
 
 __all__ = ["Dispatcher", "NodeRuntime"]
 
@@ -42,12 +42,14 @@ class Dispatcher:
         """`stuck`: the models a previous router saw stuck in VRAM (open vram_stuck alerts, with
         node, model, message, since, job_id): each node stays flagged until /api/ps shows its
         model gone, as it would have without the restart."""
+        keep_big_blocks_apart()  # a node's big reply must not leave the router's heap swollen
         self.session = aiohttp.ClientSession()
         for cfg in self.settings.nodes:
             client = OllamaClient(cfg.url, self.session, name=cfg.name,
                                   connect_timeout_s=self.settings.connect_timeout_s,
                                   stall_timeout_s=self.settings.stall_timeout_s,
-                                  load_timeout_s=self.settings.load_timeout_s)
+                                  load_timeout_s=self.settings.load_timeout_s,
+                                  max_reply_bytes=self.settings.max_reply_bytes)
             rt = self.nodes[cfg.name] = NodeRuntime(cfg, client)
             monitor = self.monitors[cfg.name] = NodeMonitor(rt, self.store, self.settings.health_interval_s,
                                                             self._changed, lambda name=cfg.name: self.wake(name))

@@ -27,6 +27,13 @@ def _message(body: str, status: int) -> str:
     return body.strip()
 
 
+def _progress(chunk: dict) -> bool:
+    """Does a stream chunk carry a token: text (answer or reasoning), a tool call?"""
+    message = chunk.get("message") or {}
+    return bool(message.get("content") or message.get("thinking") or message.get("tool_calls")
+                or chunk.get("response") or chunk.get("thinking"))
+
+
 def json_type(value: Any) -> str:
     """What JSON calls the value's type, for messages."""
     if isinstance(value, bool):
@@ -48,6 +55,11 @@ EXPECTED = {str: "a string", bool: "a boolean", int: "a whole number"}
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # half of a UTF-16 pair, which JSON's \u escapes allow
 # The final chunk's counters and durations (ns); the store records them as they are.
 STATS = ("eval_count", "prompt_eval_count", "total_duration", "load_duration", "eval_duration")
+# Every request to a node asks for its bytes as they are and follows no redirect: a compressed
+# reply can unpack a thousandfold (1 MB of gzip was 1 GB of empty lines, unpacked on the event
+# loop), and a redirect would send the prompt to another server and take its answer as the node's.
+NODE_REQUEST = {"headers": {"Accept-Encoding": "identity"}, "allow_redirects": False, "auto_decompress": False}
+MAX_REPLY_BYTES = 16 << 20  # a non-streamed reply read whole (a verbose /api/show is a few MB)
 
 
 def prompt_was_cut(prompt_eval_count: int, num_ctx: int, num_keep: int = 4) -> bool:
@@ -65,31 +77,64 @@ def prompt_was_cut(prompt_eval_count: int, num_ctx: int, num_keep: int = 4) -> b
 
 class OllamaClient:
     def __init__(self, base_url: str, session: aiohttp.ClientSession, *, name: str | None = None,
-                 connect_timeout_s: float = 10.0, stall_timeout_s: float = 300.0, load_timeout_s: float = 600.0):
+                 connect_timeout_s: float = 10.0, stall_timeout_s: float = 300.0, load_timeout_s: float = 600.0,
+                 max_reply_bytes: int = MAX_REPLY_BYTES):
         self.base_url = base_url.rstrip("/")
         self.name = name or self.base_url  # who a wrong-shaped reply is blamed on
         self.session = session
         self.connect_timeout_s = connect_timeout_s
         self.stall_timeout_s = stall_timeout_s
         self.load_timeout_s = load_timeout_s
+        self.max_reply_bytes = max_reply_bytes
 
-    async def _request(self, method: str, path: str, body: Any = None, timeout_s: float = 10.0) -> Any:
+    async def _request(self, method: str, path: str, body: Any = None, timeout_s: float = 10.0,
+                       max_bytes: int | None = None) -> Any:
         """One request and its JSON answer, all of it within `timeout_s` (a real /api/ps can
-        block for seconds while another client's model loads or unloads)."""
+        block for seconds while another client's model loads or unloads) and `max_bytes`
+        (default: max_reply_bytes)."""
         url = self.base_url + path
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=min(self.connect_timeout_s, timeout_s))
         try:
-            async with self.session.request(method, url, json=body, timeout=timeout) as resp:
-                text = await resp.text()
+            async with self.session.request(method, url, json=body, timeout=timeout, **NODE_REQUEST) as resp:
+                self._refuse(resp, path)
+                data = await self._read(resp, path, max_bytes)
                 if resp.status >= 400:
-                    raise OllamaError(_message(text, resp.status), resp.status)
-                return json.loads(text)
+                    raise OllamaError(_message(data.decode("utf-8", "replace"), resp.status), resp.status)
+                return json.loads(data)
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             raise self._unreachable(exc, timeout.sock_connect) from exc
         except asyncio.TimeoutError as exc:
             raise OllamaError(f"{method} {path} on {self.base_url} did not answer within {timeout_s:.1f}s") from exc
         except (aiohttp.ClientError, ValueError, RecursionError) as exc:
             raise OllamaError(f"{method} {path} on {self.base_url} failed: {exc!r}") from exc
+
+    def _refuse(self, resp: aiohttp.ClientResponse, path: str) -> None:
+        """A redirect or a compressed body is refused before a byte of it is read."""
+        if 300 <= resp.status < 400:
+            target = resp.headers.get("Location", "no Location")[:200]
+            raise OllamaError(f"{self.name} answered {resp.status} redirect to {target}; "
+                              "gpuq does not follow a node's redirects", 502)
+        encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding != "identity":
+            raise OllamaError(f"{self.name} answered {path} with Content-Encoding: {encoding[:50]}, though asked "
+                              "for identity; gpuq does not unpack a node's compressed replies", 502)
+
+    async def _read(self, resp: aiohttp.ClientResponse, path: str, max_bytes: int | None = None) -> bytes:
+        """A reply's whole body, refused past `max_bytes` (default: max_reply_bytes) before
+        more than that is held: an endless /api/tags took the router to 1.1 GB."""
+        cap = max_bytes or self.max_reply_bytes
+        size, parts = 0, []
+        if (resp.content_length or 0) <= cap:
+            async for data in resp.content.iter_any():
+                size += len(data)
+                if size > cap:
+                    break
+                parts.append(data)
+            else:
+                return b"".join(parts)
+        setting = " (max_reply_bytes)" if max_bytes is None else ""
+        raise OllamaError(f"{self.name} sent a {path} reply longer than {cap} bytes{setting}, "
+                          "the most the router reads", 502)
 
     @property
     def where(self) -> str:
@@ -145,11 +190,12 @@ class OllamaClient:
         """/api/ps' models as the node describes them."""
         return await self._models("/api/ps", timeout_s)
 
-    async def post(self, path: str, body: dict, timeout_s: float | None = None) -> Any:
+    async def post(self, path: str, body: dict, timeout_s: float | None = None, max_bytes: int | None = None) -> Any:
         """One JSON request and its JSON answer (/api/show, /api/embed), within `timeout_s`
-        (default: load_timeout, as a cold load comes first); an error status raises OllamaError
-        with Ollama's message and status."""
-        return await self._request("POST", path, body, timeout_s if timeout_s is not None else self.load_timeout_s)
+        (default: load_timeout, as a cold load comes first) and `max_bytes` (default:
+        max_reply_bytes); an error status raises OllamaError with Ollama's message and status."""
+        return await self._request("POST", path, body, timeout_s if timeout_s is not None else self.load_timeout_s,
+                                   max_bytes)
 
     async def loaded(self, timeout_s: float = 10.0) -> set[str]:
         """Models /api/ps lists (in VRAM, loading, or still stopping)."""
@@ -196,24 +242,28 @@ class OllamaClient:
         `max_line` bytes long (default: the reader's buffer limit)."""
         url = self.base_url + path
         # A cold load of a large model sends nothing, not even headers, until the model is in
-        # VRAM (minutes): the first line gets load_timeout, each line after it stall_timeout.
+        # VRAM (minutes): the first token gets load_timeout, each token after it stall_timeout.
+        # Progress is a token (a line that carries text, a tool call or the end), not a byte: a
+        # node that drips a byte every few seconds, or sends blank lines or empty chunks, stalls.
         # The limits are per read, never held across a `yield` (the consumer's own awaits must
         # not be cancelled by this generator's clock).
         loop = asyncio.get_running_loop()
-        first_by = loop.time() + self.load_timeout_s
+        progress_by = loop.time() + self.load_timeout_s
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s, sock_read=None)
         first = True
         try:
             try:
-                async with asyncio.timeout_at(first_by):
-                    resp = await self.session.post(url, json=body, timeout=timeout)
+                async with asyncio.timeout_at(progress_by):
+                    resp = await self.session.post(url, json=body, timeout=timeout, **NODE_REQUEST)
             except aiohttp.ConnectionTimeoutError:
                 raise  # no connection at all (a TimeoutError too): the node is unreachable
             except TimeoutError:
                 raise self._late(first) from None
             async with resp:
+                self._refuse(resp, path)
                 if resp.status >= 400:
-                    raise OllamaError(_message(await resp.text(), resp.status), resp.status)
+                    raise OllamaError(_message((await self._read(resp, path)).decode("utf-8", "replace"),
+                                               resp.status), resp.status)
                 # One read takes whatever has arrived (often many lines): one clock per read,
                 # not per line. A line still unfinished past the limit fails here, before it
                 # fills the router's memory.
@@ -221,12 +271,11 @@ class OllamaClient:
                 pending = b""
                 while True:
                     try:
-                        async with asyncio.timeout_at(first_by if first else loop.time() + self.stall_timeout_s):
+                        async with asyncio.timeout_at(progress_by):
                             data = await resp.content.readany()
                     except TimeoutError:
                         raise self._late(first) from None
                     if data:
-                        first = False
                         *lines, pending = (pending + data).split(b"\n")
                     else:
                         lines, pending = [pending], b""
@@ -244,10 +293,15 @@ class OllamaClient:
                         yield line, chunk
                         if chunk.get("done"):
                             return
+                        if _progress(chunk):  # the clock starts once the consumer is done with it
+                            first, progress_by = False, loop.time() + self.stall_timeout_s
                     if len(pending) > limit:
                         raise self._wrong(f"a chat line longer than {limit} bytes, the most the router reads")
                     if not data:
                         break
+                    # readany returns at once while bytes wait: a node that sends fast must
+                    # not hold the event loop (every other node, /health) between its reads.
+                    await asyncio.sleep(0)
             raise OllamaError("Ollama's stream ended without done: true")
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             raise self._unreachable(exc, self.connect_timeout_s) from exc
@@ -261,7 +315,7 @@ class OllamaClient:
         if first:
             return OllamaError(f"no reply from Ollama within load_timeout ({self.load_timeout_s:g}s): "
                                "the model did not load in time")
-        return OllamaError(f"stalled: no bytes from Ollama for {self.stall_timeout_s:g}s")
+        return OllamaError(f"stalled: no new token from Ollama for {self.stall_timeout_s:g}s")
 
     def _check_chunk(self, chunk: Any, line: bytes) -> None:
         """Raise Ollama's {"error"} line as it is, and a chunk of the wrong shape naming what is wrong."""

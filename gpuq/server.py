@@ -286,8 +286,8 @@ def with_live(job: dict, dispatcher: Dispatcher) -> dict:
     """A running job's output and token count so far, from memory (the database lags by ~1 s)."""
     cur = dispatcher.live(job["id"])
     if cur is not None:
-        job["tokens_so_far"] = len(cur.output) + len(cur.thinking)  # Ollama streams one token per chunk
-        job["thinking_tokens_so_far"] = len(cur.thinking)
+        job["tokens_so_far"] = cur.tokens  # Ollama streams one token per chunk
+        job["thinking_tokens_so_far"] = cur.thinking_tokens
         if "output" in job:
             job["output"] = "".join(cur.output)
             job["thinking"] = "".join(cur.thinking) or None

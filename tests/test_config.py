@@ -40,6 +40,33 @@ def test_connection_settings_have_defaults_and_can_be_set(tmp_path):
     assert (custom.header_timeout_s, custom.keepalive_timeout_s, custom.max_connections) == (2, 300, 200)
 
 
+def test_byte_limits_on_a_nodes_replies_have_defaults_and_a_node_may_set_its_own_output_cap(tmp_path):
+    default = parse_config(base(), tmp_path)
+    assert (default.max_output_bytes, default.max_reply_bytes) == (8 << 20, 16 << 20)
+    assert [default.max_output_for(n) for n in default.nodes] == [8 << 20, 8 << 20]
+    data = base(max_output_bytes=1 << 20, max_reply_bytes=1 << 20)
+    data["node"][1]["max_output_bytes"] = 65536
+    custom = parse_config(data, tmp_path)
+    assert [custom.max_output_for(n) for n in custom.nodes] == [1 << 20, 65536]
+    assert custom.max_reply_bytes == 1 << 20
+
+
+@pytest.mark.parametrize("where,key,value,message", [
+    ("router", "max_output_bytes", 10, "router.max_output_bytes: must be from 1024 to 1073741824 (1 GiB), got 10"),
+    ("router", "max_output_bytes", "8MiB", "router.max_output_bytes: expected int, got '8MiB'"),
+    ("router", "max_reply_bytes", 1 << 31,
+     f"router.max_reply_bytes: must be from 65536 to 1073741824 (1 GiB), got {1 << 31}"),
+    ("node", "max_output_bytes", 0, "node 'node-1'.max_output_bytes: must be from 1024 to 1073741824 (1 GiB), got 0"),
+    ("node", "max_reply_bytes", 65536, "node[1]: unknown key 'max_reply_bytes' (known: max_output_bytes, "),
+])
+def test_byte_limits_out_of_range_name_the_key(tmp_path, where, key, value, message):
+    data = base()
+    (data["router"] if where == "router" else data["node"][0])[key] = value
+    with pytest.raises(ConfigError) as exc:
+        parse_config(data, tmp_path)
+    assert str(exc.value).startswith(message)
+
+
 @pytest.mark.parametrize("text,seconds", [("10m", 600), ("30s", 30), ("1h30m", 5400), ("250ms", 0.25), (90, 90), (1.5, 1.5)])
 def test_durations(text, seconds):
     assert parse_duration(text, "k") == seconds

@@ -18,7 +18,7 @@ from conftest import eventually, node_table
 MODEL = "qwen3-coder:30b"
 OOM = "llama-server reported out-of-memory during startup: cudaMalloc failed: out of memory"
 BUSY = "server busy, please try again.  maximum pending requests exceeded"
-STALLED = "stalled: no bytes from Ollama for 2s"
+STALLED = "stalled: no new token from Ollama for 2s"
 NEVER_LOADED = "no reply from Ollama within load_timeout (3s): the model did not load in time"
 BROKE_OFF = "Ollama's stream broke off: the connection closed before the reply ended"
 

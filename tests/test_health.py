@@ -115,7 +115,7 @@ async def test_stall_fails_the_job_loudly_and_unloads(fakes, daemon_factory):
     fake.script.stall_after = 2
     [job] = await d.submit("task", "stalls")
     failed = await d.wait_state(job["id"], "failed")
-    assert failed["error"] == "stalled: no bytes from Ollama for 0.5s"
+    assert failed["error"] == "stalled: no new token from Ollama for 0.5s"
     assert len(failed["output"].split()) == 2
     await eventually(lambda: fake.loaded == {}, what="the model to be unloaded")
     assert len(fake.chat_requests) == 1

@@ -242,3 +242,66 @@ async def test_an_empty_model_list_may_be_null_as_go_encodes_it(named):
         m.get(f"{URL}/api/tags", payload={})
         assert await named.loaded() == set()
         assert await named.installed() == set()
+
+
+# Every call the router makes to a node: (method, path, the call)
+NODE_CALLS = [
+    ("POST", "/api/chat", lambda c: collect(c)),
+    ("POST", "/api/generate", lambda c: c.stream("/api/generate", {"model": "m", "prompt": "hi"}).__anext__()),
+    ("POST", "/api/embed", lambda c: c.post("/api/embed", {"model": "m", "input": "hi"})),
+    ("GET", "/api/ps", lambda c: c.loaded()),
+    ("GET", "/api/tags", lambda c: c.tags()),
+    ("GET", "/api/version", lambda c: c.version()),
+    ("POST", "/api/show", lambda c: c.context_length("m")),
+    ("POST", "/api/chat", lambda c: c.unload("m")),
+]
+
+
+@pytest.mark.parametrize("method,path,call", NODE_CALLS, ids=[f"{c[1]}-{i}" for i, c in enumerate(NODE_CALLS)])
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+async def test_no_call_follows_a_redirect_and_the_error_names_its_target(named, method, path, call, status):
+    elsewhere = "http://elsewhere:11434" + path
+    with aioresponses() as m:
+        m.add(URL + path, method, status=status, headers={"Location": elsewhere})
+        m.add(elsewhere, method, payload={"version": "0.1", "models": [], "done": True})  # never asked
+        with pytest.raises(OllamaError) as exc:
+            await call(named)
+        asked = [url for (_, url) in m.requests]
+        sent = next(iter(m.requests.values()))[0].kwargs
+    assert exc.value.message == f"node-1 answered {status} redirect to {elsewhere}; gpuq does not follow a node's redirects"
+    assert [str(u) for u in asked] == [URL + path]
+    assert sent["allow_redirects"] is False and sent["headers"]["Accept-Encoding"] == "identity"
+    assert sent["auto_decompress"] is False
+
+
+@pytest.mark.parametrize("method,path,call", NODE_CALLS, ids=[f"{c[1]}-{i}" for i, c in enumerate(NODE_CALLS)])
+async def test_a_compressed_reply_is_refused_before_it_is_read(named, method, path, call):
+    with aioresponses() as m:
+        m.add(URL + path, method, body=b"\x1f\x8b not read", headers={"Content-Encoding": "gzip"})
+        with pytest.raises(OllamaError) as exc:
+            await call(named)
+    assert exc.value.message == (f"node-1 answered {path} with Content-Encoding: gzip, though asked for identity; "
+                                 "gpuq does not unpack a node's compressed replies")
+
+
+@pytest.mark.parametrize("method,path,call", NODE_CALLS[3:], ids=[c[1] + "-" + str(i) for i, c in enumerate(NODE_CALLS[3:])])
+async def test_a_reply_past_max_reply_bytes_is_refused_naming_the_cap(method, path, call):
+    async with aiohttp.ClientSession() as session:
+        client = OllamaClient(URL, session, name="node-1", max_reply_bytes=1000)
+        with aioresponses() as m:
+            m.add(URL + path, method, body=json.dumps({"models": [], "version": "x" * 1000}))
+            with pytest.raises(OllamaError) as exc:
+                await call(client)
+    assert exc.value.message == (f"node-1 sent a {path} reply longer than 1000 bytes (max_reply_bytes), "
+                                 "the most the router reads")
+
+
+async def test_an_error_status_with_an_endless_body_is_bounded_too():
+    async with aiohttp.ClientSession() as session:
+        client = OllamaClient(URL, session, name="node-1", max_reply_bytes=1000)
+        with aioresponses() as m:
+            m.post(f"{URL}/api/chat", status=500, body="x" * 5000)
+            with pytest.raises(OllamaError) as exc:
+                await collect(client)
+    assert exc.value.message == "node-1 sent a /api/chat reply longer than 1000 bytes (max_reply_bytes), the most the router reads"
+
