@@ -163,9 +163,11 @@ class Store:
                 started = state[0] == "started"
                 state[0] = "abandoned" if not started else state[0]
             if not started:
+                trouble = self.trouble(slow_s=wait_s)  # the call it queued behind, or a refusal
+                why = trouble["problem"] if trouble else "the writes ahead of it took that long"
                 self._note_refused(f"a {what} waited {wait_s:g}s for the database")
                 raise StoreUnavailable(f"the database did not take the {what} within {wait_s:g}s ({setting}):"
-                                       f" {self._why()}; nothing was changed")
+                                       f" {why}; nothing was changed")
             done, _ = await asyncio.wait({task}, timeout=wait_s)
             if not done:
                 raise StoreUnavailable(
@@ -195,10 +197,6 @@ class Store:
         after another, each after the busy timeout; writes between refusals may still land
         (a full disk takes the small ones)."""
         return 2 * self.busy_timeout_s + 2.0
-
-    def _why(self) -> str:
-        trouble = self.trouble()
-        return trouble["problem"] if trouble else "it is slow to answer"
 
     def trouble(self, slow_s: float = SLOW_CALL_S) -> dict | None:
         """What is wrong with the store now, as the router lives it, or None: a call waiting past
