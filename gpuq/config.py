@@ -57,6 +57,7 @@ class Settings:
     health_interval_s: float = 15.0  # node health check period
     connect_timeout_s: float = 10.0
     busy_timeout_s: float = 5.0  # SQLite busy timeout
+    submit_timeout_s: float = 5.0  # a submit the database has not taken by then answers 503
     max_prompt_bytes: int = 1_000_000
     max_database_bytes: int | None = None  # past this SQLite refuses to grow the file ("full")
     max_output_bytes: int = 8 << 20  # a job's answer and reasoning; past this it fails, output kept
@@ -163,6 +164,7 @@ _DURATION_FLOORS: dict[str, tuple[float, str]] = {
     "health_interval": (0.1, "checking more than ten times a second only burns CPU"),
     # SQLite counts whole milliseconds: less is 0, which fails every write that meets a lock.
     "busy_timeout": (0.001, "SQLite would give up on the first lock"),
+    "submit_timeout": (0.05, "a submit needs a moment for its commit"),
     "header_timeout": (0.0, "0 would close every new connection before its request"),
     "keepalive_timeout": (0.0, "0 would close every connection after its first request"),
 }
@@ -295,7 +297,7 @@ def _typed(table: dict, key: str, kind: type | tuple, where: str, required: bool
 _ROUTER_KEYS = {
     "listen", "public_url", "database", "stale_after", "stale_grace", "max_runtime",
     "job_timeout", "stall_timeout", "load_timeout", "unload_timeout", "health_interval", "connect_timeout",
-    "busy_timeout", "max_prompt_bytes", "max_database_bytes", "token", "critique_template", "unload",
+    "busy_timeout", "submit_timeout", "max_prompt_bytes", "max_database_bytes", "token", "critique_template", "unload",
     "allowed_hosts", "header_timeout", "keepalive_timeout", "max_connections", "ollama_listen",
     "alert_url", "alert_token", "alert_format", "max_output_bytes", "max_reply_bytes",
 }
@@ -305,7 +307,7 @@ _DURATION_KEYS = {
     "max_runtime": "max_runtime_s", "job_timeout": "job_timeout_s",
     "stall_timeout": "stall_timeout_s", "load_timeout": "load_timeout_s", "unload_timeout": "unload_timeout_s",
     "health_interval": "health_interval_s", "connect_timeout": "connect_timeout_s",
-    "busy_timeout": "busy_timeout_s", "header_timeout": "header_timeout_s",
+    "busy_timeout": "busy_timeout_s", "submit_timeout": "submit_timeout_s", "header_timeout": "header_timeout_s",
     "keepalive_timeout": "keepalive_timeout_s",
 }
 _NODE_KEYS = {"name", "url", "rank", "roles", "model", "max_runtime", "think", "options", "unload",

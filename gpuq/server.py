@@ -206,19 +206,48 @@ def with_eta(job: dict, found: dict[str, eta.Estimate]) -> dict:
 
 # -- views ------------------------------------------------------------------------------------
 
+HEALTH_READ_S = 0.5  # /health answers within about this, whatever the store does
+
+
 async def health(request: web.Request) -> web.Response:
+    """The queue's truth: from memory first (nodes, loops, the store's own trouble), then two
+    indexed reads bounded by HEALTH_READ_S; a store that does not answer them is named, not
+    waited for."""
     store, dispatcher = request.app[STORE], request.app[DISPATCHER]
-    active = await store.active_by_node()  # two indexed queries: this and the stale heads
-    stale = [{k: h[k] for k in ("id", "node", "state", "since", "reason")} for h in await store.stale_heads()]
+    trouble = store.trouble()
+    active: dict[str, NodeCounts] | None = None
+    stale: list[dict] = []
+    heads: dict[str, Row | None] = {}
+    unclaimed_nodes = [w for w in dispatcher.workers.values() if w.claim_refused and w.rt.claimable]
+    if trouble is None or "not answering" not in trouble["problem"]:  # don't queue behind a stuck read
+        try:
+            async with asyncio.timeout(HEALTH_READ_S):
+                active = await store.active_by_node()
+                stale = [{k: h[k] for k in ("id", "node", "state", "since", "reason")}
+                         for h in await store.stale_heads()]
+                for w in unclaimed_nodes:
+                    heads[w.rt.name] = await store.next_ready(w.rt.name)
+        except TimeoutError:
+            trouble = store.trouble(slow_s=HEALTH_READ_S) or {"problem": f"the database is not answering: /health's read took over "
+                                                     f"{HEALTH_READ_S:g}s", "since": iso(time.time())}
+        except GpuqError as exc:
+            trouble = {"problem": f"the database cannot be read: {exc.message}", "since": iso(time.time())}
     down = [{"name": rt.name, "since": iso(rt.since), "error": rt.vram_stuck or rt.last_error,
-             "waiting": active.get(rt.name, NodeCounts()).queued}
+             "waiting": None if active is None else active.get(rt.name, NodeCounts()).queued,
+             **({"recorded": False} if rt.health_unrecorded else {})}  # the store refused to record it
             for rt in dispatcher.nodes.values() if rt.checked and not rt.claimable]
+    # Waiting jobs on an up, idle node whose claims the store refuses: a stuck queue too.
+    unclaimed = [{"node": w.rt.name, "job": heads[w.rt.name]["id"] if heads.get(w.rt.name) else None,
+                  "since": iso(w.claim_refused[0]), "error": w.claim_refused[1]}
+                 for w in unclaimed_nodes if active is None or active.get(w.rt.name, NodeCounts()).queued]
     crashed = [loop.json() for loop in dispatcher.loops.down()]  # a loop that is not running, for now
     lost = store.lost  # the database file deleted or replaced under the router: writes are refused
-    ok = not stale and not any(d["waiting"] for d in down) and not crashed and lost is None
-    body = {"ok": ok, "queue_depth": sum(c.queued for c in active.values()),
-            "running": sum(c.running for c in active.values()), "stale": stale, "nodes_down": down,
-            "loops_down": crashed, "database_lost": lost}
+    ok = (trouble is None and lost is None and not stale and not any(d["waiting"] for d in down)
+          and not crashed and not unclaimed)
+    body = {"ok": ok, "queue_depth": None if active is None else sum(c.queued for c in active.values()),
+            "running": None if active is None else sum(c.running for c in active.values()), "stale": stale,
+            "nodes_down": down, "loops_down": crashed, "unclaimed": unclaimed, "store": trouble,
+            "database_lost": lost}
     return json_response(body, status=200 if ok else 503)
 
 
@@ -322,7 +351,7 @@ def node_json(rt: NodeRuntime) -> dict:
         "name": rt.name, "rank": rt.config.rank, "roles": list(rt.config.roles),
         "model": rt.config.model, "url": rt.config.url, "up": rt.up, "checked": rt.checked,
         "since": iso(rt.since), "last_error": rt.last_error, "model_installed": rt.model_installed,
-        "vram_stuck": rt.vram_stuck,
+        "vram_stuck": rt.vram_stuck, "health_recorded": not rt.health_unrecorded,
         "loop_error": "; ".join(loop.problem() for loop in rt.loops if not loop.alive) or None,
     }
 
@@ -628,7 +657,8 @@ def create_app(settings: Settings, clock=time.time) -> web.Application:
                                        access_middleware(settings.token)],
                           client_max_size=settings.max_prompt_bytes * 2 + 65536)
     bus = Bus()
-    store = Store(settings.database, settings.busy_timeout_s, clock, max_bytes=settings.max_database_bytes)
+    store = Store(settings.database, settings.busy_timeout_s, clock, max_bytes=settings.max_database_bytes,
+                  submit_timeout_s=settings.submit_timeout_s)
     app[SETTINGS] = settings
     app[STORE] = store
     app[BUS] = bus

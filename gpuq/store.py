@@ -7,11 +7,14 @@ connection (aiosqlite's, its public API), which WAL lets in alongside; their SQL
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+import threading
 import time
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, Iterator, TypeVar
 
 import aiosqlite
 
@@ -46,19 +49,30 @@ DETAIL_COLUMNS = LISTING_COLUMNS + ", j.prompt"
 
 JOB_FROM = "FROM job j LEFT JOIN run r ON r.id = j.run_id"
 
+# A call to the database (a read, or a write with its commit) that has not returned after this
+# long means the store is not answering: /health says so from memory, without asking it.
+SLOW_CALL_S = 2.0
 
+
+class _Abandoned(Exception):
+    """A bounded write its caller stopped waiting for, before the writer's thread ran it."""
 
 
 class Store:
     def __init__(self, path: Path, busy_timeout_s: float = 5.0, clock: Callable[[], float] = time.time,
-                 max_bytes: int | None = None):
+                 max_bytes: int | None = None, submit_timeout_s: float | None = None):
         self.path = Path(path)
         self.busy_timeout_s = busy_timeout_s
         self.max_bytes = max_bytes
+        self.submit_timeout_s = submit_timeout_s  # the longest a submit waits for its commit
         self.clock = clock
         self._writer: Writer | None = None  # every write, group-committed in its own thread
         self._reader: aiosqlite.Connection | None = None
         self._file = DatabaseFile(self.path)  # is the open database still the file at its path?
+        # The store's health as the router lives it, in memory (it cannot be asked of the store):
+        # the calls waiting for it now (monotonic start per kind), and the last refused write.
+        self._waiting: dict[str, dict[int, float]] = {"read": {}, "write": {}}
+        self._refused: tuple[float, float, str] | None = None  # (since, wall; last, monotonic; why)
 
     # -- connections and migrations ---------------------------------------------------------
 
@@ -124,7 +138,86 @@ class Store:
             raise from_sqlite(sqlite3.OperationalError("the store is not open; nothing was changed"))
         if self._file.lost is not None:  # known lost: not even queued
             raise StoreUnavailable(self._file.lost)
-        return await self._writer.run(verb, after)
+        with self._call("write"):
+            try:
+                result = await self._writer.run(verb, after)
+            except StoreUnavailable as exc:
+                self._note_refused(exc.message)
+                raise
+        return result
+
+    async def _bounded_write(self, verb: Callable[[sqlite3.Connection], T], after: Callable[[T], None] | None,
+                             wait_s: float, what: str, setting: str) -> T:
+        """`_write`, answered within `wait_s`: a write the writer's thread has not started by then
+        is dropped (it will raise there, changing nothing) and the caller hears 503; one it has
+        started (its commit hangs: a frozen disk) gets as long again, then the caller is told it
+        may or may not have landed. Whatever lands still reaches `after`."""
+        lock, state = threading.Lock(), ["queued"]
+
+        def guarded(db: sqlite3.Connection) -> T:
+            with lock:
+                if state[0] == "abandoned":
+                    raise _Abandoned()
+                state[0] = "started"
+            return verb(db)
+        task = asyncio.ensure_future(self._write(guarded, after))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # read here or below
+        done, _ = await asyncio.wait({task}, timeout=wait_s)
+        if not done:
+            with lock:
+                started = state[0] == "started"
+                state[0] = "abandoned" if not started else state[0]
+            if not started:
+                trouble = self.trouble(slow_s=wait_s)  # the call it queued behind, or a refusal
+                why = trouble["problem"] if trouble else "the writes ahead of it took that long"
+                self._note_refused(f"a {what} waited {wait_s:g}s for the database")
+                raise StoreUnavailable(f"the database did not take the {what} within {wait_s:g}s ({setting}):"
+                                       f" {why}; nothing was changed")
+            done, _ = await asyncio.wait({task}, timeout=wait_s)
+            if not done:
+                raise StoreUnavailable(
+                    f"the database did not confirm the {what} within {2 * wait_s:g}s ({setting}): its commit"
+                    " is still waiting on the disk, so it may or may not be stored; look before sending it again")
+        return task.result()
+
+    # -- the store's health, from memory ---------------------------------------------------------
+
+    @contextmanager
+    def _call(self, kind: str) -> Iterator[None]:
+        """Count a read or a write as waiting for the store while it runs."""
+        key = object()
+        self._waiting[kind][id(key)] = time.monotonic()
+        try:
+            yield
+        finally:
+            del self._waiting[kind][id(key)]
+
+    def _note_refused(self, why: str) -> None:
+        now = time.monotonic()
+        since = self._refused[0] if self._refused and now - self._refused[1] < self._refusal_hold_s() else time.time()
+        self._refused = (since, now, why)
+
+    def _refusal_hold_s(self) -> float:
+        """A refusal counts for this long: while a lock is held every write is refused, one
+        after another, each after the busy timeout; writes between refusals may still land
+        (a full disk takes the small ones)."""
+        return 2 * self.busy_timeout_s + 2.0
+
+    def trouble(self, slow_s: float = SLOW_CALL_S) -> dict | None:
+        """What is wrong with the store now, as the router lives it, or None: a call waiting past
+        `slow_s` (the store does not answer), else writes refused within the last few seconds.
+        Never asks the store, so it answers whatever the store does."""
+        now = time.monotonic()
+        for kind in ("read", "write"):
+            started = min(self._waiting[kind].values(), default=None)
+            if started is not None and now - started >= slow_s:
+                return {"problem": f"the database is not answering: a {kind} has waited {now - started:.1f}s",
+                        "since": iso(time.time() - (now - started))}
+        if self._refused is not None and now - self._refused[1] < self._refusal_hold_s():
+            since, _, why = self._refused
+            return {"problem": f"the database refuses writes (for {time.time() - since:.0f}s): {why}",
+                    "since": iso(since)}
+        return None
 
     @property
     def lost(self) -> str | None:
@@ -189,8 +282,12 @@ class Store:
         def handed(result: tuple[list[Row], list[Row]]) -> None:
             for job in result[1]:
                 hand_over(job)  # type: ignore[misc]
-        created, _ = await self._write(partial(verbs.submit_and_claim, new=new, nodes=nodes, actor=actor,
-                                               now=self.clock()), handed if hand_over else None)
+        write = partial(verbs.submit_and_claim, new=new, nodes=nodes, actor=actor, now=self.clock())
+        if self.submit_timeout_s is None:
+            created, _ = await self._write(write, handed if hand_over else None)
+        else:
+            created, _ = await self._bounded_write(write, handed if hand_over else None, self.submit_timeout_s,
+                                                   "submit", "router.submit_timeout")
         return created
 
     async def claim(self, node: str) -> Row | None:
@@ -268,8 +365,14 @@ class Store:
 
     async def read(self, sql: str, params: tuple | dict = ()) -> list[Row]:
         assert self._reader is not None, "store is not open"
+        # Counted as waiting until the reader's thread answers, even when its caller stopped
+        # waiting (/health's bounded read): the thread is still stuck in it.
+        task = asyncio.ensure_future(self._reader.execute_fetchall(sql, params))
+        key = id(task)
+        self._waiting["read"][key] = time.monotonic()
+        task.add_done_callback(lambda t: (self._waiting["read"].pop(key, None), t.cancelled() or t.exception()))
         try:
-            return rows(await self._reader.execute_fetchall(sql, params))
+            return rows(await asyncio.shield(task))
         except sqlite3.Error as exc:
             raise from_sqlite(exc) from exc
 
@@ -375,6 +478,11 @@ class Store:
             " FROM event e JOIN job j ON j.id = e.job_id LEFT JOIN run r ON r.id = j.run_id"
             " WHERE e.id > ? AND e.to_state IN ('done', 'failed', 'cancelled') AND e.from_state <> e.to_state"
             ") GROUP BY node, kind, state, model", (after_event,))
+
+    async def next_ready(self, node: str) -> Row | None:
+        """The job the node would claim next (None: nothing is ready)."""
+        rows = await self.read("SELECT id, model FROM ready_job WHERE node = ? ORDER BY position, id LIMIT 1", (node,))
+        return rows[0] if rows else None
 
     async def next_ready_model(self, node: str) -> str | None:
         """The model of the job the node would claim next (None: nothing is ready)."""

@@ -148,6 +148,9 @@ class Worker:
         self.idle = False
         self.handed: dict | None = None  # such a job, not taken up yet
         self.polled = False  # the last idle wait ended by its timeout, not by a wake
+        # Since when, and why, the store refuses this node's claims (None: the last one went
+        # through): jobs waiting on an up, idle node that nothing claims are a stuck queue.
+        self.claim_refused: tuple[float, str] | None = None
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -194,8 +197,13 @@ class Worker:
         # poll must not take the write lock every few seconds for nothing (nor fail while a
         # person holds it in the sqlite3 shell).
         polled, self.polled = self.polled, False
-        nothing = polled and await self.store.next_ready_model(self.rt.name) is None
-        job = None if nothing else await self.store.claim(self.rt.name)
+        try:
+            nothing = polled and await self.store.next_ready_model(self.rt.name) is None
+            job = None if nothing else await self.store.claim(self.rt.name)
+        except GpuqError as exc:
+            self.claim_refused = (self.claim_refused[0] if self.claim_refused else time.time(), exc.message)
+            raise
+        self.claim_refused = None
         if job is None:
             if self.warm_model is not None:  # "when-idle": the node went idle
                 await self._unload_warm(None)
@@ -276,15 +284,18 @@ class Worker:
         try:
             try:
                 output, thinking, _ = cur.unsaved()
-                await self.store.finish(job["id"], cur.run_id, JobState.FAILED,
-                                        f"the node's worker crashed while ending the job: {crash}", output,
-                                        thinking=thinking, streamed=cur.tokens)
+                # Retried while the store refuses (the disk that broke the ending may be full):
+                # given up, the job would stay half-closed until a restart.
+                await self._persist(job["id"], "crash", lambda: self.store.finish(
+                    job["id"], cur.run_id, JobState.FAILED, f"the node's worker crashed while ending the job: {crash}",
+                    output, thinking=thinking, streamed=cur.tokens))
                 await self.unload(job["model"], job["id"])
             except GuardMiss:  # its finish was recorded before the crash
                 pass
-            await self.store.requeue_unsent({self.rt.name: self.sent_run}, (
+            await self._persist(job["id"], "put-back of the next job", lambda: self.store.requeue_unsent(
+                {self.rt.name: self.sent_run}, (
                 f"back to the head of the queue: the node's worker crashed after {job['id']} ended "
-                f"({crash}); the request never reached Ollama"))
+                f"({crash}); the request never reached Ollama")))
         except Exception:  # the store broke too: the stale check is the last net
             log.exception("job=%s node=%s could not record the crash", job["id"], self.rt.name)
 
@@ -568,7 +579,11 @@ class Worker:
         """With unload = "when-idle": does the next job on this node want the same model?"""
         if self.settings.unload_for(self.rt.config) != "when-idle" or not self.rt.claimable:
             return False
-        nxt = await self.store.next_ready_model(self.rt.name)
+        try:
+            nxt = await self.store.next_ready_model(self.rt.name)
+        except GpuqError as exc:  # unknown: unload, as after-each would (the ending must go on)
+            log.warning("node=%s cannot read the next job's model, unloading: %s", self.rt.name, exc.message)
+            return False
         return nxt is not None and normalize_model(nxt) == normalize_model(job["model"])
 
     async def _unload_warm(self, job_id: str | None) -> bool:

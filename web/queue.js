@@ -112,7 +112,7 @@ let alertsSig = '';
 function renderAlerts() {
   const box = $('alerts');
   const h = S.health;
-  const sig = JSON.stringify([S.error && [S.error.status, S.error.message], h && !h.ok && [h.stale, h.nodes_down, h.loops_down],
+  const sig = JSON.stringify([S.error && [S.error.status, S.error.message], h && !h.ok && [h.stale, h.nodes_down, h.loops_down, h.store && h.store.problem, h.unclaimed],
     h && !h.ok && S.queue && S.queue.nodes.map((n) => n.queued_count)]);
   if (sig === alertsSig) return; // rebuilding would restart the pulse and drop focus
   alertsSig = sig;
@@ -128,6 +128,19 @@ function renderAlerts() {
   }
   if (!h || h.ok) return;
   const nodes = new Map((S.queue ? S.queue.nodes : []).map((n) => [n.name, n]));
+  if (h.store) {  // the store refuses writes or does not answer: what is shown may lag behind
+    box.append(el('div', {className: 'alert stale', dataset: {store: 'trouble'}},
+      el('span', {className: 'alert-tag', text: 'DATABASE'}),
+      el('span', {className: 'alert-text'}, `${h.store.problem} (since `, sinceSpan(h.store.since),
+        ' ago). Nothing new is recorded until it answers; node health below is the router\'s own.')));
+  }
+  for (const u of h.unclaimed || []) {
+    box.append(el('div', {className: 'alert stale', dataset: {node: u.node}},
+      el('span', {className: 'alert-tag', text: 'NOT CLAIMED'}),
+      el('span', {className: 'alert-text'}, el('b', {text: u.node}), ' is up and idle but cannot claim ',
+        u.job ? el('a', {href: jobHref(u.job), className: 'mono', text: u.job}) : 'its next job',
+        ' (for ', sinceSpan(u.since), '): ', el('span', {className: 'mono', text: u.error}))));
+  }
   for (const s of h.stale) box.append(staleAlert(s, nodes.get(s.node)));
   for (const d of h.nodes_down) {
     if (d.waiting) box.append(downAlert(d));
@@ -210,7 +223,8 @@ function renderUtil() {
 function nodeStatus(node) {
   if (!node.checked) return ['checking', 'checking…', 'waiting for the first health check'];
   if (node.vram_stuck) return ['stuck', 'VRAM stuck', node.vram_stuck];
-  if (!node.up) return ['down', 'down', node.last_error || 'does not answer'];
+  if (!node.up) return ['down', 'down', (node.last_error || 'does not answer')
+    + (node.health_recorded === false ? ' (not recorded: the database refuses writes)' : '')];
   return ['up', 'up', `answering since ${fmtClock(node.since)}`];
 }
 
