@@ -64,7 +64,10 @@ class Settings:
     max_reply_bytes: int = 16 << 20  # a node's non-streamed reply (/api/tags, /api/ps, /api/show...)
     header_timeout_s: float = 10.0  # a new connection must send its request headers within this
     keepalive_timeout_s: float = 75.0  # an idle keep-alive connection is closed after this
-    max_connections: int = 1000  # more open connections at once are refused (503)
+    max_connections: int = 1000  # per listener: more open connections at once are refused (503)
+    max_connections_per_peer: int = 64  # per listener and client address (loopback too): more get 429
+    body_timeout_s: float = 60.0  # a request's whole body must arrive within this of its headers (408)
+    keepalive_lifetime_s: float = 3600.0  # a kept-alive connection is closed after this, however busy
     token: str | None = None
     allowed_hosts: tuple[str, ...] = ()  # more names the router answers to (normal_host form)
     ollama_listen: str | None = None  # host:port of the Ollama/OpenAI front door; None: off
@@ -167,6 +170,8 @@ _DURATION_FLOORS: dict[str, tuple[float, str]] = {
     "submit_timeout": (0.05, "a submit needs a moment for its commit"),
     "header_timeout": (0.0, "0 would close every new connection before its request"),
     "keepalive_timeout": (0.0, "0 would close every connection after its first request"),
+    "body_timeout": (0.0, "0 would refuse every request with a body"),
+    "keepalive_lifetime": (0.0, "0 would close every connection after its first request"),
 }
 
 
@@ -300,6 +305,7 @@ _ROUTER_KEYS = {
     "busy_timeout", "submit_timeout", "max_prompt_bytes", "max_database_bytes", "token", "critique_template", "unload",
     "allowed_hosts", "header_timeout", "keepalive_timeout", "max_connections", "ollama_listen",
     "alert_url", "alert_token", "alert_format", "max_output_bytes", "max_reply_bytes",
+    "max_connections_per_peer", "body_timeout", "keepalive_lifetime",
 }
 ALERT_FORMATS = ("json", "ntfy")
 _DURATION_KEYS = {
@@ -308,7 +314,8 @@ _DURATION_KEYS = {
     "stall_timeout": "stall_timeout_s", "load_timeout": "load_timeout_s", "unload_timeout": "unload_timeout_s",
     "health_interval": "health_interval_s", "connect_timeout": "connect_timeout_s",
     "busy_timeout": "busy_timeout_s", "submit_timeout": "submit_timeout_s", "header_timeout": "header_timeout_s",
-    "keepalive_timeout": "keepalive_timeout_s",
+    "keepalive_timeout": "keepalive_timeout_s", "body_timeout": "body_timeout_s",
+    "keepalive_lifetime": "keepalive_lifetime_s",
 }
 _NODE_KEYS = {"name", "url", "rank", "roles", "model", "max_runtime", "think", "options", "unload",
               "max_output_bytes"}
@@ -429,6 +436,11 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
         if not 8 <= connections <= 1_000_000:
             raise ConfigError(f"router.max_connections: must be from 8 to 1000000, got {connections}")
         values["max_connections"] = connections
+    per_peer = _typed(router, "max_connections_per_peer", int, "router")
+    if per_peer is not None:
+        if not 1 <= per_peer <= 1_000_000:
+            raise ConfigError(f"router.max_connections_per_peer: must be from 1 to 1000000, got {per_peer}")
+        values["max_connections_per_peer"] = per_peer
     token = _typed(router, "token", str, "router")
     if token is not None:
         values["token"] = check_token(token, "router.token")

@@ -1,10 +1,14 @@
-"""The router's listening sockets and what keeps its connections in check: a cap on open
-connections, a deadline for a new connection's first request headers (after that request,
-aiohttp's keepalive_timeout closes an idle connection), the open-file limit raised to the hard
-limit, and the event loop's accept error logged at most once a minute.
+"""The router's listening sockets and what keeps their connections in check: each listener's own
+cap on open connections, a cap per client address, the top slots kept for loopback peers and a
+few beyond the cap for /health and /metrics probes, idle kept-alive connections closed when slots
+are short, a deadline for a new connection's first request headers and for each request's body
+(after a request, aiohttp's keepalive_timeout closes an idle connection, and a connection's
+lifetime bounds its renewals), the open-file limit raised to the hard limit, and the event loop's
+accept error logged at most once a minute.
 
 Without these, ~1,000 silent sockets used up a 1024-file limit: /health could no longer be
-accepted and asyncio logged its accept error thousands of times a second."""
+accepted and asyncio logged its accept error thousands of times a second; and 1,100 connections
+trickling their bodies or kept alive held every slot of both listeners for a minute."""
 
 from __future__ import annotations
 
@@ -15,6 +19,8 @@ import resource
 import socket
 import time
 from typing import Callable
+
+from aiohttp import web
 
 from .errors import StartupError
 
@@ -76,13 +82,15 @@ def raise_file_limit() -> int:
     return target
 
 
-def connection_cap(wanted: int, file_limit: int) -> int:
-    """At most `wanted` connections, and FD_RESERVE below the file limit, so that accepting
-    connections does not run out of files."""
-    room = max(file_limit - FD_RESERVE, MIN_CONNECTIONS)
+def connection_cap(wanted: int, file_limit: int, listeners: int = 1) -> int:
+    """At most `wanted` connections per listener, with each listener's cap and its probes (see
+    reserve_for) sharing what is FD_RESERVE below the file limit, so that accepting connections
+    does not run out of files."""
+    room = max((file_limit - FD_RESERVE) // listeners, MIN_CONNECTIONS)
+    room = max(room - reserve_for(room), MIN_CONNECTIONS)
     if wanted > room:
-        log.warning("at most %d open connections, not %d (router.max_connections): the open-file "
-                    "limit is %d", room, wanted, file_limit)
+        log.warning("at most %d open connections per listener, not %d (router.max_connections): the "
+                    "open-file limit is %d", room, wanted, file_limit)
     return min(wanted, room)
 
 
@@ -129,33 +137,132 @@ def throttle_accept_errors(loop: asyncio.AbstractEventLoop) -> None:
     loop.set_exception_handler(handler)
 
 
-class ConnectionGuard:
-    """Counts the open connections: over `max_connections` a new one is answered 503 and closed at
-    once; one that has not sent its first request's headers within `header_timeout_s` is closed."""
+PROBE_HEADER_TIMEOUT_S = 2.0  # a probe beyond the cap sends its headers within this (or header_timeout)
+MAX_PROBE_HEAD = 16384  # bytes of a probe's request head kept to read its path
+ROUTER_PROBES = ("/health", "/metrics")
+FRONT_PROBES = ("/", "/api/version")  # what Ollama clients and monitors ask an Ollama server
 
-    def __init__(self, max_connections: int, header_timeout_s: float):
+
+def reserve_for(max_connections: int) -> int:
+    """The slots at the top of a listener's cap kept for loopback peers, and as many again beyond
+    it for probes: 1 per 8 slots, at most 32."""
+    return max(1, min(32, max_connections // 8))
+
+
+def is_loopback(peer: str) -> bool:
+    return peer.startswith("127.") or peer in ("::1", "localhost") or peer.startswith("::ffff:127.")
+
+
+def peer_of(transport: asyncio.BaseTransport) -> str:
+    name = transport.get_extra_info("peername")
+    return name[0] if isinstance(name, tuple) and name else str(name or "")
+
+
+def error_reply(status: int, reason: str, message: str) -> bytes:
+    body = json.dumps({"error": {"status": status, "message": message}})
+    return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n{body}").encode()
+
+
+class ConnectionGuard:
+    """One listener's connection slots. Over `max_connections` a new one is answered 503 and
+    closed, and one address may hold at most `per_peer` (429). The top `reserve` slots are for
+    loopback peers only; beyond the cap, `reserve` more are kept for probes (`probe_paths`, one
+    request each). When slots are short an idle kept-alive connection is closed to make room.
+    A connection that has not sent its first request's headers within `header_timeout_s` is
+    closed, and one older than `lifetime_s` is closed after its current request."""
+
+    def __init__(self, max_connections: int, header_timeout_s: float, per_peer: int = 1 << 30,
+                 lifetime_s: float = 3600.0, probe_paths: tuple[str, ...] = ROUTER_PROBES,
+                 name: str = "the router"):
         self.max_connections = max_connections
         self.header_timeout_s = header_timeout_s
-        self.open = 0
+        self.per_peer = per_peer
+        self.lifetime_s = lifetime_s
+        self.probe_paths = probe_paths
+        self.name = name
+        self.reserve = reserve_for(max_connections)
+        self.counted: dict[GuardedConnection, None] = {}  # the open connections, oldest first
+        self.peers: dict[str, int] = {}  # open connections (probes too) per address
+        self.probes = 0
         self.refusals = Throttled(lambda text: log.warning("%s", text))
-        body = json.dumps({"error": {"status": 503, "message": f"the router has {max_connections} open "
-                                     "connections, its limit (router.max_connections); try again shortly"}})
-        self.busy_response = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                              f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n{body}").encode()
+        self.busy_response = error_reply(503, "Service Unavailable", f"{name} has {max_connections} open "
+                                         "connections, its limit (router.max_connections); try again shortly")
+
+    @property
+    def open(self) -> int:
+        return len(self.counted)
 
     def protocol_factory(self, make_protocol: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
         """Wraps aiohttp's protocol factory (the runner's server) for loop.create_server."""
         return lambda: GuardedConnection(self, make_protocol)
 
-    def refuse(self, transport: asyncio.Transport) -> None:
-        self.refusals(f"refused new connections: {self.open} are open, the limit (router.max_connections)")
-        transport.write(self.busy_response)
+    def admit(self, conn: GuardedConnection, peer: str) -> str | None:
+        """'slot', 'probe' or None (refused); counts the connection if admitted."""
+        if self.peers.get(peer, 0) >= self.per_peer:
+            return None
+        kind = "slot" if self.fits(peer) or (self.evict_idle() and self.fits(peer)) else None
+        if kind is None and self.probes < self.reserve:
+            kind, self.probes = "probe", self.probes + 1
+        if kind == "slot":
+            self.counted[conn] = None
+        if kind:
+            self.peers[peer] = self.peers.get(peer, 0) + 1
+        return kind
+
+    def fits(self, peer: str) -> bool:
+        limit = self.max_connections if is_loopback(peer) else self.max_connections - self.reserve
+        return self.open < limit
+
+    def evict_idle(self) -> bool:
+        """Close the oldest kept-alive connection waiting for its next request, if any."""
+        for conn in self.counted:
+            if conn.idle():
+                log.debug("closed an idle kept-alive connection from %s: %s's slots are short", conn.peer, self.name)
+                self.release(conn)
+                conn.inner.force_close()
+                return True
+        return False
+
+    def release(self, conn: GuardedConnection) -> None:
+        if conn.kind == "slot":
+            self.counted.pop(conn, None)
+        elif conn.kind == "probe":
+            self.probes -= 1
+        if conn.kind:
+            left = self.peers.get(conn.peer, 1) - 1
+            if left:
+                self.peers[conn.peer] = left
+            else:
+                self.peers.pop(conn.peer, None)
+        conn.kind = None
+
+    def refuse(self, transport: asyncio.Transport, peer: str) -> None:
+        if self.peers.get(peer, 0) >= self.per_peer:
+            self.refusals(f"refused new connections from {peer}: it has {self.per_peer} open to {self.name}, "
+                          "the limit per address (router.max_connections_per_peer)")
+            transport.write(error_reply(429, "Too Many Requests", f"{peer} has {self.per_peer} open "
+                                        f"connections to {self.name}, the limit per address "
+                                        "(router.max_connections_per_peer); close some or try again shortly"))
+        else:
+            self.refusals(f"refused new connections: {self.open} are open to {self.name}, the limit "
+                          "(router.max_connections)")
+            transport.write(self.busy_response)
         transport.close()
+
+
+def request_path(head: bytes) -> tuple[str, str]:
+    """The method and path (without its query) of a request head's first line."""
+    parts = head.split(b"\r\n", 1)[0].split(b"\n", 1)[0].split()
+    if len(parts) < 2:
+        return "", ""
+    return parts[0].decode("latin-1"), parts[1].decode("latin-1").split("?", 1)[0]
 
 
 class GuardedConnection(asyncio.Protocol):
     """One connection: aiohttp's protocol inside, counted by the guard, closed when its first
-    request's headers are late (a client that connects and sends nothing, or trickles)."""
+    request's headers are late (a client that connects and sends nothing, or trickles). A probe
+    (admitted beyond the cap) gets aiohttp's protocol only once its headers name a probe path."""
 
     def __init__(self, guard: ConnectionGuard, make_protocol: Callable[[], asyncio.Protocol]):
         self.guard = guard
@@ -163,25 +270,53 @@ class GuardedConnection(asyncio.Protocol):
         self.inner: asyncio.Protocol | None = None
         self.transport: asyncio.Transport | None = None
         self.deadline: asyncio.TimerHandle | None = None
+        self.retire: asyncio.TimerHandle | None = None
+        self.kind: str | None = None  # 'slot' or 'probe' while counted by the guard
+        self.peer = ""
         self.tail = b""  # the last bytes read, to find the end of the headers across reads
+        self.head = b""  # a probe's request head, until its path is known
 
     def connection_made(self, transport) -> None:
-        if self.guard.open >= self.guard.max_connections:
-            self.guard.refuse(transport)
+        self.peer = peer_of(transport)
+        self.kind = self.guard.admit(self, self.peer)
+        if self.kind is None:
+            self.guard.refuse(transport, self.peer)
             return
-        self.guard.open += 1
         self.transport = transport
-        self.deadline = asyncio.get_running_loop().call_later(self.guard.header_timeout_s, self.headers_late)
+        loop = asyncio.get_running_loop()
+        timeout = self.guard.header_timeout_s
+        if self.kind == "probe":
+            timeout = min(timeout, PROBE_HEADER_TIMEOUT_S)
+        self.deadline = loop.call_later(timeout, self.headers_late)
+        if self.kind == "slot":
+            self.start_inner()
+            self.retire = loop.call_later(self.guard.lifetime_s, self.lifetime_over)
+
+    def start_inner(self) -> None:
         self.inner = self.make_protocol()
-        self.inner.connection_made(transport)
+        self.inner.connection_made(self.transport)
 
     def headers_late(self) -> None:
         self.deadline = None
         log.debug("closed a connection that sent no request headers within %gs", self.guard.header_timeout_s)
         self.transport.close()
 
+    def lifetime_over(self) -> None:
+        """A kept-alive connection's renewals end: closed now if idle, else after its request."""
+        self.retire = None
+        if self.idle():
+            self.inner.force_close()
+        else:
+            self.inner.close()
+
+    def idle(self) -> bool:
+        """Kept alive after a request and waiting for the next one (aiohttp's own idle test)."""
+        waiter = getattr(self.inner, "_waiter", None)
+        return (self.kind == "slot" and self.deadline is None and waiter is not None and not waiter.done()
+                and not getattr(self.inner, "_messages", True))
+
     def data_received(self, data: bytes) -> None:
-        if self.inner is None:
+        if self.kind is None:
             return
         if self.deadline is not None:
             seen = self.tail + data
@@ -189,18 +324,38 @@ class GuardedConnection(asyncio.Protocol):
                 self.deadline.cancel()
                 self.deadline = None
             self.tail = seen[-3:]
-        self.inner.data_received(data)
+        if self.inner is None:
+            self.probe_data(data)
+        else:
+            self.inner.data_received(data)
+
+    def probe_data(self, data: bytes) -> None:
+        """A probe's bytes are kept until its headers are in: a probe path is served (one request,
+        then closed); anything else is answered as the full listener it reached."""
+        self.head += data
+        if self.deadline is not None and len(self.head) < MAX_PROBE_HEAD:
+            return
+        method, path = request_path(self.head)
+        if self.deadline is not None or method not in ("GET", "HEAD") or path not in self.guard.probe_paths:
+            self.transport.write(self.guard.busy_response)
+            self.transport.close()
+            return
+        self.start_inner()
+        self.inner.data_received(self.head)
+        self.inner.close()  # one request, then the probe slot is free again
 
     def eof_received(self) -> bool | None:
         return self.inner.eof_received() if self.inner else None
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.inner is None:
-            return
-        self.guard.open -= 1
-        if self.deadline is not None:
-            self.deadline.cancel()
-        self.inner.connection_lost(exc)
+        if self.transport is None:
+            return  # refused
+        self.guard.release(self)
+        for timer in (self.deadline, self.retire):
+            if timer is not None:
+                timer.cancel()
+        if self.inner is not None:
+            self.inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
         if self.inner:
@@ -209,3 +364,28 @@ class GuardedConnection(asyncio.Protocol):
     def resume_writing(self) -> None:
         if self.inner:
             self.inner.resume_writing()
+
+
+def body_deadline(timeout_s: float, render: Callable[[web.Request, int, str], web.Response]):
+    """A middleware reading each request's whole body within `timeout_s` of its headers (a client
+    trickling its body would hold its connection for ever): late, the client gets 408 and the
+    connection is closed at once, without aiohttp's lingering read of the rest. Handlers then read
+    the body from aiohttp's cache."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        if request.body_exists:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await request.read()
+            except TimeoutError:
+                log.debug("cut %s %s: its body did not arrive within %gs", request.method, request.path, timeout_s)
+                resp = render(request, 408, f"request body not received within {timeout_s:g}s of its headers "
+                                            "(router.body_timeout); send it whole, without pauses")
+                resp.force_close()
+                await resp.prepare(request)
+                await resp.write_eof()
+                request.protocol.force_close()
+                return resp
+        return await handler(request)
+    return middleware

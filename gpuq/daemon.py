@@ -19,8 +19,8 @@ from pathlib import Path
 from aiohttp import web
 
 from .config import DEFAULT_ROUTER, ConfigError, NodeConfig, Settings, _check_listen
-from .connections import (BACKLOG, ConnectionGuard, bind_sockets, connection_cap, raise_file_limit,
-                          throttle_accept_errors)
+from .connections import (BACKLOG, FRONT_PROBES, ROUTER_PROBES, ConnectionGuard, bind_sockets, connection_cap,
+                          raise_file_limit, throttle_accept_errors)
 from .errors import GpuqError, StartupError
 from .fake_ollama import FakeOllama, Script
 from .front import bind_front_door, start_front_door
@@ -134,7 +134,13 @@ async def run_router(settings: Settings, sockets: list[socket.socket], demo: boo
     loop = asyncio.get_running_loop()
     throttle_accept_errors(loop)
     file_limit = raise_file_limit()
-    guard = ConnectionGuard(connection_cap(settings.max_connections, file_limit), settings.header_timeout_s)
+    # Each listener has its own slots, so that clients hogging one cannot lock out the other; the
+    # open-file limit is shared between them.
+    cap = connection_cap(settings.max_connections, file_limit, listeners=2 if front_sockets else 1)
+    guard = ConnectionGuard(cap, settings.header_timeout_s, settings.max_connections_per_peer,
+                            settings.keepalive_lifetime_s, ROUTER_PROBES, "the router")
+    front_guard = ConnectionGuard(cap, settings.header_timeout_s, settings.max_connections_per_peer,
+                                  settings.keepalive_lifetime_s, FRONT_PROBES, "the front door")
     fakes: list[FakeOllama] = []
     if demo:
         fakes, nodes = await start_demo_nodes()
@@ -149,13 +155,13 @@ async def run_router(settings: Settings, sockets: list[socket.socket], demo: boo
         return 2
     servers = [await loop.create_server(guard.protocol_factory(runner.server), sock=sock, backlog=BACKLOG)
                for sock in sockets]
-    # The Ollama/OpenAI front door, under the same connection cap (gpuq/front.py).
-    front = await start_front_door(settings, runner.app, front_sockets, guard)
+    # The Ollama/OpenAI front door, with slots of its own (gpuq/front.py).
+    front = await start_front_door(settings, runner.app, front_sockets, front_guard)
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     log.info("gpuq router listening on http://%s (database %s, %d nodes, open-file limit %d, at most %d "
-             "connections)", settings.listen, settings.database, len(settings.nodes), file_limit,
+             "connections per listener)", settings.listen, settings.database, len(settings.nodes), file_limit,
              guard.max_connections)
     print(f"gpuq router: {settings.public_url}   queue page: {settings.public_url}/", flush=True)
     if front is not None:

@@ -21,7 +21,7 @@ from . import anthropic_api, responses
 from . import translate as tr
 from .bus import Bus
 from .config import Settings
-from .connections import BACKLOG, bind_sockets
+from .connections import BACKLOG, body_deadline, bind_sockets
 from .dispatcher import Dispatcher
 from .errors import (
     BadRequest, Conflict, FrontError, GpuqError, IdTaken, ModelMissing, NotFound, OllamaError, StartupError,
@@ -573,7 +573,8 @@ async def _closing(app: web.Application) -> None:
 
 def create_front_app(settings: Settings, store: Store, dispatcher: Dispatcher, bus: Bus) -> web.Application:
     """The front door's app; the router's app (gpuq/server.py) owns the store and dispatcher."""
-    app = web.Application(middlewares=[errors_middleware, access_middleware(settings)],
+    app = web.Application(middlewares=[errors_middleware, body_deadline(settings.body_timeout_s, error_response),
+                                       access_middleware(settings)],
                           client_max_size=settings.max_prompt_bytes * 2 + 65536)
     app[FRONT] = Front(settings, store, dispatcher, bus)
     app.on_shutdown.append(_closing)

@@ -17,6 +17,7 @@ from .activity import activity
 from .alerts import Alerter
 from .bus import Bus, next_event
 from .config import Settings
+from .connections import body_deadline
 from .dispatcher import Dispatcher, NodeRuntime
 from .errors import BadRequest, GpuqError, NotFound, TooLarge, check_text, json_object
 from .metrics import Metrics
@@ -434,7 +435,7 @@ async def clear(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     if name not in app[DISPATCHER].nodes:
         raise NotFound(f"unknown node '{name[:64]}'")
-    body = await json_body(request, {"running"}) if request.can_read_body else {}
+    body = await json_body(request, {"running"}) if request.body_exists else {}  # body_deadline read it
     running = field_of(body, "running", bool) or False
     reason = f"cleared by {actor_of(request)}"
     ids, interrupted = await app[STORE].clear(name, actor_of(request), running=running, reason=reason)
@@ -653,7 +654,9 @@ async def _lifecycle(app: web.Application):
 
 
 def create_app(settings: Settings, clock=time.time) -> web.Application:
-    app = web.Application(middlewares=[headers_middleware, errors_middleware, host_middleware(settings),
+    app = web.Application(middlewares=[headers_middleware, errors_middleware,
+                                       body_deadline(settings.body_timeout_s, lambda _, *error: error_response(*error)),
+                                       host_middleware(settings),
                                        access_middleware(settings.token)],
                           client_max_size=settings.max_prompt_bytes * 2 + 65536)
     bus = Bus()

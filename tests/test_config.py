@@ -67,6 +67,18 @@ def test_byte_limits_out_of_range_name_the_key(tmp_path, where, key, value, mess
     assert str(exc.value).startswith(message)
 
 
+def test_slot_settings_have_defaults_and_are_checked(tmp_path):
+    default = parse_config(base(), tmp_path)
+    assert (default.max_connections_per_peer, default.body_timeout_s, default.keepalive_lifetime_s) == (64, 60, 3600)
+    custom = parse_config(base(max_connections_per_peer=8, body_timeout="5s", keepalive_lifetime="10m"), tmp_path)
+    assert (custom.max_connections_per_peer, custom.body_timeout_s, custom.keepalive_lifetime_s) == (8, 5, 600)
+    for bad, named in [({"max_connections_per_peer": 0}, "router.max_connections_per_peer: must be from 1"),
+                       ({"body_timeout": "0s"}, "router.body_timeout: must be more than 0"),
+                       ({"keepalive_lifetime": 0}, "router.keepalive_lifetime: must be more than 0")]:
+        with pytest.raises(ConfigError, match=named):
+            parse_config(base(**bad), tmp_path)
+
+
 @pytest.mark.parametrize("text,seconds", [("10m", 600), ("30s", 30), ("1h30m", 5400), ("250ms", 0.25), (90, 90), (1.5, 1.5)])
 def test_durations(text, seconds):
     assert parse_duration(text, "k") == seconds
