@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from gpuq.fake_ollama import FakeOllama, Script
+from gpuq.demo import FakeOllama, Script
 
 MODEL_LEFT = "(model left VRAM)"  # the log's path for the moment a delayed unload completed
 

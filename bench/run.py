@@ -683,7 +683,7 @@ class Bench:
     async def unload_policy_section(self) -> None:
         """Jobs per minute on one node, back to back for one model, with a realistic cold load
         (2 s) and unload (0.2 s): unload after each job (the default) vs "when-idle"."""
-        from gpuq.fake_ollama import FakeOllama, Script
+        from gpuq.demo import FakeOllama, Script
         jobs = 6 if self.quick else 12
         rates = {policy: self.metric(f"unload_{policy}", f"jobs/min, one node, {jobs} back-to-back jobs,"
                                      f" 2 s cold load, unload = {policy}", "jobs/min", "rate")

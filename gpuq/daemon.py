@@ -22,8 +22,8 @@ from .config import DEFAULT_ROUTER, ConfigError, NodeConfig, Settings, _check_li
 from .connections import (BACKLOG, FRONT_PROBES, ROUTER_PROBES, ConnectionGuard, bind_sockets, connection_cap,
                           raise_file_limit, throttle_accept_errors)
 from .errors import GpuqError, StartupError
-from .fake_ollama import FakeOllama, Script
-from .front import bind_front_door, start_front_door
+from .demo import FakeOllama, Script
+from .front.listener import bind_front_door, start_front_door
 from .models import iso
 
 log = logging.getLogger("gpuq")
@@ -65,7 +65,7 @@ def lock_database(database: Path, listen: str) -> int:
     stops here, before it touches the file. The kernel drops the lock when the process ends, even
     by SIGKILL, so a crash never blocks the restart. Returns the lock's file descriptor."""
     path = database.with_name(database.name + ".lock")
-    try:  # as the store does: a removed directory (see gpuq/dbfile.py) must not stop the restart
+    try:  # as the store does: a removed directory (see gpuq/store/dbfile.py) must not stop the restart
         database.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
@@ -109,7 +109,7 @@ async def serve(settings: Settings | None, listen: str | None, database: str | N
         settings = replace(settings, listen=listen, public_url=f"http://{listen}")
     if database:
         settings = replace(settings, database=Path(database).resolve())
-    if ollama_listen or demo:  # the demo opens the front door too (gpuq/front.py)
+    if ollama_listen or demo:  # the demo opens the front door too (gpuq/front/listener.py)
         settings = replace(settings, ollama_listen=_check_listen(ollama_listen, "--ollama-listen")
                            if ollama_listen else DEMO_FRONT_DOOR)
     lock = lock_database(settings.database, settings.listen)
@@ -155,7 +155,7 @@ async def run_router(settings: Settings, sockets: list[socket.socket], demo: boo
         return 2
     servers = [await loop.create_server(guard.protocol_factory(runner.server), sock=sock, backlog=BACKLOG)
                for sock in sockets]
-    # The Ollama/OpenAI front door, with slots of its own (gpuq/front.py).
+    # The Ollama/OpenAI front door, with slots of its own (gpuq/front/listener.py).
     front = await start_front_door(settings, runner.app, front_sockets, front_guard)
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -52,7 +52,7 @@ class NewJob:
     timeout_s: float | None = None
     think: bool | str | None = None  # Ollama's think; None: the node's default
     options: dict | None = None  # Ollama model options, over the node's
-    # A front-door call (gpuq/front.py): the route it came in on, the request as received
+    # A front-door call (gpuq/front/listener.py): the route it came in on, the request as received
     # (JSON text), and the id its client chose, so that it can follow the job from the start.
     endpoint: str | None = None
     request: str | None = None

@@ -25,7 +25,7 @@ def router_hosts(settings: Settings) -> frozenset[str]:
     listen = normal_host(settings.host)
     public = normal_host(urlparse(settings.public_url).hostname or "")
     names = {*LOOPBACK_HOSTS, *settings.allowed_hosts, public, None if listen in WILDCARD_HOSTS else listen}
-    if settings.ollama_listen:  # the front door's own address (gpuq/front.py)
+    if settings.ollama_listen:  # the front door's own address (gpuq/front/listener.py)
         front = normal_host(settings.ollama_listen.rsplit(":", 1)[0].strip("[]"))
         names.add(None if front in WILDCARD_HOSTS else front)
     return frozenset(names - {None})

@@ -18,7 +18,7 @@ from .alerts import Alerter
 from .bus import Bus, next_event
 from .config import Settings
 from .connections import body_deadline
-from .dispatcher import Dispatcher, NodeRuntime
+from .node.dispatcher import Dispatcher, NodeRuntime
 from .errors import BadRequest, GpuqError, NotFound, TooLarge, check_text, json_object
 from .metrics import Metrics
 from .models import ACTIVE, FINAL, JobState, Kind, NodeCounts, compact_json, iso, parse_iso, preview_url

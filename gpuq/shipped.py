@@ -1,7 +1,7 @@
 """Files gpuq ships beside its code: the pages (web/) and the schema (migrations/).
 
 Both stay at the top of the repository; pyproject.toml maps them into the package as gpuq.web
-and gpuq.migrations, so a wheel, an sdist and an editable install all find them by import."""
+and gpuq.store.migrations, so a wheel, an sdist and an editable install all find them by import."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def shipped_dir(name: str) -> Path:
     try:
         return Path(str(importlib.resources.files(f"gpuq.{name}")))
     except ModuleNotFoundError:  # an incomplete install: shipped_files names what is missing
-        return Path(__file__).resolve().parent / name
+        return Path(__file__).resolve().parent.joinpath(*name.split("."))
 
 
 def shipped_files(directory: Path, pattern: str, what: str) -> list[Path]:

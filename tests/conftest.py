@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 import tomli_w
 
-from gpuq.fake_ollama import FakeOllama, Script
+from gpuq.demo import FakeOllama, Script
 
 ROOT = Path(__file__).resolve().parent.parent
 LISTENING = "gpuq router listening on "  # the daemon's log line once its port is bound

@@ -22,7 +22,7 @@ import yarl
 
 from conftest import Daemon, eventually, free_port, node_table, write_config
 from gpuq.config import ConfigError, load_config, parse_config
-from gpuq.fake_ollama import FakeOllama, Script
+from gpuq.demo import FakeOllama, Script
 
 IN_WORLD = pytest.mark.asyncio(loop_scope="module")  # the tests that share the module's router
 

@@ -1,4 +1,4 @@
-"""Group commit (gpuq/batching.py): submits that arrive together share one transaction, each
+"""Group commit (gpuq/store/writer.py): submits that arrive together share one transaction, each
 is answered only after its commit, one refused submit never fails the others, and a batch
 whose transaction fails fails every one of its submits and stores none of them."""
 

@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from conftest import Daemon, eventually, node_table
 from gpuq.config import NodeConfig, Settings
 from gpuq.server import DISPATCHER, STORE, create_app
-from gpuq.worker import NOT_SENT
+from gpuq.node.worker import NOT_SENT
 
 MODEL = "qwen3-coder:30b"
 

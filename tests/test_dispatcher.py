@@ -7,8 +7,8 @@ from conftest import eventually
 
 from gpuq.bus import Bus
 from gpuq.config import NodeConfig, Settings
-from gpuq.dispatcher import Dispatcher
-from gpuq.worker import NOT_SENT
+from gpuq.node.dispatcher import Dispatcher
+from gpuq.node.worker import NOT_SENT
 from gpuq.store import NewJob, NodeInfo, Store
 
 
@@ -40,7 +40,7 @@ async def test_a_long_stream_is_stored_exactly_and_each_token_written_once(tmp_p
     store adds up to the output itself (not the output so far at every heartbeat, O(n^2)), and
     after each heartbeat the stored output is exactly what streamed so far, which is what a
     router killed at that moment would leave behind."""
-    monkeypatch.setattr("gpuq.worker.HEARTBEAT_S", 0.0)
+    monkeypatch.setattr("gpuq.node.worker.HEARTBEAT_S", 0.0)
     fake = await fakes("m:latest", tokens=300)
     settings = Settings(database=tmp_path / "q.db", nodes=(NodeConfig("n", fake.url, 1, ("task",), "m:latest"),))
     store = Store(settings.database)

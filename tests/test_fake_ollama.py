@@ -13,7 +13,7 @@ import pytest
 from pydantic import BaseModel
 
 from conftest import eventually
-from gpuq.fake_ollama import BUSY
+from gpuq.demo.server import BUSY
 
 THINKER = "deepseek-r1:32b"
 PLAIN = "llama3.2:latest"

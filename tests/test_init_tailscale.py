@@ -15,7 +15,7 @@ import tomllib
 import pytest
 
 from gpuq.config import load_config
-from gpuq.fake_ollama import FakeOllama
+from gpuq.demo import FakeOllama
 
 
 def port_free_on(*hosts: str) -> int:

@@ -17,11 +17,11 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from conftest import eventually
 from gpuq.config import NodeConfig, Settings
-from gpuq.fake_ollama import FakeOllama, Script
-from gpuq import worker as worker_module
+from gpuq.demo import FakeOllama, Script
+from gpuq.node import worker as worker_module
 from gpuq.models import NewJob
 from gpuq.server import DISPATCHER, SETTINGS, STORE, create_app
-from gpuq.supervise import BACKOFF_FIRST_S, BACKOFF_MAX_S, HEALTHY_S, Loops, backoff
+from gpuq.node.supervise import BACKOFF_FIRST_S, BACKOFF_MAX_S, HEALTHY_S, Loops, backoff
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import pytest
 from aioresponses import aioresponses
 
 from gpuq.errors import OllamaError, OllamaUnreachable
-from gpuq.ollama import OllamaClient
+from gpuq.node.ollama import OllamaClient
 
 URL = "http://node-1:11434"
 

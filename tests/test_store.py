@@ -278,7 +278,7 @@ async def test_a_read_only_database_refuses_writes_loudly_and_keeps_serving_read
 async def test_a_colliding_job_id_is_replaced_not_refused(store, monkeypatch):
     [first] = await store.submit(NewJob("task", "p"), NODES, "api")
     ids = iter([first["id"], first["id"], "1800000000-0000abcd"])  # the id generator repeats itself
-    monkeypatch.setattr("gpuq.verbs.new_job_id", lambda now: next(ids))
+    monkeypatch.setattr("gpuq.store.verbs.new_job_id", lambda now: next(ids))
     [second] = await store.submit(NewJob("task", "q"), NODES, "api")
     assert second["id"] == "1800000000-0000abcd"
     assert len(await store.jobs()) == 2
@@ -337,7 +337,7 @@ async def test_an_upgrade_from_migration_010_keeps_every_runs_text(tmp_path):
     wrote it: after the upgrade every run reads exactly as before (the API's job, a held
     critique's subject), a run that gave no reasoning still reads None, and new text goes to
     run_chunk after the run's old text, which stays where it was."""
-    from gpuq import verbs
+    from gpuq.store import verbs
     from gpuq.shipped import shipped_files
 
     path, now = tmp_path / "q.db", 1_800_000_000.0

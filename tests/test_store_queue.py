@@ -9,7 +9,7 @@ import pytest
 
 from gpuq.errors import GUARD_MESSAGE, BadRequest, Conflict, GpuqError, GuardMiss, GuardRefused, NotFound
 from gpuq.models import POSITION_GAP
-import gpuq.verbs as store_module
+import gpuq.store.verbs as store_module
 from gpuq.store import Interrupted, NewJob, NodeInfo, Store
 
 NODES = [

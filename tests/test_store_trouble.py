@@ -12,7 +12,7 @@ import time
 
 from conftest import eventually, node_table
 
-from gpuq.fake_ollama import FakeOllama, Script
+from gpuq.demo import FakeOllama, Script
 
 HEALTH_BOUND_S = 1.0
 

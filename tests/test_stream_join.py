@@ -9,7 +9,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from conftest import eventually
 from gpuq.config import NodeConfig, Settings
-from gpuq.fake_ollama import FakeOllama, Script
+from gpuq.demo import FakeOllama, Script
 from gpuq.server import STORE, create_app
 
 

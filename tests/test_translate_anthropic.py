@@ -1,4 +1,4 @@
-"""gpuq/anthropic_api.py against shapes from Ollama's own tests (anthropic/anthropic_test.go,
+"""gpuq/front/anthropic.py against shapes from Ollama's own tests (anthropic/anthropic_test.go,
 cited by test name): a Messages request -> the /api/chat body, the chat chunks -> the event
 stream and the one message, errors and stop reasons."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from gpuq.anthropic_api import (
+from gpuq.front.anthropic import (
     MessagesStream, anthropic_error, estimate_input_tokens, messages_request, relaxes_thinking, stop_reason,
     whole_message,
 )

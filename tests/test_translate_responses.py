@@ -1,4 +1,4 @@
-"""gpuq/responses.py against shapes from Ollama's own tests (openai/responses_test.go, cited by
+"""gpuq/front/responses.py against shapes from Ollama's own tests (openai/responses_test.go, cited by
 test name): a Responses request -> the /api/chat body, the chat chunks -> the event stream and
 the one response."""
 
@@ -9,7 +9,7 @@ import json
 import pytest
 
 from gpuq.errors import BadRequest
-from gpuq.responses import ResponsesStream, responses_request, whole_response
+from gpuq.front.responses import ResponsesStream, responses_request, whole_response
 
 
 def events(data: bytes) -> list[tuple[str, dict]]:

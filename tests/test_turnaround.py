@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from conftest import eventually, node_table
-from gpuq.fake_ollama import FakeOllama, Script
+from gpuq.demo import FakeOllama, Script
 
 
 @dataclass
@@ -68,7 +68,7 @@ async def test_a_stop_in_the_same_tick_as_a_wake_still_ends_the_idle_worker(tmp_
     # waits for: an idle worker woken by a submit at the moment of shutdown never stopped.
     from gpuq.bus import Bus
     from gpuq.config import NodeConfig, Settings
-    from gpuq.dispatcher import Dispatcher
+    from gpuq.node.dispatcher import Dispatcher
     from gpuq.store import Store
 
     fake = await fakes("m:latest")

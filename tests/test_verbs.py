@@ -1,4 +1,4 @@
-"""The queue's verbs (gpuq/verbs.py) alone: plain functions of a sqlite3 connection, run here
+"""The queue's verbs (gpuq/store/verbs.py) alone: plain functions of a sqlite3 connection, run here
 on a real database file with no event loop, no thread and no Store around them."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import sqlite3
 
 import pytest
 
-from gpuq import verbs
+from gpuq.store import verbs
 from gpuq.errors import GUARD_MESSAGE, GuardMiss
 from gpuq.models import NewJob, NodeInfo, iso
 from gpuq.shipped import shipped_files

@@ -88,11 +88,11 @@ def serve_demo(venv: Path, cwd: Path) -> subprocess.CompletedProcess:
 def test_an_install_missing_its_migrations_or_pages_stops_serve_with_exit_2(wheel, tmp_path):
     venv = tmp_path / "venv"
     shipped = install(wheel, venv) / "gpuq"
-    for sql in (shipped / "migrations").glob("*.sql"):
+    for sql in (shipped / "store" / "migrations").glob("*.sql"):
         sql.unlink()
     result = serve_demo(venv, tmp_path)
     assert result.returncode == 2, result
-    assert f"no migrations found in {shipped / 'migrations'}" in result.stderr
+    assert f"no migrations found in {shipped / 'store' / 'migrations'}" in result.stderr
     assert "this gpuq installation is incomplete; reinstall gpuq" in result.stderr
 
     shutil.rmtree(shipped / "web")

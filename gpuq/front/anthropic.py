@@ -16,7 +16,7 @@ import secrets
 from typing import Any
 
 from . import translate as tr
-from .errors import BadRequest
+from ..errors import BadRequest
 
 WEB_SEARCH_REFUSED = ("the built-in web_search tool is not served by gpuq's front door (Ollama runs it through "
                       "ollama.com); declare your own tool instead")

@@ -10,8 +10,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
-from .errors import described
-from .models import iso
+from ..errors import described
+from ..models import iso
 
 log = logging.getLogger("gpuq")
 

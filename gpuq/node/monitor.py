@@ -11,11 +11,11 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-from .config import NodeConfig
-from .errors import OllamaError, StoreUnavailable
-from .models import normalize_model
+from ..config import NodeConfig
+from ..errors import OllamaError, StoreUnavailable
+from ..models import normalize_model
 from .ollama import OllamaClient
-from .store import Store
+from ..store import Store
 from .supervise import Loop
 
 if TYPE_CHECKING:

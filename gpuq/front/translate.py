@@ -1,4 +1,4 @@
-"""Pure translations for the front door (gpuq/front.py): a client's Ollama or OpenAI request ->
+"""Pure translations for the front door (gpuq/front/listener.py): a client's Ollama or OpenAI request ->
 the job it becomes -> the request its node gets -> the reply in the client's own API. No I/O.
 
 Ollama's own server is the reference: server/routes.go for /api, and for /v1 its OpenAI layer
@@ -15,9 +15,9 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Iterable
 
-from .errors import BadRequest, NotFound
-from .models import compact_json
-from .params import merged_options, options_problem
+from ..errors import BadRequest, NotFound
+from ..models import compact_json
+from ..params import merged_options, options_problem
 
 # The routes whose calls become jobs, and the Ollama route each one runs on its node.
 NODE_ROUTE = {
@@ -28,8 +28,8 @@ NODE_ROUTE = {
     "/v1/chat/completions": "/api/chat",
     "/v1/completions": "/api/generate",
     "/v1/embeddings": "/api/embed",
-    "/v1/responses": "/api/chat",  # OpenAI's Responses API (gpuq/responses.py)
-    "/v1/messages": "/api/chat",  # Anthropic's Messages API (gpuq/anthropic_api.py)
+    "/v1/responses": "/api/chat",  # OpenAI's Responses API (gpuq/front/responses.py)
+    "/v1/messages": "/api/chat",  # Anthropic's Messages API (gpuq/front/anthropic.py)
 }
 CHAT_SHAPED = ("/v1/responses", "/v1/messages")  # their own shapes of a chat, translated to one
 EMBED_ROUTES = ("/api/embed", "/api/embeddings", "/v1/embeddings")
@@ -530,7 +530,7 @@ def ollama_request(endpoint: str, body: dict) -> dict:
         from .responses import responses_request  # it builds on this module
         return responses_request(body)
     if endpoint == "/v1/messages":
-        from .anthropic_api import messages_request
+        from .anthropic import messages_request
         return messages_request(body)
     return body
 

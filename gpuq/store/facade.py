@@ -1,8 +1,8 @@
-"""The store: an async facade over the queue's verbs (gpuq/verbs.py) and every read.
+"""The store: an async facade over the queue's verbs (gpuq/store/verbs.py) and every read.
 
 Each write is a verb, a plain function of a sqlite3 connection, run in the writer's own thread
 on its stdlib connection, in a savepoint of a group commit (`BEGIN IMMEDIATE` ... `COMMIT`, see
-batching.py), checked against the job's current state inside it. Reads go through a second
+writer.py), checked against the job's current state inside it. Reads go through a second
 connection (aiosqlite's, its public API), which WAL lets in alongside; their SQL is here."""
 
 from __future__ import annotations
@@ -19,16 +19,16 @@ from typing import Callable, Iterator, TypeVar
 import aiosqlite
 
 from . import verbs
-from .batching import Writer
+from .writer import Writer
 from .dbfile import DatabaseFile
-from .errors import GpuqError, NotFound, StoreUnavailable, from_sqlite
-from .models import Interrupted, JobState, NewJob, NodeCounts, NodeInfo, iso
-from .shipped import shipped_dir, shipped_files
+from ..errors import GpuqError, NotFound, StoreUnavailable, from_sqlite
+from ..models import Interrupted, JobState, NewJob, NodeCounts, NodeInfo, iso
+from ..shipped import shipped_dir, shipped_files
 from .verbs import QUEUE_POSITION_SQL, STALE_SQL, Row, rows
 
 __all__ = ["Interrupted", "NewJob", "NodeInfo", "Store", "STALE_SQL", "MIGRATIONS_DIR"]
 
-MIGRATIONS_DIR = shipped_dir("migrations")
+MIGRATIONS_DIR = shipped_dir("store.migrations")
 
 T = TypeVar("T")
 

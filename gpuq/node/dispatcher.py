@@ -1,5 +1,5 @@
-"""The wiring of the nodes: for each one a health monitor (gpuq/monitor.py) and a worker
-(gpuq/worker.py), started and stopped together, woken by submits, told of aborts."""
+"""The wiring of the nodes: for each one a health monitor (gpuq/node/monitor.py) and a worker
+(gpuq/node/worker.py), started and stopped together, woken by submits, told of aborts."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import logging
 
 import aiohttp
 
-from .bus import Bus
-from .config import Settings
-from .errors import GpuqError
-from .models import parse_iso
+from ..bus import Bus
+from ..config import Settings
+from ..errors import GpuqError
+from ..models import parse_iso
 from .monitor import NodeMonitor, NodeRuntime
 from .ollama import OllamaClient
-from .store import Interrupted, NodeInfo, Store
+from ..store import Interrupted, NodeInfo, Store
 from .supervise import Loops
 from .worker import Current, Worker, keep_big_blocks_apart, put_back_unsent
 
@@ -33,7 +33,7 @@ class Dispatcher:
         self.monitors: dict[str, NodeMonitor] = {}
         self.workers: dict[str, Worker] = {}
         self.loops = Loops()  # every background loop, supervised: a crash is logged and restarted
-        # Front-door calls whose client waits (gpuq/front.py): what their run sends it, in order:
+        # Front-door calls whose client waits (gpuq/front/listener.py): what their run sends it, in order:
         # ("start", node), ("chunk", raw line, chunk), ("reply", object), ("error", status,
         # message), ("ended", reason). The client's handler puts the queue here before its submit.
         self.relays: dict[str, asyncio.Queue] = {}

@@ -13,18 +13,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, TypeVar
 
-from .bus import Bus
-from .config import Settings
-from .critique import FINDINGS_SCHEMA, FindingsError, instruction, parse_findings
-from .errors import GpuqError, OllamaError, OllamaUnreachable, StoreUnavailable, described
-from .models import JobState, Kind, normalize_model
+from ..bus import Bus
+from ..config import Settings
+from ..critique import FINDINGS_SCHEMA, FindingsError, instruction, parse_findings
+from ..errors import GpuqError, OllamaError, OllamaUnreachable, StoreUnavailable, described
+from ..models import JobState, Kind, normalize_model
 from .monitor import NodeMonitor, NodeRuntime
 from .ollama import prompt_was_cut
-from .params import merged_options
-from .errors import GuardMiss
-from .store import Store
-from .anthropic_api import relaxes_thinking
-from .translate import STREAMED_ROUTES, chunk_text, node_request
+from ..params import merged_options
+from ..errors import GuardMiss
+from ..store import Store
+from ..front.anthropic import relaxes_thinking
+from ..front.translate import STREAMED_ROUTES, chunk_text, node_request
 
 log = logging.getLogger("gpuq")
 
@@ -354,7 +354,7 @@ class Worker:
         limit_s, limit_name = self._limit_s(job)
         try:
             async with asyncio.timeout(limit_s):
-                if job.get("endpoint") is not None:  # a call through the front door (gpuq/front.py)
+                if job.get("endpoint") is not None:  # a call through the front door (gpuq/front/listener.py)
                     return await self._call(job, cur), None
                 return await self._chat(job, cur), None
         except TimeoutError:

@@ -13,8 +13,8 @@ from typing import Any, AsyncIterator
 
 import aiohttp
 
-from .errors import OllamaError, OllamaUnreachable
-from .models import normalize_model
+from ..errors import OllamaError, OllamaUnreachable
+from ..models import normalize_model
 
 
 def _message(body: str, status: int) -> str:

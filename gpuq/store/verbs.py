@@ -1,6 +1,6 @@
 """The queue's verbs: each a plain function of a sqlite3 connection that runs inside one
-transaction its caller opened (the writer's batch, see batching.py; or a test's own
-connection). All the write SQL lives here; gpuq/store.py is the async facade that runs each verb
+transaction its caller opened (the writer's batch, see writer.py; or a test's own
+connection). All the write SQL lives here; gpuq/store/facade.py is the async facade that runs each verb
 on the writer and holds the reads. `now` is the caller's clock, in seconds."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from . import placement as rules
-from .critique import parent_subject
-from .errors import BadRequest, Conflict, GpuqError, GuardMiss, IdTaken, NotFound, Unprocessable
-from .models import (
+from .. import placement as rules
+from ..critique import parent_subject
+from ..errors import BadRequest, Conflict, GpuqError, GuardMiss, IdTaken, NotFound, Unprocessable
+from ..models import (
     ACTIVE, NO_RESULT, POSITION_GAP, Interrupted, JobState, NewJob, NodeCounts, NodeInfo, iso, new_job_id,
 )
 

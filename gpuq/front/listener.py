@@ -3,8 +3,8 @@ does, its OpenAI-compatible /v1 routes included, so that any Ollama or OpenAI cl
 lab unchanged, and OpenAI's Responses API and Anthropic's Messages API as Ollama serves them.
 Every call that makes a model work is a durable job: stored before any work, placed by its
 model, queued, visible, movable; its client's connection is held while it waits and its chunks
-are relayed as the node sends them. Translations live in gpuq/translate.py, gpuq/responses.py
-and gpuq/anthropic_api.py."""
+are relayed as the node sends them. Translations live in gpuq/front/translate.py, gpuq/front/responses.py
+and gpuq/front/anthropic.py."""
 
 from __future__ import annotations
 
@@ -17,19 +17,20 @@ from typing import Any
 
 from aiohttp import web
 
-from . import anthropic_api, responses
+from . import anthropic as anthropic_api
+from . import responses
 from . import translate as tr
-from .bus import Bus
-from .config import Settings
-from .connections import BACKLOG, body_deadline, bind_sockets
-from .dispatcher import Dispatcher
-from .errors import (
+from ..bus import Bus
+from ..config import Settings
+from ..connections import BACKLOG, body_deadline, bind_sockets
+from ..node.dispatcher import Dispatcher
+from ..errors import (
     BadRequest, Conflict, FrontError, GpuqError, IdTaken, ModelMissing, NotFound, OllamaError, StartupError,
     StoreUnavailable, check_text, json_object,
 )
-from .models import ACTIVE, JobState, new_job_id, normalize_model, preview_url
-from .security import check_host, check_same_site, router_hosts, token_of
-from .store import NewJob, Store
+from ..models import ACTIVE, JobState, new_job_id, normalize_model, preview_url
+from ..security import check_host, check_same_site, router_hosts, token_of
+from ..store import NewJob, Store
 
 log = logging.getLogger("gpuq")
 
@@ -636,7 +637,7 @@ async def start_front_door(settings: Settings, router_app: web.Application, sock
     """Serve the front door on its sockets, beside the router (the router's app owns the store
     and the dispatcher). A client that disconnects cancels its handler (handler_cancellation),
     so its waiting job is cancelled at once."""
-    from .server import BUS, DISPATCHER, STORE
+    from ..server import BUS, DISPATCHER, STORE
 
     if not sockets:
         return None

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from . import translate as tr
-from .errors import BadRequest, json_object
+from ..errors import BadRequest, json_object
 
 WEB_SEARCH_REFUSED = ("the built-in web_search tool is not served by gpuq's front door (Ollama runs it through "
                       "ollama.com); declare your own function tool instead")
