@@ -199,7 +199,7 @@ def check_token(value: str, key: str) -> str:
     return value
 
 
-def _check_listen(value: object, key: str) -> str:
+def check_listen(value: object, key: str) -> str:
     if not isinstance(value, str) or ":" not in value:
         raise ConfigError(f"{key}: expected 'host:port', got {value!r}")
     host, port = value.rsplit(":", 1)
@@ -408,7 +408,7 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
         raise ConfigError(f"router: unknown key '{unknown[0]}' (known: {', '.join(sorted(_ROUTER_KEYS))})")
     values: dict = {}
     if "listen" in router:
-        values["listen"] = _check_listen(router["listen"], "router.listen")
+        values["listen"] = check_listen(router["listen"], "router.listen")
     listen = values.get("listen", DEFAULT_LISTEN)
     values["public_url"] = check_url(router.get("public_url", f"http://{listen}"), "router.public_url")
     database = _typed(router, "database", str, "router")
@@ -445,7 +445,7 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
     if token is not None:
         values["token"] = check_token(token, "router.token")
     if "ollama_listen" in router:
-        values["ollama_listen"] = _check_listen(router["ollama_listen"], "router.ollama_listen")
+        values["ollama_listen"] = check_listen(router["ollama_listen"], "router.ollama_listen")
         if values["ollama_listen"] == listen:
             raise ConfigError(f"router.ollama_listen: {listen} is router.listen already; give the front door "
                               "a port of its own (Ollama clients use 11434, e.g. \"127.0.0.1:11435\" beside it)")

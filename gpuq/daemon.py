@@ -18,7 +18,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from .config import DEFAULT_ROUTER, ConfigError, NodeConfig, Settings, _check_listen
+from .config import DEFAULT_ROUTER, ConfigError, NodeConfig, Settings, check_listen
 from .connections import (BACKLOG, FRONT_PROBES, ROUTER_PROBES, ConnectionGuard, bind_sockets, connection_cap,
                           raise_file_limit, throttle_accept_errors)
 from .errors import GpuqError, StartupError
@@ -105,12 +105,12 @@ async def serve(settings: Settings | None, listen: str | None, database: str | N
     demo = settings is None
     settings = settings or Settings(database=Path("gpuq-demo.db").resolve(), stale_after_s=60)
     if listen:
-        listen = _check_listen(listen, "--listen")
+        listen = check_listen(listen, "--listen")
         settings = replace(settings, listen=listen, public_url=f"http://{listen}")
     if database:
         settings = replace(settings, database=Path(database).resolve())
     if ollama_listen or demo:  # the demo opens the front door too (gpuq/front/listener.py)
-        settings = replace(settings, ollama_listen=_check_listen(ollama_listen, "--ollama-listen")
+        settings = replace(settings, ollama_listen=check_listen(ollama_listen, "--ollama-listen")
                            if ollama_listen else DEMO_FRONT_DOOR)
     lock = lock_database(settings.database, settings.listen)
     try:

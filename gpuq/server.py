@@ -18,7 +18,9 @@ from .alerts import Alerter
 from .bus import Bus, next_event
 from .config import Settings
 from .connections import body_deadline
-from .node.dispatcher import Dispatcher, NodeRuntime
+from .node.dispatcher import Dispatcher
+from .node.runtime import NodeRuntime
+from .node.stale import StaleMonitor
 from .errors import BadRequest, GpuqError, NotFound, TooLarge, check_text, json_object
 from .metrics import Metrics
 from .models import ACTIVE, FINAL, JobState, Kind, NodeCounts, compact_json, iso, parse_iso, preview_url
@@ -32,7 +34,6 @@ log = logging.getLogger("gpuq")
 WEB_DIR = shipped_dir("web")
 JOB_ID = re.compile(r"\d{1,12}-[0-9a-f]{8}")
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-STALE_CHECK_S = 1.0
 
 SETTINGS = web.AppKey("settings", Settings)
 STORE = web.AppKey("store", Store)
@@ -609,18 +610,6 @@ async def preview_page(request: web.Request) -> web.FileResponse:
 
 # -- assembly ---------------------------------------------------------------------------------
 
-async def _stale_monitor(app: web.Application) -> None:
-    while True:
-        await asyncio.sleep(STALE_CHECK_S)
-        try:
-            for head in await app[STORE].note_stale():
-                log.warning("job=%s node=%s stale reason=%r since=%s fix='gpuq delete %s'",
-                            head["id"], head["node"], head["reason"], head["since"], head["id"])
-                app[BUS].publish("queue", {"stale": head["id"]})
-        except GpuqError as exc:
-            log.error("stale check failed: %s", exc.message)
-
-
 async def _end_streams(app: web.Application) -> None:
     """Open streams (a page's events, a job's output) end first, or shutdown waits for them."""
     app[BUS].publish("shutdown", {})
@@ -642,7 +631,7 @@ async def _lifecycle(app: web.Application):
         await app[ALERTER].stop()
         await store.close()
         raise
-    dispatcher.loops.start("stale monitor", lambda: _stale_monitor(app))  # stopped with the workers
+    dispatcher.loops.start("stale monitor", StaleMonitor(store, app[BUS]).run)  # stopped with the workers
     # Sum the history for /metrics now, so the first scrape after a start is not the slow one.
     warm = asyncio.create_task(app[METRICS].catch_up(store))
     yield

@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from conftest import eventually, node_table
-from gpuq.node.worker import Current
+from gpuq.node.runtime import Current
 
 MODEL = "qwen3-coder:30b"
 BOMB_BYTES = 64 << 20  # unpacked: 64 MiB of empty lines, ~64 KiB on the wire

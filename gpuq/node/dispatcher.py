@@ -12,11 +12,12 @@ from ..bus import Bus
 from ..config import Settings
 from ..errors import GpuqError
 from ..models import parse_iso
-from .monitor import NodeMonitor, NodeRuntime
+from .monitor import NodeMonitor
+from .runtime import Current, NodeRuntime
 from .ollama import OllamaClient
 from ..store import Interrupted, NodeInfo, Store
 from .supervise import Loops
-from .worker import Current, Worker, keep_big_blocks_apart, put_back_unsent
+from .worker import Worker, keep_big_blocks_apart, put_back_unsent
 
 __all__ = ["Dispatcher", "NodeRuntime"]
 

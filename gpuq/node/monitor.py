@@ -8,53 +8,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
-from ..config import NodeConfig
 from ..errors import OllamaError, StoreUnavailable
 from ..models import normalize_model
-from .ollama import OllamaClient
 from ..store import Store
-from .supervise import Loop
-
-if TYPE_CHECKING:
-    from .worker import Current
+from .runtime import NodeRuntime
 
 log = logging.getLogger("gpuq")
 
 DOWN_RECHECK_S = 2.0  # a node that is down is asked again at least this often
-
-
-@dataclass
-class NodeRuntime:
-    """One node now: what the pages, /health, the alerts and the metrics show of it."""
-
-    config: NodeConfig
-    client: OllamaClient
-    up: bool = False
-    checked: bool = False  # False until the first health check has answered
-    last_error: str | None = None
-    since: float = field(default_factory=time.time)
-    model_installed: bool | None = None
-    installed: frozenset[str] | None = None  # the models /api/tags listed at the last answer
-    tags: list[dict] = field(default_factory=list)  # those models as /api/tags described them
-    version: str | None = None  # /api/version's answer at the last check
-    vram_stuck: str | None = None  # set when a model would not leave VRAM
-    stuck_model: str | None = None  # which model (a job may have asked for another than the node's)
-    stuck_since: float | None = None  # when it was flagged
-    stuck_job: str | None = None  # the job after which it would not leave (None: a dead router's)
-    health_unrecorded: bool = False  # the database refused the last health change
-    current: Current | None = None  # the job it runs now (its output so far, in memory)
-    loops: list[Loop] = field(default_factory=list)  # its worker and health loop
-
-    @property
-    def name(self) -> str:
-        return self.config.name
-
-    @property
-    def claimable(self) -> bool:
-        return self.up and self.vram_stuck is None
 
 
 class NodeMonitor:

@@ -10,7 +10,6 @@ import ctypes.util
 import json
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Awaitable, Callable, TypeVar
 
 from ..bus import Bus
@@ -18,7 +17,8 @@ from ..config import Settings
 from ..critique import FINDINGS_SCHEMA, FindingsError, instruction, parse_findings
 from ..errors import GpuqError, OllamaError, OllamaUnreachable, StoreUnavailable, described
 from ..models import JobState, Kind, normalize_model
-from .monitor import NodeMonitor, NodeRuntime
+from .monitor import NodeMonitor
+from .runtime import Current, NodeRuntime
 from .ollama import prompt_was_cut
 from ..params import merged_options
 from ..errors import GuardMiss
@@ -70,51 +70,6 @@ async def put_back_unsent(store: Store, sent: dict[str, int | None]) -> None:
     to the head of its queue: it never reached Ollama, so it is no orphan of the stop."""
     for job in await store.requeue_unsent(sent, NOT_SENT):
         log.info("job=%s node=%s state=queued reason=%r", job["id"], job["node"], NOT_SENT)
-
-
-@dataclass
-class Current:
-    """The job a node is running now."""
-
-    job_id: str
-    run_id: int
-    task: asyncio.Task | None = None
-    output: list[str] = field(default_factory=list)  # the answer, one piece per token
-    thinking: list[str] = field(default_factory=list)  # the reasoning, apart from the answer
-    options: dict | None = None  # the Ollama options the request carried
-    saved: tuple[int, int] = (0, 0)  # pieces of output and of thinking the store already holds
-    size: int = 0  # bytes of output and thinking held (UTF-8), against max_output_bytes
-    merged: tuple[int, int] = (0, 0)  # pieces of output and of thinking joined by compact()
-    abort_reason: str | None = None
-    next_job: dict | None = None  # claimed in the same transaction that finished this one
-
-    @property
-    def thinking_tokens(self) -> int:
-        """Chunks of reasoning streamed so far (Ollama streams one token per chunk)."""
-        return len(self.thinking) + self.merged[1]
-
-    @property
-    def tokens(self) -> int:
-        """Chunks streamed so far, answer and reasoning."""
-        return len(self.output) + self.merged[0] + self.thinking_tokens
-
-    def compact(self) -> None:
-        """Join the pieces the store holds into one each: a piece of a few bytes costs ~60 bytes
-        in a list, and the millions of an 8 MiB reply doubled the router's peak memory."""
-        merged = []
-        for pieces, done, before in zip((self.output, self.thinking), self.saved, self.merged):
-            if done > 1:
-                pieces[:done] = ["".join(pieces[:done])]
-            merged.append(before + max(done - 1, 0))
-        self.merged = (merged[0], merged[1])
-        self.saved = (min(self.saved[0], 1), min(self.saved[1], 1))
-
-    def unsaved(self) -> tuple[str, str | None, tuple[int, int]]:
-        """The output and thinking not stored yet (each written once: the store appends), and
-        the mark to put in `saved` once the write that carries them has returned."""
-        done_out, done_thought = self.saved
-        return ("".join(self.output[done_out:]), "".join(self.thinking[done_thought:]) or None,
-                (len(self.output), len(self.thinking)))
 
 
 class OutputCapped(Exception):
