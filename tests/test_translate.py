@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from gpuq.front.listener import translate as tr
+from gpuq.front import translate as tr
 from gpuq.errors import BadRequest, NotFound
 from gpuq.models import normalize_model
 

@@ -142,6 +142,8 @@ class Writer:
     def _hand_over(self) -> None:
         """At the end of the loop's turn: every write of the turn, to the thread in one put."""
         items, self._turn = self._turn, []
+        if not items:  # close() handed this turn's writes over already
+            return
         with self._count_lock:
             self._waiting += len(items)
         self._queue.put(items)
@@ -246,6 +248,8 @@ class Writer:
                 todo = self._take(block=True)
             while len(todo) < self.max_batch and (more := self._take(block=False)):
                 todo += more  # everything waiting by now joins this batch
+            if not todo:
+                continue
             item = todo[0]
             if item.fn is None:
                 return item
