@@ -24,6 +24,7 @@ from .connections import (BACKLOG, FRONT_PROBES, ROUTER_PROBES, ConnectionGuard,
 from .errors import GpuqError, StartupError
 from .demo import FakeOllama, Script
 from .front.listener import bind_front_door, start_front_door
+from .front.relay import Relay
 from .models import iso
 
 log = logging.getLogger("gpuq")
@@ -129,7 +130,7 @@ async def serve(settings: Settings | None, listen: str | None, database: str | N
 
 async def run_router(settings: Settings, sockets: list[socket.socket], demo: bool,
                      front_sockets: list[socket.socket] = ()) -> int:
-    from .server import DISPATCHER, create_app
+    from .server import BUS, DISPATCHER, STORE, create_app
 
     loop = asyncio.get_running_loop()
     throttle_accept_errors(loop)
@@ -145,7 +146,11 @@ async def run_router(settings: Settings, sockets: list[socket.socket], demo: boo
     if demo:
         fakes, nodes = await start_demo_nodes()
         settings = replace(settings, nodes=tuple(nodes))
-    runner = web.AppRunner(create_app(settings), handle_signals=False, access_log=None,
+    app = create_app(settings)
+    # Jobs that clients called for run as the front door prepares them, and their waiting
+    # clients hear their runs through its relay (gpuq/front/relay.py), listening or not.
+    relay = app[DISPATCHER].calls = Relay()
+    runner = web.AppRunner(app, handle_signals=False, access_log=None,
                            keepalive_timeout=settings.keepalive_timeout_s)
     try:
         await runner.setup()
@@ -156,7 +161,7 @@ async def run_router(settings: Settings, sockets: list[socket.socket], demo: boo
     servers = [await loop.create_server(guard.protocol_factory(runner.server), sock=sock, backlog=BACKLOG)
                for sock in sockets]
     # The Ollama/OpenAI front door, with slots of its own (gpuq/front/listener.py).
-    front = await start_front_door(settings, runner.app, front_sockets, front_guard)
+    front = await start_front_door(settings, app[STORE], app[DISPATCHER], app[BUS], relay, front_sockets, front_guard)
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)

@@ -176,6 +176,15 @@ def _lone_surrogate(text: str) -> int | None:
     return None
 
 
+def json_type(value: Any) -> str:
+    """What JSON calls a value's type, for messages (the router's one namer: a wrong field at
+    the front door, a node's reply of the wrong shape)."""
+    if isinstance(value, bool):
+        return "boolean"
+    names = {dict: "object", list: "array", str: "string", int: "number", float: "number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
 def json_object(raw: bytes, missing: str, malformed: str, type_name: Callable[[Any], str]) -> dict:
     """A request body as a JSON object, else BadRequest naming what is wrong, in the words of the
     API that asks (gpuq's own, or Ollama's at the front door)."""

@@ -7,7 +7,8 @@ import struct
 
 import pytest
 
-from gpuq.front import translate as tr
+from gpuq.front import endpoints, ollama_api, openai_api, shapes
+from gpuq.front.endpoints import ENDPOINTS
 from gpuq.errors import BadRequest, NotFound
 from gpuq.models import normalize_model
 
@@ -32,18 +33,18 @@ def test_the_jobs_prompt_is_the_last_user_message_of_a_chat():
                                        {"role": "assistant", "content": "ok"},
                                        {"role": "user", "content": "second", "images": [PNG]},
                                        {"role": "tool", "content": "42"}]}
-    assert tr.prompt_of("/api/chat", body) == "second [1 image]"
+    assert ENDPOINTS["/api/chat"].prompt(body) == "second [1 image]"
     parts = {"model": "m", "messages": [{"role": "user", "content": [
         {"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64," + PNG}}]}]}
-    assert tr.prompt_of("/v1/chat/completions", parts) == "what is this? [1 image]"
-    assert tr.prompt_of("/api/generate", {"model": "m", "prompt": "why"}) == "why"
-    assert tr.prompt_of("/api/embed", {"model": "m", "input": ["a", "b"]}) == "a\nb"
-    assert tr.prompt_of("/api/embeddings", {"model": "m", "prompt": "c"}) == "c"
-    assert tr.prompt_of("/v1/embeddings", {"model": "m", "input": "d"}) == "d"
+    assert ENDPOINTS["/v1/chat/completions"].prompt(parts) == "what is this? [1 image]"
+    assert ENDPOINTS["/api/generate"].prompt({"model": "m", "prompt": "why"}) == "why"
+    assert ENDPOINTS["/api/embed"].prompt({"model": "m", "input": ["a", "b"]}) == "a\nb"
+    assert ENDPOINTS["/api/embeddings"].prompt({"model": "m", "prompt": "c"}) == "c"
+    assert ENDPOINTS["/v1/embeddings"].prompt({"model": "m", "input": "d"}) == "d"
 
 
 def test_kinds():
-    assert [tr.kind_of(e) for e in ("/api/chat", "/v1/completions", "/api/embed", "/v1/embeddings")] == \
+    assert [ENDPOINTS[e].kind for e in ("/api/chat", "/v1/completions", "/api/embed", "/v1/embeddings")] == \
         ["task", "task", "embed", "embed"]
 
 
@@ -51,16 +52,16 @@ def test_the_node_gets_the_clients_request_under_the_nodes_policy():
     body = {"model": "qwen3", "messages": [{"role": "user", "content": "hi"}], "stream": False,
             "keep_alive": "1h", "options": {"temperature": 0.2}, "format": "json",
             "tools": [{"type": "function", "function": {"name": "f"}}]}
-    route, sent = tr.node_request("/api/chat", body, node_think=False, node_options={"num_ctx": 8192, "temperature": 1})
+    route, sent = endpoints.node_request("/api/chat", body, node_think=False, node_options={"num_ctx": 8192, "temperature": 1})
     assert route == "/api/chat"
     assert sent == {"model": "qwen3", "messages": body["messages"], "stream": True, "keep_alive": 0,
                     "options": {"num_ctx": 8192, "temperature": 0.2}, "format": "json", "tools": body["tools"],
                     "think": False}
     assert body["keep_alive"] == "1h" and body["stream"] is False  # the stored request is untouched
-    _, sent = tr.node_request("/api/generate", {"model": "m", "prompt": "p", "think": "high", "raw": True},
+    _, sent = endpoints.node_request("/api/generate", {"model": "m", "prompt": "p", "think": "high", "raw": True},
                               node_think=False, keep_alive="10m")
     assert sent == {"model": "m", "prompt": "p", "think": "high", "raw": True, "stream": True, "keep_alive": "10m"}
-    route, sent = tr.node_request("/v1/embeddings", {"model": "e", "input": "x", "encoding_format": "base64"})
+    route, sent = endpoints.node_request("/v1/embeddings", {"model": "e", "input": "x", "encoding_format": "base64"})
     assert (route, sent) == ("/api/embed", {"model": "e", "input": "x", "keep_alive": 0})
 
 
@@ -76,7 +77,7 @@ def test_an_openai_chat_request_becomes_ollamas_chat_as_ollamas_layer_makes_it()
                 {"role": "assistant", "content": None, "tool_calls": [
                     {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}]},
                 {"role": "tool", "tool_call_id": "call_1", "content": "-3C"}]}
-    out = tr.openai_chat_request(body)
+    out = openai_api.openai_chat_request(body)
     assert out["messages"] == [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": "look"},  # each part a message of its own, as Ollama does
@@ -105,17 +106,17 @@ def test_an_openai_chat_request_becomes_ollamas_chat_as_ollamas_layer_makes_it()
 ])
 def test_openai_chat_requests_ollama_refuses_are_refused_with_its_message(body, message):
     with pytest.raises(BadRequest) as exc:
-        tr.openai_chat_request(body)
+        openai_api.openai_chat_request(body)
     assert exc.value.message.startswith(message)
 
 
 def test_reasoning_effort_as_think():
-    assert [tr.think_from_effort(e) for e in (None, "none", "minimal", "low", "high", "xhigh", "max")] == \
+    assert [shapes.think_from_effort(e) for e in (None, "none", "minimal", "low", "high", "xhigh", "max")] == \
         [None, False, "low", "low", "high", "max", "max"]
 
 
 def test_json_object_is_ollamas_json_format_and_temperature_is_kept():
-    out = tr.openai_chat_request({"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 0,
+    out = openai_api.openai_chat_request({"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 0,
                                   "top_p": 0.5, "response_format": {"type": "json_object"},
                                   "max_completion_tokens": 9})
     assert out["format"] == "json" and out["options"]["temperature"] == 0 and out["options"]["top_p"] == 0.5
@@ -123,38 +124,38 @@ def test_json_object_is_ollamas_json_format_and_temperature_is_kept():
 
 
 def test_an_openai_completion_and_embedding_request():
-    out = tr.openai_completion_request({"model": "m", "prompt": "def f(", "suffix": "return x", "stop": ["\n\n"],
+    out = openai_api.openai_completion_request({"model": "m", "prompt": "def f(", "suffix": "return x", "stop": ["\n\n"],
                                         "stream": True})
     assert out == {"model": "m", "prompt": "def f(", "suffix": "return x", "stream": True,
                    "options": {"stop": ["\n\n"], "temperature": 1.0, "top_p": 1.0, "frequency_penalty": 0,
                                "presence_penalty": 0}}
     with pytest.raises(BadRequest, match="invalid type for 'stop' field"):
-        tr.openai_completion_request({"model": "m", "prompt": "x", "stop": [1]})
-    assert tr.openai_embed_request({"model": "e", "input": "", "dimensions": 8}) == \
+        openai_api.openai_completion_request({"model": "m", "prompt": "x", "stop": [1]})
+    assert openai_api.openai_embed_request({"model": "e", "input": "", "dimensions": 8}) == \
         {"model": "e", "input": [""], "dimensions": 8}
     for bad in ({"model": "e"}, {"model": "e", "input": []}, {"model": "e", "input": [1]}):
         with pytest.raises(BadRequest, match="invalid input"):
-            tr.openai_embed_request(bad)
+            openai_api.openai_embed_request(bad)
     with pytest.raises(BadRequest, match="Invalid value for 'encoding_format' = hex"):
-        tr.openai_embed_request({"model": "e", "input": "x", "encoding_format": "hex"})
+        openai_api.openai_embed_request({"model": "e", "input": "x", "encoding_format": "hex"})
 
 
 # -- checking Ollama requests ------------------------------------------------------------------
 
 @pytest.mark.parametrize("check, body, error, message", [
-    (tr.check_chat, {}, BadRequest, "model is required"),
-    (tr.check_chat, {"model": "m", "messages": "hi"}, BadRequest, "field 'messages' must be an array"),
-    (tr.check_chat, {"model": "m", "messages": [{"role": "user", "content": "x", "images": ["***"]}]}, BadRequest,
+    (ollama_api.check_chat, {}, BadRequest, "model is required"),
+    (ollama_api.check_chat, {"model": "m", "messages": "hi"}, BadRequest, "field 'messages' must be an array"),
+    (ollama_api.check_chat, {"model": "m", "messages": [{"role": "user", "content": "x", "images": ["***"]}]}, BadRequest,
      "messages[0].images: illegal base64 data"),
-    (tr.check_chat, {"model": "m", "keep_alive": "300"}, BadRequest, 'time: missing unit in duration "300"'),
-    (tr.check_chat, {"model": "m", "keep_alive": True}, BadRequest, "Unsupported type"),
-    (tr.check_chat, {"model": "m", "think": "very"}, BadRequest, "invalid think value"),
-    (tr.check_chat, {"model": "m", "options": {"num_ctx": "big"}}, BadRequest, "field 'options': option 'num_ctx'"),
-    (tr.check_generate, {}, NotFound, "model '' not found"),
-    (tr.check_generate, {"model": "m", "prompt": "x", "raw": True, "system": "s"}, BadRequest,
+    (ollama_api.check_chat, {"model": "m", "keep_alive": "300"}, BadRequest, 'time: missing unit in duration "300"'),
+    (ollama_api.check_chat, {"model": "m", "keep_alive": True}, BadRequest, "Unsupported type"),
+    (ollama_api.check_chat, {"model": "m", "think": "very"}, BadRequest, "invalid think value"),
+    (ollama_api.check_chat, {"model": "m", "options": {"num_ctx": "big"}}, BadRequest, "field 'options': option 'num_ctx'"),
+    (ollama_api.check_generate, {}, NotFound, "model '' not found"),
+    (ollama_api.check_generate, {"model": "m", "prompt": "x", "raw": True, "system": "s"}, BadRequest,
      "raw mode does not support template, system, or context"),
-    (lambda b: tr.check_embed(b, legacy=False), {"model": "m", "input": [1]}, BadRequest, "invalid input type"),
-    (lambda b: tr.check_embed(b, legacy=True), {}, BadRequest, "model is required"),
+    (lambda b: ollama_api.check_embed(b, legacy=False), {"model": "m", "input": [1]}, BadRequest, "invalid input type"),
+    (lambda b: ollama_api.check_embed(b, legacy=True), {}, BadRequest, "model is required"),
 ])
 def test_ollama_requests_are_checked_before_they_queue(check, body, error, message):
     with pytest.raises(error) as exc:
@@ -164,20 +165,20 @@ def test_ollama_requests_are_checked_before_they_queue(check, body, error, messa
 
 def test_good_keep_alives_pass():
     for value in (None, 0, -1, 3.5, "5m", "1h30m", "-1m", "0", "250ms", ".5s"):
-        tr.check_keep_alive(value)
+        ollama_api.check_keep_alive(value)
 
 
 def test_an_empty_call_is_a_load_or_an_unload_answered_as_ollama_does():
-    assert tr.is_load_or_unload("/api/generate", {"model": "m", "prompt": ""})
-    assert tr.is_load_or_unload("/api/chat", {"model": "m", "messages": []})
-    assert not tr.is_load_or_unload("/api/chat", {"model": "m", "messages": [{"role": "user", "content": ""}]})
-    assert tr.is_load_or_unload("/api/embed", {"model": "m"})
-    unload = tr.load_or_unload_reply("/api/generate", {"model": "m", "prompt": "", "keep_alive": 0})
+    assert ollama_api.is_load_or_unload("/api/generate", {"model": "m", "prompt": ""})
+    assert ollama_api.is_load_or_unload("/api/chat", {"model": "m", "messages": []})
+    assert not ollama_api.is_load_or_unload("/api/chat", {"model": "m", "messages": [{"role": "user", "content": ""}]})
+    assert ollama_api.is_load_or_unload("/api/embed", {"model": "m"})
+    unload = ollama_api.load_or_unload_reply("/api/generate", {"model": "m", "prompt": "", "keep_alive": 0})
     assert {k: v for k, v in unload.items() if k != "created_at"} == \
         {"model": "m", "response": "", "done": True, "done_reason": "unload"}
-    load = tr.load_or_unload_reply("/api/chat", {"model": "m", "messages": []})
+    load = ollama_api.load_or_unload_reply("/api/chat", {"model": "m", "messages": []})
     assert load["message"] == {"role": "assistant", "content": ""} and load["done_reason"] == "load"
-    assert tr.load_or_unload_reply("/api/embed", {"model": "m"}) == {"model": "m", "embeddings": []}
+    assert ollama_api.load_or_unload_reply("/api/embed", {"model": "m"}) == {"model": "m", "embeddings": []}
 
 
 # -- Ollama replies ------------------------------------------------------------------------------
@@ -193,13 +194,13 @@ CHAT = [
 
 
 def test_stream_false_is_the_last_chunk_with_the_whole_text():
-    reply = tr.collected("/api/chat", CHAT, {})
+    reply = ollama_api.collected("/api/chat", CHAT, {})
     assert reply == {"model": "q", "created_at": "2026-11-30T10:00:04Z",
                      "message": {"role": "assistant", "content": "Hello there", "thinking": "Let me think."},
                      "done": True, "done_reason": "stop", "total_duration": 5, "prompt_eval_count": 10, "eval_count": 4}
     gen = [{"model": "g", "response": "a", "done": False}, {"model": "g", "response": "b", "thinking": "t", "done": False},
            {"model": "g", "response": "", "done": True, "done_reason": "length", "context": [1, 2]}]
-    assert tr.collected("/api/generate", gen, {}) == {"model": "g", "response": "ab", "done": True,
+    assert ollama_api.collected("/api/generate", gen, {}) == {"model": "g", "response": "ab", "done": True,
                                                        "done_reason": "length", "context": [1, 2], "thinking": "t"}
 
 
@@ -207,16 +208,16 @@ def test_tool_calls_are_gathered_when_the_request_had_tools():
     call = {"id": "call_a", "function": {"index": 0, "name": "weather", "arguments": {"city": "Oslo"}}}
     chunks = [{"model": "q", "message": {"role": "assistant", "content": "", "tool_calls": [call]}, "done": False},
               {"model": "q", "message": {"role": "assistant", "content": ""}, "done": True, "done_reason": "stop"}]
-    reply = tr.collected("/api/chat", chunks, {"tools": [{"type": "function"}]})
+    reply = ollama_api.collected("/api/chat", chunks, {"tools": [{"type": "function"}]})
     assert reply["message"]["tool_calls"] == [call]
-    completion = tr.chat_completion("chatcmpl-1", reply)
+    completion = openai_api.chat_completion("chatcmpl-1", reply)
     assert completion["choices"][0]["finish_reason"] == "tool_calls"
     assert completion["choices"][0]["message"]["tool_calls"] == [
         {"id": "call_a", "index": 0, "type": "function", "function": {"name": "weather", "arguments": '{"city":"Oslo"}'}}]
 
 
 def test_a_chat_completion_as_ollamas_layer_gives_it():
-    completion = tr.chat_completion("chatcmpl-7", tr.collected("/api/chat", CHAT, {}))
+    completion = openai_api.chat_completion("chatcmpl-7", ollama_api.collected("/api/chat", CHAT, {}))
     assert completion == {
         "id": "chatcmpl-7", "object": "chat.completion", "created": 1796032804, "model": "q",
         "system_fingerprint": "fp_ollama",
@@ -226,7 +227,7 @@ def test_a_chat_completion_as_ollamas_layer_gives_it():
 
 
 def test_a_chat_stream_as_ollamas_layer_gives_it():
-    stream = tr.ChatStream("chatcmpl-9", include_usage=True)
+    stream = openai_api.ChatStream("chatcmpl-9", include_usage=True)
     events = sse_events(b"".join(stream.feed(c) for c in CHAT))
     created = 1796032800  # the first chunk's time, on every event
     assert all(e == "[DONE]" or e["created"] == created for e in events)
@@ -243,7 +244,7 @@ def test_a_chat_stream_as_ollamas_layer_gives_it():
 
 
 def test_a_chunk_with_reasoning_and_content_is_split_in_two():
-    stream = tr.ChatStream("c")
+    stream = openai_api.ChatStream("c")
     events = sse_events(stream.feed({"model": "q", "message": {"role": "assistant", "content": "A", "thinking": "T"},
                                      "done": True, "done_reason": "length"}))
     assert [e["choices"][0]["delta"] for e in events[:-1]] == [
@@ -255,21 +256,21 @@ def test_completions_and_their_stream():
     gen = [{"model": "g", "created_at": "2026-11-30T10:00:00Z", "response": "x", "done": False},
            {"model": "g", "created_at": "2026-11-30T10:00:01Z", "response": "", "done": True, "done_reason": "stop",
             "prompt_eval_count": 3, "eval_count": 1}]
-    reply = tr.text_completion("cmpl-1", tr.collected("/api/generate", gen, {}))
+    reply = openai_api.text_completion("cmpl-1", ollama_api.collected("/api/generate", gen, {}))
     assert reply["choices"] == [{"text": "x", "index": 0, "finish_reason": "stop"}]
     assert reply["object"] == "text_completion" and reply["usage"]["total_tokens"] == 4
-    events = sse_events(b"".join(tr.CompletionStream("cmpl-1").feed(c) for c in gen))
+    events = sse_events(b"".join(openai_api.CompletionStream("cmpl-1").feed(c) for c in gen))
     assert [e["choices"][0]["text"] for e in events[:-1]] == ["x", ""] and events[-1] == "[DONE]"
     assert [e["choices"][0]["finish_reason"] for e in events[:-1]] == [None, "stop"]
 
 
 def test_embeddings_as_floats_and_as_base64():
     reply = {"model": "e", "embeddings": [[0.5, -0.25], [1.0, 0.0]], "prompt_eval_count": 6}
-    floats = tr.embedding_list("e", reply)
+    floats = openai_api.embedding_list("e", reply)
     assert floats == {"object": "list", "model": "e", "usage": {"prompt_tokens": 6, "total_tokens": 6},
                       "data": [{"object": "embedding", "embedding": [0.5, -0.25], "index": 0},
                                {"object": "embedding", "embedding": [1.0, 0.0], "index": 1}]}
-    packed = tr.embedding_list("e", reply, "base64")["data"][0]["embedding"]
+    packed = openai_api.embedding_list("e", reply, "base64")["data"][0]["embedding"]
     assert list(struct.unpack("<2f", base64.b64decode(packed))) == [0.5, -0.25]
 
 
@@ -277,11 +278,11 @@ def test_models_as_openai_lists_them():
     tags = [{"name": "qwen3:latest", "model": "qwen3:latest", "modified_at": "2026-11-30T10:00:00Z"},
             {"name": "me/tuned:q4", "model": "me/tuned:q4", "modified_at": "2026-11-29T10:00:00+01:00"},
             {"name": "hf.co/org/repo:Q8", "model": "hf.co/org/repo:Q8"}]
-    listed = tr.model_list(tags)
+    listed = openai_api.model_list(tags)
     assert [(m["id"], m["owned_by"]) for m in listed["data"]] == [
         ("qwen3:latest", "library"), ("me/tuned:q4", "me"), ("hf.co/org/repo:Q8", "org")]
     assert listed["object"] == "list" and listed["data"][1]["created"] == 1796032800 - 86400 - 3600
-    assert tr.model_card("qwen3", {"modified_at": "2026-11-30T10:00:00Z"}) == \
+    assert openai_api.model_card("qwen3", {"modified_at": "2026-11-30T10:00:00Z"}) == \
         {"id": "qwen3", "object": "model", "created": 1796032800, "owned_by": "library"}
 
 
@@ -289,17 +290,17 @@ def test_the_nodes_models_each_once_newest_first():
     node1 = [{"name": "qwen3:latest", "model": "qwen3:latest", "modified_at": "2026-11-01T00:00:00Z", "size": 1}]
     node2 = [{"name": "Qwen3", "model": "Qwen3", "modified_at": "2026-11-20T00:00:00Z", "size": 2},
              {"name": "llama3.2:latest", "model": "llama3.2:latest", "modified_at": "2026-11-10T00:00:00Z"}]
-    merged = tr.merged_tags([node1, node2], normalize_model)
+    merged = ollama_api.merged_tags([node1, node2], normalize_model)
     assert [(m["name"], m.get("size")) for m in merged] == [("llama3.2:latest", None), ("qwen3:latest", 1)]
-    ps = tr.merged_ps([[{"name": "a", "expires_at": "2026-11-30T10:00:00Z"}],
+    ps = ollama_api.merged_ps([[{"name": "a", "expires_at": "2026-11-30T10:00:00Z"}],
                        [{"name": "b", "expires_at": "2026-11-30T11:00:00Z"}]])
     assert [m["name"] for m in ps] == ["b", "a"]
 
 
 def test_errors_in_each_apis_shape():
-    assert tr.ollama_error("model 'x' not found") == {"error": "model 'x' not found"}
-    assert tr.openai_error(404, "model 'x' not found") == {
+    assert ollama_api.ollama_error("model 'x' not found") == {"error": "model 'x' not found"}
+    assert openai_api.openai_error(404, "model 'x' not found") == {
         "error": {"message": "model 'x' not found", "type": "not_found_error", "param": None, "code": None}}
-    assert tr.openai_error(400, "bad")["error"]["type"] == "invalid_request_error"
-    assert tr.openai_error(499, "deleted", "job_cancelled")["error"] == {
+    assert openai_api.openai_error(400, "bad")["error"]["type"] == "invalid_request_error"
+    assert openai_api.openai_error(499, "deleted", "job_cancelled")["error"] == {
         "message": "deleted", "type": "api_error", "param": None, "code": "job_cancelled"}

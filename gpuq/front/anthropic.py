@@ -15,11 +15,9 @@ import json
 import secrets
 from typing import Any
 
-from . import translate as tr
+from . import shapes
 from ..errors import BadRequest
 
-WEB_SEARCH_REFUSED = ("the built-in web_search tool is not served by gpuq's front door (Ollama runs it through "
-                      "ollama.com); declare your own tool instead")
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
 
@@ -68,7 +66,7 @@ def _blocks(content: Any, where: str) -> list:
     if isinstance(content, str):  # a plain string is one text block (MessageParam.UnmarshalJSON)
         return [{"type": "text", "text": content}]
     if not isinstance(content, list) or not all(isinstance(b, dict) for b in content):
-        raise tr._wrong(f"{where}.content", "a string or an array of content blocks", content)
+        raise shapes.wrong(f"{where}.content", "a string or an array of content blocks", content)
     return content
 
 
@@ -94,13 +92,13 @@ def convert_message(msg: dict, where: str) -> list[dict]:
                                                                     "arguments": block.get("input") or {}}})
         elif kind == "tool_result":
             result, result_images = _tool_result(block.get("content"))
-            results.append(tr._message("tool", result, images=result_images, tool_call_id=block.get("tool_use_id")))
+            results.append(shapes.message("tool", result, images=result_images, tool_call_id=block.get("tool_use_id")))
         elif kind == "thinking":
             thinking = block.get("thinking") or thinking
         # other blocks (redacted_thinking, documents, web search results) are skipped, as Ollama does
     out = results if role == "user" else []
     if text or images or calls or thinking:
-        out.append(tr._message(role, text, images=images, tool_calls=calls, thinking=thinking))
+        out.append(shapes.message(role, text, images=images, tool_calls=calls, thinking=thinking))
     return out if role == "user" else out + results
 
 
@@ -115,9 +113,9 @@ def _system(system: Any) -> str:
 
 def _tool(tool: Any) -> dict:
     if not isinstance(tool, dict):
-        raise tr._wrong("tools[]", "an object", tool)
+        raise shapes.wrong("tools[]", "an object", tool)
     if str(tool.get("type") or "").startswith("web_search"):
-        raise BadRequest(WEB_SEARCH_REFUSED)
+        raise BadRequest(shapes.WEB_SEARCH_REFUSED)
     schema = tool.get("input_schema")
     if schema is not None and not isinstance(schema, dict):
         raise BadRequest(f"invalid input_schema for tool {json.dumps(tool.get('name'))}: must be an object")
@@ -141,38 +139,38 @@ def messages_request(body: dict) -> dict:
     """A /v1/messages body as the /api/chat body Ollama makes of it (AnthropicMessagesMiddleware,
     FromMessagesRequest), with its checks and messages."""
     if body.get("model") is not None and not isinstance(body["model"], str):
-        raise tr._wrong("model", "a string", body["model"])
+        raise shapes.wrong("model", "a string", body["model"])
     if not body.get("model"):
         raise BadRequest("model is required")
-    max_tokens = tr._whole(body, "max_tokens")
+    max_tokens = shapes.whole(body, "max_tokens")
     if max_tokens is None or max_tokens <= 0:
         raise BadRequest("max_tokens is required and must be positive")
     messages = body.get("messages")
     if messages is not None and not isinstance(messages, list):
-        raise tr._wrong("messages", "an array of messages", messages)
+        raise shapes.wrong("messages", "an array of messages", messages)
     if not messages:
         raise BadRequest("messages is required")
     if body.get("stream") is not None and not isinstance(body["stream"], bool):
-        raise tr._wrong("stream", "true or false", body["stream"])
+        raise shapes.wrong("stream", "true or false", body["stream"])
     out_messages = [{"role": "system", "content": system}] if (system := _system(body.get("system"))) else []
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
-            raise tr._wrong(f"messages[{i}]", "an object", msg)
+            raise shapes.wrong(f"messages[{i}]", "an object", msg)
         out_messages += convert_message(msg, f"messages[{i}]")
     options: dict[str, Any] = {"num_predict": max_tokens}
     for key, option in (("temperature", "temperature"), ("top_p", "top_p")):
-        if (value := tr._number(body, key)) is not None:
+        if (value := shapes.number(body, key)) is not None:
             options[option] = value
-    if (top_k := tr._whole(body, "top_k")) is not None:
+    if (top_k := shapes.whole(body, "top_k")) is not None:
         options["top_k"] = top_k
     stops = body.get("stop_sequences")
     if stops is not None and not (isinstance(stops, list) and all(isinstance(s, str) for s in stops)):
-        raise tr._wrong("stop_sequences", "an array of strings", stops)
+        raise shapes.wrong("stop_sequences", "an array of strings", stops)
     if stops:
         options["stop"] = stops
     out: dict[str, Any] = {"model": body["model"], "messages": out_messages, "options": options,
                            "stream": bool(body.get("stream"))}
-    if tools := tr.tools_of(body):
+    if tools := shapes.tools_of(body):
         out["tools"] = [_tool(t) for t in tools]
     think = _think(body)
     if think is not None:
@@ -199,7 +197,7 @@ def estimate_input_tokens(body: dict) -> int:
                 continue
             total += len(block.get("text") or "") + len(block.get("thinking") or "")
             if block.get("type") in ("tool_use", "tool_result"):
-                total += len(tr.dumps(block))
+                total += len(shapes.dumps(block))
         return total
     total = size(body.get("system"))
     for msg in body.get("messages") or []:
@@ -208,7 +206,7 @@ def estimate_input_tokens(body: dict) -> int:
     for tool in body.get("tools") or []:
         if isinstance(tool, dict):
             total += len(tool.get("name") or "") + len(tool.get("description") or "")
-            total += len(tr.dumps(tool["input_schema"])) if tool.get("input_schema") is not None else 0
+            total += len(shapes.dumps(tool["input_schema"])) if tool.get("input_schema") is not None else 0
     tokens = total // 4
     return tokens or (1 if body.get("messages") or body.get("system") is not None else 0)
 
@@ -274,22 +272,22 @@ class MessagesStream:
             return []
         self.started = True
         tokens = chunk.get("prompt_eval_count") or self.estimate
-        return [tr.sse_event("message_start", {"type": "message_start", "message": {
+        return [shapes.sse_event("message_start", {"type": "message_start", "message": {
             "id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
             "usage": {"input_tokens": tokens, "output_tokens": 0}}})]
 
     def _stop_block(self) -> bytes:
-        data = tr.sse_event("content_block_stop", {"type": "content_block_stop", "index": self.index})
+        data = shapes.sse_event("content_block_stop", {"type": "content_block_stop", "index": self.index})
         self.index += 1
         return data
 
     def _block(self, block: dict, delta: dict) -> list[bytes]:
-        return [tr.sse_event("content_block_start", {"type": "content_block_start", "index": self.index,
+        return [shapes.sse_event("content_block_start", {"type": "content_block_start", "index": self.index,
                                                      "content_block": block}),
                 self._delta(delta)]
 
     def _delta(self, delta: dict) -> bytes:
-        return tr.sse_event("content_block_delta", {"type": "content_block_delta", "index": self.index,
+        return shapes.sse_event("content_block_delta", {"type": "content_block_delta", "index": self.index,
                                                     "delta": delta})
 
     def _close_text(self) -> list[bytes]:
@@ -324,7 +322,7 @@ class MessagesStream:
         out = self._close_thinking() + self._close_text()
         block = _tool_use(call)
         out += self._block(dict(block, input={}),
-                           {"type": "input_json_delta", "partial_json": tr.dumps(block["input"])})
+                           {"type": "input_json_delta", "partial_json": shapes.dumps(block["input"])})
         out.append(self._stop_block())
         self.calls_sent.add(call.get("id", ""))
         return out
@@ -332,14 +330,14 @@ class MessagesStream:
     def _finish(self, chunk: dict) -> list[bytes]:
         out = self._close_thinking() + self._close_text()
         reason = stop_reason(chunk.get("done_reason"), bool(self.calls_sent))
-        out.append(tr.sse_event("message_delta", {"type": "message_delta",
+        out.append(shapes.sse_event("message_delta", {"type": "message_delta",
                                                   "delta": _without_none({"stop_reason": reason}),
                                                   "usage": _usage(chunk)}))
-        out.append(tr.sse_event("message_stop", {"type": "message_stop"}))
+        out.append(shapes.sse_event("message_stop", {"type": "message_stop"}))
         return out
 
     def feed(self, chunk: dict) -> bytes:
-        content, thinking, calls = tr.chunk_text(chunk)
+        content, thinking, calls = shapes.chunk_text(chunk)
         out = self._start(chunk)
         if thinking and self.thinking != "closed":
             out += self._think(thinking)
@@ -355,4 +353,4 @@ class MessagesStream:
     def error(self, status: int, message: str, code: str | None = None) -> bytes:
         """The stream ends with Anthropic's error event, which its SDK raises."""
         body = anthropic_error(status, message)
-        return tr.sse_event("error", {"type": "error", "error": body["error"]})
+        return shapes.sse_event("error", {"type": "error", "error": body["error"]})

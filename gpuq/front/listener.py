@@ -3,8 +3,9 @@ does, its OpenAI-compatible /v1 routes included, so that any Ollama or OpenAI cl
 lab unchanged, and OpenAI's Responses API and Anthropic's Messages API as Ollama serves them.
 Every call that makes a model work is a durable job: stored before any work, placed by its
 model, queued, visible, movable; its client's connection is held while it waits and its chunks
-are relayed as the node sends them. Translations live in gpuq/front/translate.py, gpuq/front/responses.py
-and gpuq/front/anthropic.py."""
+are relayed as the node sends them (gpuq/front/relay.py). Each route that makes a job is one
+record of gpuq/front/endpoints.py; the translations live in ollama_api.py, openai_api.py,
+responses.py and anthropic.py, their shared helpers in shapes.py."""
 
 from __future__ import annotations
 
@@ -17,20 +18,23 @@ from typing import Any
 
 from aiohttp import web
 
-from . import anthropic as anthropic_api
-from . import responses
-from . import translate as tr
 from ..bus import Bus
 from ..config import Settings
 from ..connections import BACKLOG, body_deadline, bind_sockets
 from ..node.dispatcher import Dispatcher
 from ..errors import (
     BadRequest, Conflict, FrontError, GpuqError, IdTaken, ModelMissing, NotFound, OllamaError, StartupError,
-    StoreUnavailable, check_text, json_object,
+    StoreUnavailable, check_text, json_object, json_type,
 )
 from ..models import ACTIVE, JobState, new_job_id, normalize_model, preview_url
 from ..security import check_host, check_same_site, router_hosts, token_of
 from ..store import NewJob, Store
+from .anthropic import anthropic_error
+from .endpoints import ENDPOINTS, Endpoint, api_of
+from .ollama_api import collected, is_load_or_unload, load_or_unload_reply, merged_ps, merged_tags, ollama_error
+from .openai_api import model_card, model_list, openai_error
+from .relay import Relay
+from .shapes import dumps
 
 log = logging.getLogger("gpuq")
 
@@ -46,13 +50,15 @@ NOT_SERVED = ("/api/pull", "/api/push", "/api/create", "/api/delete", "/api/copy
 
 
 class Front:
-    """What the front door's handlers share: the router's store, dispatcher and bus."""
+    """What the front door's handlers share: the router's store, dispatcher and bus, and the
+    relay its waiting calls hear their runs through."""
 
-    def __init__(self, settings: Settings, store: Store, dispatcher: Dispatcher, bus: Bus):
+    def __init__(self, settings: Settings, store: Store, dispatcher: Dispatcher, bus: Bus, relay: Relay):
         self.settings = settings
         self.store = store
         self.dispatcher = dispatcher
         self.bus = bus
+        self.relay = relay
         self.closing = False
 
     def nodes_by_rank(self):
@@ -77,26 +83,19 @@ class Front:
 
 # -- errors, access --------------------------------------------------------------------------
 
-def api_of(path: str) -> str:
-    """Which API a route speaks: Anthropic's on /v1/messages, OpenAI's on the other /v1 routes."""
-    if path == "/v1/messages":
-        return "anthropic"
-    return "openai" if path.startswith("/v1/") else "ollama"
-
-
 def error_response(request: web.Request, status: int, message: str, code: str | None = None,
                    headers: dict | None = None) -> web.Response:
     """An error in the shape of the caller's API; an OpenAI or Anthropic client is told not to
     retry it (x-should-retry, which both SDKs obey): nothing is retried silently."""
     api = api_of(request.path)
     if api == "ollama":
-        return web.json_response(tr.ollama_error(message), status=status, headers=headers, dumps=tr.dumps)
+        return web.json_response(ollama_error(message), status=status, headers=headers, dumps=dumps)
     headers = {**(headers or {}), "x-should-retry": "false"}
     if api == "anthropic":
-        body = anthropic_api.anthropic_error(status, message)
+        body = anthropic_error(status, message)
     else:
-        body = tr.openai_error(status, message, code)
-    return web.json_response(body, status=status, headers=headers, dumps=tr.dumps)
+        body = openai_error(status, message, code)
+    return web.json_response(body, status=status, headers=headers, dumps=dumps)
 
 
 @web.middleware
@@ -158,7 +157,7 @@ def access_middleware(settings: Settings):
 
 async def json_of(request: web.Request) -> dict:
     """A front-door call's body, whatever its API; text that cannot be stored is a 400 here, once."""
-    body = json_object(await request.read(), "missing request body", "invalid character in JSON", tr._go_type)
+    body = json_object(await request.read(), "missing request body", "invalid character in JSON", json_type)
     check_text(body)
     return body
 
@@ -179,23 +178,23 @@ async def root(request: web.Request) -> web.Response:
 async def version(request: web.Request) -> web.Response:
     """The oldest Ollama among the nodes: what every node can do (clients gate features on it)."""
     known = [rt.version for rt in request.app[FRONT].nodes_by_rank() if rt.version]
-    return web.json_response({"version": min(known, key=_version_key) if known else "0.0.0"}, dumps=tr.dumps)
+    return web.json_response({"version": min(known, key=_version_key) if known else "0.0.0"}, dumps=dumps)
 
 
 def all_tags(front: Front) -> list[dict]:
-    return tr.merged_tags((rt.tags for rt in front.nodes_by_rank()), normalize_model)
+    return merged_tags((rt.tags for rt in front.nodes_by_rank()), normalize_model)
 
 
 async def tags(request: web.Request) -> web.Response:
     """Every model installed on any node, each once, as the nodes' last health checks saw them."""
-    return web.json_response({"models": all_tags(request.app[FRONT])}, dumps=tr.dumps)
+    return web.json_response({"models": all_tags(request.app[FRONT])}, dumps=dumps)
 
 
 async def ps(request: web.Request) -> web.Response:
     """What the nodes have loaded now (a node that does not answer in time is left out)."""
     nodes = [rt for rt in request.app[FRONT].nodes_by_rank() if rt.up]
     answers = await asyncio.gather(*(rt.client.ps(timeout_s=LISTING_TIMEOUT_S) for rt in nodes), return_exceptions=True)
-    return web.json_response({"models": tr.merged_ps(a for a in answers if isinstance(a, list))}, dumps=tr.dumps)
+    return web.json_response({"models": merged_ps(a for a in answers if isinstance(a, list))}, dumps=dumps)
 
 
 def node_with(front: Front, model: str):
@@ -231,16 +230,16 @@ def model_not_found(front: Front, model: str) -> str:
 
 async def show(request: web.Request) -> web.Response:
     """Answered by a node that has the model: no GPU work, so not a job."""
-    return web.json_response(await _show(request.app[FRONT], await json_of(request)), dumps=tr.dumps)
+    return web.json_response(await _show(request.app[FRONT], await json_of(request)), dumps=dumps)
 
 
 async def openai_models(request: web.Request) -> web.Response:
-    return web.json_response(tr.model_list(all_tags(request.app[FRONT])), dumps=tr.dumps)
+    return web.json_response(model_list(all_tags(request.app[FRONT])), dumps=dumps)
 
 
 async def openai_model(request: web.Request) -> web.Response:
     name = request.match_info["model"]
-    return web.json_response(tr.model_card(name, await _show(request.app[FRONT], {"model": name})), dumps=tr.dumps)
+    return web.json_response(model_card(name, await _show(request.app[FRONT], {"model": name})), dumps=dumps)
 
 
 async def not_served(request: web.Request) -> web.Response:
@@ -253,20 +252,19 @@ async def not_served(request: web.Request) -> web.Response:
 class Call:
     """One front-door call from submit to its last byte."""
 
-    def __init__(self, request: web.Request, endpoint: str, body: dict):
+    def __init__(self, request: web.Request, ep: Endpoint, body: dict):
         self.request = request
         self.front: Front = request.app[FRONT]
-        self.endpoint = endpoint
+        self.ep = ep
+        self.endpoint = ep.path
         self.body = body  # as the client sent it
-        self.ollama = tr.ollama_request(endpoint, body)  # in Ollama's terms (raises BadRequest)
-        self.api = api_of(endpoint)
+        self.ollama = ep.to_ollama(body)  # in Ollama's terms (raises BadRequest)
+        self.api = ep.api
         self.openai = self.api != "ollama"  # /v1: streams only when asked, as SSE
-        self.stream = bool(body.get("stream")) if self.openai else body.get("stream") is not False
-        if endpoint in tr.EMBED_ROUTES:
-            self.stream = False
+        self.stream = ep.streams(body)
         self.job_id = ""
         self.node = ""
-        self.relay: asyncio.Queue = asyncio.Queue()
+        self.inbox: asyncio.Queue = asyncio.Queue()  # what its run sends (gpuq/front/relay.py)
         self.resp: web.StreamResponse | None = None
         self.chunks: list[dict] = []
         self.delivered = False  # the client has its whole answer: a disconnect now cancels nothing
@@ -288,9 +286,8 @@ class Call:
     def new_job(self, job_id: str) -> NewJob:
         request = {"path": self.endpoint, "user_agent": self.request.headers.get("User-Agent"), "body": self.body}
         # (a Responses or Messages call is shown from its translation, made once, in __init__)
-        shown = ("/api/chat", self.ollama) if self.endpoint in tr.CHAT_SHAPED else (self.endpoint, self.body)
-        return NewJob(kind=tr.kind_of(self.endpoint), prompt=tr.prompt_of(*shown),
-                      model=self.ollama["model"].strip(), endpoint=self.endpoint, request=tr.dumps(request),
+        return NewJob(kind=self.ep.kind, prompt=self.ep.shown_prompt(self.body, self.ollama),
+                      model=self.ollama["model"].strip(), endpoint=self.endpoint, request=dumps(request),
                       job_id=job_id)
 
     async def submit(self) -> None:
@@ -299,22 +296,22 @@ class Call:
         front = self.front
         for _ in range(8):  # a chosen id taken by another job of the same second: choose again
             self.job_id = new_job_id()
-            front.dispatcher.relays[self.job_id] = self.relay
+            self.inbox = front.relay.open(self.job_id)
             submitting = asyncio.ensure_future(front.store.submit(
                 self.new_job(self.job_id), front.dispatcher.node_infos(), self.actor, front.dispatcher.hand_over))
             try:
                 jobs = await asyncio.shield(submitting)
                 break
             except IdTaken:
-                front.dispatcher.relays.pop(self.job_id, None)
+                front.relay.close(self.job_id)
             except ModelMissing:
-                front.dispatcher.relays.pop(self.job_id, None)
+                front.relay.close(self.job_id)
                 raise FrontError(404, model_not_found(front, self.ollama["model"]), "model_not_found") from None
             except asyncio.CancelledError:  # the client left while its job was being stored
                 await self._cancel_when_stored(submitting)
                 raise
             except BaseException:
-                front.dispatcher.relays.pop(self.job_id, None)
+                front.relay.close(self.job_id)
                 raise
         else:
             raise FrontError(503, "could not choose a free job id; try again")
@@ -328,42 +325,18 @@ class Call:
         if self.openai and self.stream:
             self.sse = self.stream_translator()
 
-    def reply_id(self) -> str:
-        """The API's id of the reply: the job's, so a client's log leads to the job."""
-        prefix = {"/v1/chat/completions": "chatcmpl-", "/v1/completions": "cmpl-", "/v1/responses": "resp_",
-                  "/v1/messages": "msg_"}[self.endpoint]
-        return prefix + self.job_id
-
     def stream_translator(self):
         """Chat or generate chunks -> the /v1 route's server-sent events."""
-        if self.endpoint == "/v1/responses":
-            return responses.ResponsesStream(self.reply_id(), f"msg_{self.job_id}", self.body)
-        if self.endpoint == "/v1/messages":
-            return anthropic_api.MessagesStream(self.reply_id(), self.body["model"],
-                                                anthropic_api.estimate_input_tokens(self.body))
-        options = self.body.get("stream_options")
-        usage = isinstance(options, dict) and bool(options.get("include_usage"))
-        chat = self.endpoint == "/v1/chat/completions"
-        return (tr.ChatStream if chat else tr.CompletionStream)(self.reply_id(), usage)
-
-    def whole_reply(self, reply: dict) -> dict:
-        """stream:false: the collected reply in the /v1 route's shape."""
-        if self.endpoint == "/v1/chat/completions":
-            return tr.chat_completion(self.reply_id(), reply)
-        if self.endpoint == "/v1/completions":
-            return tr.text_completion(self.reply_id(), reply)
-        if self.endpoint == "/v1/responses":
-            return responses.whole_response(self.reply_id(), f"msg_{self.job_id}", reply, self.body)
-        return anthropic_api.whole_message(self.reply_id(), reply)
+        return self.ep.stream(self.ep.reply_id(self.job_id), self.job_id, self.body)
 
     async def _cancel_when_stored(self, submitting: asyncio.Future) -> None:
         try:
             await submitting
         except BaseException:
-            self.front.dispatcher.relays.pop(self.job_id, None)
+            self.front.relay.close(self.job_id)
             return
         await self.front.cancel(self.job_id, "client disconnected", self.actor)
-        self.front.dispatcher.relays.pop(self.job_id, None)
+        self.front.relay.close(self.job_id)
 
     # -- follow -----------------------------------------------------------------------------
 
@@ -376,7 +349,7 @@ class Call:
         while True:
             try:
                 async with asyncio.timeout(STATE_CHECK_S):
-                    items = [await self.relay.get()]
+                    items = [await self.inbox.get()]
             except TimeoutError:
                 ended = await self.ended_meanwhile()
                 if ended is not None:
@@ -385,8 +358,8 @@ class Call:
                     waited = time.monotonic()
                     await self.resp.write(f": waiting for node {self.node} (gpuq job {self.job_id})\n\n".encode())
                 continue
-            while not self.relay.empty():
-                items.append(self.relay.get_nowait())
+            while not self.inbox.empty():
+                items.append(self.inbox.get_nowait())
             out: list[bytes] = []
             for item in items:
                 kind = item[0]
@@ -426,13 +399,13 @@ class Call:
 
     async def ended_meanwhile(self) -> tuple | None:
         """The job ended with nothing for this client (a path that did not tell it)."""
-        if not self.relay.empty():
+        if not self.inbox.empty():
             return None
         try:
             job = await self.front.store.job(self.job_id)
         except (NotFound, StoreUnavailable):
             return None
-        if job["state"] in ACTIVE or not self.relay.empty():
+        if job["state"] in ACTIVE or not self.inbox.empty():
             return None
         message = f"gpuq job {self.job_id} is {job['state']}: {job['error'] or 'ended'}"
         return ENDED_STATUS, message, "job_" + job["state"]
@@ -454,19 +427,23 @@ class Call:
             return raw + b"\n", done
         self.chunks.append(chunk)
         if done:
-            reply = tr.collected(tr.NODE_ROUTE[self.endpoint], self.chunks, self.ollama)
-            if self.openai:
-                reply = self.whole_reply(reply)
-            self.resp = web.json_response(reply, headers=self.headers(), dumps=tr.dumps)
+            reply = self.whole_reply(collected(self.ep.node_route, self.chunks, self.ollama))
+            self.resp = web.json_response(reply, headers=self.headers(), dumps=dumps)
             if not self.openai:
                 self.resp.content_type, self.resp.charset = "application/json", "utf-8"
         return b"", done
 
+    def whole_reply(self, reply: Any) -> Any:
+        """stream:false (or an embedding): the node's reply in the route's shape (an Ollama
+        route's as the node gave it)."""
+        if self.ep.whole is None:
+            return reply
+        return self.ep.whole(self.ep.reply_id(self.job_id), self.job_id, self.body, reply)
+
     async def on_reply(self, reply: Any) -> web.StreamResponse:
-        if self.endpoint == "/v1/embeddings":
-            reply = tr.embedding_list(self.body["model"], reply, self.body.get("encoding_format"))
+        reply = self.whole_reply(reply)
         self.delivered = True
-        return web.json_response(reply, headers=self.headers(), dumps=tr.dumps)
+        return web.json_response(reply, headers=self.headers(), dumps=dumps)
 
     async def on_ended(self, reason: str) -> web.StreamResponse:
         """A person (or the router) ended the running job: the client hears why."""
@@ -489,27 +466,27 @@ class Call:
             if self.sse is not None:
                 await self.resp.write(self.sse.error(status, message, code))
             else:
-                await self.resp.write(tr.dumps(tr.ollama_error(message)).encode() + b"\n")
+                await self.resp.write(dumps(ollama_error(message)).encode() + b"\n")
             await self.resp.write_eof()
             return self.resp
         return error_response(self.request, status, message, code, headers=self.headers())
 
 
-async def run_call(request: web.Request, endpoint: str, check=None) -> web.StreamResponse:
+async def run_call(request: web.Request, ep: Endpoint) -> web.StreamResponse:
     """A call that makes a model work: a job, followed to its end by its client."""
     body = await json_of(request)
-    if check is not None:
-        check(body)
+    if ep.check is not None:
+        ep.check(body)
     front = request.app[FRONT]
     if front.closing:
         raise FrontError(503, "the gpuq router is shutting down", "router_shutdown")
-    if tr.is_load_or_unload(endpoint, body):
+    if is_load_or_unload(ep.path, body):
         # gpuq loads a model for each job and unloads it after: nothing to do, answered as Ollama
         # does, for a model some node has (Open WebUI unloads this way).
         if not any(normalize_model(body["model"]) in (rt.installed or ()) for rt in front.nodes_by_rank()):
             raise NotFound(f"model '{body['model']}' not found")
-        return web.json_response(tr.load_or_unload_reply(endpoint, body), dumps=tr.dumps)
-    call = Call(request, endpoint, body)
+        return web.json_response(load_or_unload_reply(ep.path, body), dumps=dumps)
+    call = Call(request, ep, body)
     try:
         await call.submit()
         return await call.follow()
@@ -523,43 +500,14 @@ async def run_call(request: web.Request, endpoint: str, check=None) -> web.Strea
         raise
     finally:
         if call.job_id:
-            front.dispatcher.relays.pop(call.job_id, None)
+            front.relay.close(call.job_id)
 
 
-async def chat(request: web.Request) -> web.StreamResponse:
-    return await run_call(request, "/api/chat", tr.check_chat)
-
-
-async def generate(request: web.Request) -> web.StreamResponse:
-    return await run_call(request, "/api/generate", tr.check_generate)
-
-
-async def embed(request: web.Request) -> web.StreamResponse:
-    return await run_call(request, "/api/embed", lambda body: tr.check_embed(body, legacy=False))
-
-
-async def embeddings(request: web.Request) -> web.StreamResponse:
-    return await run_call(request, "/api/embeddings", lambda body: tr.check_embed(body, legacy=True))
-
-
-async def openai_chat(request: web.Request) -> web.StreamResponse:
-    return await run_call(request, "/v1/chat/completions")
-
-
-async def openai_completions(request: web.Request) -> web.StreamResponse:
-    return await run_call(request, "/v1/completions")
-
-
-async def openai_embeddings(request: web.Request) -> web.StreamResponse:
-    return await run_call(request, "/v1/embeddings")
-
-
-async def openai_responses(request: web.Request) -> web.StreamResponse:
-    return await run_call(request, "/v1/responses")
-
-
-async def anthropic_messages(request: web.Request) -> web.StreamResponse:
-    return await run_call(request, "/v1/messages")
+def call_handler(ep: Endpoint):
+    """The handler of an endpoint's route (one per record of gpuq/front/endpoints.py)."""
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await run_call(request, ep)
+    return handler
 
 
 # -- assembly -----------------------------------------------------------------------------------
@@ -568,16 +516,17 @@ async def _closing(app: web.Application) -> None:
     """Calls still waiting end first (their jobs cancelled), or the shutdown waits for them."""
     front = app[FRONT]
     front.closing = True
-    for relay in list(front.dispatcher.relays.values()):
-        relay.put_nowait(("shutdown",))
+    front.relay.shutdown()
 
 
-def create_front_app(settings: Settings, store: Store, dispatcher: Dispatcher, bus: Bus) -> web.Application:
-    """The front door's app; the router's app (gpuq/server.py) owns the store and dispatcher."""
+def create_front_app(settings: Settings, store: Store, dispatcher: Dispatcher, bus: Bus,
+                     relay: Relay) -> web.Application:
+    """The front door's app; the router's app (gpuq/server.py) owns the store and dispatcher,
+    and its workers run the calls' jobs through `relay` (the Dispatcher's calls)."""
     app = web.Application(middlewares=[errors_middleware, body_deadline(settings.body_timeout_s, error_response),
                                        access_middleware(settings)],
                           client_max_size=settings.max_prompt_bytes * 2 + 65536)
-    app[FRONT] = Front(settings, store, dispatcher, bus)
+    app[FRONT] = Front(settings, store, dispatcher, bus, relay)
     app.on_shutdown.append(_closing)
     r = app.router
     r.add_get("/", root)
@@ -585,15 +534,8 @@ def create_front_app(settings: Settings, store: Store, dispatcher: Dispatcher, b
     r.add_get("/api/tags", tags)
     r.add_get("/api/ps", ps, allow_head=False)
     r.add_post("/api/show", show)
-    r.add_post("/api/chat", chat)
-    r.add_post("/api/generate", generate)
-    r.add_post("/api/embed", embed)
-    r.add_post("/api/embeddings", embeddings)
-    r.add_post("/v1/chat/completions", openai_chat)
-    r.add_post("/v1/completions", openai_completions)
-    r.add_post("/v1/embeddings", openai_embeddings)
-    r.add_post("/v1/responses", openai_responses)
-    r.add_post("/v1/messages", anthropic_messages)
+    for ep in ENDPOINTS.values():
+        r.add_post(ep.path, call_handler(ep))
     r.add_get("/v1/models", openai_models, allow_head=False)
     r.add_get("/v1/models/{model:.+}", openai_model, allow_head=False)
     for path in NOT_SERVED:
@@ -632,16 +574,14 @@ def bind_front_door(settings: Settings, any_port_if_taken: bool = False) -> list
     return sockets
 
 
-async def start_front_door(settings: Settings, router_app: web.Application, sockets: list[socket.socket],
-                           guard) -> FrontDoor | None:
+async def start_front_door(settings: Settings, store: Store, dispatcher: Dispatcher, bus: Bus, relay: Relay,
+                           sockets: list[socket.socket], guard) -> FrontDoor | None:
     """Serve the front door on its sockets, beside the router (the router's app owns the store
     and the dispatcher). A client that disconnects cancels its handler (handler_cancellation),
     so its waiting job is cancelled at once."""
-    from ..server import BUS, DISPATCHER, STORE
-
     if not sockets:
         return None
-    app = create_front_app(settings, router_app[STORE], router_app[DISPATCHER], router_app[BUS])
+    app = create_front_app(settings, store, dispatcher, bus, relay)
     runner = web.AppRunner(app, handle_signals=False, access_log=None, handler_cancellation=True,
                            keepalive_timeout=settings.keepalive_timeout_s)
     await runner.setup()

@@ -12,11 +12,9 @@ import json
 import time
 from typing import Any
 
-from . import translate as tr
-from ..errors import BadRequest, json_object
-
-WEB_SEARCH_REFUSED = ("the built-in web_search tool is not served by gpuq's front door (Ollama runs it through "
-                      "ollama.com); declare your own function tool instead")
+from . import shapes
+from ..errors import BadRequest, json_object, json_type
+from .openai_api import openai_error
 
 
 # -- the request -> /api/chat -------------------------------------------------------------------
@@ -28,11 +26,11 @@ def _content(parts: list, where: str) -> tuple[str, list[str]]:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in ("input_text", "output_text"):
             if not isinstance(part.get("text", ""), str):
-                raise tr._wrong(f"{where}[{i}].text", "a string", part.get("text"))
+                raise shapes.wrong(f"{where}[{i}].text", "a string", part.get("text"))
             text += part.get("text") or ""
         elif kind == "input_image":
             if part.get("image_url"):  # a file_id alone is skipped, as Ollama does
-                images.append(tr._image_of(part["image_url"]))
+                images.append(shapes.image_of(part["image_url"]))
         elif kind == "input_file":
             raise BadRequest("file inputs are not currently supported")
         else:
@@ -63,8 +61,8 @@ def _arguments(text: Any) -> dict:
     if text in (None, ""):
         return {}
     if not isinstance(text, str):
-        raise tr._wrong("arguments", "a string", text)
-    return json_object(text.encode(), "", "failed to parse function call arguments", tr._go_type)
+        raise shapes.wrong("arguments", "a string", text)
+    return json_object(text.encode(), "", "failed to parse function call arguments", json_type)
 
 
 def input_messages(items: list) -> list[dict]:
@@ -75,13 +73,13 @@ def input_messages(items: list) -> list[dict]:
     for i, item in enumerate(items):
         where = f"input[{i}]"
         if not isinstance(item, dict):
-            raise tr._wrong(where, "an object", item)
+            raise shapes.wrong(where, "an object", item)
         kind = _kind(item)
         if kind == "reasoning":
             pending_thinking = item.get("encrypted_content") or ""
         elif kind == "message":
             text, images = _content(_parts(item.get("content"), where), f"{where}: content")
-            msg = tr._message(str(item.get("role") or ""), text, images=images)
+            msg = shapes.message(str(item.get("role") or ""), text, images=images)
             if msg["role"] == "assistant" and pending_thinking:
                 msg["thinking"], pending_thinking = pending_thinking, ""
             if _merged_into_call(messages, msg, items, i):
@@ -101,7 +99,7 @@ def input_messages(items: list) -> list[dict]:
             output = item.get("output")
             text, images = (output or "", []) if isinstance(output, str) or output is None \
                 else _content(_parts(output, where), f"{where}: output")
-            messages.append(tr._message("tool", text, images=images, tool_call_id=item.get("call_id")))
+            messages.append(shapes.message("tool", text, images=images, tool_call_id=item.get("call_id")))
         elif kind == "web_search_call":
             continue  # history metadata; the assistant message after it carries the result
         else:
@@ -136,9 +134,9 @@ def _tool(tool: Any) -> list[dict]:
     """One Responses tool as Ollama's (convertTools): flat fields, a namespace expanded into its
     members with qualified names."""
     if not isinstance(tool, dict):
-        raise tr._wrong("tools[]", "an object", tool)
+        raise shapes.wrong("tools[]", "an object", tool)
     if tool.get("type") == "web_search":
-        raise BadRequest(WEB_SEARCH_REFUSED)
+        raise BadRequest(shapes.WEB_SEARCH_REFUSED)
     if tool.get("type") == "namespace":
         prefix = f"{tool['name']}." if tool.get("name") else ""
         out = [t for member in tool.get("tools") or [] for t in _tool(member)]
@@ -157,10 +155,10 @@ def responses_request(body: dict) -> dict:
     if not isinstance(body.get("model"), str) or not body["model"].strip():
         raise BadRequest("model is required")
     if body.get("stream") is not None and not isinstance(body["stream"], bool):
-        raise tr._wrong("stream", "true or false", body["stream"])
+        raise shapes.wrong("stream", "true or false", body["stream"])
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
-        raise tr._wrong("instructions", "a string", instructions)
+        raise shapes.wrong("instructions", "a string", instructions)
     messages = [{"role": "system", "content": instructions}] if instructions else []
     given = body.get("input")
     if isinstance(given, str):
@@ -171,23 +169,23 @@ def responses_request(body: dict) -> dict:
     elif given is not None:
         raise BadRequest("input must be a string or array")
     options: dict[str, Any] = {}
-    temperature = tr._number(body, "temperature")
+    temperature = shapes.number(body, "temperature")
     options["temperature"] = 1.0 if temperature is None else temperature
-    if (top_p := tr._number(body, "top_p")) is not None:
+    if (top_p := shapes.number(body, "top_p")) is not None:
         options["top_p"] = top_p
-    if (limit := tr._whole(body, "max_output_tokens")) is not None:
+    if (limit := shapes.whole(body, "max_output_tokens")) is not None:
         options["num_predict"] = limit
     out: dict[str, Any] = {"model": body["model"], "messages": messages, "options": options,
                            "stream": bool(body.get("stream"))}
-    if tools := tr.tools_of(body):
+    if tools := shapes.tools_of(body):
         out["tools"] = [t for tool in tools for t in _tool(tool)]
     fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema" and fmt.get("schema") is not None:
         out["format"] = fmt["schema"]
     reasoning = body.get("reasoning")
     if reasoning is not None and not isinstance(reasoning, dict):
-        raise tr._wrong("reasoning", "an object", reasoning)
-    think = tr.think_from_effort((reasoning or {}).get("effort"))
+        raise shapes.wrong("reasoning", "an object", reasoning)
+    think = shapes.think_from_effort((reasoning or {}).get("effort"))
     if think is not None:
         out["think"] = think
     return out
@@ -267,12 +265,13 @@ def whole_response(response_id: str, item_id: str, reply: dict, body: dict) -> d
     output = []
     if message.get("thinking"):
         output.append(_reasoning_item(f"rs_{response_id}", message["thinking"]))
-    calls = tr._tool_calls_out(message.get("tool_calls") or [])
+    calls = shapes.tool_calls_out(message.get("tool_calls") or [])
     if calls:
         output += [_call_item(f"fc_{response_id}_{i}", c) for i, c in enumerate(calls)]
     else:
         output.append(_message_item(item_id, message.get("content") or ""))
-    return response_object(response_id, body, "completed", output, _usage(reply), tr.unix_of(reply.get("created_at")))
+    created = shapes.unix_of(reply.get("created_at"))
+    return response_object(response_id, body, "completed", output, _usage(reply), created)
 
 
 class ResponsesStream:
@@ -295,7 +294,7 @@ class ResponsesStream:
     def _event(self, kind: str, **data: Any) -> bytes:
         data = {"type": kind, "sequence_number": self.seq, **data}
         self.seq += 1
-        return tr.sse_event(kind, data)
+        return shapes.sse_event(kind, data)
 
     def _start(self) -> list[bytes]:
         if self.started:
@@ -333,7 +332,7 @@ class ResponsesStream:
 
     def _calls(self, calls: list) -> list[bytes]:
         out = self._end_reasoning()
-        for i, call in enumerate(tr._tool_calls_out(calls)):
+        for i, call in enumerate(shapes.tool_calls_out(calls)):
             item = _call_item(f"fc_{self.id}_{self.index}", call)
             arguments = item["arguments"]
             out += [self._event("response.output_item.added", output_index=self.index,
@@ -376,7 +375,7 @@ class ResponsesStream:
         return out + [self._event("response.completed", response=response)]
 
     def feed(self, chunk: dict) -> bytes:
-        content, thinking, calls = tr.chunk_text(chunk)
+        content, thinking, calls = shapes.chunk_text(chunk)
         out = self._start()
         if thinking:
             out += self._think(thinking)
@@ -395,4 +394,4 @@ class ResponsesStream:
         failed = response_object(self.id, self.body, "failed", self.done_items, None)
         failed["error"] = {"code": code or "api_error", "message": message}
         return b"".join(self._start()) + self._event("response.failed", response=failed,
-                                                     error=tr.openai_error(status, message, code)["error"])
+                                                     error=openai_error(status, message, code)["error"])

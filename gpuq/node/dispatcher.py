@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import aiohttp
@@ -12,6 +11,7 @@ from ..bus import Bus
 from ..config import Settings
 from ..errors import GpuqError
 from ..models import parse_iso
+from .calls import Calls, NoCalls
 from .monitor import NodeMonitor
 from .runtime import Current, NodeRuntime
 from .ollama import OllamaClient
@@ -25,7 +25,7 @@ log = logging.getLogger("gpuq")
 
 
 class Dispatcher:
-    def __init__(self, settings: Settings, store: Store, bus: Bus):
+    def __init__(self, settings: Settings, store: Store, bus: Bus, calls: Calls | None = None):
         self.settings = settings
         self.store = store
         self.bus = bus
@@ -34,10 +34,9 @@ class Dispatcher:
         self.monitors: dict[str, NodeMonitor] = {}
         self.workers: dict[str, Worker] = {}
         self.loops = Loops()  # every background loop, supervised: a crash is logged and restarted
-        # Front-door calls whose client waits (gpuq/front/listener.py): what their run sends it, in order:
-        # ("start", node), ("chunk", raw line, chunk), ("reply", object), ("error", status,
-        # message), ("ended", reason). The client's handler puts the queue here before its submit.
-        self.relays: dict[str, asyncio.Queue] = {}
+        # How a job a client called for runs, and how its waiting client hears of its end: the
+        # front door's (gpuq/front/relay.py), given by the daemon before start().
+        self.calls: Calls = calls or NoCalls()
 
     async def start(self, stuck: list[dict] | None = None) -> None:
         """`stuck`: the models a previous router saw stuck in VRAM (open vram_stuck alerts, with
@@ -54,7 +53,7 @@ class Dispatcher:
             rt = self.nodes[cfg.name] = NodeRuntime(cfg, client)
             monitor = self.monitors[cfg.name] = NodeMonitor(rt, self.store, self.settings.health_interval_s,
                                                             self._changed, lambda name=cfg.name: self.wake(name))
-            self.workers[cfg.name] = Worker(rt, monitor, self.settings, self.store, self.bus, self.relays,
+            self.workers[cfg.name] = Worker(rt, monitor, self.settings, self.store, self.bus, self.calls,
                                             self._changed, self.wake)
         for s in stuck or []:
             rt = self.nodes.get(s["node"])
@@ -112,10 +111,7 @@ class Dispatcher:
 
     def ended(self, job_ids: list[str], reason: str) -> None:
         """Jobs a person ended (deleted, cleared): their waiting front-door clients hear why."""
-        for job_id in job_ids:
-            relay = self.relays.get(job_id)
-            if relay is not None:
-                relay.put_nowait(("ended", reason))
+        self.calls.ended(job_ids, reason)
 
     def live(self, job_id: str) -> Current | None:
         """The running job's in-memory state (its output so far, one piece per token)."""

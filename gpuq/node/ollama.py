@@ -13,7 +13,7 @@ from typing import Any, AsyncIterator
 
 import aiohttp
 
-from ..errors import OllamaError, OllamaUnreachable
+from ..errors import OllamaError, OllamaUnreachable, json_type
 from ..models import normalize_model
 
 
@@ -32,14 +32,6 @@ def _progress(chunk: dict) -> bool:
     message = chunk.get("message") or {}
     return bool(message.get("content") or message.get("thinking") or message.get("tool_calls")
                 or chunk.get("response") or chunk.get("thinking"))
-
-
-def json_type(value: Any) -> str:
-    """What JSON calls the value's type, for messages."""
-    if isinstance(value, bool):
-        return "boolean"
-    names = {dict: "object", list: "array", str: "string", int: "number", float: "number", type(None): "null"}
-    return names.get(type(value), type(value).__name__)
 
 
 def _snippet(value: Any) -> str:

@@ -23,8 +23,7 @@ from .ollama import prompt_was_cut
 from ..params import merged_options
 from ..errors import GuardMiss
 from ..store import Store
-from ..front.anthropic import relaxes_thinking
-from ..front.translate import STREAMED_ROUTES, chunk_text, node_request
+from .calls import Calls, Policy
 
 log = logging.getLogger("gpuq")
 
@@ -43,10 +42,6 @@ MIN_REQUEST_S = 0.05  # the shortest limit given to one request to a node
 # With unload = "when-idle", the model a job leaves loaded for the next one of the same model.
 # Bounded, so a router that dies does not pin it forever; an idle node unloads it at once.
 KEEP_WARM = "10m"
-# A front-door generate's last chunk carries its whole token context (`context`), which may be
-# far past the reader's buffer; still bounded, so a broken node cannot fill the router's memory.
-FRONT_MAX_LINE = 16 << 20
-EMBED_MAX_BYTES = 256 << 20  # an embedding's reply, read whole (its vectors go to the client)
 # Why a claimed job goes back to the head of its queue when the router stops before sending it.
 NOT_SENT = "back to the head of the queue: the router stopped before this run's request reached Ollama"
 
@@ -81,13 +76,13 @@ class Worker:
     `wake_all` wakes every node's worker (a finished task readies critiques held elsewhere)."""
 
     def __init__(self, rt: NodeRuntime, monitor: NodeMonitor, settings: Settings, store: Store, bus: Bus,
-                 relays: dict[str, asyncio.Queue], changed: Callable[..., None], wake_all: Callable[[], None]):
+                 calls: Calls, changed: Callable[..., None], wake_all: Callable[[], None]):
         self.rt = rt
         self.monitor = monitor
         self.settings = settings
         self.store = store
         self.bus = bus
-        self.relays = relays  # front-door calls whose client waits (see Dispatcher.relays)
+        self.calls = calls  # jobs a client called for, run as the front door prepares them
         self.changed = changed
         self.wake_all = wake_all
         self.wake = asyncio.Event()
@@ -220,7 +215,7 @@ class Worker:
             if cur.abort_reason is None:  # the router is shutting down
                 cur.task.cancel()
                 raise
-            self._tell(job["id"], "ended", cur.abort_reason)
+            self.calls.ended([job["id"]], cur.abort_reason)
             await self._after_abort(job, cur)
             return None
         except Exception as exc:  # a step outside the job's own error handling broke (finish, unload)
@@ -272,7 +267,7 @@ class Worker:
         except Exception as exc:  # a bug, or a reply no check foresaw: this job fails, the worker goes on
             error = f"unexpected error in the router: {described(exc)}"
             log.exception("job=%s node=%s %s", job["id"], self.rt.name, error)
-            self._tell(job["id"], "error", 500, error)
+            self.calls.failed(job["id"], 500, error)
         unloaded = await self._unload_after(job, error)
         await self._finish(job, cur, error, findings, unloaded)
 
@@ -304,12 +299,12 @@ class Worker:
 
     async def _generate(self, job: dict, cur: Current) -> tuple[dict | None, str | None]:
         """Stream the reply within the job's limit; returns Ollama's last chunk (its stats) or the
-        error. A front-door call's client hears of an error at once, with Ollama's status."""
+        error. A called job's waiting client hears of an error at once, with Ollama's status."""
         started = time.monotonic()
         limit_s, limit_name = self._limit_s(job)
         try:
             async with asyncio.timeout(limit_s):
-                if job.get("endpoint") is not None:  # a call through the front door (gpuq/front/listener.py)
+                if job.get("endpoint") is not None:  # a call through the front door (node/calls.py)
                     return await self._call(job, cur), None
                 return await self._chat(job, cur), None
         except TimeoutError:
@@ -365,59 +360,13 @@ class Worker:
         raise OllamaError("Ollama's stream ended without done: true")
 
     async def _call(self, job: dict, cur: Current) -> dict:
-        """Run a front-door call on the node and relay what it answers, chunk by chunk as Ollama
-        sent it; keep the answer, the reasoning and any tool calls as the job's output."""
-        self._tell(job["id"], "start", self.rt.name)
-        config = self.rt.config
-        route, body = node_request(job["endpoint"], json.loads(job["request"])["body"],
-                                   self._node_think(job["model"]), config.options, self._keep_alive())
-        cur.options = body.get("options")
+        """A job a client called for: its request as the front door prepares it under the node's
+        policy, run on the node; its output kept as it comes."""
+        call = self.calls.prepare(job, Policy(self._node_think(job["model"]), self.rt.config.options,
+                                              self._keep_alive()), self.rt.name)
+        cur.options = call.options
         self.sent_run = cur.run_id  # the request leaves now
-        if route not in STREAMED_ROUTES:  # an embedding: one answer
-            return await self._embed(job, cur, route, body)
-        last_beat = time.monotonic()
-        async for raw, chunk in self._node_stream(job, route, body):
-            self._tell(job["id"], "chunk", raw, chunk)
-            text, thought, calls = chunk_text(chunk)
-            for call in calls:  # shown with the answer on the job's page
-                function = call.get("function") or {}
-                text += f"\n[tool call {function.get('name')} {json.dumps(function.get('arguments'))}]"
-            self._keep(job, cur, thought, text)
-            if chunk.get("done"):
-                return chunk
-            last_beat = await self._beat(job, cur, last_beat)
-        raise OllamaError("Ollama's stream ended without done: true")
-
-    async def _node_stream(self, job: dict, route: str, body: dict):
-        """The node's chunks. An Anthropic call asking a model that cannot think to think is sent
-        again without `think`, as Ollama relaxes it for Claude Code and the like (server/routes.go
-        ChatHandler, "relax_thinking"): the node refused it before any work."""
-        sent = False
-        try:
-            async for item in self.rt.client.stream(route, body, max_line=FRONT_MAX_LINE):
-                sent = True
-                yield item
-            return
-        except OllamaError as exc:
-            if sent or not relaxes_thinking(job["endpoint"], body.get("think"), exc.status, exc.message):
-                raise
-        warning = f"warning: {body.get('model')} does not support thinking: sent again without it, as Ollama relaxes it"
-        log.warning("job=%s node=%s %s", job["id"], self.rt.name, warning)
-        await self._persist(job["id"], "event", lambda: self.store.note(job["id"], warning))
-        body = {k: v for k, v in body.items() if k != "think"}
-        async for item in self.rt.client.stream(route, body, max_line=FRONT_MAX_LINE):
-            yield item
-
-    async def _embed(self, job: dict, cur: Current, route: str, body: dict) -> dict:
-        reply = await self.rt.client.post(route, body, max_bytes=EMBED_MAX_BYTES)
-        vectors = reply.get("embeddings") if isinstance(reply, dict) else None
-        if vectors is None and isinstance(reply, dict) and "embedding" in reply:
-            vectors = [reply["embedding"]]
-        dims = len(vectors[0]) if vectors else 0
-        cur.output.append(f"{len(vectors or [])} embedding(s) of {dims} dimensions (the vectors went to the client)")
-        self._tell(job["id"], "reply", reply)
-        return {k: reply.get(k) for k in ("prompt_eval_count", "total_duration", "load_duration")} \
-            if isinstance(reply, dict) else {}
+        return await call.run(self.rt.client, RunSink(self, job, cur))
 
     def _keep(self, job: dict, cur: Current, thought: str, text: str) -> None:
         """Keep a chunk's reasoning and answer apart, and show both to live followers; a piece
@@ -446,15 +395,9 @@ class Worker:
             log.warning("job=%s heartbeat not recorded: %s", job["id"], exc.message)
         return time.monotonic()
 
-    def _tell(self, job_id: str, *item) -> None:
-        """Pass a front-door call's progress to its waiting client, if it still waits."""
-        relay = self.relays.get(job_id)
-        if relay is not None:
-            relay.put_nowait(item)
-
     def _told(self, job_id: str, status: int | None, error: str) -> str:
-        """A run's error, passed to its waiting front-door client (if any) first."""
-        self._tell(job_id, "error", status, error)
+        """A run's error, passed to its waiting client (if any) first."""
+        self.calls.failed(job_id, status, error)
         return error
 
     # -- step 2: record -----------------------------------------------------------------------
@@ -619,3 +562,24 @@ class Worker:
         log.info("job=%s node=%s state=%s%s", job["id"], self.rt.name, state, f" error={error!r}" if error else "")
         if job["kind"] == Kind.TASK:  # critiques held for this task are ready (or were cancelled)
             self.wake_all()  # (the page hears of the change from _run, as for every job)
+
+
+class RunSink:
+    """What a called job's run (node/calls.py) keeps through its worker: output, heartbeat, events."""
+
+    def __init__(self, worker: Worker, job: dict, cur: Current):
+        self.worker, self.job, self.cur = worker, job, cur
+        self.last_beat = time.monotonic()
+
+    def keep(self, thinking: str, text: str) -> None:
+        self.worker._keep(self.job, self.cur, thinking, text)
+
+    def summary(self, text: str) -> None:
+        self.cur.output.append(text)
+
+    async def beat(self) -> None:
+        self.last_beat = await self.worker._beat(self.job, self.cur, self.last_beat)
+
+    async def note(self, message: str) -> None:
+        job_id = self.job["id"]
+        await self.worker._persist(job_id, "event", lambda: self.worker.store.note(job_id, message))

@@ -1,0 +1,140 @@
+"""The front door's endpoint registry: one record per route whose calls are jobs, saying all the
+front door knows of it: its API, the Ollama route it runs as on its node, how its body is
+checked and translated to Ollama's, what the job shows as its prompt, the whole reply of
+stream:false, the writer of its server-sent events, its reply id and its job kind. The
+listener (gpuq/front/listener.py) and the relay (gpuq/front/relay.py) read it; nothing else
+names a route. Pure, no I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+from ..models import Kind
+from ..params import merged_options
+from . import anthropic, ollama_api, openai_api, responses
+from .shapes import chat_prompt, embed_prompt, generate_prompt
+
+STREAMED_ROUTES = ("/api/chat", "/api/generate")  # on the node: the others answer one object
+
+
+class StreamWriter(Protocol):
+    """A /v1 stream: the node's chunks as the API's server-sent events, and its error event."""
+
+    def feed(self, chunk: dict) -> bytes: ...
+
+    def error(self, status: int, message: str, code: str | None = None) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    path: str  #: the front door's route (POST)
+    api: str  #: "ollama", "openai" or "anthropic": its error shape, its token rule, how it streams
+    node_route: str  #: the Ollama route its job runs as on its node
+    kind: Kind  #: the job kind its calls become
+    #: the client's body in Ollama's terms; raises BadRequest (the /v1 translations check as they go)
+    to_ollama: Callable[[dict], dict]
+    #: what the job shows as its prompt; read from the client's body, or from its translation
+    prompt: Callable[[dict], str]
+    prompt_from_ollama: bool = False
+    check: Callable[[dict], None] | None = None  #: Ollama's own checks of an /api body, before all else
+    #: stream:false (or an embedding): (reply id, job id, client body, the node's reply) -> the API's reply
+    whole: Callable[[str, str, dict, dict], Any] | None = None
+    #: a /v1 stream's writer: (reply id, job id, client body) -> StreamWriter; None: Ollama's lines as sent
+    stream: Callable[[str, str, dict], StreamWriter] | None = None
+    id_prefix: str = ""  #: the API's id of a reply: this and the job's id, so a client's log leads to the job
+
+    @property
+    def node_streams(self) -> bool:
+        return self.node_route in STREAMED_ROUTES
+
+    def streams(self, body: dict) -> bool:
+        """Whether the client gets a stream: an Ollama call unless it says stream:false, a /v1
+        call when it asks; an embedding never."""
+        if self.kind == Kind.EMBED:
+            return False
+        return body.get("stream") is not False if self.api == "ollama" else bool(body.get("stream"))
+
+    def shown_prompt(self, body: dict, ollama: dict) -> str:
+        return self.prompt(ollama if self.prompt_from_ollama else body)
+
+    def reply_id(self, job_id: str) -> str:
+        return self.id_prefix + job_id
+
+
+def _same(body: dict) -> dict:
+    return body
+
+
+def _usage_asked(body: dict) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and bool(options.get("include_usage"))
+
+
+def _item_id(job_id: str) -> str:
+    return f"msg_{job_id}"
+
+
+ENDPOINTS: dict[str, Endpoint] = {ep.path: ep for ep in (
+    Endpoint("/api/chat", "ollama", "/api/chat", Kind.TASK, _same, chat_prompt, check=ollama_api.check_chat),
+    Endpoint("/api/generate", "ollama", "/api/generate", Kind.TASK, _same, generate_prompt,
+             check=ollama_api.check_generate),
+    Endpoint("/api/embed", "ollama", "/api/embed", Kind.EMBED, _same, lambda body: embed_prompt(body.get("input")),
+             check=lambda body: ollama_api.check_embed(body, legacy=False)),
+    Endpoint("/api/embeddings", "ollama", "/api/embeddings", Kind.EMBED, _same,
+             lambda body: embed_prompt(body.get("prompt")),
+             check=lambda body: ollama_api.check_embed(body, legacy=True)),
+    Endpoint("/v1/chat/completions", "openai", "/api/chat", Kind.TASK, openai_api.openai_chat_request, chat_prompt,
+             whole=lambda rid, job_id, body, reply: openai_api.chat_completion(rid, reply),
+             stream=lambda rid, job_id, body: openai_api.ChatStream(rid, _usage_asked(body)), id_prefix="chatcmpl-"),
+    Endpoint("/v1/completions", "openai", "/api/generate", Kind.TASK, openai_api.openai_completion_request,
+             generate_prompt, whole=lambda rid, job_id, body, reply: openai_api.text_completion(rid, reply),
+             stream=lambda rid, job_id, body: openai_api.CompletionStream(rid, _usage_asked(body)), id_prefix="cmpl-"),
+    Endpoint("/v1/embeddings", "openai", "/api/embed", Kind.EMBED, openai_api.openai_embed_request,
+             lambda body: embed_prompt(body.get("input")),
+             whole=lambda rid, job_id, body, reply: openai_api.embedding_list(body["model"], reply,
+                                                                              body.get("encoding_format"))),
+    # OpenAI's Responses API and Anthropic's Messages API: their own shapes of a chat, each shown
+    # from its translation (made once per call).
+    Endpoint("/v1/responses", "openai", "/api/chat", Kind.TASK, responses.responses_request, chat_prompt,
+             prompt_from_ollama=True,
+             whole=lambda rid, job_id, body, reply: responses.whole_response(rid, _item_id(job_id), reply, body),
+             stream=lambda rid, job_id, body: responses.ResponsesStream(rid, _item_id(job_id), body),
+             id_prefix="resp_"),
+    Endpoint("/v1/messages", "anthropic", "/api/chat", Kind.TASK, anthropic.messages_request, chat_prompt,
+             prompt_from_ollama=True, whole=lambda rid, job_id, body, reply: anthropic.whole_message(rid, reply),
+             stream=lambda rid, job_id, body: anthropic.MessagesStream(rid, body["model"],
+                                                                       anthropic.estimate_input_tokens(body)),
+             id_prefix="msg_"),
+)}
+
+
+def api_of(path: str) -> str:
+    """Which API a path speaks, the routes that are not jobs too (/v1/models is OpenAI's, an
+    unknown /v1 path gets OpenAI's error shape)."""
+    ep = ENDPOINTS.get(path)
+    if ep is not None:
+        return ep.api
+    return "openai" if path.startswith("/v1/") else "ollama"
+
+
+def node_request(path: str, body: dict, node_think: bool | str | None = None,
+                 node_options: dict | None = None, keep_alive: int | str = 0) -> tuple[str, dict]:
+    """The Ollama route and body a front-door job sends its node: the client's own request, with
+    the node's policy over it: the node's keep_alive, whatever the client asked (0: the model
+    leaves VRAM after the job), chat and generate streamed (gpuq relays each chunk as it
+    comes), the node's options under the client's, and the node's `think` when the client set
+    none."""
+    ep = ENDPOINTS[path]
+    out = dict(ep.to_ollama(body))
+    out["keep_alive"] = keep_alive
+    if ep.node_streams:
+        out["stream"] = True
+        if out.get("think") is None and node_think is not None:
+            out["think"] = node_think
+    else:
+        out.pop("stream", None)
+    options = merged_options(node_options, out.get("options") if isinstance(out.get("options"), dict) else None)
+    if options:
+        out["options"] = options
+    return ep.node_route, out

@@ -1,0 +1,216 @@
+"""Ollama's own API on the front door: its request checks (as Ollama's server/routes.go makes
+them), its answer to an empty call (load or unload), a stream collected into the one reply of
+stream:false, its error body, and the listings merged across the nodes. Pure, no I/O."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+from typing import Any, Iterable
+
+from ..errors import BadRequest, NotFound
+from ..params import options_problem
+from .shapes import chunk_text, now_rfc3339, tools_of, unix_of, wrong
+
+def ollama_error(message: str) -> dict:
+    return {"error": message}
+
+
+def check_keep_alive(value: Any) -> None:
+    """Ollama refuses a keep_alive it cannot parse (400), even though gpuq ignores the value."""
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return
+    if isinstance(value, str):
+        text = value.strip()
+        if text == "0" or re.fullmatch(r"[-+]?((\d+(\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h))+", text):
+            return
+        raise BadRequest(f'time: missing unit in duration "{value}"' if text.lstrip("-").replace(".", "").isdigit()
+                         else f'time: invalid duration "{value}"')
+    raise BadRequest("Unsupported type")
+
+
+def _check_common(body: dict) -> None:
+    for field in ("stream", "raw"):
+        if body.get(field) is not None and not isinstance(body[field], bool):
+            raise wrong(field, "true or false", body[field])
+    if body.get("options") is not None:
+        problem = options_problem(body["options"])
+        if problem:
+            raise BadRequest(f"field 'options': {problem}")
+    think = body.get("think")
+    if think is not None and not isinstance(think, bool) and think not in ("low", "medium", "high", "max"):
+        raise BadRequest(f"invalid think value: {json.dumps(think)[:60]} (must be \"high\", \"medium\", "
+                         "\"low\", true, or false)")
+    fmt = body.get("format")
+    if fmt is not None and not isinstance(fmt, (str, dict)):
+        raise wrong("format", "\"json\" or a JSON schema object", fmt)
+    check_keep_alive(body.get("keep_alive"))
+
+
+def _check_images(images: Any, where: str) -> None:
+    if images is None:
+        return
+    if not isinstance(images, list) or not all(isinstance(i, str) for i in images):
+        raise wrong(where, "an array of base64 strings", images)
+    for image in images:
+        try:
+            base64.b64decode(image, validate=True)
+        except (binascii.Error, ValueError):
+            raise BadRequest(f"{where}: illegal base64 data in an image") from None
+
+
+def check_chat(body: dict) -> None:
+    """An /api/chat body Ollama would accept (types only; the model is checked by placement)."""
+    if not isinstance(body.get("model"), str) or not body["model"].strip():
+        raise BadRequest("model is required")
+    _check_common(body)
+    messages = body.get("messages")
+    if messages is None:
+        return
+    if not isinstance(messages, list):
+        raise wrong("messages", "an array of messages", messages)
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            raise wrong(f"messages[{i}]", "an object", msg)
+        if not isinstance(msg.get("role"), str):
+            raise wrong(f"messages[{i}].role", "a string", msg.get("role"))
+        if msg.get("content") is not None and not isinstance(msg["content"], str):
+            raise wrong(f"messages[{i}].content", "a string", msg["content"])
+        if msg.get("tool_calls") is not None and not isinstance(msg["tool_calls"], list):
+            raise wrong(f"messages[{i}].tool_calls", "an array", msg["tool_calls"])
+        _check_images(msg.get("images"), f"messages[{i}].images")
+    tools_of(body)
+
+
+def check_generate(body: dict) -> None:
+    if not isinstance(body.get("model"), str) or not body["model"].strip():
+        raise NotFound(f"model '{body.get('model') or ''}' not found")
+    _check_common(body)
+    for field in ("prompt", "suffix", "system", "template"):
+        if body.get(field) is not None and not isinstance(body[field], str):
+            raise wrong(field, "a string", body[field])
+    if body.get("context") is not None and not (isinstance(body["context"], list)
+                                                and all(isinstance(t, int) for t in body["context"])):
+        raise wrong("context", "an array of token numbers", body["context"])
+    _check_images(body.get("images"), "images")
+    if body.get("raw") and (body.get("template") or body.get("system") or body.get("context")):
+        raise BadRequest("raw mode does not support template, system, or context")
+
+
+def check_embed(body: dict, legacy: bool) -> None:
+    """/api/embed (input: a string or strings) or the legacy /api/embeddings (prompt)."""
+    if not isinstance(body.get("model"), str) or not body["model"].strip():
+        raise (BadRequest("model is required") if legacy else NotFound(f"model '{body.get('model') or ''}' not found"))
+    if body.get("options") is not None and (wrong := options_problem(body["options"])):
+        raise BadRequest(f"field 'options': {wrong}")
+    check_keep_alive(body.get("keep_alive"))
+    if legacy:
+        if body.get("prompt") is not None and not isinstance(body["prompt"], str):
+            raise wrong("prompt", "a string", body["prompt"])
+        return
+    given = body.get("input")
+    if given is not None and not isinstance(given, str) and not (
+            isinstance(given, list) and all(isinstance(i, str) for i in given)):
+        raise BadRequest("invalid input type")
+    if body.get("dimensions") is not None and (isinstance(body["dimensions"], bool)
+                                               or not isinstance(body["dimensions"], int)):
+        raise wrong("dimensions", "a whole number", body["dimensions"])
+
+
+def is_load_or_unload(endpoint: str, body: dict) -> bool:
+    """Ollama answers an empty call at once: it loads the model, or with keep_alive 0 unloads it.
+    gpuq loads a model for each job and unloads it after, so such a call has nothing to do."""
+    if endpoint == "/api/chat":
+        return not body.get("messages")
+    if endpoint == "/api/generate":
+        return not body.get("prompt")
+    if endpoint == "/api/embed":
+        given = body.get("input")
+        return given is None or given == "" or given == []
+    if endpoint == "/api/embeddings":
+        return not body.get("prompt")
+    return False
+
+
+def _unloads(body: dict) -> bool:
+    keep_alive = body.get("keep_alive")
+    return keep_alive is not None and keep_alive in (0, 0.0, "0", "0s", "0m", "0h", "0ms")
+
+
+def load_or_unload_reply(endpoint: str, body: dict) -> dict:
+    """What Ollama answers to an empty call (one JSON object, whatever `stream` says)."""
+    model = body["model"]
+    if endpoint == "/api/embed":
+        return {"model": model, "embeddings": []}
+    if endpoint == "/api/embeddings":
+        return {"embedding": []}
+    reason = "unload" if _unloads(body) else "load"
+    out: dict[str, Any] = {"model": model, "created_at": now_rfc3339()}
+    if endpoint == "/api/chat":
+        out["message"] = {"role": "assistant", "content": ""}
+    else:
+        out["response"] = ""
+    out["done"] = True
+    out["done_reason"] = reason
+    return out
+
+
+
+def collected(endpoint: str, chunks: Iterable[dict], body: dict) -> dict:
+    """stream:false: the last chunk, its text the whole reply (routes.go writeChatResponse and
+    GenerateHandler): content and thinking concatenated, tool calls and logprobs gathered."""
+    content, thinking, calls, logprobs = [], [], [], []
+    last: dict = {}
+    for chunk in chunks:
+        text, thought, tool_calls = chunk_text(chunk)
+        content.append(text)
+        thinking.append(thought)
+        calls.extend(tool_calls)
+        logprobs.extend(chunk.get("logprobs") or [])
+        last = chunk
+    out = dict(last)
+    if isinstance(last.get("message"), dict) or endpoint.endswith("chat"):
+        message = dict(last.get("message") or {"role": "assistant"})
+        message["content"] = "".join(content)
+        message.pop("thinking", None)
+        message.pop("tool_calls", None)
+        if "".join(thinking):
+            message["thinking"] = "".join(thinking)
+        tools_asked = bool(body.get("tools"))
+        final_calls = calls if tools_asked else (last.get("message") or {}).get("tool_calls")
+        if final_calls:
+            message["tool_calls"] = final_calls
+        out["message"] = message
+    else:
+        out["response"] = "".join(content)
+        out.pop("thinking", None)
+        if "".join(thinking):
+            out["thinking"] = "".join(thinking)
+        if calls:
+            out["tool_calls"] = calls
+    if logprobs:
+        out["logprobs"] = logprobs
+    else:
+        out.pop("logprobs", None)
+    return out
+
+
+
+def merged_tags(per_node: Iterable[list[dict]], normalize) -> list[dict]:
+    """Every node's /api/tags models, each once (the first node by rank that has it speaks for
+    it), most recently modified first, as Ollama sorts its own list."""
+    seen: dict[str, dict] = {}
+    for models in per_node:
+        for m in models:
+            if not isinstance(m, dict) or not isinstance(m.get("name") or m.get("model"), str):
+                continue
+            seen.setdefault(normalize(m.get("model") or m["name"]), m)
+    return sorted(seen.values(), key=lambda m: -unix_of(m.get("modified_at")))
+
+
+def merged_ps(per_node: Iterable[list[dict]]) -> list[dict]:
+    """Every node's loaded models, longest time left first, as Ollama sorts /api/ps."""
+    models = [m for node in per_node for m in node if isinstance(m, dict)]
+    return sorted(models, key=lambda m: -unix_of(m.get("expires_at")))

@@ -1,0 +1,121 @@
+"""The front door's side of a called job's run (gpuq/node/calls.py's Calls): the node's request
+made from the client's under the node's policy, its chunks relayed to the waiting client as
+the node sends them, an embedding's one reply, and the front door's own retry (Anthropic's
+"relax thinking"). The worker runs it on its node and keeps its output; it knows no client API."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import AsyncIterator
+
+from ..errors import OllamaError
+from ..node.calls import Policy, Sink
+from ..node.ollama import OllamaClient
+from .anthropic import relaxes_thinking
+from .endpoints import STREAMED_ROUTES, node_request
+from .shapes import chunk_text
+
+log = logging.getLogger("gpuq")
+
+# A front-door generate's last chunk carries its whole token context (`context`), which may be
+# far past the reader's buffer; still bounded, so a broken node cannot fill the router's memory.
+FRONT_MAX_LINE = 16 << 20
+EMBED_MAX_BYTES = 256 << 20  # an embedding's reply, read whole (its vectors go to the client)
+
+
+class Relay:
+    """The calls whose client waits, by job id: what their run sends each, in order:
+    ("start", node), ("chunk", raw line, chunk), ("reply", object), ("error", status, message),
+    ("ended", reason), ("shutdown",). A call's handler opens its queue before its submit."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[str, asyncio.Queue] = {}
+
+    def open(self, job_id: str) -> asyncio.Queue:
+        queue = self.waiting[job_id] = asyncio.Queue()
+        return queue
+
+    def close(self, job_id: str) -> None:
+        self.waiting.pop(job_id, None)
+
+    def tell(self, job_id: str, *item) -> None:
+        queue = self.waiting.get(job_id)
+        if queue is not None:
+            queue.put_nowait(item)
+
+    def shutdown(self) -> None:
+        """The router stops: every waiting call ends (its job cancelled if it had not started)."""
+        for queue in list(self.waiting.values()):
+            queue.put_nowait(("shutdown",))
+
+    # -- Calls (gpuq/node/calls.py) -------------------------------------------------------------
+
+    def prepare(self, job: dict, policy: Policy, node: str) -> NodeRun:
+        self.tell(job["id"], "start", node)
+        route, body = node_request(job["endpoint"], json.loads(job["request"])["body"], policy.think,
+                                   policy.options, policy.keep_alive)
+        return NodeRun(self, job, node, route, body)
+
+    def failed(self, job_id: str, status: int | None, message: str) -> None:
+        self.tell(job_id, "error", status, message)
+
+    def ended(self, job_ids: list[str], reason: str) -> None:
+        for job_id in job_ids:
+            self.tell(job_id, "ended", reason)
+
+
+class NodeRun:
+    """One called job's request to its node, relayed chunk by chunk as Ollama sent it; the
+    answer, the reasoning and any tool calls kept as the job's output."""
+
+    def __init__(self, relay: Relay, job: dict, node: str, route: str, body: dict):
+        self.relay, self.job, self.node, self.route, self.body = relay, job, node, route, body
+        self.options = body.get("options")
+
+    async def run(self, client: OllamaClient, sink: Sink) -> dict:
+        if self.route not in STREAMED_ROUTES:  # an embedding: one answer
+            return await self._embed(client, sink)
+        async for raw, chunk in self._stream(client, sink):
+            self.relay.tell(self.job["id"], "chunk", raw, chunk)
+            text, thought, calls = chunk_text(chunk)
+            for call in calls:  # shown with the answer on the job's page
+                function = call.get("function") or {}
+                text += f"\n[tool call {function.get('name')} {json.dumps(function.get('arguments'))}]"
+            sink.keep(thought, text)
+            if chunk.get("done"):
+                return chunk
+            await sink.beat()
+        raise OllamaError("Ollama's stream ended without done: true")
+
+    async def _stream(self, client: OllamaClient, sink: Sink) -> AsyncIterator[tuple[bytes, dict]]:
+        """The node's chunks. An Anthropic call asking a model that cannot think to think is sent
+        again without `think`, as Ollama relaxes it for Claude Code and the like (server/routes.go
+        ChatHandler, "relax_thinking"): the node refused it before any work."""
+        body, sent = self.body, False
+        try:
+            async for item in client.stream(self.route, body, max_line=FRONT_MAX_LINE):
+                sent = True
+                yield item
+            return
+        except OllamaError as exc:
+            if sent or not relaxes_thinking(self.job["endpoint"], body.get("think"), exc.status, exc.message):
+                raise
+        warning = f"warning: {body.get('model')} does not support thinking: sent again without it, as Ollama relaxes it"
+        log.warning("job=%s node=%s %s", self.job["id"], self.node, warning)
+        await sink.note(warning)
+        body = {k: v for k, v in body.items() if k != "think"}
+        async for item in client.stream(self.route, body, max_line=FRONT_MAX_LINE):
+            yield item
+
+    async def _embed(self, client: OllamaClient, sink: Sink) -> dict:
+        reply = await client.post(self.route, self.body, max_bytes=EMBED_MAX_BYTES)
+        vectors = reply.get("embeddings") if isinstance(reply, dict) else None
+        if vectors is None and isinstance(reply, dict) and "embedding" in reply:
+            vectors = [reply["embedding"]]
+        dims = len(vectors[0]) if vectors else 0
+        sink.summary(f"{len(vectors or [])} embedding(s) of {dims} dimensions (the vectors went to the client)")
+        self.relay.tell(self.job["id"], "reply", reply)
+        return {k: reply.get(k) for k in ("prompt_eval_count", "total_duration", "load_duration")} \
+            if isinstance(reply, dict) else {}

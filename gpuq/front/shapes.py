@@ -1,0 +1,183 @@
+"""What the front door's translations share (gpuq/front/ollama_api.py, openai_api.py,
+responses.py, anthropic.py): Go's JSON as Ollama writes it, the wrong-type error, numbers,
+images, chat messages and tool calls, a job's shown prompt, the text of a node's chunk, and
+server-sent events. Pure, no I/O.
+
+Ollama's own server is the reference: server/routes.go for /api, and for /v1 its OpenAI layer
+(openai/openai.go, middleware/openai.go), whose shapes, defaults and messages are followed."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from ..errors import BadRequest, json_type
+from ..models import compact_json
+
+# One refusal for every API that would offer Ollama's built-in web search (Responses, Messages).
+WEB_SEARCH_REFUSED = ("the built-in web_search tool is not served by gpuq's front door (Ollama runs it through "
+                      "ollama.com); declare your own function tool instead")
+
+dumps = compact_json  # as Go's encoder writes it: compact, UTF-8 as is
+
+
+def now_rfc3339() -> str:
+    """Ollama's created_at: UTC, RFC 3339 with nanoseconds."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f000Z")
+
+
+_TIME = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.\d+)?(Z|[+-]\d\d:\d\d)?$")
+
+
+def unix_of(text: Any) -> int:
+    """Seconds since the epoch of an RFC 3339 time (Ollama's created_at, modified_at); now when
+    it is missing or unreadable."""
+    match = _TIME.match(text) if isinstance(text, str) else None
+    if not match:
+        return int(time.time())
+    zone = match.group(2) or "Z"
+    stamp = datetime.fromisoformat(match.group(1) + ("+00:00" if zone == "Z" else zone))
+    return int(stamp.timestamp())
+
+
+def wrong(field: str, want: str, value: Any) -> BadRequest:
+    return BadRequest(f"field '{field}' must be {want}, got {json_type(value)} {json.dumps(value)[:60]}")
+
+
+def tools_of(body: dict) -> list:
+    """The request's `tools`: an array (or none), as every API's middleware in Ollama checks it."""
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise wrong("tools", "an array of tools", tools)
+    return tools or []
+
+
+def number(body: dict, key: str) -> float | int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise wrong(key, "a number", value)
+    return value
+
+
+def whole(body: dict, key: str) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise wrong(key, "a whole number", value)
+    return value
+
+
+def think_from_effort(effort: Any) -> bool | str | None:
+    """OpenAI's reasoning effort as Ollama's think (openai.thinkFromReasoningEffort)."""
+    if effort in (None, ""):
+        return None
+    if effort == "none":
+        return False
+    if effort == "minimal":
+        return "low"
+    if effort in ("low", "medium", "high", "max"):
+        return effort
+    if effort in ("xhigh", "ultra"):
+        return "max"
+    raise BadRequest(f"invalid reasoning value: {json.dumps(effort)[:60]} (must be \"minimal\", \"low\", "
+                     "\"medium\", \"high\", \"xhigh\", \"ultra\", \"max\", or \"none\")")
+
+
+def image_of(url: Any) -> str:
+    """A data: URL's base64 (Ollama takes images as base64 only)."""
+    if not isinstance(url, str):
+        raise BadRequest("invalid message format")
+    if url.startswith(("http://", "https://")):
+        raise BadRequest("image URLs are not currently supported, please use base64 encoded data instead")
+    for prefix in ("data:;base64,", *(f"data:image/{t};base64," for t in ("jpeg", "jpg", "png", "webp"))):
+        if url.startswith(prefix):
+            data = url[len(prefix):]
+            try:
+                base64.b64decode(data, validate=True)
+            except (binascii.Error, ValueError):
+                break
+            return data
+    raise BadRequest("invalid image input")
+
+
+def message(role: str, content: str = "", **extra: Any) -> dict:
+    """A chat message in Ollama's terms; empty extras left out."""
+    out: dict[str, Any] = {"role": role, "content": content}
+    out.update({k: v for k, v in extra.items() if v})
+    return out
+
+
+def with_images(text: str, images: Any) -> str:
+    count = len(images) if isinstance(images, list) else 0
+    if not count:
+        return text
+    note = f"[{count} image{'s' if count > 1 else ''}]"
+    return f"{text} {note}" if text else note
+
+
+# What the queue and the page show as a job's prompt (the whole request is kept too).
+
+def chat_prompt(body: dict) -> str:
+    """A chat's last user message (OpenAI's text parts joined), its images counted."""
+    messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+    users = [m for m in messages if m.get("role") == "user"] or messages
+    if not users:
+        return ""
+    last = users[-1]
+    content = last.get("content")
+    if isinstance(content, list):  # OpenAI's parts
+        texts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        images = [p for p in content if isinstance(p, dict) and p.get("type") in ("image_url", "input_audio")]
+        return with_images("\n".join(texts), images)
+    return with_images(content if isinstance(content, str) else "", last.get("images"))
+
+
+def generate_prompt(body: dict) -> str:
+    prompt = body.get("prompt")
+    return with_images(prompt if isinstance(prompt, str) else "", body.get("images"))
+
+
+def embed_prompt(given: Any) -> str:
+    """An embedding's input (or the legacy route's prompt), one line each."""
+    if isinstance(given, list):
+        return "\n".join(str(i) for i in given)
+    return given if isinstance(given, str) else ""
+
+
+def chunk_text(chunk: dict) -> tuple[str, str, list]:
+    """(answer, reasoning, tool calls) in one chunk of /api/chat or /api/generate."""
+    message = chunk.get("message")
+    if isinstance(message, dict):
+        return message.get("content") or "", message.get("thinking") or "", message.get("tool_calls") or []
+    return chunk.get("response") or "", chunk.get("thinking") or "", chunk.get("tool_calls") or []
+
+
+def tool_calls_out(calls: list) -> list[dict]:
+    """Ollama tool calls as OpenAI's (arguments as a JSON string)."""
+    out = []
+    for call in calls:
+        function = call.get("function") or {}
+        out.append({"id": call.get("id", ""), "index": function.get("index", 0), "type": "function",
+                    "function": {"name": function.get("name", ""),
+                                 "arguments": dumps(function.get("arguments", {}))}})
+    return out
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + dumps(obj).encode() + b"\n\n"
+
+
+def sse_event(kind: str, obj: Any) -> bytes:
+    """A named server-sent event (the Responses and Messages streams name each one)."""
+    return f"event: {kind}\n".encode() + sse(obj)
+
+
+SSE_DONE = b"data: [DONE]\n\n"
