@@ -163,6 +163,13 @@ def test_ollama_requests_are_checked_before_they_queue(check, body, error, messa
     assert exc.value.message.startswith(message)
 
 
+def test_a_wrong_type_is_named_as_json_names_it_at_the_front_door_and_from_a_node():
+    """One namer: a client's bool in the wrong place is a "boolean", as a node's is."""
+    with pytest.raises(BadRequest) as exc:
+        ollama_api.check_generate({"model": "m", "prompt": True})
+    assert exc.value.message == "field 'prompt' must be a string, got boolean true"
+
+
 def test_good_keep_alives_pass():
     for value in (None, 0, -1, 3.5, "5m", "1h30m", "-1m", "0", "250ms", ".5s"):
         ollama_api.check_keep_alive(value)

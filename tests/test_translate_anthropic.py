@@ -122,6 +122,16 @@ def test_bad_requests_name_what_is_wrong(body, message):
     assert message in exc.value.message
 
 
+def test_web_search_is_refused_in_the_same_words_as_on_the_responses_api():
+    from gpuq.front.responses import responses_request
+    with pytest.raises(BadRequest) as messages:
+        messages_request({"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "x"}],
+                          "tools": [{"type": "web_search_20250305", "name": "web_search"}]})
+    with pytest.raises(BadRequest) as responses:
+        responses_request({"model": "m", "input": "x", "tools": [{"type": "web_search"}]})
+    assert messages.value.message == responses.value.message
+
+
 def test_text_before_thinking_stream():
     # TestStreamConverter_TextBeforeThinking
     stream = MessagesStream("msg_123", "test-model", 0)
