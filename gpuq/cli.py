@@ -16,6 +16,7 @@ import click
 from .client import ApiError, Router
 from .config import DEFAULT_ROUTER, ConfigError, check_token, check_url, find_config, load_config, starter_config
 from .models import ACTIVE, FINAL, JobState, parse_iso
+from .params import THINK_LEVELS
 
 
 def fail(status, message: str) -> None:
@@ -228,7 +229,7 @@ def ollama_params(fn):
     """--think/--no-think, --think-level and --option KEY=VALUE, for the commands that submit."""
     fn = click.option("--option", "options", multiple=True, metavar="KEY=VALUE",
                       help="An Ollama model option, e.g. num_ctx=32768 (repeatable; over the node's).")(fn)
-    fn = click.option("--think-level", type=click.Choice(["low", "medium", "high"]),
+    fn = click.option("--think-level", type=click.Choice(THINK_LEVELS),
                       help="Think at this level (models that take one, e.g. gpt-oss).")(fn)
     return click.option("--think/--no-think", default=None,
                         help="Turn the model's thinking on or off (default: the node's, else Ollama's).")(fn)

@@ -1,14 +1,18 @@
 """States, ids and times: the vocabulary the rest of gpuq speaks."""
 
+from __future__ import annotations
+
 import json
+import re
 import secrets
 import time
 from datetime import datetime, timezone
 from dataclasses import dataclass
 from enum import Enum, StrEnum
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from .errors import BadRequest
+from .errors import BadRequest, TooLarge
+from .params import options_problem, think_problem
 
 
 class JobState(StrEnum):
@@ -42,11 +46,29 @@ class NodeCounts(NamedTuple):
 POSITION_GAP = 1024
 
 
+JOB_ID = re.compile(r"\d{1,12}-[0-9a-f]{8}")  # what new_job_id makes
+MAX_TIMEOUT_S = 7 * 86400  # a job's own timeout: a week at most
+
+
+def check_job_id(text: str) -> str:
+    """`text` when it has a job id's shape, else BadRequest: an id in a path or a field never
+    reaches the store unchecked."""
+    if not JOB_ID.fullmatch(text):
+        raise BadRequest(f"'{text[:80]}' is not a job id (ids look like 1760883402-9f3a7c21)")
+    return text
+
+
 @dataclass(frozen=True)
 class NewJob:
+    """A job to submit. Constructing one checks every rule of its own fields, whichever door it
+    came in by (the router's API, the front door, a test): there is no other place that does.
+    The doors check only JSON types, in their own API's words; what needs the database (the
+    parent exists, is a task, has a result to review) the store judges; where it may go,
+    placement."""
+
     kind: str
     prompt: str | None  # None: a critique of its parent's prompt and result
-    model: str | None = None  # None: the node's model
+    model: str | None = None  # None: the node's model; kept stripped of surrounding spaces
     node: str | None = None  # asked for; None lets placement choose
     parent: str | None = None
     timeout_s: float | None = None
@@ -59,14 +81,39 @@ class NewJob:
     job_id: str | None = None
 
     def __post_init__(self) -> None:
-        """The shape every new job must have, whichever door it came in by. What needs the
-        database (the parent exists, is a task, has a result to review) the store judges."""
+        # An embedding is a front-door call (it has its request); gpuq's own API takes the others.
+        if self.kind not in (Kind.TASK, Kind.CRITIQUE) and not (self.kind == Kind.EMBED and self.request):
+            raise BadRequest(f"unknown kind '{str(self.kind)[:40]}' (expected 'task' or 'critique')")
+        if self.parent is not None:
+            check_job_id(self.parent)
+        if self.timeout_s is not None:
+            if not 0 < self.timeout_s <= MAX_TIMEOUT_S:  # (NaN is in no range)
+                raise BadRequest(f"field 'timeout' must be between 0 and {MAX_TIMEOUT_S} seconds, "
+                                 f"got {self.timeout_s}")
+            object.__setattr__(self, "timeout_s", float(self.timeout_s))
+        if self.model is not None:
+            if not self.model.strip():
+                raise BadRequest("field 'model' must not be empty")
+            object.__setattr__(self, "model", self.model.strip())
+        if wrong := think_problem(self.think):
+            raise BadRequest(wrong)  # Ollama's words, which name the field
+        if self.options is not None and (wrong := options_problem(self.options)):
+            raise BadRequest(f"field 'options': {wrong}")
         if self.parent is not None and self.kind != Kind.CRITIQUE:
             raise BadRequest("only a critique takes a parent")
         reviews_parent = self.prompt is None and self.parent is not None
         # A front-door call keeps its whole request; its prompt is only what the page shows.
         if self.request is None and not reviews_parent and not (self.prompt or "").strip():
             raise BadRequest("field 'prompt' must not be empty")
+
+    @classmethod
+    def checked(cls, max_prompt_bytes: int, **fields: Any) -> NewJob:
+        """A client's job: its prompt within router.max_prompt_bytes (413, counted in UTF-8
+        bytes), then every rule of its fields."""
+        prompt = fields.get("prompt")
+        if prompt is not None and (size := len(prompt.encode("utf-8"))) > max_prompt_bytes:
+            raise TooLarge(f"prompt is {size} bytes, over the limit of {max_prompt_bytes} (router.max_prompt_bytes)")
+        return cls(**fields)
 
 
 @dataclass(frozen=True)

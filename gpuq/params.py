@@ -6,7 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-THINK_LEVELS = ("low", "medium", "high")  # for models that take a level (gpt-oss)
+# Ollama's think levels, in its order (api/types.go ThinkValue; "max" since Ollama 0.22, #15787),
+# for models that take a level (gpt-oss). The one list: config, the router's API, the CLI's
+# --think-level and the front door all take these.
+THINK_LEVELS = ("high", "medium", "low", "max")
+_THINK_VALUES = ", ".join(f'"{level}"' for level in THINK_LEVELS) + ", true, or false"
 
 # Options whose type Ollama checks (api/types.go Options): a wrong type there is refused by
 # Ollama only when the job runs; refuse it at submit instead. Other keys pass through as given
@@ -22,10 +26,14 @@ def _shown(value: Any) -> str:
 
 
 def think_problem(value: Any) -> str | None:
-    """None when `value` is one of Ollama's think values, else what is wrong with it."""
-    if isinstance(value, bool) or value in THINK_LEVELS:
+    """None when `value` is a think value Ollama takes (None: unset), else Ollama's own words
+    for it (api/types.go ThinkValue.UnmarshalJSON), which name the field: every door says what
+    Ollama would, and a gpuq.toml key shows the same text after its place."""
+    if value is None or isinstance(value, bool) or value in THINK_LEVELS:
         return None
-    return f"expected true, false, \"low\", \"medium\" or \"high\", got {_shown(value)}"
+    if isinstance(value, str):
+        return f"invalid think value: {_shown(value)} (must be {_THINK_VALUES})"
+    return f"think must be a boolean or string ({_THINK_VALUES})"
 
 
 def options_problem(value: Any) -> str | None:

@@ -21,18 +21,17 @@ from .connections import body_deadline
 from .node.dispatcher import Dispatcher
 from .node.runtime import NodeRuntime
 from .node.stale import StaleMonitor
-from .errors import BadRequest, GpuqError, NotFound, TooLarge, check_text, json_object
+from .errors import BadRequest, GpuqError, NotFound, check_text, json_object
 from .metrics import Metrics
-from .models import ACTIVE, FINAL, JobState, Kind, NodeCounts, compact_json, iso, parse_iso, preview_url
-from .params import options_problem, think_problem
+from .models import (ACTIVE, FINAL, JobState, Kind, NewJob, NodeCounts, check_job_id, compact_json, iso, parse_iso,
+                     preview_url)
 from .security import access_middleware, host_middleware
 from .shipped import shipped_dir, shipped_files
-from .store import NewJob, Row, Store
+from .store import Row, Store
 
 log = logging.getLogger("gpuq")
 
 WEB_DIR = shipped_dir("web")
-JOB_ID = re.compile(r"\d{1,12}-[0-9a-f]{8}")
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -149,10 +148,7 @@ def field_of(body: dict, key: str, kind: type, required: bool = False) -> Any:
 
 
 def job_id_of(request: web.Request, text: str | None = None) -> str:
-    job_id = text if text is not None else request.match_info["id"]
-    if not JOB_ID.fullmatch(job_id):
-        raise BadRequest(f"'{job_id[:80]}' is not a job id (ids look like 1760883402-9f3a7c21)")
-    return job_id
+    return check_job_id(text if text is not None else request.match_info["id"])
 
 
 def actor_of(request: web.Request) -> str:
@@ -264,36 +260,18 @@ async def metrics(request: web.Request) -> web.Response:
 async def submit(request: web.Request) -> web.Response:
     settings, store = request.app[SETTINGS], request.app[STORE]
     body = await json_body(request, {"kind", "prompt", "model", "node", "parent", "timeout", "think", "options"})
-    kind = field_of(body, "kind", str, required=True)
-    if kind not in (Kind.TASK, Kind.CRITIQUE):  # embeddings come through the front door
-        raise BadRequest(f"unknown kind '{kind[:40]}' (expected 'task' or 'critique')")
-    prompt = field_of(body, "prompt", str)
-    parent = field_of(body, "parent", str)
-    if parent is not None:
-        job_id_of(request, parent)
-    timeout = field_of(body, "timeout", (int, float))
-    if timeout is not None and not 0 < timeout <= 7 * 86400:
-        raise BadRequest(f"field 'timeout' must be between 0 and 604800 seconds, got {timeout}")
-    if prompt is not None and (size := len(prompt.encode("utf-8"))) > settings.max_prompt_bytes:
-        raise TooLarge(f"prompt is {size} bytes, over the limit of {settings.max_prompt_bytes} "
-                       "(router.max_prompt_bytes)")
-    model = field_of(body, "model", str)
-    if model is not None and not model.strip():
-        raise BadRequest("field 'model' must not be empty")
-    node = field_of(body, "node", str)
-    for key, problem in (("think", think_problem), ("options", options_problem)):
-        if body.get(key) is not None and (wrong := problem(body[key])):
-            raise BadRequest(f"field '{key}': {wrong}")
-    new = NewJob(kind=kind, prompt=prompt, model=model and model.strip(), node=node, parent=parent,
-                 timeout_s=float(timeout) if timeout is not None else None,
-                 think=body.get("think"), options=body.get("options"))
+    # The JSON types here, in the API's words; every rule of the values is NewJob's.
+    new = NewJob.checked(settings.max_prompt_bytes, kind=field_of(body, "kind", str, required=True),
+                         prompt=field_of(body, "prompt", str), parent=field_of(body, "parent", str),
+                         timeout_s=field_of(body, "timeout", (int, float)), model=field_of(body, "model", str),
+                         node=field_of(body, "node", str), think=body.get("think"), options=body.get("options"))
     # No estimate here: it reads the node's whole queue, and a burst of submits would pay that
     # once per job. `gpuq task` asks GET /api/jobs/{id} for it.
     dispatcher = request.app[DISPATCHER]
     jobs = await store.submit(new, dispatcher.node_infos(), actor_of(request), dispatcher.hand_over)
     for job in jobs:
         log.info("job=%s node=%s state=%s model=%s kind=%s placement=%r", job["id"], job["node"], job["state"],
-                 job["model"], kind, job["reason"])
+                 job["model"], new.kind, job["reason"])
         job["preview_url"] = preview_url(settings.public_url, job["id"])
         if job["state"] == JobState.QUEUED:  # (a job claimed in its submit went to its worker)
             dispatcher.wake(job["node"])  # only its node: the others have nothing new

@@ -136,3 +136,14 @@ def test_not_toml_and_missing_file_and_no_nodes(tmp_path):
     empty.write_text("[router]\n")
     with pytest.raises(ConfigError, match="at least one"):
         load_config(empty)
+
+
+def test_a_nodes_think_takes_ollamas_levels_max_too(tmp_path):
+    data = base()
+    data["node"][0]["think"] = "max"  # Ollama 0.22 (api/types.go ThinkValue)
+    assert parse_config(data, tmp_path).nodes[0].think == "max"
+    data["node"][0]["think"] = "lots"
+    with pytest.raises(ConfigError) as exc:
+        parse_config(data, tmp_path)
+    assert exc.value.message == ("node 'node-1'.think: invalid think value: \"lots\" "
+                                 "(must be \"high\", \"medium\", \"low\", \"max\", true, or false)")

@@ -66,13 +66,27 @@ async def test_options_ollama_takes_are_taken(node_with_defaults):
                         "{\"num_ctx\": 32768}, got [1, 2]"),
     ("options", {"num_ctx": "big"}, "field 'options': option 'num_ctx' must be a whole number, got \"big\""),
     ("options", {"temperature": True}, "field 'options': option 'temperature' must be a number, got true"),
-    ("think", "max", "field 'think': expected true, false, \"low\", \"medium\" or \"high\", got \"max\""),
+    # Ollama's own words (api/types.go ThinkValue), as the front door and gpuq.toml say them.
+    ("think", "lots", 'invalid think value: "lots" (must be "high", "medium", "low", "max", true, or false)'),
+    ("think", 5, 'think must be a boolean or string ("high", "medium", "low", "max", true, or false)'),
 ])
 async def test_bad_think_or_options_are_400_naming_the_field(node_with_defaults, field, value, message):
     d = node_with_defaults
     status, body = await d.request("POST", "/api/jobs", {"kind": "task", "prompt": "x", field: value})
     assert (status, body["error"]["message"]) == (400, message)
     assert (await d.get("/api/jobs"))["jobs"] == []
+
+
+async def test_every_think_level_ollama_takes_is_taken_max_too(node_with_defaults):
+    # Ollama 0.22 takes "max" (api/types.go ThinkValue); the API, the CLI and gpuq.toml take what it takes.
+    d = node_with_defaults
+    [job] = await d.submit("task", "by the API", think="max")
+    await d.wait_state(job["id"], "done")
+    res = await d.cli("task", "by the CLI", "--think-level", "max", "--wait")
+    assert res.code == 0, res.err
+    assert [r["think"] for r in d.fake.chat_requests] == ["max", "max"]
+    shown = await d.cli("task", "--help")
+    assert "[high|medium|low|max]" in shown.out
 
 
 async def test_cli_usage_errors_for_think_and_option(node_with_defaults):
