@@ -15,6 +15,7 @@ import click
 
 from .client import ApiError, Router
 from .config import DEFAULT_ROUTER, ConfigError, check_token, check_url, find_config, load_config, starter_config
+from .errors import UnknownNode
 from .models import ACTIVE, FINAL, JobState, parse_iso
 from .params import THINK_LEVELS
 
@@ -676,8 +677,7 @@ def clear(ctx, node, running, yes) -> None:
         queue = router.call("GET", "/api/queue?limit=0")
         found = next((n for n in queue["nodes"] if n["name"] == node), None)
         if found is None:
-            names = ", ".join(n["name"] for n in queue["nodes"])
-            raise click.UsageError(f"unknown node '{node}' (the nodes: {names})", ctx)
+            raise click.UsageError(UnknownNode(node, (n["name"] for n in queue["nodes"])).message, ctx)
         count = found["queued_count"] + (1 if running and found["running"] else 0)
         what = f"{count} job{'s' if count != 1 else ''}" + (" (the running one included)" if running and found["running"] else "")
         click.confirm(f"Cancel {what} on {node}?", abort=True)

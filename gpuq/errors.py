@@ -2,7 +2,7 @@
 
 import json
 import sqlite3
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 # The schema's triggers raise exactly this (migration 010); from_sqlite turns it into GuardRefused.
 GUARD_MESSAGE = "a critique never runs on its parent task's node"
@@ -74,6 +74,17 @@ class Unprocessable(GpuqError):
     """Well-formed JSON that names something that does not exist or cannot be used."""
 
     status = 422
+
+
+class UnknownNode(Unprocessable):
+    """A node name that gpuq.toml does not list: 422 on every path (a job's `node`, a move's
+    `node`, /api/nodes/{name}/clear), never 404. The nodes are fixed by the configuration, so
+    the name is a mistake in the request, to be fixed, not a thing that may appear later; and a
+    404 from this router means "no such route" (an older router) or "no such job", which a
+    client may take as already gone: a clear answered 404 reads as nothing left to clear."""
+
+    def __init__(self, name: str, known: Iterable[str]):
+        super().__init__(f"unknown node '{name[:64]}' (the nodes: {', '.join(sorted(known))})")
 
 
 class ModelMissing(Unprocessable):

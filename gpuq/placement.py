@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import Conflict, ModelMissing, Unprocessable
+from .errors import Conflict, ModelMissing, UnknownNode
 from .models import normalize_model
 
 FIRST_FREE = "first free node by rank"
@@ -65,10 +65,15 @@ def _check_role(node: NodeView, role: str) -> None:
         raise Conflict(f"node '{node.name}' does not take {role} jobs (its roles: {', '.join(node.roles)})")
 
 
-def _asked(nodes: list[NodeView], name: str, role: str, model: str | None = None) -> NodeView:
+def _named(nodes: list[NodeView], name: str) -> NodeView:
     node = next((n for n in nodes if n.name == name), None)
     if node is None:
-        raise Unprocessable(f"unknown node '{name}'")
+        raise UnknownNode(name, (n.name for n in nodes))
+    return node
+
+
+def _asked(nodes: list[NodeView], name: str, role: str, model: str | None = None) -> NodeView:
+    node = _named(nodes, name)
     _check_role(node, role)
     if not node.may_have(model):
         raise _not_installed(model, node)  # type: ignore[arg-type]
@@ -124,11 +129,10 @@ def place_critique(
     return [Placement(n.name, FAN_OUT) for n in targets]
 
 
-def check_move(kind: str, target: NodeView | None, target_name: str, model: str | None = None) -> None:
+def check_move(kind: str, nodes: list[NodeView], target_name: str, model: str | None = None) -> None:
     """May a queued job of this kind (that asked for `model`) move to that node's queue? A node
     whose Ollama does not list the model refuses it (409: the job stays where it is)."""
-    if target is None:
-        raise Unprocessable(f"unknown node '{target_name}'")
+    target = _named(nodes, target_name)
     _check_role(target, role_of(kind))
     if not target.may_have(model):
         raise Conflict(f"model '{model}' is not installed on node {target.name} (its Ollama lists: "

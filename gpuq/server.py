@@ -21,7 +21,7 @@ from .connections import body_deadline
 from .node.dispatcher import Dispatcher
 from .node.runtime import NodeRuntime
 from .node.stale import StaleMonitor
-from .errors import BadRequest, GpuqError, NotFound, check_text, json_object
+from .errors import BadRequest, GpuqError, UnknownNode, check_text, json_object
 from .metrics import Metrics
 from .models import (ACTIVE, FINAL, JobState, Kind, NewJob, NodeCounts, check_job_id, compact_json, iso, parse_iso,
                      preview_url)
@@ -413,7 +413,7 @@ async def clear(request: web.Request) -> web.Response:
     app = request.app
     name = request.match_info["name"]
     if name not in app[DISPATCHER].nodes:
-        raise NotFound(f"unknown node '{name[:64]}'")
+        raise UnknownNode(name, app[DISPATCHER].nodes)
     body = await json_body(request, {"running"}) if request.body_exists else {}  # body_deadline read it
     running = field_of(body, "running", bool) or False
     reason = f"cleared by {actor_of(request)}"

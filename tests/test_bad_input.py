@@ -29,6 +29,7 @@ IN_WORLD = pytest.mark.asyncio(loop_scope="module")  # the tests that share the 
 LIMIT = 64  # router.max_prompt_bytes
 UNKNOWN_ID = "1700000000-deadbeef"
 NOT_AN_ID = "(ids look like 1760883402-9f3a7c21)"
+NODES = " (the nodes: node-1, node-2, node-3)"  # what an unknown node's message lists
 
 
 @dataclass
@@ -140,7 +141,7 @@ HTTP: dict[str, tuple[str, str, Any, int, str]] = {
     "prompt over the limit in UTF-8 bytes": ("POST", "/api/jobs", task(prompt="é" * 33), 413,
                                              f"prompt is 66 bytes, over the limit of {LIMIT} (router.max_prompt_bytes)"),
     "empty model": ("POST", "/api/jobs", task(model="  "), 400, "field 'model' must not be empty"),
-    "unknown node": ("POST", "/api/jobs", task(node="node-9"), 422, "unknown node 'node-9'"),
+    "unknown node": ("POST", "/api/jobs", task(node="node-9"), 422, f"unknown node 'node-9'{NODES}"),
     "node without the role": ("POST", "/api/jobs", task(node="node-2"), 409,
                               "node 'node-2' does not take task jobs (its roles: critique)"),
     "unknown model": ("POST", "/api/jobs", task(node="node-3", model="nonexistent:7b"), 422,
@@ -206,9 +207,9 @@ HTTP: dict[str, tuple[str, str, Any, int, str]] = {
                            "job {T} is done; only a queued job can preempt"),
     "retry a done job": ("POST", "/api/jobs/{T}/retry", None, 409,
                          "job {T} is done; only failed or cancelled jobs can be retried"),
-    "clear an unknown node": ("POST", "/api/nodes/node-9/clear", None, 404, "unknown node 'node-9'"),
-    "clear a node with a path trick": ("POST", "/api/nodes/..%2F..%2Fnode-1/clear", None, 404,
-                                       "unknown node '../../node-1'"),
+    "clear an unknown node": ("POST", "/api/nodes/node-9/clear", None, 422, f"unknown node 'node-9'{NODES}"),
+    "clear a node with a path trick": ("POST", "/api/nodes/..%2F..%2Fnode-1/clear", None, 422,
+                                       f"unknown node '../../node-1'{NODES}"),
     "clear with a wrong flag": ("POST", "/api/nodes/node-1/clear", {"running": "yes"}, 400,
                                 "field 'running' must be a boolean, got \"yes\""),
     # Routes.
@@ -260,7 +261,8 @@ CLI: dict[str, tuple[list[str], bytes | None, int, list[str]]] = {
     "stdin not UTF-8": (["task", "--file", "-"], b"caf\xe9\n", 1,
                         ["error - cannot read stdin: 'utf-8' codec can't decode byte 0xe9 in position 3: "
                          "invalid continuation byte", "not retried"]),
-    "unknown node": (["task", "x", "--node", "node-9"], None, 1, ["error 422 unknown node 'node-9'", "not retried"]),
+    "unknown node": (["task", "x", "--node", "node-9"], None, 1, [f"error 422 unknown node 'node-9'{NODES}",
+                                                                  "not retried"]),
     "unknown model": (["task", "x", "--node", "node-3", "--model", "nonexistent:7b"], None, 1,
                       ["error 422 model 'nonexistent:7b' is not installed on node node-3 (its Ollama lists: "
                        "llama3.2:latest); pull it there or choose another model", "not retried"]),
@@ -284,7 +286,7 @@ CLI: dict[str, tuple[list[str], bytes | None, int, list[str]]] = {
     "preempt an unknown job": (["preempt", UNKNOWN_ID], None, 1,
                                [f"error 404 no job with id '{UNKNOWN_ID}'", "not retried"]),
     "clear a node path trick": (["clear", "../node-1", "--yes"], None, 1,
-                                ["error 404 unknown node '../node-1'", "not retried"]),
+                                [f"error 422 unknown node '../node-1'{NODES}", "not retried"]),
     "retry a done job": (["retry", "{T}"], None, 1,
                          ["error 409 job {T} is done; only failed or cancelled jobs can be retried", "not retried"]),
 }

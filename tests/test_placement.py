@@ -51,8 +51,9 @@ def test_asked_node_must_exist_and_take_tasks():
     assert place_task(nodes, "a") == type(place_task(nodes, "a"))("a", ASKED)
     with pytest.raises(Conflict, match="node 'b' does not take task jobs"):
         place_task(nodes, "b")
-    with pytest.raises(Unprocessable, match="unknown node 'zz'"):
+    with pytest.raises(Unprocessable) as exc:
         place_task(nodes, "zz")
+    assert exc.value.message == "unknown node 'zz' (the nodes: a, b)"
 
 
 def test_no_task_node_is_a_conflict():
@@ -80,12 +81,13 @@ def test_fan_out_with_no_node_left_is_a_clear_conflict():
 
 
 def test_check_move_rules():
-    target = node("b", 2, roles=["critique"])
-    check_move("critique", target, "b")
+    nodes = [node("b", 2, roles=["critique"]), node("a", 1)]
+    check_move("critique", nodes, "b")
     with pytest.raises(Conflict, match="does not take task jobs"):
-        check_move("task", target, "b")
-    with pytest.raises(Unprocessable, match="unknown node 'x'"):
-        check_move("task", None, "x")
+        check_move("task", nodes, "b")
+    with pytest.raises(Unprocessable) as exc:
+        check_move("task", nodes, "x")
+    assert exc.value.message == "unknown node 'x' (the nodes: a, b)"
 
 
 @pytest.mark.parametrize("before,after,expected", [
@@ -144,10 +146,10 @@ def test_placement_takes_an_asked_node_as_asked_and_leaves_the_guard_to_the_sche
 def test_a_pinned_model_cannot_move_to_a_node_without_it():
     target = node("b", 2, models=frozenset({"mistral:latest"}))
     with pytest.raises(Conflict) as exc:  # 409, as the front door's issue asks: the job stays put
-        check_move("task", target, "b", model="qwen3")
+        check_move("task", [target], "b", model="qwen3")
     assert exc.value.message == ("model 'qwen3' is not installed on node b (its Ollama lists: "
                                  "mistral:latest); the job stays where it is")
     with pytest.raises(Conflict):
-        check_move("embed", target, "b", model="qwen3")
-    check_move("task", target, "b", model="Mistral")
-    check_move("task", target, "b", model=None)
+        check_move("embed", [target], "b", model="qwen3")
+    check_move("task", [target], "b", model="Mistral")
+    check_move("task", [target], "b", model=None)

@@ -214,6 +214,30 @@ async def test_a_running_job_does_not_move(qlab):
     await qlab.cli("delete", head)
 
 
+async def test_an_unknown_node_is_the_same_422_on_every_path(qlab):
+    # Submit to it, move a waiting job to it, clear it (API and CLI): one status, one text, which
+    # lists the nodes there are; nothing changes.
+    fake = qlab.fakes["node-3"]
+    fake.script.token_delay_s = 0.05
+    fake.script.tokens = 400
+    head = await task(qlab, "head")
+    queued = await task(qlab, "waits")
+    await qlab.wait_state(head, "running")
+    said = "unknown node 'node-9' (the nodes: node-1, node-2, node-3)"
+    answers = [await qlab.request("POST", "/api/jobs", {"kind": "task", "prompt": "x", "node": "node-9"}),
+               await qlab.request("POST", f"/api/jobs/{queued}/move", {"node": "node-9"}),
+               await qlab.request("POST", "/api/nodes/node-9/clear", {})]
+    assert [(status, body["error"]["message"]) for status, body in answers] == [(422, said)] * 3
+    for args in (["task", "x", "--node", "node-9"], ["move", queued, "--node", "node-9"],
+                 ["clear", "node-9", "--yes"]):
+        res = await qlab.cli(*args)
+        assert (res.code, res.err.splitlines()) == (1, [f"error 422 {said}", "not retried"]), args
+    res = await qlab.cli("clear", "node-9")  # asks first: the CLI's own check, in the same words
+    assert res.code == 2 and said in res.err
+    assert await waiting(qlab, "node-3") == [queued]
+    await qlab.cli("delete", head, queued)
+
+
 async def test_clear_asks_then_cancels_the_waiting_jobs_and_with_running_the_head(qlab):
     fake = qlab.fakes["node-3"]
     fake.script.token_delay_s = 0.05
@@ -243,9 +267,6 @@ async def test_clear_asks_then_cancels_the_waiting_jobs_and_with_running_the_hea
     assert (await qlab.job(head))["state"] == "cancelled"
     await eventually(lambda: fake.disconnects == 1 and fake.loaded == {}, what="the head to be aborted")
 
-    res = await qlab.cli("clear", "node-9", "--yes")
-    assert res.code != 0
-    assert res.err.splitlines() == ["error 404 unknown node 'node-9'", "not retried"]
 
 
 async def test_the_api_takes_json_booleans_and_integers_strictly(qlab):

@@ -178,7 +178,7 @@ async def test_move_to_a_node_without_the_role_or_unknown_is_refused(store):
     refused(exc, 409, "node 'node-4' does not take task jobs", "critique")
     with pytest.raises(GpuqError) as exc:
         await store.move(a, NODES, "api", node="node-9")
-    refused(exc, 422, "unknown node 'node-9'")
+    refused(exc, 422, "unknown node 'node-9' (the nodes: node-1, node-2, node-3, node-4)")
     assert (await order(store), await order(store, "node-4"), await event_count(store)) == before
 
 

@@ -507,8 +507,7 @@ def move(db: sqlite3.Connection, job_id: str, nodes: list[NodeInfo], actor: str,
         raise Conflict(f"job {job_id} is {job['state']}; only queued jobs move")
     target = node or job["node"]
     if target != job["node"]:
-        views = {v.name: v for v in _views(nodes, {})}
-        rules.check_move(job["kind"], views.get(target), target, job["model"] if job["model_pinned"] else None)
+        rules.check_move(job["kind"], _views(nodes, {}), target, job["model"] if job["model_pinned"] else None)
     if before is not None:
         index = _index_of(db, target, before, job_id)
     elif after is not None:
