@@ -56,6 +56,14 @@ class IdTaken(Conflict):
     """A client-chosen job id collided with one in the table (its chooser picks another)."""
 
 
+class NoResultToCritique(Conflict):
+    """A critique of a task's result (submitted, or retried) whose task ended without one."""
+
+    def __init__(self, parent_id: str, state: str):
+        super().__init__(f"parent task {parent_id} is {state}: there is no result to critique; retry the parent "
+                         f"first (gpuq retry {parent_id}) or critique a file")
+
+
 class GuardMiss(Conflict):
     """A worker tried to finish a run that is no longer the job's running run."""
 

@@ -95,7 +95,11 @@ async def test_a_parent_that_fails_cancels_its_held_critiques(lab):
     assert job["events"][-1]["to_state"] == "cancelled" and job["events"][-1]["actor"] == "router"
     assert lab.fakes["node-2"].chat_requests == []  # it never ran
     retry = await lab.cli("retry", held["id"])
-    assert retry.code == 1 and f"parent task {parent} is failed" in retry.err
+    again = await lab.cli("critique", "--parent", parent)
+    # The same words whichever way the critique of nothing is asked for.
+    said = (f"error 409 parent task {parent} is failed: there is no result to critique; retry the parent first "
+            f"(gpuq retry {parent}) or critique a file")
+    assert (retry.code, retry.err.splitlines()) == (again.code, again.err.splitlines()) == (1, [said, "not retried"])
 
 
 async def test_a_deleted_parent_cancels_its_held_critiques_and_nothing_else(lab, tmp_path):

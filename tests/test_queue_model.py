@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import gpuq.store.verbs
-from gpuq.errors import BadRequest, Conflict, GuardMiss, GuardRefused, NotFound, Unprocessable
+from gpuq.errors import BadRequest, Conflict, GuardMiss, GuardRefused, NoResultToCritique, NotFound, Unprocessable
 from gpuq.store import NewJob, NodeInfo, Store
 
 NODES = [
@@ -136,7 +136,7 @@ class QueueMachine(RuleBasedStateMachine):
         parent = data.draw(st.sampled_from(tasks), label="parent")
         expected = None
         if of_result and self.state[parent] in ("failed", "cancelled"):
-            expected = Conflict
+            expected = NoResultToCritique
         elif self.node[parent] == node:  # the schema refuses the insert (migration 010)
             expected = GuardRefused
         created = self.attempt(expected, self.store.submit(
@@ -264,7 +264,7 @@ class QueueMachine(RuleBasedStateMachine):
         if self.state[job] not in ("failed", "cancelled"):
             expected = Conflict
         elif job in self.from_parent and self.state[self.parent[job]] in ("failed", "cancelled"):
-            expected = Conflict
+            expected = NoResultToCritique
         elif self.parent[job] is not None and self.node[self.parent[job]] == self.node[job]:
             expected = GuardRefused  # the schema refuses the requeue
         if self.attempt(expected, self.store.retry(job, "api")) is None:

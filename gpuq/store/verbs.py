@@ -12,7 +12,7 @@ from typing import Any
 
 from .. import placement as rules
 from ..critique import parent_subject
-from ..errors import BadRequest, Conflict, GpuqError, GuardMiss, IdTaken, NotFound, Unprocessable
+from ..errors import BadRequest, Conflict, GpuqError, GuardMiss, IdTaken, NoResultToCritique, NotFound, Unprocessable
 from ..models import (
     ACTIVE, NO_RESULT, POSITION_GAP, Interrupted, JobState, NewJob, NodeCounts, NodeInfo, iso, new_job_id,
 )
@@ -372,8 +372,7 @@ def submit(db: sqlite3.Connection, new: NewJob, nodes: list[NodeInfo], actor: st
     prompt, from_parent = new.prompt, new.prompt is None
     if from_parent:  # reviews the parent's prompt and result; held until the parent is done
         if parent["state"] in NO_RESULT:
-            raise Conflict(f"parent task {parent['id']} is {parent['state']}: there is no result to "
-                           f"critique; retry it first (gpuq retry {parent['id']}) or critique a file")
+            raise NoResultToCritique(parent["id"], parent["state"])
         prompt = parent_subject(parent["prompt"], f"(the result of task {parent['id']}, once it is done)")
     group = None  # a fan-out's children share the first child's id as their group
     at = iso(now)
@@ -582,8 +581,7 @@ def retry(db: sqlite3.Connection, job_id: str, actor: str, now: float) -> Row:
     if job["subject_from_parent"]:  # (a parent now on this node: the schema refuses the requeue)
         parent = _job_for_update(db, job["parent_id"])
         if parent["state"] in NO_RESULT:
-            raise Conflict(f"parent task {parent['id']} is {parent['state']}: there is no result to "
-                           f"critique; retry the parent first (gpuq retry {parent['id']})")
+            raise NoResultToCritique(parent["id"], parent["state"])
     tail = db.execute("SELECT MAX(position) FROM job WHERE node = ? AND state = 'queued'",
                       (job["node"],)).fetchone()[0]
     db.execute("UPDATE job SET state = 'queued', error = NULL, finished_at = NULL, position = ?"
