@@ -19,7 +19,7 @@ import aiohttp
 
 from .config import Settings
 from .errors import GpuqError, NotFound, described
-from .models import iso, parse_iso
+from .models import iso, parse_iso, span
 
 log = logging.getLogger("gpuq")
 
@@ -266,12 +266,3 @@ class Alerter:
         for (alert_id, status), (attempt, http_status) in list(self.unrecorded.items()):
             await self.store.record_delivery(alert_id, status, attempt, True, http_status, None)
             del self.unrecorded[alert_id, status]
-
-
-def span(seconds: float) -> str:
-    seconds = max(int(seconds), 0)
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"

@@ -16,7 +16,7 @@ import click
 from .client import ApiError, Router
 from .config import DEFAULT_ROUTER, ConfigError, check_token, check_url, find_config, load_config, starter_config
 from .errors import UnknownNode
-from .models import ACTIVE, FINAL, JobState, parse_iso
+from .models import ACTIVE, FINAL, JobState, parse_iso, span
 from .params import THINK_LEVELS
 
 
@@ -70,17 +70,7 @@ def seg(text: str) -> str:
 def ago(ts: str | None, end: str | None = None) -> str:
     if not ts:
         return "-"
-    seconds = (parse_iso(end) if end else time.time()) - parse_iso(ts)
-    return duration(seconds)
-
-
-def duration(seconds: float) -> str:
-    seconds = max(int(round(seconds)), 0)
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return span((parse_iso(end) if end else time.time()) - parse_iso(ts))
 
 
 def about(seconds: float) -> str:

@@ -165,6 +165,17 @@ def parse_iso(text: str) -> float:
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
 
 
+def span(seconds: float) -> str:
+    """How long something took or has lasted, to the second: '42s', '3m05s', '2h07m' (the CLI's
+    listings, an alert's resolution). Estimates are the CLI's `about`: '~4 min'."""
+    seconds = max(int(round(seconds)), 0)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
 DEFAULT_NAME_PREFIXES = ("registry.ollama.ai/", "library/")
 
 

@@ -3,7 +3,7 @@
 import pytest
 
 from gpuq.errors import BadRequest, TooLarge
-from gpuq.models import NewJob
+from gpuq.models import NewJob, span
 
 THINK_WORDS = '(must be "high", "medium", "low", "max", true, or false)'
 
@@ -41,3 +41,10 @@ def test_checked_counts_the_prompt_in_utf8_bytes():
     with pytest.raises(TooLarge) as exc:
         NewJob.checked(4, kind="task", prompt="ééé")
     assert exc.value.message == "prompt is 6 bytes, over the limit of 4 (router.max_prompt_bytes)"
+
+
+@pytest.mark.parametrize("seconds, shown", [
+    (-3, "0s"), (0.4, "0s"), (42, "42s"), (59.6, "1m00s"), (185, "3m05s"), (7620, "2h07m"),
+])
+def test_a_span_to_the_second_as_the_cli_and_the_alerts_show_it(seconds, shown):
+    assert span(seconds) == shown
