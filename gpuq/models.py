@@ -8,7 +8,7 @@ import secrets
 import time
 from datetime import datetime, timezone
 from dataclasses import dataclass
-from enum import Enum, StrEnum
+from enum import StrEnum
 from typing import Any, NamedTuple
 
 from .errors import BadRequest, TooLarge

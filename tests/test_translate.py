@@ -311,3 +311,18 @@ def test_errors_in_each_apis_shape():
     assert openai_api.openai_error(400, "bad")["error"]["type"] == "invalid_request_error"
     assert openai_api.openai_error(499, "deleted", "job_cancelled")["error"] == {
         "message": "deleted", "type": "api_error", "param": None, "code": "job_cancelled"}
+
+
+@pytest.mark.parametrize("think, message", [
+    ("max", None),  # Ollama's fourth level (api/types.go ThinkValue), taken at the door as in the API
+    ("lots", 'invalid think value: "lots" (must be "high", "medium", "low", "max", true, or false)'),
+    (3, 'think must be a boolean or string ("high", "medium", "low", "max", true, or false)'),
+])
+def test_the_front_door_checks_think_with_the_routers_one_check(think, message):
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "think": think}
+    if message is None:
+        ollama_api.check_chat(body)
+        return
+    with pytest.raises(BadRequest) as exc:
+        ollama_api.check_chat(body)
+    assert exc.value.message == message

@@ -17,6 +17,7 @@ from typing import Any
 
 from . import shapes
 from ..errors import BadRequest
+from ..params import THINK_LEVELS
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
@@ -132,7 +133,7 @@ def _think(body: dict) -> bool | str | None:
     config = body.get("output_config")
     effort = str(config.get("effort") or "").strip().lower() if isinstance(config, dict) else ""
     effort = "high" if effort == "xhigh" else effort
-    return effort if effort in ("high", "medium", "low", "max") else None
+    return effort if effort in THINK_LEVELS else None
 
 
 def messages_request(body: dict) -> dict:

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import re
 from typing import Any, Iterable
 
 from ..errors import BadRequest, NotFound
-from ..params import options_problem
+from ..params import options_problem, think_problem
 from .shapes import chunk_text, now_rfc3339, tools_of, unix_of, wrong
 
 def ollama_error(message: str) -> dict:
@@ -39,10 +38,9 @@ def _check_common(body: dict) -> None:
         problem = options_problem(body["options"])
         if problem:
             raise BadRequest(f"field 'options': {problem}")
-    think = body.get("think")
-    if think is not None and not isinstance(think, bool) and think not in ("low", "medium", "high", "max"):
-        raise BadRequest(f"invalid think value: {json.dumps(think)[:60]} (must be \"high\", \"medium\", "
-                         "\"low\", true, or false)")
+    problem = think_problem(body.get("think"))  # one check, in Ollama's words (gpuq/params.py)
+    if problem:
+        raise BadRequest(problem)
     fmt = body.get("format")
     if fmt is not None and not isinstance(fmt, (str, dict)):
         raise wrong("format", "\"json\" or a JSON schema object", fmt)

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..errors import BadRequest, json_type
 from ..models import compact_json
+from ..params import THINK_LEVELS
 
 # One refusal for every API that would offer Ollama's built-in web search (Responses, Messages).
 WEB_SEARCH_REFUSED = ("the built-in web_search tool is not served by gpuq's front door (Ollama runs it through "
@@ -83,7 +84,7 @@ def think_from_effort(effort: Any) -> bool | str | None:
         return False
     if effort == "minimal":
         return "low"
-    if effort in ("low", "medium", "high", "max"):
+    if effort in THINK_LEVELS:
         return effort
     if effort in ("xhigh", "ultra"):
         return "max"
