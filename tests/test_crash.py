@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from conftest import eventually, node_table
 
@@ -186,6 +187,7 @@ def check_database(path: Path, ledger: Ledger, fakes) -> dict[str, dict]:
     return jobs
 
 
+@pytest.mark.timeout(900)  # a hang guard: 40 rounds outlast the default 120 s on a busy 2-core machine
 async def test_sigkill_at_random_moments_loses_nothing_and_runs_nothing_twice(fakes, daemon_factory, tmp_path):
     """Each run picks a new random seed (GPUQ_CRASH_SEED=<seed> replays one: the same rounds,
     kill moments and client actions, though the router's own timing still varies). The seed is

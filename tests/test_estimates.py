@@ -77,14 +77,18 @@ async def test_estimates_in_the_api_and_the_cli_and_none_for_finished_jobs(fakes
     job_id = res.out.split()[0]
     assert re.search(r"^est\. start (now|in ~\d+ s), finish in ~\d+ s$", res.out, re.M), res.out  # the head may be overdue
 
+    asked = time.time()
     job = await d.job(job_id)
     assert parse_iso(job["eta_start"]) < parse_iso(job["eta_finish"])
     queue = await d.get("/api/queue")
     [node] = queue["nodes"]
-    assert node["running"]["eta_finish"] and node["running"]["eta_start"] == node["running"]["started_at"]
-    assert node["queued"][0]["eta_start"] == job["eta_start"]
     listed = {j["id"]: j for j in (await d.get("/api/jobs"))["jobs"]}
-    assert listed[job_id]["eta_start"] == job["eta_start"]
+    reads_s = time.time() - asked
+    assert node["running"]["eta_finish"] and node["running"]["eta_start"] == node["running"]["started_at"]
+    # The same estimate in every view. An overdue head ends "now", which moves with each read:
+    # the views may then differ by no more than the time between the reads.
+    for other in (node["queued"][0]["eta_start"], listed[job_id]["eta_start"]):
+        assert abs(parse_iso(other) - parse_iso(job["eta_start"])) <= reads_s, (other, job["eta_start"], reads_s)
     assert "eta_start" not in listed[first["id"]]
 
     res = await d.cli("queue")
