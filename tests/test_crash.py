@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from conftest import eventually, node_table
 
@@ -186,8 +187,21 @@ def check_database(path: Path, ledger: Ledger, fakes) -> dict[str, dict]:
     return jobs
 
 
+@pytest.mark.timeout(900)  # a hang guard: 40 rounds outlast the default 120 s on a busy 2-core machine
 async def test_sigkill_at_random_moments_loses_nothing_and_runs_nothing_twice(fakes, daemon_factory, tmp_path):
+    """Each run picks a new random seed (GPUQ_CRASH_SEED=<seed> replays one: the same rounds,
+    kill moments and client actions, though the router's own timing still varies). The seed is
+    printed at the start and added to any failure's message, so a failure in `make test` can be
+    replayed with `GPUQ_CRASH_SEED=<seed> .venv/bin/python -m pytest tests/test_crash.py`."""
     print(f"\ncrash harness: seed {SEED}, {ROUNDS} rounds (replay with GPUQ_CRASH_SEED={SEED})")
+    try:
+        await sigkill_rounds(fakes, daemon_factory, tmp_path)
+    except BaseException as exc:
+        exc.add_note(f"crash harness seed {SEED}: replay with GPUQ_CRASH_SEED={SEED}")
+        raise
+
+
+async def sigkill_rounds(fakes, daemon_factory, tmp_path) -> None:
     rng = random.Random(SEED)
     script = {"token_delay_s": 0.003, "tokens": 12, "unload": "delay", "unload_delay_s": 0.03}
     f1 = await fakes("qwen3-coder:30b", **script)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import time
+from statistics import median
 
 from conftest import eventually, node_table
 
@@ -22,10 +23,17 @@ async def one_node(fakes, daemon_factory):
 
 
 async def test_the_fourth_waiting_jobs_estimate_is_within_half_of_when_it_really_starts(fakes, daemon_factory):
+    """The estimate is the history's median run time for each job ahead. What no estimate can
+    know is how much slower (or faster) a busy machine runs those jobs than it ran the history,
+    nor the router's time between one job's end and the next one's start: both are measured
+    here and allowed on top of the 50% (on an idle machine both are a few tens of ms; on a
+    loaded 2-core machine seconds), so the bound holds whatever the load and still fails an
+    estimate that counts the wrong jobs or times."""
     _, d = await one_node(fakes, daemon_factory)
+    history = []
     for i in range(3):  # a history of done runs on the node: the basis of the estimate
         [job] = await d.submit("task", f"warm-up {i}")
-        await d.wait_state(job["id"], "done", timeout=20)
+        history.append(await d.wait_state(job["id"], "done", timeout=20))
 
     [running] = await d.submit("task", "runs first")
     await d.wait_state(running["id"], "running")
@@ -36,9 +44,19 @@ async def test_the_fourth_waiting_jobs_estimate_is_within_half_of_when_it_really
 
     started = await d.wait_state(fourth["id"], "running", "done", timeout=30)
     actual = parse_iso(started["started_at"]) - submitted
-    print(f"fourth waiting job: estimated start in {predicted:.2f}s, really started after {actual:.2f}s")
-    assert abs(predicted - actual) <= 0.5 * actual, (predicted, actual)
+    ahead = [await d.job(j["id"]) for j in (running, *waiting[:3])]
+    starts = [parse_iso(j["started_at"]) for j in ahead[1:]] + [parse_iso(started["started_at"])]
+    between = sum(max(0.0, start - parse_iso(j["finished_at"])) for j, start in zip(ahead, starts))
+    expected_run = median(run_s(j) for j in history)
+    slower = abs(sum(run_s(j) for j in ahead) - len(ahead) * expected_run)
+    print(f"fourth waiting job: estimated start in {predicted:.2f}s, really started after {actual:.2f}s "
+          f"(runs ahead off the history's {expected_run:.2f}s by {slower:.2f}s in all, {between:.2f}s between jobs)")
+    assert abs(predicted - actual) <= 0.5 * actual + slower + between, (predicted, actual, slower, between)
     assert fourth["eta_reason"] is None
+
+
+def run_s(job: dict) -> float:
+    return parse_iso(job["finished_at"]) - parse_iso(job["started_at"])
 
 
 async def test_estimates_in_the_api_and_the_cli_and_none_for_finished_jobs(fakes, daemon_factory):
@@ -59,14 +77,18 @@ async def test_estimates_in_the_api_and_the_cli_and_none_for_finished_jobs(fakes
     job_id = res.out.split()[0]
     assert re.search(r"^est\. start (now|in ~\d+ s), finish in ~\d+ s$", res.out, re.M), res.out  # the head may be overdue
 
+    asked = time.time()
     job = await d.job(job_id)
     assert parse_iso(job["eta_start"]) < parse_iso(job["eta_finish"])
     queue = await d.get("/api/queue")
     [node] = queue["nodes"]
-    assert node["running"]["eta_finish"] and node["running"]["eta_start"] == node["running"]["started_at"]
-    assert node["queued"][0]["eta_start"] == job["eta_start"]
     listed = {j["id"]: j for j in (await d.get("/api/jobs"))["jobs"]}
-    assert listed[job_id]["eta_start"] == job["eta_start"]
+    reads_s = time.time() - asked
+    assert node["running"]["eta_finish"] and node["running"]["eta_start"] == node["running"]["started_at"]
+    # The same estimate in every view. An overdue head ends "now", which moves with each read:
+    # the views may then differ by no more than the time between the reads.
+    for other in (node["queued"][0]["eta_start"], listed[job_id]["eta_start"]):
+        assert abs(parse_iso(other) - parse_iso(job["eta_start"])) <= reads_s, (other, job["eta_start"], reads_s)
     assert "eta_start" not in listed[first["id"]]
 
     res = await d.cli("queue")

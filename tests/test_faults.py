@@ -21,6 +21,7 @@ BUSY = "server busy, please try again.  maximum pending requests exceeded"
 STALLED = "stalled: no new token from Ollama for 2s"
 NEVER_LOADED = "no reply from Ollama within load_timeout (3s): the model did not load in time"
 BROKE_OFF = "Ollama's stream broke off: the connection closed before the reply ended"
+CLIENT_PS_TIMEOUT_S = 10.0  # OllamaClient.loaded's default limit: what one unbounded /api/ps poll gets
 
 
 async def sick_and_well(fakes, daemon_factory, **router):
@@ -170,17 +171,22 @@ async def test_an_unload_whose_last_check_times_out_still_says_the_model_was_lis
 async def test_an_unload_that_never_frees_the_model_flags_the_node_until_it_is_freed(fakes, daemon_factory):
     sick, well, d = await sick_and_well(fakes, daemon_factory)
     sick.script.unload = "never"  # stuck in "Stopping...": /api/ps keeps listing the model
+    submitted = time.monotonic()
     [job] = await d.submit("task", "its model never leaves", node="sick")
     async def flagged():
         state = await node(d, "sick")
         return state if state["vram_stuck"] else None
     state = await eventually(flagged, 15, what="the node to be flagged")
+    elapsed = time.monotonic() - submitted
     message = state["vram_stuck"]
     # (on a loaded machine the last check, given what is left of the second, may not answer in
     # time: the message then says so after what was seen, as the next test shows)
     waited = re.fullmatch(rf"unload failed: {MODEL} did not leave VRAM within ([\d.]+)s \(unload_timeout 1s; "
                           rf"{MODEL} is still listed by /api/ps(; the last check: [^)]*)?\); node sick flagged", message)
-    assert waited and 1.0 <= float(waited.group(1)) < 3.0, message
+    # It waited its unload_timeout, and what it says it waited lies within what this test saw
+    # (the job's run and the unload, from the submit to the flag; the figure is rounded to 0.1 s):
+    # bounds a busy machine cannot break, where a fixed ceiling could.
+    assert waited and 1.0 <= float(waited.group(1)) <= elapsed + 0.05, (message, elapsed)
     done = await d.wait_state(job["id"], "done")  # its work is done; the failure is the node's
     assert [e["reason"] for e in done["events"] if e["from_state"] == e["to_state"] == "running"] == [message]
 
@@ -235,7 +241,12 @@ def async_true(fetch, test):
 async def test_a_blocking_api_ps_is_bounded_by_unload_timeout_and_the_flag_says_how_long(fakes, daemon_factory):
     """Real /api/ps can block for seconds during another client's load or an unload: each poll
     gets only the time left, so the node is flagged after about unload_timeout (1 s), not after
-    one 10 s request, and the message says how long gpuq really waited."""
+    one 10 s request, and the message says how long gpuq really waited.
+
+    The bounds are what a poll not bounded by the time left would break, whatever the load:
+    the client's own limit for one /api/ps is 10 s (CLIENT_PS_TIMEOUT_S), so without the bound
+    the flag would come no sooner than 10 s after the submit, and the figure would read 10 s or
+    more. The figure must also lie within the time this test saw (submit to flag)."""
     sick, well, d = await sick_and_well(fakes, daemon_factory)
     sick.script.ps_delay_s = 30  # only the unload check reads /api/ps
     started = time.monotonic()
@@ -243,11 +254,12 @@ async def test_a_blocking_api_ps_is_bounded_by_unload_timeout_and_the_flag_says_
 
     async def flagged():
         return (await node(d, "sick"))["vram_stuck"]
-    message = await eventually(flagged, 10, what="the node to be flagged")
+    message = await eventually(flagged, 2 * CLIENT_PS_TIMEOUT_S, what="the node to be flagged")
     elapsed = time.monotonic() - started
     waited = re.search(r"did not leave VRAM within ([\d.]+)s \(unload_timeout 1s; (.*)\)", message)
     assert waited, message
-    assert 1.0 <= float(waited.group(1)) < 2.5 and elapsed < 8, (message, elapsed)
+    assert 1.0 <= float(waited.group(1)) <= elapsed + 0.05, (message, elapsed)
+    assert elapsed < CLIENT_PS_TIMEOUT_S, (message, elapsed)
     assert "/api/ps on" in waited.group(2) and "did not answer within" in waited.group(2)
 
 

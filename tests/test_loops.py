@@ -224,11 +224,13 @@ async def test_stop_ends_a_loop_that_waits_for_its_restart():
 
 @pytest.mark.browser
 async def test_the_queue_page_names_a_crashed_loop(router):
-    """A person looking at the page sees the crash, not just a red title."""
+    """A person looking at the page sees the crash, not just a red title. The crash is not a live
+    event: the page learns it at its next refresh (its slow poll), so the test waits for the
+    router to know it, then for a refresh the page started after that, and reads the banner."""
     import shutil
 
     from playwright.async_api import async_playwright, expect
-    from test_page import CHROMIUM_ARGS
+    from test_page import CHROMIUM_ARGS, shown_after_now
 
     client, fake = router
     store = client.server.app[STORE]
@@ -236,6 +238,10 @@ async def test_the_queue_page_names_a_crashed_loop(router):
 
     async def broken():
         raise KeyError("injected")
+
+    async def loops_down():
+        _, health = await get(client, "/health")
+        return [loop["loop"] for loop in health["loops_down"]]
     store.note_stale = broken
     async with async_playwright() as p:
         browser = await p.chromium.launch(executable_path=shutil.which("chromium") or "/usr/bin/chromium",
@@ -243,13 +249,22 @@ async def test_the_queue_page_names_a_crashed_loop(router):
         try:
             page = await browser.new_page()
             await page.goto(str(client.make_url("/")))
+            await eventually(lambda: page.evaluate("window.gpuq.shown > 0"), 60, what="the page's first render")
+            await eventually(loops_down, 30, what="the router to see its stale monitor crash")
+            await shown_after_now(page)
             alert = page.locator('.alert[data-loop="stale monitor"]')
-            await expect(alert).to_contain_text("The router's stale monitor crashed", timeout=15_000)
+            await expect(alert).to_contain_text("The router's stale monitor crashed")
             await expect(alert).to_contain_text("KeyError: 'injected'")
             store.note_stale = real
-            await expect(alert).to_have_count(0, timeout=20_000)
+            await eventually(lambda: async_not(loops_down), 30, what="the stale monitor to run again")
+            await shown_after_now(page)
+            await expect(alert).to_have_count(0)
         finally:
             await browser.close()
+
+
+async def async_not(check) -> bool:
+    return not await check()
 
 
 async def test_a_crash_without_text_reads_as_its_class_not_an_empty_colon():

@@ -151,6 +151,14 @@ async def drag(page: Page, job_id: str, target: str, x: float | None = None, y: 
     await page.mouse.up()
 
 
+async def shown_after_now(page: Page, timeout_s: float = 60) -> None:
+    """Wait until the queue page shows the answers of a refresh it started after this call: what
+    the router knows now is on the screen. The page refreshes on a live event, or within its 10 s
+    slow poll, so the deadline is generous: it is not a timing bound, only a hang guard."""
+    asked = await page.evaluate("window.gpuq.refreshes")
+    await page.wait_for_function("asked => window.gpuq.shown > asked", arg=asked, timeout=timeout_s * 1000)
+
+
 async def open_queue(page: Page, daemon) -> None:
     await page.goto(daemon.url + "/")
     await expect(page.locator("#conn")).to_have_text("live")

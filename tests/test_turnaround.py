@@ -1,6 +1,7 @@
-"""From one job to the next on a node: the node's answer to the unload check just made stands
-in for the health check before the next claim; a node that has been quiet is checked again
-before anything is claimed onto it."""
+"""From one job to the next on a node: no health check stands between a submit and its request
+to the node (the monitor asks on its own timer); between two jobs the node hears only the
+previous job's unload check. A node that went away since its monitor last asked gets its job
+back at the head of the queue (tests/test_faults.py), instead of a check before each claim."""
 
 from __future__ import annotations
 

@@ -31,6 +31,9 @@ const S = {
   updatedAt: 0,
   renders: 0,
   changes: 0,
+  refreshes: 0, // refreshes started
+  fetched: 0, // the refresh whose answers S holds
+  shown: 0, // the refresh whose answers are on the screen (page tests wait for one started after a change)
 };
 window.gpuq = S; // for the browser console (and the page tests)
 
@@ -48,6 +51,7 @@ async function loadRecent() {
 }
 
 async function refresh() {
+  const asked = ++S.refreshes;
   try {
     const [queue, health, recent, activity] = await Promise.all([
       getJSON(`/api/queue?limit=${S.limit}`),
@@ -59,6 +63,7 @@ async function refresh() {
   } catch (exc) {
     S.error = exc;
   }
+  S.fetched = asked;
   render();
 }
 
@@ -82,6 +87,7 @@ function render() {
   renderUtil();
   renderRecent();
   paintProgress();
+  S.shown = S.fetched;
 }
 
 function staleHeads() {

@@ -10,7 +10,6 @@ server/sched.go, server/images.go, api/types.go, types/model/name.go, llm/llama_
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import math
 import random
@@ -22,14 +21,16 @@ from typing import Any
 
 from aiohttp import web
 
+from .catalogue import ModelName, chat_template, count_tokens, details, digest, model_size, profile_for, size_bytes
+from .parse import (CHAT_FIELDS, DEFAULT_KEEP_ALIVE_S, EMBED_FIELDS, EMBEDDINGS_FIELDS, GENERATE_FIELDS, SHOW_FIELDS,
+                    THINK_LEVELS, Reply, go_quote, parse_body, parse_keep_alive, parse_options, request_fields)
+
 BUSY = "server busy, please try again.  maximum pending requests exceeded"
 WORDS = ("the queue node model token plan risk retry budget export job result review "
          "change test guard order state commit error memory latency design").split()
 THOUGHTS = ("okay so the user wants this let me think about the plan first wait the queue "
             "matters here maybe check the order again then answer").split()
-DEFAULT_KEEP_ALIVE_S = 300.0  # OLLAMA_KEEP_ALIVE [envconfig/config.go]
 FOREVER_S = (2**63 - 1) / 1e9  # a negative keep_alive is time.Duration(math.MaxInt64) [api/types.go]
-THINK_LEVELS = ("high", "medium", "low", "max")  # api/types.go ThinkValue
 # llama-server started without --embeddings answers this; Ollama passes it on [llm/llama_server.go]
 NO_EMBEDDINGS = "This server does not support embeddings. Start it with `--embeddings`"
 TOO_LONG_FOR_EMBED = "the input length exceeds the context length"
@@ -45,394 +46,9 @@ def _iso(ts: float) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _q(text: str) -> str:
-    """Go's %q for the names and values Ollama quotes in its messages."""
-    return json.dumps(text, ensure_ascii=False)
-
-
-class _Reply(Exception):
-    """An error answer: Ollama writes {"error": message} with this status."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-# -- durations ------------------------------------------------------------------------------
-
-_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def _go_duration_s(text: str) -> float:
-    """Go's time.ParseDuration, with its error texts."""
-    rest = text[1:] if text[:1] in "+-" else text
-    if rest == "0":
-        return 0.0
-    if not rest:
-        raise ValueError(f"time: invalid duration {_q(text)}")
-    total = 0.0
-    while rest:
-        number = re.match(r"\d*(?:\.\d*)?", rest).group(0)
-        if number in ("", "."):
-            raise ValueError(f"time: invalid duration {_q(text)}")
-        rest = rest[len(number):]
-        unit = re.match(r"[^\d.]*", rest).group(0)
-        if not unit:
-            raise ValueError(f"time: missing unit in duration {_q(text)}")
-        if unit not in _UNITS:
-            raise ValueError(f"time: unknown unit {_q(unit)} in duration {_q(text)}")
-        total += float(number) * _UNITS[unit]
-        rest = rest[len(unit):]
-    return -total if text.startswith("-") else total
-
-
-def _keep_alive_s(value: Any) -> float | None:
-    """Ollama's Duration: number = seconds, string = Go duration; negative = forever (None)."""
-    if value is None:
-        return DEFAULT_KEEP_ALIVE_S
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ValueError(f"Unsupported type: '{_go_any_type(value)}'")
-    seconds = _go_duration_s(value) if isinstance(value, str) else float(value)
-    return None if seconds < 0 else seconds
-
-
-# -- request bodies, decoded as Go's encoding/json does --------------------------------------
-
-def _go_kind(value: Any) -> str:
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, (int, float)):
-        return "number"
-    return {str: "string", list: "array", dict: "object"}.get(type(value), "null")
-
-
-def _go_any_type(value: Any) -> str:
-    """reflect.TypeOf of what json.Unmarshal put in an `any`."""
-    if isinstance(value, dict):
-        return "map[string]interface {}"
-    if isinstance(value, list):
-        return "[]interface {}"
-    return {bool: "bool", str: "string"}.get(type(value), "float64")
-
-
-# Field types of the request structs [api/types.go]; other keys are ignored, as Go ignores them.
-OPTIONS = "map[string]interface {}"
-GENERATE_FIELDS = {"model": "string", "prompt": "string", "suffix": "string", "system": "string",
-                   "template": "string", "context": "[]int", "stream": "bool", "raw": "bool",
-                   "format": "raw", "keep_alive": "duration", "images": "[]api.ImageData",
-                   "options": OPTIONS, "think": "think", "truncate": "bool", "shift": "bool",
-                   "logprobs": "bool", "top_logprobs": "int"}
-CHAT_FIELDS = {"model": "string", "messages": "[]api.Message", "stream": "bool", "format": "raw",
-               "keep_alive": "duration", "tools": "api.Tools", "options": OPTIONS, "think": "think",
-               "truncate": "bool", "shift": "bool", "logprobs": "bool", "top_logprobs": "int"}
-EMBED_FIELDS = {"model": "string", "input": "raw", "keep_alive": "duration", "truncate": "bool",
-                "dimensions": "int", "options": OPTIONS}
-EMBEDDINGS_FIELDS = {"model": "string", "prompt": "string", "keep_alive": "duration", "options": OPTIONS}
-SHOW_FIELDS = {"model": "string", "system": "string", "template": "string", "verbose": "bool",
-               "options": OPTIONS, "name": "string"}
-MESSAGE_FIELDS = {"role": "string", "content": "string", "thinking": "string", "images": "[]api.ImageData",
-                  "tool_name": "string", "tool_call_id": "string", "tool_calls": "[]api.ToolCall"}
-
-
-def _mismatch(gotype: str, value: Any) -> tuple[str, str, str] | None:
-    """(what the JSON held, the sub-path, the Go type) when `value` cannot fill a `gotype`."""
-    if value is None or gotype == "raw":
-        return None
-    if gotype in ("string", "bool"):
-        return None if _go_kind(value) == gotype else (_go_kind(value), "", gotype)
-    if gotype == "int":
-        if isinstance(value, int) and not isinstance(value, bool):
-            return None
-        return (f"number {value}" if isinstance(value, float) else _go_kind(value)), "", "int"
-    if gotype == OPTIONS:
-        return None if isinstance(value, dict) else (_go_kind(value), "", gotype)
-    if not isinstance(value, list):
-        return _go_kind(value), "", gotype
-    element = {"[]int": "int", "[]api.ImageData": "string"}.get(gotype)
-    for item in value:
-        if element and (bad := _mismatch(element, item)):
-            return bad[0], "", gotype[2:] if element == "string" else element
-        if not element and item is not None and not isinstance(item, dict):
-            return _go_kind(item), "", gotype.removeprefix("[]").replace("Tools", "Tool")
-        if gotype == "[]api.Message" and item:
-            for key, sub in item.items():
-                if (subtype := MESSAGE_FIELDS.get(key)) and (bad := _mismatch(subtype, sub)):
-                    return bad[0], f".{key}", bad[2]
-    return None
-
-
 def _tool_call_id() -> str:
     """Ollama's id of a parsed tool call [server/routes.go toolCallId]."""
     return "call_" + "".join(random.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(8))
-
-
-def _check_think(value: Any) -> None:
-    if value is None or isinstance(value, bool):
-        return
-    if isinstance(value, str):
-        if value not in THINK_LEVELS:
-            raise _Reply(400, f"invalid think value: {_q(value)} "
-                              '(must be "high", "medium", "low", "max", true, or false)')
-        return
-    raise _Reply(400, 'think must be a boolean or string ("high", "medium", "low", "max", true, or false)')
-
-
-def _syntax_error(exc: json.JSONDecodeError, text: str) -> str:
-    """encoding/json's text for a body that is not JSON."""
-    if exc.pos >= len(text.rstrip()):
-        return "unexpected EOF"
-    char = text[exc.pos]
-    quoted = "'\\''" if char == "'" else f"'{char}'"
-    if exc.msg.startswith("Expecting property name"):
-        return f"invalid character {quoted} looking for beginning of object key string"
-    if exc.msg.startswith("Expecting ':'"):
-        return f"invalid character {quoted} after object key"
-    if exc.msg.startswith("Expecting ','"):
-        where = "array element" if _innermost(text, exc.pos) == "[" else "object key:value pair"
-        return f"invalid character {quoted} after {where}"
-    return f"invalid character {quoted} looking for beginning of value"
-
-
-def _innermost(text: str, pos: int) -> str:
-    stack, in_string, escaped = [], False, False
-    for char in text[:pos]:
-        if in_string:
-            escaped, in_string = (False, True) if escaped else (char == "\\", char != '"')
-        elif char == '"':
-            in_string = True
-        elif char in "[{":
-            stack.append(char)
-        elif char in "]}" and stack:
-            stack.pop()
-    return stack[-1] if stack else ""
-
-
-def _parse_body(raw: bytes, struct: str) -> dict:
-    """gin's ShouldBindJSON: one JSON value (anything after it is never read)."""
-    text = raw.decode("utf-8", "replace").lstrip()
-    if not text:
-        raise _Reply(400, "missing request body")
-    try:
-        value, _ = json.JSONDecoder().raw_decode(text)
-    except json.JSONDecodeError as exc:
-        raise _Reply(400, _syntax_error(exc, text)) from None
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise _Reply(400, f"json: cannot unmarshal {_go_kind(value)} into Go value of type api.{struct}")
-    return value
-
-
-def _fields(body: dict, struct: str, fields: dict[str, str]) -> dict:
-    """The request's fields by their canonical names (Go matches keys case-insensitively).
-    A custom decoder's error (think, keep_alive) stops at once; a type error is reported after
-    the whole body was read, the first one found."""
-    out: dict[str, Any] = {}
-    first_error = None
-    for key, value in body.items():
-        name = key if key in fields else next((f for f in fields if f.lower() == key.lower()), None)
-        if name is None:
-            continue
-        gotype = fields[name]
-        if gotype == "think":
-            _check_think(value)
-        elif gotype == "duration":
-            if value is not None:
-                try:
-                    _keep_alive_s(value)
-                except ValueError as exc:
-                    raise _Reply(400, str(exc)) from None
-        elif (bad := _mismatch(gotype, value)) is not None:
-            first_error = first_error or (f"json: cannot unmarshal {bad[0]} into Go struct field "
-                                          f"{struct}.{name}{bad[1]} of type {bad[2]}")
-            continue
-        out[name] = value
-    if first_error:
-        raise _Reply(400, first_error)
-    return out
-
-
-# api/types.go Options: a known key of the wrong type fails the request; unknown keys only log.
-_OPTION_TYPES = {**dict.fromkeys(("num_keep", "seed", "num_predict", "top_k", "repeat_last_n", "num_ctx",
-                                  "num_batch", "num_gpu", "num_thread", "draft_num_predict", "main_gpu"), "integer"),
-                 **dict.fromkeys(("top_p", "min_p", "typical_p", "temperature", "repeat_penalty",
-                                  "presence_penalty", "frequency_penalty"), "float32"),
-                 "use_mmap": "boolean", "stop": "array"}
-
-
-def _options(raw: dict | None) -> dict:
-    """The options Ollama understands, checked like Options.FromMap (an error here is a 500)."""
-    out = {}
-    for key, value in (raw or {}).items():
-        kind = _OPTION_TYPES.get(key)
-        if kind is None or value is None:
-            continue  # "invalid option provided" is a log line, not an error
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if kind in ("integer", "float32") and not number or kind == "boolean" and not isinstance(value, bool):
-            raise _Reply(500, f"option {_q(key)} must be of type {kind}")
-        if kind == "array":
-            if not isinstance(value, list):
-                raise _Reply(500, f"option {_q(key)} must be of type array")
-            if not all(isinstance(v, str) for v in value):
-                raise _Reply(500, f"option {_q(key)} must be of an array of strings")
-        out[key] = int(value) if kind == "integer" else value
-    return out
-
-
-# -- model names and the catalogue -----------------------------------------------------------
-
-_MISSING = "!MISSING!"
-
-
-@dataclass(frozen=True)
-class ModelName:
-    """host/namespace/model:tag, defaults registry.ollama.ai, library, latest [types/model/name.go]."""
-
-    host: str
-    namespace: str
-    model: str
-    tag: str
-
-    @classmethod
-    def parse(cls, text: str) -> ModelName:
-        host = namespace = tag = ""
-        if text.rfind(":") > text.rfind("/"):
-            text, tag = _cut(text, ":")
-        if "/" not in text:
-            model = text
-        else:
-            text, model = _cut(text, "/")
-            if "/" not in text:
-                namespace = text
-            else:
-                text, namespace = _cut(text, "/")
-                host = text.split("://", 1)[-1]
-        return cls(host or "registry.ollama.ai", namespace or "library", model, tag or "latest")
-
-    @property
-    def valid(self) -> bool:
-        return all(_valid_part(kind, part) for kind, part in
-                   (("host", self.host), ("namespace", self.namespace), ("model", self.model), ("tag", self.tag)))
-
-    def same(self, other: ModelName) -> bool:
-        return all(a.lower() == b.lower() for a, b in zip(
-            (self.host, self.namespace, self.model, self.tag), (other.host, other.namespace, other.model, other.tag)))
-
-    @property
-    def short(self) -> str:
-        """DisplayShortest: what /api/tags and /api/ps call it ('qwen3:latest')."""
-        if self.host.lower() != "registry.ollama.ai":
-            return f"{self.host}/{self.namespace}/{self.model}:{self.tag}"
-        prefix = "" if self.namespace.lower() == "library" else f"{self.namespace}/"
-        return f"{prefix}{self.model}:{self.tag}"
-
-    @property
-    def full(self) -> str:
-        return f"{self.host}/{self.namespace}/{self.model}:{self.tag}"
-
-
-def _cut(text: str, sep: str) -> tuple[str, str]:
-    i = text.rfind(sep)
-    return text[:i] or _MISSING, text[i + 1:] or _MISSING
-
-
-def _valid_part(kind: str, part: str) -> bool:
-    if not 1 <= len(part) <= (350 if kind == "host" else 80):
-        return False
-    word = re.compile(r"[A-Za-z0-9_]")
-    if not word.match(part[0]):
-        return False
-    allowed = "_-" + ("" if kind == "namespace" else ".") + (":" if kind == "host" else "")
-    return all(word.match(c) or c in allowed for c in part[1:])
-
-
-@dataclass(frozen=True)
-class Profile:
-    """What a model is, as /api/show and /api/tags describe it."""
-
-    capabilities: tuple[str, ...]
-    family: str  # general.architecture
-    context_length: int  # trained context: model_info "<family>.context_length"
-    embedding_length: int
-    parameter_size: str  # when the tag does not say
-    quantization: str = "Q4_K_M"
-    parameters: tuple[tuple[str, Any], ...] = ()  # the Modelfile's PARAMETER lines
-
-
-_CHATML = (("stop", "<|im_start|>"), ("stop", "<|im_end|>"))
-_LLAMA3 = (("stop", "<|start_header_id|>"), ("stop", "<|end_header_id|>"), ("stop", "<|eot_id|>"))
-_R1 = (("stop", "<｜begin▁of▁sentence｜>"), ("stop", "<｜end▁of▁sentence｜>"), ("stop", "<｜User｜>"),
-       ("stop", "<｜Assistant｜>"), ("temperature", 0.6), ("top_p", 0.95))
-_SAMPLING_QWEN3 = (("repeat_penalty", 1), ("temperature", 0.6), ("top_k", 20), ("top_p", 0.95))
-# Library models by name prefix, first match wins; capabilities in the order Ollama lists them
-# [server/images.go Capabilities: completion/embedding, vision, then tools, insert, thinking].
-PROFILES: tuple[tuple[tuple[str, ...], Profile], ...] = (
-    (("qwen3-coder",), Profile(("completion", "tools"), "qwen3moe", 262144, 2048, "30.5B",
-                               parameters=(("repeat_penalty", 1.05), *_CHATML, ("stop", "<|endoftext|>"),
-                                           ("temperature", 0.7), ("top_k", 20), ("top_p", 0.8)))),
-    (("qwen3-embedding",), Profile(("embedding",), "qwen3", 40960, 4096, "7.6B")),
-    (("qwen3-vl",), Profile(("completion", "vision", "tools", "thinking"), "qwen3vl", 262144, 4096, "8.8B")),
-    (("qwen3",), Profile(("completion", "tools", "thinking"), "qwen3", 40960, 4096, "8.2B",
-                         parameters=(*_CHATML, *_SAMPLING_QWEN3))),
-    (("deepseek-r1",), Profile(("completion", "tools", "thinking"), "qwen2", 131072, 5120, "32.8B", parameters=_R1)),
-    (("gpt-oss",), Profile(("completion", "tools", "thinking"), "gptoss", 131072, 2880, "20.9B", "MXFP4",
-                           (("temperature", 1),))),
-    (("qwen2.5-coder",), Profile(("completion", "tools", "insert"), "qwen2", 32768, 3584, "7.6B", parameters=_CHATML)),
-    (("qwen2.5",), Profile(("completion", "tools"), "qwen2", 32768, 3584, "7.6B", parameters=_CHATML)),
-    (("llama3.2-vision",), Profile(("completion", "vision"), "mllama", 131072, 4096, "10.7B")),
-    (("llama3.1", "llama3.2", "llama3.3"), Profile(("completion", "tools"), "llama", 131072, 3072, "3.2B",
-                                                    parameters=_LLAMA3)),
-    (("mistral",), Profile(("completion", "tools"), "llama", 32768, 4096, "7.2B", "Q4_0")),
-    (("gemma3",), Profile(("completion", "vision"), "gemma3", 131072, 2560, "4.3B")),
-    (("llava",), Profile(("completion", "vision"), "llama", 32768, 4096, "7.2B", "Q4_0")),
-    (("nomic-embed-text",), Profile(("embedding",), "nomic-bert", 2048, 768, "137M", "F16", (("num_ctx", 8192),))),
-    (("all-minilm",), Profile(("embedding",), "bert", 512, 384, "23M", "F16")),
-    (("mxbai-embed-large",), Profile(("embedding",), "bert", 512, 1024, "334M", "F16")),
-    (("bge-m3",), Profile(("embedding",), "bert", 8192, 1024, "567M", "F16")),
-)
-DEFAULT_PROFILE = Profile(("completion",), "llama", 131072, 4096, "8.0B")
-
-
-def profile_for(name: str) -> Profile:
-    model = ModelName.parse(name).model.lower()
-    return next((p for prefixes, p in PROFILES if model.startswith(prefixes)), DEFAULT_PROFILE)
-
-
-def _parameter_size(name: ModelName, profile: Profile) -> str:
-    found = re.search(r"(?:^|[-_])(\d+(?:\.\d+)?)([bm])(?:$|[-_])", name.tag.lower())
-    if not found:
-        return profile.parameter_size
-    size = f"{found.group(1)}{found.group(2).upper()}"
-    # A tag rounds the count ("32b"); the library's own figure is more exact ("32.8B").
-    same = profile.parameter_size.split(".")[0].rstrip("BM") == size[:-1] and profile.parameter_size[-1] == size[-1]
-    return profile.parameter_size if same else size
-
-
-def _size_bytes(parameter_size: str, quantization: str) -> int:
-    count = float(parameter_size[:-1]) * (1e9 if parameter_size.endswith("B") else 1e6)
-    return int(count * {"F16": 2.0, "Q8_0": 1.07, "MXFP4": 0.62, "Q4_0": 0.57}.get(quantization, 0.6))
-
-
-def _tokens(text: str) -> int:
-    """About four characters a token."""
-    return (len(text) + 3) // 4
-
-
-def _template(capabilities: tuple[str, ...]) -> str:
-    """A chat template that implies the model's capabilities, as Ollama derives them from it
-    [server/images.go goTemplateCapabilities: .Tools -> tools, .Suffix -> insert, think tags ->
-    thinking]; clients read it too (Continue offers fill-in-the-middle when it has .Suffix)."""
-    think = "{{ if .Thinking }}<think>{{ .Thinking }}</think>{{ end }}" if "thinking" in capabilities else ""
-    tools = ("{{- if .Tools }}<|im_start|>system\n# Tools\n{{ range .Tools }}{{ . }}\n{{ end }}<|im_end|>\n"
-             "{{ end }}") if "tools" in capabilities else ""
-    chat = (f"{tools}{{{{- if .System }}}}<|im_start|>system\n{{{{ .System }}}}<|im_end|>\n{{{{ end }}}}"
-            "{{- range .Messages }}<|im_start|>{{ .Role }}\n"
-            f"{think}{{{{ .Content }}}}<|im_end|>\n{{{{ end }}}}<|im_start|>assistant\n")
-    if "insert" not in capabilities:
-        return chat
-    return ("{{- if .Suffix }}<|fim_prefix|>{{ .Prompt }}<|fim_suffix|>{{ .Suffix }}<|fim_middle|>"
-            f"{{{{- else }}}}{chat}{{{{- end }}}}")
 
 
 # -- the simulator -----------------------------------------------------------------------------
@@ -567,22 +183,6 @@ class FakeOllama:
                 return tuple(caps)
         return profile_for(model).capabilities
 
-    def _details(self, model: str, with_lengths: bool = False) -> dict:
-        profile, name = profile_for(model), ModelName.parse(model)
-        details = {"parent_model": "", "format": "gguf", "family": profile.family, "families": [profile.family],
-                   "parameter_size": _parameter_size(name, profile), "quantization_level": profile.quantization}
-        if with_lengths:  # /api/tags reads them from the GGUF; /api/show and /api/ps leave them out
-            details.update(context_length=profile.context_length, embedding_length=profile.embedding_length)
-        return details
-
-    def _size(self, model: str) -> int:
-        details = self._details(model)
-        return _size_bytes(details["parameter_size"], details["quantization_level"])
-
-    @staticmethod
-    def _digest(model: str) -> str:
-        return hashlib.sha256(ModelName.parse(model).full.lower().encode()).hexdigest()
-
     def _context_for(self, model: str, options: dict) -> int:
         """The num_ctx a runner is loaded with [server/sched.go getRunner, effectiveContext]."""
         num_ctx = max(options.get("num_ctx", self.context_length), 4)
@@ -640,7 +240,7 @@ class FakeOllama:
         Script.load_delay_s before any header goes out."""
         s = self.script
         self._expire()
-        keep_alive = _keep_alive_s(body["keep_alive"]) if body.get("keep_alive") is not None else None
+        keep_alive = parse_keep_alive(body["keep_alive"]) if body.get("keep_alive") is not None else None
         m = self.loaded.get(name)
         if m is not None and m.refcount == 0 and (m.stopping or m.context_length != num_ctx):
             self.loaded.pop(name)  # it must unload (or reload) first
@@ -658,7 +258,7 @@ class FakeOllama:
                     raise
             return m
         if s.busy:
-            raise _Reply(503, BUSY)
+            raise Reply(503, BUSY)
         m = Loaded(expires_at=None, refcount=1, context_length=num_ctx,
                    ready=asyncio.get_running_loop().create_future())
         if body.get("keep_alive") is not None:
@@ -668,12 +268,12 @@ class FakeOllama:
             if s.load_delay_s:
                 await asyncio.sleep(s.load_delay_s)
             if s.load_error:
-                raise _Reply(*s.load_error)
+                raise Reply(*s.load_error)
         except BaseException as exc:
             m.refcount -= 1
             if self.loaded.get(name) is m:
                 del self.loaded[name]
-            m.ready.set_exception(exc if isinstance(exc, _Reply) else _Reply(499, "request canceled"))
+            m.ready.set_exception(exc if isinstance(exc, Reply) else Reply(499, "request canceled"))
             m.ready.exception()  # a load nobody else waited for is not an unretrieved error
             raise
         m.ready.set_result(None)
@@ -705,8 +305,8 @@ class FakeOllama:
     async def _tags(self, request: web.Request) -> web.Response:
         # Most recently modified first; every fake model was installed at the same moment.
         return self._raw_body(request) or web.json_response({"models": [
-            {"name": m, "model": m, "modified_at": _iso(self.installed_at), "size": self._size(m),
-             "digest": self._digest(m), "details": self._details(m, with_lengths=True),
+            {"name": m, "model": m, "modified_at": _iso(self.installed_at), "size": model_size(m),
+             "digest": digest(m), "details": details(m, with_lengths=True),
              "capabilities": list(self.capabilities_of(m))} for m in sorted(self.models)]})
 
     async def _ps(self, request: web.Request) -> web.Response:
@@ -720,8 +320,8 @@ class FakeOllama:
         models = []
         for name, m in self.loaded.items():
             models.append((self._expires_wall(m), {
-                "name": name, "model": name, "size": self._size(name), "digest": self._digest(name),
-                "details": self._details(name), "expires_at": None, "size_vram": self._size(name),
+                "name": name, "model": name, "size": model_size(name), "digest": digest(name),
+                "details": details(name), "expires_at": None, "size_vram": model_size(name),
                 "context_length": m.context_length}))
         models.sort(key=lambda pair: -pair[0])  # the longest time left first [routes.go PsHandler]
         for expires, entry in models:
@@ -738,15 +338,15 @@ class FakeOllama:
 
     async def _show(self, request: web.Request) -> web.Response:
         try:
-            body = _fields(_parse_body(await request.read(), "ShowRequest"), "ShowRequest", SHOW_FIELDS)
+            body = request_fields(parse_body(await request.read(), "ShowRequest"), "ShowRequest", SHOW_FIELDS)
             wanted = body.get("model") or body.get("name") or ""
             if not wanted:
-                raise _Reply(400, "model is required")
+                raise Reply(400, "model is required")
             name = self._parse_ref(wanted, missing=(400, "model is required"))
             model = self.installed(wanted)
             if model is None:
-                raise _Reply(404, f"model '{name.short}' not found")
-        except _Reply as r:
+                raise Reply(404, f"model '{name.short}' not found")
+        except Reply as r:
             return self._error(r.status, r.message)
         return web.json_response(self._card(model, body))
 
@@ -754,16 +354,16 @@ class FakeOllama:
         """/api/show's answer [routes.go GetModelInfo, api/types.go ShowResponse]."""
         profile, name = profile_for(model), ModelName.parse(model)
         capabilities = self.capabilities_of(model)
-        template = _template(capabilities) if "completion" in capabilities else "{{ .Prompt }}"
+        template = chat_template(capabilities) if "completion" in capabilities else "{{ .Prompt }}"
         parameters = "\n".join(f"{k:<30} {json.dumps(v, ensure_ascii=False)}" for k, v in profile.parameters)
         modelfile = (f'# Modelfile generated by "ollama show"\n# To build a new Modelfile based on this, '
                      f'replace FROM with:\n# FROM {name.short}\n\nFROM /root/.ollama/models/blobs/sha256-'
-                     f'{self._digest(model)}\nTEMPLATE """{template}"""\n'
+                     f'{digest(model)}\nTEMPLATE """{template}"""\n'
                      + "".join(f"PARAMETER {k} {json.dumps(v, ensure_ascii=False)}\n" for k, v in profile.parameters))
         family = profile.family
-        details = self._details(model)
+        described = details(model)
         info = {"general.architecture": family, "general.basename": name.model,
-                "general.parameter_count": int(_size_bytes(details["parameter_size"], "F16") / 2),
+                "general.parameter_count": int(size_bytes(described["parameter_size"], "F16") / 2),
                 "general.quantization_version": 2, f"{family}.context_length": profile.context_length,
                 f"{family}.embedding_length": profile.embedding_length,
                 f"{family}.block_count": 28 if profile.embedding_length > 1024 else 12}
@@ -773,7 +373,7 @@ class FakeOllama:
         out["template"] = template
         if body.get("system"):
             out["system"] = body["system"]
-        out.update({"details": details, "model_info": info, "capabilities": list(self.capabilities_of(model)),
+        out.update({"details": described, "model_info": info, "capabilities": list(self.capabilities_of(model)),
                     "modified_at": _iso(self.installed_at)})
         return out
 
@@ -784,10 +384,10 @@ class FakeOllama:
     def _parse_ref(self, raw: str, missing: tuple[int, str]) -> ModelName:
         """Ollama's parseAndValidateModelRef: a blank name gets `missing`, a bad one 400."""
         if not raw.strip():
-            raise _Reply(*missing)
+            raise Reply(*missing)
         name = ModelName.parse(raw.strip())
         if not name.valid:
-            raise _Reply(400, "invalid model name")
+            raise Reply(400, "invalid model name")
         return name
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
@@ -797,27 +397,27 @@ class FakeOllama:
         chat = request.path.endswith("/chat")
         struct = "ChatRequest" if chat else "GenerateRequest"
         try:
-            body = _parse_body(await request.read(), struct)
+            body = parse_body(await request.read(), struct)
             self.requests.append(body)
-            body = _fields(body, struct, CHAT_FIELDS if chat else GENERATE_FIELDS)
+            body = request_fields(body, struct, CHAT_FIELDS if chat else GENERATE_FIELDS)
             return await self._answer(request, body, chat, started)
-        except _Reply as r:
+        except Reply as r:
             return self._error(r.status, r.message)
 
     async def _answer(self, request: web.Request, body: dict, chat: bool, started: float) -> web.StreamResponse:
         wanted = body.get("model") or ""
         if not 0 <= (body.get("top_logprobs") or 0) <= 20:
-            raise _Reply(400, "top_logprobs must be between 0 and 20")
+            raise Reply(400, "top_logprobs must be between 0 and 20")
         self._parse_ref(wanted, (400, "model is required") if chat else (404, f"model '{wanted}' not found"))
         model = self.installed(wanted)
         if model is None:
-            raise _Reply(404, f"model '{wanted}' not found")
+            raise Reply(404, f"model '{wanted}' not found")
         empty = not (body.get("messages") if chat else body.get("prompt"))
-        if empty and body.get("keep_alive") is not None and _keep_alive_s(body["keep_alive"]) == 0:
+        if empty and body.get("keep_alive") is not None and parse_keep_alive(body["keep_alive"]) == 0:
             self._begin_unload(model)  # before any other check; the stream flag is ignored
             return web.json_response(self._final(wanted, chat, "", "unload", with_stats=False))
         if not chat and body.get("raw") and (body.get("template") or body.get("system") or body.get("context")):
-            raise _Reply(400, "raw mode does not support template, system, or context")
+            raise Reply(400, "raw mode does not support template, system, or context")
         caps = self.capabilities_of(model)
         think = body.get("think")
         if "thinking" in caps:
@@ -825,15 +425,15 @@ class FakeOllama:
             if think is False and profile_for(model).family == "gptoss":
                 think = True  # gpt-oss's trace cannot be turned off [docs/capabilities/thinking.mdx]
         elif think is True or think in THINK_LEVELS:
-            raise _Reply(400, f"{_q(wanted)} does not support thinking")
+            raise Reply(400, f"{go_quote(wanted)} does not support thinking")
         needed = ["completion"] + (["tools"] if chat and body.get("tools") else []) \
             + (["insert"] if not chat and body.get("suffix") else [])
         missing = [c for c in needed if c not in caps]
         if "completion" in missing:
-            raise _Reply(400, f"{_q(wanted)} does not support {'chat' if chat else 'generate'}")
+            raise Reply(400, f"{go_quote(wanted)} does not support {'chat' if chat else 'generate'}")
         if missing:  # [images.go CheckCapabilities, routes.go scheduleRunner]
-            raise _Reply(400, f"{ModelName.parse(model).full} does not support " + "\n".join(missing))
-        options = _options(body.get("options"))
+            raise Reply(400, f"{ModelName.parse(model).full} does not support " + "\n".join(missing))
+        options = parse_options(body.get("options"))
         s = self.script
         if s.hang_headers:  # until the client gives up, as Ollama drops a cancelled request
             await self._wait_for_disconnect(request)
@@ -862,7 +462,7 @@ class FakeOllama:
         if fmt is None or fmt == "" or fmt == "json" or isinstance(fmt, dict):
             return
         raw = json.dumps(fmt, separators=(",", ":"), ensure_ascii=False)
-        raise _Reply(500, f'invalid format: {_q(raw)}; expected "json" or a valid JSON Schema object')
+        raise Reply(500, f'invalid format: {go_quote(raw)}; expected "json" or a valid JSON Schema object')
 
     # -- the reply ----------------------------------------------------------------------------
 
@@ -903,7 +503,7 @@ class FakeOllama:
         keeping its first num_keep tokens [llm/llama_server.go completionPromptForRequest]."""
         text = self._prompt_text(body, chat)
         template = 4 * len(body.get("messages") or []) + 3 if chat else (0 if body.get("raw") else 8)
-        count = template + _tokens(text)
+        count = template + count_tokens(text)
         if count <= num_ctx - 1:
             return count
         num_keep = options.get("num_keep", 4)
@@ -1033,7 +633,7 @@ class FakeOllama:
         try:
             for i, _ in enumerate(pieces):
                 if s.error_after is not None and i == s.error_after:
-                    raise _Reply(500, "an error was encountered while running the model: unexpected EOF")
+                    raise Reply(500, "an error was encountered while running the model: unexpected EOF")
                 if s.close_after is not None and i == s.close_after:
                     request.transport.close()
                     return web.Response()
@@ -1067,7 +667,7 @@ class FakeOllama:
         then fails in its runner."""
         started = time.monotonic()
         try:
-            body = _fields(_parse_body(await request.read(), "EmbedRequest"), "EmbedRequest", EMBED_FIELDS)
+            body = request_fields(parse_body(await request.read(), "EmbedRequest"), "EmbedRequest", EMBED_FIELDS)
             wanted = body.get("model") or ""
             self._parse_ref(wanted, (404, f"model '{wanted}' not found"))
             texts = body.get("input")
@@ -1076,18 +676,18 @@ class FakeOllama:
             elif texts is None:
                 texts = []
             elif not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
-                raise _Reply(400, "invalid input type")
+                raise Reply(400, "invalid input type")
             model, entry, num_ctx = await self._embedding_runner(wanted, body)
             loaded = time.monotonic()
             try:
                 if not texts:
                     return web.json_response({"model": wanted, "embeddings": []})
                 if "embedding" not in self.capabilities_of(model):
-                    raise _Reply(501, NO_EMBEDDINGS)
+                    raise Reply(501, NO_EMBEDDINGS)
                 limit = num_ctx  # already within the model's trained context
-                counts = [_tokens(t) for t in texts]
+                counts = [count_tokens(t) for t in texts]
                 if body.get("truncate") is False and max(counts) > limit:
-                    raise _Reply(400, TOO_LONG_FOR_EMBED)
+                    raise Reply(400, TOO_LONG_FOR_EMBED)
                 size = profile_for(model).embedding_length
                 dims = body.get("dimensions") or 0
                 vectors = [_embedding(t, size, dims if 0 < dims < size else size) for t in texts]
@@ -1098,13 +698,13 @@ class FakeOllama:
                     "prompt_eval_count": sum(min(c, limit) for c in counts)})
             finally:
                 self._release(model, entry)
-        except _Reply as r:
+        except Reply as r:
             return self._error(r.status, r.message)
 
     async def _embeddings(self, request: web.Request) -> web.Response:
         """POST /api/embeddings, the older single-prompt form [routes.go EmbeddingsHandler]."""
         try:
-            body = _fields(_parse_body(await request.read(), "EmbeddingRequest"), "EmbeddingRequest",
+            body = request_fields(parse_body(await request.read(), "EmbeddingRequest"), "EmbeddingRequest",
                            EMBEDDINGS_FIELDS)
             wanted = body.get("model") or ""
             self._parse_ref(wanted, (400, "model is required"))
@@ -1113,19 +713,19 @@ class FakeOllama:
                 if not body.get("prompt"):
                     return web.json_response({"embedding": []})
                 if "embedding" not in self.capabilities_of(model):
-                    raise _Reply(500, NO_EMBEDDINGS)
+                    raise Reply(500, NO_EMBEDDINGS)
                 size = profile_for(model).embedding_length
                 return web.json_response({"embedding": _embedding(body["prompt"], size, size)})
             finally:
                 self._release(model, entry)
-        except _Reply as r:
+        except Reply as r:
             return self._error(r.status, r.message)
 
     async def _embedding_runner(self, wanted: str, body: dict) -> tuple[str, Loaded, int]:
         model = self.installed(wanted)
         if model is None:  # this route's message differs from chat's [routes.go handleScheduleError]
-            raise _Reply(404, f"model {_q(wanted)} not found, try pulling it first")
-        options = _options(body.get("options"))
+            raise Reply(404, f"model {go_quote(wanted)} not found, try pulling it first")
+        options = parse_options(body.get("options"))
         num_ctx = self._context_for(model, options)
         return model, await self._acquire(model, body, num_ctx), num_ctx
 

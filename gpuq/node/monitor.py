@@ -1,7 +1,8 @@
 """Each node's health as the router sees it: up or down, the models it has, a model stuck in
-VRAM. The monitor asks the node (/api/version and /api/tags) on a timer and before a claim; the
-worker reads the answer and reports what it learns on the way (a node it cannot reach, a model
-that would not leave VRAM)."""
+VRAM. The monitor asks the node (/api/version and /api/tags) on a timer (health_interval), and
+at once when the worker finds the node down, then more often until it answers; nothing asks
+before a claim. The worker reports what it learns on the way: a node it cannot reach (the job
+goes back to the head of its queue, see Worker._not_reached), a model that would not leave VRAM."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ class NodeMonitor:
     async def check(self) -> None:
         """Ask the node what it runs and has; it is up when both answer."""
         rt = self.rt
-        # Both questions at once: one round trip, not two, before a claim. A failure is
+        # Both questions at once: one round trip, not two. A failure is
         # reported as the sequential check would: /api/version's first.
         answers = await asyncio.gather(rt.client.version(), rt.client.tags(), return_exceptions=True)
         failed = next((a for a in answers if isinstance(a, BaseException)), None)
