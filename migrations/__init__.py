@@ -1,1 +1,1 @@
-"""The schema migrations, shipped inside the package as gpuq.migrations: see pyproject.toml."""
+"""The schema migrations, shipped inside the package as gpuq.store.migrations: see pyproject.toml."""
