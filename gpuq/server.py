@@ -258,7 +258,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def submit(request: web.Request) -> web.Response:
-    settings, store = request.app[SETTINGS], request.app[STORE]
+    settings = request.app[SETTINGS]
     body = await json_body(request, {"kind", "prompt", "model", "node", "parent", "timeout", "think", "options"})
     # The JSON types here, in the API's words; every rule of the values is NewJob's.
     new = NewJob.checked(settings.max_prompt_bytes, kind=field_of(body, "kind", str, required=True),
@@ -267,15 +267,11 @@ async def submit(request: web.Request) -> web.Response:
                          node=field_of(body, "node", str), think=body.get("think"), options=body.get("options"))
     # No estimate here: it reads the node's whole queue, and a burst of submits would pay that
     # once per job. `gpuq task` asks GET /api/jobs/{id} for it.
-    dispatcher = request.app[DISPATCHER]
-    jobs = await store.submit(new, dispatcher.node_infos(), actor_of(request), dispatcher.hand_over)
+    jobs = await request.app[DISPATCHER].submit(new, actor_of(request))
     for job in jobs:
         log.info("job=%s node=%s state=%s model=%s kind=%s placement=%r", job["id"], job["node"], job["state"],
                  job["model"], new.kind, job["reason"])
         job["preview_url"] = preview_url(settings.public_url, job["id"])
-        if job["state"] == JobState.QUEUED:  # (a job claimed in its submit went to its worker)
-            dispatcher.wake(job["node"])  # only its node: the others have nothing new
-    request.app[BUS].publish("queue", {"submitted": [j["id"] for j in jobs]})
     return json_response({"jobs": jobs}, status=201)
 
 

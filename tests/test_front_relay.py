@@ -45,8 +45,7 @@ async def test_a_called_job_is_relayed_to_its_waiting_client_chunk_by_chunk(tmp_
     store, dispatcher, job_id, new = await called_job(tmp_path, fakes, relay)
     try:
         waiting = relay.open(job_id)
-        await store.submit(new, dispatcher.node_infos(), "openai 127.0.0.1", dispatcher.hand_over)
-        dispatcher.wake("n")
+        await dispatcher.submit(new, "openai 127.0.0.1")
         got = []
 
         async def finished():
@@ -71,8 +70,7 @@ async def _done(store: Store, job_id: str):
 async def test_a_dispatcher_with_no_front_door_wired_fails_a_called_job_naming_why(tmp_path, fakes):
     store, dispatcher, job_id, new = await called_job(tmp_path, fakes, None)
     try:
-        await store.submit(new, dispatcher.node_infos(), "openai 127.0.0.1", dispatcher.hand_over)
-        dispatcher.wake("n")
+        await dispatcher.submit(new, "openai 127.0.0.1")
 
         async def failed():
             job = await store.job(job_id)

@@ -26,7 +26,7 @@ from ..errors import (
     BadRequest, Conflict, FrontError, GpuqError, IdTaken, ModelMissing, NotFound, OllamaError, StartupError,
     StoreUnavailable, check_text, json_object, json_type,
 )
-from ..models import ACTIVE, JobState, new_job_id, normalize_model, preview_url
+from ..models import ACTIVE, new_job_id, normalize_model, preview_url
 from ..security import check_host, check_same_site, router_hosts, token_of
 from ..store import NewJob, Store
 from .anthropic import anthropic_error
@@ -297,8 +297,7 @@ class Call:
         for _ in range(8):  # a chosen id taken by another job of the same second: choose again
             self.job_id = new_job_id()
             self.inbox = front.relay.open(self.job_id)
-            submitting = asyncio.ensure_future(front.store.submit(
-                self.new_job(self.job_id), front.dispatcher.node_infos(), self.actor, front.dispatcher.hand_over))
+            submitting = asyncio.ensure_future(front.dispatcher.submit(self.new_job(self.job_id), self.actor))
             try:
                 jobs = await asyncio.shield(submitting)
                 break
@@ -319,9 +318,6 @@ class Call:
         self.node = job["node"]
         log.info("job=%s node=%s state=%s model=%s kind=%s placement=%r via=%s actor=%r", self.job_id, self.node,
                  job["state"], job["model"], job["kind"], job["reason"], self.endpoint, self.actor)
-        if job["state"] == JobState.QUEUED:  # (a job claimed in its submit went to its worker)
-            front.dispatcher.wake(self.node)
-        front.bus.publish("queue", {"submitted": [self.job_id]})
         if self.openai and self.stream:
             self.sse = self.stream_translator()
 

@@ -10,12 +10,12 @@ import aiohttp
 from ..bus import Bus
 from ..config import Settings
 from ..errors import GpuqError
-from ..models import parse_iso
+from ..models import JobState, parse_iso
 from .calls import Calls, NoCalls
 from .monitor import NodeMonitor
 from .runtime import Current, NodeRuntime
 from .ollama import OllamaClient
-from ..store import Interrupted, NodeInfo, Store
+from ..store import Interrupted, NewJob, NodeInfo, Row, Store
 from .supervise import Loops
 from .worker import Worker, keep_big_blocks_apart, put_back_unsent
 
@@ -94,7 +94,20 @@ class Dispatcher:
                          self.workers[name].idle and not self.workers[name].stopping)
                 for name, rt in self.nodes.items()]
 
-    def hand_over(self, job: dict) -> None:
+    async def submit(self, new: NewJob, actor: str) -> list[Row]:
+        """Store a job (a critique: one per critique node) and start it as soon as it can: a node
+        whose worker waits idle has its head claimed in the submit's own commit and handed to
+        that worker after it (one fsync before the node's request, not two: bench/README, "claim
+        at submit"); a node that is busy is woken for the job queued there. Every door submits
+        through here."""
+        jobs = await self.store.submit(new, self.node_infos(), actor, self._hand_over)
+        for job in jobs:
+            if job["state"] == JobState.QUEUED:  # (a job claimed in its submit went to its worker)
+                self.wake(job["node"])  # only its node: the others have nothing new
+        self.bus.publish("queue", {"submitted": [j["id"] for j in jobs]})
+        return jobs
+
+    def _hand_over(self, job: dict) -> None:
         """A job its submit claimed for an idle node's worker (Store.submit), to that worker."""
         self.workers[job["node"]].take(job)
 
