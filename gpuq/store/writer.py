@@ -243,7 +243,7 @@ class Writer:
         """Apply what is queued, in order, until the stop item comes; return it."""
         todo: list[_Item] = []
         while True:
-            if not todo:
+            while not todo:  # a hand-over can be empty (close() hands over the turn, even when empty)
                 todo = self._take(block=True)
             while len(todo) < self.max_batch and (more := self._take(block=False)):
                 todo += more  # everything waiting by now joins this batch
