@@ -1,10 +1,10 @@
 """One error hierarchy: each class carries the HTTP status the server and the CLI show."""
 
 import json
-import sqlite3
 from typing import Any, Callable, Iterable
 
-# The schema's triggers raise exactly this (migration 010); from_sqlite turns it into GuardRefused.
+# The schema's triggers raise exactly this (migration 010); gpuq/store/sqlite.py from_sqlite turns it
+# into GuardRefused.
 GUARD_MESSAGE = "a critique never runs on its parent task's node"
 
 
@@ -117,6 +117,17 @@ class StoreUnavailable(GpuqError):
     status = 503
 
 
+class SchemaViolated(GpuqError):
+    """A write broke a rule of the schema (a CHECK, UNIQUE, NOT NULL or foreign key): a bug in
+    gpuq, not a store that is unavailable, so retrying cannot help. `constraint` names the rule."""
+
+    status = 500
+
+    def __init__(self, message: str, constraint: str):
+        super().__init__(message)
+        self.constraint = constraint
+
+
 class IncompleteInstall(GpuqError):
     """A file gpuq ships (the pages, the migrations) is missing from its installation."""
 
@@ -145,20 +156,6 @@ class OllamaError(Exception):
 class OllamaUnreachable(OllamaError):
     """The node cannot be connected to (refused, no such host, no answer to the connect): it is
     down, whatever the request was. The message names the node, its URL and the failure."""
-
-
-def from_sqlite(exc: sqlite3.Error) -> GpuqError:
-    """The one mapping of a database error to what a user sees, by SQLite's own error name."""
-    name, text = getattr(exc, "sqlite_errorname", None) or "", str(exc)
-    if name == "SQLITE_CONSTRAINT_TRIGGER" and text == GUARD_MESSAGE:
-        return GuardRefused()
-    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
-        return StoreUnavailable(f"the database is locked by another process ({text}); nothing was changed")
-    if name.startswith(("SQLITE_FULL", "SQLITE_IOERR")):
-        return StoreUnavailable(f"the database cannot be written: {text}; nothing was changed")
-    if name.startswith("SQLITE_READONLY"):
-        return StoreUnavailable(f"the database is read-only: {text}; nothing was changed")
-    return StoreUnavailable(f"database error: {text}; nothing was changed")
 
 
 def check_text(body: Any) -> None:

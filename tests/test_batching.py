@@ -12,7 +12,7 @@ import pytest
 
 from conftest import eventually
 
-from gpuq.errors import StoreUnavailable, Unprocessable
+from gpuq.errors import SchemaViolated, StoreUnavailable, Unprocessable
 from gpuq.placement import FIRST_FREE, SHORTEST
 from gpuq.store import NewJob, NodeInfo, Store
 
@@ -121,7 +121,7 @@ async def test_a_submit_failing_halfway_rolls_back_only_its_own_rows(store):
         store.submit(NewJob("task", "evil"), NODES, "evil"),
         store.submit(NewJob("task", "after"), NODES, "api"),
     )
-    assert isinstance(results[1], StoreUnavailable) and "refused by the test" in results[1].message
+    assert isinstance(results[1], SchemaViolated) and "refused by the test" in results[1].message
     assert rows(store.path, "SELECT prompt FROM job ORDER BY prompt") == [("after",), ("before",)]
     assert rows(store.path, "SELECT COUNT(*) FROM event") == [(2,)]
     # Placement inside the batch did not count the rolled-back job.
@@ -138,7 +138,7 @@ async def test_a_batch_whose_commit_fails_fails_every_submit_and_stores_nothing(
         *(store.submit(NewJob("task", f"p{i}"), NODES, "api") for i in range(4)),
         store._writer.run(dangling),
     )
-    assert all(isinstance(r, StoreUnavailable) for r in results), results
+    assert all(isinstance(r, SchemaViolated) for r in results), results
     assert all("FOREIGN KEY" in r.message for r in results)
     assert rows(store.path, "SELECT COUNT(*) FROM job") == [(0,)]
     assert rows(store.path, "SELECT COUNT(*) FROM event") == [(0,)]

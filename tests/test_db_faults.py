@@ -278,3 +278,25 @@ async def test_submits_racing_the_loss_of_the_wal_are_either_acknowledged_and_ke
     assert {j["id"] for j in listed} == set(acked)
     assert not {j["prompt_excerpt"] for j in listed} & set(refused)
     assert integrity(db_path) == "ok"
+
+
+async def test_a_write_the_schema_refuses_is_a_500_naming_the_rule_not_a_503(fakes, daemon_factory, tmp_path):
+    """A constraint the router's write breaks is gpuq's bug: retrying cannot help, so it is a 500
+    naming the rule, not the 503 "retry later" of a busy store. Here the shell corrupts node-1's
+    kept count (node_load, migration 009) so that deleting its waiting job would count below zero."""
+    f1, f2, d = await two_nodes(fakes, daemon_factory)
+    f1.script.token_delay_s = 0.05
+    f1.script.tokens = 200
+    [head] = await d.submit("task", "holds the node", node="node-1")
+    await d.wait_state(head["id"], "running")
+    [waiting] = await d.submit("task", "waits behind it", node="node-1")
+    shell = sqlite3.connect(tmp_path / "gpuq.db", isolation_level=None)
+    shell.execute("UPDATE node_load SET queued = 0 WHERE node = 'node-1'")
+    shell.close()
+    status, body = await d.request("DELETE", f"/api/jobs/{waiting['id']}")
+    assert status == 500, body
+    assert "node_load_queued_counted" in body["error"]["message"], body
+    assert "a bug in gpuq" in body["error"]["message"], body
+    assert (await d.job(waiting["id"]))["state"] == "queued"  # nothing was changed
+    res = await d.cli("delete", waiting["id"])
+    assert res.code == 1 and res.err.splitlines()[0].startswith("error 500 "), res.err

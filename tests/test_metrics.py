@@ -4,6 +4,7 @@ totals of finished jobs that survive a restart. Parsed with prometheus_client's 
 from __future__ import annotations
 
 import signal
+from datetime import datetime
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -91,3 +92,30 @@ async def test_a_stale_head_and_a_stuck_node_show(fakes, daemon_factory):
         m = await scrape(d)
         return value(m, "gpuq_stale_heads") == 1 and value(m, "gpuq_node_vram_stuck", node="node-1") == 1
     await eventually(both, 15, 0.2, "a stale head and a stuck node in /metrics")
+
+
+async def test_a_failed_run_and_its_retry_are_each_counted_with_their_own_tokens_after_a_restart(lab):
+    """A run that fails after streaming and its retry that succeeds: the router started again
+    sums the history afresh, and each end counts its own run (event.run_id), not the job's
+    latest (before migration 012 the failed end counted the retry's tokens and duration too)."""
+    fake = lab.fakes["node-1"].script
+    fake.tokens, fake.error_after = 200, 100
+    [job] = await lab.submit("task", "breaks off", node="node-1")
+    await lab.wait_state(job["id"], "failed")
+    fake.tokens, fake.error_after = 7, None
+    status, body = await lab.request("POST", f"/api/jobs/{job['id']}/retry")
+    assert status == 200, body
+    done = await lab.wait_state(job["id"], "done")
+    failed_tokens, done_tokens = [r["eval_count"] for r in done["runs"]]
+    assert failed_tokens != done_tokens  # else the test could not tell the runs apart
+
+    await lab.kill(signal.SIGTERM)
+    await lab.start()
+    m = await scrape(lab)
+    assert value(m, "gpuq_jobs_finished_total", node="node-1", kind="task", state="failed") == 1
+    assert value(m, "gpuq_jobs_finished_total", node="node-1", kind="task", state="done") == 1
+    assert value(m, "gpuq_tokens_total", node="node-1", model="qwen3-coder:30b") == failed_tokens + done_tokens
+    assert value(m, "gpuq_job_duration_seconds_count", node="node-1", model="qwen3-coder:30b") == 2
+    seconds = sum((datetime.fromisoformat(r["finished_at"]) - datetime.fromisoformat(r["started_at"])).total_seconds()
+                  for r in done["runs"])
+    assert abs(value(m, "gpuq_job_duration_seconds_sum", node="node-1", model="qwen3-coder:30b") - seconds) < 0.001

@@ -7,7 +7,7 @@ import sqlite3
 
 import pytest
 
-from gpuq.store import verbs
+from gpuq.store import sqlite as engine, verbs
 from gpuq.errors import GUARD_MESSAGE, GuardMiss
 from gpuq.models import NewJob, NodeInfo, iso
 from gpuq.shipped import shipped_files
@@ -21,7 +21,7 @@ NOW = 1_800_000_000.0
 def db(tmp_path):
     conn = sqlite3.connect(tmp_path / "q.db", isolation_level=None)
     conn.row_factory = sqlite3.Row
-    verbs.migrate(conn, shipped_files(MIGRATIONS_DIR, "[0-9][0-9][0-9]_*.sql", "migrations"), NOW, tmp_path / "q.db")
+    engine.migrate(conn, shipped_files(MIGRATIONS_DIR, "[0-9][0-9][0-9]_*.sql", "migrations"), NOW, tmp_path / "q.db")
     yield conn
     conn.close()
 
@@ -134,7 +134,7 @@ def test_a_run_that_gave_no_reasoning_reads_none_and_a_run_with_no_text_reads_em
 @pytest.mark.parametrize("foreign_keys", ["ON", "OFF"])  # the router's connections / the sqlite3 shell's default
 def test_a_run_deleted_by_hand_takes_its_chunks_with_it(db, foreign_keys):
     """Nothing in the router deletes a run; a person in the sqlite3 shell may, and leaves no
-    orphaned text behind."""
+    orphaned text (or events naming it) behind."""
     in_transaction(db, verbs.submit, new=NewJob("task", "p"), nodes=NODES, actor="t", now=NOW)
     run_id = in_transaction(db, verbs.claim, node="a", now=NOW)["run_id"]
     for i in range(3):

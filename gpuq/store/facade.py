@@ -8,7 +8,6 @@ connection (aiosqlite's, its public API), which WAL lets in alongside; their SQL
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import threading
 import time
 from contextlib import contextmanager
@@ -18,19 +17,25 @@ from typing import Callable, Iterator, TypeVar
 
 import aiosqlite
 
+from . import sqlite as engine
 from . import verbs
 from .writer import Writer
 from .dbfile import DatabaseFile
-from ..errors import GpuqError, NotFound, StoreUnavailable, from_sqlite
+from ..errors import GpuqError, NotFound, StoreUnavailable
 from ..models import Interrupted, JobState, NewJob, NodeCounts, NodeInfo, iso
 from ..shipped import shipped_dir, shipped_files
-from .verbs import QUEUE_POSITION_SQL, STALE_SQL, Row, rows
+from .sqlite import STALE_SQL
+from .verbs import QUEUE_POSITION_SQL, Row, rows
 
 __all__ = ["Interrupted", "NewJob", "NodeInfo", "Store", "STALE_SQL", "MIGRATIONS_DIR"]
 
 MIGRATIONS_DIR = shipped_dir("store.migrations")
 
 T = TypeVar("T")
+
+# The parent a held critique waits for (NULL for any other job): the view held_job is the one
+# statement of the rule (migration 003, and ready_job its complement since 012).
+WAITING_FOR = "(SELECT h.parent_id FROM held_job h WHERE h.id = j.id) AS waiting_for"
 
 # A listing (/api/queue, /api/jobs) carries each prompt's first 300 characters and its size in
 # UTF-8 bytes, which SQLite stores beside the prompt when it is written (migration 005): 300
@@ -42,9 +47,7 @@ LISTING_COLUMNS = """j.id, j.kind, j.state, j.node, j.model, j.parent_id, j.grou
     r.started_at, r.progress_at, r.work_done_at, r.eval_count, r.prompt_eval_count,
     r.eval_duration_ns, r.total_duration_ns, r.done_reason,
     (SELECT COUNT(*) FROM run p WHERE p.job_id = j.id AND p.state = 'preempted') AS preempted_runs,
-    CASE WHEN j.state = 'queued' AND j.subject_from_parent = 1
-              AND (SELECT p.state FROM job p WHERE p.id = j.parent_id) <> 'done'
-         THEN j.parent_id END AS waiting_for"""
+    """ + WAITING_FOR
 DETAIL_COLUMNS = LISTING_COLUMNS + ", j.prompt"
 
 JOB_FROM = "FROM job j LEFT JOIN run r ON r.id = j.run_id"
@@ -76,45 +79,23 @@ class Store:
 
     # -- connections and migrations ---------------------------------------------------------
 
-    def _connect_writer(self) -> sqlite3.Connection:
+    def _connect_writer(self) -> engine.Connection:
         """The writer's connection, opened in (and used only by) the writer's thread."""
-        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        try:
-            db.row_factory = sqlite3.Row
-            db.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
-            db.execute("PRAGMA journal_mode = WAL").fetchall()
-            db.execute("PRAGMA synchronous = FULL")
-            db.execute("PRAGMA foreign_keys = ON")
-            if self.max_bytes is not None:  # past it, writes fail as on a full disk: SQLITE_FULL
-                page_size = db.execute("PRAGMA page_size").fetchone()[0]
-                # Read to its end: a statement left with a row to give keeps the connection
-                # reading, and a migration that drops a table then fails with "table is locked".
-                db.execute(f"PRAGMA max_page_count = {max(self.max_bytes // page_size, 1)}").fetchall()
-        except BaseException:
-            db.close()
-            raise
-        return db
-
-    async def _connect_reader(self) -> aiosqlite.Connection:
-        conn = await aiosqlite.connect(self.path, isolation_level=None)
-        conn.row_factory = sqlite3.Row
-        await conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
-        await conn.execute("PRAGMA foreign_keys = ON")
-        return conn
+        return engine.connect_writer(self.path, self.busy_timeout_s, self.max_bytes)
 
     async def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if not self.path.exists():
             self.path.touch(mode=0o600)  # the queue holds a person's prompts
         try:
-            self._writer = Writer(self._connect_writer, from_sqlite, refuse=self._refusal)
+            self._writer = Writer(self._connect_writer, engine.from_sqlite, refuse=self._refusal)
             await self._writer.open()
             await self._migrate()
-            self._reader = await self._connect_reader()
+            self._reader = await engine.connect_reader(self.path, self.busy_timeout_s)
             self._file.record()
         except BaseException as exc:
             await self.close()  # an open connection's thread would keep a router that failed alive
-            if isinstance(exc, sqlite3.Error):
+            if isinstance(exc, engine.Error):
                 raise GpuqError(f"cannot open the database {self.path}: {exc}", status=2) from exc
             raise
 
@@ -127,15 +108,15 @@ class Store:
 
     async def _migrate(self) -> None:
         files = shipped_files(MIGRATIONS_DIR, "[0-9][0-9][0-9]_*.sql", "migrations")
-        await self._writer.call(partial(verbs.migrate, files=files, now=self.clock(), path=self.path))  # type: ignore[union-attr]
+        await self._writer.call(partial(engine.migrate, files=files, now=self.clock(), path=self.path))  # type: ignore[union-attr]
 
-    async def _write(self, verb: Callable[[sqlite3.Connection], T],
+    async def _write(self, verb: Callable[[engine.Connection], T],
                      after: Callable[[T], None] | None = None) -> T:
         """Run `verb` as one transaction (a savepoint of a group commit) in the writer's thread.
         Writes that arrive together share one commit, each is answered only after it, and one
         that raises is rolled back alone. `after` gets the result once committed (see Writer.run)."""
         if self._writer is None:
-            raise from_sqlite(sqlite3.OperationalError("the store is not open; nothing was changed"))
+            raise StoreUnavailable("the store is not open; nothing was changed")
         if self._file.lost is not None:  # known lost: not even queued
             raise StoreUnavailable(self._file.lost)
         with self._call("write"):
@@ -146,7 +127,7 @@ class Store:
                 raise
         return result
 
-    async def _bounded_write(self, verb: Callable[[sqlite3.Connection], T], after: Callable[[T], None] | None,
+    async def _bounded_write(self, verb: Callable[[engine.Connection], T], after: Callable[[T], None] | None,
                              wait_s: float, what: str, setting: str) -> T:
         """`_write`, answered within `wait_s`: a write the writer's thread has not started by then
         is dropped (it will raise there, changing nothing) and the caller hears 503; one it has
@@ -154,7 +135,7 @@ class Store:
         may or may not have landed. Whatever lands still reaches `after`."""
         lock, state = threading.Lock(), ["queued"]
 
-        def guarded(db: sqlite3.Connection) -> T:
+        def guarded(db: engine.Connection) -> T:
             with lock:
                 if state[0] == "abandoned":
                     raise _Abandoned()
@@ -233,7 +214,7 @@ class Store:
     # -- the router's own writes ----------------------------------------------------------------
 
     async def configure(self, settings_s: dict[str, float], nodes: list) -> None:
-        """Record the thresholds and nodes in force, and (re)create the stale_heads view."""
+        """Record the thresholds (read by the view stale_heads) and the nodes in force."""
         await self._write(partial(verbs.configure, settings_s=settings_s, nodes=nodes))
 
     async def set_node_health(self, name: str, up: bool, error: str | None) -> None:
@@ -373,8 +354,8 @@ class Store:
         task.add_done_callback(lambda t: (self._waiting["read"].pop(key, None), t.cancelled() or t.exception()))
         try:
             return rows(await asyncio.shield(task))
-        except sqlite3.Error as exc:
-            raise from_sqlite(exc) from exc
+        except engine.Error as exc:
+            raise engine.from_sqlite(exc) from exc
 
     async def stale_heads(self, now: float | None = None) -> list[Row]:
         return await self.read(STALE_SQL, {"now": iso(self.clock() if now is None else now)})
@@ -395,11 +376,8 @@ class Store:
             (job_id,),
         )
         job["children"] = await self.read(  # each critique's finding count and highest severity too
-            "SELECT id, kind, state, node, model, json_array_length(findings) AS finding_count,"
-            " (SELECT json_extract(f.value, '$.severity') FROM json_each(findings) f ORDER BY"
-            "  CASE json_extract(f.value, '$.severity') WHEN 'high' THEN 0 WHEN 'medium' THEN 1 ELSE 2 END"
-            "  LIMIT 1) AS top_severity"
-            " FROM job WHERE parent_id = ? ORDER BY created_at, id",
+            f"SELECT id, kind, state, node, model, {engine.FINDING_COUNT} AS finding_count,"
+            f" {engine.TOP_SEVERITY} AS top_severity FROM job WHERE parent_id = ? ORDER BY created_at, id",
             (job_id,),
         )
         if job.get("endpoint"):  # a front-door call: the request as received, for forensics
@@ -463,7 +441,8 @@ class Store:
         """Jobs that ended after event `after_event`, summed per (node, kind, state, model) for
         /metrics: counts, tokens, and each histogram's count, sum and cumulative count per
         bound. A range of the event table's primary key, grouped in SQL: one query, however
-        long the history."""
+        long the history. Each end is counted with its own run (event.run_id, migration 012), not
+        the job's latest: a failed run's tokens are not the retried run's."""
         le = ", ".join([f"SUM(d <= {float(b)!r}) AS d_le_{i}" for i, b in enumerate(duration_bounds)]
                        + [f"SUM(w <= {float(b)!r}) AS w_le_{i}" for i, b in enumerate(wait_bounds)])
         return await self.read(
@@ -472,10 +451,10 @@ class Store:
             " SELECT e.id AS event_id, e.to_state AS state, j.node, j.kind, COALESCE(r.model, j.model) AS model,"
             "  COALESCE(r.eval_count, 0) AS tokens,"
             "  CASE WHEN e.to_state <> 'cancelled' AND r.finished_at IS NOT NULL"
-            "   THEN MAX((julianday(r.finished_at) - julianday(r.started_at)) * 86400.0, 0) END AS d,"
-            "  MAX((julianday((SELECT MIN(f.started_at) FROM run f WHERE f.job_id = j.id))"
-            "   - julianday(j.created_at)) * 86400.0, 0) AS w"
-            " FROM event e JOIN job j ON j.id = e.job_id LEFT JOIN run r ON r.id = j.run_id"
+            f"   THEN {engine.seconds_between('r.started_at', 'r.finished_at')} END AS d,"
+            f"  {engine.seconds_between('j.created_at', '(SELECT MIN(f.started_at) FROM run f WHERE f.job_id = j.id)')}"
+            "   AS w"
+            " FROM event e JOIN job j ON j.id = e.job_id LEFT JOIN run r ON r.id = e.run_id"
             " WHERE e.id > ? AND e.to_state IN ('done', 'failed', 'cancelled') AND e.from_state <> e.to_state"
             ") GROUP BY node, kind, state, model", (after_event,))
 
@@ -497,8 +476,7 @@ class Store:
         if not nodes:
             return []
         waiting = ("SELECT * FROM (SELECT j.id, j.node, j.state, j.model, j.position, NULL AS started_at,"
-                   " CASE WHEN j.subject_from_parent = 1 AND (SELECT p.state FROM job p WHERE p.id = j.parent_id)"
-                   " <> 'done' THEN j.parent_id END AS waiting_for FROM job j WHERE j.node = ? AND j.state = 'queued'"
+                   f" {WAITING_FOR} FROM job j WHERE j.node = ? AND j.state = 'queued'"
                    " ORDER BY j.position, j.id LIMIT ?)")
         running = ("SELECT j.id, j.node, j.state, j.model, 0 AS position, r.started_at, NULL AS waiting_for"
                    " FROM job j JOIN run r ON r.id = j.run_id WHERE j.state = 'running'")
@@ -513,7 +491,7 @@ class Store:
                                last: int = 20) -> list[Row]:
         """How long the last `last` done runs took, per node and model and per node: rows of
         (node, model or NULL for the node's, seconds). Each part reads its partial index."""
-        seconds = "MAX((julianday(finished_at) - julianday(started_at)) * 86400.0, 0) AS seconds"
+        seconds = engine.seconds_between("started_at", "finished_at") + " AS seconds"
         parts = [(f"SELECT * FROM (SELECT node, NULL AS model, {seconds} FROM run INDEXED BY run_done_node"
                   " WHERE state = 'done' AND node = ? ORDER BY id DESC LIMIT ?)", (node, last))
                  for node in sorted(nodes)]

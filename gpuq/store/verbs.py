@@ -6,11 +6,10 @@ on the writer and holds the reads. `now` is the caller's clock, in seconds."""
 from __future__ import annotations
 
 import json
-import sqlite3
-from pathlib import Path
 from typing import Any
 
 from .. import placement as rules
+from . import sqlite as engine
 from ..critique import parent_subject
 from ..errors import BadRequest, Conflict, GpuqError, GuardMiss, IdTaken, NoResultToCritique, NotFound, Unprocessable
 from ..models import (
@@ -18,42 +17,6 @@ from ..models import (
 )
 
 Row = dict[str, Any]
-
-# A running head is stale when Ollama finished but the job did not within the grace (the
-# 49-minute case), when it ran past max_runtime, or when no tokens came for stale_after.
-# Only running rows are read (the partial index job_one_running_per_node), so the cost stays
-# flat as history grows. `:now` is the caller's clock; the stale_heads view uses 'now'.
-STALE_SQL = """
-SELECT id, node, state, since, reason, run_id FROM (
-    SELECT j.id, j.node, j.state, j.run_id,
-        CASE
-            WHEN r.work_done_at IS NOT NULL
-                 AND julianday(:now) - julianday(r.work_done_at) > s.grace / 86400.0
-                THEN 'ollama finished but the job was not closed'
-            WHEN julianday(:now) - julianday(r.started_at) > COALESCE(n.max_runtime_s, s.max_runtime) / 86400.0
-                THEN 'ran past max_runtime'
-            WHEN julianday(:now) - julianday(r.progress_at) > s.stale_after / 86400.0
-                THEN 'no progress'
-        END AS reason,
-        CASE
-            WHEN r.work_done_at IS NOT NULL
-                 AND julianday(:now) - julianday(r.work_done_at) > s.grace / 86400.0 THEN r.work_done_at
-            WHEN julianday(:now) - julianday(r.started_at) > COALESCE(n.max_runtime_s, s.max_runtime) / 86400.0
-                THEN r.started_at
-            ELSE r.progress_at
-        END AS since
-    FROM job j INDEXED BY job_one_running_per_node
-    JOIN run r ON r.id = j.run_id
-    LEFT JOIN node n ON n.name = j.node
-    JOIN (SELECT
-            (SELECT value FROM router_setting WHERE key = 'stale_after_s') AS stale_after,
-            (SELECT value FROM router_setting WHERE key = 'stale_grace_s') AS grace,
-            (SELECT value FROM router_setting WHERE key = 'max_runtime_s') AS max_runtime) s
-    WHERE j.state = 'running'
-) WHERE reason IS NOT NULL"""
-
-
-
 
 # A queued job's place in its node's queue, from 1: the one statement of it (listings, the
 # stream's "queued" lines and a move's answer all read it).
@@ -83,7 +46,7 @@ def joined_text(run_ids: list[int], pieces: list) -> dict[int, dict[str, str | N
             for run_id, (output, thinking) in parts.items()}
 
 
-def run_texts(db: sqlite3.Connection, run_ids: list[int]) -> dict[int, dict[str, str | None]]:
+def run_texts(db: engine.Connection, run_ids: list[int]) -> dict[int, dict[str, str | None]]:
     """Runs' whole text, inside a write (a critique's subject)."""
     return joined_text(run_ids, db.execute(*run_text_query(run_ids)).fetchall())
 
@@ -94,7 +57,7 @@ def _views(nodes: list[NodeInfo], counts: dict[str, NodeCounts]) -> list[rules.N
                            counts.get(n.name, NodeCounts()).queued, n.models) for n in nodes]
 
 
-def rows(cursor_rows: list[sqlite3.Row]) -> list[Row]:
+def rows(cursor_rows: list) -> list[Row]:
     return [dict(r) for r in cursor_rows]
 
 
@@ -102,19 +65,20 @@ def dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False)
 
 
-def _event(db: sqlite3.Connection, job_id: str, from_state: str | None, to_state: str, actor: str,
-           reason: str | None, now: float) -> None:
-    """The event row every state change (and every move) writes, in the same transaction."""
-    db.execute("INSERT INTO event (job_id, at, from_state, to_state, actor, reason) VALUES (?,?,?,?,?,?)",
-               (job_id, iso(now), from_state, to_state, actor, reason))
+def _event(db: engine.Connection, job_id: str, from_state: str | None, to_state: str, actor: str,
+           reason: str | None, now: float, run_id: int | None = None) -> None:
+    """The event row every state change (and every move) writes, in the same transaction; `run_id`:
+    the run it is about (a claim, a run's end, a stale note), which /metrics counts it with."""
+    db.execute("INSERT INTO event (job_id, at, from_state, to_state, actor, reason, run_id) VALUES (?,?,?,?,?,?,?)",
+               (job_id, iso(now), from_state, to_state, actor, reason, run_id))
 
 
-def _node_counts(db: sqlite3.Connection) -> dict[str, NodeCounts]:
+def _node_counts(db: engine.Connection) -> dict[str, NodeCounts]:
     """Running and queued jobs per node: one row per node, kept by triggers (migration 009)."""
     return {r[0]: NodeCounts(r[1], r[2]) for r in db.execute("SELECT node, running, queued FROM node_load")}
 
 
-def _unused_id(db: sqlite3.Connection, now: float) -> str:
+def _unused_id(db: engine.Connection, now: float) -> str:
     """A fresh job id. 32 random bits a second collide now and then in a burst of thousands
     (the birthday bound), so look before using one."""
     while True:
@@ -123,15 +87,18 @@ def _unused_id(db: sqlite3.Connection, now: float) -> str:
             return job_id
 
 
-def claim(db: sqlite3.Connection, node: str, now: float) -> Row | None:
+# The claim: the first ready job of a node's queue becomes running, unless the node has a running
+# job already. One statement; tests/test_store.py plans this very text.
+CLAIM_SQL = ("UPDATE job SET state = 'running' WHERE id = (SELECT id FROM ready_job WHERE node = :node"
+             " ORDER BY position, id LIMIT 1)"
+             " AND NOT EXISTS (SELECT 1 FROM job WHERE node = :node AND state = 'running') RETURNING *")
+
+
+def claim(db: engine.Connection, node: str, now: float) -> Row | None:
     """The first ready job of the node's queue becomes running, with a new run row (never a
     second head). Ready (the view ready_job, migration 003): not a critique held for its
     parent's result, so a held critique never blocks the jobs behind it."""
-    row = db.execute(
-        "UPDATE job SET state = 'running' WHERE id = (SELECT id FROM ready_job WHERE node = ?"
-        " ORDER BY position, id LIMIT 1)"
-        " AND NOT EXISTS (SELECT 1 FROM job WHERE node = ? AND state = 'running') RETURNING *",
-        (node, node)).fetchone()
+    row = db.execute(CLAIM_SQL, {"node": node}).fetchone()
     if row is None:
         return None
     job = dict(row)
@@ -143,18 +110,18 @@ def claim(db: sqlite3.Connection, node: str, now: float) -> Row | None:
     job["run_id"] = db.execute("INSERT INTO run (job_id, node, model, started_at, progress_at) VALUES (?,?,?,?,?)",
                                (job["id"], node, job["model"], iso(now), iso(now))).lastrowid
     db.execute("UPDATE job SET run_id = ? WHERE id = ?", (job["run_id"], job["id"]))
-    _event(db, job["id"], JobState.QUEUED, JobState.RUNNING, "router", f"claimed by {node}", now)
+    _event(db, job["id"], JobState.QUEUED, JobState.RUNNING, "router", f"claimed by {node}", now, job["run_id"])
     return job
 
 
-def _job_for_update(db: sqlite3.Connection, job_id: str) -> Row:
+def _job_for_update(db: engine.Connection, job_id: str) -> Row:
     row = db.execute("SELECT * FROM job WHERE id = ?", (job_id,)).fetchone()
     if row is None:
         raise NotFound(f"no job with id '{job_id}'")
     return dict(row)
 
 
-def _renumber(db: sqlite3.Connection, node: str) -> None:
+def _renumber(db: engine.Connection, node: str) -> None:
     """Spread a node's queued positions out again when a gap has run out."""
     rows = db.execute("SELECT id FROM job WHERE node = ? AND state = 'queued' ORDER BY position, id",
                       (node,)).fetchall()
@@ -162,7 +129,7 @@ def _renumber(db: sqlite3.Connection, node: str) -> None:
                    [((i + 1) * POSITION_GAP, r[0]) for i, r in enumerate(rows)])
 
 
-def _position_at(db: sqlite3.Connection, node: str, job_id: str, index: int) -> int:
+def _position_at(db: engine.Connection, node: str, job_id: str, index: int) -> int:
     """A position that puts the job at 0-based `index` among the node's other queued jobs."""
     for attempt in range(2):
         positions = [r[0] for r in db.execute(
@@ -184,7 +151,7 @@ def _position_at(db: sqlite3.Connection, node: str, job_id: str, index: int) -> 
     raise GpuqError("no queue position found after renumbering")  # unreachable by construction
 
 
-def _index_of(db: sqlite3.Connection, node: str, other_id: str, job_id: str) -> int:
+def _index_of(db: engine.Connection, node: str, other_id: str, job_id: str) -> int:
     other = db.execute("SELECT node, state, position FROM job WHERE id = ?", (other_id,)).fetchone()
     if other is None:
         raise Unprocessable(f"unknown job '{other_id}'")
@@ -196,20 +163,26 @@ def _index_of(db: sqlite3.Connection, node: str, other_id: str, job_id: str) -> 
         (node, job_id, other["position"], other["position"], other_id)).fetchone()[0]
 
 
-def _end_held_critiques(db: sqlite3.Connection, parent_id: str, why: str, now: float) -> list[str]:
+# A parent's held critiques (the view held_job): its children by the index job_parent, each checked
+# against the view by its id (a `WHERE parent_id = ?` on the view would scan every queued job).
+HELD_CHILDREN_SQL = ("SELECT * FROM job c WHERE c.parent_id = ?"
+                     " AND EXISTS (SELECT 1 FROM held_job h WHERE h.id = c.id) ORDER BY c.id")
+
+
+def _end_held_critiques(db: engine.Connection, parent_id: str, why: str, now: float) -> list[str]:
     """A task that ended without a result leaves its held critiques nothing to review: they end
     cancelled, each with an event naming the parent and why; they never run."""
-    held = rows(db.execute("SELECT * FROM job WHERE parent_id = ? AND subject_from_parent = 1"
-                            " AND state = 'queued'", (parent_id,)).fetchall())
+    held = rows(db.execute(HELD_CHILDREN_SQL, (parent_id,)).fetchall())
     for job in held:
         _cancel(db, job, "router", f"parent task {parent_id} {why}; nothing to critique", now)
     return [j["id"] for j in held]
 
 
-def _cancel(db: sqlite3.Connection, job: Row, actor: str, reason: str, now: float) -> Interrupted | None:
+def _cancel(db: engine.Connection, job: Row, actor: str, reason: str, now: float) -> Interrupted | None:
     db.execute("UPDATE job SET state = 'cancelled', error = ?, finished_at = ? WHERE id = ?",
                (reason, iso(now), job["id"]))
-    _event(db, job["id"], job["state"], JobState.CANCELLED, actor, reason, now)
+    _event(db, job["id"], job["state"], JobState.CANCELLED, actor, reason, now,
+           job["run_id"] if job["state"] == JobState.RUNNING else None)
     _end_held_critiques(db, job["id"], f"was cancelled ({reason})", now)
     if job["state"] != JobState.RUNNING:
         return None
@@ -220,81 +193,43 @@ def _cancel(db: sqlite3.Connection, job: Row, actor: str, reason: str, now: floa
 
 # -- the router's own writes ------------------------------------------------------------------
 
-def migrate(db: sqlite3.Connection, files: list[Path], now: float, path: Path) -> None:
-    """Apply migrations/NNN_*.sql in order, each with its record, in its own transaction."""
-    known = {int(f.name[:3]): f for f in files}
-    db.execute("CREATE TABLE IF NOT EXISTS schema_migration ("
-               " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)")
-    applied = {r[0] for r in db.execute("SELECT version FROM schema_migration")}
-    newer = sorted(applied - set(known))
-    if newer:
-        raise GpuqError(
-            f"{path} was written by a newer gpuq (schema version {newer[-1]}; this gpuq "
-            f"knows up to {max(known)}); upgrade gpuq or use another database", status=2)
-    # Foreign keys off while migrating, as SQLite's table rebuild procedure asks (a rebuild
-    # drops a table others refer to), and checked before each commit instead.
-    db.execute("PRAGMA foreign_keys = OFF")
-    try:
-        for version, f in sorted(known.items()):
-            if version not in applied:
-                _apply_migration(db, version, f, now)
-    finally:
-        db.execute("PRAGMA foreign_keys = ON")
-
-
-def _apply_migration(db: sqlite3.Connection, version: int, f: Path, now: float) -> None:
-    try:  # executescript runs the script in the transaction it opens; its record joins it
-        db.executescript("BEGIN IMMEDIATE;\n" + f.read_text(encoding="utf-8"))
-        broken = db.execute("PRAGMA foreign_key_check").fetchall()
-        if broken:
-            raise GpuqError(f"migration {f.name} would leave {len(broken)} broken reference(s), "
-                            f"the first in table {broken[0][0]}; nothing was changed", status=2)
-        db.execute("INSERT INTO schema_migration VALUES (?, ?, ?)", (version, f.stem, iso(now)))
-        db.execute("COMMIT")
-    except BaseException:
-        if db.in_transaction:
-            db.execute("ROLLBACK")
-        raise
-
-
-def configure(db: sqlite3.Connection, settings_s: dict[str, float], nodes: list) -> None:
-    """Record the thresholds and nodes in force, and (re)create the stale_heads view."""
-    db.executemany("INSERT OR REPLACE INTO router_setting (key, value) VALUES (?, ?)", list(settings_s.items()))
+def configure(db: engine.Connection, settings_s: dict[str, float], nodes: list) -> None:
+    """Record the thresholds (read by the view stale_heads, migration 012) and nodes in force."""
+    db.executemany("INSERT INTO router_setting (key, value) VALUES (?, ?)"
+                   " ON CONFLICT (key) DO UPDATE SET value = excluded.value", list(settings_s.items()))
     for n in nodes:
         db.execute(
             "INSERT INTO node (name, url, rank, roles, model, max_runtime_s) VALUES (?,?,?,?,?,?)"
             " ON CONFLICT (name) DO UPDATE SET url = excluded.url, rank = excluded.rank,"
             " roles = excluded.roles, model = excluded.model, max_runtime_s = excluded.max_runtime_s",
             (n.name, n.url, n.rank, ",".join(n.roles), n.model, n.max_runtime_s))
-    db.execute("DROP VIEW IF EXISTS stale_heads")
-    db.execute("CREATE VIEW stale_heads AS " + STALE_SQL.replace(":now", "'now'"))
 
 
-def set_node_health(db: sqlite3.Connection, name: str, up: bool, error: str | None, now: float) -> None:
+def set_node_health(db: engine.Connection, name: str, up: bool, error: str | None, now: float) -> None:
     db.execute("UPDATE node SET up = ?, last_error = ?, since = ? WHERE name = ?", (int(up), error, iso(now), name))
 
 
-def note_stale(db: sqlite3.Connection, now: float) -> list[Row]:
+def note_stale(db: engine.Connection, now: float) -> list[Row]:
     """Write one event per newly stale head (not one per check); returns the new ones."""
     fresh = []
-    for head in rows(db.execute(STALE_SQL, {"now": iso(now)}).fetchall()):
+    for head in rows(db.execute(engine.STALE_SQL, {"now": iso(now)}).fetchall()):
         cur = db.execute("UPDATE run SET stale_reason = ? WHERE id = ? AND stale_reason IS NOT ?",
                          (head["reason"], head["run_id"], head["reason"]))
         if cur.rowcount:
             _event(db, head["id"], JobState.RUNNING, JobState.RUNNING, "router",
-                   f"stale: {head['reason']} since {head['since']}", now)
+                   f"stale: {head['reason']} since {head['since']}", now, head["run_id"])
             fresh.append(head)
     return fresh
 
 
-def note(db: sqlite3.Connection, job_id: str, reason: str, actor: str, now: float) -> None:
+def note(db: engine.Connection, job_id: str, reason: str, actor: str, now: float) -> None:
     """An event that changes no state: an unload that failed, a stale head, a node flag."""
     state = db.execute("SELECT state FROM job WHERE id = ?", (job_id,)).fetchone()
     if state:
         _event(db, job_id, state[0], state[0], actor, reason, now)
 
 
-def fail_orphans(db: sqlite3.Connection, now: float) -> list[Row]:
+def fail_orphans(db: engine.Connection, now: float) -> list[Row]:
     """At start-up: a job still running belonged to a dead router. Fail it, loudly."""
     reason = "router restarted while running"
     failed = rows(db.execute(
@@ -303,12 +238,12 @@ def fail_orphans(db: sqlite3.Connection, now: float) -> list[Row]:
     for r in failed:
         db.execute("UPDATE run SET state = 'failed', error = ?, finished_at = ? WHERE id = ?"
                    " AND state = 'running'", (reason, iso(now), r["run_id"]))
-        _event(db, r["id"], JobState.RUNNING, JobState.FAILED, "router", reason, now)
+        _event(db, r["id"], JobState.RUNNING, JobState.FAILED, "router", reason, now, r["run_id"])
         _end_held_critiques(db, r["id"], f"failed ({reason})", now)
     return failed
 
 
-def cancel_clientless(db: sqlite3.Connection, now: float) -> list[Row]:
+def cancel_clientless(db: engine.Connection, now: float) -> list[Row]:
     """At start-up: a front-door call still waiting lost its client with the old router (its
     connection is gone). It would run for no one: cancel it, loudly; `gpuq retry` runs it."""
     reason = "client gone: the router restarted while it waited (gpuq retry runs it, its output on its page)"
@@ -320,7 +255,7 @@ def cancel_clientless(db: sqlite3.Connection, now: float) -> list[Row]:
 
 # -- alerts (gpuq/alerts.py) -------------------------------------------------------------------
 
-def fire_alert(db: sqlite3.Connection, alert: dict, deliver: bool, now: float) -> Row:
+def fire_alert(db: engine.Connection, alert: dict, deliver: bool, now: float) -> Row:
     return dict(db.execute(
         "INSERT INTO alert (alert, node, job_id, model, since, message, fix, fired_at, deliver)"
         " VALUES (?,?,?,?,?,?,?,?,?) RETURNING *",
@@ -328,18 +263,18 @@ def fire_alert(db: sqlite3.Connection, alert: dict, deliver: bool, now: float) -
          alert["fix"], iso(now), int(deliver))).fetchone())
 
 
-def resolve_alert(db: sqlite3.Connection, alert_id: int, resolution: str, now: float) -> None:
+def resolve_alert(db: engine.Connection, alert_id: int, resolution: str, now: float) -> None:
     db.execute("UPDATE alert SET resolved_at = ?, resolution = ? WHERE id = ? AND resolved_at IS NULL",
                (iso(now), resolution, alert_id))
 
 
-def owe_open_alerts(db: sqlite3.Connection) -> int:
+def owe_open_alerts(db: engine.Connection) -> int:
     """At start-up with alert_url set: firings still open are owed their notices, even those
     seen while no alert_url was configured (they still fire)."""
     return db.execute("UPDATE alert SET deliver = 1 WHERE resolved_at IS NULL AND deliver = 0").rowcount
 
 
-def record_delivery(db: sqlite3.Connection, alert_id: int, status: str, attempt: int, ok: bool,
+def record_delivery(db: engine.Connection, alert_id: int, status: str, attempt: int, ok: bool,
                     http_status: int | None, error: str | None, now: float) -> None:
     """One try to deliver a notice; a delivered one is marked sent in the same transaction."""
     sent_column = {"firing": "fired_sent_at", "resolved": "resolved_sent_at"}[status]
@@ -351,7 +286,7 @@ def record_delivery(db: sqlite3.Connection, alert_id: int, status: str, attempt:
 
 # -- submitting --------------------------------------------------------------------------------
 
-def submit(db: sqlite3.Connection, new: NewJob, nodes: list[NodeInfo], actor: str, now: float) -> list[Row]:
+def submit(db: engine.Connection, new: NewJob, nodes: list[NodeInfo], actor: str, now: float) -> list[Row]:
     """Place and insert a job (a task, or a critique's whole fan-out). Placement sees the jobs
     submitted before it, in the same batch too (node_load counts them)."""
     by_name = {n.name: n for n in nodes}
@@ -406,7 +341,7 @@ def submit(db: sqlite3.Connection, new: NewJob, nodes: list[NodeInfo], actor: st
     return created
 
 
-def submit_and_claim(db: sqlite3.Connection, new: NewJob, nodes: list[NodeInfo], actor: str,
+def submit_and_claim(db: engine.Connection, new: NewJob, nodes: list[NodeInfo], actor: str,
                      now: float) -> tuple[list[Row], list[Row]]:
     """Submit, then claim the head of each chosen node whose worker waits idle (NodeInfo.idle),
     in the same transaction: an idle node's job pays one commit before its request, not two.
@@ -433,7 +368,7 @@ APPEND_CHUNK = ("INSERT INTO run_chunk (run_id, seq, at, output, thinking)"
                 " FROM run_chunk WHERE run_id = :run_id")
 
 
-def append_output(db: sqlite3.Connection, run_id: int, output: str | None, thinking: str | None,
+def append_output(db: engine.Connection, run_id: int, output: str | None, thinking: str | None,
                   now: float) -> None:
     """Keep more of a run's output (and reasoning): a heartbeat's, or an interrupted run's last."""
     if output or thinking:
@@ -441,12 +376,12 @@ def append_output(db: sqlite3.Connection, run_id: int, output: str | None, think
                                   "thinking": thinking or None})
 
 
-def heartbeat(db: sqlite3.Connection, run_id: int, output: str, thinking: str | None, now: float) -> None:
+def heartbeat(db: engine.Connection, run_id: int, output: str, thinking: str | None, now: float) -> None:
     append_output(db, run_id, output, thinking, now)
     db.execute("UPDATE run SET progress_at = ? WHERE id = ? AND state = 'running'", (iso(now), run_id))
 
 
-def work_done(db: sqlite3.Connection, run_id: int, output: str, stats: dict, thinking: str | None,
+def work_done(db: engine.Connection, run_id: int, output: str, stats: dict, thinking: str | None,
               now: float) -> None:
     """Ollama's stream ended (`output`: its text not stored yet); the job is not finished until
     its model has left VRAM."""
@@ -460,7 +395,7 @@ def work_done(db: sqlite3.Connection, run_id: int, output: str, stats: dict, thi
          stats.get("load_duration"), stats.get("eval_duration"), run_id))
 
 
-def finish(db: sqlite3.Connection, job_id: str, run_id: int, state: str, error: str | None, now: float, *,
+def finish(db: engine.Connection, job_id: str, run_id: int, state: str, error: str | None, now: float, *,
            output: str | None = None, actor: str = "router", findings: list | None = None,
            claim_node: str | None = None, thinking: str | None = None, streamed: int = 0) -> Row | None:
     """Finish a run that is still the job's running run; anything else is a GuardMiss. `output`
@@ -476,7 +411,7 @@ def finish(db: sqlite3.Connection, job_id: str, run_id: int, state: str, error: 
     tokens = streamed if state == JobState.FAILED and streamed else None  # a reply that broke off: no last line
     db.execute("UPDATE run SET state = ?, error = ?, finished_at = ?, eval_count = COALESCE(eval_count, ?)"
                " WHERE id = ?", (state, error, iso(now), tokens, run_id))
-    _event(db, job_id, JobState.RUNNING, state, actor, error, now)
+    _event(db, job_id, JobState.RUNNING, state, actor, error, now, run_id)
     if state == JobState.FAILED:
         _end_held_critiques(db, job_id, f"failed ({error})", now)
     return claim(db, claim_node, now) if claim_node else None
@@ -496,7 +431,7 @@ def _check_move_request(job_id: str, position: int | None, before: str | None, a
         raise BadRequest(f"position must be 1 or more, got {position}")
 
 
-def move(db: sqlite3.Connection, job_id: str, nodes: list[NodeInfo], actor: str, now: float, *,
+def move(db: engine.Connection, job_id: str, nodes: list[NodeInfo], actor: str, now: float, *,
          position: int | None = None, before: str | None = None, after: str | None = None,
          node: str | None = None) -> Row:
     """Reorder a queued job within its node's queue or move it to another node's queue."""
@@ -530,7 +465,7 @@ def move(db: sqlite3.Connection, job_id: str, nodes: list[NodeInfo], actor: str,
     return moved
 
 
-def preempt(db: sqlite3.Connection, job_id: str, actor: str, now: float) -> tuple[Row, Interrupted | None]:
+def preempt(db: engine.Connection, job_id: str, actor: str, now: float) -> tuple[Row, Interrupted | None]:
     """The queued job runs next: to the head, and the node's running job goes back behind it."""
     job = _job_for_update(db, job_id)
     if job["state"] != JobState.QUEUED:
@@ -548,11 +483,11 @@ def preempt(db: sqlite3.Connection, job_id: str, actor: str, now: float) -> tupl
     db.execute("UPDATE job SET state = 'queued', position = ? WHERE id = ?", (behind, victim))
     db.execute("UPDATE run SET state = 'preempted', finished_at = ?, error = ? WHERE id = ?",
                (iso(now), f"preempted by {job_id}", run_id))
-    _event(db, victim, JobState.RUNNING, JobState.QUEUED, actor, f"preempted by {job_id}", now)
+    _event(db, victim, JobState.RUNNING, JobState.QUEUED, actor, f"preempted by {job_id}", now, run_id)
     return dict(job, position=1), Interrupted(victim, node, run_id)
 
 
-def delete(db: sqlite3.Connection, job_id: str, actor: str, reason: str, now: float) -> tuple[Row, Interrupted | None]:
+def delete(db: engine.Connection, job_id: str, actor: str, reason: str, now: float) -> tuple[Row, Interrupted | None]:
     """A queued or running job is cancelled with the reason ('deleted'); its rows stay."""
     job = _job_for_update(db, job_id)
     if job["state"] not in ACTIVE:
@@ -560,7 +495,7 @@ def delete(db: sqlite3.Connection, job_id: str, actor: str, reason: str, now: fl
     return dict(job, state=JobState.CANCELLED), _cancel(db, job, actor, reason, now)
 
 
-def clear(db: sqlite3.Connection, node: str, actor: str, running: bool, now: float,
+def clear(db: engine.Connection, node: str, actor: str, running: bool, now: float,
           reason: str = "cleared") -> tuple[list[str], Interrupted | None]:
     """Cancel the node's queued jobs (and its running one, with `running`), each with `reason`."""
     states = ACTIVE if running else (JobState.QUEUED,)
@@ -573,7 +508,7 @@ def clear(db: sqlite3.Connection, node: str, actor: str, running: bool, now: flo
     return [j["id"] for j in jobs], interrupted
 
 
-def retry(db: sqlite3.Connection, job_id: str, actor: str, now: float) -> Row:
+def retry(db: engine.Connection, job_id: str, actor: str, now: float) -> Row:
     """Only by explicit request: a failed or cancelled job goes to the tail of its node's queue."""
     job = _job_for_update(db, job_id)
     if job["state"] not in NO_RESULT:
@@ -590,7 +525,7 @@ def retry(db: sqlite3.Connection, job_id: str, actor: str, now: float) -> Row:
     return dict(job, state=JobState.QUEUED)
 
 
-def requeue_unsent(db: sqlite3.Connection, sent: dict[str, int | None], reason: str, now: float) -> list[Row]:
+def requeue_unsent(db: engine.Connection, sent: dict[str, int | None], reason: str, now: float) -> list[Row]:
     """When the router stops: the running job of each node in `sent` whose run is not the one its
     worker last sent to Ollama never reached it; its claim is undone (see _put_back)."""
     running = rows(db.execute(
@@ -602,7 +537,7 @@ def requeue_unsent(db: sqlite3.Connection, sent: dict[str, int | None], reason: 
     return unsent
 
 
-def put_back(db: sqlite3.Connection, job_id: str, run_id: int, reason: str, now: float) -> bool:
+def put_back(db: engine.Connection, job_id: str, run_id: int, reason: str, now: float) -> bool:
     """The run's request never reached Ollama: undo its claim. False when the run had already
     ended (deleted or preempted meanwhile: that already ended it)."""
     job = db.execute("SELECT id, node, run_id, state FROM job WHERE id = ?", (job_id,)).fetchone()
@@ -612,11 +547,11 @@ def put_back(db: sqlite3.Connection, job_id: str, run_id: int, reason: str, now:
     return True
 
 
-def _put_back(db: sqlite3.Connection, job: Row, reason: str, now: float) -> None:
+def _put_back(db: engine.Connection, job: Row, reason: str, now: float) -> None:
     """Undo a claim whose request never reached Ollama: the job is queued at the head again,
     its run ends cancelled with `reason` (kept for forensics), an event says why."""
     db.execute("UPDATE job SET state = 'queued', position = ? WHERE id = ?",
                (_position_at(db, job["node"], job["id"], 0), job["id"]))
     db.execute("UPDATE run SET state = 'cancelled', finished_at = ?, error = ? WHERE id = ?",
                (iso(now), reason, job["run_id"]))
-    _event(db, job["id"], JobState.RUNNING, JobState.QUEUED, "router", reason, now)
+    _event(db, job["id"], JobState.RUNNING, JobState.QUEUED, "router", reason, now, job["run_id"])

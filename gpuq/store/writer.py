@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import queue
-import sqlite3
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
-Write = Callable[[sqlite3.Connection], Any]
+from . import sqlite as engine
+
+Write = Callable[[engine.Connection], Any]
 
 SAVEPOINT = "gpuq_batch_item"
 
@@ -49,22 +50,22 @@ class Refused(Exception):
         self.error = error
 
 
-def _rollback(db: sqlite3.Connection) -> None:
+def _rollback(db: engine.Connection) -> None:
     if db.in_transaction:
         try:
             db.execute("ROLLBACK")
-        except sqlite3.Error:
+        except engine.Error:
             pass  # the error that got us here is the one to report
 
 
-def apply_batch(db: sqlite3.Connection, writes: list[Write],
+def apply_batch(db: engine.Connection, writes: list[Write],
                 before_commit: Callable[[], None] | None = None) -> list[tuple[bool, Any]]:
     """Run `writes` in one transaction, each in its own savepoint; (ok, result-or-error) each.
 
     Raises (after a ROLLBACK) when the transaction as a whole cannot commit, or `before_commit`
     (called last before the COMMIT) raises."""
     outcomes: list[tuple[bool, Any]] = []
-    db.execute("BEGIN IMMEDIATE")
+    db.execute(engine.BEGIN_WRITE)
     if len(writes) == 1:  # alone in its transaction: no savepoint needed to fail alone
         try:
             result = writes[0](db)
@@ -117,8 +118,8 @@ class Writer:
     """Owns the writer thread and its connection; `run` queues a write, `call` runs a function
     of the connection alone (outside a transaction), `close` lets the queued writes finish."""
 
-    def __init__(self, connect: Callable[[], sqlite3.Connection],
-                 translate: Callable[[sqlite3.Error], Exception], max_batch: int = 256,
+    def __init__(self, connect: Callable[[], engine.Connection],
+                 translate: Callable[[engine.Error], Exception], max_batch: int = 256,
                  refuse: Callable[[], Exception | None] | None = None):
         self._connect = connect
         self._translate = translate
@@ -168,7 +169,7 @@ class Writer:
 
     async def _put(self, fn: Write, alone: bool, after: Callable[[Any], None] | None = None) -> Any:
         if self._closed or self._thread is None:
-            raise self._translate(sqlite3.OperationalError("the store is closed; nothing was changed"))
+            raise self._translate(engine.Error("the store is closed; nothing was changed"))
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._turn.append(_Item(fn, future, alone, after))
@@ -215,7 +216,7 @@ class Writer:
 
     def _error(self, exc: BaseException) -> BaseException:
         """sqlite3 errors become the store's errors; a write's own errors pass unchanged."""
-        return self._translate(exc) if isinstance(exc, sqlite3.Error) else exc
+        return self._translate(exc) if isinstance(exc, engine.Error) else exc
 
     def _main(self, opened: asyncio.Future) -> None:
         try:
@@ -240,16 +241,14 @@ class Writer:
             self._waiting -= len(items)
         return items
 
-    def _serve(self, db: sqlite3.Connection) -> _Item:
+    def _serve(self, db: engine.Connection) -> _Item:
         """Apply what is queued, in order, until the stop item comes; return it."""
         todo: list[_Item] = []
         while True:
-            if not todo:
+            while not todo:  # (an empty hand-over is never put; this loop does not rely on it)
                 todo = self._take(block=True)
             while len(todo) < self.max_batch and (more := self._take(block=False)):
                 todo += more  # everything waiting by now joins this batch
-            if not todo:
-                continue
             item = todo[0]
             if item.fn is None:
                 return item
@@ -263,7 +262,7 @@ class Writer:
             batch, todo = todo[:n], todo[n:]
             self._apply(db, batch)
 
-    def _run_alone(self, db: sqlite3.Connection, item: _Item) -> None:
+    def _run_alone(self, db: engine.Connection, item: _Item) -> None:
         try:
             result = item.fn(db)  # type: ignore[misc]
         except Exception as exc:
@@ -275,7 +274,7 @@ class Writer:
         if self._refuse is not None and (error := self._refuse()) is not None:
             raise Refused(error)
 
-    def _apply(self, db: sqlite3.Connection, batch: list[_Item]) -> None:
+    def _apply(self, db: engine.Connection, batch: list[_Item]) -> None:
         try:
             outcomes = apply_batch(db, [i.fn for i in batch], self._before_commit)  # type: ignore[misc]
         except Refused as exc:
@@ -284,8 +283,8 @@ class Writer:
             return
         except Exception as exc:
             cause = exc.cause if isinstance(exc, BatchAborted) else exc
-            if not isinstance(cause, sqlite3.Error):
-                cause = sqlite3.OperationalError(f"{cause}; nothing was changed")
+            if not isinstance(cause, engine.Error):
+                cause = engine.Error(f"{cause}; nothing was changed")
             for item in batch:
                 self._answer(item.future, False, self._translate(cause))
             return

@@ -1,0 +1,135 @@
+"""The store's one seam to its engine, SQLite: what a second engine (PostgreSQL) would write
+again, and nothing else. The connections (the writer's and the reader's, with their pragmas), the
+SQL that is SQLite's own dialect (the write transaction's BEGIN, time arithmetic on ISO text,
+JSON functions, the migration bookkeeping) and the mapping of sqlite3's errors to gpuq's. The verbs
+and the facade write portable SQL (bound parameters, ON CONFLICT, RETURNING, views) and reach the
+engine's specifics only through these names."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import aiosqlite
+
+from ..errors import GUARD_MESSAGE, GpuqError, GuardRefused, SchemaViolated, StoreUnavailable
+from ..models import iso
+
+Connection = sqlite3.Connection
+Error = sqlite3.Error
+
+# The writer's transaction takes the write lock at its start, so a batch never fails half-way
+# for want of it (a deferred BEGIN would upgrade at its first write, and could deadlock there).
+BEGIN_WRITE = "BEGIN IMMEDIATE"
+
+
+def seconds_between(start: str, end: str) -> str:
+    """SQL for the seconds from `start` to `end`, two columns of ISO-8601 text (never negative)."""
+    return f"MAX((julianday({end}) - julianday({start})) * 86400.0, 0)"
+
+
+# A done critique's findings (a JSON array in job.findings): how many, and the highest severity.
+FINDING_COUNT = "json_array_length(findings)"
+TOP_SEVERITY = ("(SELECT json_extract(f.value, '$.severity') FROM json_each(findings) f ORDER BY"
+                " CASE json_extract(f.value, '$.severity') WHEN 'high' THEN 0 WHEN 'medium' THEN 1 ELSE 2 END"
+                " LIMIT 1)")
+
+
+# The running heads stale at :now (ISO text), each with the first reason that holds: the view
+# stale_heads (migration 012) with the caller's clock for 'now'. The rule is the view head_staleness.
+STALE_SQL = """SELECT id, node, state, since, reason, run_id FROM (
+    SELECT id, node, state, since, reason, run_id, MIN(rank) FROM head_staleness
+    WHERE stale_at < julianday(:now) GROUP BY id)"""
+
+
+# -- connections ------------------------------------------------------------------------------
+
+def connect_writer(path: Path, busy_timeout_s: float, max_bytes: int | None) -> sqlite3.Connection:
+    """The writer's connection, opened in (and used only by) the writer's thread: WAL, every
+    commit on disk before it is acknowledged (synchronous=FULL), foreign keys checked."""
+    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        db.row_factory = sqlite3.Row
+        db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+        db.execute("PRAGMA journal_mode = WAL").fetchall()
+        db.execute("PRAGMA synchronous = FULL")
+        db.execute("PRAGMA foreign_keys = ON")
+        if max_bytes is not None:  # past it, writes fail as on a full disk: SQLITE_FULL
+            page_size = db.execute("PRAGMA page_size").fetchone()[0]
+            # Read to its end: a statement left with a row to give keeps the connection
+            # reading, and a migration that drops a table then fails with "table is locked".
+            db.execute(f"PRAGMA max_page_count = {max(max_bytes // page_size, 1)}").fetchall()
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+async def connect_reader(path: Path, busy_timeout_s: float) -> aiosqlite.Connection:
+    """The readers' connection (aiosqlite's thread), beside the writer's: WAL lets it in."""
+    conn = await aiosqlite.connect(path, isolation_level=None)
+    conn.row_factory = sqlite3.Row
+    await conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+    await conn.execute("PRAGMA foreign_keys = ON")
+    return conn
+
+
+# -- migrations -------------------------------------------------------------------------------
+
+def migrate(db: sqlite3.Connection, files: list[Path], now: float, path: Path) -> None:
+    """Apply migrations/NNN_*.sql in order, each with its record, in its own transaction."""
+    known = {int(f.name[:3]): f for f in files}
+    db.execute("CREATE TABLE IF NOT EXISTS schema_migration ("
+               " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)")
+    applied = {r[0] for r in db.execute("SELECT version FROM schema_migration")}
+    newer = sorted(applied - set(known))
+    if newer:
+        raise GpuqError(
+            f"{path} was written by a newer gpuq (schema version {newer[-1]}; this gpuq "
+            f"knows up to {max(known)}); upgrade gpuq or use another database", status=2)
+    # Foreign keys off while migrating, as SQLite's table rebuild procedure asks (a rebuild
+    # drops a table others refer to), and checked before each commit instead.
+    db.execute("PRAGMA foreign_keys = OFF")
+    try:
+        for version, f in sorted(known.items()):
+            if version not in applied:
+                _apply_migration(db, version, f, now)
+    finally:
+        db.execute("PRAGMA foreign_keys = ON")
+
+
+def _apply_migration(db: sqlite3.Connection, version: int, f: Path, now: float) -> None:
+    try:  # executescript runs the script in the transaction it opens; its record joins it
+        db.executescript(f"{BEGIN_WRITE};\n" + f.read_text(encoding="utf-8"))
+        broken = db.execute("PRAGMA foreign_key_check").fetchall()
+        if broken:
+            raise GpuqError(f"migration {f.name} would leave {len(broken)} broken reference(s), "
+                            f"the first in table {broken[0][0]}; nothing was changed", status=2)
+        db.execute("INSERT INTO schema_migration VALUES (?, ?, ?)", (version, f.stem, iso(now)))
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+def from_sqlite(exc: sqlite3.Error) -> GpuqError:
+    """The one mapping of a database error to what a user sees, by SQLite's own error name.
+    A store that is busy or cannot be written is a 503 (retry later); a write the schema
+    refuses is gpuq's own bug, a 500 naming the rule it broke (retrying cannot help)."""
+    name, text = getattr(exc, "sqlite_errorname", None) or "", str(exc)
+    if name == "SQLITE_CONSTRAINT_TRIGGER" and text == GUARD_MESSAGE:
+        return GuardRefused()
+    if name.startswith("SQLITE_CONSTRAINT"):
+        rule = text.split("constraint failed: ", 1)[1] if "constraint failed: " in text else text
+        return SchemaViolated(f"the database refused a write that breaks its rule {rule} ({text}): a bug in"
+                              " gpuq, please report it; nothing was changed", constraint=rule)
+    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+        return StoreUnavailable(f"the database is locked by another process ({text}); nothing was changed")
+    if name.startswith(("SQLITE_FULL", "SQLITE_IOERR")):
+        return StoreUnavailable(f"the database cannot be written: {text}; nothing was changed")
+    if name.startswith("SQLITE_READONLY"):
+        return StoreUnavailable(f"the database is read-only: {text}; nothing was changed")
+    return StoreUnavailable(f"database error: {text}; nothing was changed")
