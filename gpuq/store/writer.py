@@ -64,39 +64,16 @@ def apply_batch(db: engine.Connection, writes: list[Write],
 
     Raises (after a ROLLBACK) when the transaction as a whole cannot commit, or `before_commit`
     (called last before the COMMIT) raises."""
-    outcomes: list[tuple[bool, Any]] = []
     db.execute(engine.BEGIN_WRITE)
-    if len(writes) == 1:  # alone in its transaction: no savepoint needed to fail alone
-        try:
-            result = writes[0](db)
-        except Exception as exc:
-            _rollback(db)
-            return [(False, exc)]
-        except BaseException:
-            _rollback(db)
-            raise
-        try:
-            if before_commit is not None:
-                before_commit()
-            db.execute("COMMIT")
-        except BaseException:
-            _rollback(db)
-            raise
-        return [(True, result)]
     try:
-        for write in writes:
-            db.execute(f"SAVEPOINT {SAVEPOINT}")
+        if len(writes) == 1:  # alone in its transaction: no savepoint needed to fail alone
             try:
-                result = write(db)
+                outcomes: list[tuple[bool, Any]] = [(True, writes[0](db))]
             except Exception as exc:
-                if not db.in_transaction:  # SQLite rolled the whole transaction back
-                    raise BatchAborted(exc) from exc
-                db.execute(f"ROLLBACK TO {SAVEPOINT}")
-                db.execute(f"RELEASE {SAVEPOINT}")
-                outcomes.append((False, exc))
-            else:
-                db.execute(f"RELEASE {SAVEPOINT}")
-                outcomes.append((True, result))
+                _rollback(db)
+                return [(False, exc)]
+        else:
+            outcomes = [_in_savepoint(db, write) for write in writes]
         if before_commit is not None:
             before_commit()
         db.execute("COMMIT")
@@ -104,6 +81,22 @@ def apply_batch(db: engine.Connection, writes: list[Write],
         _rollback(db)
         raise
     return outcomes
+
+
+def _in_savepoint(db: engine.Connection, write: Write) -> tuple[bool, Any]:
+    """One write of a batch: rolled back alone when it raises, unless SQLite rolled back the
+    whole transaction (BatchAborted: every write of the batch fails)."""
+    db.execute(f"SAVEPOINT {SAVEPOINT}")
+    try:
+        result = write(db)
+    except Exception as exc:
+        if not db.in_transaction:
+            raise BatchAborted(exc) from exc
+        db.execute(f"ROLLBACK TO {SAVEPOINT}")
+        db.execute(f"RELEASE {SAVEPOINT}")
+        return False, exc
+    db.execute(f"RELEASE {SAVEPOINT}")
+    return True, result
 
 
 @dataclass
