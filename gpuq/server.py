@@ -21,7 +21,7 @@ from .connections import body_deadline
 from .node.dispatcher import Dispatcher
 from .node.runtime import NodeRuntime
 from .node.stale import StaleMonitor
-from .errors import BadRequest, GpuqError, UnknownNode, check_text, json_object
+from .errors import BadRequest, GpuqError, StoreUnavailable, UnknownNode, check_text, json_object
 from .metrics import Metrics
 from .models import (ACTIVE, FINAL, JobState, Kind, NewJob, NodeCounts, check_job_id, compact_json, iso, parse_iso,
                      preview_url)
@@ -205,6 +205,26 @@ def with_eta(job: dict, found: dict[str, eta.Estimate]) -> dict:
 # -- views ------------------------------------------------------------------------------------
 
 HEALTH_READ_S = 0.5  # /health answers within about this, whatever the store does
+
+
+# A read of the pages' and the CLI's that the store does not answer within this long is a 503
+# naming the store's trouble: the page then still shows /health's truth (it fetches each part
+# apart), where it would wait with a frozen disk (a reader's thread can be stuck for minutes).
+READ_BOUND_S = 5.0
+
+
+def bounded(handler):
+    """A GET that reads the store, answered within READ_BOUND_S whatever the store does."""
+    async def read_within_bound(request: web.Request) -> web.StreamResponse:
+        try:
+            async with asyncio.timeout(READ_BOUND_S):
+                return await handler(request)
+        except TimeoutError:
+            trouble = request.app[STORE].trouble(slow_s=READ_BOUND_S)
+            why = f": {trouble['problem']}" if trouble else ""
+            raise StoreUnavailable(f"the database did not answer within {READ_BOUND_S:g}s{why}; "
+                                   "GET /health says what the router knows") from None
+    return read_within_bound
 
 
 async def health(request: web.Request) -> web.Response:
@@ -636,16 +656,16 @@ def create_app(settings: Settings, clock=time.time) -> web.Application:
     r = app.router
     r.add_get("/health", health)
     r.add_get("/metrics", metrics)
-    r.add_get("/api/queue", queue)
-    r.add_get("/api/nodes", nodes)
-    r.add_get("/api/stale", stale)
-    r.add_get("/api/history", history)
-    r.add_get("/api/activity", activity_view)
-    r.add_get("/api/alerts", alerts)
+    r.add_get("/api/queue", bounded(queue))
+    r.add_get("/api/nodes", bounded(nodes))
+    r.add_get("/api/stale", bounded(stale))
+    r.add_get("/api/history", bounded(history))
+    r.add_get("/api/activity", bounded(activity_view))
+    r.add_get("/api/alerts", bounded(alerts))
     r.add_get("/api/events", events)
     r.add_post("/api/jobs", submit)
-    r.add_get("/api/jobs", list_jobs)
-    r.add_get("/api/jobs/{id}", get_job)
+    r.add_get("/api/jobs", bounded(list_jobs))
+    r.add_get("/api/jobs/{id}", bounded(get_job))
     r.add_delete("/api/jobs/{id}", delete)
     r.add_get("/api/jobs/{id}/stream", stream_job)
     r.add_post("/api/jobs/{id}/move", move)

@@ -6,9 +6,12 @@ whatever the store does, and a submit's wait is bounded."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import sqlite3
 import sys
 import time
+
+import pytest
 
 from conftest import eventually, node_table
 
@@ -226,3 +229,39 @@ async def test_a_job_whose_ending_meets_a_frozen_store_is_closed_with_its_output
         assert len(fake.chat_requests) == 1
     finally:
         await fake.stop()
+
+
+@pytest.mark.browser
+async def test_the_queue_page_names_a_store_that_does_not_answer(fakes, daemon_factory, tmp_path):
+    """A frozen store holds every read for ~10 s at a time: the page still shows /health's truth
+    (it fetches each part apart, and the router bounds its other reads), not a page that waits."""
+    from playwright.async_api import async_playwright, expect
+    from test_page import CHROMIUM_ARGS, shown_after_now
+
+    fake = await fakes("qwen3-coder:30b")
+    d = await daemon_factory([node_table("node-1", fake, 1, ["task"], "qwen3-coder:30b")], busy_timeout="0.5s")
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=shutil.which("chromium") or "/usr/bin/chromium",
+                                          args=CHROMIUM_ARGS)
+        helper = None
+        try:
+            page = await browser.new_page()
+            await page.goto(d.url + "/")
+            await expect(page.locator("#conn")).to_have_text("live")
+            helper = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", HOLD_WAL_LOCKS, str(tmp_path / "gpuq.db-shm"),
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+            assert (await asyncio.wait_for(helper.stdout.readline(), 10)).strip() == b"held"
+            await red(d, lambda b: b["store"] and "not answering" in b["store"]["problem"],
+                      "/health to say the store is not answering")
+            await shown_after_now(page)  # a refresh that began with the store frozen is on the screen
+            alert = page.locator("[data-store=trouble]")
+            await expect(alert).to_contain_text("the database is not answering")
+            status, body = await d.request("GET", "/api/queue")  # bounded: a 503 naming why, not a wait
+            assert status == 503 and body["error"]["message"].startswith("the database did not answer within 5s")
+        finally:
+            if helper is not None:
+                helper.stdin.close()
+                await helper.wait()
+            await browser.close()
+    await green(d, 30)

@@ -52,16 +52,21 @@ async function loadRecent() {
 
 async function refresh() {
   const asked = ++S.refreshes;
-  try {
-    const [queue, health, recent, activity] = await Promise.all([
-      getJSON(`/api/queue?limit=${S.limit}`),
-      getJSON('/health', [200, 503]),
-      loadRecent(),
-      getJSON(`/api/activity?since=${encodeURIComponent(localMidnight())}`),
-    ]);
-    Object.assign(S, {queue, health, recent, activity, error: null, updatedAt: Date.now()});
-  } catch (exc) {
-    S.error = exc;
+  // Each part apart: /health answers from the router's memory whatever the store does, so its
+  // truth (a store that does not answer, a node down) shows even when the other reads fail.
+  const [queue, health, recent, activity] = await Promise.allSettled([
+    getJSON(`/api/queue?limit=${S.limit}`),
+    getJSON('/health', [200, 503]),
+    loadRecent(),
+    getJSON(`/api/activity?since=${encodeURIComponent(localMidnight())}`),
+  ]);
+  if (health.status === 'fulfilled') S.health = health.value;
+  const failed = [queue, health, recent, activity].find((r) => r.status === 'rejected');
+  if (failed) {
+    S.error = failed.reason;
+  } else {
+    Object.assign(S, {queue: queue.value, recent: recent.value, activity: activity.value, error: null,
+                      updatedAt: Date.now()});
   }
   S.fetched = asked;
   render();
