@@ -188,6 +188,7 @@ function paintLive() {
   set('f-tokens', tokensText(job));
   set('f-rate', rateOf(job));
   set('f-duration', fmtSpan(durationOf(job)));
+  set('thinking-chars', fmtNum(thinkText.data.length));
   if (job.state === 'queued') set('f-waited', fmtDur(since(job.created_at)));
 }
 
@@ -195,7 +196,10 @@ function render() {
   const job = J.job;
   const streaming = job.state === 'running';
   const runsSig = (job.runs || []).map((r) => ({...r, output: r.state === 'running' ? '' : r.output}));
-  const sig = JSON.stringify({...job, output: streaming ? '' : job.output, runs: runsSig});
+  // While it streams, the text nodes hold its output and reasoning: the sig notes only whether
+  // there is reasoning to show (its first piece adds the Thinking box; later ones only append).
+  const sig = JSON.stringify({...job, output: streaming ? '' : job.output,
+    thinking: streaming ? Boolean(thinkText.data) : job.thinking, runs: runsSig});
   document.title = `${job.state} · ${job.id} · gpuq`;
   if (sig === J.sig) {
     paintLive();
@@ -232,7 +236,8 @@ function render() {
       el('pre', {className: 'text short', id: 'prompt', text: job.prompt})),
     thinkText.data ? el('details', {className: 'box thinking-box', id: 'thinking-box', open: thinkingOpen},
       el('summary', {className: 'box-head'}, el('h2', {text: 'Thinking'}),
-        el('span', {text: `the model's reasoning, apart from its answer · ${fmtNum(thinkText.data.length)} characters`})),
+        el('span', {}, "the model's reasoning, apart from its answer · ",
+          el('span', {id: 'thinking-chars', text: fmtNum(thinkText.data.length)}), ' characters')),
       thinkPre) : null,
     el('section', {className: `box${streaming ? ' streaming' : ''}`, id: 'output-box'},
       el('div', {className: 'box-head'}, el('h2', {text: 'Output'}), el('span', {text: outputNote(job, runs)})),
