@@ -1,7 +1,7 @@
 """The job page follows a job from the queue to its end, in real headless Chromium against the
 real daemon and the faithful simulator: a page opened while the job waited (where the CLI's
 preview link leads) shows the thinking model's reasoning live once it starts, as a page opened
-after the start does."""
+after the start does; a job that cannot start because its node is down says so, not "starts ?"."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from playwright.async_api import expect
 
 from conftest import eventually, node_table
-from test_page import browser, busy, page, screenshot  # noqa: F401 (fixtures)
+from test_page import browser, busy, card, open_queue, page, screenshot  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.browser
 
@@ -68,3 +68,23 @@ async def test_thinking_streams_live_on_a_page_opened_while_the_job_waited(fakes
     await expect(page.locator("#thinking")).to_have_text(done["thinking"])
     await expect(page.locator("#output")).to_have_text(done["output"])
 
+
+@pytest.mark.parametrize("width", [400, 1400])
+async def test_a_job_on_a_down_node_says_why_it_does_not_start(lab, page, width):
+    await page.set_viewport_size({"width": width, "height": 900})
+    await lab.take_down(lab.fakes["node-3"], "node-3")
+    [job] = await lab.submit("task", "waits for node-3 to come back", node="node-3")
+    detail = await lab.job(job["id"])
+    assert detail["state"] == "queued" and detail["eta_start"] is None
+    assert detail["eta_reason"].startswith("node-3 is down")
+
+    await open_queue(page, lab)
+    eta = page.locator(f"{card(job['id'])} .eta")
+    await expect(eta).to_have_text("starts ? (node down)")
+    await expect(eta.locator(".eta-time")).to_have_attribute("title", detail["eta_reason"])
+    box, inside = await eta.bounding_box(), await page.locator(card(job["id"])).bounding_box()
+    assert box["x"] + box["width"] <= inside["x"] + inside["width"] + 1, (box, inside)  # not cut off
+    await screenshot(page, f"queue-down-node-eta-{width}.png")
+
+    await page.goto(f"{lab.url}/jobs/{job['id']}")
+    await expect(page.locator("#f-eta-start")).to_contain_text("not known: node-3 is down")

@@ -176,9 +176,22 @@ export function tickSince(root = document) {
   for (const node of root.querySelectorAll('[data-eta]')) node.textContent = fmtEta(node.dataset.eta);
 }
 
-// An estimated time ('in ~4 min', ticked with the clock), or '?' with the reason as its title.
+// Why nothing starts on a node, in a word for a card (the router's eta_reason says it whole:
+// server.node_blocked's, which the job's own node gives; a held critique's 'waits for parent …'
+// keeps the bare '?', its parent's trouble being in the title).
+function blockedWord(reason) {
+  if (/^\S+ is down: nothing starts there/.test(reason || '')) return 'node down';
+  if (/^\S+ has a model stuck in VRAM: nothing starts there/.test(reason || '')) return 'VRAM stuck';
+  return null;
+}
+
+// An estimated time ('in ~4 min', ticked with the clock), or '?' with the reason as its title
+// (and, when its node starts nothing, why in a word: '? (node down)').
 export function etaSpan(iso, reason, className = 'eta-time') {
-  if (!iso) return el('span', {className: `${className} unknown`, text: '?', title: reason || 'not known'});
+  if (!iso) {
+    const word = blockedWord(reason);
+    return el('span', {className: `${className} unknown`, text: word ? `? (${word})` : '?', title: reason || 'not known'});
+  }
   return el('span', {className, dataset: {eta: iso}, text: fmtEta(iso),
     title: `estimated ${fmtClock(iso)}${reason ? ` (${reason})` : ''}`});
 }
