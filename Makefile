@@ -2,19 +2,30 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# gpuq and what it needs to run, all that `make run` waits for (seconds on a fresh clone); then
+# the test dependencies (minutes), for the targets that test.
+RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
+# `make run PORT=8751` (or LISTEN=host:port) listens there instead; the environment's PORT is not used.
+PORT :=
+LISTEN := $(if $(PORT),127.0.0.1:$(PORT))
 
 .PHONY: run test test-fast bench browser clean
 
-$(STAMP): pyproject.toml
+$(RUNTIME): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -e .
+	touch $(RUNTIME)
+
+$(STAMP): $(RUNTIME)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'
 	touch $(STAMP)
 
 # Starts the router: with ./gpuq.toml it serves your nodes, without one it runs demo nodes.
-run: $(STAMP)
-	@if [ -f gpuq.toml ] || [ -n "$$GPUQ_CONFIG" ]; then $(BIN)/gpuq serve; else $(BIN)/gpuq serve --demo; fi
+run: $(RUNTIME)
+	@if [ -f gpuq.toml ] || [ -n "$$GPUQ_CONFIG" ]; then mode=; else mode=--demo; fi; \
+	  GPUQ_MAKE_RUN=1 exec $(BIN)/gpuq serve $$mode $(if $(LISTEN),--listen $(LISTEN))
 
 # Headless Chromium from Debian's packages for the page tests (Playwright drives it).
 browser:

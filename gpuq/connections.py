@@ -13,6 +13,7 @@ trickling their bodies or kept alive held every slot of both listeners for a min
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
 import resource
@@ -55,8 +56,18 @@ def bind_sockets(listen: str, host: str, port: int) -> list[socket.socket]:
     except OSError as exc:
         for sock in sockets:
             sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise PortTaken(f"cannot listen on {listen}: {reason(exc)}", port) from None
         raise StartupError(f"cannot listen on {listen}: {reason(exc)}") from None
     return sockets
+
+
+class PortTaken(StartupError):
+    """Another program listens on the port: the router's start adds how to listen on another one."""
+
+    def __init__(self, message: str, port: int):
+        super().__init__(message)
+        self.port = port
 
 
 def reason(exc: OSError) -> str:

@@ -8,6 +8,7 @@ import fcntl
 import json
 import logging
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -19,8 +20,8 @@ from pathlib import Path
 from aiohttp import web
 
 from .config import DEFAULT_ROUTER, ConfigError, NodeConfig, Settings, check_listen
-from .connections import (BACKLOG, FRONT_PROBES, ROUTER_PROBES, ConnectionGuard, bind_sockets, connection_cap,
-                          raise_file_limit, throttle_accept_errors)
+from .connections import (BACKLOG, FRONT_PROBES, ROUTER_PROBES, ConnectionGuard, PortTaken, bind_sockets,
+                          connection_cap, raise_file_limit, throttle_accept_errors)
 from .errors import GpuqError, StartupError
 from .demo import FakeOllama, Script
 from .front.listener import bind_front_door, start_front_door
@@ -64,27 +65,51 @@ async def start_demo_nodes() -> tuple[list[FakeOllama], list[NodeConfig]]:
 def lock_database(database: Path, listen: str) -> int:
     """Hold `<database>.lock` for as long as this router runs: a second router on the same database
     stops here, before it touches the file. The kernel drops the lock when the process ends, even
-    by SIGKILL, so a crash never blocks the restart. Returns the lock's file descriptor."""
-    path = database.with_name(database.name + ".lock")
-    try:  # as the store does: a removed directory (see gpuq/store/dbfile.py) must not stop the restart
-        database.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise StartupError(f"cannot open the lock file {path}: {exc.strerror}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = lock_holder(fd)
+    by SIGKILL, so a crash never blocks the restart; a router that stops by itself, or cannot
+    start, removes the file (unlock_database). Returns the lock's file descriptor."""
+    path = lock_path(database)
+    for _ in range(10):  # the file this router opened was removed by its holder meanwhile: open the new one
+        try:  # as the store does: a removed directory (see gpuq/store/dbfile.py) must not stop the restart
+            database.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StartupError(f"cannot open the lock file {path}: {exc.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = lock_holder(fd)
+            os.close(fd)
+            raise StartupError(f"the database {database} is in use by another router ({holder}): "
+                               "stop that one first, or give this one another database") from None
+        except OSError as exc:
+            os.close(fd)
+            raise StartupError(f"cannot lock {path}: {exc.strerror}") from None
+        try:
+            if os.path.samestat(os.fstat(fd), os.stat(path)):
+                break
+        except FileNotFoundError:
+            pass
         os.close(fd)
-        raise StartupError(f"the database {database} is in use by another router ({holder}): "
-                           "stop that one first, or give this one another database") from None
-    except OSError as exc:
-        os.close(fd)
-        raise StartupError(f"cannot lock {path}: {exc.strerror}") from None
+    else:
+        raise StartupError(f"cannot lock {path}: it was removed and created again ten times over")
     holder = {"pid": os.getpid(), "listen": listen, "started": iso(time.time())}
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
     return fd
+
+
+def unlock_database(database: Path, fd: int) -> None:
+    """Remove the lock file while still holding it, then let go: a router that opened the file
+    meanwhile finds, once it holds its lock, that the file is no longer there (lock_database)."""
+    try:
+        os.unlink(lock_path(database))
+    except OSError:
+        pass  # removed with its directory: nothing is left behind either
+    os.close(fd)
+
+
+def lock_path(database: Path) -> Path:
+    return database.with_name(database.name + ".lock")
 
 
 def lock_holder(fd: int) -> str:
@@ -115,7 +140,11 @@ async def serve(settings: Settings | None, listen: str | None, database: str | N
                            if ollama_listen else DEMO_FRONT_DOOR)
     lock = lock_database(settings.database, settings.listen)
     try:
-        sockets = bind_sockets(settings.listen, settings.host, settings.port)
+        try:
+            sockets = bind_sockets(settings.listen, settings.host, settings.port)
+        except PortTaken as exc:
+            raise StartupError(f"{exc.message}: another program has port {exc.port}, perhaps another gpuq "
+                               f"router. {listen_elsewhere(settings, demo)}") from None
         front_sockets: list[socket.socket] = []
         try:
             # The demo's front door takes any free port when its usual one is taken.
@@ -125,7 +154,42 @@ async def serve(settings: Settings | None, listen: str | None, database: str | N
             for sock in sockets + front_sockets:
                 sock.close()
     finally:
-        os.close(lock)
+        unlock_database(settings.database, lock)
+
+
+def listen_elsewhere(settings: Settings, demo: bool) -> str:
+    """How to start this router on another port, a free one named: `make run PORT=`, the config's
+    setting, or this very command with --listen."""
+    host = settings.listen.rsplit(":", 1)[0]
+    free = next((port for port in range(settings.port + 1, min(settings.port + 50, 65536))
+                 if port_is_free(settings.host, port)), None)
+    port = str(free) if free else "PORT"
+    address = f"{host}:{port}"
+    args = sys.argv[1:]
+    for i, arg in enumerate(args):  # this command as typed, its --listen replaced
+        if arg == "--listen" and i + 1 < len(args):
+            args = args[:i] + args[i + 2:]
+            break
+        if arg.startswith("--listen="):
+            args = args[:i] + args[i + 1:]
+            break
+    command = f"{invoked_as()} {shlex.join(args)} --listen {address}"
+    ways = [f"run `{command}`"]
+    if not demo:
+        ways.insert(0, f'set `listen = "{address}"` under `[router]` in your gpuq.toml')
+    if os.environ.get("GPUQ_MAKE_RUN"):
+        ways.insert(0, f"run `make run PORT={port}`")
+    return f"To listen on another port, {', or '.join(ways)}."
+
+
+def port_is_free(host: str, port: int) -> bool:
+    try:
+        sockets = bind_sockets(f"{host}:{port}", host, port)
+    except StartupError:
+        return False
+    for sock in sockets:
+        sock.close()
+    return True
 
 
 async def run_router(settings: Settings, sockets: list[socket.socket], demo: bool,

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import re
 import signal
+import socket
 import sqlite3
+import sys
 
 from conftest import eventually, node_table
 
@@ -123,3 +127,58 @@ async def test_bad_config_exits_2_naming_the_key(fakes, daemon_factory):
     res = await d.cli("serve", "--config", str(d.config))
     assert res.code == 2
     assert "router.stale_after" in res.err
+
+
+def held_port() -> socket.socket:
+    """A port some other program listens on."""
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    return squatter
+
+
+async def serve_on_a_taken_port(cwd, *args: str, env: dict | None = None) -> tuple[int, str, int]:
+    """The real `gpuq serve` as a subprocess, the test holding its port: (exit code, stderr, port)."""
+    with held_port() as squatter:
+        port = squatter.getsockname()[1]
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gpuq.cli", "serve", *args, "--listen", f"127.0.0.1:{port}", cwd=str(cwd),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={**os.environ, **(env or {})})
+        _, err = await asyncio.wait_for(proc.communicate(), 20)
+    return proc.returncode, err.decode(), port
+
+
+async def test_a_taken_port_says_how_to_listen_on_another_and_leaves_no_lock_file(fakes, daemon_factory, tmp_path):
+    fake = await fakes()
+    d = await daemon_factory([node_table("n1", fake, 1, ["task"], "m")], start=False)
+    code, err, port = await serve_on_a_taken_port(tmp_path, "--config", str(d.config))
+    assert code == 2, err
+    line = err.strip().splitlines()[-1]
+    assert f"cannot listen on 127.0.0.1:{port}: address already in use: another program has port {port}" in line
+    free = re.search(r'set `listen = "127\.0\.0\.1:(\d+)"` under `\[router\]` in your gpuq\.toml', line)
+    assert free and int(free[1]) != port, line
+    assert f"serve --config {d.config} --listen 127.0.0.1:{free[1]}`" in line
+    assert "make run" not in line  # not started by make
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpuq.toml"]  # no database, no lock file
+
+
+async def test_make_runs_demo_on_a_taken_port_names_make_run_port(tmp_path):
+    code, err, port = await serve_on_a_taken_port(tmp_path, "--demo", env={"GPUQ_MAKE_RUN": "1"})
+    assert code == 2, err
+    line = err.strip().splitlines()[-1]
+    assert f"cannot listen on 127.0.0.1:{port}: address already in use" in line
+    free = re.search(r"run `make run PORT=(\d+)`, or run `.*serve --demo --listen 127\.0\.0\.1:(\d+)`", line)
+    assert free and free[1] == free[2] and int(free[1]) != port, line
+    assert "gpuq.toml" not in line  # the demo has none
+    assert list(tmp_path.iterdir()) == []  # not even gpuq-demo.db.lock
+
+
+async def test_a_router_that_stops_removes_its_lock_file(fakes, daemon_factory, tmp_path):
+    fake = await fakes()
+    d = await daemon_factory([node_table("n1", fake, 1, ["task"], "m")])
+    assert (tmp_path / "gpuq.db.lock").exists()
+    await d.kill(signal.SIGTERM)
+    assert d.proc.returncode == 0
+    assert not (tmp_path / "gpuq.db.lock").exists()
+    await d.start()  # and the next one starts as usual
+    assert (tmp_path / "gpuq.db.lock").exists()
