@@ -273,12 +273,13 @@ def task(ctx, prompt, file_, model, node, timeout, wait, think, think_level, opt
     if as_json and not wait:
         click.echo(json.dumps(job))
         return
-    click.echo(f"{job['id']} -> {job['node']} ({job['reason']})")
-    click.echo(f"preview {job['preview_url']}")
+    # With --json, stdout is the finished job alone: where it went and how it goes, on stderr.
+    click.echo(f"{job['id']} -> {job['node']} ({job['reason']})", err=as_json)
+    click.echo(f"preview {job['preview_url']}", err=as_json)
     try:
-        click.echo(after_submit(router.call("GET", f"/api/jobs/{seg(job['id'])}")))
+        click.echo(after_submit(router.call("GET", f"/api/jobs/{seg(job['id'])}")), err=as_json)
     except ApiError as exc:  # the job is placed: the estimate is only a nicety
-        click.echo(f"est. start unknown (cannot ask the router: {exc.message})")
+        click.echo(f"est. start unknown (cannot ask the router: {exc.message})", err=as_json)
     if wait:
         follow(router, job["id"], as_json)
 
@@ -290,12 +291,15 @@ def task(ctx, prompt, file_, model, node, timeout, wait, think, think_level, opt
 @click.option("--model", help="Use this model instead of each node's.")
 @click.option("--timeout", type=float, help="Fail a child if it runs longer than this many seconds.")
 @click.option("--no-wait", is_flag=True, help="Return after submitting.")
-@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@click.option("--json", "as_json", is_flag=True,
+              help='Print one JSON document, {"jobs": [...]}: the finished children (with --no-wait: '
+                   'the submitted ones); progress goes to stderr.')
 @ollama_params
 @click.pass_context
 @api_errors
 def critique(ctx, file, parent, node, model, timeout, no_wait, as_json, think, think_level, options) -> None:
-    """Fan a critique out to every critique node, then report each as it finishes.
+    """Fan a critique out to every critique node: each child's id, node and preview link at
+    once, then each one's result as it finishes.
 
     Example: gpuq critique plan.md
     """
@@ -307,18 +311,22 @@ def critique(ctx, file, parent, node, model, timeout, no_wait, as_json, think, t
         body["prompt"] = read_text(file)
     router = router_of(ctx)
     jobs = router.call("POST", "/api/jobs", {k: v for k, v in body.items() if v is not None})["jobs"]
-    if not as_json:
-        click.echo(f"fan-out {len(jobs)} critique node{'s' if len(jobs) != 1 else ''}")
-        if jobs and jobs[0].get("waiting_for"):
-            click.echo(f"waiting for parent {jobs[0]['waiting_for']} to finish; then each reviews its result")
-    if no_wait:
-        for job in jobs:
-            line = {"node": job["node"], "id": job["id"], "model": job["model"], "state": job["state"],
-                    "waiting_for": job.get("waiting_for"), "preview_url": job["preview_url"]}
-            held = f" (waiting for parent {job['waiting_for']})" if job.get("waiting_for") else ""
-            click.echo(json.dumps(line) if as_json else f"{job['node']} {job['id']} {job['model']} {job['state']}{held}")
+    if as_json and no_wait:
+        click.echo(json.dumps({"jobs": jobs}))
         return
-    finished = wait_all(router, [j["id"] for j in jobs], as_json)
+    click.echo(f"fan-out {len(jobs)} critique node{'s' if len(jobs) != 1 else ''}", err=as_json)
+    if jobs and jobs[0].get("waiting_for"):
+        click.echo(f"waiting for parent {jobs[0]['waiting_for']} to finish; then each reviews its result", err=as_json)
+    for job in jobs:
+        held = f" (waiting for parent {job['waiting_for']})" if job.get("waiting_for") else ""
+        line = f"{job['node']} {job['id']} {job['model']} {job['state']}{held}"
+        # --no-wait: the listing is the answer; waiting, stdout is the results, this is progress.
+        click.echo(line if no_wait else f"{line}  {job['preview_url']}", err=not no_wait)
+    if no_wait:
+        return
+    finished = wait_all(router, jobs, as_json)
+    if as_json:
+        click.echo(json.dumps({"jobs": finished}))
     if any(j["state"] != JobState.DONE for j in finished):
         sys.exit(1)
 
@@ -331,28 +339,29 @@ def critique_line(job: dict) -> str:
     return f"{job['node']} {job['id']} {job['model']} {job['state']} {took}: {job.get('error') or ''}"
 
 
-def wait_all(router: Router, ids: list[str], as_json: bool = False) -> list[dict]:
-    """Print one line per job as each one finishes; poll with a gentle backoff."""
-    pending, finished, delay = list(ids), [], 0.05
+def wait_all(router: Router, jobs: list[dict], as_json: bool = False) -> list[dict]:
+    """Say on stderr when each job starts, and print each one's result as it finishes (on
+    stderr too with `as_json`, whose stdout is the finished jobs alone); poll with a gentle
+    backoff. The finished jobs, in the order given."""
+    seen = {j["id"]: j["state"] for j in jobs}
+    pending, finished, delay = list(seen), {}, 0.05
     while pending:
         for job_id in list(pending):
             job = router.call("GET", f"/api/jobs/{seg(job_id)}")
+            if job["state"] == JobState.RUNNING and seen[job_id] != JobState.RUNNING:
+                click.echo(f"{job['node']} {job_id} started", err=True)
+            seen[job_id] = job["state"]
             if job["state"] in FINAL:
                 pending.remove(job_id)
-                finished.append(job)
-                if as_json:
-                    click.echo(json.dumps({k: job.get(k) for k in (
-                        "id", "node", "model", "state", "error", "findings", "created_at", "finished_at",
-                        "preview_url")}))
-                else:
-                    click.echo(critique_line(job))
-                    for f in job.get("findings") or []:  # at a glance, without gpuq show per child
-                        click.echo(f"    [{f['severity']}] {excerpt(f['title'], 100)}")
-                    click.echo(f"    {job['preview_url']}")
+                finished[job_id] = job
+                click.echo(critique_line(job), err=as_json)
+                for f in job.get("findings") or []:  # at a glance, without gpuq show per child
+                    click.echo(f"    [{f['severity']}] {excerpt(f['title'], 100)}", err=as_json)
+                click.echo(f"    {job['preview_url']}", err=as_json)
         if pending:
             time.sleep(delay)
             delay = min(delay * 1.5, 1.0)
-    return finished
+    return [finished[i] for i in seen]
 
 
 THINKING_HEADER = "-- thinking --"
@@ -361,12 +370,13 @@ ANSWER_HEADER = "-- answer --"
 
 def follow(router: Router, job_id: str, as_json: bool = False) -> None:
     """Stream a job's output to the terminal; Ctrl-C stops following, the job goes on. With
-    `as_json` the final line is the job as JSON (the API's shape) instead of the summary."""
+    `as_json` stdout is only the finished job as JSON (the API's shape): no text, no summary;
+    where it waits and when it starts go to stderr either way."""
     final, shown = None, None  # shown: "thinking" or "text", the kind printed last
     try:
         for line in router.lines(f"/api/jobs/{seg(job_id)}/stream"):
             for kind in ("thinking", "text"):
-                if kind not in line:
+                if kind not in line or as_json:  # --json: the text is in the job's output
                     continue
                 if kind != shown:  # the reasoning is marked and dimmed, apart from the answer
                     header = THINKING_HEADER if kind == "thinking" else ANSWER_HEADER if shown else None
@@ -386,7 +396,8 @@ def follow(router: Router, job_id: str, as_json: bool = False) -> None:
     except KeyboardInterrupt:
         click.echo(f"\nstopped following {job_id}; it goes on (gpuq wait {job_id})", err=True)
         sys.exit(130)
-    click.echo()
+    if not as_json:
+        click.echo()
     if final is None:
         fail("-", f"the stream of {job_id} ended early")
     click.echo(json.dumps(final) if as_json else summary(final))
