@@ -489,11 +489,16 @@ def show(ctx, job_id, as_json) -> None:
         click.echo("\n-- output --\n" + job["output"])
     click.echo("\n-- runs --")
     for run in job.get("runs", []):
-        click.echo(f"run {run['id']} on {run['node']}: {run['state']} {run['started_at']}"
-                   f"{' ' + run['error'] if run.get('error') else ''}")
+        if run.get("finished_at"):
+            when = f"started {run['started_at']}, ended {run['finished_at']} ({ago(run['started_at'], run['finished_at'])})"
+        else:
+            when = f"started {run['started_at']}, {ago(run['started_at'])} so far"
+        click.echo(f"run {run['id']} on {run['node']}: {run['state']}, {when}"
+                   f"{': ' + run['error'] if run.get('error') else ''}")
     click.echo("\n-- events --")
     for ev in job.get("events", []):
-        click.echo(f"{ev['at']} {ev['from_state'] or '-'} -> {ev['to_state']} by {ev['actor']}: {ev['reason'] or ''}")
+        why = f": {ev['reason']}" if ev["reason"] else ""
+        click.echo(f"{ev['at']} {ev['from_state'] or '-'} -> {ev['to_state']} by {ev['actor']}{why}")
 
 
 def since_time(text: str) -> float:

@@ -77,3 +77,27 @@ async def test_critique_lists_its_children_at_once_then_their_progress(lab, tmp_
     results = [line for line in out.decode().splitlines() if not line.startswith("    ")]
     assert sorted(line.split()[:2] for line in results) == sorted([n, i] for n, i in children.items())
     assert all(" cancelled " in line for line in results), results
+
+
+async def test_show_gives_each_runs_start_and_end_and_no_empty_reasons(lab):
+    lab.fakes["node-3"].script.error_after = 2
+    failed = (await lab.submit("task", "first", node="node-3"))[0]["id"]
+    await lab.wait_state(failed, "failed")
+    lab.fakes["node-3"].script.error_after = None
+    assert (await lab.cli("retry", failed)).code == 0
+    job = await lab.wait_state(failed, "done")
+    res = await lab.cli("show", failed)
+    assert res.code == 0, res.err
+    lines = res.out.splitlines()
+    runs = lines[lines.index("-- runs --") + 1: lines.index("-- events --") - 1]
+    first, second = job["runs"]
+    assert runs == [
+        f"run {first['id']} on node-3: failed, started {first['started_at']}, ended {first['finished_at']} "
+        f"({runs[0].split('(')[1].split(')')[0]}): {first['error']}",
+        f"run {second['id']} on node-3: done, started {second['started_at']}, ended {second['finished_at']} "
+        f"({runs[1].split('(')[1].split(')')[0]})"]
+    assert all(re.fullmatch(r"\d+s", r.split("(")[1].split(")")[0]) for r in runs)
+    events = lines[lines.index("-- events --") + 1:]
+    assert len(events) == len(job["events"]) and not any(e.endswith(":") or e.endswith(": ") for e in events)
+    assert any(e.endswith("running -> done by router") for e in events), events
+    assert any(e.endswith(f"running -> failed by router: {first['error']}") for e in events), events
