@@ -9,12 +9,13 @@ import os
 import sys
 import time
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import click
 
 from .client import ApiError, Router
-from .config import DEFAULT_ROUTER, ConfigError, check_token, check_url, find_config, load_config, starter_config
+from .config import (DEFAULT_ROUTER, ConfigError, check_token, check_url, find_config, load_config,
+                     parse_duration, starter_config)
 from .errors import UnknownNode
 from .models import ACTIVE, FINAL, JobState, parse_iso, span
 from .params import THINK_LEVELS
@@ -273,14 +274,18 @@ def task(ctx, prompt, file_, model, node, timeout, wait, think, think_level, opt
     if as_json and not wait:
         click.echo(json.dumps(job))
         return
-    click.echo(f"{job['id']} -> {job['node']} ({job['reason']})")
-    click.echo(f"preview {job['preview_url']}")
+    # With --json, stdout is the finished job alone: where it went and how it goes, on stderr.
+    click.echo(f"{job['id']} -> {job['node']} ({job['reason']})", err=as_json)
+    click.echo(f"preview {job['preview_url']}", err=as_json)
     try:
-        click.echo(after_submit(router.call("GET", f"/api/jobs/{seg(job['id'])}")))
+        click.echo(after_submit(router.call("GET", f"/api/jobs/{seg(job['id'])}")), err=as_json)
     except ApiError as exc:  # the job is placed: the estimate is only a nicety
-        click.echo(f"est. start unknown (cannot ask the router: {exc.message})")
+        click.echo(f"est. start unknown (cannot ask the router: {exc.message})", err=as_json)
     if wait:
         follow(router, job["id"], as_json)
+    else:  # a hint for the person, on stderr: stdout stays the three lines a script reads
+        click.echo(f"not waiting: follow it with `gpuq wait {job['id']}` or the preview link; later, "
+                   f"`gpuq show {job['id']}` or `gpuq history` says how it ended", err=True)
 
 
 @main.command()
@@ -290,12 +295,15 @@ def task(ctx, prompt, file_, model, node, timeout, wait, think, think_level, opt
 @click.option("--model", help="Use this model instead of each node's.")
 @click.option("--timeout", type=float, help="Fail a child if it runs longer than this many seconds.")
 @click.option("--no-wait", is_flag=True, help="Return after submitting.")
-@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@click.option("--json", "as_json", is_flag=True,
+              help='Print one JSON document, {"jobs": [...]}: the finished children (with --no-wait: '
+                   'the submitted ones); progress goes to stderr.')
 @ollama_params
 @click.pass_context
 @api_errors
 def critique(ctx, file, parent, node, model, timeout, no_wait, as_json, think, think_level, options) -> None:
-    """Fan a critique out to every critique node, then report each as it finishes.
+    """Fan a critique out to every critique node: each child's id, node and preview link at
+    once, then each one's result as it finishes.
 
     Example: gpuq critique plan.md
     """
@@ -307,18 +315,22 @@ def critique(ctx, file, parent, node, model, timeout, no_wait, as_json, think, t
         body["prompt"] = read_text(file)
     router = router_of(ctx)
     jobs = router.call("POST", "/api/jobs", {k: v for k, v in body.items() if v is not None})["jobs"]
-    if not as_json:
-        click.echo(f"fan-out {len(jobs)} critique node{'s' if len(jobs) != 1 else ''}")
-        if jobs and jobs[0].get("waiting_for"):
-            click.echo(f"waiting for parent {jobs[0]['waiting_for']} to finish; then each reviews its result")
-    if no_wait:
-        for job in jobs:
-            line = {"node": job["node"], "id": job["id"], "model": job["model"], "state": job["state"],
-                    "waiting_for": job.get("waiting_for"), "preview_url": job["preview_url"]}
-            held = f" (waiting for parent {job['waiting_for']})" if job.get("waiting_for") else ""
-            click.echo(json.dumps(line) if as_json else f"{job['node']} {job['id']} {job['model']} {job['state']}{held}")
+    if as_json and no_wait:
+        click.echo(json.dumps({"jobs": jobs}))
         return
-    finished = wait_all(router, [j["id"] for j in jobs], as_json)
+    click.echo(f"fan-out {len(jobs)} critique node{'s' if len(jobs) != 1 else ''}", err=as_json)
+    if jobs and jobs[0].get("waiting_for"):
+        click.echo(f"waiting for parent {jobs[0]['waiting_for']} to finish; then each reviews its result", err=as_json)
+    for job in jobs:
+        held = f" (waiting for parent {job['waiting_for']})" if job.get("waiting_for") else ""
+        line = f"{job['node']} {job['id']} {job['model']} {job['state']}{held}"
+        # --no-wait: the listing is the answer; waiting, stdout is the results, this is progress.
+        click.echo(line if no_wait else f"{line}  {job['preview_url']}", err=not no_wait)
+    if no_wait:
+        return
+    finished = wait_all(router, jobs, as_json)
+    if as_json:
+        click.echo(json.dumps({"jobs": finished}))
     if any(j["state"] != JobState.DONE for j in finished):
         sys.exit(1)
 
@@ -331,28 +343,29 @@ def critique_line(job: dict) -> str:
     return f"{job['node']} {job['id']} {job['model']} {job['state']} {took}: {job.get('error') or ''}"
 
 
-def wait_all(router: Router, ids: list[str], as_json: bool = False) -> list[dict]:
-    """Print one line per job as each one finishes; poll with a gentle backoff."""
-    pending, finished, delay = list(ids), [], 0.05
+def wait_all(router: Router, jobs: list[dict], as_json: bool = False) -> list[dict]:
+    """Say on stderr when each job starts, and print each one's result as it finishes (on
+    stderr too with `as_json`, whose stdout is the finished jobs alone); poll with a gentle
+    backoff. The finished jobs, in the order given."""
+    seen = {j["id"]: j["state"] for j in jobs}
+    pending, finished, delay = list(seen), {}, 0.05
     while pending:
         for job_id in list(pending):
             job = router.call("GET", f"/api/jobs/{seg(job_id)}")
+            if job["state"] == JobState.RUNNING and seen[job_id] != JobState.RUNNING:
+                click.echo(f"{job['node']} {job_id} started", err=True)
+            seen[job_id] = job["state"]
             if job["state"] in FINAL:
                 pending.remove(job_id)
-                finished.append(job)
-                if as_json:
-                    click.echo(json.dumps({k: job.get(k) for k in (
-                        "id", "node", "model", "state", "error", "findings", "created_at", "finished_at",
-                        "preview_url")}))
-                else:
-                    click.echo(critique_line(job))
-                    for f in job.get("findings") or []:  # at a glance, without gpuq show per child
-                        click.echo(f"    [{f['severity']}] {excerpt(f['title'], 100)}")
-                    click.echo(f"    {job['preview_url']}")
+                finished[job_id] = job
+                click.echo(critique_line(job), err=as_json)
+                for f in job.get("findings") or []:  # at a glance, without gpuq show per child
+                    click.echo(f"    [{f['severity']}] {excerpt(f['title'], 100)}", err=as_json)
+                click.echo(f"    {job['preview_url']}", err=as_json)
         if pending:
             time.sleep(delay)
             delay = min(delay * 1.5, 1.0)
-    return finished
+    return [finished[i] for i in seen]
 
 
 THINKING_HEADER = "-- thinking --"
@@ -361,12 +374,13 @@ ANSWER_HEADER = "-- answer --"
 
 def follow(router: Router, job_id: str, as_json: bool = False) -> None:
     """Stream a job's output to the terminal; Ctrl-C stops following, the job goes on. With
-    `as_json` the final line is the job as JSON (the API's shape) instead of the summary."""
+    `as_json` stdout is only the finished job as JSON (the API's shape): no text, no summary;
+    where it waits and when it starts go to stderr either way."""
     final, shown = None, None  # shown: "thinking" or "text", the kind printed last
     try:
         for line in router.lines(f"/api/jobs/{seg(job_id)}/stream"):
             for kind in ("thinking", "text"):
-                if kind not in line:
+                if kind not in line or as_json:  # --json: the text is in the job's output
                     continue
                 if kind != shown:  # the reasoning is marked and dimmed, apart from the answer
                     header = THINKING_HEADER if kind == "thinking" else ANSWER_HEADER if shown else None
@@ -386,7 +400,8 @@ def follow(router: Router, job_id: str, as_json: bool = False) -> None:
     except KeyboardInterrupt:
         click.echo(f"\nstopped following {job_id}; it goes on (gpuq wait {job_id})", err=True)
         sys.exit(130)
-    click.echo()
+    if not as_json:
+        click.echo()
     if final is None:
         fail("-", f"the stream of {job_id} ended early")
     click.echo(json.dumps(final) if as_json else summary(final))
@@ -474,11 +489,88 @@ def show(ctx, job_id, as_json) -> None:
         click.echo("\n-- output --\n" + job["output"])
     click.echo("\n-- runs --")
     for run in job.get("runs", []):
-        click.echo(f"run {run['id']} on {run['node']}: {run['state']} {run['started_at']}"
-                   f"{' ' + run['error'] if run.get('error') else ''}")
+        if run.get("finished_at"):
+            when = f"started {run['started_at']}, ended {run['finished_at']} ({ago(run['started_at'], run['finished_at'])})"
+        else:
+            when = f"started {run['started_at']}, {ago(run['started_at'])} so far"
+        click.echo(f"run {run['id']} on {run['node']}: {run['state']}, {when}"
+                   f"{': ' + run['error'] if run.get('error') else ''}")
     click.echo("\n-- events --")
     for ev in job.get("events", []):
-        click.echo(f"{ev['at']} {ev['from_state'] or '-'} -> {ev['to_state']} by {ev['actor']}: {ev['reason'] or ''}")
+        why = f": {ev['reason']}" if ev["reason"] else ""
+        click.echo(f"{ev['at']} {ev['from_state'] or '-'} -> {ev['to_state']} by {ev['actor']}{why}")
+
+
+def since_time(text: str) -> float:
+    """--since: a time ago ('90s', '30m', '2h', '1h30m', '3d') or a local date or time
+    ('2026-10-19', '2026-10-19 14:00')."""
+    from datetime import datetime
+    value = text.strip().lower()
+    try:
+        if value.endswith("d") and value[:-1].replace(".", "", 1).isdigit():
+            return time.time() - float(value[:-1]) * 86400
+        return time.time() - parse_duration(value, "--since")
+    except ConfigError:
+        pass
+    try:
+        return datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        raise click.BadParameter(f"expected a time ago like 30m, 2h or 3d, or a date like 2026-10-19 "
+                                 f"or '2026-10-19 14:00', got {text!r}", param_hint="--since") from None
+
+
+def history_jobs(router: Router, state: str | None, node: str | None, since: float | None,
+                 limit: int) -> tuple[list[dict], bool]:
+    """The newest finished jobs (at most `limit`, none older than `since`), and whether there are
+    more. /api/history pages newest first; `since` is where the paging stops."""
+    jobs, offset = [], 0
+    while True:
+        size = min(500, limit + 1 - len(jobs))
+        query = urlencode({k: v for k, v in (("state", state), ("node", node), ("limit", size),
+                                             ("offset", offset)) if v is not None})
+        page = router.call("GET", f"/api/history?{query}")["jobs"]
+        for job in page:
+            if since is not None and parse_iso(job["finished_at"]) < since:
+                return jobs, False
+            if len(jobs) == limit:
+                return jobs, True
+            jobs.append(job)
+        if len(page) < size:
+            return jobs, False
+        offset += len(page)
+
+
+@main.command()
+@click.option("--state", type=click.Choice([s.value for s in FINAL]), help="Only jobs that ended so.")
+@click.option("--node", help="Only jobs on this node.")
+@click.option("--since", help="Only jobs that ended since: a time ago (30m, 2h, 3d) or a date (2026-10-19 14:00).")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 10_000), help="Jobs shown at most.")
+@click.option("--json", "as_json", is_flag=True, help='Print {"jobs": [...], "more": true|false} as JSON.')
+@click.pass_context
+@api_errors
+def history(ctx, state, node, since, limit, as_json) -> None:
+    """Finished jobs, newest first: how each ended, when, how long it ran, and why it failed.
+
+    Example: gpuq history --state failed --since 2h
+    """
+    since_ts = since_time(since) if since is not None else None
+    jobs, more = history_jobs(router_of(ctx), state, node, since_ts, limit)
+    if as_json:
+        click.echo(json.dumps({"jobs": jobs, "more": more}))
+        return
+    if not jobs:
+        click.echo("no finished jobs" + (" match" if state or node or since else " yet"))
+        return
+    click.echo(f"{'JOB':19}  {'STATE':9} {'NODE':12} {'KIND':8} {'ENDED':>9} {'RAN':>6}  PROMPT")
+    for job in jobs:
+        ran = ago(job["started_at"], job["finished_at"]) if job.get("started_at") else "-"
+        line = (f"{job['id']:19}  {job['state']:9} {job['node']:12} {job['kind']:8} "
+                f"{ago(job['finished_at']) + ' ago':>9} {ran:>6}  {prompt_excerpt(job, 40)}")
+        click.echo(line)
+        if job.get("error"):
+            click.echo(f"{'':21}{excerpt(job['error'], 100)}")
+    if more:
+        click.echo(f"… more: raise --limit (now {limit}), or narrow with --state, --node or --since")
 
 
 @main.command("queue")

@@ -107,7 +107,8 @@ async def test_a_foreign_answer_after_the_submit_is_one_clear_error(foreign, tmp
     base = foreign + "/proxy"
     res = await run_cli("--router", base, "critique", str(tmp_path / "plan.md"))
     assert (res.code, res.out) == (1, "fan-out 1 critique node\n")
-    assert res.err.splitlines() == [f"error 502 {base}/api/jobs/{JOB_ID} answered an HTML page, not gpuq's JSON; "
+    assert res.err.splitlines() == [f"node-1 {JOB_ID} m queued  -",  # the child, listed at once
+                                    f"error 502 {base}/api/jobs/{JOB_ID} answered an HTML page, not gpuq's JSON; "
                                     f"is {base} the router's URL?", "not retried"]
     res = await run_cli("--router", base, "task", "x", "--wait")
     assert res.code == 1 and res.out.startswith(f"{JOB_ID} -> node-1")

@@ -74,7 +74,7 @@ async def test_critique_of_a_parent_reviews_its_prompt_and_result_never_on_its_n
     done = await lab.wait_state(task_id, "done")
     res = await lab.cli("critique", "--parent", task_id, "--json")
     assert res.code == 0, res.err
-    results = [json.loads(line) for line in res.out.splitlines()]
+    results = json.loads(res.out)["jobs"]
     assert [r["node"] for r in results] == ["node-2"]  # node-1, the parent's node, is excluded
     [req] = lab.fakes["node-2"].chat_requests
     content = req["messages"][0]["content"]
