@@ -76,6 +76,7 @@ class Settings:
     alert_url: str | None = None  # where alerts are POSTed (a webhook, an ntfy topic URL)
     alert_token: str | None = field(default=None, repr=False)  # sent as a Bearer token
     alert_format: str = "json"  # "json" (the alert as a JSON body) or "ntfy" (Title header, text)
+    keep_awake: bool = True  # hold a sleep inhibitor while any job runs (gpuq/awake.py)
     nodes: tuple[NodeConfig, ...] = field(default_factory=tuple)
 
     @property
@@ -305,7 +306,7 @@ _ROUTER_KEYS = {
     "busy_timeout", "submit_timeout", "max_prompt_bytes", "max_database_bytes", "token", "critique_template", "unload",
     "allowed_hosts", "header_timeout", "keepalive_timeout", "max_connections", "ollama_listen",
     "alert_url", "alert_token", "alert_format", "max_output_bytes", "max_reply_bytes",
-    "max_connections_per_peer", "body_timeout", "keepalive_lifetime",
+    "max_connections_per_peer", "body_timeout", "keepalive_lifetime", "keep_awake",
 }
 ALERT_FORMATS = ("json", "ntfy")
 _DURATION_KEYS = {
@@ -455,6 +456,9 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
     if policy is not None:
         values["unload"] = policy
     values.update(_alert_settings(router))
+    awake = _typed(router, "keep_awake", bool, "router")
+    if awake is not None:
+        values["keep_awake"] = awake
     template = _typed(router, "critique_template", str, "router")
     if template is not None:
         if "{subject}" not in template:

@@ -7,6 +7,7 @@ import logging
 
 import aiohttp
 
+from ..awake import Awake
 from ..bus import Bus
 from ..config import Settings
 from ..errors import GpuqError
@@ -37,6 +38,7 @@ class Dispatcher:
         # How a job a client called for runs, and how its waiting client hears of its end: the
         # front door's (gpuq/front/relay.py), given by the daemon before start().
         self.calls: Calls = calls or NoCalls()
+        self.awake = Awake(settings.keep_awake)  # a sleep inhibitor held while any job runs
 
     async def start(self, stuck: list[dict] | None = None) -> None:
         """`stuck`: the models a previous router saw stuck in VRAM (open vram_stuck alerts, with
@@ -86,6 +88,7 @@ class Dispatcher:
                 await put_back_unsent(self.store, {name: w.sent_run for name, w in self.workers.items()})
             except GpuqError as exc:  # the next start fails them as orphans: loud, never lost
                 log.error("claimed jobs not put back in their queues: %s", exc.message)
+        self.awake.release()
         if self.session is not None:
             await self.session.close()
 
@@ -134,4 +137,9 @@ class Dispatcher:
         return None
 
     def _changed(self, **data) -> None:
+        # Jobs running now: a worker says "running" just before its job becomes its current one.
+        running = {name for name, rt in self.nodes.items() if rt.current is not None}
+        if data.get("state") == JobState.RUNNING and data.get("node"):
+            running.add(data["node"])
+        self.awake.update(len(running))
         self.bus.publish("queue", data)
