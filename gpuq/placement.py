@@ -12,6 +12,8 @@ from .models import normalize_model
 
 FIRST_FREE = "first free node by rank"
 SHORTEST = "shortest queue; all busy"
+# A job that names a model: only the nodes with it were candidates, and others may be idle.
+SHORTEST_WITH_MODEL = "shortest queue of the nodes with this model; all busy"
 ASKED = "asked"
 FAN_OUT = "fan-out"
 
@@ -105,7 +107,8 @@ def place_task(nodes: list[NodeView], asked: str | None = None, model: str | Non
     if free:
         return Placement(free[0].name, FIRST_FREE)
     best = min(candidates, key=lambda n: (not n.up, n.queued, n.rank))
-    return Placement(best.name, SHORTEST)
+    every_task_node = len(candidates) == sum("task" in n.roles for n in nodes)
+    return Placement(best.name, SHORTEST if every_task_node else SHORTEST_WITH_MODEL)
 
 
 def place_critique(

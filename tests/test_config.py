@@ -24,6 +24,11 @@ def test_example_and_starter_configs_parse(tmp_path):
     starter = parse_config(tomllib.loads(starter_config()), tmp_path)
     assert starter.listen == "127.0.0.1:8750"
     assert starter.database == (tmp_path / "gpuq.db").resolve()
+    # gpuq init's file opens the front door on loopback and says how to set a token, in comments
+    assert starter.ollama_listen == "127.0.0.1:11435"
+    text = starter_config()
+    assert "# token = " in text and "secrets.token_urlsafe" in text
+    assert sum(line.startswith("#") for line in text.splitlines()) >= 15
 
 
 def test_database_is_relative_to_the_config_file(tmp_path):

@@ -4,7 +4,7 @@ import pytest
 
 from gpuq.errors import Conflict, Unprocessable
 from gpuq.placement import (
-    ASKED, FAN_OUT, FIRST_FREE, SHORTEST, NodeView, Placement, check_move, place_critique, place_task,
+    ASKED, FAN_OUT, FIRST_FREE, SHORTEST, SHORTEST_WITH_MODEL, NodeView, Placement, check_move, place_critique, place_task,
     position_between,
 )
 
@@ -111,7 +111,8 @@ def test_when_every_node_with_the_model_is_busy_the_shortest_such_queue():
              node("b", 2, running=True, queued=3, models=frozenset({"llama3.2:latest"})),
              node("c", 3, running=True, queued=1, models=frozenset({"llama3.2:latest"}))]
     placed = place_task(nodes, model="llama3.2")
-    assert (placed.node, placed.reason) == ("c", SHORTEST)
+    # "all busy" of the nodes with the model: node a is idle, it only lacks the model
+    assert (placed.node, placed.reason) == ("c", SHORTEST_WITH_MODEL)
 
 
 def test_a_model_no_task_node_has_is_422_naming_what_each_has():
