@@ -21,7 +21,7 @@ from .connections import body_deadline
 from .node.dispatcher import Dispatcher
 from .node.runtime import NodeRuntime
 from .node.stale import StaleMonitor
-from .errors import BadRequest, GpuqError, StoreUnavailable, UnknownNode, check_text, json_object
+from .errors import BadRequest, GpuqError, StoreUnavailable, UnknownNode, check_text, json_object, json_type
 from .metrics import Metrics
 from .models import (ACTIVE, FINAL, JobState, Kind, NewJob, NodeCounts, check_job_id, compact_json, iso, parse_iso,
                      preview_url)
@@ -118,7 +118,7 @@ async def headers_middleware(request: web.Request, handler):
 
 async def json_body(request: web.Request, allowed: set[str]) -> dict:
     body = json_object(await request.read(), "missing request body: expected a JSON object", "malformed JSON",
-                       lambda value: f"a JSON {json_type(type(value))}")
+                       lambda value: f"a JSON {json_type(value)}")
     check_text(body)  # first: the messages below quote the body's text
     unknown = sorted(set(body) - allowed)
     if unknown:
@@ -126,8 +126,9 @@ async def json_body(request: web.Request, allowed: set[str]) -> dict:
     return body
 
 
-def json_type(kind: type | tuple) -> str:
-    """What a JSON client calls the type, for messages: 'string', not Python's 'str'."""
+def expected_type(kind: type | tuple) -> str:
+    """What a JSON client calls the type a field wants, for messages: 'string', not Python's 'str'
+    (a value's own type is errors.json_type's)."""
     kinds = kind if isinstance(kind, tuple) else (kind,)
     if float in kinds:
         return "number"
@@ -143,7 +144,7 @@ def field_of(body: dict, key: str, kind: type, required: bool = False) -> Any:
             raise BadRequest(f"missing field '{key}'")
         return None
     if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):  # a bool is an int to Python
-        raise BadRequest(f"field '{key}' must be a {json_type(kind)}, got {json.dumps(value)[:80]}")
+        raise BadRequest(f"field '{key}' must be a {expected_type(kind)}, got {json.dumps(value)[:80]}")
     return value
 
 

@@ -105,6 +105,7 @@ HTTP: dict[str, tuple[str, str, Any, int, str]] = {
     "empty body": ("POST", "/api/jobs", b"", 400, "missing request body: expected a JSON object"),
     "a JSON array": ("POST", "/api/jobs", b'["task"]', 400, "expected a JSON object, got a JSON array"),
     "JSON null": ("POST", "/api/jobs", b"null", 400, "expected a JSON object, got a JSON null"),
+    "a JSON number": ("POST", "/api/jobs", b"42", 400, "expected a JSON object, got a JSON number"),
     "nested too deep": ("POST", "/api/jobs", b"[" * 50_000, 400, "malformed JSON: nested too deeply"),
     "non-UTF-8 bytes": ("POST", "/api/jobs", b'{"kind": "task", "prompt": "\xff\xfe"}', 400,
                         "request body is not valid UTF-8"),
