@@ -617,8 +617,10 @@ async def reload_config(app: web.Application, actor: str, force: bool = False) -
     async with app[RELOADING]:
         old = dispatcher.settings
         if old.source is None:
-            raise Conflict("this router has no gpuq.toml to reload: it runs the demo's simulated nodes; "
-                           "serve a config file (gpuq serve --config gpuq.toml) to change settings live")
+            message = ("this router has no gpuq.toml to reload: it runs the demo's simulated nodes; "
+                       "serve a config file (gpuq serve --config gpuq.toml) to change settings live")
+            log.error("config not reloaded (asked by %s): %s", actor, message)
+            raise Conflict(message)
         path = str(old.source)
 
         async def refused(message: str) -> None:

@@ -4,14 +4,16 @@ restart; what cannot change live is named; a bad file changes nothing and says w
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import sqlite3
+import sys
 import tomllib
 
 import tomli_w
 
-from conftest import eventually, node_table
+from conftest import LISTENING, eventually, free_port, node_table, run_cli
 
 
 def edit_config(daemon, change) -> None:
@@ -189,3 +191,22 @@ async def test_what_needs_a_restart_is_named_and_kept_while_the_rest_changes(fak
                                         headers={"Authorization": "Bearer old-token"})
     assert status == 201, body
     assert not (daemon.config.parent / "other.db").exists()
+
+
+async def test_the_demo_has_no_file_to_reload_and_says_so(tmp_path):
+    port = free_port()
+    log = tmp_path / "demo.log"
+    with open(log, "wb") as out:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gpuq.cli", "serve", "--demo", "--listen", f"127.0.0.1:{port}",
+            "--database", str(tmp_path / "demo.db"), stdout=out, stderr=out, cwd=str(tmp_path))
+    try:
+        await eventually(lambda: LISTENING in log.read_text(), 30, what="the demo router to listen")
+        res = await run_cli("--router", f"http://127.0.0.1:{port}", "reload")
+        assert res.code == 1 and res.err.startswith("error 409 this router has no gpuq.toml to reload"), res
+        proc.send_signal(signal.SIGHUP)
+        await eventually(lambda: "no gpuq.toml to reload" in log.read_text(), 20, what="the SIGHUP's answer logged")
+        assert proc.returncode is None  # still serving
+    finally:
+        proc.terminate()
+        await proc.wait()
