@@ -138,10 +138,20 @@ class Alerter:
         """The check loop, and with alert_url the delivery loop, supervised with the dispatcher's
         loops (a crash is logged, restarted and shown by /health; they stop with the workers)."""
         if self.delivering:
-            self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SEND_TIMEOUT_S))
-            await self.store.owe_open_alerts()
-            self.dispatcher.loops.start("alert delivery", self._send_loop)
+            await self.start_delivery()
         self.dispatcher.loops.start("alert check", self._check_loop)
+
+    async def reconfigure(self, settings: Settings) -> None:
+        """A reload of gpuq.toml: the alert settings follow it; an alert_url set now starts the
+        delivery (open firings owed to it), one removed stops sending."""
+        self.settings = settings
+        if self.delivering and self.session is None:
+            await self.start_delivery()
+
+    async def start_delivery(self) -> None:
+        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SEND_TIMEOUT_S))
+        await self.store.owe_open_alerts()
+        self.dispatcher.loops.start("alert delivery", self._send_loop)
 
     async def stop(self) -> None:
         """After the loops have stopped: close the delivery session."""
@@ -216,6 +226,8 @@ class Alerter:
 
     async def send_owed(self) -> int:
         """Try each owed notice that is due, oldest firing first; returns how many were delivered."""
+        if not self.delivering:  # alert_url removed by a reload
+            return 0
         await self._record_unrecorded()
         delivered = 0
         for row in await self.store.alerts_owed():

@@ -8,6 +8,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from urllib.parse import quote, urlencode
 
@@ -170,6 +171,11 @@ def serve(ctx: click.Context, config_path: str | None, demo: bool, listen: str |
     except ConfigError as exc:
         click.echo(f"gpuq: config error: {exc.message}", err=True)
         sys.exit(2)
+    if settings is not None:  # what the command line sets, a reload of the file keeps
+        pinned = {"listen", "public_url"} if listen else set()
+        pinned |= {"database"} if database else set()
+        pinned |= {"ollama_listen"} if ollama_listen else set()
+        settings = replace(settings, pinned=frozenset(pinned))
     sys.exit(run_daemon(settings, listen=listen, database=database, ollama_listen=ollama_listen))
 
 
@@ -894,6 +900,31 @@ def clear(ctx, node, running, yes) -> None:
     click.echo(f"{count} job{'s' if count != 1 else ''} cancelled on {node}")
     for job_id in data["cancelled"]:
         click.echo(f"{job_id} cancelled")
+
+
+@main.command()
+@click.option("--force", is_flag=True, help="Remove nodes even where jobs wait (they fail) or run (it finishes).")
+@click.pass_context
+@api_errors
+def reload(ctx, force) -> None:
+    """Read the router's gpuq.toml again and follow it, without a restart (as SIGHUP does):
+    nodes added, removed, re-ranked, new URLs and models, timeouts, alerts. Prints what changed,
+    and what only a restart changes (listen, database, ollama_listen, token...).
+
+    Example: gpuq reload
+    """
+    data = router_of(ctx).call("POST", "/api/reload", {"force": force})
+    lines = [f"added node {name}" for name in data["added"]]
+    lines += [f"removed node {name}" for name in data["removed"]]
+    lines += [f"node {name}: {change}" for name, changes in data["nodes"].items() for change in changes]
+    lines += data["router"]
+    lines += [f"{job['id']} failed on {job['node']}: node removed from gpuq.toml" for job in data["failed"]]
+    click.echo(f"reloaded {data['path']}: " + ("nothing changed" if not data["changed"] else
+                                               f"{len(lines)} change{'s' if len(lines) != 1 else ''}"))
+    for line in lines:
+        click.echo(f"  {line}")
+    for change in data["needs_restart"]:
+        click.echo(f"  needs a restart (kept as it was): {change}")
 
 
 @main.command()

@@ -77,6 +77,10 @@ class Settings:
     alert_format: str = "json"  # "json" (the alert as a JSON body) or "ntfy" (Title header, text)
     keep_awake: bool = True  # hold a sleep inhibitor while any job runs (gpuq/awake.py)
     nodes: tuple[NodeConfig, ...] = field(default_factory=tuple)
+    # The file these settings were read from (what `gpuq reload` and SIGHUP read again); None: the demo.
+    source: Path | None = None
+    # Settings the command line gave (`gpuq serve --listen ...`): a reload keeps them, whatever the file says.
+    pinned: frozenset[str] = frozenset()
 
     @property
     def host(self) -> str:
@@ -489,7 +493,7 @@ def load_config(path: Path, env_token: bool = True) -> Settings:
         raise ConfigError(f"{path}: no such config file") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    settings = parse_config(data, path.resolve().parent)
+    settings = replace(parse_config(data, path.resolve().parent), source=path.resolve())
     if not settings.nodes:
         raise ConfigError(f"{path}: node: at least one [[node]] is required")
     if env_token and settings.token is None and "GPUQ_TOKEN" in os.environ:

@@ -226,6 +226,8 @@ async def run_router(settings: Settings, sockets: list[socket.socket], demo: boo
                for sock in sockets]
     # The Ollama/OpenAI front door, with slots of its own (gpuq/front/listener.py).
     front = await start_front_door(settings, app[STORE], app[DISPATCHER], app[BUS], relay, front_sockets, front_guard)
+    from .server import reload_on_signal
+    loop.add_signal_handler(signal.SIGHUP, reload_on_signal, runner.app)  # gpuq.toml read again, as `gpuq reload`
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)

@@ -16,15 +16,17 @@ from . import eta
 from .activity import activity
 from .alerts import Alerter
 from .bus import Bus, next_event
-from .config import Settings
+from .config import ConfigError, Settings, load_config
 from .connections import body_deadline
 from .node.dispatcher import Dispatcher
 from .node.runtime import NodeRuntime
 from .node.stale import StaleMonitor
-from .errors import BadRequest, GpuqError, StoreUnavailable, UnknownNode, check_text, json_object, json_type
+from .errors import (BadRequest, Conflict, GpuqError, StoreUnavailable, UnknownNode, Unprocessable, check_text,
+                     json_object, json_type)
 from .metrics import Metrics
 from .models import (ACTIVE, FINAL, JobState, Kind, NewJob, NodeCounts, check_job_id, compact_json, iso, parse_iso,
                      preview_url)
+from .reload import REMOVED_REASON, plan, refusal
 from .security import access_middleware, host_middleware
 from .shipped import shipped_dir, shipped_files
 from .store import Row, Store
@@ -40,6 +42,7 @@ DISPATCHER = web.AppKey("dispatcher", Dispatcher)
 BUS = web.AppKey("bus", Bus)
 METRICS = web.AppKey("metrics", Metrics)
 ALERTER = web.AppKey("alerter", Alerter)
+RELOADING = web.AppKey("reloading", asyncio.Lock)  # one reload of gpuq.toml at a time
 ACTIVITY_WINDOW_S = 3600.0  # the busy strips and jobs per hour look this far back
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -499,7 +502,7 @@ async def activity_view(request: web.Request) -> web.Response:
 async def alerts(request: web.Request) -> web.Response:
     """The latest firings and every try to deliver their notices."""
     limit = int_param(request.query, "limit", 50, 1, 1000)
-    return json_response({"alert_url_set": request.app[SETTINGS].alert_url is not None,
+    return json_response({"alert_url_set": request.app[DISPATCHER].settings.alert_url is not None,
                           "alerts": await request.app[STORE].alerts(limit)})
 
 
@@ -603,6 +606,82 @@ async def preview_page(request: web.Request) -> web.FileResponse:
     return web.FileResponse(WEB_DIR / "job.html")
 
 
+# -- gpuq.toml, read again --------------------------------------------------------------------
+
+async def reload_config(app: web.Application, actor: str, force: bool = False) -> dict:
+    """Read gpuq.toml again and follow it (gpuq/reload.py says what changed). A file that cannot
+    be read or is invalid changes nothing; removing a node where jobs wait or run is refused,
+    naming them, unless `force` (its waiting jobs fail, its running one finishes). Every reload,
+    refused or not, is a row of config_reload and a log line."""
+    dispatcher, store = app[DISPATCHER], app[STORE]
+    async with app[RELOADING]:
+        old = dispatcher.settings
+        if old.source is None:
+            message = ("this router has no gpuq.toml to reload: it runs the demo's simulated nodes; "
+                       "serve a config file (gpuq serve --config gpuq.toml) to change settings live")
+            log.error("config not reloaded (asked by %s): %s", actor, message)
+            raise Conflict(message)
+        path = str(old.source)
+
+        async def refused(message: str) -> None:
+            log.error("config not reloaded from %s by %s: %s", path, actor, message)
+            try:
+                await store.record_reload(actor, path, None, message)
+            except GpuqError as exc:
+                log.error("config reload not recorded: %s", exc.message)
+
+        try:
+            new = await asyncio.to_thread(load_config, old.source)
+        except ConfigError as exc:
+            message = f"not reloaded, nothing changed: {exc.message}"
+            await refused(message)
+            raise Unprocessable(message) from None
+        change = plan(old, new)
+        dispatcher.leaving(change.removed)
+        try:
+            failed = await store.remove_nodes(list(change.removed), force, REMOVED_REASON, refusal)
+            settings = change.settings
+            await store.configure({"stale_after_s": settings.stale_after_s, "stale_grace_s": settings.stale_grace_s,
+                                   "max_runtime_s": settings.max_runtime_s}, list(settings.nodes))
+        except GpuqError as exc:
+            dispatcher.restore(change.removed)
+            await refused(exc.message)
+            raise
+        dispatcher.reconfigure(change)
+        await app[ALERTER].reconfigure(change.settings)
+        for job in failed:
+            log.warning("job=%s node=%s state=failed reason=%r", job["id"], job["node"], REMOVED_REASON)
+        dispatcher.ended([j["id"] for j in failed], REMOVED_REASON)
+        answer = {"path": path, **change.json(), "failed": [{"id": j["id"], "node": j["node"]} for j in failed]}
+        log.info("config reloaded from %s by %s: %s", path, actor, change.summary())
+        try:
+            await store.record_reload(actor, path, answer, None)
+        except GpuqError as exc:  # in force all the same: the log line says what changed
+            log.error("config reload not recorded: %s", exc.message)
+        app[BUS].publish("queue", {"reloaded": True})
+        return answer
+
+
+async def reload_view(request: web.Request) -> web.Response:
+    body = await json_body(request, {"force"}) if request.body_exists else {}  # body_deadline read it
+    force = field_of(body, "force", bool) or False
+    return json_response(await reload_config(request.app, actor_of(request), force))
+
+
+def reload_on_signal(app: web.Application) -> None:
+    """SIGHUP: reload gpuq.toml as `gpuq reload` does; the outcome goes to the log."""
+    async def reload() -> None:
+        try:
+            await reload_config(app, "signal SIGHUP")
+        except GpuqError:
+            pass  # logged by reload_config
+        except Exception:
+            log.exception("config reload on SIGHUP failed")
+    task = asyncio.ensure_future(reload())
+    app[DISPATCHER].retiring.add(task)  # kept until done, cancelled at the stop
+    task.add_done_callback(app[DISPATCHER].retiring.discard)
+
+
 # -- assembly ---------------------------------------------------------------------------------
 
 async def _end_streams(app: web.Application) -> None:
@@ -652,6 +731,7 @@ def create_app(settings: Settings, clock=time.time) -> web.Application:
     app[METRICS] = Metrics()
     app[DISPATCHER] = Dispatcher(settings, store, bus)
     app[ALERTER] = Alerter(settings, store, app[DISPATCHER])
+    app[RELOADING] = asyncio.Lock()
     app.cleanup_ctx.append(_lifecycle)
     app.on_shutdown.append(_end_streams)
     r = app.router
@@ -673,6 +753,7 @@ def create_app(settings: Settings, clock=time.time) -> web.Application:
     r.add_post("/api/jobs/{id}/preempt", preempt)
     r.add_post("/api/jobs/{id}/retry", retry)
     r.add_post("/api/nodes/{name}/clear", clear)
+    r.add_post("/api/reload", reload_view)
     r.add_get("/", page)
     r.add_get("/jobs/{id}", preview_page)
     r.add_get("/history", history_page)

@@ -87,6 +87,18 @@ http_status INTEGER, -- the receiver's answer, NULL when none came
 error TEXT -- why it failed
 );
 
+-- table config_reload on config_reload
+CREATE TABLE config_reload (
+id INTEGER PRIMARY KEY,
+at TEXT NOT NULL,
+actor TEXT NOT NULL, -- 'signal SIGHUP', or cli/page/api + client address
+path TEXT NOT NULL, -- the gpuq.toml read
+ok INTEGER NOT NULL CONSTRAINT config_reload_ok_flag CHECK (ok IN (0, 1)),
+changes TEXT, -- ok: what changed, as the answer said it (JSON)
+error TEXT, -- not ok: why nothing changed
+CONSTRAINT config_reload_says_what CHECK ((ok = 1) = (changes IS NOT NULL) AND (ok = 0) = (error IS NOT NULL))
+);
+
 -- table event on event
 CREATE TABLE event (
 id INTEGER PRIMARY KEY,

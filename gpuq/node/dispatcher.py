@@ -3,15 +3,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import aiohttp
 
 from ..awake import Awake
 from ..bus import Bus
-from ..config import Settings
+from ..config import NodeConfig, Settings
 from ..errors import GpuqError
 from ..models import JobState, parse_iso
+from ..reload import Plan
 from .calls import Calls, NoCalls
 from .monitor import NodeMonitor
 from .runtime import Current, NodeRuntime
@@ -39,6 +41,9 @@ class Dispatcher:
         # front door's (gpuq/front/relay.py), given by the daemon before start().
         self.calls: Calls = calls or NoCalls()
         self.awake = Awake(settings.keep_awake)  # a sleep inhibitor held while any job runs
+        self.retiring: set[asyncio.Future] = set()  # removed nodes whose loops end after their running job
+        self.retired: dict[str, Worker] = {}  # their workers meanwhile (a running job can still be aborted)
+        self.removing: set[str] = set()  # nodes a reload is taking out: no placement or move there
 
     async def start(self, stuck: list[dict] | None = None) -> None:
         """`stuck`: the models a previous router saw stuck in VRAM (open vram_stuck alerts, with
@@ -47,16 +52,7 @@ class Dispatcher:
         keep_big_blocks_apart()  # a node's big reply must not leave the router's heap swollen
         self.session = aiohttp.ClientSession()
         for cfg in self.settings.nodes:
-            client = OllamaClient(cfg.url, self.session, name=cfg.name,
-                                  connect_timeout_s=self.settings.connect_timeout_s,
-                                  stall_timeout_s=self.settings.stall_timeout_s,
-                                  load_timeout_s=self.settings.load_timeout_s,
-                                  max_reply_bytes=self.settings.max_reply_bytes)
-            rt = self.nodes[cfg.name] = NodeRuntime(cfg, client)
-            monitor = self.monitors[cfg.name] = NodeMonitor(rt, self.store, self.settings.health_interval_s,
-                                                            self._changed, lambda name=cfg.name: self.wake(name))
-            self.workers[cfg.name] = Worker(rt, monitor, self.settings, self.store, self.bus, self.calls,
-                                            self._changed, self.wake)
+            self._wire(cfg)
         for s in stuck or []:
             rt = self.nodes.get(s["node"])
             if rt is not None and s.get("model"):
@@ -68,10 +64,90 @@ class Dispatcher:
         for o in await self.store.cancel_clientless():
             log.warning("job=%s node=%s state=cancelled reason=%r", o["id"], o["node"],
                         "client gone: the router restarted while it waited")
-        for name, rt in self.nodes.items():
+        for name in self.nodes:
             self.workers[name].orphan_models = [o["model"] for o in orphans if o["node"] == name]
-            rt.loops = [self.loops.start("health loop", self.monitors[name].run, name),
-                        self.loops.start("worker", self.workers[name].run, name)]
+            self._start_loops(name)
+
+    def _client(self, cfg: NodeConfig) -> OllamaClient:
+        assert self.session is not None
+        return OllamaClient(cfg.url, self.session, name=cfg.name, connect_timeout_s=self.settings.connect_timeout_s,
+                            stall_timeout_s=self.settings.stall_timeout_s, load_timeout_s=self.settings.load_timeout_s,
+                            max_reply_bytes=self.settings.max_reply_bytes)
+
+    def _wire(self, cfg: NodeConfig) -> NodeRuntime:
+        """A node's runtime, health monitor and worker (their loops are started apart)."""
+        rt = self.nodes[cfg.name] = NodeRuntime(cfg, self._client(cfg))
+        monitor = self.monitors[cfg.name] = NodeMonitor(rt, self.store, self.settings.health_interval_s,
+                                                        self._changed, lambda name=cfg.name: self.wake(name))
+        self.workers[cfg.name] = Worker(rt, monitor, self.settings, self.store, self.bus, self.calls,
+                                        self._changed, self.wake)
+        return rt
+
+    def _start_loops(self, name: str) -> None:
+        self.nodes[name].loops = [self.loops.start("health loop", self.monitors[name].run, name),
+                                  self.loops.start("worker", self.workers[name].run, name)]
+
+    def leaving(self, names: tuple[str, ...]) -> None:
+        """Nodes a reload removes: nothing is placed, moved or claimed there from now on (a job
+        running there finishes). reconfigure() then takes them out; restore() puts them back."""
+        self.removing.update(names)
+        for name in names:
+            if name in self.workers:
+                self.workers[name].stopping = True
+
+    def restore(self, names: tuple[str, ...]) -> None:
+        """The reload that was removing these nodes was refused: they work as before."""
+        self.removing.difference_update(names)
+        for name in names:
+            if name in self.workers:
+                self.workers[name].stopping = False
+                self.workers[name].wake.set()
+
+    def reconfigure(self, plan: Plan) -> None:
+        """Follow a reload of gpuq.toml (gpuq/reload.py's plan): every part reads the new settings,
+        added nodes start, removed ones stop (once their running job has finished), a kept node
+        takes its new config (a new URL or client timeouts: a new Ollama client, which its next
+        request uses) and is checked at once."""
+        settings = self.settings = plan.settings
+        for name in plan.removed:
+            rt = self.nodes.pop(name)
+            self.monitors.pop(name)
+            worker = self.retired[name] = self.workers.pop(name)
+            worker.stopping = True
+            retiring = asyncio.ensure_future(self._retire(rt))
+            self.retiring.add(retiring)
+            retiring.add_done_callback(self.retiring.discard)
+        self.removing.difference_update(plan.removed)
+        for cfg in settings.nodes:
+            rt = self.nodes.get(cfg.name)
+            if rt is None:
+                self._wire(cfg)
+                self._start_loops(cfg.name)
+                continue
+            rt.config = cfg
+            if cfg.name in plan.new_clients:
+                rt.client = self._client(cfg)
+            self.workers[cfg.name].settings = settings
+            monitor = self.monitors[cfg.name]
+            monitor.interval_s = settings.health_interval_s
+            if cfg.name in plan.nodes or cfg.name in plan.new_clients:
+                monitor.went_down.set()  # asked at once: a new URL or model is known up or not now
+        self.wake()
+        self._changed(reloaded=True)
+
+    async def _retire(self, rt: NodeRuntime) -> None:
+        """A removed node's loops end once its running job has (a reload lets it finish)."""
+        current = rt.current
+        if current is not None and current.task is not None:
+            await asyncio.gather(current.task, return_exceptions=True)
+        for loop in rt.loops:
+            if loop.task is not None:
+                loop.task.cancel()
+        await asyncio.gather(*(loop.task for loop in rt.loops if loop.task is not None), return_exceptions=True)
+        self.loops.all = [loop for loop in self.loops.all if loop not in rt.loops]
+        if self.retired.get(rt.name) is not None and self.retired[rt.name].rt is rt:
+            del self.retired[rt.name]
+        log.info("node=%s removed: its loops have stopped", rt.name)
 
     def quiesce(self) -> None:
         """The router is told to stop: no worker claims or sends anything new from now on."""
@@ -82,6 +158,9 @@ class Dispatcher:
         """Stop every loop (a request in flight is cut: its job fails at the next start, as it
         may have run), then put back what was claimed but never sent (claims a cancel cut off)."""
         self.quiesce()
+        for retiring in self.retiring:
+            retiring.cancel()
+        self.workers.update({name: w for name, w in self.retired.items() if name not in self.workers})
         await self.loops.stop()
         if self.workers:
             try:
@@ -95,7 +174,7 @@ class Dispatcher:
     def node_infos(self) -> list[NodeInfo]:
         return [NodeInfo(rt.name, rt.config.rank, rt.config.roles, rt.config.model, rt.claimable, rt.installed,
                          self.workers[name].idle and not self.workers[name].stopping)
-                for name, rt in self.nodes.items()]
+                for name, rt in self.nodes.items() if name not in self.removing]
 
     async def submit(self, new: NewJob, actor: str) -> list[Row]:
         """Store a job (a critique: one per critique node) and start it as soon as it can: a node
@@ -121,7 +200,8 @@ class Dispatcher:
 
     def abort(self, interrupted: Interrupted | None, reason: str) -> None:
         """Stop a running job's Ollama request (closing it stops Ollama's generation)."""
-        worker = self.workers.get(interrupted.node) if interrupted is not None else None
+        worker = (self.workers.get(interrupted.node) or self.retired.get(interrupted.node)
+                  if interrupted is not None else None)
         if worker is not None:
             worker.abort(interrupted.run_id, reason)
 
@@ -131,14 +211,18 @@ class Dispatcher:
 
     def live(self, job_id: str) -> Current | None:
         """The running job's in-memory state (its output so far, one piece per token)."""
-        for rt in self.nodes.values():
+        for rt in self.runtimes():
             if rt.current is not None and rt.current.job_id == job_id:
                 return rt.current
         return None
 
+    def runtimes(self) -> list[NodeRuntime]:
+        """Every node's runtime, a removed one still running its last job too."""
+        return [*self.nodes.values(), *(w.rt for w in self.retired.values())]
+
     def _changed(self, **data) -> None:
         # Jobs running now: a worker says "running" just before its job becomes its current one.
-        running = {name for name, rt in self.nodes.items() if rt.current is not None}
+        running = {rt.name for rt in self.runtimes() if rt.current is not None}
         if data.get("state") == JobState.RUNNING and data.get("node"):
             running.add(data["node"])
         self.awake.update(len(running))

@@ -217,6 +217,17 @@ class Store:
         """Record the thresholds (read by the view stale_heads) and the nodes in force."""
         await self._write(partial(verbs.configure, settings_s=settings_s, nodes=nodes))
 
+    async def remove_nodes(self, names: list[str], force: bool, reason: str,
+                           refused: Callable[[dict[str, list[str]], dict[str, str]], str | None]) -> list[Row]:
+        """Nodes leaving the config: refused while jobs wait or run there, unless forced (then the
+        waiting ones fail with `reason`)."""
+        return await self._write(partial(verbs.remove_nodes, names=names, force=force, reason=reason,
+                                         now=self.clock(), refused=refused))
+
+    async def record_reload(self, actor: str, path: str, changes: dict | None, error: str | None) -> None:
+        await self._write(partial(verbs.record_reload, actor=actor, path=path, changes=changes, error=error,
+                                  now=self.clock()))
+
     async def set_node_health(self, name: str, up: bool, error: str | None) -> None:
         await self._write(partial(verbs.set_node_health, name=name, up=up, error=error, now=self.clock()))
 

@@ -6,7 +6,7 @@ on the writer and holds the reads. `now` is the caller's clock, in seconds."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Callable
 
 from .. import placement as rules
 from . import sqlite as engine
@@ -203,6 +203,38 @@ def configure(db: engine.Connection, settings_s: dict[str, float], nodes: list) 
             " ON CONFLICT (name) DO UPDATE SET url = excluded.url, rank = excluded.rank,"
             " roles = excluded.roles, model = excluded.model, max_runtime_s = excluded.max_runtime_s",
             (n.name, n.url, n.rank, ",".join(n.roles), n.model, n.max_runtime_s))
+
+
+def remove_nodes(db: engine.Connection, names: list[str], force: bool, reason: str, now: float,
+                 refused: Callable[[dict[str, list[str]], dict[str, str]], str | None]) -> list[Row]:
+    """Nodes leaving the config (a reload): refused (Conflict, with `refused`'s message) while jobs
+    wait or run there, unless `force`: then each waiting job fails with `reason`, loudly (a running
+    one is left to finish). Returns the failed jobs."""
+    if not names:
+        return []
+    marks = ",".join("?" * len(names))
+    active = rows(db.execute(f"SELECT * FROM job WHERE node IN ({marks}) AND state IN ('queued', 'running')"
+                             " ORDER BY node, state = 'queued', position, id", tuple(names)).fetchall())
+    waiting = [j for j in active if j["state"] == JobState.QUEUED]
+    if not force:
+        message = refused({n: [j["id"] for j in waiting if j["node"] == n] for n in names
+                           if any(j["node"] == n for j in waiting)},
+                          {j["node"]: j["id"] for j in active if j["state"] == JobState.RUNNING})
+        if message:
+            raise Conflict(message)
+    for job in waiting:
+        db.execute("UPDATE job SET state = 'failed', error = ?, finished_at = ? WHERE id = ?",
+                   (reason, iso(now), job["id"]))
+        _event(db, job["id"], JobState.QUEUED, JobState.FAILED, "router", reason, now)
+        _end_held_critiques(db, job["id"], f"failed ({reason})", now)
+    return waiting
+
+
+def record_reload(db: engine.Connection, actor: str, path: str, changes: dict | None, error: str | None,
+                  now: float) -> None:
+    """One row per reload of gpuq.toml (migration 013): what changed, or why nothing did."""
+    db.execute("INSERT INTO config_reload (at, actor, path, ok, changes, error) VALUES (?,?,?,?,?,?)",
+               (iso(now), actor, path, int(error is None), None if changes is None else dumps(changes), error))
 
 
 def set_node_health(db: engine.Connection, name: str, up: bool, error: str | None, now: float) -> None:
