@@ -312,7 +312,7 @@ _ROUTER_KEYS = {
     "max_connections_per_peer", "body_timeout", "keepalive_lifetime", "keep_awake",
 }
 ALERT_FORMATS = ("json", "ntfy")
-_DURATION_KEYS = {
+DURATION_KEYS = {
     "stale_after": "stale_after_s", "stale_grace": "stale_grace_s",
     "max_runtime": "max_runtime_s", "job_timeout": "job_timeout_s",
     "stall_timeout": "stall_timeout_s", "load_timeout": "load_timeout_s", "unload_timeout": "unload_timeout_s",
@@ -417,7 +417,7 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
     values["public_url"] = check_url(router.get("public_url", f"http://{listen}"), "router.public_url")
     database = _typed(router, "database", str, "router")
     values["database"] = (base_dir / (database or "gpuq.db")).resolve()
-    for key, attr in _DURATION_KEYS.items():
+    for key, attr in DURATION_KEYS.items():
         if key in router:
             values[attr] = _bounded_duration(router[key], f"router.{key}", key)
     limit = _typed(router, "max_prompt_bytes", int, "router")

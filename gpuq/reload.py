@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 
-from .config import _DURATION_KEYS, NodeConfig, Settings
+from .config import DURATION_KEYS, NodeConfig, Settings
 
 # Settings bound into what the router opened at its start (its sockets, the database and its
 # connection, the middlewares and the front door, the sleep inhibitor): the file's new value is
@@ -25,7 +25,7 @@ CLIENT_FIELDS = ("connect_timeout_s", "stall_timeout_s", "load_timeout_s", "max_
 NOT_SETTINGS = ("nodes", "source", "pinned")
 REMOVED_REASON = "node removed from gpuq.toml"
 
-_KEY_OF = {attr: key for key, attr in _DURATION_KEYS.items()} | {"max_runtime_s": "max_runtime"}
+_KEY_OF = {attr: key for key, attr in DURATION_KEYS.items()} | {"max_runtime_s": "max_runtime"}
 
 
 def key_of(attr: str) -> str:
