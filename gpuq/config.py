@@ -27,6 +27,18 @@ the detail, a severity (low, medium, high) and where in the document it applies.
 {subject}"""
 
 
+# A front-door request's whole body, images included (its text alone is held to max_prompt_bytes).
+# Ollama sets no limit; 64 MiB holds two 20 MB phone photos in base64 (about 27 MB each) or a
+# chat that resends a few smaller ones each turn, and bounds what one request makes the router
+# hold (its body, the parsed copy, the stored row: a few times this).
+FRONT_MAX_REQUEST_BYTES = 64 << 20
+_FRONT_REQUEST_RANGE = (1 << 20, 1 << 30)
+# Schemes gin-contrib/cors accepts in a configured origin without a '*' (cors.go Validate, with
+# Ollama's AllowBrowserExtensions: DefaultSchemas + ExtensionSchemas).
+ORIGIN_SCHEMES = ("http://", "https://", "chrome-extension://", "safari-extension://", "moz-extension://",
+                  "ms-browser-extension://")
+
+
 @dataclass(frozen=True)
 class NodeConfig:
     name: str
@@ -70,6 +82,8 @@ class Settings:
     token: str | None = None
     allowed_hosts: tuple[str, ...] = ()  # more names the router answers to (normal_host form)
     ollama_listen: str | None = None  # host:port of the Ollama/OpenAI front door; None: off
+    front_max_request_bytes: int = FRONT_MAX_REQUEST_BYTES  # [front] max_request_bytes: a whole request, images too
+    front_origins: tuple[str, ...] = ()  # [front] origins: more browser origins, beside Ollama's defaults
     critique_template: str = DEFAULT_CRITIQUE_TEMPLATE
     unload: str = "after-each"  # or "when-idle": back-to-back jobs of one model keep it loaded
     alert_url: str | None = None  # where alerts are POSTed (a webhook, an ntfy topic URL)
@@ -400,10 +414,54 @@ def _alert_settings(router: dict) -> dict:
     return values
 
 
-def parse_config(data: dict, base_dir: Path) -> Settings:
-    unknown = sorted(set(data) - {"router", "node"})
+def _check_origin(entry: object, key: str) -> str:
+    """One origin a browser page may call the front door from, as OLLAMA_ORIGINS takes it: exact
+    ('https://chat.example.com'), '*' (every origin) or one '*' wildcard ('https://*.example.com',
+    'chrome-extension://*'). Compared as gin-contrib/cors does, in lower case."""
+    if not isinstance(entry, str):
+        raise ConfigError(f"{key}: expected an origin (a string), got {entry!r}")
+    origin = entry.strip().lower()
+    if origin.count("*") > 1:  # gin-contrib/cors panics: "only one * is allowed"
+        raise ConfigError(f"{key}: only one '*' is allowed, got {entry!r}")
+    if "*" not in origin and not origin.startswith(ORIGIN_SCHEMES):
+        raise ConfigError(f"{key}: expected an origin like 'https://chat.example.com' (scheme and host, or a '*' "
+                          f"wildcard), got {entry!r}")
+    scheme, sep, rest = origin.partition("://")
+    if sep and "/" in rest:
+        raise ConfigError(f"{key}: write the origin alone (scheme://host[:port]), without a path, got {entry!r}")
+    return origin
+
+
+def _front_settings(front: object) -> dict:
+    """The [front] table: the front door's own request limit and browser origins."""
+    if not isinstance(front, dict):
+        raise ConfigError("front: expected a [front] table")
+    unknown = sorted(set(front) - _FRONT_KEYS)
     if unknown:
-        raise ConfigError(f"unknown key '{unknown[0]}' (expected [router] and [[node]] tables)")
+        raise ConfigError(f"front: unknown key '{unknown[0]}' (known: {', '.join(sorted(_FRONT_KEYS))})")
+    values: dict = {}
+    limit = _typed(front, "max_request_bytes", int, "front")
+    if limit is not None:
+        low, high = _FRONT_REQUEST_RANGE
+        if not low <= limit <= high:
+            raise ConfigError(f"front.max_request_bytes: must be from {low} (1 MiB) to {high} (1 GiB), got {limit}")
+        values["front_max_request_bytes"] = limit
+    if "origins" in front:
+        origins = front["origins"]
+        if not isinstance(origins, list):
+            raise ConfigError(f'front.origins: expected a list of origins like ["https://chat.example.com"], '
+                              f"got {origins!r}")
+        values["front_origins"] = tuple(_check_origin(o, f"front.origins[{i}]") for i, o in enumerate(origins, 1))
+    return values
+
+
+_FRONT_KEYS = {"max_request_bytes", "origins"}
+
+
+def parse_config(data: dict, base_dir: Path) -> Settings:
+    unknown = sorted(set(data) - {"router", "node", "front"})
+    if unknown:
+        raise ConfigError(f"unknown key '{unknown[0]}' (expected [router], [front] and [[node]] tables)")
     router = data.get("router", {})
     if not isinstance(router, dict):
         raise ConfigError("router: expected a [router] table")
@@ -459,6 +517,7 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
     if policy is not None:
         values["unload"] = policy
     values.update(_alert_settings(router))
+    values.update(_front_settings(data.get("front", {})))
     awake = _typed(router, "keep_awake", bool, "router")
     if awake is not None:
         values["keep_awake"] = awake

@@ -1,9 +1,16 @@
 """Who may use the router: only requests addressed to its own host names (no DNS rebinding),
-an optional bearer token, and no state changes from other sites."""
+an optional bearer token, and no state changes from other sites (the front door instead
+answers browsers as Ollama does, by CORS: gpuq/front/listener.py)."""
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
+import json
+import logging
+import shutil
+import socket
+import subprocess
 from functools import lru_cache
 from urllib.parse import urlparse
 
@@ -12,11 +19,18 @@ from aiohttp import web
 from .config import Settings, normal_host
 from .errors import Forbidden, MisdirectedRequest, Unauthorized
 
+log = logging.getLogger("gpuq")
+
 UNSAFE_METHODS = ("POST", "PUT", "PATCH", "DELETE")
-# *.localhost is left out: browsers that do not pin it to loopback ask DNS for it, and a
-# resolver that answers it can rebind it. Such a name can be listed in router.allowed_hosts.
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})  # listen addresses, never a name a client uses
+# Ollama's allowed host names beside its own hostname (server/routes.go allowedHost): names
+# under these never come from public DNS, so a web page cannot rebind one to this machine.
+LOCAL_SUFFIXES = (".localhost", ".local", ".internal")
+# Go's netip.Addr.IsPrivate (RFC 1918 and RFC 4193), which Ollama's allowedHostsMiddleware takes.
+PRIVATE_NETWORKS = tuple(ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
+                                                           "fc00::/7"))
+TAILSCALE_TIMEOUT_S = 5.0
 
 
 def router_hosts(settings: Settings) -> frozenset[str]:
@@ -29,6 +43,71 @@ def router_hosts(settings: Settings) -> frozenset[str]:
         front = normal_host(settings.ollama_listen.rsplit(":", 1)[0].strip("[]"))
         names.add(None if front in WILDCARD_HOSTS else front)
     return frozenset(names - {None})
+
+
+def tailnet_names(command: str = "tailscale") -> set[str]:
+    """This machine's names on its tailnet, when Tailscale runs here: its MagicDNS name, full and
+    short (the search domain makes 'box' reach box.tailnet.ts.net), and its tailnet addresses.
+    None without Tailscale, or when it does not answer."""
+    path = shutil.which(command)
+    if path is None:
+        return set()
+    try:
+        done = subprocess.run([path, "status", "--json", "--peers=false"], capture_output=True, text=True,
+                              timeout=TAILSCALE_TIMEOUT_S)
+        me = json.loads(done.stdout).get("Self") or {}
+    except (OSError, subprocess.TimeoutExpired, ValueError, AttributeError) as exc:
+        log.info("tailscale status: no tailnet names for the host check (%s)", exc)
+        return set()
+    names = {str(ip) for ip in me.get("TailscaleIPs") or []}
+    dns = str(me.get("DNSName") or "").rstrip(".")
+    if dns:
+        names |= {dns, dns.split(".", 1)[0]}
+    return {n for n in map(normal_host, names) if n is not None}
+
+
+@lru_cache(maxsize=1)  # both listeners ask; the machine's names are read once, at start
+def machine_names() -> frozenset[str]:
+    """This machine's own names: its hostname (Ollama's os.Hostname() in allowedHost) and its
+    tailnet names."""
+    return frozenset({normal_host(socket.gethostname()), *tailnet_names()} - {None})
+
+
+def _unmapped(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return None
+    return ip.ipv4_mapped or ip if ip.version == 6 else ip
+
+
+def local_address(name: str, request: web.Request) -> bool:
+    """An IP literal Ollama answers to (server/routes.go allowedHostsMiddleware): loopback,
+    private, unspecified, or this machine's own (isLocalIP; here: the address the request came
+    in on, which is how a Tailscale or public address of this machine reaches it). An address
+    cannot be rebound: only a domain name can."""
+    ip = _unmapped(name)
+    if ip is None:
+        return False
+    if ip.is_loopback or ip.is_unspecified or any(ip in net for net in PRIVATE_NETWORKS):
+        return True
+    sockname = request.transport.get_extra_info("sockname") if request.transport is not None else None
+    return bool(sockname) and isinstance(sockname, tuple) and _unmapped(str(sockname[0])) == ip
+
+
+def host_allowed(name: str | None, allowed: frozenset[str], request: web.Request) -> bool:
+    """Ollama's rule (server/routes.go allowedHost and allowedHostsMiddleware) and the router's
+    own names: localhost and names under .localhost, .local and .internal (host.docker.internal
+    for a client in Docker), this machine's hostname and tailnet names, IP literals of this
+    machine or a private network, and served_hosts (public_url's host, router.allowed_hosts)."""
+    if name is None:
+        return False
+    return name in allowed or name.endswith(LOCAL_SUFFIXES) or local_address(name, request)
+
+
+def served_hosts(settings: Settings) -> frozenset[str]:
+    """The names both listeners answer to by name: router_hosts and this machine's own names."""
+    return router_hosts(settings) | machine_names()
 
 
 @lru_cache(maxsize=64)  # a client sends the same Host header every time: parse it once
@@ -50,7 +129,7 @@ def check_host(request: web.Request, allowed: frozenset[str]) -> None:
         raise MisdirectedRequest("refused: the request has no single Host header; this router answers "
                                  "only to its own host names (add more in router.allowed_hosts)")
     name = host_in(given[0])
-    if name not in allowed:
+    if not host_allowed(name, allowed, request):
         raise MisdirectedRequest(f"refused: host '{name or given[0][:100]}' is not one of this router's names "
                                  "(a web page under another name may be a DNS rebinding attack); "
                                  "if it is really this router's name, add it to router.allowed_hosts in gpuq.toml")
@@ -93,7 +172,7 @@ def check_same_site(request: web.Request) -> None:
 
 
 def host_middleware(settings: Settings):
-    allowed = router_hosts(settings)
+    allowed = served_hosts(settings)
 
     @web.middleware
     async def middleware(request: web.Request, handler):

@@ -132,7 +132,8 @@ class FakeOllama:
     # -- lifecycle ----------------------------------------------------------------------------
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._gin_errors])
+        # Ollama reads a body of any size (images too): no aiohttp 1 MiB default here
+        app = web.Application(middlewares=[self._gin_errors], client_max_size=1 << 30)
         app.router.add_get("/", self._root)  # GET and HEAD, as every route below that has them
         app.router.add_get("/api/version", self._version)
         app.router.add_get("/api/tags", self._tags)

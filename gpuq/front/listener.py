@@ -27,7 +27,7 @@ from ..errors import (
     StoreUnavailable, check_text, json_object, json_type,
 )
 from ..models import ACTIVE, new_job_id, normalize_model, preview_url
-from ..security import check_host, check_same_site, router_hosts, token_of
+from ..security import check_host, served_hosts, token_of
 from ..store import NewJob, Store
 from .anthropic import anthropic_error
 from .endpoints import ENDPOINTS, Endpoint, api_of
@@ -46,6 +46,23 @@ LISTING_TIMEOUT_S = 3.0  # /api/ps and /api/show ask the nodes; a slow node is l
 # status, not Ollama's 499: 499 means "the client closed the request", and clients treat it as
 # their own abort and show nothing (Continue's streamResponse returns quietly on 499).
 ENDED_STATUS = 410
+# Browsers and Electron apps call the front door as they call Ollama: by CORS, with Ollama's
+# configuration (server/routes.go GenerateRoutes: cors.DefaultConfig, AllowWildcard, its
+# AllowHeaders; envconfig/config.go AllowedOrigins), answered as gin-contrib/cors v1.7.2 does.
+DEFAULT_ORIGINS = (
+    *(f"{scheme}://{host}{port}" for host in ("localhost", "127.0.0.1", "0.0.0.0")
+      for port in ("", ":*") for scheme in ("http", "https")),
+    "app://*", "file://*", "tauri://*", "vscode-webview://*", "vscode-file://*",
+)
+CORS_ALLOW_METHODS = "GET,POST,PUT,PATCH,DELETE,HEAD,OPTIONS"  # cors.DefaultConfig
+CORS_ALLOW_HEADERS = ",".join((  # canonical forms, as gin-contrib/cors writes them (utils.go)
+    "Authorization", "Content-Type", "User-Agent", "Accept", "X-Requested-With", "Openai-Beta",
+    "X-Stainless-Arch", "X-Stainless-Async", "X-Stainless-Custom-Poll-Interval", "X-Stainless-Helper-Method",
+    "X-Stainless-Lang", "X-Stainless-Os", "X-Stainless-Package-Version", "X-Stainless-Poll-Helper",
+    "X-Stainless-Retry-Count", "X-Stainless-Runtime", "X-Stainless-Runtime-Version", "X-Stainless-Timeout",
+))
+CORS_MAX_AGE = "43200"  # cors.DefaultConfig's MaxAge, 12 h
+CORS_ORIGIN = "gpuq.cors_origin"  # the request's allowed origin, for its answer's headers
 NOT_SERVED = ("/api/pull", "/api/push", "/api/create", "/api/delete", "/api/copy", "/api/blobs")
 
 
@@ -107,7 +124,7 @@ async def errors_middleware(request: web.Request, handler):
     except GpuqError as exc:
         return error_response(request, exc.status, exc.message)
     except web.HTTPRequestEntityTooLarge as exc:
-        return error_response(request, 413, f"request body too large: {exc.text}")
+        return error_response(request, 413, f"request body too large: {exc.text} (front.max_request_bytes)")
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -131,16 +148,74 @@ def tokens_given(request: web.Request) -> list[str]:
     return [t for t in given if t is not None]
 
 
+class Origins:
+    """Which browser origins may call the front door: Ollama's defaults and [front] origins (as
+    OLLAMA_ORIGINS), matched as gin-contrib/cors matches them (config.go validateOrigin: exact, or
+    one '*' as a prefix/suffix wildcard; a lone '*' allows every origin)."""
+
+    def __init__(self, configured: tuple[str, ...]):
+        listed = [*configured, *DEFAULT_ORIGINS]
+        self.everyone = "*" in listed
+        self.exact = frozenset(o for o in listed if "*" not in o)
+        self.wildcards = [tuple(o.split("*", 1)) for o in listed if "*" in o and o != "*"]
+
+    def allows(self, origin: str) -> bool:
+        if self.everyone or origin in self.exact:
+            return True
+        return any(origin.startswith(head) and origin.endswith(tail) and len(origin) >= len(head) + len(tail)
+                   for head, tail in self.wildcards)
+
+
+def cors(request: web.Request, origins: Origins) -> web.Response | None:
+    """gin-contrib/cors's applyCors for one request: no Origin, or the front door's own origin,
+    is not a CORS request; an origin not allowed is 403; a preflight (OPTIONS) from an allowed
+    one is answered here, 204, and any other call goes on, its answer marked for that origin."""
+    origin = request.headers.get("Origin")
+    if not origin or origin in (f"http://{request.host}", f"https://{request.host}"):
+        return None
+    if not origins.allows(origin):
+        raise FrontError(403, f"origin '{origin[:200]}' is not allowed to call this gpuq front door (as in Ollama, "
+                              "allowed are localhost, 127.0.0.1 and 0.0.0.0 on any port, app://, file://, tauri://, "
+                              "vscode-webview:// and vscode-file://); add it to [front] origins in gpuq.toml, "
+                              "as OLLAMA_ORIGINS")
+    request[CORS_ORIGIN] = "*" if origins.everyone else origin
+    if request.method != "OPTIONS":
+        return None
+    headers = {"Access-Control-Allow-Origin": request[CORS_ORIGIN], "Access-Control-Allow-Methods": CORS_ALLOW_METHODS,
+               "Access-Control-Allow-Headers": CORS_ALLOW_HEADERS, "Access-Control-Max-Age": CORS_MAX_AGE}
+    resp = web.Response(status=204, headers=headers)
+    if not origins.everyone:
+        for vary in ("Origin", "Access-Control-Request-Method", "Access-Control-Request-Headers"):
+            resp.headers.add("Vary", vary)
+    return resp
+
+
+async def cors_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """Every answer to an allowed cross-origin call, errors and streams too, names its origin
+    (on_response_prepare: a stream's headers go out before its handler returns)."""
+    origin = request.get(CORS_ORIGIN)
+    if origin is not None and request.method != "OPTIONS":
+        response.headers["Access-Control-Allow-Origin"] = origin
+        if origin != "*":
+            response.headers.add("Vary", "Origin")
+
+
 def access_middleware(settings: Settings):
-    """The router's own rules: its host names only (no DNS rebinding), no state changes from
-    other sites, and its token when one is set (Bearer, as the OpenAI SDK's api_key sends it),
-    on every route but `/` ("Ollama is running", which clients probe)."""
-    allowed = router_hosts(settings)
+    """The router's own rules: its host names only (no DNS rebinding; Ollama's rule, gpuq/security.py),
+    browsers by CORS as Ollama allows them (a preflight needs no token: browsers send none), and
+    its token when one is set (Bearer, as the OpenAI SDK's api_key sends it), on every route but
+    `/` ("Ollama is running", which clients probe)."""
+    allowed = served_hosts(settings)
+    origins = Origins(settings.front_origins)
 
     @web.middleware
     async def middleware(request: web.Request, handler):
         check_host(request, allowed)
-        check_same_site(request)
+        preflight = cors(request, origins)
+        if preflight is not None:
+            return preflight
+        if request.method == "OPTIONS":  # no CORS, a known host: 204 (allowedHostsMiddleware)
+            return web.Response(status=204)
         token = settings.token
         if token is not None and request.path != "/" and not any(
                 hmac.compare_digest(given.encode(), token.encode()) for given in tokens_given(request)):
@@ -153,6 +228,26 @@ def access_middleware(settings: Settings):
                                   "headers={'Authorization': 'Bearer <token>'})", "invalid_api_key")
         return await handler(request)
     return middleware
+
+
+def text_bytes(value: Any) -> int:
+    """The UTF-8 bytes of a request's text, in Ollama's terms: every string in it but its images."""
+    if isinstance(value, str):
+        return len(value.encode("utf-8", "surrogatepass"))
+    if isinstance(value, dict):
+        return sum(text_bytes(v) for k, v in value.items() if k != "images")
+    if isinstance(value, list):
+        return sum(text_bytes(v) for v in value)
+    return 0
+
+
+def check_text_size(ollama: dict, limit: int) -> None:
+    """The front door takes images up to front.max_request_bytes; its text is held to the
+    router's prompt limit, as every job's prompt is (413, as the router's API says it)."""
+    size = text_bytes(ollama)
+    if size > limit:
+        raise FrontError(413, f"request text is {size} bytes (images not counted), over the limit of {limit} "
+                              "(router.max_prompt_bytes)")
 
 
 async def json_of(request: web.Request) -> dict:
@@ -259,6 +354,7 @@ class Call:
         self.endpoint = ep.path
         self.body = body  # as the client sent it
         self.ollama = ep.to_ollama(body)  # in Ollama's terms (raises BadRequest)
+        check_text_size(self.ollama, self.front.settings.max_prompt_bytes)
         self.api = ep.api
         self.openai = self.api != "ollama"  # /v1: streams only when asked, as SSE
         self.stream = ep.streams(body)
@@ -521,9 +617,10 @@ def create_front_app(settings: Settings, store: Store, dispatcher: Dispatcher, b
     and its workers run the calls' jobs through `relay` (the Dispatcher's calls)."""
     app = web.Application(middlewares=[errors_middleware, body_deadline(settings.body_timeout_s, error_response),
                                        access_middleware(settings)],
-                          client_max_size=settings.max_prompt_bytes * 2 + 65536)
+                          client_max_size=settings.front_max_request_bytes)  # images: its text is checked apart
     app[FRONT] = Front(settings, store, dispatcher, bus, relay)
     app.on_shutdown.append(_closing)
+    app.on_response_prepare.append(cors_headers)
     r = app.router
     r.add_get("/", root)
     r.add_get("/api/version", version)
