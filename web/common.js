@@ -130,6 +130,12 @@ export function estimateTokens(text) {
   return text ? Math.max(1, Math.round(text.length / 4)) : 0;
 }
 
+// A job's prompt as a delete dialog names it: its start on one line, quoted ('“fix the…”').
+export function promptStart(text, max = 60) {
+  const flat = excerpt(text, max);
+  return flat ? `“${flat}”` : '';
+}
+
 export function jobHref(id) {
   return `/jobs/${encodeURIComponent(id)}`;
 }
@@ -255,7 +261,8 @@ export function toast(message, kind = 'error', ms = 15000) {
 
 // -- dialogs: an in-page confirm and the token form (no window.confirm / prompt) -----------
 
-export function confirmDialog({title, message, confirm = 'OK', danger = false, checkbox = null}) {
+// `quote`: what the action is about in the person's own words (a job's prompt), on one line.
+export function confirmDialog({title, message, quote = '', confirm = 'OK', danger = false, checkbox = null}) {
   return new Promise((resolve) => {
     const previous = document.activeElement;
     const box = checkbox ? el('input', {type: 'checkbox', id: 'confirm-check'}) : null;
@@ -263,6 +270,7 @@ export function confirmDialog({title, message, confirm = 'OK', danger = false, c
     const cancel = el('button', {type: 'button', text: 'Cancel'});
     const form = el('form', {className: 'dialog-body'},
       el('h2', {text: title}),
+      quote ? el('p', {className: 'dialog-quote', text: quote}) : null,
       message ? el('p', {text: message}) : null,
       box ? el('label', {className: 'check'}, box, ' ', checkbox) : null,
       el('div', {className: 'dialog-buttons'}, cancel, ok));
@@ -295,6 +303,9 @@ export function token() {
 
 let asking = null;
 let declined = false;
+// The tokens (by value; '' for none) the router refused after the form was shown for them: the
+// form is not shown again by itself for one of them (the page says the refusal, with a button).
+const askedFor = new Set();
 
 // One form however many requests got a 401 at once; resolves true when a token was saved.
 export function askToken(refused = false) {
@@ -321,6 +332,7 @@ export function askToken(refused = false) {
         localStorage.setItem(TOKEN_KEY, value);
       } catch { /* private mode: the token lives for this page only */ }
       memoryToken = value;
+      askedFor.add(value); // entered in the form: if the router refuses it too, the page says so
       saved = true;
       dialog.close();
     });
@@ -345,6 +357,34 @@ function currentToken() {
 
 export function tokenDeclined() {
   return declined;
+}
+
+// Whether a 401 for this token opens the form: once per token, whatever the answer.
+function askOnce(t) {
+  if (askedFor.has(t) || (declined && !t)) return false;
+  askedFor.add(t);
+  return true;
+}
+
+// Is this failure the router refusing access (a missing or wrong token, 401; or 403)?
+export function isRefusal(exc) {
+  return Boolean(exc) && (exc.status === 401 || exc.status === 403);
+}
+
+// A refusal said whole, as soon as the router says it: what it refused, its own message, and
+// how to give the right token (a button opens the form; `onToken` runs once one is saved).
+export function refusalNotice(exc, onToken, className = 'alert warn refusal') {
+  const sent = Boolean(currentToken());
+  const head = exc.status === 403 ? `Refused (403)`
+    : sent ? 'Access token refused (401)' : 'Access token needed (401)';
+  const how = exc.status === 403 ? ''
+    : sent ? ' The token this browser sent is not the router\'s: enter the current one (router.token in gpuq.toml, or $GPUQ_TOKEN where the router runs).'
+      : ' Enter the router\'s token (router.token in gpuq.toml, or $GPUQ_TOKEN where the router runs); it is kept in this browser.';
+  return el('div', {className, role: 'alert', dataset: {refused: String(exc.status)}},
+    el('strong', {text: head}),
+    el('span', {text: ` The router says: ${exc.message}.${how}`}),
+    exc.status === 401 ? el('button', {type: 'button', text: 'Enter token',
+      onclick: async () => { if (await askToken(sent) && onToken) onToken(); }}) : null);
 }
 
 // -- the API ----------------------------------------------------------------------------------
@@ -378,8 +418,11 @@ export async function api(method, path, body) {
       throw new ApiError(0, `the router does not answer (${exc.message})`);
     }
     noteServerDate(resp.headers.get('Date'));
-    if (resp.status === 401 && attempt === 0 && !(declined && !t)) {
-      if (await askToken(Boolean(t))) continue;
+    if (resp.status === 401 && attempt === 0) {
+      // Requests refused together wait for the one form; a token refused after it was asked
+      // for is not asked again by itself (the page says the refusal).
+      const form = asking || (askOnce(t) ? askToken(Boolean(t)) : null);
+      if (form && await form) continue;
     }
     let data = null;
     try {
@@ -404,7 +447,8 @@ export async function streamLines(path, onLine, signal) {
   if (t) headers.Authorization = `Bearer ${t}`;
   const resp = await fetch(path, {headers, signal, cache: 'no-store'});
   if (resp.status === 401) {
-    await askToken(Boolean(t));
+    const form = asking || (askOnce(t) ? askToken(Boolean(t)) : null);
+    if (form) await form;
     throw new ApiError(401, 'access token needed');
   }
   if (!resp.ok || !resp.body) {
@@ -498,6 +542,6 @@ export function setConnection(status, detail) {
   if (!node) return;
   node.className = `conn conn-${status}`;
   node.textContent = {live: 'live', reconnecting: 'reconnecting…', down: 'router unreachable',
-    connecting: 'connecting…'}[status] || status;
+    connecting: 'connecting…', refused: 'access refused'}[status] || status;
   node.title = detail || (status === 'live' ? 'updates arrive as they happen (server-sent events)' : '');
 }

@@ -4,7 +4,7 @@
 
 import {
   between, busyStrip, coalesced, el, excerpt, fmtClock, fmtNum, fmtSpan, getJSON, jobHref, jobRate,
-  liveEvents, localMidnight, setConnection, sinceSpan, stateBadge, tickSince, utilText,
+  liveEvents, localMidnight, setConnection, sinceSpan, stateBadge, tickSince, utilText, isRefusal, refusalNotice,
 } from './common.js';
 
 const PAGE = 50;
@@ -50,7 +50,7 @@ const loadSoon = coalesced(load, 300);
 // -- rendering --------------------------------------------------------------------------------
 
 function render() {
-  if (H.error) setConnection('down', H.error.message);
+  if (H.error) setConnection(isRefusal(H.error) ? 'refused' : 'down', H.error.message);
   renderToday();
   renderUtil();
   renderFilters();
@@ -91,6 +91,11 @@ function renderFilters() {
 
 function renderJobs() {
   const box = $('jobs');
+  if (isRefusal(H.error) && !H.jobs.length) { // the router's refusal and how to give the right token, at once
+    box.replaceChildren(refusalNotice(H.error, loadSoon));
+    setTimeout(loadSoon, 10000);
+    return;
+  }
   if (H.error && !H.jobs.length) {
     box.replaceChildren(el('p', {className: 'err', text: `Cannot load the history: ${H.error.message}. Retrying…`}));
     setTimeout(loadSoon, 2000);
@@ -120,8 +125,8 @@ function row(j) {
     el('td', {text: j.node}),
     el('td', {className: 'mono', text: j.model}),
     el('td', {className: 'num', text: j.started_at ? fmtSpan(between(j.started_at, j.finished_at)) : '–'}),
-    el('td', {className: 'num', text: fmtNum(j.eval_count)}),
-    el('td', {className: 'num', text: jobRate(j)}),
+    el('td', {className: 'num tokens', text: fmtNum(j.eval_count)}),
+    el('td', {className: 'num speed', text: jobRate(j)}),
     el('td', {className: `what${j.error ? ' err' : ''}`, text: excerpt(text, 120), title: excerpt(text, 300)}));
 }
 

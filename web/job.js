@@ -4,7 +4,7 @@
 import {
   api, badge, between, coalesced, confirmDialog, el, estimateTokens, etaSpan, fmtClock, fmtDur, fmtNum,
   fmtRate, fmtSetting, fmtSpan, jobRate, jobHref, liveEvents, setConnection, since, sinceSpan, stateBadge, streamLines,
-  tickSince, toast,
+  tickSince, toast, promptStart, isRefusal, refusalNotice,
 } from './common.js';
 
 const jobId = decodeURIComponent(window.location.pathname.replace(/\/+$/, '').split('/').pop());
@@ -127,18 +127,34 @@ function renderProblem() {
       el('a', {href: '/', text: 'Back to the queue'})));
     return;
   }
-  if (!J.job) {
+  const refused = isRefusal(J.error);
+  if (refused) { // the router's refusal and how to give the right token, at once
+    const notice = refusalNotice(J.error, loadSoon, 'notice warn refusal');
+    document.getElementById('problem')?.remove();
+    notice.id = 'problem';
+    if (J.job) {
+      main.prepend(notice);
+      J.sig = ''; // the next answer redraws the page (and the notice goes)
+    }
+    else main.replaceChildren(notice);
+  } else if (!J.job) {
     main.replaceChildren(el('div', {className: 'notice warn', id: 'problem',
       text: `Cannot load job ${jobId}: ${J.error.message}. Retrying…`}));
-  } else {
-    setConnection('down', J.error.message);
   }
-  setTimeout(loadSoon, 2000);
+  if (J.job || refused) setConnection(refused ? 'refused' : 'down', J.error.message);
+  setTimeout(loadSoon, refused ? 10000 : 2000);
 }
 
 function fact(label, value, extra = {}) {
   const dd = el('dd', extra, value instanceof Node ? value : String(value ?? '–'));
   return el('div', {className: 'fact'}, el('dl', {}, el('dt', {text: label}), dd));
+}
+
+// A fact whose value is said whole (a route, 'thinking 1,234 · answer 56'): two cells wide, and
+// it wraps rather than being cut.
+function wide(node) {
+  node.classList.add('wide');
+  return node;
 }
 
 function when(iso) {
@@ -290,13 +306,13 @@ function facts(job) {
     job.state === 'queued' || job.state === 'running'
       ? fact('Est. finish', estimated(job.eta_finish, job.eta_reason), {id: 'f-eta-finish'}) : null,
     fact('Duration', fmtSpan(durationOf(job)), {id: 'f-duration'}),
-    fact(job.state === 'running' ? 'Tokens so far' : 'Tokens', '–', {id: 'f-tokens'}),
+    wide(fact(job.state === 'running' ? 'Tokens so far' : 'Tokens', '–', {id: 'f-tokens'})),
     fact('Tokens/s', '–', {id: 'f-rate'}),
     fact('Runs', `${runs.length}${job.preempted_runs ? ` (${job.preempted_runs} preempted)` : ''}`),
   ].filter(Boolean);
   if (job.endpoint) {  // a call through the front door: its route and client
     const agent = job.request && job.request.user_agent;
-    items.push(fact('Via', el('span', {className: 'mono', text: job.endpoint, title: agent || ''})));
+    items.push(wide(fact('Via', el('span', {className: 'mono', text: job.endpoint, title: agent || ''}), {id: 'f-via'})));
   }
   if (job.timeout_s) items.push(fact('Timeout', fmtSetting(job.timeout_s), {id: 'f-timeout'}));
   if (job.parent) items.push(fact('Parent task', el('a', {className: 'mono', href: jobHref(job.parent), text: job.parent})));
@@ -394,6 +410,7 @@ function renderActions(job) {
   if (job.state === 'queued' || job.state === 'running') {
     buttons.push(el('button', {type: 'button', className: 'danger', text: 'Delete',
       onclick: () => act('delete', 'DELETE', '', {title: `Delete ${job.id}?`, confirm: 'Delete', danger: true,
+        quote: promptStart(job.prompt),
         message: job.state === 'running'
           ? `It is running on ${job.node}: generation stops and the job is cancelled.`
           : 'It is cancelled; its record stays in the history.'})}));

@@ -5,7 +5,8 @@
 import {
   api, badge, busyStrip, coalesced, confirmDialog, el, etaSpan, excerpt, fmtClock, fmtDur, fmtNum,
   fmtRate, fmtSpan, getJSON, jobHref, jobRate, liveEvents, localMidnight, now, parseTime, promptExcerpt,
-  setConnection, since, sinceSpan, stateBadge, tickSince, toast, askToken, tokenDeclined, between, utilText,
+  setConnection, since, sinceSpan, stateBadge, tickSince, toast, tokenDeclined, between, utilText,
+  isRefusal, refusalNotice, promptStart,
 } from './common.js';
 
 const LIMIT_STEP = 200; // waiting jobs rendered per column; the rest is a count
@@ -128,14 +129,12 @@ function renderAlerts() {
   if (sig === alertsSig) return; // rebuilding would restart the pulse and drop focus
   alertsSig = sig;
   box.replaceChildren();
-  if (S.error) {
-    const needsToken = S.error.status === 401;
+  if (isRefusal(S.error)) {
+    box.append(refusalNotice(S.error, refreshSoon));
+  } else if (S.error) {
     box.append(el('div', {className: 'alert warn'},
-      el('strong', {text: needsToken ? 'Access token needed' : 'Router unreachable'}),
-      el('span', {text: needsToken ? ' This router asks for an access token.'
-        : ` ${S.error.message}. Showing what was last seen${S.updatedAt ? ` ${fmtClock(new Date(S.updatedAt).toISOString())}` : ''}; retrying.`}),
-      needsToken ? el('button', {type: 'button', text: 'Enter token',
-        onclick: async () => { if (await askToken()) refreshSoon(); }}) : null));
+      el('strong', {text: 'Router unreachable'}),
+      el('span', {text: ` ${S.error.message}. Showing what was last seen${S.updatedAt ? ` ${fmtClock(new Date(S.updatedAt).toISOString())}` : ''}; retrying.`})));
   }
   if (!h || h.ok) return;
   const nodes = new Map((S.queue ? S.queue.nodes : []).map((n) => [n.name, n]));
@@ -196,7 +195,10 @@ function downAlert(d) {
 
 function renderBoard() {
   const q = S.queue;
-  if (!q) return;
+  if (!q) {
+    if (S.error) board.replaceChildren(el('p', {className: 'loading', text: `The queue is not loaded: ${S.error.message}.`}));
+    return;
+  }
   const sig = JSON.stringify([q, staleHeads().map((s) => s.id), S.limit]);
   if (sig === S.sig) return;
   S.sig = sig;
@@ -383,6 +385,10 @@ function runningCard(job, stale, nodeModel) {
 
 function renderRecent() {
   const body = $('recent-body');
+  if (!S.updatedAt) { // nothing loaded yet: say why, never 'No job has finished yet.'
+    body.replaceChildren(S.error ? el('p', {className: 'muted', text: `Not loaded: ${S.error.message}.`}) : '');
+    return;
+  }
   if (!S.recent.length) {
     body.replaceChildren(el('p', {className: 'muted', text: 'No job has finished yet.'}));
     return;
@@ -566,9 +572,20 @@ async function preemptJob(job) {
   runOp(`preempt ${job.id}`, () => api('POST', `${idPath(job.id)}/preempt`));
 }
 
+// A job on the board, by id (its prompt's start names it in a dialog).
+function boardJob(id) {
+  for (const n of (S.queue ? S.queue.nodes : [])) {
+    const job = n.running && n.running.id === id ? n.running : n.queued.find((j) => j.id === id);
+    if (job) return job;
+  }
+  return null;
+}
+
 async function deleteJob(job) {
   const running = job.state === 'running';
+  const shown = boardJob(job.id);
   const ok = await confirmDialog({title: `Delete ${job.id}?`, confirm: 'Delete', danger: true,
+    quote: shown ? promptStart(shown.prompt_excerpt) : '',
     message: running
       ? `It is running on ${job.node}: generation stops, the model is unloaded and the job is cancelled.`
       : `It is waiting on ${job.node}. It will be cancelled; its record stays in the history.`});
@@ -581,7 +598,7 @@ async function deleteJob(job) {
 async function clearNode(node) {
   const ok = await confirmDialog({title: `Clear ${node.name}?`, confirm: 'Clear', danger: true,
     message: `Cancels the ${fmtNum(node.queued_count)} job${node.queued_count === 1 ? '' : 's'} waiting on ${node.name}.`,
-    checkbox: node.running ? `Also stop the running job ${node.running.id}` : null});
+    checkbox: node.running ? `Also stop the running job ${node.running.id} ${promptStart(node.running.prompt_excerpt)}` : null});
   if (!ok) return;
   runOp(`clear ${node.name}`, () => api('POST', `/api/nodes/${encodeURIComponent(node.name)}/clear`,
     {running: Boolean(ok.checked)}));
