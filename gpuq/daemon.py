@@ -30,10 +30,19 @@ from .models import iso
 
 log = logging.getLogger("gpuq")
 
+# The demo's lab: (name, roles, the node's own model, every model its Ollama has). demo-2 also holds
+# the models Ollama's API docs name (llama3.2, llava, mistral, all-minilm in docs/api.md; gemma4,
+# qwen3, gpt-oss, embeddinggemma in docs/api/*.mdx and docs/capabilities/*.mdx; gpt-oss:20b, qwen3:8b,
+# qwen3-vl:8b in docs/api/openai-compatibility.mdx) and nomic-embed-text, so their examples and the
+# clients' quick starts run unchanged through the front door. demo-1 and demo-2 have their own
+# models untagged too (qwen3-coder, deepseek-r1, as the docs call them); demo-3 only critiques.
+DOCS_MODELS = ("llama3.2:latest", "llama3.1:latest", "gemma4:latest", "qwen3:latest", "qwen3:8b", "qwen3-vl:8b",
+               "gpt-oss:latest", "gpt-oss:20b", "mistral:latest", "llava:latest")
+EMBEDDING_MODELS = ("all-minilm:latest", "nomic-embed-text:latest", "embeddinggemma:latest")
 DEMO_NODES = (
-    ("demo-1", ("task", "critique"), "qwen3-coder:30b"),
-    ("demo-2", ("task", "critique"), "deepseek-r1:32b"),
-    ("demo-3", ("critique",), "llama3.2:latest"),
+    ("demo-1", ("task", "critique"), "qwen3-coder:30b", ("qwen3-coder:30b",)),
+    ("demo-2", ("task", "critique"), "deepseek-r1:32b", ("deepseek-r1:32b", "deepseek-r1:latest", *DOCS_MODELS, *EMBEDDING_MODELS)),
+    ("demo-3", ("critique",), "llama3.2:latest", ("llama3.2:latest",)),
 )
 
 
@@ -53,8 +62,8 @@ def invoked_as(argv0: str | None = None, cwd: str | None = None) -> str:
 async def start_demo_nodes() -> tuple[list[FakeOllama], list[NodeConfig]]:
     """Simulated Ollama nodes on loopback, streaming tokens at a realistic pace."""
     fakes, nodes = [], []
-    for rank, (name, roles, model) in enumerate(DEMO_NODES, start=1):
-        fake = FakeOllama(models={model}, script=Script(token_delay_s=0.08, tokens=None, load_delay_s=0.4,
+    for rank, (name, roles, model, models) in enumerate(DEMO_NODES, start=1):
+        fake = FakeOllama(models=set(models), script=Script(token_delay_s=0.08, tokens=None, load_delay_s=0.4,
                                                          unload="delay", unload_delay_s=0.3))
         url = await fake.start()
         fakes.append(fake)

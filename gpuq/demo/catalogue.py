@@ -112,11 +112,16 @@ PROFILES: tuple[tuple[tuple[str, ...], Profile], ...] = (
                                                     parameters=_LLAMA3)),
     (("mistral",), Profile(("completion", "tools"), "llama", 32768, 4096, "7.2B", "Q4_0")),
     (("gemma3",), Profile(("completion", "vision"), "gemma3", 131072, 2560, "4.3B")),
+    # Ollama's docs show gemma4 reading images [docs/capabilities/vision.mdx]; its launcher offers it
+    # to coding agents for "Reasoning and code generation locally" [cmd/launch/models.go]: tools, thinking.
+    (("gemma4",), Profile(("completion", "vision", "tools", "thinking"), "gemma4", 131072, 2560, "8.0B")),
     (("llava",), Profile(("completion", "vision"), "llama", 32768, 4096, "7.2B", "Q4_0")),
     (("nomic-embed-text",), Profile(("embedding",), "nomic-bert", 2048, 768, "137M", "F16", (("num_ctx", 8192),))),
     (("all-minilm",), Profile(("embedding",), "bert", 512, 384, "23M", "F16")),
     (("mxbai-embed-large",), Profile(("embedding",), "bert", 512, 1024, "334M", "F16")),
     (("bge-m3",), Profile(("embedding",), "bert", 8192, 1024, "567M", "F16")),
+    # [convert/convert_embeddinggemma.go KV: architecture gemma-embedding, context_length 2048]
+    (("embeddinggemma",), Profile(("embedding",), "gemma-embedding", 2048, 768, "307M", "BF16")),
 )
 DEFAULT_PROFILE = Profile(("completion",), "llama", 131072, 4096, "8.0B")
 
@@ -138,7 +143,7 @@ def _parameter_size(name: ModelName, profile: Profile) -> str:
 
 def size_bytes(parameter_size: str, quantization: str) -> int:
     count = float(parameter_size[:-1]) * (1e9 if parameter_size.endswith("B") else 1e6)
-    return int(count * {"F16": 2.0, "Q8_0": 1.07, "MXFP4": 0.62, "Q4_0": 0.57}.get(quantization, 0.6))
+    return int(count * {"F16": 2.0, "BF16": 2.0, "Q8_0": 1.07, "MXFP4": 0.62, "Q4_0": 0.57}.get(quantization, 0.6))
 
 
 def count_tokens(text: str) -> int:
