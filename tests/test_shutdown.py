@@ -20,7 +20,8 @@ async def test_a_job_claimed_as_the_router_stops_waits_for_the_restart_then_runs
     fake = await fakes(MODEL, tokens=3, unload="never")
     front = f"127.0.0.1:{free_port()}"
     d = await daemon_factory([node_table("n", fake, 1, ["task"], MODEL)], ollama_listen=front,
-                             unload_timeout="60s", busy_timeout="60s", stale_after="120s")
+                             unload_timeout="60s", busy_timeout="60s", stale_after="120s",
+                             shutdown_grace="60s")  # the drain waits for the first job
     [first] = await d.submit("task", "first", node="n")
     [second] = await d.submit("task", "second", node="n")
 
