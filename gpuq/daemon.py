@@ -254,7 +254,7 @@ async def run_router(settings: Settings, sockets: list[socket.socket], demo: boo
         print(f'try:  {invoked_as()}{router} task "write a haiku about queues" --wait', flush=True)
     await stop.wait()
     runner.app[DISPATCHER].quiesce()  # first: nothing new starts while the rest shuts down
-    await drain(runner.app, settings, stop, signals)
+    await drain(runner.app, stop, signals)
     log.info("shutting down")
     if front is not None:  # first: its waiting calls end (their jobs cancelled) while the store is open
         await front.stop()
@@ -270,7 +270,7 @@ DRAIN_POLL_S = 0.1  # how often a drain looks whether the running jobs have ende
 STOPPED_NOW = "the router was stopped before this job finished ({why}); its output so far is kept"
 
 
-async def drain(app: web.Application, settings: Settings, stop: asyncio.Event, signals: list[int]) -> None:
+async def drain(app: web.Application, stop: asyncio.Event, signals: list[int]) -> None:
     """Told to stop (and starting nothing new), wait for the running jobs to end on their own:
     their clients get their answers, and waiting jobs stay queued for the next start. A second
     signal stops at once; so does a SIGTERM's shutdown_grace running out. Either way the jobs
@@ -282,7 +282,8 @@ async def drain(app: web.Application, settings: Settings, stop: asyncio.Event, s
     dispatcher.draining_since = time.time()
     first = signals[0] if signals else signal.SIGINT
     stop.clear()
-    grace = settings.shutdown_grace_s if first == signal.SIGTERM else None
+    # As the config says now: a reload (SIGHUP, `gpuq reload`) may have changed it.
+    grace = dispatcher.settings.shutdown_grace_s if first == signal.SIGTERM else None
     running = dispatcher.running()
     say(f"stopping: no new job starts; waiting for {len(running)} running job(s) to finish "
         "(waiting jobs stay queued for the next start):")

@@ -158,8 +158,13 @@ class Dispatcher:
     def running(self) -> list[dict]:
         """The jobs whose request went to a node and that have not ended: what a drain waits for
         (a job claimed but never sent goes back to its queue at the stop)."""
-        return [{"job": rt.current.job_id, "node": name} for name, rt in self.nodes.items()
-                if rt.current is not None and rt.current.run_id == self.workers[name].sent_run]
+        return [{"job": cur.job_id, "node": name} for name, cur in self._sent()]
+
+    def _sent(self) -> list[tuple[str, Current]]:
+        """Each node's running job whose request left, a node a reload is removing included."""
+        workers = {**self.retired, **self.workers}
+        return [(name, w.rt.current) for name, w in workers.items()
+                if w.rt.current is not None and w.rt.current.run_id == w.sent_run]
 
     def draining_json(self) -> dict | None:
         if self.draining_since is None:
@@ -170,8 +175,7 @@ class Dispatcher:
         """The router stops at once: its loops end (each running request is cut), then every job
         that was running fails with `reason`, its output so far kept, its waiting front-door
         client told. Returns the jobs failed."""
-        running = [(name, rt.current) for name, rt in self.nodes.items()
-                   if rt.current is not None and rt.current.run_id == self.workers[name].sent_run]
+        running = self._sent()
         await self.loops.stop()
         failed = []
         for name, cur in running:
