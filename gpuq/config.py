@@ -90,6 +90,12 @@ class Settings:
     alert_token: str | None = field(default=None, repr=False)  # sent as a Bearer token
     alert_format: str = "json"  # "json" (the alert as a JSON body) or "ntfy" (Title header, text)
     keep_awake: bool = True  # hold a sleep inhibitor while any job runs (gpuq/awake.py)
+    # How long a SIGTERM (a service manager's stop) lets running jobs finish before the router
+    # stops at once, failing them loudly. 15 s fits under both service managers' own limits,
+    # after which they SIGKILL (launchd's ExitTimeOut, 20 s; systemd's TimeoutStopSec, 90 s), with
+    # time left for the stop itself: the router, not a SIGKILL, ends the jobs and says why. Raise
+    # it together with the manager's limit. A Ctrl-C (SIGINT) waits for the jobs without a bound.
+    shutdown_grace_s: float = 15.0
     nodes: tuple[NodeConfig, ...] = field(default_factory=tuple)
     # The file these settings were read from (what `gpuq reload` and SIGHUP read again); None: the demo.
     source: Path | None = None
@@ -190,6 +196,7 @@ _DURATION_FLOORS: dict[str, tuple[float, str]] = {
     "keepalive_timeout": (0.0, "0 would close every connection after its first request"),
     "body_timeout": (0.0, "0 would refuse every request with a body"),
     "keepalive_lifetime": (0.0, "0 would close every connection after its first request"),
+    "shutdown_grace": (0.0, "leave it out for the default; 0 fails every running job at a SIGTERM"),
 }
 
 
@@ -324,6 +331,7 @@ _ROUTER_KEYS = {
     "allowed_hosts", "header_timeout", "keepalive_timeout", "max_connections", "ollama_listen",
     "alert_url", "alert_token", "alert_format", "max_output_bytes", "max_reply_bytes",
     "max_connections_per_peer", "body_timeout", "keepalive_lifetime", "keep_awake",
+    "shutdown_grace",
 }
 ALERT_FORMATS = ("json", "ntfy")
 DURATION_KEYS = {
@@ -333,7 +341,7 @@ DURATION_KEYS = {
     "health_interval": "health_interval_s", "connect_timeout": "connect_timeout_s",
     "busy_timeout": "busy_timeout_s", "submit_timeout": "submit_timeout_s", "header_timeout": "header_timeout_s",
     "keepalive_timeout": "keepalive_timeout_s", "body_timeout": "body_timeout_s",
-    "keepalive_lifetime": "keepalive_lifetime_s",
+    "keepalive_lifetime": "keepalive_lifetime_s", "shutdown_grace": "shutdown_grace_s",
 }
 _NODE_KEYS = {"name", "url", "rank", "roles", "model", "max_runtime", "think", "options", "unload",
               "max_output_bytes"}

@@ -26,7 +26,7 @@ from .errors import GpuqError, StartupError
 from .demo import FakeOllama, Script
 from .front.listener import bind_front_door, start_front_door
 from .front.relay import Relay
-from .models import iso
+from .models import iso, parse_iso
 
 log = logging.getLogger("gpuq")
 
@@ -238,8 +238,15 @@ async def run_router(settings: Settings, sockets: list[socket.socket], demo: boo
     from .server import reload_on_signal
     loop.add_signal_handler(signal.SIGHUP, reload_on_signal, runner.app)  # gpuq.toml read again, as `gpuq reload`
     stop = asyncio.Event()
+    signals: list[int] = []  # those received, in order
+
+    def on_signal(sig: int) -> None:
+        signals.append(sig)
+        stop.set()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
+    if demo:  # a demo node whose stream the stop cuts is no bug of the router's: no traceback
+        logging.getLogger("aiohttp.server").addFilter(not_a_cut_stream)
     log.info("gpuq router listening on http://%s (database %s, %d nodes, open-file limit %d, at most %d "
              "connections per listener)", settings.listen, settings.database, len(settings.nodes), file_limit,
              guard.max_connections)
@@ -256,6 +263,7 @@ async def run_router(settings: Settings, sockets: list[socket.socket], demo: boo
         print(f'try:  {invoked_as()}{router} task "write a haiku about queues" --wait', flush=True)
     await stop.wait()
     runner.app[DISPATCHER].quiesce()  # first: nothing new starts while the rest shuts down
+    await drain(runner.app, stop, signals)
     log.info("shutting down")
     if front is not None:  # first: its waiting calls end (their jobs cancelled) while the store is open
         await front.stop()
@@ -264,6 +272,102 @@ async def run_router(settings: Settings, sockets: list[socket.socket], demo: boo
     await runner.cleanup()
     await stop_fakes(fakes)
     return 0
+
+
+DRAIN_POLL_S = 0.1  # how often a drain looks whether the running jobs have ended
+# A running job's reason when a second Ctrl-C or shutdown_grace stops the router at once.
+STOPPED_NOW = "the router was stopped before this job finished ({why}); its output so far is kept"
+
+
+async def drain(app: web.Application, stop: asyncio.Event, signals: list[int]) -> None:
+    """Told to stop (and starting nothing new), wait for the running jobs to end on their own:
+    their clients get their answers, and waiting jobs stay queued for the next start. A second
+    signal stops at once; so does a SIGTERM's shutdown_grace running out. Either way the jobs
+    still running fail, saying so, as the stop cuts their requests."""
+    from .server import DISPATCHER
+    dispatcher = app[DISPATCHER]
+    if not dispatcher.running():
+        return
+    dispatcher.draining_since = time.time()
+    first = signals[0] if signals else signal.SIGINT
+    stop.clear()
+    # As the config says now: a reload (SIGHUP, `gpuq reload`) may have changed it.
+    grace = dispatcher.settings.shutdown_grace_s if first == signal.SIGTERM else None
+    running = dispatcher.running()
+    say(f"stopping: no new job starts; waiting for {len(running)} running job(s) to finish "
+        "(waiting jobs stay queued for the next start):")
+    for line in await running_lines(app, running):
+        say(f"  {line}")
+    if grace is None:
+        say("press Ctrl-C again to stop now (the running jobs then fail)")
+    else:
+        say(f"stopping now in {grace:g}s if they still run (shutdown_grace); a second signal stops at once")
+    deadline = time.monotonic() + grace if grace is not None else None
+    why = None
+    while dispatcher.running():
+        if stop.is_set():
+            why = "a second Ctrl-C" if signals[-1] == signal.SIGINT else "a second SIGTERM"
+            break
+        if deadline is not None and time.monotonic() >= deadline:
+            why = f"SIGTERM's shutdown_grace of {grace:g}s ran out"
+            break
+        try:
+            async with asyncio.timeout(DRAIN_POLL_S):
+                await stop.wait()
+        except TimeoutError:
+            pass
+    if why is None:
+        say("stopping: the running jobs have finished")
+        return
+    left = dispatcher.running()
+    say(f"stopping now: {len(left)} job(s) will fail ({why}): "
+        + ", ".join(f"{r['job']} on {r['node']}" for r in left), logging.WARNING)
+    await dispatcher.fail_running(STOPPED_NOW.format(why=why))
+
+
+async def running_lines(app: web.Application, running: list[dict]) -> list[str]:
+    """One line per running job: its id, node, model, how long it has run and, when its node's
+    past runs tell, about how long it has left (gpuq/eta.py)."""
+    from .server import STORE, estimates
+    rows: dict[str, dict] = {}
+    found = {}
+    try:
+        plans = await app[STORE].queue_plans(sorted({r["node"] for r in running}), 1)
+        rows = {r["id"]: r for r in plans if r["state"] == "running"}
+        found = await estimates(app, plans)
+    except GpuqError as exc:  # the database does not answer: the ids and nodes still say enough
+        log.warning("the running jobs' details cannot be read: %s", exc.message)
+    now = time.time()
+    lines = []
+    for r in running:
+        row = rows.get(r["job"])
+        line = f"{r['job']} on {r['node']}"
+        if row is not None:
+            line += f" ({row['model']}), running {span(now - parse_iso(row['started_at']))}"
+        e = found.get(r["job"])
+        if e is not None and e.finish_s is not None:
+            line += f", about {span(max(e.finish_s - now, 0))} left"
+        lines.append(line)
+    return lines
+
+
+def span(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds // 60 % 60:02d}m"
+
+
+def say(message: str, level: int = logging.INFO) -> None:
+    """To the log, on stderr: a service manager's journal, and the terminal of a Ctrl-C."""
+    log.log(level, "%s", message)
+
+
+def not_a_cut_stream(record: logging.LogRecord) -> bool:
+    """aiohttp's "Error handling request" for a demo node's stream the router cut: dropped."""
+    return not (record.exc_info and isinstance(record.exc_info[1], ConnectionResetError))
 
 
 async def stop_fakes(fakes: list[FakeOllama]) -> None:

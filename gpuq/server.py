@@ -269,7 +269,8 @@ async def health(request: web.Request) -> web.Response:
     body = {"ok": ok, "queue_depth": None if active is None else sum(c.queued for c in active.values()),
             "running": None if active is None else sum(c.running for c in active.values()), "stale": stale,
             "nodes_down": down, "loops_down": crashed, "unclaimed": unclaimed, "store": trouble,
-            "database_lost": lost, "awake": dispatcher.awake.json()}
+            "database_lost": lost, "awake": dispatcher.awake.json(),
+            "draining": dispatcher.draining_json()}  # told to stop, waiting for its running jobs
     return json_response(body, status=200 if ok else 503)
 
 

@@ -183,7 +183,9 @@ def write_config(path: Path, nodes: list[dict], port: int, **router: Any) -> Pat
     """A gpuq.toml with short test timings; `router` keys override them."""
     data = {"router": {"listen": f"127.0.0.1:{port}", "public_url": f"http://127.0.0.1:{port}",
                        "database": "gpuq.db", "health_interval": "0.2s", "stall_timeout": "5s",
-                       "unload_timeout": "2s", **router},
+                       "unload_timeout": "2s",
+                       # a SIGTERM (the teardown's too) lets running jobs finish for 1s, then fails them
+                       "shutdown_grace": "1s", **router},
             "node": nodes}
     path.write_text(tomli_w.dumps(data))
     return path

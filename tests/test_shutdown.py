@@ -20,7 +20,8 @@ async def test_a_job_claimed_as_the_router_stops_waits_for_the_restart_then_runs
     fake = await fakes(MODEL, tokens=3, unload="never")
     front = f"127.0.0.1:{free_port()}"
     d = await daemon_factory([node_table("n", fake, 1, ["task"], MODEL)], ollama_listen=front,
-                             unload_timeout="60s", busy_timeout="60s", stale_after="120s")
+                             unload_timeout="60s", busy_timeout="60s", stale_after="120s",
+                             shutdown_grace="60s")  # the drain waits for the first job
     [first] = await d.submit("task", "first", node="n")
     [second] = await d.submit("task", "second", node="n")
 
@@ -28,8 +29,9 @@ async def test_a_job_claimed_as_the_router_stops_waits_for_the_restart_then_runs
         return (await d.job(first["id"]))["work_done_at"] and fake.ps_calls
     await eventually(unloading, 20, what="the first job's reply to be whole and its unload checked")
 
-    # A front-door call waits behind them. The stop cancels its job first, a write the test holds
-    # up with the database's lock: the shutdown waits there, its worker still alive.
+    # A front-door call waits behind them. The stop (a drain: it waits for the first job) ends
+    # with a write the test holds up with the database's lock: the shutdown waits there, its
+    # worker still alive.
     async def third_call():
         async with aiohttp.ClientSession() as session:
             async with session.post(f"http://{front}/api/chat", json={
@@ -44,7 +46,8 @@ async def test_a_job_claimed_as_the_router_stops_waits_for_the_restart_then_runs
     try:
         db.execute("BEGIN IMMEDIATE")
         d.proc.send_signal(signal.SIGTERM)
-        await eventually(lambda: "shutting down" in d.log.read_text(), what="the router to begin stopping")
+        await eventually(lambda: "stopping: no new job starts" in d.log.read_text(),
+                         what="the router to begin stopping")
         polls = fake.ps_calls
         fake.loaded.clear()  # the model leaves VRAM: the first job's unload is confirmed, it finishes
         await eventually(lambda: fake.ps_calls > polls, what="the router to see the model gone")

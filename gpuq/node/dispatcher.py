@@ -11,8 +11,8 @@ import aiohttp
 from ..awake import Awake
 from ..bus import Bus
 from ..config import NodeConfig, Settings
-from ..errors import GpuqError
-from ..models import JobState, parse_iso
+from ..errors import GpuqError, GuardMiss
+from ..models import JobState, iso, parse_iso
 from ..reload import Plan
 from .calls import Calls, NoCalls
 from .monitor import NodeMonitor
@@ -44,6 +44,7 @@ class Dispatcher:
         self.retiring: set[asyncio.Future] = set()  # removed nodes whose loops end after their running job
         self.retired: dict[str, Worker] = {}  # their workers meanwhile (a running job can still be aborted)
         self.removing: set[str] = set()  # nodes a reload is taking out: no placement or move there
+        self.draining_since: float | None = None  # told to stop, waiting for the running jobs
 
     async def start(self, stuck: list[dict] | None = None) -> None:
         """`stuck`: the models a previous router saw stuck in VRAM (open vram_stuck alerts, with
@@ -153,6 +154,44 @@ class Dispatcher:
         """The router is told to stop: no worker claims or sends anything new from now on."""
         for worker in self.workers.values():
             worker.stopping = True
+
+    def running(self) -> list[dict]:
+        """The jobs whose request went to a node and that have not ended: what a drain waits for
+        (a job claimed but never sent goes back to its queue at the stop)."""
+        return [{"job": cur.job_id, "node": name} for name, cur in self._sent()]
+
+    def _sent(self) -> list[tuple[str, Current]]:
+        """Each node's running job whose request left, a node a reload is removing included."""
+        workers = {**self.retired, **self.workers}
+        return [(name, w.rt.current) for name, w in workers.items()
+                if w.rt.current is not None and w.rt.current.run_id == w.sent_run]
+
+    def draining_json(self) -> dict | None:
+        if self.draining_since is None:
+            return None
+        return {"since": iso(self.draining_since), "running": self.running()}
+
+    async def fail_running(self, reason: str) -> list[dict]:
+        """The router stops at once: its loops end (each running request is cut), then every job
+        that was running fails with `reason`, its output so far kept, its waiting front-door
+        client told. Returns the jobs failed."""
+        running = self._sent()
+        await self.loops.stop()
+        failed = []
+        for name, cur in running:
+            output, thinking, _ = cur.unsaved()
+            try:
+                await self.store.finish(cur.job_id, cur.run_id, JobState.FAILED, reason, output,
+                                        thinking=thinking, streamed=cur.tokens)
+            except GuardMiss:  # it ended on its own meanwhile
+                continue
+            except GpuqError as exc:  # the next start fails it as an orphan: loud, never lost
+                log.error("job=%s node=%s not failed yet: %s", cur.job_id, name, exc.message)
+                continue
+            log.warning("job=%s node=%s state=failed reason=%r", cur.job_id, name, reason)
+            self.calls.failed(cur.job_id, 503, reason)
+            failed.append({"job": cur.job_id, "node": name})
+        return failed
 
     async def stop(self) -> None:
         """Stop every loop (a request in flight is cut: its job fails at the next start, as it
