@@ -80,7 +80,8 @@ const refreshSoon = coalesced(refresh, 250);
 function render() {
   // Never replace the board under a pressed handle: the browser starts the drag on the
   // element that was pressed, and a detached one would lose it.
-  if (S.dragging || S.pending || S.pressing) {
+  const picking = document.activeElement && document.activeElement.matches('select.move-to, .alert select');
+  if (S.dragging || S.pending || S.pressing || picking) {
     S.deferred = true;
     return;
   }
@@ -88,6 +89,7 @@ function render() {
   S.renders++;
   document.body.classList.toggle('offline', Boolean(S.error)); // what is shown may be out of date
   renderTop();
+  renderAwake();
   renderAlerts();
   renderBoard();
   renderUtil();
@@ -117,6 +119,26 @@ function renderTop() {
   }
   const trouble = S.health && !S.health.ok;
   document.title = `${trouble ? '⚠ ' : ''}${fmtNum(q.queue_depth)} queued · gpuq`;
+}
+
+// The router's sleep inhibitor, held while jobs run: a quiet line in the top bar, a warning
+// when it could not be held, nothing while the lab is idle.
+function renderAwake() {
+  const box = $('awake');
+  if (!box || !S.health) return;
+  const a = S.health.awake;
+  const machine = a && a.by === 'caffeinate' ? 'this Mac' : 'this machine';
+  box.hidden = !a;
+  box.classList.toggle('warn', Boolean(a && !a.held));
+  if (!a) {
+    box.textContent = '';
+  } else if (a.held) {
+    box.textContent = `keeping ${machine} awake (${a.by}) since ${fmtClock(a.since)}`;
+    box.title = `jobs are running: the router holds a sleep inhibitor${a.pid ? ` (pid ${a.pid})` : ''}, let go when the lab is idle`;
+  } else {
+    box.textContent = `cannot keep this machine awake: ${a.error}`;
+    box.title = 'jobs are running but the sleep inhibitor could not be held: the machine may sleep and break them';
+  }
 }
 
 let alertsSig = '';
@@ -186,11 +208,57 @@ function staleAlert(s, node) {
 }
 
 function downAlert(d) {
+  const others = (S.queue ? S.queue.nodes : []).filter((n) => n.name !== d.name);
+  // Up nodes first, in rank order (the API's); a down one is still a choice, marked so.
+  others.sort((a, b) => Number(!a.up) - Number(!b.up));
+  const select = el('select', {className: 'move-target', 'aria-label': `Node to move ${d.name}'s waiting jobs to`},
+    ...others.map((n) => el('option', {value: n.name, text: `${n.name}${n.up ? '' : ' (down)'}`})));
+  select.addEventListener('blur', () => { if (S.deferred) setTimeout(render, 0); });
+  const go = el('button', {type: 'button', className: 'move-all', text: 'Move these jobs',
+    title: `Move the jobs waiting on ${d.name} to the end of the chosen node's queue`,
+    onclick: () => moveAll(d.name, select.value, go)});
   return el('div', {className: 'alert down', dataset: {node: d.name}},
     el('span', {className: 'alert-tag', text: 'NODE DOWN'}),
     el('span', {className: 'alert-text'},
       el('b', {text: d.name}), ' down for ', el('b', {}, sinceSpan(d.since)),
-      d.error ? ` (${d.error})` : '', ` — ${fmtNum(d.waiting)} job${d.waiting === 1 ? '' : 's'} waiting on it.`));
+      d.error ? ` (${d.error})` : '', ` — ${fmtNum(d.waiting)} job${d.waiting === 1 ? '' : 's'} waiting on it.`),
+    others.length ? el('span', {className: 'move-all-box'}, select, go) : null);
+}
+
+// Moves every job waiting on `from` to the tail of `to`, one call each in queue order (there is
+// no bulk call); a refusal (a critique on its parent's node, a node without the role) does not
+// stop the others, and every refusal is named by job id.
+async function moveAll(from, to, button) {
+  if (!to) return;
+  button.disabled = true;
+  S.pending++;
+  const refused = [];
+  let moved = 0;
+  try {
+    const q = await getJSON(`/api/queue?limit=100000`);
+    const node = q.nodes.find((n) => n.name === from);
+    for (const job of node ? node.queued : []) {
+      let r;
+      try {
+        r = await api('POST', `${idPath(job.id)}/move`, {node: to, position: TAIL});
+      } catch (exc) {
+        r = {ok: false, status: exc.status || 0, message: exc.message};
+      }
+      if (r.ok) moved++;
+      else refused.push(`${job.id}: ${r.message}${r.status ? ` (${r.status})` : ''}`);
+    }
+  } catch (exc) {
+    refused.push(`the queue could not be read: ${exc.message}`);
+  } finally {
+    S.pending--;
+    S.sig = '';
+    alertsSig = '';
+    refreshSoon();
+  }
+  const summary = `Moved ${fmtNum(moved)} job${moved === 1 ? '' : 's'} from ${from} to ${to}`;
+  if (refused.length) toast(`${summary}; could not move ${refused.join('; ')}`);
+  else toast(`${summary}.`, 'info', 5000);
+  announce(refused.length ? `${summary}; ${refused.length} refused` : summary);
 }
 
 function renderBoard() {
@@ -253,7 +321,8 @@ function idleText(node, cls) {
 function column(node, stale) {
   const [cls, label, why] = nodeStatus(node);
   const runningStale = node.running && stale.has(node.running.id);
-  const col = el('section', {className: `col node-${cls}${runningStale ? ' col-stale' : ''}`,
+  const downWaiting = cls === 'down' && node.queued_count > 0; // first when the columns stack
+  const col = el('section', {className: `col node-${cls}${runningStale ? ' col-stale' : ''}${downWaiting ? ' down-waiting' : ''}`,
     dataset: {node: node.name}, 'aria-label': `node ${node.name}`});
   const clear = el('button', {type: 'button', className: 'small ghost', text: 'Clear',
     title: `Cancel the jobs waiting on ${node.name}`, disabled: !node.queued_count && !node.running,
@@ -284,7 +353,7 @@ function column(node, stale) {
   const shown = node.queued.length;
   const list = el('ol', {className: 'queue', dataset: {node: node.name},
     'aria-label': `jobs waiting on ${node.name}`},
-  ...node.queued.map((job, i) => queuedCard(job, i, node.model)));
+  ...node.queued.map((job, i) => queuedCard(job, i, node.model, node.queued_count)));
   const waiting = el('div', {className: 'queue-head'},
     el('span', {text: 'Waiting'}), el('span', {className: 'count', text: fmtNum(node.queued_count)}));
   col.append(head, slot, waiting, list);
@@ -337,7 +406,7 @@ function badges(job) {
   return out;
 }
 
-function queuedCard(job, i, nodeModel) {
+function queuedCard(job, i, nodeModel, count) {
   const card = el('li', {className: 'card queued', tabIndex: 0,
     dataset: {id: job.id, node: job.node, kind: job.kind, state: 'queued', held: job.waiting_for ? 'yes' : 'no'},
     'aria-label': `${job.kind} ${job.id}, position ${i + 1} on ${job.node}: ${promptExcerpt(job, 80)}`},
@@ -348,12 +417,37 @@ function queuedCard(job, i, nodeModel) {
     el('div', {className: 'prompt', text: promptExcerpt(job), title: promptExcerpt(job, 2000)}),
     jobMeta(job, nodeModel)),
   cardActions(
+    el('button', {type: 'button', className: 'small ghost touch step', text: '↑', 'aria-label': `Move ${job.id} up`,
+      title: 'Move up one place (Alt+↑)', disabled: i === 0, onclick: () => stepMove(card, -1)}),
+    el('button', {type: 'button', className: 'small ghost touch step', text: '↓', 'aria-label': `Move ${job.id} down`,
+      title: 'Move down one place (Alt+↓)', disabled: i === count - 1, onclick: () => stepMove(card, 1)}),
+    moveSelect(job),
     el('button', {type: 'button', className: 'small ghost', text: 'Preempt',
       title: 'Run this job next: it goes to the head, and the running job goes back behind it',
       onclick: () => preemptJob(cardInfo(card))}),
     el('button', {type: 'button', className: 'small ghost danger', text: 'Delete',
       title: 'Cancel this job (asks first)', onclick: () => deleteJob(cardInfo(card))})));
   return card;
+}
+
+// "Move to…": the other nodes that take this kind of job (a down one says so); choosing one
+// moves the job to the tail of that node's queue, as a drag to the end of its column would.
+function moveSelect(job) {
+  const role = roleOf(job.kind);
+  const targets = (S.queue ? S.queue.nodes : []).filter((n) => n.name !== job.node && n.roles.includes(role));
+  const select = el('select', {className: 'move-to touch', 'aria-label': `Move ${job.id} to another node`,
+    title: 'Move it to the end of another node\'s queue', disabled: !targets.length},
+  el('option', {value: '', text: targets.length ? 'Move to…' : 'no other node'}),
+  ...targets.map((n) => el('option', {value: n.name, text: `${n.name}${n.up ? '' : ' (down)'}`})));
+  select.addEventListener('change', () => {
+    const target = select.value;
+    if (!target) return;
+    const card = select.closest('.card');
+    select.blur();
+    moveTo(card, target, queuedIn(target, card).length, {tail: true});
+  });
+  select.addEventListener('blur', () => { if (S.deferred) setTimeout(render, 0); });
+  return select;
 }
 
 // A card's buttons: over its top right corner while it is hovered or focused (always shown
@@ -723,6 +817,15 @@ function neighbourNode(name, step, kind) {
     if (nodes[i].roles.includes(roleOf(kind))) return nodes[i].name;
   }
   return null;
+}
+
+// The ↑ / ↓ buttons: one place up or down the card's own queue (what Alt+↑ / Alt+↓ do).
+function stepMove(card, step) {
+  const {node} = cardInfo(card);
+  const cards = queuedIn(node);
+  const i = cards.indexOf(card);
+  if (i < 0 || i + step < 0 || i + step >= cards.length) return;
+  moveTo(card, node, i + step);
 }
 
 function keyMove(card, key) {
