@@ -15,8 +15,8 @@ import ollama
 import openai
 import pytest
 
-from conftest import eventually
-from test_front import CHAT_MODEL, EMBED_MODEL, start_front_lab
+from conftest import eventually, free_port, node_table
+from test_front import CHAT_MODEL, EMBED_MODEL, FrontLab, start_front_lab
 
 CRITIQUE_ONLY = "deepseek-r1:32b"  # node-2's only model; node-2 takes critiques only
 LOCKED = "the database is locked by another process (database is locked); nothing was changed"
@@ -176,3 +176,26 @@ async def test_the_sdks_retry_a_503_and_never_a_refusal(front, tmp_path):
     sent.clear()
     done = await oa.chat.completions.create(model=CHAT_MODEL, messages=[{"role": "user", "content": "unlocked"}])
     assert done.choices[0].message.content and sent == ["/v1/chat/completions"]
+
+
+async def test_a_node_whose_list_says_no_capabilities_is_asked_its_show(fakes, daemon_factory):
+    # An Ollama older than capabilities in /api/tags: the refusal reads /api/show's.
+    node = await fakes(CHAT_MODEL)
+    node.script.raw_bodies["/api/tags"] = json.dumps({"models": [
+        {"name": CHAT_MODEL, "model": CHAT_MODEL, "modified_at": "2026-01-01T00:00:00Z", "size": 1,
+         "digest": "a" * 64, "details": {"family": "qwen3moe"}}]})
+    port = free_port()
+    daemon = await daemon_factory([node_table("node-1", node, 1, ["task"], CHAT_MODEL)],
+                                  ollama_listen=f"127.0.0.1:{port}")
+    lab = FrontLab(daemon, f"http://127.0.0.1:{port}", {"node-1": node})
+    try:
+        await eventually(lab.models_ready, 10, what="the front door to know the node's model")
+        for prompt in ("think?", "think again?"):
+            with pytest.raises(ollama.ResponseError) as exc:
+                await lab.ollama().chat(model=CHAT_MODEL, think=True, messages=[{"role": "user", "content": prompt}])
+            assert (exc.value.status_code, exc.value.error) == (400, f'"{CHAT_MODEL}" does not support thinking')
+        assert await lab.jobs() == [] and node.chat_requests == []
+        # What it can do runs.
+        assert (await lab.ollama().chat(model=CHAT_MODEL, messages=[{"role": "user", "content": "plain"}])).done
+    finally:
+        await lab.close()

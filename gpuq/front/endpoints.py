@@ -3,7 +3,8 @@ front door knows of it: its API, the Ollama route it runs as on its node, how it
 checked and translated to Ollama's, what the job shows as its prompt, the whole reply of
 stream:false, the writer of its server-sent events, its reply id and its job kind. The
 listener (gpuq/front/listener.py) and the relay (gpuq/front/relay.py) read it; nothing else
-names a route. Pure, no I/O."""
+names a route. Pure, no I/O, but for the refusal of what a model cannot do, which may ask a
+node's /api/show once per model (early_refusal)."""
 
 from __future__ import annotations
 
@@ -181,26 +182,48 @@ def _full_name(name: str) -> str:
     return "/".join(parts)
 
 
-def early_refusal(ep: Endpoint, ollama: dict, nodes: Iterable) -> None:
+async def capabilities_of(nodes: Iterable, model: str) -> list[list[str]] | None:
+    """The capabilities of `model` on each task node that has it: as its /api/tags listed them
+    (Ollama sends them there too), else as its /api/show lists them, asked once per model and
+    digest (gpuq/node/ollama.py OllamaClient.capabilities). None when some node with it does
+    not say (then the node answers for itself) or none has it."""
+    known = []
+    for rt in front_nodes(nodes):
+        entries = entries_of([rt], model)
+        if not entries:
+            continue
+        caps = entries[0].get("capabilities")
+        if not isinstance(caps, list):
+            if not rt.up:
+                return None
+            digest = entries[0].get("digest")
+            caps = await rt.client.capabilities(entries[0].get("model") or entries[0].get("name"),
+                                                digest if isinstance(digest, str) else "")
+        if caps is None:
+            return None
+        known.append(caps)
+    return known or None
+
+
+async def early_refusal(ep: Endpoint, ollama: dict, nodes: Iterable) -> None:
     """Refuse now, before the call is stored and waits its turn, what Ollama would refuse when
     it came to run: with Ollama's status and words, in the order server/routes.go checks them.
-    The model's capabilities are those the nodes' /api/tags listed (Ollama sends them since
-    0.6.x, as /api/show does); a call is refused only when every task node with the model
-    lacks what it needs, so the chosen one would too (a node that lists no capabilities is
-    left to answer for itself)."""
+    A call is refused for a capability only when every task node with the model lacks it, so
+    the chosen one would too."""
     if ep.node_route not in STREAMED_ROUTES:
         return
     ollama_api.check_top_logprobs(ollama)  # ChatHandler, GenerateHandler: before the model
     model = ollama.get("model")
-    entries = entries_of(nodes, model) if isinstance(model, str) else []
-    known = [e["capabilities"] for e in entries if isinstance(e.get("capabilities"), list)]
-    if entries and len(known) == len(entries):
+    nodes = list(nodes)
+    known = await capabilities_of(nodes, model) if isinstance(model, str) else None
+    if known:
         chat = ep.node_route == "/api/chat"
         lacks = lambda cap: all(cap not in caps for caps in known)  # noqa: E731
         # think on a model without the capability (ChatHandler, GenerateHandler). Anthropic's
         # API is the exception: Ollama relaxes it there ("relax_thinking"), and so does gpuq.
         think = ollama.get("think")
-        if ep.api != "anthropic" and (think is True or think in THINK_LEVELS) and lacks("thinking"):
+        thinks = think is True or isinstance(think, str) and think in THINK_LEVELS
+        if ep.api != "anthropic" and thinks and lacks("thinking"):
             raise BadRequest(f"{go_quote(model)} does not support thinking")
         # scheduleRunner -> Model.CheckCapabilities (server/images.go): completion first, then
         # what the request needs, the missing ones joined by errors.Join's newline.
@@ -211,6 +234,7 @@ def early_refusal(ep: Endpoint, ollama: dict, nodes: Iterable) -> None:
             needed.append("insert")
         missing = [cap for cap in needed if lacks(cap)]
         if missing:
-            name = entries[0].get("model") or entries[0].get("name")
+            entry = entries_of(nodes, model)[0]
+            name = entry.get("model") or entry.get("name")
             raise BadRequest(f"{_full_name(name)} does not support " + "\n".join(missing))
     ollama_api.check_format(ollama.get("format"))  # llm/llama_server.go, once loaded: last

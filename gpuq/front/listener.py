@@ -508,7 +508,7 @@ async def run_call(request: web.Request, ep: Endpoint) -> web.StreamResponse:
             raise NotFound(f"model '{body['model']}' not found")
         return web.json_response(load_or_unload_reply(ep.path, body), dumps=dumps)
     call = Call(request, ep, body)
-    early_refusal(ep, call.ollama, front.nodes_by_rank())  # what its node would refuse, before it waits
+    await early_refusal(ep, call.ollama, front.nodes_by_rank())  # what its node would refuse, before it waits
     try:
         await call.submit()
         return await call.follow()
