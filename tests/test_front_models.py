@@ -42,6 +42,10 @@ async def test_the_lists_hold_only_models_a_front_door_call_can_run(front):
     listed = await front.ollama().list()
     assert sorted(m.model for m in listed.models) == sorted([CHAT_MODEL, "llama3.2:latest", EMBED_MODEL])
     assert {m.id async for m in front.openai().models.list()} == {CHAT_MODEL, "llama3.2:latest", EMBED_MODEL}
+    assert (await front.openai().models.retrieve("llama3.2:latest")).id == "llama3.2:latest"
+    with pytest.raises(openai.NotFoundError) as exc:
+        await front.openai().models.retrieve(CRITIQUE_ONLY)
+    assert exc.value.body["message"] == f"model '{CRITIQUE_ONLY}' not found"
     # Each listed model runs.
     for model in (CHAT_MODEL, "llama3.2:latest"):
         assert (await front.ollama().chat(model=model, messages=[{"role": "user", "content": "listed"}])).done

@@ -243,7 +243,10 @@ async def openai_models(request: web.Request) -> web.Response:
 
 
 async def openai_model(request: web.Request) -> web.Response:
+    """A model /v1/models lists (a task node has it), described by a node's /api/show."""
     name = request.match_info["model"]
+    if not entries_of(request.app[FRONT].nodes_by_rank(), name):
+        raise NotFound(f"model '{name}' not found")
     return web.json_response(model_card(name, await _show(request.app[FRONT], {"model": name})), dumps=dumps)
 
 
