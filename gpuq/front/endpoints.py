@@ -3,16 +3,19 @@ front door knows of it: its API, the Ollama route it runs as on its node, how it
 checked and translated to Ollama's, what the job shows as its prompt, the whole reply of
 stream:false, the writer of its server-sent events, its reply id and its job kind. The
 listener (gpuq/front/listener.py) and the relay (gpuq/front/relay.py) read it; nothing else
-names a route. Pure, no I/O."""
+names a route. Pure, no I/O, but for the refusal of what a model cannot do, which may ask a
+node's /api/show once per model (early_refusal)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterable, Protocol
 
-from ..models import Kind
-from ..params import merged_options
+from ..errors import BadRequest
+from ..models import Kind, normalize_model
+from ..params import THINK_LEVELS, merged_options
 from . import anthropic, ollama_api, openai_api, responses
+from .ollama_api import go_quote
 from .shapes import chat_prompt, embed_prompt, generate_prompt
 
 STREAMED_ROUTES = ("/api/chat", "/api/generate")  # on the node: the others answer one object
@@ -138,3 +141,100 @@ def node_request(path: str, body: dict, node_think: bool | str | None = None,
     if options:
         out["options"] = options
     return ep.node_route, out
+
+
+# -- what the nodes can run ----------------------------------------------------------------------
+# Every front-door call is a task (or an embedding, which runs where tasks run: placement.role_of),
+# so only the task nodes' models are the front door's to list, pull or check.
+
+def runs_front_calls(node) -> bool:
+    """A node (gpuq/node/runtime.py NodeRuntime) that front-door calls can be placed on."""
+    return "task" in node.config.roles
+
+
+def front_nodes(nodes: Iterable) -> list:
+    return [rt for rt in nodes if runs_front_calls(rt)]
+
+
+def entries_of(nodes: Iterable, model: str) -> list[dict]:
+    """The /api/tags entries of `model` on the nodes that run front-door calls, as their last
+    health checks read them (one per node that has it)."""
+    wanted = normalize_model(model)
+    out = []
+    for rt in front_nodes(nodes):
+        for entry in rt.tags or ():
+            name = entry.get("model") or entry.get("name") if isinstance(entry, dict) else None
+            if isinstance(name, str) and normalize_model(name) == wanted:
+                out.append(entry)
+                break
+    return out
+
+
+def _full_name(name: str) -> str:
+    """Ollama's Model.Name in its messages: host/namespace/model:tag (types/model/name.go)."""
+    if ":" not in name.rsplit("/", 1)[-1]:
+        name += ":latest"
+    parts = name.split("/")
+    if len(parts) == 1:
+        parts = ["library", *parts]
+    if len(parts) == 2:
+        parts = ["registry.ollama.ai", *parts]
+    return "/".join(parts)
+
+
+async def capabilities_of(nodes: Iterable, model: str) -> list[list[str]] | None:
+    """The capabilities of `model` on each task node that has it: as its /api/tags listed them
+    (Ollama sends them there too), else as its /api/show lists them, asked once per model and
+    digest (gpuq/node/ollama.py OllamaClient.capabilities). None when some node with it does
+    not say (then the node answers for itself) or none has it."""
+    known = []
+    for rt in front_nodes(nodes):
+        entries = entries_of([rt], model)
+        if not entries:
+            continue
+        caps = entries[0].get("capabilities")
+        if not isinstance(caps, list):
+            if not rt.up:
+                return None
+            digest = entries[0].get("digest")
+            caps = await rt.client.capabilities(entries[0].get("model") or entries[0].get("name"),
+                                                digest if isinstance(digest, str) else "")
+        if caps is None:
+            return None
+        known.append(caps)
+    return known or None
+
+
+async def early_refusal(ep: Endpoint, ollama: dict, nodes: Iterable) -> None:
+    """Refuse now, before the call is stored and waits its turn, what Ollama would refuse when
+    it came to run: with Ollama's status and words, in the order server/routes.go checks them.
+    A call is refused for a capability only when every task node with the model lacks it, so
+    the chosen one would too."""
+    if ep.node_route not in STREAMED_ROUTES:
+        return
+    ollama_api.check_top_logprobs(ollama)  # ChatHandler, GenerateHandler: before the model
+    model = ollama.get("model")
+    nodes = list(nodes)
+    known = await capabilities_of(nodes, model) if isinstance(model, str) else None
+    if known:
+        chat = ep.node_route == "/api/chat"
+        lacks = lambda cap: all(cap not in caps for caps in known)  # noqa: E731
+        # think on a model without the capability (ChatHandler, GenerateHandler). Anthropic's
+        # API is the exception: Ollama relaxes it there ("relax_thinking"), and so does gpuq.
+        think = ollama.get("think")
+        thinks = think is True or isinstance(think, str) and think in THINK_LEVELS
+        if ep.api != "anthropic" and thinks and lacks("thinking"):
+            raise BadRequest(f"{go_quote(model)} does not support thinking")
+        # scheduleRunner -> Model.CheckCapabilities (server/images.go): completion first, then
+        # what the request needs, the missing ones joined by errors.Join's newline.
+        if lacks("completion"):
+            raise BadRequest(f"{go_quote(model)} does not support {'chat' if chat else 'generate'}")
+        needed = ["tools"] if chat and ollama.get("tools") else []
+        if not chat and ollama.get("suffix"):
+            needed.append("insert")
+        missing = [cap for cap in needed if lacks(cap)]
+        if missing:
+            entry = entries_of(nodes, model)[0]
+            name = entry.get("model") or entry.get("name")
+            raise BadRequest(f"{_full_name(name)} does not support " + "\n".join(missing))
+    ollama_api.check_format(ollama.get("format"))  # llm/llama_server.go, once loaded: last

@@ -30,11 +30,14 @@ from ..models import ACTIVE, new_job_id, normalize_model, preview_url
 from ..security import check_host, served_hosts, token_of
 from ..store import NewJob, Store
 from .anthropic import anthropic_error
-from .endpoints import ENDPOINTS, Endpoint, api_of
-from .ollama_api import collected, is_load_or_unload, load_or_unload_reply, merged_ps, merged_tags, ollama_error
+from .endpoints import ENDPOINTS, Endpoint, api_of, early_refusal, entries_of, front_nodes
+from .ollama_api import (
+    collected, is_load_or_unload, load_or_unload_reply, merged_ps, merged_tags, ollama_error, pull_model_of,
+    pull_progress,
+)
 from .openai_api import model_card, model_list, openai_error
 from .relay import Relay
-from .shapes import dumps
+from .shapes import dumps, should_retry
 
 log = logging.getLogger("gpuq")
 
@@ -63,7 +66,7 @@ CORS_ALLOW_HEADERS = ",".join((  # canonical forms, as gin-contrib/cors writes t
 ))
 CORS_MAX_AGE = "43200"  # cors.DefaultConfig's MaxAge, 12 h
 CORS_ORIGIN = "gpuq.cors_origin"  # the request's allowed origin, for its answer's headers
-NOT_SERVED = ("/api/pull", "/api/push", "/api/create", "/api/delete", "/api/copy", "/api/blobs")
+NOT_SERVED = ("/api/push", "/api/create", "/api/delete", "/api/copy", "/api/blobs")
 
 
 class Front:
@@ -102,12 +105,13 @@ class Front:
 
 def error_response(request: web.Request, status: int, message: str, code: str | None = None,
                    headers: dict | None = None) -> web.Response:
-    """An error in the shape of the caller's API; an OpenAI or Anthropic client is told not to
-    retry it (x-should-retry, which both SDKs obey): nothing is retried silently."""
+    """An error in the shape of the caller's API; an OpenAI or Anthropic client is told whether
+    to retry it (x-should-retry, which both SDKs obey): only a refusal that stored nothing and
+    may pass later (503, 429) is retried, never one that would be refused again or a job."""
     api = api_of(request.path)
     if api == "ollama":
         return web.json_response(ollama_error(message), status=status, headers=headers, dumps=dumps)
-    headers = {**(headers or {}), "x-should-retry": "false"}
+    headers = {**(headers or {}), "x-should-retry": should_retry(status)}
     if api == "anthropic":
         body = anthropic_error(status, message)
     else:
@@ -277,11 +281,12 @@ async def version(request: web.Request) -> web.Response:
 
 
 def all_tags(front: Front) -> list[dict]:
-    return merged_tags((rt.tags for rt in front.nodes_by_rank()), normalize_model)
+    return merged_tags((rt.tags for rt in front_nodes(front.nodes_by_rank())), normalize_model)
 
 
 async def tags(request: web.Request) -> web.Response:
-    """Every model installed on any node, each once, as the nodes' last health checks saw them."""
+    """Every model the front door can run (installed on a task node), each once, as the nodes'
+    last health checks saw them: a critique-only node's models are not listed."""
     return web.json_response({"models": all_tags(request.app[FRONT])}, dumps=dumps)
 
 
@@ -333,8 +338,30 @@ async def openai_models(request: web.Request) -> web.Response:
 
 
 async def openai_model(request: web.Request) -> web.Response:
+    """A model /v1/models lists (a task node has it), described by a node's /api/show."""
     name = request.match_info["model"]
+    if not entries_of(request.app[FRONT].nodes_by_rank(), name):
+        raise NotFound(f"model '{name}' not found")
     return web.json_response(model_card(name, await _show(request.app[FRONT], {"model": name})), dumps=dumps)
+
+
+async def pull(request: web.Request) -> web.StreamResponse:
+    """Ollama's success for a model a task node has (server/routes.go PullHandler: a stream of
+    progress objects, or with stream:false the last one); a 404 saying where to pull one that
+    none has."""
+    front = request.app[FRONT]
+    body = await json_of(request)
+    model = pull_model_of(body)
+    nodes = front_nodes(front.nodes_by_rank())
+    having = [rt.name for rt in nodes if entries_of([rt], model)]
+    progress = pull_progress(model, having, {rt.name: sorted(rt.installed or ()) for rt in nodes})
+    if body.get("stream") is False:
+        return web.json_response(progress[-1], dumps=dumps)
+    resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+    await resp.prepare(request)
+    await resp.write(b"".join(dumps(p).encode() + b"\n" for p in progress))
+    await resp.write_eof()
+    return resp
 
 
 async def not_served(request: web.Request) -> web.Response:
@@ -575,10 +602,12 @@ async def run_call(request: web.Request, ep: Endpoint) -> web.StreamResponse:
     if is_load_or_unload(ep.path, body):
         # gpuq loads a model for each job and unloads it after: nothing to do, answered as Ollama
         # does, for a model some node has (Open WebUI unloads this way).
-        if not any(normalize_model(body["model"]) in (rt.installed or ()) for rt in front.nodes_by_rank()):
+        wanted = normalize_model(body["model"])
+        if not any(wanted in (rt.installed or ()) for rt in front_nodes(front.nodes_by_rank())):
             raise NotFound(f"model '{body['model']}' not found")
         return web.json_response(load_or_unload_reply(ep.path, body), dumps=dumps)
     call = Call(request, ep, body)
+    await early_refusal(ep, call.ollama, front.nodes_by_rank())  # what its node would refuse, before it waits
     try:
         await call.submit()
         return await call.follow()
@@ -627,6 +656,7 @@ def create_front_app(settings: Settings, store: Store, dispatcher: Dispatcher, b
     r.add_get("/api/tags", tags)
     r.add_get("/api/ps", ps, allow_head=False)
     r.add_post("/api/show", show)
+    r.add_post("/api/pull", pull)
     for ep in ENDPOINTS.values():
         r.add_post(ep.path, call_handler(ep))
     r.add_get("/v1/models", openai_models, allow_head=False)

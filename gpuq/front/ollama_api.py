@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import re
 from typing import Any, Iterable
 
-from ..errors import BadRequest, NotFound
+from ..errors import BadRequest, FrontError, NotFound
 from ..params import options_problem, think_problem
 from .shapes import chunk_text, now_rfc3339, tools_of, unix_of, wrong
 
@@ -41,10 +42,28 @@ def _check_common(body: dict) -> None:
     problem = think_problem(body.get("think"))  # one check, in Ollama's words (gpuq/params.py)
     if problem:
         raise BadRequest(problem)
-    fmt = body.get("format")
-    if fmt is not None and not isinstance(fmt, (str, dict)):
-        raise wrong("format", "\"json\" or a JSON schema object", fmt)
     check_keep_alive(body.get("keep_alive"))
+
+
+def go_quote(text: str) -> str:
+    """Go's %q of a string, as Ollama quotes names and values in its messages."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def check_top_logprobs(body: dict) -> None:
+    """Ollama's first check of a chat or generate (server/routes.go ChatHandler, GenerateHandler)."""
+    given = body.get("top_logprobs")
+    if isinstance(given, (int, float)) and not isinstance(given, bool) and not 0 <= given <= 20:
+        raise BadRequest("top_logprobs must be between 0 and 20")
+
+
+def check_format(fmt: Any) -> None:
+    """Nothing (null, ""), "json" or a JSON schema object; anything else Ollama refuses only once
+    the model is loaded, with a 500 (llm/llama_server.go Completion: %q of the raw JSON)."""
+    if fmt is None or fmt in ("", "json") or isinstance(fmt, dict):
+        return
+    raw = json.dumps(fmt, separators=(",", ":"), ensure_ascii=False)
+    raise FrontError(500, f'invalid format: {go_quote(raw)}; expected "json" or a valid JSON Schema object')
 
 
 def _check_images(images: Any, where: str) -> None:
@@ -212,3 +231,38 @@ def merged_ps(per_node: Iterable[list[dict]]) -> list[dict]:
     """Every node's loaded models, longest time left first, as Ollama sorts /api/ps."""
     models = [m for node in per_node for m in node if isinstance(m, dict)]
     return sorted(models, key=lambda m: -unix_of(m.get("expires_at")))
+
+
+# /api/pull: gpuq pulls nothing (a model is pulled on a node's own Ollama), but a script that
+# pulls to "make sure a model is there" hears Ollama's success when a node that runs front-door
+# calls has it.
+
+# What Ollama streams for a model already pulled, each layer a cache hit (server/images.go
+# PullModel: "pulling manifest", the layers, "verifying sha256 digest", "writing manifest",
+# "success"), as api/types.go ProgressResponse objects.
+PULL_STATUSES = ("pulling manifest", "verifying sha256 digest", "writing manifest", "success")
+
+
+def pull_model_of(body: dict) -> str:
+    """The model a pull names (`model`, or the older `name`: routes.go PullHandler's cmp.Or)."""
+    model = body.get("model") or body.get("name")
+    if not isinstance(model, str) or not model.strip():
+        raise BadRequest("invalid model name")  # types/errtypes InvalidModelNameErrMsg
+    for field in ("stream", "insecure"):
+        if body.get(field) is not None and not isinstance(body[field], bool):
+            raise wrong(field, "true or false", body[field])
+    return model
+
+
+def pull_progress(model: str, having: list[str], others: dict[str, list[str]]) -> list[dict]:
+    """The progress objects of a pull of a model that the nodes in `having` have; else a 404
+    naming the nodes that run front-door calls (`others`: each one's models) and how to pull
+    it there."""
+    if having:
+        return [{"status": status} for status in PULL_STATUSES]
+    if not others:
+        raise NotFound(f"model '{model}' is not on any node: no node takes task jobs, and gpuq's front door "
+                       "does not pull models")
+    listed = "; ".join(f"{name}: {', '.join(models) or 'nothing'}" for name, models in others.items())
+    raise NotFound(f"model '{model}' is not on any node that runs front-door calls ({listed}); gpuq's front door "
+                   f"does not pull models: run `ollama pull {model}` on one of them ({', '.join(others)})")

@@ -46,6 +46,18 @@ def unix_of(text: Any) -> int:
     return int(stamp.timestamp())
 
 
+# The statuses a client may simply send again: the router was busy or its store could not be
+# written (503, nothing was stored), or the client was over a limit (429). Every other refusal
+# would be refused again, and a 5xx after a job was stored must not run it twice.
+RETRYABLE = frozenset({429, 503})
+
+
+def should_retry(status: int) -> str:
+    """The `x-should-retry` header of a /v1 error: the OpenAI and Anthropic SDKs obey it over
+    their own rule (which retries every 5xx, 408 and 409)."""
+    return "true" if status in RETRYABLE else "false"
+
+
 def wrong(field: str, want: str, value: Any) -> BadRequest:
     return BadRequest(f"field '{field}' must be {want}, got {json_type(value)} {json.dumps(value)[:60]}")
 

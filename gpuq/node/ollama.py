@@ -78,6 +78,7 @@ class OllamaClient:
         self.stall_timeout_s = stall_timeout_s
         self.load_timeout_s = load_timeout_s
         self.max_reply_bytes = max_reply_bytes
+        self._capabilities: dict[tuple[str, str], list[str] | None] = {}  # (model, digest) -> /api/show's
 
     async def _request(self, method: str, path: str, body: Any = None, timeout_s: float = 10.0,
                        max_bytes: int | None = None) -> Any:
@@ -196,6 +197,22 @@ class OllamaClient:
     async def unload(self, model: str, timeout_s: float = 10.0) -> None:
         """An empty chat with keep_alive 0 asks Ollama to unload; it answers done_reason 'unload'."""
         await self._request("POST", "/api/chat", {"model": model, "messages": [], "keep_alive": 0}, timeout_s)
+
+    async def capabilities(self, model: str, digest: str = "", timeout_s: float = 3.0) -> list[str] | None:
+        """The model's capabilities as /api/show lists them, asked once per model and digest (a
+        model pulled again is asked again). None when the node does not say (an Ollama older
+        than capabilities) or cannot answer now (then not kept: asked again the next time)."""
+        key = (normalize_model(model), digest)
+        if key in self._capabilities:
+            return self._capabilities[key]
+        try:
+            data = await self._request("POST", "/api/show", {"model": model}, timeout_s)
+        except OllamaError:
+            return None
+        caps = data.get("capabilities") if isinstance(data, dict) else None
+        caps = [c for c in caps if isinstance(c, str)] if isinstance(caps, list) else None
+        self._capabilities[key] = caps
+        return caps
 
     async def context_length(self, model: str) -> int | None:
         """The model's num_ctx as /api/show's `parameters` set it; None when it sets none (the
