@@ -6,7 +6,6 @@ jobs, saying so."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import sys
 

@@ -574,6 +574,22 @@ async def start_front_lab_with_token(fakes, daemon_factory, token: str) -> Front
     return lab
 
 
+async def test_a_nodes_own_refusal_reaches_the_client_with_its_status_and_fails_the_job(front):
+    """What the router cannot know before the run (the node refuses the model's load) reaches the
+    client with the node's status and words, and the job is failed with them, never retried."""
+    message = "llama-server reported out-of-memory during startup: cudaMalloc failed"
+    front.fakes["node-1"].script.load_error = (500, message)
+    with pytest.raises(ollama.ResponseError) as exc:
+        await front.ollama().chat(model=CHAT_MODEL, messages=[{"role": "user", "content": "too big?"}])
+    assert (exc.value.status_code, exc.value.error) == (500, message)
+    job = await front.daemon.wait_state((await front.job_with("too big?"))["id"], "failed")
+    assert job["error"] == message and len(job["runs"]) == 1
+    with pytest.raises(openai.InternalServerError) as err:
+        await front.openai().with_options(max_retries=0).chat.completions.create(
+            model=CHAT_MODEL, messages=[{"role": "user", "content": "too big again?"}])
+    assert err.value.body["message"] == message
+
+
 async def test_bad_requests_get_each_apis_error_shape(front):
     session = front.daemon.session
     cases = [
