@@ -10,6 +10,7 @@ import signal
 import socket
 import sys
 import time
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable
@@ -59,6 +60,10 @@ class Result:
     err: str
 
 
+class PortTakenMeanwhile(Exception):
+    """The port free_port found was taken by another process before the router bound it."""
+
+
 @dataclass
 class Daemon:
     """The real router, started as `gpuq serve` in a subprocess."""
@@ -71,11 +76,28 @@ class Daemon:
     env: dict = field(default_factory=dict)
     command: tuple[str, ...] = (sys.executable, "-m", "gpuq.cli")  # or an installed `gpuq`
     file_limit: int | tuple[int, int] | None = None  # the router's RLIMIT_NOFILE (soft, hard), or both
+    # The harness chose the port (free_port): when another process took it before the router
+    # bound it (a busy machine's outgoing connections use the same range), start again on another.
+    own_port: bool = False
 
     def _listening_lines(self) -> int:
         return self.log.read_text(errors="replace").count(LISTENING) if self.log.exists() else 0
 
     async def start(self, timeout: float = 20.0) -> None:
+        for _ in range(3):
+            try:
+                return await self._start(timeout)
+            except PortTakenMeanwhile:
+                self._move_to(free_port())
+        await self._start(timeout)
+
+    def _move_to(self, port: int) -> None:
+        data = tomllib.loads(self.config.read_text())
+        data["router"]["listen"] = f"127.0.0.1:{port}"
+        data["router"]["public_url"] = self.url = f"http://127.0.0.1:{port}"
+        self.config.write_text(tomli_w.dumps(data))
+
+    async def _start(self, timeout: float) -> None:
         # Ours is up when it says it listens (another test's router may hold a free port we
         # picked and answer /health, while ours exits 2 naming the port).
         before = self._listening_lines()
@@ -88,9 +110,15 @@ class Daemon:
             *command, "serve", "--config", str(self.config),
             stdout=log, stderr=log, env={**os.environ, **self.env}, cwd=str(self.config.parent))
         log.close()
+        listen = self.url.removeprefix("http://")
+        written = self.log.stat().st_size if self.log.exists() else 0
 
         async def answers():
             if self.proc.returncode is not None:
+                await self.proc.wait()
+                told = self.log.read_bytes()[written:].decode(errors="replace")
+                if self.own_port and f"cannot listen on {listen}: address already in use" in told:
+                    raise PortTakenMeanwhile(listen)
                 raise AssertionError(f"daemon exited {self.proc.returncode}:\n{self.log.read_text()}")
             if self._listening_lines() <= before:
                 return False
@@ -221,7 +249,7 @@ async def daemon_factory(tmp_path):
         config = write_config(tmp_path / f"{name}.toml", nodes, port, **router)
         log = tmp_path / ("daemon.log" if name == "gpuq" else f"{name}.log")
         daemon = Daemon(config=config, url=f"http://127.0.0.1:{port}", log=log, session=session,
-                        env=env or {}, file_limit=file_limit)
+                        env=env or {}, file_limit=file_limit, own_port="listen" not in router)
         if command:
             daemon.command = command
         started.append(daemon)
