@@ -71,6 +71,7 @@ async def test_a_wrong_token_is_refused_on_the_queue_page_at_once(fakes, daemon_
     await expect(page.locator("#board")).to_contain_text("not loaded")
     assert await page.locator("dialog[open]").count() == 0  # the page says it: no form pops up by itself
     assert not await page.evaluate("window.__sawNothingYet")
+    await expect(page.locator("#conn")).to_have_text("access refused")  # not "reconnecting…"
 
     # The alert's button takes the right token, and the queue shows.
     await refusal.get_by_role("button", name="Enter token").click()
@@ -79,6 +80,7 @@ async def test_a_wrong_token_is_refused_on_the_queue_page_at_once(fakes, daemon_
     await expect(page.locator(".col")).to_have_count(3)
     await expect(page.locator("#alerts .refusal")).to_have_count(0)
     await expect(page.locator("#recent-body")).to_contain_text(NOTHING_YET)  # now it is true
+    await expect(page.locator("#conn")).to_have_text("live")
 
 
 @SIZES

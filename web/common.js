@@ -537,9 +537,16 @@ export function coalesced(fn, minGapMs = 150) {
   return schedule;
 }
 
+// A refusal (a wrong token) stays the connection's word until the live events connect: the
+// EventSource, refused too, only ever says it is reconnecting.
+let refusedWith = null;
+
 export function setConnection(status, detail) {
   const node = document.getElementById('conn');
   if (!node) return;
+  if (status === 'refused') refusedWith = detail || '';
+  else if (status === 'live') refusedWith = null;
+  else if (status === 'reconnecting' && refusedWith !== null) [status, detail] = ['refused', refusedWith];
   node.className = `conn conn-${status}`;
   node.textContent = {live: 'live', reconnecting: 'reconnecting…', down: 'router unreachable',
     connecting: 'connecting…', refused: 'access refused'}[status] || status;

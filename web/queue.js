@@ -65,6 +65,7 @@ async function refresh() {
   const failed = [queue, health, recent, activity].find((r) => r.status === 'rejected');
   if (failed) {
     S.error = failed.reason;
+    if (isRefusal(S.error)) setConnection('refused', S.error.message);
   } else {
     Object.assign(S, {queue: queue.value, recent: recent.value, activity: activity.value, error: null,
                       updatedAt: Date.now()});
