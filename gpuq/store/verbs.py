@@ -357,11 +357,11 @@ def submit(db: engine.Connection, new: NewJob, nodes: list[NodeInfo], actor: str
         db.execute(
             "INSERT INTO job (id, kind, node, model, model_pinned, prompt, parent_id, group_id,"
             " position, placement, timeout_s, created_at, subject_from_parent, think, options,"
-            " endpoint, request) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " endpoint, request, owner, client, lane) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (job_id, new.kind, p.node, model, int(new.model is not None), prompt, new.parent,
              group, position, p.reason, new.timeout_s, at, int(from_parent),
              None if new.think is None else dumps(new.think), None if new.options is None else dumps(new.options),
-             new.endpoint, new.request),
+             new.endpoint, new.request, new.owner, new.client, new.lane),
         )
         waiting_for = new.parent if from_parent and parent["state"] != JobState.DONE else None
         held = f"; waiting for parent {waiting_for}" if waiting_for else ""
