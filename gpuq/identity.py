@@ -54,3 +54,18 @@ def by_login(settings: Settings, login: str, via: str) -> Caller | None:
     if settings.default_role is not None:
         return Caller(login, settings.default_role, via)
     return None
+
+
+async def who(settings: Settings, tokens: list[str], peer: str | None = None) -> Caller | None:
+    """Who is this request, for both doors (the router's API and the front door): the live
+    settings, the tokens it offers (a Bearer token; the front door's x-api-key too) and the
+    connection's peer address. ANYONE on an open router; None when it stands for no one (the
+    door answers 401). The tailnet's path (identity = "tailscale": `peer` asked of tailscaled)
+    slots in here, for the requests that offer no token."""
+    if not locked(settings):
+        return ANYONE
+    for token in tokens:
+        caller = by_token(settings, token)
+        if caller is not None:
+            return caller
+    return None
