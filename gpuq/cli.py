@@ -587,6 +587,7 @@ def show(ctx, job_id, as_json) -> None:
         return
     click.echo(f"{job['id']}  {job['kind']}  {job['state']}  on {job['node']}  model {job['model']}")
     click.echo(f"placed: {job['placement']}   queued {job['created_at']}")
+    click.echo(f"owner: {job.get('owner') or '(no user)'}   client: {job.get('client') or '(not said)'}")
     if job.get("endpoint"):  # a call through the front door; the whole request: --json
         agent = (job.get("request") or {}).get("user_agent")
         click.echo(f"via: {job['endpoint']} (front door){f', client {agent}' if agent else ''}")
@@ -652,13 +653,13 @@ def since_time(text: str) -> float:
 
 
 def history_jobs(router: Router, state: str | None, node: str | None, since: float | None,
-                 limit: int) -> tuple[list[dict], bool]:
+                 limit: int, owner: str | None = None) -> tuple[list[dict], bool]:
     """The newest finished jobs (at most `limit`, none older than `since`), and whether there are
     more. /api/history pages newest first; `since` is where the paging stops."""
     jobs, offset = [], 0
     while True:
         size = min(500, limit + 1 - len(jobs))
-        query = urlencode({k: v for k, v in (("state", state), ("node", node), ("limit", size),
+        query = urlencode({k: v for k, v in (("state", state), ("node", node), ("owner", owner), ("limit", size),
                                              ("offset", offset)) if v is not None})
         page = router.call("GET", f"/api/history?{query}")["jobs"]
         for job in page:
@@ -675,74 +676,98 @@ def history_jobs(router: Router, state: str | None, node: str | None, since: flo
 @main.command()
 @click.option("--state", type=click.Choice([s.value for s in FINAL]), help="Only jobs that ended so.")
 @click.option("--node", help="Only jobs on this node.")
+@click.option("--owner", help="Only jobs of this user (a [[user]]'s name).")
 @click.option("--since", help="Only jobs that ended since: a time ago (30m, 2h, 3d) or a date (2026-10-19 14:00).")
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 10_000), help="Jobs shown at most.")
 @click.option("--json", "as_json", is_flag=True, help='Print {"jobs": [...], "more": true|false} as JSON.')
 @click.pass_context
 @api_errors
-def history(ctx, state, node, since, limit, as_json) -> None:
+def history(ctx, state, node, owner, since, limit, as_json) -> None:
     """Finished jobs, newest first: how each ended, when, how long it ran, and why it failed.
 
     Example: gpuq history --state failed --since 2h
     """
     since_ts = since_time(since) if since is not None else None
-    jobs, more = history_jobs(router_of(ctx), state, node, since_ts, limit)
+    jobs, more = history_jobs(router_of(ctx), state, node, since_ts, limit, owner)
     if as_json:
         click.echo(json.dumps({"jobs": jobs, "more": more}))
         return
     if not jobs:
-        click.echo("no finished jobs" + (" match" if state or node or since else " yet"))
+        click.echo("no finished jobs" + (" match" if state or node or owner or since else " yet"))
         return
-    click.echo(f"{'JOB':19}  {'STATE':9} {'NODE':12} {'KIND':8} {'ENDED':>9} {'RAN':>6}  PROMPT")
+    click.echo(f"{'JOB':19}  {'STATE':9} {'NODE':12} {'KIND':8} {'OWNER':10} {'ENDED':>9} {'RAN':>6}  PROMPT")
     for job in jobs:
         ran = ago(job["started_at"], job["finished_at"]) if job.get("started_at") else "-"
-        line = (f"{job['id']:19}  {job['state']:9} {job['node']:12} {job['kind']:8} "
+        line = (f"{job['id']:19}  {job['state']:9} {job['node']:12} {job['kind']:8} {owner_of(job):10} "
                 f"{ago(job['finished_at']) + ' ago':>9} {ran:>6}  {prompt_excerpt(job, 40)}")
         click.echo(line)
         if job.get("error"):
             click.echo(f"{'':21}{excerpt(job['error'], 100)}")
     if more:
-        click.echo(f"… more: raise --limit (now {limit}), or narrow with --state, --node or --since")
+        click.echo(f"… more: raise --limit (now {limit}), or narrow with --state, --node, --owner or --since")
 
 
 @main.command("queue")
 @click.option("--limit", default=50, show_default=True, help="Waiting jobs shown per node.")
+@click.option("--mine", is_flag=True, help="Only your own jobs (the user of your token), at their places.")
 @click.option("--json", "as_json", is_flag=True, help="Print the API's answer as JSON.")
 @click.pass_context
 @api_errors
-def queue_cmd(ctx, limit, as_json) -> None:
-    """Every node's running job and waiting jobs, in order (like squeue).
+def queue_cmd(ctx, limit, mine, as_json) -> None:
+    """Every node's running job and waiting jobs, in order (like squeue), and whose each is.
 
-    Example: gpuq queue
+    Example: gpuq queue --mine
     """
-    data = router_of(ctx).call("GET", f"/api/queue?limit={limit}")
+    router = router_of(ctx)
+    me = None
+    if mine:
+        me = router.call("GET", "/api/whoami")["name"]
+        if me is None:
+            raise click.ClickException("--mine: this router knows no users (no token, no [[user]]), so no job is "
+                                       "anyone's; leave out --mine")
+    data = router.call("GET", f"/api/queue?limit={limit}")
+    if me is not None:  # only yours, each with its place in its node's queue (POS)
+        for node in data["nodes"]:
+            node["queued"] = [dict(j, position=i) for i, j in enumerate(node["queued"], start=1)
+                              if j.get("owner") == me]
+            if node["running"] and node["running"].get("owner") != me:
+                node["running"] = None
+                node["others_running"] = True
     if as_json:
         click.echo(json.dumps(data))
         return
-    click.echo(f"queue depth {data['queue_depth']}")
+    click.echo(f"queue depth {data['queue_depth']}" + (f"; yours ({me}) shown" if me else ""))
     for node in data["nodes"]:
         status = "up" if node["up"] else ("down" if node["checked"] else "checking")
         click.echo(f"\n{node['name']}  {status}  {node['model']}  [{','.join(node['roles'])}]"
                    f"  {node['queued_count']} waiting")
-        click.echo(f"  {'POS':>7}  {'JOB':19}  {'KIND':8} {'AGE':>7} {'ESTIMATE':18}  PROMPT")
+        click.echo(f"  {'POS':>7}  {'JOB':19}  {'KIND':8} {'OWNER':10} {'AGE':>7} {'ESTIMATE':18}  PROMPT")
         run = node["running"]
         if run:
             tokens = run.get("tokens_so_far") or 0
-            click.echo(f"  running  {run['id']}  {run['kind']:8} {ago(run['started_at']):>7} "
+            click.echo(f"  running  {run['id']}  {run['kind']:8} {owner_of(run):10} {ago(run['started_at']):>7} "
                        f"{eta_column(run, 'eta_finish', 'ends')}  "
                        f"[ran {ago(run['started_at'])}, {tokens} token{'s' if tokens != 1 else ''}]  {prompt_excerpt(run)}")
+        elif node.get("others_running"):
+            click.echo(f"  {'running':>7}  (someone else's job)")
         elif status == "up":
             click.echo(f"  {'idle':>7}")
         else:
             click.echo(f"  {'idle':>7}  (nothing runs while the node is {status})")
         for i, job in enumerate(node["queued"], start=1):
+            i = job.get("position", i) if me is not None else i
             mark = " (preempted)" if job["preempted_runs"] else ""
             if job.get("waiting_for"):
                 mark += f" (waiting for parent {job['waiting_for']})"
-            click.echo(f"  {i:>7}  {job['id']}  {job['kind']:8} {ago(job['created_at']):>7} "
+            click.echo(f"  {i:>7}  {job['id']}  {job['kind']:8} {owner_of(job):10} {ago(job['created_at']):>7} "
                        f"{eta_column(job, 'eta_start', 'starts')}  {prompt_excerpt(job)}{mark}")
-        if node["queued_count"] > len(node["queued"]):
+        if me is None and node["queued_count"] > len(node["queued"]):
             click.echo(f"  … {node['queued_count'] - len(node['queued'])} more")
+
+
+def owner_of(job: dict) -> str:
+    """A job's owner as a column shows it: '-' for a job of no user."""
+    return excerpt(job.get("owner") or "-", 10)
 
 
 def eta_column(job: dict, key: str, verb: str) -> str:

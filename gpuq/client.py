@@ -11,9 +11,12 @@ import urllib.request
 from email.message import Message
 from typing import Any, Iterator
 
+from . import __version__
+
 # What breaks a request or a reply mid-way: the socket (resets, timeouts) or HTTP itself (a
 # status line that is not HTTP, a body cut short).
 BROKEN = (OSError, http.client.HTTPException)
+USER_AGENT = f"gpuq-cli/{__version__}"
 
 
 class ApiError(Exception):
@@ -34,6 +37,7 @@ class Router:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.base_url + path, data=data, method=method)
         req.add_header("X-Gpuq-Actor", "cli")
+        req.add_header("User-Agent", USER_AGENT)  # the client a job records (its `client`)
         req.add_header("Accept", "application/json")
         if data is not None:
             req.add_header("Content-Type", "application/json")

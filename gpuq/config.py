@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import ipaddress
 import math
 import os
@@ -53,6 +54,28 @@ class NodeConfig:
     max_output_bytes: int | None = None  # None: the router's
 
 
+USER_ROLES = ("admin", "member")
+LANES = ("interactive", "batch")
+IDENTITIES = ("token", "tailscale")
+LEGACY_ADMIN = "admin"  # the user the single [router] token stands for
+
+
+@dataclass(frozen=True)
+class UserConfig:
+    """One [[user]]: who a token (or a tailnet login) stands for, and what they may do."""
+
+    name: str  # as shown on jobs and events; a tailnet user's is their login name
+    token: str | None = field(default=None, repr=False)  # None: identified by the tailnet only
+    role: str = "member"  # "admin": may act on every job; "member": submits, acts on their own jobs
+    lanes: tuple[str, ...] = LANES  # the lanes they may submit to (("batch",): never ahead of others)
+    max_waiting: int | None = None  # queued jobs at once; a submit beyond is 429
+    max_running: int | None = None  # running jobs at once; more wait even on a free node
+
+    @property
+    def admin(self) -> bool:
+        return self.role == "admin"
+
+
 @dataclass(frozen=True)
 class Settings:
     listen: str = DEFAULT_LISTEN
@@ -97,6 +120,10 @@ class Settings:
     # it together with the manager's limit. A Ctrl-C (SIGINT) waits for the jobs without a bound.
     shutdown_grace_s: float = 15.0
     nodes: tuple[NodeConfig, ...] = field(default_factory=tuple)
+    users: tuple[UserConfig, ...] = field(default_factory=tuple)  # [[user]] (and the token's admin)
+    identity: str = "token"  # "tailscale": a caller without a token is who tailscaled says owns it
+    default_role: str | None = None  # a tailnet login with no [[user]]: this role; None: refused
+    fair_share: bool | None = None  # interleave users' batch jobs; None: on with two users or more
     # The file these settings were read from (what `gpuq reload` and SIGHUP read again); None: the demo.
     source: Path | None = None
     # Settings the command line gave (`gpuq serve --listen ...`): a reload keeps them, whatever the file says.
@@ -120,6 +147,21 @@ class Settings:
             host = urlparse(self.public_url).hostname or "127.0.0.1"
             host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{port}"
+
+    def user(self, name: str) -> UserConfig | None:
+        return next((u for u in self.users if u.name == name), None)
+
+    def user_by_token(self, token: str) -> UserConfig | None:
+        """Compared in constant time, every user's token each time: how long it takes tells nothing."""
+        found = None
+        for u in self.users:
+            if u.token is not None and hmac.compare_digest(u.token.encode(), token.encode()):
+                found = u
+        return found
+
+    @property
+    def shares_fairly(self) -> bool:
+        return self.fair_share if self.fair_share is not None else len(self.users) > 1
 
     def node(self, name: str) -> NodeConfig | None:
         return next((n for n in self.nodes if n.name == name), None)
@@ -331,7 +373,7 @@ _ROUTER_KEYS = {
     "allowed_hosts", "header_timeout", "keepalive_timeout", "max_connections", "ollama_listen",
     "alert_url", "alert_token", "alert_format", "max_output_bytes", "max_reply_bytes",
     "max_connections_per_peer", "body_timeout", "keepalive_lifetime", "keep_awake",
-    "shutdown_grace",
+    "shutdown_grace", "identity", "default_role", "fair_share",
 }
 ALERT_FORMATS = ("json", "ntfy")
 DURATION_KEYS = {
@@ -343,6 +385,74 @@ DURATION_KEYS = {
     "keepalive_timeout": "keepalive_timeout_s", "body_timeout": "body_timeout_s",
     "keepalive_lifetime": "keepalive_lifetime_s", "shutdown_grace": "shutdown_grace_s",
 }
+_USER_KEYS = {"name", "token", "token_env", "role", "lanes", "max_waiting", "max_running"}
+
+
+def _parse_user(table: object, index: int) -> UserConfig:
+    """A [[user]]: its token written out, or read from the environment variable token_env (so
+    gpuq.toml can be shared without secrets); neither: a tailnet user, known by login name."""
+    where = f"user[{index}]"
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: expected a [[user]] table")
+    unknown = sorted(set(table) - _USER_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key '{unknown[0]}' (known: {', '.join(sorted(_USER_KEYS))})")
+    name = _typed(table, "name", str, where, required=True)
+    # A tailnet login name (alice@example.com, alice@github) is a name too.
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}", name):
+        raise ConfigError(f"{where}.name: use letters, digits, '.', '_', '@', '+' or '-', got {name!r}")
+    where = f"user '{name}'"
+    token = _typed(table, "token", str, where)
+    env = _typed(table, "token_env", str, where)
+    if token is not None and env is not None:
+        raise ConfigError(f"{where}: give token or token_env, not both")
+    if token is not None:
+        token = check_token(token, f"{where}.token")
+    elif env is not None:
+        if env not in os.environ:
+            raise ConfigError(f"{where}.token_env: the environment variable ${env} is not set")
+        token = check_token(os.environ[env], f"${env} ({where}.token_env)")
+    role = table.get("role", "member")
+    if role not in USER_ROLES:
+        raise ConfigError(f"{where}.role: expected 'admin' or 'member', got {role!r}")
+    lanes = _typed(table, "lanes", list, where)
+    if lanes is not None and (not lanes or any(lane not in LANES for lane in lanes) or len(set(lanes)) != len(lanes)):
+        raise ConfigError(f"{where}.lanes: expected a non-empty list of 'interactive' and/or 'batch', got {lanes!r}")
+    limits = {}
+    for key in ("max_waiting", "max_running"):
+        value = _typed(table, key, int, where)
+        if value is not None and not 1 <= value <= 1_000_000:
+            raise ConfigError(f"{where}.{key}: must be from 1 to 1000000, got {value}")
+        limits[key] = value
+    return UserConfig(name=name, token=token, role=role, lanes=tuple(lanes) if lanes else LANES, **limits)
+
+
+def _parse_users(data: dict, values: dict) -> tuple[UserConfig, ...]:
+    """[[user]] tables, and the single [router] token as the admin it always was."""
+    raw = data.get("user", [])
+    if not isinstance(raw, list):
+        raise ConfigError("user: expected [[user]] tables")
+    users = [_parse_user(t, i) for i, t in enumerate(raw, start=1)]
+    names: set[str] = set()
+    tokens: dict[str, str] = {}
+    for u in users:
+        if u.name in names:
+            raise ConfigError(f"user '{u.name}'.name: duplicate user name")
+        names.add(u.name)
+        if u.token is not None:
+            if u.token in tokens:
+                raise ConfigError(f"user '{u.name}'.token: the same token as user '{tokens[u.token]}'; "
+                                  "each user needs their own")
+            tokens[u.token] = u.name
+    token = values.get("token")
+    if token is not None and token not in tokens:
+        if LEGACY_ADMIN in names:
+            raise ConfigError(f"router.token: stands for the user '{LEGACY_ADMIN}', and a [[user]] has that name "
+                              "with another token; give that user router.token's value, or remove router.token")
+        users.insert(0, UserConfig(name=LEGACY_ADMIN, token=token, role="admin"))
+    return tuple(users)
+
+
 _NODE_KEYS = {"name", "url", "rank", "roles", "model", "max_runtime", "think", "options", "unload",
               "max_output_bytes"}
 UNLOAD_POLICIES = ("after-each", "when-idle")
@@ -467,9 +577,9 @@ _FRONT_KEYS = {"max_request_bytes", "origins"}
 
 
 def parse_config(data: dict, base_dir: Path) -> Settings:
-    unknown = sorted(set(data) - {"router", "node", "front"})
+    unknown = sorted(set(data) - {"router", "node", "front", "user"})
     if unknown:
-        raise ConfigError(f"unknown key '{unknown[0]}' (expected [router], [front] and [[node]] tables)")
+        raise ConfigError(f"unknown key '{unknown[0]}' (expected [router], [front], [[node]] and [[user]] tables)")
     router = data.get("router", {})
     if not isinstance(router, dict):
         raise ConfigError("router: expected a [router] table")
@@ -529,6 +639,20 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
     awake = _typed(router, "keep_awake", bool, "router")
     if awake is not None:
         values["keep_awake"] = awake
+    identity = router.get("identity")
+    if identity is not None:
+        if identity not in IDENTITIES:
+            raise ConfigError(f"router.identity: expected 'token' or 'tailscale', got {identity!r}")
+        values["identity"] = identity
+    default_role = router.get("default_role")
+    if default_role is not None:
+        if default_role not in USER_ROLES:
+            raise ConfigError(f"router.default_role: expected 'admin' or 'member', got {default_role!r}")
+        values["default_role"] = default_role
+    fair = _typed(router, "fair_share", bool, "router")
+    if fair is not None:
+        values["fair_share"] = fair
+    values["users"] = _parse_users(data, values)
     template = _typed(router, "critique_template", str, "router")
     if template is not None:
         if "{subject}" not in template:
@@ -565,7 +689,14 @@ def load_config(path: Path, env_token: bool = True) -> Settings:
         raise ConfigError(f"{path}: node: at least one [[node]] is required")
     if env_token and settings.token is None and "GPUQ_TOKEN" in os.environ:
         # Set but empty is refused, not ignored: a router meant to be locked would run open.
-        return replace(settings, token=check_token(os.environ["GPUQ_TOKEN"], "$GPUQ_TOKEN"))
+        token = check_token(os.environ["GPUQ_TOKEN"], "$GPUQ_TOKEN")
+        if settings.user_by_token(token) is None:
+            if settings.user(LEGACY_ADMIN) is not None:
+                raise ConfigError(f"$GPUQ_TOKEN: stands for the user '{LEGACY_ADMIN}', and a [[user]] has that "
+                                  "name with another token")
+            return replace(settings, token=token,
+                           users=(UserConfig(name=LEGACY_ADMIN, token=token, role="admin"), *settings.users))
+        return replace(settings, token=token)
     return settings
 
 

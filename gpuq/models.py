@@ -26,6 +26,12 @@ class JobState(StrEnum):
     CANCELLED = "cancelled"  #: deleted or cleared by a person
 
 
+class Lane(StrEnum):
+    """Where a job waits on its node: interactive ahead of every waiting batch job."""
+    INTERACTIVE = "interactive"  #: a person waits for it (a chat, an editor): the front door's default
+    BATCH = "batch"  #: long or bulk work: the router's API's and the CLI's default
+
+
 class Kind(StrEnum):
     TASK = "task"  #: long work, to the first free task node by rank
     CRITIQUE = "critique"  #: a review, fanned out to every critique node
@@ -48,6 +54,7 @@ POSITION_GAP = 1024
 
 JOB_ID = re.compile(r"\d{1,12}-[0-9a-f]{8}")  # what new_job_id makes
 MAX_TIMEOUT_S = 7 * 86400  # a job's own timeout: a week at most
+MAX_CLIENT_CHARS = 200  # a User-Agent as kept with its job
 
 
 def check_job_id(text: str) -> str:
@@ -79,6 +86,11 @@ class NewJob:
     endpoint: str | None = None
     request: str | None = None
     job_id: str | None = None
+    # Who sent it and how: the user (None: the router knows no one), the program (its
+    # User-Agent), and its lane (None: the door's default, interactive for the front door).
+    owner: str | None = None
+    client: str | None = None
+    lane: str | None = None
 
     def __post_init__(self) -> None:
         # An embedding is a front-door call (it has its request); gpuq's own API takes the others.
@@ -99,6 +111,12 @@ class NewJob:
             raise BadRequest(wrong)  # Ollama's words, which name the field
         if self.options is not None and (wrong := options_problem(self.options)):
             raise BadRequest(f"field 'options': {wrong}")
+        if self.lane is None:
+            object.__setattr__(self, "lane", Lane.INTERACTIVE if self.endpoint else Lane.BATCH)
+        elif self.lane not in tuple(Lane):
+            raise BadRequest(f"field 'priority' must be 'interactive' or 'batch', got {str(self.lane)[:40]!r}")
+        if self.client is not None:
+            object.__setattr__(self, "client", self.client[:MAX_CLIENT_CHARS])
         if self.parent is not None and self.kind != Kind.CRITIQUE:
             raise BadRequest("only a critique takes a parent")
         reviews_parent = self.prompt is None and self.parent is not None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 
-from .config import DURATION_KEYS, NodeConfig, Settings
+from .config import DURATION_KEYS, LEGACY_ADMIN, NodeConfig, Settings, UserConfig
 
 # Settings bound into what the router opened at its start (its sockets, the database and its
 # connection, the middlewares and the front door, the sleep inhibitor): the file's new value is
@@ -22,7 +22,8 @@ LONG = ("critique_template",)  # named as changed, too long to show
 NODE_FIELDS = ("url", "rank", "roles", "model", "max_runtime_s", "think", "options", "unload", "max_output_bytes")
 # What an Ollama client is made with: a change makes the node's client anew.
 CLIENT_FIELDS = ("connect_timeout_s", "stall_timeout_s", "load_timeout_s", "max_reply_bytes")
-NOT_SETTINGS = ("nodes", "source", "pinned")
+NOT_SETTINGS = ("nodes", "source", "pinned", "users")  # users: named by users_changes, never their tokens
+USER_FIELDS = ("role", "lanes", "max_waiting", "max_running")
 REMOVED_REASON = "node removed from gpuq.toml"
 
 _KEY_OF = {attr: key for key, attr in DURATION_KEYS.items()} | {"max_runtime_s": "max_runtime"}
@@ -87,10 +88,13 @@ def plan(old: Settings, new: Settings) -> Plan:
     """Compare the settings in force with the file's, read again."""
     kept = {attr: getattr(old, attr) for attr in (*RESTART, *old.pinned)}
     settings = replace(new, **kept, source=old.source, pinned=old.pinned)
+    if settings.token != new.token:  # the token's admin stays the one of the token in force
+        settings = replace(settings, users=kept_admin(old, new))
     restart = [change(attr, getattr(old, attr), getattr(new, attr)) for attr in RESTART
                if attr not in old.pinned and getattr(old, attr) != getattr(new, attr)]
     router = [change(f.name, getattr(old, f.name), getattr(settings, f.name)) for f in fields(Settings)
               if f.name not in (*RESTART, *NOT_SETTINGS) and getattr(old, f.name) != getattr(settings, f.name)]
+    router += users_changes(old.users, settings.users)
     before = {n.name: n for n in old.nodes}
     after = {n.name: n for n in settings.nodes}
     nodes = {name: what for name in after if name in before
@@ -101,6 +105,34 @@ def plan(old: Settings, new: Settings) -> Plan:
     return Plan(settings, added=tuple(n for n in after if n not in before),
                 removed=tuple(n for n in before if n not in after), nodes=nodes, router=router,
                 restart=restart, new_clients=new_clients)
+
+
+def kept_admin(old: Settings, new: Settings) -> tuple[UserConfig, ...]:
+    """The file's users, with router.token's admin (config._parse_users) as it is in force: a new
+    router.token needs a restart, so its admin keeps the old one."""
+    def legacy(u: UserConfig, token: str | None) -> bool:
+        return u.name == LEGACY_ADMIN and token is not None and u.token == token
+    users = tuple(u for u in new.users if not legacy(u, new.token))
+    admin = tuple(u for u in old.users if legacy(u, old.token))
+    return admin + users if not any(u.name == LEGACY_ADMIN for u in users) else users
+
+
+def users_changes(old: tuple[UserConfig, ...], new: tuple[UserConfig, ...]) -> list[str]:
+    """'users: added carol; removed dave; bob's role: member -> admin; erin's token: changed' (never
+    a token itself)."""
+    before, after = {u.name: u for u in old}, {u.name: u for u in new}
+    what = []
+    if added := [n for n in after if n not in before]:
+        what.append(f"added {', '.join(added)}")
+    if removed := [n for n in before if n not in after]:
+        what.append(f"removed {', '.join(removed)}")
+    for name in (n for n in after if n in before):
+        a, b = before[name], after[name]
+        what += [f"{name}'s {key_of(attr)}: {shown(attr, getattr(a, attr))} -> {shown(attr, getattr(b, attr))}"
+                 for attr in USER_FIELDS if getattr(a, attr) != getattr(b, attr)]
+        if a.token != b.token:
+            what.append(f"{name}'s token: {'set' if a.token is None else 'removed' if b.token is None else 'changed'}")
+    return [f"users: {'; '.join(what)}"] if what else []
 
 
 def node_changes(old: NodeConfig, new: NodeConfig) -> list[str]:

@@ -4,7 +4,6 @@ answers browsers as Ollama does, by CORS: gpuq/front/listener.py)."""
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
 import json
 import logging
@@ -12,12 +11,15 @@ import shutil
 import socket
 import subprocess
 from functools import lru_cache
+from typing import Callable
 from urllib.parse import urlparse
 
 from aiohttp import web
 
 from .config import Settings, normal_host
+from . import identity
 from .errors import Forbidden, MisdirectedRequest, Unauthorized
+from .identity import ANYONE, Caller
 
 log = logging.getLogger("gpuq")
 
@@ -31,6 +33,7 @@ LOCAL_SUFFIXES = (".localhost", ".local", ".internal")
 PRIVATE_NETWORKS = tuple(ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
                                                            "fc00::/7"))
 TAILSCALE_TIMEOUT_S = 5.0
+CALLER = "gpuq.caller"  # request[CALLER]: who sent a request (gpuq/identity.py), set by access_middleware
 
 
 def router_hosts(settings: Settings) -> frozenset[str]:
@@ -144,15 +147,18 @@ def token_of(request: web.Request) -> str | None:
     return None
 
 
-def check_token(request: web.Request, token: str | None) -> None:
-    # Only /api and /metrics carry data: /health reveals no prompts, and the page's HTML and static
-    # files load without the token so the page can ask for it.
-    if token is None or not (request.path.startswith("/api/") or request.path == "/metrics"):
-        return
+async def check_token(request: web.Request, settings: Settings) -> Caller:
+    """Who sends the request (gpuq/identity.py's who), kept as request[CALLER]; a request for
+    data by no one the router knows is 401. Only /api and /metrics carry data: /health reveals no
+    prompts, and the page's HTML and static files load without the token so the page can ask for it."""
+    if not (request.path.startswith("/api/") or request.path == "/metrics"):
+        return ANYONE
     given = token_of(request)
-    if given is None or not hmac.compare_digest(given.encode(), token.encode()):
+    caller = await identity.who(settings, [] if given is None else [given], request.remote)
+    if caller is None:
         raise Unauthorized("missing or wrong token: send 'Authorization: Bearer <token>' "
-                           "(the router's token is set in gpuq.toml or $GPUQ_TOKEN)")
+                           "(the router's token and each [[user]]'s are set in gpuq.toml, or $GPUQ_TOKEN)")
+    return caller
 
 
 def check_same_site(request: web.Request) -> None:
@@ -181,10 +187,11 @@ def host_middleware(settings: Settings):
     return middleware
 
 
-def access_middleware(token: str | None):
+def access_middleware(live: Callable[[], Settings]):
+    """`live`: the settings in force (a reload changes the users at once)."""
     @web.middleware
     async def middleware(request: web.Request, handler):
         check_same_site(request)
-        check_token(request, token)
+        request[CALLER] = await check_token(request, live())
         return await handler(request)
     return middleware

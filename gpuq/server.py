@@ -21,13 +21,14 @@ from .connections import body_deadline
 from .node.dispatcher import Dispatcher
 from .node.runtime import NodeRuntime
 from .node.stale import StaleMonitor
-from .errors import (BadRequest, Conflict, GpuqError, StoreUnavailable, UnknownNode, Unprocessable, check_text,
-                     json_object, json_type)
+from .errors import (BadRequest, Conflict, Forbidden, GpuqError, StoreUnavailable, UnknownNode, Unprocessable,
+                     check_text, json_object, json_type)
 from .metrics import Metrics
 from .models import (ACTIVE, FINAL, JobState, Kind, NewJob, NodeCounts, check_job_id, compact_json, iso, parse_iso,
                      preview_url)
 from .reload import REMOVED_REASON, plan, refusal
-from .security import access_middleware, host_middleware
+from .identity import ANYONE, Caller
+from .security import CALLER, access_middleware, host_middleware
 from .shipped import shipped_dir, shipped_files
 from .store import Row, Store
 
@@ -70,6 +71,8 @@ def job_json(row: Row, public_url: str) -> Row:
     }
     if row.get("endpoint"):
         out["endpoint"] = row["endpoint"]
+    for key in ("owner", "client"):  # who sent it (null: the router knew no one), and with what
+        out[key] = row.get(key)
     for key in ("findings", "think", "options", "request"):  # JSON columns
         if row.get(key) is not None:
             out[key] = json.loads(row[key])
@@ -155,10 +158,43 @@ def job_id_of(request: web.Request, text: str | None = None) -> str:
     return check_job_id(text if text is not None else request.match_info["id"])
 
 
+def caller_of(request: web.Request) -> Caller:
+    """Who sent the request: set by security.access_middleware on every /api route."""
+    return request.get(CALLER, ANYONE)
+
+
 def actor_of(request: web.Request) -> str:
+    """An event's actor: the user, then how and from where ('alice (cli 127.0.0.1)'; on an open
+    router, as before, 'cli 127.0.0.1'). The address stays for forensics."""
     who = request.headers.get("X-Gpuq-Actor", "api")
     who = who if who in ("cli", "page", "api") else "api"
-    return f"{who} {request.remote or '?'}"
+    door = f"{who} {request.remote or '?'}"
+    name = caller_of(request).name
+    return door if name is None else f"{name} ({door})"
+
+
+def refuse_others(caller: Caller, job: Row) -> None:
+    """A member acts on their own jobs only: 403 naming the job's owner."""
+    if not caller.may_act_on(job.get("owner")):
+        owner = job.get("owner")
+        whose = f"belongs to {owner}" if owner else "belongs to no user (sent without a user's token)"
+        raise Forbidden(f"job {job['id']} {whose}; a member acts only on their own jobs "
+                        f"(you are {caller.name}, a member)")
+
+
+async def own_job(request: web.Request) -> str:
+    """The job id of the route, after checking the caller may act on it (its owner never changes)."""
+    job_id = job_id_of(request)
+    caller = caller_of(request)
+    if not caller.admin:
+        refuse_others(caller, await request.app[STORE].job(job_id))
+    return job_id
+
+
+def admin_only(request: web.Request, what: str) -> None:
+    caller = caller_of(request)
+    if not caller.admin:
+        raise Forbidden(f"{what} is for an admin; {caller.name} is a member")
 
 
 # -- start estimates --------------------------------------------------------------------------
@@ -289,7 +325,8 @@ async def submit(request: web.Request) -> web.Response:
     new = NewJob.checked(settings.max_prompt_bytes, kind=field_of(body, "kind", str, required=True),
                          prompt=field_of(body, "prompt", str), parent=field_of(body, "parent", str),
                          timeout_s=field_of(body, "timeout", (int, float)), model=field_of(body, "model", str),
-                         node=field_of(body, "node", str), think=body.get("think"), options=body.get("options"))
+                         node=field_of(body, "node", str), think=body.get("think"), options=body.get("options"),
+                         owner=caller_of(request).name, client=request.headers.get("User-Agent"))
     # No estimate here: it reads the node's whole queue, and a burst of submits would pay that
     # once per job. `gpuq task` asks GET /api/jobs/{id} for it.
     jobs = await request.app[DISPATCHER].submit(new, actor_of(request))
@@ -395,7 +432,7 @@ async def move(request: web.Request) -> web.Response:
         raise BadRequest(f"field 'position' must be from 1 to 1000000000, got {position}")
     node = field_of(body, "node", str)
     app = request.app
-    job = await app[STORE].move(job_id_of(request), app[DISPATCHER].node_infos(), actor_of(request),
+    job = await app[STORE].move(await own_job(request), app[DISPATCHER].node_infos(), actor_of(request),
                                 position=position, before=before, after=after, node=node)
     app[DISPATCHER].wake(job["node"])
     app[BUS].publish("queue", {"moved": job["id"]})
@@ -407,7 +444,9 @@ async def move(request: web.Request) -> web.Response:
 
 async def preempt(request: web.Request) -> web.Response:
     app = request.app
-    job, interrupted = await app[STORE].preempt(job_id_of(request), actor_of(request))
+    caller = caller_of(request)
+    job, interrupted = await app[STORE].preempt(await own_job(request), actor_of(request),
+                                                only_owner=None if caller.admin else caller.name or "")
     app[DISPATCHER].abort(interrupted, f"preempted by {job['id']}")
     app[BUS].publish("queue", {"preempted": job["id"]})
     log.info("job=%s node=%s state=queued preempt position=1 actor=%r", job["id"], job["node"], actor_of(request))
@@ -421,7 +460,7 @@ async def delete(request: web.Request) -> web.Response:
     app = request.app
     actor = actor_of(request)
     reason = f"deleted by {actor}"
-    job, interrupted = await app[STORE].delete(job_id_of(request), actor, reason)
+    job, interrupted = await app[STORE].delete(await own_job(request), actor, reason)
     app[DISPATCHER].abort(interrupted, reason)
     app[DISPATCHER].ended([job["id"]], reason)
     app[BUS].publish("queue", {"deleted": job["id"]})
@@ -438,7 +477,11 @@ async def clear(request: web.Request) -> web.Response:
     body = await json_body(request, {"running"}) if request.body_exists else {}  # body_deadline read it
     running = field_of(body, "running", bool) or False
     reason = f"cleared by {actor_of(request)}"
-    ids, interrupted = await app[STORE].clear(name, actor_of(request), running=running, reason=reason)
+    caller = caller_of(request)
+    # A member clears only a queue of their own jobs: others' there refuse it all, named (the store
+    # checks in the same transaction as it cancels).
+    ids, interrupted = await app[STORE].clear(name, actor_of(request), running=running, reason=reason,
+                                              only_owner=None if caller.admin else caller.name or "")
     app[DISPATCHER].abort(interrupted, reason)
     app[DISPATCHER].ended(ids, reason)
     app[BUS].publish("queue", {"cleared": name})
@@ -449,7 +492,7 @@ async def clear(request: web.Request) -> web.Response:
 
 async def retry(request: web.Request) -> web.Response:
     app = request.app
-    job = await app[STORE].retry(job_id_of(request), actor_of(request))
+    job = await app[STORE].retry(await own_job(request), actor_of(request))
     app[DISPATCHER].wake(job["node"])
     app[BUS].publish("queue", {"retried": job["id"]})
     log.info("job=%s node=%s state=queued reason='retry requested' actor=%r", job["id"], job["node"], actor_of(request))
@@ -460,6 +503,9 @@ async def history(request: web.Request) -> web.Response:
     """Finished jobs, newest first, paged and filtered by state, node, kind and text."""
     q = request.query
     state, kind, node, text = q.get("state") or None, q.get("kind") or None, q.get("node") or None, q.get("q") or None
+    owner = q.get("owner") or None
+    if owner and len(owner) > 200:
+        raise BadRequest(f"query parameter 'owner' is {len(owner)} characters long; at most 200")
     if state and state not in FINAL:
         raise BadRequest(f"unknown state '{state[:40]}' (finished jobs are done, failed or cancelled)")
     if kind and kind not in {k.value for k in Kind}:
@@ -470,7 +516,7 @@ async def history(request: web.Request) -> web.Response:
         raise BadRequest(f"query parameter 'q' is {len(text)} characters long; at most 200")
     limit = int_param(q, "limit", 50, 1, 500)
     offset = int_param(q, "offset", 0, 0, 10_000_000)
-    rows, total = await request.app[STORE].history(state, node, kind, text, limit, offset)
+    rows, total = await request.app[STORE].history(state, node, kind, text, limit, offset, owner=owner)
     url = request.app[SETTINGS].public_url
     return json_response({"jobs": [job_json(r, url) for r in rows], "total": total, "limit": limit,
                           "offset": offset})
@@ -663,7 +709,14 @@ async def reload_config(app: web.Application, actor: str, force: bool = False) -
         return answer
 
 
+async def whoami(request: web.Request) -> web.Response:
+    """Who the router takes the caller for: `gpuq queue --mine` asks. name null: no identity."""
+    caller = caller_of(request)
+    return json_response({"name": caller.name, "role": caller.role, "via": caller.via})
+
+
 async def reload_view(request: web.Request) -> web.Response:
+    admin_only(request, "reloading gpuq.toml")
     body = await json_body(request, {"force"}) if request.body_exists else {}  # body_deadline read it
     force = field_of(body, "force", bool) or False
     return json_response(await reload_config(request.app, actor_of(request), force))
@@ -721,7 +774,7 @@ def create_app(settings: Settings, clock=time.time) -> web.Application:
     app = web.Application(middlewares=[headers_middleware, errors_middleware,
                                        body_deadline(settings.body_timeout_s, lambda _, *error: error_response(*error)),
                                        host_middleware(settings),
-                                       access_middleware(settings.token)],
+                                       access_middleware(lambda: app[DISPATCHER].settings)],
                           client_max_size=settings.max_prompt_bytes * 2 + 65536)
     bus = Bus()
     store = Store(settings.database, settings.busy_timeout_s, clock, max_bytes=settings.max_database_bytes,
@@ -755,6 +808,7 @@ def create_app(settings: Settings, clock=time.time) -> web.Application:
     r.add_post("/api/jobs/{id}/retry", retry)
     r.add_post("/api/nodes/{name}/clear", clear)
     r.add_post("/api/reload", reload_view)
+    r.add_get("/api/whoami", whoami)
     r.add_get("/", page)
     r.add_get("/jobs/{id}", preview_page)
     r.add_get("/history", history_page)

@@ -23,6 +23,9 @@ CREATE INDEX job_finished ON job (finished_at, id) WHERE finished_at IS NOT NULL
 -- index job_one_running_per_node on job
 CREATE UNIQUE INDEX job_one_running_per_node ON job (node) WHERE state = 'running';
 
+-- index job_owner_state on job
+CREATE INDEX job_owner_state ON job(owner, state) WHERE owner IS NOT NULL;
+
 -- index job_parent on job
 CREATE INDEX job_parent ON job (parent_id) WHERE parent_id IS NOT NULL;
 
@@ -135,7 +138,8 @@ endpoint TEXT, -- 006: the front-door route it came in on
 prompt_excerpt TEXT GENERATED ALWAYS AS (substr(prompt, 1, 300)) STORED, -- characters, not bytes
 prompt_bytes INTEGER GENERATED ALWAYS AS (length(CAST(prompt AS BLOB))) STORED,
 prompt TEXT NOT NULL, -- a front-door call's: its last user message
-request TEXT, -- 006: that call as received, JSON {path, user_agent, body}
+request TEXT, owner TEXT, client TEXT, lane TEXT NOT NULL DEFAULT 'batch' -- 014: 'interactive' or 'batch'
+CONSTRAINT job_lane_valid CHECK (lane IN ('interactive', 'batch')), -- 006: that call as received, JSON {path, user_agent, body}
 CONSTRAINT job_kind_valid CHECK (kind IN ('task', 'critique', 'embed')),
 CONSTRAINT job_state_valid CHECK (state IN ('queued', 'running', 'done', 'failed', 'cancelled')),
 CONSTRAINT job_subject_from_parent_flag CHECK (subject_from_parent IN (0, 1)),

@@ -350,7 +350,7 @@ def node1(**keys):
 
 # name: (change to a good config, the message). Every message names the key that is wrong.
 CONFIG = {
-    "unknown top-level key": (lambda d: d.update(nodes=[]), "unknown key 'nodes' (expected [router], [front] and [[node]] tables)"),
+    "unknown top-level key": (lambda d: d.update(nodes=[]), "unknown key 'nodes' (expected [router], [front], [[node]] and [[user]] tables)"),
     "unknown router key": (router(listn="x"), Starts("router: unknown key 'listn' (known: ")),
     "unknown node key": (node1(gpu="a100"), Starts("node[1]: unknown key 'gpu' (known: ")),
     "router is not a table": (lambda d: d.update(router=5), "router: expected a [router] table"),

@@ -30,7 +30,7 @@ async def test_history_lists_finished_jobs_newest_first_with_why_they_failed(lab
     res = await lab.cli("history")
     assert res.code == 0, res.err
     lines = res.out.splitlines()
-    assert re.fullmatch(r"JOB +STATE +NODE +KIND +ENDED +RAN  PROMPT", lines[0])
+    assert re.fullmatch(r"JOB +STATE +NODE +KIND +OWNER +ENDED +RAN  PROMPT", lines[0])
     rows = [line for line in lines[1:] if not line.startswith(" ")]
     assert [r.split()[:3] for r in rows] == [[jobs["cancelled"]["id"], "cancelled", "node-3"],
                                              [jobs["failed"]["id"], "failed", "node-1"],
@@ -63,7 +63,7 @@ async def test_history_since_and_limit_and_json(lab):
     assert len(json.loads((await lab.cli("history", "--since", "1h", "--json")).out)["jobs"]) == 3
     res = await lab.cli("history", "--limit", "1")
     assert res.out.splitlines()[1].split()[0] == jobs["cancelled"]["id"]
-    assert res.out.splitlines()[-1] == "… more: raise --limit (now 1), or narrow with --state, --node or --since"
+    assert res.out.splitlines()[-1] == "… more: raise --limit (now 1), or narrow with --state, --node, --owner or --since"
     res = await lab.cli("history", "--since", "yesterday")
     assert res.code == 2 and "expected a time ago like 30m, 2h or 3d" in res.err
 

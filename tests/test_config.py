@@ -152,3 +152,37 @@ def test_a_nodes_think_takes_ollamas_levels_max_too(tmp_path):
         parse_config(data, tmp_path)
     assert exc.value.message == ("node 'node-1'.think: invalid think value: \"lots\" "
                                  "(must be \"high\", \"medium\", \"low\", \"max\", true, or false)")
+
+
+def test_users_take_tokens_roles_lanes_and_limits_and_the_single_token_stays_an_admin(tmp_path, monkeypatch):
+    monkeypatch.setenv("BOB_TOKEN", "bob-secret")
+    data = base(token="router-secret")
+    data["user"] = [
+        {"name": "alice", "token": "alice-secret", "role": "admin"},
+        {"name": "bob", "token_env": "BOB_TOKEN", "lanes": ["batch"], "max_waiting": 50, "max_running": 1},
+        {"name": "carol@example.com"},  # a tailnet login: no token
+    ]
+    settings = parse_config(data, tmp_path)
+    assert [u.name for u in settings.users] == ["admin", "alice", "bob", "carol@example.com"]
+    assert settings.user_by_token("router-secret").admin and settings.user_by_token("alice-secret").admin
+    bob = settings.user_by_token("bob-secret")
+    assert (bob.name, bob.role, bob.lanes, bob.max_waiting, bob.max_running) == ("bob", "member", ("batch",), 50, 1)
+    assert settings.user_by_token("nobody's") is None and settings.shares_fairly
+
+
+@pytest.mark.parametrize("users, message", [
+    ([{"name": "a", "token": "same"}, {"name": "b", "token": "same"}],
+     "user 'b'.token: the same token as user 'a'; each user needs their own"),
+    ([{"name": "a"}, {"name": "a"}], "user 'a'.name: duplicate user name"),
+    ([{"name": "a", "role": "owner"}], "user 'a'.role: expected 'admin' or 'member', got 'owner'"),
+    ([{"name": "a", "lanes": ["fast"]}], "user 'a'.lanes: expected a non-empty list of 'interactive' and/or 'batch', got ['fast']"),
+    ([{"name": "a", "token_env": "GPUQ_NO_SUCH_VARIABLE"}], "user 'a'.token_env: the environment variable $GPUQ_NO_SUCH_VARIABLE is not set"),
+    ([{"name": "a", "max_waiting": 0}], "user 'a'.max_waiting: must be from 1 to 1000000, got 0"),
+    ([{"name": "a b"}], "user[1].name: use letters, digits, '.', '_', '@', '+' or '-', got 'a b'"),
+])
+def test_each_users_mistake_names_its_key(users, message, tmp_path):
+    data = base()
+    data["user"] = users
+    with pytest.raises(ConfigError) as exc:
+        parse_config(data, tmp_path)
+    assert exc.value.message == message

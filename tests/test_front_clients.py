@@ -378,7 +378,7 @@ async def test_continue_hears_why_its_waiting_call_was_deleted(front):
     assert status == 200
     status, text = await call
     assert status not in (200, 499)  # Continue would show an empty reply and never say why
-    assert json.loads(text)["error"] == f"gpuq job {job['id']} was deleted by api 127.0.0.1: request canceled"
+    assert json.loads(text)["error"] == f"gpuq job {job['id']} was deleted by admin (api 127.0.0.1): request canceled"
     fake.script.token_delay_s = 0
     await holding
 

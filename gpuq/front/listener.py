@@ -10,14 +10,14 @@ responses.py and anthropic.py, their shared helpers in shapes.py."""
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import socket
 import time
-from typing import Any
+from typing import Any, Callable
 
 from aiohttp import web
 
+from .. import identity
 from ..bus import Bus
 from ..config import Settings
 from ..connections import BACKLOG, body_deadline, bind_sockets
@@ -27,7 +27,8 @@ from ..errors import (
     StoreUnavailable, check_text, json_object, json_type,
 )
 from ..models import ACTIVE, new_job_id, normalize_model, preview_url
-from ..security import check_host, served_hosts, token_of
+from ..identity import ANYONE, Caller
+from ..security import CALLER, check_host, served_hosts, token_of
 from ..store import NewJob, Store
 from .anthropic import anthropic_error
 from .endpoints import ENDPOINTS, Endpoint, api_of, early_refusal, entries_of, front_nodes
@@ -204,11 +205,12 @@ async def cors_headers(request: web.Request, response: web.StreamResponse) -> No
             response.headers.add("Vary", "Origin")
 
 
-def access_middleware(settings: Settings):
+def access_middleware(settings: Settings, live: Callable[[], Settings] | None = None):
     """The router's own rules: its host names only (no DNS rebinding; Ollama's rule, gpuq/security.py),
     browsers by CORS as Ollama allows them (a preflight needs no token: browsers send none), and
     its token when one is set (Bearer, as the OpenAI SDK's api_key sends it), on every route but
-    `/` ("Ollama is running", which clients probe)."""
+    `/` ("Ollama is running", which clients probe). Who calls is gpuq/identity.py's who, over the
+    live settings (`live`: a reload's [[user]] changes apply at once), kept as request[CALLER]."""
     allowed = served_hosts(settings)
     origins = Origins(settings.front_origins)
 
@@ -220,9 +222,9 @@ def access_middleware(settings: Settings):
             return preflight
         if request.method == "OPTIONS":  # no CORS, a known host: 204 (allowedHostsMiddleware)
             return web.Response(status=204)
-        token = settings.token
-        if token is not None and request.path != "/" and not any(
-                hmac.compare_digest(given.encode(), token.encode()) for given in tokens_given(request)):
+        caller = await identity.who(live() if live else settings, tokens_given(request), request.remote)
+        request[CALLER] = caller or ANYONE
+        if caller is None and request.path != "/":
             if api_of(request.path) == "anthropic":
                 raise FrontError(401, "missing or wrong token: this gpuq front door needs the token as 'x-api-key: "
                                       "<token>' or 'Authorization: Bearer <token>' (ANTHROPIC_API_KEY or "
@@ -395,8 +397,14 @@ class Call:
         self.sse: Any = None  # a /v1 stream's translator (feed, error), once the job has its id
 
     @property
+    def caller(self) -> Caller:
+        return self.request.get(CALLER, ANYONE)
+
+    @property
     def actor(self) -> str:
-        return f"{self.api} {self.request.remote or '?'}"
+        """'alice (ollama 127.0.0.1)', as the router's API names its callers (server.actor_of)."""
+        door = f"{self.api} {self.request.remote or '?'}"
+        return door if self.caller.name is None else f"{self.caller.name} ({door})"
 
     def headers(self) -> dict:
         out = {"X-Gpuq-Job": self.job_id, "X-Gpuq-Preview": self.front.preview_url(self.job_id)}
@@ -411,7 +419,7 @@ class Call:
         # (a Responses or Messages call is shown from its translation, made once, in __init__)
         return NewJob(kind=self.ep.kind, prompt=self.ep.shown_prompt(self.body, self.ollama),
                       model=self.ollama["model"].strip(), endpoint=self.endpoint, request=dumps(request),
-                      job_id=job_id)
+                      job_id=job_id, owner=self.caller.name, client=self.request.headers.get("User-Agent"))
 
     async def submit(self) -> None:
         """Store the job (placed by its model) before any work; the relay is in place first, so
@@ -645,7 +653,7 @@ def create_front_app(settings: Settings, store: Store, dispatcher: Dispatcher, b
     """The front door's app; the router's app (gpuq/server.py) owns the store and dispatcher,
     and its workers run the calls' jobs through `relay` (the Dispatcher's calls)."""
     app = web.Application(middlewares=[errors_middleware, body_deadline(settings.body_timeout_s, error_response),
-                                       access_middleware(settings)],
+                                       access_middleware(settings, lambda: dispatcher.settings)],
                           client_max_size=settings.front_max_request_bytes)  # images: its text is checked apart
     app[FRONT] = Front(settings, store, dispatcher, bus, relay)
     app.on_shutdown.append(_closing)

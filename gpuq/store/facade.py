@@ -44,6 +44,7 @@ WAITING_FOR = "(SELECT h.parent_id FROM held_job h WHERE h.id = j.id) AS waiting
 LISTING_COLUMNS = """j.id, j.kind, j.state, j.node, j.model, j.parent_id, j.group_id,
     j.position, j.placement, j.run_id, j.error, j.findings, j.timeout_s, j.created_at, j.finished_at,
     j.think, j.options, j.endpoint, j.prompt_excerpt, j.prompt_bytes,
+    j.owner, j.client,
     r.started_at, r.progress_at, r.work_done_at, r.eval_count, r.prompt_eval_count,
     r.eval_duration_ns, r.total_duration_ns, r.done_reason,
     (SELECT COUNT(*) FROM run p WHERE p.job_id = j.id AND p.state = 'preempted') AS preempted_runs,
@@ -325,18 +326,21 @@ class Store:
         return await self._write(partial(verbs.move, job_id=job_id, nodes=nodes, actor=actor, now=self.clock(),
                                          position=position, before=before, after=after, node=node))
 
-    async def preempt(self, job_id: str, actor: str) -> tuple[Row, Interrupted | None]:
-        """The queued job runs next: to the head, and the node's running job goes back behind it."""
-        return await self._write(partial(verbs.preempt, job_id=job_id, actor=actor, now=self.clock()))
+    async def preempt(self, job_id: str, actor: str, only_owner: str | None = None) -> tuple[Row, Interrupted | None]:
+        """The queued job runs next: to the head, and the node's running job goes back behind it
+        (`only_owner`: a member's name; someone else's running job refuses it, 403)."""
+        return await self._write(partial(verbs.preempt, job_id=job_id, actor=actor, now=self.clock(),
+                                         only_owner=only_owner))
 
     async def delete(self, job_id: str, actor: str, reason: str = "deleted") -> tuple[Row, Interrupted | None]:
         """A queued or running job is cancelled with the reason ('deleted'); its rows stay."""
         return await self._write(partial(verbs.delete, job_id=job_id, actor=actor, reason=reason, now=self.clock()))
 
-    async def clear(self, node: str, actor: str, running: bool = False,
-                    reason: str = "cleared") -> tuple[list[str], Interrupted | None]:
+    async def clear(self, node: str, actor: str, running: bool = False, reason: str = "cleared",
+                    only_owner: str | None = None) -> tuple[list[str], Interrupted | None]:
+        """`only_owner`: a member's name; the node's jobs of anyone else refuse the whole clear (403)."""
         return await self._write(partial(verbs.clear, node=node, actor=actor, running=running, now=self.clock(),
-                                         reason=reason))
+                                         reason=reason, only_owner=only_owner))
 
     async def retry(self, job_id: str, actor: str) -> Row:
         """Only by explicit request: a failed or cancelled job goes to the tail of its node's queue."""
@@ -449,7 +453,7 @@ class Store:
         return {r["node"]: NodeCounts(r["running"], r["queued"]) for r in rows}
 
     async def finished_totals(self, after_event: int, duration_bounds: tuple, wait_bounds: tuple) -> list[Row]:
-        """Jobs that ended after event `after_event`, summed per (node, kind, state, model) for
+        """Jobs that ended after event `after_event`, summed per (node, kind, state, model, owner) for
         /metrics: counts, tokens, and each histogram's count, sum and cumulative count per
         bound. A range of the event table's primary key, grouped in SQL: one query, however
         long the history. Each end is counted with its own run (event.run_id, migration 012), not
@@ -457,9 +461,10 @@ class Store:
         le = ", ".join([f"SUM(d <= {float(b)!r}) AS d_le_{i}" for i, b in enumerate(duration_bounds)]
                        + [f"SUM(w <= {float(b)!r}) AS w_le_{i}" for i, b in enumerate(wait_bounds)])
         return await self.read(
-            f"SELECT node, kind, state, model, COUNT(*) AS n, SUM(tokens) AS tokens, MAX(event_id) AS last_event,"
+            f"SELECT node, kind, state, model, owner, COUNT(*) AS n, SUM(tokens) AS tokens, MAX(event_id) AS last_event,"
             f" COUNT(d) AS d_n, TOTAL(d) AS d_sum, COUNT(w) AS w_n, TOTAL(w) AS w_sum, {le} FROM ("
             " SELECT e.id AS event_id, e.to_state AS state, j.node, j.kind, COALESCE(r.model, j.model) AS model,"
+            "  COALESCE(j.owner, '') AS owner,"
             "  COALESCE(r.eval_count, 0) AS tokens,"
             "  CASE WHEN e.to_state <> 'cancelled' AND r.finished_at IS NOT NULL"
             f"   THEN {engine.seconds_between('r.started_at', 'r.finished_at')} END AS d,"
@@ -467,7 +472,7 @@ class Store:
             "   AS w"
             " FROM event e JOIN job j ON j.id = e.job_id LEFT JOIN run r ON r.id = e.run_id"
             " WHERE e.id > ? AND e.to_state IN ('done', 'failed', 'cancelled') AND e.from_state <> e.to_state"
-            ") GROUP BY node, kind, state, model", (after_event,))
+            ") GROUP BY node, kind, state, model, owner", (after_event,))
 
     async def next_ready(self, node: str) -> Row | None:
         """The job the node would claim next (None: nothing is ready)."""
@@ -518,10 +523,10 @@ class Store:
     # -- history and utilisation (the history page, the busy strips) ---------------------------
 
     async def history(self, state: str | None, node: str | None, kind: str | None, text: str | None,
-                      limit: int, offset: int) -> tuple[list[Row], int]:
-        """Finished jobs, newest first, filtered; and how many match in all."""
+                      limit: int, offset: int, owner: str | None = None) -> tuple[list[Row], int]:
+        """Finished jobs, newest first, filtered (by owner too); and how many match in all."""
         where, params = ["j.finished_at IS NOT NULL"], []
-        for column, value in (("j.state", state), ("j.node", node), ("j.kind", kind)):
+        for column, value in (("j.state", state), ("j.node", node), ("j.kind", kind), ("j.owner", owner)):
             if value:
                 where.append(f"{column} = ?")
                 params.append(value)

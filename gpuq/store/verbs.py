@@ -11,7 +11,7 @@ from typing import Any, Callable
 from .. import placement as rules
 from . import sqlite as engine
 from ..critique import parent_subject
-from ..errors import BadRequest, Conflict, GpuqError, GuardMiss, IdTaken, NoResultToCritique, NotFound, Unprocessable
+from ..errors import BadRequest, Conflict, Forbidden, GpuqError, GuardMiss, IdTaken, NoResultToCritique, NotFound, Unprocessable
 from ..models import (
     ACTIVE, NO_RESULT, POSITION_GAP, Interrupted, JobState, NewJob, NodeCounts, NodeInfo, iso, new_job_id,
 )
@@ -357,11 +357,11 @@ def submit(db: engine.Connection, new: NewJob, nodes: list[NodeInfo], actor: str
         db.execute(
             "INSERT INTO job (id, kind, node, model, model_pinned, prompt, parent_id, group_id,"
             " position, placement, timeout_s, created_at, subject_from_parent, think, options,"
-            " endpoint, request) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " endpoint, request, owner, client, lane) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (job_id, new.kind, p.node, model, int(new.model is not None), prompt, new.parent,
              group, position, p.reason, new.timeout_s, at, int(from_parent),
              None if new.think is None else dumps(new.think), None if new.options is None else dumps(new.options),
-             new.endpoint, new.request),
+             new.endpoint, new.request, new.owner, new.client, new.lane),
         )
         waiting_for = new.parent if from_parent and parent["state"] != JobState.DONE else None
         held = f"; waiting for parent {waiting_for}" if waiting_for else ""
@@ -497,14 +497,23 @@ def move(db: engine.Connection, job_id: str, nodes: list[NodeInfo], actor: str, 
     return moved
 
 
-def preempt(db: engine.Connection, job_id: str, actor: str, now: float) -> tuple[Row, Interrupted | None]:
-    """The queued job runs next: to the head, and the node's running job goes back behind it."""
+def preempt(db: engine.Connection, job_id: str, actor: str, now: float,
+            only_owner: str | None = None) -> tuple[Row, Interrupted | None]:
+    """The queued job runs next: to the head, and the node's running job goes back behind it.
+    `only_owner` (a member preempting): interrupting someone else's running job is acting on it,
+    refused (403) naming its owner, before anything changes."""
     job = _job_for_update(db, job_id)
     if job["state"] != JobState.QUEUED:
         raise Conflict(f"job {job_id} is {job['state']}; only a queued job can preempt")
     if not db.execute("SELECT 1 FROM ready_job WHERE id = ?", (job_id,)).fetchone():
         raise Conflict(f"job {job_id} is waiting for parent {job['parent_id']} to finish; it cannot run before")
     node = job["node"]
+    if only_owner is not None:
+        other = db.execute("SELECT id, owner FROM job WHERE node = ? AND state = 'running'", (node,)).fetchone()
+        if other is not None and other["owner"] != only_owner:
+            raise Forbidden(f"preempting {job_id} would interrupt job {other['id']} on {node}, which belongs to "
+                            f"{other['owner'] or 'no user'}; a member acts only on their own jobs (move yours to "
+                            "position 1 instead: it runs next)")
     db.execute("UPDATE job SET position = ? WHERE id = ?", (_position_at(db, node, job_id, 0), job_id))
     _event(db, job_id, JobState.QUEUED, JobState.QUEUED, actor, "preempt: moved to the head", now)
     running = db.execute("SELECT id, run_id FROM job WHERE node = ? AND state = 'running'", (node,)).fetchone()
@@ -528,12 +537,20 @@ def delete(db: engine.Connection, job_id: str, actor: str, reason: str, now: flo
 
 
 def clear(db: engine.Connection, node: str, actor: str, running: bool, now: float,
-          reason: str = "cleared") -> tuple[list[str], Interrupted | None]:
-    """Cancel the node's queued jobs (and its running one, with `running`), each with `reason`."""
+          reason: str = "cleared", only_owner: str | None = None) -> tuple[list[str], Interrupted | None]:
+    """Cancel the node's queued jobs (and its running one, with `running`), each with `reason`.
+    `only_owner` (a member clearing): when any of them is someone else's, nothing is cancelled and
+    the refusal names whose they are (clearing them would be acting on them)."""
     states = ACTIVE if running else (JobState.QUEUED,)
     jobs = rows(db.execute(
         f"SELECT * FROM job WHERE node = ? AND state IN ({','.join('?' * len(states))})"
         " ORDER BY state = 'queued', position, id", (node, *states)).fetchall())
+    if only_owner is not None:
+        others = sorted({j["owner"] or "no user" for j in jobs if j["owner"] != only_owner})
+        if others:
+            mine = sum(j["owner"] == only_owner for j in jobs)
+            raise Forbidden(f"node {node} also has jobs of {', '.join(others)}; a member acts only on their own "
+                            f"jobs, and clearing cancels them too: nothing cleared (delete your {mine} one by one)")
     interrupted = None
     for job in jobs:
         interrupted = _cancel(db, job, actor, reason, now) or interrupted

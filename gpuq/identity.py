@@ -1,0 +1,71 @@
+"""Who is calling: the [[user]] a request's token stands for, or (with `identity = "tailscale"`)
+the tailnet login that tailscaled names for the connection's peer. One Caller per request; every
+door (the router's API, the pages, the front door) asks here, and nowhere else."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import Settings, UserConfig
+
+
+@dataclass(frozen=True)
+class Caller:
+    """A request's sender. `name` is what a job's owner and an event's actor record; None when the
+    router knows no one (no token and no users: every caller is the same anonymous one)."""
+
+    name: str | None
+    role: str  # "admin" | "member"
+    via: str  # how it was known: "token", "tailscale", "serve" (tailscale serve's header), "open"
+    user: UserConfig | None = None  # the [[user]] entry, when one matched (its lanes and quotas)
+
+    @property
+    def admin(self) -> bool:
+        return self.role == "admin"
+
+    def may_act_on(self, owner: str | None) -> bool:
+        """An admin acts on every job; a member on their own only."""
+        return self.admin or (owner is not None and owner == self.name)
+
+
+# An open router (no token, no users): everyone may do everything, and no one is named.
+ANYONE = Caller(name=None, role="admin", via="open")
+
+
+def locked(settings: Settings) -> bool:
+    """Does this router ask who is calling? A token, users, or the tailnet's identity."""
+    return bool(settings.users) or settings.token is not None or settings.identity == "tailscale"
+
+
+def by_token(settings: Settings, token: str | None) -> Caller | None:
+    """The caller a bearer token stands for; None when it stands for no one."""
+    if token is None:
+        return None
+    user = settings.user_by_token(token)
+    return None if user is None else Caller(user.name, user.role, "token", user)
+
+
+def by_login(settings: Settings, login: str, via: str) -> Caller | None:
+    """A tailnet login as a caller: its [[user]] entry (by name), else the default role; None when
+    neither (the router then refuses it, naming the login)."""
+    user = settings.user(login)
+    if user is not None:
+        return Caller(user.name, user.role, via, user)
+    if settings.default_role is not None:
+        return Caller(login, settings.default_role, via)
+    return None
+
+
+async def who(settings: Settings, tokens: list[str], peer: str | None = None) -> Caller | None:
+    """Who is this request, for both doors (the router's API and the front door): the live
+    settings, the tokens it offers (a Bearer token; the front door's x-api-key too) and the
+    connection's peer address. ANYONE on an open router; None when it stands for no one (the
+    door answers 401). The tailnet's path (identity = "tailscale": `peer` asked of tailscaled)
+    slots in here, for the requests that offer no token."""
+    if not locked(settings):
+        return ANYONE
+    for token in tokens:
+        caller = by_token(settings, token)
+        if caller is not None:
+            return caller
+    return None
