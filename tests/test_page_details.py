@@ -213,3 +213,21 @@ async def test_history_shows_the_prompt_at_400(lab, open_at):
     assert scroll <= client, f"the prompt is cut: {scroll} px of text in {client} px"
     # The row's other facts are still there, under it.
     await expect(page.locator(f'#history-table tr[data-id="{job}"] a')).to_have_text(job)
+
+
+async def test_recently_finished_shows_the_prompt_at_400(lab, open_at):
+    """The queue page's own short history stacks as /history does: the prompt whole, on screen."""
+    lab.fakes["node-3"].script.tokens = 3
+    prompt = "list the three riskiest changes in last night's deploy and who reviewed each"
+    job = (await lab.submit("task", prompt, node="node-3"))[0]["id"]
+    await lab.wait_state(job, "done")
+    page = await open_at(PHONE)
+    await page.goto(lab.url + "/")
+    what = page.locator(f'#recent-body tr[data-id="{job}"] td.what')
+    await expect(what).to_have_text(prompt)
+    left, right, scroll, client = await page.evaluate("""id => { const e = document.querySelector(
+        `#recent-body tr[data-id="${id}"] td.what`); const r = e.getBoundingClientRect();
+        return [r.left, r.right, e.scrollWidth, e.clientWidth]; }""", job)
+    assert left >= 0 and right <= 400, f"the prompt is off the screen: {left}..{right} px"
+    assert scroll <= client, f"the prompt is cut: {scroll} px of text in {client} px"
+    await expect(page.locator(f'#recent-body tr[data-id="{job}"] a')).to_have_text(job)
