@@ -54,3 +54,12 @@ def by_login(settings: Settings, login: str, via: str) -> Caller | None:
     if settings.default_role is not None:
         return Caller(login, settings.default_role, via)
     return None
+
+
+async def by_tailnet(settings: Settings, request) -> Caller | None:
+    """The tailnet's path, for a request that brought no token (gpuq/tailnet_identity.py):
+    `tailscale serve`'s Tailscale-User-Login where it can be trusted, else tailscaled's whois of
+    the peer. None: not asked (identity "token") or no one on the tailnet; refusals raise Forbidden."""
+    from .tailnet_identity import caller  # it imports this module's Caller and by_login
+
+    return await caller(settings, request)

@@ -12,10 +12,12 @@ import shutil
 import socket
 import subprocess
 from functools import lru_cache
+from typing import Callable
 from urllib.parse import urlparse
 
 from aiohttp import web
 
+from . import identity
 from .config import Settings, normal_host
 from .errors import Forbidden, MisdirectedRequest, Unauthorized
 
@@ -31,6 +33,7 @@ LOCAL_SUFFIXES = (".localhost", ".local", ".internal")
 PRIVATE_NETWORKS = tuple(ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
                                                            "fc00::/7"))
 TAILSCALE_TIMEOUT_S = 5.0
+CALLER = "gpuq.caller"  # request[CALLER]: who sent a request (gpuq/identity.py), set by access_middleware
 
 
 def router_hosts(settings: Settings) -> frozenset[str]:
@@ -144,15 +147,23 @@ def token_of(request: web.Request) -> str | None:
     return None
 
 
-def check_token(request: web.Request, token: str | None) -> None:
-    # Only /api and /metrics carry data: /health reveals no prompts, and the page's HTML and static
-    # files load without the token so the page can ask for it.
-    if token is None or not (request.path.startswith("/api/") or request.path == "/metrics"):
-        return
+async def check_token(request: web.Request, settings: Settings) -> identity.Caller:
+    """Who sends the request: a token's user; without a token, on a tailnet (identity =
+    "tailscale"), who tailscaled says owns the connection. Only /api and /metrics carry data:
+    /health reveals no prompts, and the page's HTML and static files load without the token so
+    the page can ask for it."""
+    if not identity.locked(settings) or not (request.path.startswith("/api/") or request.path == "/metrics"):
+        return identity.ANYONE
     given = token_of(request)
-    if given is None or not hmac.compare_digest(given.encode(), token.encode()):
-        raise Unauthorized("missing or wrong token: send 'Authorization: Bearer <token>' "
-                           "(the router's token is set in gpuq.toml or $GPUQ_TOKEN)")
+    caller = identity.by_token(settings, given)
+    if caller is None and given is None:  # a wrong token is refused, not passed over
+        caller = await identity.by_tailnet(settings, request)
+    if caller is not None:
+        return caller
+    raise Unauthorized("missing or wrong token: send 'Authorization: Bearer <token>' "
+                       "(the router's token is set in gpuq.toml or $GPUQ_TOKEN)"
+                       + ("; or call from a tailnet machine whose user has a [[user]]"
+                          if settings.identity == "tailscale" else ""))
 
 
 def check_same_site(request: web.Request) -> None:
@@ -181,10 +192,11 @@ def host_middleware(settings: Settings):
     return middleware
 
 
-def access_middleware(token: str | None):
+def access_middleware(live: Callable[[], Settings]):
+    """`live`: the settings in force (a reload changes who may call at once)."""
     @web.middleware
     async def middleware(request: web.Request, handler):
         check_same_site(request)
-        check_token(request, token)
+        request[CALLER] = await check_token(request, live())
         return await handler(request)
     return middleware

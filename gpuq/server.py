@@ -27,7 +27,8 @@ from .metrics import Metrics
 from .models import (ACTIVE, FINAL, JobState, Kind, NewJob, NodeCounts, check_job_id, compact_json, iso, parse_iso,
                      preview_url)
 from .reload import REMOVED_REASON, plan, refusal
-from .security import access_middleware, host_middleware
+from .identity import ANYONE
+from .security import CALLER, access_middleware, host_middleware
 from .shipped import shipped_dir, shipped_files
 from .store import Row, Store
 
@@ -663,6 +664,12 @@ async def reload_config(app: web.Application, actor: str, force: bool = False) -
         return answer
 
 
+async def whoami(request: web.Request) -> web.Response:
+    """Who the router takes the caller for (name null: it asks no one, an open router)."""
+    caller = request.get(CALLER, ANYONE)
+    return json_response({"name": caller.name, "role": caller.role, "via": caller.via})
+
+
 async def reload_view(request: web.Request) -> web.Response:
     body = await json_body(request, {"force"}) if request.body_exists else {}  # body_deadline read it
     force = field_of(body, "force", bool) or False
@@ -721,7 +728,7 @@ def create_app(settings: Settings, clock=time.time) -> web.Application:
     app = web.Application(middlewares=[headers_middleware, errors_middleware,
                                        body_deadline(settings.body_timeout_s, lambda _, *error: error_response(*error)),
                                        host_middleware(settings),
-                                       access_middleware(settings.token)],
+                                       access_middleware(lambda: app[DISPATCHER].settings)],
                           client_max_size=settings.max_prompt_bytes * 2 + 65536)
     bus = Bus()
     store = Store(settings.database, settings.busy_timeout_s, clock, max_bytes=settings.max_database_bytes,
@@ -755,6 +762,7 @@ def create_app(settings: Settings, clock=time.time) -> web.Application:
     r.add_post("/api/jobs/{id}/retry", retry)
     r.add_post("/api/nodes/{name}/clear", clear)
     r.add_post("/api/reload", reload_view)
+    r.add_get("/api/whoami", whoami)
     r.add_get("/", page)
     r.add_get("/jobs/{id}", preview_page)
     r.add_get("/history", history_page)
