@@ -728,7 +728,7 @@ def create_app(settings: Settings, clock=time.time) -> web.Application:
     app = web.Application(middlewares=[headers_middleware, errors_middleware,
                                        body_deadline(settings.body_timeout_s, lambda _, *error: error_response(*error)),
                                        host_middleware(settings),
-                                       access_middleware(lambda: app[DISPATCHER].settings)],
+                                       access_middleware(lambda: settings)],
                           client_max_size=settings.max_prompt_bytes * 2 + 65536)
     bus = Bus()
     store = Store(settings.database, settings.busy_timeout_s, clock, max_bytes=settings.max_database_bytes,
