@@ -83,7 +83,11 @@ class Whois:
         self.cache: OrderedDict[tuple[str, str], tuple[float, Owner | None]] = OrderedDict()
 
     async def owner(self, socket: Path, address: str) -> Owner | None:
-        key = (str(socket), address)
+        # A tailnet address is one node's, whatever the port: a client's new connections ask once.
+        # A loopback one is tailscaled's own proxy (serve, userspace networking: its ProxyMapper
+        # maps each port to its peer, ipnlocal WhoIs), so there the port tells peers apart.
+        host = address.rsplit(":", 1)[0]
+        key = (str(socket), address if _loopback(host.strip("[]")) else host)
         now = self.clock()
         hit = self.cache.get(key)
         if hit is not None and hit[0] > now:

@@ -20,7 +20,7 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 from conftest import eventually, node_table
 
-from gpuq.config import Settings
+from gpuq.config import ConfigError, Settings, parse_config
 
 ALICE = {"ID": 1234567890, "LoginName": "alice@example.com", "DisplayName": "Alice Example",
          "ProfilePicURL": "https://example.com/alice.png"}
@@ -247,3 +247,34 @@ async def test_an_unreachable_tailscaled_is_401_naming_the_socket(fakes, daemon_
                           default_role="member", env={"PATH": str(tmp_path)})  # no `tailscale` command
     status, body = await d.request("GET", "/api/queue")
     assert status == 401 and str(absent) in body["error"]["message"]
+
+
+def test_tailscale_socket_is_a_router_key_relative_to_the_config(tmp_path):
+    node = {"name": "node-1", "url": "http://127.0.0.1:11434", "rank": 1, "roles": ["task"], "model": "m"}
+    default = parse_config({"node": [node]}, tmp_path)
+    assert str(default.tailscale_socket) == "/var/run/tailscale/tailscaled.sock"
+    settings = parse_config({"router": {"identity": "tailscale", "tailscale_socket": "run/ts.sock"},
+                             "node": [node]}, tmp_path)
+    assert settings.tailscale_socket == tmp_path / "run" / "ts.sock"
+    with pytest.raises(ConfigError, match="tailscale_socket"):
+        parse_config({"router": {"tailscale_socket": 5}, "node": [node]}, tmp_path)
+
+
+async def test_whois_answers_are_kept_per_tailnet_address_and_per_loopback_port(localapi, monkeypatch):
+    from gpuq import tailnet_identity
+
+    now = [1000.0]
+    whois = tailnet_identity.Whois(clock=lambda: now[0])
+    for port in (40001, 40002, 40003):  # one tailnet machine's connections: asked once
+        owner = await whois.owner(localapi.path, f"100.101.102.103:{port}")
+        assert owner.login == "alice@example.com" and owner.node == "laptop"
+    for port in (40001, 40002):  # tailscaled's proxy on loopback: each port may be another peer
+        await whois.owner(localapi.path, f"127.0.0.1:{port}")
+    assert localapi.asked == ["100.101.102.103:40001", "127.0.0.1:40001", "127.0.0.1:40002"]
+    now[0] += tailnet_identity.CACHE_TTL_S + 1  # kept briefly: asked again after
+    await whois.owner(localapi.path, "100.101.102.103:40009")
+    assert localapi.asked[-1] == "100.101.102.103:40009"
+    monkeypatch.setattr(tailnet_identity, "CACHE_SIZE", 2)  # bounded: the oldest go first
+    for i in range(5):
+        await whois.owner(localapi.path, f"100.64.0.{i}:1")
+    assert len(whois.cache) == 2
