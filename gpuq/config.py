@@ -122,6 +122,8 @@ class Settings:
     nodes: tuple[NodeConfig, ...] = field(default_factory=tuple)
     users: tuple[UserConfig, ...] = field(default_factory=tuple)  # [[user]] (and the token's admin)
     identity: str = "token"  # "tailscale": a caller without a token is who tailscaled says owns it
+    # tailscaled's LocalAPI socket (identity = "tailscale"); absent: `tailscale whois` (macOS's app)
+    tailscale_socket: Path = Path("/var/run/tailscale/tailscaled.sock")
     default_role: str | None = None  # a tailnet login with no [[user]]: this role; None: refused
     fair_share: bool | None = None  # interleave users' batch jobs; None: on with two users or more
     # The file these settings were read from (what `gpuq reload` and SIGHUP read again); None: the demo.
@@ -373,7 +375,7 @@ _ROUTER_KEYS = {
     "allowed_hosts", "header_timeout", "keepalive_timeout", "max_connections", "ollama_listen",
     "alert_url", "alert_token", "alert_format", "max_output_bytes", "max_reply_bytes",
     "max_connections_per_peer", "body_timeout", "keepalive_lifetime", "keep_awake",
-    "shutdown_grace", "identity", "default_role", "fair_share",
+    "shutdown_grace", "identity", "default_role", "fair_share", "tailscale_socket",
 }
 ALERT_FORMATS = ("json", "ntfy")
 DURATION_KEYS = {
@@ -644,6 +646,11 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
         if identity not in IDENTITIES:
             raise ConfigError(f"router.identity: expected 'token' or 'tailscale', got {identity!r}")
         values["identity"] = identity
+    socket_path = _typed(router, "tailscale_socket", str, "router")
+    if socket_path is not None:
+        if not socket_path.strip():
+            raise ConfigError("router.tailscale_socket: expected the path of tailscaled's socket, got ''")
+        values["tailscale_socket"] = base_dir / socket_path
     default_role = router.get("default_role")
     if default_role is not None:
         if default_role not in USER_ROLES:

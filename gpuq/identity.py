@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import tailnet_identity
 from .config import Settings, UserConfig
 
 
@@ -56,16 +57,31 @@ def by_login(settings: Settings, login: str, via: str) -> Caller | None:
     return None
 
 
-async def who(settings: Settings, tokens: list[str], peer: str | None = None) -> Caller | None:
+async def who(settings: Settings, tokens: list[str], request) -> Caller | None:
     """Who is this request, for both doors (the router's API and the front door): the live
     settings, the tokens it offers (a Bearer token; the front door's x-api-key too) and the
-    connection's peer address. ANYONE on an open router; None when it stands for no one (the
-    door answers 401). The tailnet's path (identity = "tailscale": `peer` asked of tailscaled)
-    slots in here, for the requests that offer no token."""
+    request itself (its connection, for the tailnet). ANYONE on an open router; None when it stands
+    for no one (the door answers 401). A request that offers no token is, with identity =
+    "tailscale", who the tailnet says (a wrong token is refused, never passed over)."""
     if not locked(settings):
         return ANYONE
     for token in tokens:
         caller = by_token(settings, token)
         if caller is not None:
             return caller
-    return None
+    return None if tokens else await by_tailnet(settings, request)
+
+
+async def by_tailnet(settings: Settings, request) -> Caller | None:
+    """The tailnet's path, for a request that brought no token (gpuq/tailnet_identity.py):
+    `tailscale serve`'s Tailscale-User-Login where it can be trusted, else tailscaled's whois of
+    the peer. None: not asked (identity "token") or no one on the tailnet; a login with no
+    [[user]] and no default_role, or a tagged node, is refused: Forbidden, naming it."""
+    found = await tailnet_identity.login_of(settings, request)
+    if found is None:
+        return None
+    login, via, told_by = found
+    caller = by_login(settings, login, via)
+    if caller is None:
+        raise tailnet_identity.refuse_login(login, told_by)
+    return caller

@@ -16,8 +16,8 @@ from urllib.parse import urlparse
 
 from aiohttp import web
 
-from .config import Settings, normal_host
 from . import identity
+from .config import Settings, normal_host
 from .errors import Forbidden, MisdirectedRequest, Unauthorized
 from .identity import ANYONE, Caller
 
@@ -154,10 +154,12 @@ async def check_token(request: web.Request, settings: Settings) -> Caller:
     if not (request.path.startswith("/api/") or request.path == "/metrics"):
         return ANYONE
     given = token_of(request)
-    caller = await identity.who(settings, [] if given is None else [given], request.remote)
+    caller = await identity.who(settings, [] if given is None else [given], request)
     if caller is None:
         raise Unauthorized("missing or wrong token: send 'Authorization: Bearer <token>' "
-                           "(the router's token and each [[user]]'s are set in gpuq.toml, or $GPUQ_TOKEN)")
+                           "(the router's token and each [[user]]'s are set in gpuq.toml, or $GPUQ_TOKEN)"
+                           + ("; or call from a tailnet machine whose user has a [[user]]"
+                              if settings.identity == "tailscale" else ""))
     return caller
 
 
