@@ -171,6 +171,7 @@ class Worker:
             until = self.rt.warm_until
             if self.warm_model is not None and (until is None or until <= time.time()):
                 await self._unload_warm(None)
+                self.changed(node=self.rt.name)  # the pages drop its "warm" line
                 until = None
             await self._wait_idle(IDLE_POLL_S if until is None else min(IDLE_POLL_S, max(until - time.time(), 0)))
         return job
