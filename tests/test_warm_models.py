@@ -8,12 +8,15 @@ from __future__ import annotations
 import time
 import tomllib
 
+import pytest
 import tomli_w
+from playwright.async_api import expect
 
 from gpuq.models import parse_iso
 
 from conftest import eventually, free_port, node_table
 from test_front import FrontLab
+from test_page import browser, open_queue, page  # noqa: F401 (the page tests' fixtures)
 
 MODEL = "qwen3:8b"
 OTHER = "llama3.2:latest"
@@ -32,6 +35,7 @@ async def warm_lab(fakes, daemon_factory, front: dict | None = None, **script) -
         daemon.config.write_text(tomli_w.dumps(dict(config, front=front)))
     await daemon.start()
     lab = FrontLab(daemon, f"http://127.0.0.1:{port}", {"node-1": node})
+    daemon.fakes = lab.fakes
     await eventually(lambda: lab.models_ready(), 10, what="the front door to know the node's models")
     return lab
 
@@ -184,5 +188,21 @@ async def test_the_default_and_the_cap_of_front_keep_alive(fakes, daemon_factory
         assert fake.requests[-1]["keep_alive"] == 900
         await chat(lab, "a minute", keep_alive=60)
         assert fake.requests[-1]["keep_alive"] == 60
+    finally:
+        await lab.close()
+
+
+@pytest.mark.browser
+async def test_the_node_card_shows_the_warm_model_until_another_job_unloads_it(fakes, daemon_factory, page):
+    lab = await warm_lab(fakes, daemon_factory)
+    try:
+        await open_queue(page, lab.daemon)
+        await chat(lab, "keep it", keep_alive="10m")
+        until = time.strftime("%H:%M:%S", time.localtime(parse_iso((await kept(lab))["until"])))
+        line = page.locator('.col[data-node="node-1"] .col-warm')
+        await expect(line).to_have_text(f"warm: {MODEL} until {until}")
+        job = (await lab.daemon.submit("task", "another model", model="llama3.2"))[0]
+        await lab.daemon.wait_state(job["id"], "done")
+        await expect(line).to_have_count(0)
     finally:
         await lab.close()

@@ -320,9 +320,7 @@ function idleText(node, cls) {
 
 // A model kept loaded between jobs (a front-door call's keep_alive, or "when-idle"), and until when.
 function warmLine(warm) {
-  const until = warm.until
-    ? new Date(warm.until).toLocaleTimeString([], {hour: '2-digit', minute: '2-digit'})
-    : 'the node is idle';
+  const until = warm.until ? fmtClock(warm.until) : 'the node is idle';
   return el('div', {className: 'col-warm mono', text: `warm: ${warm.model} until ${until}`,
     title: 'kept loaded for the next call of this model; a job of another model unloads it first'});
 }
