@@ -180,3 +180,51 @@ async def _aggregate(session, urls: list[str], prompt: str) -> float:
     if len(urls) == 1:
         return _rate(results[0][1])
     return (count - len(urls)) / (max(lasts) - min(firsts))
+
+
+WARM_CALLS = 20
+WARM_LOAD_S = 2.0  # a realistic cold load of a mid-sized model
+
+
+async def warm_section(bench: "Bench") -> None:
+    """An editor's successive calls (Continue autocompletes on every pause in typing, sending
+    keep_alive): 20 front-door calls one after another to one node with a 2 s cold load, the
+    client's keep_alive honoured (the default) vs not ([front] max_keep_alive = 0: every call's
+    model unloads after it, as before issue 25). Total seconds for the 20, each way."""
+    from gpuq.demo import FakeOllama, Script
+    totals = {how: bench.metric(f"warm_{how}", f"{WARM_CALLS} successive front-door calls, {WARM_LOAD_S:g} s cold"
+                                f" load, keep_alive {how.replace('_', ' ')}", "s", "count")
+              for how in ("honoured", "not_honoured")}
+    ratio = bench.metric("warm_ratio", "  keep_alive not honoured / honoured (same run)", "ratio", "ratio", better="higher")
+    fake = FakeOllama(models={MODEL}, script=Script(tokens=10, token_delay_s=0.01, load_delay_s=WARM_LOAD_S,
+                                                    unload="delay", unload_delay_s=0.2))
+    await fake.start()
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "complete"}], "stream": True, "keep_alive": "5m"}
+    try:
+        for rep in range(max(bench.repeats // 2, 1)):
+            run = {}
+            for how, front_table in (("honoured", None), ("not_honoured", {"max_keep_alive": "0s"})):
+                port = free_port()
+                router = await Router(bench.workdir, [node_table("n1", fake.url, 1, MODEL, roles=("task",))],
+                                      bench.workdir / f"warm-{how}-{rep}.db", front=front_table,
+                                      ollama_listen=f"127.0.0.1:{port}").start()
+                url = f"http://127.0.0.1:{port}"
+                try:
+                    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+                        await _wait_front(session, url, 1)
+                        t = time.perf_counter()
+                        for i in range(WARM_CALLS):
+                            async with session.post(url + "/api/chat", json=dict(body, messages=[
+                                    {"role": "user", "content": f"complete {i}"}])) as resp:
+                                assert resp.status == 200, await resp.text()
+                                await resp.read()
+                        run[how] = time.perf_counter() - t
+                        totals[how].add_run(run[how])
+                        await _idle(session, router)
+                finally:
+                    await router.stop()
+                fake.loaded.clear()  # the next router starts cold
+            ratio.add_run(run["not_honoured"] / run["honoured"])
+            bench.say(f"warm run {rep + 1}: honoured {run['honoured']:.1f} s, not honoured {run['not_honoured']:.1f} s")
+    finally:
+        await fake.stop()

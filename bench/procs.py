@@ -80,10 +80,11 @@ class Fakes:
 class Router:
     """The real router as a subprocess, on its own config and database."""
 
-    def __init__(self, workdir: Path, nodes: list[dict], database: Path, **router):
+    def __init__(self, workdir: Path, nodes: list[dict], database: Path, front: dict | None = None, **router):
         self.workdir = workdir
         self.nodes = nodes
         self.database = database
+        self.front = front  # the config's [front] table, if any
         self.router = router
         self.proc: asyncio.subprocess.Process | None = None
         self._configure()
@@ -96,6 +97,8 @@ class Router:
         data = {"router": {"listen": f"127.0.0.1:{self.port}", "public_url": self.url,
                            "database": str(self.database), "unload_timeout": "2s", **self.router},
                 "node": self.nodes}
+        if self.front:
+            data["front"] = self.front
         self.config.write_text(tomli_w.dumps(data))
 
     async def start(self, timeout: float = 30.0) -> "Router":

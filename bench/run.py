@@ -29,7 +29,7 @@ from .stats import Metric, fmt, table
 
 BENCH_DIR = Path(__file__).resolve().parent
 SECTIONS = ("physical", "peers", "submit", "turnaround", "first_token", "written", "growth", "listings", "unload_policy",
-            "front")
+            "front", "warm")
 NODES = {"n1": "qwen3-coder:30b", "n2": "llama3.2:latest"}
 CONCURRENT_WORKERS = 8
 UNLOAD_S = 0.2  # how long a real Ollama lists a model in /api/ps after keep_alive: 0 (its runner exits)
@@ -726,6 +726,8 @@ class Bench:
             await self.unload_policy_section()
         if self.wants("front"):  # its own nodes and router
             await front.front_section(self)
+        if self.wants("warm"):  # its own node and routers
+            await front.warm_section(self)
         needs_router = any(self.wants(s) for s in ("submit", "turnaround", "first_token", "written", "growth", "listings"))
         if not needs_router:
             return

@@ -775,6 +775,13 @@ def eta_column(job: dict, key: str, verb: str) -> str:
     return f"{verb} {in_about(job[key]) if job.get(key) else '?'}".ljust(18)
 
 
+def warm_text(warm: dict) -> str:
+    """"qwen3:8b until 14:32" (local time), or "... until the node is idle"."""
+    if warm.get("until") is None:
+        return f"{warm['model']} until the node is idle"
+    return f"{warm['model']} until {time.strftime('%H:%M', time.localtime(parse_iso(warm['until'])))}"
+
+
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the API's answer as JSON.")
 @click.pass_context
@@ -800,6 +807,8 @@ def nodes(ctx, as_json) -> None:
             problem = f"model {n['model']} is not installed; {problem}".rstrip("; ")
         click.echo(f"{n['name']:12} {n['rank']:>4} {status:8} {n['model']:22} {','.join(n['roles']):15} "
                    f"{n['waiting']:>7}  {ago(n['since'])} ago {problem}".rstrip())
+        if n.get("warm"):  # a model kept loaded between jobs
+            click.echo(f"{'':12} warm: {warm_text(n['warm'])}")
 
 
 @main.command()

@@ -107,6 +107,12 @@ class Settings:
     ollama_listen: str | None = None  # host:port of the Ollama/OpenAI front door; None: off
     front_max_request_bytes: int = FRONT_MAX_REQUEST_BYTES  # [front] max_request_bytes: a whole request, images too
     front_origins: tuple[str, ...] = ()  # [front] origins: more browser origins, beside Ollama's defaults
+    # [front] keep_alive: how long a front-door call's model stays loaded when its client sends no
+    # keep_alive (Ollama's own default, envconfig OLLAMA_KEEP_ALIVE: 5m), and [front]
+    # max_keep_alive: the most any call keeps it ("forever" asked becomes this). Honoured only while
+    # nothing else waits for the node: the next job of another model unloads it first.
+    front_keep_alive_s: float = 300.0
+    front_max_keep_alive_s: float = 1800.0
     critique_template: str = DEFAULT_CRITIQUE_TEMPLATE
     unload: str = "after-each"  # or "when-idle": back-to-back jobs of one model keep it loaded
     alert_url: str | None = None  # where alerts are POSTed (a webhook, an ntfy topic URL)
@@ -572,10 +578,13 @@ def _front_settings(front: object) -> dict:
             raise ConfigError(f'front.origins: expected a list of origins like ["https://chat.example.com"], '
                               f"got {origins!r}")
         values["front_origins"] = tuple(_check_origin(o, f"front.origins[{i}]") for i, o in enumerate(origins, 1))
+    for key in ("keep_alive", "max_keep_alive"):  # 0: a call's model leaves VRAM after it, as before
+        if key in front:
+            values[f"front_{key}_s"] = parse_duration(front[key], f"front.{key}")
     return values
 
 
-_FRONT_KEYS = {"max_request_bytes", "origins"}
+_FRONT_KEYS = {"max_request_bytes", "origins", "keep_alive", "max_keep_alive"}
 
 
 def parse_config(data: dict, base_dir: Path) -> Settings:

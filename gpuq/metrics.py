@@ -115,6 +115,14 @@ class Metrics:
             families["gpuq_node_up"].add_metric([rt.name], 1 if rt.up else 0)
             families["gpuq_node_vram_stuck"].add_metric([rt.name], 1 if rt.vram_stuck else 0)
         yield from families.values()
+        warm = {"gpuq_warm_hits": ("Jobs that found their model still loaded (a load avoided).", "warm_hits"),
+                "gpuq_warm_unloads": ("Models kept loaded between jobs, then unloaded (their time ran out, "
+                                      "or a job wanted another model).", "warm_unloads")}
+        for name, (doc, attr) in warm.items():
+            counter = CounterMetricFamily(name, doc, labels=["node"])
+            for rt in self.now.nodes:
+                counter.add_metric([rt.name], getattr(rt, attr))
+            yield counter
         yield GaugeMetricFamily("gpuq_stale_heads", "Running queue heads that are stale (see /api/stale).",
                                 value=self.now.stale_heads)
         finished = CounterMetricFamily("gpuq_jobs_finished", "Jobs that ended, by node, kind and final state.",

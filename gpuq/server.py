@@ -391,6 +391,9 @@ def node_json(rt: NodeRuntime) -> dict:
         "since": iso(rt.since), "last_error": rt.last_error, "model_installed": rt.model_installed,
         "vram_stuck": rt.vram_stuck, "health_recorded": not rt.health_unrecorded,
         "loop_error": "; ".join(loop.problem() for loop in rt.loops if not loop.alive) or None,
+        # The model kept loaded between jobs, and until when (null: until the node goes idle).
+        "warm": None if rt.warm_model is None else {
+            "model": rt.warm_model, "until": None if rt.warm_until is None else iso(rt.warm_until)},
     }
 
 

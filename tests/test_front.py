@@ -168,7 +168,9 @@ async def test_the_node_gets_the_request_with_its_own_unload_policy(front):
     await front.ollama().chat(model=CHAT_MODEL, keep_alive="1h", options={"temperature": 0.1, "num_ctx": 2048},
                               format="json", messages=[{"role": "user", "content": "as json"}])
     sent = [r for r in front.fakes["node-1"].requests if r.get("messages")][-1]
-    assert sent["keep_alive"] == 0 and sent["stream"] is True  # the client's "1h" does not hold the GPU
+    # The client's "1h" holds the model no longer than [front] max_keep_alive (30m), and only
+    # while nothing else waits for the node (tests/test_warm_models.py).
+    assert sent["keep_alive"] == 1800 and sent["stream"] is True
     assert sent["options"] == {"temperature": 0.1, "num_ctx": 2048} and sent["format"] == "json"
     assert sent["messages"] == [{"role": "user", "content": "as json"}]
     job = await front.job_with("as json", "done")
@@ -295,7 +297,8 @@ async def test_openai_completions_and_one_model(front):
     job = await front.job_with("def add(a, b):", "done")
     assert completion.id == f"cmpl-{job['id']}" and job["endpoint"] == "/v1/completions"
     sent = [r for r in front.fakes["node-1"].requests if r.get("prompt") == "def add(a, b):"][-1]
-    assert sent["options"]["num_predict"] == 64 and sent["stream"] is True and sent["keep_alive"] == 0
+    # OpenAI's API carries no keep_alive: [front] keep_alive's 5m, Ollama's own default
+    assert sent["options"]["num_predict"] == 64 and sent["stream"] is True and sent["keep_alive"] == 300
     pieces = [c async for c in await client.completions.create(model=CHAT_MODEL, prompt="stream it", stream=True)]
     assert "".join(c.choices[0].text for c in pieces).strip() and pieces[-1].choices[0].finish_reason == "stop"
     card = await client.models.retrieve(CHAT_MODEL)

@@ -31,7 +31,7 @@ async def test_a_message_whole_and_streamed_each_a_job(front):
     assert message.id == f"msg_{job['id']}"
     sent = [b for b in front.fakes["node-1"].requests if b["messages"][-1]["content"] == "hello claude"][-1]
     assert sent["messages"] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello claude"}]
-    assert sent["options"]["num_predict"] == 100 and sent["keep_alive"] == 0 and "think" not in sent
+    assert sent["options"]["num_predict"] == 100 and sent["keep_alive"] == 300 and "think" not in sent
 
     async with client.messages.stream(model=CHAT_MODEL, max_tokens=200, stop_sequences=["zzz"],
                                       messages=[{"role": "user", "content": [

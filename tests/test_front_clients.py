@@ -140,7 +140,7 @@ async def test_open_webui_chat_streams_as_it_reads_it(front):
     assert detail["output"] == text
     sent = [b for b in front.fakes["node-1"].requests if b.get("messages") and
             b["messages"][-1]["content"] == "owui says hello"][-1]
-    assert sent["options"] == {"temperature": 0.7, "num_ctx": 4096} and sent["keep_alive"] == 0
+    assert sent["options"] == {"temperature": 0.7, "num_ctx": 4096} and sent["keep_alive"] == 300  # its "5m"
 
     # Native tool calling: after running a tool, convert_messages_openai_to_ollama (payload.py
     # l. 300) sends the assistant's calls with index, id and arguments as an object, content "",
@@ -318,7 +318,7 @@ async def test_continue_lists_shows_and_chats(front):
     assert text and (await job_detail(front, "continue says hi"))["output"] == text
     sent = [b for b in front.fakes["node-1"].requests if b.get("messages") and
             b["messages"][-1]["content"] == "continue says hi"][-1]
-    assert sent["options"]["num_ctx"] == 8192 and sent["keep_alive"] == 0
+    assert sent["options"]["num_ctx"] == 8192 and sent["keep_alive"] == 1800  # its 1800 s, within the cap
 
     # _embed (l. 730): POST api/embed {model, input: chunks}; !resp.ok throws its text, then
     # data.embeddings, an empty list throwing too.

@@ -247,7 +247,10 @@ def test_the_front_table_is_read_in_the_form_it_is_compared_in(tmp_path):
 
 BAD_FRONT = {
     "not a table": ("x", "front: expected a [front] table"),
-    "unknown key": ({"origin": []}, "front: unknown key 'origin' (known: max_request_bytes, origins)"),
+    "unknown key": ({"origin": []}, "front: unknown key 'origin' (known: keep_alive, max_keep_alive, max_request_bytes, origins)"),
+    "keep_alive not a duration": ({"keep_alive": "soon"},
+                                  "front.keep_alive: expected a duration like '10m' or '30s', got 'soon'"),
+    "negative max_keep_alive": ({"max_keep_alive": -1}, "front.max_keep_alive: a duration cannot be negative, got -1"),
     "too small": ({"max_request_bytes": 1000},
                   "front.max_request_bytes: must be from 1048576 (1 MiB) to 1073741824 (1 GiB), got 1000"),
     "not a number": ({"max_request_bytes": "64MB"}, "front.max_request_bytes: expected int, got '64MB'"),

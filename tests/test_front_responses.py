@@ -25,7 +25,7 @@ async def test_a_response_whole_and_streamed_each_a_job(front):
     sent = [b for b in front.fakes["node-1"].requests if b["messages"][-1]["content"] == "hello responses"][-1]
     assert sent["messages"] == [{"role": "system", "content": "be brief"},
                                 {"role": "user", "content": "hello responses"}]
-    assert sent["stream"] is True and sent["keep_alive"] == 0 and sent["options"]["temperature"] == 1.0
+    assert sent["stream"] is True and sent["keep_alive"] == 300 and sent["options"]["temperature"] == 1.0
 
     stream = await client.responses.create(model=CHAT_MODEL, stream=True, max_output_tokens=50,
                                            input=[{"role": "user", "content": "stream a response"}])

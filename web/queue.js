@@ -319,6 +319,13 @@ function idleText(node, cls) {
   return held ? 'idle — every waiting job waits for its parent' : 'idle — starting the head';
 }
 
+// A model kept loaded between jobs (a front-door call's keep_alive, or "when-idle"), and until when.
+function warmLine(warm) {
+  const until = warm.until ? fmtClock(warm.until) : 'the node is idle';
+  return el('div', {className: 'col-warm mono', text: `warm: ${warm.model} until ${until}`,
+    title: 'kept loaded for the next call of this model; a job of another model unloads it first'});
+}
+
 function column(node, stale) {
   const [cls, label, why] = nodeStatus(node);
   const runningStale = node.running && stale.has(node.running.id);
@@ -345,6 +352,7 @@ function column(node, stale) {
   } else if (cls === 'stuck') {
     head.append(el('div', {className: 'col-warn', text: node.vram_stuck}));
   }
+  if (node.warm) head.append(warmLine(node.warm));
   if (node.model_installed === false) {
     head.append(el('div', {className: 'col-warn amber', text: `${node.model} is not installed on this node (ollama pull ${node.model})`}));
   }

@@ -124,8 +124,8 @@ def api_of(path: str) -> str:
 def node_request(path: str, body: dict, node_think: bool | str | None = None,
                  node_options: dict | None = None, keep_alive: int | str = 0) -> tuple[str, dict]:
     """The Ollama route and body a front-door job sends its node: the client's own request, with
-    the node's policy over it: the node's keep_alive, whatever the client asked (0: the model
-    leaves VRAM after the job), chat and generate streamed (gpuq relays each chunk as it
+    the node's policy over it: the keep_alive the relay decided (the client's, capped, or the
+    node's: 0, the model leaves VRAM after the job), chat and generate streamed (gpuq relays each chunk as it
     comes), the node's options under the client's, and the node's `think` when the client set
     none."""
     ep = ENDPOINTS[path]

@@ -19,7 +19,7 @@ def ollama_error(message: str) -> dict:
 
 
 def check_keep_alive(value: Any) -> None:
-    """Ollama refuses a keep_alive it cannot parse (400), even though gpuq ignores the value."""
+    """Ollama refuses a keep_alive it cannot parse (400): api/types.go Duration.UnmarshalJSON."""
     if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
         return
     if isinstance(value, str):
@@ -29,6 +29,24 @@ def check_keep_alive(value: Any) -> None:
         raise BadRequest(f'time: missing unit in duration "{value}"' if text.lstrip("-").replace(".", "").isdigit()
                          else f'time: invalid duration "{value}"')
     raise BadRequest("Unsupported type")
+
+
+_GO_UNITS_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_GO_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+
+
+def keep_alive_s(value: Any) -> float | None:
+    """A keep_alive that check_keep_alive let through, in seconds, as Ollama reads it
+    (api/types.go Duration.UnmarshalJSON): a number is seconds, a string a Go duration, and a
+    negative one means forever (None). Absent: None too, for the caller's default to apply."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return None if value < 0 else float(value)
+    text = value.strip()
+    sign, rest = (-1.0, text[1:]) if text.startswith("-") else (1.0, text.lstrip("+"))
+    seconds = sum(float(n) * _GO_UNITS_S[u] for n, u in _GO_PART.findall(rest))
+    return None if sign < 0 and seconds > 0 else seconds
 
 
 def _check_common(body: dict) -> None:

@@ -14,7 +14,8 @@ from ..errors import OllamaError
 from ..node.calls import Policy, Sink
 from ..node.ollama import OllamaClient
 from .anthropic import relaxes_thinking
-from .endpoints import STREAMED_ROUTES, node_request
+from .endpoints import STREAMED_ROUTES, api_of, node_request
+from .ollama_api import keep_alive_s
 from .shapes import chunk_text
 
 log = logging.getLogger("gpuq")
@@ -54,9 +55,13 @@ class Relay:
 
     def prepare(self, job: dict, policy: Policy, node: str) -> NodeRun:
         self.tell(job["id"], "start", node)
-        route, body = node_request(job["endpoint"], json.loads(job["request"])["body"], policy.think,
-                                   policy.options, policy.keep_alive)
-        return NodeRun(self, job, node, route, body)
+        client = json.loads(job["request"])["body"]
+        keep_s = client_keep_s(job["endpoint"], client, policy)
+        # The node is asked with the client's keep_alive (capped), so a router that dies leaves the
+        # model to Ollama's own timer; else with the node's policy (0: unloaded after the job).
+        route, body = node_request(job["endpoint"], client, policy.think, policy.options,
+                                   _seconds(keep_s) if keep_s > 0 else policy.keep_alive)
+        return NodeRun(self, job, node, route, body, keep_s)
 
     def failed(self, job_id: str, status: int | None, message: str) -> None:
         self.tell(job_id, "error", status, message)
@@ -66,12 +71,31 @@ class Relay:
             self.tell(job_id, "ended", reason)
 
 
+def client_keep_s(endpoint: str, body: dict, policy: Policy) -> float:
+    """How long a call's model may stay loaded after it, in seconds: the client's keep_alive as
+    Ollama reads it (a negative one, forever, becomes the cap), [front] keep_alive when it sends
+    none (OpenAI's and Anthropic's APIs carry none: Ollama gives them its default too), never
+    more than [front] max_keep_alive."""
+    value = body.get("keep_alive") if api_of(endpoint) == "ollama" and isinstance(body, dict) else None
+    if value is None:
+        asked: float | None = policy.front_keep_s
+    else:
+        asked = keep_alive_s(value)
+    return policy.front_max_keep_s if asked is None else max(min(asked, policy.front_max_keep_s), 0.0)
+
+
+def _seconds(keep_s: float) -> int | float:
+    """Seconds as Ollama takes a number for keep_alive (api/types.go Duration: float64 seconds)."""
+    return int(keep_s) if keep_s == int(keep_s) else keep_s
+
+
 class NodeRun:
     """One called job's request to its node, relayed chunk by chunk as Ollama sent it; the
     answer, the reasoning and any tool calls kept as the job's output."""
 
-    def __init__(self, relay: Relay, job: dict, node: str, route: str, body: dict):
+    def __init__(self, relay: Relay, job: dict, node: str, route: str, body: dict, keep_s: float = 0.0):
         self.relay, self.job, self.node, self.route, self.body = relay, job, node, route, body
+        self.keep_s = keep_s
         self.options = body.get("options")
 
     async def run(self, client: OllamaClient, sink: Sink) -> dict:

@@ -21,6 +21,10 @@ class Policy:
     think: bool | str | None  #: the node's think, for its own model (None: the client's, or none)
     options: dict | None  #: the node's options, under the client's
     keep_alive: int | str  #: 0: the model leaves VRAM after the job; or how long it stays warm
+    #: A called job's model stays loaded as its client asks ([front] keep_alive when it does not
+    #: ask, max_keep_alive at most), while nothing else waits for the node (the worker sees to that).
+    front_keep_s: float = 0.0
+    front_max_keep_s: float = 0.0
 
 
 class Sink(Protocol):
@@ -42,6 +46,7 @@ class Sink(Protocol):
 
 class NodeCall(Protocol):
     options: dict | None  #: the options the node gets (for the context-length check after)
+    keep_s: float  #: how long the client asked its model to stay loaded after (0: unload as ever)
 
     async def run(self, client: OllamaClient, sink: Sink) -> dict:
         """Send the request and follow it to its end; returns Ollama's last chunk (its stats).

@@ -33,6 +33,12 @@ class NodeRuntime:
     stuck_job: str | None = None  # the job after which it would not leave (None: a dead router's)
     health_unrecorded: bool = False  # the database refused the last health change
     current: Current | None = None  # the job it runs now (its output so far, in memory)
+    # The model left loaded on purpose between jobs, and until when (epoch; None: until the node
+    # goes idle, "when-idle"'s rule): a front-door call's keep_alive, or the next job's same model.
+    warm_model: str | None = None
+    warm_until: float | None = None
+    warm_hits: int = 0  # jobs that found their model warm: a load avoided
+    warm_unloads: int = 0  # kept models unloaded (their time ran out, another model or job came)
     loops: list[Loop] = field(default_factory=list)  # its worker and health loop
 
     @property
@@ -54,6 +60,7 @@ class Current:
     output: list[str] = field(default_factory=list)  # the answer, one piece per token
     thinking: list[str] = field(default_factory=list)  # the reasoning, apart from the answer
     options: dict | None = None  # the Ollama options the request carried
+    keep_s: float = 0.0  # a front-door call's keep_alive: how long its model may stay loaded after
     saved: tuple[int, int] = (0, 0)  # pieces of output and of thinking the store already holds
     size: int = 0  # bytes of output and thinking held (UTF-8), against max_output_bytes
     merged: tuple[int, int] = (0, 0)  # pieces of output and of thinking joined by compact()

@@ -90,7 +90,6 @@ class Worker:
         # Runs aborted before this worker took them up (a delete racing the claim's return).
         self.aborted_runs: dict[int, str] = {}
         self.context_lengths: dict[str, int | None] = {}  # /api/show's num_ctx per model
-        self.warm_model: str | None = None  # left loaded on purpose for the next job ("when-idle")
         self.sent_run: int | None = None  # the last run whose request went to Ollama
         self.stopping = False  # the router is stopping: nothing new is claimed or sent
         # Waiting for work with nothing claimed: a submit to this node may claim its head in the
@@ -101,6 +100,18 @@ class Worker:
         # Since when, and why, the store refuses this node's claims (None: the last one went
         # through): jobs waiting on an up, idle node that nothing claims are a stuck queue.
         self.claim_refused: tuple[float, str] | None = None
+
+    # The model left loaded on purpose (the runtime holds it, for the pages and the metrics): for
+    # the next job of the same model ("when-idle"), or for a front-door call's keep_alive.
+    @property
+    def warm_model(self) -> str | None:
+        return self.rt.warm_model
+
+    @warm_model.setter
+    def warm_model(self, model: str | None) -> None:
+        self.rt.warm_model = model
+        if model is None:
+            self.rt.warm_until = None
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -155,9 +166,14 @@ class Worker:
             raise
         self.claim_refused = None
         if job is None:
-            if self.warm_model is not None:  # "when-idle": the node went idle
+            # The node went idle: a model kept for the next job ("when-idle") leaves now; one a
+            # front-door call kept stays until its time runs out, then leaves, verified.
+            until = self.rt.warm_until
+            if self.warm_model is not None and (until is None or until <= time.time()):
                 await self._unload_warm(None)
-            await self._wait_idle()
+                self.changed(node=self.rt.name)  # the pages drop its "warm" line
+                until = None
+            await self._wait_idle(IDLE_POLL_S if until is None else min(IDLE_POLL_S, max(until - time.time(), 0)))
         return job
 
     def take(self, job: dict) -> None:
@@ -166,10 +182,10 @@ class Worker:
         self.handed, self.idle, self.polled = job, False, False
         self.wake.set()
 
-    async def _wait_idle(self) -> None:
+    async def _wait_idle(self, timeout: float = IDLE_POLL_S) -> None:
         self.idle = self.handed is None
         try:
-            self.polled = not await self._wait(IDLE_POLL_S)
+            self.polled = not await self._wait(timeout)
         finally:
             self.idle = False
 
@@ -268,7 +284,7 @@ class Worker:
             error = f"unexpected error in the router: {described(exc)}"
             log.exception("job=%s node=%s %s", job["id"], self.rt.name, error)
             self.calls.failed(job["id"], 500, error)
-        unloaded = await self._unload_after(job, error)
+        unloaded = await self._unload_after(job, error, cur.keep_s)
         await self._finish(job, cur, error, findings, unloaded)
 
     async def _not_reached(self, job: dict, cur: Current, exc: OllamaUnreachable) -> None:
@@ -284,9 +300,13 @@ class Worker:
             self.changed(job=job["id"], node=self.rt.name, state=JobState.QUEUED)
 
     async def _unload_other_model(self, job: dict, cur: Current) -> bool:
-        """"when-idle" switching model: the one left loaded must leave VRAM first; else the job
-        fails without starting."""
-        if self.warm_model is None or normalize_model(self.warm_model) == normalize_model(job["model"]):
+        """A job of another model than the one left loaded: that one must leave VRAM first (and
+        /api/ps show it gone); else the job fails without starting. A job of the same model runs
+        on it, without a load (a gpuq job still unloads after, under after-each)."""
+        if self.warm_model is None:
+            return True
+        if normalize_model(self.warm_model) == normalize_model(job["model"]):
+            self.rt.warm_hits += 1
             return True
         if await self._unload_warm(job["id"]):
             return True
@@ -363,8 +383,10 @@ class Worker:
         """A job a client called for: its request as the front door prepares it under the node's
         policy, run on the node; its output kept as it comes."""
         call = self.calls.prepare(job, Policy(self._node_think(job["model"]), self.rt.config.options,
-                                              self._keep_alive()), self.rt.name)
+                                              self._keep_alive(), self.settings.front_keep_alive_s,
+                                              self.settings.front_max_keep_alive_s), self.rt.name)
         cur.options = call.options
+        cur.keep_s = getattr(call, "keep_s", 0.0)
         self.sent_run = cur.run_id  # the request leaves now
         return await call.run(self.rt.client, RunSink(self, job, cur))
 
@@ -464,29 +486,41 @@ class Worker:
 
     # -- step 3: unload -----------------------------------------------------------------------
 
-    async def _unload_after(self, job: dict, error: str | None) -> bool:
-        """Unload the job's model and confirm it left VRAM, or (with "when-idle") keep it loaded
-        for the next job of the same model. True: the node answered, it is reachable."""
-        if error is None and await self._keep_warm(job):
+    async def _unload_after(self, job: dict, error: str | None, keep_s: float = 0.0) -> bool:
+        """Unload the job's model and confirm it left VRAM, or keep it loaded: for the next job
+        of the same model ("when-idle"), or for `keep_s` (a front-door call's keep_alive) while
+        nothing else waits for the node. True: the node answered, it is reachable."""
+        if error is None and await self._keep_warm(job, keep_s):
             self.warm_model = job["model"]
+            self.rt.warm_until = time.time() + keep_s if keep_s > 0 else None
             return True
         self.warm_model = None
         return await self.unload(job["model"], job["id"])
 
-    async def _keep_warm(self, job: dict) -> bool:
-        """With unload = "when-idle": does the next job on this node want the same model?"""
-        if self.settings.unload_for(self.rt.config) != "when-idle" or not self.rt.claimable:
+    async def _keep_warm(self, job: dict, keep_s: float = 0.0) -> bool:
+        """Keep the job's model loaded? With a front-door keep_alive: while no job of another
+        model waits (one of the same model runs on it); with "when-idle": when the next job
+        wants the same model."""
+        when_idle = self.settings.unload_for(self.rt.config) == "when-idle"
+        if not (keep_s > 0 or when_idle) or not self.rt.claimable or self.stopping:
             return False
         try:
             nxt = await self.store.next_ready_model(self.rt.name)
         except GpuqError as exc:  # unknown: unload, as after-each would (the ending must go on)
             log.warning("node=%s cannot read the next job's model, unloading: %s", self.rt.name, exc.message)
             return False
-        return nxt is not None and normalize_model(nxt) == normalize_model(job["model"])
+        if nxt is None:
+            return keep_s > 0
+        return normalize_model(nxt) == normalize_model(job["model"])
 
     async def _unload_warm(self, job_id: str | None) -> bool:
+        """The kept model leaves VRAM (its time ran out, or another model's job comes): verified
+        through /api/ps as after any job (Ollama's own timer may have let it go already)."""
         model, self.warm_model = self.warm_model, None
-        return model is None or await self.unload(model, job_id)
+        if model is None:
+            return True
+        self.rt.warm_unloads += 1
+        return await self.unload(model, job_id)
 
     async def _after_abort(self, job: dict, cur: Current) -> None:
         log.info("job=%s node=%s aborted: %s", job["id"], self.rt.name, cur.abort_reason)
