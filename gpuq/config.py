@@ -393,6 +393,17 @@ DURATION_KEYS = {
     "keepalive_timeout": "keepalive_timeout_s", "body_timeout": "body_timeout_s",
     "keepalive_lifetime": "keepalive_lifetime_s", "shutdown_grace": "shutdown_grace_s",
 }
+def _table(table: object, where: str, kind: str, known: set[str]) -> dict:
+    """A table of gpuq.toml, checked for its shape and its keys: `kind` as it is written ("[front]",
+    "[[node]]"), `known` its keys; a misspelt key is named with the ones there are."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: expected a {kind} table")
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key '{unknown[0]}' (known: {', '.join(sorted(known))})")
+    return table
+
+
 _USER_KEYS = {"name", "token", "token_env", "role", "lanes", "max_waiting", "max_running"}
 
 
@@ -400,11 +411,7 @@ def _parse_user(table: object, index: int) -> UserConfig:
     """A [[user]]: its token written out, or read from the environment variable token_env (so
     gpuq.toml can be shared without secrets); neither: a tailnet user, known by login name."""
     where = f"user[{index}]"
-    if not isinstance(table, dict):
-        raise ConfigError(f"{where}: expected a [[user]] table")
-    unknown = sorted(set(table) - _USER_KEYS)
-    if unknown:
-        raise ConfigError(f"{where}: unknown key '{unknown[0]}' (known: {', '.join(sorted(_USER_KEYS))})")
+    table = _table(table, where, "[[user]]", _USER_KEYS)
     name = _typed(table, "name", str, where, required=True)
     # A tailnet login name (alice@example.com, alice@github) is a name too.
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}", name):
@@ -475,11 +482,7 @@ def _unload_policy(table: dict, where: str) -> str | None:
 
 def _parse_node(table: object, index: int) -> NodeConfig:
     where = f"node[{index}]"
-    if not isinstance(table, dict):
-        raise ConfigError(f"{where}: expected a [[node]] table")
-    unknown = sorted(set(table) - _NODE_KEYS)
-    if unknown:
-        raise ConfigError(f"{where}: unknown key '{unknown[0]}' (known: {', '.join(sorted(_NODE_KEYS))})")
+    table = _table(table, where, "[[node]]", _NODE_KEYS)
     name = _typed(table, "name", str, where, required=True)
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name):
         raise ConfigError(f"{where}.name: use letters, digits, '.', '_' or '-', got {name!r}")
@@ -560,11 +563,7 @@ def _check_origin(entry: object, key: str) -> str:
 
 def _front_settings(front: object) -> dict:
     """The [front] table: the front door's own request limit and browser origins."""
-    if not isinstance(front, dict):
-        raise ConfigError("front: expected a [front] table")
-    unknown = sorted(set(front) - _FRONT_KEYS)
-    if unknown:
-        raise ConfigError(f"front: unknown key '{unknown[0]}' (known: {', '.join(sorted(_FRONT_KEYS))})")
+    front = _table(front, "front", "[front]", _FRONT_KEYS)
     values: dict = {}
     limit = _typed(front, "max_request_bytes", int, "front")
     if limit is not None:
@@ -591,12 +590,7 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
     unknown = sorted(set(data) - {"router", "node", "front", "user"})
     if unknown:
         raise ConfigError(f"unknown key '{unknown[0]}' (expected [router], [front], [[node]] and [[user]] tables)")
-    router = data.get("router", {})
-    if not isinstance(router, dict):
-        raise ConfigError("router: expected a [router] table")
-    unknown = sorted(set(router) - _ROUTER_KEYS)
-    if unknown:
-        raise ConfigError(f"router: unknown key '{unknown[0]}' (known: {', '.join(sorted(_ROUTER_KEYS))})")
+    router = _table(data.get("router", {}), "router", "[router]", _ROUTER_KEYS)
     values: dict = {}
     if "listen" in router:
         values["listen"] = check_listen(router["listen"], "router.listen")

@@ -196,6 +196,16 @@ async def _running(lab) -> list[dict]:
 
 # -- the history at 400 px ------------------------------------------------------------------------
 
+async def expect_whole_on_screen(page, selector: str, text: str) -> None:
+    """The cell shows `text` whole, within a phone's 400 px. Read in one turn of the page's script:
+    the table is redrawn as the history changes."""
+    await expect(page.locator(selector)).to_have_text(text)
+    left, right, scroll, client = await page.evaluate("""sel => { const e = document.querySelector(sel);
+        const r = e.getBoundingClientRect(); return [r.left, r.right, e.scrollWidth, e.clientWidth]; }""", selector)
+    assert left >= 0 and right <= 400, f"the prompt is off the screen: {left}..{right} px"
+    assert scroll <= client, f"the prompt is cut: {scroll} px of text in {client} px"
+
+
 async def test_history_shows_the_prompt_at_400(lab, open_at):
     lab.fakes["node-3"].script.tokens = 3
     prompt = "summarise the incident report in three bullet points for the weekly notes"
@@ -203,14 +213,7 @@ async def test_history_shows_the_prompt_at_400(lab, open_at):
     await lab.wait_state(job, "done")
     page = await open_at(PHONE)
     await page.goto(lab.url + "/history")
-    what = page.locator(f'#history-table tr[data-id="{job}"] td.what')
-    await expect(what).to_have_text(prompt)
-    # Read in one turn of the page's script: the table is redrawn as the history changes.
-    left, right, scroll, client = await page.evaluate("""id => { const e = document.querySelector(
-        `#history-table tr[data-id="${id}"] td.what`); const r = e.getBoundingClientRect();
-        return [r.left, r.right, e.scrollWidth, e.clientWidth]; }""", job)
-    assert left >= 0 and right <= 400, f"the prompt is off the screen: {left}..{right} px"
-    assert scroll <= client, f"the prompt is cut: {scroll} px of text in {client} px"
+    await expect_whole_on_screen(page, f'#history-table tr[data-id="{job}"] td.what', prompt)
     # The row's other facts are still there, under it.
     await expect(page.locator(f'#history-table tr[data-id="{job}"] a')).to_have_text(job)
 
@@ -223,11 +226,5 @@ async def test_recently_finished_shows_the_prompt_at_400(lab, open_at):
     await lab.wait_state(job, "done")
     page = await open_at(PHONE)
     await page.goto(lab.url + "/")
-    what = page.locator(f'#recent-body tr[data-id="{job}"] td.what')
-    await expect(what).to_have_text(prompt)
-    left, right, scroll, client = await page.evaluate("""id => { const e = document.querySelector(
-        `#recent-body tr[data-id="${id}"] td.what`); const r = e.getBoundingClientRect();
-        return [r.left, r.right, e.scrollWidth, e.clientWidth]; }""", job)
-    assert left >= 0 and right <= 400, f"the prompt is off the screen: {left}..{right} px"
-    assert scroll <= client, f"the prompt is cut: {scroll} px of text in {client} px"
+    await expect_whole_on_screen(page, f'#recent-body tr[data-id="{job}"] td.what', prompt)
     await expect(page.locator(f'#recent-body tr[data-id="{job}"] a')).to_have_text(job)
