@@ -1,0 +1,189 @@
+"""Lanes, fair share and quotas (issue 26): where a new job enters its node's queue, which job a
+node claims, and what a submit beyond a user's limit answers. The rules as pure functions, then
+the real daemon with fake Ollama nodes, a real Ollama client and users' tokens."""
+
+from __future__ import annotations
+
+import asyncio
+import tomllib
+
+import pytest
+import tomli_w
+
+from conftest import eventually, node_table
+from gpuq.placement import BATCH, INTERACTIVE, NodeView, entry, place_task
+from test_front import CHAT_MODEL, front  # noqa: F401 (a fixture)
+
+I, B = INTERACTIVE, BATCH
+
+
+# -- the rules ----------------------------------------------------------------------------------
+
+def test_an_interactive_job_enters_after_the_last_waiting_interactive_job():
+    assert entry([], I, None, False).index == 0
+    assert entry([(B, "a")] * 5, I, None, False).index == 0
+    assert "ahead of 5 waiting batch jobs" in entry([(B, "a")] * 5, I, None, False).reason
+    # A person moved a batch job ahead of an interactive one: that order stands.
+    assert entry([(I, "a"), (B, "a"), (I, "b"), (B, "c")], I, "d", False).index == 3
+    assert entry([(I, "a"), (I, "b")], I, "c", False).reason is None  # the tail: nothing to say
+
+
+def test_fair_share_interleaves_users_round_robin_by_submit_order():
+    waiting: list[tuple[str, str | None]] = []
+    for owner in ["alice"] * 4 + ["bob"] * 4 + ["carol"] * 2:
+        at = entry(waiting, B, owner, True)
+        waiting.insert(at.index, (B, owner))
+    assert [o for _, o in waiting] == ["alice", "bob", "carol", "alice", "bob", "carol", "alice", "bob",
+                                       "alice", "bob"]
+    at = entry([(B, "alice"), (B, "alice"), (B, "bob")], B, "carol", True)
+    assert at.index == 1 and at.reason == "entered at position 2: fair share with alice, bob"
+    # Never ahead of a waiting interactive job, and without fair share: the tail.
+    assert entry([(B, "alice"), (B, "alice"), (I, "alice")], B, "bob", True).index == 3
+    assert entry([(B, "alice"), (B, "alice")], B, "bob", False).index == 2
+
+
+def test_an_interactive_job_goes_where_it_starts_soonest():
+    def view(name, rank, running, queued, interactive):
+        return NodeView(name, rank, ("task",), True, running, queued, None, interactive)
+    nodes = [view("n1", 1, True, 9, 0), view("n2", 2, True, 1, 1), view("n3", 3, False, 0, 0)]
+    assert place_task(nodes, lane=I).node == "n3"  # a free node first
+    nodes[2] = view("n3", 3, True, 0, 0)
+    assert place_task(nodes, lane=B).node == "n3"  # batch: the shortest queue
+    assert place_task(nodes[:2], lane=B).node == "n2"
+    assert place_task(nodes[:2], lane=I).node == "n1"  # interactive: the shortest interactive backlog
+
+
+# -- the daemon ---------------------------------------------------------------------------------
+
+TOKENS = {"admin": "admin-token-000000000000000000000000", "alice": "alice-token-000000000000000000000000",
+          "bob": "bob-token-00000000000000000000000000", "carol": "carol-token-00000000000000000000000"}
+
+
+def bearer(user: str) -> dict:
+    return {"Authorization": f"Bearer {TOKENS[user]}"}
+
+
+async def with_users(daemon, users: list[dict]):
+    """Add [[user]] tables to the daemon's gpuq.toml, then start it."""
+    data = tomllib.loads(daemon.config.read_text())
+    daemon.config.write_text(tomli_w.dumps({**data, "user": users}))
+    await daemon.start()
+    return daemon
+
+
+async def submit_as(daemon, user: str, prompt: str, **extra) -> tuple[int, dict]:
+    return await daemon.request("POST", "/api/jobs", {"kind": "task", "prompt": prompt, **extra},
+                                headers=bearer(user))
+
+
+async def queued(daemon, node: str) -> list[dict]:
+    status, body = await daemon.request("GET", "/api/queue", headers=bearer("admin"))
+    assert status == 200, body
+    return next(n for n in body["nodes"] if n["name"] == node)["queued"]
+
+
+async def test_an_interactive_front_door_call_behind_five_batch_jobs_runs_next(front):  # noqa: F811
+    fake = front.fakes["node-1"]
+    fake.script.token_delay_s, fake.script.tokens = 0.1, 400  # busy while the test looks
+    busy = (await front.daemon.submit("task", "the long one", node="node-1"))[0]["id"]
+    await front.daemon.wait_state(busy, "running")
+    batch = [(await front.daemon.submit("task", f"batch {i}", node="node-1"))[0]["id"] for i in range(5)]
+
+    client = front.ollama()
+    call = asyncio.ensure_future(client.chat(model=CHAT_MODEL, messages=[{"role": "user", "content": "quick one"}]))
+    waiting = await eventually(lambda: _grown(front.daemon, "node-1", 6), 15, what="the call to wait on node-1")
+    assert [j["id"] for j in waiting][1:] == batch  # it waits first, the batch jobs behind it
+    assert waiting[0]["lane"] == "interactive" and waiting[0]["endpoint"] == "/api/chat"
+    assert all(j["lane"] == "batch" for j in waiting[1:])
+    assert not call.done()  # it never interrupts the running job
+
+    fake.script.token_delay_s, fake.script.tokens = 0.0, 5
+    reply = await asyncio.wait_for(call, 60)
+    assert reply.message.content
+    # When the call had its answer, the five batch jobs still waited: it ran next.
+    jobs = [await front.daemon.job(j) for j in batch]
+    assert all(j["state"] == "queued" or j["started_at"] > waiting[0]["created_at"] for j in jobs)
+    started = await eventually(lambda: _started(front.daemon, [waiting[0]["id"], *batch]), 30,
+                               what="every job to have started")
+    assert started[0] == min(started), started  # the call's run started before any batch job's
+    events = (await front.daemon.job(waiting[0]["id"]))["events"]
+    assert "interactive: entered at position 1, ahead of 5 waiting batch jobs" in events[0]["reason"]
+
+
+async def _grown(daemon, node: str, n: int) -> list[dict] | None:
+    waiting = await daemon.get("/api/queue")
+    jobs = next(x for x in waiting["nodes"] if x["name"] == node)["queued"]
+    return jobs if len(jobs) >= n else None
+
+
+async def _started(daemon, ids: list[str]) -> list[str] | None:
+    jobs = [await daemon.job(j) for j in ids]
+    return [j["started_at"] for j in jobs] if all(j["started_at"] for j in jobs) else None
+
+
+async def one_node_with_users(fakes, daemon_factory, users: list[dict], nodes: int = 1):
+    made = []
+    for i in range(nodes):
+        fake = await fakes("qwen3-coder:30b", token_delay_s=0.1, tokens=2000)  # each job runs long
+        made.append(node_table(f"node-{i + 1}", fake, i + 1, ["task"], "qwen3-coder:30b"))
+    daemon = await daemon_factory(made, start=False, stall_timeout="120s")
+    return await with_users(daemon, [{"name": "admin", "token": TOKENS["admin"], "role": "admin"}, *users])
+
+
+async def test_two_users_sweeps_of_twenty_interleave(fakes, daemon_factory):
+    daemon = await one_node_with_users(fakes, daemon_factory, [
+        {"name": "alice", "token": TOKENS["alice"]}, {"name": "bob", "token": TOKENS["bob"]}])
+    for user in ("alice", "bob"):
+        for i in range(20):
+            status, body = await submit_as(daemon, user, f"{user} sweep {i}")
+            assert status == 201, body
+    waiting = await queued(daemon, "node-1")
+    owners = [j["owner"] for j in waiting]
+    # alice's first runs; of the 39 waiting, the two users alternate until alice's run out.
+    assert owners == ["alice", "bob"] * 19 + ["bob"], owners
+    prompts = [j["prompt_excerpt"] for j in waiting if j["owner"] == "bob"]
+    assert prompts == [f"bob sweep {i}" for i in range(20)]  # each user's own order kept
+    bob_first = waiting[1]
+    detail = await daemon.request("GET", f"/api/jobs/{bob_first['id']}", headers=bearer("admin"))
+    assert "entered at position 2: fair share with alice" in detail[1]["events"][0]["reason"]
+
+
+async def test_a_submit_beyond_max_waiting_is_429_and_nothing_stored_is_lost(fakes, daemon_factory):
+    daemon = await one_node_with_users(fakes, daemon_factory, [
+        {"name": "alice", "token": TOKENS["alice"], "max_waiting": 3}, {"name": "bob", "token": TOKENS["bob"]}])
+    status, body = await submit_as(daemon, "bob", "bob's long one")
+    assert status == 201, body
+    await daemon.wait_state(body["jobs"][0]["id"], "running")
+    ids = []
+    for i in range(3):
+        status, body = await submit_as(daemon, "alice", f"alice {i}")
+        assert status == 201, body
+        ids.append(body["jobs"][0]["id"])
+    async with daemon.session.post(daemon.url + "/api/jobs", json={"kind": "task", "prompt": "alice 3"},
+                                   headers=bearer("alice")) as resp:
+        assert resp.status == 429
+        assert int(resp.headers["Retry-After"]) > 0
+        message = (await resp.json())["error"]["message"]
+    assert "user 'alice' has 3 jobs waiting, and max_waiting is 3" in message
+    waiting = await queued(daemon, "node-1")
+    assert [j["id"] for j in waiting] == ids  # the three kept, in order; the fourth never stored
+    status, body = await daemon.request("GET", "/api/jobs?limit=100", headers=bearer("admin"))
+    assert "alice 3" not in [j["prompt_excerpt"] for j in body["jobs"]]
+    status, body = await submit_as(daemon, "bob", "bob is not limited")
+    assert status == 201, body
+
+
+async def test_max_running_holds_a_users_second_job_while_another_users_runs(fakes, daemon_factory):
+    daemon = await one_node_with_users(fakes, daemon_factory, [
+        {"name": "alice", "token": TOKENS["alice"], "max_running": 1}, {"name": "bob", "token": TOKENS["bob"]}],
+        nodes=2)
+    status, body = await submit_as(daemon, "alice", "alice first", node="node-1")
+    first = body["jobs"][0]["id"]
+    await daemon.wait_state(first, "running")
+    status, body = await submit_as(daemon, "alice", "alice second", node="node-2")
+    second = body["jobs"][0]["id"]
+    status, body = await submit_as(daemon, "bob", "bob's", node="node-2")
+    bobs = body["jobs"][0]["id"]
+    await daemon.wait_state(bobs, "running", timeout=15)  # node-2 was free: bob's job ran, not alice's
+    assert (await daemon.job(second))["state"] == "queued"
+    assert [j["id"] for j in await queued(daemon, "node-2")] == [second]
