@@ -220,6 +220,28 @@ def with_eta(job: dict, found: dict[str, eta.Estimate]) -> dict:
     return job
 
 
+async def with_quota(app: web.Application, jobs: list[dict]) -> None:
+    """A waiting job whose owner runs their max_running already waits for that, even on a free
+    node: say so (held_by_quota), and its start estimate says it too."""
+    limits = app[STORE].max_running
+    owners = {j["owner"] for j in jobs if j["state"] == JobState.QUEUED and j.get("owner") in limits}
+    if not owners:
+        return
+    rows = await app[STORE].read(
+        f"SELECT owner, COUNT(*) AS n FROM job WHERE state = 'running' AND owner IN ({','.join('?' * len(owners))})"
+        " GROUP BY owner", tuple(owners))
+    running = {r["owner"]: r["n"] for r in rows}
+    for job in jobs:
+        owner = job.get("owner")
+        if job["state"] == JobState.QUEUED and owner in owners and running.get(owner, 0) >= limits[owner]:
+            n = running[owner]
+            why = (f"user '{owner}' runs {n} job{'s' if n != 1 else ''} already, their max_running: it starts "
+                   "once one ends; other users' jobs run meanwhile")
+            job["held_by_quota"] = why
+            job["eta_start"] = job["eta_finish"] = None
+            job["eta_reason"] = why
+
+
 # -- views ------------------------------------------------------------------------------------
 
 HEALTH_READ_S = 0.5  # /health answers within about this, whatever the store does
@@ -330,7 +352,9 @@ async def get_job(request: web.Request) -> web.Response:
         found = await estimates(app)
         if job_id not in found:  # it ended (or moved on) between the two reads: read it again
             job = await app[STORE].job_detail(job_id)
-    return json_response(with_eta(with_live(job_json(job, app[SETTINGS].public_url), app[DISPATCHER]), found))
+    out = with_eta(with_live(job_json(job, app[SETTINGS].public_url), app[DISPATCHER]), found)
+    await with_quota(app, [out])
+    return json_response(out)
 
 
 def with_live(job: dict, dispatcher: Dispatcher) -> dict:
@@ -392,6 +416,7 @@ async def queue(request: web.Request) -> web.Response:
         running = running and with_eta(with_live(job_json(running, url), app[DISPATCHER]), found)
         nodes.append(dict(node_json(rt), running=running,
                           queued=[with_eta(job_json(j, url), found) for j in queued], queued_count=count))
+    await with_quota(app, [j for n in nodes for j in n["queued"]])
     return json_response({"queue_depth": depth, "nodes": nodes})
 
 

@@ -185,5 +185,22 @@ async def test_max_running_holds_a_users_second_job_while_another_users_runs(fak
     status, body = await submit_as(daemon, "bob", "bob's", node="node-2")
     bobs = body["jobs"][0]["id"]
     await daemon.wait_state(bobs, "running", timeout=15)  # node-2 was free: bob's job ran, not alice's
-    assert (await daemon.job(second))["state"] == "queued"
-    assert [j["id"] for j in await queued(daemon, "node-2")] == [second]
+    held = await daemon.job(second)
+    assert held["state"] == "queued"
+    why = "user 'alice' runs 1 job already, their max_running: it starts once one ends"
+    assert held["held_by_quota"].startswith(why) and held["eta_reason"] == held["held_by_quota"]
+    assert held["eta_start"] is None
+    [waiting] = await queued(daemon, "node-2")
+    assert waiting["id"] == second and waiting["held_by_quota"].startswith(why)
+
+
+async def test_a_user_limited_to_batch_asking_for_interactive_is_403(fakes, daemon_factory):
+    daemon = await one_node_with_users(fakes, daemon_factory, [
+        {"name": "alice", "token": TOKENS["alice"], "lanes": ["batch"]}, {"name": "bob", "token": TOKENS["bob"]}])
+    status, body = await submit_as(daemon, "alice", "urgent, says alice", priority="interactive")
+    assert status == 403
+    assert body["error"]["message"].startswith("user 'alice' may submit only to the batch lane")
+    status, body = await submit_as(daemon, "alice", "fine", priority="batch")
+    assert status == 201 and body["jobs"][0]["lane"] == "batch"
+    status, body = await submit_as(daemon, "bob", "bob's urgent one", priority="interactive")
+    assert status == 201 and body["jobs"][0]["lane"] == "interactive"
