@@ -21,8 +21,8 @@ from .connections import body_deadline
 from .node.dispatcher import Dispatcher
 from .node.runtime import NodeRuntime
 from .node.stale import StaleMonitor
-from .errors import (BadRequest, Conflict, Forbidden, GpuqError, StoreUnavailable, UnknownNode, Unprocessable, check_text,
-                     json_object, json_type)
+from .errors import (BadRequest, Conflict, Forbidden, GpuqError, StoreUnavailable, UnknownNode, Unprocessable,
+                     check_text, json_object, json_type)
 from .metrics import Metrics
 from .models import (ACTIVE, FINAL, JobState, Kind, NewJob, NodeCounts, check_job_id, compact_json, iso, parse_iso,
                      preview_url)

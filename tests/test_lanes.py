@@ -5,6 +5,7 @@ the real daemon with fake Ollama nodes, a real Ollama client and users' tokens."
 from __future__ import annotations
 
 import asyncio
+import json
 import tomllib
 
 import pytest
@@ -204,3 +205,17 @@ async def test_a_user_limited_to_batch_asking_for_interactive_is_403(fakes, daem
     assert status == 201 and body["jobs"][0]["lane"] == "batch"
     status, body = await submit_as(daemon, "bob", "bob's urgent one", priority="interactive")
     assert status == 201 and body["jobs"][0]["lane"] == "interactive"
+
+
+async def test_the_cli_asks_for_the_interactive_lane(fakes, daemon_factory):
+    daemon = await one_node_with_users(fakes, daemon_factory, [{"name": "alice", "token": TOKENS["alice"]}])
+    status, body = await submit_as(daemon, "alice", "the long one")
+    await daemon.wait_state(body["jobs"][0]["id"], "running")
+    batch = [(await submit_as(daemon, "alice", f"batch {i}"))[1]["jobs"][0]["id"] for i in range(2)]
+    res = await daemon.cli("task", "--priority", "interactive", "--json", "a person waits for this")
+    assert res.code == 0, res.err
+    job = json.loads(res.out)
+    assert job["lane"] == "interactive" and job["position"] == 1
+    assert [j["id"] for j in await queued(daemon, "node-1")] == [job["id"], *batch]
+    res = await daemon.cli("task", "--priority", "urgent", "no such lane")
+    assert res.code != 0 and "'urgent' is not one of 'interactive', 'batch'" in res.err
