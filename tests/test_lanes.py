@@ -13,6 +13,7 @@ import tomli_w
 
 from conftest import eventually, node_table
 from gpuq.placement import BATCH, INTERACTIVE, NodeView, entry, place_task
+from gpuq.store import NewJob, NodeInfo, Store
 from test_front import CHAT_MODEL, front  # noqa: F401 (a fixture)
 
 I, B = INTERACTIVE, BATCH
@@ -219,3 +220,21 @@ async def test_the_cli_asks_for_the_interactive_lane(fakes, daemon_factory):
     assert [j["id"] for j in await queued(daemon, "node-1")] == [job["id"], *batch]
     res = await daemon.cli("task", "--priority", "urgent", "no such lane")
     assert res.code != 0 and "'urgent' is not one of 'interactive', 'batch'" in res.err
+
+
+async def test_a_retried_interactive_job_enters_its_lane_again(tmp_path):
+    store = Store(tmp_path / "q.db")
+    await store.open()
+    try:
+        nodes = [NodeInfo("a", 1, ("task",), "m", True)]
+        first = (await store.submit(NewJob("task", "runs", node="a"), nodes, "api"))[0]["id"]
+        await store.claim("a")
+        urgent = (await store.submit(NewJob("task", "urgent", node="a", lane=I), nodes, "api"))[0]["id"]
+        await store.delete(urgent, "api")
+        batch = [(await store.submit(NewJob("task", f"b{i}", node="a"), nodes, "api"))[0]["id"] for i in range(3)]
+        await store.retry(urgent, "api")
+        rows = await store.read("SELECT id FROM job WHERE node = 'a' AND state = 'queued' ORDER BY position, id")
+        assert [r["id"] for r in rows] == [urgent, *batch]
+        assert first not in [r["id"] for r in rows]
+    finally:
+        await store.close()

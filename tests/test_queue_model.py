@@ -88,11 +88,17 @@ class QueueMachine(RuleBasedStateMachine):
         self.state[job_id], self.node[job_id], self.kind[job_id] = "queued", node, kind
         self.parent[job_id] = parent
         self.lane[job_id], self.owner[job_id] = lane, owner
+        index = self._entry(node, lane, owner, self.fair)
+        self.queues[node].insert(index, job_id)
+        return index
+
+    def _entry(self, node: str, lane: str, owner: str | None, fair: bool) -> int:
+        """The index where a job of this lane and owner enters the node's queue (the rule said plainly)."""
         queue = self.queues[node]
         after_interactive = max((i + 1 for i, j in enumerate(queue) if self.lane[j] == "interactive"), default=0)
         if lane == "interactive":
             index = after_interactive
-        elif not self.fair:
+        elif not fair:
             index = len(queue)
         else:  # round-robin: before the first batch job that is its owner's (k+1)-th, k this one's
             rounds: dict[str | None, int] = {}
@@ -104,7 +110,6 @@ class QueueMachine(RuleBasedStateMachine):
             mine = sum(1 for j in queue if self.lane[j] == "batch" and self.owner[j] == owner) + 1
             index = next((i for i, r in ahead if r > mine), len(queue))
             index = max(index, after_interactive)
-        queue.insert(index, job_id)
         return index
 
     def _over_limit(self, job: str) -> bool:
@@ -315,8 +320,8 @@ class QueueMachine(RuleBasedStateMachine):
             expected = GuardRefused  # the schema refuses the requeue
         if self.attempt(expected, self.store.retry(job, "api")) is None:
             return
-        self.state[job] = "queued"
-        self.queues[self.node[job]].append(job)
+        self.state[job] = "queued"  # a batch job to the tail, an interactive one in its lane
+        self.queues[self.node[job]].insert(self._entry(self.node[job], self.lane[job], self.owner[job], False), job)
 
     @rule(data=st.data())
     def claim(self, data):

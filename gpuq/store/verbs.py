@@ -607,7 +607,8 @@ def clear(db: engine.Connection, node: str, actor: str, running: bool, now: floa
 
 
 def retry(db: engine.Connection, job_id: str, actor: str, now: float) -> Row:
-    """Only by explicit request: a failed or cancelled job goes to the tail of its node's queue."""
+    """Only by explicit request: a failed or cancelled job goes to the tail of its node's queue
+    (an interactive job: to the tail of the interactive jobs, ahead of every waiting batch job)."""
     job = _job_for_update(db, job_id)
     if job["state"] not in NO_RESULT:
         raise Conflict(f"job {job_id} is {job['state']}; only failed or cancelled jobs can be retried")
@@ -615,10 +616,15 @@ def retry(db: engine.Connection, job_id: str, actor: str, now: float) -> Row:
         parent = _job_for_update(db, job["parent_id"])
         if parent["state"] in NO_RESULT:
             raise NoResultToCritique(parent["id"], parent["state"])
-    tail = db.execute("SELECT MAX(position) FROM job WHERE node = ? AND state = 'queued'",
-                      (job["node"],)).fetchone()[0]
+    if job["lane"] == rules.INTERACTIVE:  # in its lane again: ahead of every waiting batch job
+        entered = rules.entry(_waiting_lanes(db, job["node"]), job["lane"], job["owner"], False)
+        position = _position_at(db, job["node"], job_id, entered.index)
+    else:
+        tail = db.execute("SELECT MAX(position) FROM job WHERE node = ? AND state = 'queued'",
+                          (job["node"],)).fetchone()[0]
+        position = (tail or 0) + POSITION_GAP
     db.execute("UPDATE job SET state = 'queued', error = NULL, finished_at = NULL, position = ?"
-               " WHERE id = ?", ((tail or 0) + POSITION_GAP, job_id))
+               " WHERE id = ?", (position, job_id))
     _event(db, job_id, job["state"], JobState.QUEUED, actor, "retry requested", now)
     return dict(job, state=JobState.QUEUED)
 
