@@ -383,12 +383,14 @@ def params_body(think: bool | None, think_level: str | None, options: tuple[str,
 @click.option("--model", help="Use this model instead of the node's.")
 @click.option("--node", help="Put the task on this node.")
 @click.option("--timeout", type=float, help="Fail the job if it runs longer than this many seconds.")
+@click.option("--priority", type=click.Choice(["interactive", "batch"]),
+              help="The lane: interactive waits ahead of every batch job on its node (default: batch).")
 @click.option("--wait", is_flag=True, help="Stream the output as it is generated, then the final state.")
 @click.option("--json", "as_json", is_flag=True, help="Print the submitted job (with --wait: the finished job) as JSON.")
 @ollama_params
 @click.pass_context
 @api_errors
-def task(ctx, prompt, file_, model, node, timeout, wait, think, think_level, options, as_json) -> None:
+def task(ctx, prompt, file_, model, node, timeout, priority, wait, think, think_level, options, as_json) -> None:
     """Submit a task: it goes to the first free task node by rank.
 
     Example: gpuq task "add a retry budget to the export job" --wait
@@ -399,7 +401,7 @@ def task(ctx, prompt, file_, model, node, timeout, wait, think, think_level, opt
         raise click.UsageError("give a PROMPT, or --file PATH (- for stdin)", ctx)
     if file_ is not None:
         prompt = read_text(file_)
-    body = {"kind": "task", "prompt": prompt, "model": model, "node": node, "timeout": timeout,
+    body = {"kind": "task", "prompt": prompt, "model": model, "node": node, "timeout": timeout, "priority": priority,
             **params_body(think, think_level, options)}
     router = router_of(ctx)
     job = router.call("POST", "/api/jobs", {k: v for k, v in body.items() if v is not None})["jobs"][0]
@@ -426,6 +428,8 @@ def task(ctx, prompt, file_, model, node, timeout, wait, think, think_level, opt
 @click.option("--node", help="Critique on this node only.")
 @click.option("--model", help="Use this model instead of each node's.")
 @click.option("--timeout", type=float, help="Fail a child if it runs longer than this many seconds.")
+@click.option("--priority", type=click.Choice(["interactive", "batch"]),
+              help="The lane: interactive waits ahead of every batch job on its node (default: batch).")
 @click.option("--no-wait", is_flag=True, help="Return after submitting.")
 @click.option("--json", "as_json", is_flag=True,
               help='Print one JSON document, {"jobs": [...]}: the finished children (with --no-wait: '
@@ -433,7 +437,7 @@ def task(ctx, prompt, file_, model, node, timeout, wait, think, think_level, opt
 @ollama_params
 @click.pass_context
 @api_errors
-def critique(ctx, file, parent, node, model, timeout, no_wait, as_json, think, think_level, options) -> None:
+def critique(ctx, file, parent, node, model, timeout, priority, no_wait, as_json, think, think_level, options) -> None:
     """Fan a critique out to every critique node: each child's id, node and preview link at
     once, then each one's result as it finishes.
 
@@ -442,6 +446,7 @@ def critique(ctx, file, parent, node, model, timeout, no_wait, as_json, think, t
     if file is None and parent is None:
         raise click.UsageError("give a FILE to critique, or --parent ID", ctx)
     body = {"kind": "critique", "parent": parent, "node": node, "model": model, "timeout": timeout,
+            "priority": priority,
             **params_body(think, think_level, options)}
     if file is not None:
         body["prompt"] = read_text(file)

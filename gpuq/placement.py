@@ -16,6 +16,11 @@ SHORTEST = "shortest queue; all busy"
 SHORTEST_WITH_MODEL = "shortest queue of the nodes with this model; all busy"
 ASKED = "asked"
 FAN_OUT = "fan-out"
+# An interactive job (a person waits for it): the node where it starts soonest.
+SOONEST = "interactive: the shortest interactive backlog; all busy"
+SOONEST_WITH_MODEL = "interactive: the shortest interactive backlog of the nodes with this model; all busy"
+INTERACTIVE = "interactive"
+BATCH = "batch"
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,7 @@ class NodeView:
     running: bool
     queued: int
     models: frozenset[str] | None = None  # installed (normalized), as last seen; None: unknown
+    interactive: int = 0  # waiting interactive jobs (what an interactive job waits behind)
 
     @property
     def free(self) -> bool:
@@ -95,9 +101,12 @@ def _having(candidates: list[NodeView], model: str | None, role: str) -> list[No
     return having
 
 
-def place_task(nodes: list[NodeView], asked: str | None = None, model: str | None = None) -> Placement:
+def place_task(nodes: list[NodeView], asked: str | None = None, model: str | None = None,
+               lane: str = BATCH) -> Placement:
     """The first free task node by rank; else the shortest queue (up nodes first), ties by rank.
-    A job that names a model goes only to the nodes whose Ollama lists it."""
+    A job that names a model goes only to the nodes whose Ollama lists it. An interactive job
+    waits only behind the running job and the interactive jobs (it enters ahead of every batch
+    job): after the free nodes, the shortest interactive backlog, then an idle node, then rank."""
     if asked is not None:
         return Placement(_asked(nodes, asked, "task", model).name, ASKED)
     candidates = _having(_by_rank([n for n in nodes if "task" in n.roles]), model, "task")
@@ -106,8 +115,11 @@ def place_task(nodes: list[NodeView], asked: str | None = None, model: str | Non
     free = [n for n in candidates if n.free]
     if free:
         return Placement(free[0].name, FIRST_FREE)
-    best = min(candidates, key=lambda n: (not n.up, n.queued, n.rank))
     every_task_node = len(candidates) == sum("task" in n.roles for n in nodes)
+    if lane == INTERACTIVE:
+        best = min(candidates, key=lambda n: (not n.up, n.interactive, n.running, n.queued, n.rank))
+        return Placement(best.name, SOONEST if every_task_node else SOONEST_WITH_MODEL)
+    best = min(candidates, key=lambda n: (not n.up, n.queued, n.rank))
     return Placement(best.name, SHORTEST if every_task_node else SHORTEST_WITH_MODEL)
 
 
@@ -153,3 +165,52 @@ def position_between(before: int | None, after: int | None, gap: int) -> int | N
     if after - before < 2:
         return None
     return (before + after) // 2
+
+
+@dataclass(frozen=True)
+class Entry:
+    """Where a new job enters its node's queue: `index` (0-based) among the jobs waiting there;
+    `reason`: the decision in words when it is not simply the tail (its event says it)."""
+
+    index: int
+    reason: str | None = None
+
+
+def _who(owner: str | None) -> str:
+    return owner if owner is not None else "anonymous"
+
+
+def entry(waiting: list[tuple[str, str | None]], lane: str, owner: str | None, fair: bool) -> Entry:
+    """Where a new job of `lane` and `owner` enters a node's queue, given its waiting jobs in
+    order as (lane, owner). Never moves a waiting job: it only chooses the gap to enter.
+
+    An interactive job enters right after the last waiting interactive job (a person's manual
+    order among them stands), or at the head. A batch job enters at the tail; with fair share, at
+    the place that interleaves users round-robin by submit order: a user's k-th waiting batch job
+    goes before the first batch job that is some user's (k+1)-th, and never ahead of a waiting
+    interactive job."""
+    last_interactive = max((i for i, (ln, _) in enumerate(waiting) if ln == INTERACTIVE), default=-1)
+    if lane == INTERACTIVE:
+        index = last_interactive + 1
+        behind = sum(ln == BATCH for ln, _ in waiting[index:])
+        if not behind:
+            return Entry(index)
+        return Entry(index, f"interactive: entered at position {index + 1}, ahead of {behind} waiting batch "
+                            f"job{'s' if behind != 1 else ''}")
+    if not fair:
+        return Entry(len(waiting))
+    k = sum(1 for ln, o in waiting if ln == BATCH and o == owner) + 1
+    seen: dict[str | None, int] = {}
+    index = len(waiting)
+    for i, (ln, o) in enumerate(waiting):
+        if ln != BATCH:
+            continue
+        seen[o] = seen.get(o, 0) + 1
+        if seen[o] > k:
+            index = i
+            break
+    index = max(index, last_interactive + 1)
+    if index == len(waiting):
+        return Entry(index)
+    others = sorted({_who(o) for ln, o in waiting if ln == BATCH and o != owner})
+    return Entry(index, f"entered at position {index + 1}: fair share with {', '.join(others)}")

@@ -68,6 +68,8 @@ def job_json(row: Row, public_url: str) -> Row:
         "preempted_runs": row.get("preempted_runs", 0), "timeout_s": row.get("timeout_s"),
         "run_id": row.get("run_id"), "preview_url": preview_url(public_url, row["id"]),
         "waiting_for": row.get("waiting_for"),  # a held critique: the parent it waits for
+        # who sent it (None: the router knows no one), with what program, and its lane
+        "owner": row.get("owner"), "client": row.get("client"), "lane": row.get("lane"),
     }
     if row.get("endpoint"):
         out["endpoint"] = row["endpoint"]
@@ -91,7 +93,10 @@ async def errors_middleware(request: web.Request, handler):
     try:
         return await handler(request)
     except GpuqError as exc:
-        return error_response(exc.status, exc.message)
+        response = error_response(exc.status, exc.message)
+        if getattr(exc, "retry_after_s", None) is not None:  # a quota (429): when to ask again
+            response.headers["Retry-After"] = str(exc.retry_after_s)
+        return response
     except web.HTTPRequestEntityTooLarge as exc:
         return error_response(413, f"request body too large: {exc.text}")
     except web.HTTPException as exc:
@@ -161,6 +166,15 @@ def job_id_of(request: web.Request, text: str | None = None) -> str:
 def caller_of(request: web.Request) -> Caller:
     """Who sent the request: set by security.access_middleware on every /api route."""
     return request.get(CALLER, ANYONE)
+
+
+def check_lane(caller: Caller, lane: str) -> None:
+    """A [[user]] whose `lanes` leave out the lane asked for: 403 naming the rule."""
+    user = caller.user
+    if user is not None and lane not in user.lanes:
+        raise Forbidden(f"user '{user.name}' may submit only to the {' and '.join(user.lanes)} lane "
+                        f"(their [[user]] lanes in gpuq.toml); ask with priority "
+                        f"'{user.lanes[0]}', or ask an admin to add '{lane}'")
 
 
 def actor_of(request: web.Request) -> str:
@@ -242,6 +256,28 @@ def with_eta(job: dict, found: dict[str, eta.Estimate]) -> dict:
     return job
 
 
+async def with_quota(app: web.Application, jobs: list[dict]) -> None:
+    """A waiting job whose owner runs their max_running already waits for that, even on a free
+    node: say so (held_by_quota), and its start estimate says it too."""
+    limits = app[STORE].max_running
+    owners = {j["owner"] for j in jobs if j["state"] == JobState.QUEUED and j.get("owner") in limits}
+    if not owners:
+        return
+    rows = await app[STORE].read(
+        f"SELECT owner, COUNT(*) AS n FROM job WHERE state = 'running' AND owner IN ({','.join('?' * len(owners))})"
+        " GROUP BY owner", tuple(owners))
+    running = {r["owner"]: r["n"] for r in rows}
+    for job in jobs:
+        owner = job.get("owner")
+        if job["state"] == JobState.QUEUED and owner in owners and running.get(owner, 0) >= limits[owner]:
+            n = running[owner]
+            why = (f"user '{owner}' runs {n} job{'s' if n != 1 else ''} already, their max_running: it starts "
+                   "once one ends; other users' jobs run meanwhile")
+            job["held_by_quota"] = why
+            job["eta_start"] = job["eta_finish"] = None
+            job["eta_reason"] = why
+
+
 # -- views ------------------------------------------------------------------------------------
 
 HEALTH_READ_S = 0.5  # /health answers within about this, whatever the store does
@@ -320,13 +356,17 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def submit(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
-    body = await json_body(request, {"kind", "prompt", "model", "node", "parent", "timeout", "think", "options"})
+    body = await json_body(request, {"kind", "prompt", "model", "node", "parent", "timeout", "think", "options",
+                                     "priority"})
     # The JSON types here, in the API's words; every rule of the values is NewJob's.
+    caller = caller_of(request)
     new = NewJob.checked(settings.max_prompt_bytes, kind=field_of(body, "kind", str, required=True),
                          prompt=field_of(body, "prompt", str), parent=field_of(body, "parent", str),
                          timeout_s=field_of(body, "timeout", (int, float)), model=field_of(body, "model", str),
                          node=field_of(body, "node", str), think=body.get("think"), options=body.get("options"),
-                         owner=caller_of(request).name, client=request.headers.get("User-Agent"))
+                         lane=field_of(body, "priority", str), owner=caller.name,
+                         client=request.headers.get("User-Agent"))
+    check_lane(caller, new.lane)  # type: ignore[arg-type]
     # No estimate here: it reads the node's whole queue, and a burst of submits would pay that
     # once per job. `gpuq task` asks GET /api/jobs/{id} for it.
     jobs = await request.app[DISPATCHER].submit(new, actor_of(request))
@@ -346,7 +386,9 @@ async def get_job(request: web.Request) -> web.Response:
         found = await estimates(app)
         if job_id not in found:  # it ended (or moved on) between the two reads: read it again
             job = await app[STORE].job_detail(job_id)
-    return json_response(with_eta(with_live(job_json(job, app[SETTINGS].public_url), app[DISPATCHER]), found))
+    out = with_eta(with_live(job_json(job, app[SETTINGS].public_url), app[DISPATCHER]), found)
+    await with_quota(app, [out])
+    return json_response(out)
 
 
 def with_live(job: dict, dispatcher: Dispatcher) -> dict:
@@ -411,6 +453,7 @@ async def queue(request: web.Request) -> web.Response:
         running = running and with_eta(with_live(job_json(running, url), app[DISPATCHER]), found)
         nodes.append(dict(node_json(rt), running=running,
                           queued=[with_eta(job_json(j, url), found) for j in queued], queued_count=count))
+    await with_quota(app, [j for n in nodes for j in n["queued"]])
     return json_response({"queue_depth": depth, "nodes": nodes})
 
 

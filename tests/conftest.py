@@ -79,6 +79,7 @@ class Daemon:
     # The harness chose the port (free_port): when another process took it before the router
     # bound it (a busy machine's outgoing connections use the same range), start again on another.
     own_port: bool = False
+    auth: dict = field(default_factory=dict)  # headers every request of the test sends (a user's token)
 
     def _listening_lines(self) -> int:
         return self.log.read_text(errors="replace").count(LISTENING) if self.log.exists() else 0
@@ -140,7 +141,7 @@ class Daemon:
 
     async def request(self, method: str, path: str, body: Any = None, raw: bytes | None = None,
                       headers: dict | None = None) -> tuple[int, Any]:
-        kwargs: dict = {"headers": headers or {}}
+        kwargs: dict = {"headers": {**self.auth, **(headers or {})}}
         if raw is not None:
             kwargs["data"] = raw
         elif body is not None:
@@ -183,7 +184,10 @@ class Daemon:
 
     async def cli(self, *args: str, stdin: bytes | None = None, timeout: float = 30.0) -> Result:
         """Run the real `gpuq` CLI against this router, without blocking the test's loop."""
-        return await run_cli("--router", self.url, *args, stdin=stdin, timeout=timeout, env=self.env,
+        env = dict(self.env)
+        if self.auth.get("Authorization", "").startswith("Bearer "):  # the test's user, as the CLI takes it
+            env.setdefault("GPUQ_TOKEN", self.auth["Authorization"].removeprefix("Bearer "))
+        return await run_cli("--router", self.url, *args, stdin=stdin, timeout=timeout, env=env,
                              command=self.command)
 
 

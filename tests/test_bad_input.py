@@ -121,8 +121,11 @@ HTTP: dict[str, tuple[str, str, Any, int, str]] = {
     "body over the size limit": ("POST", "/api/jobs", json.dumps(task(prompt="x" * 70_000)).encode(), 413,
                                  Starts("request body too large")),
     # Fields.
-    "unknown field": ("POST", "/api/jobs", task(priority=1), 400,
-                      "unknown field 'priority' (allowed: kind, model, node, options, parent, prompt, think, timeout)"),
+    "unknown field": ("POST", "/api/jobs", task(urgency=1), 400,
+                      "unknown field 'urgency' (allowed: kind, model, node, options, parent, priority, prompt, think,"
+                      " timeout)"),
+    "unknown priority": ("POST", "/api/jobs", task(priority="urgent"), 400,
+                         "field 'priority' must be 'interactive' or 'batch', got 'urgent'"),
     "missing kind": ("POST", "/api/jobs", {"prompt": "x"}, 400, "missing field 'kind'"),
     "kind of the wrong type": ("POST", "/api/jobs", task(kind=5), 400, "field 'kind' must be a string, got 5"),
     "prompt of the wrong type": ("POST", "/api/jobs", task(prompt=["x"]), 400,

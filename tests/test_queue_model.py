@@ -1,8 +1,10 @@
 """A Hypothesis state machine: random sequences of submit, move, preempt, delete, clear, retry,
 claim and finish against a plain Python model of the per-node queues, critiques held for their
-parent's result included. After every step the
-database's order equals the model's, at most one job runs per node, no job is lost, the guard
-holds, and each job's event log replays to its state."""
+parent's result included, in two lanes (interactive ahead of batch), with fair share among users'
+batch jobs or without, and a user's max_running or not. After every step the database's order
+equals the model's, positions within a queue are distinct and ordered, at most one job runs per
+node, no job is lost, the guard holds, and each job's event log replays to its state; an arrival
+never reorders the jobs already waiting (a person's move is never undone by it)."""
 
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ NODES = [
 ROLES = {n.name: n.roles for n in NODES}
 NAMES = [n.name for n in NODES]
 UNKNOWN = "1800000000-00000000"
+OWNERS = ["alice", "bob", "carol", None]
+LANES = ["interactive", "batch"]
 
 
 class QueueMachine(RuleBasedStateMachine):
@@ -49,6 +53,10 @@ class QueueMachine(RuleBasedStateMachine):
         self.kind: dict[str, str] = {}
         self.parent: dict[str, str | None] = {}
         self.from_parent: set[str] = set()  # critiques that review their parent's result
+        self.lane: dict[str, str] = {}
+        self.owner: dict[str, str | None] = {}
+        self.fair = False  # fair share among users' batch jobs
+        self.limits: dict[str, int] = {}  # users' max_running
         self.old_runs: list[tuple[str, int]] = []  # runs that ended: finishing them is refused
 
     def teardown(self):
@@ -74,10 +82,42 @@ class QueueMachine(RuleBasedStateMachine):
 
     # -- model helpers --------------------------------------------------------------------------
 
-    def _add(self, job_id: str, kind: str, node: str, parent: str | None) -> None:
+    def _add(self, job_id: str, kind: str, node: str, parent: str | None, lane: str = "batch",
+             owner: str | None = None) -> int:
+        """A new job enters its queue where the lanes (and fair share) say; returns its index."""
         self.state[job_id], self.node[job_id], self.kind[job_id] = "queued", node, kind
         self.parent[job_id] = parent
-        self.queues[node].append(job_id)
+        self.lane[job_id], self.owner[job_id] = lane, owner
+        index = self._entry(node, lane, owner, self.fair)
+        self.queues[node].insert(index, job_id)
+        return index
+
+    def _entry(self, node: str, lane: str, owner: str | None, fair: bool) -> int:
+        """The index where a job of this lane and owner enters the node's queue (the rule said plainly)."""
+        queue = self.queues[node]
+        after_interactive = max((i + 1 for i, j in enumerate(queue) if self.lane[j] == "interactive"), default=0)
+        if lane == "interactive":
+            index = after_interactive
+        elif not fair:
+            index = len(queue)
+        else:  # round-robin: before the first batch job that is its owner's (k+1)-th, k this one's
+            rounds: dict[str | None, int] = {}
+            ahead = []
+            for i, j in enumerate(queue):
+                if self.lane[j] == "batch":
+                    rounds[self.owner[j]] = rounds.get(self.owner[j], 0) + 1
+                    ahead.append((i, rounds[self.owner[j]]))
+            mine = sum(1 for j in queue if self.lane[j] == "batch" and self.owner[j] == owner) + 1
+            index = next((i for i, r in ahead if r > mine), len(queue))
+            index = max(index, after_interactive)
+        return index
+
+    def _over_limit(self, job: str) -> bool:
+        owner = self.owner[job]
+        if owner not in self.limits:
+            return False
+        running = sum(1 for r in self.running.values() if r is not None and self.owner[r[0]] == owner)
+        return running >= self.limits[owner]
 
     def _end_run(self, node: str) -> str:
         job_id, run_id = self.running[node]
@@ -112,18 +152,27 @@ class QueueMachine(RuleBasedStateMachine):
 
     # -- rules ----------------------------------------------------------------------------------
 
-    @initialize(nodes=st.lists(st.sampled_from(NAMES), min_size=2, max_size=10), busy=st.sets(st.sampled_from(NAMES)))
-    def fill(self, nodes, busy):
+    @initialize(nodes=st.lists(st.sampled_from(NAMES), min_size=2, max_size=10), busy=st.sets(st.sampled_from(NAMES)),
+                fair=st.booleans(), limits=st.dictionaries(st.sampled_from(OWNERS[:3]), st.integers(1, 2)))
+    def fill(self, nodes, busy, fair, limits):
         """Start from a few waiting jobs, with some nodes already running their head."""
-        for node in nodes:
-            self.submit_task(node)
+        self.fair, self.limits = fair, limits
+        self.store.max_running = dict(limits)
+        for i, node in enumerate(nodes):
+            self.submit_task(node, "batch", OWNERS[i % len(OWNERS)])
         for node in sorted(busy):
             self._claim(node)
 
-    @rule(node=st.sampled_from(NAMES))
-    def submit_task(self, node):
-        [job] = self.run(self.store.submit(NewJob("task", "p", node=node), NODES, "api"))
-        self._add(job["id"], "task", node, None)
+    @rule(node=st.sampled_from(NAMES), lane=st.sampled_from(LANES), owner=st.sampled_from(OWNERS))
+    def submit_task(self, node, lane, owner):
+        before = list(self.queues[node])
+        [job] = self.run(self.store.submit(NewJob("task", "p", node=node, lane=lane, owner=owner), NODES, "api",
+                                           fair=self.fair))
+        index = self._add(job["id"], "task", node, None, lane, owner)
+        assert job["position"] == index + 1
+        waiting = self.run(self.store.read("SELECT id FROM job WHERE node = ? AND state = 'queued'"
+                                           " ORDER BY position, id", (node,)))
+        assert [r["id"] for r in waiting if r["id"] != job["id"]] == before  # nothing already waiting moved
 
     @precondition(lambda self: self.state)
     @rule(data=st.data(), node=st.sampled_from(["a", "b"]), of_result=st.booleans())
@@ -139,10 +188,12 @@ class QueueMachine(RuleBasedStateMachine):
             expected = NoResultToCritique
         elif self.node[parent] == node:  # the schema refuses the insert (migration 010)
             expected = GuardRefused
+        lane, owner = data.draw(st.sampled_from(LANES), label="lane"), data.draw(st.sampled_from(OWNERS), label="owner")
         created = self.attempt(expected, self.store.submit(
-            NewJob("critique", None if of_result else "c", node=node, parent=parent), NODES, "api"))
+            NewJob("critique", None if of_result else "c", node=node, parent=parent, lane=lane, owner=owner),
+            NODES, "api", fair=self.fair))
         if created is not None:
-            self._add(created[0]["id"], "critique", node, parent)
+            self._add(created[0]["id"], "critique", node, parent, lane, owner)
             if of_result:
                 self.from_parent.add(created[0]["id"])
             assert created[0]["waiting_for"] == (parent if self._held(created[0]["id"]) else None)
@@ -269,8 +320,8 @@ class QueueMachine(RuleBasedStateMachine):
             expected = GuardRefused  # the schema refuses the requeue
         if self.attempt(expected, self.store.retry(job, "api")) is None:
             return
-        self.state[job] = "queued"
-        self.queues[self.node[job]].append(job)
+        self.state[job] = "queued"  # a batch job to the tail, an interactive one in its lane
+        self.queues[self.node[job]].insert(self._entry(self.node[job], self.lane[job], self.owner[job], False), job)
 
     @rule(data=st.data())
     def claim(self, data):
@@ -279,7 +330,8 @@ class QueueMachine(RuleBasedStateMachine):
 
     def _claim(self, node):
         claimed = self.run(self.store.claim(node))
-        ready = [j for j in self.queues[node] if not self._held(j)]  # a held critique blocks nothing
+        # a held critique blocks nothing, nor a job whose owner runs their max_running already
+        ready = [j for j in self.queues[node] if not self._held(j) and not self._over_limit(j)]
         if self.running[node] is not None or not ready:
             assert claimed is None
             return
@@ -326,6 +378,9 @@ class QueueMachine(RuleBasedStateMachine):
         for name in NAMES:
             queued = [r["id"] for r in rows if r["node"] == name and r["state"] == "queued"]
             assert queued == self.queues[name], name
+            positions = [r["position"] for r in self.run(self.store.read(
+                "SELECT position FROM job WHERE node = ? AND state = 'queued' ORDER BY position, id", (name,)))]
+            assert positions == sorted(set(positions)), (name, positions)  # distinct, in order
             running = [r["id"] for r in rows if r["node"] == name and r["state"] == "running"]
             assert len(running) <= 1
             assert running == ([self.running[name][0]] if self.running[name] else [])

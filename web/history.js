@@ -107,7 +107,7 @@ function renderJobs() {
       text: filtered ? 'No finished job matches these filters.' : 'No job has finished yet.'}));
   } else {
     box.replaceChildren(el('div', {className: 'table-scroll'}, el('table', {className: 'recent', id: 'history-table'},
-      el('thead', {}, el('tr', {}, ...['state', 'finished', 'job', 'kind', 'node', 'model', 'ran', 'tokens',
+      el('thead', {}, el('tr', {}, ...['state', 'finished', 'job', 'owner', 'kind', 'node', 'model', 'ran', 'tokens',
         'speed', 'prompt / error'].map((t) => el('th', {text: t})))),
       el('tbody', {}, ...H.jobs.map(row)))));
   }
@@ -121,6 +121,7 @@ function row(j) {
     el('td', {className: 'num', title: j.finished_at}, fmtClock(j.finished_at),
       el('span', {className: 'muted'}, ' · ', sinceSpan(j.finished_at), ' ago')),
     el('td', {}, el('a', {className: 'mono', href: jobHref(j.id), text: j.id})),
+    el('td', {className: 'owner', text: j.owner || '–'}),
     el('td', {text: j.kind}),
     el('td', {text: j.node}),
     el('td', {className: 'mono', text: j.model}),

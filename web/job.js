@@ -294,6 +294,9 @@ function facts(job) {
   const runs = job.runs || [];
   const items = [
     fact('Kind', job.kind),
+    fact('Owner', job.owner || 'anyone (no users)', {id: 'f-owner'}),
+    fact('Lane', job.lane, {id: 'f-lane'}),
+    job.client ? wide(fact('Client', el('span', {className: 'mono', text: job.client, title: job.client}), {id: 'f-client'})) : null,
     fact('Node', job.node),
     fact('Model', el('span', {className: 'mono', text: job.model, title: job.model})),
     fact('Queued', when(job.created_at)),

@@ -383,6 +383,7 @@ function column(node, stale) {
 function jobMeta(job, nodeModel) {
   const queued = job.state === 'queued';
   const parts = [
+    job.owner ? el('span', {className: 'owner', text: job.owner, title: `sent by ${job.owner}${job.client ? ` with ${job.client}` : ''}`}) : null,
     el('span', {className: `state-${job.state}`},
       queued ? 'queued ' : 'running for ',
       sinceSpan(queued ? job.created_at : job.started_at), queued ? ' ago' : ''),
@@ -404,6 +405,11 @@ function badges(job) {
     out.push(badge(job.preempted_runs > 1 ? `preempted ×${job.preempted_runs}` : 'preempted', 'preempted',
       `this job was interrupted ${job.preempted_runs} time${job.preempted_runs > 1 ? 's' : ''} by a preemption and runs again from the start`));
   }
+  if (job.lane === 'interactive') {  // it waits ahead of every batch job on its node
+    out.push(badge('interactive', 'lane-interactive',
+      'interactive: it waits ahead of every batch job on its node (behind the running job and earlier interactive jobs)'));
+  }
+  if (job.held_by_quota) out.push(badge('max running', 'held', job.held_by_quota));
   if (job.endpoint) {  // a call through the front door; its client waits for it
     out.push(badge(job.endpoint.startsWith('/v1/') ? 'openai' : 'ollama', 'via',
       `a client's ${job.endpoint} call through the front door; it waits for this job (deleting it ends the call)`));

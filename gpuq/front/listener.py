@@ -26,7 +26,7 @@ from ..errors import (
     BadRequest, Conflict, FrontError, GpuqError, IdTaken, ModelMissing, NotFound, OllamaError, StartupError,
     StoreUnavailable, check_text, json_object, json_type,
 )
-from ..models import ACTIVE, new_job_id, normalize_model, preview_url
+from ..models import ACTIVE, Lane, new_job_id, normalize_model, preview_url
 from ..identity import ANYONE, Caller
 from ..security import CALLER, check_host, served_hosts, token_of
 from ..store import NewJob, Store
@@ -419,7 +419,14 @@ class Call:
         # (a Responses or Messages call is shown from its translation, made once, in __init__)
         return NewJob(kind=self.ep.kind, prompt=self.ep.shown_prompt(self.body, self.ollama),
                       model=self.ollama["model"].strip(), endpoint=self.endpoint, request=dumps(request),
-                      job_id=job_id, owner=self.caller.name, client=self.request.headers.get("User-Agent"))
+                      job_id=job_id, owner=self.caller.name, client=self.request.headers.get("User-Agent"),
+                      lane=self.lane())
+
+    def lane(self) -> Lane:
+        """A call waits in the interactive lane, unless its user may use batch only: no client
+        of Ollama's API can ask for a lane, so theirs waits in batch rather than being refused."""
+        user = self.caller.user
+        return Lane.BATCH if user is not None and Lane.INTERACTIVE not in user.lanes else Lane.INTERACTIVE
 
     async def submit(self) -> None:
         """Store the job (placed by its model) before any work; the relay is in place first, so

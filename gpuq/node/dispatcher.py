@@ -31,6 +31,7 @@ class Dispatcher:
     def __init__(self, settings: Settings, store: Store, bus: Bus, calls: Calls | None = None):
         self.settings = settings
         self.store = store
+        self._limit_running(settings)
         self.bus = bus
         self.session: aiohttp.ClientSession | None = None
         self.nodes: dict[str, NodeRuntime] = {}
@@ -45,6 +46,10 @@ class Dispatcher:
         self.retired: dict[str, Worker] = {}  # their workers meanwhile (a running job can still be aborted)
         self.removing: set[str] = set()  # nodes a reload is taking out: no placement or move there
         self.draining_since: float | None = None  # told to stop, waiting for the running jobs
+
+    def _limit_running(self, settings: Settings) -> None:
+        """Users' max_running, which every claim of the store applies."""
+        self.store.max_running = {u.name: u.max_running for u in settings.users if u.max_running is not None}
 
     async def start(self, stuck: list[dict] | None = None) -> None:
         """`stuck`: the models a previous router saw stuck in VRAM (open vram_stuck alerts, with
@@ -110,6 +115,7 @@ class Dispatcher:
         takes its new config (a new URL or client timeouts: a new Ollama client, which its next
         request uses) and is checked at once."""
         settings = self.settings = plan.settings
+        self._limit_running(settings)
         for name in plan.removed:
             rt = self.nodes.pop(name)
             self.monitors.pop(name)
@@ -221,7 +227,10 @@ class Dispatcher:
         that worker after it (one fsync before the node's request, not two: bench/README, "claim
         at submit"); a node that is busy is woken for the job queued there. Every door submits
         through here."""
-        jobs = await self.store.submit(new, self.node_infos(), actor, self._hand_over)
+        user = self.settings.user(new.owner) if new.owner is not None else None
+        jobs = await self.store.submit(new, self.node_infos(), actor, self._hand_over,
+                                       fair=self.settings.shares_fairly,
+                                       max_waiting=user.max_waiting if user else None)
         for job in jobs:
             if job["state"] == JobState.QUEUED:  # (a job claimed in its submit went to its worker)
                 self.wake(job["node"])  # only its node: the others have nothing new

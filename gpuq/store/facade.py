@@ -43,8 +43,7 @@ WAITING_FOR = "(SELECT h.parent_id FROM held_job h WHERE h.id = j.id) AS waiting
 # single job's read (/api/jobs/{id}) adds the whole prompt.
 LISTING_COLUMNS = """j.id, j.kind, j.state, j.node, j.model, j.parent_id, j.group_id,
     j.position, j.placement, j.run_id, j.error, j.findings, j.timeout_s, j.created_at, j.finished_at,
-    j.think, j.options, j.endpoint, j.prompt_excerpt, j.prompt_bytes,
-    j.owner, j.client,
+    j.think, j.options, j.endpoint, j.prompt_excerpt, j.prompt_bytes, j.owner, j.client, j.lane,
     r.started_at, r.progress_at, r.work_done_at, r.eval_count, r.prompt_eval_count,
     r.eval_duration_ns, r.total_duration_ns, r.done_reason,
     (SELECT COUNT(*) FROM run p WHERE p.job_id = j.id AND p.state = 'preempted') AS preempted_runs,
@@ -77,6 +76,9 @@ class Store:
         # the calls waiting for it now (monotonic start per kind), and the last refused write.
         self._waiting: dict[str, dict[int, float]] = {"read": {}, "write": {}}
         self._refused: tuple[float, float, str] | None = None  # (since, wall; last, monotonic; why)
+        # Users' max_running ({user: limit}, the dispatcher's from gpuq.toml): every claim skips
+        # a job whose owner runs that many already.
+        self.max_running: dict[str, int] = {}
 
     # -- connections and migrations ---------------------------------------------------------
 
@@ -265,7 +267,8 @@ class Store:
     # -- the queue's verbs ----------------------------------------------------------------------
 
     async def submit(self, new: NewJob, nodes: list[NodeInfo], actor: str,
-                     hand_over: Callable[[Row], None] | None = None) -> list[Row]:
+                     hand_over: Callable[[Row], None] | None = None, *, fair: bool = False,
+                     max_waiting: int | None = None) -> list[Row]:
         """Place and insert a job (a task, or a critique's whole fan-out), durably: answered
         only once its transaction has committed. On a node whose worker waits idle
         (NodeInfo.idle) the same commit claims the node's head, and `hand_over` gives it to
@@ -275,7 +278,8 @@ class Store:
         def handed(result: tuple[list[Row], list[Row]]) -> None:
             for job in result[1]:
                 hand_over(job)  # type: ignore[misc]
-        write = partial(verbs.submit_and_claim, new=new, nodes=nodes, actor=actor, now=self.clock())
+        write = partial(verbs.submit_and_claim, new=new, nodes=nodes, actor=actor, now=self.clock(), fair=fair,
+                        max_waiting=max_waiting, max_running=dict(self.max_running))
         if self.submit_timeout_s is None:
             created, _ = await self._write(write, handed if hand_over else None)
         else:
@@ -285,7 +289,8 @@ class Store:
 
     async def claim(self, node: str) -> Row | None:
         """Take the head of the node's queue: it becomes running with a new run row."""
-        return await self._write(partial(verbs.claim, node=node, now=self.clock()))
+        return await self._write(partial(verbs.claim, node=node, now=self.clock(),
+                                         max_running=dict(self.max_running)))
 
     async def heartbeat(self, run_id: int, output: str, thinking: str | None = None) -> None:
         """Progress: `output` and `thinking` are the text that came since the last write (appended)."""
@@ -318,7 +323,7 @@ class Store:
         return await self._write(partial(
             verbs.finish, job_id=job_id, run_id=run_id, state=state, error=error, now=self.clock(),
             output=output, actor=actor, findings=findings, claim_node=claim_node, thinking=thinking,
-            streamed=streamed))
+            streamed=streamed, max_running=dict(self.max_running)))
 
     async def move(self, job_id: str, nodes: list[NodeInfo], actor: str, *, position: int | None = None,
                    before: str | None = None, after: str | None = None, node: str | None = None) -> Row:

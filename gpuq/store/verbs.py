@@ -18,6 +18,19 @@ from ..models import (
 
 Row = dict[str, Any]
 
+# How long a client over its max_waiting is told to wait before it asks again (Retry-After).
+QUOTA_RETRY_AFTER_S = 30
+
+
+class OverQuota(GpuqError):
+    """A submit beyond the user's max_waiting: 429, with Retry-After (nothing is stored)."""
+
+    status = 429
+
+    def __init__(self, message: str, retry_after_s: int = QUOTA_RETRY_AFTER_S):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
 # A queued job's place in its node's queue, from 1: the one statement of it (listings, the
 # stream's "queued" lines and a move's answer all read it).
 QUEUE_POSITION_SQL = ("SELECT COUNT(*) + 1 AS n FROM job WHERE node = :node AND state = 'queued'"
@@ -51,10 +64,14 @@ def run_texts(db: engine.Connection, run_ids: list[int]) -> dict[int, dict[str, 
     return joined_text(run_ids, db.execute(*run_text_query(run_ids)).fetchall())
 
 
-def _views(nodes: list[NodeInfo], counts: dict[str, NodeCounts]) -> list[rules.NodeView]:
-    """The nodes as placement sees them, with their running and queued counts."""
+def _views(nodes: list[NodeInfo], counts: dict[str, NodeCounts],
+           interactive: dict[str, int] | None = None) -> list[rules.NodeView]:
+    """The nodes as placement sees them, with their running and queued counts (and, for an
+    interactive job's placement, their waiting interactive jobs)."""
+    interactive = interactive or {}
     return [rules.NodeView(n.name, n.rank, n.roles, n.up, counts.get(n.name, NodeCounts()).running > 0,
-                           counts.get(n.name, NodeCounts()).queued, n.models) for n in nodes]
+                           counts.get(n.name, NodeCounts()).queued, n.models, interactive.get(n.name, 0))
+            for n in nodes]
 
 
 def rows(cursor_rows: list) -> list[Row]:
@@ -94,11 +111,25 @@ CLAIM_SQL = ("UPDATE job SET state = 'running' WHERE id = (SELECT id FROM ready_
              " AND NOT EXISTS (SELECT 1 FROM job WHERE node = :node AND state = 'running') RETURNING *")
 
 
-def claim(db: engine.Connection, node: str, now: float) -> Row | None:
+# The claim when users have max_running: a job whose owner already runs that many waits, even
+# on a free node (the next job of another user runs). `:limits` is a JSON object {user: limit}.
+CLAIM_LIMITED_SQL = (
+    "UPDATE job SET state = 'running' WHERE id = (SELECT r.id FROM ready_job r WHERE r.node = :node"
+    " AND NOT EXISTS (SELECT 1 FROM json_each(:limits) l WHERE l.key = r.owner"
+    "  AND l.value <= (SELECT COUNT(*) FROM job o WHERE o.owner = r.owner AND o.state = 'running'))"
+    " ORDER BY r.position, r.id LIMIT 1)"
+    " AND NOT EXISTS (SELECT 1 FROM job WHERE node = :node AND state = 'running') RETURNING *")
+
+
+def claim(db: engine.Connection, node: str, now: float, max_running: dict[str, int] | None = None) -> Row | None:
     """The first ready job of the node's queue becomes running, with a new run row (never a
     second head). Ready (the view ready_job, migration 003): not a critique held for its
-    parent's result, so a held critique never blocks the jobs behind it."""
-    row = db.execute(CLAIM_SQL, {"node": node}).fetchone()
+    parent's result, so a held critique never blocks the jobs behind it. With `max_running`
+    ({user: limit}), a job whose owner runs that many jobs already is skipped too."""
+    if max_running:
+        row = db.execute(CLAIM_LIMITED_SQL, {"node": node, "limits": dumps(max_running)}).fetchone()
+    else:
+        row = db.execute(CLAIM_SQL, {"node": node}).fetchone()
     if row is None:
         return None
     job = dict(row)
@@ -318,9 +349,29 @@ def record_delivery(db: engine.Connection, alert_id: int, status: str, attempt: 
 
 # -- submitting --------------------------------------------------------------------------------
 
-def submit(db: engine.Connection, new: NewJob, nodes: list[NodeInfo], actor: str, now: float) -> list[Row]:
+def _waiting_lanes(db: engine.Connection, node: str) -> list[tuple[str, str | None]]:
+    return [(r[0], r[1]) for r in db.execute(
+        "SELECT lane, owner FROM job WHERE node = ? AND state = 'queued' ORDER BY position, id", (node,))]
+
+
+def _check_quota(db: engine.Connection, owner: str | None, max_waiting: int | None, adding: int) -> None:
+    if owner is None or max_waiting is None:
+        return
+    waiting = db.execute("SELECT COUNT(*) FROM job WHERE owner = ? AND state = 'queued'", (owner,)).fetchone()[0]
+    if waiting + adding > max_waiting:
+        jobs = "job" if adding == 1 else f"{adding} jobs"
+        raise OverQuota(f"user '{owner}' has {waiting} job{'s' if waiting != 1 else ''} waiting, and max_waiting "
+                        f"is {max_waiting}: this {jobs} would pass it; submit again when one has started "
+                        f"(or ask an admin to raise max_waiting)")
+
+
+def submit(db: engine.Connection, new: NewJob, nodes: list[NodeInfo], actor: str, now: float, *,
+           fair: bool = False, max_waiting: int | None = None) -> list[Row]:
     """Place and insert a job (a task, or a critique's whole fan-out). Placement sees the jobs
-    submitted before it, in the same batch too (node_load counts them)."""
+    submitted before it, in the same batch too (node_load counts them). Where it enters its
+    node's queue is placement's `entry`: an interactive job ahead of every waiting batch job, a
+    batch job at the tail (with `fair`: where users' batch jobs interleave). `max_waiting`: the
+    owner's limit of waiting jobs; beyond it, OverQuota and nothing is stored."""
     by_name = {n.name: n for n in nodes}
     parent = None
     if new.parent is not None:
@@ -331,9 +382,13 @@ def submit(db: engine.Connection, new: NewJob, nodes: list[NodeInfo], actor: str
             raise Unprocessable(f"parent job '{new.parent}' is a {parent['kind']}, not a task")
     parent_node = parent["node"] if parent else None
     counts = _node_counts(db)
-    views = _views(nodes, counts)
+    interactive = None
+    if new.lane == rules.INTERACTIVE:
+        interactive = {r[0]: r[1] for r in db.execute(
+            "SELECT node, COUNT(*) FROM job WHERE state = 'queued' AND lane = 'interactive' GROUP BY node")}
+    views = _views(nodes, counts, interactive)
     if new.kind != "critique":  # a task, or an embedding (placed as a task)
-        placements = [rules.place_task(views, new.node, new.model)]
+        placements = [rules.place_task(views, new.node, new.model, new.lane)]
     else:  # the guard is judged here, first, whatever state the parent is in
         placements = rules.place_critique(views, parent_node, new.node, new.model)
     prompt, from_parent = new.prompt, new.prompt is None
@@ -341,6 +396,7 @@ def submit(db: engine.Connection, new: NewJob, nodes: list[NodeInfo], actor: str
         if parent["state"] in NO_RESULT:
             raise NoResultToCritique(parent["id"], parent["state"])
         prompt = parent_subject(parent["prompt"], f"(the result of task {parent['id']}, once it is done)")
+    _check_quota(db, new.owner, max_waiting, len(placements))
     group = None  # a fan-out's children share the first child's id as their group
     at = iso(now)
     created = []
@@ -350,9 +406,16 @@ def submit(db: engine.Connection, new: NewJob, nodes: list[NodeInfo], actor: str
             raise IdTaken(f"job id {job_id} is taken")
         if new.kind == "critique" and group is None:
             group = job_id
-        tail = db.execute("SELECT MAX(position) FROM job WHERE node = ? AND state = 'queued'",
-                          (p.node,)).fetchone()
-        position = (tail[0] or 0) + POSITION_GAP
+        entered = rules.Entry(counts.get(p.node, NodeCounts()).queued)
+        if new.lane == rules.INTERACTIVE or fair:
+            waiting = _waiting_lanes(db, p.node)
+            entered = rules.entry(waiting, new.lane, new.owner, fair)  # type: ignore[arg-type]
+        if entered.reason is None:  # the tail
+            tail = db.execute("SELECT MAX(position) FROM job WHERE node = ? AND state = 'queued'",
+                              (p.node,)).fetchone()
+            position = (tail[0] or 0) + POSITION_GAP
+        else:
+            position = _position_at(db, p.node, job_id, entered.index)
         model = new.model or by_name[p.node].model
         db.execute(
             "INSERT INTO job (id, kind, node, model, model_pinned, prompt, parent_id, group_id,"
@@ -365,24 +428,26 @@ def submit(db: engine.Connection, new: NewJob, nodes: list[NodeInfo], actor: str
         )
         waiting_for = new.parent if from_parent and parent["state"] != JobState.DONE else None
         held = f"; waiting for parent {waiting_for}" if waiting_for else ""
-        _event(db, job_id, None, JobState.QUEUED, actor, f"placed on {p.node} ({p.reason}){held}", now)
-        waiting = counts.get(p.node, NodeCounts()).queued
+        entered_why = f"; {entered.reason}" if entered.reason else ""
+        _event(db, job_id, None, JobState.QUEUED, actor, f"placed on {p.node} ({p.reason}){entered_why}{held}", now)
         created.append({"id": job_id, "kind": new.kind, "node": p.node, "model": model,
-                        "state": JobState.QUEUED, "position": waiting + 1, "reason": p.reason,
+                        "state": JobState.QUEUED, "position": entered.index + 1, "reason": p.reason,
+                        "lane": new.lane, "owner": new.owner, "entered": entered.reason,
                         "parent": new.parent, "group": group, "waiting_for": waiting_for})
     return created
 
 
 def submit_and_claim(db: engine.Connection, new: NewJob, nodes: list[NodeInfo], actor: str,
-                     now: float) -> tuple[list[Row], list[Row]]:
+                     now: float, fair: bool = False, max_waiting: int | None = None,
+                     max_running: dict[str, int] | None = None) -> tuple[list[Row], list[Row]]:
     """Submit, then claim the head of each chosen node whose worker waits idle (NodeInfo.idle),
     in the same transaction: an idle node's job pays one commit before its request, not two.
     The claim is the worker's own (claim: the same guards, run row and event); the created
     rows it took say so (state running). Returns the created rows and the claimed jobs."""
-    created = submit(db, new, nodes, actor, now)
+    created = submit(db, new, nodes, actor, now, fair=fair, max_waiting=max_waiting)
     idle = {n.name for n in nodes if n.idle and n.up}
     claimed = [job for node in dict.fromkeys(j["node"] for j in created if j["node"] in idle)
-               if (job := claim(db, node, now)) is not None]
+               if (job := claim(db, node, now, max_running)) is not None]
     running = {job["id"] for job in claimed}
     for row in created:
         if row["id"] in running:
@@ -429,7 +494,8 @@ def work_done(db: engine.Connection, run_id: int, output: str, stats: dict, thin
 
 def finish(db: engine.Connection, job_id: str, run_id: int, state: str, error: str | None, now: float, *,
            output: str | None = None, actor: str = "router", findings: list | None = None,
-           claim_node: str | None = None, thinking: str | None = None, streamed: int = 0) -> Row | None:
+           claim_node: str | None = None, thinking: str | None = None, streamed: int = 0,
+           max_running: dict[str, int] | None = None) -> Row | None:
     """Finish a run that is still the job's running run; anything else is a GuardMiss. `output`
     and `thinking`: text not stored yet, appended. With `claim_node`, the node's next job is
     claimed in the same transaction and returned."""
@@ -446,7 +512,7 @@ def finish(db: engine.Connection, job_id: str, run_id: int, state: str, error: s
     _event(db, job_id, JobState.RUNNING, state, actor, error, now, run_id)
     if state == JobState.FAILED:
         _end_held_critiques(db, job_id, f"failed ({error})", now)
-    return claim(db, claim_node, now) if claim_node else None
+    return claim(db, claim_node, now, max_running) if claim_node else None
 
 
 # -- the user's verbs: each checked against the job's state inside its transaction --------------
@@ -558,7 +624,8 @@ def clear(db: engine.Connection, node: str, actor: str, running: bool, now: floa
 
 
 def retry(db: engine.Connection, job_id: str, actor: str, now: float) -> Row:
-    """Only by explicit request: a failed or cancelled job goes to the tail of its node's queue."""
+    """Only by explicit request: a failed or cancelled job goes to the tail of its node's queue
+    (an interactive job: to the tail of the interactive jobs, ahead of every waiting batch job)."""
     job = _job_for_update(db, job_id)
     if job["state"] not in NO_RESULT:
         raise Conflict(f"job {job_id} is {job['state']}; only failed or cancelled jobs can be retried")
@@ -566,10 +633,15 @@ def retry(db: engine.Connection, job_id: str, actor: str, now: float) -> Row:
         parent = _job_for_update(db, job["parent_id"])
         if parent["state"] in NO_RESULT:
             raise NoResultToCritique(parent["id"], parent["state"])
-    tail = db.execute("SELECT MAX(position) FROM job WHERE node = ? AND state = 'queued'",
-                      (job["node"],)).fetchone()[0]
+    if job["lane"] == rules.INTERACTIVE:  # in its lane again: ahead of every waiting batch job
+        entered = rules.entry(_waiting_lanes(db, job["node"]), job["lane"], job["owner"], False)
+        position = _position_at(db, job["node"], job_id, entered.index)
+    else:
+        tail = db.execute("SELECT MAX(position) FROM job WHERE node = ? AND state = 'queued'",
+                          (job["node"],)).fetchone()[0]
+        position = (tail or 0) + POSITION_GAP
     db.execute("UPDATE job SET state = 'queued', error = NULL, finished_at = NULL, position = ?"
-               " WHERE id = ?", ((tail or 0) + POSITION_GAP, job_id))
+               " WHERE id = ?", (position, job_id))
     _event(db, job_id, job["state"], JobState.QUEUED, actor, "retry requested", now)
     return dict(job, state=JobState.QUEUED)
 

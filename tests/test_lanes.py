@@ -1,0 +1,274 @@
+"""Lanes, fair share and quotas (issue 26): where a new job enters its node's queue, which job a
+node claims, and what a submit beyond a user's limit answers. The rules as pure functions, then
+the real daemon with fake Ollama nodes, a real Ollama client and users' tokens."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tomllib
+
+import ollama
+import pytest
+import tomli_w
+
+from conftest import eventually, free_port, node_table
+from gpuq.placement import BATCH, INTERACTIVE, NodeView, entry, place_task
+from gpuq.store import NewJob, NodeInfo, Store
+from test_front import CHAT_MODEL, front  # noqa: F401 (a fixture)
+
+I, B = INTERACTIVE, BATCH
+
+
+# -- the rules ----------------------------------------------------------------------------------
+
+def test_an_interactive_job_enters_after_the_last_waiting_interactive_job():
+    assert entry([], I, None, False).index == 0
+    assert entry([(B, "a")] * 5, I, None, False).index == 0
+    assert "ahead of 5 waiting batch jobs" in entry([(B, "a")] * 5, I, None, False).reason
+    # A person moved a batch job ahead of an interactive one: that order stands.
+    assert entry([(I, "a"), (B, "a"), (I, "b"), (B, "c")], I, "d", False).index == 3
+    assert entry([(I, "a"), (I, "b")], I, "c", False).reason is None  # the tail: nothing to say
+
+
+def test_fair_share_interleaves_users_round_robin_by_submit_order():
+    waiting: list[tuple[str, str | None]] = []
+    for owner in ["alice"] * 4 + ["bob"] * 4 + ["carol"] * 2:
+        at = entry(waiting, B, owner, True)
+        waiting.insert(at.index, (B, owner))
+    assert [o for _, o in waiting] == ["alice", "bob", "carol", "alice", "bob", "carol", "alice", "bob",
+                                       "alice", "bob"]
+    at = entry([(B, "alice"), (B, "alice"), (B, "bob")], B, "carol", True)
+    assert at.index == 1 and at.reason == "entered at position 2: fair share with alice, bob"
+    # Never ahead of a waiting interactive job, and without fair share: the tail.
+    assert entry([(B, "alice"), (B, "alice"), (I, "alice")], B, "bob", True).index == 3
+    assert entry([(B, "alice"), (B, "alice")], B, "bob", False).index == 2
+
+
+def test_an_interactive_job_goes_where_it_starts_soonest():
+    def view(name, rank, running, queued, interactive):
+        return NodeView(name, rank, ("task",), True, running, queued, None, interactive)
+    nodes = [view("n1", 1, True, 9, 0), view("n2", 2, True, 1, 1), view("n3", 3, False, 0, 0)]
+    assert place_task(nodes, lane=I).node == "n3"  # a free node first
+    nodes[2] = view("n3", 3, True, 0, 0)
+    assert place_task(nodes, lane=B).node == "n3"  # batch: the shortest queue
+    assert place_task(nodes[:2], lane=B).node == "n2"
+    assert place_task(nodes[:2], lane=I).node == "n1"  # interactive: the shortest interactive backlog
+
+
+# -- the daemon ---------------------------------------------------------------------------------
+
+TOKENS = {"admin": "admin-token-000000000000000000000000", "alice": "alice-token-000000000000000000000000",
+          "bob": "bob-token-00000000000000000000000000", "carol": "carol-token-00000000000000000000000"}
+
+
+def bearer(user: str) -> dict:
+    return {"Authorization": f"Bearer {TOKENS[user]}"}
+
+
+async def with_users(daemon, users: list[dict]):
+    """Add [[user]] tables to the daemon's gpuq.toml, then start it."""
+    data = tomllib.loads(daemon.config.read_text())
+    daemon.config.write_text(tomli_w.dumps({**data, "user": users}))
+    if any(u["name"] == "admin" for u in users):  # the test's own reads, as the lab's admin
+        daemon.auth = bearer("admin")
+    await daemon.start()
+    return daemon
+
+
+async def submit_as(daemon, user: str, prompt: str, **extra) -> tuple[int, dict]:
+    return await daemon.request("POST", "/api/jobs", {"kind": "task", "prompt": prompt, **extra},
+                                headers=bearer(user))
+
+
+async def queued(daemon, node: str) -> list[dict]:
+    status, body = await daemon.request("GET", "/api/queue", headers=bearer("admin"))
+    assert status == 200, body
+    return next(n for n in body["nodes"] if n["name"] == node)["queued"]
+
+
+async def test_an_interactive_front_door_call_behind_five_batch_jobs_runs_next(front):  # noqa: F811
+    fake = front.fakes["node-1"]
+    fake.script.token_delay_s, fake.script.tokens = 0.1, 400  # busy while the test looks
+    busy = (await front.daemon.submit("task", "the long one", node="node-1"))[0]["id"]
+    await front.daemon.wait_state(busy, "running")
+    batch = [(await front.daemon.submit("task", f"batch {i}", node="node-1"))[0]["id"] for i in range(5)]
+
+    client = front.ollama()
+    call = asyncio.ensure_future(client.chat(model=CHAT_MODEL, messages=[{"role": "user", "content": "quick one"}]))
+    waiting = await eventually(lambda: _grown(front.daemon, "node-1", 6), 15, what="the call to wait on node-1")
+    assert [j["id"] for j in waiting][1:] == batch  # it waits first, the batch jobs behind it
+    assert waiting[0]["lane"] == "interactive" and waiting[0]["endpoint"] == "/api/chat"
+    assert all(j["lane"] == "batch" for j in waiting[1:])
+    assert not call.done()  # it never interrupts the running job
+
+    fake.script.token_delay_s, fake.script.tokens = 0.0, 5
+    reply = await asyncio.wait_for(call, 60)
+    assert reply.message.content
+    # When the call had its answer, the five batch jobs still waited: it ran next.
+    jobs = [await front.daemon.job(j) for j in batch]
+    assert all(j["state"] == "queued" or j["started_at"] > waiting[0]["created_at"] for j in jobs)
+    started = await eventually(lambda: _started(front.daemon, [waiting[0]["id"], *batch]), 30,
+                               what="every job to have started")
+    assert started[0] == min(started), started  # the call's run started before any batch job's
+    events = (await front.daemon.job(waiting[0]["id"]))["events"]
+    assert "interactive: entered at position 1, ahead of 5 waiting batch jobs" in events[0]["reason"]
+
+
+async def _grown(daemon, node: str, n: int) -> list[dict] | None:
+    waiting = await daemon.get("/api/queue")
+    jobs = next(x for x in waiting["nodes"] if x["name"] == node)["queued"]
+    return jobs if len(jobs) >= n else None
+
+
+async def _started(daemon, ids: list[str]) -> list[str] | None:
+    jobs = [await daemon.job(j) for j in ids]
+    return [j["started_at"] for j in jobs] if all(j["started_at"] for j in jobs) else None
+
+
+async def one_node_with_users(fakes, daemon_factory, users: list[dict], nodes: int = 1):
+    made = []
+    for i in range(nodes):
+        fake = await fakes("qwen3-coder:30b", token_delay_s=0.1, tokens=2000)  # each job runs long
+        made.append(node_table(f"node-{i + 1}", fake, i + 1, ["task"], "qwen3-coder:30b"))
+    daemon = await daemon_factory(made, start=False, stall_timeout="120s")
+    return await with_users(daemon, [{"name": "admin", "token": TOKENS["admin"], "role": "admin"}, *users])
+
+
+async def test_two_users_sweeps_of_twenty_interleave(fakes, daemon_factory):
+    daemon = await one_node_with_users(fakes, daemon_factory, [
+        {"name": "alice", "token": TOKENS["alice"]}, {"name": "bob", "token": TOKENS["bob"]}])
+    for user in ("alice", "bob"):
+        for i in range(20):
+            status, body = await submit_as(daemon, user, f"{user} sweep {i}")
+            assert status == 201, body
+    waiting = await queued(daemon, "node-1")
+    owners = [j["owner"] for j in waiting]
+    # alice's first runs; of the 39 waiting, the two users alternate until alice's run out.
+    assert owners == ["alice", "bob"] * 19 + ["bob"], owners
+    prompts = [j["prompt_excerpt"] for j in waiting if j["owner"] == "bob"]
+    assert prompts == [f"bob sweep {i}" for i in range(20)]  # each user's own order kept
+    bob_first = waiting[1]
+    detail = await daemon.request("GET", f"/api/jobs/{bob_first['id']}", headers=bearer("admin"))
+    assert "entered at position 2: fair share with alice" in detail[1]["events"][0]["reason"]
+
+
+async def test_a_submit_beyond_max_waiting_is_429_and_nothing_stored_is_lost(fakes, daemon_factory):
+    daemon = await one_node_with_users(fakes, daemon_factory, [
+        {"name": "alice", "token": TOKENS["alice"], "max_waiting": 3}, {"name": "bob", "token": TOKENS["bob"]}])
+    status, body = await submit_as(daemon, "bob", "bob's long one")
+    assert status == 201, body
+    await daemon.wait_state(body["jobs"][0]["id"], "running")
+    ids = []
+    for i in range(3):
+        status, body = await submit_as(daemon, "alice", f"alice {i}")
+        assert status == 201, body
+        ids.append(body["jobs"][0]["id"])
+    async with daemon.session.post(daemon.url + "/api/jobs", json={"kind": "task", "prompt": "alice 3"},
+                                   headers=bearer("alice")) as resp:
+        assert resp.status == 429
+        assert int(resp.headers["Retry-After"]) > 0
+        message = (await resp.json())["error"]["message"]
+    assert "user 'alice' has 3 jobs waiting, and max_waiting is 3" in message
+    waiting = await queued(daemon, "node-1")
+    assert [j["id"] for j in waiting] == ids  # the three kept, in order; the fourth never stored
+    status, body = await daemon.request("GET", "/api/jobs?limit=100", headers=bearer("admin"))
+    assert "alice 3" not in [j["prompt_excerpt"] for j in body["jobs"]]
+    status, body = await submit_as(daemon, "bob", "bob is not limited")
+    assert status == 201, body
+
+
+async def test_max_running_holds_a_users_second_job_while_another_users_runs(fakes, daemon_factory):
+    daemon = await one_node_with_users(fakes, daemon_factory, [
+        {"name": "alice", "token": TOKENS["alice"], "max_running": 1}, {"name": "bob", "token": TOKENS["bob"]}],
+        nodes=2)
+    status, body = await submit_as(daemon, "alice", "alice first", node="node-1")
+    first = body["jobs"][0]["id"]
+    await daemon.wait_state(first, "running")
+    status, body = await submit_as(daemon, "alice", "alice second", node="node-2")
+    second = body["jobs"][0]["id"]
+    status, body = await submit_as(daemon, "bob", "bob's", node="node-2")
+    bobs = body["jobs"][0]["id"]
+    await daemon.wait_state(bobs, "running", timeout=15)  # node-2 was free: bob's job ran, not alice's
+    held = await daemon.job(second)
+    assert held["state"] == "queued"
+    why = "user 'alice' runs 1 job already, their max_running: it starts once one ends"
+    assert held["held_by_quota"].startswith(why) and held["eta_reason"] == held["held_by_quota"]
+    assert held["eta_start"] is None
+    [waiting] = await queued(daemon, "node-2")
+    assert waiting["id"] == second and waiting["held_by_quota"].startswith(why)
+
+
+async def test_a_user_limited_to_batch_asking_for_interactive_is_403(fakes, daemon_factory):
+    daemon = await one_node_with_users(fakes, daemon_factory, [
+        {"name": "alice", "token": TOKENS["alice"], "lanes": ["batch"]}, {"name": "bob", "token": TOKENS["bob"]}])
+    status, body = await submit_as(daemon, "alice", "urgent, says alice", priority="interactive")
+    assert status == 403
+    assert body["error"]["message"].startswith("user 'alice' may submit only to the batch lane")
+    status, body = await submit_as(daemon, "alice", "fine", priority="batch")
+    assert status == 201 and body["jobs"][0]["lane"] == "batch"
+    status, body = await submit_as(daemon, "bob", "bob's urgent one", priority="interactive")
+    assert status == 201 and body["jobs"][0]["lane"] == "interactive"
+
+
+async def test_the_cli_asks_for_the_interactive_lane(fakes, daemon_factory):
+    daemon = await one_node_with_users(fakes, daemon_factory, [{"name": "alice", "token": TOKENS["alice"]}])
+    status, body = await submit_as(daemon, "alice", "the long one")
+    await daemon.wait_state(body["jobs"][0]["id"], "running")
+    batch = [(await submit_as(daemon, "alice", f"batch {i}"))[1]["jobs"][0]["id"] for i in range(2)]
+    res = await daemon.cli("task", "--priority", "interactive", "--json", "a person waits for this")
+    assert res.code == 0, res.err
+    job = json.loads(res.out)
+    assert job["lane"] == "interactive" and job["position"] == 1
+    assert [j["id"] for j in await queued(daemon, "node-1")] == [job["id"], *batch]
+    res = await daemon.cli("task", "--priority", "urgent", "no such lane")
+    assert res.code != 0 and "'urgent' is not one of 'interactive', 'batch'" in res.err
+
+
+async def test_a_retried_interactive_job_enters_its_lane_again(tmp_path):
+    store = Store(tmp_path / "q.db")
+    await store.open()
+    try:
+        nodes = [NodeInfo("a", 1, ("task",), "m", True)]
+        first = (await store.submit(NewJob("task", "runs", node="a"), nodes, "api"))[0]["id"]
+        await store.claim("a")
+        urgent = (await store.submit(NewJob("task", "urgent", node="a", lane=I), nodes, "api"))[0]["id"]
+        await store.delete(urgent, "api")
+        batch = [(await store.submit(NewJob("task", f"b{i}", node="a"), nodes, "api"))[0]["id"] for i in range(3)]
+        await store.retry(urgent, "api")
+        rows = await store.read("SELECT id FROM job WHERE node = 'a' AND state = 'queued' ORDER BY position, id")
+        assert [r["id"] for r in rows] == [urgent, *batch]
+        assert first not in [r["id"] for r in rows]
+    finally:
+        await store.close()
+
+
+async def test_a_batch_only_users_front_door_call_waits_in_batch_and_their_quota_holds_there(fakes, daemon_factory):
+    """No Ollama client can ask for a lane: a batch-only user's call waits in the batch lane
+    (refusing it would break every client), and max_waiting answers the front door too (429)."""
+    fake = await fakes("qwen3-coder:30b", token_delay_s=0.1, tokens=2000)
+    port = free_port()
+    daemon = await daemon_factory([node_table("node-1", fake, 1, ["task"], "qwen3-coder:30b")], start=False,
+                                  stall_timeout="120s", ollama_listen=f"127.0.0.1:{port}")
+    await with_users(daemon, [{"name": "admin", "token": TOKENS["admin"], "role": "admin"},
+                              {"name": "alice", "token": TOKENS["alice"], "lanes": ["batch"], "max_waiting": 2}])
+    status, body = await submit_as(daemon, "admin", "the long one")
+    await daemon.wait_state(body["jobs"][0]["id"], "running")
+    status, body = await submit_as(daemon, "alice", "alice's batch step")
+    assert status == 201, body
+
+    alice = ollama.AsyncClient(host=f"http://127.0.0.1:{port}", headers=bearer("alice"))
+    call = asyncio.ensure_future(alice.chat(model="qwen3-coder:30b", messages=[{"role": "user", "content": "hi"}]))
+    try:
+        waiting = await eventually(lambda: _grown(daemon, "node-1", 2), 15, what="alice's call to wait")
+        assert [(j["owner"], j["lane"], j.get("endpoint")) for j in waiting] == [
+            ("alice", "batch", None), ("alice", "batch", "/api/chat")]  # behind her batch step, not ahead
+        with pytest.raises(ollama.ResponseError) as exc:  # a third waiting job of hers
+            await alice.chat(model="qwen3-coder:30b", messages=[{"role": "user", "content": "and this?"}])
+        assert exc.value.status_code == 429
+        assert "user 'alice' has 2 jobs waiting, and max_waiting is 2" in exc.value.error
+        assert len(await queued(daemon, "node-1")) == 2  # nothing stored for the refused call
+    finally:
+        call.cancel()
+        await asyncio.gather(call, return_exceptions=True)
+        await alice._client.aclose()  # the library's own httpx client: what the test opened
