@@ -48,7 +48,7 @@ test: $(STAMP) browser postgres
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not browser"
 
-bench: $(STAMP)
+bench: $(STAMP) postgres
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python -m bench.run
 
