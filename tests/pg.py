@@ -197,11 +197,12 @@ class Cluster:
             conn.execute(sql)
 
     def create_database(self) -> str:
-        """A fresh, empty database (a copy of template1, which initdb left empty); its name."""
+        """A fresh, empty database (a copy of template1, which initdb left empty); its name.
+        Without fsync, a file copy (and the checkpoint it takes) is the quickest: about 15 ms."""
         with self._lock:
             self._count += 1
             name = f"test_{os.getpid()}_{self._count}"
-        self._admin(f'CREATE DATABASE "{name}"')
+        self._admin(f'CREATE DATABASE "{name}"' + ("" if self.durable else " STRATEGY FILE_COPY"))
         return name
 
     def drop_database(self, name: str) -> None:

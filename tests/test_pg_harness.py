@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 import pg
-from conftest import eventually
+from conftest import ROOT, eventually
 
 pytestmark = pytest.mark.postgres
 
@@ -128,6 +128,18 @@ def test_a_cluster_that_cannot_start_says_why(monkeypatch):
     monkeypatch.setenv("GPUQ_PG_BINDIR", "/nonexistent")
     with pytest.raises(pg.NoPostgres, match="GPUQ_PG_BINDIR=/nonexistent holds no initdb"):
         pg.Cluster().start()
+
+
+async def test_a_test_that_needs_postgres_fails_when_it_cannot_start_never_skips():
+    """The whole path, as CI without PostgreSQL would see it: pytest reports an error naming why."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA",
+        "tests/test_pg_harness.py::test_each_database_is_its_own", cwd=ROOT, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT, env={**os.environ, "GPUQ_PG_BINDIR": "/nonexistent"})
+    out = (await asyncio.wait_for(proc.communicate(), 120))[0].decode()
+    assert proc.returncode == 1, out
+    assert "1 error" in out and "skipped" not in out, out
+    assert "PostgreSQL could not be started: GPUQ_PG_BINDIR=/nonexistent holds no initdb" in out, out
 
 
 def test_stop_removes_everything():
