@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 PORT :=
 LISTEN := $(if $(PORT),127.0.0.1:$(PORT))
 
-.PHONY: run test test-fast bench browser clean
+.PHONY: run test test-fast bench browser postgres clean
 
 $(RUNTIME): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,13 +33,22 @@ browser:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium >/dev/null; \
 	  else sudo apt-get update -qq && sudo apt-get install -y -qq chromium >/dev/null; fi; }
 
-test: $(STAMP) browser
+# PostgreSQL's server from Debian's packages for the Postgres tests (tests/pg.py starts a
+# throwaway cluster per test run). Its `main` cluster is not created: nothing is left running.
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then sudo=; else sudo=sudo; fi; \
+	  $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-common >/dev/null && \
+	  $$sudo sed -i 's/^#* *create_main_cluster *=.*/create_main_cluster = false/' /etc/postgresql-common/createcluster.conf && \
+	  $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
+
+test: $(STAMP) browser postgres
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not browser"
 
-bench: $(STAMP)
+bench: $(STAMP) postgres
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python -m bench.run
 

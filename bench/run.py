@@ -22,14 +22,14 @@ import aiohttp
 
 from gpuq.store import NewJob, NodeInfo, Store
 
-from . import front, growth, listings, peers, written
+from . import front, growth, listings, peers, postgres, written
 from .fakes import MODEL_LEFT
 from .procs import QUIET_S, Fakes, Router, free_port, node_table, rss_mb
 from .stats import Metric, fmt, table
 
 BENCH_DIR = Path(__file__).resolve().parent
 SECTIONS = ("physical", "peers", "submit", "turnaround", "first_token", "written", "growth", "listings", "unload_policy",
-            "front", "warm")
+            "front", "warm", "postgres")
 NODES = {"n1": "qwen3-coder:30b", "n2": "llama3.2:latest"}
 CONCURRENT_WORKERS = 8
 UNLOAD_S = 0.2  # how long a real Ollama lists a model in /api/ps after keep_alive: 0 (its runner exits)
@@ -728,6 +728,8 @@ class Bench:
             await front.front_section(self)
         if self.wants("warm"):  # its own node and routers
             await front.warm_section(self)
+        if self.wants("postgres"):  # its own throwaway PostgreSQL cluster
+            await postgres.postgres_section(self)
         needs_router = any(self.wants(s) for s in ("submit", "turnaround", "first_token", "written", "growth", "listings"))
         if not needs_router:
             return

@@ -1,5 +1,6 @@
 """Shared fixtures: fake Ollama nodes on loopback, the real daemon as a subprocess, the real
-CLI as a subprocess, and polling with a deadline (never a bare sleep) for synchronisation."""
+CLI as a subprocess, polling with a deadline (never a bare sleep) for synchronisation, and a
+real PostgreSQL (`pg_dsn`, below)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import aiohttp
 import pytest
 import tomli_w
 
+import pg
 from gpuq.demo import FakeOllama, Script
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -284,3 +286,44 @@ async def make_lab(fakes, daemon_factory, **router: Any) -> Daemon:
 @pytest.fixture
 async def lab(fakes, daemon_factory):
     return await make_lab(fakes, daemon_factory)
+
+
+# -- PostgreSQL -------------------------------------------------------------------------------
+# A test that needs PostgreSQL is marked and takes `pg_dsn`, a libpq URI
+# ("postgresql://postgres@/test_...?host=%2Ftmp%2Fgpuq-pg-...&port=5432") of a fresh, empty
+# database of its own, dropped after it; psycopg and asyncpg both connect with it:
+#
+#     @pytest.mark.postgres
+#     async def test_something(pg_dsn):
+#         async with await psycopg.AsyncConnection.connect(pg_dsn) as conn: ...
+#
+# One throwaway cluster per test process (tests/pg.py: initdb in a temp dir, no TCP, its
+# socket in that dir, run as the `postgres` user when root), started by the first test that
+# asks and stopped, its dir removed, at the end of the session. If PostgreSQL is missing or
+# cannot start, every test that asks fails with the reason: nothing is skipped (`make test`
+# installs it; `make postgres` alone does too).
+
+
+@pytest.fixture(scope="session")
+def pg_cluster():
+    """The session's throwaway cluster (tests/pg.py's Cluster): `.dsn(dbname)`,
+    `.create_database()`, `.drop_database(name)`, `.postmaster_pid()`, `.dir`."""
+    cluster = pg.Cluster()
+    try:
+        cluster.start()
+    except pg.NoPostgres as e:
+        pytest.fail(f"PostgreSQL could not be started: {e}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def pg_dsn(request, pg_cluster):
+    """A libpq URI of a fresh, empty database for this test alone (dropped after it)."""
+    if request.node.get_closest_marker("postgres") is None:
+        pytest.fail("a test that uses pg_dsn is marked @pytest.mark.postgres", pytrace=False)
+    name = pg_cluster.create_database()
+    yield pg_cluster.dsn(name)
+    pg_cluster.drop_database(name)
