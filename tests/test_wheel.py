@@ -11,6 +11,7 @@ import subprocess
 import sys
 import sysconfig
 import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,16 @@ async def test_installed_wheel_serves_a_job_and_its_pages(wheel, tmp_path, fakes
         css.write(marker)
     status, css = await daemon.request("GET", "/static/style.css")
     assert status == 200 and css.endswith(marker)
+
+
+def test_the_wheel_carries_every_migration_of_both_engines(wheel):
+    """SQLite's migrations and PostgreSQL's (migrations/postgres/, issue 27) ship in the wheel."""
+    with zipfile.ZipFile(wheel) as whl:
+        shipped = {name for name in whl.namelist() if name.endswith(".sql")}
+    ours = {f"gpuq/store/migrations/{f.relative_to(ROOT / 'migrations').as_posix()}"
+            for f in (ROOT / "migrations").rglob("*.sql")}
+    assert any("/postgres/" in name for name in ours)
+    assert shipped == ours
 
 
 def serve_demo(venv: Path, cwd: Path) -> subprocess.CompletedProcess:
