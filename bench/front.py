@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import time
 from typing import TYPE_CHECKING
@@ -45,9 +46,20 @@ async def _stream(session: aiohttp.ClientSession, url: str, prompt: str) -> tupl
 
 
 def cpu_s(pid: int) -> float:
-    """A process's CPU time so far (user + system), from /proc: what the relay costs, whatever
-    else the machine is doing (its rate depends on how often the router gets a core)."""
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    """A process's CPU time so far, from /proc: what the relay costs, whatever else the machine
+    is doing (its rate depends on how often the router gets a core). The scheduler's nanoseconds
+    on a CPU (`schedstat`) of each of its threads (the router's live for its whole run), not
+    /proc/<pid>/stat's clock ticks: 10 ms each were 10% of a short run's count."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):  # a thread that just ended; no schedstat
+            pass
+    if total:
+        return total / 1e9
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()  # user + system ticks
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -228,3 +240,85 @@ async def warm_section(bench: "Bench") -> None:
             bench.say(f"warm run {rep + 1}: honoured {run['honoured']:.1f} s, not honoured {run['not_honoured']:.1f} s")
     finally:
         await fake.stop()
+
+
+async def ab(variants: dict[str, dict[str, str]], pairs: int = 10, ttft_pairs: int = 20) -> dict[str, dict[str, list]]:
+    """Two routers (each with its own environment: PYTHONPATH at another checkout, say) on one
+    set of simulated nodes, measured alternately, the order swapped every pair, so load on the
+    machine falls on both alike: the first-token overhead and the router CPU per relayed token."""
+    import tempfile
+    from pathlib import Path
+    workdir = Path(tempfile.mkdtemp(prefix="gpuq-ab-"))
+    nodes = {f"f{i:02d}": MODEL for i in range(1, CLIENTS + 1)}
+    fakes = await Fakes(nodes, workdir / "fakes.log").start()
+    table = [node_table(n, fakes.urls[n], rank, MODEL, roles=("task",)) for rank, n in enumerate(nodes, 1)]
+    routers: dict[str, tuple[Router, str]] = {}
+    results: dict[str, dict[str, list]] = {name: {} for name in variants}
+    try:
+        for name, env in variants.items():
+            saved = dict(os.environ)
+            os.environ.update(env)
+            try:
+                port = free_port()
+                router = await Router(workdir, table, workdir / f"{name}.db", ollama_listen=f"127.0.0.1:{port}").start()
+            finally:
+                os.environ.clear()
+                os.environ.update(saved)
+            routers[name] = (router, f"http://127.0.0.1:{port}")
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+            for _, url in routers.values():
+                await _wait_front(session, url, len(nodes))
+            await fakes.call("script", "f01", tokens=4, delay=0)
+            for _, url in routers.values():
+                await _stream(session, url, "warm")
+
+            def order(i: int):
+                return list(routers.items())[::1 if i % 2 == 0 else -1]
+            for i in range(ttft_pairs):
+                for name, (router, url) in order(i):
+                    await _idle(session, router)
+                    await asyncio.sleep(QUIET_S)
+                    sent, arrivals = await _stream(session, fakes.urls["f01"], "hello")
+                    direct = arrivals[0] - sent
+                    sent, arrivals = await _stream(session, url, "hello")
+                    results[name].setdefault("first-token overhead (ms)", []).append((arrivals[0] - sent - direct) * 1000)
+            for paced, tokens in ((True, 300), (False, 1000)):
+                for n in nodes:
+                    await fakes.call("script", n, tokens=tokens, delay=PACE_S if paced else 0)
+                for i in range(pairs):
+                    for clients in (1, CLIENTS):
+                        for name, (router, url) in order(i):
+                            await _idle(session, router)
+                            cpu = cpu_s(router.pid)
+                            await _aggregate(session, [url] * clients, "relay")
+                            key = f"CPU per token, {clients} client(s), {'200 tokens/s' if paced else 'unpaced'} (us)"
+                            results[name].setdefault(key, []).append((cpu_s(router.pid) - cpu) / (tokens * clients) * 1e6)
+    finally:
+        for router, _ in routers.values():
+            await router.stop()
+        await fakes.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return results
+
+
+def main() -> None:
+    """`python -m bench.front [--pairs N] DIR_A DIR_B`: the A/B above, DIR_A's and DIR_B's gpuq
+    (each a checkout, put first on PYTHONPATH); a median and p95 per row, each variant."""
+    import argparse
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--pairs", type=int, default=10)
+    parser.add_argument("dirs", nargs=2)
+    args = parser.parse_args()
+    variants = {d: {"PYTHONPATH": os.path.abspath(d)} for d in args.dirs}
+    results = asyncio.run(ab(variants, args.pairs, 2 * args.pairs))
+    print(f"{args.pairs} pairs ({2 * args.pairs} for the first token), alternating")
+    for key in results[args.dirs[0]]:
+        cells = []
+        for d in args.dirs:
+            xs = sorted(results[d][key])
+            cells.append(f"{d}: {statistics.median(xs):.2f} (p95 {xs[min(len(xs) - 1, int(0.95 * len(xs)))]:.2f})")
+        print(f"{key}: " + " | ".join(cells))
+
+
+if __name__ == "__main__":
+    main()
