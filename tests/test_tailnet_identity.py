@@ -112,6 +112,11 @@ async def test_a_tailnet_caller_is_its_login_without_a_token(fakes, daemon_facto
             assert body == {"name": "alice@example.com", "role": "member", "via": "tailscale"}
         async with session.post(d.url + "/api/jobs", json={"kind": "task", "prompt": "from the tailnet"}) as resp:
             assert resp.status == 201, await resp.text()
+            job = (await resp.json())["jobs"][0]["id"]
+        async with session.get(f"{d.url}/api/jobs/{job}") as resp:
+            detail = await resp.json()
+        assert detail["owner"] == "alice@example.com"  # the job is hers, and its events name her
+        assert detail["events"][0]["actor"].startswith("alice@example.com (")
     # Asked as tailscale's client asks: IP:PORT of the connection's peer, over the socket.
     assert localapi.asked and all(a.startswith("127.0.0.1:") and a.rsplit(":", 1)[1].isdigit()
                                   for a in localapi.asked)
