@@ -305,7 +305,7 @@ async def drain(app: web.Application, stop: asyncio.Event, signals: list[int]) -
     deadline = time.monotonic() + grace if grace is not None else None
     why = None
     while dispatcher.running():
-        if stop.is_set():
+        if stop.is_set() or len(signals) > 1:  # (a second signal may have come before the clear above)
             why = "a second Ctrl-C" if signals[-1] == signal.SIGINT else "a second SIGTERM"
             break
         if deadline is not None and time.monotonic() >= deadline:

@@ -137,3 +137,30 @@ async def test_demo_ctrl_c_twice_prints_no_traceback(tmp_path):
     text = err.read_text()
     assert "stopping now: 1 job(s) will fail (a second Ctrl-C)" in text
     assert "Traceback" not in text, text
+
+
+async def test_a_reload_while_draining_starts_nothing(fakes, daemon_factory):
+    """A refused reload (it would remove a node where jobs wait) puts the node back to work; while
+    the router drains, its waiting job must still not start."""
+    from test_reload import edit_config
+    fake = await fakes(MODEL, reply=REPLY, token_delay_s=0.03, unload="never")
+    other = await fakes(MODEL)
+    d = await daemon_factory([node_table("n", fake, 1, ["task"], MODEL), node_table("m", other, 2, ["task"], MODEL)],
+                             unload_timeout="60s", stale_after="120s")
+    [first] = await d.submit("task", "first", node="n")
+    [second] = await d.submit("task", "second", node="n")
+    await eventually(lambda: fake.chunk_sent.is_set(), 20, what="the first job's reply to begin")
+    d.proc.send_signal(signal.SIGINT)
+    await eventually(lambda: "press Ctrl-C again to stop now" in d.log.read_text(), 20,
+                     what="the router to say it waits")
+
+    edit_config(d, lambda data: data.update(node=[n for n in data["node"] if n["name"] != "n"]))
+    res = await d.cli("reload")
+    assert res.code == 1 and res.err.startswith("error 409 not reloaded, nothing changed"), res
+
+    async def reply_whole():
+        return (await d.job(first["id"]))["work_done_at"]
+    await eventually(reply_whole, 20, what="the reply to be whole")
+    fake.loaded.clear()  # the first job finishes, and the router stops: the second never starts
+    assert await asyncio.wait_for(d.proc.wait(), 30) == 0
+    assert [r["messages"][0]["content"] for r in fake.chat_requests] == ["first"]

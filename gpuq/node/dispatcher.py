@@ -46,6 +46,7 @@ class Dispatcher:
         self.retired: dict[str, Worker] = {}  # their workers meanwhile (a running job can still be aborted)
         self.removing: set[str] = set()  # nodes a reload is taking out: no placement or move there
         self.draining_since: float | None = None  # told to stop, waiting for the running jobs
+        self.quiesced = False  # told to stop: no worker, a reload's new ones included, claims again
 
     def _limit_running(self, settings: Settings) -> None:
         """Users' max_running, which every claim of the store applies."""
@@ -85,8 +86,9 @@ class Dispatcher:
         rt = self.nodes[cfg.name] = NodeRuntime(cfg, self._client(cfg))
         monitor = self.monitors[cfg.name] = NodeMonitor(rt, self.store, self.settings.health_interval_s,
                                                         self._changed, lambda name=cfg.name: self.wake(name))
-        self.workers[cfg.name] = Worker(rt, monitor, self.settings, self.store, self.bus, self.calls,
-                                        self._changed, self.wake)
+        worker = self.workers[cfg.name] = Worker(rt, monitor, self.settings, self.store, self.bus, self.calls,
+                                                 self._changed, self.wake)
+        worker.stopping = self.quiesced  # a node a reload adds while the router drains starts nothing
         return rt
 
     def _start_loops(self, name: str) -> None:
@@ -105,7 +107,7 @@ class Dispatcher:
         """The reload that was removing these nodes was refused: they work as before."""
         self.removing.difference_update(names)
         for name in names:
-            if name in self.workers:
+            if name in self.workers and not self.quiesced:  # a drain's stop stands
                 self.workers[name].stopping = False
                 self.workers[name].wake.set()
 
@@ -158,6 +160,7 @@ class Dispatcher:
 
     def quiesce(self) -> None:
         """The router is told to stop: no worker claims or sends anything new from now on."""
+        self.quiesced = True
         for worker in self.workers.values():
             worker.stopping = True
 
