@@ -538,7 +538,10 @@ async def clear(request: web.Request) -> web.Response:
 
 async def retry(request: web.Request) -> web.Response:
     app = request.app
-    job = await app[STORE].retry(await own_job(request), actor_of(request))
+    dispatcher = app[DISPATCHER]
+    limits = {u.name: u.max_waiting for u in dispatcher.settings.users if u.max_waiting is not None}
+    job = await app[STORE].retry(await own_job(request), actor_of(request),
+                                 frozenset(dispatcher.nodes) - dispatcher.removing, limits)
     app[DISPATCHER].wake(job["node"])
     app[BUS].publish("queue", {"retried": job["id"]})
     log.info("job=%s node=%s state=queued reason='retry requested' actor=%r", job["id"], job["node"], actor_of(request))

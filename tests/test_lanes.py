@@ -272,3 +272,20 @@ async def test_a_batch_only_users_front_door_call_waits_in_batch_and_their_quota
         call.cancel()
         await asyncio.gather(call, return_exceptions=True)
         await alice._client.aclose()  # the library's own httpx client: what the test opened
+
+
+async def test_a_retry_counts_against_max_waiting_as_a_submit_does(fakes, daemon_factory):
+    """Deleting her waiting jobs and retrying them must not give a user more than her limit."""
+    daemon = await one_node_with_users(fakes, daemon_factory, [
+        {"name": "alice", "token": TOKENS["alice"], "max_waiting": 2}, {"name": "bob", "token": TOKENS["bob"]}])
+    status, body = await submit_as(daemon, "bob", "bob's long one")
+    await daemon.wait_state(body["jobs"][0]["id"], "running")
+    first = [(await submit_as(daemon, "alice", f"alice {i}"))[1]["jobs"][0]["id"] for i in range(2)]
+    for job in first:
+        assert (await daemon.request("DELETE", f"/api/jobs/{job}", headers=bearer("alice")))[0] == 200
+    again = [(await submit_as(daemon, "alice", f"alice again {i}"))[1]["jobs"][0]["id"] for i in range(2)]
+    status, body = await daemon.request("POST", f"/api/jobs/{first[0]}/retry", headers=bearer("alice"))
+    assert status == 429, body
+    assert "user 'alice' has 2 jobs waiting, and max_waiting is 2" in body["error"]["message"]
+    assert [j["id"] for j in await queued(daemon, "node-1")] == again  # the deleted one stays cancelled
+    assert (await daemon.job(first[0]))["state"] == "cancelled"

@@ -141,6 +141,10 @@ async def test_removing_a_node_with_jobs_is_refused_naming_them_and_forced_fails
     assert len(two.chat_requests) == 1  # the waiting job never reached it
     status, body = await daemon.request("POST", "/api/jobs", {"kind": "task", "prompt": "x", "node": "node-2"})
     assert status == 422 and "node-2" in body["error"]["message"]
+    # Retried, the failed job would wait forever on a node no worker serves: refused, saying so.
+    status, body = await daemon.request("POST", f"/api/jobs/{waiting}/retry")
+    assert status == 409 and "node node-2 is no longer in gpuq.toml" in body["error"]["message"], body
+    assert (await daemon.job(waiting))["state"] == "failed"
     assert [(ok, error is not None) for _, ok, _, error in reloads(daemon)] == [(0, True), (1, False)]
 
 

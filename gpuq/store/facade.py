@@ -347,9 +347,12 @@ class Store:
         return await self._write(partial(verbs.clear, node=node, actor=actor, running=running, now=self.clock(),
                                          reason=reason, only_owner=only_owner))
 
-    async def retry(self, job_id: str, actor: str) -> Row:
-        """Only by explicit request: a failed or cancelled job goes to the tail of its node's queue."""
-        return await self._write(partial(verbs.retry, job_id=job_id, actor=actor, now=self.clock()))
+    async def retry(self, job_id: str, actor: str, nodes: frozenset[str] | None = None,
+                    max_waiting: dict[str, int] | None = None) -> Row:
+        """Only by explicit request: a failed or cancelled job goes to the tail of its node's queue
+        (on a node there still is, within its owner's max_waiting)."""
+        return await self._write(partial(verbs.retry, job_id=job_id, actor=actor, now=self.clock(), nodes=nodes,
+                                         max_waiting=max_waiting))
 
     async def requeue_unsent(self, sent: dict[str, int | None], reason: str) -> list[Row]:
         """When the router stops: the running job of each node in `sent` whose run is not the one

@@ -623,12 +623,19 @@ def clear(db: engine.Connection, node: str, actor: str, running: bool, now: floa
     return [j["id"] for j in jobs], interrupted
 
 
-def retry(db: engine.Connection, job_id: str, actor: str, now: float) -> Row:
+def retry(db: engine.Connection, job_id: str, actor: str, now: float, nodes: frozenset[str] | None = None,
+          max_waiting: dict[str, int] | None = None) -> Row:
     """Only by explicit request: a failed or cancelled job goes to the tail of its node's queue
-    (an interactive job: to the tail of the interactive jobs, ahead of every waiting batch job)."""
+    (an interactive job: to the tail of the interactive jobs, ahead of every waiting batch job).
+    `nodes`: the nodes there are (a reload may have removed the job's); `max_waiting`: each
+    user's limit, which a retry counts against as a submit does."""
     job = _job_for_update(db, job_id)
     if job["state"] not in NO_RESULT:
         raise Conflict(f"job {job_id} is {job['state']}; only failed or cancelled jobs can be retried")
+    if nodes is not None and job["node"] not in nodes:
+        raise Conflict(f"job {job_id}'s node {job['node']} is no longer in gpuq.toml (a reload removed it): "
+                       "submit the job again to place it on the nodes there are")
+    _check_quota(db, job["owner"], (max_waiting or {}).get(job["owner"]), 1)
     if job["subject_from_parent"]:  # (a parent now on this node: the schema refuses the requeue)
         parent = _job_for_update(db, job["parent_id"])
         if parent["state"] in NO_RESULT:
