@@ -206,3 +206,29 @@ async def test_the_node_card_shows_the_warm_model_until_another_job_unloads_it(f
         await expect(line).to_have_count(0)
     finally:
         await lab.close()
+
+
+async def test_a_job_deleted_while_the_warm_model_unloads_still_sees_it_gone_before_the_next(fakes, daemon_factory):
+    """The warm model's unload for another model's job is cut short by that job's delete: the
+    kept model must still leave VRAM, verified, before the next job's model loads."""
+    lab = await warm_lab(fakes, daemon_factory, unload="delay", unload_delay_s=2.0)
+    fake = lab.fakes["node-1"]
+    seen_at_load: list[tuple] = []
+    acquire = fake._acquire
+
+    async def noting(name, body, num_ctx):  # what was loaded when each generation came
+        seen_at_load.append((name, set(fake.loaded)))
+        return await acquire(name, body, num_ctx)
+    fake._acquire = noting
+    try:
+        await chat(lab, "warm it", keep_alive="5m")
+        await kept(lab)
+        [cut] = await lab.daemon.submit("task", "cut short", model=OTHER)
+        await eventually(lambda: order(fake)[-1:] == [f"unload:{MODEL}"], 10, what="the warm model's unload asked")
+        status, body = await lab.daemon.request("DELETE", f"/api/jobs/{cut['id']}")
+        assert status == 200, body
+        [after] = await lab.daemon.submit("task", "the next one", model=OTHER)
+        await lab.daemon.wait_state(after["id"], "done", timeout=20)
+        assert seen_at_load[-1] == (OTHER, set()), seen_at_load  # nothing left in VRAM when it loaded
+    finally:
+        await lab.close()

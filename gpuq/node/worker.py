@@ -516,18 +516,24 @@ class Worker:
     async def _unload_warm(self, job_id: str | None) -> bool:
         """The kept model leaves VRAM (its time ran out, or another model's job comes): verified
         through /api/ps as after any job (Ollama's own timer may have let it go already)."""
-        model, self.warm_model = self.warm_model, None
+        model = self.warm_model
         if model is None:
             return True
         self.rt.warm_unloads += 1
-        return await self.unload(model, job_id)
+        unloaded = await self.unload(model, job_id)
+        # Forgotten only now: a job aborted during the unload still sees it (_after_abort).
+        self.warm_model = None
+        return unloaded
 
     async def _after_abort(self, job: dict, cur: Current) -> None:
         log.info("job=%s node=%s aborted: %s", job["id"], self.rt.name, cur.abort_reason)
         output, thinking, upto = cur.unsaved()
         await self._persist(job["id"], "partial output", lambda: self.store.save_output(cur.run_id, output, thinking))
         cur.saved = upto
-        self.warm_model = None
+        # A kept model whose unload the abort cut short leaves VRAM too, verified, before the next job.
+        warm, self.warm_model = self.warm_model, None
+        if warm is not None and normalize_model(warm) != normalize_model(job["model"]):
+            await self.unload(warm, job["id"])
         await self.unload(job["model"], job["id"])
 
     async def unload(self, model: str, job_id: str | None) -> bool:
