@@ -57,7 +57,7 @@ def by_login(settings: Settings, login: str, via: str) -> Caller | None:
     return None
 
 
-async def who(settings: Settings, tokens: list[str], request) -> Caller | None:
+async def who(settings: Settings, tokens: list[str], request, any_key: bool = False) -> Caller | None:
     """Who is this request, for both doors (the router's API and the front door): the live
     settings, the tokens it offers (a Bearer token; the front door's x-api-key too) and the
     request itself (its connection, for the tailnet). ANYONE on an open router; None when it stands
@@ -69,7 +69,10 @@ async def who(settings: Settings, tokens: list[str], request) -> Caller | None:
         caller = by_token(settings, token)
         if caller is not None:
             return caller
-    return None if tokens else await by_tailnet(settings, request)
+    # A wrong token is refused, never passed over, unless `any_key`: the front door, whose clients
+    # must send some key (the OpenAI SDK will not run without one; Claude Code always sends one),
+    # so a key that is no user's token says nothing, and the tailnet says who calls.
+    return None if tokens and not any_key else await by_tailnet(settings, request)
 
 
 async def by_tailnet(settings: Settings, request) -> Caller | None:

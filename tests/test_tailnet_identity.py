@@ -14,11 +14,12 @@ from pathlib import Path
 from unittest import mock
 
 import aiohttp
+import openai
 import pytest
 import tomli_w
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
-from conftest import eventually, node_table
+from conftest import eventually, free_port, node_table
 
 from gpuq.config import ConfigError, Settings, parse_config
 
@@ -283,3 +284,24 @@ async def test_whois_answers_are_kept_per_tailnet_address_and_per_loopback_port(
     for i in range(5):
         await whois.owner(localapi.path, f"100.64.0.{i}:1")
     assert len(whois.cache) == 2
+
+
+async def test_the_front_doors_clients_may_send_any_key_on_a_tailnet(fakes, daemon_factory, localapi):
+    """The OpenAI SDK will not run without an api_key, and Claude Code always sends one: at the
+    front door a key that is no user's token says nothing, and the tailnet names the caller (the
+    router's own API still refuses a wrong token)."""
+    port = free_port()
+    d = await tailnet_lab(fakes, daemon_factory, [{"name": "alice@example.com", "role": "member"}],
+                          identity="tailscale", tailscale_socket=str(localapi.path), token="admin-token-1234",
+                          ollama_listen=f"127.0.0.1:{port}")
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="ollama", max_retries=0)
+    try:
+        reply = await client.chat.completions.create(model="qwen3-coder:30b",
+                                                     messages=[{"role": "user", "content": "from my editor"}])
+        assert reply.choices[0].message.content
+    finally:
+        await client.close()
+    jobs = (await d.request("GET", "/api/jobs?limit=5", headers={"Authorization": "Bearer admin-token-1234"}))[1]
+    assert [(j["owner"], j["endpoint"]) for j in jobs["jobs"]] == [("alice@example.com", "/v1/chat/completions")]
+    status, _ = await whoami(d, {"Authorization": "Bearer ollama"})
+    assert status == 401

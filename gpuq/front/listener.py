@@ -222,7 +222,7 @@ def access_middleware(settings: Settings, live: Callable[[], Settings] | None = 
             return preflight
         if request.method == "OPTIONS":  # no CORS, a known host: 204 (allowedHostsMiddleware)
             return web.Response(status=204)
-        caller = await identity.who(live() if live else settings, tokens_given(request), request)
+        caller = await identity.who(live() if live else settings, tokens_given(request), request, any_key=True)
         request[CALLER] = caller or ANYONE
         if caller is None and request.path != "/":
             if api_of(request.path) == "anthropic":
