@@ -61,7 +61,9 @@ async def test_a_wrong_token_is_refused_on_the_queue_page_at_once(fakes, daemon_
     await dialog.get_by_role("button", name="Save token").click()
 
     # The first refresh's answers are on the screen: they say the refusal, whole.
-    await page.wait_for_function("window.gpuq.shown >= 1")
+    # A function, not an expression: Playwright polls an expression with eval, which the page's CSP
+    # (script-src 'self') refuses whenever the first look is not already true.
+    await page.wait_for_function("() => window.gpuq.shown >= 1")
     refusal = page.locator("#alerts .refusal")
     await expect(refusal).to_contain_text("Access token refused (401)")
     await expect(refusal).to_contain_text("missing or wrong token")
