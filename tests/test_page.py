@@ -267,10 +267,11 @@ async def test_drag_into_another_column_moves_the_job(lab, page):
     assert (await lab.job(b))["placement"] == "moved"
 
 
-async def test_drag_refused_by_the_guard_shows_409_and_restores_order(lab, page):
+async def node2_down_with_two_critiques(lab) -> tuple[str, str]:
+    """node-2 down with two critiques waiting: an unrelated one, then one of a task done on node-1
+    (the guard keeps that one off node-1)."""
     parent = (await lab.submit("task", "the parent task", node="node-1"))[0]["id"]
     await lab.wait_state(parent, "done")
-    # A critique replies in one piece, so node-2 is kept from running them by taking it down.
     await lab.fakes["node-2"].stop()
 
     async def node2_down():
@@ -279,7 +280,12 @@ async def test_drag_refused_by_the_guard_shows_409_and_restores_order(lab, page)
     first = (await lab.submit("critique", "an unrelated review", node="node-2"))[0]["id"]
     crit = await critique_of(lab, parent)  # fan-out skips node-1, the parent's node
     assert [c["node"] for c in crit] == ["node-2"]
-    crit = crit[0]["id"]
+    return first, crit[0]["id"]
+
+
+async def test_drag_refused_by_the_guard_shows_409_and_restores_order(lab, page):
+    # A critique replies in one piece, so node-2 is kept from running them by taking it down.
+    first, crit = await node2_down_with_two_critiques(lab)
     await open_queue(page, lab)
     await page_shows(page, "node-2", [first, crit])
     await expect(page.locator(".alert.down")).to_contain_text("node-2 down for")

@@ -11,8 +11,8 @@ from playwright.async_api import Page, expect
 
 from conftest import eventually, node_table
 from test_awake import stand_ins
-from test_page import (GUARD, api_shows, browser, busy, card, column, critique_of, head,  # noqa: F401 (browser: a fixture)
-                       page_shows, queue_of, queued_ids, screenshot, shown_after_now)
+from test_page import (GUARD, api_shows, browser, busy, card, column, head,  # noqa: F401 (browser: a fixture)
+                       node2_down_with_two_critiques, page_shows, queued_ids, screenshot, shown_after_now)
 from test_page_widths import LAPTOP, PHONE, no_sideways_scroll, open_at  # noqa: F401 (open_at: a fixture)
 
 pytestmark = pytest.mark.browser
@@ -83,22 +83,6 @@ async def test_up_down_and_move_to_another_node_by_touch(lab, open_at, size):
     await page_shows(page, "node-3", [c, b])
     assert (await lab.job(a))["placement"] == "moved"
     await expect(page.locator("#toasts .toast")).to_have_count(0)
-
-
-async def node2_down_with_two_critiques(lab) -> tuple[str, str]:
-    """node-2 down with two critiques waiting: an unrelated one, then one of a task done on node-1
-    (the guard keeps that one off node-1)."""
-    parent = (await lab.submit("task", "the parent task", node="node-1"))[0]["id"]
-    await lab.wait_state(parent, "done")
-    await lab.fakes["node-2"].stop()
-
-    async def node2_down():
-        return not (await queue_of(lab, "node-2"))["up"]
-    await eventually(node2_down, 15, what="node-2 to be seen down")
-    first = (await lab.submit("critique", "an unrelated review", node="node-2"))[0]["id"]
-    crit = await critique_of(lab, parent)
-    assert [c["node"] for c in crit] == ["node-2"]
-    return first, crit[0]["id"]
 
 
 @SIZES

@@ -64,6 +64,18 @@ def order(fake) -> list[str]:
     return [("gen:" if r.get("messages") or r.get("prompt") else "unload:") + r["model"] for r in fake.requests]
 
 
+def loads_noted(fake) -> list[tuple[str, set]]:
+    """Each generation the node gets, as (its model, the models loaded when it came), in order."""
+    seen: list[tuple[str, set]] = []
+    acquire = fake._acquire
+
+    async def noting(name, body, num_ctx):
+        seen.append((name, set(fake.loaded)))
+        return await acquire(name, body, num_ctx)
+    fake._acquire = noting
+    return seen
+
+
 async def test_a_second_call_with_keep_alive_finds_its_model_loaded(fakes, daemon_factory):
     lab = await warm_lab(fakes, daemon_factory)
     fake = lab.fakes["node-1"]
@@ -86,13 +98,7 @@ async def test_a_job_of_another_model_unloads_the_warm_one_first(fakes, daemon_f
     # only once /api/ps shows the warm one gone.
     lab = await warm_lab(fakes, daemon_factory, unload="delay", unload_delay_s=0.3)
     fake = lab.fakes["node-1"]
-    seen_at_load: list[set] = []
-    acquire = fake._acquire
-
-    async def noting(name, body, num_ctx):  # what was loaded when each generation came
-        seen_at_load.append((name, set(fake.loaded)))
-        return await acquire(name, body, num_ctx)
-    fake._acquire = noting
+    seen_at_load = loads_noted(fake)
     try:
         await chat(lab, "autocomplete", keep_alive="5m")
         assert (await kept(lab))["model"] == MODEL
@@ -213,13 +219,7 @@ async def test_a_job_deleted_while_the_warm_model_unloads_still_sees_it_gone_bef
     kept model must still leave VRAM, verified, before the next job's model loads."""
     lab = await warm_lab(fakes, daemon_factory, unload="delay", unload_delay_s=2.0)
     fake = lab.fakes["node-1"]
-    seen_at_load: list[tuple] = []
-    acquire = fake._acquire
-
-    async def noting(name, body, num_ctx):  # what was loaded when each generation came
-        seen_at_load.append((name, set(fake.loaded)))
-        return await acquire(name, body, num_ctx)
-    fake._acquire = noting
+    seen_at_load = loads_noted(fake)
     try:
         await chat(lab, "warm it", keep_alive="5m")
         await kept(lab)
