@@ -289,6 +289,16 @@ async def lab(fakes, daemon_factory):
 
 
 # -- PostgreSQL -------------------------------------------------------------------------------
+# Where a Store lives, once on each engine: a SQLite file in the test's temp dir, then a fresh
+# PostgreSQL database (pg_dsn). A test that takes `database` runs on both and must pass on both:
+# the same verbs, the same rules, the same answers (issue 27).
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def database(request, tmp_path):
+    if request.param == "sqlite":
+        return tmp_path / "q.db"
+    return request.getfixturevalue("pg_dsn")
+
+
 # A test that needs PostgreSQL is marked and takes `pg_dsn`, a libpq URI
 # ("postgresql://postgres@/test_...?host=%2Ftmp%2Fgpuq-pg-...&port=5432") of a fresh, empty
 # database of its own, dropped after it; psycopg and asyncpg both connect with it:
