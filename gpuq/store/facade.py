@@ -392,6 +392,18 @@ class Store:
         return await self._write(partial(verbs.put_back, job_id=job_id, run_id=run_id, reason=reason,
                                          now=self.clock()))
 
+    # -- other routers' changes (PostgreSQL) --------------------------------------------------
+
+    async def watch(self, on_change: Callable[[dict | None], None], poll_s: float = 1.0) -> None:
+        """Until it fails: each job change another router commits, as postgres.watch tells it
+        (on SQLite no other router writes: nothing to watch, returns at once)."""
+        if self.dsn:
+            await postgres.watch(self.dsn, self.busy_timeout_s, on_change, self._writer_pid, poll_s)
+
+    def _writer_pid(self) -> int | None:
+        db = self._writer.db if self._writer is not None else None
+        return getattr(db, "backend_pid", None)
+
     # -- reading ------------------------------------------------------------------------------
 
     async def read(self, sql: str, params: tuple | list | dict = ()) -> list[Row]:

@@ -8,6 +8,7 @@ at start-up (a main dependency, with its binary libpq: nothing else to install).
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -197,6 +198,11 @@ class Connection:
         return self._conn.execute(translate(sql), params)
 
     @property
+    def backend_pid(self) -> int | None:
+        """The server process of this connection: a notice it sent carries it."""
+        return None if self._conn.closed else self._conn.info.backend_pid
+
+    @property
     def raw(self) -> psycopg.Connection:
         """The psycopg connection itself (the migration runner's)."""
         return self._conn
@@ -266,3 +272,39 @@ def is_dsn(database: object) -> bool:
 def safe_dsn(dsn: str) -> str:
     """The DSN without its password, for errors and logs."""
     return re.sub(r"(://[^:/@]*):[^@]*@", r"\1:***@", dsn)
+
+
+# -- other routers' changes ---------------------------------------------------------------------
+
+CHANNEL = "gpuq_job"  # the trigger job_notify's: {"id", "node", "state"} of each job that changed
+
+
+async def watch(dsn: str, connect_timeout_s: float, on_change: Callable[[dict | None], None],
+                own_pid: Callable[[], int | None], poll_s: float) -> None:
+    """Tell `on_change` of every job change another router commits: its notice's payload
+    ({id, node, state}), or None for "something changed, look at everything" (at each connect,
+    when changes happened unseen). A notice from this router's own writer is skipped.
+
+    LISTEN on a connection of its own; and, as NOTIFY never reaches a client behind a
+    transaction-pooling PgBouncer, a poll: each `poll_s` without a notice, the newest event's id
+    is read, and a change no notice told of is still seen within `poll_s`. Returns when the
+    connection fails (the caller's loop supervisor starts it again)."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True,
+                                                     connect_timeout=max(int(connect_timeout_s), 1)) as conn:
+        await conn.execute(f"LISTEN {CHANNEL}")
+        on_change(None)  # what changed before this LISTEN, no notice will tell
+        newest = None
+        while True:
+            told = False
+            async for notice in conn.notifies(timeout=poll_s):
+                told = True
+                if notice.pid != own_pid():
+                    try:
+                        on_change(json.loads(notice.payload))
+                    except ValueError:
+                        on_change(None)
+            cur = await conn.execute("SELECT COALESCE(MAX(id), 0) FROM event")
+            top = (await cur.fetchone())[0]
+            if newest is not None and top != newest and not told:
+                on_change(None)  # events no notice told of (a pooler in between?)
+            newest = top

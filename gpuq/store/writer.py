@@ -125,6 +125,7 @@ class Writer:
         self._waiting = 0  # items handed over and not taken by the thread yet (under _count_lock)
         self._count_lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self.db: Any = None  # the thread's connection, once open (read elsewhere for its identity only)
         self._closed = False
         self.batches = 0  # counters for tests and the bench (read on the loop, written by the thread)
         self.writes = 0
@@ -215,7 +216,7 @@ class Writer:
 
     def _main(self, opened: asyncio.Future) -> None:
         try:
-            db = self._connect()
+            db = self.db = self._connect()
         except BaseException as exc:
             self._answer(opened, False, exc)
             return
