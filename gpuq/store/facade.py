@@ -118,7 +118,7 @@ class Store:
                 self._file.record()  # type: ignore[union-attr]
         except BaseException as exc:
             await self.close()  # an open connection's thread would keep a router that failed alive
-            if isinstance(exc, (self.engine.Error, postgres.PoolTimeout)):
+            if isinstance(exc, self.engine.Error):
                 raise GpuqError(f"cannot open the database {self.where}: {exc}", status=2) from exc
             raise
 
@@ -417,7 +417,7 @@ class Store:
         task.add_done_callback(lambda t: (self._waiting["read"].pop(key, None), t.cancelled() or t.exception()))
         try:
             return rows(await asyncio.shield(task))
-        except (sqlite.Error, postgres.Error, postgres.PoolTimeout) as exc:
+        except (sqlite.Error, postgres.Error) as exc:
             raise self.engine.from_error(exc) from exc
 
     async def stale_heads(self, now: float | None = None) -> list[Row]:

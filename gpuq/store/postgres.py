@@ -226,14 +226,21 @@ async def connect_reader(dsn: str, connect_timeout_s: float, size: int = 4) -> A
     pool = AsyncConnectionPool(dsn, min_size=1, max_size=size, open=False, timeout=connect_timeout_s,
                                check=AsyncConnectionPool.check_connection,
                                kwargs={"autocommit": True, "row_factory": row_factory})
-    await pool.open(wait=True, timeout=connect_timeout_s)
+    try:
+        await pool.open(wait=True, timeout=connect_timeout_s)
+    except PoolTimeout as exc:  # the server's own refusal is in the pool's log; say it as psycopg does
+        await pool.close()
+        raise psycopg.OperationalError(f"no connection to the server within {connect_timeout_s:g}s ({exc})") from exc
     return pool
 
 
 async def fetchall(pool: AsyncConnectionPool, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[Row]:
-    async with pool.connection() as conn:
-        cur = await conn.execute(translate(sql), params) if params else await conn.execute(sql)
-        return await cur.fetchall()
+    try:
+        async with pool.connection() as conn:
+            cur = await conn.execute(translate(sql), params) if params else await conn.execute(sql)
+            return await cur.fetchall()
+    except PoolTimeout as exc:  # every connection busy or none can be made: the server is not answering
+        raise psycopg.OperationalError(str(exc)) from exc
 
 
 # -- errors -------------------------------------------------------------------------------------
