@@ -149,7 +149,7 @@ def main(ctx: click.Context, router: str | None, config: str | None) -> None:
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="gpuq.toml to serve.")
 @click.option("--demo", is_flag=True, help="Run simulated Ollama nodes on loopback (no gpuq.toml needed).")
 @click.option("--listen", help="host:port to bind, overriding the config.")
-@click.option("--database", type=click.Path(dir_okay=False), help="SQLite file, overriding the config.")
+@click.option("--database", type=click.Path(dir_okay=False), help="SQLite file or postgresql:// URI (also $GPUQ_DATABASE), overriding the config.")
 @click.option("--ollama-listen", help="host:port of the Ollama/OpenAI front door, overriding the config "
                                       "(the demo's: 127.0.0.1:11435).")
 @click.pass_context

@@ -80,7 +80,7 @@ class UserConfig:
 class Settings:
     listen: str = DEFAULT_LISTEN
     public_url: str = f"http://{DEFAULT_LISTEN}"
-    database: Path = Path("gpuq.db")
+    database: Path | str = Path("gpuq.db")  # a SQLite file, or a PostgreSQL DSN (postgresql://...)
     stale_after_s: float = 600.0  # no tokens for this long: the head is stale
     stale_grace_s: float = 30.0  # Ollama finished but the job did not, for this long
     max_runtime_s: float = 4 * 3600.0  # a job running longer is stale, then failed
@@ -271,6 +271,24 @@ def check_token(value: str, key: str) -> str:
     if not all(" " <= c <= "~" for c in value):
         raise ConfigError(f"{key}: use printable ASCII only (no client can send other characters in "
                           "a header); e.g. the output of `openssl rand -hex 32`")
+    return value
+
+
+def check_database(value: str, base_dir: Path, where: str) -> Path | str:
+    """A SQLite file (relative to the config's folder), or a PostgreSQL DSN (`postgresql://...`:
+    several routers share its queue), checked by libpq's own parser; its password never shown."""
+    if not value.startswith(("postgresql:", "postgres:")):
+        return (base_dir / value).resolve()
+    from psycopg.conninfo import conninfo_to_dict
+    from .store.postgres import safe_dsn
+    if not value.startswith(("postgresql://", "postgres://")):
+        raise ConfigError(f"{where}: a PostgreSQL database is named by a URI, postgresql://user@host/dbname;"
+                          f" got {safe_dsn(value)!r}")
+    try:
+        conninfo_to_dict(value)
+    except Exception as exc:  # psycopg.ProgrammingError: libpq's own words
+        raise ConfigError(f"{where}: not a PostgreSQL URI libpq accepts ({str(exc).strip()}):"
+                          f" {safe_dsn(value)!r}") from None
     return value
 
 
@@ -597,7 +615,7 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
     listen = values.get("listen", DEFAULT_LISTEN)
     values["public_url"] = check_url(router.get("public_url", f"http://{listen}"), "router.public_url")
     database = _typed(router, "database", str, "router")
-    values["database"] = (base_dir / (database or "gpuq.db")).resolve()
+    values["database"] = check_database(database or "gpuq.db", base_dir, "router.database")
     for key, attr in DURATION_KEYS.items():
         if key in router:
             values[attr] = _bounded_duration(router[key], f"router.{key}", key)

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from .config import DEFAULT_ROUTER, ConfigError, NodeConfig, Settings, check_listen
+from .store.postgres import safe_dsn
+from .config import DEFAULT_ROUTER, ConfigError, NodeConfig, Settings, check_database, check_listen
 from .connections import (BACKLOG, FRONT_PROBES, ROUTER_PROBES, ConnectionGuard, PortTaken, bind_sockets,
                           connection_cap, raise_file_limit, throttle_accept_errors)
 from .errors import GpuqError, StartupError
@@ -130,6 +131,11 @@ def lock_holder(fd: int) -> str:
         return "its pid is not recorded yet"
 
 
+def database_name(database: Path | str) -> str:
+    """The database as logs name it: its file, or its DSN without the password."""
+    return safe_dsn(database) if isinstance(database, str) else str(database)
+
+
 DEMO_FRONT_DOOR = "127.0.0.1:11435"  # beside Ollama's own 11434
 
 
@@ -142,12 +148,17 @@ async def serve(settings: Settings | None, listen: str | None, database: str | N
     if listen:
         listen = check_listen(listen, "--listen")
         settings = replace(settings, listen=listen, public_url=f"http://{listen}")
-    if database:
-        settings = replace(settings, database=Path(database).resolve())
+    # --database, else $GPUQ_DATABASE (a DSN keeps its password out of gpuq.toml), else the config's.
+    env = os.environ.get("GPUQ_DATABASE")
+    if database or env:
+        settings = replace(settings, database=check_database(database or env, Path.cwd(),  # type: ignore[arg-type]
+                                                             "--database" if database else "$GPUQ_DATABASE"))
     if ollama_listen or demo:  # the demo opens the front door too (gpuq/front/listener.py)
         settings = replace(settings, ollama_listen=check_listen(ollama_listen, "--ollama-listen")
                            if ollama_listen else DEMO_FRONT_DOOR)
-    lock = lock_database(settings.database, settings.listen)
+    # One router per SQLite file (its lock); on PostgreSQL any number share the queue, each node
+    # driven by one of them at a time (its lease).
+    lock = None if isinstance(settings.database, str) else lock_database(settings.database, settings.listen)
     try:
         try:
             sockets = bind_sockets(settings.listen, settings.host, settings.port)
@@ -163,7 +174,8 @@ async def serve(settings: Settings | None, listen: str | None, database: str | N
             for sock in sockets + front_sockets:
                 sock.close()
     finally:
-        unlock_database(settings.database, lock)
+        if lock is not None:
+            unlock_database(settings.database, lock)  # type: ignore[arg-type]
 
 
 def listen_elsewhere(settings: Settings, demo: bool) -> str:
@@ -248,7 +260,7 @@ async def run_router(settings: Settings, sockets: list[socket.socket], demo: boo
     if demo:  # a demo node whose stream the stop cuts is no bug of the router's: no traceback
         logging.getLogger("aiohttp.server").addFilter(not_a_cut_stream)
     log.info("gpuq router listening on http://%s (database %s, %d nodes, open-file limit %d, at most %d "
-             "connections per listener)", settings.listen, settings.database, len(settings.nodes), file_limit,
+             "connections per listener)", settings.listen, database_name(settings.database), len(settings.nodes), file_limit,
              guard.max_connections)
     print(f"gpuq router: {settings.public_url}   queue page: {settings.public_url}/", flush=True)
     if front is not None:

@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import signal
+import sqlite3
 import socket
 import sys
 import time
@@ -289,6 +290,39 @@ async def lab(fakes, daemon_factory):
 
 
 # -- PostgreSQL -------------------------------------------------------------------------------
+# Where a Store lives, once on each engine: a SQLite file in the test's temp dir, then a fresh
+# PostgreSQL database (pg_dsn). A test that takes `database` runs on both and must pass on both:
+# the same verbs, the same rules, the same answers (issue 27).
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def database(request, tmp_path):
+    if request.param == "sqlite":
+        return tmp_path / "q.db"
+    return request.getfixturevalue("pg_dsn")
+
+
+@pytest.fixture
+async def lab_on_each_engine(fakes, daemon_factory, database):
+    """The design's lab (make_lab), its router on each engine in turn: a module that wants its
+    daemon tests on both aliases its `lab` to this."""
+    return await make_lab(fakes, daemon_factory, database=str(database))
+
+
+def shell(daemon: Daemon, sql: str, *params: Any) -> list[tuple]:
+    """What a person at the database's shell reads (sqlite3 on the file, psql on PostgreSQL),
+    from a connection of its own: the router's database as its config names it."""
+    database = tomllib.loads(daemon.config.read_text())["router"]["database"]
+    if database.startswith("postgresql://"):
+        import psycopg
+        from gpuq.store.postgres import translate
+        with psycopg.connect(database, autocommit=True) as db:
+            return [tuple(r) for r in db.execute(translate(sql), params or None).fetchall()]
+    db = sqlite3.connect(daemon.config.parent / database)
+    try:
+        return db.execute(sql, params).fetchall()
+    finally:
+        db.close()
+
+
 # A test that needs PostgreSQL is marked and takes `pg_dsn`, a libpq URI
 # ("postgresql://postgres@/test_...?host=%2Ftmp%2Fgpuq-pg-...&port=5432") of a fresh, empty
 # database of its own, dropped after it; psycopg and asyncpg both connect with it:

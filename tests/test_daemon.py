@@ -1,4 +1,5 @@
-"""The real daemon against fake Ollama nodes, driven through the real CLI and HTTP."""
+"""The real daemon against fake Ollama nodes, driven through the real CLI and HTTP. The lab's
+tests run once on each engine (a SQLite file, then PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,16 @@ import socket
 import sqlite3
 import sys
 
-from conftest import eventually, node_table
+import pytest
+
+from conftest import eventually, make_lab, node_table, shell
 
 ID = r"\d{10}-[0-9a-f]{8}"
+
+
+@pytest.fixture
+def lab(lab_on_each_engine):
+    return lab_on_each_engine
 
 
 async def test_design_transcript(lab, tmp_path):
@@ -110,14 +118,21 @@ async def test_kill_and_restart_keeps_queue_and_fails_the_orphan(lab):
     assert fake.loaded == {}
 
 
-async def test_database_is_readable_in_sqlite_shell(lab, tmp_path):
+async def test_database_is_readable_in_its_shell(lab):
+    """sqlite3 on the file, psql on PostgreSQL: the same tables and views answer."""
+    job = (await lab.submit("task", "forensics"))[0]
+    await lab.wait_state(job["id"], "done")
+    states = [r[0] for r in shell(lab, "SELECT to_state FROM event WHERE job_id = ? ORDER BY id", job["id"])]
+    assert states == ["queued", "running", "done"]
+    assert shell(lab, "SELECT COUNT(*) FROM stale_heads") == [(0,)]
+
+
+async def test_the_sqlite_file_is_wal(fakes, daemon_factory, tmp_path):
+    lab = await make_lab(fakes, daemon_factory)
     job = (await lab.submit("task", "forensics"))[0]
     await lab.wait_state(job["id"], "done")
     db = sqlite3.connect(tmp_path / "gpuq.db")
-    states = [r[0] for r in db.execute("SELECT to_state FROM event WHERE job_id = ? ORDER BY id", (job["id"],))]
-    assert states == ["queued", "running", "done"]
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert db.execute("SELECT COUNT(*) FROM stale_heads").fetchone()[0] == 0
     db.close()
 
 

@@ -1,16 +1,24 @@
 """A critique of a task that has not finished: the guard is judged first, whatever the parent's
 state; otherwise the critique is accepted, held until the parent is done (never blocking the
 jobs behind it, never stale), then reviews the parent's prompt and result. A parent that
-fails or is cancelled takes its held critiques with it, loudly."""
+fails or is cancelled takes its held critiques with it, loudly. On each engine (a SQLite file,
+then PostgreSQL)."""
 
 from __future__ import annotations
 
 import re
 import time
 
+import pytest
+
 from conftest import eventually
 
 ID = r"\d{10}-[0-9a-f]{8}"
+
+
+@pytest.fixture
+def lab(lab_on_each_engine):
+    return lab_on_each_engine
 
 
 async def slow_task(lab, node: str = "node-1", delay: float = 0.2, prompt: str = "write the export retry",

@@ -1,24 +1,24 @@
 """Queue control end to end: the real daemon, fake Ollama nodes and the real CLI. Preempt,
-delete, move, clear and retry as a user does them, and many clients doing it at once."""
+delete, move, clear and retry as a user does them, and many clients doing it at once; on each
+engine (a SQLite file, then PostgreSQL)."""
 
 from __future__ import annotations
 
 import asyncio
 import random
-import sqlite3
 
 import pytest
 
-from conftest import eventually, make_lab
+from conftest import eventually, make_lab, shell
 
 GUARD = "a critique never runs on its parent task's node"
 
 
 @pytest.fixture
-async def qlab(fakes, daemon_factory):
+async def qlab(fakes, daemon_factory, database):
     """The design's lab -- node-1 (task, critique), node-2 (critique), node-3 (task) -- with a
     long stall timeout, so a job held open on purpose is never failed as stalled."""
-    return await make_lab(fakes, daemon_factory, stall_timeout="120s")
+    return await make_lab(fakes, daemon_factory, stall_timeout="120s", database=str(database))
 
 
 async def task(lab, prompt: str, node: str = "node-3", **extra) -> str:
@@ -343,11 +343,8 @@ async def test_many_clients_moving_and_deleting_while_jobs_finish(qlab, tmp_path
     watcher = asyncio.create_task(watch())
     try:
         await asyncio.gather(*(client(seed) for seed in range(20)))
-        db = sqlite3.connect(tmp_path / "gpuq.db")
-        try:  # mid-stream: never two waiting jobs at one position of one queue
-            rows = db.execute("SELECT node, position FROM job WHERE state = 'queued'").fetchall()
-        finally:
-            db.close()
+        # mid-stream: never two waiting jobs at one position of one queue
+        rows = shell(qlab, "SELECT node, position FROM job WHERE state = 'queued'")
         assert len(rows) == len(set(rows))
 
         async def settled():
@@ -360,12 +357,8 @@ async def test_many_clients_moving_and_deleting_while_jobs_finish(qlab, tmp_path
     assert statuses.count(200) >= 20  # the storm really moved and deleted jobs
     assert peak == {"models": 1, "requests": 1}  # never two jobs at once on one node
 
-    db = sqlite3.connect(tmp_path / "gpuq.db")
-    try:
-        events = db.execute("SELECT job_id, from_state, to_state, actor FROM event ORDER BY id").fetchall()
-        runs = db.execute("SELECT job_id, state FROM run ORDER BY id").fetchall()
-    finally:
-        db.close()
+    events = shell(qlab, "SELECT job_id, from_state, to_state, actor FROM event ORDER BY id")
+    runs = shell(qlab, "SELECT job_id, state FROM run ORDER BY id")
     assert {j["id"] for j in jobs} == set(ids)  # every job accounted for
     final = {j["id"]: j["state"] for j in jobs}
     replayed: dict[str, str | None] = {}

@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 from unittest import mock
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -43,7 +44,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.gap.start()
         self.dir = tempfile.mkdtemp(prefix="gpuq-model-")
         self.loop = asyncio.new_event_loop()
-        self.store = Store(Path(self.dir) / "q.db")
+        self.store = Store(self.database())
         self.run(self.store.open())
         # The model: each node's waiting jobs in order, its running job, and every job's facts.
         self.queues: dict[str, list[str]] = {n: [] for n in NAMES}
@@ -401,7 +402,36 @@ class QueueMachine(RuleBasedStateMachine):
         assert replayed == self.state
 
 
-QueueMachine.TestCase.settings = settings(
-    max_examples=100, stateful_step_count=30, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    def database(self):
+        return Path(self.dir) / "q.db"
+
+
+class QueueMachineOnPostgres(QueueMachine):
+    """The same model, the same rules, on PostgreSQL: a fresh database of the session's
+    throwaway cluster for each example (tests/pg.py), dropped after it."""
+
+    def database(self):
+        self.pg_name = CLUSTER[0].create_database()
+        return CLUSTER[0].dsn(self.pg_name)
+
+    def teardown(self):
+        super().teardown()
+        CLUSTER[0].drop_database(self.pg_name)
+
+
+# The cluster, for the model's examples (a unittest-style case takes no fixture itself).
+CLUSTER: list = []
+
+
+@pytest.fixture(autouse=True)
+def _cluster_for_the_model(request):
+    if request.node.get_closest_marker("postgres"):
+        CLUSTER[:] = [request.getfixturevalue("pg_cluster")]
+
+
+SETTINGS = dict(stateful_step_count=30, deadline=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+QueueMachine.TestCase.settings = settings(max_examples=100, **SETTINGS)
 test_queue_model = QueueMachine.TestCase
+QueueMachineOnPostgres.TestCase.settings = settings(max_examples=60, **SETTINGS)
+test_queue_model_on_postgres = pytest.mark.postgres(QueueMachineOnPostgres.TestCase)

@@ -1,16 +1,19 @@
-"""The store on a real temp SQLite file: state machine, guarded finish, one running per node,
-claim and staleness use their indexes, migrations, stale boundaries with a controlled clock."""
+"""The store on each engine (a real temp SQLite file, then a throwaway PostgreSQL database): state
+machine, guarded finish, one running per node, claim and staleness use their indexes (SQLite's
+plans), migrations, stale boundaries with a controlled clock."""
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
 
+import psycopg
 import pytest
 
 from gpuq.errors import GpuqError, GuardMiss, GuardRefused, StoreUnavailable
 from gpuq.models import iso
 from gpuq.store import MIGRATIONS_DIR, STALE_SQL, NewJob, NodeInfo, Store
+from gpuq.store import postgres as pg
 
 NODES = [NodeInfo("a", 1, ("task", "critique"), "ma", True), NodeInfo("b", 2, ("critique",), "mb", True)]
 
@@ -24,9 +27,9 @@ class Clock:
 
 
 @pytest.fixture
-async def store(tmp_path):
+async def store(database):
     clock = Clock()
-    s = Store(tmp_path / "q.db", clock=clock)
+    s = Store(database, clock=clock)
     await s.open()
     await s.configure({"stale_after_s": 600, "stale_grace_s": 30, "max_runtime_s": 3600}, [])
     s.test_clock = clock
@@ -34,8 +37,27 @@ async def store(tmp_path):
     await s.close()
 
 
-async def raw(path, sql, *params):
-    db = sqlite3.connect(path)
+@pytest.fixture
+async def lite_store(tmp_path):
+    """The store on SQLite alone: for what is SQLite's own (its query plans, its pragmas)."""
+    s = Store(tmp_path / "q.db", clock=Clock())
+    await s.open()
+    yield s
+    await s.close()
+
+
+# A write the database itself refuses, on either engine.
+IntegrityError = (sqlite3.IntegrityError, psycopg.IntegrityError)
+
+
+async def raw(where, sql, *params):
+    """A statement from a connection of its own, as a person at the shell would send it
+    (sqlite3 or psql); `where` a Store, or a SQLite file's path."""
+    if isinstance(where, Store) and where.dsn:
+        with psycopg.connect(where.dsn, autocommit=True) as db:
+            cur = db.execute(pg.translate(sql), params or None)
+            return [tuple(r) for r in cur.fetchall()] if cur.description else []
+    db = sqlite3.connect(where.path if isinstance(where, Store) else where)
     try:
         rows = db.execute(sql, params).fetchall()
         db.commit()
@@ -84,24 +106,24 @@ async def test_one_running_job_per_node_is_enforced_by_the_database(store):
         await store.submit(NewJob("task", "p", node="a"), NODES, "api")
     await store.claim("a")
     assert await store.claim("a") is None  # the claim never takes a second head...
-    with pytest.raises(sqlite3.IntegrityError):  # ...and the index refuses any other path
-        await raw(store.path, "UPDATE job SET state = 'running' WHERE state = 'queued'")
+    with pytest.raises(IntegrityError):  # ...and the index refuses any other path
+        await raw(store, "UPDATE job SET state = 'running' WHERE state = 'queued'")
 
 
 async def test_states_are_checked_by_the_database(store):
     [job] = await store.submit(NewJob("task", "p"), NODES, "api")
-    with pytest.raises(sqlite3.IntegrityError):
-        await raw(store.path, "UPDATE job SET state = 'finished' WHERE id = ?", job["id"])
-    with pytest.raises(sqlite3.IntegrityError):  # a finished job must say when
-        await raw(store.path, "UPDATE job SET state = 'done' WHERE id = ?", job["id"])
+    with pytest.raises(IntegrityError):
+        await raw(store, "UPDATE job SET state = 'finished' WHERE id = ?", job["id"])
+    with pytest.raises(IntegrityError):  # a finished job must say when
+        await raw(store, "UPDATE job SET state = 'done' WHERE id = ?", job["id"])
 
 
 async def test_guard_holds_in_the_database_itself(store):
     [task] = await store.submit(NewJob("task", "p", node="a"), NODES, "api")
     [crit] = await store.submit(NewJob("critique", "c", parent=task["id"]), NODES, "api")
     assert crit["node"] == "b"
-    with pytest.raises(sqlite3.IntegrityError, match="a critique never runs on its parent task's node"):
-        await raw(store.path, "UPDATE job SET node = 'a' WHERE id = ?", crit["id"])
+    with pytest.raises(IntegrityError, match="a critique never runs on its parent task's node"):
+        await raw(store, "UPDATE job SET node = 'a' WHERE id = ?", crit["id"])
     with pytest.raises(GuardRefused):
         await store.submit(NewJob("critique", "c", parent=task["id"], node="a"), NODES, "api")
 
@@ -136,11 +158,11 @@ def plan(path, sql: str, params=()) -> list[str]:
         db.close()
 
 
-async def test_the_claims_own_sql_takes_the_head_by_the_queue_index(store):
+async def test_the_claims_own_sql_takes_the_head_by_the_queue_index(lite_store):
     """The claim's statement itself (verbs.CLAIM_SQL), not a copy: the head of one node's queue is
     found by walking job_queue in order, with no sort of the whole queue and no scan of history."""
     from gpuq.store import verbs
-    steps = plan(store.path, verbs.CLAIM_SQL, {"node": "a"})
+    steps = plan(lite_store.path, verbs.CLAIM_SQL, {"node": "a"})
     reads = [s for s in steps if s.startswith(("SCAN", "SEARCH")) and " j " in f" {s} "]
     assert reads and all("USING INDEX job_queue" in s or "USING COVERING INDEX job_queue" in s
                          for s in reads if "(node=? AND state=?)" in s), steps
@@ -149,20 +171,20 @@ async def test_the_claims_own_sql_takes_the_head_by_the_queue_index(store):
     assert not any("TEMP B-TREE" in s for s in steps), steps
 
 
-async def test_a_parents_held_critiques_are_found_by_its_children_not_the_queue(store):
+async def test_a_parents_held_critiques_are_found_by_its_children_not_the_queue(lite_store):
     """Ending a parent without a result (a cancel, a clear of thousands) reads its own children
     through job_parent, not every queued job through the view held_job."""
     from gpuq.store import verbs
-    steps = plan(store.path, verbs.HELD_CHILDREN_SQL, ("1-aaaaaaaa",))
+    steps = plan(lite_store.path, verbs.HELD_CHILDREN_SQL, ("1-aaaaaaaa",))
     assert steps[0].startswith("SEARCH c USING INDEX job_parent (parent_id=?)"), steps
     assert not any(s.startswith("SCAN") or "(state=?)" in s for s in steps), steps
 
 
-async def test_staleness_query_reads_only_running_rows(store):
+async def test_staleness_query_reads_only_running_rows(lite_store):
     """STALE_SQL names no index: the planner must reach job by its state on its own (the partial
     index of running heads or job_state_node), never scan the job table's history."""
     assert "INDEXED BY" not in STALE_SQL.upper()
-    steps = plan(store.path, STALE_SQL, {"now": iso(0)})
+    steps = plan(lite_store.path, STALE_SQL, {"now": iso(0)})
     reads = [s for s in steps if s.split()[1:2] == ["j"]]
     assert reads, steps
     for s in reads:
@@ -257,11 +279,11 @@ async def test_stale_event_is_written_once(store):
 async def test_stale_heads_view_works_in_the_shell(store):
     job_id, _ = await running_job(store)
     # The view uses the real clock, and the test clock's job starts in 2027: not stale yet.
-    rows = await raw(store.path, "SELECT id, reason FROM stale_heads")
+    rows = await raw(store, "SELECT id, reason FROM stale_heads")
     assert rows == []
     store_now = store.test_clock.now
-    await raw(store.path, "UPDATE run SET progress_at = ?, started_at = ?", iso(store_now - 10**8), iso(store_now - 10**8))
-    rows = await raw(store.path, "SELECT id, reason FROM stale_heads")
+    await raw(store, "UPDATE run SET progress_at = ?, started_at = ?", iso(store_now - 10**8), iso(store_now - 10**8))
+    rows = await raw(store, "SELECT id, reason FROM stale_heads")
     assert rows == [(job_id, "ran past max_runtime")]
 
 
@@ -309,29 +331,26 @@ async def test_a_colliding_job_id_is_replaced_not_refused(store, monkeypatch):
     assert len(await store.jobs()) == 2
 
 
-async def test_every_write_is_durable_wal_and_synchronous_full(store):
+async def test_every_write_is_durable_wal_and_synchronous_full(lite_store):
     """A 201 means the job is on disk: the writer connection runs WAL at synchronous=FULL with
     foreign keys on. (A SIGKILL cannot catch synchronous=OFF: the page cache survives it.)"""
     def pragmas(db: sqlite3.Connection) -> tuple:
         return tuple(db.execute(f"PRAGMA {p}").fetchone()[0] for p in ("journal_mode", "synchronous", "foreign_keys"))
-    assert await store._writer.call(pragmas) == ("wal", 2, 1)  # 2 = FULL
+    assert await lite_store._writer.call(pragmas) == ("wal", 2, 1)  # 2 = FULL
 
 
 async def test_node_load_counts_every_way_a_job_comes_and_goes(store):
     """The per-node counts placement reads (table node_load, kept by triggers) equal a count of
     the job table after submits, a claim, a move, a preempt, a finish, a delete and a retry."""
-    def truth() -> dict:
-        db = sqlite3.connect(store.path)
-        try:
-            return {n: (r, q) for n, r, q in db.execute(
-                "SELECT node, SUM(state = 'running'), SUM(state = 'queued') FROM job"
-                " WHERE state IN ('queued', 'running') GROUP BY node")}
-        finally:
-            db.close()
+    async def truth() -> dict:
+        return {n: (r, q) for n, r, q in await raw(
+            store, "SELECT node, SUM(CASE WHEN state = 'running' THEN 1 ELSE 0 END),"
+            " SUM(CASE WHEN state = 'queued' THEN 1 ELSE 0 END) FROM job"
+            " WHERE state IN ('queued', 'running') GROUP BY node")}
 
     async def check():
         kept = {n: tuple(c) for n, c in (await store.active_by_node()).items() if c != (0, 0)}
-        assert kept == truth()
+        assert kept == await truth()
     nodes = [NodeInfo("a", 1, ("task",), "ma", True), NodeInfo("c", 2, ("task",), "mc", True)]
     jobs = [j for i in range(6) for j in await store.submit(NewJob("task", f"p{i}"), nodes, "api")]
     await check()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import sqlite3
 
+import psycopg
+
 import pytest
 
 from gpuq.errors import GUARD_MESSAGE, BadRequest, Conflict, GpuqError, GuardMiss, GuardRefused, NotFound
@@ -31,8 +33,8 @@ class Clock:
 
 
 @pytest.fixture
-async def store(tmp_path):
-    s = Store(tmp_path / "q.db", clock=Clock())
+async def store(database):
+    s = Store(database, clock=Clock())
     await s.open()
     yield s
     await s.close()
@@ -221,13 +223,18 @@ async def test_a_critique_never_moves_onto_its_parents_node(store):
 async def test_the_database_itself_refuses_a_critique_onto_its_parents_node(store):
     parent = await task(store, "node-1")
     crit = await critique_of(store, parent)
-    db = sqlite3.connect(store.path)
-    try:
-        with pytest.raises(sqlite3.IntegrityError, match=GUARD_MESSAGE):
-            db.execute("UPDATE job SET node = 'node-1' WHERE id = ?", (crit,))
-        db.rollback()
-    finally:
-        db.close()
+    if store.dsn:  # from a connection of its own, as psql would
+        with psycopg.connect(store.dsn, autocommit=True) as db, \
+                pytest.raises(psycopg.IntegrityError, match=GUARD_MESSAGE):
+            db.execute("UPDATE job SET node = 'node-1' WHERE id = %s", (crit,))
+    else:  # as the sqlite3 shell would
+        db = sqlite3.connect(store.path)
+        try:
+            with pytest.raises(sqlite3.IntegrityError, match=GUARD_MESSAGE):
+                db.execute("UPDATE job SET node = 'node-1' WHERE id = ?", (crit,))
+            db.rollback()
+        finally:
+            db.close()
     with pytest.raises(GuardRefused):  # the store's own write path translates it to the 409
         await store._write(lambda db: db.execute("UPDATE job SET node = 'node-1' WHERE id = ?", (crit,)))
     assert (await store.job(crit))["node"] == "node-2"
@@ -293,8 +300,8 @@ async def test_a_failed_move_rolls_back_its_renumber(store, monkeypatch):
         renumbered.append(node)
         real(db, node)
 
-    def broken_event(*args, **kwargs):
-        raise sqlite3.OperationalError("disk I/O error")
+    def broken_event(*args, **kwargs):  # the engine's own error for a failing disk
+        raise (psycopg.errors.DiskFull if store.dsn else sqlite3.OperationalError)("disk I/O error")
     monkeypatch.setattr(store_module, "_renumber", spy)
     monkeypatch.setattr(store_module, "_event", broken_event)
     with pytest.raises(GpuqError) as exc:

@@ -1,13 +1,15 @@
-"""The queue's verbs (gpuq/store/verbs.py) alone: plain functions of a sqlite3 connection, run here
-on a real database file with no event loop, no thread and no Store around them."""
+"""The queue's verbs (gpuq/store/verbs.py) alone: plain functions of a connection, run here on each
+engine (a real SQLite file; a throwaway PostgreSQL database through gpuq/store/postgres.py's
+connection) with no event loop, no thread and no Store around them."""
 
 from __future__ import annotations
 
 import sqlite3
 
+import psycopg
 import pytest
 
-from gpuq.store import sqlite as engine, verbs
+from gpuq.store import postgres, sqlite as engine, verbs
 from gpuq.errors import GUARD_MESSAGE, GuardMiss
 from gpuq.models import NewJob, NodeInfo, iso
 from gpuq.shipped import shipped_files
@@ -17,18 +19,26 @@ NODES = [NodeInfo("a", 1, ("task",), "ma", True), NodeInfo("b", 2, ("critique",)
 NOW = 1_800_000_000.0
 
 
+# A write the database itself refuses, on either engine.
+IntegrityError = (sqlite3.IntegrityError, psycopg.IntegrityError)
+
+
 @pytest.fixture
-def db(tmp_path):
-    conn = sqlite3.connect(tmp_path / "q.db", isolation_level=None)
-    conn.row_factory = sqlite3.Row
-    engine.migrate(conn, shipped_files(MIGRATIONS_DIR, "[0-9][0-9][0-9]_*.sql", "migrations"), NOW, tmp_path / "q.db")
+def db(database):
+    if isinstance(database, str):  # PostgreSQL
+        conn = postgres.connect_writer(database, 5.0)
+        postgres.migrate(conn.raw, shipped_files(postgres.MIGRATIONS_DIR, "[0-9][0-9][0-9]_*.sql", "pg"), NOW, "test")
+    else:
+        conn = sqlite3.connect(database, isolation_level=None)
+        conn.row_factory = sqlite3.Row
+        engine.migrate(conn, shipped_files(MIGRATIONS_DIR, "[0-9][0-9][0-9]_*.sql", "migrations"), NOW, database)
     yield conn
     conn.close()
 
 
-def in_transaction(db: sqlite3.Connection, verb, **kwargs):
-    """What the writer does for one write: BEGIN IMMEDIATE, the verb, COMMIT (ROLLBACK if it raises)."""
-    db.execute("BEGIN IMMEDIATE")
+def in_transaction(db, verb, **kwargs):
+    """What the writer does for one write: its engine's BEGIN, the verb, COMMIT (ROLLBACK if it raises)."""
+    db.execute(verbs.dialect(db).BEGIN_WRITE)
     try:
         result = verb(db, **kwargs)
     except BaseException:
@@ -66,7 +76,7 @@ def test_the_schema_refuses_every_write_that_puts_a_critique_on_its_parents_node
     409; a write that leaves an active critique where it is (its claim) is not judged again."""
     nodes = [NodeInfo("a", 1, ("task", "critique"), "ma", True), NodeInfo("b", 2, ("task", "critique"), "mb", True)]
     [task] = in_transaction(db, verbs.submit, new=NewJob("task", "t", node="a"), nodes=nodes, actor="t", now=NOW)
-    with pytest.raises(sqlite3.IntegrityError, match=GUARD_MESSAGE):  # asked for the parent's node
+    with pytest.raises(IntegrityError, match=GUARD_MESSAGE):  # asked for the parent's node
         in_transaction(db, verbs.submit, new=NewJob("critique", "c", parent=task["id"], node="a"), nodes=nodes,
                        actor="t", now=NOW)
     [critique] = in_transaction(db, verbs.submit, new=NewJob("critique", "c", parent=task["id"]), nodes=nodes,
@@ -74,11 +84,11 @@ def test_the_schema_refuses_every_write_that_puts_a_critique_on_its_parents_node
     assert critique["node"] == "b"  # the fan-out never chooses the parent's node
     for sql, job in (("UPDATE job SET node = 'a' WHERE id = ?", critique["id"]),
                      ("UPDATE job SET node = 'b' WHERE id = ?", task["id"])):
-        with pytest.raises(sqlite3.IntegrityError, match=GUARD_MESSAGE):
+        with pytest.raises(IntegrityError, match=GUARD_MESSAGE):
             in_transaction(db, lambda d: d.execute(sql, (job,)))
     in_transaction(db, verbs.delete, job_id=critique["id"], actor="t", reason="deleted", now=NOW)
     in_transaction(db, lambda d: d.execute("UPDATE job SET node = 'b' WHERE id = ?", (task["id"],)))
-    with pytest.raises(sqlite3.IntegrityError, match=GUARD_MESSAGE):  # retry would requeue it beside its parent
+    with pytest.raises(IntegrityError, match=GUARD_MESSAGE):  # retry would requeue it beside its parent
         in_transaction(db, verbs.retry, job_id=critique["id"], actor="t", now=NOW)
     assert db.execute("SELECT state FROM job WHERE id = ?", (critique["id"],)).fetchone()[0] == "cancelled"
     in_transaction(db, lambda d: d.execute("UPDATE job SET node = 'a' WHERE id = ?", (task["id"],)))
@@ -139,10 +149,13 @@ def test_a_run_deleted_by_hand_takes_its_chunks_with_it(db, foreign_keys):
     run_id = in_transaction(db, verbs.claim, node="a", now=NOW)["run_id"]
     for i in range(3):
         in_transaction(db, verbs.heartbeat, run_id=run_id, output=f"piece {i}", thinking=None, now=NOW + i)
-    db.execute(f"PRAGMA foreign_keys = {foreign_keys}")
+    lite = isinstance(db, sqlite3.Connection)  # (PostgreSQL checks every reference, always)
+    if lite:
+        db.execute(f"PRAGMA foreign_keys = {foreign_keys}")
     db.execute("DELETE FROM run WHERE id = ?", (run_id,))
     assert db.execute("SELECT COUNT(*) FROM run_chunk").fetchone()[0] == 0
-    assert db.execute("PRAGMA foreign_key_check").fetchall() == []
+    if lite:
+        assert db.execute("PRAGMA foreign_key_check").fetchall() == []
 
 
 def events_of(db: sqlite3.Connection, job_id: str) -> list[tuple]:

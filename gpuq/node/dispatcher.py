@@ -74,6 +74,8 @@ class Dispatcher:
         for name in self.nodes:
             self.workers[name].orphan_models = [o["model"] for o in orphans if o["node"] == name]
             self._start_loops(name)
+        if self.store.dsn:  # PostgreSQL: other routers change the queue too
+            self.loops.start("other routers' changes", lambda: self.store.watch(self.elsewhere))
 
     def _client(self, cfg: NodeConfig) -> OllamaClient:
         assert self.session is not None
@@ -248,6 +250,21 @@ class Dispatcher:
         for name, worker in self.workers.items():
             if node is None or name == node:
                 worker.wake.set()
+
+    def elsewhere(self, change: dict | None) -> None:
+        """A job another router changed ({id, node, state}; None: changes unknown, look at all):
+        the node's worker looks for work, the pages and followers look again, and a job running
+        here that another router took off its node (deleted, preempted, cleared) is aborted."""
+        if change is None:
+            self.wake()
+        else:
+            if change.get("node") in self.workers:
+                self.wake(change["node"])
+            for rt in self.runtimes():
+                cur = rt.current
+                if cur is not None and cur.job_id == change.get("id") and change.get("state") != JobState.RUNNING:
+                    self.abort(Interrupted(cur.job_id, rt.name, cur.run_id), f"{change.get('state')} by another router")
+        self.bus.publish("queue", {"elsewhere": change or True})
 
     def abort(self, interrupted: Interrupted | None, reason: str) -> None:
         """Stop a running job's Ollama request (closing it stops Ollama's generation)."""

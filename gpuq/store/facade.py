@@ -1,9 +1,13 @@
 """The store: an async facade over the queue's verbs (gpuq/store/verbs.py) and every read.
 
-Each write is a verb, a plain function of a sqlite3 connection, run in the writer's own thread
-on its stdlib connection, in a savepoint of a group commit (`BEGIN IMMEDIATE` ... `COMMIT`, see
-writer.py), checked against the job's current state inside it. Reads go through a second
-connection (aiosqlite's, its public API), which WAL lets in alongside; their SQL is here."""
+Each write is a verb, a plain function of a connection, run in the writer's own thread on its
+connection, in a savepoint of a group commit (`BEGIN IMMEDIATE` ... `COMMIT`, see writer.py),
+checked against the job's current state inside it. Reads go through a second connection
+(aiosqlite's, its public API), which WAL lets in alongside; their SQL is here.
+
+The engine is SQLite (a file's path: one router) or PostgreSQL (a `postgresql://` DSN: any number
+of routers on one queue, gpuq/store/postgres.py): the same verbs, reads and answers; the few
+statements written per engine come from its module (`self.engine`)."""
 
 from __future__ import annotations
 
@@ -17,8 +21,7 @@ from typing import Callable, Iterator, TypeVar
 
 import aiosqlite
 
-from . import sqlite as engine
-from . import verbs
+from . import postgres, sqlite, verbs
 from .writer import Writer
 from .dbfile import DatabaseFile
 from ..errors import GpuqError, NotFound, StoreUnavailable
@@ -62,16 +65,21 @@ class _Abandoned(Exception):
 
 
 class Store:
-    def __init__(self, path: Path, busy_timeout_s: float = 5.0, clock: Callable[[], float] = time.time,
+    def __init__(self, path: Path | str, busy_timeout_s: float = 5.0, clock: Callable[[], float] = time.time,
                  max_bytes: int | None = None, submit_timeout_s: float | None = None):
-        self.path = Path(path)
+        # A `postgresql://` DSN, or a SQLite file's path (engine's SQL and errors: its module).
+        self.engine = postgres if postgres.is_dsn(path) else sqlite
+        self.dsn: str | None = str(path) if self.engine is postgres else None
+        self.path: Path | None = None if self.dsn else Path(path)
         self.busy_timeout_s = busy_timeout_s
         self.max_bytes = max_bytes
         self.submit_timeout_s = submit_timeout_s  # the longest a submit waits for its commit
         self.clock = clock
         self._writer: Writer | None = None  # every write, group-committed in its own thread
         self._reader: aiosqlite.Connection | None = None
-        self._file = DatabaseFile(self.path)  # is the open database still the file at its path?
+        self._pool: postgres.AsyncConnectionPool | None = None  # PostgreSQL's readers
+        # Is the open database still the file at its path? (SQLite's alone: a server has no path.)
+        self._file = DatabaseFile(self.path) if self.path else None
         # The store's health as the router lives it, in memory (it cannot be asked of the store):
         # the calls waiting for it now (monotonic start per kind), and the last refused write.
         self._waiting: dict[str, dict[int, float]] = {"read": {}, "write": {}}
@@ -82,24 +90,36 @@ class Store:
 
     # -- connections and migrations ---------------------------------------------------------
 
-    def _connect_writer(self) -> engine.Connection:
+    @property
+    def where(self) -> str:
+        """The database, as errors and logs name it: its file, or its DSN without the password."""
+        return str(self.path) if self.path else postgres.safe_dsn(self.dsn or "")
+
+    def _connect_writer(self):
         """The writer's connection, opened in (and used only by) the writer's thread."""
-        return engine.connect_writer(self.path, self.busy_timeout_s, self.max_bytes)
+        if self.dsn:
+            return postgres.connect_writer(self.dsn, self.busy_timeout_s)
+        return sqlite.connect_writer(self.path, self.busy_timeout_s, self.max_bytes)
 
     async def open(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if not self.path.exists():
-            self.path.touch(mode=0o600)  # the queue holds a person's prompts
+        if self.path:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if not self.path.exists():
+                self.path.touch(mode=0o600)  # the queue holds a person's prompts
         try:
-            self._writer = Writer(self._connect_writer, engine.from_sqlite, refuse=self._refusal)
+            self._writer = Writer(self._connect_writer, self.engine.from_error, engine=self.engine,
+                                  refuse=self._refusal if self._file else None)
             await self._writer.open()
             await self._migrate()
-            self._reader = await engine.connect_reader(self.path, self.busy_timeout_s)
-            self._file.record()
+            if self.dsn:
+                self._pool = await postgres.connect_reader(self.dsn, self.busy_timeout_s)
+            else:
+                self._reader = await sqlite.connect_reader(self.path, self.busy_timeout_s)
+                self._file.record()  # type: ignore[union-attr]
         except BaseException as exc:
             await self.close()  # an open connection's thread would keep a router that failed alive
-            if isinstance(exc, engine.Error):
-                raise GpuqError(f"cannot open the database {self.path}: {exc}", status=2) from exc
+            if isinstance(exc, self.engine.Error):
+                raise GpuqError(f"cannot open the database {self.where}: {exc}", status=2) from exc
             raise
 
     async def close(self) -> None:
@@ -107,20 +127,27 @@ class Store:
             await self._writer.close()  # the writes queued commit (or fail) first
         if self._reader is not None:
             await self._reader.close()
-        self._reader = self._writer = None
+        if self._pool is not None:
+            await self._pool.close()
+        self._reader = self._writer = self._pool = None
 
     async def _migrate(self) -> None:
-        files = shipped_files(MIGRATIONS_DIR, "[0-9][0-9][0-9]_*.sql", "migrations")
-        await self._writer.call(partial(engine.migrate, files=files, now=self.clock(), path=self.path))  # type: ignore[union-attr]
+        if self.dsn:
+            files = shipped_files(postgres.MIGRATIONS_DIR, "[0-9][0-9][0-9]_*.sql", "PostgreSQL migrations")
+            migrate = partial(lambda db, **kw: postgres.migrate(db.raw, **kw), where=self.where)
+        else:
+            files = shipped_files(MIGRATIONS_DIR, "[0-9][0-9][0-9]_*.sql", "migrations")
+            migrate = partial(sqlite.migrate, path=self.path)
+        await self._writer.call(partial(migrate, files=files, now=self.clock()))  # type: ignore[union-attr]
 
-    async def _write(self, verb: Callable[[engine.Connection], T],
+    async def _write(self, verb: Callable[..., T],
                      after: Callable[[T], None] | None = None) -> T:
         """Run `verb` as one transaction (a savepoint of a group commit) in the writer's thread.
         Writes that arrive together share one commit, each is answered only after it, and one
         that raises is rolled back alone. `after` gets the result once committed (see Writer.run)."""
         if self._writer is None:
             raise StoreUnavailable("the store is not open; nothing was changed")
-        if self._file.lost is not None:  # known lost: not even queued
+        if self._file and self._file.lost is not None:  # known lost: not even queued
             raise StoreUnavailable(self._file.lost)
         with self._call("write"):
             try:
@@ -130,7 +157,7 @@ class Store:
                 raise
         return result
 
-    async def _bounded_write(self, verb: Callable[[engine.Connection], T], after: Callable[[T], None] | None,
+    async def _bounded_write(self, verb: Callable[..., T], after: Callable[[T], None] | None,
                              wait_s: float, what: str, setting: str) -> T:
         """`_write`, answered within `wait_s`: a write the writer's thread has not started by then
         is dropped (it will raise there, changing nothing) and the caller hears 503; one it has
@@ -138,7 +165,7 @@ class Store:
         may or may not have landed. Whatever lands still reaches `after`."""
         lock, state = threading.Lock(), ["queued"]
 
-        def guarded(db: engine.Connection) -> T:
+        def guarded(db) -> T:
             with lock:
                 if state[0] == "abandoned":
                     raise _Abandoned()
@@ -206,12 +233,12 @@ class Store:
     @property
     def lost(self) -> str | None:
         """What happened to the database's files, once one is no longer at its path (else None)."""
-        return self._file.check()
+        return self._file.check() if self._file else None
 
     def _refusal(self) -> StoreUnavailable | None:
         """Asked by the writer's thread right before each COMMIT (three os.stat, ~7 us, once per
         batch): a batch is never committed, so never acknowledged, into a file no longer at its path."""
-        lost = self._file.check()
+        lost = self._file.check()  # type: ignore[union-attr]
         return None if lost is None else StoreUnavailable(lost)
 
     # -- the router's own writes ----------------------------------------------------------------
@@ -365,23 +392,36 @@ class Store:
         return await self._write(partial(verbs.put_back, job_id=job_id, run_id=run_id, reason=reason,
                                          now=self.clock()))
 
+    # -- other routers' changes (PostgreSQL) --------------------------------------------------
+
+    async def watch(self, on_change: Callable[[dict | None], None], poll_s: float = 1.0) -> None:
+        """Until it fails: each job change another router commits, as postgres.watch tells it
+        (on SQLite no other router writes: nothing to watch, returns at once)."""
+        if self.dsn:
+            await postgres.watch(self.dsn, self.busy_timeout_s, on_change, self._writer_pid, poll_s)
+
+    def _writer_pid(self) -> int | None:
+        db = self._writer.db if self._writer is not None else None
+        return getattr(db, "backend_pid", None)
+
     # -- reading ------------------------------------------------------------------------------
 
-    async def read(self, sql: str, params: tuple | dict = ()) -> list[Row]:
-        assert self._reader is not None, "store is not open"
+    async def read(self, sql: str, params: tuple | list | dict = ()) -> list[Row]:
+        assert self._reader is not None or self._pool is not None, "store is not open"
         # Counted as waiting until the reader's thread answers, even when its caller stopped
         # waiting (/health's bounded read): the thread is still stuck in it.
-        task = asyncio.ensure_future(self._reader.execute_fetchall(sql, params))
+        task = asyncio.ensure_future(postgres.fetchall(self._pool, sql, params) if self._pool
+                                     else self._reader.execute_fetchall(sql, params))
         key = id(task)
         self._waiting["read"][key] = time.monotonic()
         task.add_done_callback(lambda t: (self._waiting["read"].pop(key, None), t.cancelled() or t.exception()))
         try:
             return rows(await asyncio.shield(task))
-        except engine.Error as exc:
-            raise engine.from_sqlite(exc) from exc
+        except (sqlite.Error, postgres.Error) as exc:
+            raise self.engine.from_error(exc) from exc
 
     async def stale_heads(self, now: float | None = None) -> list[Row]:
-        return await self.read(STALE_SQL, {"now": iso(self.clock() if now is None else now)})
+        return await self.read(self.engine.STALE_SQL, {"now": iso(self.clock() if now is None else now)})
 
     async def job(self, job_id: str, columns: str = LISTING_COLUMNS) -> Row:
         """A job as listings show it (its prompt's excerpt and size, not the prompt)."""
@@ -399,8 +439,8 @@ class Store:
             (job_id,),
         )
         job["children"] = await self.read(  # each critique's finding count and highest severity too
-            f"SELECT id, kind, state, node, model, {engine.FINDING_COUNT} AS finding_count,"
-            f" {engine.TOP_SEVERITY} AS top_severity FROM job WHERE parent_id = ? ORDER BY created_at, id",
+            f"SELECT id, kind, state, node, model, {self.engine.FINDING_COUNT} AS finding_count,"
+            f" {self.engine.TOP_SEVERITY} AS top_severity FROM job WHERE parent_id = ? ORDER BY created_at, id",
             (job_id,),
         )
         if job.get("endpoint"):  # a front-door call: the request as received, for forensics
@@ -466,21 +506,25 @@ class Store:
         bound. A range of the event table's primary key, grouped in SQL: one query, however
         long the history. Each end is counted with its own run (event.run_id, migration 012), not
         the job's latest: a failed run's tokens are not the retried run's."""
-        le = ", ".join([f"SUM(d <= {float(b)!r}) AS d_le_{i}" for i, b in enumerate(duration_bounds)]
-                       + [f"SUM(w <= {float(b)!r}) AS w_le_{i}" for i, b in enumerate(wait_bounds)])
+        le = ", ".join([f"SUM(CASE WHEN d <= {float(b)!r} THEN 1 ELSE 0 END) AS d_le_{i}"
+                        for i, b in enumerate(duration_bounds)]
+                       + [f"SUM(CASE WHEN w <= {float(b)!r} THEN 1 ELSE 0 END) AS w_le_{i}"
+                          for i, b in enumerate(wait_bounds)])
+        between = self.engine.seconds_between
         return await self.read(
             f"SELECT node, kind, state, model, owner, COUNT(*) AS n, SUM(tokens) AS tokens, MAX(event_id) AS last_event,"
-            f" COUNT(d) AS d_n, TOTAL(d) AS d_sum, COUNT(w) AS w_n, TOTAL(w) AS w_sum, {le} FROM ("
+            f" COUNT(d) AS d_n, COALESCE(SUM(d), 0.0) AS d_sum, COUNT(w) AS w_n, COALESCE(SUM(w), 0.0) AS w_sum,"
+            f" {le} FROM ("
             " SELECT e.id AS event_id, e.to_state AS state, j.node, j.kind, COALESCE(r.model, j.model) AS model,"
             "  COALESCE(j.owner, '') AS owner,"
             "  COALESCE(r.eval_count, 0) AS tokens,"
             "  CASE WHEN e.to_state <> 'cancelled' AND r.finished_at IS NOT NULL"
-            f"   THEN {engine.seconds_between('r.started_at', 'r.finished_at')} END AS d,"
-            f"  {engine.seconds_between('j.created_at', '(SELECT MIN(f.started_at) FROM run f WHERE f.job_id = j.id)')}"
+            f"   THEN {between('r.started_at', 'r.finished_at')} END AS d,"
+            f"  {between('j.created_at', '(SELECT MIN(f.started_at) FROM run f WHERE f.job_id = j.id)')}"
             "   AS w"
             " FROM event e JOIN job j ON j.id = e.job_id LEFT JOIN run r ON r.id = e.run_id"
             " WHERE e.id > ? AND e.to_state IN ('done', 'failed', 'cancelled') AND e.from_state <> e.to_state"
-            ") GROUP BY node, kind, state, model, owner", (after_event,))
+            ") AS ended GROUP BY node, kind, state, model, owner", (after_event,))
 
     async def next_ready(self, node: str) -> Row | None:
         """The job the node would claim next (None: nothing is ready)."""
@@ -501,7 +545,7 @@ class Store:
             return []
         waiting = ("SELECT * FROM (SELECT j.id, j.node, j.state, j.model, j.position, NULL AS started_at,"
                    f" {WAITING_FOR} FROM job j WHERE j.node = ? AND j.state = 'queued'"
-                   " ORDER BY j.position, j.id LIMIT ?)")
+                   " ORDER BY j.position, j.id LIMIT ?) AS waiting")
         running = ("SELECT j.id, j.node, j.state, j.model, 0 AS position, r.started_at, NULL AS waiting_for"
                    " FROM job j JOIN run r ON r.id = j.run_id WHERE j.state = 'running'")
         params: list = []
@@ -515,12 +559,14 @@ class Store:
                                last: int = 20) -> list[Row]:
         """How long the last `last` done runs took, per node and model and per node: rows of
         (node, model or NULL for the node's, seconds). Each part reads its partial index."""
-        seconds = engine.seconds_between("started_at", "finished_at") + " AS seconds"
-        parts = [(f"SELECT * FROM (SELECT node, NULL AS model, {seconds} FROM run INDEXED BY run_done_node"
-                  " WHERE state = 'done' AND node = ? ORDER BY id DESC LIMIT ?)", (node, last))
+        seconds = self.engine.seconds_between("started_at", "finished_at") + " AS seconds"
+        by_node, by_model = self.engine.indexed_by("run_done_node"), self.engine.indexed_by("run_done_node_model")
+        parts = [(f"SELECT * FROM (SELECT node, NULL AS model, {seconds} FROM run{by_node}"
+                  " WHERE state = 'done' AND node = ? ORDER BY id DESC LIMIT ?) AS last", (node, last))
                  for node in sorted(nodes)]
-        parts += [(f"SELECT * FROM (SELECT node, model, {seconds} FROM run INDEXED BY run_done_node_model"
-                   " WHERE state = 'done' AND node = ? AND model = ? ORDER BY id DESC LIMIT ?)", (node, model, last))
+        parts += [(f"SELECT * FROM (SELECT node, model, {seconds} FROM run{by_model}"
+                   " WHERE state = 'done' AND node = ? AND model = ? ORDER BY id DESC LIMIT ?) AS last",
+                   (node, model, last))
                   for node, model in sorted(node_models)]
         rows: list[Row] = []
         for at in range(0, len(parts), 400):  # SQLite compounds at most 500 SELECTs
@@ -540,12 +586,13 @@ class Store:
                 params.append(value)
         if text:
             like = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-            where.append("(" + " OR ".join(f"{c} LIKE ? ESCAPE '\\'" for c in
+            where.append("(" + " OR ".join(f"{c} {self.engine.LIKE} ? ESCAPE '\\'" for c in
                                            ("j.id", "j.model", "j.error", "j.prompt")) + ")")
             params += [like] * 4
         cond = " AND ".join(where)
         rows = await self.read(
-            f"SELECT {LISTING_COLUMNS} {JOB_FROM.replace('job j', 'job j INDEXED BY job_finished')} WHERE {cond}"
+            f"SELECT {LISTING_COLUMNS} {JOB_FROM.replace('job j', 'job j' + self.engine.indexed_by('job_finished'))}"
+            f" WHERE {cond}"
             " ORDER BY j.finished_at DESC, j.id DESC"
             " LIMIT ? OFFSET ?", (*params, limit, offset))
         total = await self.read(f"SELECT COUNT(*) AS n FROM job j WHERE {cond}", params)
@@ -553,7 +600,8 @@ class Store:
 
     async def finished_since(self, since: float) -> dict[str, int]:
         """How many jobs ended in each final state since `since` (index job_finished)."""
-        rows = await self.read("SELECT state, COUNT(*) AS n FROM job INDEXED BY job_finished WHERE finished_at >= ?"
+        rows = await self.read(f"SELECT state, COUNT(*) AS n FROM job{self.engine.indexed_by('job_finished')}"
+                               " WHERE finished_at >= ?"
                                " GROUP BY state",
                                (iso(since),))
         return {r["state"]: r["n"] for r in rows}
@@ -577,7 +625,7 @@ class Store:
         return await self.read(
             "SELECT a.*, (SELECT COUNT(*) FROM alert_delivery d WHERE d.alert_id = a.id AND d.status ="
             " CASE WHEN a.fired_sent_at IS NULL THEN 'firing' ELSE 'resolved' END) AS attempts"
-            " FROM alert a INDEXED BY alert_owed WHERE a.deliver = 1 AND (a.fired_sent_at IS NULL"
+            f" FROM alert a{self.engine.indexed_by('alert_owed')} WHERE a.deliver = 1 AND (a.fired_sent_at IS NULL"
             " OR (a.resolved_at IS NOT NULL AND a.resolved_sent_at IS NULL)) ORDER BY a.id")
 
     async def alerts(self, limit: int) -> list[Row]:

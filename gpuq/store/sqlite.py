@@ -42,6 +42,18 @@ STALE_SQL = """SELECT id, node, state, since, reason, run_id FROM (
     WHERE stale_at < julianday(:now) GROUP BY id)"""
 
 
+# Users' max_running, a JSON object {user: limit} bound as :limits: its rows as (key, value).
+LIMITS_ROWS = "json_each(:limits) l"
+LIMIT_VALUE = "l.value"
+
+LIKE = "LIKE"  # ignores ASCII case, as history's text search wants
+
+
+def indexed_by(index: str) -> str:
+    """Pin a read to its index (the planner would otherwise scan on a few shapes, see the callers)."""
+    return f" INDEXED BY {index}"
+
+
 # -- connections ------------------------------------------------------------------------------
 
 def connect_writer(path: Path, busy_timeout_s: float, max_bytes: int | None) -> sqlite3.Connection:
@@ -133,3 +145,6 @@ def from_sqlite(exc: sqlite3.Error) -> GpuqError:
     if name.startswith("SQLITE_READONLY"):
         return StoreUnavailable(f"the database is read-only: {text}; nothing was changed")
     return StoreUnavailable(f"database error: {text}; nothing was changed")
+
+
+from_error = from_sqlite

@@ -6,9 +6,11 @@ on the writer and holds the reads. `now` is the caller's clock, in seconds."""
 from __future__ import annotations
 
 import json
+from types import ModuleType
 from typing import Any, Callable
 
 from .. import placement as rules
+from . import postgres, sqlite
 from . import sqlite as engine
 from ..critique import parent_subject
 from ..errors import BadRequest, Conflict, Forbidden, GpuqError, GuardMiss, IdTaken, NoResultToCritique, NotFound, Unprocessable
@@ -17,6 +19,11 @@ from ..models import (
 )
 
 Row = dict[str, Any]
+
+
+def dialect(db: Any) -> ModuleType:
+    """The engine whose SQL `db` speaks, for the few statements written per engine."""
+    return postgres if isinstance(db, postgres.Connection) else sqlite
 
 # How long a client over its max_waiting is told to wait before it asks again (Retry-After).
 QUOTA_RETRY_AFTER_S = 30
@@ -112,13 +119,15 @@ CLAIM_SQL = ("UPDATE job SET state = 'running' WHERE id = (SELECT id FROM ready_
 
 
 # The claim when users have max_running: a job whose owner already runs that many waits, even
-# on a free node (the next job of another user runs). `:limits` is a JSON object {user: limit}.
-CLAIM_LIMITED_SQL = (
-    "UPDATE job SET state = 'running' WHERE id = (SELECT r.id FROM ready_job r WHERE r.node = :node"
-    " AND NOT EXISTS (SELECT 1 FROM json_each(:limits) l WHERE l.key = r.owner"
-    "  AND l.value <= (SELECT COUNT(*) FROM job o WHERE o.owner = r.owner AND o.state = 'running'))"
-    " ORDER BY r.position, r.id LIMIT 1)"
-    " AND NOT EXISTS (SELECT 1 FROM job WHERE node = :node AND state = 'running') RETURNING *")
+# on a free node (the next job of another user runs). `:limits` is a JSON object {user: limit},
+# read as rows in the engine's words.
+def claim_limited_sql(sql: ModuleType) -> str:
+    return (
+        "UPDATE job SET state = 'running' WHERE id = (SELECT r.id FROM ready_job r WHERE r.node = :node"
+        f" AND NOT EXISTS (SELECT 1 FROM {sql.LIMITS_ROWS} WHERE l.key = r.owner"
+        f"  AND {sql.LIMIT_VALUE} <= (SELECT COUNT(*) FROM job o WHERE o.owner = r.owner AND o.state = 'running'))"
+        " ORDER BY r.position, r.id LIMIT 1)"
+        " AND NOT EXISTS (SELECT 1 FROM job WHERE node = :node AND state = 'running') RETURNING *")
 
 
 def claim(db: engine.Connection, node: str, now: float, max_running: dict[str, int] | None = None) -> Row | None:
@@ -127,7 +136,7 @@ def claim(db: engine.Connection, node: str, now: float, max_running: dict[str, i
     parent's result, so a held critique never blocks the jobs behind it. With `max_running`
     ({user: limit}), a job whose owner runs that many jobs already is skipped too."""
     if max_running:
-        row = db.execute(CLAIM_LIMITED_SQL, {"node": node, "limits": dumps(max_running)}).fetchone()
+        row = db.execute(claim_limited_sql(dialect(db)), {"node": node, "limits": dumps(max_running)}).fetchone()
     else:
         row = db.execute(CLAIM_SQL, {"node": node}).fetchone()
     if row is None:
@@ -138,8 +147,8 @@ def claim(db: engine.Connection, node: str, now: float, max_running: dict[str, i
         text = run_texts(db, [parent["run_id"]])[parent["run_id"]]
         job["prompt"] = parent_subject(parent["prompt"], text["output"])
         db.execute("UPDATE job SET prompt = ? WHERE id = ?", (job["prompt"], job["id"]))
-    job["run_id"] = db.execute("INSERT INTO run (job_id, node, model, started_at, progress_at) VALUES (?,?,?,?,?)",
-                               (job["id"], node, job["model"], iso(now), iso(now))).lastrowid
+    job["run_id"] = db.execute("INSERT INTO run (job_id, node, model, started_at, progress_at) VALUES (?,?,?,?,?)"
+                               " RETURNING id", (job["id"], node, job["model"], iso(now), iso(now))).fetchone()[0]
     db.execute("UPDATE job SET run_id = ? WHERE id = ?", (job["run_id"], job["id"]))
     _event(db, job["id"], JobState.QUEUED, JobState.RUNNING, "router", f"claimed by {node}", now, job["run_id"])
     return job
@@ -275,8 +284,8 @@ def set_node_health(db: engine.Connection, name: str, up: bool, error: str | Non
 def note_stale(db: engine.Connection, now: float) -> list[Row]:
     """Write one event per newly stale head (not one per check); returns the new ones."""
     fresh = []
-    for head in rows(db.execute(engine.STALE_SQL, {"now": iso(now)}).fetchall()):
-        cur = db.execute("UPDATE run SET stale_reason = ? WHERE id = ? AND stale_reason IS NOT ?",
+    for head in rows(db.execute(dialect(db).STALE_SQL, {"now": iso(now)}).fetchall()):
+        cur = db.execute("UPDATE run SET stale_reason = ? WHERE id = ? AND stale_reason IS DISTINCT FROM ?",
                          (head["reason"], head["run_id"], head["reason"]))
         if cur.rowcount:
             _event(db, head["id"], JobState.RUNNING, JobState.RUNNING, "router",
@@ -552,7 +561,7 @@ def move(db: engine.Connection, job_id: str, nodes: list[NodeInfo], actor: str, 
         # A job that did not ask for a model runs the model of the node it moves to.
         target_model = next((n.model for n in nodes if n.name == target), job["model"])
         db.execute("UPDATE job SET node = ?, position = ?, placement = CASE WHEN node <> ?"
-                   " THEN 'moved' ELSE placement END, model = CASE WHEN model_pinned"
+                   " THEN 'moved' ELSE placement END, model = CASE WHEN model_pinned = 1"
                    " THEN model ELSE ? END WHERE id = ?",
                    (target, _position_at(db, target, job_id, index), target, target_model, job_id))
     moved = dict(job, node=target)

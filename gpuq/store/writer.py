@@ -24,11 +24,12 @@ import asyncio
 import queue
 import threading
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, Callable
 
-from . import sqlite as engine
+from . import sqlite
 
-Write = Callable[[engine.Connection], Any]
+Write = Callable[[Any], Any]
 
 SAVEPOINT = "gpuq_batch_item"
 
@@ -50,21 +51,21 @@ class Refused(Exception):
         self.error = error
 
 
-def _rollback(db: engine.Connection) -> None:
+def _rollback(db: Any) -> None:
     if db.in_transaction:
         try:
             db.execute("ROLLBACK")
-        except engine.Error:
+        except Exception:
             pass  # the error that got us here is the one to report
 
 
-def apply_batch(db: engine.Connection, writes: list[Write],
-                before_commit: Callable[[], None] | None = None) -> list[tuple[bool, Any]]:
+def apply_batch(db: Any, writes: list[Write], before_commit: Callable[[], None] | None = None,
+                begin: str = sqlite.BEGIN_WRITE) -> list[tuple[bool, Any]]:
     """Run `writes` in one transaction, each in its own savepoint; (ok, result-or-error) each.
 
     Raises (after a ROLLBACK) when the transaction as a whole cannot commit, or `before_commit`
     (called last before the COMMIT) raises."""
-    db.execute(engine.BEGIN_WRITE)
+    db.execute(begin)
     try:
         if len(writes) == 1:  # alone in its transaction: no savepoint needed to fail alone
             try:
@@ -83,7 +84,7 @@ def apply_batch(db: engine.Connection, writes: list[Write],
     return outcomes
 
 
-def _in_savepoint(db: engine.Connection, write: Write) -> tuple[bool, Any]:
+def _in_savepoint(db: Any, write: Write) -> tuple[bool, Any]:
     """One write of a batch: rolled back alone when it raises, unless SQLite rolled back the
     whole transaction (BatchAborted: every write of the batch fails)."""
     db.execute(f"SAVEPOINT {SAVEPOINT}")
@@ -111,10 +112,11 @@ class Writer:
     """Owns the writer thread and its connection; `run` queues a write, `call` runs a function
     of the connection alone (outside a transaction), `close` lets the queued writes finish."""
 
-    def __init__(self, connect: Callable[[], engine.Connection],
-                 translate: Callable[[engine.Error], Exception], max_batch: int = 256,
-                 refuse: Callable[[], Exception | None] | None = None):
+    def __init__(self, connect: Callable[[], Any], translate: Callable[[Exception], Exception],
+                 max_batch: int = 256, refuse: Callable[[], Exception | None] | None = None,
+                 engine: ModuleType = sqlite):
         self._connect = connect
+        self._engine = engine  # gpuq/store/sqlite.py or postgres.py: its BEGIN and its errors
         self._translate = translate
         self._refuse = refuse  # asked in the thread before each COMMIT: an error refuses the batch
         self.max_batch = max_batch
@@ -123,6 +125,7 @@ class Writer:
         self._waiting = 0  # items handed over and not taken by the thread yet (under _count_lock)
         self._count_lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self.db: Any = None  # the thread's connection, once open (read elsewhere for its identity only)
         self._closed = False
         self.batches = 0  # counters for tests and the bench (read on the loop, written by the thread)
         self.writes = 0
@@ -162,7 +165,7 @@ class Writer:
 
     async def _put(self, fn: Write, alone: bool, after: Callable[[Any], None] | None = None) -> Any:
         if self._closed or self._thread is None:
-            raise self._translate(engine.Error("the store is closed; nothing was changed"))
+            raise self._translate(self._engine.Error("the store is closed; nothing was changed"))
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._turn.append(_Item(fn, future, alone, after))
@@ -209,11 +212,11 @@ class Writer:
 
     def _error(self, exc: BaseException) -> BaseException:
         """sqlite3 errors become the store's errors; a write's own errors pass unchanged."""
-        return self._translate(exc) if isinstance(exc, engine.Error) else exc
+        return self._translate(exc) if isinstance(exc, self._engine.Error) else exc
 
     def _main(self, opened: asyncio.Future) -> None:
         try:
-            db = self._connect()
+            db = self.db = self._connect()
         except BaseException as exc:
             self._answer(opened, False, exc)
             return
@@ -234,7 +237,7 @@ class Writer:
             self._waiting -= len(items)
         return items
 
-    def _serve(self, db: engine.Connection) -> _Item:
+    def _serve(self, db: Any) -> _Item:
         """Apply what is queued, in order, until the stop item comes; return it."""
         todo: list[_Item] = []
         while True:
@@ -255,7 +258,7 @@ class Writer:
             batch, todo = todo[:n], todo[n:]
             self._apply(db, batch)
 
-    def _run_alone(self, db: engine.Connection, item: _Item) -> None:
+    def _run_alone(self, db: Any, item: _Item) -> None:
         try:
             result = item.fn(db)  # type: ignore[misc]
         except Exception as exc:
@@ -267,17 +270,18 @@ class Writer:
         if self._refuse is not None and (error := self._refuse()) is not None:
             raise Refused(error)
 
-    def _apply(self, db: engine.Connection, batch: list[_Item]) -> None:
+    def _apply(self, db: Any, batch: list[_Item]) -> None:
         try:
-            outcomes = apply_batch(db, [i.fn for i in batch], self._before_commit)  # type: ignore[misc]
+            outcomes = apply_batch(db, [i.fn for i in batch], self._before_commit,  # type: ignore[misc]
+                                   self._engine.BEGIN_WRITE)
         except Refused as exc:
             for item in batch:
                 self._answer(item.future, False, exc.error)
             return
         except Exception as exc:
             cause = exc.cause if isinstance(exc, BatchAborted) else exc
-            if not isinstance(cause, engine.Error):
-                cause = engine.Error(f"{cause}; nothing was changed")
+            if not isinstance(cause, self._engine.Error):
+                cause = self._engine.Error(f"{cause}; nothing was changed")
             for item in batch:
                 self._answer(item.future, False, self._translate(cause))
             return
