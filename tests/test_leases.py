@@ -5,16 +5,20 @@ connection wrapped as the verbs' `db`: `?` placeholders, rows by position and by
 in its own transaction as the writer runs it: take, renew, expire and take over, release, and that
 a router never takes a node whose lease is alive. Then the real daemon: /health names the router
 and the nodes it holds; a router SIGKILLed mid-job leaves its job to the next router, which fails
-it naming the dead router; a clean stop releases its leases."""
+it naming the dead router; a clean stop releases its leases; a node another router takes is no
+longer driven here (its job not relayed, nothing claimed) until it is free again."""
 
 from __future__ import annotations
 
+import signal
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from conftest import eventually, node_table
 from gpuq.models import iso
 from gpuq.shipped import shipped_files
 from gpuq.store import MIGRATIONS_DIR
@@ -197,3 +201,120 @@ def test_the_claim_stamps_its_run_with_the_router_holding_the_node(tmp_path):
     job = lite.run(verbs.claim, "a", T0)
     assert lite.rows("SELECT router FROM run WHERE id = ?", (job["run_id"],)) == [(A.id,)]
 
+
+# -- the router ------------------------------------------------------------------------------------
+
+def lease_rows(database: Path) -> tuple[list[tuple], list[tuple]]:
+    db = sqlite3.connect(database)
+    try:
+        return (db.execute("SELECT node, router FROM node_lease ORDER BY node").fetchall(),
+                db.execute("SELECT id, stopped_at IS NOT NULL FROM router ORDER BY started_at").fetchall())
+    finally:
+        db.close()
+
+
+async def test_health_names_this_router_and_the_nodes_it_holds(fakes, daemon_factory):
+    f1, f2 = await fakes("m"), await fakes("m")
+    d = await daemon_factory([node_table("n1", f1, 1, ["task"], "m"), node_table("n2", f2, 2, ["task"], "m")])
+    health = await d.get("/health")
+    me = health["router"]["id"]
+    assert health["router"]["nodes"] == ["n1", "n2"]
+    [router] = health["routers"]
+    assert (router["id"], router["listen"], router["nodes"]) == (me, d.url.removeprefix("http://"), ["n1", "n2"])
+    assert {n: h["router"] for n, h in health["holders"].items()} == {"n1": me, "n2": me}
+    job = (await d.submit("task", "hi", node="n2"))[0]
+    await d.wait_state(job["id"], "done")
+
+
+async def test_a_router_killed_mid_job_leaves_it_to_the_next_which_fails_it_naming_the_dead_router(
+        fakes, daemon_factory, tmp_path):
+    fake = await fakes("m", stall_after=2)  # the job streams two tokens, then hangs
+    nodes = [node_table("n1", fake, 1, ["task"], "m")]
+    first = await daemon_factory(nodes)
+    dead = (await first.get("/health"))["router"]["id"]
+    job = (await first.submit("task", "orphaned"))[0]
+    await first.wait_state(job["id"], "running")
+    await first.kill(signal.SIGKILL)
+    assert lease_rows(tmp_path / "gpuq.db")[0] == [("n1", dead)]  # its lease is still there, unexpired
+
+    fake.script.stall_after = None
+    second = await daemon_factory(nodes, name="second")
+    orphan = await second.job(job["id"])
+    assert orphan["state"] == "failed"
+    assert orphan["error"] == f"router restarted while running (the router {dead} that ran this job had stopped)"
+    health = await second.get("/health")
+    assert health["router"]["nodes"] == ["n1"] and health["router"]["id"] != dead
+    assert [r["id"] for r in health["routers"]] == [health["router"]["id"]]
+    after = (await second.submit("task", "next"))[0]
+    await second.wait_state(after["id"], "done", timeout=20)
+
+
+async def test_a_clean_stop_releases_the_leases_and_the_next_router_takes_them_at_once(
+        fakes, daemon_factory, tmp_path):
+    fake = await fakes("m")
+    nodes = [node_table("n1", fake, 1, ["task"], "m")]
+    first = await daemon_factory(nodes, lease="60s")  # unreleased, the lease would stand for a minute
+    gone = (await first.get("/health"))["router"]["id"]
+    await first.kill(signal.SIGTERM)
+    assert lease_rows(tmp_path / "gpuq.db") == ([], [(gone, 1)])
+
+    second = await daemon_factory(nodes, name="second", lease="60s")
+    health = await second.get("/health")
+    assert [(r["id"], r["nodes"]) for r in health["routers"]] == [(health["router"]["id"], ["n1"])]
+    job = (await second.submit("task", "hi"))[0]
+    await second.wait_state(job["id"], "done")
+
+
+def write_to(database: Path, verb, *args, **kwargs):
+    """A verb on the router's database from outside it (another router's write, as it lands)."""
+    conn = sqlite3.connect(database, isolation_level=None, timeout=30)
+    conn.row_factory = sqlite3.Row
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        result = verb(conn, *args, **kwargs)
+        conn.execute("COMMIT")
+        return result
+    finally:
+        conn.close()
+
+
+async def test_a_node_another_router_takes_is_no_longer_driven_here_until_it_is_free_again(
+        fakes, daemon_factory, tmp_path):
+    fake = await fakes("m", stall_after=2)  # the job streams two tokens, then hangs
+    d = await daemon_factory([node_table("n1", fake, 1, ["task"], "m")], lease="3s")
+    me = (await d.get("/health"))["router"]["id"]
+    job = (await d.submit("task", "taken over"))[0]
+    await d.wait_state(job["id"], "running")
+    await eventually(fake.chunk_sent.is_set, what="the job to stream")
+    fake.script.stall_after = None
+
+    # Another router, whose clock says this router's lease ran out, takes the node.
+    other = Router("elsewhere:9:cccc", "127.0.0.1:9", None, 9, "elsewhere", time.time())
+    held, failed = write_to(tmp_path / "gpuq.db", leases.take, other, ["n1"], 3600.0, time.time() + 100)
+    assert held == ["n1"]
+    assert [f["id"] for f in failed] == [job["id"]]
+    assert failed[0]["error"].startswith(f"the router {me} that ran this job stopped answering (its lease on n1")
+    await eventually(lambda: fake.disconnects == 1, 15, what="this router to stop relaying the job")
+
+    async def lost():
+        health = await d.get("/health")
+        return health if health["router"]["nodes"] == [] else None
+    health = await lost() or await eventually(lost, 15, what="this router to see the node lost")
+    assert health["holders"]["n1"]["router"] == other.id
+    waiting = (await d.submit("task", "waits for the lease"))[0]
+
+    def seen_at() -> float:
+        db = sqlite3.connect(tmp_path / "gpuq.db")
+        try:
+            return db.execute("SELECT seen_at FROM router WHERE id = ?", (me,)).fetchone()[0]
+        finally:
+            db.close()
+    for _ in range(2):  # two heartbeats of this router later, the job still waits: nothing claims it
+        beat = seen_at()
+        await eventually(lambda: seen_at() > beat, 15, what="this router's next heartbeat")
+    assert (await d.job(waiting["id"]))["state"] == "queued"
+    assert (await d.job(job["id"]))["error"] == failed[0]["error"]  # failed by the taker, not again here
+
+    write_to(tmp_path / "gpuq.db", leases.release, other, time.time())  # free again: taken, the job runs
+    await d.wait_state(waiting["id"], "done", timeout=20)
+    assert (await d.get("/health"))["router"]["nodes"] == ["n1"]
