@@ -125,6 +125,9 @@ class Settings:
     # time left for the stop itself: the router, not a SIGKILL, ends the jobs and says why. Raise
     # it together with the manager's limit. A Ctrl-C (SIGINT) waits for the jobs without a bound.
     shutdown_grace_s: float = 15.0
+    # How long a router's hold on a node lasts unrenewed ([router] lease): it renews every third of
+    # it; a router that stops answering (SIGKILL, a laptop asleep) loses its nodes after it.
+    lease_s: float = 10.0
     nodes: tuple[NodeConfig, ...] = field(default_factory=tuple)
     users: tuple[UserConfig, ...] = field(default_factory=tuple)  # [[user]] (and the token's admin)
     identity: str = "token"  # "tailscale": a caller without a token is who tailscaled says owns it
@@ -247,6 +250,8 @@ _DURATION_FLOORS: dict[str, tuple[float, str]] = {
     "body_timeout": (0.0, "0 would refuse every request with a body"),
     "keepalive_lifetime": (0.0, "0 would close every connection after its first request"),
     "shutdown_grace": (0.0, "leave it out for the default; 0 fails every running job at a SIGTERM"),
+    # Renewed every third of it: shorter, any pause of the router (a slow disk, a busy CPU) loses its nodes.
+    "lease": (1.0, "a router would lose its nodes at any pause"),
 }
 
 
@@ -399,7 +404,7 @@ _ROUTER_KEYS = {
     "allowed_hosts", "header_timeout", "keepalive_timeout", "max_connections", "ollama_listen",
     "alert_url", "alert_token", "alert_format", "max_output_bytes", "max_reply_bytes",
     "max_connections_per_peer", "body_timeout", "keepalive_lifetime", "keep_awake",
-    "shutdown_grace", "identity", "default_role", "fair_share", "tailscale_socket",
+    "shutdown_grace", "identity", "default_role", "fair_share", "tailscale_socket", "lease",
 }
 ALERT_FORMATS = ("json", "ntfy")
 DURATION_KEYS = {
@@ -410,6 +415,7 @@ DURATION_KEYS = {
     "busy_timeout": "busy_timeout_s", "submit_timeout": "submit_timeout_s", "header_timeout": "header_timeout_s",
     "keepalive_timeout": "keepalive_timeout_s", "body_timeout": "body_timeout_s",
     "keepalive_lifetime": "keepalive_lifetime_s", "shutdown_grace": "shutdown_grace_s",
+    "lease": "lease_s",
 }
 def _table(table: object, where: str, kind: str, known: set[str]) -> dict:
     """A table of gpuq.toml, checked for its shape and its keys: `kind` as it is written ("[front]",

@@ -311,6 +311,7 @@ async def health(request: web.Request) -> web.Response:
     trouble = store.trouble()
     active: dict[str, NodeCounts] | None = None
     stale: list[dict] = []
+    leases: dict = {"routers": None, "holders": None}  # unknown while the store does not answer
     heads: dict[str, Row | None] = {}
     unclaimed_nodes = [w for w in dispatcher.workers.values() if w.claim_refused and w.rt.claimable]
     if trouble is None or "not answering" not in trouble["problem"]:  # don't queue behind a stuck read
@@ -321,6 +322,7 @@ async def health(request: web.Request) -> web.Response:
                          for h in await store.stale_heads()]
                 for w in unclaimed_nodes:
                     heads[w.rt.name] = await store.next_ready(w.rt.name)
+                leases = await store.routers(dispatcher.settings.lease_s)
         except TimeoutError:
             trouble = store.trouble(slow_s=HEALTH_READ_S) or {"problem": f"the database is not answering: /health's read took over "
                                                      f"{HEALTH_READ_S:g}s", "since": iso(time.time())}
@@ -342,7 +344,9 @@ async def health(request: web.Request) -> web.Response:
             "running": None if active is None else sum(c.running for c in active.values()), "stale": stale,
             "nodes_down": down, "loops_down": crashed, "unclaimed": unclaimed, "store": trouble,
             "database_lost": lost, "awake": dispatcher.awake.json(),
-            "draining": dispatcher.draining_json()}  # told to stop, waiting for its running jobs
+            "draining": dispatcher.draining_json(),  # told to stop, waiting for its running jobs
+            # This router, the routers alive (each with the nodes it holds) and each node's holder.
+            "router": {"id": dispatcher.router.id, "nodes": dispatcher.leases.held()}, **leases}
     return json_response(body, status=200 if ok else 503)
 
 

@@ -35,6 +35,9 @@ CREATE INDEX job_queue ON job (node, state, position, id);
 -- index job_state_node on job
 CREATE INDEX job_state_node ON job (state, node);
 
+-- index node_lease_router on node_lease
+CREATE INDEX node_lease_router ON node_lease(router);
+
 -- index run_done_node on run
 CREATE INDEX run_done_node ON run (node, id) WHERE state = 'done';
 
@@ -54,6 +57,12 @@ CREATE INDEX run_running ON run (state) WHERE state = 'running';
 (made by SQLite);
 
 -- index sqlite_autoindex_node_1 on node
+(made by SQLite);
+
+-- index sqlite_autoindex_node_lease_1 on node_lease
+(made by SQLite);
+
+-- index sqlite_autoindex_router_1 on router
 (made by SQLite);
 
 -- index sqlite_autoindex_router_setting_1 on router_setting
@@ -161,6 +170,14 @@ last_error TEXT,
 since TEXT -- when `up` last changed
 );
 
+-- table node_lease on node_lease
+CREATE TABLE node_lease (
+node TEXT PRIMARY KEY, -- as gpuq.toml names it (no reference to `node`: a lease may come before configure writes the row)
+router TEXT NOT NULL REFERENCES router(id),
+expires_at REAL NOT NULL, -- epoch seconds: free for another router after it
+taken_at REAL NOT NULL -- when this router took it (a renewal keeps it)
+);
+
 -- table node_load on node_load
 CREATE TABLE "node_load" (
 node TEXT PRIMARY KEY,
@@ -169,6 +186,18 @@ running INTEGER NOT NULL DEFAULT 0,
 CONSTRAINT node_load_queued_counted CHECK (queued >= 0),
 CONSTRAINT node_load_running_counted CHECK (running >= 0)
 ) WITHOUT ROWID;
+
+-- table router on router
+CREATE TABLE router (
+id TEXT PRIMARY KEY, -- host:pid:random, fresh at each start
+listen TEXT NOT NULL, -- its [router] listen
+public_url TEXT,
+pid INTEGER NOT NULL,
+host TEXT NOT NULL,
+started_at TEXT NOT NULL,
+seen_at REAL NOT NULL, -- its last heartbeat (epoch seconds)
+stopped_at REAL -- its clean stop, or a router alone on the database found it dead; NULL: not known stopped
+);
 
 -- table router_setting on router_setting
 CREATE TABLE router_setting (
@@ -196,7 +225,7 @@ total_duration_ns INTEGER,
 load_duration_ns INTEGER,
 eval_duration_ns INTEGER,
 stale_reason TEXT, -- set once when the run is first seen stale
-thinking TEXT, -- 004 (runs before 011 only, as output)
+thinking TEXT, router TEXT, -- 004 (runs before 011 only, as output)
 CONSTRAINT run_state_valid CHECK (state IN ('running', 'done', 'failed', 'cancelled', 'preempted')),
 CONSTRAINT run_finished_when_ended CHECK ((finished_at IS NULL) = (state = 'running'))
 );
@@ -284,6 +313,13 @@ CREATE TRIGGER run_deleted_from_its_events
 AFTER DELETE ON run
 BEGIN
 UPDATE event SET run_id = NULL WHERE run_id = OLD.id;
+END;
+
+-- trigger run_router_stamp on run
+CREATE TRIGGER run_router_stamp
+AFTER INSERT ON run FOR EACH ROW WHEN NEW.router IS NULL
+BEGIN
+UPDATE run SET router = (SELECT l.router FROM node_lease l WHERE l.node = NEW.node) WHERE id = NEW.id;
 END;
 
 -- view head_staleness on head_staleness

@@ -186,3 +186,10 @@ def test_each_users_mistake_names_its_key(users, message, tmp_path):
     with pytest.raises(ConfigError) as exc:
         parse_config(data, tmp_path)
     assert exc.value.message == message
+
+
+def test_a_routers_lease_on_its_nodes_is_ten_seconds_unless_set_and_never_under_a_second(tmp_path):
+    assert parse_config(base(), tmp_path).lease_s == 10.0
+    assert parse_config(base(lease="30s"), tmp_path).lease_s == 30.0
+    with pytest.raises(ConfigError, match=r"router.lease: must be at least 1000ms \(a router would lose its nodes"):
+        parse_config(base(lease="500ms"), tmp_path)

@@ -109,7 +109,7 @@ async def test_kill_and_restart_keeps_queue_and_fails_the_orphan(lab):
     await lab.start()
     orphan = await lab.job(head["id"])
     assert orphan["state"] == "failed"
-    assert orphan["error"] == "router restarted while running"
+    assert orphan["error"].startswith("router restarted while running (the router ")  # named: test_leases
     for job_id in waiting:
         await lab.wait_state(job_id, "done")
     order = [(await lab.job(i))["started_at"] for i in waiting]

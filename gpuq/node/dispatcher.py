@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import aiohttp
 
@@ -15,10 +16,12 @@ from ..errors import GpuqError, GuardMiss
 from ..models import JobState, iso, parse_iso
 from ..reload import Plan
 from .calls import Calls, NoCalls
+from .leases import Leases
 from .monitor import NodeMonitor
 from .runtime import Current, NodeRuntime
 from .ollama import OllamaClient
 from ..store import Interrupted, NewJob, NodeInfo, Row, Store
+from ..store.leases import Router
 from .supervise import Loops
 from .worker import Worker, keep_big_blocks_apart, put_back_unsent
 
@@ -47,6 +50,11 @@ class Dispatcher:
         self.removing: set[str] = set()  # nodes a reload is taking out: no placement or move there
         self.draining_since: float | None = None  # told to stop, waiting for the running jobs
         self.quiesced = False  # told to stop: no worker, a reload's new ones included, claims again
+        # This router process (a fresh id per start) and its leases: a node's worker claims only
+        # while this router holds the node's lease (gpuq/node/leases.py).
+        self.router = Router.new(settings.listen, settings.public_url, time.time())
+        self.leases = Leases(store, self.router, lambda: self.settings.lease_s, self._lease_nodes,
+                             gained=self.wake, lost=self._lost)
 
     def _limit_running(self, settings: Settings) -> None:
         """Users' max_running, which every claim of the store applies."""
@@ -65,17 +73,32 @@ class Dispatcher:
             if rt is not None and s.get("model"):
                 rt.vram_stuck, rt.stuck_model, rt.stuck_job = s["message"], s["model"], s.get("job_id")
                 rt.stuck_since = parse_iso(s["since"])
-        orphans = await self.store.fail_orphans()
+        # The leases first: the jobs left running on the nodes taken from dead routers (on SQLite,
+        # every job left running) fail, naming the router that ran them.
+        log.info("router id %s", self.router.id)
+        orphans = (await self.leases.start()).failed
         for o in orphans:
-            log.warning("job=%s node=%s state=failed reason=%r", o["id"], o["node"], "router restarted while running")
+            log.warning("job=%s node=%s state=failed reason=%r", o["id"], o["node"], o["error"])
         for o in await self.store.cancel_clientless():
             log.warning("job=%s node=%s state=cancelled reason=%r", o["id"], o["node"],
                         "client gone: the router restarted while it waited")
         for name in self.nodes:
             self.workers[name].orphan_models = [o["model"] for o in orphans if o["node"] == name]
             self._start_loops(name)
+        self.loops.start("leases", self.leases.run)
         if self.store.dsn:  # PostgreSQL: other routers change the queue too
             self.loops.start("other routers' changes", lambda: self.store.watch(self.elsewhere))
+
+    def _lease_nodes(self) -> list[str]:
+        """The nodes this router drives: configured, and removed ones still finishing a job."""
+        return [*self.nodes, *(n for n in self.retired if n not in self.nodes)]
+
+    def _lost(self, node: str) -> None:
+        """Another router took the node (this one's lease ran out): its worker stops relaying
+        the job it ran, which the taker failed."""
+        worker = self.workers.get(node) or self.retired.get(node)
+        if worker is not None:
+            worker.lose(f"this router lost its lease on {node} (another router took the node and failed the job)")
 
     def _client(self, cfg: NodeConfig) -> OllamaClient:
         assert self.session is not None
@@ -91,6 +114,7 @@ class Dispatcher:
         worker = self.workers[cfg.name] = Worker(rt, monitor, self.settings, self.store, self.bus, self.calls,
                                                  self._changed, self.wake)
         worker.stopping = self.quiesced  # a node a reload adds while the router drains starts nothing
+        worker.leased = lambda name=cfg.name: self.leases.holds(name)
         return rt
 
     def _start_loops(self, name: str) -> None:
@@ -129,6 +153,7 @@ class Dispatcher:
             self.retiring.add(retiring)
             retiring.add_done_callback(self.retiring.discard)
         self.removing.difference_update(plan.removed)
+        self.leases.wake.set()  # added nodes are taken now
         for cfg in settings.nodes:
             rt = self.nodes.get(cfg.name)
             if rt is None:
@@ -217,13 +242,14 @@ class Dispatcher:
                 await put_back_unsent(self.store, {name: w.sent_run for name, w in self.workers.items()})
             except GpuqError as exc:  # the next start fails them as orphans: loud, never lost
                 log.error("claimed jobs not put back in their queues: %s", exc.message)
+        await self.leases.release()  # the next router takes the nodes at once
         self.awake.release()
         if self.session is not None:
             await self.session.close()
 
     def node_infos(self) -> list[NodeInfo]:
         return [NodeInfo(rt.name, rt.config.rank, rt.config.roles, rt.config.model, rt.claimable, rt.installed,
-                         self.workers[name].idle and not self.workers[name].stopping)
+                         self.workers[name].idle and not self.workers[name].stopping and self.leases.holds(name))
                 for name, rt in self.nodes.items() if name not in self.removing]
 
     async def submit(self, new: NewJob, actor: str) -> list[Row]:

@@ -65,6 +65,7 @@ class Current:
     size: int = 0  # bytes of output and thinking held (UTF-8), against max_output_bytes
     merged: tuple[int, int] = (0, 0)  # pieces of output and of thinking joined by compact()
     abort_reason: str | None = None
+    lost: bool = False  # another router took the node mid-job (and failed the job): not relayed further
     next_job: dict | None = None  # claimed in the same transaction that finished this one
 
     @property

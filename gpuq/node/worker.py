@@ -92,6 +92,8 @@ class Worker:
         self.context_lengths: dict[str, int | None] = {}  # /api/show's num_ctx per model
         self.sent_run: int | None = None  # the last run whose request went to Ollama
         self.stopping = False  # the router is stopping: nothing new is claimed or sent
+        # Does this router hold the node's lease (gpuq/node/leases.py)? Nothing is claimed while not.
+        self.leased: Callable[[], bool] = lambda: True
         # Waiting for work with nothing claimed: a submit to this node may claim its head in the
         # submit's own commit and hand it over (take), with no wake-up claim of this worker's.
         self.idle = False
@@ -151,6 +153,9 @@ class Worker:
         if self.stopping:
             await self._wait(IDLE_POLL_S)
             return None
+        if not self.leased():  # another router drives the node; a lease taken wakes this worker
+            await self._wait(1.0)
+            return None
         if not self.rt.claimable:
             await self._wait(1.0)
             return None
@@ -204,6 +209,15 @@ class Worker:
 
     # -- one job ------------------------------------------------------------------------------
 
+    def lose(self, reason: str) -> None:
+        """Another router took the node: the job running here was failed by it. Stop relaying
+        it, touching neither the store nor the node (the node is the other router's now)."""
+        cur = self.rt.current
+        if cur is not None and cur.task is not None:
+            cur.abort_reason, cur.lost = reason, True
+            cur.task.cancel()
+        self.wake.set()
+
     def abort(self, run_id: int, reason: str) -> None:
         """Stop a running job's Ollama request (closing it stops Ollama's generation)."""
         cur = self.rt.current
@@ -232,6 +246,10 @@ class Worker:
                 cur.task.cancel()
                 raise
             self.calls.ended([job["id"]], cur.abort_reason)
+            if cur.lost:
+                log.error("job=%s node=%s no longer relayed: %s", job["id"], self.rt.name, cur.abort_reason)
+                self.warm_model = None  # (the node's models are the other router's business now)
+                return None
             await self._after_abort(job, cur)
             return None
         except Exception as exc:  # a step outside the job's own error handling broke (finish, unload)
@@ -587,7 +605,8 @@ class Worker:
         """Record the outcome. A node that just answered the unload check is reachable, so the
         finish may claim its next job in the same commit (cur.next_job)."""
         state = JobState.FAILED if error else JobState.DONE
-        claim_node = self.rt.name if unloaded and self.rt.claimable and not self.stopping else None
+        claim_node = (self.rt.name if unloaded and self.rt.claimable and not self.stopping and self.leased()
+                      else None)
         output, thinking, _ = cur.unsaved()
         try:
             cur.next_job = await self._persist(job["id"], "outcome", lambda: self.store.finish(

@@ -21,7 +21,7 @@ from typing import Callable, Iterator, TypeVar
 
 import aiosqlite
 
-from . import postgres, sqlite, verbs
+from . import leases, postgres, sqlite, verbs
 from .writer import Writer
 from .dbfile import DatabaseFile
 from ..errors import GpuqError, NotFound, StoreUnavailable
@@ -638,3 +638,33 @@ class Store:
             for row in rows:
                 row["deliveries"] = [t for t in tries if t["alert_id"] == row["id"]]
         return rows
+
+    # -- per-node leases (gpuq/store/leases.py): exactly one router drives a node ----------------
+
+    @property
+    def alone(self) -> bool:
+        """SQLite: one router per database file (its lock file), so every other router is dead and
+        a router starting takes every node at once. On PostgreSQL other routers may be alive."""
+        return self.dsn is None
+
+    async def take_nodes(self, router: leases.Router, nodes: list[str], lease_s: float,
+                         alone: bool = False) -> leases.Taken:
+        """Take (or renew) the leases this router may hold; the jobs left running on nodes taken
+        from dead routers fail, naming them."""
+        return await self._write(partial(leases.take, router=router, nodes=nodes, lease_s=lease_s,
+                                         now=self.clock(), alone=alone))
+
+    async def renew_nodes(self, router: leases.Router, nodes: list[str], lease_s: float) -> list[str]:
+        """Renew this router's leases; returns the nodes it still holds."""
+        return await self._write(partial(leases.renew, router=router, nodes=nodes, lease_s=lease_s,
+                                         now=self.clock()))
+
+    async def release_nodes(self, router: leases.Router) -> list[str]:
+        """A clean stop: this router's leases are freed for the next router."""
+        return await self._write(partial(leases.release, router=router, now=self.clock()))
+
+    async def routers(self, lease_s: float) -> dict:
+        """The routers alive (seen within `lease_s`), the nodes each holds, each node's holder."""
+        now = self.clock()
+        return leases.alive(await self.read(leases.ROUTERS_SQL, (now - lease_s,)),
+                            await self.read(leases.LEASES_SQL), now)

@@ -308,11 +308,27 @@ def fail_orphans(db: engine.Connection, now: float) -> list[Row]:
         "UPDATE job SET state = 'failed', error = ?, finished_at = ? WHERE state = 'running'"
         " RETURNING id, node, model, run_id", (reason, iso(now))).fetchall())
     for r in failed:
-        db.execute("UPDATE run SET state = 'failed', error = ?, finished_at = ? WHERE id = ?"
-                   " AND state = 'running'", (reason, iso(now), r["run_id"]))
-        _event(db, r["id"], JobState.RUNNING, JobState.FAILED, "router", reason, now, r["run_id"])
-        _end_held_critiques(db, r["id"], f"failed ({reason})", now)
+        _orphan_failed(db, r, reason, now)
     return failed
+
+
+def fail_orphan(db: engine.Connection, job_id: str, reason: str, now: float) -> Row | None:
+    """One job still running that no live router runs (its router died: gpuq/store/leases.py's
+    takeover): failed, loudly, as fail_orphans fails each. None if it is no longer running."""
+    job = db.execute("UPDATE job SET state = 'failed', error = ?, finished_at = ? WHERE id = ? AND state = 'running'"
+                     " RETURNING id, node, model, run_id", (reason, iso(now), job_id)).fetchone()
+    if job is None:
+        return None
+    _orphan_failed(db, dict(job), reason, now)
+    return dict(job)
+
+
+def _orphan_failed(db: engine.Connection, job: Row, reason: str, now: float) -> None:
+    """The rest of an orphan's failure: its run, its event, its held critiques."""
+    db.execute("UPDATE run SET state = 'failed', error = ?, finished_at = ? WHERE id = ?"
+               " AND state = 'running'", (reason, iso(now), job["run_id"]))
+    _event(db, job["id"], JobState.RUNNING, JobState.FAILED, "router", reason, now, job["run_id"])
+    _end_held_critiques(db, job["id"], f"failed ({reason})", now)
 
 
 def cancel_clientless(db: engine.Connection, now: float) -> list[Row]:

@@ -1,0 +1,115 @@
+"""This router's hold on its nodes (issue 27): a lease per node in the store (gpuq/store/leases.py),
+taken at start-up, renewed every third of [router] lease, taken when free or expired, released at
+a clean stop. A node's worker claims only while this router holds the node's lease; a node gained
+wakes its worker; a node lost while it ran a job stops that worker relaying it (the router that
+took the node failed the job, naming this one)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Callable
+
+from ..errors import GpuqError
+from ..store import Store
+from ..store.leases import Router, Taken
+
+log = logging.getLogger("gpuq")
+
+
+class Leases:
+    """The leases this router holds, and the loop that keeps them. `nodes()`: the nodes it drives
+    (configured, and removed ones still finishing a job); `gained(node)` / `lost(node)`: told when
+    the store says this router took a node, or that another router has it now."""
+
+    def __init__(self, store: Store, router: Router, lease_s: Callable[[], float], nodes: Callable[[], list[str]],
+                 gained: Callable[[str], None], lost: Callable[[str], None]):
+        self.store = store
+        self.router = router
+        self.lease_s = lease_s
+        self.nodes = nodes
+        self.gained = gained
+        self.lost = lost
+        # SQLite: no other router lives (the lock file), so a lease this router could not renew
+        # (a person holds the write lock) is still its own: its workers go on.
+        self.alone: bool = store.alone
+        self.until: dict[str, float] = {}  # node -> when its lease runs out unrenewed (monotonic)
+        self.wake = asyncio.Event()  # a reload added nodes: take them now
+
+    def holds(self, node: str) -> bool:
+        """Does this router drive the node now (may its worker claim)?"""
+        until = self.until.get(node)
+        return until is not None and (self.alone or time.monotonic() < until)
+
+    def held(self) -> list[str]:
+        return sorted(n for n in self.until if self.holds(n))
+
+    async def start(self) -> Taken:
+        """At start-up: take every node this router may; on SQLite every node (every other router
+        is dead), and every job still running fails, naming the router that ran it."""
+        return await self._take(self.nodes(), alone=self.alone)
+
+    async def _take(self, nodes: list[str], alone: bool = False) -> Taken:
+        asked = time.monotonic()  # before the write: the store's expiry is no earlier than this
+        taken = await self.store.take_nodes(self.router, nodes, self.lease_s(), alone=alone)
+        self._heard(nodes, taken.held, asked)
+        return taken
+
+    async def renew(self) -> None:
+        """One heartbeat: renew the leases held, take the nodes free or expired."""
+        nodes = self.nodes()
+        mine = [n for n in nodes if n in self.until]
+        if mine:
+            asked = time.monotonic()
+            self._heard(mine, await self.store.renew_nodes(self.router, mine, self.lease_s()), asked)
+        others = [n for n in nodes if n not in self.until]
+        if others or not mine:  # (the router's row is seen again by either)
+            taken = await self._take(others)
+            for job in taken.failed:
+                log.warning("job=%s node=%s state=failed reason=%r", job["id"], job["node"], job["error"])
+        for node in [n for n in self.until if n not in nodes]:  # a node a reload removed, its job ended
+            del self.until[node]
+
+    def _heard(self, asked: list[str], held: list[str], at: float) -> None:
+        """The store's answer for `asked`: `held` are this router's until `at` + lease; the rest
+        another router holds now."""
+        for node in asked:
+            if node in held:
+                if node not in self.until:
+                    log.info("node=%s lease taken by router %s", node, self.router.id)
+                    self.until[node] = at + self.lease_s()
+                    self.gained(node)
+                else:
+                    self.until[node] = at + self.lease_s()
+            elif node in self.until:
+                del self.until[node]
+                log.error("node=%s lease lost: another router holds it now; this router stops driving it", node)
+                self.lost(node)
+
+    async def run(self) -> None:
+        """The heartbeat, every third of the lease; a refused write is said, and tried again at
+        the next beat (the workers stop claiming once a lease runs out unrenewed)."""
+        while True:
+            try:
+                async with asyncio.timeout(self.lease_s() / 3):
+                    await self.wake.wait()
+            except TimeoutError:
+                pass
+            self.wake.clear()
+            try:
+                await self.renew()
+            except GpuqError as exc:
+                log.error("leases not renewed (this router holds %s): %s", ", ".join(self.held()) or "no node",
+                          exc.message)
+
+    async def release(self) -> None:
+        """A clean stop: the next router takes the nodes at once."""
+        try:
+            freed = await self.store.release_nodes(self.router)
+        except GpuqError as exc:  # they expire after the lease time instead
+            log.error("leases not released (they expire in %gs): %s", self.lease_s(), exc.message)
+            return
+        self.until.clear()
+        if freed:
+            log.info("leases released: %s", ", ".join(freed))
