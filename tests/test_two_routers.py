@@ -8,9 +8,10 @@ from __future__ import annotations
 import asyncio
 import json
 
+import ollama
 import pytest
 
-from conftest import eventually, node_table
+from conftest import eventually, free_port, node_table
 
 pytestmark = pytest.mark.postgres
 
@@ -67,3 +68,66 @@ async def test_a_job_deleted_through_one_router_stops_running_on_the_other(fakes
         assert (await runs.wait_state(job["id"], "cancelled"))["state"] == "cancelled"
         # the router that ran it let go of the node's request: the node generates no more
         await eventually(lambda: fake.in_flight == 0, 20, what="the node's generation to stop")
+
+
+async def test_a_front_door_call_runs_on_the_router_that_drives_a_node_and_the_other_names_it(
+        fakes, daemon_factory, pg_dsn):
+    """The client waits on the router it called, so its call runs on a node that router drives;
+    a router that drives no task node refuses at once (503), naming the router that does."""
+    fake = await fakes("qwen3-coder:30b")
+    nodes = [node_table("node-1", fake, 1, ["task", "critique"], "qwen3-coder:30b")]
+    doors = {}
+    routers = []
+    for name in ("gpuq", "b"):  # the first takes the node's lease; the second finds it held
+        doors[name] = f"127.0.0.1:{free_port()}"
+        routers.append(await daemon_factory(nodes, name=name, database=pg_dsn, ollama_listen=doors[name]))
+        await eventually(lambda: routers[-1].get("/health"), 10, what="the router's health")
+    a, b = routers
+    await eventually(lambda: _holds(a, "node-1"), 15, what="router a to drive node-1")
+    answer = await ollama.AsyncClient(host=f"http://{doors['gpuq']}").chat(
+        model="qwen3-coder:30b", messages=[{"role": "user", "content": "hi"}])
+    assert answer.message.content
+    with pytest.raises(ollama.ResponseError) as refused:
+        await ollama.AsyncClient(host=f"http://{doors['b']}").chat(
+            model="qwen3-coder:30b", messages=[{"role": "user", "content": "hi"}])
+    assert refused.value.status_code == 503
+    assert "drives no task node" in refused.value.error and a.url in refused.value.error
+    assert len(fake.chat_requests) == 1  # the refused call never reached the node
+
+
+async def _holds(router, node: str) -> bool:
+    health = await router.get("/health")
+    return node in (health.get("router") or {}).get("nodes", [])
+
+
+async def test_a_front_door_call_moved_to_another_routers_node_fails_loudly_to_its_client(
+        fakes, daemon_factory, pg_dsn):
+    """Each router drives its own nodes (its gpuq.toml lists them). A call waiting on router a's
+    node, moved by a person to router b's node, cannot be answered there (its client waits on a):
+    b fails it without sending it to the node, and a's client hears why at once."""
+    f1, f2 = await fakes("qwen3-coder:30b"), await fakes("qwen3-coder:30b")
+    one = node_table("node-1", f1, 1, ["task"], "qwen3-coder:30b")
+    two = node_table("node-2", f2, 2, ["task"], "qwen3-coder:30b")
+    door = f"127.0.0.1:{free_port()}"
+    a = await daemon_factory([one], database=pg_dsn, ollama_listen=door, stall_timeout="60s")
+    b = await daemon_factory([two], name="b", database=pg_dsn, stall_timeout="60s")
+    await eventually(lambda: _holds(a, "node-1"), 15, what="router a to drive node-1")
+    await eventually(lambda: _holds(b, "node-2"), 15, what="router b to drive node-2")
+    f1.script.stall_after = 1  # node-1 stays busy with a task: the call waits behind it
+    [busy] = await a.submit("task", "keeps node-1 busy", node="node-1")
+    await a.wait_state(busy["id"], "running", timeout=20)
+    call = asyncio.create_task(ollama.AsyncClient(host=f"http://{door}").chat(
+        model="qwen3-coder:30b", messages=[{"role": "user", "content": "hi"}]))
+
+    async def waiting_call():
+        queue = await a.get("/api/queue")
+        queued = next(n for n in queue["nodes"] if n["name"] == "node-1")["queued"]
+        return queued[0]["id"] if queued else None
+    call_id = await eventually(waiting_call, 15, what="the call to wait on node-1")
+    async with b.session.post(f"{b.url}/api/jobs/{call_id}/move", json={"node": "node-2"}) as resp:
+        assert resp.status == 200, await resp.text()
+    with pytest.raises(ollama.ResponseError) as failed:
+        await asyncio.wait_for(call, 20)
+    assert "nobody waits for this call" in (await b.job(call_id))["error"]
+    assert "another router" in failed.value.error
+    assert f2.chat_requests == []  # never sent to node-2

@@ -63,6 +63,9 @@ class Relay:
                                    _seconds(keep_s) if keep_s > 0 else policy.keep_alive)
         return NodeRun(self, job, node, route, body, keep_s)
 
+    def waits(self, job_id: str) -> bool:
+        return job_id in self.waiting
+
     def failed(self, job_id: str, status: int | None, message: str) -> None:
         self.tell(job_id, "error", status, message)
 

@@ -58,6 +58,9 @@ class Calls(Protocol):
         """The node's request for a called job (raises GpuqError for a stored request this
         router cannot read)."""
 
+    def waits(self, job_id: str) -> bool:
+        """Does the job's client wait on this router (else nobody would read its answer)?"""
+
     def failed(self, job_id: str, status: int | None, message: str) -> None:
         """The run failed: its waiting client (if any) hears it now, with Ollama's status."""
 
@@ -70,6 +73,9 @@ class NoCalls:
 
     def prepare(self, job: dict, policy: Policy, node: str) -> Any:
         raise GpuqError("no front door is wired to this router's workers: a called job cannot be translated")
+
+    def waits(self, job_id: str) -> bool:
+        return False
 
     def failed(self, job_id: str, status: int | None, message: str) -> None:
         pass

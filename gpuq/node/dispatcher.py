@@ -13,7 +13,7 @@ from ..awake import Awake
 from ..bus import Bus
 from ..config import NodeConfig, Settings
 from ..errors import GpuqError, GuardMiss
-from ..models import JobState, iso, parse_iso
+from ..models import FINAL, JobState, Kind, iso, parse_iso
 from ..reload import Plan
 from .calls import Calls, NoCalls
 from .leases import Leases
@@ -259,7 +259,13 @@ class Dispatcher:
         at submit"); a node that is busy is woken for the job queued there. Every door submits
         through here."""
         user = self.settings.user(new.owner) if new.owner is not None else None
-        jobs = await self.store.submit(new, self.node_infos(), actor, self._hand_over,
+        nodes = self.node_infos()
+        if new.endpoint is not None and not self.store.alone:
+            # A front-door call's client waits on this router: it runs on a node this router drives.
+            nodes = [n for n in nodes if self.leases.holds(n.name)]
+            if not any(Kind.TASK in n.roles for n in nodes):
+                raise await self._no_node_here()
+        jobs = await self.store.submit(new, nodes, actor, self._hand_over,
                                        fair=self.settings.shares_fairly,
                                        max_waiting=user.max_waiting if user else None)
         for job in jobs:
@@ -267,6 +273,16 @@ class Dispatcher:
                 self.wake(job["node"])  # only its node: the others have nothing new
         self.bus.publish("queue", {"submitted": [j["id"] for j in jobs]})
         return jobs
+
+    async def _no_node_here(self) -> GpuqError:
+        """Why a front-door call cannot run on this router: the routers that drive task nodes."""
+        alive = (await self.store.routers(self.settings.lease_s))["routers"]
+        tasks = {c.name for c in self.settings.nodes if Kind.TASK in c.roles}
+        there = [f"{r['public_url']} ({', '.join(sorted(tasks & set(r['nodes'])))})" for r in alive
+                 if r["id"] != self.router.id and tasks & set(r["nodes"])]
+        return GpuqError("this router drives no task node now, and a front-door call runs on a node of the"
+                         " router its client called: " + (f"call {' or '.join(there)} instead" if there else
+                                                          "no router drives one (are the nodes up?)"), status=503)
 
     def _hand_over(self, job: dict) -> None:
         """A job its submit claimed for an idle node's worker (Store.submit), to that worker."""
@@ -290,6 +306,8 @@ class Dispatcher:
                 cur = rt.current
                 if cur is not None and cur.job_id == change.get("id") and change.get("state") != JobState.RUNNING:
                     self.abort(Interrupted(cur.job_id, rt.name, cur.run_id), f"{change.get('state')} by another router")
+            if change.get("state") in FINAL and self.calls.waits(change.get("id", "")):
+                self.calls.ended([change["id"]], f"the job was {change['state']} on another router (see its page)")
         self.bus.publish("queue", {"elsewhere": change or True})
 
     def abort(self, interrupted: Interrupted | None, reason: str) -> None:
