@@ -131,3 +131,32 @@ async def test_a_front_door_call_moved_to_another_routers_node_fails_loudly_to_i
     assert "nobody waits for this call" in (await b.job(call_id))["error"]
     assert "another router" in failed.value.error
     assert f2.chat_requests == []  # never sent to node-2
+
+
+async def test_a_router_starting_leaves_the_other_routers_waiting_calls_alone(fakes, daemon_factory, pg_dsn):
+    """A router that starts cancels the calls whose client went with a dead router (those waiting
+    on the nodes it takes), never a live router's: that call still runs and answers its client."""
+    fake = await fakes("qwen3-coder:30b")
+    one = node_table("node-1", fake, 1, ["task"], "qwen3-coder:30b")
+    door = f"127.0.0.1:{free_port()}"
+    a = await daemon_factory([one], database=pg_dsn, ollama_listen=door, stall_timeout="60s")
+    await eventually(lambda: _holds(a, "node-1"), 15, what="router a to drive node-1")
+    fake.script.stall_after = 1
+    [busy] = await a.submit("task", "keeps node-1 busy", node="node-1")
+    await a.wait_state(busy["id"], "running", timeout=20)
+    call = asyncio.create_task(ollama.AsyncClient(host=f"http://{door}").chat(
+        model="qwen3-coder:30b", messages=[{"role": "user", "content": "hi"}]))
+
+    async def waiting_call():
+        queue = await a.get("/api/queue")
+        queued = next(n for n in queue["nodes"] if n["name"] == "node-1")["queued"]
+        return queued[0]["id"] if queued else None
+    call_id = await eventually(waiting_call, 15, what="the call to wait on node-1")
+    b = await daemon_factory([one], name="b", database=pg_dsn)
+    await eventually(lambda: b.get("/health"), 10, what="router b to answer")
+    assert (await b.job(call_id))["state"] == "queued"
+    fake.script.stall_after = None
+    async with a.session.delete(f"{a.url}/api/jobs/{busy['id']}") as resp:
+        assert resp.status == 200
+    answer = await asyncio.wait_for(call, 20)
+    assert answer.message.content and (await b.job(call_id))["state"] == "done"

@@ -76,10 +76,11 @@ class Dispatcher:
         # The leases first: the jobs left running on the nodes taken from dead routers (on SQLite,
         # every job left running) fail, naming the router that ran them.
         log.info("router id %s", self.router.id)
-        orphans = (await self.leases.start()).failed
+        taken = await self.leases.start()
+        orphans = taken.failed
         for o in orphans:
             log.warning("job=%s node=%s state=failed reason=%r", o["id"], o["node"], o["error"])
-        for o in await self.store.cancel_clientless():
+        for o in await self.store.cancel_clientless(taken.held):
             log.warning("job=%s node=%s state=cancelled reason=%r", o["id"], o["node"],
                         "client gone: the router restarted while it waited")
         for name in self.nodes:

@@ -273,9 +273,10 @@ class Store:
         """At start-up: a job still running belonged to a dead router. Fail it, loudly."""
         return await self._write(partial(verbs.fail_orphans, now=self.clock()))
 
-    async def cancel_clientless(self) -> list[Row]:
-        """At start-up: a front-door call still waiting lost its client with the old router."""
-        return await self._write(partial(verbs.cancel_clientless, now=self.clock()))
+    async def cancel_clientless(self, nodes: list[str]) -> list[Row]:
+        """At start-up: a front-door call still waiting on the nodes this router now drives lost
+        its client with the old router."""
+        return await self._write(partial(verbs.cancel_clientless, now=self.clock(), nodes=nodes))
 
     async def fire_alert(self, alert: dict, deliver: bool) -> Row:
         return await self._write(partial(verbs.fire_alert, alert=alert, deliver=deliver, now=self.clock()))

@@ -331,11 +331,13 @@ def _orphan_failed(db: engine.Connection, job: Row, reason: str, now: float) -> 
     _end_held_critiques(db, job["id"], f"failed ({reason})", now)
 
 
-def cancel_clientless(db: engine.Connection, now: float) -> list[Row]:
-    """At start-up: a front-door call still waiting lost its client with the old router (its
-    connection is gone). It would run for no one: cancel it, loudly; `gpuq retry` runs it."""
+def cancel_clientless(db: engine.Connection, now: float, nodes: list[str]) -> list[Row]:
+    """At start-up: a front-door call still waiting on `nodes` (those this router now drives) lost
+    its client with the old router (its connection is gone; a call waits on a node of the router
+    its client called). It would run for no one: cancel it, loudly; `gpuq retry` runs it."""
     reason = "client gone: the router restarted while it waited (gpuq retry runs it, its output on its page)"
-    waiting = rows(db.execute("SELECT * FROM job WHERE state = 'queued' AND endpoint IS NOT NULL").fetchall())
+    waiting = rows(db.execute("SELECT * FROM job WHERE state = 'queued' AND endpoint IS NOT NULL"
+                              f" AND node IN ({','.join('?' * len(nodes))})", nodes).fetchall()) if nodes else []
     for job in waiting:
         _cancel(db, job, "router", reason, now)
     return waiting
