@@ -54,6 +54,7 @@ LABELS = {
     "lanes+kept": "lanes, front door keeps the editor's model (keep_alive)",
 }
 SAMPLE_S = 0.05
+BACK_TO_BACK_S = 0.5  # a node's gap between two jobs shorter than this: the next one was waiting
 DAY_S = 12.0  # the day's ten hours, in replay seconds
 TOKENS = re.compile(r"\((\d+) tokens\)")
 PEOPLE = (*tr.PEOPLE,)
@@ -70,6 +71,19 @@ class ReplayNode(FakeOllama):
 
     loads: int = 0
     _seen: set[int] = field(default_factory=set)
+    spans: list[tuple[float, float]] = field(default_factory=list)  # each generation: arrived, ended
+
+    async def _chat(self, request):
+        arrived = time.monotonic()
+        try:
+            body = json.loads(await request.read())  # aiohttp keeps it for the handler
+        except ValueError:
+            body = {}
+        try:
+            return await super()._chat(request)
+        finally:
+            if isinstance(body, dict) and (body.get("messages") or body.get("prompt")):
+                self.spans.append((arrived, time.monotonic()))
 
     def _reply_words(self, body: dict, chat: bool) -> list[str]:
         if body.get("format") in (None, ""):
@@ -119,9 +133,13 @@ class Day:
     last_batch_s: float = 0.0  # the day's start to its last batch job finished
     busy: int = 0  # samples: nodes up, busy, while work waited
     up: int = 0  # samples: nodes up while work waited
+    idle_own: int = 0  # of the idle ones: work waited in the node's own queue (between jobs)
+    idle_elsewhere: int = 0  # its own queue empty, work waiting on other nodes' queues only
     loads: int = 0
     failed: int = 0
     lost: int = 0
+    errors: list[str] = field(default_factory=list)  # each failed job's error, or the call's answer
+    gaps: list[float] = field(default_factory=list)  # a node's generation's end to its next one's arrival, back to back
     jobs: int = 0
     seconds: float = 0.0
 
@@ -182,6 +200,10 @@ class Replay:
         finally:
             await router.stop()
         self.day.loads = sum(n.loads for n in self.nodes.values())
+        for node in self.nodes.values():  # back to back: the next job came within BACK_TO_BACK_S
+            spans = sorted(node.spans)
+            self.day.gaps += [arrived - end for (_, end), (arrived, _) in zip(spans, spans[1:])
+                              if 0 <= arrived - end < BACK_TO_BACK_S]
         return self.day
 
     # -- the day's parts ----------------------------------------------------------------------
@@ -242,6 +264,7 @@ class Replay:
             sent = time.monotonic()
             first = None
             ok = False
+            why = "no answer"
             self.front_ids += 1
             try:
                 async with self.session.post(self.front + "/api/chat", json=body, headers=self._auth(event.who)) as resp:
@@ -253,17 +276,19 @@ class Replay:
                                 continue
                             chunk = json.loads(line)
                             if "error" in chunk:
+                                why = chunk["error"]
                                 break
                             if first is None and chunk.get("message", {}).get("content"):
                                 first = time.monotonic()
                             if chunk.get("done"):
                                 ok = True
                     else:
-                        await resp.read()
-            except aiohttp.ClientError:
-                pass
+                        why = f"{resp.status} {(await resp.read())[:200]!r}"
+            except aiohttp.ClientError as exc:
+                why = repr(exc)
             if not ok:
                 self.day.failed += 1
+                self.day.errors.append(f"{event.kind} call: {why}")
             if first is not None:
                 wait = first - sent
                 self.day.waits.append(wait)
@@ -288,9 +313,17 @@ class Replay:
             waiting = [j for n in q["nodes"] for j in n["queued"]]
             self.batch_queued = any(not j.get("endpoint") for j in waiting)
             if q["queue_depth"]:
-                up = [n for n in self.nodes.values() if n._runner is not None]
-                self.day.up += len(up)
-                self.day.busy += sum(n.busy for n in up)
+                waiting_on = {n["name"]: n["queued_count"] for n in q["nodes"]}
+                for name, node in self.nodes.items():
+                    if node._runner is None:  # down
+                        continue
+                    self.day.up += 1
+                    if node.busy:
+                        self.day.busy += 1
+                    elif waiting_on.get(name):
+                        self.day.idle_own += 1
+                    else:
+                        self.day.idle_elsewhere += 1
             await asyncio.sleep(SAMPLE_S)
 
     async def _wait_ready(self) -> None:
@@ -324,6 +357,7 @@ class Replay:
                 self.day.jobs += 1
                 if job["state"] == "failed":
                     self.day.failed += 1
+                    self.day.errors.append(f"{job['kind']} on {job['node']}: {job.get('error')}")
                 elif job["state"] != "done":
                     self.day.lost += 1
                 created.append(_ts(job["created_at"]))
@@ -404,10 +438,16 @@ async def replay_section(bench: "Bench") -> None:
                                     "ms", "ms")
                  for part, what in (("queued", "queued for its node (submit to claim)"),
                                     ("started", "claim to first token (its load, if cold)"))}
+        gaps = bench.metric(f"replay_{k}_gap", f"    replay {policy}: a node's gap between back-to-back jobs"
+                            " (a generation's end to the next one's request)", "ms", "ms")
         sweeps = bench.metric(f"replay_{k}_sweep", f"  replay {policy}: a sweep's completion (first submit to its last"
                               " job done)", "ms", "ms")
         last = bench.metric(f"replay_{k}_last", f"  replay {policy}: the day's last batch job done, from its start",
                             "s", "count")
+        idle = {part: bench.metric(f"replay_{k}_idle_{part}", f"    replay {policy}: GPUs idle while work waits, {what}",
+                                   "ratio", "ratio", better="lower")
+                for part, what in (("own", "work in their own queue (between jobs)"),
+                                   ("elsewhere", "their own queue empty (work waits on other nodes)"))}
         busy = bench.metric(f"replay_{k}_busy", f"  replay {policy}: GPUs busy while work waits", "ratio", "ratio",
                             ">= 0.90x", better="higher")
         loads = bench.metric(f"replay_{k}_loads", f"  replay {policy}: cold loads", "loads", "count")
@@ -422,6 +462,9 @@ async def replay_section(bench: "Bench") -> None:
             sweeps.add_run([s * 1000 for s in day.sweeps])
             last.add_run(day.last_batch_s)
             busy.add_run(day.busy_share)
+            gaps.add_run([g * 1000 for g in day.gaps] or [0.0])
+            idle["own"].add_run(day.idle_own / day.up if day.up else 0.0)
+            idle["elsewhere"].add_run(day.idle_elsewhere / day.up if day.up else 0.0)
             loads.add_run(day.loads)
             failed.add_run(day.failed)
             lost.add_run(day.lost)
@@ -456,16 +499,21 @@ def main() -> None:
     target = target_wait_s()
     print(f"\n| policy | interactive wait p50 / p95 (s) | p95 while batch queued (target <= {target:.2f} s) |"
           " of which queued / claim to first token, p95 (s) | sweep completion median (s) | last batch job (s) | GPUs busy while work waits (>= 90%) |"
-          " cold loads | failed | lost |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          " gap between back-to-back jobs p50 / p95 (ms) | cold loads | failed | lost |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for policy, days in results.items():
         waits = [w for d in days for w in d.waits]
         wq = [w for d in days for w in d.waits_batch_queued]
         print(f"| {policy} | {_p(waits, 50):.2f} / {_p(waits, 95):.2f} | {_p(wq, 95):.2f} ({len(wq)} calls) |"
               f" {_p([w for d in days for w in d.queued_s], 95):.2f} / {_p([w for d in days for w in d.started_s], 95):.2f} |"
               f" {_med([s for d in days for s in d.sweeps]):.1f} | {_med([d.last_batch_s for d in days]):.1f} |"
-              f" {_med([d.busy_share for d in days]):.0%} | {_med([d.loads for d in days]):g} |"
+              f" {_med([d.busy_share for d in days]):.0%}; {_med([d.idle_own / max(d.up, 1) for d in days]):.0%} /"
+              f" {_med([d.idle_elsewhere / max(d.up, 1) for d in days]):.0%} |"
+              f" {_p([g * 1000 for d in days for g in d.gaps], 50):.0f} / {_p([g * 1000 for d in days for g in d.gaps], 95):.0f} | {_med([d.loads for d in days]):g} |"
               f" {_med([d.failed for d in days]):g} | {_med([d.lost for d in days]):g} |")
+    for policy, days in results.items():
+        for error in sorted({e for d in days for e in d.errors}):
+            print(f"{policy}, failed: {error}")
 
 
 if __name__ == "__main__":
