@@ -85,10 +85,10 @@ def generate(seed: int, day_s: float = 12.0) -> Trace:
     # Batch sweeps: each person two a day (morning, afternoon), at a random moment of a window.
     for who, model in PEOPLE.items():
         for start, end in ((0.3, 3.5), (4.5, 8.0)):
-            size = rng.randint(3, 6)
+            size = rng.randint(3, 5)
             events.append(Event(
                 at=round(rng.uniform(start, end) * hour, 3), kind="sweep", who=who, model=model,
-                tokens=tuple(rng.randint(60, 160) for _ in range(size)),
+                tokens=tuple(rng.randint(50, 120) for _ in range(size)),
                 critiqued=tuple(rng.random() < 0.3 for _ in range(size))))
     # The editor: a burst of autocompletes about every hour, 2-5 calls, typing pauses of 0.5-3 s
     # (real), short replies.

