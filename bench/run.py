@@ -22,14 +22,14 @@ import aiohttp
 
 from gpuq.store import NewJob, NodeInfo, Store
 
-from . import front, growth, listings, peers, postgres, written
+from . import front, growth, listings, peers, postgres, replay, written
 from .fakes import MODEL_LEFT
 from .procs import QUIET_S, Fakes, Router, free_port, node_table, rss_mb
 from .stats import Metric, fmt, table
 
 BENCH_DIR = Path(__file__).resolve().parent
 SECTIONS = ("physical", "peers", "submit", "turnaround", "first_token", "written", "growth", "listings", "unload_policy",
-            "front", "warm", "postgres")
+            "front", "warm", "postgres", "replay")
 NODES = {"n1": "qwen3-coder:30b", "n2": "llama3.2:latest"}
 CONCURRENT_WORKERS = 8
 UNLOAD_S = 0.2  # how long a real Ollama lists a model in /api/ps after keep_alive: 0 (its runner exits)
@@ -43,8 +43,9 @@ async def timed_ms(awaitable) -> float:
 
 
 class Bench:
-    def __init__(self, quick: bool, only: set[str], workdir: Path):
+    def __init__(self, quick: bool, only: set[str], workdir: Path, seed: int = 1):
         self.quick = quick
+        self.seed = seed  # the replayed day's (bench/trace.py)
         self.only = only
         self.workdir = workdir
         self.repeats = 2 if quick else 7
@@ -730,6 +731,8 @@ class Bench:
             await front.warm_section(self)
         if self.wants("postgres"):  # its own throwaway PostgreSQL cluster
             await postgres.postgres_section(self)
+        if self.wants("replay"):  # its own routers and simulated nodes, one per policy
+            await replay.replay_section(self)
         needs_router = any(self.wants(s) for s in ("submit", "turnaround", "first_token", "written", "growth", "listings"))
         if not needs_router:
             return
@@ -871,6 +874,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true",
                         help="2 repeats instead of 7, fewer samples (about a minute)")
     parser.add_argument("--only", default="", help=f"comma-separated sections: {', '.join(SECTIONS)}")
+    parser.add_argument("--seed", type=int, default=1, help="the replayed day's seed (section replay)")
     parser.add_argument("--out", default=str(BENCH_DIR / "results.json"), help="where to write the JSON")
     parser.add_argument("--dir", default=str(BENCH_DIR),
                         help="where the bench's databases live (must be the disk gpuq's database uses)")
@@ -881,7 +885,7 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown section(s): {', '.join(sorted(unknown))}")
     workdir = Path(tempfile.mkdtemp(prefix=".work-", dir=args.dir))
-    bench = Bench(quick, only, workdir)
+    bench = Bench(quick, only, workdir, args.seed)
     started = time.time()
     try:
         asyncio.run(bench.run())
