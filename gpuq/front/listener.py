@@ -397,6 +397,7 @@ class Call:
         self.sse: Any = None  # a /v1 stream's translator (feed, error), once the job has its id
         self.parked = False  # its handler waits on the inbox: a chunk may be written by the relay
         self.fed = False  # the relay wrote a chunk since the handler last looked (write_now)
+        self.unsent: list[bytes] = []  # chunks write_now took, written together once the read is done
 
     @property
     def caller(self) -> Caller:
@@ -504,7 +505,7 @@ class Call:
                 self.parked = False
             while not self.inbox.empty():
                 items.append(self.inbox.get_nowait())
-            out: list[bytes] = []
+            out, self.unsent = self.unsent, []  # chunks write_now took before these (not yet sent)
             for item in items:
                 kind = item[0]
                 if kind == "data":  # a chunk write_now had translated, but could not write
@@ -546,24 +547,38 @@ class Call:
             self.chunks.append(chunk)
             self.fed = True
             return True
-        resp, transport, protocol = self.resp, self.request.transport, self.request.protocol
-        if (resp is None or not resp.prepared or transport is None or transport.is_closing()
-                or protocol is None or protocol.writing_paused):
+        if not self.writable():
             return False
         data, _ = self.on_chunk(raw, chunk)
         if data:
-            writing = resp.write(data)
-            try:
-                writing.send(None)  # not paused: it returns without waiting
-            except StopIteration:
-                pass
-            except Exception:  # nothing was written: the handler writes it, and hears the error
-                self.inbox.put_nowait(("data", data))
-                return True
-            else:  # it waited for the client after writing: the next chunks queue behind
-                writing.close()
+            if not self.unsent:  # the chunks of one read go out in one write, after it
+                asyncio.get_running_loop().call_soon(self.send_unsent)
+            self.unsent.append(data)
         self.fed = True
         return True
+
+    def writable(self) -> bool:
+        resp, transport, protocol = self.resp, self.request.transport, self.request.protocol
+        return not (resp is None or not resp.prepared or transport is None or transport.is_closing()
+                    or protocol is None or protocol.writing_paused)
+
+    def send_unsent(self) -> None:
+        """The chunks write_now took, in one write (unless the handler took them meanwhile)."""
+        if not self.unsent:
+            return
+        data, self.unsent = b"".join(self.unsent), []
+        if not self.parked or not self.writable():  # the handler writes them, as it would have
+            self.inbox.put_nowait(("data", data))
+            return
+        writing = self.resp.write(data)
+        try:
+            writing.send(None)  # not paused: it returns without waiting
+        except StopIteration:
+            pass
+        except Exception:  # nothing was written: the handler writes it, and hears the error
+            self.inbox.put_nowait(("data", data))
+        else:  # it waited for the client after writing: the next chunks queue behind
+            writing.close()
 
     async def flush(self, out: list[bytes], last: bool = False) -> None:
         data = b"".join(out)
