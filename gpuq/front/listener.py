@@ -549,7 +549,10 @@ class Call:
             return True
         if not self.writable():
             return False
-        data, _ = self.on_chunk(raw, chunk)
+        try:
+            data, _ = self.on_chunk(raw, chunk)
+        except Exception:  # the client's translation fails in its handler, as before, not in the node's run
+            return False
         if data:
             if not self.unsent:  # the chunks of one read go out in one write, after it
                 asyncio.get_running_loop().call_soon(self.send_unsent)
