@@ -8,6 +8,7 @@ import asyncio
 import json
 from typing import Awaitable, Callable
 import signal
+import socket
 import sqlite3
 
 import aiohttp
@@ -741,3 +742,42 @@ async def test_a_lone_surrogate_is_a_400_in_each_apis_own_shape_and_stores_nothi
     assert await front.jobs() == [] and front.fakes["node-1"].chat_requests == []
     status, body = await front.daemon.request("POST", "/api/jobs", raw=b'{"kind": "task", "prompt": "\\ud800"}')
     assert (status, body) == (400, {"error": {"status": 400, "message": f"field 'prompt' is not valid text: {SURROGATE}"}})
+
+
+async def test_a_client_that_stops_reading_gets_every_chunk_in_order_once_it_reads_again(front):
+    """A client that stops reading mid-stream (its socket's buffers full, the router's writes to
+    it paused) while the node sends the rest: once it reads again it gets every line, in the
+    node's order, and they add up to the job's stored text. (The relay writes a chunk from the
+    node's reading task while the client keeps up, and queues it for the handler when not.)"""
+    fake = front.fakes["node-1"]
+    fake.script.token_delay_s, fake.script.tokens = 0.0, 30_000  # ~4 MB of lines, as fast as it goes
+    port = int(front.url.rsplit(":", 1)[1])
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: the router must hold the rest
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 16)
+    body = json.dumps({"model": CHAT_MODEL, "messages": [{"role": "user", "content": "hold on"}]}).encode()
+    writer.write(b"POST /api/chat HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+    assert head.startswith(b"HTTP/1.1 200") and b"chunked" in head.lower()
+    received = bytearray(await asyncio.wait_for(reader.read(1000), 30))  # a little, then nothing
+    job = await front.job_with("hold on", "running", "done")
+    done = await front.daemon.wait_state(job["id"], "done", timeout=120)  # the node sent it all meanwhile
+    while chunk := await asyncio.wait_for(reader.read(1 << 16), 60):
+        received += chunk
+    writer.close()
+
+    payload, rest = bytearray(), bytes(received)  # undo the chunked transfer encoding
+    while True:
+        size_line, rest = rest.split(b"\r\n", 1)
+        size = int(size_line, 16)
+        if size == 0:
+            break
+        payload += rest[:size]
+        rest = rest[size + 2:]
+    lines = [json.loads(line) for line in payload.split(b"\n") if line.strip()]
+    assert lines[-1]["done"] is True and not any(line["done"] for line in lines[:-1])
+    assert "".join(line["message"]["content"] for line in lines) == done["output"]
+    assert len(done["output"].split()) == 30_000

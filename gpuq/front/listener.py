@@ -395,6 +395,9 @@ class Call:
         self.delivered = False  # the client has its whole answer: a disconnect now cancels nothing
         self.started = False  # its run began on a node
         self.sse: Any = None  # a /v1 stream's translator (feed, error), once the job has its id
+        self.parked = False  # its handler waits on the inbox: a chunk may be written by the relay
+        self.fed = False  # the relay wrote a chunk since the handler last looked (write_now)
+        self.unsent: list[bytes] = []  # chunks write_now took, written together once the read is done
 
     @property
     def caller(self) -> Caller:
@@ -434,7 +437,7 @@ class Call:
         front = self.front
         for _ in range(8):  # a chosen id taken by another job of the same second: choose again
             self.job_id = new_job_id()
-            self.inbox = front.relay.open(self.job_id)
+            self.inbox = front.relay.open(self.job_id, self.write_now)
             submitting = asyncio.ensure_future(front.dispatcher.submit(self.new_job(self.job_id), self.actor))
             try:
                 jobs = await asyncio.shield(submitting)
@@ -481,10 +484,16 @@ class Call:
             await self.prepare("text/event-stream")
         waited = time.monotonic()
         while True:
+            self.parked = True
             try:
                 async with asyncio.timeout(STATE_CHECK_S):
                     items = [await self.inbox.get()]
             except TimeoutError:
+                self.parked = False
+                if self.fed:  # the relay wrote chunks meanwhile: the job runs, the stream is alive
+                    self.fed = False
+                    waited = time.monotonic()
+                    continue
                 ended = await self.ended_meanwhile()
                 if ended is not None:
                     return await self.fail(*ended)
@@ -492,11 +501,16 @@ class Call:
                     waited = time.monotonic()
                     await self.resp.write(f": waiting for node {self.node} (gpuq job {self.job_id})\n\n".encode())
                 continue
+            finally:
+                self.parked = False
             while not self.inbox.empty():
                 items.append(self.inbox.get_nowait())
-            out: list[bytes] = []
+            out, self.unsent = self.unsent, []  # chunks write_now took before these (not yet sent)
             for item in items:
                 kind = item[0]
+                if kind == "data":  # a chunk write_now had translated, but could not write
+                    out.append(item[1])
+                    continue
                 if kind == "chunk":
                     data, done = self.on_chunk(item[1], item[2])
                     out.append(data)
@@ -520,6 +534,54 @@ class Call:
                     return await self.fail(503, "the gpuq router is shutting down; this request was cancelled",
                                            "router_shutdown")
             await self.flush(out)
+
+    def write_now(self, raw: bytes, chunk: dict) -> bool:
+        """A chunk from the node's reading task (Relay.chunk), taken at once when nothing stands
+        before it: the handler waits with its inbox empty, the chunk is not the last, and the
+        client reads (its response has begun and its connection's writing is not paused, so the
+        write completes without waiting). Else it goes through the inbox as before, and the
+        handler writes it (waiting for a slow client: back pressure as ever)."""
+        if not self.parked or chunk.get("done") or not self.inbox.empty():
+            return False
+        if self.sse is None and not self.stream:  # stream:false: kept for the one reply
+            self.chunks.append(chunk)
+            self.fed = True
+            return True
+        if not self.writable():
+            return False
+        try:
+            data, _ = self.on_chunk(raw, chunk)
+        except Exception:  # the client's translation fails in its handler, as before, not in the node's run
+            return False
+        if data:
+            if not self.unsent:  # the chunks of one read go out in one write, after it
+                asyncio.get_running_loop().call_soon(self.send_unsent)
+            self.unsent.append(data)
+        self.fed = True
+        return True
+
+    def writable(self) -> bool:
+        resp, transport, protocol = self.resp, self.request.transport, self.request.protocol
+        return not (resp is None or not resp.prepared or transport is None or transport.is_closing()
+                    or protocol is None or protocol.writing_paused)
+
+    def send_unsent(self) -> None:
+        """The chunks write_now took, in one write (unless the handler took them meanwhile)."""
+        if not self.unsent:
+            return
+        data, self.unsent = b"".join(self.unsent), []
+        if not self.parked or not self.writable():  # the handler writes them, as it would have
+            self.inbox.put_nowait(("data", data))
+            return
+        writing = self.resp.write(data)
+        try:
+            writing.send(None)  # not paused: it returns without waiting
+        except StopIteration:
+            pass
+        except Exception:  # nothing was written: the handler writes it, and hears the error
+            self.inbox.put_nowait(("data", data))
+        else:  # it waited for the client after writing: the next chunks queue behind
+            writing.close()
 
     async def flush(self, out: list[bytes], last: bool = False) -> None:
         data = b"".join(out)

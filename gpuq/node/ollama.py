@@ -66,6 +66,54 @@ MESSAGE_FIELDS = (("content", "message.content"), ("thinking", "message.thinking
 TOP_FIELDS = (("response", str), ("done", bool), ("done_reason", str), *((key, int) for key in STATS))
 
 
+class _ReadDeadline:
+    """A stream's read limit, one timer for the whole stream: each read waits at most until
+    `at`, which progress moves on by assignment. asyncio.timeout_at around each read set a
+    timer and cancelled it once per token; this timer fires once per limit, and when the limit
+    moved on meanwhile, sets itself again for the new one. It cancels the task only while a read
+    waits, never while the consumer of a `yield` runs."""
+
+    def __init__(self, at: float):
+        self.loop = asyncio.get_running_loop()
+        self.task = asyncio.current_task()
+        self.at = at
+        self.reading = self.expired = False
+        self.handle: asyncio.TimerHandle | None = None
+
+    def _fire(self) -> None:
+        self.handle = None
+        if not self.reading:  # set again by the next read
+            return
+        if self.loop.time() < self.at:
+            self.handle = self.loop.call_at(self.at, self._fire)
+            return
+        self.expired = True
+        self.task.cancel()
+
+    async def read(self, content: aiohttp.StreamReader) -> bytes:
+        """`content.readany()`, or TimeoutError at `at` (a read that finds bytes waiting
+        returns them, past the limit or not, as asyncio.timeout_at's does)."""
+        if self.handle is None or self.handle.when() > self.at:  # (the first token's limit is longer)
+            if self.handle is not None:
+                self.handle.cancel()
+            self.handle = self.loop.call_at(self.at, self._fire)
+        cancelling = self.task.cancelling()
+        self.reading = True
+        try:
+            return await content.readany()
+        except asyncio.CancelledError:
+            if self.expired and self.task.uncancel() <= cancelling:
+                raise TimeoutError from None
+            raise
+        finally:
+            self.reading = self.expired = False
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+
+
 def prompt_was_cut(prompt_eval_count: int, num_ctx: int, num_keep: int = 4) -> bool:
     """Did Ollama cut the prompt to fit the context window? It says so only in its own log, but
     the prompt tokens it evaluated show it: older runners cut to the window (num_ctx), current
@@ -289,40 +337,51 @@ class OllamaClient:
                 # not per line. A line still unfinished past the limit fails here, before it
                 # fills the router's memory.
                 limit = max_line or resp.content.get_read_buffer_limits()[1]
-                pending = b""
-                while True:
-                    try:
-                        async with asyncio.timeout_at(progress_by):
-                            data = await resp.content.readany()
-                    except TimeoutError:
-                        raise self._late(first) from None
-                    if data:
-                        *lines, pending = (pending + data).split(b"\n")
-                    else:
-                        lines, pending = [pending], b""
-                    for raw in lines:
-                        if len(raw) > limit:
+                pending = buffered = b""
+                deadline = _ReadDeadline(progress_by)
+                try:
+                    while True:
+                        if buffered:  # bytes that came while the last ones were handled
+                            data, buffered = buffered, b""
+                        else:
+                            deadline.at = progress_by
+                            try:
+                                data = await deadline.read(resp.content)
+                            except TimeoutError:
+                                raise self._late(first) from None
+                        if data:
+                            *lines, pending = (pending + data).split(b"\n")
+                        else:
+                            lines, pending = [pending], b""
+                        for raw in lines:
+                            if len(raw) > limit:
+                                raise self._wrong(f"a chat line longer than {limit} bytes, the most the router reads")
+                            line = raw.strip()
+                            if not line:
+                                continue
+                            try:
+                                chunk, halves = _loads(line)
+                            except (ValueError, RecursionError):
+                                raise self._wrong(f"a chat line that is not JSON: {line[:200]!r}") from None
+                            self._check_chunk(chunk, line, halves)
+                            yield line, chunk
+                            if chunk.get("done"):
+                                return
+                            if _progress(chunk):  # the clock starts once the consumer is done with it
+                                first, progress_by = False, loop.time() + self.stall_timeout_s
+                        if len(pending) > limit:
                             raise self._wrong(f"a chat line longer than {limit} bytes, the most the router reads")
-                        line = raw.strip()
-                        if not line:
-                            continue
-                        try:
-                            chunk, halves = _loads(line)
-                        except (ValueError, RecursionError):
-                            raise self._wrong(f"a chat line that is not JSON: {line[:200]!r}") from None
-                        self._check_chunk(chunk, line, halves)
-                        yield line, chunk
-                        if chunk.get("done"):
-                            return
-                        if _progress(chunk):  # the clock starts once the consumer is done with it
-                            first, progress_by = False, loop.time() + self.stall_timeout_s
-                    if len(pending) > limit:
-                        raise self._wrong(f"a chat line longer than {limit} bytes, the most the router reads")
-                    if not data:
-                        break
-                    # readany returns at once while bytes wait: a node that sends fast must
-                    # not hold the event loop (every other node, /health) between its reads.
-                    await asyncio.sleep(0)
+                        if not data:
+                            break
+                        # Bytes that came meanwhile are taken without waiting; then this task lets
+                        # the loop run once, so a node that sends fast does not hold it (every
+                        # other node, /health). Nothing came (a paced token): the read waits, and
+                        # the loop runs anyway: no second turn of the loop per token.
+                        buffered = resp.content.read_nowait()
+                        if buffered:
+                            await asyncio.sleep(0)
+                finally:
+                    deadline.close()
             raise OllamaError("Ollama's stream ended without done: true")
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             raise self._unreachable(exc, self.connect_timeout_s) from exc
