@@ -16,6 +16,19 @@ from conftest import eventually, free_port, node_table
 pytestmark = pytest.mark.postgres
 
 
+@pytest.fixture
+async def clients():
+    """ollama.AsyncClient(host=...) for the test, each closed after it (its sockets with it)."""
+    made: list[ollama.AsyncClient] = []
+
+    def make(host: str) -> ollama.AsyncClient:
+        made.append(ollama.AsyncClient(host=host))
+        return made[-1]
+    yield make
+    for client in made:
+        await client.close()
+
+
 async def two_routers(fakes, daemon_factory, pg_dsn, **router):
     fake = await fakes("qwen3-coder:30b")
     nodes = [node_table("node-1", fake, 1, ["task", "critique"], "qwen3-coder:30b")]
@@ -71,7 +84,7 @@ async def test_a_job_deleted_through_one_router_stops_running_on_the_other(fakes
 
 
 async def test_a_front_door_call_runs_on_the_router_that_drives_a_node_and_the_other_names_it(
-        fakes, daemon_factory, pg_dsn):
+        fakes, daemon_factory, pg_dsn, clients):
     """The client waits on the router it called, so its call runs on a node that router drives;
     a router that drives no task node refuses at once (503), naming the router that does."""
     fake = await fakes("qwen3-coder:30b")
@@ -84,11 +97,11 @@ async def test_a_front_door_call_runs_on_the_router_that_drives_a_node_and_the_o
         await eventually(lambda: routers[-1].get("/health"), 10, what="the router's health")
     a, b = routers
     await eventually(lambda: _holds(a, "node-1"), 15, what="router a to drive node-1")
-    answer = await ollama.AsyncClient(host=f"http://{doors['gpuq']}").chat(
+    answer = await clients(f"http://{doors['gpuq']}").chat(
         model="qwen3-coder:30b", messages=[{"role": "user", "content": "hi"}])
     assert answer.message.content
     with pytest.raises(ollama.ResponseError) as refused:
-        await ollama.AsyncClient(host=f"http://{doors['b']}").chat(
+        await clients(f"http://{doors['b']}").chat(
             model="qwen3-coder:30b", messages=[{"role": "user", "content": "hi"}])
     assert refused.value.status_code == 503
     assert "drives no task node" in refused.value.error and a.url in refused.value.error
@@ -101,7 +114,7 @@ async def _holds(router, node: str) -> bool:
 
 
 async def test_a_front_door_call_moved_to_another_routers_node_fails_loudly_to_its_client(
-        fakes, daemon_factory, pg_dsn):
+        fakes, daemon_factory, pg_dsn, clients):
     """Each router drives its own nodes (its gpuq.toml lists them). A call waiting on router a's
     node, moved by a person to router b's node, cannot be answered there (its client waits on a):
     b fails it without sending it to the node, and a's client hears why at once."""
@@ -116,7 +129,7 @@ async def test_a_front_door_call_moved_to_another_routers_node_fails_loudly_to_i
     f1.script.stall_after = 1  # node-1 stays busy with a task: the call waits behind it
     [busy] = await a.submit("task", "keeps node-1 busy", node="node-1")
     await a.wait_state(busy["id"], "running", timeout=20)
-    call = asyncio.create_task(ollama.AsyncClient(host=f"http://{door}").chat(
+    call = asyncio.create_task(clients(f"http://{door}").chat(
         model="qwen3-coder:30b", messages=[{"role": "user", "content": "hi"}]))
 
     async def waiting_call():
@@ -133,7 +146,8 @@ async def test_a_front_door_call_moved_to_another_routers_node_fails_loudly_to_i
     assert f2.chat_requests == []  # never sent to node-2
 
 
-async def test_a_router_starting_leaves_the_other_routers_waiting_calls_alone(fakes, daemon_factory, pg_dsn):
+async def test_a_router_starting_leaves_the_other_routers_waiting_calls_alone(fakes, daemon_factory, pg_dsn,
+                                                                             clients):
     """A router that starts cancels the calls whose client went with a dead router (those waiting
     on the nodes it takes), never a live router's: that call still runs and answers its client."""
     fake = await fakes("qwen3-coder:30b")
@@ -144,7 +158,7 @@ async def test_a_router_starting_leaves_the_other_routers_waiting_calls_alone(fa
     fake.script.stall_after = 1
     [busy] = await a.submit("task", "keeps node-1 busy", node="node-1")
     await a.wait_state(busy["id"], "running", timeout=20)
-    call = asyncio.create_task(ollama.AsyncClient(host=f"http://{door}").chat(
+    call = asyncio.create_task(clients(f"http://{door}").chat(
         model="qwen3-coder:30b", messages=[{"role": "user", "content": "hi"}]))
 
     async def waiting_call():
@@ -159,4 +173,5 @@ async def test_a_router_starting_leaves_the_other_routers_waiting_calls_alone(fa
     async with a.session.delete(f"{a.url}/api/jobs/{busy['id']}") as resp:
         assert resp.status == 200
     answer = await asyncio.wait_for(call, 20)
-    assert answer.message.content and (await b.job(call_id))["state"] == "done"
+    assert answer.message.content
+    await b.wait_state(call_id, "done")  # (after its model left VRAM)
