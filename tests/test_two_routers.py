@@ -108,6 +108,21 @@ async def test_a_front_door_call_runs_on_the_router_that_drives_a_node_and_the_o
     assert len(fake.chat_requests) == 1  # the refused call never reached the node
 
 
+async def a_call_waiting_behind_a_task(a, fake, client) -> tuple[dict, asyncio.Task, str]:
+    """node-1 (router a's) busy with a task that stays running, and a front-door call through a's
+    door waiting behind it: the task, the call's task, the call's job id."""
+    fake.script.stall_after = 1
+    [busy] = await a.submit("task", "keeps node-1 busy", node="node-1")
+    await a.wait_state(busy["id"], "running", timeout=20)
+    call = asyncio.create_task(client.chat(model="qwen3-coder:30b", messages=[{"role": "user", "content": "hi"}]))
+
+    async def waiting_call():
+        queue = await a.get("/api/queue")
+        queued = next(n for n in queue["nodes"] if n["name"] == "node-1")["queued"]
+        return queued[0]["id"] if queued else None
+    return busy, call, await eventually(waiting_call, 15, what="the call to wait on node-1")
+
+
 async def _holds(router, node: str) -> bool:
     health = await router.get("/health")
     return node in (health.get("router") or {}).get("nodes", [])
@@ -126,17 +141,7 @@ async def test_a_front_door_call_moved_to_another_routers_node_fails_loudly_to_i
     b = await daemon_factory([two], name="b", database=pg_dsn, stall_timeout="60s")
     await eventually(lambda: _holds(a, "node-1"), 15, what="router a to drive node-1")
     await eventually(lambda: _holds(b, "node-2"), 15, what="router b to drive node-2")
-    f1.script.stall_after = 1  # node-1 stays busy with a task: the call waits behind it
-    [busy] = await a.submit("task", "keeps node-1 busy", node="node-1")
-    await a.wait_state(busy["id"], "running", timeout=20)
-    call = asyncio.create_task(clients(f"http://{door}").chat(
-        model="qwen3-coder:30b", messages=[{"role": "user", "content": "hi"}]))
-
-    async def waiting_call():
-        queue = await a.get("/api/queue")
-        queued = next(n for n in queue["nodes"] if n["name"] == "node-1")["queued"]
-        return queued[0]["id"] if queued else None
-    call_id = await eventually(waiting_call, 15, what="the call to wait on node-1")
+    busy, call, call_id = await a_call_waiting_behind_a_task(a, f1, clients(f"http://{door}"))
     async with b.session.post(f"{b.url}/api/jobs/{call_id}/move", json={"node": "node-2"}) as resp:
         assert resp.status == 200, await resp.text()
     with pytest.raises(ollama.ResponseError) as failed:
@@ -155,17 +160,7 @@ async def test_a_router_starting_leaves_the_other_routers_waiting_calls_alone(fa
     door = f"127.0.0.1:{free_port()}"
     a = await daemon_factory([one], database=pg_dsn, ollama_listen=door, stall_timeout="60s")
     await eventually(lambda: _holds(a, "node-1"), 15, what="router a to drive node-1")
-    fake.script.stall_after = 1
-    [busy] = await a.submit("task", "keeps node-1 busy", node="node-1")
-    await a.wait_state(busy["id"], "running", timeout=20)
-    call = asyncio.create_task(clients(f"http://{door}").chat(
-        model="qwen3-coder:30b", messages=[{"role": "user", "content": "hi"}]))
-
-    async def waiting_call():
-        queue = await a.get("/api/queue")
-        queued = next(n for n in queue["nodes"] if n["name"] == "node-1")["queued"]
-        return queued[0]["id"] if queued else None
-    call_id = await eventually(waiting_call, 15, what="the call to wait on node-1")
+    busy, call, call_id = await a_call_waiting_behind_a_task(a, fake, clients(f"http://{door}"))
     b = await daemon_factory([one], name="b", database=pg_dsn)
     await eventually(lambda: b.get("/health"), 10, what="router b to answer")
     assert (await b.job(call_id))["state"] == "queued"
