@@ -89,6 +89,7 @@ async def test_ten_thousand_waiting_jobs_on_fifty_nodes_are_all_reachable_and_mo
         col = page.locator(column(node))
         await scroll_list(page, node, "top")
         await expect(col.locator(".queue-head .count")).to_have_text(str(PER_NODE - 1))
+        await expect(col.locator(".more")).to_have_count(0)  # the first load's screenful, then all
         first, second, last = job_id(node_i, 1), job_id(node_i, 2), job_id(node_i, PER_NODE - 1)
         await expect(col.locator(card(first))).to_be_visible()
         await expect(col.locator(f"{card(first)} .pos")).to_have_text("1")
