@@ -22,14 +22,14 @@ import aiohttp
 
 from gpuq.store import NewJob, NodeInfo, Store
 
-from . import front, growth, listings, peers, postgres, replay, written
+from . import front, growth, listings, peers, postgres, replay, scale, written
 from .fakes import MODEL_LEFT
 from .procs import QUIET_S, Fakes, Router, free_port, node_table, rss_mb
 from .stats import Metric, fmt, table
 
 BENCH_DIR = Path(__file__).resolve().parent
 SECTIONS = ("physical", "peers", "submit", "turnaround", "first_token", "written", "growth", "listings", "unload_policy",
-            "front", "warm", "postgres", "replay")
+            "front", "warm", "postgres", "replay", "scale")
 NODES = {"n1": "qwen3-coder:30b", "n2": "llama3.2:latest"}
 CONCURRENT_WORKERS = 8
 UNLOAD_S = 0.2  # how long a real Ollama lists a model in /api/ps after keep_alive: 0 (its runner exits)
@@ -733,6 +733,8 @@ class Bench:
             await postgres.postgres_section(self)
         if self.wants("replay"):  # its own routers and simulated nodes, one per policy
             await replay.replay_section(self)
+        if self.wants("scale"):  # its own routers, nodes and Chromium
+            await scale.scale_section(self)
         needs_router = any(self.wants(s) for s in ("submit", "turnaround", "first_token", "written", "growth", "listings"))
         if not needs_router:
             return
@@ -782,6 +784,11 @@ class Bench:
             "listing_kb_1": lambda v: v <= 300.0,
             "listing_rss": lambda v: v <= 200.0,
             "listing_hwm": lambda v: v <= 200.0,
+            "scale_page_10000": lambda v: v < 1000.0,
+            "scale_claim_ratio": lambda v: v <= 2.0,
+            **{k: (lambda v: v <= 1.0) for k in ("scale_q_ratio", "scale_qp_ratio", "scale_page_ratio",
+                                                  "scale_events_cpu_ratio", "scale_front_rss_ratio",
+                                                  "scale_front_fds_ratio")},
         }
         if "listing_health_busy" in m and m["listing_health_busy"].pooled:  # its target is on p95
             m["listing_health_busy"].met = m["listing_health_busy"].summary()["p95"] <= 50.0

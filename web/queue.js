@@ -9,8 +9,15 @@ import {
   isRefusal, refusalNotice, promptStart,
 } from './common.js';
 
-const LIMIT_STEP = 200; // waiting jobs rendered per column; the rest is a count
+const LIMIT_STEP = 200; // waiting jobs fetched per column; the rest is a count
 const LIMIT_MAX = 2000;
+const FIRST_LIMIT = 40; // the first load asks for a screenful per column, then for LIMIT_STEP at once
+// A board with more waiting jobs than this draws, in each column, only the cards in view plus a
+// margin (spacers stand for the rest, so the scroll bars are the whole list's); a column out of
+// view draws none. Each column keeps its whole order as data: positions, moves and drops count
+// in the whole list, whatever is drawn.
+const WINDOW_FROM = 400;
+const MARGIN = 20; // cards drawn beyond the view, above and below
 const RECENT = 12;
 const QUIET_S = 15; // a running job without tokens this long says so
 const TAIL = 1000000000; // the API's largest position: the tail of a queue
@@ -34,6 +41,7 @@ const S = {
   changes: 0,
   refreshes: 0, // refreshes started
   fetched: 0, // the refresh whose answers S holds
+  full: false, // a first load (a screenful per column) was shown: refreshes ask for the whole limit
   shown: 0, // the refresh whose answers are on the screen (page tests wait for one started after a change)
 };
 window.gpuq = S; // for the browser console (and the page tests)
@@ -53,10 +61,11 @@ async function loadRecent() {
 
 async function refresh() {
   const asked = ++S.refreshes;
+  const limit = S.full ? S.limit : Math.min(S.limit, FIRST_LIMIT);
   // Each part apart: /health answers from the router's memory whatever the store does, so its
   // truth (a store that does not answer, a node down) shows even when the other reads fail.
   const [queue, health, recent, activity] = await Promise.allSettled([
-    getJSON(`/api/queue?limit=${S.limit}`),
+    getJSON(`/api/queue?limit=${limit}`),
     getJSON('/health', [200, 503]),
     loadRecent(),
     getJSON(`/api/activity?since=${encodeURIComponent(localMidnight())}`),
@@ -71,7 +80,16 @@ async function refresh() {
                       updatedAt: Date.now()});
   }
   S.fetched = asked;
+  if (!S.answeredAt && S.queue) S.answeredAt = performance.now(); // the first answers in (for make bench)
+  const first = !S.full && S.queue && !S.error;
+  if (first) S.full = true; // the next refresh asks for the whole limit
   render();
+  if (first) {
+    if (S.queue.nodes.some((n) => n.queued.length < Math.min(n.queued_count, S.limit))) refreshSoon();
+    else S.fullAt = performance.now();
+  } else if (S.full && !S.fullAt && S.queue) {
+    S.fullAt = performance.now(); // every column as long as the limit (for make bench)
+  }
 }
 
 const refreshSoon = coalesced(refresh, 250);
@@ -93,6 +111,7 @@ function render() {
   renderAwake();
   renderAlerts();
   renderBoard();
+  if (!S.drawnAt && S.queue) S.drawnAt = performance.now(); // the first board drawn (for make bench)
   renderUtil();
   renderRecent();
   paintProgress();
@@ -279,10 +298,10 @@ function renderBoard() {
     board.replaceChildren(el('p', {className: 'empty', text: 'No nodes are configured: add [[node]] tables to gpuq.toml.'}));
     return;
   }
+  cols.clear();
+  windowed = q.nodes.reduce((sum, n) => sum + n.queued.length, 0) > WINDOW_FROM;
   board.replaceChildren(...q.nodes.map((n) => column(n, stale)));
-  for (const list of board.querySelectorAll('.queue')) {
-    if (scroll.has(list.dataset.node)) list.scrollTop = scroll.get(list.dataset.node);
-  }
+  drawAll(true, scroll);
   if (focusCard) {
     const again = cardById(focusCard.dataset.id);
     if (again) again.focus({preventScroll: true});
@@ -290,6 +309,104 @@ function renderBoard() {
   const running = new Set(q.nodes.filter((n) => n.running).map((n) => n.running.id));
   for (const id of S.tokens.keys()) if (!running.has(id)) S.tokens.delete(id);
   for (const n of q.nodes) if (n.running) baseline(n.running);
+}
+
+// -- the columns' cards: all of them, or (a large board) the ones in view ---------------------
+
+const cols = new Map(); // node -> {list, jobs (the whole order), model, cards (id -> element), start, end}
+let windowed = false;
+let cardHeight = 0; // a drawn card's height and the gap under it, measured once
+
+function spacer(px) {
+  const li = el('li', {className: 'vspace', 'aria-hidden': 'true'});
+  li.style.height = `${Math.max(0, px - 4)}px`; // the list's gap (4 px) follows it
+  return li;
+}
+
+// The cards [start, end) of a column to draw: every card, or those in the viewport plus MARGIN.
+function rangeOf(c, scrollTop) {
+  const n = c.jobs.length;
+  if (!windowed || !n) return [0, n];
+  if (!cardHeight) return [0, Math.min(n, 3)]; // to measure one
+  const r = c.list.getBoundingClientRect();
+  const vw = window.innerWidth, vh = window.innerHeight;
+  if (r.right < -vw / 2 || r.left > vw * 1.5 || r.bottom < -vh / 2 || r.top > vh * 1.5) return [0, 0];
+  // As if the list reached the viewport's bottom: an empty list is short until it is drawn.
+  const top = scrollTop + Math.max(0, -r.top);
+  const bottom = scrollTop + vh - r.top;
+  const start = Math.max(0, Math.floor(top / cardHeight) - MARGIN);
+  const end = Math.min(n, Math.max(start, Math.ceil(bottom / cardHeight) + MARGIN));
+  return [start, end];
+}
+
+// A card drawn at position `i` of `count`: its number, its label, its ↑ / ↓ buttons.
+function cardAt(c, i) {
+  const job = c.jobs[i];
+  let card = c.cards.get(job.id);
+  if (!card) {
+    card = queuedCard(job, i, c.model, c.jobs.length);
+    c.cards.set(job.id, card);
+  }
+  card.querySelector('.pos').textContent = String(i + 1);
+  card.setAttribute('aria-label', `${job.kind} ${job.id}, position ${i + 1} on ${card.dataset.node}: ${promptExcerpt(job, 80)}`);
+  const [up, down] = card.querySelectorAll('.step');
+  up.disabled = i === 0;
+  down.disabled = i === c.jobs.length - 1;
+  return card;
+}
+
+function drawList(c, force = false, scrollTop = c.list.scrollTop, range = rangeOf(c, scrollTop)) {
+  const [start, end] = range;
+  if (!force && start === c.start && end === c.end) return;
+  c.start = start;
+  c.end = end;
+  const active = document.activeElement;
+  const had = active && c.list.contains(active) ? active : null;
+  const items = [];
+  if (start > 0) items.push(spacer(start * cardHeight));
+  for (let i = start; i < end; i++) items.push(cardAt(c, i));
+  if (end < c.jobs.length) items.push(spacer((c.jobs.length - end) * cardHeight));
+  if (!c.jobs.length) items.push(el('li', {className: 'empty-queue', text: 'nothing waiting'}));
+  c.list.replaceChildren(...items);
+  if (c.list.scrollTop !== scrollTop) c.list.scrollTop = scrollTop;
+  if (had && had.isConnected) had.focus({preventScroll: true});
+}
+
+function drawAll(force = false, scroll = new Map()) {
+  if (windowed && !cardHeight) {
+    const c = [...cols.values()].find((x) => x.jobs.length);
+    if (c) {
+      drawList(c, true, 0);
+      const drawn = [...c.list.querySelectorAll(':scope > .card')];
+      const h = drawn.reduce((sum, d) => sum + d.offsetHeight, 0) / drawn.length;
+      if (h > 0) cardHeight = h + 4; // the list's gap
+    }
+  }
+  // Every range first (one layout), then the lists drawn.
+  const plan = [...cols].map(([name, c]) => {
+    const top = scroll.has(name) ? scroll.get(name) : c.list.scrollTop;
+    return [c, top, rangeOf(c, top)];
+  });
+  for (const [c, top, range] of plan) drawList(c, force, top, range);
+}
+
+let drawQueued = false;
+function drawSoon() {
+  if (!windowed || drawQueued || S.dragging || S.pressing) return;
+  drawQueued = true;
+  requestAnimationFrame(() => { drawQueued = false; drawAll(); });
+}
+board.addEventListener('scroll', drawSoon, {capture: true, passive: true}); // a column's list, or the board sideways
+window.addEventListener('scroll', drawSoon, {passive: true}); // a phone: the columns stacked
+window.addEventListener('resize', drawSoon);
+
+// Draw the window around card `index` of a column (scrolled to it if it was not drawn).
+function reveal(c, index) {
+  if (windowed && cardHeight && (index < c.start + 2 || index >= c.end - 2)) {
+    drawList(c, true, Math.max(0, index * cardHeight - c.list.clientHeight / 2));
+  } else {
+    drawList(c, true);
+  }
 }
 
 // Each column's busy strip and jobs per hour, redrawn on every refresh without rebuilding the board.
@@ -361,12 +478,11 @@ function column(node, stale) {
       : el('div', {className: 'idle', text: idleText(node, cls)}));
   const shown = node.queued.length;
   const list = el('ol', {className: 'queue', dataset: {node: node.name},
-    'aria-label': `jobs waiting on ${node.name}`},
-  ...node.queued.map((job, i) => queuedCard(job, i, node.model, node.queued_count)));
+    'aria-label': `jobs waiting on ${node.name}`});
+  cols.set(node.name, {list, jobs: node.queued.slice(), model: node.model, cards: new Map(), start: 0, end: 0});
   const waiting = el('div', {className: 'queue-head'},
     el('span', {text: 'Waiting'}), el('span', {className: 'count', text: fmtNum(node.queued_count)}));
   col.append(head, slot, waiting, list);
-  if (!shown) list.append(el('li', {className: 'empty-queue', text: 'nothing waiting'}));
   if (node.queued_count > shown) {
     const more = node.queued_count - shown;
     col.append(el('div', {className: 'more'},
@@ -459,7 +575,7 @@ function moveSelect(job) {
     if (!target) return;
     const card = select.closest('.card');
     select.blur();
-    moveTo(card, target, queuedIn(target, card).length, {tail: true});
+    moveTo(card, target, queuedIn(target, card.dataset.id).length, {tail: true});
   });
   select.addEventListener('blur', () => { if (S.deferred) setTimeout(render, 0); });
   return select;
@@ -633,35 +749,40 @@ function listOf(node) {
   return board.querySelector(`.queue[data-node="${CSS.escape(node)}"]`);
 }
 
-function queuedIn(node, except) {
+// The cards drawn in a column's list (all of them unless the board is windowed).
+function drawnIn(node, except) {
   const list = listOf(node);
   return list ? [...list.querySelectorAll(':scope > .card')].filter((c) => c !== except) : [];
 }
 
-function renumber(list) {
-  if (!list) return;
-  const cards = [...list.querySelectorAll(':scope > .card')];
-  cards.forEach((c, i) => { c.querySelector('.pos').textContent = String(i + 1); });
-  const empty = list.querySelector(':scope > .empty-queue');
-  if (empty) empty.hidden = cards.length > 0;
+// The ids waiting in a column, in its whole order (drawn or not).
+function queuedIn(node, exceptId) {
+  const c = cols.get(node);
+  return c ? c.jobs.map((j) => j.id).filter((id) => id !== exceptId) : [];
 }
 
 // Put a queued card at `index` among the other waiting cards of `target` (0 = head), on the
 // page at once, and ask the router to do the same.
 function moveTo(card, target, index, {tail = false} = {}) {
   const {id, node: from} = cardInfo(card);
-  const list = listOf(target);
-  if (!list) return;
-  const others = queuedIn(target, card);
+  const src = cols.get(from), dst = cols.get(target);
+  if (!src || !dst) return;
+  const others = queuedIn(target, id);
   index = Math.max(0, Math.min(index, others.length));
-  if (from === target && queuedIn(from).indexOf(card) === index && !tail) return;
-  const body = tail ? {position: TAIL} : index === 0 ? {position: 1} : {after: others[index - 1].dataset.id};
+  const at = src.jobs.findIndex((j) => j.id === id);
+  if (at < 0 || (from === target && at === index && !tail)) return;
+  const body = tail ? {position: TAIL} : index === 0 ? {position: 1} : {after: others[index - 1]};
   if (target !== from) body.node = target;
   const hadFocus = card.contains(document.activeElement);
-  list.insertBefore(card, others[index] || null);
+  const [job] = src.jobs.splice(at, 1);
+  dst.jobs.splice(index, 0, job);
   card.dataset.node = target;
-  renumber(list);
-  if (target !== from) renumber(listOf(from));
+  if (target !== from) {
+    src.cards.delete(id);
+    dst.cards.set(id, card);
+    drawList(src, true);
+  }
+  reveal(dst, index);
   if (hadFocus) card.focus({preventScroll: true});
   card.scrollIntoView({block: 'nearest'});
   announce(`${id} moved to position ${index + 1} on ${target}`);
@@ -725,22 +846,27 @@ function announce(text) {
 
 let marker = null;
 
+// The drop's index in the column's whole order (the cards drawn start at its window's start).
 function dropIndex(col, y) {
   const list = col.querySelector('.queue');
-  if (!list) return 0;
+  const c = cols.get(col.dataset.node);
+  if (!list || !c) return 0;
   if (y < list.getBoundingClientRect().top) return 0; // over the header or the running job: the head
-  const cards = queuedIn(col.dataset.node, S.dragging && S.dragging.card);
+  const cards = drawnIn(col.dataset.node, S.dragging && S.dragging.card);
   for (let i = 0; i < cards.length; i++) {
     const r = cards[i].getBoundingClientRect();
-    if (y < r.top + r.height / 2) return i;
+    if (y < r.top + r.height / 2) return c.start + i;
   }
-  return cards.length;
+  return c.start + cards.length;
 }
 
 function showMarker(col, index) {
   if (!marker) marker = el('li', {className: 'drop-marker', 'aria-hidden': 'true'});
-  const cards = queuedIn(col.dataset.node, S.dragging.card);
-  col.querySelector('.queue').insertBefore(marker, cards[index] || null);
+  const c = cols.get(col.dataset.node);
+  const cards = drawnIn(col.dataset.node, S.dragging.card);
+  const list = col.querySelector('.queue');
+  const below = c && c.end < c.jobs.length ? list.querySelector(':scope > .vspace:last-child') : null;
+  list.insertBefore(marker, cards[index - (c ? c.start : 0)] || below);
   for (const c of board.querySelectorAll('.col.drop-target')) if (c !== col) c.classList.remove('drop-target');
   col.classList.add('drop-target');
 }
@@ -836,17 +962,17 @@ function neighbourNode(name, step, kind) {
 
 // The ↑ / ↓ buttons: one place up or down the card's own queue (what Alt+↑ / Alt+↓ do).
 function stepMove(card, step) {
-  const {node} = cardInfo(card);
+  const {id, node} = cardInfo(card);
   const cards = queuedIn(node);
-  const i = cards.indexOf(card);
+  const i = cards.indexOf(id);
   if (i < 0 || i + step < 0 || i + step >= cards.length) return;
   moveTo(card, node, i + step);
 }
 
 function keyMove(card, key) {
-  const {node, kind} = cardInfo(card);
+  const {id, node, kind} = cardInfo(card);
   const cards = queuedIn(node);
-  const i = cards.indexOf(card);
+  const i = cards.indexOf(id);
   if (key === 'ArrowUp' && i > 0) moveTo(card, node, i - 1);
   else if (key === 'ArrowDown' && i < cards.length - 1) moveTo(card, node, i + 1);
   else if (key === 'Home' && i > 0) moveTo(card, node, 0);
