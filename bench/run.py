@@ -22,14 +22,14 @@ import aiohttp
 
 from gpuq.store import NewJob, NodeInfo, Store
 
-from . import front, growth, listings, peers, postgres, written
+from . import front, growth, listings, peers, pgstore, postgres, written
 from .fakes import MODEL_LEFT
 from .procs import QUIET_S, Fakes, Router, free_port, node_table, rss_mb
 from .stats import Metric, fmt, table
 
 BENCH_DIR = Path(__file__).resolve().parent
 SECTIONS = ("physical", "peers", "submit", "turnaround", "first_token", "written", "growth", "listings", "unload_policy",
-            "front", "warm", "postgres")
+            "front", "warm", "postgres", "pgstore")
 NODES = {"n1": "qwen3-coder:30b", "n2": "llama3.2:latest"}
 CONCURRENT_WORKERS = 8
 UNLOAD_S = 0.2  # how long a real Ollama lists a model in /api/ps after keep_alive: 0 (its runner exits)
@@ -730,6 +730,8 @@ class Bench:
             await front.warm_section(self)
         if self.wants("postgres"):  # its own throwaway PostgreSQL cluster
             await postgres.postgres_section(self)
+        if self.wants("pgstore"):  # its own cluster, fakes and routers: gpuq on each engine
+            await pgstore.pgstore_section(self)
         needs_router = any(self.wants(s) for s in ("submit", "turnaround", "first_token", "written", "growth", "listings"))
         if not needs_router:
             return
@@ -779,6 +781,7 @@ class Bench:
             "listing_kb_1": lambda v: v <= 300.0,
             "listing_rss": lambda v: v <= 200.0,
             "listing_hwm": lambda v: v <= 200.0,
+            "pgs_failover": lambda v: v <= (pgstore.LEASE_S + pgstore.LEASE_S / 3) * 1000,
         }
         if "listing_health_busy" in m and m["listing_health_busy"].pooled:  # its target is on p95
             m["listing_health_busy"].met = m["listing_health_busy"].summary()["p95"] <= 50.0
