@@ -22,14 +22,14 @@ import aiohttp
 
 from gpuq.store import NewJob, NodeInfo, Store
 
-from . import front, growth, listings, peers, postgres, replay, scale, written
+from . import front, growth, listings, peers, pgstore, postgres, replay, scale, written
 from .fakes import MODEL_LEFT
 from .procs import QUIET_S, Fakes, Router, free_port, node_table, rss_mb
 from .stats import Metric, fmt, table
 
 BENCH_DIR = Path(__file__).resolve().parent
 SECTIONS = ("physical", "peers", "submit", "turnaround", "first_token", "written", "growth", "listings", "unload_policy",
-            "front", "warm", "postgres", "replay", "scale")
+            "front", "warm", "postgres", "pgstore", "replay", "scale")
 NODES = {"n1": "qwen3-coder:30b", "n2": "llama3.2:latest"}
 CONCURRENT_WORKERS = 8
 UNLOAD_S = 0.2  # how long a real Ollama lists a model in /api/ps after keep_alive: 0 (its runner exits)
@@ -731,6 +731,8 @@ class Bench:
             await front.warm_section(self)
         if self.wants("postgres"):  # its own throwaway PostgreSQL cluster
             await postgres.postgres_section(self)
+        if self.wants("pgstore"):  # its own cluster, fakes and routers: gpuq on each engine
+            await pgstore.pgstore_section(self)
         if self.wants("replay"):  # its own routers and simulated nodes, one per policy
             await replay.replay_section(self)
         if self.wants("scale"):  # its own routers, nodes and Chromium
@@ -789,6 +791,7 @@ class Bench:
             **{k: (lambda v: v <= 1.0) for k in ("scale_q_ratio", "scale_qp_ratio", "scale_page_ratio",
                                                   "scale_events_cpu_ratio", "scale_front_rss_ratio",
                                                   "scale_front_fds_ratio")},
+            "pgs_failover": lambda v: v <= (pgstore.LEASE_S + pgstore.LEASE_S / 3) * 1000,
         }
         if "listing_health_busy" in m and m["listing_health_busy"].pooled:  # its target is on p95
             m["listing_health_busy"].met = m["listing_health_busy"].summary()["p95"] <= 50.0
