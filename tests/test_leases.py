@@ -318,3 +318,27 @@ async def test_a_node_another_router_takes_is_no_longer_driven_here_until_it_is_
     write_to(tmp_path / "gpuq.db", leases.release, other, time.time())  # free again: taken, the job runs
     await d.wait_state(waiting["id"], "done", timeout=20)
     assert (await d.get("/health"))["router"]["nodes"] == ["n1"]
+
+
+@pytest.mark.postgres
+async def test_on_postgresql_leases_run_on_the_servers_clock_whatever_the_routers_clock_says(pg_dsn):
+    """Routers on several machines disagree about the time; the lease's end is written with the
+    database server's clock, so a router whose clock is an hour fast holds a node for the lease
+    time, not an hour longer (and one an hour slow does not lose it at once)."""
+    from gpuq.store import Store
+    for skew in (3600.0, -3600.0):
+        store = Store(pg_dsn, clock=lambda skew=skew: time.time() + skew)
+        await store.open()
+        try:
+            router = Router.new("127.0.0.1:1", None, store.clock())
+            taken = await store.take_nodes(router, ["node-1"], 10.0)
+            assert taken.held == ["node-1"]
+            [row] = await store.read("SELECT expires_at, " + leases.DB_NOW_SQL[len("SELECT "):] + " AS now"
+                                     " FROM node_lease WHERE node = 'node-1'")
+            assert 9.0 <= float(row["expires_at"]) - float(row["now"]) <= 10.0
+            assert await store.renew_nodes(router, ["node-1"], 10.0) == ["node-1"]
+            health = await store.routers(10.0)
+            assert [r["id"] for r in health["routers"]] == [router.id]  # alive by the server's clock
+            await store.release_nodes(router)
+        finally:
+            await store.close()

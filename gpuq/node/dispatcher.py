@@ -116,6 +116,7 @@ class Dispatcher:
                                                  self._changed, self.wake)
         worker.stopping = self.quiesced  # a node a reload adds while the router drains starts nothing
         worker.leased = lambda name=cfg.name: self.leases.holds(name)
+        worker.lease_lapsed = self.leases.wake.set  # renew now: the store says whether it is still ours
         return rt
 
     def _start_loops(self, name: str) -> None:

@@ -17,6 +17,16 @@ from ..store.leases import Router, Taken
 
 log = logging.getLogger("gpuq")
 
+# The clock a lease's end is judged by here: one that keeps counting while the machine sleeps
+# (Linux's CLOCK_MONOTONIC stops in a suspend, CLOCK_BOOTTIME does not; macOS's CLOCK_MONOTONIC
+# counts sleep), so a laptop that wakes after its lease ran out claims nothing until the store
+# says the node is still its own.
+_CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+
+
+def awake_clock() -> float:
+    return time.clock_gettime(_CLOCK)
+
 
 class Leases:
     """The leases this router holds, and the loop that keeps them. `nodes()`: the nodes it drives
@@ -34,13 +44,13 @@ class Leases:
         # SQLite: no other router lives (the lock file), so a lease this router could not renew
         # (a person holds the write lock) is still its own: its workers go on.
         self.alone: bool = store.alone
-        self.until: dict[str, float] = {}  # node -> when its lease runs out unrenewed (monotonic)
+        self.until: dict[str, float] = {}  # node -> when its lease runs out unrenewed (awake_clock)
         self.wake = asyncio.Event()  # a reload added nodes: take them now
 
     def holds(self, node: str) -> bool:
         """Does this router drive the node now (may its worker claim)?"""
         until = self.until.get(node)
-        return until is not None and (self.alone or time.monotonic() < until)
+        return until is not None and (self.alone or awake_clock() < until)
 
     def held(self) -> list[str]:
         return sorted(n for n in self.until if self.holds(n))
@@ -51,7 +61,7 @@ class Leases:
         return await self._take(self.nodes(), alone=self.alone)
 
     async def _take(self, nodes: list[str], alone: bool = False) -> Taken:
-        asked = time.monotonic()  # before the write: the store's expiry is no earlier than this
+        asked = awake_clock()  # before the write: the store's expiry is no earlier than this
         taken = await self.store.take_nodes(self.router, nodes, self.lease_s(), alone=alone)
         self._heard(nodes, taken.held, asked)
         return taken
@@ -61,7 +71,7 @@ class Leases:
         nodes = self.nodes()
         mine = [n for n in nodes if n in self.until]
         if mine:
-            asked = time.monotonic()
+            asked = awake_clock()
             self._heard(mine, await self.store.renew_nodes(self.router, mine, self.lease_s()), asked)
         others = [n for n in nodes if n not in self.until]
         if others or not mine:  # (the router's row is seen again by either)

@@ -101,6 +101,7 @@ class Worker:
         self.stopping = False  # the router is stopping: nothing new is claimed or sent
         # Does this router hold the node's lease (gpuq/node/leases.py)? Nothing is claimed while not.
         self.leased: Callable[[], bool] = lambda: True
+        self.lease_lapsed: Callable[[], None] = lambda: None  # the router's lease loop, asked to renew now
         # Waiting for work with nothing claimed: a submit to this node may claim its head in the
         # submit's own commit and hand it over (take), with no wake-up claim of this worker's.
         self.idle = False
@@ -435,6 +436,8 @@ class Worker:
         """Write the progress so far, at most every HEARTBEAT_S; returns when it last did."""
         if time.monotonic() - last_beat < HEARTBEAT_S:
             return last_beat
+        if not self.leased():  # the lease ran out while this job ran (the machine slept?): renew
+            self.lease_lapsed()  # now; if another router took the node, this worker loses the job
         try:
             output, thinking, upto = cur.unsaved()
             await self.store.heartbeat(cur.run_id, output, thinking)

@@ -648,17 +648,23 @@ class Store:
         a router starting takes every node at once. On PostgreSQL other routers may be alive."""
         return self.dsn is None
 
+    def _lease_now(self) -> float | None:
+        """The clock leases are written with: the router's on SQLite (it is alone); on PostgreSQL
+        None, the server's own (leases.clock), so routers whose clocks disagree still agree on
+        when a lease runs out."""
+        return self.clock() if self.dsn is None else None
+
     async def take_nodes(self, router: leases.Router, nodes: list[str], lease_s: float,
                          alone: bool = False) -> leases.Taken:
         """Take (or renew) the leases this router may hold; the jobs left running on nodes taken
         from dead routers fail, naming them."""
         return await self._write(partial(leases.take, router=router, nodes=nodes, lease_s=lease_s,
-                                         now=self.clock(), alone=alone))
+                                         now=self._lease_now(), alone=alone))
 
     async def renew_nodes(self, router: leases.Router, nodes: list[str], lease_s: float) -> list[str]:
         """Renew this router's leases; returns the nodes it still holds."""
         return await self._write(partial(leases.renew, router=router, nodes=nodes, lease_s=lease_s,
-                                         now=self.clock()))
+                                         now=self._lease_now()))
 
     async def release_nodes(self, router: leases.Router) -> list[str]:
         """A clean stop: this router's leases are freed for the next router."""
@@ -666,6 +672,6 @@ class Store:
 
     async def routers(self, lease_s: float) -> dict:
         """The routers alive (seen within `lease_s`), the nodes each holds, each node's holder."""
-        now = self.clock()
+        now = self.clock() if self.dsn is None else float((await self.read(leases.DB_NOW_SQL + " AS now"))[0]["now"])
         return leases.alive(await self.read(leases.ROUTERS_SQL, (now - lease_s,)),
                             await self.read(leases.LEASES_SQL), now)

@@ -76,12 +76,24 @@ def orphan_reason(run_router: str | None, node: str, lease: Row | None, alone: b
     return f"the router {run_router} that ran this job stopped (its lease on {node} was released or lost)"
 
 
-def take(db: Any, router: Router, nodes: list[str], lease_s: float, now: float, alone: bool = False) -> Taken:
+# The database's own clock, in seconds since the epoch: on PostgreSQL every router's lease is
+# written and judged by the one clock of the server, whatever the routers' clocks say.
+DB_NOW_SQL = "SELECT EXTRACT(EPOCH FROM clock_timestamp())"
+
+
+def clock(db: Any, now: float | None) -> float:
+    """`now` as given (SQLite: one router, its clock), or the database's (None: PostgreSQL)."""
+    return now if now is not None else float(db.execute(DB_NOW_SQL).fetchone()[0])
+
+
+def take(db: Any, router: Router, nodes: list[str], lease_s: float, now: float | None,
+         alone: bool = False) -> Taken:
     """Take (or renew) the leases of `nodes` this router may hold: free ones, expired ones, its
     own; with `alone` (SQLite: no other router lives) every one. Each node taken from another
     router (or found free) has the jobs still running there failed, naming the router that ran
     them; with `alone`, every job still running anywhere not run by this router. Returns the
     nodes held and the jobs failed."""
+    now = clock(db, now)
     _seen(db, router, now)
     nodes = list(dict.fromkeys(nodes))  # one row each: an upsert may not touch a row twice
     held: list[str] = []
@@ -122,10 +134,11 @@ def take(db: Any, router: Router, nodes: list[str], lease_s: float, now: float, 
     return Taken(held, failed)
 
 
-def renew(db: Any, router: Router | str, nodes: list[str], lease_s: float, now: float) -> list[str]:
+def renew(db: Any, router: Router | str, nodes: list[str], lease_s: float, now: float | None) -> list[str]:
     """Renew this router's leases on `nodes` (one statement); returns the nodes it still holds. A
     lease it let expire is renewed too, as long as no other router has taken it meanwhile."""
     router_id = router if isinstance(router, str) else router.id
+    now = clock(db, now)
     db.execute("UPDATE router SET seen_at = ? WHERE id = ?", (now, router_id))
     if not nodes:
         return []
