@@ -433,5 +433,5 @@ SETTINGS = dict(stateful_step_count=30, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 QueueMachine.TestCase.settings = settings(max_examples=100, **SETTINGS)
 test_queue_model = QueueMachine.TestCase
-QueueMachineOnPostgres.TestCase.settings = settings(max_examples=60, **SETTINGS)
+QueueMachineOnPostgres.TestCase.settings = settings(max_examples=20, **SETTINGS)  # the same rules, once more
 test_queue_model_on_postgres = pytest.mark.postgres(QueueMachineOnPostgres.TestCase)

@@ -128,11 +128,10 @@ async def _holds(router, node: str) -> bool:
     return node in (health.get("router") or {}).get("nodes", [])
 
 
-async def test_a_front_door_call_moved_to_another_routers_node_fails_loudly_to_its_client(
-        fakes, daemon_factory, pg_dsn, clients):
+async def test_a_front_door_call_does_not_move_to_another_routers_node(fakes, daemon_factory, pg_dsn, clients):
     """Each router drives its own nodes (its gpuq.toml lists them). A call waiting on router a's
-    node, moved by a person to router b's node, cannot be answered there (its client waits on a):
-    b fails it without sending it to the node, and a's client hears why at once."""
+    node cannot be moved (through b) to b's node: its client waits on a, and nobody would read its
+    answer on b. 409 naming why; the call stays where it was and answers its client."""
     f1, f2 = await fakes("qwen3-coder:30b"), await fakes("qwen3-coder:30b")
     one = node_table("node-1", f1, 1, ["task"], "qwen3-coder:30b")
     two = node_table("node-2", f2, 2, ["task"], "qwen3-coder:30b")
@@ -143,12 +142,14 @@ async def test_a_front_door_call_moved_to_another_routers_node_fails_loudly_to_i
     await eventually(lambda: _holds(b, "node-2"), 15, what="router b to drive node-2")
     busy, call, call_id = await a_call_waiting_behind_a_task(a, f1, clients(f"http://{door}"))
     async with b.session.post(f"{b.url}/api/jobs/{call_id}/move", json={"node": "node-2"}) as resp:
-        assert resp.status == 200, await resp.text()
-    with pytest.raises(ollama.ResponseError) as failed:
-        await asyncio.wait_for(call, 20)
-    assert "nobody waits for this call" in (await b.job(call_id))["error"]
-    assert "another router" in failed.value.error
-    assert f2.chat_requests == []  # never sent to node-2
+        assert resp.status == 409, await resp.text()
+        assert "a call moves only among its router's nodes" in (await resp.json())["error"]["message"]
+    assert (await a.job(call_id))["node"] == "node-1"
+    f1.script.stall_after = None
+    async with a.session.delete(f"{a.url}/api/jobs/{busy['id']}") as resp:
+        assert resp.status == 200
+    answer = await asyncio.wait_for(call, 20)
+    assert answer.message.content and f2.chat_requests == []
 
 
 async def test_a_router_starting_leaves_the_other_routers_waiting_calls_alone(fakes, daemon_factory, pg_dsn,

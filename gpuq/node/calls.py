@@ -75,7 +75,7 @@ class NoCalls:
         raise GpuqError("no front door is wired to this router's workers: a called job cannot be translated")
 
     def waits(self, job_id: str) -> bool:
-        return False
+        return False  # (nothing waits here)
 
     def failed(self, job_id: str, status: int | None, message: str) -> None:
         pass

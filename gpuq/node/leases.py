@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from typing import Callable
 
@@ -26,6 +27,17 @@ _CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
 
 def awake_clock() -> float:
     return time.clock_gettime(_CLOCK)
+
+
+def pid_alive(pid: int) -> bool:
+    """Is there a process `pid` on this machine (another user's counts)?"""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class Leases:
@@ -57,7 +69,13 @@ class Leases:
 
     async def start(self) -> Taken:
         """At start-up: take every node this router may; on SQLite every node (every other router
-        is dead), and every job still running fails, naming the router that ran it."""
+        is dead), and every job still running fails, naming the router that ran it. On PostgreSQL a
+        router this machine ran whose process is gone (a crash, a SIGKILL: the restart's usual
+        case) loses its leases first, so its nodes are taken now, not after the lease time."""
+        if not self.alone:
+            freed = await self.store.end_dead_routers(self.router, pid_alive)
+            if freed:
+                log.info("leases of this machine's dead router(s) ended: %s", ", ".join(freed))
         return await self._take(self.nodes(), alone=self.alone)
 
     async def _take(self, nodes: list[str], alone: bool = False) -> Taken:

@@ -71,13 +71,6 @@ class OutputCapped(Exception):
     """A job's output reached max_output_bytes: its request is cut, its output so far kept."""
 
 
-# A front-door call claimed where its client does not wait: moved onto a node another router
-# drives, or its router stopped. Nobody would read the answer, so it never reaches the node.
-NO_CLIENT_HERE = ("nobody waits for this call on the router that drives its node: a front-door call runs"
-                  " on the nodes of the router its client called (it was moved to another router's node,"
-                  " or that router stopped); nothing was sent to the node")
-
-
 class Worker:
     """Runs one node's queue, one job at a time. `changed` tells the pages what changed,
     `wake_all` wakes every node's worker (a finished task readies critiques held elsewhere)."""
@@ -351,8 +344,6 @@ class Worker:
         try:
             async with asyncio.timeout(limit_s):
                 if job.get("endpoint") is not None:  # a call through the front door (node/calls.py)
-                    if not self.calls.waits(job["id"]):
-                        return None, NO_CLIENT_HERE
                     return await self._call(job, cur), None
                 return await self._chat(job, cur), None
         except TimeoutError:

@@ -661,6 +661,13 @@ class Store:
         return await self._write(partial(leases.take, router=router, nodes=nodes, lease_s=lease_s,
                                          now=self._lease_now(), alone=alone))
 
+    async def end_dead_routers(self, router: leases.Router, alive: Callable[[int], bool]) -> list[str]:
+        """Routers this host ran whose process is gone (`alive(pid)` says no): their leases end
+        now. Returns the nodes freed."""
+        rows = await self.read(leases.ON_HOST_SQL, (router.host, router.id))
+        dead = [r["id"] for r in rows if not alive(r["pid"])]
+        return await self._write(partial(leases.end_dead, router_ids=dead, now=self._lease_now())) if dead else []
+
     async def renew_nodes(self, router: leases.Router, nodes: list[str], lease_s: float) -> list[str]:
         """Renew this router's leases; returns the nodes it still holds."""
         return await self._write(partial(leases.renew, router=router, nodes=nodes, lease_s=lease_s,

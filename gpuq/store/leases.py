@@ -148,6 +148,24 @@ def renew(db: Any, router: Router | str, nodes: list[str], lease_s: float, now: 
     return [n for n in nodes if n in got]
 
 
+# The routers last seen on a host, for a router starting there to find its dead predecessors.
+ON_HOST_SQL = "SELECT id, pid FROM router WHERE host = ? AND stopped_at IS NULL AND id <> ?"
+
+
+def end_dead(db: Any, router_ids: list[str], now: float | None) -> list[str]:
+    """Routers known dead (their process is gone from this host): their leases run out now, so
+    a router restarted on the same machine takes its nodes at once rather than after the lease.
+    Returns the nodes whose leases ended."""
+    if not router_ids:
+        return []
+    now = clock(db, now)
+    marks = _marks(len(router_ids))
+    db.execute(f"UPDATE router SET stopped_at = ? WHERE id IN ({marks})", (now, *router_ids))
+    return sorted(r[0] for r in db.execute(
+        f"UPDATE node_lease SET expires_at = ? WHERE router IN ({marks}) AND expires_at > ? RETURNING node",
+        (now, *router_ids, now)).fetchall())
+
+
 def release(db: Any, router: Router | str, now: float | None = None) -> list[str]:
     """A clean stop: every lease of this router is freed (another router takes the nodes at once)
     and its row says it stopped. Returns the nodes released."""

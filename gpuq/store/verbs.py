@@ -567,6 +567,8 @@ def move(db: engine.Connection, job_id: str, nodes: list[NodeInfo], actor: str, 
     target = node or job["node"]
     if target != job["node"]:
         rules.check_move(job["kind"], _views(nodes, {}), target, job["model"] if job["model_pinned"] else None)
+        if job["endpoint"] is not None:
+            _check_call_stays(db, job, target)
     if before is not None:
         index = _index_of(db, target, before, job_id)
     elif after is not None:
@@ -588,6 +590,17 @@ def move(db: engine.Connection, job_id: str, nodes: list[NodeInfo], actor: str, 
     where = f"to {target} " if target != job["node"] else ""
     _event(db, job_id, JobState.QUEUED, JobState.QUEUED, actor, f"moved {where}at position {moved['position']}", now)
     return moved
+
+
+def _check_call_stays(db: engine.Connection, job: Row, target: str) -> None:
+    """A front-door call's client waits on the router that drives its node (several routers on
+    PostgreSQL): it moves only among that router's nodes, else nobody would read its answer."""
+    holder = {r["node"]: r["router"] for r in db.execute(
+        "SELECT node, router FROM node_lease WHERE node IN (?, ?)", (job["node"], target)).fetchall()}
+    if holder.get(job["node"]) != holder.get(target):
+        raise Conflict(f"job {job['id']} is a front-door call whose client waits on the router that drives"
+                       f" {job['node']} ({holder.get(job['node']) or 'none now'}), and {target} is driven by"
+                       f" {holder.get(target) or 'no router now'}: a call moves only among its router's nodes")
 
 
 def preempt(db: engine.Connection, job_id: str, actor: str, now: float,
