@@ -23,10 +23,11 @@ async def health(daemon):
     return await daemon.request("GET", "/health")
 
 
-async def test_the_49_minute_case_ollama_done_but_job_not_closed(fakes, daemon_factory):
+async def test_the_49_minute_case_ollama_done_but_job_not_closed(fakes, daemon_factory, database):
+    """On each engine (a SQLite file, then PostgreSQL)."""
     # Ollama finishes the stream but the model never leaves VRAM, so the router cannot close
     # the job: the head sits on finished work. /health must say so, naming the job.
-    fake, d = await one_node(fakes, daemon_factory, stale_grace="0.3s", unload_timeout="60s")
+    fake, d = await one_node(fakes, daemon_factory, stale_grace="0.3s", unload_timeout="60s", database=str(database))
     fake.script.unload = "never"
     [head] = await d.submit("task", "finishes, never closes")
     [nxt] = await d.submit("task", "waits behind it")
@@ -61,8 +62,9 @@ async def test_the_49_minute_case_ollama_done_but_job_not_closed(fakes, daemon_f
     assert events[-1]["to_state"] == "cancelled" and events[-1]["reason"] == "deleted by cli 127.0.0.1"
 
 
-async def test_a_head_that_streams_nothing_goes_stale_and_delete_frees_the_node(fakes, daemon_factory):
-    fake, d = await one_node(fakes, daemon_factory, stale_after="0.5s", stall_timeout="60s")
+async def test_a_head_that_streams_nothing_goes_stale_and_delete_frees_the_node(fakes, daemon_factory, database):
+    """On each engine (a SQLite file, then PostgreSQL)."""
+    fake, d = await one_node(fakes, daemon_factory, stale_after="0.5s", stall_timeout="60s", database=str(database))
     fake.script.stall_after = 0
     [head] = await d.submit("task", "silent")
     [nxt] = await d.submit("task", "next")
