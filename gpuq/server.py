@@ -646,6 +646,14 @@ async def stream_job(request: web.Request) -> web.StreamResponse:
             else:
                 return
             where = now
+        async def caught_up_from_store(run_id: int) -> None:
+            """What the router running the job stored since (its heartbeats, about each second)."""
+            stored = (await app[STORE].run_texts([run_id]))[run_id]
+            for kind, text in (("thinking", stored["thinking"] or ""), ("text", stored["output"])):
+                if len(text) > len(sent[kind]) and text.startswith(sent[kind]):
+                    await line({kind: text[len(sent[kind]):]})
+                    sent[kind] = text
+
         await say_where()
         while job["state"] in ACTIVE:
             topic, data = await next_event(events, 1.0) or ("tick", {})
@@ -657,6 +665,8 @@ async def stream_job(request: web.Request) -> web.StreamResponse:
                 sent[kind] += data[kind]
             elif topic != "tokens":
                 job = await app[STORE].job(job_id)  # its state; the whole detail once it is final
+                if job["state"] == JobState.RUNNING and app[DISPATCHER].live(job_id) is None:
+                    await caught_up_from_store(job["run_id"])  # another router runs it (PostgreSQL)
                 await say_where()
         if "runs" not in job:
             job = await app[STORE].job_detail(job_id)

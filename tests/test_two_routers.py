@@ -171,3 +171,29 @@ async def test_a_router_starting_leaves_the_other_routers_waiting_calls_alone(fa
     answer = await asyncio.wait_for(call, 20)
     assert answer.message.content
     await b.wait_state(call_id, "done")  # (after its model left VRAM)
+
+
+async def test_a_job_running_on_one_router_streams_live_through_the_other(fakes, daemon_factory, pg_dsn):
+    """A follower of /api/jobs/{id}/stream on the router that does not run the job gets its text
+    while it runs (what the running router stores, about each second), then the done line."""
+    a, b, fake = await two_routers(fakes, daemon_factory, pg_dsn)
+    fake.script.token_delay_s, fake.script.tokens = 0.2, 300  # a minute of words: still running
+    [job] = await a.submit("task", "followed from b")
+    await a.wait_state(job["id"], "running", timeout=20)
+    texts: list[str] = []
+    async with b.session.get(f"{b.url}/api/jobs/{job['id']}/stream") as resp:
+        async def some_text():
+            while True:
+                line = json.loads(await resp.content.readline())
+                if "text" in line:
+                    texts.append(line["text"])
+                    if len("".join(texts).split()) >= 8:
+                        return True
+                assert "done" not in line, line
+        await asyncio.wait_for(some_text(), 20)
+        assert (await a.job(job["id"]))["state"] == "running"  # live, not at the end
+        async with a.session.delete(f"{a.url}/api/jobs/{job['id']}") as deleted:
+            assert deleted.status == 200
+        rest = [json.loads(raw) async for raw in resp.content]
+    assert rest[-1]["done"] and rest[-1]["job"]["state"] == "cancelled"
+    assert (await a.job(job["id"]))["output"].startswith("".join(texts))
