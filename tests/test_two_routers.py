@@ -197,3 +197,32 @@ async def test_a_job_running_on_one_router_streams_live_through_the_other(fakes,
         rest = [json.loads(raw) async for raw in resp.content]
     assert rest[-1]["done"] and rest[-1]["job"]["state"] == "cancelled"
     assert (await a.job(job["id"]))["output"].startswith("".join(texts))
+
+
+async def test_a_database_restart_is_survived(fakes, daemon_factory, pg_dsn, pg_cluster):
+    """PostgreSQL restarts under a running router (an upgrade, the database machine rebooting):
+    calls meanwhile get 503s that say so (nothing half-stored), and once it is back the router
+    reconnects by itself: submits are taken, jobs run, /health is ok again, nothing restarted."""
+    fake = await fakes("qwen3-coder:30b")
+    a = await daemon_factory([node_table("node-1", fake, 1, ["task"], "qwen3-coder:30b")], database=pg_dsn)
+    [before] = await a.submit("task", "before")
+    await a.wait_state(before["id"], "done", timeout=20)
+    pg_cluster.restart()
+
+    async def taken():
+        async with a.session.post(a.url + "/api/jobs", json={"kind": "task", "prompt": "after"}) as resp:
+            if resp.status == 503:
+                assert "nothing was changed" in (await resp.json())["error"]["message"]
+                return None
+            assert resp.status == 201, await resp.text()
+            return (await resp.json())["jobs"][0]
+    after = await eventually(taken, 30, 0.2, "a submit to be taken after the restart")
+    await a.wait_state(after["id"], "done", timeout=30)
+
+    async def healthy():
+        async with a.session.get(a.url + "/health") as resp:
+            return resp.status == 200 and (await resp.json())["ok"]
+    await eventually(healthy, 30, 0.2, "/health to be ok again")
+    assert a.proc.returncode is None
+    jobs = (await a.get("/api/jobs?limit=10"))["jobs"]
+    assert {j["id"] for j in jobs} == {before["id"], after["id"]}  # nothing lost, nothing doubled
