@@ -374,3 +374,20 @@ async def test_an_interactive_job_never_preempts_another_interactive_one(fakes, 
         assert (await lab.daemon.wait_state(first["id"], "done", timeout=60))["preempted_runs"] == 0
     finally:
         await lab.close()
+
+
+async def test_under_when_idle_a_preempted_jobs_model_stays_loaded_for_the_interactive_job(fakes, daemon_factory):
+    """The call's wait is not a reload of the model the batch job had loaded."""
+    fake = await fakes("qwen3:latest", token_delay_s=0.1, tokens=40)
+    daemon = await daemon_factory([dict(node_table("n", fake, 1, ["task"], "qwen3:latest"), unload="when-idle")],
+                                  interactive_preempts=True)
+    batch = (await daemon.submit("task", "the sweep step"))[0]["id"]
+    await _streamed(daemon, batch, 3)
+    fake.script.token_delay_s = 0.01
+    urgent = (await daemon.submit("task", "a person waits", priority="interactive"))[0]["id"]
+    await daemon.wait_state(urgent, "done", timeout=30)
+    done = await daemon.wait_state(batch, "done", timeout=30)
+    assert [r["state"] for r in done["runs"]] == ["preempted", "done"]
+    await eventually(lambda: fake.loaded == {}, 10, what="the model to leave VRAM once the node is idle")
+    requests = ["gen:" + r["messages"][-1]["content"] if r.get("messages") else "unload" for r in fake.requests]
+    assert requests == ["gen:the sweep step", "gen:a person waits", "gen:the sweep step", "unload"]
