@@ -270,8 +270,7 @@ class Dispatcher:
                 raise await self._no_node_here()
         jobs = await self.store.submit(new, nodes, actor, self._hand_over,
                                        fair=self.settings.shares_fairly,
-                                       max_waiting=user.max_waiting if user else None,
-                                       preempts=self.settings.interactive_preempts)
+                                       max_waiting=user.max_waiting if user else None)
         for job in jobs:
             if job["state"] == JobState.QUEUED:  # (a job claimed in its submit went to its worker)
                 await self._preempt_for(job, call=new.endpoint is not None)

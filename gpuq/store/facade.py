@@ -296,19 +296,18 @@ class Store:
 
     async def submit(self, new: NewJob, nodes: list[NodeInfo], actor: str,
                      hand_over: Callable[[Row], None] | None = None, *, fair: bool = False,
-                     max_waiting: int | None = None, preempts: bool = False) -> list[Row]:
+                     max_waiting: int | None = None) -> list[Row]:
         """Place and insert a job (a task, or a critique's whole fan-out), durably: answered
         only once its transaction has committed. On a node whose worker waits idle
         (NodeInfo.idle) the same commit claims the node's head, and `hand_over` gives it to
-        that worker on the loop right after the commit, whether or not the caller still waits.
-        `preempts`: an interactive job is placed knowing it would interrupt a running batch job."""
+        that worker on the loop right after the commit, whether or not the caller still waits."""
         assert hand_over is not None or not any(n.idle for n in nodes), "a claim needs its worker"
 
         def handed(result: tuple[list[Row], list[Row]]) -> None:
             for job in result[1]:
                 hand_over(job)  # type: ignore[misc]
         write = partial(verbs.submit_and_claim, new=new, nodes=nodes, actor=actor, now=self.clock(), fair=fair,
-                        max_waiting=max_waiting, max_running=dict(self.max_running), preempts=preempts)
+                        max_waiting=max_waiting, max_running=dict(self.max_running))
         if self.submit_timeout_s is None:
             created, _ = await self._write(write, handed if hand_over else None)
         else:

@@ -393,14 +393,12 @@ def _check_quota(db: engine.Connection, owner: str | None, max_waiting: int | No
 
 
 def submit(db: engine.Connection, new: NewJob, nodes: list[NodeInfo], actor: str, now: float, *,
-           fair: bool = False, max_waiting: int | None = None, preempts: bool = False) -> list[Row]:
+           fair: bool = False, max_waiting: int | None = None) -> list[Row]:
     """Place and insert a job (a task, or a critique's whole fan-out). Placement sees the jobs
     submitted before it, in the same batch too (node_load counts them). Where it enters its
     node's queue is placement's `entry`: an interactive job ahead of every waiting batch job, a
     batch job at the tail (with `fair`: where users' batch jobs interleave). `max_waiting`: the
-    owner's limit of waiting jobs; beyond it, OverQuota and nothing is stored. `preempts`
-    ([router] interactive_preempts): an interactive job's backlog on a node counts its running
-    interactive job too (a running batch job it would interrupt is no wait)."""
+    owner's limit of waiting jobs; beyond it, OverQuota and nothing is stored."""
     by_name = {n.name: n for n in nodes}
     parent = None
     if new.parent is not None:
@@ -413,9 +411,8 @@ def submit(db: engine.Connection, new: NewJob, nodes: list[NodeInfo], actor: str
     counts = _node_counts(db)
     interactive = None
     if new.lane == rules.INTERACTIVE:
-        states = "('queued', 'running')" if preempts else "('queued')"
         interactive = {r[0]: r[1] for r in db.execute(
-            f"SELECT node, COUNT(*) FROM job WHERE state IN {states} AND lane = 'interactive' GROUP BY node")}
+            "SELECT node, COUNT(*) FROM job WHERE state = 'queued' AND lane = 'interactive' GROUP BY node")}
     views = _views(nodes, counts, interactive)
     if new.kind != "critique":  # a task, or an embedding (placed as a task)
         placements = [rules.place_task(views, new.node, new.model, new.lane)]
@@ -469,12 +466,12 @@ def submit(db: engine.Connection, new: NewJob, nodes: list[NodeInfo], actor: str
 
 def submit_and_claim(db: engine.Connection, new: NewJob, nodes: list[NodeInfo], actor: str,
                      now: float, fair: bool = False, max_waiting: int | None = None,
-                     max_running: dict[str, int] | None = None, preempts: bool = False) -> tuple[list[Row], list[Row]]:
+                     max_running: dict[str, int] | None = None) -> tuple[list[Row], list[Row]]:
     """Submit, then claim the head of each chosen node whose worker waits idle (NodeInfo.idle),
     in the same transaction: an idle node's job pays one commit before its request, not two.
     The claim is the worker's own (claim: the same guards, run row and event); the created
     rows it took say so (state running). Returns the created rows and the claimed jobs."""
-    created = submit(db, new, nodes, actor, now, fair=fair, max_waiting=max_waiting, preempts=preempts)
+    created = submit(db, new, nodes, actor, now, fair=fair, max_waiting=max_waiting)
     idle = {n.name for n in nodes if n.idle and n.up}
     claimed = [job for node in dict.fromkeys(j["node"] for j in created if j["node"] in idle)
                if (job := claim(db, node, now, max_running)) is not None]
