@@ -40,18 +40,21 @@ from .stats import percentile
 if TYPE_CHECKING:
     from .run import Bench
 
-# name: (interactive lane and fair share, [router] unload, the front door's kept models)
+# name: (interactive lane and fair share, [router] unload, the front door's kept models,
+# [router] interactive_preempts)
 POLICIES = {
-    "fifo": (False, "after-each", False),
-    "lanes": (True, "after-each", False),
-    "lanes+when-idle": (True, "when-idle", False),
-    "lanes+kept": (True, "after-each", True),
+    "fifo": (False, "after-each", False, False),
+    "lanes": (True, "after-each", False, False),
+    "lanes+when-idle": (True, "when-idle", False, False),
+    "lanes+kept": (True, "after-each", True, False),
+    "lanes+preempts": (True, "when-idle", False, True),
 }
 LABELS = {
     "fifo": "FIFO (every job in the batch lane, no fair share)",
     "lanes": "interactive lane + fair share, unload after-each",
     "lanes+when-idle": "lanes, [router] unload = when-idle",
     "lanes+kept": "lanes, front door keeps the editor's model (keep_alive)",
+    "lanes+preempts": "lanes + interactive preempts, unload when-idle",
 }
 SAMPLE_S = 0.05
 BACK_TO_BACK_S = 0.5  # a node's gap between two jobs shorter than this: the next one was waiting
@@ -162,10 +165,12 @@ class Replay:
         self.tasks: list[asyncio.Task] = []
 
     def config(self) -> tuple[list[dict], dict, dict, list[dict]]:
-        lanes, unload, kept = POLICIES[self.policy]
+        lanes, unload, kept, preempts = POLICIES[self.policy]
         nodes = [{"name": name, "url": self.nodes[name].url, "rank": rank, "roles": ["task", "critique"],
                   "model": model} for rank, (name, (model, _)) in enumerate(tr.NODES.items(), 1)]
         router = {"unload": unload, "fair_share": lanes, "health_interval": "0.25s"}
+        if preempts:
+            router["interactive_preempts"] = True
         front = {} if kept else {"max_keep_alive": "0s"}
         users = [dict({"name": who, "token": token(who), "role": "member"}, **({} if lanes else {"lanes": ["batch"]}))
                  for who in PEOPLE]

@@ -135,6 +135,8 @@ class Settings:
     tailscale_socket: Path = Path("/var/run/tailscale/tailscaled.sock")
     default_role: str | None = None  # a tailnet login with no [[user]]: this role; None: refused
     fair_share: bool | None = None  # interleave users' batch jobs; None: on with two users or more
+    # An interactive job queued behind a running batch job interrupts it (gpuq preempt's way).
+    interactive_preempts: bool = False
     # The file these settings were read from (what `gpuq reload` and SIGHUP read again); None: the demo.
     source: Path | None = None
     # Settings the command line gave (`gpuq serve --listen ...`): a reload keeps them, whatever the file says.
@@ -405,6 +407,7 @@ _ROUTER_KEYS = {
     "alert_url", "alert_token", "alert_format", "max_output_bytes", "max_reply_bytes",
     "max_connections_per_peer", "body_timeout", "keepalive_lifetime", "keep_awake",
     "shutdown_grace", "identity", "default_role", "fair_share", "tailscale_socket", "lease",
+    "interactive_preempts",
 }
 ALERT_FORMATS = ("json", "ntfy")
 DURATION_KEYS = {
@@ -686,6 +689,9 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
     fair = _typed(router, "fair_share", bool, "router")
     if fair is not None:
         values["fair_share"] = fair
+    preempts = _typed(router, "interactive_preempts", bool, "router")
+    if preempts is not None:
+        values["interactive_preempts"] = preempts
     values["users"] = _parse_users(data, values)
     template = _typed(router, "critique_template", str, "router")
     if template is not None:

@@ -123,6 +123,18 @@ def place_task(nodes: list[NodeView], asked: str | None = None, model: str | Non
     return Placement(best.name, SHORTEST if every_task_node else SHORTEST_WITH_MODEL)
 
 
+def preempts(lane: str, running_lane: str | None, enabled: bool) -> bool:
+    """May a new waiting job interrupt its node's running job ([router] interactive_preempts)?
+    Only an interactive job, only a running batch job (never an interactive one, never when the
+    node runs nothing), only with the setting on."""
+    return enabled and lane == INTERACTIVE and running_lane == BATCH
+
+
+def preempted_reason(job_id: str, call: bool) -> str:
+    """Why a batch job went back in its queue: the event on it and on its run."""
+    return f"preempted for interactive {'call' if call else 'job'} {job_id} (router.interactive_preempts)"
+
+
 def place_critique(
     nodes: list[NodeView], parent_node: str | None = None, asked: str | None = None,
     model: str | None = None,

@@ -188,6 +188,13 @@ def test_each_users_mistake_names_its_key(users, message, tmp_path):
     assert exc.value.message == message
 
 
+def test_interactive_preempts_is_off_unless_set_and_must_be_a_boolean(tmp_path):
+    assert parse_config(base(), tmp_path).interactive_preempts is False
+    assert parse_config(base(interactive_preempts=True), tmp_path).interactive_preempts is True
+    with pytest.raises(ConfigError, match="router.interactive_preempts"):
+        parse_config(base(interactive_preempts="yes"), tmp_path)
+
+
 def test_a_routers_lease_on_its_nodes_is_ten_seconds_unless_set_and_never_under_a_second(tmp_path):
     assert parse_config(base(), tmp_path).lease_s == 10.0
     assert parse_config(base(lease="30s"), tmp_path).lease_s == 30.0

@@ -13,9 +13,9 @@ import pytest
 import tomli_w
 
 from conftest import eventually, free_port, node_table
-from gpuq.placement import BATCH, INTERACTIVE, NodeView, entry, place_task
+from gpuq.placement import BATCH, INTERACTIVE, NodeView, entry, place_task, preempts
 from gpuq.store import NewJob, NodeInfo, Store
-from test_front import CHAT_MODEL, front  # noqa: F401 (a fixture)
+from test_front import CHAT_MODEL, front, start_front_lab  # noqa: F401 (a fixture)
 
 I, B = INTERACTIVE, BATCH
 
@@ -54,6 +54,14 @@ def test_an_interactive_job_goes_where_it_starts_soonest():
     assert place_task(nodes, lane=B).node == "n3"  # batch: the shortest queue
     assert place_task(nodes[:2], lane=B).node == "n2"
     assert place_task(nodes[:2], lane=I).node == "n1"  # interactive: the shortest interactive backlog
+
+
+def test_only_an_interactive_job_preempts_and_only_a_running_batch_job_with_the_setting_on():
+    assert preempts(I, B, True)
+    assert not preempts(I, B, False)  # the default: a running job is never interrupted
+    assert not preempts(I, I, True)  # never an interactive job
+    assert not preempts(I, None, True)  # the node runs nothing
+    assert not preempts(B, B, True)  # a batch job waits its turn
 
 
 # -- the daemon ---------------------------------------------------------------------------------
@@ -289,3 +297,97 @@ async def test_a_retry_counts_against_max_waiting_as_a_submit_does(fakes, daemon
     assert "user 'alice' has 2 jobs waiting, and max_waiting is 2" in body["error"]["message"]
     assert [j["id"] for j in await queued(daemon, "node-1")] == again  # the deleted one stays cancelled
     assert (await daemon.job(first[0]))["state"] == "cancelled"
+
+
+# -- [router] interactive_preempts ---------------------------------------------------------------
+
+async def _streamed(daemon, job_id: str, words: int) -> dict:
+    async def enough():
+        job = await daemon.job(job_id)
+        return job if job["state"] == "running" and len(job["output"].split()) >= words else None
+    return await eventually(enough, 20, what=f"job {job_id} to stream {words} words")
+
+
+async def test_an_interactive_call_preempts_a_running_batch_job_which_runs_again_after(fakes, daemon_factory):
+    lab = await start_front_lab(fakes, daemon_factory, interactive_preempts=True)
+    try:
+        fake = lab.fakes["node-1"]
+        fake.script.token_delay_s, fake.script.tokens = 0.2, 40  # 8 s: busy while the call arrives
+        batch = (await lab.daemon.submit("task", "the long sweep step", node="node-1"))[0]["id"]
+        await _streamed(lab.daemon, batch, 3)
+
+        client = lab.ollama()
+        call = asyncio.ensure_future(client.chat(model=CHAT_MODEL, messages=[{"role": "user", "content": "quick one"}]))
+        job = await lab.job_with("quick one", "running", "done")  # it starts at once, not after the batch job
+        interrupted = await lab.daemon.job(batch)
+        assert interrupted["state"] == "queued" and interrupted["preempted_runs"] == 1
+        why = f"preempted for interactive call {job['id']} (router.interactive_preempts)"
+        [event] = [e for e in interrupted["events"] if (e["from_state"], e["to_state"]) == ("running", "queued")]
+        assert event["reason"] == why and event["actor"] == "router"
+        fake.script.token_delay_s = 0.01
+        reply = await asyncio.wait_for(call, 60)
+        assert reply.message.content  # the call answers in full
+
+        done = await lab.daemon.wait_state(batch, "done", timeout=60)  # then the batch job runs again, from its start
+        first, second = done["runs"]
+        assert (first["state"], first["error"], second["state"]) == ("preempted", why, "done")
+        partial, full = first["output"].split(), second["output"].split()
+        assert 3 <= len(partial) < len(full) == 40 and full[:len(partial)] == partial  # its partial output kept
+        assert done["started_at"] > (await lab.daemon.job(job["id"]))["started_at"]
+        assert fake.disconnects == 1  # its Ollama request was aborted
+        assert [r["messages"][-1]["content"] for r in fake.chat_requests] == [
+            "the long sweep step", "quick one", "the long sweep step"]
+    finally:
+        await lab.close()
+
+
+async def test_without_the_setting_a_call_waits_for_the_running_batch_job(front):  # noqa: F811
+    fake = front.fakes["node-1"]
+    fake.script.token_delay_s, fake.script.tokens = 0.1, 400
+    batch = (await front.daemon.submit("task", "the long sweep step", node="node-1"))[0]["id"]
+    await _streamed(front.daemon, batch, 3)
+    call = asyncio.ensure_future(front.ollama().chat(model=CHAT_MODEL, messages=[{"role": "user", "content": "hi"}]))
+    await eventually(lambda: _grown(front.daemon, "node-1", 1), 15, what="the call to wait on node-1")
+    await _streamed(front.daemon, batch, 8)  # the batch job kept streaming with the call waiting
+    job = await front.daemon.job(batch)
+    assert job["preempted_runs"] == 0 and not call.done()
+    fake.script.token_delay_s, fake.script.tokens = 0.0, 5
+    assert (await asyncio.wait_for(call, 60)).message.content
+    assert (await front.daemon.wait_state(batch, "done", timeout=60))["preempted_runs"] == 0
+
+
+async def test_an_interactive_job_never_preempts_another_interactive_one(fakes, daemon_factory):
+    lab = await start_front_lab(fakes, daemon_factory, interactive_preempts=True)
+    try:
+        fake = lab.fakes["node-1"]
+        fake.script.token_delay_s, fake.script.tokens = 0.1, 400
+        first = (await lab.daemon.submit("task", "a person waits", node="node-1", priority="interactive"))[0]
+        assert first["lane"] == "interactive"
+        await _streamed(lab.daemon, first["id"], 3)
+        call = asyncio.ensure_future(lab.ollama().chat(model=CHAT_MODEL, messages=[{"role": "user", "content": "hi"}]))
+        [waiting] = await eventually(lambda: _grown(lab.daemon, "node-1", 1), 15, what="the call to wait on node-1")
+        assert waiting["lane"] == "interactive"
+        await _streamed(lab.daemon, first["id"], 8)  # the first kept streaming with the call waiting
+        assert (await lab.daemon.job(first["id"]))["preempted_runs"] == 0 and not call.done()
+        fake.script.token_delay_s, fake.script.tokens = 0.0, 5
+        assert (await asyncio.wait_for(call, 60)).message.content
+        assert (await lab.daemon.wait_state(first["id"], "done", timeout=60))["preempted_runs"] == 0
+    finally:
+        await lab.close()
+
+
+async def test_under_when_idle_a_preempted_jobs_model_stays_loaded_for_the_interactive_job(fakes, daemon_factory):
+    """The call's wait is not a reload of the model the batch job had loaded."""
+    fake = await fakes("qwen3:latest", token_delay_s=0.1, tokens=40)
+    daemon = await daemon_factory([dict(node_table("n", fake, 1, ["task"], "qwen3:latest"), unload="when-idle")],
+                                  interactive_preempts=True)
+    batch = (await daemon.submit("task", "the sweep step"))[0]["id"]
+    await _streamed(daemon, batch, 3)
+    fake.script.token_delay_s = 0.01
+    urgent = (await daemon.submit("task", "a person waits", priority="interactive"))[0]["id"]
+    await daemon.wait_state(urgent, "done", timeout=30)
+    done = await daemon.wait_state(batch, "done", timeout=30)
+    assert [r["state"] for r in done["runs"]] == ["preempted", "done"]
+    await eventually(lambda: fake.loaded == {}, 10, what="the model to leave VRAM once the node is idle")
+    requests = ["gen:" + r["messages"][-1]["content"] if r.get("messages") else "unload" for r in fake.requests]
+    assert requests == ["gen:the sweep step", "gen:a person waits", "gen:the sweep step", "unload"]

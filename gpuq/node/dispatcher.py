@@ -14,6 +14,7 @@ from ..bus import Bus
 from ..config import NodeConfig, Settings
 from ..errors import GpuqError, GuardMiss
 from ..models import FINAL, JobState, Kind, iso, parse_iso
+from ..placement import BATCH, preempted_reason, preempts
 from ..reload import Plan
 from .calls import Calls, NoCalls
 from .leases import Leases
@@ -272,9 +273,30 @@ class Dispatcher:
                                        max_waiting=user.max_waiting if user else None)
         for job in jobs:
             if job["state"] == JobState.QUEUED:  # (a job claimed in its submit went to its worker)
+                await self._preempt_for(job, call=new.endpoint is not None)
                 self.wake(job["node"])  # only its node: the others have nothing new
         self.bus.publish("queue", {"submitted": [j["id"] for j in jobs]})
         return jobs
+
+    async def _preempt_for(self, job: dict, call: bool) -> None:
+        """[router] interactive_preempts: a waiting interactive job interrupts its node's running
+        batch job (as `gpuq preempt` does: to the head, the batch job back behind it, its run
+        recorded preempted and its Ollama request aborted). The store decides by the running
+        job's lane in the same transaction (placement.preempts), so an interactive job is never
+        interrupted, even by a race with the node's next claim."""
+        lane, enabled = job.get("lane", BATCH), self.settings.interactive_preempts
+        if not preempts(lane, BATCH, enabled):  # (nothing to ask the store)
+            return
+        reason = preempted_reason(job["id"], call)
+        try:
+            _, interrupted = await self.store.preempt(job["id"], "router", rule=lambda running: preempts(
+                lane, running, enabled), reason=reason)
+        except GpuqError as exc:  # the job stays first among the interactive ones: it runs next anyway
+            log.warning("job=%s node=%s not preempting: %s", job["id"], job["node"], exc.message)
+            return
+        if interrupted is not None:
+            self.abort(interrupted, f"preempted by {job['id']} (router.interactive_preempts)")
+            log.info("job=%s node=%s state=queued reason=%r", interrupted.job_id, interrupted.node, reason)
 
     async def _no_node_here(self) -> GpuqError:
         """Why a front-door call cannot run on this router: the routers that drive task nodes."""

@@ -555,6 +555,12 @@ class Worker:
         warm, self.warm_model = self.warm_model, None
         if warm is not None and normalize_model(warm) != normalize_model(job["model"]):
             await self.unload(warm, job["id"])
+        # Preempted under "when-idle" by a job of the same model (an interactive call on the
+        # sweep's model): the model stays for it, as after a finish; a reload would be the
+        # call's whole wait.
+        if (cur.abort_reason or "").startswith("preempted") and await self._keep_warm(job):
+            self.warm_model, self.rt.warm_until = job["model"], None
+            return
         await self.unload(job["model"], job["id"])
 
     async def unload(self, model: str, job_id: str | None) -> bool:

@@ -604,11 +604,20 @@ def _check_call_stays(db: engine.Connection, job: Row, target: str) -> None:
 
 
 def preempt(db: engine.Connection, job_id: str, actor: str, now: float,
-            only_owner: str | None = None) -> tuple[Row, Interrupted | None]:
+            only_owner: str | None = None, rule: Callable[[str], bool] | None = None,
+            reason: str | None = None) -> tuple[Row, Interrupted | None]:
     """The queued job runs next: to the head, and the node's running job goes back behind it.
     `only_owner` (a member preempting): interrupting someone else's running job is acting on it,
-    refused (403) naming its owner, before anything changes."""
+    refused (403) naming its owner, before anything changes. `rule` (the router preempting on
+    its own, [router] interactive_preempts): given the running job's lane, whether to; when no
+    job runs, the job is no longer waiting or the rule says no, nothing changes. `reason`: what
+    the interrupted job's event and run say (else "preempted by <id>")."""
     job = _job_for_update(db, job_id)
+    if rule is not None:
+        running = db.execute("SELECT lane FROM job WHERE node = ? AND state = 'running'", (job["node"],)).fetchone()
+        if (job["state"] != JobState.QUEUED or running is None or not rule(running["lane"])
+                or not db.execute("SELECT 1 FROM ready_job WHERE id = ?", (job_id,)).fetchone()):
+            return dict(job), None
     if job["state"] != JobState.QUEUED:
         raise Conflict(f"job {job_id} is {job['state']}; only a queued job can preempt")
     if not db.execute("SELECT 1 FROM ready_job WHERE id = ?", (job_id,)).fetchone():
@@ -621,16 +630,20 @@ def preempt(db: engine.Connection, job_id: str, actor: str, now: float,
                             f"{other['owner'] or 'no user'}; a member acts only on their own jobs (move yours to "
                             "position 1 instead: it runs next)")
     db.execute("UPDATE job SET position = ? WHERE id = ?", (_position_at(db, node, job_id, 0), job_id))
-    _event(db, job_id, JobState.QUEUED, JobState.QUEUED, actor, "preempt: moved to the head", now)
     running = db.execute("SELECT id, run_id FROM job WHERE node = ? AND state = 'running'", (node,)).fetchone()
+    moved = "preempt: moved to the head"
+    if running and reason is not None:
+        moved += f", ahead of running job {running['id']}, which goes back behind it"
+    _event(db, job_id, JobState.QUEUED, JobState.QUEUED, actor, moved, now)
     if not running:
         return dict(job, position=1), None
     victim, run_id = running["id"], running["run_id"]
+    why = reason or f"preempted by {job_id}"
     behind = _position_at(db, node, victim, 1)
     db.execute("UPDATE job SET state = 'queued', position = ? WHERE id = ?", (behind, victim))
     db.execute("UPDATE run SET state = 'preempted', finished_at = ?, error = ? WHERE id = ?",
-               (iso(now), f"preempted by {job_id}", run_id))
-    _event(db, victim, JobState.RUNNING, JobState.QUEUED, actor, f"preempted by {job_id}", now, run_id)
+               (iso(now), why, run_id))
+    _event(db, victim, JobState.RUNNING, JobState.QUEUED, actor, why, now, run_id)
     return dict(job, position=1), Interrupted(victim, node, run_id)
 
 
