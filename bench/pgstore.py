@@ -177,7 +177,6 @@ async def round_trips(store: Store, node: str, count: int, limit_s: float) -> fl
 # -- the section -----------------------------------------------------------------------------------
 
 async def pgstore_section(bench: "Bench") -> None:
-    quick = bench.quick
     cluster = await asyncio.to_thread(Cluster(durable=True).start)
     fakes: Fakes | None = None
     routers: dict[str, Router] = {}

@@ -81,10 +81,10 @@ async def fifty_nodes(bench: "Bench") -> None:
              for n in sizes}
     q_default = {n: bench.metric(f"scale_q_ms_{n}", f"GET /api/queue, {NODES} nodes, {n:,} waiting", "ms", "ms")
                  for n in sizes}
-    q_default_kb = {n: bench.metric(f"scale_q_kb_{n}", f"  its size", "KB", "mb") for n in sizes}
+    q_default_kb = {n: bench.metric(f"scale_q_kb_{n}", "  its size", "KB", "mb") for n in sizes}
     q_page = {n: bench.metric(f"scale_qp_ms_{n}", f"GET /api/queue?limit={PAGE_LIMIT} (the page's), {NODES} nodes,"
                               f" {n:,} waiting", "ms", "ms") for n in sizes}
-    q_page_kb = {n: bench.metric(f"scale_qp_kb_{n}", f"  its size", "KB", "mb") for n in sizes}
+    q_page_kb = {n: bench.metric(f"scale_qp_kb_{n}", "  its size", "KB", "mb") for n in sizes}
     page = {n: bench.metric(f"scale_page_{n}", f"queue page, first render in Chromium (navigation -> board laid out),"
                             f" {NODES} nodes, {n:,} waiting", "ms", "ms", "< 1000 ms" if n == sizes[-1] else "")
             for n in sizes}
