@@ -444,21 +444,38 @@ def node_json(rt: NodeRuntime) -> dict:
 
 
 async def queue(request: web.Request) -> web.Response:
+    """Each node's running job, its first `limit` waiting jobs and how many wait. `node` and
+    `offset`: one node's column only, its waiting jobs from the `offset`-th (0: the head), for a
+    page that fetches the part of a long column scrolled into view."""
     app = request.app
     limit = int_param(request.query, "limit", 1000, 0, 100_000)
+    offset = int_param(request.query, "offset", 0, 0, 1_000_000_000)
     url = app[SETTINGS].public_url
-    queues = {rt.name: await app[STORE].queue(rt.name, limit) for rt in app[DISPATCHER].nodes.values()}
-    # The estimates of the jobs shown, from the rows just read (no second read of the queues).
-    found = await estimates(app, [j for running, queued, _ in queues.values() for j in [running, *queued] if j])
+    only = request.query.get("node")
+    runtimes = list(app[DISPATCHER].nodes.values())
+    if only is not None:
+        runtimes = [rt for rt in runtimes if rt.name == only]
+        if not runtimes:
+            raise UnknownNode(only, app[DISPATCHER].nodes)
+    elif offset:
+        raise BadRequest("query parameter 'offset' needs 'node': it pages one node's waiting jobs")
+    queues = {rt.name: await app[STORE].queue(rt.name, limit, offset) for rt in runtimes}
+    if offset:
+        # A page deep in a queue: its start estimates count the jobs ahead of it (eta.DEPTH at most).
+        found = await estimates(app, await app[STORE].queue_plans([only], min(offset + limit, eta.DEPTH)))
+    else:
+        # The estimates of the jobs shown, from the rows just read (no second read of the queues).
+        found = await estimates(app, [j for running, queued, _ in queues.values() for j in [running, *queued] if j])
     nodes, depth = [], 0
-    for rt in app[DISPATCHER].nodes.values():
+    for rt in runtimes:
         running, queued, count = queues[rt.name]
         depth += count
         running = running and with_eta(with_live(job_json(running, url), app[DISPATCHER]), found)
         nodes.append(dict(node_json(rt), running=running,
                           queued=[with_eta(job_json(j, url), found) for j in queued], queued_count=count))
     await with_quota(app, [j for n in nodes for j in n["queued"]])
-    return json_response({"queue_depth": depth, "nodes": nodes})
+    return json_response({"queue_depth": depth, "nodes": nodes} if only is None else
+                         {"nodes": nodes, "offset": offset})
 
 
 async def nodes(request: web.Request) -> web.Response:

@@ -1,8 +1,9 @@
 """The queue page at the lab's scale (issue 28): 50 nodes and 10,000 waiting jobs, seeded by
 direct SQL on the router's own database before it starts, in headless Chromium. The board draws
-only the cards in view (plus a margin); what a person sees must not change: every column's
-first and last job reachable by scrolling, in order, the counts right, and a move still goes
-through."""
+only the cards in view (plus a margin), and reads only those: each column's first screenful, and
+the part of a column scrolled into view (/api/queue?node=&offset=), never the whole queue. What a
+person sees must not change: every column's first and last job reachable by scrolling, in order,
+the counts right, and a move still goes through."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from test_page import browser, card, column, page, queued_ids  # noqa: F401 (fix
 pytestmark = pytest.mark.browser
 
 NODES = 50
-PER_NODE = 200  # what the page asks for per column: every job is on the board
+PER_NODE = 200  # the page's limit per column: every job is on the board
 MODEL = "qwen3-coder:30b"
 
 
@@ -76,8 +77,15 @@ async def scroll_list(page, node: str, where: str) -> None:
                         [column(node), where])
 
 
+async def jobs_read(answers) -> int:
+    """How many waiting jobs the page's reads of /api/queue carried."""
+    return sum([len(n["queued"]) for a in answers for n in (await a.json())["nodes"]])
+
+
 async def test_ten_thousand_waiting_jobs_on_fifty_nodes_are_all_reachable_and_movable(big_lab, page):
     waiting = NODES * (PER_NODE - 1)  # each node runs its first
+    answers = []
+    page.on("response", lambda r: answers.append(r) if "/api/queue?" in r.url and r.status == 200 else None)
     await page.goto(big_lab.url + "/")
     await expect(page.locator("#conn")).to_have_text("live")
     await expect(page.locator(".col")).to_have_count(NODES)
@@ -96,11 +104,20 @@ async def test_ten_thousand_waiting_jobs_on_fifty_nodes_are_all_reachable_and_mo
         await scroll_list(page, node, "bottom")
         await expect(col.locator(card(last))).to_be_in_viewport()
         await expect(col.locator(f"{card(last)} .pos")).to_have_text(str(PER_NODE - 1))
+        await expect(col.locator(".queue > .card.loading")).to_have_count(0)  # the whole view read
         ids = await page.eval_on_selector_all(f"{list_of(node)} > .card", "cs => cs.map(c => c.dataset.id)")
         expected = [job_id(node_i, k) for k in range(1, PER_NODE)]
         assert ids == expected[len(expected) - len(ids):], "the cards drawn at the bottom are the queue's tail, in order"
         await scroll_list(page, node, "top")
         await expect(col.locator(card(first))).to_be_in_viewport()
+
+    # The page read what was on screen: each column's first screenful (40), on each refresh, and
+    # the bottoms scrolled to; never the whole queue (9,950 jobs, 8 MB), not even once.
+    refreshes = await page.evaluate("window.gpuq.refreshes")
+    read = await jobs_read(answers)
+    assert read <= refreshes * NODES * 40 + 20 * PER_NODE, (read, refreshes)
+    assert max([len((await a.json())["nodes"][0]["queued"]) for a in answers if "node=" in a.url] or [0]) <= 100
+    assert all("limit=40" in a.url for a in answers if "node=" not in a.url), [a.url for a in answers]
 
     # A move from the keyboard still goes through: the first job of the last column one place down.
     node = name(NODES)

@@ -14,8 +14,11 @@ const LIMIT_MAX = 2000;
 const FIRST_LIMIT = 40; // the first load asks for a screenful per column, then for LIMIT_STEP at once
 // A board with more waiting jobs than this draws, in each column, only the cards in view plus a
 // margin (spacers stand for the rest, so the scroll bars are the whole list's); a column out of
-// view draws none. Each column keeps its whole order as data: positions, moves and drops count
-// in the whole list, whatever is drawn.
+// view draws none. Each column keeps its whole order's length: positions, moves and drops count
+// in the whole list, whatever is drawn. Such a board is also *paged*: the page reads each
+// column's first FIRST_LIMIT jobs, and the part of a column scrolled into view beyond them
+// (/api/queue?node=&offset=), on its first load and on every refresh: what is on screen, not
+// the whole queue.
 const WINDOW_FROM = 400;
 const MARGIN = 20; // cards drawn beyond the view, above and below
 const RECENT = 12;
@@ -41,7 +44,10 @@ const S = {
   changes: 0,
   refreshes: 0, // refreshes started
   fetched: 0, // the refresh whose answers S holds
+  readAt: -1, // S.changes when the queue shown was read
   full: false, // a first load (a screenful per column) was shown: refreshes ask for the whole limit
+  paged: false, // the board is large: each read asks for the first screenful and the parts in view
+  pageReads: 0, // reads of one column's part (for the page tests)
   shown: 0, // the refresh whose answers are on the screen (page tests wait for one started after a change)
 };
 window.gpuq = S; // for the browser console (and the page tests)
@@ -59,13 +65,57 @@ async function loadRecent() {
     .slice(0, RECENT);
 }
 
+// How long a column's list is on the page: its waiting jobs up to the limit.
+const shownOf = (n) => Math.min(n.queued_count, S.limit);
+
+// One column's waiting jobs [from, to) (a paged board's part in view).
+function readPart(node, from, to) {
+  S.pageReads++;
+  return getJSON(`/api/queue?node=${encodeURIComponent(node)}&offset=${from}&limit=${to - from}`);
+}
+
+// The parts of the columns in view that a read of the first FIRST_LIMIT jobs leaves out.
+function partsInView() {
+  if (!S.paged) return [];
+  const parts = [];
+  for (const [name, c] of cols) {
+    const from = Math.max(FIRST_LIMIT, c.start), to = c.end;
+    if (to > from) parts.push([name, from, to]);
+  }
+  return parts;
+}
+
+// A paged board's answer: each column as long as it is shown, the jobs read in their places
+// and holes for the rest (drawn as "loading" cards until read).
+// `before`: the answer shown until now, when no change came between the two (its jobs read
+// beyond the first fill the holes of a column whose count is the same).
+function placed(queue, parts, before) {
+  const old = new Map(before ? before.nodes.map((n) => [n.name, n]) : []);
+  for (const n of queue.nodes) {
+    const jobs = new Array(shownOf(n));
+    const was = old.get(n.name);
+    if (was && was.queued_count === n.queued_count) was.queued.forEach((j, i) => { if (i < jobs.length) jobs[i] = j; });
+    n.queued.slice(0, jobs.length).forEach((j, i) => { jobs[i] = j; });
+    n.queued = jobs;
+  }
+  const byName = new Map(queue.nodes.map((n) => [n.name, n]));
+  for (const part of parts) {
+    const n = part && byName.get(part.nodes[0].name);
+    if (!n) continue;
+    part.nodes[0].queued.forEach((j, i) => { if (part.offset + i < n.queued.length) n.queued[part.offset + i] = j; });
+  }
+  return queue;
+}
+
 async function refresh() {
   const asked = ++S.refreshes;
-  const limit = S.full ? S.limit : Math.min(S.limit, FIRST_LIMIT);
+  const changes = S.changes;
+  const limit = S.full && !S.paged ? S.limit : Math.min(S.limit, FIRST_LIMIT);
+  const parts = partsInView();
   // Each part apart: /health answers from the router's memory whatever the store does, so its
   // truth (a store that does not answer, a node down) shows even when the other reads fail.
   const [queue, health, recent, activity] = await Promise.allSettled([
-    getJSON(`/api/queue?limit=${limit}`),
+    Promise.all([getJSON(`/api/queue?limit=${limit}`), ...parts.map(([n, from, to]) => readPart(n, from, to))]),
     getJSON('/health', [200, 503]),
     loadRecent(),
     getJSON(`/api/activity?since=${encodeURIComponent(localMidnight())}`),
@@ -76,8 +126,12 @@ async function refresh() {
     S.error = failed.reason;
     if (isRefusal(S.error)) setConnection('refused', S.error.message);
   } else {
-    Object.assign(S, {queue: queue.value, recent: recent.value, activity: activity.value, error: null,
-                      updatedAt: Date.now()});
+    const [whole, ...read] = queue.value;
+    // A board too large to draw whole is paged from its first answer on (never read whole).
+    if (!S.full && !S.paged) S.paged = whole.nodes.reduce((sum, n) => sum + shownOf(n), 0) > WINDOW_FROM;
+    const before = S.queue && S.readAt === changes ? S.queue : null;
+    Object.assign(S, {queue: S.paged ? placed(whole, read, before) : whole, recent: recent.value, activity: activity.value,
+                      error: null, updatedAt: Date.now(), readAt: changes});
   }
   S.fetched = asked;
   if (!S.answeredAt && S.queue) S.answeredAt = performance.now(); // the first answers in (for make bench)
@@ -85,7 +139,7 @@ async function refresh() {
   if (first) S.full = true; // the next refresh asks for the whole limit
   render();
   if (first) {
-    if (S.queue.nodes.some((n) => n.queued.length < Math.min(n.queued_count, S.limit))) refreshSoon();
+    if (!S.paged && S.queue.nodes.some((n) => n.queued.length < shownOf(n))) refreshSoon();
     else S.fullAt = performance.now();
   } else if (S.full && !S.fullAt && S.queue) {
     S.fullAt = performance.now(); // every column as long as the limit (for make bench)
@@ -342,6 +396,7 @@ function rangeOf(c, scrollTop) {
 // A card drawn at position `i` of `count`: its number, its label, its ↑ / ↓ buttons.
 function cardAt(c, i) {
   const job = c.jobs[i];
+  if (!job) return loadingCard(c);
   let card = c.cards.get(job.id);
   if (!card) {
     card = queuedCard(job, i, c.model, c.jobs.length);
@@ -353,6 +408,51 @@ function cardAt(c, i) {
   up.disabled = i === 0;
   down.disabled = i === c.jobs.length - 1;
   return card;
+}
+
+// A card not read yet (a paged board's hole), as tall as the others; its part is read now.
+function loadingCard(c) {
+  const li = el('li', {className: 'card loading', 'aria-hidden': 'true', text: 'loading…'});
+  if (cardHeight) li.style.height = `${cardHeight - 4}px`;
+  readSoon(c);
+  return li;
+}
+
+// Read the part of a column in view that is not read yet: one read per column at a time, and
+// once it is in, the part then in view if it still has holes (a scroll or a redraw meanwhile).
+// An answer read across a change of the queue is not used (the change's refresh reads the parts
+// in view again); a failed read is not repeated (the next refresh is).
+const reading = new Set(); // nodes whose part is being read
+
+function holesInView(c) {
+  let from = c.start, to = c.end;
+  while (from < to && c.jobs[from]) from++;
+  while (to > from && c.jobs[to - 1]) to--;
+  return [from, to];
+}
+
+function readSoon(c) {
+  const node = c.list.dataset.node;
+  if (reading.has(node) || S.pending || S.dragging) return;
+  const [from, to] = holesInView(c);
+  if (from >= to) return;
+  reading.add(node);
+  const changes = S.changes, limit = S.limit;
+  readPart(node, from, to).then((part) => {
+    reading.delete(node);
+    const now = cols.get(node), n = S.queue && S.queue.nodes.find((x) => x.name === node);
+    const got = part.nodes[0];
+    if (!now || !n || S.pending || S.dragging) return;
+    if (changes !== S.changes || changes !== S.readAt || limit !== S.limit || got.queued_count !== n.queued_count) {
+      refreshSoon(); // it changed under the read
+      return;
+    }
+    got.queued.forEach((j, i) => {
+      if (from + i < now.jobs.length) n.queued[from + i] = now.jobs[from + i] = j;
+    });
+    S.sig = JSON.stringify([S.queue, staleHeads().map((x) => x.id), S.limit]);
+    drawList(now, true); // draws the rest of the view's holes, and reads them
+  }, () => reading.delete(node));
 }
 
 function drawList(c, force = false, scrollTop = c.list.scrollTop, range = rangeOf(c, scrollTop)) {
@@ -432,7 +532,7 @@ function idleText(node, cls) {
   if (cls === 'stuck') return 'nothing runs until the model leaves VRAM';
   if (cls === 'checking') return 'waiting for the first health check';
   if (!node.queued_count) return 'idle';
-  const held = node.queued.length === node.queued_count && node.queued.every((j) => j.waiting_for);
+  const held = node.queued.length === node.queued_count && node.queued.every((j) => j && j.waiting_for);
   return held ? 'idle — every waiting job waits for its parent' : 'idle — starting the head';
 }
 
@@ -758,7 +858,7 @@ function drawnIn(node, except) {
 // The ids waiting in a column, in its whole order (drawn or not).
 function queuedIn(node, exceptId) {
   const c = cols.get(node);
-  return c ? c.jobs.map((j) => j.id).filter((id) => id !== exceptId) : [];
+  return c ? Array.from(c.jobs, (j) => j && j.id).filter((id) => id !== exceptId || !id) : [];
 }
 
 // Put a queued card at `index` among the other waiting cards of `target` (0 = head), on the
@@ -769,9 +869,11 @@ function moveTo(card, target, index, {tail = false} = {}) {
   if (!src || !dst) return;
   const others = queuedIn(target, id);
   index = Math.max(0, Math.min(index, others.length));
-  const at = src.jobs.findIndex((j) => j.id === id);
+  const at = src.jobs.findIndex((j) => j && j.id === id);
   if (at < 0 || (from === target && at === index && !tail)) return;
-  const body = tail ? {position: TAIL} : index === 0 ? {position: 1} : {after: others[index - 1]};
+  // After the job before it; by place where that job is not read yet (a paged board).
+  const body = tail ? {position: TAIL} : index === 0 ? {position: 1}
+    : others[index - 1] ? {after: others[index - 1]} : {position: index + 1};
   if (target !== from) body.node = target;
   const hadFocus = card.contains(document.activeElement);
   const [job] = src.jobs.splice(at, 1);
@@ -805,7 +907,7 @@ async function preemptJob(job) {
 // A job on the board, by id (its prompt's start names it in a dialog).
 function boardJob(id) {
   for (const n of (S.queue ? S.queue.nodes : [])) {
-    const job = n.running && n.running.id === id ? n.running : n.queued.find((j) => j.id === id);
+    const job = n.running && n.running.id === id ? n.running : n.queued.find((j) => j && j.id === id);
     if (job) return job;
   }
   return null;
@@ -1063,6 +1165,7 @@ $('refresh').addEventListener('click', () => {
 
 liveEvents({
   onConnect: () => {
+    S.readAt = -1; // changes may have been missed while away: read every part again
     refreshSoon();
   },
   onChange: () => {

@@ -487,15 +487,16 @@ class Store:
             sql += " WHERE " + " AND ".join(where)
         return await self.read(sql + " ORDER BY j.created_at DESC, j.id DESC LIMIT ?", (*params, limit))
 
-    async def queue(self, node: str, limit: int) -> tuple[Row | None, list[Row], int]:
-        """The node's running job, its first `limit` queued jobs in order, and how many wait."""
+    async def queue(self, node: str, limit: int, offset: int = 0) -> tuple[Row | None, list[Row], int]:
+        """The node's running job, `limit` of its queued jobs in order from the `offset`-th (0:
+        the head), and how many wait."""
         running = await self.read(
             f"SELECT {LISTING_COLUMNS} {JOB_FROM} WHERE j.node = ? AND j.state = 'running'", (node,)
         )
         queued = await self.read(
             f"SELECT {LISTING_COLUMNS} {JOB_FROM} WHERE j.node = ? AND j.state = 'queued'"
-            " ORDER BY j.position, j.id LIMIT ?",
-            (node, limit),
+            " ORDER BY j.position, j.id LIMIT ? OFFSET ?",
+            (node, limit, offset),
         )
         count = await self.read("SELECT COUNT(*) AS n FROM job WHERE node = ? AND state = 'queued'", (node,))
         return (running[0] if running else None), queued, count[0]["n"]
