@@ -41,7 +41,7 @@ from gpuq.store import NodeInfo, Store
 from tests.pg import Cluster
 
 from . import growth, peers
-from .procs import QUIET_S, Fakes, Router, node_table
+from .procs import QUIET_S, Fakes, Router, clear_queues, node_table
 
 if TYPE_CHECKING:
     from .stats import Metric
@@ -120,16 +120,6 @@ async def wait_state(router: Router, job_id: str, states: tuple[str, ...], limit
                 return body
             await asyncio.sleep(0.02)
         raise RuntimeError(f"job {job_id} not {'/'.join(states)} within {limit_s}s: {body}")
-    finally:
-        await conn.close()
-
-
-async def clear(router: Router, nodes) -> None:
-    conn = await router.connect()
-    try:
-        for name in nodes:
-            status, body = await conn.request("POST", f"/api/nodes/{name}/clear")
-            assert status == 200, (status, body)
     finally:
         await conn.close()
 
@@ -246,7 +236,7 @@ async def submit_rows(bench: "Bench", fakes: Fakes, routers: dict[str, Router]) 
                 await fakes.call("hold", name)
             try:
                 got[engine] = await bench.submit_burst(router, CLIENTS, total, 15.0)
-                await clear(router, NODES[engine])
+                await clear_queues(router, NODES[engine])
             finally:
                 for name in NODES[engine]:
                     await fakes.call("release", name)

@@ -152,5 +152,16 @@ class Router:
                 await self.proc.wait()
 
 
+async def clear_queues(router: "Router", nodes) -> None:
+    """Every waiting job of `nodes` cancelled through the router's API (between a bench's runs)."""
+    conn = await router.connect()
+    try:
+        for name in nodes:
+            status, body = await conn.request("POST", f"/api/nodes/{name}/clear")
+            assert status == 200, (status, body)
+    finally:
+        await conn.close()
+
+
 def node_table(name: str, url: str, rank: int, model: str, roles=("task", "critique")) -> dict:
     return {"name": name, "url": url, "rank": rank, "roles": list(roles), "model": model}

@@ -24,7 +24,7 @@ from gpuq.store import NewJob, NodeInfo, Store
 
 from . import front, growth, listings, peers, pgstore, postgres, replay, scale, written
 from .fakes import MODEL_LEFT
-from .procs import QUIET_S, Fakes, Router, free_port, node_table, rss_mb
+from .procs import QUIET_S, Fakes, Router, clear_queues, free_port, node_table, rss_mb
 from .stats import Metric, fmt, table
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -219,13 +219,7 @@ class Bench:
         return issued / elapsed
 
     async def clear(self, router: Router) -> None:
-        conn = await router.connect()
-        try:
-            for name in NODES:
-                status, body = await conn.request("POST", f"/api/nodes/{name}/clear")
-                assert status == 200, (status, body)
-        finally:
-            await conn.close()
+        await clear_queues(router, NODES)
 
     async def submit_section(self, router: Router) -> None:
         one = self.metric("submit_1", "durable submit POST /api/jobs, 1 client, nodes busy with a held job",
