@@ -119,6 +119,18 @@ async def test_ten_thousand_waiting_jobs_on_fifty_nodes_are_all_reachable_and_mo
     assert max([len((await a.json())["nodes"][0]["queued"]) for a in answers if "node=" in a.url] or [0]) <= 100
     assert all("limit=40" in a.url for a in answers if "node=" not in a.url), [a.url for a in answers]
 
+    # Each card's "Move to…" lists the other 49 nodes (one list built per column, copied into its
+    # cards): choosing on one card leaves the others' as they were.
+    names = [name(i) for i in range(1, NODES + 1)]
+    for node_i, k in ((NODES, 1), (NODES, 2), (NODES - 1, 1)):  # in view: the last columns
+        options = await page.eval_on_selector_all(f"{card(job_id(node_i, k))} select.move-to option",
+                                                  "os => os.map(o => o.value)")
+        assert options == [""] + [n for n in names if n != name(node_i)], (node_i, k, options[:3])
+    second_move = page.locator(f"{card(job_id(NODES, 2))} select.move-to")
+    await second_move.evaluate("s => { s.value = 'n01'; }")  # set, not chosen: no change event
+    assert await page.locator(f"{card(job_id(NODES, 1))} select.move-to").input_value() == ""
+    await second_move.evaluate("s => { s.value = ''; }")
+
     # A move from the keyboard still goes through: the first job of the last column one place down.
     node = name(NODES)
     first, second = job_id(NODES, 1), job_id(NODES, 2)

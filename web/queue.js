@@ -362,7 +362,8 @@ function renderBoard() {
   }
   const running = new Set(q.nodes.filter((n) => n.running).map((n) => n.running.id));
   for (const id of S.tokens.keys()) if (!running.has(id)) S.tokens.delete(id);
-  for (const n of q.nodes) if (n.running) baseline(n.running);
+  for (const n of q.nodes) if (n.running) baseline(n.running, false);
+  paintProgress(); // once for every running card, not once per card
 }
 
 // -- the columns' cards: all of them, or (a large board) the ones in view ---------------------
@@ -455,7 +456,10 @@ function readSoon(c) {
   }, () => reading.delete(node));
 }
 
-function drawList(c, force = false, scrollTop = c.list.scrollTop, range = rangeOf(c, scrollTop)) {
+// `scrolls`: where drawAll collects the lists' scroll positions to restore once every list is
+// replaced (reading a list's scrollTop right after replacing its children lays out the whole
+// board: once per column, it was most of a large board's first draw).
+function drawList(c, force = false, scrollTop = c.list.scrollTop, range = rangeOf(c, scrollTop), scrolls = null) {
   const [start, end] = range;
   if (!force && start === c.start && end === c.end) return;
   c.start = start;
@@ -468,7 +472,12 @@ function drawList(c, force = false, scrollTop = c.list.scrollTop, range = rangeO
   if (end < c.jobs.length) items.push(spacer((c.jobs.length - end) * cardHeight));
   if (!c.jobs.length) items.push(el('li', {className: 'empty-queue', text: 'nothing waiting'}));
   c.list.replaceChildren(...items);
-  if (c.list.scrollTop !== scrollTop) c.list.scrollTop = scrollTop;
+  if (scrolls) scrolls.push([c.list, scrollTop, had]);
+  else restoreScroll(c.list, scrollTop, had);
+}
+
+function restoreScroll(list, scrollTop, had) {
+  if (list.scrollTop !== scrollTop) list.scrollTop = scrollTop;
   if (had && had.isConnected) had.focus({preventScroll: true});
 }
 
@@ -487,7 +496,9 @@ function drawAll(force = false, scroll = new Map()) {
     const top = scroll.has(name) ? scroll.get(name) : c.list.scrollTop;
     return [c, top, rangeOf(c, top)];
   });
-  for (const [c, top, range] of plan) drawList(c, force, top, range);
+  const scrolls = [];
+  for (const [c, top, range] of plan) drawList(c, force, top, range, scrolls);
+  for (const [list, top, had] of scrolls) restoreScroll(list, top, had);
 }
 
 let drawQueued = false;
@@ -664,12 +675,10 @@ function queuedCard(job, i, nodeModel, count) {
 // "Move to…": the other nodes that take this kind of job (a down one says so); choosing one
 // moves the job to the tail of that node's queue, as a drag to the end of its column would.
 function moveSelect(job) {
-  const role = roleOf(job.kind);
-  const targets = (S.queue ? S.queue.nodes : []).filter((n) => n.name !== job.node && n.roles.includes(role));
+  const [count, options] = moveOptions(job.node, roleOf(job.kind));
   const select = el('select', {className: 'move-to touch', 'aria-label': `Move ${job.id} to another node`,
-    title: 'Move it to the end of another node\'s queue', disabled: !targets.length},
-  el('option', {value: '', text: targets.length ? 'Move to…' : 'no other node'}),
-  ...targets.map((n) => el('option', {value: n.name, text: `${n.name}${n.up ? '' : ' (down)'}`})));
+    title: 'Move it to the end of another node\'s queue', disabled: !count});
+  select.append(options.cloneNode(true));
   select.addEventListener('change', () => {
     const target = select.value;
     if (!target) return;
@@ -679,6 +688,27 @@ function moveSelect(job) {
   });
   select.addEventListener('blur', () => { if (S.deferred) setTimeout(render, 0); });
   return select;
+}
+
+// The options of "Move to…" for the jobs of one node and role, built once per answer of the
+// queue and cloned into each card (49 options a card on a board of 50 nodes).
+const moveLists = {queue: null, lists: new Map()};
+function moveOptions(node, role) {
+  if (moveLists.queue !== S.queue) {
+    moveLists.queue = S.queue;
+    moveLists.lists.clear();
+  }
+  const key = `${node}\n${role}`;
+  let got = moveLists.lists.get(key);
+  if (!got) {
+    const targets = (S.queue ? S.queue.nodes : []).filter((n) => n.name !== node && n.roles.includes(role));
+    const options = document.createDocumentFragment();
+    options.append(el('option', {value: '', text: targets.length ? 'Move to…' : 'no other node'}),
+      ...targets.map((n) => el('option', {value: n.name, text: `${n.name}${n.up ? '' : ' (down)'}`})));
+    got = [targets.length, options];
+    moveLists.lists.set(key, got);
+  }
+  return got;
 }
 
 // A card's buttons: over its top right corner while it is hovered or focused (always shown
@@ -770,13 +800,13 @@ function paintSoon() {
 
 // The router's own counts for a running job (they include tokens made before the page
 // connected); the live token events then count on from there.
-function baseline(job) {
+function baseline(job, paint = true) {
   if (job.tokens_so_far == null) return;
   const rec = tokenRecord(job.id, job.run_id);
   const thinking = job.thinking_tokens_so_far || 0;
   rec.thinking = Math.max(rec.thinking, thinking);
   rec.answer = Math.max(rec.answer, job.tokens_so_far - thinking);
-  paintProgress();
+  if (paint) paintProgress();
 }
 
 // A thinking model (and every critique, which reasons before its findings) shows its reasoning
