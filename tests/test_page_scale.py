@@ -104,8 +104,12 @@ async def test_ten_thousand_waiting_jobs_on_fifty_nodes_are_all_reachable_and_mo
         await scroll_list(page, node, "bottom")
         await expect(col.locator(card(last))).to_be_in_viewport()
         await expect(col.locator(f"{card(last)} .pos")).to_have_text(str(PER_NODE - 1))
-        await expect(col.locator(".queue > .card.loading")).to_have_count(0)  # the whole view read
-        ids = await page.eval_on_selector_all(f"{list_of(node)} > .card", "cs => cs.map(c => c.dataset.id)")
+        # The whole view read, seen in one look (a refresh of the page may redraw between two looks):
+        # the cards drawn then, none of them still loading.
+        ids = await (await page.wait_for_function(
+            "(list) => { const cs = [...document.querySelectorAll(list + ' > .card')];"
+            " return cs.length && !cs.some((c) => c.classList.contains('loading')) && cs.map((c) => c.dataset.id); }",
+            arg=list_of(node))).json_value()
         expected = [job_id(node_i, k) for k in range(1, PER_NODE)]
         assert ids == expected[len(expected) - len(ids):], "the cards drawn at the bottom are the queue's tail, in order"
         await scroll_list(page, node, "top")
