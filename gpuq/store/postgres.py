@@ -190,8 +190,9 @@ class Connection:
 
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Any:
         if self._conn.broken or self._conn.closed:
-            if self.in_transaction:  # (a broken connection reports UNKNOWN: never true here)
-                raise RuntimeError("the connection broke inside a transaction")
+            if not sql.startswith("BEGIN"):  # mid-transaction: never go on in another session
+                raise psycopg.OperationalError("the connection to the database broke inside a transaction;"
+                                               " nothing of it was committed")
             self._conn = self._open()
         if not params:  # sent as written: psycopg reads no placeholders then (a script may be several statements)
             return self._conn.execute(sql)
