@@ -26,7 +26,6 @@ failover pair) in one fakes process."""
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import re
 import statistics
@@ -41,7 +40,7 @@ from gpuq.store import NodeInfo, Store
 from tests.pg import Cluster
 
 from . import growth, peers
-from .procs import QUIET_S, Fakes, Router, clear_queues, node_table
+from .procs import QUIET_S, Fakes, Router, clear_queues, first_stream_line, node_table
 
 if TYPE_CHECKING:
     from .stats import Metric
@@ -275,19 +274,12 @@ async def first_token_rows(bench: "Bench", fakes: Fakes, routers: dict[str, Rout
     pairs = 8 if bench.quick else 20
     node = {e: NODES[e][1] for e in ENGINES}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
-        async def first_line(resp, key) -> None:
-            async for raw in resp.content:
-                line = raw.strip()
-                if line and json.loads(line).get(key):
-                    return
-            raise RuntimeError("stream ended before its first token")
-
         async def straight(engine: str) -> float:
             body = {"model": MODELS[1], "messages": [{"role": "user", "content": "hello"}], "stream": True,
                     "keep_alive": 0}
             t0 = time.monotonic()
             async with session.post(fakes.urls[node[engine]] + "/api/chat", json=body) as resp:
-                await first_line(resp, "message")
+                await first_stream_line(resp, "message")
                 t = time.monotonic() - t0
                 await resp.read()
             return t * 1000
@@ -300,7 +292,7 @@ async def first_token_rows(bench: "Bench", fakes: Fakes, routers: dict[str, Rout
                 assert resp.status == 201, await resp.text()
                 job_id = (await resp.json())["jobs"][0]["id"]
             async with session.get(router.url + f"/api/jobs/{job_id}/stream") as resp:
-                await first_line(resp, "text")
+                await first_stream_line(resp, "text")
                 t = time.monotonic() - t0
                 async for _ in resp.content:
                     pass

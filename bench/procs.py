@@ -152,6 +152,15 @@ class Router:
                 await self.proc.wait()
 
 
+async def first_stream_line(resp, key: str) -> None:
+    """Read a streamed NDJSON reply until the first line that carries `key` (its first token)."""
+    async for raw in resp.content:
+        line = raw.strip()
+        if line and json.loads(line).get(key):
+            return
+    raise RuntimeError("stream ended before its first token")
+
+
 async def clear_queues(router: "Router", nodes) -> None:
     """Every waiting job of `nodes` cancelled through the router's API (between a bench's runs)."""
     conn = await router.connect()

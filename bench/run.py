@@ -24,7 +24,7 @@ from gpuq.store import NewJob, NodeInfo, Store
 
 from . import front, growth, listings, peers, pgstore, postgres, replay, scale, written
 from .fakes import MODEL_LEFT
-from .procs import QUIET_S, Fakes, Router, clear_queues, free_port, node_table, rss_mb
+from .procs import QUIET_S, Fakes, Router, clear_queues, first_stream_line, free_port, node_table, rss_mb
 from .stats import Metric, fmt, table
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -417,19 +417,12 @@ class Bench:
         await self.wait_idle(router, node, 30)
         timeout = aiohttp.ClientTimeout(total=30)
         async with aiohttp.ClientSession(timeout=timeout) as session:
-            async def first_line(resp, key) -> None:
-                async for raw in resp.content:
-                    line = raw.strip()
-                    if line and json.loads(line).get(key):
-                        return
-                raise RuntimeError("stream ended before its first token")
-
             async def straight() -> float:
                 body = {"model": model, "messages": [{"role": "user", "content": "hello"}],
                         "stream": True, "keep_alive": 0}
                 t0 = time.monotonic()
                 async with session.post(self.fakes.urls[node] + "/api/chat", json=body) as resp:
-                    await first_line(resp, "message")
+                    await first_stream_line(resp, "message")
                     t = time.monotonic() - t0
                     await resp.read()
                 return t * 1000
@@ -442,7 +435,7 @@ class Bench:
                     job_id = (await resp.json())["jobs"][0]["id"]
                 answered = time.monotonic()
                 async with session.get(router.url + f"/api/jobs/{job_id}/stream") as resp:
-                    await first_line(resp, "text")
+                    await first_stream_line(resp, "text")
                     t1 = time.monotonic()
                     async for _ in resp.content:  # to the end: the node is idle again after it
                         pass

@@ -138,6 +138,15 @@ class ConfigError(GpuqError):
     status = 2  # the exit code of `gpuq serve`
 
 
+class NewerSchema(GpuqError):
+    """The database holds migrations this gpuq does not know (a newer gpuq wrote it): refused
+    before anything is changed, on either engine."""
+
+    def __init__(self, where: object, newer: list[int], known: int):
+        super().__init__(f"{where} was written by a newer gpuq (schema version {max(newer)}; this gpuq "
+                         f"knows up to {known}); upgrade gpuq or use another database", status=2)
+
+
 class StartupError(GpuqError):
     """`gpuq serve` cannot start: its database is in use by another router, its port is taken."""
 

@@ -16,7 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ..errors import GUARD_MESSAGE, GpuqError, GuardRefused, SchemaViolated, StoreUnavailable
+from ..errors import GUARD_MESSAGE, GpuqError, GuardRefused, NewerSchema, SchemaViolated, StoreUnavailable
 from ..models import iso
 from ..shipped import shipped_dir
 
@@ -54,9 +54,7 @@ def migrate(conn: psycopg.Connection, files: list[Path], now: float, where: str)
         applied = {r[0] for r in conn.execute("SELECT version FROM schema_migration")}
     newer = sorted(applied - set(known))
     if newer:
-        raise GpuqError(
-            f"{where} was written by a newer gpuq (schema version {newer[-1]}; this gpuq "
-            f"knows up to {max(known)}); upgrade gpuq or use another database", status=2)
+        raise NewerSchema(where, newer, max(known))
     for version, f in sorted(known.items()):
         if version not in applied:
             _apply_migration(conn, version, f, now)

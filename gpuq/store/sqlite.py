@@ -12,7 +12,7 @@ from pathlib import Path
 
 import aiosqlite
 
-from ..errors import GUARD_MESSAGE, GpuqError, GuardRefused, SchemaViolated, StoreUnavailable
+from ..errors import GUARD_MESSAGE, GpuqError, GuardRefused, NewerSchema, SchemaViolated, StoreUnavailable
 from ..models import iso
 
 Connection = sqlite3.Connection
@@ -96,9 +96,7 @@ def migrate(db: sqlite3.Connection, files: list[Path], now: float, path: Path) -
     applied = {r[0] for r in db.execute("SELECT version FROM schema_migration")}
     newer = sorted(applied - set(known))
     if newer:
-        raise GpuqError(
-            f"{path} was written by a newer gpuq (schema version {newer[-1]}; this gpuq "
-            f"knows up to {max(known)}); upgrade gpuq or use another database", status=2)
+        raise NewerSchema(path, newer, max(known))
     # Foreign keys off while migrating, as SQLite's table rebuild procedure asks (a rebuild
     # drops a table others refer to), and checked before each commit instead.
     db.execute("PRAGMA foreign_keys = OFF")
