@@ -204,7 +204,10 @@ async def test_the_node_card_shows_the_warm_model_until_another_job_unloads_it(f
     try:
         await open_queue(page, lab.daemon)
         await chat(lab, "keep it", keep_alive="10m")
-        until = time.strftime("%H:%M:%S", time.localtime(parse_iso((await kept(lab))["until"])))
+        # The page gives the time, and the date too when that time is not today (near midnight).
+        at = time.localtime(parse_iso((await kept(lab))["until"]))
+        today = time.strftime("%Y-%m-%d", at) == time.strftime("%Y-%m-%d")
+        until = time.strftime("%H:%M:%S" if today else "%Y-%m-%d %H:%M:%S", at)
         line = page.locator('.col[data-node="node-1"] .col-warm')
         await expect(line).to_have_text(f"warm: {MODEL} until {until}")
         job = (await lab.daemon.submit("task", "another model", model="llama3.2"))[0]
