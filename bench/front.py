@@ -242,10 +242,15 @@ async def warm_section(bench: "Bench") -> None:
         await fake.stop()
 
 
-async def ab(variants: dict[str, dict[str, str]], pairs: int = 10, ttft_pairs: int = 20) -> dict[str, dict[str, list]]:
+ROWS = ("1p", "20p", "1u", "20u")  # clients and pace (p: 200 tokens/s, u: unpaced) of the CPU rows
+
+
+async def ab(variants: dict[str, dict[str, str]], pairs: int = 10, ttft_pairs: int = 20,
+             rows: tuple[str, ...] = ROWS) -> dict[str, dict[str, list]]:
     """Two routers (each with its own environment: PYTHONPATH at another checkout, say) on one
     set of simulated nodes, measured alternately, the order swapped every pair, so load on the
-    machine falls on both alike: the first-token overhead and the router CPU per relayed token."""
+    machine falls on both alike: the first-token overhead and the router CPU per relayed token
+    (`rows`: which of them)."""
     import tempfile
     from pathlib import Path
     workdir = Path(tempfile.mkdtemp(prefix="gpuq-ab-"))
@@ -283,10 +288,14 @@ async def ab(variants: dict[str, dict[str, str]], pairs: int = 10, ttft_pairs: i
                     sent, arrivals = await _stream(session, url, "hello")
                     results[name].setdefault("first-token overhead (ms)", []).append((arrivals[0] - sent - direct) * 1000)
             for paced, tokens in ((True, 300), (False, 1000)):
+                if not any(f"{c}{'p' if paced else 'u'}" in rows for c in (1, CLIENTS)):
+                    continue
                 for n in nodes:
                     await fakes.call("script", n, tokens=tokens, delay=PACE_S if paced else 0)
                 for i in range(pairs):
                     for clients in (1, CLIENTS):
+                        if f"{clients}{'p' if paced else 'u'}" not in rows:
+                            continue
                         for name, (router, url) in order(i):
                             await _idle(session, router)
                             cpu = cpu_s(router.pid)
@@ -307,16 +316,25 @@ def main() -> None:
     import argparse
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--pairs", type=int, default=10)
+    parser.add_argument("--ttft-pairs", type=int, default=None, help="first-token pairs (default: 2 x --pairs)")
+    parser.add_argument("--rows", default=",".join(ROWS),
+                        help="CPU rows, clients and pace: 1p,20p (200 tokens/s), 1u,20u (unpaced)")
     parser.add_argument("dirs", nargs=2)
     args = parser.parse_args()
     variants = {d: {"PYTHONPATH": os.path.abspath(d)} for d in args.dirs}
-    results = asyncio.run(ab(variants, args.pairs, 2 * args.pairs))
-    print(f"{args.pairs} pairs ({2 * args.pairs} for the first token), alternating")
+    ttft = 2 * args.pairs if args.ttft_pairs is None else args.ttft_pairs
+    results = asyncio.run(ab(variants, args.pairs, ttft, tuple(args.rows.split(","))))
+    print(f"{args.pairs} pairs ({ttft} for the first token), alternating")
     for key in results[args.dirs[0]]:
         cells = []
         for d in args.dirs:
             xs = sorted(results[d][key])
             cells.append(f"{d}: {statistics.median(xs):.2f} (p95 {xs[min(len(xs) - 1, int(0.95 * len(xs)))]:.2f})")
+        a, b = results[args.dirs[0]][key], results[args.dirs[1]][key]
+        ratios = sorted(y / x for x, y in zip(a, b) if x > 0)  # pair by pair: load falls on both alike
+        if ratios:
+            cells.append(f"B/A per pair {statistics.median(ratios):.3f}"
+                         f" ({sum(r < 1 for r in ratios)} of {len(ratios)} pairs B lower)")
         print(f"{key}: " + " | ".join(cells))
 
 
