@@ -132,9 +132,6 @@ def preempts(lane: str, running_lane: str | None, enabled: bool) -> bool:
     return enabled and lane == INTERACTIVE and running_lane == BATCH
 
 
-PREEMPT_ELSEWHERE = "interactive: moved from {here}, whose running interactive job it would wait for, to preempt {there}'s batch job"
-
-
 def preempt_elsewhere(nodes: list[NodeView], here: str, model: str | None) -> str | None:
     """[router] interactive_preempts: where an interactive job placed on `here` starts soonest,
     when that is another node; None: it stays (and preempts here if it can).

@@ -14,7 +14,7 @@ from ..bus import Bus
 from ..config import NodeConfig, Settings
 from ..errors import GpuqError, GuardMiss
 from ..models import FINAL, JobState, Kind, iso, parse_iso
-from ..placement import BATCH, INTERACTIVE, NodeView, preempt_elsewhere, preempted_reason, preempts
+from ..placement import BATCH, NodeView, preempt_elsewhere, preempted_reason, preempts
 from ..reload import Plan
 from .calls import Calls, NoCalls
 from .leases import Leases
@@ -306,9 +306,7 @@ class Dispatcher:
         it is now. A move the store refuses leaves it where it is."""
         infos = [n for n in self.node_infos() if job.get("endpoint") is None or self.leases.holds(n.name)]
         try:
-            rows = await self.store.read(
-                "SELECT node, state, lane, model FROM job WHERE state = 'running'"
-                " OR (state = 'queued' AND lane = ? AND id != ?)", (INTERACTIVE, job["id"]))
+            rows = await self.store.lanes_in_play(job["id"])
         except GpuqError as exc:
             log.warning("job=%s node=%s not looking for another node: %s", job["id"], job["node"], exc.message)
             return job
@@ -332,7 +330,6 @@ class Dispatcher:
                  job["id"], job["node"], target)
         self.wake(target)
         return dict(job, **moved)
-
 
     async def _no_node_here(self) -> GpuqError:
         """Why a front-door call cannot run on this router: the routers that drive task nodes."""
