@@ -287,5 +287,34 @@ class Writer:
             return
         self.batches += 1
         self.writes += len(batch)
-        for item, (ok, value) in zip(batch, outcomes):
-            self._answer(item.future, ok, value if ok else self._error(value), item.after)
+        answers = [(item.future, ok, value if ok else self._error(value), item.after)
+                   for item, (ok, value) in zip(batch, outcomes)]
+        self._answer_all(answers)
+
+    @staticmethod
+    def _answer_all(answers: list[tuple[asyncio.Future, bool, Any, Callable[[Any], None] | None]]) -> None:
+        """Settle a committed batch's futures from the writer's thread in one hand-over to the
+        loop (one wake-up of it, not one per write); each settles as `_answer` would settle it."""
+        if len(answers) == 1:
+            Writer._answer(*answers[0])
+            return
+
+        loop = answers[0][0].get_loop()
+
+        def settle_all() -> None:
+            for future, ok, value, after in answers:
+                if not future.done():  # else its caller went away; the write stands
+                    if ok:
+                        future.set_result(value)
+                    else:
+                        future.set_exception(value)
+                if ok and after is not None:
+                    try:
+                        after(value)
+                    except Exception as exc:  # as the loop reports a callback's error; the rest go on
+                        loop.call_exception_handler({"message": "a write's after-commit callback failed",
+                                                     "exception": exc})
+        try:
+            loop.call_soon_threadsafe(settle_all)
+        except RuntimeError:
+            pass  # the event loop is closed: nobody is waiting any more
