@@ -66,7 +66,9 @@ class Dispatcher:
         node, model, message, since, job_id): each node stays flagged until /api/ps shows its
         model gone, as it would have without the restart."""
         keep_big_blocks_apart()  # a node's big reply must not leave the router's heap swollen
-        self.session = aiohttp.ClientSession()
+        # No cookie jar: no node sets one, and the jar's filter and update ran on every request
+        # (20-40 us of each node request's setup, bench/README "issue 28, session 8").
+        self.session = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar())
         for cfg in self.settings.nodes:
             self._wire(cfg)
         for s in stuck or []:
