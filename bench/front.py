@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 
 
-from .procs import QUIET_S, Fakes, Router, free_port, node_table
+from .procs import QUIET_S, Fakes, Router, first_stream_line, free_port, node_table
 
 if TYPE_CHECKING:
     from .run import Bench
@@ -245,12 +245,28 @@ async def warm_section(bench: "Bench") -> None:
 ROWS = ("1p", "20p", "1u", "20u")  # clients and pace (p: 200 tokens/s, u: unpaced) of the CPU rows
 
 
+async def _via_stream(session: aiohttp.ClientSession, url: str, node: str) -> tuple[float, float]:
+    """gpuq's own door: POST /api/jobs (to `node`), then GET its /stream to the first {"text"}
+    line; (when the submit was sent, when that line came), read to the end."""
+    sent = time.monotonic()
+    async with session.post(url + "/api/jobs", json={"kind": "task", "prompt": "hello", "node": node}) as resp:
+        assert resp.status == 201, await resp.text()
+        job_id = (await resp.json())["jobs"][0]["id"]
+    async with session.get(url + f"/api/jobs/{job_id}/stream") as resp:
+        await first_stream_line(resp, "text")
+        first = time.monotonic()
+        async for _ in resp.content:  # to the end: the node is idle again after it
+            pass
+    return sent, first
+
+
 async def ab(variants: dict[str, dict[str, str]], pairs: int = 10, ttft_pairs: int = 20,
-             rows: tuple[str, ...] = ROWS) -> dict[str, dict[str, list]]:
+             first_only: bool = False, rows: tuple[str, ...] = ROWS) -> dict[str, dict[str, list]]:
     """Two routers (each with its own environment: PYTHONPATH at another checkout, say) on one
     set of simulated nodes, measured alternately, the order swapped every pair, so load on the
-    machine falls on both alike: the first-token overhead and the router CPU per relayed token
-    (`rows`: which of them)."""
+    machine falls on both alike: the first-token overhead (the front door's, and gpuq's own
+    submit then /stream) and the router CPU per relayed token (not with `first_only`; `rows`:
+    which of its rows)."""
     import tempfile
     from pathlib import Path
     workdir = Path(tempfile.mkdtemp(prefix="gpuq-ab-"))
@@ -285,9 +301,22 @@ async def ab(variants: dict[str, dict[str, str]], pairs: int = 10, ttft_pairs: i
                     await asyncio.sleep(QUIET_S)
                     sent, arrivals = await _stream(session, fakes.urls["f01"], "hello")
                     direct = arrivals[0] - sent
+                    cpu = cpu_s(router.pid)
                     sent, arrivals = await _stream(session, url, "hello")
                     results[name].setdefault("first-token overhead (ms)", []).append((arrivals[0] - sent - direct) * 1000)
-            for paced, tokens in ((True, 300), (False, 1000)):
+                    results[name].setdefault("  router CPU per front-door call, 4 tokens (us)", []).append(
+                        (cpu_s(router.pid) - cpu) * 1e6)
+                    await _idle(session, router)
+                    await asyncio.sleep(QUIET_S)
+                    sent, arrivals = await _stream(session, fakes.urls["f01"], "hello")
+                    direct = arrivals[0] - sent
+                    cpu = cpu_s(router.pid)
+                    sent, first = await _via_stream(session, router.url, "f01")
+                    results[name].setdefault("first-token overhead, submit -> /stream (ms)", []).append(
+                        (first - sent - direct) * 1000)
+                    results[name].setdefault("  router CPU per submit + /stream, 4 tokens (us)", []).append(
+                        (cpu_s(router.pid) - cpu) * 1e6)
+            for paced, tokens in (() if first_only else ((True, 300), (False, 1000))):
                 if not any(f"{c}{'p' if paced else 'u'}" in rows for c in (1, CLIENTS)):
                     continue
                 for n in nodes:
@@ -311,19 +340,22 @@ async def ab(variants: dict[str, dict[str, str]], pairs: int = 10, ttft_pairs: i
 
 
 def main() -> None:
-    """`python -m bench.front [--pairs N] DIR_A DIR_B`: the A/B above, DIR_A's and DIR_B's gpuq
+    """`python -m bench.front [--pairs N] [--first-only] DIR_A DIR_B [DIR_C...]`: the A/B above, DIR_A's and DIR_B's gpuq
     (each a checkout, put first on PYTHONPATH); a median and p95 per row, each variant."""
     import argparse
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--pairs", type=int, default=10)
+    parser.add_argument("--first-only", action="store_true", help="the first-token rows only (no CPU rows)")
     parser.add_argument("--ttft-pairs", type=int, default=None, help="first-token pairs (default: 2 x --pairs)")
     parser.add_argument("--rows", default=",".join(ROWS),
                         help="CPU rows, clients and pace: 1p,20p (200 tokens/s), 1u,20u (unpaced)")
-    parser.add_argument("dirs", nargs=2)
+    parser.add_argument("dirs", nargs="+", help="two checkouts (or more: each measured in turn, the order turned around every round)")
     args = parser.parse_args()
+    if len(args.dirs) < 2:
+        parser.error("give two checkouts or more")
     variants = {d: {"PYTHONPATH": os.path.abspath(d)} for d in args.dirs}
     ttft = 2 * args.pairs if args.ttft_pairs is None else args.ttft_pairs
-    results = asyncio.run(ab(variants, args.pairs, ttft, tuple(args.rows.split(","))))
+    results = asyncio.run(ab(variants, args.pairs, ttft, args.first_only, tuple(args.rows.split(","))))
     print(f"{args.pairs} pairs ({ttft} for the first token), alternating")
     for key in results[args.dirs[0]]:
         cells = []

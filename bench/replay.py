@@ -24,7 +24,7 @@ import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -162,6 +162,7 @@ class Replay:
         self.batch_ids: dict[str, list[str]] = {}  # sweep key -> its jobs (tasks and critiques)
         self.front_ids = 0
         self.front_jobs: list[tuple[str, str, float]] = []  # (job id, who, wait) of each call answered
+        self.calls: list[dict] = []  # every call: job, who, sent (wall clock), wait, batch queued (for --keep)
         self.tasks: list[asyncio.Task] = []
 
     def config(self) -> tuple[list[dict], dict, dict, list[dict]]:
@@ -188,6 +189,7 @@ class Replay:
                                              connector=aiohttp.TCPConnector(limit=0)) as self.session:
                 await self._wait_ready()
                 self.t0 = time.monotonic()
+                self.wall = time.time() - self.t0  # monotonic -> wall clock, for --keep's record
                 sampler = asyncio.create_task(self._sample())
                 try:
                     for event in self.trace.events:
@@ -204,6 +206,9 @@ class Replay:
                 await self._account()
         finally:
             await router.stop()
+        self.record = {"policy": self.policy, "database": str(router.database), "log": str(router.log),
+                       "calls": self.calls, "spans": {name: [(a + self.wall, e + self.wall) for a, e in n.spans]
+                                                      for name, n in self.nodes.items()}}
         self.day.loads = sum(n.loads for n in self.nodes.values())
         for node in self.nodes.values():  # back to back: the next job came within BACK_TO_BACK_S
             spans = sorted(node.spans)
@@ -294,6 +299,8 @@ class Replay:
             if not ok:
                 self.day.failed += 1
                 self.day.errors.append(f"{event.kind} call: {why}")
+            self.calls.append({"job": job_id, "who": event.who, "kind": event.kind, "sent": sent + self.wall,
+                               "wait": None if first is None else first - sent, "batch_queued": queued})
             if first is not None:
                 wait = first - sent
                 self.day.waits.append(wait)
@@ -389,7 +396,7 @@ def _ts(iso: str) -> float:
 
 
 async def replay(seed: int, day_s: float, repeats: int, policies: list[str], workdir: Path,
-                 say=print) -> dict[str, list[Day]]:
+                 say=print, keep: bool = False) -> dict[str, list[Day]]:
     """Every policy once per repeat (the order turned around each repeat), each on a fresh
     router and cold nodes."""
     trace = tr.generate(seed, day_s)
@@ -403,7 +410,10 @@ async def replay(seed: int, day_s: float, repeats: int, policies: list[str], wor
                 await node.start()
                 nodes[name] = node
             try:
-                day = await Replay(trace, policy, workdir, nodes).run()
+                play = Replay(trace, policy, workdir, nodes)
+                day = await play.run()
+                if keep:  # each run's calls and spans beside its database and the router's log
+                    (workdir / f"replay-{policy}-{rep + 1}.json").write_text(json.dumps(play.record))
             finally:
                 for node in nodes.values():
                     await node.stop()
@@ -478,6 +488,142 @@ async def replay_section(bench: "Bench") -> None:
         lost.met = max(lost.per_run) == 0
 
 
+# -- step by step (--steps DIR: a --keep run's records) -----------------------------------------
+
+LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) gpuq \w+ job=(\S+) node=(\S+) (.*)$")
+
+
+def _log_times(path: Path) -> dict[tuple[str, str], float]:
+    """(preempted job, the call that preempted it) -> when its worker logged the abort."""
+    seen: dict[tuple[str, str], float] = {}
+    for line in Path(path).read_text(errors="replace").splitlines():
+        m = LOG_LINE.match(line)
+        if m and m.group(4).startswith("aborted: preempted by "):
+            at = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").replace(tzinfo=UTC).timestamp()
+            seen.setdefault((m.group(2), m.group(4).split()[3]), at)
+    return seen
+
+
+def _steps_of(record: dict) -> tuple[list[dict], list[dict]]:
+    """Each answered call's steps and each back-to-back gap's steps, from one run's database,
+    router log and spans (wall clock, s)."""
+    import sqlite3
+    db = sqlite3.connect(record["database"])
+    db.row_factory = sqlite3.Row
+    runs = [dict(r) for r in db.execute(
+        "SELECT run.*, job.lane, job.endpoint FROM run JOIN job ON job.id = run.job_id ORDER BY run.id")]
+    for r in runs:
+        for k in ("started_at", "work_done_at", "finished_at"):
+            r[k] = _ts(r[k]) if r[k] else None
+    logged = _log_times(Path(record["log"]))
+    spans = {n: sorted(s) for n, s in record["spans"].items()}
+
+    def arrival(node: str, after: float) -> tuple[float, float] | None:
+        return next(((a, e) for a, e in spans.get(node, []) if a >= after - 0.002), None)
+
+    calls = []
+    for c in record["calls"]:
+        if not c["job"] or c["wait"] is None:
+            continue
+        job = db.execute("SELECT created_at FROM job WHERE id = ?", (c["job"],)).fetchone()
+        mine = [r for r in runs if r["job_id"] == c["job"]]
+        if job is None or not mine:
+            continue
+        run = mine[0]
+        node, claim, created = run["node"], run["started_at"], _ts(job["created_at"])
+        first = c["sent"] + c["wait"]
+        step = {"call": c["job"], "node": node, "wait": c["wait"], "batch_queued": c["batch_queued"],
+                "sent_to_created": created - c["sent"]}
+        pre = db.execute("SELECT job_id, at FROM event WHERE reason LIKE ? AND to_state = 'queued' AND "
+                         "from_state = 'running'", (f"%preempted for interactive call {c['job']}%",)).fetchone()
+        before = [r for r in runs if r["node"] == node and r["id"] != run["id"] and r["finished_at"]
+                  and r["started_at"] < created <= r["finished_at"] + 0.001]
+        if pre is not None:
+            at = _ts(pre["at"])
+            step["how"] = "preempted a batch job"
+            step["created_to_preempt"] = at - created
+            aborted = logged.get((pre["job_id"], c["job"]))
+            if aborted is not None:
+                step["preempt_to_abort_logged"] = aborted - at
+                step["abort_logged_to_claim"] = claim - aborted
+            step["preempt_to_claim"] = claim - at
+        elif before:
+            prev = before[-1]
+            step["how"] = f"behind a running {prev['lane']} job ({prev['state']})"
+            step["created_to_prev_finished"] = prev["finished_at"] - created
+            step["prev_finished_to_claim"] = claim - prev["finished_at"]
+        else:
+            step["how"] = "node idle"
+            step["created_to_claim"] = claim - created
+        got = arrival(node, claim)
+        if got is not None and got[0] < first:
+            step["claim_to_request"] = got[0] - claim
+            step["request_to_first_token"] = first - got[0]
+        step["queued"] = claim - created
+        calls.append(step)
+
+    gaps = []
+    by_node: dict[str, list[dict]] = {}
+    for r in runs:
+        by_node.setdefault(r["node"], []).append(r)
+    for node, rs in by_node.items():
+        for r1, r2 in zip(rs, rs[1:]):
+            if r1["work_done_at"] is None or r1["state"] != "done":
+                continue
+            s1 = next(((a, e) for a, e in spans.get(node, []) if a >= r1["started_at"] - 0.002), None)
+            s2 = arrival(node, r2["started_at"])
+            if s1 is None or s2 is None or not 0 <= s2[0] - s1[1] < BACK_TO_BACK_S:
+                continue
+            gaps.append({"node": node, "same_model": normalize(r1["model"]) == normalize(r2["model"]),
+                         "gap": s2[0] - s1[1],
+                         "stream_end_to_work_done": r1["work_done_at"] - s1[1],
+                         "work_done_to_finished": r1["finished_at"] - r1["work_done_at"],
+                         "finished_to_next_claim": r2["started_at"] - r1["finished_at"],
+                         "claim_to_request": s2[0] - r2["started_at"]})
+    db.close()
+    return calls, gaps
+
+
+def normalize(model: str) -> str:
+    return model if ":" in model else model + ":latest"
+
+
+def steps(workdirs: list[Path], share: float = 0.05) -> None:
+    """The slowest calls (sent while batch work was queued) and the gaps between back-to-back
+    jobs, step by step, pooled over every kept run in `workdirs`: each slow call's steps, then
+    each step's median and p95 in ms."""
+    calls, gaps = [], []
+    for workdir in workdirs:
+        for path in sorted(workdir.glob("replay-*.json")):
+            c, g = _steps_of(json.loads(path.read_text()))
+            calls += c
+            gaps += g
+    queued = sorted((c for c in calls if c["batch_queued"]), key=lambda c: -c["wait"])
+    slow = queued[:max(1, round(len(queued) * share))]
+    print(f"{len(queued)} calls sent while batch work was queued; the slowest {len(slow)} ({share:.0%}), ms:")
+    for c in slow:
+        parts = ", ".join(f"{k} {v * 1000:.0f}" for k, v in c.items() if isinstance(v, float) and k not in ("wait",))
+        print(f"  {c['call']} on {c['node']}: wait {c['wait'] * 1000:.0f}, {c['how']}: {parts}")
+    hows: dict[str, int] = {}
+    for c in queued:
+        if c["wait"] > target_wait_s():
+            hows[c["how"]] = hows.get(c["how"], 0) + 1
+    print(f"over the target ({target_wait_s():.2f} s): {sum(hows.values())} of {len(queued)}: {hows}")
+    for how in sorted({c["how"] for c in slow}):
+        group = [c for c in slow if c["how"] == how]
+        keys = [k for k in group[0] if isinstance(group[0][k], float)]
+        print(f"  slowest, {how} ({len(group)}): " + ", ".join(
+            f"{k} {_med([c[k] * 1000 for c in group if k in c]):.0f}" for k in keys))
+    for same in (True, False):
+        gs = [g for g in gaps if g["same_model"] == same]
+        if not gs:
+            continue
+        print(f"gaps between back-to-back jobs, {'the same' if same else 'another'} model ({len(gs)}), ms:")
+        for k in ("gap", "stream_end_to_work_done", "work_done_to_finished", "finished_to_next_claim",
+                  "claim_to_request"):
+            xs = [g[k] * 1000 for g in gs]
+            print(f"  {k}: median {_med(xs):.1f}, p95 {_p(xs, 95):.1f}")
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.replay", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -485,7 +631,14 @@ def main() -> None:
     parser.add_argument("--day", type=float, default=DAY_S, help="the day's length in replay seconds")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--keep", action="store_true", help="keep each run's database, router log and a JSON of its"
+                        " calls (replay-POLICY-N.json) in the work directory, for --steps)")
+    parser.add_argument("--steps", type=Path, nargs="+", metavar="DIR", help="read a --keep run's work directory: the slowest"
+                        " 5%% of the calls and the gaps between jobs, step by step (nothing is replayed)")
     args = parser.parse_args()
+    if args.steps:
+        steps(args.steps)
+        return
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = set(policies) - set(POLICIES)
     if unknown:
@@ -496,11 +649,14 @@ def main() -> None:
           f" (fanned out), {trace.count('editor')} editor calls, {trace.count('chat')} chat calls, {tr.DOWN_NODE}"
           f" down for {trace.hour_s:g} s")
     try:
-        results = asyncio.run(replay(args.seed, args.day, args.repeats, policies, workdir))
+        results = asyncio.run(replay(args.seed, args.day, args.repeats, policies, workdir, keep=args.keep))
     except BaseException:
         print(f"replay failed; its databases and logs are kept in {workdir}")
         raise
-    shutil.rmtree(workdir, ignore_errors=True)
+    if args.keep:
+        print(f"kept: {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
     target = target_wait_s()
     print(f"\n| policy | interactive wait p50 / p95 (s) | p95 while batch queued (target <= {target:.2f} s) |"
           " of which queued / claim to first token, p95 (s) | sweep completion median (s) | last batch job (s) | GPUs busy while work waits (>= 90%) |"

@@ -635,7 +635,10 @@ async def stream_job(request: web.Request) -> web.StreamResponse:
         await resp.write(compact_json(obj).encode() + b"\n")
 
     with app[BUS].subscribe() as events:
-        job = await app[STORE].job(job_id)  # one read: a running job's output so far is in memory
+        # A job running here needs no read before its first line (a read is a thread hop): its
+        # output so far is in memory, and the store is read when it has ended.
+        live = app[DISPATCHER].live(job_id) is not None
+        job = {"id": job_id, "state": JobState.RUNNING} if live else await app[STORE].job(job_id)
         await resp.prepare(request)
         cur = app[DISPATCHER].live(job_id)
         if cur is None:  # not running: what it stored (one that starts meanwhile is live again)

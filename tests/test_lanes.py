@@ -391,3 +391,37 @@ async def test_under_when_idle_a_preempted_jobs_model_stays_loaded_for_the_inter
     await eventually(lambda: fake.loaded == {}, 10, what="the model to leave VRAM once the node is idle")
     requests = ["gen:" + r["messages"][-1]["content"] if r.get("messages") else "unload" for r in fake.requests]
     assert requests == ["gen:the sweep step", "gen:a person waits", "gen:the sweep step", "unload"]
+
+
+async def _two_busy_nodes(fakes, daemon_factory, lane_on_n1: str):
+    """n1 runs a job of llama3.2 in `lane_on_n1`, n2 a batch job of qwen3 (both stream slowly);
+    both nodes have both models."""
+    n1 = await fakes("qwen3:latest", "llama3.2:latest", token_delay_s=0.1, tokens=400)
+    n2 = await fakes("qwen3:latest", "llama3.2:latest", token_delay_s=0.1, tokens=400)
+    daemon = await daemon_factory([dict(node_table(name, fake, rank, ["task"], "qwen3:latest"), unload="when-idle")
+                                   for rank, (name, fake) in enumerate((("n1", n1), ("n2", n2)), 1)],
+                                  interactive_preempts=True)
+    first = (await daemon.submit("task", "a long reply", node="n1", model="llama3.2", priority=lane_on_n1))[0]
+    batch = (await daemon.submit("task", "the sweep step", node="n2"))[0]
+    await _streamed(daemon, first["id"], 2)
+    await _streamed(daemon, batch["id"], 2)
+    n2.script.token_delay_s, n2.script.tokens = 0.01, 20
+    return daemon, n2, first, batch
+
+
+@pytest.mark.parametrize("lane_on_n1", ["interactive", "batch"])
+async def test_an_interactive_job_moves_to_the_node_whose_batch_job_runs_its_model_and_preempts_it_there(
+        fakes, daemon_factory, lane_on_n1):
+    """Placed on n1 (by rank: both nodes are busy), where it would wait for another person's job
+    (never interrupted) or interrupt a batch job of another model (its unload, then the job's
+    own load): it moves to n2, whose running batch job has its model loaded, and preempts that."""
+    daemon, n2, first, batch = await _two_busy_nodes(fakes, daemon_factory, lane_on_n1)
+    urgent = (await daemon.submit("task", "a person waits", priority="interactive"))[0]
+    assert urgent["node"] == "n1"  # placed by the shortest interactive backlog, then rank
+    done = await daemon.wait_state(urgent["id"], "done", timeout=30)
+    assert done["node"] == "n2"
+    assert any((e["reason"] or "").startswith("moved") and e["actor"] == "router" for e in done["events"])
+    n1_job = await daemon.job(first["id"])
+    assert n1_job["state"] == "running" and n1_job["preempted_runs"] == 0  # n1's job was left alone
+    assert (await daemon.job(batch["id"]))["preempted_runs"] == 1
+    assert [r["messages"][-1]["content"] for r in n2.chat_requests][:2] == ["the sweep step", "a person waits"]

@@ -41,7 +41,7 @@ async def test_streams_chunks_and_sends_keep_alive_zero(client):
         m.post(f"{URL}/api/chat", body=ndjson(chunk("Hel"), chunk("lo"), FINAL),
                content_type="application/x-ndjson")
         chunks = await collect(client)
-        sent = m.requests[("POST", aiohttp.client.URL(f"{URL}/api/chat"))][0].kwargs["json"]
+        sent = json.loads(m.requests[("POST", aiohttp.client.URL(f"{URL}/api/chat"))][0].kwargs["data"])
     assert "".join(c["message"]["content"] for c in chunks) == "Hello"
     assert chunks[-1]["done"] is True and chunks[-1]["eval_count"] == 2
     assert sent["keep_alive"] == 0 and sent["stream"] is True
@@ -52,7 +52,7 @@ async def test_format_is_sent_for_structured_output(client):
     with aioresponses() as m:
         m.post(f"{URL}/api/chat", body=ndjson(FINAL))
         await collect(client, fmt={"type": "object"})
-        sent = m.requests[("POST", aiohttp.client.URL(f"{URL}/api/chat"))][0].kwargs["json"]
+        sent = json.loads(m.requests[("POST", aiohttp.client.URL(f"{URL}/api/chat"))][0].kwargs["data"])
     assert sent["format"] == {"type": "object"}
 
 

@@ -5,7 +5,7 @@ import pytest
 from gpuq.errors import Conflict, Unprocessable
 from gpuq.placement import (
     ASKED, FAN_OUT, FIRST_FREE, SHORTEST, SHORTEST_WITH_MODEL, NodeView, Placement, check_move, place_critique, place_task,
-    position_between,
+    position_between, preempt_elsewhere,
 )
 
 
@@ -154,3 +154,53 @@ def test_a_pinned_model_cannot_move_to_a_node_without_it():
         check_move("embed", [target], "b", model="qwen3")
     check_move("task", [target], "b", model="Mistral")
     check_move("task", [target], "b", model=None)
+
+
+# -- preempt_elsewhere ([router] interactive_preempts) ------------------------------------------
+
+CODER, SMALL = "qwen3-coder:30b", "llama3.2:latest"
+BOTH = frozenset({CODER, SMALL})
+
+
+def busy(name, rank, lane, model, interactive=0, up=True, roles=("task",)):
+    return NodeView(name, rank, tuple(roles), up, True, 0, BOTH, interactive, lane, model)
+
+
+def test_a_call_behind_another_models_interactive_job_moves_to_preempt_a_batch_job():
+    nodes = [busy("n1", 1, "interactive", SMALL), busy("n2", 2, "batch", SMALL), busy("n3", 3, "batch", SMALL)]
+    assert preempt_elsewhere(nodes, "n1", CODER) == "n2"  # a load either way: the first by rank
+
+
+def test_a_batch_job_of_the_calls_own_model_is_preferred_over_rank():
+    nodes = [busy("n1", 1, "interactive", SMALL), busy("n2", 2, "batch", SMALL), busy("n3", 3, "batch", "qwen3-coder")]
+    assert preempt_elsewhere(nodes, "n1", CODER) == "n2"  # "qwen3-coder" is qwen3-coder:latest: not the same
+    nodes[2] = busy("n3", 3, "batch", CODER)
+    assert preempt_elsewhere(nodes, "n1", CODER) == "n3"
+
+
+def test_behind_an_interactive_job_of_its_own_model_it_stays_unless_a_batch_job_has_it_loaded():
+    nodes = [busy("n1", 1, "interactive", CODER), busy("n2", 2, "batch", SMALL)]
+    assert preempt_elsewhere(nodes, "n1", CODER) is None  # its model stays warm here: waiting is no worse
+    nodes[1] = busy("n2", 2, "batch", CODER)
+    assert preempt_elsewhere(nodes, "n1", CODER) == "n2"
+
+
+def test_it_never_moves_from_a_node_running_a_batch_job_of_its_model_or_nothing():
+    for here in (busy("n1", 1, "batch", CODER), node("n1", 1, models=BOTH), busy("n1", 1, None, None)):
+        assert preempt_elsewhere([here, busy("n2", 2, "batch", CODER)], "n1", CODER) is None
+
+
+def test_targets_must_be_up_take_tasks_have_the_model_and_have_no_interactive_job_waiting():
+    here = busy("n1", 1, "interactive", SMALL)
+    for other in (busy("n2", 2, "batch", CODER, up=False), busy("n2", 2, "batch", CODER, roles=("critique",)),
+                  busy("n2", 2, "batch", CODER, interactive=1), busy("n2", 2, "interactive", CODER),
+                  NodeView("n2", 2, ("task",), True, True, 0, frozenset({SMALL}), 0, "batch", SMALL)):
+        assert preempt_elsewhere([here, other], "n1", CODER) is None, other
+    assert preempt_elsewhere([here], "n1", CODER) is None
+    assert preempt_elsewhere([here, busy("n2", 2, "batch", SMALL)], "n1", None) is None  # no model: no move
+
+
+def test_a_call_leaves_a_batch_job_of_another_model_only_for_one_running_its_own():
+    nodes = [busy("n1", 1, "batch", SMALL), busy("n2", 2, "batch", SMALL), busy("n3", 3, "batch", CODER)]
+    assert preempt_elsewhere(nodes, "n1", CODER) == "n3"  # no unload, no load there
+    assert preempt_elsewhere(nodes[:2], "n1", CODER) is None  # a load anywhere: it stays

@@ -14,7 +14,7 @@ from ..bus import Bus
 from ..config import NodeConfig, Settings
 from ..errors import GpuqError, GuardMiss
 from ..models import FINAL, JobState, Kind, iso, parse_iso
-from ..placement import BATCH, preempted_reason, preempts
+from ..placement import BATCH, NodeView, preempt_elsewhere, preempted_reason, preempts
 from ..reload import Plan
 from .calls import Calls, NoCalls
 from .leases import Leases
@@ -66,7 +66,9 @@ class Dispatcher:
         node, model, message, since, job_id): each node stays flagged until /api/ps shows its
         model gone, as it would have without the restart."""
         keep_big_blocks_apart()  # a node's big reply must not leave the router's heap swollen
-        self.session = aiohttp.ClientSession()
+        # No cookie jar: no node sets one, and the jar's filter and update ran on every request
+        # (20-40 us of each node request's setup, bench/README "issue 28, session 8").
+        self.session = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar())
         for cfg in self.settings.nodes:
             self._wire(cfg)
         for s in stuck or []:
@@ -283,11 +285,13 @@ class Dispatcher:
         batch job (as `gpuq preempt` does: to the head, the batch job back behind it, its run
         recorded preempted and its Ollama request aborted). The store decides by the running
         job's lane in the same transaction (placement.preempts), so an interactive job is never
-        interrupted, even by a race with the node's next claim."""
+        interrupted, even by a race with the node's next claim. First, the job moves to another
+        node when it starts sooner there (placement.preempt_elsewhere)."""
         lane, enabled = job.get("lane", BATCH), self.settings.interactive_preempts
         if not preempts(lane, BATCH, enabled):  # (nothing to ask the store)
             return
         reason = preempted_reason(job["id"], call)
+        job = await self._move_to_preempt(job)
         try:
             _, interrupted = await self.store.preempt(job["id"], "router", rule=lambda running: preempts(
                 lane, running, enabled), reason=reason)
@@ -297,6 +301,37 @@ class Dispatcher:
         if interrupted is not None:
             self.abort(interrupted, f"preempted by {job['id']} (router.interactive_preempts)")
             log.info("job=%s node=%s state=queued reason=%r", interrupted.job_id, interrupted.node, reason)
+
+    async def _move_to_preempt(self, job: dict) -> dict:
+        """The job moved to the node where it starts soonest, when that is another one
+        (placement.preempt_elsewhere: read from the running jobs' lanes and models); the job as
+        it is now. A move the store refuses leaves it where it is."""
+        infos = [n for n in self.node_infos() if job.get("endpoint") is None or self.leases.holds(n.name)]
+        try:
+            rows = await self.store.lanes_in_play(job["id"])
+        except GpuqError as exc:
+            log.warning("job=%s node=%s not looking for another node: %s", job["id"], job["node"], exc.message)
+            return job
+        running = {r["node"]: r for r in rows if r["state"] == JobState.RUNNING}
+        waiting: dict[str, int] = {}
+        for r in rows:
+            if r["state"] == JobState.QUEUED:
+                waiting[r["node"]] = waiting.get(r["node"], 0) + 1
+        views = [NodeView(n.name, n.rank, tuple(n.roles), n.up, n.name in running, 0, n.models, waiting.get(n.name, 0),
+                          (running.get(n.name) or {}).get("lane"), (running.get(n.name) or {}).get("model"))
+                 for n in infos]
+        target = preempt_elsewhere(views, job["node"], job.get("model"))
+        if target is None:
+            return job
+        try:
+            moved = await self.store.move(job["id"], infos, "router", node=target)
+        except GpuqError as exc:
+            log.warning("job=%s node=%s not moved to %s: %s", job["id"], job["node"], target, exc.message)
+            return job
+        log.info("job=%s node=%s moved to %s: it starts sooner there (router.interactive_preempts)",
+                 job["id"], job["node"], target)
+        self.wake(target)
+        return dict(job, **moved)
 
     async def _no_node_here(self) -> GpuqError:
         """Why a front-door call cannot run on this router: the routers that drive task nodes."""

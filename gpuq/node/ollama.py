@@ -49,6 +49,16 @@ STATS = ("eval_count", "prompt_eval_count", "total_duration", "load_duration", "
 # loop), and a redirect would send the prompt to another server and take its answer as the node's.
 NODE_REQUEST = {"headers": {"Accept-Encoding": "identity"}, "allow_redirects": False, "auto_decompress": False}
 MAX_REPLY_BYTES = 16 << 20  # a non-streamed reply read whole (a verbose /api/show is a few MB)
+STREAM_HEADERS = {**NODE_REQUEST["headers"], "Content-Type": "application/json"}  # a body of our own JSON
+
+
+def _body(body: dict) -> bytes:
+    """A request's JSON by orjson (a few us, where aiohttp's json= runs json.dumps and wraps it in
+    a payload object); what orjson refuses (a lone surrogate, an int past 64 bits) by json."""
+    try:
+        return orjson.dumps(body)
+    except TypeError:  # (orjson.JSONEncodeError is one)
+        return json.dumps(body).encode()
 
 
 def _loads(line: bytes) -> tuple[Any, bool]:
@@ -333,7 +343,8 @@ class OllamaClient:
         try:
             try:
                 async with asyncio.timeout_at(progress_by):
-                    resp = await self.session.post(url, json=body, timeout=timeout, **NODE_REQUEST)
+                    resp = await self.session.post(url, data=_body(body), timeout=timeout, headers=STREAM_HEADERS,
+                                                   allow_redirects=False, auto_decompress=False)
             except aiohttp.ConnectionTimeoutError:
                 raise  # no connection at all (a TimeoutError too): the node is unreachable
             except TimeoutError:

@@ -425,6 +425,12 @@ class Store:
         except (sqlite.Error, postgres.Error) as exc:
             raise self.engine.from_error(exc) from exc
 
+    async def lanes_in_play(self, job_id: str) -> list[Row]:
+        """Each running job's node, lane and model, and the interactive jobs waiting (but
+        `job_id`): what placement.preempt_elsewhere weighs."""
+        return await self.read("SELECT node, state, lane, model FROM job WHERE state = 'running'"
+                               " OR (state = 'queued' AND lane = 'interactive' AND id != ?)", (job_id,))
+
     async def stale_heads(self, now: float | None = None) -> list[Row]:
         return await self.read(self.engine.STALE_SQL, {"now": iso(self.clock() if now is None else now)})
 

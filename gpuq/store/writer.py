@@ -194,19 +194,29 @@ class Writer:
     def _answer(future: asyncio.Future | None, ok: bool, value: Any,
                 after: Callable[[Any], None] | None = None) -> None:
         """Settle `future` from the writer's thread, on the event loop that made it."""
-        if future is None:
-            return
+        if future is not None:
+            Writer._settle_on_loop(future.get_loop(), [(future, ok, value, after)])
 
-        def settle() -> None:
-            if not future.done():  # else its caller went away; the write stands
-                if ok:
-                    future.set_result(value)
-                else:
-                    future.set_exception(value)
-            if ok and after is not None:  # last: should it raise, the caller has its answer
-                after(value)
+    @staticmethod
+    def _settle_on_loop(loop: asyncio.AbstractEventLoop,
+                   answers: list[tuple[asyncio.Future, bool, Any, Callable[[Any], None] | None]]) -> None:
+        """Settle futures from the writer's thread in one hand-over to their loop (one wake-up
+        of it, however many writes the batch held)."""
+        def settle_all() -> None:
+            for future, ok, value, after in answers:
+                if not future.done():  # else its caller went away; the write stands
+                    if ok:
+                        future.set_result(value)
+                    else:
+                        future.set_exception(value)
+                if ok and after is not None:  # last: should it raise, the caller has its answer
+                    try:
+                        after(value)
+                    except Exception as exc:  # as the loop reports a callback's error; the rest go on
+                        loop.call_exception_handler({"message": "a write's after-commit callback failed",
+                                                     "exception": exc})
         try:
-            future.get_loop().call_soon_threadsafe(settle)
+            loop.call_soon_threadsafe(settle_all)
         except RuntimeError:
             pass  # the event loop is closed: nobody is waiting any more
 
@@ -287,5 +297,6 @@ class Writer:
             return
         self.batches += 1
         self.writes += len(batch)
-        for item, (ok, value) in zip(batch, outcomes):
-            self._answer(item.future, ok, value if ok else self._error(value), item.after)
+        answers = [(item.future, ok, value if ok else self._error(value), item.after)
+                   for item, (ok, value) in zip(batch, outcomes)]
+        self._settle_on_loop(batch[0].future.get_loop(), answers)
