@@ -242,6 +242,9 @@ async def warm_section(bench: "Bench") -> None:
         await fake.stop()
 
 
+ROWS = ("1p", "20p", "1u", "20u")  # clients and pace (p: 200 tokens/s, u: unpaced) of the CPU rows
+
+
 async def _via_stream(session: aiohttp.ClientSession, url: str, node: str) -> tuple[float, float]:
     """gpuq's own door: POST /api/jobs (to `node`), then GET its /stream to the first {"text"}
     line; (when the submit was sent, when that line came), read to the end."""
@@ -258,11 +261,12 @@ async def _via_stream(session: aiohttp.ClientSession, url: str, node: str) -> tu
 
 
 async def ab(variants: dict[str, dict[str, str]], pairs: int = 10, ttft_pairs: int = 20,
-             first_only: bool = False) -> dict[str, dict[str, list]]:
+             first_only: bool = False, rows: tuple[str, ...] = ROWS) -> dict[str, dict[str, list]]:
     """Two routers (each with its own environment: PYTHONPATH at another checkout, say) on one
     set of simulated nodes, measured alternately, the order swapped every pair, so load on the
     machine falls on both alike: the first-token overhead (the front door's, and gpuq's own
-    submit then /stream) and the router CPU per relayed token (not with `first_only`)."""
+    submit then /stream) and the router CPU per relayed token (not with `first_only`; `rows`:
+    which of its rows)."""
     import tempfile
     from pathlib import Path
     workdir = Path(tempfile.mkdtemp(prefix="gpuq-ab-"))
@@ -313,10 +317,14 @@ async def ab(variants: dict[str, dict[str, str]], pairs: int = 10, ttft_pairs: i
                     results[name].setdefault("  router CPU per submit + /stream, 4 tokens (us)", []).append(
                         (cpu_s(router.pid) - cpu) * 1e6)
             for paced, tokens in (() if first_only else ((True, 300), (False, 1000))):
+                if not any(f"{c}{'p' if paced else 'u'}" in rows for c in (1, CLIENTS)):
+                    continue
                 for n in nodes:
                     await fakes.call("script", n, tokens=tokens, delay=PACE_S if paced else 0)
                 for i in range(pairs):
                     for clients in (1, CLIENTS):
+                        if f"{clients}{'p' if paced else 'u'}" not in rows:
+                            continue
                         for name, (router, url) in order(i):
                             await _idle(session, router)
                             cpu = cpu_s(router.pid)
@@ -338,18 +346,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--pairs", type=int, default=10)
     parser.add_argument("--first-only", action="store_true", help="the first-token rows only (no CPU rows)")
+    parser.add_argument("--ttft-pairs", type=int, default=None, help="first-token pairs (default: 2 x --pairs)")
+    parser.add_argument("--rows", default=",".join(ROWS),
+                        help="CPU rows, clients and pace: 1p,20p (200 tokens/s), 1u,20u (unpaced)")
     parser.add_argument("dirs", nargs="+", help="two checkouts (or more: each measured in turn, the order turned around every round)")
     args = parser.parse_args()
     if len(args.dirs) < 2:
         parser.error("give two checkouts or more")
     variants = {d: {"PYTHONPATH": os.path.abspath(d)} for d in args.dirs}
-    results = asyncio.run(ab(variants, args.pairs, 2 * args.pairs, args.first_only))
-    print(f"{args.pairs} pairs ({2 * args.pairs} for the first token), alternating")
+    ttft = 2 * args.pairs if args.ttft_pairs is None else args.ttft_pairs
+    results = asyncio.run(ab(variants, args.pairs, ttft, args.first_only, tuple(args.rows.split(","))))
+    print(f"{args.pairs} pairs ({ttft} for the first token), alternating")
     for key in results[args.dirs[0]]:
         cells = []
         for d in args.dirs:
             xs = sorted(results[d][key])
             cells.append(f"{d}: {statistics.median(xs):.2f} (p95 {xs[min(len(xs) - 1, int(0.95 * len(xs)))]:.2f})")
+        a, b = results[args.dirs[0]][key], results[args.dirs[1]][key]
+        ratios = sorted(y / x for x, y in zip(a, b) if x > 0)  # pair by pair: load falls on both alike
+        if ratios:
+            cells.append(f"B/A per pair {statistics.median(ratios):.3f}"
+                         f" ({sum(r < 1 for r in ratios)} of {len(ratios)} pairs B lower)")
         print(f"{key}: " + " | ".join(cells))
 
 

@@ -437,7 +437,7 @@ class Call:
         front = self.front
         for _ in range(8):  # a chosen id taken by another job of the same second: choose again
             self.job_id = new_job_id()
-            self.inbox = front.relay.open(self.job_id, self.write_now)
+            self.inbox = front.relay.open(self.job_id, self.write_now, self.send_unsent)
             submitting = asyncio.ensure_future(front.dispatcher.submit(self.new_job(self.job_id), self.actor))
             try:
                 jobs = await asyncio.shield(submitting)
@@ -553,9 +553,7 @@ class Call:
             data, _ = self.on_chunk(raw, chunk)
         except Exception:  # the client's translation fails in its handler, as before, not in the node's run
             return False
-        if data:
-            if not self.unsent:  # the chunks of one read go out in one write, after it
-                asyncio.get_running_loop().call_soon(self.send_unsent)
+        if data:  # the chunks of one read go out in one write, after it (Relay.flush)
             self.unsent.append(data)
         self.fed = True
         return True
@@ -566,7 +564,8 @@ class Call:
                     or protocol is None or protocol.writing_paused)
 
     def send_unsent(self) -> None:
-        """The chunks write_now took, in one write (unless the handler took them meanwhile)."""
+        """The chunks write_now took, in one write (unless the handler took them meanwhile):
+        called by the node's reading task once a read's chunks are handled (Relay.flush)."""
         if not self.unsent:
             return
         data, self.unsent = b"".join(self.unsent), []

@@ -33,16 +33,18 @@ class Relay:
 
     A chunk may instead be taken at once by the call's `direct` (set while its handler waits
     with nothing queued): the node's reading task then writes it to the client itself, and the
-    handler's task is not woken for it (a paced token woke two tasks, three turns of the loop)."""
+    handler's task is not woken for it (a paced token woke two tasks, three turns of the loop).
+    What `direct` took is written by its `flush`, once the node's read is handled (`flush`)."""
 
     def __init__(self) -> None:
         self.waiting: dict[str, asyncio.Queue] = {}
-        self.direct: dict[str, Callable[[bytes, dict], bool]] = {}
+        self.direct: dict[str, tuple[Callable[[bytes, dict], bool], Callable[[], None]]] = {}
 
-    def open(self, job_id: str, direct: Callable[[bytes, dict], bool] | None = None) -> asyncio.Queue:
+    def open(self, job_id: str, direct: Callable[[bytes, dict], bool] | None = None,
+             flush: Callable[[], None] | None = None) -> asyncio.Queue:
         queue = self.waiting[job_id] = asyncio.Queue()
-        if direct is not None:
-            self.direct[job_id] = direct
+        if direct is not None and flush is not None:
+            self.direct[job_id] = (direct, flush)
         return queue
 
     def close(self, job_id: str) -> None:
@@ -55,10 +57,17 @@ class Relay:
             queue.put_nowait(item)
 
     def chunk(self, job_id: str, raw: bytes, chunk: dict) -> None:
-        """A chunk of the node's stream: written to its client now if it can be, else queued."""
+        """A chunk of the node's stream: taken for its client now if it can be (written at the
+        next `flush`), else queued."""
         direct = self.direct.get(job_id)
-        if direct is None or not direct(raw, chunk):
+        if direct is None or not direct[0](raw, chunk):
             self.tell(job_id, "chunk", raw, chunk)
+
+    def flush(self, job_id: str) -> None:
+        """The chunks `chunk` took since the last flush, written to their client in one write."""
+        direct = self.direct.get(job_id)
+        if direct is not None:
+            direct[1]()
 
     def shutdown(self) -> None:
         """The router stops: every waiting call ends (its job cancelled if it had not started)."""
@@ -118,27 +127,33 @@ class NodeRun:
     async def run(self, client: OllamaClient, sink: Sink) -> dict:
         if self.route not in STREAMED_ROUTES:  # an embedding: one answer
             return await self._embed(client, sink)
-        async for raw, chunk in self._stream(client, sink):
-            self.relay.chunk(self.job["id"], raw, chunk)
-            text, thought, calls = chunk_text(chunk)
-            for call in calls:  # shown with the answer on the job's page
-                function = call.get("function") or {}
-                text += f"\n[tool call {function.get('name')} {json.dumps(function.get('arguments'))}]"
-            sink.keep(thought, text)
-            if chunk.get("done"):
-                return chunk
+        relay, job_id = self.relay, self.job["id"]
+        async for lines in self._stream(client, sink):
+            try:  # the lines of one read of the node, written to the client in one write
+                for raw, chunk in lines:
+                    relay.chunk(job_id, raw, chunk)
+                    text, thought, calls = chunk_text(chunk)
+                    for call in calls:  # shown with the answer on the job's page
+                        function = call.get("function") or {}
+                        text += f"\n[tool call {function.get('name')} {json.dumps(function.get('arguments'))}]"
+                    sink.keep(thought, text)
+                    if chunk.get("done"):
+                        return chunk
+            finally:
+                relay.flush(job_id)
             await sink.beat()
         raise OllamaError("Ollama's stream ended without done: true")
 
-    async def _stream(self, client: OllamaClient, sink: Sink) -> AsyncIterator[tuple[bytes, dict]]:
-        """The node's chunks. An Anthropic call asking a model that cannot think to think is sent
-        again without `think`, as Ollama relaxes it for Claude Code and the like (server/routes.go
-        ChatHandler, "relax_thinking"): the node refused it before any work."""
+    async def _stream(self, client: OllamaClient, sink: Sink) -> AsyncIterator[list[tuple[bytes, dict]]]:
+        """The node's chunks, a read's at a time. An Anthropic call asking a model that cannot
+        think to think is sent again without `think`, as Ollama relaxes it for Claude Code and
+        the like (server/routes.go ChatHandler, "relax_thinking"): the node refused it before
+        any work."""
         body, sent = self.body, False
         try:
-            async for item in client.stream(self.route, body, max_line=FRONT_MAX_LINE):
+            async for lines in client.stream_reads(self.route, body, max_line=FRONT_MAX_LINE):
                 sent = True
-                yield item
+                yield lines
             return
         except OllamaError as exc:
             if sent or not relaxes_thinking(self.job["endpoint"], body.get("think"), exc.status, exc.message):
@@ -147,8 +162,8 @@ class NodeRun:
         log.warning("job=%s node=%s %s", self.job["id"], self.node, warning)
         await sink.note(warning)
         body = {k: v for k, v in body.items() if k != "think"}
-        async for item in client.stream(self.route, body, max_line=FRONT_MAX_LINE):
-            yield item
+        async for lines in client.stream_reads(self.route, body, max_line=FRONT_MAX_LINE):
+            yield lines
 
     async def _embed(self, client: OllamaClient, sink: Sink) -> dict:
         reply = await client.post(self.route, self.body, max_bytes=EMBED_MAX_BYTES)

@@ -312,13 +312,23 @@ class OllamaClient:
             body["think"] = think
         if options:
             body["options"] = options
-        async for _, chunk in self.stream("/api/chat", body):
-            yield chunk
+        async for lines in self.stream_reads("/api/chat", body):
+            for _, chunk in lines:
+                yield chunk
 
     async def stream(self, path: str, body: dict, max_line: int | None = None) -> AsyncIterator[tuple[bytes, dict]]:
         """Stream /api/chat or /api/generate: each line as Ollama sent it, and parsed. The same
         limits and failures as chat(); an error status keeps Ollama's status. A line may be
         `max_line` bytes long (default: the reader's buffer limit)."""
+        async for lines in self.stream_reads(path, body, max_line):
+            for item in lines:
+                yield item
+
+    async def stream_reads(self, path: str, body: dict,
+                           max_line: int | None = None) -> AsyncIterator[list[tuple[bytes, dict]]]:
+        """stream(), the lines of one read of the node's connection at a time (at least one): a
+        consumer can do its per-read work (a write to its client) once per read, not per line.
+        A line that fails comes after the good lines before it, as in stream()."""
         url = self.base_url + path
         # A cold load of a large model sends nothing, not even headers, until the model is in
         # VRAM (minutes): the first token gets load_timeout, each token after it stall_timeout.
@@ -364,22 +374,35 @@ class OllamaClient:
                             *lines, pending = (pending + data).split(b"\n")
                         else:
                             lines, pending = [pending], b""
-                        for raw in lines:
-                            if len(raw) > limit:
-                                raise self._wrong(f"a chat line longer than {limit} bytes, the most the router reads")
-                            line = raw.strip()
-                            if not line:
-                                continue
-                            try:
-                                chunk, halves = _loads(line)
-                            except (ValueError, RecursionError):
-                                raise self._wrong(f"a chat line that is not JSON: {line[:200]!r}") from None
-                            self._check_chunk(chunk, line, halves)
-                            yield line, chunk
-                            if chunk.get("done"):
-                                return
-                            if _progress(chunk):  # the clock starts once the consumer is done with it
-                                first, progress_by = False, loop.time() + self.stall_timeout_s
+                        good, done, progressed, wrong = [], False, False, None
+                        try:
+                            for raw in lines:
+                                if len(raw) > limit:
+                                    raise self._wrong(f"a chat line longer than {limit} bytes, "
+                                                      "the most the router reads")
+                                line = raw.strip()
+                                if not line:
+                                    continue
+                                try:
+                                    chunk, halves = _loads(line)
+                                except (ValueError, RecursionError):
+                                    raise self._wrong(f"a chat line that is not JSON: {line[:200]!r}") from None
+                                self._check_chunk(chunk, line, halves)
+                                good.append((line, chunk))
+                                if chunk.get("done"):
+                                    done = True
+                                    break
+                                progressed = progressed or _progress(chunk)
+                        except OllamaError as exc:  # raised once the lines before it are handled
+                            wrong = exc
+                        if good:
+                            yield good
+                        if wrong is not None:
+                            raise wrong
+                        if done:
+                            return
+                        if progressed:  # the clock starts once the consumer is done with them
+                            first, progress_by = False, loop.time() + self.stall_timeout_s
                         if len(pending) > limit:
                             raise self._wrong(f"a chat line longer than {limit} bytes, the most the router reads")
                         if not data:
@@ -423,11 +446,12 @@ class OllamaClient:
         if message:
             for key, name in MESSAGE_FIELDS:
                 value = message.get(key)
-                if value is not None:
+                if value is not None and (halves or type(value) is not str):
                     self._check_field(name, value, str, halves)
+        # Each type compared here: _check_field only for a wrong one (or text orjson did not parse).
         for key, kind in TOP_FIELDS:
             value = chunk.get(key)
-            if value is not None:
+            if value is not None and (halves or type(value) is not kind):
                 self._check_field(key, value, kind, halves)
 
     def _check_field(self, key: str, value: Any, kind: type, halves: bool) -> None:

@@ -412,16 +412,19 @@ class Worker:
     def _keep(self, job: dict, cur: Current, thought: str, text: str) -> None:
         """Keep a chunk's reasoning and answer apart, and show both to live followers; a piece
         past max_output_bytes is not kept and ends the job (an endless stream held 16-18 MB)."""
-        cap = self.settings.max_output_for(self.rt.config)
-        for kind, piece, pieces in (("thinking", thought, cur.thinking), ("text", text, cur.output)):
-            if piece:
-                size = cur.size + len(piece.encode())
-                if size > cap:
-                    raise OutputCapped(f"the reply passed max_output_bytes ({cap} bytes): request aborted, "
-                                       "output so far kept")
-                cur.size = size
-                pieces.append(piece)
-                self.bus.publish("tokens", {"id": job["id"], "run_id": cur.run_id, kind: piece})
+        if thought:
+            self._keep_piece(job, cur, "thinking", thought, cur.thinking)
+        if text:
+            self._keep_piece(job, cur, "text", text, cur.output)
+
+    def _keep_piece(self, job: dict, cur: Current, kind: str, piece: str, pieces: list[str]) -> None:
+        size = cur.size + len(piece.encode())
+        if size > (cap := self.settings.max_output_for(self.rt.config)):
+            raise OutputCapped(f"the reply passed max_output_bytes ({cap} bytes): request aborted, "
+                               "output so far kept")
+        cur.size = size
+        pieces.append(piece)
+        self.bus.publish("tokens", {"id": job["id"], "run_id": cur.run_id, kind: piece})
 
     async def _beat(self, job: dict, cur: Current, last_beat: float) -> float:
         """Write the progress so far, at most every HEARTBEAT_S; returns when it last did."""
@@ -638,6 +641,8 @@ class RunSink:
     def __init__(self, worker: Worker, job: dict, cur: Current):
         self.worker, self.job, self.cur = worker, job, cur
         self.last_beat = time.monotonic()
+        self.not_due = asyncio.get_running_loop().create_future()  # awaited while no beat is due
+        self.not_due.set_result(None)
 
     def keep(self, thinking: str, text: str) -> None:
         self.worker._keep(self.job, self.cur, thinking, text)
@@ -645,7 +650,13 @@ class RunSink:
     def summary(self, text: str) -> None:
         self.cur.output.append(text)
 
-    async def beat(self) -> None:
+    def beat(self) -> Awaitable[None]:
+        """Sink.beat: a finished future while no beat is due (the chunk costs no coroutine)."""
+        if time.monotonic() - self.last_beat < HEARTBEAT_S:
+            return self.not_due
+        return self._beat()
+
+    async def _beat(self) -> None:
         self.last_beat = await self.worker._beat(self.job, self.cur, self.last_beat)
 
     async def note(self, message: str) -> None:
