@@ -1,6 +1,7 @@
 """One error hierarchy: each class carries the HTTP status the server and the CLI show."""
 
 import json
+import math
 from typing import Any, Callable, Iterable
 
 # The schema's triggers raise exactly this (migration 010); gpuq/store/sqlite.py from_sqlite turns it
@@ -210,13 +211,33 @@ def json_type(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
-def json_object(raw: bytes, missing: str, malformed: str, type_name: Callable[[Any], str]) -> dict:
+def _no_constant(name: str) -> None:
+    """NaN and Infinity are not JSON (Python's parser takes them; Ollama's, Go's, refuses them,
+    and a node request would carry them on as null)."""
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _finite(text: str) -> float:
+    """A JSON number that fits a float (1e400 would become inf, as Go's parser refuses it)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return value
+
+
+STRICT = {"parse_constant": _no_constant, "parse_float": _finite}
+
+
+def json_object(raw: bytes, missing: str, malformed: str, type_name: Callable[[Any], str],
+                strict: bool = False) -> dict:
     """A request body as a JSON object, else BadRequest naming what is wrong, in the words of the
-    API that asks (gpuq's own, or Ollama's at the front door)."""
+    API that asks (gpuq's own, or Ollama's at the front door). `strict`: NaN, Infinity and
+    numbers past a float refused, as Ollama's parser refuses them (the front door, whose bodies
+    go on to the node; gpuq's own API checks each number field and names it)."""
     if not raw:
         raise BadRequest(missing)
     try:
-        body = json.loads(raw.decode("utf-8"))
+        body = json.loads(raw.decode("utf-8"), **(STRICT if strict else {}))
     except UnicodeDecodeError:
         raise BadRequest("request body is not valid UTF-8") from None
     except RecursionError:

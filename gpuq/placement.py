@@ -132,9 +132,12 @@ def preempts(lane: str, running_lane: str | None, enabled: bool) -> bool:
     return enabled and lane == INTERACTIVE and running_lane == BATCH
 
 
-def preempt_elsewhere(nodes: list[NodeView], here: str, model: str | None) -> str | None:
+def preempt_elsewhere(nodes: list[NodeView], here: str, model: str | None,
+                      defaults: dict[str, str] | None = None) -> str | None:
     """[router] interactive_preempts: where an interactive job placed on `here` starts soonest,
-    when that is another node; None: it stays (and preempts here if it can).
+    when that is another node; None: it stays (and preempts here if it can). `model`: the model
+    it asked for; `defaults` instead, for a job that asked for none (it runs the default model
+    of the node it is on): each node's default model.
 
     An interactive job waits for a running interactive job (never interrupted); a running batch
     job of another model costs it that model's unload and its own load. A node running a batch
@@ -151,19 +154,24 @@ def preempt_elsewhere(nodes: list[NodeView], here: str, model: str | None) -> st
 
     In the replayed day this halves an interactive call's p95 wait while batch work is queued
     (bench/README, "issue 28, session 8")."""
+    def wanted(n: NodeView) -> str | None:
+        return defaults.get(n.name) if defaults is not None else model
+
+    def warm(n: NodeView) -> bool:
+        want = wanted(n)
+        return want is not None and n.running_model is not None and normalize_model(n.running_model) == normalize_model(want)
+
     node = next((n for n in nodes if n.name == here), None)
-    if node is None or model is None or node.running_lane not in (INTERACTIVE, BATCH):
+    if node is None or wanted(node) is None or node.running_lane not in (INTERACTIVE, BATCH):
         return None
-    want = normalize_model(model)
-    here_warm = node.running_model is not None and normalize_model(node.running_model) == want
-    if node.running_lane == BATCH and here_warm:
+    if node.running_lane == BATCH and warm(node):
         return None
-    targets = [n for n in nodes if n.name != here and n.up and "task" in n.roles and n.may_have(model)
-               and not n.interactive and n.running_lane == BATCH]
-    warm = [n for n in targets if n.running_model is not None and normalize_model(n.running_model) == want]
-    if warm:
-        return _by_rank(warm)[0].name
-    if targets and node.running_lane == INTERACTIVE and not here_warm:
+    targets = [n for n in nodes if n.name != here and n.up and "task" in n.roles and wanted(n) is not None
+               and n.may_have(wanted(n)) and not n.interactive and n.running_lane == BATCH]
+    ready = [n for n in targets if warm(n)]
+    if ready:
+        return _by_rank(ready)[0].name
+    if targets and node.running_lane == INTERACTIVE and not warm(node):
         return _by_rank(targets)[0].name
     return None
 

@@ -603,6 +603,11 @@ async def test_bad_requests_get_each_apis_error_shape(front):
         ("/api/generate", json.dumps({"model": CHAT_MODEL, "prompt": "x", "keep_alive": "300"}).encode(), 400,
          {"error": 'time: missing unit in duration "300"'}),
         ("/api/push", json.dumps({"model": "x"}).encode(), 501, None),
+        # Not JSON (Go's parser refuses them); taken as JSON they reached the node as null.
+        ("/api/chat", b'{"model": "' + CHAT_MODEL.encode() + b'", "messages": [], "options": {"temperature": NaN}}',
+         400, {"error": "invalid character in JSON: NaN is not a JSON value"}),
+        ("/api/generate", b'{"model": "' + CHAT_MODEL.encode() + b'", "prompt": "x", "options": {"top_p": 1e999}}',
+         400, {"error": "invalid character in JSON: the number 1e999 is out of range"}),
     ]
     for path, raw, status, body in cases:
         async with session.post(front.url + path, data=raw) as resp:

@@ -417,11 +417,41 @@ async def test_an_interactive_job_moves_to_the_node_whose_batch_job_runs_its_mod
     own load): it moves to n2, whose running batch job has its model loaded, and preempts that."""
     daemon, n2, first, batch = await _two_busy_nodes(fakes, daemon_factory, lane_on_n1)
     urgent = (await daemon.submit("task", "a person waits", priority="interactive"))[0]
-    assert urgent["node"] == "n1"  # placed by the shortest interactive backlog, then rank
+    assert (urgent["node"], urgent["position"]) == ("n2", 1)  # the answer says where it runs
     done = await daemon.wait_state(urgent["id"], "done", timeout=30)
     assert done["node"] == "n2"
-    assert any((e["reason"] or "").startswith("moved") and e["actor"] == "router" for e in done["events"])
+    moved = [e["reason"] for e in done["events"] if (e["reason"] or "").startswith("moved")]
+    assert moved == ["moved to n2 at position 1"]  # placed on n1 (shortest interactive backlog, rank)
     n1_job = await daemon.job(first["id"])
     assert n1_job["state"] == "running" and n1_job["preempted_runs"] == 0  # n1's job was left alone
     assert (await daemon.job(batch["id"]))["preempted_runs"] == 1
     assert [r["messages"][-1]["content"] for r in n2.chat_requests][:2] == ["the sweep step", "a person waits"]
+
+
+async def test_two_calls_at_once_never_leave_one_at_the_tail_of_another_nodes_batch_queue(fakes, daemon_factory):
+    """Two interactive jobs placed on n1 and n2 (each running someone's interactive job) both see
+    n3's running batch job as the place to preempt. The move and the preempt are one transaction,
+    checked there: one moves and preempts; the other, finding an interactive job there first,
+    stays where it was placed (it was moved to n3's tail, behind every waiting batch job)."""
+    n1, n2, n3 = [await fakes("qwen3:latest", "llama3.2:latest", token_delay_s=0.1, tokens=400) for _ in range(3)]
+    daemon = await daemon_factory([dict(node_table(name, fake, rank, ["task"], "qwen3:latest"), unload="when-idle")
+                                   for rank, (name, fake) in enumerate((("n1", n1), ("n2", n2), ("n3", n3)), 1)],
+                                  interactive_preempts=True)
+    people = [(await daemon.submit("task", f"{n} person", node=n, model="llama3.2", priority="interactive"))[0]
+              for n in ("n1", "n2")]
+    sweep = (await daemon.submit("task", "sweep running", node="n3"))[0]
+    for job in (*people, sweep):
+        await _streamed(daemon, job["id"], 2)
+    for i in range(3):
+        await daemon.submit("task", f"sweep queued {i}", node="n3")
+    answers = [a[0] for a in await asyncio.gather(*(daemon.submit("task", f"{who} waits", priority="interactive")
+                                                    for who in ("J", "K")))]
+    assert [a["node"] for a in answers].count("n3") == 1, answers  # one preempts n3's sweep, one stays
+    status, body = await daemon.request("GET", "/api/queue")
+    n3_queue = next(n for n in body["nodes"] if n["name"] == "n3")["queued"]
+    assert all(q["lane"] == "batch" for q in n3_queue), n3_queue  # no call waits behind the sweep
+    for a in answers:
+        job = await daemon.job(a["id"])
+        assert job["node"] == a["node"]  # where the answer said
+        if job["node"] == "n3":
+            assert job["state"] == "running" or job["position"] == 1

@@ -204,3 +204,12 @@ def test_a_call_leaves_a_batch_job_of_another_model_only_for_one_running_its_own
     nodes = [busy("n1", 1, "batch", SMALL), busy("n2", 2, "batch", SMALL), busy("n3", 3, "batch", CODER)]
     assert preempt_elsewhere(nodes, "n1", CODER) == "n3"  # no unload, no load there
     assert preempt_elsewhere(nodes[:2], "n1", CODER) is None  # a load anywhere: it stays
+
+
+def test_a_job_that_asked_for_no_model_is_weighed_by_the_model_it_would_run_on_each_node():
+    """It runs the default model of the node it is on: n3's batch job runs the model this job
+    has on n1, but on n3 it would run n3's default, so n3 is no warmer than anywhere else."""
+    nodes = [busy("n1", 1, "batch", SMALL), busy("n2", 2, "batch", SMALL), busy("n3", 3, "batch", CODER)]
+    assert preempt_elsewhere(nodes, "n1", CODER, defaults={"n1": CODER, "n2": CODER, "n3": SMALL}) is None
+    assert preempt_elsewhere(nodes, "n1", CODER, defaults={"n1": CODER, "n2": CODER, "n3": CODER}) == "n3"
+    assert preempt_elsewhere(nodes, "n1", CODER, defaults={"n1": CODER, "n2": SMALL, "n3": CODER}) == "n2"  # by rank

@@ -258,7 +258,8 @@ def check_text_size(ollama: dict, limit: int) -> None:
 
 async def json_of(request: web.Request) -> dict:
     """A front-door call's body, whatever its API; text that cannot be stored is a 400 here, once."""
-    body = json_object(await request.read(), "missing request body", "invalid character in JSON", json_type)
+    body = json_object(await request.read(), "missing request body", "invalid character in JSON", json_type,
+                       strict=True)
     check_text(body)
     return body
 

@@ -273,45 +273,54 @@ class Dispatcher:
         jobs = await self.store.submit(new, nodes, actor, self._hand_over,
                                        fair=self.settings.shares_fairly,
                                        max_waiting=user.max_waiting if user else None)
-        for job in jobs:
+        for i, job in enumerate(jobs):
             if job["state"] == JobState.QUEUED:  # (a job claimed in its submit went to its worker)
-                await self._preempt_for(job, call=new.endpoint is not None)
+                jobs[i] = job = await self._preempt_for(job, call=new.endpoint is not None)
                 self.wake(job["node"])  # only its node: the others have nothing new
         self.bus.publish("queue", {"submitted": [j["id"] for j in jobs]})
         return jobs
 
-    async def _preempt_for(self, job: dict, call: bool) -> None:
-        """[router] interactive_preempts: a waiting interactive job interrupts its node's running
-        batch job (as `gpuq preempt` does: to the head, the batch job back behind it, its run
-        recorded preempted and its Ollama request aborted). The store decides by the running
-        job's lane in the same transaction (placement.preempts), so an interactive job is never
-        interrupted, even by a race with the node's next claim. First, the job moves to another
-        node when it starts sooner there (placement.preempt_elsewhere)."""
+    async def _preempt_for(self, job: dict, call: bool) -> dict:
+        """[router] interactive_preempts: a waiting interactive job interrupts a running batch
+        job (as `gpuq preempt` does: to the head, the batch job back behind it, its run recorded
+        preempted and its Ollama request aborted): on the node where it starts soonest
+        (placement.preempt_elsewhere, moved there in the preempt's own transaction), else on
+        its own. The store decides by the running job's lane in the same transaction
+        (placement.preempts), so an interactive job is never interrupted, even by a race with
+        the node's next claim. The job as it is now (where it waits)."""
         lane, enabled = job.get("lane", BATCH), self.settings.interactive_preempts
         if not preempts(lane, BATCH, enabled):  # (nothing to ask the store)
-            return
+            return job
         reason = preempted_reason(job["id"], call)
-        job = await self._move_to_preempt(job)
-        try:
-            _, interrupted = await self.store.preempt(job["id"], "router", rule=lambda running: preempts(
-                lane, running, enabled), reason=reason)
-        except GpuqError as exc:  # the job stays first among the interactive ones: it runs next anyway
-            log.warning("job=%s node=%s not preempting: %s", job["id"], job["node"], exc.message)
-            return
+        infos = [n for n in self.node_infos() if job.get("endpoint") is None or self.leases.holds(n.name)]
+        interrupted = None
+        for to in dict.fromkeys((await self._elsewhere_for(job, infos), None)):
+            try:
+                after, interrupted = await self.store.preempt(job["id"], "router", rule=lambda running: preempts(
+                    lane, running, enabled), reason=reason, to=to, nodes=infos)
+            except GpuqError as exc:  # the job stays first among the interactive ones: it runs next anyway
+                log.warning("job=%s node=%s not preempting%s: %s", job["id"], job["node"],
+                            f" on {to}" if to else "", exc.message)
+                continue
+            if interrupted is not None:
+                if to is not None:
+                    log.info("job=%s node=%s moved to %s: it starts sooner there (router.interactive_preempts)",
+                             job["id"], job["node"], to)
+                job = dict(job, node=after["node"], position=after["position"])
+                break
         if interrupted is not None:
             self.abort(interrupted, f"preempted by {job['id']} (router.interactive_preempts)")
             log.info("job=%s node=%s state=queued reason=%r", interrupted.job_id, interrupted.node, reason)
+        return job
 
-    async def _move_to_preempt(self, job: dict) -> dict:
-        """The job moved to the node where it starts soonest, when that is another one
-        (placement.preempt_elsewhere: read from the running jobs' lanes and models); the job as
-        it is now. A move the store refuses leaves it where it is."""
-        infos = [n for n in self.node_infos() if job.get("endpoint") is None or self.leases.holds(n.name)]
+    async def _elsewhere_for(self, job: dict, infos: list[NodeInfo]) -> str | None:
+        """Another node where the job starts sooner (placement.preempt_elsewhere, read from the
+        running jobs' lanes and models), or None."""
         try:
             rows = await self.store.lanes_in_play(job["id"])
         except GpuqError as exc:
             log.warning("job=%s node=%s not looking for another node: %s", job["id"], job["node"], exc.message)
-            return job
+            return None
         running = {r["node"]: r for r in rows if r["state"] == JobState.RUNNING}
         waiting: dict[str, int] = {}
         for r in rows:
@@ -320,18 +329,9 @@ class Dispatcher:
         views = [NodeView(n.name, n.rank, tuple(n.roles), n.up, n.name in running, 0, n.models, waiting.get(n.name, 0),
                           (running.get(n.name) or {}).get("lane"), (running.get(n.name) or {}).get("model"))
                  for n in infos]
-        target = preempt_elsewhere(views, job["node"], job.get("model"))
-        if target is None:
-            return job
-        try:
-            moved = await self.store.move(job["id"], infos, "router", node=target)
-        except GpuqError as exc:
-            log.warning("job=%s node=%s not moved to %s: %s", job["id"], job["node"], target, exc.message)
-            return job
-        log.info("job=%s node=%s moved to %s: it starts sooner there (router.interactive_preempts)",
-                 job["id"], job["node"], target)
-        self.wake(target)
-        return dict(job, **moved)
+        # A job that asked for no model runs the default model of the node it moves to.
+        defaults = None if job.get("model_pinned", True) else {n.name: n.model for n in infos}
+        return preempt_elsewhere(views, job["node"], job.get("model"), defaults)
 
     async def _no_node_here(self) -> GpuqError:
         """Why a front-door call cannot run on this router: the routers that drive task nodes."""

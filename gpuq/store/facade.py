@@ -361,13 +361,15 @@ class Store:
 
     async def preempt(self, job_id: str, actor: str, only_owner: str | None = None,
                       rule: Callable[[str], bool] | None = None,
-                      reason: str | None = None) -> tuple[Row, Interrupted | None]:
+                      reason: str | None = None, to: str | None = None,
+                      nodes: list[NodeInfo] = ()) -> tuple[Row, Interrupted | None]:
         """The queued job runs next: to the head, and the node's running job goes back behind it
         (`only_owner`: a member's name; someone else's running job refuses it, 403). `rule`: the
         router's own preempt, only when it holds for the running job's lane (else nothing
-        changes); `reason`: what the interrupted job's event says."""
+        changes); `to`: on that node, moved there in the same transaction; `reason`: what the
+        interrupted job's event says."""
         return await self._write(partial(verbs.preempt, job_id=job_id, actor=actor, now=self.clock(),
-                                         only_owner=only_owner, rule=rule, reason=reason))
+                                         only_owner=only_owner, rule=rule, reason=reason, to=to, nodes=nodes))
 
     async def delete(self, job_id: str, actor: str, reason: str = "deleted") -> tuple[Row, Interrupted | None]:
         """A queued or running job is cancelled with the reason ('deleted'); its rows stay."""

@@ -621,19 +621,29 @@ def _check_call_stays(db: engine.Connection, job: Row, target: str) -> None:
 
 def preempt(db: engine.Connection, job_id: str, actor: str, now: float,
             only_owner: str | None = None, rule: Callable[[str], bool] | None = None,
-            reason: str | None = None) -> tuple[Row, Interrupted | None]:
+            reason: str | None = None, to: str | None = None, nodes: list[NodeInfo] = ()) -> tuple[Row, Interrupted | None]:
     """The queued job runs next: to the head, and the node's running job goes back behind it.
     `only_owner` (a member preempting): interrupting someone else's running job is acting on it,
     refused (403) naming its owner, before anything changes. `rule` (the router preempting on
     its own, [router] interactive_preempts): given the running job's lane, whether to; when no
-    job runs, the job is no longer waiting or the rule says no, nothing changes. `reason`: what
-    the interrupted job's event and run say (else "preempted by <id>")."""
+    job runs, the job is no longer waiting or the rule says no, nothing changes. `to` (with
+    `rule` and `nodes`): on that node instead, the job moved there in the same transaction,
+    only when the rule holds there and no other interactive job waits there (else nothing
+    changes: the job is never left at the tail of another node's queue). `reason`: what the
+    interrupted job's event and run say (else "preempted by <id>")."""
     job = _job_for_update(db, job_id)
     if rule is not None:
-        running = db.execute("SELECT lane FROM job WHERE node = ? AND state = 'running'", (job["node"],)).fetchone()
+        where = to or job["node"]
+        running = db.execute("SELECT lane FROM job WHERE node = ? AND state = 'running'", (where,)).fetchone()
         if (job["state"] != JobState.QUEUED or running is None or not rule(running["lane"])
                 or not db.execute("SELECT 1 FROM ready_job WHERE id = ?", (job_id,)).fetchone()):
             return dict(job), None
+        if where != job["node"]:
+            if db.execute("SELECT 1 FROM job WHERE node = ? AND state = 'queued' AND lane = ? AND id != ?",
+                          (where, rules.INTERACTIVE, job_id)).fetchone():
+                return dict(job), None
+            move(db, job_id, nodes, actor, now, position=1, node=where)
+            job = _job_for_update(db, job_id)
     if job["state"] != JobState.QUEUED:
         raise Conflict(f"job {job_id} is {job['state']}; only a queued job can preempt")
     if not db.execute("SELECT 1 FROM ready_job WHERE id = ?", (job_id,)).fetchone():

@@ -204,17 +204,16 @@ class Writer:
         of it, however many writes the batch held)."""
         def settle_all() -> None:
             for future, ok, value, after in answers:
-                if not future.done():  # else its caller went away; the write stands
-                    if ok:
-                        future.set_result(value)
-                    else:
-                        future.set_exception(value)
-                if ok and after is not None:  # last: should it raise, the caller has its answer
-                    try:
+                try:  # one write's trouble never leaves the others' callers waiting
+                    if not future.done():  # else its caller went away; the write stands
+                        if ok:
+                            future.set_result(value)
+                        else:
+                            future.set_exception(value)
+                    if ok and after is not None:  # last: should it raise, the caller has its answer
                         after(value)
-                    except Exception as exc:  # as the loop reports a callback's error; the rest go on
-                        loop.call_exception_handler({"message": "a write's after-commit callback failed",
-                                                     "exception": exc})
+                except BaseException as exc:  # reported as the loop reports a callback's error
+                    loop.call_exception_handler({"message": "settling a write's answer failed", "exception": exc})
         try:
             loop.call_soon_threadsafe(settle_all)
         except RuntimeError:
