@@ -91,6 +91,12 @@ async def test_ten_thousand_waiting_jobs_on_fifty_nodes_are_all_reachable_and_mo
     await expect(page.locator(".col")).to_have_count(NODES)
     await expect(page.locator("#stat-depth")).to_have_text(f"{waiting:,}")
     await expect(page.locator("#stat-running")).to_have_text(str(NODES))
+    # The first read listed the waiting jobs of the columns in view only (a 1400 px window: 5
+    # columns of 300 px, and the next two, drawn beyond it); the others came as counts.
+    first = await answers[0].json()
+    listed = [n["name"] for n in first["nodes"] if n["queued"]]
+    assert listed == [name(i) for i in range(1, len(listed) + 1)] and 5 <= len(listed) <= 8, listed
+    assert [n["queued_count"] for n in first["nodes"]] == [PER_NODE - 1] * NODES
 
     for node_i in (1, NODES):  # the first column, and the last (scrolled to sideways)
         node = name(node_i)
