@@ -2,6 +2,9 @@
 database seeded as `--only scale` does (50 nodes, 10,000 waiting, each node's first job held
 running by the simulated node), copied for each side's router; the page opened fresh in
 Chromium (bench/scale.py's viewport and flags) on A and B in turn, the order swapped every pair.
+`painted`: the first frame showing the board, painted (bench/scale.py's row); `render`: a forced
+layout read after it (this page's earlier measure: it also takes what the page does right after
+its first paint, a large board's margins).
 
     .venv/bin/python -m bench.page_ab /path/to/checkout-A /path/to/checkout-B --pairs 8
 
@@ -27,24 +30,24 @@ from pathlib import Path
 
 from . import growth
 from .procs import Fakes, Router, node_table
-from .scale import CHROMIUM_ARGS, MODEL, NODES, SETTINGS
+from .scale import CHROMIUM_ARGS, MODEL, NODES, PAINTED, SETTINGS
 
-KEYS = ("render", "answered", "drawn", "q_server", "q_transfer", "q_kb", "layout", "style", "script", "cards", "loading")
+KEYS = ("painted", "render", "margins", "parse", "answered", "drawn", "q_server", "q_transfer", "q_kb", "layout", "style", "script", "cards", "loading")
 
 
 async def render(browser, url: str) -> dict:
     context = await browser.new_context(viewport={"width": 1400, "height": 900})
     try:
         pg = await context.new_page()
+        await pg.add_init_script(PAINTED)
         cdp = await context.new_cdp_session(pg)
         await cdp.send("Performance.enable")
         await pg.goto(url + "/", wait_until="commit")
-        await pg.wait_for_function("() => window.gpuq && window.gpuq.shown > 0"
-                                   " && document.querySelector('#board .col')", polling="raf", timeout=120_000)
+        await pg.wait_for_function("() => window.__painted > 0", polling="raf", timeout=120_000)
         got = await pg.evaluate(
             "() => { document.body.offsetHeight; const t = performance.now();"
             " const q = performance.getEntriesByType('resource').find((e) => e.name.includes('/api/queue?'));"
-            " return {render: t, answered: window.gpuq.answeredAt || 0, drawn: (window.gpuq.drawnAt || 0) - (window.gpuq.answeredAt || 0),"
+            " return {painted: window.__painted || 0, render: t, answered: window.gpuq.answeredAt || 0, drawn: (window.gpuq.drawnAt || 0) - (window.gpuq.answeredAt || 0),"
             " q_server: q ? q.responseStart - q.requestStart : 0, q_transfer: q ? q.responseEnd - q.responseStart : 0,"
             " q_kb: q ? q.encodedBodySize / 1000 : 0, cards: document.querySelectorAll('#board .card').length,"
             " loading: document.querySelectorAll('#board .card.loading').length}; }")
@@ -52,6 +55,15 @@ async def render(browser, url: str) -> dict:
             print(await pg.evaluate("() => performance.getEntriesByType('resource').map((e) =>"
                                     " `${e.name.replace(/^https?:\\/\\/[^/]+/, '')} ${e.startTime.toFixed(0)}-${e.responseEnd.toFixed(0)}`)"
                                     ".concat([`answered ${window.gpuq.answeredAt.toFixed(0)} drawn ${window.gpuq.drawnAt.toFixed(0)}`]).join('\\n')"))
+        got["parse"] = await pg.evaluate(
+            "async () => { const q = performance.getEntriesByType('resource').find((e) => e.name.includes('/api/queue?'));"
+            " const text = await (await fetch(q.name)).text(); const t = performance.now(); JSON.parse(text);"
+            " return performance.now() - t; }")
+        try:  # a page that draws a large board's margins after its first paint: when it has
+            await pg.wait_for_function("() => window.gpuq.marginsAt > 0", polling="raf", timeout=3000)
+            got["margins"] = await pg.evaluate("() => { document.body.offsetHeight; return performance.now(); }")
+        except Exception:
+            got["margins"] = got["render"]
         metrics = {m["name"]: m["value"] for m in (await cdp.send("Performance.getMetrics"))["metrics"]}
         got["layout"] = metrics.get("LayoutDuration", 0) * 1000
         got["style"] = metrics.get("RecalcStyleDuration", 0) * 1000
@@ -140,7 +152,8 @@ async def main() -> None:
                 await browser.close()
         print(f"{'measure (ms; KB; cards)':28s} {'A median':>8s} {'A p95':>8s}   {'B median':>8s} {'B p95':>8s}   ({args.pairs} pairs)")
         for k in KEYS:
-            print(f"{k:28s} {summary(runs['A'][k])}   {summary(runs['B'][k])}")
+            diff = statistics.median(b - a for a, b in zip(runs["A"][k], runs["B"][k]))
+            print(f"{k:28s} {summary(runs['A'][k])}   {summary(runs['B'][k])}   B-A paired median {diff:+.1f}")
     finally:
         for r in routers.values():
             await r.stop()

@@ -97,6 +97,11 @@ async def test_ten_thousand_waiting_jobs_on_fifty_nodes_are_all_reachable_and_mo
     listed = [n["name"] for n in first["nodes"] if n["queued"]]
     assert listed == [name(i) for i in range(1, len(listed) + 1)] and 5 <= len(listed) <= 8, listed
     assert [n["queued_count"] for n in first["nodes"]] == [PER_NODE - 1] * NODES
+    # The first frame draws the cards in the window; the margins beyond it (20 cards) follow its
+    # paint: the cards just below the first column's view are there before it is scrolled.
+    below = page.locator(f"{list_of(name(1))} > .card:not(.loading)")
+    await expect(below.nth(24)).to_be_attached()
+    await expect(below.nth(24)).not_to_be_in_viewport()
 
     for node_i in (1, NODES):  # the first column, and the last (scrolled to sideways)
         node = name(node_i)

@@ -24,6 +24,7 @@ const FIRST_LIMIT = 40; // the first load asks for a screenful per column, then 
 const WINDOW_FROM = 400;
 const COLUMN_WIDTH = 312; // a column's least width and the gap after it (style.css, #board)
 const MARGIN = 20; // cards drawn beyond the view, above and below
+const FIRST_MARGIN = 2; // on a large board's first draw: the view only; the margins after its first paint
 const RECENT = 12;
 const QUIET_S = 15; // a running job without tokens this long says so
 const TAIL = 1000000000; // the API's largest position: the tail of a queue
@@ -378,7 +379,15 @@ function renderBoard() {
   cols.clear();
   windowed = q.nodes.reduce((sum, n) => sum + n.queued.length, 0) > WINDOW_FROM;
   board.replaceChildren(...q.nodes.map((n) => column(n, stale)));
+  tight = windowed && marginsDue;
   drawAll(true, scroll);
+  if (tight) {
+    tight = marginsDue = false;
+    requestAnimationFrame(() => setTimeout(() => { // after the first paint
+      if (!S.dragging && !S.pressing) drawAll();
+      S.marginsAt = performance.now(); // (for make bench)
+    }, 0));
+  }
   if (focusCard) {
     const again = cardById(focusCard.dataset.id);
     if (again) again.focus({preventScroll: true});
@@ -393,6 +402,9 @@ function renderBoard() {
 
 const cols = new Map(); // node -> {list, jobs (the whole order), model, cards (id -> element), start, end}
 let windowed = false;
+// A large board's first draw: only the cards in the window (the browser lays out and styles
+// every card drawn, most of that first frame's cost); its margins are drawn once it is painted.
+let tight = false, marginsDue = true;
 let cardHeight = 0; // a drawn card's height and the gap under it, measured once
 
 function spacer(px) {
@@ -408,19 +420,20 @@ function rangeOf(c, scrollTop) {
   if (!cardHeight) return [0, Math.min(n, 3)]; // to measure one
   const r = c.list.getBoundingClientRect();
   const vh = window.innerHeight;
-  if (!inView(r)) return [0, 0];
+  if (!inView(r, tight)) return [0, 0];
+  const margin = tight ? FIRST_MARGIN : MARGIN;
   // As if the list reached the viewport's bottom: an empty list is short until it is drawn.
   const top = scrollTop + Math.max(0, -r.top);
   const bottom = scrollTop + vh - r.top;
-  const start = Math.max(0, Math.floor(top / cardHeight) - MARGIN);
-  const end = Math.min(n, Math.max(start, Math.ceil(bottom / cardHeight) + MARGIN));
+  const start = Math.max(0, Math.floor(top / cardHeight) - margin);
+  const end = Math.min(n, Math.max(start, Math.ceil(bottom / cardHeight) + margin));
   return [start, end];
 }
 
-// A list in view, or within half a window of it.
-function inView(r) {
-  const vw = window.innerWidth, vh = window.innerHeight;
-  return !(r.right < -vw / 2 || r.left > vw * 1.5 || r.bottom < -vh / 2 || r.top > vh * 1.5);
+// A list in view, or within half a window of it (`strict`: in the window itself).
+function inView(r, strict = false) {
+  const vw = window.innerWidth, vh = window.innerHeight, m = strict ? 0 : 0.5;
+  return !(r.right < -vw * m || r.left > vw * (1 + m) || r.bottom < -vh * m || r.top > vh * (1 + m));
 }
 
 // A card drawn at position `i` of `count`: its number, its label, its ↑ / ↓ buttons.
