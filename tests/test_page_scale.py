@@ -167,3 +167,25 @@ async def test_ten_thousand_waiting_jobs_on_fifty_nodes_are_all_reachable_and_mo
         return (await queued_ids(big_lab, node))[:1] == [last]
     await eventually(headed, 30, what="the last job to move to the head")
     await expect(page.locator(card(last))).to_be_in_viewport()
+
+
+async def test_a_small_board_wider_than_the_window_is_whole_in_its_first_render(fakes, daemon_factory, page):
+    """A board of 400 waiting jobs or fewer is drawn whole: its first read asks for the columns
+    in view only (the board's size is not known yet), so one with columns beyond them is read
+    again, whole, before its first render: never a column that says "nothing waiting" over a
+    count of one."""
+    nodes = []
+    for i in range(1, 13):
+        fake = await fakes(MODEL, token_delay_s=0.5, tokens=100_000)
+        nodes.append({"name": name(i), "url": fake.url, "rank": i, "roles": ["task"], "model": MODEL})
+    lab = await daemon_factory(nodes)
+    last = name(12)
+    await lab.wait_state((await lab.submit("task", "the head", node=last))[0]["id"], "running")
+    waiting = (await lab.submit("task", "waits on the last column", node=last))[0]["id"]
+    await page.goto(lab.url + "/")
+    # Looked at in the first frame that shows an answer (the same poll that sees it).
+    first = await (await page.wait_for_function(
+        "(col) => window.gpuq && window.gpuq.shown > 0"
+        " && [...document.querySelectorAll(col + ' .queue > li')].map((c) => c.dataset.id || c.textContent)",
+        arg=column(last), polling="raf")).json_value()
+    assert first == [waiting], first
