@@ -446,10 +446,13 @@ def node_json(rt: NodeRuntime) -> dict:
 async def queue(request: web.Request) -> web.Response:
     """Each node's running job, its first `limit` waiting jobs and how many wait. `node` and
     `offset`: one node's column only, its waiting jobs from the `offset`-th (0: the head), for a
-    page that fetches the part of a long column scrolled into view."""
+    page that fetches the part of a long column scrolled into view. `columns`: the waiting jobs
+    of the first `columns` nodes only (in rank order: a page's columns in view); the others
+    come with their running job and count, their `queued` empty."""
     app = request.app
     limit = int_param(request.query, "limit", 1000, 0, 100_000)
     offset = int_param(request.query, "offset", 0, 0, 1_000_000_000)
+    columns = int_param(request.query, "columns", 1_000_000, 0, 1_000_000)
     url = app[SETTINGS].public_url
     only = request.query.get("node")
     runtimes = list(app[DISPATCHER].nodes.values())
@@ -459,7 +462,8 @@ async def queue(request: web.Request) -> web.Response:
             raise UnknownNode(only, app[DISPATCHER].nodes)
     elif offset:
         raise BadRequest("query parameter 'offset' needs 'node': it pages one node's waiting jobs")
-    queues = {rt.name: await app[STORE].queue(rt.name, limit, offset) for rt in runtimes}
+    queues = {rt.name: await app[STORE].queue(rt.name, limit if i < columns else 0, offset)
+              for i, rt in enumerate(runtimes)}
     if offset:
         # A page deep in a queue: its start estimates count the jobs ahead of it (eta.DEPTH at most).
         found = await estimates(app, await app[STORE].queue_plans([only], min(offset + limit, eta.DEPTH)))

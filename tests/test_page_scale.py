@@ -91,6 +91,17 @@ async def test_ten_thousand_waiting_jobs_on_fifty_nodes_are_all_reachable_and_mo
     await expect(page.locator(".col")).to_have_count(NODES)
     await expect(page.locator("#stat-depth")).to_have_text(f"{waiting:,}")
     await expect(page.locator("#stat-running")).to_have_text(str(NODES))
+    # The first read listed the waiting jobs of the columns in view only (a 1400 px window: 5
+    # columns of 300 px, and the next two, drawn beyond it); the others came as counts.
+    first = await answers[0].json()
+    listed = [n["name"] for n in first["nodes"] if n["queued"]]
+    assert listed == [name(i) for i in range(1, len(listed) + 1)] and 5 <= len(listed) <= 8, listed
+    assert [n["queued_count"] for n in first["nodes"]] == [PER_NODE - 1] * NODES
+    # The first frame draws the cards in the window; the margins beyond it (20 cards) follow its
+    # paint: the cards just below the first column's view are there before it is scrolled.
+    below = page.locator(f"{list_of(name(1))} > .card:not(.loading)")
+    await expect(below.nth(24)).to_be_attached()
+    await expect(below.nth(24)).not_to_be_in_viewport()
 
     for node_i in (1, NODES):  # the first column, and the last (scrolled to sideways)
         node = name(node_i)
@@ -156,3 +167,25 @@ async def test_ten_thousand_waiting_jobs_on_fifty_nodes_are_all_reachable_and_mo
         return (await queued_ids(big_lab, node))[:1] == [last]
     await eventually(headed, 30, what="the last job to move to the head")
     await expect(page.locator(card(last))).to_be_in_viewport()
+
+
+async def test_a_small_board_wider_than_the_window_is_whole_in_its_first_render(fakes, daemon_factory, page):
+    """A board of 400 waiting jobs or fewer is drawn whole: its first read asks for the columns
+    in view only (the board's size is not known yet), so one with columns beyond them is read
+    again, whole, before its first render: never a column that says "nothing waiting" over a
+    count of one."""
+    nodes = []
+    for i in range(1, 13):
+        fake = await fakes(MODEL, token_delay_s=0.5, tokens=100_000)
+        nodes.append({"name": name(i), "url": fake.url, "rank": i, "roles": ["task"], "model": MODEL})
+    lab = await daemon_factory(nodes)
+    last = name(12)
+    await lab.wait_state((await lab.submit("task", "the head", node=last))[0]["id"], "running")
+    waiting = (await lab.submit("task", "waits on the last column", node=last))[0]["id"]
+    await page.goto(lab.url + "/")
+    # Looked at in the first frame that shows an answer (the same poll that sees it).
+    first = await (await page.wait_for_function(
+        "(col) => window.gpuq && window.gpuq.shown > 0"
+        " && [...document.querySelectorAll(col + ' .queue > li')].map((c) => c.dataset.id || c.textContent)",
+        arg=column(last), polling="raf")).json_value()
+    assert first == [waiting], first

@@ -1,7 +1,8 @@
 """/api/queue pages one node's waiting jobs (issue 28): `node` and `offset` give a column's jobs
 from the offset-th on, with the count of all and start estimates that count the jobs ahead of
-the page, so the queue page fetches what is scrolled into view, not a 10,000-job queue. A bad
-value is refused, named."""
+the page, so the queue page fetches what is scrolled into view, not a 10,000-job queue; and
+`columns` lists the waiting jobs of the first nodes only (the columns in view). A bad value is
+refused, named."""
 
 from __future__ import annotations
 
@@ -46,6 +47,30 @@ async def test_a_node_s_waiting_jobs_page_by_page(lab):
     assert [j["id"] for j in head_page["queued"]] == ids[:3]
 
 
+async def test_the_waiting_jobs_of_the_first_columns_only(lab):
+    """`columns=`: the waiting jobs of the first nodes (rank order) only, as a page reads the
+    columns in view; the others keep their running job and count, their list empty."""
+    ids = {}
+    for node in ("node-1", "node-3"):
+        busy(lab.fakes[node])
+        ids[node] = [await head(lab, node), *[(await lab.submit("task", f"{node} job {i}", node=node))[0]["id"]
+                                              for i in range(3)]]
+    whole = await lab.get("/api/queue?limit=10")
+    names = [n["name"] for n in whole["nodes"]]
+    assert names[0] == "node-1" and "node-3" in names[1:], names
+    first = await lab.get("/api/queue?limit=10&columns=1")
+    assert [n["name"] for n in first["nodes"]] == names and first["queue_depth"] == whole["queue_depth"] == 6
+    by_name = {n["name"]: n for n in first["nodes"]}
+    assert [j["id"] for j in by_name["node-1"]["queued"]] == ids["node-1"][1:]
+    whole_1 = next(n for n in whole["nodes"] if n["name"] == "node-1")
+    assert [j["eta_reason"] for j in by_name["node-1"]["queued"]] == [j["eta_reason"] for j in whole_1["queued"]]
+    assert by_name["node-3"]["queued"] == [] and by_name["node-3"]["queued_count"] == 3
+    assert by_name["node-3"]["running"]["id"] == ids["node-3"][0]
+    none = await lab.get("/api/queue?limit=10&columns=0")
+    assert all(n["queued"] == [] for n in none["nodes"]) and none["queue_depth"] == 6
+    assert sum(1 for n in none["nodes"] if n["running"]) == 2
+
+
 async def test_a_bad_page_is_refused_named(lab):
     for query, status, words in [
         ("node=node-3&offset=-1", 400, "'offset'"),
@@ -53,6 +78,8 @@ async def test_a_bad_page_is_refused_named(lab):
         ("node=node-3&offset=1.5", 400, "'offset'"),
         ("offset=10", 400, "needs 'node'"),
         ("node=node-9&offset=0", 422, "unknown node 'node-9'"),
+        ("columns=-1", 400, "'columns'"),
+        ("columns=x", 400, "'columns'"),
     ]:
         status_got, body = await lab.request("GET", f"/api/queue?{query}")
         assert status_got == status, (query, status_got, body)

@@ -18,9 +18,13 @@ const FIRST_LIMIT = 40; // the first load asks for a screenful per column, then 
 // in the whole list, whatever is drawn. Such a board is also *paged*: the page reads each
 // column's first FIRST_LIMIT jobs, and the part of a column scrolled into view beyond them
 // (/api/queue?node=&offset=), on its first load and on every refresh: what is on screen, not
-// the whole queue.
+// the whole queue. Each read asks for the waiting jobs of the columns in view only (the first
+// of them in one read, `columns=`; one scrolled sideways by its part): the others show their
+// running job and count, their cards read when they come into view.
 const WINDOW_FROM = 400;
+const COLUMN_WIDTH = 312; // a column's least width and the gap after it (style.css, #board)
 const MARGIN = 20; // cards drawn beyond the view, above and below
+const FIRST_MARGIN = 2; // on a large board's first draw: the view only; the margins after its first paint
 const RECENT = 12;
 const QUIET_S = 15; // a running job without tokens this long says so
 const TAIL = 1000000000; // the API's largest position: the tail of a queue
@@ -47,6 +51,7 @@ const S = {
   readAt: -1, // S.changes when the queue shown was read
   full: false, // a first load (a screenful per column) was shown: refreshes ask for the whole limit
   paged: false, // the board is large: each read asks for the first screenful and the parts in view
+  sized: false, // an answer came: whether the board is paged is known
   pageReads: 0, // reads of one column's part (for the page tests)
   shown: 0, // the refresh whose answers are on the screen (page tests wait for one started after a change)
 };
@@ -74,15 +79,29 @@ function readPart(node, from, to) {
   return getJSON(`/api/queue?node=${encodeURIComponent(node)}&offset=${from}&limit=${to - from}`);
 }
 
-// The parts of the columns in view that a read of the first FIRST_LIMIT jobs leaves out.
-function partsInView() {
+// The parts of the columns in view that a read of the first `columns` columns' first FIRST_LIMIT
+// jobs leaves out.
+function partsInView(columns) {
   if (!S.paged) return [];
   const parts = [];
+  let i = 0;
   for (const [name, c] of cols) {
-    const from = Math.max(FIRST_LIMIT, c.start), to = c.end;
+    const from = Math.max(i++ < columns ? FIRST_LIMIT : 0, c.start), to = c.end;
     if (to > from) parts.push([name, from, to]);
   }
   return parts;
+}
+
+// How many of the first columns (in rank order) are in view: before the first answer, as many
+// as the window's width holds (those rangeOf draws: up to half a window beyond its right edge).
+function leadingInView() {
+  if (!cols.size) return Math.max(1, Math.floor((window.innerWidth * 1.5 - 16) / COLUMN_WIDTH) + 1);
+  let n = 0;
+  for (const c of cols.values()) {
+    if (!inView(c.list.getBoundingClientRect())) break;
+    n++;
+  }
+  return n;
 }
 
 // A paged board's answer: each column as long as it is shown, the jobs read in their places
@@ -111,11 +130,13 @@ async function refresh() {
   const asked = ++S.refreshes;
   const changes = S.changes;
   const limit = S.full && !S.paged ? S.limit : Math.min(S.limit, FIRST_LIMIT);
-  const parts = partsInView();
+  // A paged board (and the first read, the board's size not known yet): the columns in view.
+  const columns = S.sized && !S.paged ? null : leadingInView();
+  const parts = partsInView(columns);
   // Each part apart: /health answers from the router's memory whatever the store does, so its
   // truth (a store that does not answer, a node down) shows even when the other reads fail.
   const [queue, health, recent, activity] = await Promise.allSettled([
-    Promise.all([getJSON(`/api/queue?limit=${limit}`), ...parts.map(([n, from, to]) => readPart(n, from, to))]),
+    Promise.all([getJSON(`/api/queue?limit=${limit}${columns === null ? '' : `&columns=${columns}`}`), ...parts.map(([n, from, to]) => readPart(n, from, to))]),
     getJSON('/health', [200, 503]),
     loadRecent(),
     getJSON(`/api/activity?since=${encodeURIComponent(localMidnight())}`),
@@ -129,6 +150,9 @@ async function refresh() {
     const [whole, ...read] = queue.value;
     // A board too large to draw whole is paged from its first answer on (never read whole).
     if (!S.full && !S.paged) S.paged = whole.nodes.reduce((sum, n) => sum + shownOf(n), 0) > WINDOW_FROM;
+    S.sized = true;
+    // A small board read in part (its first read): read whole before it is drawn.
+    if (!S.paged && columns !== null && whole.nodes.some((n, i) => i >= columns && n.queued_count)) return refresh();
     const before = S.queue && S.readAt === changes ? S.queue : null;
     Object.assign(S, {queue: S.paged ? placed(whole, read, before) : whole, recent: recent.value, activity: activity.value,
                       error: null, updatedAt: Date.now(), readAt: changes});
@@ -355,7 +379,15 @@ function renderBoard() {
   cols.clear();
   windowed = q.nodes.reduce((sum, n) => sum + n.queued.length, 0) > WINDOW_FROM;
   board.replaceChildren(...q.nodes.map((n) => column(n, stale)));
+  tight = windowed && marginsDue;
   drawAll(true, scroll);
+  if (tight) {
+    tight = marginsDue = false;
+    requestAnimationFrame(() => setTimeout(() => { // after the first paint
+      if (!S.dragging && !S.pressing) drawAll();
+      S.marginsAt = performance.now(); // (for make bench)
+    }, 0));
+  }
   if (focusCard) {
     const again = cardById(focusCard.dataset.id);
     if (again) again.focus({preventScroll: true});
@@ -370,6 +402,9 @@ function renderBoard() {
 
 const cols = new Map(); // node -> {list, jobs (the whole order), model, cards (id -> element), start, end}
 let windowed = false;
+// A large board's first draw: only the cards in the window (the browser lays out and styles
+// every card drawn, most of that first frame's cost); its margins are drawn once it is painted.
+let tight = false, marginsDue = true;
 let cardHeight = 0; // a drawn card's height and the gap under it, measured once
 
 function spacer(px) {
@@ -384,14 +419,21 @@ function rangeOf(c, scrollTop) {
   if (!windowed || !n) return [0, n];
   if (!cardHeight) return [0, Math.min(n, 3)]; // to measure one
   const r = c.list.getBoundingClientRect();
-  const vw = window.innerWidth, vh = window.innerHeight;
-  if (r.right < -vw / 2 || r.left > vw * 1.5 || r.bottom < -vh / 2 || r.top > vh * 1.5) return [0, 0];
+  const vh = window.innerHeight;
+  if (!inView(r, tight)) return [0, 0];
+  const margin = tight ? FIRST_MARGIN : MARGIN;
   // As if the list reached the viewport's bottom: an empty list is short until it is drawn.
   const top = scrollTop + Math.max(0, -r.top);
   const bottom = scrollTop + vh - r.top;
-  const start = Math.max(0, Math.floor(top / cardHeight) - MARGIN);
-  const end = Math.min(n, Math.max(start, Math.ceil(bottom / cardHeight) + MARGIN));
+  const start = Math.max(0, Math.floor(top / cardHeight) - margin);
+  const end = Math.min(n, Math.max(start, Math.ceil(bottom / cardHeight) + margin));
   return [start, end];
+}
+
+// A list in view, or within half a window of it (`strict`: in the window itself).
+function inView(r, strict = false) {
+  const vw = window.innerWidth, vh = window.innerHeight, m = strict ? 0 : 0.5;
+  return !(r.right < -vw * m || r.left > vw * (1 + m) || r.bottom < -vh * m || r.top > vh * (1 + m));
 }
 
 // A card drawn at position `i` of `count`: its number, its label, its ↑ / ↓ buttons.
