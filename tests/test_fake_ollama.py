@@ -291,3 +291,15 @@ async def test_a_model_needs_no_tag_and_no_registry_prefix_and_ignores_case(node
         reply = await client.chat(model=name, messages=ASK)
         assert reply.model == name and reply.message.content  # the name is echoed as asked
     assert [m.model for m in (await client.ps()).models] == [PLAIN]  # one model, in short form
+
+
+async def test_a_client_that_leaves_mid_stream_ends_the_generation_without_a_traceback(fakes, caplog):
+    """A router aborting a preempted or deleted job is routine: the simulator (also `make run`'s
+    demo nodes) stops generating and logs no "Error handling request" traceback for it."""
+    fake = await fakes(PLAIN, tokens=200, token_delay_s=0.02)
+    async with aiohttp.ClientSession() as session:
+        async with session.post(fake.url + "/api/chat", json={"model": PLAIN, "messages": ASK}) as resp:
+            assert json.loads(await resp.content.readline())["done"] is False
+            resp.connection.transport.abort()  # gone, as an aborted request goes
+        await eventually(lambda: fake.disconnects == 1, what="the simulator to see the client leave")
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], [r.getMessage() for r in caplog.records]

@@ -622,8 +622,11 @@ class FakeOllama:
                                 raw=bool(body.get("raw")))
             await resp.write(json.dumps(final).encode() + b"\n")
             await resp.write_eof()
-        except (ConnectionResetError, asyncio.CancelledError):
-            self.disconnects += 1  # like Ollama: the client left, generation stops
+        except ConnectionResetError:  # like Ollama: the client left, generation stops (no traceback:
+            self.disconnects += 1  # a router aborting a preempted or deleted job is routine)
+            return resp
+        except asyncio.CancelledError:
+            self.disconnects += 1
             raise
         return resp
 
