@@ -144,11 +144,14 @@ subject_from_parent INTEGER NOT NULL DEFAULT 0, -- 003: a held critique's prompt
 think TEXT, -- 004: Ollama's `think` as JSON; NULL: the node's
 options TEXT, -- 004: the job's own Ollama options, JSON object
 endpoint TEXT, -- 006: the front-door route it came in on
+owner TEXT, -- 014: the user who sent it; NULL: no identity
+client TEXT, -- 014: the sending program (User-Agent), cut to 200 characters
+lane TEXT NOT NULL DEFAULT 'batch', -- 014: 'interactive' or 'batch'
 prompt_excerpt TEXT GENERATED ALWAYS AS (substr(prompt, 1, 300)) STORED, -- characters, not bytes
 prompt_bytes INTEGER GENERATED ALWAYS AS (length(CAST(prompt AS BLOB))) STORED,
-prompt TEXT NOT NULL, -- a front-door call's: its last user message
-request TEXT, owner TEXT, client TEXT, lane TEXT NOT NULL DEFAULT 'batch' -- 014: 'interactive' or 'batch'
-CONSTRAINT job_lane_valid CHECK (lane IN ('interactive', 'batch')), -- 006: that call as received, JSON {path, user_agent, body}
+request TEXT, -- 006: a front-door call as received, JSON {path, user_agent, body}
+prompt TEXT NOT NULL, -- last (005): a front-door call's: its last user message
+CONSTRAINT job_lane_valid CHECK (lane IN ('interactive', 'batch')),
 CONSTRAINT job_kind_valid CHECK (kind IN ('task', 'critique', 'embed')),
 CONSTRAINT job_state_valid CHECK (state IN ('queued', 'running', 'done', 'failed', 'cancelled')),
 CONSTRAINT job_subject_from_parent_flag CHECK (subject_from_parent IN (0, 1)),

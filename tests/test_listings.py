@@ -169,6 +169,10 @@ async def test_an_old_database_is_migrated_with_everything_in_it(tmp_path):
         await store.close()
     db = sqlite3.connect(path)
     try:
+        # The long values last (005, and 016 after 014 appended columns behind them): a listing's
+        # columns are all read without walking a prompt's overflow pages.
+        columns = [r[1] for r in db.execute("PRAGMA table_xinfo(job)")]
+        assert columns[-2:] == ["request", "prompt"], columns
         assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         assert db.execute("PRAGMA foreign_key_check").fetchall() == []
         try:  # the guard went with the old table: the rebuilt one has it again

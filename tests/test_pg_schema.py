@@ -324,7 +324,12 @@ ROWS = [
 ]
 
 VIEWS = {
-    "ready_job": "SELECT * FROM ready_job ORDER BY id",
+    # Every column of job, by name: each engine keeps its own column order (SQLite's long values
+    # last, migrations 005 and 016), and the view is `SELECT j.*`.
+    "ready_job": "SELECT id, kind, state, node, model, model_pinned, parent_id, group_id, position, placement,"
+                 " run_id, error, findings, timeout_s, created_at, finished_at, subject_from_parent, think,"
+                 " options, endpoint, owner, client, lane, prompt_excerpt, prompt_bytes, request, prompt"
+                 " FROM ready_job ORDER BY id",
     "held_job": "SELECT * FROM held_job ORDER BY id",
     "run_text": "SELECT * FROM run_text ORDER BY run_id, seq",
     "run_output": "SELECT * FROM run_output ORDER BY run_id",
