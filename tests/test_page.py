@@ -396,6 +396,34 @@ async def test_preempt_and_delete_buttons(lab, page):
     await expect(page.locator(".job-title .st-running")).to_be_visible()
 
 
+async def test_a_click_survives_the_board_redrawn_while_the_button_is_pressed(lab, page):
+    """A live change redraws the board; a button pressed before it and released after it still
+    acts (the board waits for the release: a replaced button gets no click from the browser)."""
+    busy(lab.fakes["node-3"])
+    await head(lab, "node-3")
+    a = (await lab.submit("task", "job a", node="node-3"))[0]["id"]
+    await open_queue(page, lab)
+    await page_shows(page, "node-3", [a])
+    box = await page.locator(card(a)).get_by_role("button", name="Delete").bounding_box()
+    await page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    await page.mouse.down()
+    renders = await page.evaluate("window.gpuq.renders")
+    b = (await lab.submit("task", "job b", node="node-3"))[0]["id"]
+    await api_shows(lab, "node-3", [a, b])
+    read = ("(id) => window.gpuq.queue.nodes.find((n) => n.name === 'node-3').queued.some((j) => j && j.id === id)"
+            " && window.gpuq.deferred")
+    await eventually(lambda: page.evaluate(read, b), 15, what="the page to read job b while the button is held")
+    assert await dom_ids(page, "node-3") == [a]  # not redrawn under the pressed button
+    assert await page.evaluate("window.gpuq.renders") == renders
+    await page.mouse.up()
+    dialog = page.locator("dialog[open]")
+    await expect(dialog).to_contain_text(a)
+    await page_shows(page, "node-3", [a, b])  # the held redraw, once released
+    await dialog.get_by_role("button", name="Delete").click()
+    await lab.wait_state(a, "cancelled")
+    await page_shows(page, "node-3", [b])
+
+
 async def test_clear_a_node(lab, page):
     busy(lab.fakes["node-3"])
     h = await head(lab, "node-3")
@@ -619,6 +647,32 @@ async def test_job_page_shows_the_error_verbatim_and_retries(lab, page):
     await expect(page.locator(".job-title .st-done")).to_be_visible()
     await expect(page.locator("#runs tbody tr")).to_have_count(2)
     await screenshot(page, "job-page.png")
+
+
+async def test_job_page_delete_pressed_while_the_job_moves_still_asks(lab, page):
+    """The job's record changes (another job is moved ahead of it) between the press on Delete
+    and its release: the page is drawn again after the release, not under the pointer, so the
+    click still asks."""
+    busy(lab.fakes["node-3"])
+    await head(lab, "node-3")
+    a, b = [(await lab.submit("task", f"job {x}", node="node-3"))[0]["id"] for x in "ab"]
+    await page.goto(f"{lab.url}/jobs/{a}")
+    await expect(page.locator("#notice")).to_contain_text("position 1")
+    box = await page.locator("#actions").get_by_role("button", name="Delete").bounding_box()
+    await page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    await page.mouse.down()
+    status, body = await lab.request("POST", f"/api/jobs/{b}/move", {"position": 1})
+    assert status == 200, body
+    await eventually(lambda: page.evaluate("window.gpuqJob.job.queue_position === 2"), 15,
+                     what="the page to read the move while Delete is held")
+    await expect(page.locator("#notice")).to_contain_text("position 1")  # drawn after the release
+    await page.mouse.up()
+    dialog = page.locator("dialog[open]")
+    await expect(dialog).to_contain_text(a)
+    await expect(page.locator("#notice")).to_contain_text("position 2")
+    await dialog.get_by_role("button", name="Delete").click()
+    await lab.wait_state(a, "cancelled")
+    await expect(page.locator(".job-title .st-cancelled")).to_be_visible()
 
 
 async def test_unknown_job_page_says_so(lab, page):

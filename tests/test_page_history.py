@@ -168,3 +168,25 @@ async def test_history_page_is_served_with_the_pages_csp(lab):
     async with lab.session.get(lab.url + "/history") as resp:
         assert resp.headers["Content-Security-Policy"].startswith("default-src 'none'; script-src 'self'")
     await eventually(lambda: True)
+
+
+async def test_a_link_pressed_while_a_job_finishes_still_opens_its_job(lab, page):
+    """A job finishes (the table is read again) between the press on a row's link and its
+    release: the table is drawn again after the release, so the click still opens the job."""
+    lab.fakes["node-1"].script.tokens = 3
+    first = (await lab.submit("task", "finished first", node="node-1"))[0]["id"]
+    await lab.wait_state(first, "done")
+    await page.goto(lab.url + "/history")
+    await shows(page, {first}, "the first finished job")
+    link = page.locator(f'#history-table tr[data-id="{first}"] a')
+    box = await link.bounding_box()
+    await page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    await page.mouse.down()
+    second = (await lab.submit("task", "finished while the link is held", node="node-1"))[0]["id"]
+    await lab.wait_state(second, "done")
+    await eventually(lambda: page.evaluate("(id) => window.gpuqHistory.jobs.some((j) => j.id === id)", second), 15,
+                     what="the page to read the second job while the link is held")
+    assert await rows(page) == [first]  # drawn after the release
+    await page.mouse.up()
+    await page.wait_for_url(f"**/jobs/{first}")
+    await expect(page.locator(".job-title")).to_contain_text(first)

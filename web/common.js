@@ -140,6 +140,40 @@ export function jobHref(id) {
   return `/jobs/${encodeURIComponent(id)}`;
 }
 
+// -- a pointer pressed ------------------------------------------------------------------------
+
+// While a pointer is pressed, a page replaces nothing: a button or a link replaced between its
+// press and its release gets no click (the browser sends the click to neither element).
+let pressed = false;
+const held = new Set(); // renders asked for while pressed, run once after the release
+
+export function pressing() {
+  return pressed;
+}
+
+// True when a pointer is pressed: `render` then runs after the release (once, however often
+// it was held), and the caller returns without drawing.
+export function heldByPress(render) {
+  if (pressed) held.add(render);
+  return pressed;
+}
+
+function released() {
+  if (!pressed) return;
+  pressed = false;
+  // The click (or a drag that starts now) is dispatched before this runs.
+  setTimeout(() => {
+    const due = [...held];
+    held.clear();
+    for (const render of due) render();
+  }, 0);
+}
+window.addEventListener('pointerdown', () => { pressed = true; }, {capture: true});
+window.addEventListener('pointerup', released, {capture: true});
+window.addEventListener('pointercancel', released, {capture: true});
+window.addEventListener('pointermove', (e) => { if (e.buttons === 0) released(); }, {capture: true, passive: true});
+window.addEventListener('blur', released); // released outside the window
+
 // -- DOM --------------------------------------------------------------------------------------
 
 // el('a', {className: 'x', href, text, dataset: {id}, onclick}, child, 'text', ...): text is

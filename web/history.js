@@ -5,6 +5,7 @@
 import {
   between, busyStrip, coalesced, el, excerpt, fmtClock, fmtNum, fmtSpan, getJSON, jobHref, jobRate,
   liveEvents, localMidnight, setConnection, sinceSpan, stateBadge, tickSince, utilText, isRefusal, refusalNotice,
+  heldByPress,
 } from './common.js';
 
 const PAGE = 50;
@@ -50,6 +51,7 @@ const loadSoon = coalesced(load, 300);
 // -- rendering --------------------------------------------------------------------------------
 
 function render() {
+  if (heldByPress(render)) return; // its buttons and links stay under a pressed pointer
   if (H.error) setConnection(isRefusal(H.error) ? 'refused' : 'down', H.error.message);
   renderToday();
   renderUtil();

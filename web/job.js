@@ -4,7 +4,7 @@
 import {
   api, badge, between, coalesced, confirmDialog, el, estimateTokens, etaSpan, fmtClock, fmtDur, fmtNum,
   fmtRate, fmtSetting, fmtSpan, jobRate, jobHref, liveEvents, setConnection, since, sinceSpan, stateBadge, streamLines,
-  tickSince, toast, promptStart, isRefusal, refusalNotice,
+  tickSince, toast, promptStart, isRefusal, refusalNotice, heldByPress,
 } from './common.js';
 
 const jobId = decodeURIComponent(window.location.pathname.replace(/\/+$/, '').split('/').pop());
@@ -209,6 +209,7 @@ function paintLive() {
 }
 
 function render() {
+  if (heldByPress(render)) return; // its buttons and links stay under a pressed pointer
   const job = J.job;
   const streaming = job.state === 'running';
   const runsSig = (job.runs || []).map((r) => ({...r, output: r.state === 'running' ? '' : r.output}));

@@ -6,7 +6,7 @@ import {
   api, badge, busyStrip, coalesced, confirmDialog, el, etaSpan, excerpt, fmtClock, fmtDur, fmtNum,
   fmtRate, fmtSpan, getJSON, jobHref, jobRate, liveEvents, localMidnight, now, parseTime, promptExcerpt,
   setConnection, since, sinceSpan, stateBadge, tickSince, toast, tokenDeclined, between, utilText,
-  isRefusal, refusalNotice, promptStart,
+  isRefusal, refusalNotice, promptStart, heldByPress, pressing,
 } from './common.js';
 
 const LIMIT_STEP = 200; // waiting jobs fetched per column; the rest is a count
@@ -175,10 +175,11 @@ const refreshSoon = coalesced(refresh, 250);
 // -- rendering --------------------------------------------------------------------------------
 
 function render() {
-  // Never replace the board under a pressed handle: the browser starts the drag on the
-  // element that was pressed, and a detached one would lose it.
+  // Never replace the board under a pressed handle (the browser starts the drag on the element
+  // that was pressed, and a detached one would lose it) nor under any pressed pointer (a
+  // button replaced between its press and its release gets no click).
   const picking = document.activeElement && document.activeElement.matches('select.move-to, .alert select');
-  if (S.dragging || S.pending || S.pressing || picking) {
+  if (S.dragging || S.pending || S.pressing || picking || heldByPress(render)) {
     S.deferred = true;
     return;
   }
@@ -486,8 +487,8 @@ function readSoon(c) {
     const now = cols.get(node), n = S.queue && S.queue.nodes.find((x) => x.name === node);
     const got = part.nodes[0];
     if (!now || !n || S.pending || S.dragging) return;
-    if (changes !== S.changes || changes !== S.readAt || limit !== S.limit || got.queued_count !== n.queued_count) {
-      refreshSoon(); // it changed under the read
+    if (pressing() || changes !== S.changes || changes !== S.readAt || limit !== S.limit || got.queued_count !== n.queued_count) {
+      refreshSoon(); // it changed under the read (or a press holds the board: drawn after it)
       return;
     }
     got.queued.forEach((j, i) => {
