@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import Conflict, ModelMissing, UnknownNode
-from .models import normalize_model
+from .models import NodeCounts, NodeInfo, normalize_model
 
 FIRST_FREE = "first free node by rank"
 SHORTEST = "shortest queue; all busy"
@@ -43,6 +43,17 @@ class NodeView:
     def may_have(self, model: str | None) -> bool:
         """No model asked, the node's list not known yet, or the model is on its list."""
         return model is None or self.models is None or normalize_model(model) in self.models
+
+
+def node_views(nodes: list[NodeInfo], counts: dict[str, NodeCounts], interactive: dict[str, int] | None = None,
+               running: dict[str, tuple[str, str]] | None = None) -> list[NodeView]:
+    """The nodes as placement sees them: `counts` their running and queued jobs, `interactive`
+    their waiting interactive jobs, `running` each running job's lane and model."""
+    interactive, running = interactive or {}, running or {}
+    return [NodeView(n.name, n.rank, tuple(n.roles), n.up, counts.get(n.name, NodeCounts()).running > 0,
+                     counts.get(n.name, NodeCounts()).queued, n.models, interactive.get(n.name, 0),
+                     *running.get(n.name, (None, None)))
+            for n in nodes]
 
 
 @dataclass(frozen=True)

@@ -159,6 +159,14 @@ async def shown_after_now(page: Page, timeout_s: float = 60) -> None:
     await page.wait_for_function("asked => window.gpuq.shown > asked", arg=asked, timeout=timeout_s * 1000)
 
 
+async def press(page: Page, target) -> None:
+    """Press the mouse on `target` and hold it (the caller releases). Its box is read again while
+    a live redraw has it detached."""
+    box = await eventually(lambda: target.bounding_box(), 15, what="the element to press on screen")
+    await page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    await page.mouse.down()
+
+
 async def open_queue(page: Page, daemon) -> None:
     await page.goto(daemon.url + "/")
     await expect(page.locator("#conn")).to_have_text("live")
@@ -404,9 +412,7 @@ async def test_a_click_survives_the_board_redrawn_while_the_button_is_pressed(la
     a = (await lab.submit("task", "job a", node="node-3"))[0]["id"]
     await open_queue(page, lab)
     await page_shows(page, "node-3", [a])
-    box = await page.locator(card(a)).get_by_role("button", name="Delete").bounding_box()
-    await page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-    await page.mouse.down()
+    await press(page, page.locator(card(a)).get_by_role("button", name="Delete"))
     renders = await page.evaluate("window.gpuq.renders")
     b = (await lab.submit("task", "job b", node="node-3"))[0]["id"]
     await api_shows(lab, "node-3", [a, b])
@@ -658,9 +664,7 @@ async def test_job_page_delete_pressed_while_the_job_moves_still_asks(lab, page)
     a, b = [(await lab.submit("task", f"job {x}", node="node-3"))[0]["id"] for x in "ab"]
     await page.goto(f"{lab.url}/jobs/{a}")
     await expect(page.locator("#notice")).to_contain_text("position 1")
-    box = await page.locator("#actions").get_by_role("button", name="Delete").bounding_box()
-    await page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-    await page.mouse.down()
+    await press(page, page.locator("#actions").get_by_role("button", name="Delete"))
     status, body = await lab.request("POST", f"/api/jobs/{b}/move", {"position": 1})
     assert status == 200, body
     await eventually(lambda: page.evaluate("window.gpuqJob.job.queue_position === 2"), 15,

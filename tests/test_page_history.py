@@ -11,7 +11,7 @@ import pytest
 from playwright.async_api import expect
 
 from conftest import eventually
-from test_page import browser, busy, card, column, head, open_queue, page, screenshot  # noqa: F401 (fixtures)
+from test_page import browser, busy, card, column, head, open_queue, page, press, screenshot  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.browser
 
@@ -179,9 +179,7 @@ async def test_a_link_pressed_while_a_job_finishes_still_opens_its_job(lab, page
     await page.goto(lab.url + "/history")
     await shows(page, {first}, "the first finished job")
     link = page.locator(f'#history-table tr[data-id="{first}"] a')
-    box = await link.bounding_box()
-    await page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-    await page.mouse.down()
+    await press(page, link)
     second = (await lab.submit("task", "finished while the link is held", node="node-1"))[0]["id"]
     await lab.wait_state(second, "done")
     await eventually(lambda: page.evaluate("(id) => window.gpuqHistory.jobs.some((j) => j.id === id)", second), 15,

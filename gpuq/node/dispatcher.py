@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 
 import aiohttp
 
@@ -13,8 +14,8 @@ from ..awake import Awake
 from ..bus import Bus
 from ..config import NodeConfig, Settings
 from ..errors import GpuqError, GuardMiss
-from ..models import FINAL, JobState, Kind, iso, parse_iso
-from ..placement import BATCH, NodeView, preempt_elsewhere, preempted_reason, preempts
+from ..models import FINAL, JobState, Kind, NodeCounts, iso, parse_iso
+from ..placement import BATCH, node_views, preempt_elsewhere, preempted_reason, preempts
 from ..reload import Plan
 from .calls import Calls, NoCalls
 from .leases import Leases
@@ -321,14 +322,9 @@ class Dispatcher:
         except GpuqError as exc:
             log.warning("job=%s node=%s not looking for another node: %s", job["id"], job["node"], exc.message)
             return None
-        running = {r["node"]: r for r in rows if r["state"] == JobState.RUNNING}
-        waiting: dict[str, int] = {}
-        for r in rows:
-            if r["state"] == JobState.QUEUED:
-                waiting[r["node"]] = waiting.get(r["node"], 0) + 1
-        views = [NodeView(n.name, n.rank, tuple(n.roles), n.up, n.name in running, 0, n.models, waiting.get(n.name, 0),
-                          (running.get(n.name) or {}).get("lane"), (running.get(n.name) or {}).get("model"))
-                 for n in infos]
+        running = {r["node"]: (r["lane"], r["model"]) for r in rows if r["state"] == JobState.RUNNING}
+        waiting = Counter(r["node"] for r in rows if r["state"] == JobState.QUEUED)
+        views = node_views(infos, {name: NodeCounts(running=1) for name in running}, waiting, running)
         # A job that asked for no model runs the default model of the node it moves to.
         defaults = None if job.get("model_pinned", True) else {n.name: n.model for n in infos}
         return preempt_elsewhere(views, job["node"], job.get("model"), defaults)

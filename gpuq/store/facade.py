@@ -26,6 +26,7 @@ from .writer import Writer
 from .dbfile import DatabaseFile
 from ..errors import GpuqError, NotFound, StoreUnavailable
 from ..models import Interrupted, JobState, NewJob, NodeCounts, NodeInfo, iso
+from ..placement import INTERACTIVE
 from ..shipped import shipped_dir, shipped_files
 from .sqlite import STALE_SQL
 from .verbs import QUEUE_POSITION_SQL, Row, rows
@@ -431,7 +432,7 @@ class Store:
         """Each running job's node, lane and model, and the interactive jobs waiting (but
         `job_id`): what placement.preempt_elsewhere weighs."""
         return await self.read("SELECT node, state, lane, model FROM job WHERE state = 'running'"
-                               " OR (state = 'queued' AND lane = 'interactive' AND id != ?)", (job_id,))
+                               " OR (state = 'queued' AND lane = ? AND id != ?)", (INTERACTIVE, job_id))
 
     async def stale_heads(self, now: float | None = None) -> list[Row]:
         return await self.read(self.engine.STALE_SQL, {"now": iso(self.clock() if now is None else now)})

@@ -87,16 +87,6 @@ def run_texts(db: engine.Connection, run_ids: list[int]) -> dict[int, dict[str, 
     return joined_text(run_ids, db.execute(*run_text_query(run_ids)).fetchall())
 
 
-def _views(nodes: list[NodeInfo], counts: dict[str, NodeCounts],
-           interactive: dict[str, int] | None = None) -> list[rules.NodeView]:
-    """The nodes as placement sees them, with their running and queued counts (and, for an
-    interactive job's placement, their waiting interactive jobs)."""
-    interactive = interactive or {}
-    return [rules.NodeView(n.name, n.rank, n.roles, n.up, counts.get(n.name, NodeCounts()).running > 0,
-                           counts.get(n.name, NodeCounts()).queued, n.models, interactive.get(n.name, 0))
-            for n in nodes]
-
-
 def rows(cursor_rows: list) -> list[Row]:
     return [dict(r) for r in cursor_rows]
 
@@ -428,8 +418,8 @@ def submit(db: engine.Connection, new: NewJob, nodes: list[NodeInfo], actor: str
     interactive = None
     if new.lane == rules.INTERACTIVE:
         interactive = {r[0]: r[1] for r in db.execute(
-            "SELECT node, COUNT(*) FROM job WHERE state = 'queued' AND lane = 'interactive' GROUP BY node")}
-    views = _views(nodes, counts, interactive)
+            "SELECT node, COUNT(*) FROM job WHERE state = 'queued' AND lane = ? GROUP BY node", (rules.INTERACTIVE,))}
+    views = rules.node_views(nodes, counts, interactive)
     if new.kind != "critique":  # a task, or an embedding (placed as a task)
         placements = [rules.place_task(views, new.node, new.model, new.lane)]
     else:  # the guard is judged here, first, whatever state the parent is in
@@ -582,7 +572,7 @@ def move(db: engine.Connection, job_id: str, nodes: list[NodeInfo], actor: str, 
         raise Conflict(f"job {job_id} is {job['state']}; only queued jobs move")
     target = node or job["node"]
     if target != job["node"]:
-        rules.check_move(job["kind"], _views(nodes, {}), target, job["model"] if job["model_pinned"] else None)
+        rules.check_move(job["kind"], rules.node_views(nodes, {}), target, job["model"] if job["model_pinned"] else None)
         if job["endpoint"] is not None:
             _check_call_stays(db, job, target)
     if before is not None:
