@@ -303,3 +303,25 @@ async def test_a_client_that_leaves_mid_stream_ends_the_generation_without_a_tra
             resp.connection.transport.abort()  # gone, as an aborted request goes
         await eventually(lambda: fake.disconnects == 1, what="the simulator to see the client leave")
     assert not [r for r in caplog.records if r.levelname == "ERROR"], [r.getMessage() for r in caplog.records]
+
+
+async def test_a_client_that_leaves_releases_its_runner_at_once_and_the_unload_follows(fakes):
+    """Ollama cancels a request's context when its client closes the connection: the generation
+    stops then, not at its next token, so an unload asked right after frees the VRAM at once (a
+    slow model's next token can be seconds away; the router's unload check waits 2 s in tests)."""
+    fake = await fakes(PLAIN, tokens=100, token_delay_s=30)
+    client = ollama.AsyncClient(host=fake.url)
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(fake.url + "/api/chat", json={"model": PLAIN, "messages": ASK}) as resp:
+                assert json.loads(await resp.content.readline())["done"] is False
+                resp.connection.transport.abort()
+            await eventually(lambda: fake.disconnects == 1, 5, what="the simulator to see the client leave")
+        gone = await client.generate(model=PLAIN, prompt="", keep_alive=0)
+        assert gone.done_reason == "unload"
+
+        async def left():
+            return not (await client.ps()).models
+        await eventually(left, 5, what="the model to leave /api/ps (no request holds it now)")
+    finally:
+        await client.close()

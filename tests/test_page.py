@@ -159,10 +159,14 @@ async def shown_after_now(page: Page, timeout_s: float = 60) -> None:
     await page.wait_for_function("asked => window.gpuq.shown > asked", arg=asked, timeout=timeout_s * 1000)
 
 
+async def box_of(target) -> dict:
+    """An element's box on screen, read again while a live redraw has it detached (None)."""
+    return await eventually(lambda: target.bounding_box(), 15, what=f"{target} on screen")
+
+
 async def press(page: Page, target) -> None:
-    """Press the mouse on `target` and hold it (the caller releases). Its box is read again while
-    a live redraw has it detached."""
-    box = await eventually(lambda: target.bounding_box(), 15, what="the element to press on screen")
+    """Press the mouse on `target` and hold it (the caller releases)."""
+    box = await box_of(target)
     await page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
     await page.mouse.down()
 

@@ -9,7 +9,7 @@ import pytest
 from playwright.async_api import expect
 
 from conftest import eventually, node_table
-from test_page import browser, busy, card, open_queue, page, screenshot  # noqa: F401 (fixtures)
+from test_page import box_of, browser, busy, card, open_queue, page, screenshot  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.browser
 
@@ -82,7 +82,7 @@ async def test_a_job_on_a_down_node_says_why_it_does_not_start(lab, page, width)
     eta = page.locator(f"{card(job['id'])} .eta")
     await expect(eta).to_have_text("starts ? (node down)")
     await expect(eta.locator(".eta-time")).to_have_attribute("title", detail["eta_reason"])
-    box, inside = await eta.bounding_box(), await page.locator(card(job["id"])).bounding_box()
+    box, inside = await box_of(eta), await box_of(page.locator(card(job["id"])))
     assert box["x"] + box["width"] <= inside["x"] + inside["width"] + 1, (box, inside)  # not cut off
     await screenshot(page, f"queue-down-node-eta-{width}.png")
 

@@ -11,7 +11,7 @@ from playwright.async_api import Page, expect
 
 from conftest import eventually, node_table
 from test_awake import stand_ins
-from test_page import (GUARD, api_shows, browser, busy, card, column, head,  # noqa: F401 (browser: a fixture)
+from test_page import (GUARD, api_shows, box_of, browser, busy, card, column, head,  # noqa: F401 (browser: a fixture)
                        node2_down_with_two_critiques, page_shows, queued_ids, screenshot, shown_after_now)
 from test_page_widths import LAPTOP, PHONE, no_sideways_scroll, open_at  # noqa: F401 (open_at: a fixture)
 
@@ -55,7 +55,7 @@ async def test_up_down_and_move_to_another_node_by_touch(lab, open_at, size):
     await expect(page.locator(f'{card(a)} button[aria-label="Move {a} up"]')).to_be_disabled()
     await expect(page.locator(f'{card(c)} button[aria-label="Move {c} down"]')).to_be_disabled()
     if touch(size):  # big enough for a finger, and shown without a hover
-        box = await page.locator(f'{card(b)} button[aria-label="Move {b} up"]').bounding_box()
+        box = await box_of(page.locator(f'{card(b)} button[aria-label="Move {b} up"]'))
         assert box["height"] >= 36 and box["width"] >= 36, box
         await expect(page.locator(f'{card(b)} select.move-to')).to_be_visible()
     await screenshot(page, f"touch-queue-{size['viewport']['width']}.png")
@@ -110,7 +110,7 @@ async def test_the_node_down_banner_moves_its_jobs_and_names_refusals(lab, open_
     await expect(banner).to_contain_text("2 jobs waiting on it")
 
     # Stacked at 400 px, the down node with jobs waiting comes first; side by side, rank order.
-    boxes = {n: await page.locator(column(n)).bounding_box() for n in ("node-1", "node-2", "node-3")}
+    boxes = {n: await box_of(page.locator(column(n))) for n in ("node-1", "node-2", "node-3")}
     if touch(size):
         assert boxes["node-2"]["y"] < boxes["node-1"]["y"] < boxes["node-3"]["y"], boxes
     else:

@@ -148,7 +148,9 @@ class FakeOllama:
     async def start(self, port: int | None = None) -> str:
         """Serve on loopback; `port` reuses a port after stop() (a node coming back)."""
         # A stopped node drops its connections at once, as a crashed Ollama would.
-        self._runner = web.AppRunner(self.app(), handle_signals=False, shutdown_timeout=0.1)
+        # A client that leaves cancels its handler at once, as its request context does in Ollama
+        # (the generation stops and its runner is released: an unload then waits for nothing).
+        self._runner = web.AppRunner(self.app(), handle_signals=False, shutdown_timeout=0.1, handler_cancellation=True)
         await self._runner.setup()
         self._site = web.TCPSite(self._runner, self.host, port if port is not None else self.port)
         await self._site.start()
