@@ -340,13 +340,13 @@ async def drain(app: web.Application, stop: asyncio.Event, signals: list[int]) -
 async def running_lines(app: web.Application, running: list[dict]) -> list[str]:
     """One line per running job: its id, node, model, how long it has run and, when its node's
     past runs tell, about how long it has left (gpuq/eta.py)."""
-    from .server import STORE, estimates
+    from .server import DISPATCHER, STORE
     rows: dict[str, dict] = {}
     found = {}
     try:
         plans = await app[STORE].queue_plans(sorted({r["node"] for r in running}), 1)
         rows = {r["id"]: r for r in plans if r["state"] == "running"}
-        found = await estimates(app, plans)
+        found = await app[DISPATCHER].estimates(plans)
     except GpuqError as exc:  # the database does not answer: the ids and nodes still say enough
         log.warning("the running jobs' details cannot be read: %s", exc.message)
     now = time.time()

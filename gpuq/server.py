@@ -30,7 +30,7 @@ from .reload import REMOVED_REASON, plan, refusal
 from .identity import ANYONE, Caller
 from .security import CALLER, access_middleware, host_middleware
 from .shipped import shipped_dir, shipped_files
-from .store import Row, Store
+from .store import OverQuota, Row, Store
 
 log = logging.getLogger("gpuq")
 
@@ -213,37 +213,6 @@ def admin_only(request: web.Request, what: str) -> None:
 
 # -- start estimates --------------------------------------------------------------------------
 
-async def estimates(app: web.Application, rows: list[dict] | None = None) -> dict[str, eta.Estimate]:
-    """eta.estimate over the queues now: two reads (the plans, the recent run times). `rows`:
-    the running and waiting jobs already read, in queue order (then only the run times are read)."""
-    runtimes = app[DISPATCHER].nodes
-    if rows is None:
-        rows = await app[STORE].queue_plans(list(runtimes), eta.DEPTH)
-    durations = await app[STORE].recent_durations({(r["node"], r["model"]) for r in rows}, set(runtimes),
-                                                  eta.LAST_RUNS)
-    history = eta.History()
-    for d in durations:
-        history.runs.setdefault((d["node"], d["model"]), []).append(d["seconds"])
-    running: dict[str, eta.Slot] = {}
-    waiting: dict[str, list[eta.Slot]] = {name: [] for name in runtimes}
-    for r in rows:
-        if r["state"] == JobState.RUNNING:
-            running[r["node"]] = eta.Slot(r["id"], r["model"], parse_iso(r["started_at"]))
-        elif r["node"] in waiting:
-            waiting[r["node"]].append(eta.Slot(r["id"], r["model"], waiting_for=r["waiting_for"]))
-    plans = [eta.NodePlan(name, running.get(name), tuple(waiting[name]), node_blocked(rt))
-             for name, rt in runtimes.items()]
-    return eta.estimate(plans, history, time.time())
-
-
-def node_blocked(rt: NodeRuntime) -> str | None:
-    if rt.vram_stuck:
-        return f"{rt.name} has a model stuck in VRAM: nothing starts there until it leaves"
-    if rt.checked and not rt.up:
-        return f"{rt.name} is down: nothing starts there until it answers"
-    return None
-
-
 def with_eta(job: dict, found: dict[str, eta.Estimate]) -> dict:
     """eta_start, eta_finish (ISO, or null with eta_reason) on a waiting or running job."""
     if job["state"] not in ACTIVE:
@@ -387,7 +356,7 @@ async def get_job(request: web.Request) -> web.Response:
     job = await app[STORE].job_detail(job_id)
     found: dict = {}
     if job["state"] in ACTIVE:
-        found = await estimates(app)
+        found = await app[DISPATCHER].estimates()
         if job_id not in found:  # it ended (or moved on) between the two reads: read it again
             job = await app[STORE].job_detail(job_id)
     out = with_eta(with_live(job_json(job, app[SETTINGS].public_url), app[DISPATCHER]), found)
@@ -414,7 +383,7 @@ async def list_jobs(request: web.Request) -> web.Response:
         raise BadRequest(f"unknown state '{state[:40]}'")
     limit = int_param(q, "limit", 100, 1, 10_000)
     # The estimates first: a job still waiting or running in the listing read after was in them.
-    found = await estimates(request.app) if not state or state in ACTIVE else {}
+    found = await request.app[DISPATCHER].estimates() if not state or state in ACTIVE else {}
     rows = await request.app[STORE].jobs(q.get("node"), state, limit)
     url = request.app[SETTINGS].public_url
     return json_response({"jobs": [with_eta(job_json(r, url), found) for r in rows]})
@@ -466,10 +435,10 @@ async def queue(request: web.Request) -> web.Response:
               for i, rt in enumerate(runtimes)}
     if offset:
         # A page deep in a queue: its start estimates count the jobs ahead of it (eta.DEPTH at most).
-        found = await estimates(app, await app[STORE].queue_plans([only], min(offset + limit, eta.DEPTH)))
+        found = await app[DISPATCHER].estimates(await app[STORE].queue_plans([only], min(offset + limit, eta.DEPTH)))
     else:
         # The estimates of the jobs shown, from the rows just read (no second read of the queues).
-        found = await estimates(app, [j for running, queued, _ in queues.values() for j in [running, *queued] if j])
+        found = await app[DISPATCHER].estimates([j for running, queued, _ in queues.values() for j in [running, *queued] if j])
     nodes, depth = [], 0
     for rt in runtimes:
         running, queued, count = queues[rt.name]
@@ -565,8 +534,12 @@ async def retry(request: web.Request) -> web.Response:
     app = request.app
     dispatcher = app[DISPATCHER]
     limits = {u.name: u.max_waiting for u in dispatcher.settings.users if u.max_waiting is not None}
-    job = await app[STORE].retry(await own_job(request), actor_of(request),
-                                 frozenset(dispatcher.nodes) - dispatcher.removing, limits)
+    try:
+        job = await app[STORE].retry(await own_job(request), actor_of(request),
+                                     frozenset(dispatcher.nodes) - dispatcher.removing, limits)
+    except OverQuota as exc:
+        await dispatcher.when_one_starts(exc)
+        raise
     app[DISPATCHER].wake(job["node"])
     app[BUS].publish("queue", {"retried": job["id"]})
     log.info("job=%s node=%s state=queued reason='retry requested' actor=%r", job["id"], job["node"], actor_of(request))

@@ -9,12 +9,14 @@ import json
 import tomllib
 
 import ollama
+import openai
 import pytest
 import tomli_w
 
 from conftest import eventually, free_port, node_table
 from gpuq.placement import BATCH, INTERACTIVE, NodeView, entry, place_task, preempts
 from gpuq.store import NewJob, NodeInfo, Store
+from gpuq.store.verbs import QUOTA_RETRY_AFTER_S
 from test_front import CHAT_MODEL, front, start_front_lab  # noqa: F401 (a fixture)
 
 I, B = INTERACTIVE, BATCH
@@ -175,9 +177,10 @@ async def test_a_submit_beyond_max_waiting_is_429_and_nothing_stored_is_lost(fak
     async with daemon.session.post(daemon.url + "/api/jobs", json={"kind": "task", "prompt": "alice 3"},
                                    headers=bearer("alice")) as resp:
         assert resp.status == 429
-        assert int(resp.headers["Retry-After"]) > 0
+        assert resp.headers["Retry-After"] == str(QUOTA_RETRY_AFTER_S)  # no past run: no estimate
         message = (await resp.json())["error"]["message"]
     assert "user 'alice' has 3 jobs waiting, and max_waiting is 3" in message
+    assert "expected to start" not in message
     waiting = await queued(daemon, "node-1")
     assert [j["id"] for j in waiting] == ids  # the three kept, in order; the fourth never stored
     status, body = await daemon.request("GET", "/api/jobs?limit=100", headers=bearer("admin"))
@@ -280,6 +283,46 @@ async def test_a_batch_only_users_front_door_call_waits_in_batch_and_their_quota
         call.cancel()
         await asyncio.gather(call, return_exceptions=True)
         await alice._client.aclose()  # the library's own httpx client: what the test opened
+
+
+async def test_over_max_waiting_retry_after_is_when_her_first_waiting_job_should_start(fakes, daemon_factory):
+    """Retry-After is no fixed guess once the node's past runs tell: it is when the first of her
+    waiting jobs is expected to start (the estimates the page shows), on /api/jobs and on the
+    front door (the OpenAI and Anthropic SDKs wait that long before they ask again)."""
+    fake = await fakes("qwen3-coder:30b", token_delay_s=0.1, tokens=10)  # a run: about 1 s
+    port = free_port()
+    daemon = await daemon_factory([node_table("node-1", fake, 1, ["task"], "qwen3-coder:30b")], start=False,
+                                  stall_timeout="120s", ollama_listen=f"127.0.0.1:{port}")
+    await with_users(daemon, [{"name": "admin", "token": TOKENS["admin"], "role": "admin"},
+                              {"name": "alice", "token": TOKENS["alice"], "max_waiting": 2}])
+    for i in range(2):  # the node's past: two runs of the model
+        status, body = await submit_as(daemon, "admin", f"past {i}")
+        await daemon.wait_state(body["jobs"][0]["id"], "done", timeout=20)
+    fake.script.tokens = 2000  # from now on each job runs long
+    status, body = await submit_as(daemon, "admin", "the running one")
+    await daemon.wait_state(body["jobs"][0]["id"], "running")
+    for prompt in ("admin's next", "alice 0", "alice 1"):  # hers start after two runs of about 1 s
+        status, body = await submit_as(daemon, "admin" if prompt.startswith("admin") else "alice", prompt)
+        assert status == 201, body
+    detail = await daemon.job(body["jobs"][0]["id"])
+    async with daemon.session.post(daemon.url + "/api/jobs", json={"kind": "task", "prompt": "alice 2"},
+                                   headers=bearer("alice")) as resp:
+        assert resp.status == 429
+        wait = int(resp.headers["Retry-After"])
+        message = (await resp.json())["error"]["message"]
+    assert 1 <= wait <= 10, (wait, detail["eta_start"])  # two runs of about 1 s ahead of hers, not 30 s
+    assert f"the first of them is expected to start in about {wait} s" in message
+
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=TOKENS["alice"], max_retries=0)
+    try:
+        with pytest.raises(openai.RateLimitError) as refused:
+            await client.chat.completions.create(model="qwen3-coder:30b", messages=[{"role": "user", "content": "hi"}])
+    finally:
+        await client.close()
+    assert 1 <= int(refused.value.response.headers["retry-after"]) <= 10
+    assert refused.value.response.headers["x-should-retry"] == "true"
+    assert "expected to start in about" in refused.value.message
+    assert [j["prompt_excerpt"] for j in await queued(daemon, "node-1")] == ["admin's next", "alice 0", "alice 1"]
 
 
 async def test_a_retry_counts_against_max_waiting_as_a_submit_does(fakes, daemon_factory):

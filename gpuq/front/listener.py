@@ -127,7 +127,8 @@ async def errors_middleware(request: web.Request, handler):
     except FrontError as exc:
         return error_response(request, exc.status, exc.message, exc.code)
     except GpuqError as exc:
-        return error_response(request, exc.status, exc.message)
+        wait = getattr(exc, "retry_after_s", None)  # a quota (429): when to ask again (both SDKs obey it)
+        return error_response(request, exc.status, exc.message, headers={"Retry-After": str(wait)} if wait else None)
     except web.HTTPRequestEntityTooLarge as exc:
         return error_response(request, 413, f"request body too large: {exc.text} (front.max_request_bytes)")
     except web.HTTPException as exc:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import Counter
 
 import aiohttp
 
+from .. import eta
 from ..awake import Awake
 from ..bus import Bus
 from ..config import NodeConfig, Settings
@@ -22,7 +24,7 @@ from .leases import Leases
 from .monitor import NodeMonitor
 from .runtime import Current, NodeRuntime
 from .ollama import OllamaClient
-from ..store import Interrupted, NewJob, NodeInfo, Row, Store
+from ..store import Interrupted, NewJob, NodeInfo, OverQuota, Row, Store
 from ..store.leases import Router
 from .supervise import Loops
 from .worker import Worker, keep_big_blocks_apart, put_back_unsent
@@ -30,6 +32,17 @@ from .worker import Worker, keep_big_blocks_apart, put_back_unsent
 __all__ = ["Dispatcher", "NodeRuntime"]
 
 log = logging.getLogger("gpuq")
+
+QUOTA_WAIT_MAX_S = 3600  # a Retry-After past an hour says nothing a person can act on
+
+
+def node_blocked(rt: NodeRuntime) -> str | None:
+    """Why nothing starts on the node now (eta.NodePlan.blocked), or None."""
+    if rt.vram_stuck:
+        return f"{rt.name} has a model stuck in VRAM: nothing starts there until it leaves"
+    if rt.checked and not rt.up:
+        return f"{rt.name} is down: nothing starts there until it answers"
+    return None
 
 
 class Dispatcher:
@@ -271,15 +284,57 @@ class Dispatcher:
             nodes = [n for n in nodes if self.leases.holds(n.name)]
             if not any(Kind.TASK in n.roles for n in nodes):
                 raise await self._no_node_here()
-        jobs = await self.store.submit(new, nodes, actor, self._hand_over,
-                                       fair=self.settings.shares_fairly,
-                                       max_waiting=user.max_waiting if user else None)
+        try:
+            jobs = await self.store.submit(new, nodes, actor, self._hand_over,
+                                           fair=self.settings.shares_fairly,
+                                           max_waiting=user.max_waiting if user else None)
+        except OverQuota as exc:
+            await self.when_one_starts(exc)
+            raise
         for i, job in enumerate(jobs):
             if job["state"] == JobState.QUEUED:  # (a job claimed in its submit went to its worker)
                 jobs[i] = job = await self._preempt_for(job, call=new.endpoint is not None)
                 self.wake(job["node"])  # only its node: the others have nothing new
         self.bus.publish("queue", {"submitted": [j["id"] for j in jobs]})
         return jobs
+
+    async def when_one_starts(self, exc: OverQuota) -> None:
+        """A refusal over max_waiting says when to ask again (Retry-After): when the first of the
+        owner's waiting jobs is expected to start (eta.py), within [1 s, 1 h]; unknown (no past
+        runs, a node down, the store not answering): the refusal's default."""
+        try:
+            found = await self.estimates()
+        except GpuqError:
+            return
+        starts = [e.start_s for e in map(found.get, exc.waiting) if e is not None and e.start_s is not None]
+        if starts:
+            wait = min(max(math.ceil(min(starts) - time.time()), 1), QUOTA_WAIT_MAX_S)
+            exc.retry_after_s = wait
+            exc.message += f"; the first of them is expected to start in about {wait} s"
+
+    # -- start estimates ----------------------------------------------------------------------
+
+    async def estimates(self, rows: list[dict] | None = None) -> dict[str, eta.Estimate]:
+        """eta.estimate over the queues now: two reads (the plans, the recent run times). `rows`:
+        the running and waiting jobs already read, in queue order (then only the run times are read)."""
+        runtimes = self.nodes
+        if rows is None:
+            rows = await self.store.queue_plans(list(runtimes), eta.DEPTH)
+        durations = await self.store.recent_durations({(r["node"], r["model"]) for r in rows}, set(runtimes),
+                                                      eta.LAST_RUNS)
+        history = eta.History()
+        for d in durations:
+            history.runs.setdefault((d["node"], d["model"]), []).append(d["seconds"])
+        running: dict[str, eta.Slot] = {}
+        waiting: dict[str, list[eta.Slot]] = {name: [] for name in runtimes}
+        for r in rows:
+            if r["state"] == JobState.RUNNING:
+                running[r["node"]] = eta.Slot(r["id"], r["model"], parse_iso(r["started_at"]))
+            elif r["node"] in waiting:
+                waiting[r["node"]].append(eta.Slot(r["id"], r["model"], waiting_for=r["waiting_for"]))
+        plans = [eta.NodePlan(name, running.get(name), tuple(waiting[name]), node_blocked(rt))
+                 for name, rt in runtimes.items()]
+        return eta.estimate(plans, history, time.time())
 
     async def _preempt_for(self, job: dict, call: bool) -> dict:
         """[router] interactive_preempts: a waiting interactive job interrupts a running batch

@@ -50,8 +50,9 @@ class OverQuota(GpuqError):
 
     status = 429
 
-    def __init__(self, message: str, retry_after_s: int = QUOTA_RETRY_AFTER_S):
+    def __init__(self, message: str, waiting: list[str] = (), retry_after_s: int = QUOTA_RETRY_AFTER_S):
         super().__init__(message)
+        self.waiting = list(waiting)  # the owner's waiting jobs: Retry-After is when the first starts
         self.retry_after_s = retry_after_s
 
 # A queued job's place in its node's queue, from 1: the one statement of it (listings, the
@@ -393,9 +394,10 @@ def _check_quota(db: engine.Connection, owner: str | None, max_waiting: int | No
     waiting = db.execute("SELECT COUNT(*) FROM job WHERE owner = ? AND state = 'queued'", (owner,)).fetchone()[0]
     if waiting + adding > max_waiting:
         jobs = "job" if adding == 1 else f"{adding} jobs"
+        ids = [r[0] for r in db.execute("SELECT id FROM job WHERE owner = ? AND state = 'queued'", (owner,))]
         raise OverQuota(f"user '{owner}' has {waiting} job{'s' if waiting != 1 else ''} waiting, and max_waiting "
                         f"is {max_waiting}: this {jobs} would pass it; submit again when one has started "
-                        f"(or ask an admin to raise max_waiting)")
+                        f"(or ask an admin to raise max_waiting)", ids)
 
 
 def submit(db: engine.Connection, new: NewJob, nodes: list[NodeInfo], actor: str, now: float, *,
