@@ -501,4 +501,4 @@ async def test_two_calls_at_once_never_leave_one_at_the_tail_of_another_nodes_ba
         job = await daemon.job(a["id"])
         assert job["node"] == a["node"]  # where the answer said
         if job["node"] == "n3":
-            assert job["state"] == "running" or job["position"] == 1
+            assert job["state"] == "running" or job["queue_position"] == 1
