@@ -424,7 +424,8 @@ class Store:
         self._waiting["read"][key] = time.monotonic()
         task.add_done_callback(lambda t: (self._waiting["read"].pop(key, None), t.cancelled() or t.exception()))
         try:
-            return rows(await asyncio.shield(task))
+            found = await asyncio.shield(task)
+            return rows(found) if self._pool else found  # SQLite's reader makes dicts in its thread
         except (sqlite.Error, postgres.Error) as exc:
             raise self.engine.from_error(exc) from exc
 

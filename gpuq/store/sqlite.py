@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Callable
 
 import aiosqlite
 
@@ -77,10 +78,23 @@ def connect_writer(path: Path, busy_timeout_s: float, max_bytes: int | None) -> 
     return db
 
 
+def _dict_rows() -> Callable[[sqlite3.Cursor, tuple], dict]:
+    """Rows as dicts, made in the reader's thread as they are fetched: the event loop then has
+    nothing to convert (a listing of 300 jobs was 300 dict(sqlite3.Row) on the loop, which a
+    /health waited behind). The column names are read once per statement."""
+    last: list = [None, ()]
+
+    def make(cursor: sqlite3.Cursor, row: tuple) -> dict:
+        if cursor.description is not last[0]:
+            last[:] = [cursor.description, tuple(d[0] for d in cursor.description)]
+        return dict(zip(last[1], row))
+    return make
+
+
 async def connect_reader(path: Path, busy_timeout_s: float) -> aiosqlite.Connection:
     """The readers' connection (aiosqlite's thread), beside the writer's: WAL lets it in."""
     conn = await aiosqlite.connect(path, isolation_level=None)
-    conn.row_factory = sqlite3.Row
+    conn.row_factory = _dict_rows()
     await conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
     await conn.execute("PRAGMA foreign_keys = ON")
     return conn
