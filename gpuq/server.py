@@ -602,7 +602,8 @@ async def alerts(request: web.Request) -> web.Response:
 
 async def stream_job(request: web.Request) -> web.StreamResponse:
     """NDJSON: {"thinking"} and {"text"} pieces (the reasoning and the answer) as they are
-    generated, then {"done", "job"}. While the job waits, {"queued": {node, position,
+    generated, then {"done", "job"}; the first of each kind, marked catch_up, is everything so
+    far (with its `tokens` while the job runs). While the job waits, {"queued": {node, position,
     waiting_for}} whenever where it waits changes, and {"started": {node}} when it starts."""
     app = request.app
     job_id = job_id_of(request)
@@ -623,11 +624,14 @@ async def stream_job(request: web.Request) -> web.StreamResponse:
             cur = app[DISPATCHER].live(job_id)
         sent = {"text": "".join(cur.output) if cur else job["output"],
                 "thinking": "".join(cur.thinking) if cur else (job["thinking"] or "")}
+        # A running job's catch-up says how many tokens (Ollama's chunks) it holds, counted at the
+        # same moment: a follower counting on from it misses none and counts none twice.
+        counts = {"thinking": cur.thinking_tokens, "text": cur.tokens - cur.thinking_tokens} if cur else {}
         while not events.empty():  # pieces published so far are already in `sent`
             events.get_nowait()
         for kind in ("thinking", "text"):  # what was generated before this follower joined
             if sent[kind]:
-                await line({kind: sent[kind], "catch_up": True})
+                await line({kind: sent[kind], "catch_up": True} | ({"tokens": counts[kind]} if cur else {}))
         where = None  # where the job was last said to wait
 
         async def say_where() -> None:

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from conftest import node_table
+from conftest import eventually, node_table
 
 
 @pytest.fixture
@@ -109,3 +109,28 @@ async def test_a_critique_of_a_parent_reviews_its_answer_not_its_reasoning(fakes
     await d.wait_state(crit["id"], "done")
     reviewed = f2.chat_requests[-1]["messages"][0]["content"]
     assert done["output"] in reviewed and done["thinking"] not in reviewed
+
+
+async def test_a_follower_joining_mid_run_is_told_the_token_counts_of_its_catch_up(fakes, daemon_factory):
+    """The stream's catch-up of a running job carries its token count, taken at the same moment
+    as the text: counting on from it with each live piece gives the node's whole count (the job
+    page counted from an earlier read of the job, and missed the pieces in between)."""
+    fake = await fakes("qwen3:8b", thinking_tokens=6, tokens=40, token_delay_s=0.05)
+    d = await daemon_factory([node_table("gpu", fake, 1, ["task"], "qwen3:8b")])
+    [job] = await d.submit("task", "think, then answer")
+
+    async def thought():
+        return (await d.job(job["id"])).get("thinking_tokens_so_far", 0) >= 3
+    await eventually(thought, 15, what="a few reasoning tokens")
+    counted = {"thinking": 0, "text": 0}
+    async with d.session.get(f"{d.url}/api/jobs/{job['id']}/stream") as resp:
+        async for raw in resp.content:
+            line = json.loads(raw)
+            kind = next((k for k in ("thinking", "text") if k in line), None)
+            if kind and line.get("catch_up"):
+                counted[kind] = line["tokens"]
+            elif kind:
+                counted[kind] += 1
+            elif "done" in line:
+                break
+    assert counted == {"thinking": 6, "text": 40}

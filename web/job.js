@@ -92,6 +92,10 @@ async function startStream(runId) {
       if (line.catch_up) {
         node.data = line[kind];
         J.caughtUp += estimateTokens(line[kind]);
+        if (typeof line.tokens === 'number') { // the router's count at the catch-up: count on from it
+          J.counted = J.counted || {thinking: 0, answer: 0};
+          J.counted[kind === 'thinking' ? 'thinking' : 'answer'] = line.tokens;
+        }
       } else {
         if (kind === 'thinking') thinkText.appendData(line.thinking);
         else appendOutput(line.text);
