@@ -631,7 +631,7 @@ async def stream_job(request: web.Request) -> web.StreamResponse:
             events.get_nowait()
         for kind in ("thinking", "text"):  # what was generated before this follower joined
             if sent[kind]:
-                await line({kind: sent[kind], "catch_up": True} | ({"tokens": counts[kind]} if cur else {}))
+                await line({kind: sent[kind], "catch_up": True} | ({"tokens": counts[kind]} if counts else {}))
         where = None  # where the job was last said to wait
 
         async def say_where() -> None:

@@ -175,11 +175,10 @@ const refreshSoon = coalesced(refresh, 250);
 // -- rendering --------------------------------------------------------------------------------
 
 function render() {
-  // Never replace the board under a pressed handle (the browser starts the drag on the element
-  // that was pressed, and a detached one would lose it) nor under any pressed pointer (a
-  // button replaced between its press and its release gets no click).
+  // Never replace the board under a pressed pointer: a handle replaced before the drag starts
+  // loses it, a button replaced between its press and its release gets no click.
   const picking = document.activeElement && document.activeElement.matches('select.move-to, .alert select');
-  if (S.dragging || S.pending || S.pressing || picking || heldByPress(render)) {
+  if (S.dragging || S.pending || picking || heldByPress(render)) {
     S.deferred = true;
     return;
   }
@@ -1111,11 +1110,9 @@ board.addEventListener('dragend', endDrag);
 board.addEventListener('pointerdown', (e) => {
   if (e.target.closest && e.target.closest('.handle')) S.pressing = true;
 });
+// (The render held meanwhile runs after the release: common.js heldByPress.)
 function released() {
-  if (!S.pressing) return;
   S.pressing = false;
-  // A drag that starts now reports itself first (dragstart): render only once it has not.
-  setTimeout(() => { if (S.deferred && !S.dragging) render(); }, 0);
 }
 window.addEventListener('pointerup', released);
 window.addEventListener('pointercancel', released);
