@@ -10,7 +10,7 @@ import random
 import sqlite3
 from pathlib import Path
 
-from gpuq.models import POSITION_GAP, iso
+from gpuq.jobs import POSITION_GAP, iso
 from gpuq.store import Store
 
 PROMPT = "review the retry budget of the export job and say what breaks " * 3

@@ -26,7 +26,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from gpuq.models import NewJob, NodeInfo
+from gpuq.jobs import NewJob, NodeInfo
 from gpuq.store import verbs
 from gpuq.store.facade import Store
 

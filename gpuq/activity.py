@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .models import JobState, parse_iso
+from .jobs import JobState, parse_iso
 
 
 @dataclass(frozen=True)

@@ -118,7 +118,7 @@ class Settings:
     alert_url: str | None = None  # where alerts are POSTed (a webhook, an ntfy topic URL)
     alert_token: str | None = field(default=None, repr=False)  # sent as a Bearer token
     alert_format: str = "json"  # "json" (the alert as a JSON body) or "ntfy" (Title header, text)
-    keep_awake: bool = True  # hold a sleep inhibitor while any job runs (gpuq/awake.py)
+    keep_awake: bool = True  # hold a sleep inhibitor while any job runs (gpuq/node/awake.py)
     # How long a SIGTERM (a service manager's stop) lets running jobs finish before the router
     # stops at once, failing them loudly. 15 s fits under both service managers' own limits,
     # after which they SIGKILL (launchd's ExitTimeOut, 20 s; systemd's TimeoutStopSec, 90 s), with

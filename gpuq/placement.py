@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import Conflict, ModelMissing, UnknownNode
-from .models import NodeCounts, NodeInfo, normalize_model
+from .jobs import NodeCounts, NodeInfo, normalize_model
 
 FIRST_FREE = "first free node by rank"
 SHORTEST = "shortest queue; all busy"

@@ -1,6 +1,6 @@
 """gpuq.toml read again while the router runs (SIGHUP, `gpuq reload`): what differs between the
 settings in force and the file's, and what the router does about it. Pure functions: the
-router's wiring (gpuq/server.py's reload_config, Dispatcher.reconfigure) applies the plan."""
+router's wiring (gpuq/api/app.py's reload_config, Dispatcher.reconfigure) applies the plan."""
 
 from __future__ import annotations
 

@@ -126,7 +126,7 @@ reason TEXT
 CREATE TABLE "job" (
 id TEXT PRIMARY KEY, -- '<unix seconds>-<8 hex>'
 kind TEXT NOT NULL, -- task, critique, embed (a front-door embedding)
-state TEXT NOT NULL DEFAULT 'queued', -- see gpuq/models.py JobState
+state TEXT NOT NULL DEFAULT 'queued', -- see gpuq/jobs.py JobState
 node TEXT NOT NULL, -- the node whose queue holds the job
 model TEXT NOT NULL,
 model_pinned INTEGER NOT NULL DEFAULT 0, -- 1: asked for; 0: the node's model, follows moves

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpuq.activity import activity
-from gpuq.models import iso
+from gpuq.jobs import iso
 
 T = 1_800_000_000.0
 

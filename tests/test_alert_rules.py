@@ -1,10 +1,10 @@
-"""The pure parts of gpuq/alerts.py: what fires, the backoff, the notice in each format."""
+"""The pure parts of gpuq/node/alerts.py: what fires, the backoff, the notice in each format."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from gpuq.alerts import conditions, notice, request_for, retry_after_s
+from gpuq.node.alerts import conditions, notice, request_for, retry_after_s
 from gpuq.config import NodeConfig, Settings
 
 

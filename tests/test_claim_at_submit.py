@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from conftest import Daemon, eventually, node_table
 from gpuq.config import NodeConfig, Settings
-from gpuq.server import DISPATCHER, STORE, create_app
+from gpuq.api.app import DISPATCHER, STORE, create_app
 from gpuq.node.worker import NOT_SENT
 
 MODEL = "qwen3-coder:30b"

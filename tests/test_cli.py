@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from conftest import eventually, free_port, run_cli
 from gpuq.cli import main
-from gpuq.daemon import invoked_as
+from gpuq.ops.daemon import invoked_as
 
 
 def test_every_command_has_help_with_an_example():

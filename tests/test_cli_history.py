@@ -7,7 +7,7 @@ import json
 import re
 from datetime import datetime
 
-from gpuq.models import parse_iso
+from gpuq.jobs import parse_iso
 
 
 async def three_ended_jobs(lab) -> dict[str, dict]:

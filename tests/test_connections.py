@@ -11,7 +11,7 @@ import json
 import aiohttp
 
 from conftest import eventually, free_port, node_table
-from gpuq.connections import Throttled
+from gpuq.access.connections import Throttled
 
 LOG_BUDGET = 20_000  # bytes: the router's whole log for one of these tests
 

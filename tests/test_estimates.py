@@ -10,7 +10,7 @@ from statistics import median
 
 from conftest import eventually, node_table
 
-from gpuq.models import parse_iso
+from gpuq.jobs import parse_iso
 
 TOKEN_DELAY_S = 0.05
 TOKENS = 30  # a job streams for about 1.5 s

@@ -12,7 +12,7 @@ from conftest import eventually
 from gpuq.bus import Bus
 from gpuq.config import NodeConfig, Settings
 from gpuq.front.relay import Relay
-from gpuq.models import new_job_id
+from gpuq.jobs import new_job_id
 from gpuq.node.dispatcher import Dispatcher
 from gpuq.store import NewJob, Store
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from gpuq.models import iso
+from gpuq.jobs import iso
 
 
 @pytest.mark.parametrize("query,message", [

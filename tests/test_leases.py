@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import eventually, node_table
-from gpuq.models import iso
+from gpuq.jobs import iso
 from gpuq.shipped import shipped_files
 from gpuq.store import MIGRATIONS_DIR
 from gpuq.store import leases

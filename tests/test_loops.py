@@ -19,8 +19,8 @@ from conftest import eventually
 from gpuq.config import NodeConfig, Settings
 from gpuq.demo import FakeOllama, Script
 from gpuq.node import worker as worker_module
-from gpuq.models import NewJob
-from gpuq.server import DISPATCHER, SETTINGS, STORE, create_app
+from gpuq.jobs import NewJob
+from gpuq.api.app import DISPATCHER, SETTINGS, STORE, create_app
 from gpuq.node.supervise import BACKOFF_FIRST_S, BACKOFF_MAX_S, HEALTHY_S, Loops, backoff
 
 

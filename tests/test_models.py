@@ -3,7 +3,7 @@
 import pytest
 
 from gpuq.errors import BadRequest, TooLarge
-from gpuq.models import NewJob, span
+from gpuq.jobs import NewJob, span
 
 THINK_WORDS = '(must be "high", "medium", "low", "max", true, or false)'
 

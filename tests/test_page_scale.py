@@ -14,7 +14,7 @@ import pytest
 from playwright.async_api import expect
 
 from conftest import eventually
-from gpuq.models import POSITION_GAP, iso
+from gpuq.jobs import POSITION_GAP, iso
 from gpuq.store import Store
 from test_page import browser, card, column, page, queued_ids  # noqa: F401 (fixtures)
 

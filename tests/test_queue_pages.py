@@ -6,7 +6,7 @@ refused, named."""
 
 from __future__ import annotations
 
-from gpuq.models import parse_iso
+from gpuq.jobs import parse_iso
 from test_page import busy, head
 
 

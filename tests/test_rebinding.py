@@ -19,7 +19,7 @@ from playwright.async_api import async_playwright, expect
 
 from conftest import eventually, free_port, node_table
 from gpuq.config import ConfigError, Settings, parse_config
-from gpuq.security import router_hosts
+from gpuq.access.hosts import router_hosts
 from test_page import CHROMIUM_ARGS, card, open_queue
 
 ATTACKER = "rebind.attacker.test"  # .test is reserved: this name never leaves the machine

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from gpuq.errors import GpuqError, GuardMiss, GuardRefused, StoreUnavailable
-from gpuq.models import iso
+from gpuq.jobs import iso
 from gpuq.store import MIGRATIONS_DIR, STALE_SQL, NewJob, NodeInfo, Store
 from gpuq.store import postgres as pg
 

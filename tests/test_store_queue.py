@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from gpuq.errors import GUARD_MESSAGE, BadRequest, Conflict, GpuqError, GuardMiss, GuardRefused, NotFound
-from gpuq.models import POSITION_GAP
+from gpuq.jobs import POSITION_GAP
 import gpuq.store.verbs as store_module
 from gpuq.store import Interrupted, NewJob, NodeInfo, Store
 

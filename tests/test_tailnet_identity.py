@@ -218,7 +218,7 @@ def request_on(listen: str, peer: str, sock: str, identity: str = "tailscale"):
 ])
 def test_serve_header_trust_needs_loopback_both_ends_and_tailscale_identity(listen, peer, sock, identity,
                                                                             trusted):
-    from gpuq.tailnet_identity import serve_trusted  # here: the daemon tests fail on their own without it
+    from gpuq.access.tailnet import serve_trusted  # here: the daemon tests fail on their own without it
 
     settings, request = request_on(listen, peer, sock, identity)
     assert serve_trusted(settings, request) is trusted
@@ -267,7 +267,7 @@ def test_tailscale_socket_is_a_router_key_relative_to_the_config(tmp_path):
 
 
 async def test_whois_answers_are_kept_per_tailnet_address_and_per_loopback_port(localapi, monkeypatch):
-    from gpuq import tailnet_identity
+    from gpuq.access import tailnet as tailnet_identity
 
     now = [1000.0]
     whois = tailnet_identity.Whois(clock=lambda: now[0])

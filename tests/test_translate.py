@@ -10,7 +10,7 @@ import pytest
 from gpuq.front import endpoints, ollama_api, openai_api, shapes
 from gpuq.front.endpoints import ENDPOINTS
 from gpuq.errors import BadRequest, NotFound
-from gpuq.models import normalize_model
+from gpuq.jobs import normalize_model
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\nfake").decode()
 

@@ -29,7 +29,7 @@ import pytest
 from psycopg.rows import dict_row
 
 from conftest import Daemon, eventually, node_table
-from gpuq.models import parse_iso
+from gpuq.jobs import parse_iso
 
 pytestmark = pytest.mark.postgres
 

@@ -11,7 +11,7 @@ import pytest
 
 from gpuq.store import postgres, sqlite as engine, verbs
 from gpuq.errors import GUARD_MESSAGE, GuardMiss
-from gpuq.models import NewJob, NodeInfo, iso
+from gpuq.jobs import NewJob, NodeInfo, iso
 from gpuq.shipped import shipped_files
 from gpuq.store import MIGRATIONS_DIR
 

@@ -12,7 +12,7 @@ import pytest
 import tomli_w
 from playwright.async_api import expect
 
-from gpuq.models import parse_iso
+from gpuq.jobs import parse_iso
 
 from conftest import eventually, free_port, node_table
 from test_front import FrontLab

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Protocol
 
 from ..errors import BadRequest
-from ..models import Kind, normalize_model
+from ..jobs import Kind, normalize_model
 from ..params import THINK_LEVELS, merged_options
 from . import anthropic, ollama_api, openai_api, responses
 from .ollama_api import go_quote

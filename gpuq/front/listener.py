@@ -17,18 +17,18 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from .. import identity
+from ..access import identity
 from ..bus import Bus
 from ..config import Settings
-from ..connections import BACKLOG, body_deadline, bind_sockets
+from ..access.connections import BACKLOG, body_deadline, bind_sockets
 from ..node.dispatcher import Dispatcher
 from ..errors import (
     BadRequest, Conflict, FrontError, GpuqError, IdTaken, ModelMissing, NotFound, OllamaError, StartupError,
     StoreUnavailable, check_text, json_object, json_type,
 )
-from ..models import ACTIVE, Lane, new_job_id, normalize_model, preview_url
-from ..identity import ANYONE, Caller
-from ..security import CALLER, check_host, served_hosts, token_of
+from ..jobs import ACTIVE, Lane, new_job_id, normalize_model, preview_url
+from ..access.identity import ANYONE, Caller
+from ..access.hosts import CALLER, check_host, served_hosts, token_of
 from ..store import NewJob, Store
 from .anthropic import anthropic_error
 from .endpoints import ENDPOINTS, Endpoint, api_of, early_refusal, entries_of, front_nodes
@@ -207,10 +207,10 @@ async def cors_headers(request: web.Request, response: web.StreamResponse) -> No
 
 
 def access_middleware(settings: Settings, live: Callable[[], Settings] | None = None):
-    """The router's own rules: its host names only (no DNS rebinding; Ollama's rule, gpuq/security.py),
+    """The router's own rules: its host names only (no DNS rebinding; Ollama's rule, gpuq/access/hosts.py),
     browsers by CORS as Ollama allows them (a preflight needs no token: browsers send none), and
     its token when one is set (Bearer, as the OpenAI SDK's api_key sends it), on every route but
-    `/` ("Ollama is running", which clients probe). Who calls is gpuq/identity.py's who, over the
+    `/` ("Ollama is running", which clients probe). Who calls is gpuq/access/identity.py's who, over the
     live settings (`live`: a reload's [[user]] changes apply at once), kept as request[CALLER]."""
     allowed = served_hosts(settings)
     origins = Origins(settings.front_origins)
@@ -720,7 +720,7 @@ async def _closing(app: web.Application) -> None:
 
 def create_front_app(settings: Settings, store: Store, dispatcher: Dispatcher, bus: Bus,
                      relay: Relay) -> web.Application:
-    """The front door's app; the router's app (gpuq/server.py) owns the store and dispatcher,
+    """The front door's app; the router's app (gpuq/api/app.py) owns the store and dispatcher,
     and its workers run the calls' jobs through `relay` (the Dispatcher's calls)."""
     app = web.Application(middlewares=[errors_middleware, body_deadline(settings.body_timeout_s, error_response),
                                        access_middleware(settings, lambda: dispatcher.settings)],

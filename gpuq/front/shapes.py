@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import BadRequest, json_type
-from ..models import compact_json
+from ..jobs import compact_json
 from ..params import THINK_LEVELS
 
 # One refusal for every API that would offer Ollama's built-in web search (Responses, Messages).

@@ -12,11 +12,11 @@ from collections import Counter
 import aiohttp
 
 from .. import eta
-from ..awake import Awake
+from .awake import Awake
 from ..bus import Bus
 from ..config import NodeConfig, Settings
 from ..errors import GpuqError, GuardMiss
-from ..models import FINAL, JobState, Kind, NodeCounts, iso, parse_iso
+from ..jobs import FINAL, JobState, Kind, NodeCounts, iso, parse_iso
 from ..placement import BATCH, node_views, preempt_elsewhere, preempted_reason, preempts
 from ..reload import Plan
 from .calls import Calls, NoCalls

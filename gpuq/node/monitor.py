@@ -12,7 +12,7 @@ import time
 from typing import Callable
 
 from ..errors import OllamaError, StoreUnavailable
-from ..models import normalize_model
+from ..jobs import normalize_model
 from ..store import Store
 from .runtime import NodeRuntime
 

@@ -15,7 +15,7 @@ import aiohttp
 import orjson
 
 from ..errors import OllamaError, OllamaUnreachable, json_type
-from ..models import normalize_model
+from ..jobs import normalize_model
 
 
 def _message(body: str, status: int) -> str:

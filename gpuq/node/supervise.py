@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 from ..errors import described
-from ..models import iso
+from ..jobs import iso
 
 log = logging.getLogger("gpuq")
 

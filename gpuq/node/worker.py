@@ -16,7 +16,7 @@ from ..bus import Bus
 from ..config import Settings
 from ..critique import FINDINGS_SCHEMA, FindingsError, instruction, parse_findings
 from ..errors import GpuqError, OllamaError, OllamaUnreachable, StoreUnavailable, described
-from ..models import JobState, Kind, normalize_model
+from ..jobs import JobState, Kind, normalize_model
 from .monitor import NodeMonitor
 from .runtime import Current, NodeRuntime
 from .ollama import prompt_was_cut

@@ -25,7 +25,7 @@ from . import leases, postgres, sqlite, verbs
 from .writer import Writer
 from .dbfile import DatabaseFile
 from ..errors import GpuqError, NotFound, StoreUnavailable
-from ..models import Interrupted, JobState, NewJob, NodeCounts, NodeInfo, iso
+from ..jobs import Interrupted, JobState, NewJob, NodeCounts, NodeInfo, iso
 from ..placement import INTERACTIVE
 from ..shipped import shipped_dir, shipped_files
 from .sqlite import STALE_SQL
@@ -630,7 +630,7 @@ class Store:
             " UNION ALL SELECT node, state, started_at, finished_at FROM run WHERE state = 'running'"
             " ORDER BY started_at", (iso(since),))
 
-    # -- alerts (gpuq/alerts.py) -----------------------------------------------------------------
+    # -- alerts (gpuq/node/alerts.py) -----------------------------------------------------------------
 
     async def open_alerts(self) -> list[Row]:
         """Firings not resolved yet (a restart picks them up where the last router left them)."""

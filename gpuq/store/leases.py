@@ -22,7 +22,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ..models import iso
+from ..jobs import iso
 from . import verbs
 from .verbs import Row
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GUARD_MESSAGE, GpuqError, GuardRefused, NewerSchema, SchemaViolated, StoreUnavailable
-from ..models import iso
+from ..jobs import iso
 from ..shipped import shipped_dir
 
 import psycopg

@@ -14,7 +14,7 @@ from typing import Callable
 import aiosqlite
 
 from ..errors import GUARD_MESSAGE, GpuqError, GuardRefused, NewerSchema, SchemaViolated, StoreUnavailable
-from ..models import iso
+from ..jobs import iso
 
 Connection = sqlite3.Connection
 Error = sqlite3.Error

@@ -14,10 +14,10 @@ from . import postgres, sqlite
 from . import sqlite as engine
 from ..critique import parent_subject
 from ..errors import BadRequest, Conflict, Forbidden, GpuqError, GuardMiss, IdTaken, NoResultToCritique, NotFound, Unprocessable
-from ..models import (
+from ..jobs import (
     ACTIVE, NO_RESULT, POSITION_GAP, Interrupted, JobState, NewJob, NodeCounts, NodeInfo, new_job_id,
 )
-from ..models import iso as _iso
+from ..jobs import iso as _iso
 
 Row = dict[str, Any]
 
@@ -350,7 +350,7 @@ def cancel_clientless(db: engine.Connection, now: float, nodes: list[str]) -> li
     return waiting
 
 
-# -- alerts (gpuq/alerts.py) -------------------------------------------------------------------
+# -- alerts (gpuq/node/alerts.py) -------------------------------------------------------------------
 
 def fire_alert(db: engine.Connection, alert: dict, deliver: bool, now: float) -> Row:
     return dict(db.execute(

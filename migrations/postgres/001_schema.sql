@@ -6,7 +6,7 @@
 -- engines to the same answers for the same rows.
 --
 -- Types, chosen so a row reads the same through either engine:
--- * Times stay ISO-8601 text in UTC ('2026-11-29T08:10:00.123456Z', gpuq/models.py iso), not
+-- * Times stay ISO-8601 text in UTC ('2026-11-29T08:10:00.123456Z', gpuq/jobs.py iso), not
 --   timestamptz: the verbs write and the API answers exactly these strings, they sort as text (the
 --   indexes on created_at and finished_at, keyset paging), and a timestamptz would come back as a
 --   datetime the verbs would have to format again at every read, in every listing. The few sums of
@@ -43,7 +43,7 @@ CREATE TABLE node (
 CREATE TABLE job (
     id          TEXT PRIMARY KEY,                 -- '<unix seconds>-<8 hex>'
     kind        TEXT NOT NULL,                    -- task, critique, embed (a front-door embedding)
-    state       TEXT NOT NULL DEFAULT 'queued',   -- see gpuq/models.py JobState
+    state       TEXT NOT NULL DEFAULT 'queued',   -- see gpuq/jobs.py JobState
     node        TEXT NOT NULL,                    -- the node whose queue holds the job
     model       TEXT NOT NULL,
     model_pinned BIGINT NOT NULL DEFAULT 0,       -- 1: asked for; 0: the node's model, follows moves

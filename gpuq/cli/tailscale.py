@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from .config import DEFAULT_LISTEN
-from .errors import GpuqError
+from ..config import DEFAULT_LISTEN
+from ..errors import GpuqError
 
 MANUAL = ("write gpuq.toml by hand instead: `gpuq init`, then set listen to this machine's "
           "Tailscale address (`tailscale ip -4`) and one [[node]] per Ollama machine")

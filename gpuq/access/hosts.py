@@ -17,8 +17,8 @@ from urllib.parse import urlparse
 from aiohttp import web
 
 from . import identity
-from .config import Settings, normal_host
-from .errors import Forbidden, MisdirectedRequest, Unauthorized
+from ..config import Settings, normal_host
+from ..errors import Forbidden, MisdirectedRequest, Unauthorized
 from .identity import ANYONE, Caller
 
 log = logging.getLogger("gpuq")
@@ -33,7 +33,7 @@ LOCAL_SUFFIXES = (".localhost", ".local", ".internal")
 PRIVATE_NETWORKS = tuple(ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
                                                            "fc00::/7"))
 TAILSCALE_TIMEOUT_S = 5.0
-CALLER = "gpuq.caller"  # request[CALLER]: who sent a request (gpuq/identity.py), set by access_middleware
+CALLER = "gpuq.caller"  # request[CALLER]: who sent a request (gpuq/access/identity.py), set by access_middleware
 
 
 def router_hosts(settings: Settings) -> frozenset[str]:
@@ -148,7 +148,7 @@ def token_of(request: web.Request) -> str | None:
 
 
 async def check_token(request: web.Request, settings: Settings) -> Caller:
-    """Who sends the request (gpuq/identity.py's who), kept as request[CALLER]; a request for
+    """Who sends the request (gpuq/access/identity.py's who), kept as request[CALLER]; a request for
     data by no one the router knows is 401. Only /api and /metrics carry data: /health reveals no
     prompts, and the page's HTML and static files load without the token so the page can ask for it."""
     if not (request.path.startswith("/api/") or request.path == "/metrics"):

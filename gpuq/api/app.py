@@ -12,25 +12,25 @@ from typing import Any
 
 from aiohttp import web
 
-from . import eta
-from .activity import activity
-from .alerts import Alerter
-from .bus import Bus, next_event
-from .config import ConfigError, Settings, load_config
-from .connections import body_deadline
-from .node.dispatcher import Dispatcher
-from .node.runtime import NodeRuntime
-from .node.stale import StaleMonitor
-from .errors import (BadRequest, Conflict, Forbidden, GpuqError, StoreUnavailable, UnknownNode, Unprocessable,
+from .. import eta
+from ..activity import activity
+from ..node.alerts import Alerter
+from ..bus import Bus, next_event
+from ..config import ConfigError, Settings, load_config
+from ..access.connections import body_deadline
+from ..node.dispatcher import Dispatcher
+from ..node.runtime import NodeRuntime
+from ..node.stale import StaleMonitor
+from ..errors import (BadRequest, Conflict, Forbidden, GpuqError, StoreUnavailable, UnknownNode, Unprocessable,
                      check_text, json_object, json_type)
 from .metrics import Metrics
-from .models import (ACTIVE, FINAL, JobState, Kind, NewJob, NodeCounts, check_job_id, compact_json, iso, parse_iso,
+from ..jobs import (ACTIVE, FINAL, JobState, Kind, NewJob, NodeCounts, check_job_id, compact_json, iso, parse_iso,
                      preview_url)
-from .reload import REMOVED_REASON, plan, refusal
-from .identity import ANYONE, Caller
-from .security import CALLER, access_middleware, host_middleware
-from .shipped import shipped_dir, shipped_files
-from .store import OverQuota, Row, Store
+from ..reload import REMOVED_REASON, plan, refusal
+from ..access.identity import ANYONE, Caller
+from ..access.hosts import CALLER, access_middleware, host_middleware
+from ..shipped import shipped_dir, shipped_files
+from ..store import OverQuota, Row, Store
 
 log = logging.getLogger("gpuq")
 

@@ -15,11 +15,11 @@ from urllib.parse import quote, urlencode
 import click
 
 from .client import ApiError, Router
-from .config import (DEFAULT_ROUTER, ConfigError, check_token, check_url, find_config, load_config,
+from ..config import (DEFAULT_ROUTER, ConfigError, check_token, check_url, find_config, load_config,
                      parse_duration, starter_config)
-from .errors import UnknownNode
-from .models import ACTIVE, FINAL, JobState, parse_iso, span
-from .params import THINK_LEVELS
+from ..errors import UnknownNode
+from ..jobs import ACTIVE, FINAL, JobState, parse_iso, span
+from ..params import THINK_LEVELS
 
 
 def fail(status, message: str) -> None:
@@ -159,7 +159,7 @@ def serve(ctx: click.Context, config_path: str | None, demo: bool, listen: str |
 
     Example: gpuq serve --config ~/gpuq.toml
     """
-    from .daemon import run_daemon
+    from ..ops.daemon import run_daemon
 
     path = find_config(config_path or ctx.obj["config"])
     if path is None and not demo:
@@ -196,7 +196,7 @@ def init(path: str, tailscale: bool, ollama_port: int) -> None:
         target.write_text(starter_config(), encoding="utf-8")
         click.echo(f"wrote {path}: set each [[node]]'s url and model, then run `gpuq serve`")
         return
-    from .errors import GpuqError
+    from ..errors import GpuqError
     from .tailscale import discover
     try:
         text, me, found, silent = discover(ollama_port)
@@ -219,7 +219,7 @@ def service_fail(message: str) -> None:
 
 
 def platform_option(fn):
-    from .service import PLATFORMS, this_platform
+    from ..ops.service import PLATFORMS, this_platform
     return click.option("--platform", type=click.Choice(PLATFORMS), default=this_platform,
                         show_default="this machine's",
                         help="Write macOS's launchd agent or Linux's systemd user unit.")(fn)
@@ -250,7 +250,7 @@ def service_install(ctx, config_path, platform, dry_run) -> None:
 
     Example: gpuq service install --dry-run
     """
-    from . import service as svc
+    from ..ops import service as svc
     platform = service_platform(platform)
     path = find_config(config_path or ctx.obj["config"])
     if path is None or not path.is_file():
@@ -292,7 +292,7 @@ def service_status(platform) -> None:
 
     Example: gpuq service status
     """
-    from . import service as svc
+    from ..ops import service as svc
     platform = service_platform(platform)
     try:
         st = svc.status(platform)
@@ -316,7 +316,7 @@ def service_uninstall(platform, dry_run) -> None:
 
     Example: gpuq service uninstall
     """
-    from . import service as svc
+    from ..ops import service as svc
     platform = service_platform(platform)
     plan = svc.uninstall_plan(platform)
     if dry_run:
@@ -978,6 +978,3 @@ def retry(ctx, job_id) -> None:
     job = router_of(ctx).call("POST", f"/api/jobs/{seg(job_id)}/retry")["job"]
     click.echo(f"{job['id']} -> {job['node']} queued")
 
-
-if __name__ == "__main__":
-    main()

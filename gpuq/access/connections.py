@@ -23,7 +23,7 @@ from typing import Callable
 
 from aiohttp import web
 
-from .errors import StartupError
+from ..errors import StartupError
 
 log = logging.getLogger("gpuq")
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import tailnet_identity
-from .config import Settings, UserConfig
+from . import tailnet
+from ..config import Settings, UserConfig
 
 
 @dataclass(frozen=True)
@@ -76,15 +76,15 @@ async def who(settings: Settings, tokens: list[str], request, any_key: bool = Fa
 
 
 async def by_tailnet(settings: Settings, request) -> Caller | None:
-    """The tailnet's path, for a request that brought no token (gpuq/tailnet_identity.py):
+    """The tailnet's path, for a request that brought no token (gpuq/access/tailnet.py):
     `tailscale serve`'s Tailscale-User-Login where it can be trusted, else tailscaled's whois of
     the peer. None: not asked (identity "token") or no one on the tailnet; a login with no
     [[user]] and no default_role, or a tagged node, is refused: Forbidden, naming it."""
-    found = await tailnet_identity.login_of(settings, request)
+    found = await tailnet.login_of(settings, request)
     if found is None:
         return None
     login, via, told_by = found
     caller = by_login(settings, login, via)
     if caller is None:
-        raise tailnet_identity.refuse_login(login, told_by)
+        raise tailnet.refuse_login(login, told_by)
     return caller

@@ -17,9 +17,9 @@ from urllib.parse import urlparse
 
 import aiohttp
 
-from .config import Settings
-from .errors import GpuqError, NotFound, described
-from .models import iso, parse_iso, span
+from ..config import Settings
+from ..errors import GpuqError, NotFound, described
+from ..jobs import iso, parse_iso, span
 
 log = logging.getLogger("gpuq")
 

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from .models import iso
+from ..jobs import iso
 
 log = logging.getLogger("gpuq")
 

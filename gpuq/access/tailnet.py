@@ -30,8 +30,8 @@ from urllib.parse import quote
 import aiohttp
 from aiohttp import web
 
-from .config import Settings, normal_host
-from .errors import Forbidden, Unauthorized
+from ..config import Settings, normal_host
+from ..errors import Forbidden, Unauthorized
 
 log = logging.getLogger("gpuq")
 
@@ -206,7 +206,7 @@ async def login_of(settings: Settings, request: web.Request) -> tuple[str, str, 
     """The tailnet login of a request that brought no token, as (login, via, who said it): serve's
     header (where trusted), else tailscaled's whois of the peer. None when the router does not ask
     the tailnet (identity "token") or the peer is no one on it (the door answers 401). A tagged
-    node is refused: Forbidden, naming it (gpuq/identity.py maps a login to its user)."""
+    node is refused: Forbidden, naming it (gpuq/access/identity.py maps a login to its user)."""
     header = request.headers.get(SERVE_HEADER)
     if header is not None:
         if serve_trusted(settings, request):

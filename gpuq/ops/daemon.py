@@ -19,15 +19,15 @@ from pathlib import Path
 
 from aiohttp import web
 
-from .store.postgres import safe_dsn
-from .config import DEFAULT_ROUTER, ConfigError, NodeConfig, Settings, check_database, check_listen
-from .connections import (BACKLOG, FRONT_PROBES, ROUTER_PROBES, ConnectionGuard, PortTaken, bind_sockets,
+from ..store.postgres import safe_dsn
+from ..config import DEFAULT_ROUTER, ConfigError, NodeConfig, Settings, check_database, check_listen
+from ..access.connections import (BACKLOG, FRONT_PROBES, ROUTER_PROBES, ConnectionGuard, PortTaken, bind_sockets,
                           connection_cap, raise_file_limit, throttle_accept_errors)
-from .errors import GpuqError, StartupError
-from .demo import FakeOllama, Script
-from .front.listener import bind_front_door, start_front_door
-from .front.relay import Relay
-from .models import iso, parse_iso
+from ..errors import GpuqError, StartupError
+from ..demo import FakeOllama, Script
+from ..front.listener import bind_front_door, start_front_door
+from ..front.relay import Relay
+from ..jobs import iso, parse_iso
 
 log = logging.getLogger("gpuq")
 
@@ -51,7 +51,7 @@ def invoked_as(argv0: str | None = None, cwd: str | None = None) -> str:
     """How to type gpuq again, as this process was started: `gpuq` when that is the same program
     on PATH (pipx, an activated venv), else its path (relative when under the current directory)."""
     path = os.path.abspath(argv0 or sys.argv[0])
-    if os.path.basename(path) in ("__main__.py", "cli.py"):  # python -m gpuq.cli
+    if os.path.basename(path) == "__main__.py":  # python -m gpuq.cli
         return f"{sys.executable} -m gpuq.cli"
     on_path = shutil.which("gpuq")
     if on_path and os.path.realpath(on_path) == os.path.realpath(path):
@@ -215,7 +215,7 @@ def port_is_free(host: str, port: int) -> bool:
 
 async def run_router(settings: Settings, sockets: list[socket.socket], demo: bool,
                      front_sockets: list[socket.socket] = ()) -> int:
-    from .server import BUS, DISPATCHER, STORE, create_app
+    from ..api.app import BUS, DISPATCHER, STORE, create_app
 
     loop = asyncio.get_running_loop()
     throttle_accept_errors(loop)
@@ -247,7 +247,7 @@ async def run_router(settings: Settings, sockets: list[socket.socket], demo: boo
                for sock in sockets]
     # The Ollama/OpenAI front door, with slots of its own (gpuq/front/listener.py).
     front = await start_front_door(settings, app[STORE], app[DISPATCHER], app[BUS], relay, front_sockets, front_guard)
-    from .server import reload_on_signal
+    from ..api.app import reload_on_signal
     loop.add_signal_handler(signal.SIGHUP, reload_on_signal, runner.app)  # gpuq.toml read again, as `gpuq reload`
     stop = asyncio.Event()
     signals: list[int] = []  # those received, in order
@@ -296,7 +296,7 @@ async def drain(app: web.Application, stop: asyncio.Event, signals: list[int]) -
     their clients get their answers, and waiting jobs stay queued for the next start. A second
     signal stops at once; so does a SIGTERM's shutdown_grace running out. Either way the jobs
     still running fail, saying so, as the stop cuts their requests."""
-    from .server import DISPATCHER
+    from ..api.app import DISPATCHER
     dispatcher = app[DISPATCHER]
     if not dispatcher.running():
         return
@@ -340,7 +340,7 @@ async def drain(app: web.Application, stop: asyncio.Event, signals: list[int]) -
 async def running_lines(app: web.Application, running: list[dict]) -> list[str]:
     """One line per running job: its id, node, model, how long it has run and, when its node's
     past runs tell, about how long it has left (gpuq/eta.py)."""
-    from .server import DISPATCHER, STORE
+    from ..api.app import DISPATCHER, STORE
     rows: dict[str, dict] = {}
     found = {}
     try:

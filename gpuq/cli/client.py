@@ -11,7 +11,7 @@ import urllib.request
 from email.message import Message
 from typing import Any, Iterator
 
-from . import __version__
+from .. import __version__
 
 # What breaks a request or a reply mid-way: the socket (resets, timeouts) or HTTP itself (a
 # status line that is not HTTP, a body cut short).
