@@ -225,7 +225,8 @@ KEYS: tuple[Key, ...] = (
        "(see Reliability: host names); the host name alone, no port or scheme. Any other Host header gets 421.",
        [], restart=True),
     _r("token", "A shared secret every /api call and front-door call must send (`Authorization: Bearer`); "
-       "printable ASCII, not empty, no spaces around it. It stands for the admin user `admin`. "
+       "printable ASCII, not empty, no spaces around it. It stands for the admin user `admin` (unless a "
+       "[[user]] has it). "
        "Unset: `$GPUQ_TOKEN`, else no token.", shown="not set", restart=True),
     _r("identity", '"token", or "tailscale": a request without a token is whoever tailscaled says owns '
        "its connection (its login name).", "token"),
