@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 PORT :=
 LISTEN := $(if $(PORT),127.0.0.1:$(PORT))
 
-.PHONY: run test test-fast bench browser postgres clean
+.PHONY: run test test-fast docs bench browser postgres clean
 
 $(RUNTIME): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,7 +42,11 @@ postgres:
 	  $$sudo sed -i 's/^#* *create_main_cluster *=.*/create_main_cluster = false/' /etc/postgresql-common/createcluster.conf && \
 	  $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
 
-test: $(STAMP) browser postgres
+# The documentation site into site/ (strict: a broken link or a missing page fails the build).
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site
+
+test: $(STAMP) browser postgres docs
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 test-fast: $(STAMP)
@@ -53,4 +57,4 @@ bench: $(STAMP) postgres
 	$(BIN)/python -m bench.run
 
 clean:
-	rm -rf $(VENV) *.egg-info build dist .pytest_cache
+	rm -rf $(VENV) *.egg-info build dist .pytest_cache site

@@ -6,17 +6,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 
-from .config import DURATION_KEYS, LEGACY_ADMIN, NodeConfig, Settings, UserConfig
+from .config import KEYS, LEGACY_ADMIN, NodeConfig, Settings, UserConfig
 
 # Settings bound into what the router opened at its start (its sockets, the database and its
 # connection, the middlewares and the front door, the sleep inhibitor): the file's new value is
 # named as needing a restart, and the value in force is kept. The token too: the front door
-# checks the one it started with, and one token for each door is the rule.
-RESTART = (
-    "listen", "public_url", "database", "ollama_listen", "token", "allowed_hosts", "busy_timeout_s",
-    "submit_timeout_s", "max_database_bytes", "max_prompt_bytes", "header_timeout_s", "keepalive_timeout_s",
-    "body_timeout_s", "keepalive_lifetime_s", "max_connections", "max_connections_per_peer", "keep_awake",
-)
+# checks the one it started with, and one token for each door is the rule. Declared with each
+# key (config.KEYS, `restart`), which the configuration reference is rendered from.
+RESTART = tuple(k.attr for k in KEYS if k.restart)
 SECRET = ("token", "alert_token")  # named as changed, never shown
 LONG = ("critique_template",)  # named as changed, too long to show
 NODE_FIELDS = ("url", "rank", "roles", "model", "max_runtime_s", "think", "options", "unload", "max_output_bytes")
@@ -26,7 +23,8 @@ NOT_SETTINGS = ("nodes", "source", "pinned", "users")  # users: named by users_c
 USER_FIELDS = ("role", "lanes", "max_waiting", "max_running")
 REMOVED_REASON = "node removed from gpuq.toml"
 
-_KEY_OF = {attr: key for key, attr in DURATION_KEYS.items()} | {"max_runtime_s": "max_runtime"}
+# A [router] or [[node]] field's key where it is named otherwise ([front]'s fields keep their names).
+_KEY_OF = {k.attr: k.name for k in KEYS if k.section in ("router", "node") and k.attr != k.name}
 
 
 def key_of(attr: str) -> str:

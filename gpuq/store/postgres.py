@@ -16,6 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from ..config import safe_dsn  # noqa: F401 (postgres.safe_dsn: the DSN without its password, config's)
 from ..errors import GUARD_MESSAGE, GpuqError, GuardRefused, NewerSchema, SchemaViolated, StoreUnavailable
 from ..jobs import iso
 from ..shipped import shipped_dir
@@ -273,11 +274,6 @@ from_error = from_postgres
 def is_dsn(database: object) -> bool:
     """A PostgreSQL connection string (libpq's URI), not a SQLite file's path."""
     return isinstance(database, str) and database.startswith(("postgresql://", "postgres://"))
-
-
-def safe_dsn(dsn: str) -> str:
-    """The DSN without its password, for errors and logs."""
-    return re.sub(r"(://[^:/@]*):[^@]*@", r"\1:***@", dsn)
 
 
 # -- other routers' changes ---------------------------------------------------------------------

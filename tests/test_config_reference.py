@@ -1,0 +1,123 @@
+"""The configuration reference: every key the parser accepts is declared once (config.KEYS),
+with a doc and a default that is the code's own; the docs page is rendered from that declaration."""
+
+import importlib.util
+import re
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from gpuq import reload
+from gpuq.config import (KEYS, ConfigError, NodeConfig, Settings, UserConfig, load_config, parse_config,
+                         parse_duration)
+
+ROOT = Path(__file__).resolve().parent.parent
+NODE = {"name": "n", "url": "http://n:11434", "rank": 1, "roles": ["task"], "model": "m"}
+
+
+def declared(section: str) -> set[str]:
+    return {k.name for k in KEYS if k.section == section}
+
+
+def test_each_key_is_declared_once_with_a_doc():
+    names = [(k.section, k.name) for k in KEYS]
+    assert len(names) == len(set(names))
+    assert all(k.section in ("router", "front", "node", "user") for k in KEYS)
+    assert all(k.doc.strip() and (k.default is not None or k.shown) for k in KEYS)
+    owners = {"router": Settings, "front": Settings, "node": NodeConfig, "user": UserConfig}
+    for k in KEYS:
+        assert k.attr in {f.name for f in fields(owners[k.section])}, k
+
+
+def test_every_key_of_the_example_is_declared():
+    text = (ROOT / "gpuq.toml.example").read_text()
+    data = tomllib.loads(text)
+    assert set(data["router"]) <= declared("router")
+    assert set(data["front"]) <= declared("front")
+    assert all(set(n) <= declared("node") for n in data["node"])
+    # and every key it shows in a comment ("# token = ...") too
+    commented = set(re.findall(r"(?m)^# ([a-z_]+) = ", text))
+    assert commented and commented <= declared("router") | declared("front") | declared("node") | declared("user")
+
+
+@pytest.mark.parametrize("section", ["router", "front", "node", "user"])
+def test_the_parser_accepts_exactly_the_declared_keys(section, tmp_path):
+    """Every declared key is accepted; any other is refused with the message of before, which
+    lists the known keys: so a key the parser takes without a declaration fails here."""
+    data = {"node": [dict(NODE)]}
+    table = {"router": data.setdefault("router", {}), "front": data.setdefault("front", {}),
+             "node": data["node"][0]}.get(section)
+    if section == "user":
+        table = {"name": "alice"}
+        data["user"] = [table]
+    table["surely_not_a_key"] = 1
+    with pytest.raises(ConfigError) as err:
+        parse_config(data, tmp_path)
+    known = re.search(r"unknown key 'surely_not_a_key' \(known: (.*)\)$", err.value.message)
+    assert known, err.value.message
+    assert set(known.group(1).split(", ")) == declared(section)
+
+
+def test_a_config_with_every_key_parses(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUQ_TEST_ALICE", "alice-token")
+    router = {k.name: k.default for k in KEYS if k.section == "router" and k.default is not None}
+    router |= {"public_url": "http://127.0.0.1:8750", "token": "t0k3n", "default_role": "member",
+               "ollama_listen": "127.0.0.1:11435", "job_timeout": "1h", "max_database_bytes": 1 << 30,
+               "critique_template": "Review:\n{subject}", "fair_share": True,
+               "alert_url": "https://ntfy.sh/x", "alert_token": "tk"}
+    front = {k.name: k.default for k in KEYS if k.section == "front"}
+    node = dict(NODE, max_runtime="8h", think=False, options={"num_ctx": 4096}, unload="when-idle",
+                max_output_bytes=1 << 20)
+    users = [{"name": "alice", "token_env": "GPUQ_TEST_ALICE", "role": "admin", "lanes": ["batch"],
+              "max_waiting": 5, "max_running": 1}, {"name": "bob", "token": "bob-token"}]
+    data = {"router": router, "front": front, "node": [node], "user": users}
+    assert set(router) == declared("router") and set(front) == declared("front")
+    assert set(node) == declared("node") and set(users[0]) | set(users[1]) == declared("user")
+    settings = parse_config(data, tmp_path)
+    assert settings.ollama_listen == "127.0.0.1:11435" and settings.nodes[0].unload == "when-idle"
+
+
+def test_the_declared_defaults_are_the_code_s(tmp_path):
+    """A key set to its declared default parses to what leaving it out gives."""
+    blank = parse_config({"node": [NODE]}, tmp_path)
+    for k in KEYS:
+        if k.section not in ("router", "front") or k.default is None:
+            continue
+        table = {k.name: k.default} | ({"alert_url": "https://ntfy.sh/x"} if k.name == "alert_format" else {})
+        got = parse_config({k.section: table, "node": [NODE]}, tmp_path)
+        assert getattr(got, k.attr) == getattr(blank, k.attr), k.name
+        if k.duration:
+            assert parse_duration(k.default, k.name) == getattr(Settings(), k.attr)
+    user = parse_config({"node": [NODE], "user": [{"name": "u"}]}, tmp_path).users[0]
+    for k in KEYS:
+        if k.section == "user" and k.default is not None:
+            assert getattr(user, k.attr) == (tuple(k.default) if isinstance(k.default, list) else k.default)
+
+
+def test_reload_reads_the_declaration():
+    assert set(reload.RESTART) == {k.attr for k in KEYS if k.restart}
+    assert all(k.section in ("router", "front") for k in KEYS if k.restart)
+    # What the front door reads once at its start needs a restart (create_front_app, access_middleware).
+    assert {"front_origins", "front_max_request_bytes"} <= set(reload.RESTART)
+    assert reload.key_of("stall_timeout_s") == "stall_timeout" and reload.key_of("lease_s") == "lease"
+
+
+def test_the_reference_page_names_every_key():
+    spec = importlib.util.spec_from_file_location("config_reference", ROOT / "docs" / "hooks" / "config_reference.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    page = hook.render()
+    for k in KEYS:
+        assert f"| `{k.name}`" in page
+    assert hook.MARKER in (ROOT / "docs" / "configuration.md").read_text()
+    assert "| `origins` |" in page and "needs a restart" in page
+
+
+def test_an_unknown_table_is_still_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown key 'routr' \(expected \[router\], \[front\], \[\[node\]\] "
+                                          r"and \[\[user\]\] tables\)"):
+        parse_config({"routr": {}}, tmp_path)
+    with pytest.raises(ConfigError):
+        load_config(ROOT / "nonexistent.toml")
