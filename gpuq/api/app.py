@@ -21,16 +21,17 @@ from ..access.connections import body_deadline
 from ..node.dispatcher import Dispatcher
 from ..node.runtime import NodeRuntime
 from ..node.stale import StaleMonitor
-from ..errors import (BadRequest, Conflict, Forbidden, GpuqError, StoreUnavailable, UnknownNode, Unprocessable,
+from ..errors import (BadRequest, Conflict, DoorWords, Forbidden, GpuqError, OverQuota, http_error, StoreUnavailable, UnknownNode, Unprocessable,
                      check_text, json_object, json_type)
 from .metrics import Metrics
 from ..jobs import (ACTIVE, FINAL, JobState, Kind, NewJob, NodeCounts, check_job_id, compact_json, iso, parse_iso,
                      preview_url)
 from ..reload import REMOVED_REASON, plan, refusal
 from ..access.identity import ANYONE, Caller
+from ..access.lanes import Door, lane_for
 from ..access.hosts import CALLER, access_middleware, host_middleware
 from ..shipped import shipped_dir, shipped_files
-from ..store import OverQuota, Row, Store
+from ..store import Row, Store
 
 log = logging.getLogger("gpuq")
 
@@ -88,28 +89,27 @@ def error_response(status: int, message: str) -> web.Response:
     return json_response({"error": {"status": status, "message": message}}, status=status)
 
 
+API_DOOR = DoorWords(no_route=lambda method, path: f"no route for {path}", wrong_method=None, too_large="",
+                     internal="internal error in the router; see its log")
+
+
 @web.middleware
 async def errors_middleware(request: web.Request, handler):
     try:
         return await handler(request)
-    except GpuqError as exc:
-        response = error_response(exc.status, exc.message)
-        if getattr(exc, "retry_after_s", None) is not None:  # a quota (429): when to ask again
-            response.headers["Retry-After"] = str(exc.retry_after_s)
-        return response
-    except web.HTTPRequestEntityTooLarge as exc:
-        return error_response(413, f"request body too large: {exc.text}")
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        return error_response(exc.status, exc.reason if exc.status != 404 else f"no route for {request.path}")
     except Exception as exc:
-        if isinstance(exc, ConnectionResetError) and client_left(request):
+        error = http_error(exc, API_DOOR, request.method, request.path)
+        if error is None:
+            raise
+        if error.unexpected and isinstance(exc, ConnectionResetError) and client_left(request):
             # A closed tab ends its event stream or job stream this way: normal, and nobody to answer.
             log.debug("client left during %s %s", request.method, request.path)
-        else:
+        elif error.unexpected:
             log.exception("unexpected error on %s %s", request.method, request.path)
-        return error_response(500, "internal error in the router; see its log")
+        response = error_response(error.status, error.message)
+        if error.retry_after_s is not None:
+            response.headers["Retry-After"] = str(error.retry_after_s)
+        return response
 
 
 def client_left(request: web.Request) -> bool:
@@ -166,15 +166,6 @@ def job_id_of(request: web.Request, text: str | None = None) -> str:
 def caller_of(request: web.Request) -> Caller:
     """Who sent the request: set by security.access_middleware on every /api route."""
     return request.get(CALLER, ANYONE)
-
-
-def check_lane(caller: Caller, lane: str) -> None:
-    """A [[user]] whose `lanes` leave out the lane asked for: 403 naming the rule."""
-    user = caller.user
-    if user is not None and lane not in user.lanes:
-        raise Forbidden(f"user '{user.name}' may submit only to the {' and '.join(user.lanes)} lane "
-                        f"(their [[user]] lanes in gpuq.toml); ask with priority "
-                        f"'{user.lanes[0]}', or ask an admin to add '{lane}'")
 
 
 def actor_of(request: web.Request) -> str:
@@ -333,13 +324,13 @@ async def submit(request: web.Request) -> web.Response:
                                      "priority"})
     # The JSON types here, in the API's words; every rule of the values is NewJob's.
     caller = caller_of(request)
+    lane = lane_for(caller.user, field_of(body, "priority", str), Door.API)
     new = NewJob.checked(settings.max_prompt_bytes, kind=field_of(body, "kind", str, required=True),
                          prompt=field_of(body, "prompt", str), parent=field_of(body, "parent", str),
                          timeout_s=field_of(body, "timeout", (int, float)), model=field_of(body, "model", str),
                          node=field_of(body, "node", str), think=body.get("think"), options=body.get("options"),
-                         lane=field_of(body, "priority", str), owner=caller.name,
+                         lane=lane, owner=caller.name,
                          client=request.headers.get("User-Agent"))
-    check_lane(caller, new.lane)  # type: ignore[arg-type]
     # No estimate here: it reads the node's whole queue, and a burst of submits would pay that
     # once per job. `gpuq task` asks GET /api/jobs/{id} for it.
     jobs = await request.app[DISPATCHER].submit(new, actor_of(request))

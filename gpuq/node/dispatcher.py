@@ -15,7 +15,7 @@ from .. import eta
 from .awake import Awake
 from ..bus import Bus
 from ..config import NodeConfig, Settings
-from ..errors import GpuqError, GuardMiss
+from ..errors import GpuqError, GuardMiss, OverQuota
 from ..jobs import FINAL, JobState, Kind, NodeCounts, iso, parse_iso
 from ..placement import BATCH, node_views, preempt_elsewhere, preempted_reason, preempts
 from ..reload import Plan
@@ -24,7 +24,7 @@ from .leases import Leases
 from .monitor import NodeMonitor
 from .runtime import Current, NodeRuntime
 from .ollama import OllamaClient
-from ..store import Interrupted, NewJob, NodeInfo, OverQuota, Row, Store
+from ..store import Interrupted, NewJob, NodeInfo, Row, Store
 from ..store.leases import Router
 from .supervise import Loops
 from .worker import Worker, keep_big_blocks_apart, put_back_unsent

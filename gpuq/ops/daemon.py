@@ -399,4 +399,4 @@ def run_daemon(settings: Settings | None, listen: str | None = None, database: s
         return 2
     except GpuqError as exc:
         print(f"gpuq: {exc.message}", file=sys.stderr)
-        return exc.status if exc.status < 10 else 1
+        return exc.exit_code

@@ -24,7 +24,7 @@ import aiosqlite
 from . import leases, postgres, sqlite, verbs
 from .writer import Writer
 from .dbfile import DatabaseFile
-from ..errors import GpuqError, NotFound, StoreUnavailable
+from ..errors import NotFound, StartupError, StoreUnavailable
 from ..jobs import Interrupted, JobState, NewJob, NodeCounts, NodeInfo, iso
 from ..placement import INTERACTIVE
 from ..shipped import shipped_dir, shipped_files
@@ -120,7 +120,7 @@ class Store:
         except BaseException as exc:
             await self.close()  # an open connection's thread would keep a router that failed alive
             if isinstance(exc, self.engine.Error):
-                raise GpuqError(f"cannot open the database {self.where}: {exc}", status=2) from exc
+                raise StartupError(f"cannot open the database {self.where}: {exc}") from exc
             raise
 
     async def close(self) -> None:
