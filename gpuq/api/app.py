@@ -223,10 +223,7 @@ async def with_quota(app: web.Application, jobs: list[dict]) -> None:
     owners = {j["owner"] for j in jobs if j["state"] == JobState.QUEUED and j.get("owner") in limits}
     if not owners:
         return
-    rows = await app[STORE].read(
-        f"SELECT owner, COUNT(*) AS n FROM job WHERE state = 'running' AND owner IN ({','.join('?' * len(owners))})"
-        " GROUP BY owner", tuple(owners))
-    running = {r["owner"]: r["n"] for r in rows}
+    running = await app[STORE].running_by_owner(owners)
     for job in jobs:
         owner = job.get("owner")
         if job["state"] == JobState.QUEUED and owner in owners and running.get(owner, 0) >= limits[owner]:
@@ -524,10 +521,10 @@ async def clear(request: web.Request) -> web.Response:
 async def retry(request: web.Request) -> web.Response:
     app = request.app
     dispatcher = app[DISPATCHER]
-    limits = {u.name: u.max_waiting for u in dispatcher.settings.users if u.max_waiting is not None}
     try:
         job = await app[STORE].retry(await own_job(request), actor_of(request),
-                                     frozenset(dispatcher.nodes) - dispatcher.removing, limits)
+                                     frozenset(dispatcher.nodes) - dispatcher.removing,
+                                     dispatcher.settings.max_waiting)
     except OverQuota as exc:
         await dispatcher.when_one_starts(exc)
         raise

@@ -17,7 +17,7 @@ import time
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, Iterable, Iterator, TypeVar
 
 import aiosqlite
 
@@ -515,6 +515,15 @@ class Store:
         """Running and queued jobs per node (one row per node: the table node_load)."""
         rows = await self.read("SELECT node, running, queued FROM node_load")
         return {r["node"]: NodeCounts(r["running"], r["queued"]) for r in rows}
+
+    async def running_by_owner(self, owners: Iterable[str]) -> dict[str, int]:
+        """How many jobs each of `owners` runs now (an owner running none is not in it)."""
+        owners = tuple(owners)
+        if not owners:
+            return {}
+        rows = await self.read(f"SELECT owner, COUNT(*) AS n FROM job WHERE state = 'running'"
+                               f" AND owner IN ({','.join('?' * len(owners))}) GROUP BY owner", owners)
+        return {r["owner"]: r["n"] for r in rows}
 
     async def finished_totals(self, after_event: int, duration_bounds: tuple, wait_bounds: tuple) -> list[Row]:
         """Jobs that ended after event `after_event`, summed per (node, kind, state, model, owner) for
