@@ -1,0 +1,118 @@
+"""What every command shares: how it reaches the router (router_of, seg), how it fails
+(`error <status> <message>`, then `not retried`, exit 1), and the pieces of a listing (spans,
+estimates, excerpts, owners)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import time
+from urllib.parse import quote
+
+import click
+
+from .client import ApiError, Router
+from ..config import DEFAULT_ROUTER, ConfigError, check_token, check_url, find_config, load_config
+from ..jobs import ACTIVE, JobState, parse_iso, span
+
+
+def fail(status, message: str) -> None:
+    click.echo(f"error {status} {message}", err=True)
+    click.echo("not retried", err=True)
+    sys.exit(1)
+
+
+def api_errors(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except ApiError as exc:
+            fail(exc.status, exc.message)
+    return wrapper
+
+
+def router_of(ctx: click.Context) -> Router:
+    """--router or $GPUQ_ROUTER, else the config's public_url; $GPUQ_TOKEN, else its token."""
+    opts = ctx.obj
+    url, source = opts.get("router"), "--router"
+    if not url and os.environ.get("GPUQ_ROUTER"):
+        url, source = os.environ["GPUQ_ROUTER"], "$GPUQ_ROUTER"
+    token = os.environ.get("GPUQ_TOKEN") or None  # set but empty: as if unset (the config's token is used)
+    try:
+        if url:
+            url = check_url(url, source)
+        if token:
+            check_token(token, "$GPUQ_TOKEN")
+    except ConfigError as exc:
+        raise click.UsageError(exc.message, ctx) from None
+    if not url or not token:
+        try:
+            path = find_config(opts.get("config"))
+            settings = load_config(path, env_token=False) if path else None
+        except ConfigError:
+            settings = None
+        if settings:
+            url = url or settings.public_url
+            token = token or settings.token
+    return Router(url or DEFAULT_ROUTER, token)
+
+
+def seg(text: str) -> str:
+    """A job id or node name as one URL path segment, exactly as typed: the router judges it."""
+    return quote(text, safe="")
+
+
+def ago(ts: str | None, end: str | None = None) -> str:
+    if not ts:
+        return "-"
+    return span((parse_iso(end) if end else time.time()) - parse_iso(ts))
+
+
+def about(seconds: float) -> str:
+    """A rough span for an estimate: '~40 s', '~4 min', '~1 h 20 min'."""
+    seconds = max(seconds, 0)
+    if seconds < 60:
+        return f"~{max(int(round(seconds)), 1)} s"
+    minutes = int(round(seconds / 60))
+    return f"~{minutes} min" if minutes < 60 else f"~{minutes // 60} h {minutes % 60:02d} min"
+
+
+def in_about(ts: str) -> str:
+    """'in ~4 min' to an estimated time, or 'now' when it is (about) here."""
+    seconds = parse_iso(ts) - time.time()
+    return "now" if seconds < 0.5 else f"in {about(seconds)}"
+
+
+def eta_summary(job: dict) -> str | None:
+    """'est. start in ~4 min, finish in ~9 min' (a waiting job), 'est. finish in ~2 min' (a
+    running one), with the reason when a time is unknown. None for a finished job."""
+    if job.get("state") not in ACTIVE or "eta_finish" not in job:
+        return None
+    finish = in_about(job["eta_finish"]) if job.get("eta_finish") else "unknown"
+    if job["state"] == JobState.QUEUED:
+        start = in_about(job["eta_start"]) if job.get("eta_start") else "unknown"
+        text = f"est. start {start}" + (f", finish {finish}" if job.get("eta_start") else "")
+    else:
+        text = f"est. finish {finish}"
+    return f"{text} ({job['eta_reason']})" if job.get("eta_reason") else text
+
+
+def excerpt(text: str, width: int = 50, more: bool = False) -> str:
+    """One line of at most `width` characters; `more`: the text goes on past what we hold."""
+    flat = " ".join(text.split())
+    if len(flat) > width:
+        return flat[: width - 1] + "…"
+    return flat + "…" if more else flat
+
+
+def prompt_excerpt(job: dict, width: int = 50) -> str:
+    """A listed job's prompt: listings carry its first characters and its size in bytes."""
+    text = job["prompt_excerpt"]
+    return excerpt(text, width, more=len(text.encode("utf-8")) < job["prompt_bytes"])
+
+
+def owner_of(job: dict) -> str:
+    """A job's owner as a column shows it: '-' for a job of no user."""
+    return excerpt(job.get("owner") or "-", 10)
