@@ -1,6 +1,5 @@
-"""Who may use the router: only requests addressed to its own host names (no DNS rebinding),
-an optional bearer token, and no state changes from other sites (the front door instead
-answers browsers as Ollama does, by CORS: gpuq/front/listener.py)."""
+"""The host names both doors answer to: a request addressed to another name may come from a web
+page whose domain was rebound to this machine (DNS rebinding), and is refused (Ollama's rule)."""
 
 from __future__ import annotations
 
@@ -11,19 +10,15 @@ import shutil
 import socket
 import subprocess
 from functools import lru_cache
-from typing import Callable
 from urllib.parse import urlparse
 
 from aiohttp import web
 
-from . import identity
 from ..config import Settings, normal_host
-from ..errors import Forbidden, MisdirectedRequest, Unauthorized
-from .identity import ANYONE, Caller
+from ..errors import MisdirectedRequest
 
 log = logging.getLogger("gpuq")
 
-UNSAFE_METHODS = ("POST", "PUT", "PATCH", "DELETE")
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})  # listen addresses, never a name a client uses
 # Ollama's allowed host names beside its own hostname (server/routes.go allowedHost): names
@@ -33,7 +28,6 @@ LOCAL_SUFFIXES = (".localhost", ".local", ".internal")
 PRIVATE_NETWORKS = tuple(ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
                                                            "fc00::/7"))
 TAILSCALE_TIMEOUT_S = 5.0
-CALLER = "gpuq.caller"  # request[CALLER]: who sent a request (gpuq/access/identity.py), set by access_middleware
 
 
 def router_hosts(settings: Settings) -> frozenset[str]:
@@ -138,62 +132,3 @@ def check_host(request: web.Request, allowed: frozenset[str]) -> None:
                                  "if it is really this router's name, add it to router.allowed_hosts in gpuq.toml")
 
 
-def token_of(request: web.Request) -> str | None:
-    header = request.headers.get("Authorization", "")
-    if header.startswith("Bearer "):
-        return header[len("Bearer "):].strip()
-    if request.path == "/api/events":  # EventSource cannot send headers
-        return request.query.get("token")
-    return None
-
-
-async def check_token(request: web.Request, settings: Settings) -> Caller:
-    """Who sends the request (gpuq/access/identity.py's who), kept as request[CALLER]; a request for
-    data by no one the router knows is 401. Only /api and /metrics carry data: /health reveals no
-    prompts, and the page's HTML and static files load without the token so the page can ask for it."""
-    if not (request.path.startswith("/api/") or request.path == "/metrics"):
-        return ANYONE
-    given = token_of(request)
-    caller = await identity.who(settings, [] if given is None else [given], request)
-    if caller is None:
-        raise Unauthorized("missing or wrong token: send 'Authorization: Bearer <token>' "
-                           "(the router's token and each [[user]]'s are set in gpuq.toml, or $GPUQ_TOKEN)"
-                           + ("; or call from a tailnet machine whose user has a [[user]]"
-                              if settings.identity == "tailscale" else ""))
-    return caller
-
-
-def check_same_site(request: web.Request) -> None:
-    """A page on another site must not change the queue through the user's browser."""
-    if request.method not in UNSAFE_METHODS:
-        return
-    site = request.headers.get("Sec-Fetch-Site")
-    if site is not None and site not in ("same-origin", "none"):
-        raise Forbidden(f"cross-site request refused (Sec-Fetch-Site: {site})")
-    origin = request.headers.get("Origin")
-    if origin is not None and origin != "null":
-        parsed = urlparse(origin)
-        if parsed.netloc != request.host:
-            raise Forbidden(f"cross-site request refused (Origin {origin} is not {request.host})")
-    elif origin == "null":
-        raise Forbidden("cross-site request refused (Origin: null)")
-
-
-def host_middleware(settings: Settings):
-    allowed = served_hosts(settings)
-
-    @web.middleware
-    async def middleware(request: web.Request, handler):
-        check_host(request, allowed)
-        return await handler(request)
-    return middleware
-
-
-def access_middleware(live: Callable[[], Settings]):
-    """`live`: the settings in force (a reload changes the users at once)."""
-    @web.middleware
-    async def middleware(request: web.Request, handler):
-        check_same_site(request)
-        request[CALLER] = await check_token(request, live())
-        return await handler(request)
-    return middleware

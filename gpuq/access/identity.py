@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import tailnet
 from ..config import Settings, UserConfig
+from . import tailnet
 
 
 @dataclass(frozen=True)

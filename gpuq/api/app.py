@@ -12,7 +12,7 @@ import time
 from aiohttp import web
 
 from ..access.connections import body_deadline
-from ..access.hosts import access_middleware, host_middleware
+from ..access.doors import api_access, host_middleware
 from ..bus import Bus
 from ..config import Settings
 from ..errors import DoorWords, http_error
@@ -99,7 +99,7 @@ def create_app(settings: Settings, clock=time.time) -> web.Application:
     app = web.Application(middlewares=[headers_middleware, errors_middleware,
                                        body_deadline(settings.body_timeout_s, lambda _, *error: error_response(*error)),
                                        host_middleware(settings),
-                                       access_middleware(lambda: app[DISPATCHER].settings)],
+                                       api_access(lambda: app[DISPATCHER].settings)],
                           client_max_size=settings.max_prompt_bytes * 2 + 65536)
     bus = Bus()
     store = Store(settings.database, settings.busy_timeout_s, clock, max_bytes=settings.max_database_bytes,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from ..access.hosts import CALLER
 from ..access.identity import ANYONE, Caller
+from ..access.tokens import CALLER
 from ..errors import Forbidden
 from ..store import Row
 from .inputs import job_id_of
@@ -15,7 +15,7 @@ from .state import STORE
 
 
 def caller_of(request: web.Request) -> Caller:
-    """Who sent the request: set by security.access_middleware on every /api route."""
+    """Who sent the request: set by access/doors.py's api_access on every /api route."""
     return request.get(CALLER, ANYONE)
 
 

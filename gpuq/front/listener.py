@@ -13,28 +13,54 @@ import asyncio
 import logging
 import socket
 import time
-from typing import Any, Callable
+from typing import Any
 
 from aiohttp import web
 
-from ..access import identity
-from ..bus import Bus
-from ..config import Settings
-from ..access.connections import BACKLOG, body_deadline, bind_sockets
-from ..node.dispatcher import Dispatcher
-from ..errors import (
-    BadRequest, Conflict, DoorWords, FrontError, IdTaken, ModelMissing, NotFound, OllamaError, StartupError,
-    StoreUnavailable, check_text, http_error, json_object, json_type,
-)
-from ..jobs import ACTIVE, new_job_id, normalize_model, preview_url
+from ..access.connections import BACKLOG, bind_sockets, body_deadline
+from ..access.doors import front_access
 from ..access.identity import ANYONE, Caller
 from ..access.lanes import Door, lane_for
-from ..access.hosts import CALLER, check_host, served_hosts, token_of
+from ..access.sites import cors_headers
+from ..access.tokens import CALLER
+from ..bus import Bus
+from ..config import Settings
+from ..errors import (
+    BadRequest,
+    Conflict,
+    DoorWords,
+    FrontError,
+    IdTaken,
+    ModelMissing,
+    NotFound,
+    OllamaError,
+    StartupError,
+    StoreUnavailable,
+    check_text,
+    http_error,
+    json_object,
+    json_type,
+)
+from ..jobs import ACTIVE, new_job_id, normalize_model, preview_url
+from ..node.dispatcher import Dispatcher
 from ..store import NewJob, Store
 from .anthropic import anthropic_error
-from .endpoints import ENDPOINTS, Endpoint, api_of, early_refusal, entries_of, front_nodes
+from .endpoints import (
+    ENDPOINTS,
+    Endpoint,
+    api_of,
+    early_refusal,
+    entries_of,
+    front_nodes,
+)
 from .ollama_api import (
-    collected, is_load_or_unload, load_or_unload_reply, merged_ps, merged_tags, ollama_error, pull_model_of,
+    collected,
+    is_load_or_unload,
+    load_or_unload_reply,
+    merged_ps,
+    merged_tags,
+    ollama_error,
+    pull_model_of,
     pull_progress,
 )
 from .openai_api import model_card, model_list, openai_error
@@ -51,23 +77,6 @@ LISTING_TIMEOUT_S = 3.0  # /api/ps and /api/show ask the nodes; a slow node is l
 # status, not Ollama's 499: 499 means "the client closed the request", and clients treat it as
 # their own abort and show nothing (Continue's streamResponse returns quietly on 499).
 ENDED_STATUS = 410
-# Browsers and Electron apps call the front door as they call Ollama: by CORS, with Ollama's
-# configuration (server/routes.go GenerateRoutes: cors.DefaultConfig, AllowWildcard, its
-# AllowHeaders; envconfig/config.go AllowedOrigins), answered as gin-contrib/cors v1.7.2 does.
-DEFAULT_ORIGINS = (
-    *(f"{scheme}://{host}{port}" for host in ("localhost", "127.0.0.1", "0.0.0.0")
-      for port in ("", ":*") for scheme in ("http", "https")),
-    "app://*", "file://*", "tauri://*", "vscode-webview://*", "vscode-file://*",
-)
-CORS_ALLOW_METHODS = "GET,POST,PUT,PATCH,DELETE,HEAD,OPTIONS"  # cors.DefaultConfig
-CORS_ALLOW_HEADERS = ",".join((  # canonical forms, as gin-contrib/cors writes them (utils.go)
-    "Authorization", "Content-Type", "User-Agent", "Accept", "X-Requested-With", "Openai-Beta",
-    "X-Stainless-Arch", "X-Stainless-Async", "X-Stainless-Custom-Poll-Interval", "X-Stainless-Helper-Method",
-    "X-Stainless-Lang", "X-Stainless-Os", "X-Stainless-Package-Version", "X-Stainless-Poll-Helper",
-    "X-Stainless-Retry-Count", "X-Stainless-Runtime", "X-Stainless-Runtime-Version", "X-Stainless-Timeout",
-))
-CORS_MAX_AGE = "43200"  # cors.DefaultConfig's MaxAge, 12 h
-CORS_ORIGIN = "gpuq.cors_origin"  # the request's allowed origin, for its answer's headers
 NOT_SERVED = ("/api/push", "/api/create", "/api/delete", "/api/copy", "/api/blobs")
 
 
@@ -139,98 +148,6 @@ async def errors_middleware(request: web.Request, handler):
         wait = error.retry_after_s  # both SDKs obey Retry-After
         return error_response(request, error.status, error.message, error.code,
                               headers={"Retry-After": str(wait)} if wait else None)
-
-
-def tokens_given(request: web.Request) -> list[str]:
-    """The tokens a call offers: Bearer, and on /v1/messages also x-api-key (the Anthropic SDK's
-    api_key and Claude Code's ANTHROPIC_API_KEY send it; ANTHROPIC_AUTH_TOKEN sends Bearer)."""
-    given = [token_of(request)]
-    if api_of(request.path) == "anthropic":
-        given.append(request.headers.get("x-api-key"))
-    return [t for t in given if t is not None]
-
-
-class Origins:
-    """Which browser origins may call the front door: Ollama's defaults and [front] origins (as
-    OLLAMA_ORIGINS), matched as gin-contrib/cors matches them (config.go validateOrigin: exact, or
-    one '*' as a prefix/suffix wildcard; a lone '*' allows every origin)."""
-
-    def __init__(self, configured: tuple[str, ...]):
-        listed = [*configured, *DEFAULT_ORIGINS]
-        self.everyone = "*" in listed
-        self.exact = frozenset(o for o in listed if "*" not in o)
-        self.wildcards = [tuple(o.split("*", 1)) for o in listed if "*" in o and o != "*"]
-
-    def allows(self, origin: str) -> bool:
-        if self.everyone or origin in self.exact:
-            return True
-        return any(origin.startswith(head) and origin.endswith(tail) and len(origin) >= len(head) + len(tail)
-                   for head, tail in self.wildcards)
-
-
-def cors(request: web.Request, origins: Origins) -> web.Response | None:
-    """gin-contrib/cors's applyCors for one request: no Origin, or the front door's own origin,
-    is not a CORS request; an origin not allowed is 403; a preflight (OPTIONS) from an allowed
-    one is answered here, 204, and any other call goes on, its answer marked for that origin."""
-    origin = request.headers.get("Origin")
-    if not origin or origin in (f"http://{request.host}", f"https://{request.host}"):
-        return None
-    if not origins.allows(origin):
-        raise FrontError(403, f"origin '{origin[:200]}' is not allowed to call this gpuq front door (as in Ollama, "
-                              "allowed are localhost, 127.0.0.1 and 0.0.0.0 on any port, app://, file://, tauri://, "
-                              "vscode-webview:// and vscode-file://); add it to [front] origins in gpuq.toml, "
-                              "as OLLAMA_ORIGINS")
-    request[CORS_ORIGIN] = "*" if origins.everyone else origin
-    if request.method != "OPTIONS":
-        return None
-    headers = {"Access-Control-Allow-Origin": request[CORS_ORIGIN], "Access-Control-Allow-Methods": CORS_ALLOW_METHODS,
-               "Access-Control-Allow-Headers": CORS_ALLOW_HEADERS, "Access-Control-Max-Age": CORS_MAX_AGE}
-    resp = web.Response(status=204, headers=headers)
-    if not origins.everyone:
-        for vary in ("Origin", "Access-Control-Request-Method", "Access-Control-Request-Headers"):
-            resp.headers.add("Vary", vary)
-    return resp
-
-
-async def cors_headers(request: web.Request, response: web.StreamResponse) -> None:
-    """Every answer to an allowed cross-origin call, errors and streams too, names its origin
-    (on_response_prepare: a stream's headers go out before its handler returns)."""
-    origin = request.get(CORS_ORIGIN)
-    if origin is not None and request.method != "OPTIONS":
-        response.headers["Access-Control-Allow-Origin"] = origin
-        if origin != "*":
-            response.headers.add("Vary", "Origin")
-
-
-def access_middleware(settings: Settings, live: Callable[[], Settings] | None = None):
-    """The router's own rules: its host names only (no DNS rebinding; Ollama's rule, gpuq/access/hosts.py),
-    browsers by CORS as Ollama allows them (a preflight needs no token: browsers send none), and
-    its token when one is set (Bearer, as the OpenAI SDK's api_key sends it), on every route but
-    `/` ("Ollama is running", which clients probe). Who calls is gpuq/access/identity.py's who, over the
-    live settings (`live`: a reload's [[user]] changes apply at once), kept as request[CALLER]."""
-    allowed = served_hosts(settings)
-    origins = Origins(settings.front_origins)
-
-    @web.middleware
-    async def middleware(request: web.Request, handler):
-        check_host(request, allowed)
-        preflight = cors(request, origins)
-        if preflight is not None:
-            return preflight
-        if request.method == "OPTIONS":  # no CORS, a known host: 204 (allowedHostsMiddleware)
-            return web.Response(status=204)
-        caller = await identity.who(live() if live else settings, tokens_given(request), request, any_key=True)
-        request[CALLER] = caller or ANYONE
-        if caller is None and request.path != "/":
-            if api_of(request.path) == "anthropic":
-                raise FrontError(401, "missing or wrong token: this gpuq front door needs the token as 'x-api-key: "
-                                      "<token>' or 'Authorization: Bearer <token>' (ANTHROPIC_API_KEY or "
-                                      "ANTHROPIC_AUTH_TOKEN=<token>)")
-            raise FrontError(401, "missing or wrong token: this gpuq front door needs 'Authorization: Bearer "
-                                  "<token>' (OpenAI SDK: api_key=<token>; ollama: "
-                                  "headers={'Authorization': 'Bearer <token>'})", "invalid_api_key")
-        return await handler(request)
-    return middleware
 
 
 def text_bytes(value: Any) -> int:
@@ -713,7 +630,8 @@ def create_front_app(settings: Settings, store: Store, dispatcher: Dispatcher, b
     """The front door's app; the router's app (gpuq/api/app.py) owns the store and dispatcher,
     and its workers run the calls' jobs through `relay` (the Dispatcher's calls)."""
     app = web.Application(middlewares=[errors_middleware, body_deadline(settings.body_timeout_s, error_response),
-                                       access_middleware(settings, lambda: dispatcher.settings)],
+                                       front_access(settings, lambda: dispatcher.settings,
+                                                    anthropic=lambda path: api_of(path) == "anthropic")],
                           client_max_size=settings.front_max_request_bytes)  # images: its text is checked apart
     app[FRONT] = Front(settings, store, dispatcher, bus, relay)
     app.on_shutdown.append(_closing)
