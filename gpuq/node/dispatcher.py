@@ -101,7 +101,7 @@ class Dispatcher:
             log.warning("job=%s node=%s state=cancelled reason=%r", o["id"], o["node"],
                         "client gone: the router restarted while it waited")
         for name in self.nodes:
-            self.workers[name].orphan_models = [o["model"] for o in orphans if o["node"] == name]
+            self.workers[name].vram.orphans = [o["model"] for o in orphans if o["node"] == name]
             self._start_loops(name)
         self.loops.start("leases", self.leases.run)
         if self.store.dsn:  # PostgreSQL: other routers change the queue too
