@@ -10,7 +10,7 @@ import ctypes.util
 import json
 import logging
 import time
-from typing import Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, TypeVar
 
 from ..bus import Bus
 from ..config import Settings
@@ -22,7 +22,7 @@ from .runtime import Current, NodeRuntime
 from .ollama import prompt_was_cut
 from ..params import merged_options
 from ..errors import GuardMiss
-from ..store import Store
+from ..store import Row, Store
 from .calls import Calls, Policy
 from .vram import Vram, idle_wait_s, same_model
 
@@ -91,7 +91,7 @@ class Worker:
         # Waiting for work with nothing claimed: a submit to this node may claim its head in the
         # submit's own commit and hand it over (take), with no wake-up claim of this worker's.
         self.idle = False
-        self.handed: dict | None = None  # such a job, not taken up yet
+        self.handed: Row | None = None  # such a job, not taken up yet
         self.polled = False  # the last idle wait ended by its timeout, not by a wake
         # Since when, and why, the store refuses this node's claims (None: the last one went
         # through): jobs waiting on an up, idle node that nothing claims are a stuck queue.
@@ -122,14 +122,14 @@ class Worker:
                 log.error("node=%s worker error: %s", self.rt.name, exc.message)
                 await self._wait(1.0)
 
-    async def _claim(self) -> dict | None:
+    async def _claim(self) -> dict[str, Any] | None:
         """The head of the node's queue: handed over by its submit, or claimed here once the
         node answers (as its monitor last heard: a connection it refuses after all puts the job
         back, see _not_reached); None after a wait for a wake. Claiming is the check that
         something waits: an empty claim writes nothing, so its commit costs no fsync."""
         if self.handed is not None:  # claimed already: run it (or put it back) whatever changed since
-            job, self.handed = self.handed, None
-            return job
+            handed, self.handed = self.handed, None
+            return handed
         if self.stopping:
             await self._wait(IDLE_POLL_S)
             return None
@@ -158,7 +158,7 @@ class Worker:
             await self._wait_idle(idle_wait_s(self.rt.warm_until, time.time(), IDLE_POLL_S))
         return job
 
-    def take(self, job: dict) -> None:
+    def take(self, job: Row) -> None:
         """A job its submit claimed for this worker while it waited idle (Store.submit's
         hand_over): this worker runs it as a job it claimed itself."""
         self.handed, self.idle, self.polled = job, False, False
@@ -205,7 +205,7 @@ class Worker:
             self.aborted_runs[run_id] = reason
         self.wake.set()
 
-    async def _run(self, job: dict) -> dict | None:
+    async def _run(self, job: Row) -> dict[str, Any] | None:
         """Run a claimed job to its end; returns the next job if its finish claimed one."""
         early = self.aborted_runs.pop(job["run_id"], None)
         self.aborted_runs.clear()  # older entries belong to runs this worker will never see again
@@ -236,7 +236,7 @@ class Worker:
             self.rt.current = None
             self.changed(job=job["id"], node=self.rt.name)
 
-    async def _end_lost(self, job: dict, cur: Current, exc: Exception) -> None:
+    async def _end_lost(self, job: Row, cur: Current, exc: Exception) -> None:
         """The worker broke while ending a job: the job must not stay "running" with no one
         running it (a queue head that only the stale check would find). It fails naming the
         crash, its model is unloaded; a job its finish claimed never reached Ollama and goes back
@@ -260,7 +260,7 @@ class Worker:
         except Exception:  # the store broke too: the stale check is the last net
             log.exception("job=%s node=%s could not record the crash", job["id"], self.rt.name)
 
-    async def _execute(self, job: dict, cur: Current) -> None:
+    async def _execute(self, job: Row, cur: Current) -> None:
         """The job's steps, in order: generate, record, unload, finish."""
         if not await self.vram.make_room(job):  # a model kept warm for another job leaves first
             message = f"not started: {self.rt.vram_stuck}"
@@ -273,7 +273,7 @@ class Worker:
         findings = None
         try:
             stats, error = await self._generate(job, cur)
-            if error is None:
+            if stats is not None:  # (None: the run failed, with `error`)
                 findings, error = await self._record(job, cur, stats)
         except OllamaUnreachable as exc:
             await self._not_reached(job, cur, exc)
@@ -285,7 +285,7 @@ class Worker:
         unloaded = await self.vram.after_job(job, error, cur.keep_s)
         await self._finish(job, cur, error, findings, unloaded)
 
-    async def _not_reached(self, job: dict, cur: Current, exc: OllamaUnreachable) -> None:
+    async def _not_reached(self, job: Row, cur: Current, exc: OllamaUnreachable) -> None:
         """The node refused the connection (or never completed it): the request never reached
         Ollama and nothing ran, so the job goes back to the head of its queue, with an event
         naming why (no retry of work that ran: none did), and the node is down until its
@@ -299,7 +299,7 @@ class Worker:
 
     # -- step 1: generate ---------------------------------------------------------------------
 
-    async def _generate(self, job: dict, cur: Current) -> tuple[dict | None, str | None]:
+    async def _generate(self, job: Row, cur: Current) -> tuple[dict[str, Any] | None, str | None]:
         """Stream the reply within the job's limit; returns Ollama's last chunk (its stats) or the
         error. A called job's waiting client hears of an error at once, with Ollama's status."""
         started = time.monotonic()
@@ -325,7 +325,7 @@ class Worker:
         except GpuqError as exc:  # a stored request this gpuq cannot read (written by another version)
             return None, self._told(job["id"], 400, f"cannot run the stored request: {exc.message}")
 
-    def _limit_s(self, job: dict) -> tuple[float, str]:
+    def _limit_s(self, job: Row) -> tuple[float, str]:
         runtime = self.settings.max_runtime_for(self.rt.config)
         timeout = job.get("timeout_s") or self.settings.job_timeout_s
         if timeout is not None and timeout < runtime:
@@ -338,7 +338,7 @@ class Worker:
         same = same_model(model, self.rt.config.model)
         return self.rt.config.think if same else None
 
-    async def _chat(self, job: dict, cur: Current) -> dict:
+    async def _chat(self, job: Row, cur: Current) -> dict[str, Any]:
         """gpuq's own job: its prompt (a critique's with the findings schema) as one chat."""
         config = self.rt.config
         critique = job["kind"] == Kind.CRITIQUE
@@ -358,7 +358,7 @@ class Worker:
             last_beat = await self._beat(job, cur, last_beat)
         raise OllamaError("Ollama's stream ended without done: true")
 
-    async def _call(self, job: dict, cur: Current) -> dict:
+    async def _call(self, job: Row, cur: Current) -> dict[str, Any]:
         """A job a client called for: its request as the front door prepares it under the node's
         policy, run on the node; its output kept as it comes."""
         call = self.calls.prepare(job, Policy(self._node_think(job["model"]), self.rt.config.options,
@@ -369,7 +369,7 @@ class Worker:
         self.sent_run = cur.run_id  # the request leaves now
         return await call.run(self.rt.client, RunSink(self, job, cur))
 
-    def _keep(self, job: dict, cur: Current, thought: str, text: str) -> None:
+    def _keep(self, job: Row, cur: Current, thought: str, text: str) -> None:
         """Keep a chunk's reasoning and answer apart, and show both to live followers; a piece
         past max_output_bytes is not kept and ends the job (an endless stream held 16-18 MB)."""
         if thought:
@@ -377,7 +377,7 @@ class Worker:
         if text:
             self._keep_piece(job, cur, "text", text, cur.output)
 
-    def _keep_piece(self, job: dict, cur: Current, kind: str, piece: str, pieces: list[str]) -> None:
+    def _keep_piece(self, job: Row, cur: Current, kind: str, piece: str, pieces: list[str]) -> None:
         size = cur.size + len(piece.encode())
         if size > (cap := self.settings.max_output_for(self.rt.config)):
             raise OutputCapped(f"the reply passed max_output_bytes ({cap} bytes): request aborted, "
@@ -386,7 +386,7 @@ class Worker:
         pieces.append(piece)
         self.bus.publish("tokens", {"id": job["id"], "run_id": cur.run_id, kind: piece})
 
-    async def _beat(self, job: dict, cur: Current, last_beat: float) -> float:
+    async def _beat(self, job: Row, cur: Current, last_beat: float) -> float:
         """Write the progress so far, at most every HEARTBEAT_S; returns when it last did."""
         if time.monotonic() - last_beat < HEARTBEAT_S:
             return last_beat
@@ -408,7 +408,8 @@ class Worker:
 
     # -- step 2: record -----------------------------------------------------------------------
 
-    async def _record(self, job: dict, cur: Current, stats: dict) -> tuple[list | None, str | None]:
+    async def _record(self, job: Row, cur: Current,
+                      stats: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, str | None]:
         """Write the reply and Ollama's stats; returns a critique's findings, and the error of a
         reply that cannot stand (cut at the token limit, findings that miss the schema)."""
         unsaved, thinking, upto = cur.unsaved()
@@ -429,7 +430,8 @@ class Worker:
         except FindingsError as exc:
             return None, f"the model's reply does not match the findings schema: {exc}; raw reply kept as output"
 
-    async def _warn_if_prompt_filled_context(self, job: dict, stats: dict, options: dict | None) -> None:
+    async def _warn_if_prompt_filled_context(self, job: Row, stats: dict[str, Any],
+                                             options: dict[str, Any] | None) -> None:
         """Ollama cuts a prompt too long for the context window with only a line in its own log.
         When the prompt tokens it evaluated show a cut, say so on the job (num_ctx from the options, else
         from the model's /api/show parameters; unknown: no warning)."""
@@ -468,7 +470,7 @@ class Worker:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RECORD_RETRY_MAX_S)
 
-    async def _after_abort(self, job: dict, cur: Current) -> None:
+    async def _after_abort(self, job: Row, cur: Current) -> None:
         log.info("job=%s node=%s aborted: %s", job["id"], self.rt.name, cur.abort_reason)
         output, thinking, upto = cur.unsaved()
         await self._persist(job["id"], "partial output", lambda: self.store.save_output(cur.run_id, output, thinking))
@@ -481,7 +483,7 @@ class Worker:
 
     # -- step 4: finish -----------------------------------------------------------------------
 
-    async def _finish(self, job: dict, cur: Current, error: str | None, findings: list | None,
+    async def _finish(self, job: Row, cur: Current, error: str | None, findings: list[dict[str, Any]] | None,
                       unloaded: bool) -> None:
         """Record the outcome. A node that just answered the unload check is reachable, so the
         finish may claim its next job in the same commit (cur.next_job)."""
@@ -507,7 +509,7 @@ class Worker:
 class RunSink:
     """What a called job's run (node/calls.py) keeps through its worker: output, heartbeat, events."""
 
-    def __init__(self, worker: Worker, job: dict, cur: Current):
+    def __init__(self, worker: Worker, job: Row, cur: Current):
         self.worker, self.job, self.cur = worker, job, cur
         self.last_beat = time.monotonic()
         self.not_due = asyncio.get_running_loop().create_future()  # awaited while no beat is due
