@@ -261,8 +261,8 @@ class Worker:
             log.exception("job=%s node=%s could not record the crash", job["id"], self.rt.name)
 
     async def _execute(self, job: Row, cur: Current) -> None:
-        """The job's steps, in order: generate, record, unload, finish."""
-        if not await self.vram.make_room(job):  # a model kept warm for another job leaves first
+        """The job's steps, in order: generate, record, unload (or keep warm: self.vram), finish."""
+        if not await self.vram.make_room(job):  # a kept model of another model would not leave
             message = f"not started: {self.rt.vram_stuck}"
             await self._persist(job["id"], "outcome", lambda: self.store.finish(
                 job["id"], cur.run_id, JobState.FAILED, message))
