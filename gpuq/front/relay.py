@@ -13,6 +13,7 @@ from typing import AsyncIterator, Callable
 from ..errors import OllamaError
 from ..node.calls import Policy, Sink
 from ..node.ollama import OllamaClient
+from ..node.vram import call_keep_alive, call_keep_s
 from .anthropic import relaxes_thinking
 from .endpoints import STREAMED_ROUTES, api_of, node_request
 from .ollama_api import keep_alive_s
@@ -83,7 +84,7 @@ class Relay:
         # The node is asked with the client's keep_alive (capped), so a router that dies leaves the
         # model to Ollama's own timer; else with the node's policy (0: unloaded after the job).
         route, body = node_request(job["endpoint"], client, policy.think, policy.options,
-                                   _seconds(keep_s) if keep_s > 0 else policy.keep_alive)
+                                   call_keep_alive(keep_s, policy))
         return NodeRun(self, job, node, route, body, keep_s)
 
     def waits(self, job_id: str) -> bool:
@@ -101,18 +102,13 @@ def client_keep_s(endpoint: str, body: dict, policy: Policy) -> float:
     """How long a call's model may stay loaded after it, in seconds: the client's keep_alive as
     Ollama reads it (a negative one, forever, becomes the cap), [front] keep_alive when it sends
     none (OpenAI's and Anthropic's APIs carry none: Ollama gives them its default too), never
-    more than [front] max_keep_alive."""
+    more than [front] max_keep_alive (gpuq/node/vram.py's call_keep_s)."""
     value = body.get("keep_alive") if api_of(endpoint) == "ollama" and isinstance(body, dict) else None
     if value is None:
         asked: float | None = policy.front_keep_s
     else:
         asked = keep_alive_s(value)
-    return policy.front_max_keep_s if asked is None else max(min(asked, policy.front_max_keep_s), 0.0)
-
-
-def _seconds(keep_s: float) -> int | float:
-    """Seconds as Ollama takes a number for keep_alive (api/types.go Duration: float64 seconds)."""
-    return int(keep_s) if keep_s == int(keep_s) else keep_s
+    return call_keep_s(asked, policy)
 
 
 class NodeRun:

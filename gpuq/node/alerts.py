@@ -13,6 +13,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 import aiohttp
@@ -20,6 +21,11 @@ import aiohttp
 from ..config import Settings
 from ..errors import GpuqError, NotFound, described
 from ..jobs import iso, parse_iso, span
+from ..store import Store
+from .runtime import NodeRuntime
+
+if TYPE_CHECKING:
+    from .dispatcher import Dispatcher
 
 log = logging.getLogger("gpuq")
 
@@ -49,7 +55,7 @@ class Condition:
         return self.alert, self.node, self.job or ""
 
 
-def conditions(stale_heads: list[dict], nodes: list, waiting: dict[str, int]) -> list[Condition]:
+def conditions(stale_heads: list[dict[str, Any]], nodes: list[NodeRuntime], waiting: dict[str, int]) -> list[Condition]:
     """What fires now: each stale head, each checked node that is down with jobs waiting on
     it, each node with a model stuck in VRAM. `nodes` are the dispatcher's NodeRuntimes,
     `waiting` the queued jobs per node (held critiques included, as /health counts them)."""
@@ -83,7 +89,7 @@ def plural(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
 
 
-def notice(row: dict, status: str) -> dict:
+def notice(row: dict[str, Any], status: str) -> dict[str, Any]:
     """The JSON body of a notice (for ntfy it becomes a title and a text)."""
     firing = status == "firing"
     return {"status": status, "alert": row["alert"], "node": row["node"], "job": row["job_id"],
@@ -91,7 +97,7 @@ def notice(row: dict, status: str) -> dict:
             "fix": row["fix"] if firing else None}
 
 
-def request_for(body: dict, settings: Settings, alert_id: int) -> dict:
+def request_for(body: dict[str, Any], settings: Settings, alert_id: int) -> dict[str, Any]:
     """aiohttp.post keyword arguments for a notice, in the configured format."""
     headers = {"Idempotency-Key": f"gpuq-alert-{alert_id}-{body['status']}"}  # a receiver may dedupe
     if settings.alert_token:
@@ -114,13 +120,13 @@ def request_for(body: dict, settings: Settings, alert_id: int) -> dict:
 
 def retry_after_s(attempts: int) -> float:
     """The wait after `attempts` failed tries of one notice."""
-    return min(RETRY_FIRST_S * 2 ** max(attempts - 1, 0), RETRY_MAX_S)
+    return min(RETRY_FIRST_S * 2.0 ** max(attempts - 1, 0), RETRY_MAX_S)
 
 
 class Alerter:
     """Turns conditions into firings and resolutions, and delivers their notices."""
 
-    def __init__(self, settings: Settings, store, dispatcher) -> None:
+    def __init__(self, settings: Settings, store: Store, dispatcher: Dispatcher) -> None:
         self.settings = settings
         self.store = store
         self.dispatcher = dispatcher
@@ -206,7 +212,7 @@ class Alerter:
             self.owed.set()
         return fired, resolved
 
-    async def _resolution(self, row: dict, rt) -> str:
+    async def _resolution(self, row: dict[str, Any], rt: NodeRuntime | None) -> str:
         took = f"after {span(time.time() - parse_iso(row['since']))}"
         if rt is None:
             return f"node {row['node']} is no longer in the config ({took})"
@@ -243,7 +249,7 @@ class Alerter:
                 attempts = 0  # the resolved notice's tries start now
         return delivered
 
-    async def _deliver(self, row: dict, status: str, attempt: int) -> bool:
+    async def _deliver(self, row: dict[str, Any], status: str, attempt: int) -> bool:
         body = notice(row, status)
         http_status, error = None, None
         assert self.session is not None and self.settings.alert_url is not None

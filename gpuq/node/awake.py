@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 from ..jobs import iso
 
@@ -38,7 +39,7 @@ class Awake:
     def __init__(self, enabled: bool = True, release_after_s: float = RELEASE_AFTER_S):
         self.enabled = enabled
         self.release_after_s = release_after_s
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.by: str | None = None
         self.since: float | None = None
         self.error: str | None = None  # why none is held while jobs run (the tool is missing, it exited)
@@ -116,10 +117,10 @@ class Awake:
             proc.wait()
         log.info("keep awake: released (no job runs)")
 
-    def json(self) -> dict | None:
+    def json(self) -> dict[str, Any] | None:
         """/health's "awake": null when nothing runs (or keep_awake is off)."""
         self._check()
-        if self.proc is not None:
+        if self.proc is not None and self.since is not None:  # (set together)
             return {"held": True, "by": self.by, "since": iso(self.since), "pid": self.proc.pid}
         if self.error is not None:
             return {"held": False, "by": None, "since": None, "error": self.error}

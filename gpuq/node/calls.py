@@ -8,6 +8,7 @@ Dispatcher alone) a called job fails, naming why."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -19,7 +20,7 @@ from .ollama import OllamaClient
 class Policy:
     """What the node decides of every request it gets, whatever the client asked."""
     think: bool | str | None  #: the node's think, for its own model (None: the client's, or none)
-    options: dict | None  #: the node's options, under the client's
+    options: dict[str, Any] | None  #: the node's options, under the client's
     keep_alive: int | str  #: 0: the model leaves VRAM after the job; or how long it stays warm
     #: A called job's model stays loaded as its client asks ([front] keep_alive when it does not
     #: ask, max_keep_alive at most), while nothing else waits for the node (the worker sees to that).
@@ -37,7 +38,7 @@ class Sink(Protocol):
     def summary(self, text: str) -> None:
         """What the job's output shows of a reply not kept (an embedding's vectors)."""
 
-    async def beat(self) -> None:
+    def beat(self) -> Awaitable[None]:
         """Write the progress so far (at most every HEARTBEAT_S)."""
 
     async def note(self, message: str) -> None:
@@ -45,16 +46,16 @@ class Sink(Protocol):
 
 
 class NodeCall(Protocol):
-    options: dict | None  #: the options the node gets (for the context-length check after)
+    options: dict[str, Any] | None  #: the options the node gets (for the context-length check after)
     keep_s: float  #: how long the client asked its model to stay loaded after (0: unload as ever)
 
-    async def run(self, client: OllamaClient, sink: Sink) -> dict:
+    async def run(self, client: OllamaClient, sink: Sink) -> dict[str, Any]:
         """Send the request and follow it to its end; returns Ollama's last chunk (its stats).
         Raises OllamaError (OllamaUnreachable: nothing was sent) as the client does."""
 
 
 class Calls(Protocol):
-    def prepare(self, job: dict, policy: Policy, node: str) -> NodeCall:
+    def prepare(self, job: dict[str, Any], policy: Policy, node: str) -> NodeCall:
         """The node's request for a called job (raises GpuqError for a stored request this
         router cannot read)."""
 
@@ -71,7 +72,7 @@ class Calls(Protocol):
 class NoCalls:
     """A Dispatcher with no front door wired: nothing waits, and a called job cannot run."""
 
-    def prepare(self, job: dict, policy: Policy, node: str) -> Any:
+    def prepare(self, job: dict[str, Any], policy: Policy, node: str) -> Any:
         raise GpuqError("no front door is wired to this router's workers: a called job cannot be translated")
 
     def waits(self, job_id: str) -> bool:

@@ -8,6 +8,7 @@ import logging
 import math
 import time
 from collections import Counter
+from typing import Any
 
 import aiohttp
 
@@ -60,7 +61,7 @@ class Dispatcher:
         # front door's (gpuq/front/relay.py), given by the daemon before start().
         self.calls: Calls = calls or NoCalls()
         self.awake = Awake(settings.keep_awake)  # a sleep inhibitor held while any job runs
-        self.retiring: set[asyncio.Future] = set()  # removed nodes whose loops end after their running job
+        self.retiring: set[asyncio.Future[None]] = set()  # removed nodes whose loops end after their running job
         self.retired: dict[str, Worker] = {}  # their workers meanwhile (a running job can still be aborted)
         self.removing: set[str] = set()  # nodes a reload is taking out: no placement or move there
         self.draining_since: float | None = None  # told to stop, waiting for the running jobs
@@ -75,7 +76,7 @@ class Dispatcher:
         """Users' max_running, which every claim of the store applies."""
         self.store.max_running = settings.max_running
 
-    async def start(self, stuck: list[dict] | None = None) -> None:
+    async def start(self, stuck: list[dict[str, Any]] | None = None) -> None:
         """`stuck`: the models a previous router saw stuck in VRAM (open vram_stuck alerts, with
         node, model, message, since, job_id): each node stays flagged until /api/ps shows its
         model gone, as it would have without the restart."""
@@ -101,7 +102,7 @@ class Dispatcher:
             log.warning("job=%s node=%s state=cancelled reason=%r", o["id"], o["node"],
                         "client gone: the router restarted while it waited")
         for name in self.nodes:
-            self.workers[name].orphan_models = [o["model"] for o in orphans if o["node"] == name]
+            self.workers[name].vram.orphans = [o["model"] for o in orphans if o["node"] == name]
             self._start_loops(name)
         self.loops.start("leases", self.leases.run)
         if self.store.dsn:  # PostgreSQL: other routers change the queue too
@@ -126,13 +127,14 @@ class Dispatcher:
 
     def _wire(self, cfg: NodeConfig) -> NodeRuntime:
         """A node's runtime, health monitor and worker (their loops are started apart)."""
-        rt = self.nodes[cfg.name] = NodeRuntime(cfg, self._client(cfg))
-        monitor = self.monitors[cfg.name] = NodeMonitor(rt, self.store, self.settings.health_interval_s,
-                                                        self._changed, lambda name=cfg.name: self.wake(name))
-        worker = self.workers[cfg.name] = Worker(rt, monitor, self.settings, self.store, self.bus, self.calls,
+        name = cfg.name
+        rt = self.nodes[name] = NodeRuntime(cfg, self._client(cfg))
+        monitor = self.monitors[name] = NodeMonitor(rt, self.store, self.settings.health_interval_s,
+                                                    self._changed, lambda: self.wake(name))
+        worker = self.workers[name] = Worker(rt, monitor, self.settings, self.store, self.bus, self.calls,
                                                  self._changed, self.wake)
         worker.stopping = self.quiesced  # a node a reload adds while the router drains starts nothing
-        worker.leased = lambda name=cfg.name: self.leases.holds(name)
+        worker.leased = lambda: self.leases.holds(name)
         worker.lease_lapsed = self.leases.wake.set  # renew now: the store says whether it is still ours
         return rt
 
@@ -164,11 +166,11 @@ class Dispatcher:
         settings = self.settings = plan.settings
         self._limit_running(settings)
         for name in plan.removed:
-            rt = self.nodes.pop(name)
+            gone = self.nodes.pop(name)
             self.monitors.pop(name)
             worker = self.retired[name] = self.workers.pop(name)
             worker.stopping = True
-            retiring = asyncio.ensure_future(self._retire(rt))
+            retiring = asyncio.ensure_future(self._retire(gone))
             self.retiring.add(retiring)
             retiring.add_done_callback(self.retiring.discard)
         self.removing.difference_update(plan.removed)
@@ -210,7 +212,7 @@ class Dispatcher:
         for worker in self.workers.values():
             worker.stopping = True
 
-    def running(self) -> list[dict]:
+    def running(self) -> list[dict[str, Any]]:
         """The jobs whose request went to a node and that have not ended: what a drain waits for
         (a job claimed but never sent goes back to its queue at the stop)."""
         return [{"job": cur.job_id, "node": name} for name, cur in self._sent()]
@@ -221,12 +223,12 @@ class Dispatcher:
         return [(name, w.rt.current) for name, w in workers.items()
                 if w.rt.current is not None and w.rt.current.run_id == w.sent_run]
 
-    def draining_json(self) -> dict | None:
+    def draining_json(self) -> dict[str, Any] | None:
         if self.draining_since is None:
             return None
         return {"since": iso(self.draining_since), "running": self.running()}
 
-    async def fail_running(self, reason: str) -> list[dict]:
+    async def fail_running(self, reason: str) -> list[dict[str, Any]]:
         """The router stops at once: its loops end (each running request is cut), then every job
         that was running fails with `reason`, its output so far kept, its waiting front-door
         client told. Returns the jobs failed."""
@@ -313,7 +315,7 @@ class Dispatcher:
 
     # -- start estimates ----------------------------------------------------------------------
 
-    async def estimates(self, rows: list[dict] | None = None) -> dict[str, eta.Estimate]:
+    async def estimates(self, rows: list[dict[str, Any]] | None = None) -> dict[str, eta.Estimate]:
         """eta.estimate over the queues now: two reads (the plans, the recent run times). `rows`:
         the running and waiting jobs already read, in queue order (then only the run times are read)."""
         runtimes = self.nodes
@@ -335,7 +337,7 @@ class Dispatcher:
                  for name, rt in runtimes.items()]
         return eta.estimate(plans, history, time.time())
 
-    async def _preempt_for(self, job: dict, call: bool) -> dict:
+    async def _preempt_for(self, job: Row, call: bool) -> dict[str, Any]:
         """[router] interactive_preempts: a waiting interactive job interrupts a running batch
         job (as `gpuq preempt` does: to the head, the batch job back behind it, its run recorded
         preempted and its Ollama request aborted): on the node where it starts soonest
@@ -368,7 +370,7 @@ class Dispatcher:
             log.info("job=%s node=%s state=queued reason=%r", interrupted.job_id, interrupted.node, reason)
         return job
 
-    async def _elsewhere_for(self, job: dict, infos: list[NodeInfo]) -> str | None:
+    async def _elsewhere_for(self, job: Row, infos: list[NodeInfo]) -> str | None:
         """Another node where the job starts sooner (placement.preempt_elsewhere, read from the
         running jobs' lanes and models), or None."""
         try:
@@ -393,7 +395,7 @@ class Dispatcher:
                          " router its client called: " + (f"call {' or '.join(there)} instead" if there else
                                                           "no router drives one (are the nodes up?)"), status=503)
 
-    def _hand_over(self, job: dict) -> None:
+    def _hand_over(self, job: Row) -> None:
         """A job its submit claimed for an idle node's worker (Store.submit), to that worker."""
         self.workers[job["node"]].take(job)
 
@@ -402,7 +404,7 @@ class Dispatcher:
             if node is None or name == node:
                 worker.wake.set()
 
-    def elsewhere(self, change: dict | None) -> None:
+    def elsewhere(self, change: dict[str, Any] | None) -> None:
         """A job another router changed ({id, node, state}; None: changes unknown, look at all):
         the node's worker looks for work, the pages and followers look again, and a job running
         here that another router took off its node (deleted, preempted, cleared) is aborted."""
@@ -421,8 +423,9 @@ class Dispatcher:
 
     def abort(self, interrupted: Interrupted | None, reason: str) -> None:
         """Stop a running job's Ollama request (closing it stops Ollama's generation)."""
-        worker = (self.workers.get(interrupted.node) or self.retired.get(interrupted.node)
-                  if interrupted is not None else None)
+        if interrupted is None:
+            return
+        worker = self.workers.get(interrupted.node) or self.retired.get(interrupted.node)
         if worker is not None:
             worker.abort(interrupted.run_id, reason)
 
@@ -441,7 +444,7 @@ class Dispatcher:
         """Every node's runtime, a removed one still running its last job too."""
         return [*self.nodes.values(), *(w.rt for w in self.retired.values())]
 
-    def _changed(self, **data) -> None:
+    def _changed(self, **data: Any) -> None:
         # Jobs running now: a worker says "running" just before its job becomes its current one.
         running = {rt.name for rt in self.runtimes() if rt.current is not None}
         if data.get("state") == JobState.RUNNING and data.get("node"):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, TypedDict
 
 import aiohttp
 import orjson
@@ -23,12 +23,13 @@ def _message(body: str, status: int) -> str:
         data = json.loads(body)
     except ValueError:
         return body.strip() or f"HTTP {status}"
-    if isinstance(data, dict) and isinstance(data.get("error"), str):
-        return data["error"]
+    error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, str):
+        return error
     return body.strip()
 
 
-def _progress(chunk: dict) -> bool:
+def _progress(chunk: dict[str, Any]) -> bool:
     """Does a stream chunk carry a token: text (answer or reasoning), a tool call?"""
     message = chunk.get("message") or {}
     return bool(message.get("content") or message.get("thinking") or message.get("tool_calls")
@@ -47,12 +48,18 @@ STATS = ("eval_count", "prompt_eval_count", "total_duration", "load_duration", "
 # Every request to a node asks for its bytes as they are and follows no redirect: a compressed
 # reply can unpack a thousandfold (1 MB of gzip was 1 GB of empty lines, unpacked on the event
 # loop), and a redirect would send the prompt to another server and take its answer as the node's.
-NODE_REQUEST = {"headers": {"Accept-Encoding": "identity"}, "allow_redirects": False, "auto_decompress": False}
+class NodeRequest(TypedDict):
+    headers: dict[str, str]
+    allow_redirects: bool
+    auto_decompress: bool
+
+
+NODE_REQUEST = NodeRequest(headers={"Accept-Encoding": "identity"}, allow_redirects=False, auto_decompress=False)
 MAX_REPLY_BYTES = 16 << 20  # a non-streamed reply read whole (a verbose /api/show is a few MB)
 STREAM_HEADERS = {**NODE_REQUEST["headers"], "Content-Type": "application/json"}  # a body of our own JSON
 
 
-def _body(body: dict) -> bytes:
+def _body(body: dict[str, Any]) -> bytes:
     """A request's JSON by orjson (a few us, where aiohttp's json= runs json.dumps and wraps it in
     a payload object); what orjson refuses (a lone surrogate, an int past 64 bits) by json."""
     try:
@@ -85,7 +92,9 @@ class _ReadDeadline:
 
     def __init__(self, at: float):
         self.loop = asyncio.get_running_loop()
-        self.task = asyncio.current_task()
+        task = asyncio.current_task()
+        assert task is not None  # (made by a coroutine, which runs in a task)
+        self.task = task
         self.at = at
         self.reading = self.expired = False
         self.handle: asyncio.TimerHandle | None = None
@@ -215,7 +224,7 @@ class OllamaClient:
     def _wrong(self, what: str) -> OllamaError:
         return OllamaError(f"{self.name} sent {what}")
 
-    async def _object(self, path: str, timeout_s: float = 10.0) -> dict:
+    async def _object(self, path: str, timeout_s: float = 10.0) -> dict[str, Any]:
         data = await self._request("GET", path, timeout_s=timeout_s)
         if not isinstance(data, dict):
             raise self._wrong(f"{path} as a JSON {json_type(data)}, not an object")
@@ -223,11 +232,12 @@ class OllamaClient:
 
     async def version(self) -> str:
         data = await self._object("/api/version")
-        if not isinstance(data.get("version"), str):
+        version = data.get("version")
+        if not isinstance(version, str):
             raise self._wrong(f"/api/version without a 'version' string: {_snippet(data)}")
-        return data["version"]
+        return version
 
-    async def _models(self, path: str, timeout_s: float = 10.0) -> list[dict]:
+    async def _models(self, path: str, timeout_s: float = 10.0) -> list[dict[str, Any]]:
         """The entries of a {"models": [{"name": ...}]} list (/api/tags, /api/ps), as sent."""
         models = (await self._object(path, timeout_s)).get("models")
         if models is None:  # Go encodes an empty list as null
@@ -242,18 +252,19 @@ class OllamaClient:
     async def _model_names(self, path: str, timeout_s: float = 10.0) -> set[str]:
         return {normalize_model(m["name"]) for m in await self._models(path, timeout_s)}
 
-    async def tags(self) -> list[dict]:
+    async def tags(self) -> list[dict[str, Any]]:
         """/api/tags' models as the node describes them (names, details, capabilities)."""
         return await self._models("/api/tags")
 
     async def installed(self) -> set[str]:
         return await self._model_names("/api/tags")
 
-    async def ps(self, timeout_s: float = 10.0) -> list[dict]:
+    async def ps(self, timeout_s: float = 10.0) -> list[dict[str, Any]]:
         """/api/ps' models as the node describes them."""
         return await self._models("/api/ps", timeout_s)
 
-    async def post(self, path: str, body: dict, timeout_s: float | None = None, max_bytes: int | None = None) -> Any:
+    async def post(self, path: str, body: dict[str, Any], timeout_s: float | None = None,
+                   max_bytes: int | None = None) -> Any:
         """One JSON request and its JSON answer (/api/show, /api/embed), within `timeout_s`
         (default: load_timeout, as a cold load comes first) and `max_bytes` (default:
         max_reply_bytes); an error status raises OllamaError with Ollama's message and status."""
@@ -295,7 +306,7 @@ class OllamaClient:
         return None
 
     async def chat(self, model: str, prompt: str, fmt: Any = None, think: bool | str | None = None,
-                   options: dict | None = None, keep_alive: int | str = 0) -> AsyncIterator[dict]:
+                   options: dict[str, Any] | None = None, keep_alive: int | str = 0) -> AsyncIterator[dict[str, Any]]:
         """Stream /api/chat, by default with keep_alive 0 (the model unloads when the request ends).
 
         Yields each chunk; the last one has done: true. Raises OllamaError on an HTTP error,
@@ -316,7 +327,8 @@ class OllamaClient:
             for _, chunk in lines:
                 yield chunk
 
-    async def stream(self, path: str, body: dict, max_line: int | None = None) -> AsyncIterator[tuple[bytes, dict]]:
+    async def stream(self, path: str, body: dict[str, Any],
+                     max_line: int | None = None) -> AsyncIterator[tuple[bytes, dict[str, Any]]]:
         """Stream /api/chat or /api/generate: each line as Ollama sent it, and parsed. The same
         limits and failures as chat(); an error status keeps Ollama's status. A line may be
         `max_line` bytes long (default: the reader's buffer limit)."""
@@ -324,8 +336,8 @@ class OllamaClient:
             for item in lines:
                 yield item
 
-    async def stream_reads(self, path: str, body: dict,
-                           max_line: int | None = None) -> AsyncIterator[list[tuple[bytes, dict]]]:
+    async def stream_reads(self, path: str, body: dict[str, Any],
+                           max_line: int | None = None) -> AsyncIterator[list[tuple[bytes, dict[str, Any]]]]:
         """stream(), the lines of one read of the node's connection at a time (at least one): a
         consumer can do its per-read work (a write to its client) once per read, not per line.
         A line that fails comes after the good lines before it, as in stream()."""
@@ -458,6 +470,6 @@ class OllamaClient:
         if type(value) is not kind:
             raise self._wrong(f"a chat line whose '{key}' is a JSON {json_type(value)}, not {EXPECTED[kind]}")
         # Go's encoder never writes one; text holding one cannot be stored or sent on as UTF-8.
-        if halves and kind is str and value and (half := LONE_SURROGATE.search(value)):
+        if halves and isinstance(value, str) and value and (half := LONE_SURROGATE.search(value)):
             raise self._wrong(f"a chat line whose '{key}' holds a lone surrogate "
                               f"(\\u{ord(half.group()):04x}), not text")

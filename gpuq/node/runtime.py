@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..config import NodeConfig
 from .ollama import OllamaClient
@@ -25,7 +26,7 @@ class NodeRuntime:
     since: float = field(default_factory=time.time)
     model_installed: bool | None = None
     installed: frozenset[str] | None = None  # the models /api/tags listed at the last answer
-    tags: list[dict] = field(default_factory=list)  # those models as /api/tags described them
+    tags: list[dict[str, Any]] = field(default_factory=list)  # those models as /api/tags described them
     version: str | None = None  # /api/version's answer at the last check
     vram_stuck: str | None = None  # set when a model would not leave VRAM
     stuck_model: str | None = None  # which model (a job may have asked for another than the node's)
@@ -56,17 +57,17 @@ class Current:
 
     job_id: str
     run_id: int
-    task: asyncio.Task | None = None
+    task: asyncio.Task[None] | None = None
     output: list[str] = field(default_factory=list)  # the answer, one piece per token
     thinking: list[str] = field(default_factory=list)  # the reasoning, apart from the answer
-    options: dict | None = None  # the Ollama options the request carried
+    options: dict[str, Any] | None = None  # the Ollama options the request carried
     keep_s: float = 0.0  # a front-door call's keep_alive: how long its model may stay loaded after
     saved: tuple[int, int] = (0, 0)  # pieces of output and of thinking the store already holds
     size: int = 0  # bytes of output and thinking held (UTF-8), against max_output_bytes
     merged: tuple[int, int] = (0, 0)  # pieces of output and of thinking joined by compact()
     abort_reason: str | None = None
     lost: bool = False  # another router took the node mid-job (and failed the job): not relayed further
-    next_job: dict | None = None  # claimed in the same transaction that finished this one
+    next_job: dict[str, Any] | None = None  # claimed in the same transaction that finished this one
 
     @property
     def thinking_tokens(self) -> int:

@@ -8,7 +8,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 from ..errors import described
 from ..jobs import iso
@@ -30,7 +30,7 @@ class Loop:
     crashed_at: float | None = None
     restart_in_s: float | None = None
     crashes: int = 0
-    task: asyncio.Task | None = field(default=None, repr=False)
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property
     def alive(self) -> bool:
@@ -43,7 +43,7 @@ class Loop:
     def problem(self) -> str:
         return f"{self.name} crashed ({self.error}); restarting in {self.restart_in_s:g}s"
 
-    def json(self) -> dict:
+    def json(self) -> dict[str, Any]:
         return {"loop": self.name, "node": self.node, "since": iso(self.crashed_at) if self.crashed_at else None,
                 "error": self.problem(), "crashes": self.crashes}
 

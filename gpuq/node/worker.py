@@ -1,6 +1,6 @@
 """One worker per node: claim the head of its queue, and run it in four steps: generate (stream
-the reply from Ollama), record it, unload the model (and confirm through /api/ps that it left
-VRAM), finish the job. Nothing is retried: every failure ends the job, loudly."""
+the reply from Ollama), record it, unload the model or keep it warm (gpuq/node/vram.py: /api/ps
+confirms it left VRAM), finish the job. Nothing is retried: every failure ends the job, loudly."""
 
 from __future__ import annotations
 
@@ -10,20 +10,21 @@ import ctypes.util
 import json
 import logging
 import time
-from typing import Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, TypeVar
 
 from ..bus import Bus
 from ..config import Settings
 from ..critique import FINDINGS_SCHEMA, FindingsError, instruction, parse_findings
 from ..errors import GpuqError, OllamaError, OllamaUnreachable, StoreUnavailable, described
-from ..jobs import JobState, Kind, normalize_model
+from ..jobs import JobState, Kind
 from .monitor import NodeMonitor
 from .runtime import Current, NodeRuntime
 from .ollama import prompt_was_cut
 from ..params import merged_options
 from ..errors import GuardMiss
-from ..store import Store
+from ..store import Row, Store
 from .calls import Calls, Policy
+from .vram import Vram, idle_wait_s, same_model
 
 log = logging.getLogger("gpuq")
 
@@ -31,17 +32,8 @@ T = TypeVar("T")
 
 IDLE_POLL_S = 5.0  # the fallback poll; a submit wakes the worker at once
 HEARTBEAT_S = 1.0  # progress is written at most this often while tokens stream
-# A real unload takes a few hundred ms after keep_alive: 0 returns, and the next job waits for
-# /api/ps to show it gone: ask often (a backoff overshot a 200 ms unload by 114 ms), and less
-# often only once an unload is slow.
-UNLOAD_POLL_S = 0.025
-UNLOAD_POLL_FAST_S = 2.0
 RECORD_RETRY_MAX_S = 5.0  # the longest wait between tries to record a job's outcome
 OLLAMA_DEFAULT_CONTEXT = 4096  # num_ctx when neither the job, the node nor the model sets one
-MIN_REQUEST_S = 0.05  # the shortest limit given to one request to a node
-# With unload = "when-idle", the model a job leaves loaded for the next one of the same model.
-# Bounded, so a router that dies does not pin it forever; an idle node unloads it at once.
-KEEP_WARM = "10m"
 # Why a claimed job goes back to the head of its queue when the router stops before sending it.
 NOT_SENT = "back to the head of the queue: the router stopped before this run's request reached Ollama"
 
@@ -86,7 +78,8 @@ class Worker:
         self.changed = changed
         self.wake_all = wake_all
         self.wake = asyncio.Event()
-        self.orphan_models: list[str] = []  # a dead router's jobs' models, to unload first
+        # What the node's VRAM holds between jobs: unloaded after each, or a model kept warm.
+        self.vram = Vram(rt, monitor, settings, store, self.note, lambda: self.stopping)
         # Runs aborted before this worker took them up (a delete racing the claim's return).
         self.aborted_runs: dict[int, str] = {}
         self.context_lengths: dict[str, int | None] = {}  # /api/show's num_ctx per model
@@ -98,30 +91,16 @@ class Worker:
         # Waiting for work with nothing claimed: a submit to this node may claim its head in the
         # submit's own commit and hand it over (take), with no wake-up claim of this worker's.
         self.idle = False
-        self.handed: dict | None = None  # such a job, not taken up yet
+        self.handed: Row | None = None  # such a job, not taken up yet
         self.polled = False  # the last idle wait ended by its timeout, not by a wake
         # Since when, and why, the store refuses this node's claims (None: the last one went
         # through): jobs waiting on an up, idle node that nothing claims are a stuck queue.
         self.claim_refused: tuple[float, str] | None = None
 
-    # The model left loaded on purpose (the runtime holds it, for the pages and the metrics): for
-    # the next job of the same model ("when-idle"), or for a front-door call's keep_alive.
-    @property
-    def warm_model(self) -> str | None:
-        return self.rt.warm_model
-
-    @warm_model.setter
-    def warm_model(self, model: str | None) -> None:
-        self.rt.warm_model = model
-        if model is None:
-            self.rt.warm_until = None
-
     # -- the loop -----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        while self.orphan_models:  # a job of a dead router may still hold VRAM
-            await self.unload(self.orphan_models[0], job_id=None)
-            self.orphan_models.pop(0)
+        await self.vram.unload_orphans()  # a job of a dead router may still hold VRAM
         job = None  # a job claimed by the previous job's finish, else claimed here
         while True:
             try:
@@ -143,14 +122,14 @@ class Worker:
                 log.error("node=%s worker error: %s", self.rt.name, exc.message)
                 await self._wait(1.0)
 
-    async def _claim(self) -> dict | None:
+    async def _claim(self) -> dict[str, Any] | None:
         """The head of the node's queue: handed over by its submit, or claimed here once the
         node answers (as its monitor last heard: a connection it refuses after all puts the job
         back, see _not_reached); None after a wait for a wake. Claiming is the check that
         something waits: an empty claim writes nothing, so its commit costs no fsync."""
         if self.handed is not None:  # claimed already: run it (or put it back) whatever changed since
-            job, self.handed = self.handed, None
-            return job
+            handed, self.handed = self.handed, None
+            return handed
         if self.stopping:
             await self._wait(IDLE_POLL_S)
             return None
@@ -174,15 +153,12 @@ class Worker:
         if job is None:
             # The node went idle: a model kept for the next job ("when-idle") leaves now; one a
             # front-door call kept stays until its time runs out, then leaves, verified.
-            until = self.rt.warm_until
-            if self.warm_model is not None and (until is None or until <= time.time()):
-                await self._unload_warm(None)
+            if await self.vram.expire():
                 self.changed(node=self.rt.name)  # the pages drop its "warm" line
-                until = None
-            await self._wait_idle(IDLE_POLL_S if until is None else min(IDLE_POLL_S, max(until - time.time(), 0)))
+            await self._wait_idle(idle_wait_s(self.rt.warm_until, time.time(), IDLE_POLL_S))
         return job
 
-    def take(self, job: dict) -> None:
+    def take(self, job: Row) -> None:
         """A job its submit claimed for this worker while it waited idle (Store.submit's
         hand_over): this worker runs it as a job it claimed itself."""
         self.handed, self.idle, self.polled = job, False, False
@@ -229,7 +205,7 @@ class Worker:
             self.aborted_runs[run_id] = reason
         self.wake.set()
 
-    async def _run(self, job: dict) -> dict | None:
+    async def _run(self, job: Row) -> dict[str, Any] | None:
         """Run a claimed job to its end; returns the next job if its finish claimed one."""
         early = self.aborted_runs.pop(job["run_id"], None)
         self.aborted_runs.clear()  # older entries belong to runs this worker will never see again
@@ -249,7 +225,7 @@ class Worker:
             self.calls.ended([job["id"]], cur.abort_reason)
             if cur.lost:
                 log.error("job=%s node=%s no longer relayed: %s", job["id"], self.rt.name, cur.abort_reason)
-                self.warm_model = None  # (the node's models are the other router's business now)
+                self.vram.forget()  # (the node's models are the other router's business now)
                 return None
             await self._after_abort(job, cur)
             return None
@@ -260,7 +236,7 @@ class Worker:
             self.rt.current = None
             self.changed(job=job["id"], node=self.rt.name)
 
-    async def _end_lost(self, job: dict, cur: Current, exc: Exception) -> None:
+    async def _end_lost(self, job: Row, cur: Current, exc: Exception) -> None:
         """The worker broke while ending a job: the job must not stay "running" with no one
         running it (a queue head that only the stale check would find). It fails naming the
         crash, its model is unloaded; a job its finish claimed never reached Ollama and goes back
@@ -274,7 +250,7 @@ class Worker:
                 await self._persist(job["id"], "crash", lambda: self.store.finish(
                     job["id"], cur.run_id, JobState.FAILED, f"the node's worker crashed while ending the job: {crash}",
                     output, thinking=thinking, streamed=cur.tokens))
-                await self.unload(job["model"], job["id"])
+                await self.vram.unload(job["model"], job["id"])
             except GuardMiss:  # its finish was recorded before the crash
                 pass
             await self._persist(job["id"], "put-back of the next job", lambda: self.store.requeue_unsent(
@@ -284,9 +260,12 @@ class Worker:
         except Exception:  # the store broke too: the stale check is the last net
             log.exception("job=%s node=%s could not record the crash", job["id"], self.rt.name)
 
-    async def _execute(self, job: dict, cur: Current) -> None:
-        """The job's steps, in order: generate, record, unload, finish."""
-        if not await self._unload_other_model(job, cur):
+    async def _execute(self, job: Row, cur: Current) -> None:
+        """The job's steps, in order: generate, record, unload (or keep warm: self.vram), finish."""
+        if not await self.vram.make_room(job):  # a kept model of another model would not leave
+            message = f"not started: {self.rt.vram_stuck}"
+            await self._persist(job["id"], "outcome", lambda: self.store.finish(
+                job["id"], cur.run_id, JobState.FAILED, message))
             return
         if self.stopping:  # claimed as the router was told to stop: it waits for the next start
             await put_back_unsent(self.store, {self.rt.name: self.sent_run})
@@ -294,7 +273,7 @@ class Worker:
         findings = None
         try:
             stats, error = await self._generate(job, cur)
-            if error is None:
+            if stats is not None:  # (None: the run failed, with `error`)
                 findings, error = await self._record(job, cur, stats)
         except OllamaUnreachable as exc:
             await self._not_reached(job, cur, exc)
@@ -303,10 +282,10 @@ class Worker:
             error = f"unexpected error in the router: {described(exc)}"
             log.exception("job=%s node=%s %s", job["id"], self.rt.name, error)
             self.calls.failed(job["id"], 500, error)
-        unloaded = await self._unload_after(job, error, cur.keep_s)
+        unloaded = await self.vram.after_job(job, error, cur.keep_s)
         await self._finish(job, cur, error, findings, unloaded)
 
-    async def _not_reached(self, job: dict, cur: Current, exc: OllamaUnreachable) -> None:
+    async def _not_reached(self, job: Row, cur: Current, exc: OllamaUnreachable) -> None:
         """The node refused the connection (or never completed it): the request never reached
         Ollama and nothing ran, so the job goes back to the head of its queue, with an event
         naming why (no retry of work that ran: none did), and the node is down until its
@@ -318,25 +297,9 @@ class Worker:
             log.warning("job=%s node=%s state=queued reason=%r", job["id"], self.rt.name, reason)
             self.changed(job=job["id"], node=self.rt.name, state=JobState.QUEUED)
 
-    async def _unload_other_model(self, job: dict, cur: Current) -> bool:
-        """A job of another model than the one left loaded: that one must leave VRAM first (and
-        /api/ps show it gone); else the job fails without starting. A job of the same model runs
-        on it, without a load (a gpuq job still unloads after, under after-each)."""
-        if self.warm_model is None:
-            return True
-        if normalize_model(self.warm_model) == normalize_model(job["model"]):
-            self.rt.warm_hits += 1
-            return True
-        if await self._unload_warm(job["id"]):
-            return True
-        message = f"not started: {self.rt.vram_stuck}"
-        await self._persist(job["id"], "outcome", lambda: self.store.finish(
-            job["id"], cur.run_id, JobState.FAILED, message))
-        return False
-
     # -- step 1: generate ---------------------------------------------------------------------
 
-    async def _generate(self, job: dict, cur: Current) -> tuple[dict | None, str | None]:
+    async def _generate(self, job: Row, cur: Current) -> tuple[dict[str, Any] | None, str | None]:
         """Stream the reply within the job's limit; returns Ollama's last chunk (its stats) or the
         error. A called job's waiting client hears of an error at once, with Ollama's status."""
         started = time.monotonic()
@@ -362,7 +325,7 @@ class Worker:
         except GpuqError as exc:  # a stored request this gpuq cannot read (written by another version)
             return None, self._told(job["id"], 400, f"cannot run the stored request: {exc.message}")
 
-    def _limit_s(self, job: dict) -> tuple[float, str]:
+    def _limit_s(self, job: Row) -> tuple[float, str]:
         runtime = self.settings.max_runtime_for(self.rt.config)
         timeout = job.get("timeout_s") or self.settings.job_timeout_s
         if timeout is not None and timeout < runtime:
@@ -372,13 +335,10 @@ class Worker:
     def _node_think(self, model: str) -> bool | str | None:
         """The node's `think` is for its own model: another one may not think at all, and Ollama
         refuses think for such a model (400). Its options (num_ctx: what the GPU holds) hold for all."""
-        same = normalize_model(model) == normalize_model(self.rt.config.model)
+        same = same_model(model, self.rt.config.model)
         return self.rt.config.think if same else None
 
-    def _keep_alive(self) -> int | str:
-        return KEEP_WARM if self.settings.unload_for(self.rt.config) == "when-idle" else 0
-
-    async def _chat(self, job: dict, cur: Current) -> dict:
+    async def _chat(self, job: Row, cur: Current) -> dict[str, Any]:
         """gpuq's own job: its prompt (a critique's with the findings schema) as one chat."""
         config = self.rt.config
         critique = job["kind"] == Kind.CRITIQUE
@@ -386,7 +346,7 @@ class Worker:
         think = json.loads(job["think"]) if job.get("think") is not None else self._node_think(job["model"])
         cur.options = merged_options(config.options, json.loads(job["options"]) if job.get("options") else None)
         chunks = self.rt.client.chat(job["model"], prompt, FINDINGS_SCHEMA if critique else None, think,
-                                     cur.options, self._keep_alive())
+                                     cur.options, self.vram.keep_alive())
         self.sent_run = cur.run_id  # the request leaves at the first iteration, below
         last_beat = time.monotonic()
         async for chunk in chunks:
@@ -398,18 +358,18 @@ class Worker:
             last_beat = await self._beat(job, cur, last_beat)
         raise OllamaError("Ollama's stream ended without done: true")
 
-    async def _call(self, job: dict, cur: Current) -> dict:
+    async def _call(self, job: Row, cur: Current) -> dict[str, Any]:
         """A job a client called for: its request as the front door prepares it under the node's
         policy, run on the node; its output kept as it comes."""
         call = self.calls.prepare(job, Policy(self._node_think(job["model"]), self.rt.config.options,
-                                              self._keep_alive(), self.settings.front_keep_alive_s,
+                                              self.vram.keep_alive(), self.settings.front_keep_alive_s,
                                               self.settings.front_max_keep_alive_s), self.rt.name)
         cur.options = call.options
         cur.keep_s = getattr(call, "keep_s", 0.0)
         self.sent_run = cur.run_id  # the request leaves now
         return await call.run(self.rt.client, RunSink(self, job, cur))
 
-    def _keep(self, job: dict, cur: Current, thought: str, text: str) -> None:
+    def _keep(self, job: Row, cur: Current, thought: str, text: str) -> None:
         """Keep a chunk's reasoning and answer apart, and show both to live followers; a piece
         past max_output_bytes is not kept and ends the job (an endless stream held 16-18 MB)."""
         if thought:
@@ -417,7 +377,7 @@ class Worker:
         if text:
             self._keep_piece(job, cur, "text", text, cur.output)
 
-    def _keep_piece(self, job: dict, cur: Current, kind: str, piece: str, pieces: list[str]) -> None:
+    def _keep_piece(self, job: Row, cur: Current, kind: str, piece: str, pieces: list[str]) -> None:
         size = cur.size + len(piece.encode())
         if size > (cap := self.settings.max_output_for(self.rt.config)):
             raise OutputCapped(f"the reply passed max_output_bytes ({cap} bytes): request aborted, "
@@ -426,7 +386,7 @@ class Worker:
         pieces.append(piece)
         self.bus.publish("tokens", {"id": job["id"], "run_id": cur.run_id, kind: piece})
 
-    async def _beat(self, job: dict, cur: Current, last_beat: float) -> float:
+    async def _beat(self, job: Row, cur: Current, last_beat: float) -> float:
         """Write the progress so far, at most every HEARTBEAT_S; returns when it last did."""
         if time.monotonic() - last_beat < HEARTBEAT_S:
             return last_beat
@@ -448,7 +408,8 @@ class Worker:
 
     # -- step 2: record -----------------------------------------------------------------------
 
-    async def _record(self, job: dict, cur: Current, stats: dict) -> tuple[list | None, str | None]:
+    async def _record(self, job: Row, cur: Current,
+                      stats: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, str | None]:
         """Write the reply and Ollama's stats; returns a critique's findings, and the error of a
         reply that cannot stand (cut at the token limit, findings that miss the schema)."""
         unsaved, thinking, upto = cur.unsaved()
@@ -469,7 +430,8 @@ class Worker:
         except FindingsError as exc:
             return None, f"the model's reply does not match the findings schema: {exc}; raw reply kept as output"
 
-    async def _warn_if_prompt_filled_context(self, job: dict, stats: dict, options: dict | None) -> None:
+    async def _warn_if_prompt_filled_context(self, job: Row, stats: dict[str, Any],
+                                             options: dict[str, Any] | None) -> None:
         """Ollama cuts a prompt too long for the context window with only a line in its own log.
         When the prompt tokens it evaluated show a cut, say so on the job (num_ctx from the options, else
         from the model's /api/show parameters; unknown: no warning)."""
@@ -492,7 +454,7 @@ class Worker:
             warning = (f"prompt may have been truncated: {used} tokens, num_ctx {num_ctx} "
                        "(set a larger num_ctx in the node's or the job's options)")
             log.warning("job=%s node=%s %s", job["id"], self.rt.name, warning)
-            await self._persist(job["id"], "event", lambda: self.store.note(job["id"], f"warning: {warning}"))
+            await self.note(job["id"], f"warning: {warning}")
 
     async def _persist(self, job_id: str, what: str, write: Callable[[], Awaitable[T]]) -> T:
         """Write what a job did. While the database refuses (a person holds its lock, the disk
@@ -508,111 +470,20 @@ class Worker:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RECORD_RETRY_MAX_S)
 
-    # -- step 3: unload -----------------------------------------------------------------------
-
-    async def _unload_after(self, job: dict, error: str | None, keep_s: float = 0.0) -> bool:
-        """Unload the job's model and confirm it left VRAM, or keep it loaded: for the next job
-        of the same model ("when-idle"), or for `keep_s` (a front-door call's keep_alive) while
-        nothing else waits for the node. True: the node answered, it is reachable."""
-        if error is None and await self._keep_warm(job, keep_s):
-            self.warm_model = job["model"]
-            self.rt.warm_until = time.time() + keep_s if keep_s > 0 else None
-            return True
-        self.warm_model = None
-        return await self.unload(job["model"], job["id"])
-
-    async def _keep_warm(self, job: dict, keep_s: float = 0.0) -> bool:
-        """Keep the job's model loaded? With a front-door keep_alive: while no job of another
-        model waits (one of the same model runs on it); with "when-idle": when the next job
-        wants the same model."""
-        when_idle = self.settings.unload_for(self.rt.config) == "when-idle"
-        if not (keep_s > 0 or when_idle) or not self.rt.claimable or self.stopping:
-            return False
-        try:
-            nxt = await self.store.next_ready_model(self.rt.name)
-        except GpuqError as exc:  # unknown: unload, as after-each would (the ending must go on)
-            log.warning("node=%s cannot read the next job's model, unloading: %s", self.rt.name, exc.message)
-            return False
-        if nxt is None:
-            return keep_s > 0
-        return normalize_model(nxt) == normalize_model(job["model"])
-
-    async def _unload_warm(self, job_id: str | None) -> bool:
-        """The kept model leaves VRAM (its time ran out, or another model's job comes): verified
-        through /api/ps as after any job (Ollama's own timer may have let it go already)."""
-        model = self.warm_model
-        if model is None:
-            return True
-        self.rt.warm_unloads += 1
-        unloaded = await self.unload(model, job_id)
-        # Forgotten only now: a job aborted during the unload still sees it (_after_abort).
-        self.warm_model = None
-        return unloaded
-
-    async def _after_abort(self, job: dict, cur: Current) -> None:
+    async def _after_abort(self, job: Row, cur: Current) -> None:
         log.info("job=%s node=%s aborted: %s", job["id"], self.rt.name, cur.abort_reason)
         output, thinking, upto = cur.unsaved()
         await self._persist(job["id"], "partial output", lambda: self.store.save_output(cur.run_id, output, thinking))
         cur.saved = upto
-        # A kept model whose unload the abort cut short leaves VRAM too, verified, before the next job.
-        warm, self.warm_model = self.warm_model, None
-        if warm is not None and normalize_model(warm) != normalize_model(job["model"]):
-            await self.unload(warm, job["id"])
-        # Preempted under "when-idle" by a job of the same model (an interactive call on the
-        # sweep's model): the model stays for it, as after a finish; a reload would be the
-        # call's whole wait.
-        if (cur.abort_reason or "").startswith("preempted") and await self._keep_warm(job):
-            self.warm_model, self.rt.warm_until = job["model"], None
-            return
-        await self.unload(job["model"], job["id"])
+        await self.vram.after_abort(job, cur.abort_reason)
 
-    async def unload(self, model: str, job_id: str | None) -> bool:
-        """Confirm through /api/ps that the model left VRAM; ask for an unload if it lingers.
-        Every request is bounded by the time left: a real /api/ps can block for seconds. A model
-        that stays flags the node (the monitor clears the flag once /api/ps shows it gone)."""
-        client = self.rt.client
-        wanted = normalize_model(model)
-        started = time.monotonic()
-        deadline = started + self.settings.unload_timeout_s
-        delay, asked = UNLOAD_POLL_S, False
-        listed = False  # /api/ps answered with the model still in it
-        last_error = None  # the check that failed after that answer, if one did
-        while True:
-            try:
-                if wanted not in await client.loaded(timeout_s=max(deadline - time.monotonic(), MIN_REQUEST_S)):
-                    return True
-                listed, last_error = True, None
-                if not asked:
-                    await client.unload(model, timeout_s=max(deadline - time.monotonic(), MIN_REQUEST_S))
-                    asked = True
-            except OllamaError as exc:
-                last_error = exc.message
-            except Exception as exc:  # a bug: the model may still hold VRAM, so the node is flagged
-                log.exception("node=%s job=%s unexpected error while unloading %s", self.rt.name, job_id, model)
-                last_error = f"unexpected error in the router: {described(exc)}"
-                break
-            if time.monotonic() >= deadline:
-                break
-            await asyncio.sleep(min(delay, max(deadline - time.monotonic(), 0)))
-            if time.monotonic() - started > UNLOAD_POLL_FAST_S:  # a slow unload: ask less often
-                delay = min(delay * 2, 0.5)
-        # What was seen stays in the message: a last check cut short by the deadline (or a node
-        # that stops answering) must not hide that /api/ps still listed the model.
-        seen = [f"{model} is still listed by /api/ps"] if listed else []
-        if last_error:
-            seen.append(f"the last check: {last_error}" if listed else last_error)
-        message = (f"unload failed: {model} did not leave VRAM within {time.monotonic() - started:.1f}s "
-                   f"(unload_timeout {self.settings.unload_timeout_s:g}s; {'; '.join(seen)});"
-                   f" node {self.rt.name} flagged")
-        log.error("node=%s job=%s %s", self.rt.name, job_id, message)
-        if job_id is not None:
-            await self._persist(job_id, "event", lambda: self.store.note(job_id, message))
-        self.monitor.flag_stuck(message, model, job_id)
-        return False
+    async def note(self, job_id: str, message: str) -> None:
+        """An event on the job, written as its outcome is (_persist)."""
+        await self._persist(job_id, "event", lambda: self.store.note(job_id, message))
 
     # -- step 4: finish -----------------------------------------------------------------------
 
-    async def _finish(self, job: dict, cur: Current, error: str | None, findings: list | None,
+    async def _finish(self, job: Row, cur: Current, error: str | None, findings: list[dict[str, Any]] | None,
                       unloaded: bool) -> None:
         """Record the outcome. A node that just answered the unload check is reachable, so the
         finish may claim its next job in the same commit (cur.next_job)."""
@@ -628,7 +499,7 @@ class Worker:
             if cur.abort_reason is None:
                 log.error("job=%s node=%s finish refused: %s", job["id"], self.rt.name, exc.message)
                 reason = f"finish refused: {exc.message}"
-                await self._persist(job["id"], "event", lambda: self.store.note(job["id"], reason))
+                await self.note(job["id"], reason)
             return
         log.info("job=%s node=%s state=%s%s", job["id"], self.rt.name, state, f" error={error!r}" if error else "")
         if job["kind"] == Kind.TASK:  # critiques held for this task are ready (or were cancelled)
@@ -638,7 +509,7 @@ class Worker:
 class RunSink:
     """What a called job's run (node/calls.py) keeps through its worker: output, heartbeat, events."""
 
-    def __init__(self, worker: Worker, job: dict, cur: Current):
+    def __init__(self, worker: Worker, job: Row, cur: Current):
         self.worker, self.job, self.cur = worker, job, cur
         self.last_beat = time.monotonic()
         self.not_due = asyncio.get_running_loop().create_future()  # awaited while no beat is due
@@ -660,5 +531,4 @@ class RunSink:
         self.last_beat = await self.worker._beat(self.job, self.cur, self.last_beat)
 
     async def note(self, message: str) -> None:
-        job_id = self.job["id"]
-        await self.worker._persist(job_id, "event", lambda: self.worker.store.note(job_id, message))
+        await self.worker.note(self.job["id"], message)
