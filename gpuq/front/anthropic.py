@@ -15,9 +15,9 @@ import json
 import secrets
 from typing import Any
 
-from . import shapes
 from ..errors import BadRequest
 from ..params import THINK_LEVELS
+from . import shapes
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}

@@ -14,6 +14,7 @@ from ..errors import BadRequest, FrontError, NotFound
 from ..params import options_problem, think_problem
 from .shapes import chunk_text, now_rfc3339, tools_of, unix_of, wrong
 
+
 def ollama_error(message: str) -> dict:
     return {"error": message}
 

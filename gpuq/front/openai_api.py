@@ -13,9 +13,20 @@ from typing import Any
 
 from ..errors import BadRequest, NotFound, json_type
 from .shapes import (
-    SSE_DONE, chunk_text, image_of, message, number, sse, think_from_effort, tool_calls_out, tools_of,
-    unix_of, whole, wrong,
+    SSE_DONE,
+    chunk_text,
+    image_of,
+    message,
+    number,
+    sse,
+    think_from_effort,
+    tool_calls_out,
+    tools_of,
+    unix_of,
+    whole,
+    wrong,
 )
+
 
 def openai_error(status: int, message: str, code: str | None = None) -> dict:
     """openai.NewError: the type follows the status; `code` is gpuq's own for its refusals."""

@@ -12,10 +12,9 @@ import json
 import time
 from typing import Any
 
-from . import shapes
 from ..errors import BadRequest, json_object, json_type
+from . import shapes
 from .openai_api import openai_error
-
 
 # -- the request -> /api/chat -------------------------------------------------------------------
 

@@ -1,0 +1,94 @@
+"""What the front door's handlers share: the Front (the router's store, dispatcher and bus, and
+the relay its waiting calls hear their runs through), and an error in the envelope of the
+caller's API."""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from ..bus import Bus
+from ..config import Settings
+from ..errors import (
+    Conflict,
+    NotFound,
+    StoreUnavailable,
+    check_text,
+    json_object,
+    json_type,
+)
+from ..jobs import preview_url
+from ..node.dispatcher import Dispatcher
+from ..store import Store
+from .anthropic import anthropic_error
+from .endpoints import (
+    api_of,
+)
+from .ollama_api import (
+    ollama_error,
+)
+from .openai_api import openai_error
+from .relay import Relay
+from .shapes import dumps, should_retry
+
+log = logging.getLogger("gpuq")
+
+
+FRONT = web.AppKey("front", "Front")
+
+
+class Front:
+    """What the front door's handlers share: the router's store, dispatcher and bus, and the
+    relay its waiting calls hear their runs through."""
+
+    def __init__(self, settings: Settings, store: Store, dispatcher: Dispatcher, bus: Bus, relay: Relay):
+        self.settings = settings
+        self.store = store
+        self.dispatcher = dispatcher
+        self.bus = bus
+        self.relay = relay
+        self.closing = False
+
+    def nodes_by_rank(self):
+        return sorted(self.dispatcher.nodes.values(), key=lambda rt: rt.config.rank)
+
+    def preview_url(self, job_id: str) -> str:
+        return preview_url(self.settings.public_url, job_id)
+
+    async def cancel(self, job_id: str, reason: str, actor: str) -> None:
+        """End a call's job because its client is gone: as a delete, with the reason."""
+        try:
+            job, interrupted = await self.store.delete(job_id, actor, reason=reason)
+        except (Conflict, NotFound):
+            return  # it ended on its own meanwhile
+        except StoreUnavailable as exc:
+            log.error("job=%s could not be cancelled (%s): %s", job_id, reason, exc.message)
+            return
+        self.dispatcher.abort(interrupted, reason)
+        self.bus.publish("queue", {"deleted": job_id})
+        log.info("job=%s node=%s state=cancelled reason=%r actor=%r", job_id, job["node"], reason, actor)
+
+
+def error_response(request: web.Request, status: int, message: str, code: str | None = None,
+                   headers: dict | None = None) -> web.Response:
+    """An error in the shape of the caller's API; an OpenAI or Anthropic client is told whether
+    to retry it (x-should-retry, which both SDKs obey): only a refusal that stored nothing and
+    may pass later (503, 429) is retried, never one that would be refused again or a job."""
+    api = api_of(request.path)
+    if api == "ollama":
+        return web.json_response(ollama_error(message), status=status, headers=headers, dumps=dumps)
+    headers = {**(headers or {}), "x-should-retry": should_retry(status)}
+    if api == "anthropic":
+        body = anthropic_error(status, message)
+    else:
+        body = openai_error(status, message, code)
+    return web.json_response(body, status=status, headers=headers, dumps=dumps)
+
+
+async def json_of(request: web.Request) -> dict:
+    """A front-door call's body, whatever its API; text that cannot be stored is a 400 here, once."""
+    body = json_object(await request.read(), "missing request body", "invalid character in JSON", json_type,
+                       strict=True)
+    check_text(body)
+    return body
