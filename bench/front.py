@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 import aiohttp
 
 
-from .procs import QUIET_S, Fakes, Router, first_stream_line, free_port, node_table
+from .procs import QUIET_S, Fakes, Router, cpu_s, first_stream_line, free_port, node_table
 
 if TYPE_CHECKING:
-    from .run import Bench
+    from .core import Bench
 
 MODEL = "qwen3-coder:30b"
 CLIENTS = 20
@@ -43,24 +43,6 @@ async def _stream(session: aiohttp.ClientSession, url: str, prompt: str) -> tupl
             if chunk.get("message", {}).get("content"):
                 arrivals.append(time.monotonic())
     return sent, arrivals
-
-
-def cpu_s(pid: int) -> float:
-    """A process's CPU time so far, from /proc: what the relay costs, whatever else the machine
-    is doing (its rate depends on how often the router gets a core). The scheduler's nanoseconds
-    on a CPU (`schedstat`) of each of its threads (the router's live for its whole run), not
-    /proc/<pid>/stat's clock ticks: 10 ms each were 10% of a short run's count."""
-    total = 0
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except (OSError, ValueError, IndexError):  # a thread that just ended; no schedstat
-            pass
-    if total:
-        return total / 1e9
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()  # user + system ticks
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _rate(arrivals: list[float]) -> float:

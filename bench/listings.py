@@ -1,14 +1,18 @@
 """Listings over large prompts (issue 11, item 8): 300 jobs with 1 MB prompts wait on the
 router, and clients fetch `/api/queue` and `/api/jobs?limit=300` while `/health` is sampled.
-Before listings carried excerpts, each listing answered every prompt in full (300 MB)."""
+Before listings carried excerpts, each listing answered every prompt in full (300 MB).
+`listings_section` is the section `listings` of `python -m bench.run`."""
 
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
+from pathlib import Path
 
+from .core import NODES, Bench
 from .http import Conn
-from .procs import Router
+from .procs import Router, free_port, node_table, rss_mb
 
 PROMPT_BYTES = 1_000_000  # router.max_prompt_bytes' default: the largest prompt a router takes
 JOBS = 300
@@ -77,3 +81,53 @@ async def health_under_listings(router: Router, clients: int, window_s: float,
         for conn in (*listers, prober):
             await conn.close()
     return health_ms, listing_ms
+
+
+async def listings_section(bench: Bench) -> None:
+    jobs, mb = JOBS, PROMPT_BYTES / 1e6
+    size = {path: bench.metric(f"listing_kb_{i}", f"GET {path} response ({jobs} x {mb:g} MB prompts waiting)",
+                               "KB", "mb", "<= 300 KB") for i, path in enumerate(LISTINGS)}
+    alone = {path: bench.metric(f"listing_ms_{i}", f"GET {path}, alone", "ms", "ms")
+             for i, path in enumerate(LISTINGS)}
+    health_idle = bench.metric("listing_health_idle", "GET /health, no listing in flight", "ms", "ms")
+    health_busy = bench.metric("listing_health_busy", "GET /health while 2 clients fetch listings back to back",
+                               "ms", "ms", "p95 <= 50 ms")
+    busy = bench.metric("listing_busy_ms", "  a listing fetched by those 2 clients", "ms", "ms")
+    rss = bench.metric("listing_rss", "router RSS after the listings (VmRSS)", "MB", "mb", "<= 200 MB")
+    hwm = bench.metric("listing_hwm", "router peak RSS over the whole section (VmHWM)", "MB", "mb", "<= 200 MB")
+    window = 3.0 if bench.quick else 6.0
+    # Both nodes are down (nothing listens on their ports): every job stays queued.
+    nodes = [node_table(n, f"http://127.0.0.1:{free_port()}", rank, m)
+             for rank, (n, m) in enumerate(NODES.items(), 1)]
+    router = await Router(bench.workdir, nodes, bench.workdir / "db").start()
+    try:
+        t0 = time.perf_counter()
+        await fill(router, list(NODES))
+        bench.say(f"listings: {jobs} jobs of {mb:g} MB queued in {time.perf_counter() - t0:.1f}s")
+        conn = await router.connect()
+        try:
+            for rep in range(bench.repeats):
+                for path in LISTINGS:
+                    samples = []
+                    for _ in range(3 if bench.quick else 5):
+                        n, ms = await timed(conn, path)
+                        samples.append(ms)
+                    size[path].add_run(n / 1000)
+                    alone[path].add_run(samples)
+                health_idle.add_run([(await timed(conn, "/health"))[1] for _ in range(20)])
+                h, fetched = await health_under_listings(router, 2, window, 400)
+                health_busy.add_run(h)
+                busy.add_run(fetched)
+                rss.add_run(rss_mb(router.pid))
+                bench.say(f"listings run {rep + 1}/{bench.repeats}: "
+                          + ", ".join(f"{p} {size[p].runs[-1][0]:,.1f} KB" for p in LISTINGS)
+                          + f"; /health under load p50 {statistics.median(h):.2f} ms, max {max(h):.1f} ms"
+                          f" ({len(fetched)} listings); RSS {rss.runs[-1][0]:.1f} MB")
+        finally:
+            await conn.close()
+        hwm.add_run(rss_mb(router.pid, "VmHWM"))
+        hwm.note = f"database file {(bench.workdir / 'db').stat().st_size / 1e6:.0f} MB"
+    finally:
+        await router.stop()
+        for suffix in ("", "-wal", "-shm"):
+            Path(str(bench.workdir / "db") + suffix).unlink(missing_ok=True)

@@ -29,8 +29,9 @@ import time
 from pathlib import Path
 
 from . import growth
+from .core import SETTINGS
 from .procs import Fakes, Router, node_table
-from .scale import CHROMIUM_ARGS, MODEL, NODES, PAINTED, SETTINGS
+from .scale import CHROMIUM_ARGS, MODEL, NODES, PAINTED
 
 KEYS = ("painted", "render", "margins", "parse", "answered", "drawn", "q_server", "q_transfer", "q_kb", "layout", "style", "script", "cards", "loading")
 

@@ -40,11 +40,12 @@ from gpuq.store import NodeInfo, Store
 from tests.pg import Cluster
 
 from . import growth, peers
+from .core import SETTINGS
 from .procs import QUIET_S, Fakes, Router, clear_queues, first_stream_line, node_table
 
 if TYPE_CHECKING:
     from .stats import Metric
-    from .run import Bench
+    from .core import Bench
 
 MODELS = ("qwen3-coder:30b", "llama3.2:latest")
 ENGINES = {"sqlite": "SQLite", "pg": "PostgreSQL"}
@@ -54,7 +55,6 @@ LEASE_S = 2.0
 CLIENTS = 32
 HISTORY = (100, 100_000)
 WAITING = 1000
-SETTINGS = {"stale_after_s": 600.0, "stale_grace_s": 30.0, "max_runtime_s": 4 * 3600.0}
 
 
 class Pair:

@@ -36,7 +36,7 @@ from psycopg_pool import AsyncConnectionPool
 from tests.pg import Cluster
 
 if TYPE_CHECKING:
-    from .run import Bench
+    from .core import Bench
 
 CLIENTS = 32
 SCHEMA = """

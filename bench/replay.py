@@ -38,7 +38,7 @@ from .procs import Router, free_port
 from .stats import percentile
 
 if TYPE_CHECKING:
-    from .run import Bench
+    from .core import Bench
 
 # name: (interactive lane and fair share, [router] unload, the front door's kept models,
 # [router] interactive_preempts)

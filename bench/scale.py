@@ -35,12 +35,12 @@ from typing import TYPE_CHECKING
 from gpuq.store import Store
 
 from . import growth
-from .front import cpu_s
+from .core import SETTINGS
 from .http import Conn
-from .procs import Fakes, Router, free_port, node_table, rss_mb
+from .procs import Fakes, Router, cpu_s, free_port, node_table, rss_mb
 
 if TYPE_CHECKING:
-    from .run import Bench
+    from .core import Bench
 
 NODES = 50
 MODEL = "qwen3-coder:30b"
@@ -51,7 +51,6 @@ STREAMING_NODES = 4
 PACE_S = 0.005  # 200 tokens/s per stream
 CALLS = (100, 1_000)
 PEERS = 20  # loopback source addresses for the front-door calls (the per-peer cap is 64)
-SETTINGS = {"stale_after_s": 600.0, "stale_grace_s": 30.0, "max_runtime_s": 4 * 3600.0}
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run", "--disable-sync", "--disable-quic"]
 

@@ -27,12 +27,14 @@ BENCH_DIR = Path(__file__).resolve().parent
 CHILD = r"""
 import asyncio, json, shutil, sys, tempfile
 from pathlib import Path
+import bench.run as entry
 from bench.run import Bench
 only, out, where = sys.argv[1], sys.argv[2], sys.argv[3]
 workdir = Path(tempfile.mkdtemp(prefix=".work-ab-", dir=where))
 bench = Bench(True, set(only.split(",")), workdir)
 try:
-    asyncio.run(bench.run())
+    # A checkout from before bench/core.py ran its sections as Bench.run().
+    asyncio.run(entry.run_sections(bench) if hasattr(entry, "run_sections") else bench.run())
 finally:
     shutil.rmtree(workdir, ignore_errors=True)
 Path(out).write_text(json.dumps({k: {"label": m.label, "unit": m.unit, "kind": m.kind, "better": m.better,

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from .procs import Router
 
 if TYPE_CHECKING:
-    from .run import Bench
+    from .core import Bench
 
 NODE = "n2"  # llama3.2: not a thinking model, so the output is the answer alone
 LENGTHS = (5_000, 20_000)

@@ -9,6 +9,7 @@ import os
 import re
 import tomllib
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -163,6 +164,16 @@ class Settings:
 
     def user(self, name: str) -> UserConfig | None:
         return next((u for u in self.users if u.name == name), None)
+
+    @cached_property
+    def max_waiting(self) -> dict[str, int]:
+        """Each user's max_waiting, by name (users without one are not in it)."""
+        return {u.name: u.max_waiting for u in self.users if u.max_waiting is not None}
+
+    @cached_property
+    def max_running(self) -> dict[str, int]:
+        """Each user's max_running, by name: every claim of the store applies it."""
+        return {u.name: u.max_running for u in self.users if u.max_running is not None}
 
     def user_by_token(self, token: str) -> UserConfig | None:
         """Compared in constant time, every user's token each time: how long it takes tells nothing."""

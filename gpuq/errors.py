@@ -1,7 +1,10 @@
-"""One error hierarchy: each class carries the HTTP status the server and the CLI show."""
+"""One error hierarchy: each class carries the HTTP status the server and the CLI show; the ones
+that stop `gpuq serve` carry its process exit code apart (`exit_code`). `http_error` is the one
+ladder from any exception to an HttpError: each door renders it in its own envelope."""
 
 import json
 import math
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 # The schema's triggers raise exactly this (migration 010); gpuq/store/sqlite.py from_sqlite turns it
@@ -18,6 +21,7 @@ def described(exc: BaseException) -> str:
 
 class GpuqError(Exception):
     status = 500
+    exit_code = 1  # `gpuq serve`'s exit code when this error stops it
 
     def __init__(self, message: str, status: int | None = None):
         super().__init__(message)
@@ -67,6 +71,21 @@ class NoResultToCritique(Conflict):
 
 class GuardMiss(Conflict):
     """A worker tried to finish a run that is no longer the job's running run."""
+
+
+# How long a client over its max_waiting is told to wait before it asks again (Retry-After).
+QUOTA_RETRY_AFTER_S = 30
+
+
+class OverQuota(GpuqError):
+    """A submit beyond the user's max_waiting: 429, with Retry-After (nothing is stored)."""
+
+    status = 429
+
+    def __init__(self, message: str, waiting: list[str] = (), retry_after_s: int = QUOTA_RETRY_AFTER_S):
+        super().__init__(message)
+        self.waiting = list(waiting)  # the owner's waiting jobs: Retry-After is when the first starts
+        self.retry_after_s = retry_after_s
 
 
 class MisdirectedRequest(GpuqError):
@@ -132,11 +151,11 @@ class SchemaViolated(GpuqError):
 class IncompleteInstall(GpuqError):
     """A file gpuq ships (the pages, the migrations) is missing from its installation."""
 
-    status = 2  # the exit code of `gpuq serve`
+    exit_code = 2
 
 
 class ConfigError(GpuqError):
-    status = 2  # the exit code of `gpuq serve`
+    exit_code = 2
 
 
 class NewerSchema(GpuqError):
@@ -145,13 +164,57 @@ class NewerSchema(GpuqError):
 
     def __init__(self, where: object, newer: list[int], known: int):
         super().__init__(f"{where} was written by a newer gpuq (schema version {max(newer)}; this gpuq "
-                         f"knows up to {known}); upgrade gpuq or use another database", status=2)
+                         f"knows up to {known}); upgrade gpuq or use another database")
+
+    exit_code = 2
 
 
 class StartupError(GpuqError):
     """`gpuq serve` cannot start: its database is in use by another router, its port is taken."""
 
-    status = 2  # the exit code of `gpuq serve`
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class DoorWords:
+    """How one door words the refusals aiohttp makes itself (no route, a wrong method, a body
+    over its limit) and a bug of its own."""
+
+    no_route: Callable[[str, str], str]  # (method, path) -> the 404's message
+    wrong_method: Callable[[str, str], str] | None  # (method, path) -> the 405's; None: aiohttp's reason
+    too_large: str  # said after "request body too large: <aiohttp's text>"
+    internal: str  # the 500's message
+
+
+@dataclass(frozen=True)
+class HttpError:
+    status: int
+    message: str
+    code: str | None = None  # an OpenAI error code (the front door's own refusals)
+    retry_after_s: int | None = None  # a quota (429): when to ask again
+    unexpected: bool = False  # a bug: the door logs it with its traceback
+
+
+def http_error(exc: Exception, door: DoorWords, method: str, path: str) -> HttpError | None:
+    """The one ladder from an exception to the answer a client gets; None: not an error (an
+    aiohttp redirect), raise it on."""
+    if isinstance(exc, FrontError):
+        return HttpError(exc.status, exc.message, code=exc.code)
+    if isinstance(exc, GpuqError):
+        return HttpError(exc.status, exc.message, retry_after_s=getattr(exc, "retry_after_s", None))
+    from aiohttp import web  # here, not above: the CLI imports this module and needs no aiohttp
+
+    if isinstance(exc, web.HTTPRequestEntityTooLarge):
+        return HttpError(413, f"request body too large: {exc.text}{door.too_large}")
+    if isinstance(exc, web.HTTPException):
+        if exc.status < 400:
+            return None
+        if exc.status == 404:
+            return HttpError(404, door.no_route(method, path))
+        if exc.status == 405 and door.wrong_method is not None:
+            return HttpError(405, door.wrong_method(method, path))
+        return HttpError(exc.status, exc.reason)
+    return HttpError(500, door.internal, unexpected=True)
 
 
 class OllamaError(Exception):

@@ -87,10 +87,11 @@ class NewJob:
     request: str | None = None
     job_id: str | None = None
     # Who sent it and how: the user (None: the router knows no one), the program (its
-    # User-Agent), and its lane (None: the door's default, interactive for the front door).
+    # User-Agent), and its lane (each door's is access/lanes.py's lane_for; a job built in code
+    # waits in batch).
     owner: str | None = None
     client: str | None = None
-    lane: str | None = None
+    lane: str = Lane.BATCH
 
     def __post_init__(self) -> None:
         # An embedding is a front-door call (it has its request); gpuq's own API takes the others.
@@ -111,10 +112,8 @@ class NewJob:
             raise BadRequest(wrong)  # Ollama's words, which name the field
         if self.options is not None and (wrong := options_problem(self.options)):
             raise BadRequest(f"field 'options': {wrong}")
-        if self.lane is None:
-            object.__setattr__(self, "lane", Lane.INTERACTIVE if self.endpoint else Lane.BATCH)
-        elif self.lane not in tuple(Lane):
-            raise BadRequest(f"field 'priority' must be 'interactive' or 'batch', got {str(self.lane)[:40]!r}")
+        if self.lane not in tuple(Lane):
+            raise BadRequest(f"unknown lane {str(self.lane)[:40]!r} (expected 'interactive' or 'batch')")
         if self.client is not None:
             object.__setattr__(self, "client", self.client[:MAX_CLIENT_CHARS])
         if self.parent is not None and self.kind != Kind.CRITIQUE:

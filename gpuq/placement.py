@@ -1,13 +1,15 @@
 """Where a job goes. Pure functions over a snapshot of the nodes: no I/O, no clock.
 
 Placement chooses; it never picks a critique's parent's node for it. Refusing a critique on its
-parent's node (asked for, moved there, retried there) is the schema's job alone (migration 010)."""
+parent's node (asked for, moved there, retried there) is the schema's job alone (migration 010).
+Placement refuses only when it has nothing to choose: a fan-out whose one critique node is the
+parent's says so, quoting the guard's words (errors.GUARD_MESSAGE) as the reason, not judging."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import Conflict, ModelMissing, UnknownNode
+from .errors import GUARD_MESSAGE, Conflict, ModelMissing, UnknownNode
 from .jobs import NodeCounts, NodeInfo, normalize_model
 
 FIRST_FREE = "first free node by rank"
@@ -205,10 +207,8 @@ def place_critique(
     targets = _having(targets, model, "critique")
     if not targets:
         if parent_node is not None:
-            raise Conflict(
-                f"no critique node is left for the fan-out: the only one is '{parent_node}', "
-                "the parent task's node, and a critique never runs on its parent task's node"
-            )
+            raise Conflict(f"no critique node is left for the fan-out: the only one is '{parent_node}', "
+                           f"the parent task's node, and {GUARD_MESSAGE}")
         raise Conflict("no node takes critique jobs")
     return [Placement(n.name, FAN_OUT) for n in targets]
 

@@ -12,7 +12,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from conftest import Daemon, eventually, node_table
 from gpuq.config import NodeConfig, Settings
-from gpuq.api.app import DISPATCHER, STORE, create_app
+from gpuq.api.app import create_app
+from gpuq.api.state import DISPATCHER, STORE
 from gpuq.node.worker import NOT_SENT
 
 MODEL = "qwen3-coder:30b"

@@ -16,7 +16,7 @@ import tomli_w
 from conftest import eventually, free_port, node_table
 from gpuq.placement import BATCH, INTERACTIVE, NodeView, entry, place_task, preempts
 from gpuq.store import NewJob, NodeInfo, Store
-from gpuq.store.verbs import QUOTA_RETRY_AFTER_S
+from gpuq.errors import QUOTA_RETRY_AFTER_S
 from test_front import CHAT_MODEL, front, start_front_lab  # noqa: F401 (a fixture)
 
 I, B = INTERACTIVE, BATCH

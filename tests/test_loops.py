@@ -20,7 +20,8 @@ from gpuq.config import NodeConfig, Settings
 from gpuq.demo import FakeOllama, Script
 from gpuq.node import worker as worker_module
 from gpuq.jobs import NewJob
-from gpuq.api.app import DISPATCHER, SETTINGS, STORE, create_app
+from gpuq.api.app import create_app
+from gpuq.api.state import DISPATCHER, SETTINGS, STORE
 from gpuq.node.supervise import BACKOFF_FIRST_S, BACKOFF_MAX_S, HEALTHY_S, Loops, backoff
 
 

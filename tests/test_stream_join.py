@@ -10,7 +10,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from conftest import eventually
 from gpuq.config import NodeConfig, Settings
 from gpuq.demo import FakeOllama, Script
-from gpuq.api.app import STORE, create_app
+from gpuq.api.app import create_app
+from gpuq.api.state import STORE
 
 
 async def test_a_job_that_ended_while_the_follower_joined_streams_its_output(tmp_path):

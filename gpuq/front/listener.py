@@ -23,11 +23,12 @@ from ..config import Settings
 from ..access.connections import BACKLOG, body_deadline, bind_sockets
 from ..node.dispatcher import Dispatcher
 from ..errors import (
-    BadRequest, Conflict, FrontError, GpuqError, IdTaken, ModelMissing, NotFound, OllamaError, StartupError,
-    StoreUnavailable, check_text, json_object, json_type,
+    BadRequest, Conflict, DoorWords, FrontError, IdTaken, ModelMissing, NotFound, OllamaError, StartupError,
+    StoreUnavailable, check_text, http_error, json_object, json_type,
 )
-from ..jobs import ACTIVE, Lane, new_job_id, normalize_model, preview_url
+from ..jobs import ACTIVE, new_job_id, normalize_model, preview_url
 from ..access.identity import ANYONE, Caller
+from ..access.lanes import Door, lane_for
 from ..access.hosts import CALLER, check_host, served_hosts, token_of
 from ..store import NewJob, Store
 from .anthropic import anthropic_error
@@ -120,29 +121,24 @@ def error_response(request: web.Request, status: int, message: str, code: str | 
     return web.json_response(body, status=status, headers=headers, dumps=dumps)
 
 
+FRONT_DOOR = DoorWords(no_route=lambda method, path: f"404 page not found: gpuq's front door has no route {method} {path}",
+                       wrong_method=lambda method, path: f"405 method not allowed: {method} {path}",
+                       too_large=" (front.max_request_bytes)", internal="internal error in the gpuq router; see its log")
+
+
 @web.middleware
 async def errors_middleware(request: web.Request, handler):
     try:
         return await handler(request)
-    except FrontError as exc:
-        return error_response(request, exc.status, exc.message, exc.code)
-    except GpuqError as exc:
-        wait = getattr(exc, "retry_after_s", None)  # a quota (429): when to ask again (both SDKs obey it)
-        return error_response(request, exc.status, exc.message, headers={"Retry-After": str(wait)} if wait else None)
-    except web.HTTPRequestEntityTooLarge as exc:
-        return error_response(request, 413, f"request body too large: {exc.text} (front.max_request_bytes)")
-    except web.HTTPException as exc:
-        if exc.status < 400:
+    except Exception as exc:
+        error = http_error(exc, FRONT_DOOR, request.method, request.path)
+        if error is None:
             raise
-        if exc.status == 405:
-            return error_response(request, 405, f"405 method not allowed: {request.method} {request.path}")
-        if exc.status == 404:
-            return error_response(request, 404, f"404 page not found: gpuq's front door has no route "
-                                                f"{request.method} {request.path}")
-        return error_response(request, exc.status, exc.reason)
-    except Exception:
-        log.exception("unexpected error on the front door: %s %s", request.method, request.path)
-        return error_response(request, 500, "internal error in the gpuq router; see its log")
+        if error.unexpected:
+            log.exception("unexpected error on the front door: %s %s", request.method, request.path)
+        wait = error.retry_after_s  # both SDKs obey Retry-After
+        return error_response(request, error.status, error.message, error.code,
+                              headers={"Retry-After": str(wait)} if wait else None)
 
 
 def tokens_given(request: web.Request) -> list[str]:
@@ -425,13 +421,7 @@ class Call:
         return NewJob(kind=self.ep.kind, prompt=self.ep.shown_prompt(self.body, self.ollama),
                       model=self.ollama["model"].strip(), endpoint=self.endpoint, request=dumps(request),
                       job_id=job_id, owner=self.caller.name, client=self.request.headers.get("User-Agent"),
-                      lane=self.lane())
-
-    def lane(self) -> Lane:
-        """A call waits in the interactive lane, unless its user may use batch only: no client
-        of Ollama's API can ask for a lane, so theirs waits in batch rather than being refused."""
-        user = self.caller.user
-        return Lane.BATCH if user is not None and Lane.INTERACTIVE not in user.lanes else Lane.INTERACTIVE
+                      lane=lane_for(self.caller.user, None, Door.FRONT))
 
     async def submit(self) -> None:
         """Store the job (placed by its model) before any work; the relay is in place first, so

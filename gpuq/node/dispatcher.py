@@ -15,7 +15,7 @@ from .. import eta
 from .awake import Awake
 from ..bus import Bus
 from ..config import NodeConfig, Settings
-from ..errors import GpuqError, GuardMiss
+from ..errors import GpuqError, GuardMiss, OverQuota
 from ..jobs import FINAL, JobState, Kind, NodeCounts, iso, parse_iso
 from ..placement import BATCH, node_views, preempt_elsewhere, preempted_reason, preempts
 from ..reload import Plan
@@ -24,7 +24,7 @@ from .leases import Leases
 from .monitor import NodeMonitor
 from .runtime import Current, NodeRuntime
 from .ollama import OllamaClient
-from ..store import Interrupted, NewJob, NodeInfo, OverQuota, Row, Store
+from ..store import Interrupted, NewJob, NodeInfo, Row, Store
 from ..store.leases import Router
 from .supervise import Loops
 from .worker import Worker, keep_big_blocks_apart, put_back_unsent
@@ -73,7 +73,7 @@ class Dispatcher:
 
     def _limit_running(self, settings: Settings) -> None:
         """Users' max_running, which every claim of the store applies."""
-        self.store.max_running = {u.name: u.max_running for u in settings.users if u.max_running is not None}
+        self.store.max_running = settings.max_running
 
     async def start(self, stuck: list[dict] | None = None) -> None:
         """`stuck`: the models a previous router saw stuck in VRAM (open vram_stuck alerts, with
@@ -277,7 +277,6 @@ class Dispatcher:
         that worker after it (one fsync before the node's request, not two: bench/README, "claim
         at submit"); a node that is busy is woken for the job queued there. Every door submits
         through here."""
-        user = self.settings.user(new.owner) if new.owner is not None else None
         nodes = self.node_infos()
         if new.endpoint is not None and not self.store.alone:
             # A front-door call's client waits on this router: it runs on a node this router drives.
@@ -287,7 +286,7 @@ class Dispatcher:
         try:
             jobs = await self.store.submit(new, nodes, actor, self._hand_over,
                                            fair=self.settings.shares_fairly,
-                                           max_waiting=user.max_waiting if user else None)
+                                           max_waiting=self.settings.max_waiting.get(new.owner or ""))
         except OverQuota as exc:
             await self.when_one_starts(exc)
             raise

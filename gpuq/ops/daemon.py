@@ -215,7 +215,8 @@ def port_is_free(host: str, port: int) -> bool:
 
 async def run_router(settings: Settings, sockets: list[socket.socket], demo: bool,
                      front_sockets: list[socket.socket] = ()) -> int:
-    from ..api.app import BUS, DISPATCHER, STORE, create_app
+    from ..api.app import create_app
+    from ..api.state import BUS, DISPATCHER, STORE
 
     loop = asyncio.get_running_loop()
     throttle_accept_errors(loop)
@@ -247,7 +248,7 @@ async def run_router(settings: Settings, sockets: list[socket.socket], demo: boo
                for sock in sockets]
     # The Ollama/OpenAI front door, with slots of its own (gpuq/front/listener.py).
     front = await start_front_door(settings, app[STORE], app[DISPATCHER], app[BUS], relay, front_sockets, front_guard)
-    from ..api.app import reload_on_signal
+    from ..api.reload import reload_on_signal
     loop.add_signal_handler(signal.SIGHUP, reload_on_signal, runner.app)  # gpuq.toml read again, as `gpuq reload`
     stop = asyncio.Event()
     signals: list[int] = []  # those received, in order
@@ -296,7 +297,7 @@ async def drain(app: web.Application, stop: asyncio.Event, signals: list[int]) -
     their clients get their answers, and waiting jobs stay queued for the next start. A second
     signal stops at once; so does a SIGTERM's shutdown_grace running out. Either way the jobs
     still running fail, saying so, as the stop cuts their requests."""
-    from ..api.app import DISPATCHER
+    from ..api.state import DISPATCHER
     dispatcher = app[DISPATCHER]
     if not dispatcher.running():
         return
@@ -340,7 +341,7 @@ async def drain(app: web.Application, stop: asyncio.Event, signals: list[int]) -
 async def running_lines(app: web.Application, running: list[dict]) -> list[str]:
     """One line per running job: its id, node, model, how long it has run and, when its node's
     past runs tell, about how long it has left (gpuq/eta.py)."""
-    from ..api.app import DISPATCHER, STORE
+    from ..api.state import DISPATCHER, STORE
     rows: dict[str, dict] = {}
     found = {}
     try:
@@ -399,4 +400,4 @@ def run_daemon(settings: Settings | None, listen: str | None = None, database: s
         return 2
     except GpuqError as exc:
         print(f"gpuq: {exc.message}", file=sys.stderr)
-        return exc.status if exc.status < 10 else 1
+        return exc.exit_code

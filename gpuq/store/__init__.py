@@ -2,6 +2,5 @@
 the one writer thread, the engine seam, and the schema's migrations (shipped as package data)."""
 
 from .facade import MIGRATIONS_DIR, STALE_SQL, Interrupted, NewJob, NodeInfo, Row, Store
-from .verbs import OverQuota
 
-__all__ = ["MIGRATIONS_DIR", "STALE_SQL", "Interrupted", "NewJob", "NodeInfo", "OverQuota", "Row", "Store"]
+__all__ = ["MIGRATIONS_DIR", "STALE_SQL", "Interrupted", "NewJob", "NodeInfo", "Row", "Store"]

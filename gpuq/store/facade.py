@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import aiosqlite
 
@@ -28,7 +28,7 @@ from .engine import Connection, Engine, Params, engine_for
 from .writer import Writer
 from .dbfile import DatabaseFile
 from ..config import NodeConfig
-from ..errors import GpuqError, NotFound, StoreUnavailable
+from ..errors import NotFound, StartupError, StoreUnavailable
 from ..jobs import Interrupted, JobState, NewJob, NodeCounts, NodeInfo, iso
 from ..placement import INTERACTIVE
 from ..shipped import shipped_dir, shipped_files
@@ -130,7 +130,7 @@ class Store:
         except BaseException as exc:
             await self.close()  # an open connection's thread would keep a router that failed alive
             if isinstance(exc, self.engine.Error):
-                raise GpuqError(f"cannot open the database {self.where}: {exc}", status=2) from exc
+                raise StartupError(f"cannot open the database {self.where}: {exc}") from exc
             raise
 
     async def close(self) -> None:
@@ -539,6 +539,15 @@ class Store:
         """Running and queued jobs per node (one row per node: the table node_load)."""
         rows = await self.read("SELECT node, running, queued FROM node_load")
         return {r["node"]: NodeCounts(r["running"], r["queued"]) for r in rows}
+
+    async def running_by_owner(self, owners: Iterable[str]) -> dict[str, int]:
+        """How many jobs each of `owners` runs now (an owner running none is not in it)."""
+        owners = tuple(owners)
+        if not owners:
+            return {}
+        rows = await self.read(f"SELECT owner, COUNT(*) AS n FROM job WHERE state = 'running'"
+                               f" AND owner IN ({','.join('?' * len(owners))}) GROUP BY owner", owners)
+        return {r["owner"]: r["n"] for r in rows}
 
     async def finished_totals(self, after_event: int, duration_bounds: Sequence[float],
                               wait_bounds: Sequence[float]) -> list[Row]:

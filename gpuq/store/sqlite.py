@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import aiosqlite
 
-from ..errors import GUARD_MESSAGE, GpuqError, GuardRefused, NewerSchema, SchemaViolated, StoreUnavailable
+from ..errors import GUARD_MESSAGE, GpuqError, GuardRefused, NewerSchema, SchemaViolated, StartupError, StoreUnavailable
 from ..jobs import iso
 
 Connection = sqlite3.Connection
@@ -127,8 +127,8 @@ def _apply_migration(db: sqlite3.Connection, version: int, f: Path, now: float) 
         db.executescript(f"{BEGIN_WRITE};\n" + f.read_text(encoding="utf-8"))
         broken = db.execute("PRAGMA foreign_key_check").fetchall()
         if broken:
-            raise GpuqError(f"migration {f.name} would leave {len(broken)} broken reference(s), "
-                            f"the first in table {broken[0][0]}; nothing was changed", status=2)
+            raise StartupError(f"migration {f.name} would leave {len(broken)} broken reference(s), "
+                            f"the first in table {broken[0][0]}; nothing was changed")
         db.execute("INSERT INTO schema_migration VALUES (?, ?, ?)", (version, f.stem, iso(now)))
         db.execute("COMMIT")
     except BaseException:

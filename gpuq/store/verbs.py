@@ -13,7 +13,8 @@ from .. import placement as rules
 from .engine import Connection, Engine, dialect
 from ..config import NodeConfig
 from ..critique import parent_subject
-from ..errors import BadRequest, Conflict, Forbidden, GpuqError, GuardMiss, IdTaken, NoResultToCritique, NotFound, Unprocessable
+from ..errors import (BadRequest, Conflict, Forbidden, GpuqError, GuardMiss, IdTaken, NoResultToCritique, NotFound,
+                      OverQuota, Unprocessable)
 from ..jobs import (
     ACTIVE, NO_RESULT, POSITION_GAP, Interrupted, JobState, NewJob, NodeCounts, NodeInfo, new_job_id,
 )
@@ -36,20 +37,6 @@ def iso(now: float) -> str:
     _last_iso = (now, text)
     return text
 
-
-# How long a client over its max_waiting is told to wait before it asks again (Retry-After).
-QUOTA_RETRY_AFTER_S = 30
-
-
-class OverQuota(GpuqError):
-    """A submit beyond the user's max_waiting: 429, with Retry-After (nothing is stored)."""
-
-    status = 429
-
-    def __init__(self, message: str, waiting: list[str] = (), retry_after_s: int = QUOTA_RETRY_AFTER_S):
-        super().__init__(message)
-        self.waiting = list(waiting)  # the owner's waiting jobs: Retry-After is when the first starts
-        self.retry_after_s = retry_after_s
 
 # A queued job's place in its node's queue, from 1: the one statement of it (listings, the
 # stream's "queued" lines and a move's answer all read it).

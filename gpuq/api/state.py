@@ -1,0 +1,34 @@
+"""The router's app state: typed keys (aiohttp's AppKey) the views read it by."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from ..bus import Bus
+from ..config import Settings
+from ..node.alerts import Alerter
+from ..node.dispatcher import Dispatcher
+from ..store import Store
+from .metrics import Metrics
+
+SETTINGS = web.AppKey("settings", Settings)
+
+
+STORE = web.AppKey("store", Store)
+
+
+DISPATCHER = web.AppKey("dispatcher", Dispatcher)
+
+
+BUS = web.AppKey("bus", Bus)
+
+
+METRICS = web.AppKey("metrics", Metrics)
+
+
+ALERTER = web.AppKey("alerter", Alerter)
+
+
+RELOADING = web.AppKey("reloading", asyncio.Lock)  # one reload of gpuq.toml at a time

@@ -1,0 +1,115 @@
+"""Live answers: a job's output as it is generated (NDJSON) and the page's events (SSE)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from ..bus import next_event
+from ..jobs import ACTIVE, JobState, compact_json
+from .inputs import job_id_of
+from .render import job_json
+from .state import BUS, DISPATCHER, SETTINGS, STORE
+
+
+async def stream_job(request: web.Request) -> web.StreamResponse:
+    """NDJSON: {"thinking"} and {"text"} pieces (the reasoning and the answer) as they are
+    generated, then {"done", "job"}; the first of each kind, marked catch_up, is everything so
+    far (with its `tokens` while the job runs). While the job waits, {"queued": {node, position,
+    waiting_for}} whenever where it waits changes, and {"started": {node}} when it starts."""
+    app = request.app
+    job_id = job_id_of(request)
+    resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-store"})
+
+    async def line(obj: dict) -> None:
+        await resp.write(compact_json(obj).encode() + b"\n")
+
+    with app[BUS].subscribe() as events:
+        # A job running here needs no read before its first line (a read is a thread hop): its
+        # output so far is in memory, and the store is read when it has ended.
+        live = app[DISPATCHER].live(job_id) is not None
+        job = {"id": job_id, "state": JobState.RUNNING} if live else await app[STORE].job(job_id)
+        await resp.prepare(request)
+        cur = app[DISPATCHER].live(job_id)
+        if cur is None:  # not running: what it stored (one that starts meanwhile is live again)
+            job = await app[STORE].job_detail(job_id)
+            cur = app[DISPATCHER].live(job_id)
+        sent = {"text": "".join(cur.output) if cur else job["output"],
+                "thinking": "".join(cur.thinking) if cur else (job["thinking"] or "")}
+        # A running job's catch-up says how many tokens (Ollama's chunks) it holds, counted at the
+        # same moment: a follower counting on from it misses none and counts none twice.
+        counts = {"thinking": cur.thinking_tokens, "text": cur.tokens - cur.thinking_tokens} if cur else {}
+        while not events.empty():  # pieces published so far are already in `sent`
+            events.get_nowait()
+        for kind in ("thinking", "text"):  # what was generated before this follower joined
+            if sent[kind]:
+                await line({kind: sent[kind], "catch_up": True} | ({"tokens": counts[kind]} if counts else {}))
+        where = None  # where the job was last said to wait
+
+        async def say_where() -> None:
+            nonlocal where
+            if job["state"] == JobState.QUEUED:
+                now = {"node": job["node"], "position": await app[STORE].queue_position(job),
+                       "waiting_for": job.get("waiting_for")}
+                if now != where:
+                    await line({"queued": now})
+            elif job["state"] == JobState.RUNNING and where is not None and "started" not in where:
+                now = {"started": True}
+                await line({"started": {"node": job["node"]}})
+            else:
+                return
+            where = now
+        async def caught_up_from_store(run_id: int) -> None:
+            """What the router running the job stored since (its heartbeats, about each second)."""
+            stored = (await app[STORE].run_texts([run_id]))[run_id]
+            for kind, text in (("thinking", stored["thinking"] or ""), ("text", stored["output"])):
+                if len(text) > len(sent[kind]) and text.startswith(sent[kind]):
+                    await line({kind: text[len(sent[kind]):]})
+                    sent[kind] = text
+
+        await say_where()
+        while job["state"] in ACTIVE:
+            topic, data = await next_event(events, 1.0) or ("tick", {})
+            if topic == "shutdown":  # the router is stopping: end without a final line
+                return resp
+            if topic == "tokens" and data["id"] == job_id:
+                kind = "thinking" if "thinking" in data else "text"
+                await line({kind: data[kind]})
+                sent[kind] += data[kind]
+            elif topic != "tokens":
+                job = await app[STORE].job(job_id)  # its state; the whole detail once it is final
+                if job["state"] == JobState.RUNNING and app[DISPATCHER].live(job_id) is None:
+                    await caught_up_from_store(job["run_id"])  # another router runs it (PostgreSQL)
+                await say_where()
+        if "runs" not in job:
+            job = await app[STORE].job_detail(job_id)
+        # A job that ended while the follower was joining (its pieces were drained as if `sent`
+        # held them, but it was no longer live): the lines still add up to what was stored.
+        for kind, stored in (("thinking", job["thinking"] or ""), ("text", job["output"])):
+            if stored != sent[kind] and stored.startswith(sent[kind]):
+                await line({kind: stored[len(sent[kind]):]})
+        final = job_json(job, app[SETTINGS].public_url)
+        for key in ("prompt", "runs", "events"):  # the follower has its prompt: the excerpt is enough
+            final.pop(key, None)
+        await line({"done": True, "job": final})
+    await resp.write_eof()
+    return resp
+
+
+async def events(request: web.Request) -> web.StreamResponse:
+    """Server-sent events for the page: one `change` per queue change, coalesced."""
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"})
+    with request.app[BUS].subscribe() as queue:
+        await resp.prepare(request)
+        await resp.write(b"retry: 1000\nevent: hello\ndata: {}\n\n")
+        while True:
+            event = await next_event(queue, 15.0)
+            if event is None:
+                await resp.write(b": keep-alive\n\n")
+                continue
+            topic, data = event
+            if topic == "shutdown":
+                return resp
+            if topic == "tokens":
+                await resp.write(f"event: tokens\ndata: {compact_json(data)}\n\n".encode())
+            else:
+                await resp.write(f"event: change\ndata: {compact_json(data)}\n\n".encode())
