@@ -146,6 +146,16 @@ async def test_submitted_jobs_wait_in_order_and_every_read_of_the_queue_agrees(s
     assert await store.queue_plans([], depth=2) == []
 
 
+@covers("running_by_owner")
+async def test_each_owners_running_jobs_are_counted(store):
+    for node in ("a", "b"):
+        await submit(store, node, owner="ann")
+        await store.claim(node)
+    await submit(store, "a", owner="bob")  # waiting: not running
+    assert await store.running_by_owner(["ann", "bob", "cy"]) == {"ann": 2}
+    assert await store.running_by_owner(iter(["bob"])) == {} and await store.running_by_owner([]) == {}
+
+
 @covers("submit")
 async def test_a_critique_fans_out_never_to_its_parents_node_and_the_guard_refuses_it_there(store):
     parent = await submit(store, "a")
