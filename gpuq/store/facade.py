@@ -12,18 +12,22 @@ statements written per engine come from its module (`self.engine`)."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import threading
 import time
+from collections.abc import Sequence
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, TypeVar
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import aiosqlite
 
 from . import leases, postgres, sqlite, verbs
+from .engine import Connection, Engine, Params, engine_for
 from .writer import Writer
 from .dbfile import DatabaseFile
+from ..config import NodeConfig
 from ..errors import NotFound, StartupError, StoreUnavailable
 from ..jobs import Interrupted, JobState, NewJob, NodeCounts, NodeInfo, iso
 from ..placement import INTERACTIVE
@@ -31,7 +35,7 @@ from ..shipped import shipped_dir, shipped_files
 from .sqlite import STALE_SQL
 from .verbs import QUEUE_POSITION_SQL, Row, rows
 
-__all__ = ["Interrupted", "NewJob", "NodeInfo", "Store", "STALE_SQL", "MIGRATIONS_DIR"]
+__all__ = ["Interrupted", "NewJob", "NodeInfo", "Row", "Store", "STALE_SQL", "MIGRATIONS_DIR"]
 
 MIGRATIONS_DIR = shipped_dir("store.migrations")
 
@@ -69,7 +73,7 @@ class Store:
     def __init__(self, path: Path | str, busy_timeout_s: float = 5.0, clock: Callable[[], float] = time.time,
                  max_bytes: int | None = None, submit_timeout_s: float | None = None):
         # A `postgresql://` DSN, or a SQLite file's path (engine's SQL and errors: its module).
-        self.engine = postgres if postgres.is_dsn(path) else sqlite
+        self.engine: Engine = engine_for(path)
         self.dsn: str | None = str(path) if self.engine is postgres else None
         self.path: Path | None = None if self.dsn else Path(path)
         self.busy_timeout_s = busy_timeout_s
@@ -78,7 +82,7 @@ class Store:
         self.clock = clock
         self._writer: Writer | None = None  # every write, group-committed in its own thread
         self._reader: aiosqlite.Connection | None = None
-        self._pool: postgres.AsyncConnectionPool | None = None  # PostgreSQL's readers
+        self._pool: postgres.Pool | None = None  # PostgreSQL's readers
         # Is the open database still the file at its path? (SQLite's alone: a server has no path.)
         self._file = DatabaseFile(self.path) if self.path else None
         # The store's health as the router lives it, in memory (it cannot be asked of the store):
@@ -96,11 +100,16 @@ class Store:
         """The database, as errors and logs name it: its file, or its DSN without the password."""
         return str(self.path) if self.path else postgres.safe_dsn(self.dsn or "")
 
-    def _connect_writer(self):
+    def _sqlite_path(self) -> Path:
+        """The SQLite file (a store on PostgreSQL has its DSN instead)."""
+        assert self.path is not None, "a store on PostgreSQL has no file"
+        return self.path
+
+    def _connect_writer(self) -> Connection:
         """The writer's connection, opened in (and used only by) the writer's thread."""
         if self.dsn:
             return postgres.connect_writer(self.dsn, self.busy_timeout_s)
-        return sqlite.connect_writer(self.path, self.busy_timeout_s, self.max_bytes)
+        return sqlite.connect_writer(self._sqlite_path(), self.busy_timeout_s, self.max_bytes)
 
     async def open(self) -> None:
         if self.path:
@@ -115,8 +124,9 @@ class Store:
             if self.dsn:
                 self._pool = await postgres.connect_reader(self.dsn, self.busy_timeout_s)
             else:
-                self._reader = await sqlite.connect_reader(self.path, self.busy_timeout_s)
-                self._file.record()  # type: ignore[union-attr]
+                self._reader = await sqlite.connect_reader(self._sqlite_path(), self.busy_timeout_s)
+                if self._file is not None:
+                    self._file.record()
         except BaseException as exc:
             await self.close()  # an open connection's thread would keep a router that failed alive
             if isinstance(exc, self.engine.Error):
@@ -133,15 +143,24 @@ class Store:
         self._reader = self._writer = self._pool = None
 
     async def _migrate(self) -> None:
+        assert self._writer is not None, "the writer opens first"
+        now, where = self.clock(), self.where
         if self.dsn:
             files = shipped_files(postgres.MIGRATIONS_DIR, "[0-9][0-9][0-9]_*.sql", "PostgreSQL migrations")
-            migrate = partial(lambda db, **kw: postgres.migrate(db.raw, **kw), where=self.where)
+
+            def migrate(db: Connection) -> None:
+                assert isinstance(db, postgres.Connection)
+                postgres.migrate(db.raw, files=files, now=now, where=where)
         else:
             files = shipped_files(MIGRATIONS_DIR, "[0-9][0-9][0-9]_*.sql", "migrations")
-            migrate = partial(sqlite.migrate, path=self.path)
-        await self._writer.call(partial(migrate, files=files, now=self.clock()))  # type: ignore[union-attr]
+            path = self._sqlite_path()
 
-    async def _write(self, verb: Callable[..., T],
+            def migrate(db: Connection) -> None:
+                assert isinstance(db, sqlite3.Connection)
+                sqlite.migrate(db, files=files, now=now, path=path)
+        await self._writer.call(migrate)
+
+    async def _write(self, verb: Callable[[Connection], T],
                      after: Callable[[T], None] | None = None) -> T:
         """Run `verb` as one transaction (a savepoint of a group commit) in the writer's thread.
         Writes that arrive together share one commit, each is answered only after it, and one
@@ -158,7 +177,7 @@ class Store:
                 raise
         return result
 
-    async def _bounded_write(self, verb: Callable[..., T], after: Callable[[T], None] | None,
+    async def _bounded_write(self, verb: Callable[[Connection], T], after: Callable[[T], None] | None,
                              wait_s: float, what: str, setting: str) -> T:
         """`_write`, answered within `wait_s`: a write the writer's thread has not started by then
         is dropped (it will raise there, changing nothing) and the caller hears 503; one it has
@@ -166,7 +185,7 @@ class Store:
         may or may not have landed. Whatever lands still reaches `after`."""
         lock, state = threading.Lock(), ["queued"]
 
-        def guarded(db) -> T:
+        def guarded(db: Connection) -> T:
             with lock:
                 if state[0] == "abandoned":
                     raise _Abandoned()
@@ -215,7 +234,7 @@ class Store:
         (a full disk takes the small ones)."""
         return 2 * self.busy_timeout_s + 2.0
 
-    def trouble(self, slow_s: float = SLOW_CALL_S) -> dict | None:
+    def trouble(self, slow_s: float = SLOW_CALL_S) -> dict[str, str] | None:
         """What is wrong with the store now, as the router lives it, or None: a call waiting past
         `slow_s` (the store does not answer), else writes refused within the last few seconds.
         Never asks the store, so it answers whatever the store does."""
@@ -239,12 +258,12 @@ class Store:
     def _refusal(self) -> StoreUnavailable | None:
         """Asked by the writer's thread right before each COMMIT (three os.stat, ~7 us, once per
         batch): a batch is never committed, so never acknowledged, into a file no longer at its path."""
-        lost = self._file.check()  # type: ignore[union-attr]
+        lost = self._file.check() if self._file is not None else None
         return None if lost is None else StoreUnavailable(lost)
 
     # -- the router's own writes ----------------------------------------------------------------
 
-    async def configure(self, settings_s: dict[str, float], nodes: list) -> None:
+    async def configure(self, settings_s: dict[str, float], nodes: Sequence[NodeConfig]) -> None:
         """Record the thresholds (read by the view stale_heads) and the nodes in force."""
         await self._write(partial(verbs.configure, settings_s=settings_s, nodes=nodes))
 
@@ -255,7 +274,7 @@ class Store:
         return await self._write(partial(verbs.remove_nodes, names=names, force=force, reason=reason,
                                          now=self.clock(), refused=refused))
 
-    async def record_reload(self, actor: str, path: str, changes: dict | None, error: str | None) -> None:
+    async def record_reload(self, actor: str, path: str, changes: dict[str, Any] | None, error: str | None) -> None:
         await self._write(partial(verbs.record_reload, actor=actor, path=path, changes=changes, error=error,
                                   now=self.clock()))
 
@@ -279,7 +298,7 @@ class Store:
         its client with the old router."""
         return await self._write(partial(verbs.cancel_clientless, now=self.clock(), nodes=nodes))
 
-    async def fire_alert(self, alert: dict, deliver: bool) -> Row:
+    async def fire_alert(self, alert: dict[str, Any], deliver: bool) -> Row:
         return await self._write(partial(verbs.fire_alert, alert=alert, deliver=deliver, now=self.clock()))
 
     async def resolve_alert(self, alert_id: int, resolution: str) -> None:
@@ -326,7 +345,7 @@ class Store:
         await self._write(partial(verbs.heartbeat, run_id=run_id, output=output, thinking=thinking,
                                   now=self.clock()))
 
-    async def work_done(self, run_id: int, output: str, stats: dict, thinking: str | None = None) -> None:
+    async def work_done(self, run_id: int, output: str, stats: dict[str, Any], thinking: str | None = None) -> None:
         """Ollama's stream ended (`output`: the text not stored yet); the job is not finished
         until its model has left VRAM."""
         await self._write(partial(verbs.work_done, run_id=run_id, output=output, stats=stats, thinking=thinking,
@@ -339,7 +358,7 @@ class Store:
 
     async def finish(self, job_id: str, run_id: int, state: str, error: str | None,
                      output: str | None = None, actor: str = "router",
-                     findings: list | None = None, claim_node: str | None = None,
+                     findings: list[Any] | None = None, claim_node: str | None = None,
                      thinking: str | None = None, streamed: int = 0) -> Row | None:
         """Finish a run that is still the job's running run; anything else is a GuardMiss.
 
@@ -363,7 +382,7 @@ class Store:
     async def preempt(self, job_id: str, actor: str, only_owner: str | None = None,
                       rule: Callable[[str], bool] | None = None,
                       reason: str | None = None, to: str | None = None,
-                      nodes: list[NodeInfo] = ()) -> tuple[Row, Interrupted | None]:
+                      nodes: Sequence[NodeInfo] = ()) -> tuple[Row, Interrupted | None]:
         """The queued job runs next: to the head, and the node's running job goes back behind it
         (`only_owner`: a member's name; someone else's running job refuses it, 403). `rule`: the
         router's own preempt, only when it holds for the running job's lane (else nothing
@@ -402,7 +421,7 @@ class Store:
 
     # -- other routers' changes (PostgreSQL) --------------------------------------------------
 
-    async def watch(self, on_change: Callable[[dict | None], None], poll_s: float = 1.0) -> None:
+    async def watch(self, on_change: Callable[[dict[str, Any] | None], None], poll_s: float = 1.0) -> None:
         """Until it fails: each job change another router commits, as postgres.watch tells it
         (on SQLite no other router writes: nothing to watch, returns at once)."""
         if self.dsn:
@@ -414,18 +433,22 @@ class Store:
 
     # -- reading ------------------------------------------------------------------------------
 
-    async def read(self, sql: str, params: tuple | list | dict = ()) -> list[Row]:
-        assert self._reader is not None or self._pool is not None, "store is not open"
+    async def read(self, sql: str, params: Params = ()) -> list[Row]:
         # Counted as waiting until the reader's thread answers, even when its caller stopped
         # waiting (/health's bounded read): the thread is still stuck in it.
-        task = asyncio.ensure_future(postgres.fetchall(self._pool, sql, params) if self._pool
-                                     else self._reader.execute_fetchall(sql, params))
+        task: asyncio.Future[Any]
+        if self._pool is not None:
+            task = asyncio.ensure_future(postgres.fetchall(self._pool, sql, params))
+        else:
+            assert self._reader is not None, "store is not open"
+            task = asyncio.ensure_future(self._reader.execute_fetchall(sql, params))
         key = id(task)
         self._waiting["read"][key] = time.monotonic()
         task.add_done_callback(lambda t: (self._waiting["read"].pop(key, None), t.cancelled() or t.exception()))
         try:
             found = await asyncio.shield(task)
-            return rows(found) if self._pool else found  # SQLite's reader makes dicts in its thread
+            answer: list[Row] = rows(found) if self._pool else found  # SQLite's reader makes dicts in its thread
+            return answer
         except (sqlite.Error, postgres.Error) as exc:
             raise self.engine.from_error(exc) from exc
 
@@ -476,13 +499,14 @@ class Store:
             r.update(texts[r["id"]])
         return runs
 
-    async def run_texts(self, run_ids: list[int]) -> dict[int, dict[str, str | None]]:
+    async def run_texts(self, run_ids: list[int]) -> dict[int, verbs.RunText]:
         """Runs' whole text, each {"output", "thinking"}: the one read of it (verbs.run_text_query)."""
         return verbs.joined_text(run_ids, await self.read(*verbs.run_text_query(run_ids)))
 
     async def queue_position(self, job: Row) -> int:
         rows = await self.read(QUEUE_POSITION_SQL, {k: job[k] for k in ("node", "position", "id")})
-        return rows[0]["n"]
+        n: int = rows[0]["n"]
+        return n
 
     async def jobs(self, node: str | None = None, state: str | None = None, limit: int = 100) -> list[Row]:
         where, params = [], []
@@ -525,7 +549,8 @@ class Store:
                                f" AND owner IN ({','.join('?' * len(owners))}) GROUP BY owner", owners)
         return {r["owner"]: r["n"] for r in rows}
 
-    async def finished_totals(self, after_event: int, duration_bounds: tuple, wait_bounds: tuple) -> list[Row]:
+    async def finished_totals(self, after_event: int, duration_bounds: Sequence[float],
+                              wait_bounds: Sequence[float]) -> list[Row]:
         """Jobs that ended after event `after_event`, summed per (node, kind, state, model, owner) for
         /metrics: counts, tokens, and each histogram's count, sum and cumulative count per
         bound. A range of the event table's primary key, grouped in SQL: one query, however
@@ -573,7 +598,7 @@ class Store:
                    " ORDER BY j.position, j.id LIMIT ?) AS waiting")
         running = ("SELECT j.id, j.node, j.state, j.model, 0 AS position, r.started_at, NULL AS waiting_for"
                    " FROM job j JOIN run r ON r.id = j.run_id WHERE j.state = 'running'")
-        params: list = []
+        params: list[Any] = []
         for name in nodes:
             params += [name, depth]
         rows = await self.read(" UNION ALL ".join([running] + [waiting] * len(nodes)), params)
@@ -586,7 +611,7 @@ class Store:
         (node, model or NULL for the node's, seconds). Each part reads its partial index."""
         seconds = self.engine.seconds_between("started_at", "finished_at") + " AS seconds"
         by_node, by_model = self.engine.indexed_by("run_done_node"), self.engine.indexed_by("run_done_node_model")
-        parts = [(f"SELECT * FROM (SELECT node, NULL AS model, {seconds} FROM run{by_node}"
+        parts: list[tuple[str, tuple[Any, ...]]] = [(f"SELECT * FROM (SELECT node, NULL AS model, {seconds} FROM run{by_node}"
                   " WHERE state = 'done' AND node = ? ORDER BY id DESC LIMIT ?) AS last", (node, last))
                  for node in sorted(nodes)]
         parts += [(f"SELECT * FROM (SELECT node, model, {seconds} FROM run{by_model}"
@@ -701,7 +726,7 @@ class Store:
         """A clean stop: this router's leases are freed for the next router."""
         return await self._write(partial(leases.release, router=router, now=self.clock()))
 
-    async def routers(self, lease_s: float) -> dict:
+    async def routers(self, lease_s: float) -> dict[str, Any]:
         """The routers alive (seen within `lease_s`), the nodes each holds, each node's holder."""
         now = self.clock() if self.dsn is None else float((await self.read(leases.DB_NOW_SQL + " AS now"))[0]["now"])
         return leases.alive(await self.read(leases.ROUTERS_SQL, (now - lease_s,)),

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 from ..jobs import iso
 from . import verbs
+from .engine import Connection
 from .verbs import Row
 
 # Why a job still running on a node taken over fails (see orphan_reason).
@@ -57,7 +58,7 @@ def _marks(n: int) -> str:
     return ",".join("?" * n)
 
 
-def _seen(db: Any, router: Router, now: float) -> None:
+def _seen(db: Connection, router: Router, now: float) -> None:
     db.execute("INSERT INTO router (id, listen, public_url, pid, host, started_at, seen_at) VALUES (?,?,?,?,?,?,?)"
                " ON CONFLICT (id) DO UPDATE SET seen_at = excluded.seen_at",
                (router.id, router.listen, router.public_url, router.pid, router.host, iso(router.started_at), now))
@@ -81,12 +82,12 @@ def orphan_reason(run_router: str | None, node: str, lease: Row | None, alone: b
 DB_NOW_SQL = "SELECT EXTRACT(EPOCH FROM clock_timestamp())"
 
 
-def clock(db: Any, now: float | None) -> float:
+def clock(db: Connection, now: float | None) -> float:
     """`now` as given (SQLite: one router, its clock), or the database's (None: PostgreSQL)."""
     return now if now is not None else float(db.execute(DB_NOW_SQL).fetchone()[0])
 
 
-def take(db: Any, router: Router, nodes: list[str], lease_s: float, now: float | None,
+def take(db: Connection, router: Router, nodes: list[str], lease_s: float, now: float | None,
          alone: bool = False) -> Taken:
     """Take (or renew) the leases of `nodes` this router may hold: free ones, expired ones, its
     own; with `alone` (SQLite: no other router lives) every one. Each node taken from another
@@ -107,7 +108,7 @@ def take(db: Any, router: Router, nodes: list[str], lease_s: float, now: float |
             f"SELECT node, router, expires_at FROM node_lease WHERE node IN ({_marks(len(nodes))})",
             tuple(nodes)).fetchall()}
         values = ",".join(["(?,?,?,?)"] * len(nodes))
-        params: list = [p for node in nodes for p in (node, router.id, now + lease_s, now)]
+        params: list[Any] = [p for node in nodes for p in (node, router.id, now + lease_s, now)]
         got = {r[0] for r in db.execute(
             f"INSERT INTO node_lease (node, router, expires_at, taken_at) VALUES {values}"
             " ON CONFLICT (node) DO UPDATE SET router = excluded.router, expires_at = excluded.expires_at,"
@@ -117,6 +118,7 @@ def take(db: Any, router: Router, nodes: list[str], lease_s: float, now: float |
             " RETURNING node", (*params, int(alone))).fetchall()}
         held = [n for n in nodes if n in got]
     taken = [n for n in held if before.get(n, {}).get("router") != router.id]
+    args: tuple[str, ...]
     if alone:  # every job running is a dead router's (a node no longer configured too)
         where, args = "j.state = 'running' AND (r.router IS NULL OR r.router <> ?)", (router.id,)
     elif taken:
@@ -134,7 +136,7 @@ def take(db: Any, router: Router, nodes: list[str], lease_s: float, now: float |
     return Taken(held, failed)
 
 
-def renew(db: Any, router: Router | str, nodes: list[str], lease_s: float, now: float | None) -> list[str]:
+def renew(db: Connection, router: Router | str, nodes: list[str], lease_s: float, now: float | None) -> list[str]:
     """Renew this router's leases on `nodes` (one statement); returns the nodes it still holds. A
     lease it let expire is renewed too, as long as no other router has taken it meanwhile."""
     router_id = router if isinstance(router, str) else router.id
@@ -152,7 +154,7 @@ def renew(db: Any, router: Router | str, nodes: list[str], lease_s: float, now: 
 ON_HOST_SQL = "SELECT id, pid FROM router WHERE host = ? AND stopped_at IS NULL AND id <> ?"
 
 
-def end_dead(db: Any, router_ids: list[str], now: float | None) -> list[str]:
+def end_dead(db: Connection, router_ids: list[str], now: float | None) -> list[str]:
     """Routers known dead (their process is gone from this host): their leases run out now, so
     a router restarted on the same machine takes its nodes at once rather than after the lease.
     Returns the nodes whose leases ended."""
@@ -166,7 +168,7 @@ def end_dead(db: Any, router_ids: list[str], now: float | None) -> list[str]:
         (now, *router_ids, now)).fetchall())
 
 
-def release(db: Any, router: Router | str, now: float | None = None) -> list[str]:
+def release(db: Connection, router: Router | str, now: float | None = None) -> list[str]:
     """A clean stop: every lease of this router is freed (another router takes the nodes at once)
     and its row says it stopped. Returns the nodes released."""
     router_id = router if isinstance(router, str) else router.id
@@ -182,13 +184,13 @@ ROUTERS_SQL = ("SELECT id, listen, public_url, pid, host, started_at, seen_at FR
 LEASES_SQL = "SELECT node, router, expires_at, taken_at FROM node_lease ORDER BY node"
 
 
-def alive(router_rows: list, lease_rows: list, now: float) -> dict:
+def alive(router_rows: list[Any], lease_rows: list[Any], now: float) -> dict[str, Any]:
     """/health's view: the routers alive (each with the nodes whose lease it holds now) and each
     node's holder (None: no router holds it, its lease free or expired)."""
     routers = [{k: r[k] for k in ("id", "listen", "public_url", "pid", "host", "started_at")}
                | {"seen_at": iso(r["seen_at"]), "nodes": []} for r in router_rows]
     by_id = {r["id"]: r for r in routers}
-    holders: dict[str, dict | None] = {}
+    holders: dict[str, dict[str, Any] | None] = {}
     for lease in lease_rows:
         if lease["expires_at"] > now:
             holders[lease["node"]] = {"router": lease["router"], "until": iso(lease["expires_at"]),
@@ -200,7 +202,7 @@ def alive(router_rows: list, lease_rows: list, now: float) -> dict:
     return {"routers": routers, "holders": holders}
 
 
-def routers(db: Any, now: float, lease_s: float) -> dict:
+def routers(db: Connection, now: float, lease_s: float) -> dict[str, Any]:
     """The routers seen within `lease_s` and not stopped, with the nodes each holds, and each
     node's holder (see alive)."""
     return alive(db.execute(ROUTERS_SQL, (now - lease_s,)).fetchall(), db.execute(LEASES_SQL).fetchall(), now)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ..config import safe_dsn  # noqa: F401 (postgres.safe_dsn: the DSN without its password, config's)
+from ..config import safe_dsn as safe_dsn  # postgres.safe_dsn: the DSN without its password, config's
 from ..errors import GUARD_MESSAGE, GpuqError, GuardRefused, NewerSchema, SchemaViolated, StoreUnavailable
 from ..jobs import iso
 from ..shipped import shipped_dir
@@ -38,7 +38,7 @@ SCHEMA_MIGRATION = ("CREATE TABLE IF NOT EXISTS schema_migration ("
 MIGRATIONS_DIR = shipped_dir("store.migrations.postgres")
 
 
-def migrate(conn: psycopg.Connection, files: list[Path], now: float, where: str) -> None:
+def migrate(conn: psycopg.Connection[Any], files: list[Path], now: float, where: str) -> None:
     """Apply migrations/postgres/NNN_*.sql in order, each with its record, in its own transaction.
 
     `conn` is in autocommit mode (each migration opens its own transaction); `where` names the
@@ -62,7 +62,7 @@ def migrate(conn: psycopg.Connection, files: list[Path], now: float, where: str)
 
 
 @contextmanager
-def _locked(conn: psycopg.Connection) -> Iterator[None]:
+def _locked(conn: psycopg.Connection[Any]) -> Iterator[None]:
     """A transaction holding the migrations' advisory lock. READ COMMITTED, so each statement after
     the lock sees what the router that held it before committed."""
     with conn.transaction():
@@ -71,7 +71,7 @@ def _locked(conn: psycopg.Connection) -> Iterator[None]:
         yield
 
 
-def _apply_migration(conn: psycopg.Connection, version: int, f: Path, now: float) -> None:
+def _apply_migration(conn: psycopg.Connection[Any], version: int, f: Path, now: float) -> None:
     """One migration and its record, committed together or not at all (PostgreSQL's DDL is
     transactional: a migration that fails half-way leaves nothing behind)."""
     with _locked(conn):
@@ -130,7 +130,7 @@ def translate(sql: str) -> str:
     """The verbs' SQL, written with sqlite3's placeholders (`?`, `:name`), in psycopg's
     (`%s`, `%(name)s`); every literal `%` doubled (psycopg reads them in quoted text too); `?`
     and `:` in quoted text and `::` casts left alone."""
-    def one(m: re.Match) -> str:
+    def one(m: re.Match[str]) -> str:
         token = m.group(0)
         if m.group(1):
             return f"%({m.group(1)})s"
@@ -144,7 +144,7 @@ class Row:
 
     __slots__ = ("_values", "_index")
 
-    def __init__(self, values: tuple, index: dict[str, int]):
+    def __init__(self, values: tuple[Any, ...], index: dict[str, int]):
         self._values, self._index = values, index
 
     def __getitem__(self, key: int | str) -> Any:
@@ -178,8 +178,8 @@ class Connection:
         self._dsn, self._timeout = dsn, connect_timeout_s
         self._conn = self._open()
 
-    def _open(self) -> psycopg.Connection:
-        return psycopg.connect(self._dsn, autocommit=True, row_factory=row_factory,
+    def _open(self) -> psycopg.Connection[Row]:
+        return psycopg.Connection[Row].connect(self._dsn, autocommit=True, row_factory=row_factory,
                                connect_timeout=max(int(self._timeout), 1))
 
     @property
@@ -187,7 +187,7 @@ class Connection:
         return self._conn.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR,
                                                       TransactionStatus.ACTIVE)
 
-    def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Any:
+    def execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = (), /) -> psycopg.Cursor[Row]:
         if self._conn.broken or self._conn.closed:
             if not sql.startswith("BEGIN"):  # mid-transaction: never go on in another session
                 raise psycopg.OperationalError("the connection to the database broke inside a transaction;"
@@ -203,11 +203,11 @@ class Connection:
         return None if self._conn.closed else self._conn.info.backend_pid
 
     @property
-    def raw(self) -> psycopg.Connection:
+    def raw(self) -> psycopg.Connection[Row]:
         """The psycopg connection itself (the migration runner's)."""
         return self._conn
 
-    def executemany(self, sql: str, params: Iterable[Sequence[Any]]) -> Any:
+    def executemany(self, sql: str, params: Iterable[Sequence[Any]], /) -> psycopg.Cursor[Row]:
         cur = self._conn.cursor()
         cur.executemany(translate(sql), list(params))
         return cur
@@ -220,10 +220,14 @@ def connect_writer(dsn: str, connect_timeout_s: float) -> Connection:
     return Connection(dsn, connect_timeout_s)
 
 
-async def connect_reader(dsn: str, connect_timeout_s: float, size: int = 4) -> AsyncConnectionPool:
+# The readers' pool; its connections make Rows (connect_reader's row_factory).
+Pool = AsyncConnectionPool[psycopg.AsyncConnection[Row]]
+
+
+async def connect_reader(dsn: str, connect_timeout_s: float, size: int = 4) -> Pool:
     """The readers' pool: reads in autocommit, each its own snapshot, several at once (a slow
     listing does not hold /health's read up). A connection the server dropped is replaced."""
-    pool = AsyncConnectionPool(dsn, min_size=1, max_size=size, open=False, timeout=connect_timeout_s,
+    pool: Pool = AsyncConnectionPool(dsn, min_size=1, max_size=size, open=False, timeout=connect_timeout_s,
                                check=AsyncConnectionPool.check_connection,
                                kwargs={"autocommit": True, "row_factory": row_factory})
     try:
@@ -234,7 +238,7 @@ async def connect_reader(dsn: str, connect_timeout_s: float, size: int = 4) -> A
     return pool
 
 
-async def fetchall(pool: AsyncConnectionPool, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[Row]:
+async def fetchall(pool: Pool, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> list[Row]:
     try:
         async with pool.connection() as conn:
             cur = await conn.execute(translate(sql), params) if params else await conn.execute(sql)
@@ -281,7 +285,7 @@ def is_dsn(database: object) -> bool:
 CHANNEL = "gpuq_job"  # the trigger job_notify's: {"id", "node", "state"} of each job that changed
 
 
-async def watch(dsn: str, connect_timeout_s: float, on_change: Callable[[dict | None], None],
+async def watch(dsn: str, connect_timeout_s: float, on_change: Callable[[dict[str, Any] | None], None],
                 own_pid: Callable[[], int | None], poll_s: float) -> None:
     """Tell `on_change` of every job change another router commits: its notice's payload
     ({id, node, state}), or None for "something changed, look at everything" (at each connect,
@@ -306,7 +310,7 @@ async def watch(dsn: str, connect_timeout_s: float, on_change: Callable[[dict | 
                     except ValueError:
                         on_change(None)
             cur = await conn.execute("SELECT COALESCE(MAX(id), 0) FROM event")
-            top = (await cur.fetchone())[0]
+            top = row[0] if (row := await cur.fetchone()) else 0
             if newest is not None and top != newest and not told:
                 on_change(None)  # events no notice told of (a pooler in between?)
             newest = top

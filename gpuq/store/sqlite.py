@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import aiosqlite
 
@@ -78,13 +78,13 @@ def connect_writer(path: Path, busy_timeout_s: float, max_bytes: int | None) -> 
     return db
 
 
-def _dict_rows() -> Callable[[sqlite3.Cursor, tuple], dict]:
+def _dict_rows() -> Callable[[sqlite3.Cursor, tuple[Any, ...]], dict[str, Any]]:
     """Rows as dicts, made in the reader's thread as they are fetched: the event loop then has
     nothing to convert (a listing of 300 jobs was 300 dict(sqlite3.Row) on the loop, which a
     /health waited behind). The column names are read once per statement."""
-    last: list = [None, ()]
+    last: list[Any] = [None, ()]
 
-    def make(cursor: sqlite3.Cursor, row: tuple) -> dict:
+    def make(cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> dict[str, Any]:
         if cursor.description is not last[0]:
             last[:] = [cursor.description, tuple(d[0] for d in cursor.description)]
         return dict(zip(last[1], row))
@@ -94,7 +94,7 @@ def _dict_rows() -> Callable[[sqlite3.Cursor, tuple], dict]:
 async def connect_reader(path: Path, busy_timeout_s: float) -> aiosqlite.Connection:
     """The readers' connection (aiosqlite's thread), beside the writer's: WAL lets it in."""
     conn = await aiosqlite.connect(path, isolation_level=None)
-    conn.row_factory = _dict_rows()
+    conn.row_factory = _dict_rows()  # type: ignore[assignment]  # (aiosqlite types it as a class; sqlite3 takes any callable)
     await conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
     await conn.execute("PRAGMA foreign_keys = ON")
     return conn
@@ -139,7 +139,7 @@ def _apply_migration(db: sqlite3.Connection, version: int, f: Path, now: float) 
 
 # -- errors -----------------------------------------------------------------------------------
 
-def from_sqlite(exc: sqlite3.Error) -> GpuqError:
+def from_sqlite(exc: BaseException) -> GpuqError:
     """The one mapping of a database error to what a user sees, by SQLite's own error name.
     A store that is busy or cannot be written is a 503 (retry later); a write the schema
     refuses is gpuq's own bug, a 500 naming the rule it broke (retrying cannot help)."""

@@ -6,12 +6,12 @@ on the writer and holds the reads. `now` is the caller's clock, in seconds."""
 from __future__ import annotations
 
 import json
-from types import ModuleType
-from typing import Any, Callable
+from collections.abc import Sequence
+from typing import Any, Callable, TypedDict
 
 from .. import placement as rules
-from . import postgres, sqlite
-from . import sqlite as engine
+from .engine import Connection, Engine, dialect
+from ..config import NodeConfig
 from ..critique import parent_subject
 from ..errors import (BadRequest, Conflict, Forbidden, GpuqError, GuardMiss, IdTaken, NoResultToCritique, NotFound,
                       OverQuota, Unprocessable)
@@ -38,10 +38,6 @@ def iso(now: float) -> str:
     return text
 
 
-def dialect(db: Any) -> ModuleType:
-    """The engine whose SQL `db` speaks, for the few statements written per engine."""
-    return postgres if isinstance(db, postgres.Connection) else sqlite
-
 # A queued job's place in its node's queue, from 1: the one statement of it (listings, the
 # stream's "queued" lines and a move's answer all read it).
 QUEUE_POSITION_SQL = ("SELECT COUNT(*) + 1 AS n FROM job WHERE node = :node AND state = 'queued'"
@@ -57,7 +53,14 @@ def run_text_query(run_ids: list[int]) -> tuple[str, tuple[int, ...]]:
             " ORDER BY run_id, seq", tuple(run_ids))
 
 
-def joined_text(run_ids: list[int], pieces: list) -> dict[int, dict[str, str | None]]:
+class RunText(TypedDict):
+    """A run's whole text: its output ("" when it gave none) and its reasoning (None: none)."""
+
+    output: str
+    thinking: str | None
+
+
+def joined_text(run_ids: list[int], pieces: list[Any]) -> dict[int, RunText]:
     """Each run's {"output", "thinking"} from its pieces, read in order; a run without any has
     "" and None (thinking stays None for a run that gave none)."""
     parts: dict[int, tuple[list[str], list[str]]] = {run_id: ([], []) for run_id in run_ids}
@@ -70,12 +73,12 @@ def joined_text(run_ids: list[int], pieces: list) -> dict[int, dict[str, str | N
             for run_id, (output, thinking) in parts.items()}
 
 
-def run_texts(db: engine.Connection, run_ids: list[int]) -> dict[int, dict[str, str | None]]:
+def run_texts(db: Connection, run_ids: list[int]) -> dict[int, RunText]:
     """Runs' whole text, inside a write (a critique's subject)."""
     return joined_text(run_ids, db.execute(*run_text_query(run_ids)).fetchall())
 
 
-def rows(cursor_rows: list) -> list[Row]:
+def rows(cursor_rows: list[Any]) -> list[Row]:
     return [dict(r) for r in cursor_rows]
 
 
@@ -83,7 +86,7 @@ def dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False)
 
 
-def _event(db: engine.Connection, job_id: str, from_state: str | None, to_state: str, actor: str,
+def _event(db: Connection, job_id: str, from_state: str | None, to_state: str, actor: str,
            reason: str | None, now: float, run_id: int | None = None) -> None:
     """The event row every state change (and every move) writes, in the same transaction; `run_id`:
     the run it is about (a claim, a run's end, a stale note), which /metrics counts it with."""
@@ -91,12 +94,12 @@ def _event(db: engine.Connection, job_id: str, from_state: str | None, to_state:
                (job_id, iso(now), from_state, to_state, actor, reason, run_id))
 
 
-def _node_counts(db: engine.Connection) -> dict[str, NodeCounts]:
+def _node_counts(db: Connection) -> dict[str, NodeCounts]:
     """Running and queued jobs per node: one row per node, kept by triggers (migration 009)."""
     return {r[0]: NodeCounts(r[1], r[2]) for r in db.execute("SELECT node, running, queued FROM node_load")}
 
 
-def _unused_id(db: engine.Connection, now: float) -> str:
+def _unused_id(db: Connection, now: float) -> str:
     """A fresh job id. 32 random bits a second collide now and then in a burst of thousands
     (the birthday bound), so look before using one."""
     while True:
@@ -115,7 +118,7 @@ CLAIM_SQL = ("UPDATE job SET state = 'running' WHERE id = (SELECT id FROM ready_
 # The claim when users have max_running: a job whose owner already runs that many waits, even
 # on a free node (the next job of another user runs). `:limits` is a JSON object {user: limit},
 # read as rows in the engine's words.
-def claim_limited_sql(sql: ModuleType) -> str:
+def claim_limited_sql(sql: Engine) -> str:
     return (
         "UPDATE job SET state = 'running' WHERE id = (SELECT r.id FROM ready_job r WHERE r.node = :node"
         f" AND NOT EXISTS (SELECT 1 FROM {sql.LIMITS_ROWS} WHERE l.key = r.owner"
@@ -124,7 +127,7 @@ def claim_limited_sql(sql: ModuleType) -> str:
         " AND NOT EXISTS (SELECT 1 FROM job WHERE node = :node AND state = 'running') RETURNING *")
 
 
-def claim(db: engine.Connection, node: str, now: float, max_running: dict[str, int] | None = None) -> Row | None:
+def claim(db: Connection, node: str, now: float, max_running: dict[str, int] | None = None) -> Row | None:
     """The first ready job of the node's queue becomes running, with a new run row (never a
     second head). Ready (the view ready_job, migration 003): not a critique held for its
     parent's result, so a held critique never blocks the jobs behind it. With `max_running`
@@ -148,14 +151,14 @@ def claim(db: engine.Connection, node: str, now: float, max_running: dict[str, i
     return job
 
 
-def _job_for_update(db: engine.Connection, job_id: str) -> Row:
+def _job_for_update(db: Connection, job_id: str) -> Row:
     row = db.execute("SELECT * FROM job WHERE id = ?", (job_id,)).fetchone()
     if row is None:
         raise NotFound(f"no job with id '{job_id}'")
     return dict(row)
 
 
-def _renumber(db: engine.Connection, node: str) -> None:
+def _renumber(db: Connection, node: str) -> None:
     """Spread a node's queued positions out again when a gap has run out."""
     rows = db.execute("SELECT id FROM job WHERE node = ? AND state = 'queued' ORDER BY position, id",
                       (node,)).fetchall()
@@ -163,7 +166,7 @@ def _renumber(db: engine.Connection, node: str) -> None:
                    [((i + 1) * POSITION_GAP, r[0]) for i, r in enumerate(rows)])
 
 
-def _position_at(db: engine.Connection, node: str, job_id: str, index: int) -> int:
+def _position_at(db: Connection, node: str, job_id: str, index: int) -> int:
     """A position that puts the job at 0-based `index` among the node's other queued jobs."""
     for attempt in range(2):
         positions = [r[0] for r in db.execute(
@@ -185,16 +188,17 @@ def _position_at(db: engine.Connection, node: str, job_id: str, index: int) -> i
     raise GpuqError("no queue position found after renumbering")  # unreachable by construction
 
 
-def _index_of(db: engine.Connection, node: str, other_id: str, job_id: str) -> int:
+def _index_of(db: Connection, node: str, other_id: str, job_id: str) -> int:
     other = db.execute("SELECT node, state, position FROM job WHERE id = ?", (other_id,)).fetchone()
     if other is None:
         raise Unprocessable(f"unknown job '{other_id}'")
     if other["state"] != JobState.QUEUED or other["node"] != node:
         raise Conflict(f"job {other_id} is not waiting in node {node}'s queue")
-    return db.execute(
+    ahead: int = db.execute(
         "SELECT COUNT(*) FROM job WHERE node = ? AND state = 'queued' AND id <> ?"
         " AND (position < ? OR (position = ? AND id < ?))",
         (node, job_id, other["position"], other["position"], other_id)).fetchone()[0]
+    return ahead
 
 
 # A parent's held critiques (the view held_job): its children by the index job_parent, each checked
@@ -203,7 +207,7 @@ HELD_CHILDREN_SQL = ("SELECT * FROM job c WHERE c.parent_id = ?"
                      " AND EXISTS (SELECT 1 FROM held_job h WHERE h.id = c.id) ORDER BY c.id")
 
 
-def _end_held_critiques(db: engine.Connection, parent_id: str, why: str, now: float) -> list[str]:
+def _end_held_critiques(db: Connection, parent_id: str, why: str, now: float) -> list[str]:
     """A task that ended without a result leaves its held critiques nothing to review: they end
     cancelled, each with an event naming the parent and why; they never run."""
     held = rows(db.execute(HELD_CHILDREN_SQL, (parent_id,)).fetchall())
@@ -212,7 +216,7 @@ def _end_held_critiques(db: engine.Connection, parent_id: str, why: str, now: fl
     return [j["id"] for j in held]
 
 
-def _cancel(db: engine.Connection, job: Row, actor: str, reason: str, now: float) -> Interrupted | None:
+def _cancel(db: Connection, job: Row, actor: str, reason: str, now: float) -> Interrupted | None:
     db.execute("UPDATE job SET state = 'cancelled', error = ?, finished_at = ? WHERE id = ?",
                (reason, iso(now), job["id"]))
     _event(db, job["id"], job["state"], JobState.CANCELLED, actor, reason, now,
@@ -227,7 +231,7 @@ def _cancel(db: engine.Connection, job: Row, actor: str, reason: str, now: float
 
 # -- the router's own writes ------------------------------------------------------------------
 
-def configure(db: engine.Connection, settings_s: dict[str, float], nodes: list) -> None:
+def configure(db: Connection, settings_s: dict[str, float], nodes: Sequence[NodeConfig]) -> None:
     """Record the thresholds (read by the view stale_heads, migration 012) and nodes in force."""
     db.executemany("INSERT INTO router_setting (key, value) VALUES (?, ?)"
                    " ON CONFLICT (key) DO UPDATE SET value = excluded.value", list(settings_s.items()))
@@ -239,7 +243,7 @@ def configure(db: engine.Connection, settings_s: dict[str, float], nodes: list) 
             (n.name, n.url, n.rank, ",".join(n.roles), n.model, n.max_runtime_s))
 
 
-def remove_nodes(db: engine.Connection, names: list[str], force: bool, reason: str, now: float,
+def remove_nodes(db: Connection, names: list[str], force: bool, reason: str, now: float,
                  refused: Callable[[dict[str, list[str]], dict[str, str]], str | None]) -> list[Row]:
     """Nodes leaving the config (a reload): refused (Conflict, with `refused`'s message) while jobs
     wait or run there, unless `force`: then each waiting job fails with `reason`, loudly (a running
@@ -264,18 +268,18 @@ def remove_nodes(db: engine.Connection, names: list[str], force: bool, reason: s
     return waiting
 
 
-def record_reload(db: engine.Connection, actor: str, path: str, changes: dict | None, error: str | None,
+def record_reload(db: Connection, actor: str, path: str, changes: dict[str, Any] | None, error: str | None,
                   now: float) -> None:
     """One row per reload of gpuq.toml (migration 013): what changed, or why nothing did."""
     db.execute("INSERT INTO config_reload (at, actor, path, ok, changes, error) VALUES (?,?,?,?,?,?)",
                (iso(now), actor, path, int(error is None), None if changes is None else dumps(changes), error))
 
 
-def set_node_health(db: engine.Connection, name: str, up: bool, error: str | None, now: float) -> None:
+def set_node_health(db: Connection, name: str, up: bool, error: str | None, now: float) -> None:
     db.execute("UPDATE node SET up = ?, last_error = ?, since = ? WHERE name = ?", (int(up), error, iso(now), name))
 
 
-def note_stale(db: engine.Connection, now: float) -> list[Row]:
+def note_stale(db: Connection, now: float) -> list[Row]:
     """Write one event per newly stale head (not one per check); returns the new ones."""
     fresh = []
     for head in rows(db.execute(dialect(db).STALE_SQL, {"now": iso(now)}).fetchall()):
@@ -288,14 +292,14 @@ def note_stale(db: engine.Connection, now: float) -> list[Row]:
     return fresh
 
 
-def note(db: engine.Connection, job_id: str, reason: str, actor: str, now: float) -> None:
+def note(db: Connection, job_id: str, reason: str, actor: str, now: float) -> None:
     """An event that changes no state: an unload that failed, a stale head, a node flag."""
     state = db.execute("SELECT state FROM job WHERE id = ?", (job_id,)).fetchone()
     if state:
         _event(db, job_id, state[0], state[0], actor, reason, now)
 
 
-def fail_orphans(db: engine.Connection, now: float) -> list[Row]:
+def fail_orphans(db: Connection, now: float) -> list[Row]:
     """At start-up: a job still running belonged to a dead router. Fail it, loudly."""
     reason = "router restarted while running"
     failed = rows(db.execute(
@@ -306,7 +310,7 @@ def fail_orphans(db: engine.Connection, now: float) -> list[Row]:
     return failed
 
 
-def fail_orphan(db: engine.Connection, job_id: str, reason: str, now: float) -> Row | None:
+def fail_orphan(db: Connection, job_id: str, reason: str, now: float) -> Row | None:
     """One job still running that no live router runs (its router died: gpuq/store/leases.py's
     takeover): failed, loudly, as fail_orphans fails each. None if it is no longer running."""
     job = db.execute("UPDATE job SET state = 'failed', error = ?, finished_at = ? WHERE id = ? AND state = 'running'"
@@ -317,7 +321,7 @@ def fail_orphan(db: engine.Connection, job_id: str, reason: str, now: float) -> 
     return dict(job)
 
 
-def _orphan_failed(db: engine.Connection, job: Row, reason: str, now: float) -> None:
+def _orphan_failed(db: Connection, job: Row, reason: str, now: float) -> None:
     """The rest of an orphan's failure: its run, its event, its held critiques."""
     db.execute("UPDATE run SET state = 'failed', error = ?, finished_at = ? WHERE id = ?"
                " AND state = 'running'", (reason, iso(now), job["run_id"]))
@@ -325,7 +329,7 @@ def _orphan_failed(db: engine.Connection, job: Row, reason: str, now: float) -> 
     _end_held_critiques(db, job["id"], f"failed ({reason})", now)
 
 
-def cancel_clientless(db: engine.Connection, now: float, nodes: list[str]) -> list[Row]:
+def cancel_clientless(db: Connection, now: float, nodes: list[str]) -> list[Row]:
     """At start-up: a front-door call still waiting on `nodes` (those this router now drives) lost
     its client with the old router (its connection is gone; a call waits on a node of the router
     its client called). It would run for no one: cancel it, loudly; `gpuq retry` runs it."""
@@ -339,7 +343,7 @@ def cancel_clientless(db: engine.Connection, now: float, nodes: list[str]) -> li
 
 # -- alerts (gpuq/node/alerts.py) -------------------------------------------------------------------
 
-def fire_alert(db: engine.Connection, alert: dict, deliver: bool, now: float) -> Row:
+def fire_alert(db: Connection, alert: dict[str, Any], deliver: bool, now: float) -> Row:
     return dict(db.execute(
         "INSERT INTO alert (alert, node, job_id, model, since, message, fix, fired_at, deliver)"
         " VALUES (?,?,?,?,?,?,?,?,?) RETURNING *",
@@ -347,18 +351,18 @@ def fire_alert(db: engine.Connection, alert: dict, deliver: bool, now: float) ->
          alert["fix"], iso(now), int(deliver))).fetchone())
 
 
-def resolve_alert(db: engine.Connection, alert_id: int, resolution: str, now: float) -> None:
+def resolve_alert(db: Connection, alert_id: int, resolution: str, now: float) -> None:
     db.execute("UPDATE alert SET resolved_at = ?, resolution = ? WHERE id = ? AND resolved_at IS NULL",
                (iso(now), resolution, alert_id))
 
 
-def owe_open_alerts(db: engine.Connection) -> int:
+def owe_open_alerts(db: Connection) -> int:
     """At start-up with alert_url set: firings still open are owed their notices, even those
     seen while no alert_url was configured (they still fire)."""
     return db.execute("UPDATE alert SET deliver = 1 WHERE resolved_at IS NULL AND deliver = 0").rowcount
 
 
-def record_delivery(db: engine.Connection, alert_id: int, status: str, attempt: int, ok: bool,
+def record_delivery(db: Connection, alert_id: int, status: str, attempt: int, ok: bool,
                     http_status: int | None, error: str | None, now: float) -> None:
     """One try to deliver a notice; a delivered one is marked sent in the same transaction."""
     sent_column = {"firing": "fired_sent_at", "resolved": "resolved_sent_at"}[status]
@@ -370,12 +374,12 @@ def record_delivery(db: engine.Connection, alert_id: int, status: str, attempt: 
 
 # -- submitting --------------------------------------------------------------------------------
 
-def _waiting_lanes(db: engine.Connection, node: str) -> list[tuple[str, str | None]]:
+def _waiting_lanes(db: Connection, node: str) -> list[tuple[str, str | None]]:
     return [(r[0], r[1]) for r in db.execute(
         "SELECT lane, owner FROM job WHERE node = ? AND state = 'queued' ORDER BY position, id", (node,))]
 
 
-def _check_quota(db: engine.Connection, owner: str | None, max_waiting: int | None, adding: int) -> None:
+def _check_quota(db: Connection, owner: str | None, max_waiting: int | None, adding: int) -> None:
     if owner is None or max_waiting is None:
         return
     waiting = db.execute("SELECT COUNT(*) FROM job WHERE owner = ? AND state = 'queued'", (owner,)).fetchone()[0]
@@ -387,7 +391,7 @@ def _check_quota(db: engine.Connection, owner: str | None, max_waiting: int | No
                         f"(or ask an admin to raise max_waiting)", ids)
 
 
-def submit(db: engine.Connection, new: NewJob, nodes: list[NodeInfo], actor: str, now: float, *,
+def submit(db: Connection, new: NewJob, nodes: list[NodeInfo], actor: str, now: float, *,
            fair: bool = False, max_waiting: int | None = None) -> list[Row]:
     """Place and insert a job (a task, or a critique's whole fan-out). Placement sees the jobs
     submitted before it, in the same batch too (node_load counts them). Where it enters its
@@ -395,7 +399,8 @@ def submit(db: engine.Connection, new: NewJob, nodes: list[NodeInfo], actor: str
     batch job at the tail (with `fair`: where users' batch jobs interleave). `max_waiting`: the
     owner's limit of waiting jobs; beyond it, OverQuota and nothing is stored."""
     by_name = {n.name: n for n in nodes}
-    parent = None
+    lane = new.lane or rules.BATCH  # (NewJob sets it: None only before its __post_init__)
+    parent: Any = None  # the parent's row (a critique's), as read
     if new.parent is not None:
         parent = db.execute("SELECT id, kind, node, state, prompt FROM job WHERE id = ?", (new.parent,)).fetchone()
         if parent is None:
@@ -410,7 +415,7 @@ def submit(db: engine.Connection, new: NewJob, nodes: list[NodeInfo], actor: str
             "SELECT node, COUNT(*) FROM job WHERE state = 'queued' AND lane = ? GROUP BY node", (rules.INTERACTIVE,))}
     views = rules.node_views(nodes, counts, interactive)
     if new.kind != "critique":  # a task, or an embedding (placed as a task)
-        placements = [rules.place_task(views, new.node, new.model, new.lane)]
+        placements = [rules.place_task(views, new.node, new.model, lane)]
     else:  # the guard is judged here, first, whatever state the parent is in
         placements = rules.place_critique(views, parent_node, new.node, new.model)
     prompt, from_parent = new.prompt, new.prompt is None
@@ -431,7 +436,7 @@ def submit(db: engine.Connection, new: NewJob, nodes: list[NodeInfo], actor: str
         entered = rules.Entry(counts.get(p.node, NodeCounts()).queued)
         if new.lane == rules.INTERACTIVE or fair:
             waiting = _waiting_lanes(db, p.node)
-            entered = rules.entry(waiting, new.lane, new.owner, fair)  # type: ignore[arg-type]
+            entered = rules.entry(waiting, lane, new.owner, fair)
         if entered.reason is None:  # the tail
             tail = db.execute("SELECT MAX(position) FROM job WHERE node = ? AND state = 'queued'",
                               (p.node,)).fetchone()
@@ -459,7 +464,7 @@ def submit(db: engine.Connection, new: NewJob, nodes: list[NodeInfo], actor: str
     return created
 
 
-def submit_and_claim(db: engine.Connection, new: NewJob, nodes: list[NodeInfo], actor: str,
+def submit_and_claim(db: Connection, new: NewJob, nodes: list[NodeInfo], actor: str,
                      now: float, fair: bool = False, max_waiting: int | None = None,
                      max_running: dict[str, int] | None = None) -> tuple[list[Row], list[Row]]:
     """Submit, then claim the head of each chosen node whose worker waits idle (NodeInfo.idle),
@@ -487,7 +492,7 @@ APPEND_CHUNK = ("INSERT INTO run_chunk (run_id, seq, at, output, thinking)"
                 " FROM run_chunk WHERE run_id = :run_id")
 
 
-def append_output(db: engine.Connection, run_id: int, output: str | None, thinking: str | None,
+def append_output(db: Connection, run_id: int, output: str | None, thinking: str | None,
                   now: float) -> None:
     """Keep more of a run's output (and reasoning): a heartbeat's, or an interrupted run's last."""
     if output or thinking:
@@ -495,12 +500,12 @@ def append_output(db: engine.Connection, run_id: int, output: str | None, thinki
                                   "thinking": thinking or None})
 
 
-def heartbeat(db: engine.Connection, run_id: int, output: str, thinking: str | None, now: float) -> None:
+def heartbeat(db: Connection, run_id: int, output: str, thinking: str | None, now: float) -> None:
     append_output(db, run_id, output, thinking, now)
     db.execute("UPDATE run SET progress_at = ? WHERE id = ? AND state = 'running'", (iso(now), run_id))
 
 
-def work_done(db: engine.Connection, run_id: int, output: str, stats: dict, thinking: str | None,
+def work_done(db: Connection, run_id: int, output: str, stats: dict[str, Any], thinking: str | None,
               now: float) -> None:
     """Ollama's stream ended (`output`: its text not stored yet); the job is not finished until
     its model has left VRAM."""
@@ -514,8 +519,8 @@ def work_done(db: engine.Connection, run_id: int, output: str, stats: dict, thin
          stats.get("load_duration"), stats.get("eval_duration"), run_id))
 
 
-def finish(db: engine.Connection, job_id: str, run_id: int, state: str, error: str | None, now: float, *,
-           output: str | None = None, actor: str = "router", findings: list | None = None,
+def finish(db: Connection, job_id: str, run_id: int, state: str, error: str | None, now: float, *,
+           output: str | None = None, actor: str = "router", findings: list[Any] | None = None,
            claim_node: str | None = None, thinking: str | None = None, streamed: int = 0,
            max_running: dict[str, int] | None = None) -> Row | None:
     """Finish a run that is still the job's running run; anything else is a GuardMiss. `output`
@@ -551,7 +556,7 @@ def _check_move_request(job_id: str, position: int | None, before: str | None, a
         raise BadRequest(f"position must be 1 or more, got {position}")
 
 
-def move(db: engine.Connection, job_id: str, nodes: list[NodeInfo], actor: str, now: float, *,
+def move(db: Connection, job_id: str, nodes: Sequence[NodeInfo], actor: str, now: float, *,
          position: int | None = None, before: str | None = None, after: str | None = None,
          node: str | None = None) -> Row:
     """Reorder a queued job within its node's queue or move it to another node's queue."""
@@ -561,9 +566,10 @@ def move(db: engine.Connection, job_id: str, nodes: list[NodeInfo], actor: str, 
         raise Conflict(f"job {job_id} is {job['state']}; only queued jobs move")
     target = node or job["node"]
     if target != job["node"]:
-        rules.check_move(job["kind"], rules.node_views(nodes, {}), target, job["model"] if job["model_pinned"] else None)
+        rules.check_move(job["kind"], rules.node_views(list(nodes), {}), target, job["model"] if job["model_pinned"] else None)
         if job["endpoint"] is not None:
             _check_call_stays(db, job, target)
+    index: int | None
     if before is not None:
         index = _index_of(db, target, before, job_id)
     elif after is not None:
@@ -587,7 +593,7 @@ def move(db: engine.Connection, job_id: str, nodes: list[NodeInfo], actor: str, 
     return moved
 
 
-def _check_call_stays(db: engine.Connection, job: Row, target: str) -> None:
+def _check_call_stays(db: Connection, job: Row, target: str) -> None:
     """A front-door call's client waits on the router that drives its node (several routers on
     PostgreSQL): it moves only among that router's nodes, else nobody would read its answer."""
     holder = {r["node"]: r["router"] for r in db.execute(
@@ -598,9 +604,9 @@ def _check_call_stays(db: engine.Connection, job: Row, target: str) -> None:
                        f" {holder.get(target) or 'no router now'}: a call moves only among its router's nodes")
 
 
-def preempt(db: engine.Connection, job_id: str, actor: str, now: float,
+def preempt(db: Connection, job_id: str, actor: str, now: float,
             only_owner: str | None = None, rule: Callable[[str], bool] | None = None,
-            reason: str | None = None, to: str | None = None, nodes: list[NodeInfo] = ()) -> tuple[Row, Interrupted | None]:
+            reason: str | None = None, to: str | None = None, nodes: Sequence[NodeInfo] = ()) -> tuple[Row, Interrupted | None]:
     """The queued job runs next: to the head, and the node's running job goes back behind it.
     `only_owner` (a member preempting): interrupting someone else's running job is acting on it,
     refused (403) naming its owner, before anything changes. `rule` (the router preempting on
@@ -652,7 +658,7 @@ def preempt(db: engine.Connection, job_id: str, actor: str, now: float,
     return dict(job, position=1), Interrupted(victim, node, run_id)
 
 
-def delete(db: engine.Connection, job_id: str, actor: str, reason: str, now: float) -> tuple[Row, Interrupted | None]:
+def delete(db: Connection, job_id: str, actor: str, reason: str, now: float) -> tuple[Row, Interrupted | None]:
     """A queued or running job is cancelled with the reason ('deleted'); its rows stay."""
     job = _job_for_update(db, job_id)
     if job["state"] not in ACTIVE:
@@ -660,7 +666,7 @@ def delete(db: engine.Connection, job_id: str, actor: str, reason: str, now: flo
     return dict(job, state=JobState.CANCELLED), _cancel(db, job, actor, reason, now)
 
 
-def clear(db: engine.Connection, node: str, actor: str, running: bool, now: float,
+def clear(db: Connection, node: str, actor: str, running: bool, now: float,
           reason: str = "cleared", only_owner: str | None = None) -> tuple[list[str], Interrupted | None]:
     """Cancel the node's queued jobs (and its running one, with `running`), each with `reason`.
     `only_owner` (a member clearing): when any of them is someone else's, nothing is cancelled and
@@ -681,7 +687,7 @@ def clear(db: engine.Connection, node: str, actor: str, running: bool, now: floa
     return [j["id"] for j in jobs], interrupted
 
 
-def retry(db: engine.Connection, job_id: str, actor: str, now: float, nodes: frozenset[str] | None = None,
+def retry(db: Connection, job_id: str, actor: str, now: float, nodes: frozenset[str] | None = None,
           max_waiting: dict[str, int] | None = None) -> Row:
     """Only by explicit request: a failed or cancelled job goes to the tail of its node's queue
     (an interactive job: to the tail of the interactive jobs, ahead of every waiting batch job).
@@ -711,7 +717,7 @@ def retry(db: engine.Connection, job_id: str, actor: str, now: float, nodes: fro
     return dict(job, state=JobState.QUEUED)
 
 
-def requeue_unsent(db: engine.Connection, sent: dict[str, int | None], reason: str, now: float) -> list[Row]:
+def requeue_unsent(db: Connection, sent: dict[str, int | None], reason: str, now: float) -> list[Row]:
     """When the router stops: the running job of each node in `sent` whose run is not the one its
     worker last sent to Ollama never reached it; its claim is undone (see _put_back)."""
     running = rows(db.execute(
@@ -723,7 +729,7 @@ def requeue_unsent(db: engine.Connection, sent: dict[str, int | None], reason: s
     return unsent
 
 
-def put_back(db: engine.Connection, job_id: str, run_id: int, reason: str, now: float) -> bool:
+def put_back(db: Connection, job_id: str, run_id: int, reason: str, now: float) -> bool:
     """The run's request never reached Ollama: undo its claim. False when the run had already
     ended (deleted or preempted meanwhile: that already ended it)."""
     job = db.execute("SELECT id, node, run_id, state FROM job WHERE id = ?", (job_id,)).fetchone()
@@ -733,7 +739,7 @@ def put_back(db: engine.Connection, job_id: str, run_id: int, reason: str, now: 
     return True
 
 
-def _put_back(db: engine.Connection, job: Row, reason: str, now: float) -> None:
+def _put_back(db: Connection, job: Row, reason: str, now: float) -> None:
     """Undo a claim whose request never reached Ollama: the job is queued at the head again,
     its run ends cancelled with `reason` (kept for forensics), an event says why."""
     db.execute("UPDATE job SET state = 'queued', position = ? WHERE id = ?",

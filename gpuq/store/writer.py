@@ -24,12 +24,16 @@ import asyncio
 import queue
 import threading
 from dataclasses import dataclass
-from types import ModuleType
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from . import sqlite
+from .engine import Connection, Engine
 
-Write = Callable[[Any], Any]
+# A write: a function of the writer's connection (a verb with its arguments bound), run in the
+# writer's thread; its result is the caller's answer.
+Write = Callable[[Connection], Any]
+
+T = TypeVar("T")
 
 SAVEPOINT = "gpuq_batch_item"
 
@@ -51,7 +55,7 @@ class Refused(Exception):
         self.error = error
 
 
-def _rollback(db: Any) -> None:
+def _rollback(db: Connection) -> None:
     if db.in_transaction:
         try:
             db.execute("ROLLBACK")
@@ -59,7 +63,7 @@ def _rollback(db: Any) -> None:
             pass  # the error that got us here is the one to report
 
 
-def apply_batch(db: Any, writes: list[Write], before_commit: Callable[[], None] | None = None,
+def apply_batch(db: Connection, writes: list[Write], before_commit: Callable[[], None] | None = None,
                 begin: str = sqlite.BEGIN_WRITE) -> list[tuple[bool, Any]]:
     """Run `writes` in one transaction, each in its own savepoint; (ok, result-or-error) each.
 
@@ -84,7 +88,7 @@ def apply_batch(db: Any, writes: list[Write], before_commit: Callable[[], None] 
     return outcomes
 
 
-def _in_savepoint(db: Any, write: Write) -> tuple[bool, Any]:
+def _in_savepoint(db: Connection, write: Write) -> tuple[bool, Any]:
     """One write of a batch: rolled back alone when it raises, unless SQLite rolled back the
     whole transaction (BatchAborted: every write of the batch fails)."""
     db.execute(f"SAVEPOINT {SAVEPOINT}")
@@ -103,7 +107,7 @@ def _in_savepoint(db: Any, write: Write) -> tuple[bool, Any]:
 @dataclass
 class _Item:
     fn: Write | None  # None: stop
-    future: asyncio.Future | None
+    future: asyncio.Future[Any]
     alone: bool = False  # run as is, outside any transaction (migrations, pragmas)
     after: Callable[[Any], None] | None = None  # given the result on the loop once committed
 
@@ -112,9 +116,9 @@ class Writer:
     """Owns the writer thread and its connection; `run` queues a write, `call` runs a function
     of the connection alone (outside a transaction), `close` lets the queued writes finish."""
 
-    def __init__(self, connect: Callable[[], Any], translate: Callable[[Exception], Exception],
+    def __init__(self, connect: Callable[[], Connection], translate: Callable[[BaseException], Exception],
                  max_batch: int = 256, refuse: Callable[[], Exception | None] | None = None,
-                 engine: ModuleType = sqlite):
+                 engine: Engine = sqlite):
         self._connect = connect
         self._engine = engine  # gpuq/store/sqlite.py or postgres.py: its BEGIN and its errors
         self._translate = translate
@@ -125,7 +129,7 @@ class Writer:
         self._waiting = 0  # items handed over and not taken by the thread yet (under _count_lock)
         self._count_lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self.db: Any = None  # the thread's connection, once open (read elsewhere for its identity only)
+        self.db: Connection | None = None  # the thread's connection, once open (read elsewhere for its identity only)
         self._closed = False
         self.batches = 0  # counters for tests and the bench (read on the loop, written by the thread)
         self.writes = 0
@@ -147,16 +151,17 @@ class Writer:
 
     async def open(self) -> None:
         """Start the thread; its connection is open (or its error raised) when this returns."""
-        opened = asyncio.get_running_loop().create_future()
+        opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._thread = threading.Thread(target=self._main, args=(opened,), name="gpuq-writer", daemon=True)
         self._thread.start()
         await opened
 
-    async def run(self, write: Write, after: Callable[[Any], None] | None = None) -> Any:
+    async def run(self, write: Callable[[Connection], T], after: Callable[[T], None] | None = None) -> T:
         """Apply `write` durably; its result once its transaction has committed. `after` gets the
         result on the event loop right after the commit, even when the caller has gone away
         (a claimed job must reach its worker whatever became of the request that claimed it)."""
-        return await self._put(write, alone=False, after=after)
+        result: T = await self._put(write, alone=False, after=after)
+        return result
 
     async def call(self, fn: Write) -> Any:
         """Run `fn(connection)` in the writer's thread, between batches, with no transaction of
@@ -167,7 +172,7 @@ class Writer:
         if self._closed or self._thread is None:
             raise self._translate(self._engine.Error("the store is closed; nothing was changed"))
         loop = asyncio.get_running_loop()
-        future = loop.create_future()
+        future: asyncio.Future[Any] = loop.create_future()
         self._turn.append(_Item(fn, future, alone, after))
         if len(self._turn) == 1:
             loop.call_soon(self._hand_over)
@@ -180,7 +185,7 @@ class Writer:
         self._closed = True
         if self._thread is None or not self._thread.is_alive():  # never opened, or failed to
             return
-        stopped = asyncio.get_running_loop().create_future()
+        stopped: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._hand_over()  # the writes of this turn go first
         self._queue.put([_Item(None, stopped)])
         try:
@@ -191,7 +196,7 @@ class Writer:
     # -- the thread -----------------------------------------------------------------------------
 
     @staticmethod
-    def _answer(future: asyncio.Future | None, ok: bool, value: Any,
+    def _answer(future: asyncio.Future[Any] | None, ok: bool, value: Any,
                 after: Callable[[Any], None] | None = None) -> None:
         """Settle `future` from the writer's thread, on the event loop that made it."""
         if future is not None:
@@ -199,7 +204,7 @@ class Writer:
 
     @staticmethod
     def _settle_on_loop(loop: asyncio.AbstractEventLoop,
-                   answers: list[tuple[asyncio.Future, bool, Any, Callable[[Any], None] | None]]) -> None:
+                   answers: list[tuple[asyncio.Future[Any], bool, Any, Callable[[Any], None] | None]]) -> None:
         """Settle futures from the writer's thread in one hand-over to their loop (one wake-up
         of it, however many writes the batch held)."""
         def settle_all() -> None:
@@ -223,7 +228,7 @@ class Writer:
         """sqlite3 errors become the store's errors; a write's own errors pass unchanged."""
         return self._translate(exc) if isinstance(exc, self._engine.Error) else exc
 
-    def _main(self, opened: asyncio.Future) -> None:
+    def _main(self, opened: asyncio.Future[None]) -> None:
         try:
             db = self.db = self._connect()
         except BaseException as exc:
@@ -235,7 +240,7 @@ class Writer:
             stop = self._serve(db)
         finally:
             db.close()
-            self._answer(stop and stop.future, True, None)
+            self._answer(stop.future if stop is not None else None, True, None)
 
     def _take(self, block: bool) -> list[_Item]:
         try:
@@ -246,7 +251,7 @@ class Writer:
             self._waiting -= len(items)
         return items
 
-    def _serve(self, db: Any) -> _Item:
+    def _serve(self, db: Connection) -> _Item:
         """Apply what is queued, in order, until the stop item comes; return it."""
         todo: list[_Item] = []
         while True:
@@ -267,7 +272,7 @@ class Writer:
             batch, todo = todo[:n], todo[n:]
             self._apply(db, batch)
 
-    def _run_alone(self, db: Any, item: _Item) -> None:
+    def _run_alone(self, db: Connection, item: _Item) -> None:
         try:
             result = item.fn(db)  # type: ignore[misc]
         except Exception as exc:
@@ -279,7 +284,7 @@ class Writer:
         if self._refuse is not None and (error := self._refuse()) is not None:
             raise Refused(error)
 
-    def _apply(self, db: Any, batch: list[_Item]) -> None:
+    def _apply(self, db: Connection, batch: list[_Item]) -> None:
         try:
             outcomes = apply_batch(db, [i.fn for i in batch], self._before_commit,  # type: ignore[misc]
                                    self._engine.BEGIN_WRITE)

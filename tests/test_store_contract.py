@@ -1,0 +1,484 @@
+"""The store's contract (issue 34): every public verb and read of `Store`, on each engine in turn
+(the `database` fixture: a SQLite file, then a fresh PostgreSQL database of the session's
+cluster), asserting what a user of the queue would notice: states, positions, counts, the
+answers' shapes, the refusals' statuses and words. One suite, both backends, as River and huey
+each run one driver suite against every backend.
+
+Each test is tagged with the names it holds to the contract (`@covers`), and
+test_every_public_name_of_the_store_has_its_contract fails when a public method or property of
+Store has no test here: a new verb or read comes with its contract, on both engines."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import socket
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from gpuq.config import NodeConfig
+from gpuq.errors import GUARD_MESSAGE, Conflict, GpuqError, GuardMiss, GuardRefused, NotFound, StoreUnavailable
+from gpuq.jobs import Interrupted, NodeCounts, iso
+from gpuq.store import NewJob, NodeInfo, Store
+from gpuq.store.leases import Router
+
+NODES = [
+    NodeInfo("a", 1, ("task", "critique"), "ma", True),
+    NodeInfo("b", 2, ("task", "critique"), "mb", True),
+    NodeInfo("c", 3, ("critique",), "mc", True),
+]
+CONFIGURED = [NodeConfig(n.name, f"http://{n.name}:11434", n.rank, n.roles, n.model) for n in NODES]
+SETTINGS = {"stale_after_s": 600.0, "stale_grace_s": 30.0, "max_runtime_s": 3600.0}
+T0 = 1_800_000_000.0
+
+
+class Clock:
+    """The store's clock: each reading a distinct, later moment (1 ms on); `advance` jumps."""
+
+    def __init__(self, now: float = T0):
+        self.now = now
+
+    def __call__(self) -> float:
+        self.now += 0.001
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+COVERED: dict[str, list[str]] = {}  # public name of Store: the tests that hold it to the contract
+
+
+def covers(*names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def tag(test: Callable[..., Any]) -> Callable[..., Any]:
+        for name in names:
+            COVERED.setdefault(name, []).append(test.__name__)
+        return test
+    return tag
+
+
+@pytest.fixture
+async def store(database):
+    s = Store(database, clock=Clock())
+    await s.open()
+    await s.configure(SETTINGS, CONFIGURED)
+    yield s
+    await s.close()
+
+
+def on_postgres(store: Store) -> bool:
+    return store.dsn is not None
+
+
+async def submit(store: Store, node: str | None = "a", prompt: str = "p", **fields: Any) -> str:
+    [job] = await store.submit(NewJob("task", prompt, node=node, **fields), NODES, "api")
+    return job["id"]
+
+
+async def order(store: Store, node: str) -> list[str]:
+    _, queued, _ = await store.queue(node, 1000)
+    return [j["id"] for j in queued]
+
+
+async def state(store: Store, job_id: str) -> str:
+    return (await store.job(job_id))["state"]
+
+
+# -- opening, closing, health -----------------------------------------------------------------
+
+@covers("open", "close", "where", "alone", "lost", "trouble")
+async def test_a_store_opens_names_its_database_and_keeps_its_jobs_across_a_reopen(database):
+    s = Store(database, clock=Clock())
+    await s.open()
+    try:
+        if isinstance(database, Path):
+            assert (s.where, s.alone) == (str(database), True)  # SQLite: one router per file
+        else:
+            assert s.where.startswith("postgresql://") and s.alone is False  # other routers may live
+        assert s.lost is None and s.trouble() is None
+        job_id = await submit(s)
+    finally:
+        await s.close()
+    with pytest.raises(StoreUnavailable, match="not open"):
+        await s.claim("a")
+    again = Store(database, clock=Clock())
+    await again.open()  # the migrations are applied already: nothing re-applied, nothing lost
+    try:
+        assert await order(again, "a") == [job_id]
+    finally:
+        await again.close()
+
+
+# -- submitting and the queue's reads ----------------------------------------------------------
+
+@covers("submit", "queue", "queue_position", "jobs", "active_by_node", "next_ready", "next_ready_model",
+        "queue_plans", "lanes_in_play")
+async def test_submitted_jobs_wait_in_order_and_every_read_of_the_queue_agrees(store):
+    created = [await store.submit(NewJob("task", f"p{i}", node="a"), NODES, "api") for i in range(3)]
+    assert [(j["state"], j["node"], j["model"], j["position"]) for [j] in created] == \
+        [("queued", "a", "ma", 1), ("queued", "a", "ma", 2), ("queued", "a", "ma", 3)]
+    ids = [j["id"] for [j] in created]
+    running, queued, count = await store.queue("a", 10)
+    assert (running, [j["id"] for j in queued], count) == (None, ids, 3)
+    assert [j["id"] for j in (await store.queue("a", 1, offset=1))[1]] == [ids[1]]
+    assert await store.queue_position(await store.job(ids[2])) == 3
+    assert [j["id"] for j in await store.jobs(node="a", state="queued")] == ids[::-1]  # newest first
+    assert [j["id"] for j in await store.jobs(limit=1)] == [ids[2]]
+    assert await store.jobs(node="b") == []
+    assert (await store.active_by_node())["a"] == NodeCounts(0, 3)
+    assert dict(await store.next_ready("a") or {}) == {"id": ids[0], "model": "ma"}
+    assert await store.next_ready_model("a") == "ma"
+    assert await store.next_ready("b") is None and await store.next_ready_model("b") is None
+
+    # Unplaced, a task goes to the first free task node; an interactive one is in play.
+    [free] = await store.submit(NewJob("task", "hurry", lane="interactive"), NODES, "api")
+    assert (free["node"], free["reason"], free["lane"]) == ("b", "first free node by rank", "interactive")
+    assert [(r["node"], r["state"], r["lane"]) for r in await store.lanes_in_play(ids[0])] == \
+        [("b", "queued", "interactive")]
+    assert await store.lanes_in_play(free["id"]) == []
+
+    plans = await store.queue_plans(["a", "b"], depth=2)
+    assert [(p["node"], p["id"], p["state"]) for p in plans] == \
+        [("a", ids[0], "queued"), ("a", ids[1], "queued"), ("b", free["id"], "queued")]
+    assert await store.queue_plans([], depth=2) == []
+
+
+@covers("running_by_owner")
+async def test_each_owners_running_jobs_are_counted(store):
+    for node in ("a", "b"):
+        await submit(store, node, owner="ann")
+        await store.claim(node)
+    await submit(store, "a", owner="bob")  # waiting: not running
+    assert await store.running_by_owner(["ann", "bob", "cy"]) == {"ann": 2}
+    assert await store.running_by_owner(iter(["bob"])) == {} and await store.running_by_owner([]) == {}
+
+
+@covers("submit")
+async def test_a_critique_fans_out_never_to_its_parents_node_and_the_guard_refuses_it_there(store):
+    parent = await submit(store, "a")
+    before = len(await store.jobs())
+    with pytest.raises(GuardRefused) as refused:
+        await store.submit(NewJob("critique", "review", parent=parent, node="a"), NODES, "api")
+    assert (refused.value.status, refused.value.message) == (409, GUARD_MESSAGE)
+    assert len(await store.jobs()) == before  # nothing stored
+    fan = await store.submit(NewJob("critique", None, parent=parent), NODES, "api")
+    assert sorted((c["node"], c["waiting_for"], c["state"]) for c in fan) == \
+        [("b", parent, "queued"), ("c", parent, "queued")]
+    with pytest.raises(GpuqError) as unknown:
+        await store.submit(NewJob("critique", None, parent="1800000000-00000000"), NODES, "api")
+    assert unknown.value.status == 422
+
+
+# -- a job's life: claim, progress, finish; its reads ------------------------------------------
+
+@covers("claim", "heartbeat", "work_done", "finish", "save_output", "job", "job_detail", "runs", "run_texts")
+async def test_a_job_is_claimed_streams_and_finishes_and_its_page_reads_all_of_it(store):
+    first, second = await submit(store, "a", "one"), await submit(store, "a", "two")
+    claimed = await store.claim("a")
+    assert claimed is not None and (claimed["id"], claimed["state"]) == (first, "running")
+    run = claimed["run_id"]
+    assert await store.claim("a") is None  # one running job per node
+    assert (await store.active_by_node())["a"] == NodeCounts(1, 1)
+    await store.heartbeat(run, "Hel")
+    await store.heartbeat(run, "lo", thinking="hm")
+    await store.work_done(run, "!", {"eval_count": 7, "prompt_eval_count": 3, "done_reason": "stop",
+                                     "total_duration": 5_000, "eval_duration": 4_000})
+    after = await store.finish(first, run, "done", None, claim_node="a")  # and claims the next
+    assert after is not None and (after["id"], after["state"]) == (second, "running")
+    with pytest.raises(GuardMiss) as miss:  # a finish from a run that is no longer running
+        await store.finish(first, run, "failed", "late")
+    assert miss.value.status == 409
+
+    job = await store.job(first)
+    assert (job["state"], job["eval_count"], job["done_reason"], job["prompt_excerpt"]) == ("done", 7, "stop", "one")
+    detail = await store.job_detail(first)
+    assert (detail["prompt"], detail["output"], detail["thinking"]) == ("one", "Hello!", "hm")
+    assert [e["to_state"] for e in detail["events"]] == ["queued", "running", "done"]
+    assert [(r["id"], r["state"], r["output"]) for r in detail["runs"]] == [(run, "done", "Hello!")]
+    assert "queue_position" not in detail
+    assert [(r["id"], r["output"], r["thinking"]) for r in await store.runs(first)] == [(run, "Hello!", "hm")]
+    assert await store.run_texts([run]) == {run: {"output": "Hello!", "thinking": "hm"}}
+    assert (await store.job_detail(await submit(store, "a")))["queue_position"] == 1
+    with pytest.raises(NotFound):
+        await store.job("1800000000-00000000")
+
+    # An interrupted run's last output is kept, whatever state it ended in.
+    await store.delete(second, "api")
+    await store.save_output(after["run_id"], "late words")
+    assert ((await store.job_detail(second))["state"], (await store.job_detail(second))["output"]) == \
+        ("cancelled", "late words")
+
+
+@covers("job_detail")
+async def test_a_critique_reviews_its_parents_result_and_the_parent_counts_its_findings(store):
+    parent = await submit(store, "a", "the task")
+    [crit, _] = sorted(await store.submit(NewJob("critique", None, parent=parent), NODES, "api"),
+                       key=lambda c: c["node"])
+    assert await store.next_ready("b") is None  # held for its parent's result
+    assert (await store.job(crit["id"]))["waiting_for"] == parent
+    run = (await store.claim("a"))["run_id"]
+    await store.finish(parent, run, "done", None, output="the answer")
+    claimed = await store.claim("b")
+    assert claimed["id"] == crit["id"] and "the task" in claimed["prompt"] and "the answer" in claimed["prompt"]
+    await store.finish(crit["id"], claimed["run_id"], "done", None,
+                       findings=[{"severity": "low"}, {"severity": "high"}, {"severity": "medium"}])
+    children = {c["id"]: c for c in (await store.job_detail(parent))["children"]}
+    assert (children[crit["id"]]["finding_count"], children[crit["id"]]["top_severity"]) == (3, "high")
+    assert [c["finding_count"] for i, c in children.items() if i != crit["id"]] == [None]
+
+
+# -- the user's queue control (every case of each: tests/test_store_queue.py, on both engines too) --
+
+@covers("move", "preempt", "delete", "clear", "retry")
+async def test_a_user_moves_preempts_deletes_clears_and_retries(store):
+    ids = [await submit(store, "a", f"p{i}") for i in range(3)]
+    moved = await store.move(ids[2], NODES, "api", position=1)
+    assert moved["position"] == 1 and await order(store, "a") == [ids[2], ids[0], ids[1]]
+    assert (await store.move(ids[2], NODES, "api", after=ids[1]))["position"] == 3
+    assert (await store.move(ids[2], NODES, "api", before=ids[0]))["position"] == 1
+    across = await store.move(ids[1], NODES, "api", node="b")
+    assert (across["node"], (await store.job(ids[1]))["placement"]) == ("b", "moved")
+    assert await order(store, "b") == [ids[1]]
+
+    head = await store.claim("a")  # ids[2] runs
+    job, interrupted = await store.preempt(ids[0], "api")
+    assert (job["id"], job["position"]) == (ids[0], 1)
+    assert interrupted == Interrupted(ids[2], "a", head["run_id"])
+    assert await order(store, "a") == [ids[0], ids[2]]  # the interrupted one goes back behind it
+
+    deleted, none = await store.delete(ids[0], "api")
+    assert (deleted["state"], none, await state(store, ids[0])) == ("cancelled", None, "cancelled")
+    for verb in (store.delete, store.preempt):  # a cancelled job is neither deleted nor preempts again
+        with pytest.raises(Conflict) as refused:
+            await verb(ids[0], "api")
+        assert refused.value.status == 409 and "cancelled" in refused.value.message
+    running = await store.claim("a")
+    assert running["id"] == ids[2]
+    cleared, interrupted = await store.clear("b", "api")
+    assert (cleared, interrupted, await state(store, ids[1])) == ([ids[1]], None, "cancelled")
+    cleared, interrupted = await store.clear("a", "api", running=True)
+    assert cleared == [ids[2]] and interrupted == Interrupted(ids[2], "a", running["run_id"])
+
+    retried = await store.retry(ids[0], "api")
+    assert (retried["state"], await order(store, "a")) == ("queued", [ids[0]])
+    with pytest.raises(Conflict) as again:
+        await store.retry(ids[0], "api")
+    assert again.value.status == 409 and "only failed or cancelled jobs can be retried" in again.value.message
+
+
+# -- a worker's and a router's recovery ------------------------------------------------------
+
+@covers("put_back", "requeue_unsent", "fail_orphans", "cancel_clientless", "remove_nodes")
+async def test_claims_are_undone_orphans_fail_and_leaving_nodes_take_their_jobs_along(store):
+    on_a, on_b = await submit(store, "a"), await submit(store, "b")
+    run_a = (await store.claim("a"))["run_id"]
+    await store.claim("b")
+    assert await store.put_back(on_a, run_a, "the node refused the connection") is True
+    assert await state(store, on_a) == "queued" and await order(store, "a") == [on_a]
+    assert [r["state"] for r in await store.runs(on_a)] == ["cancelled"]
+    assert await store.put_back(on_a, run_a, "again") is False  # that run had already ended
+
+    run_a2 = (await store.claim("a"))["run_id"]
+    unsent = await store.requeue_unsent({"a": run_a2, "b": None}, "router stopping")
+    assert [r["id"] for r in unsent] == [on_b] and await order(store, "b") == [on_b]
+    assert await state(store, on_a) == "running"  # its request had reached Ollama
+
+    failed = await store.fail_orphans()
+    assert [(r["id"], r["node"]) for r in failed] == [(on_a, "a")]
+    job = await store.job(on_a)
+    assert (job["state"], job["error"]) == ("failed", "router restarted while running")
+
+    call = await submit(store, "b", endpoint="/api/chat", request="{}")
+    cancelled = await store.cancel_clientless(["b"])
+    assert [r["id"] for r in cancelled] == [call] and await state(store, call) == "cancelled"
+    assert await state(store, on_b) == "queued" and await store.cancel_clientless([]) == []
+
+    def refuse(waiting: dict[str, list[str]], running: dict[str, str]) -> str | None:
+        return f"jobs wait on {sorted(waiting)}" if waiting else None
+    with pytest.raises(Conflict, match=r"jobs wait on \['b'\]"):
+        await store.remove_nodes(["b"], False, "node b removed", refuse)
+    assert await state(store, on_b) == "queued"
+    removed = await store.remove_nodes(["b"], True, "node b removed", refuse)
+    assert [r["id"] for r in removed] == [on_b]
+    job = await store.job(on_b)
+    assert (job["state"], job["error"]) == ("failed", "node b removed")
+    assert await store.remove_nodes([], True, "none", refuse) == []
+
+
+# -- the router's own records ------------------------------------------------------------------
+
+@covers("configure", "set_node_health", "record_reload", "note", "read")
+async def test_the_router_records_its_nodes_their_health_its_reloads_and_notes(store):
+    nodes = await store.read("SELECT name, url, rank, roles, model FROM node ORDER BY name")
+    assert [(n["name"], n["url"], n["rank"], n["roles"], n["model"]) for n in nodes] == \
+        [(c.name, c.url, c.rank, ",".join(c.roles), c.model) for c in CONFIGURED]
+    await store.configure({"stale_after_s": 60.0}, [NodeConfig("a", "http://elsewhere:11434", 1, ("task",), "ma")])
+    [a] = await store.read("SELECT url, roles FROM node WHERE name = :name", {"name": "a"})
+    assert (a["url"], a["roles"]) == ("http://elsewhere:11434", "task")
+    [stale] = await store.read("SELECT value FROM router_setting WHERE key = ?", ("stale_after_s",))
+    assert float(stale["value"]) == 60.0
+
+    await store.set_node_health("a", False, "connection refused")
+    [a] = await store.read("SELECT up, last_error FROM node WHERE name = ?", ("a",))
+    assert (a["up"], a["last_error"]) == (0, "connection refused")
+
+    await store.record_reload("cli", "/etc/gpuq.toml", {"added": ["d"]}, None)
+    await store.record_reload("api", "/etc/gpuq.toml", None, "bad key")
+    reloads = await store.read("SELECT actor, ok, changes, error FROM config_reload ORDER BY id")
+    assert [(r["actor"], r["ok"], r["error"]) for r in reloads] == [("cli", 1, None), ("api", 0, "bad key")]
+    assert "added" in reloads[0]["changes"] and reloads[1]["changes"] is None
+
+    job_id = await submit(store, "a")
+    await store.note(job_id, "unload failed: timeout")
+    assert (await store.job_detail(job_id))["events"][-1]["reason"] == "unload failed: timeout"
+    with pytest.raises(GpuqError) as broken:  # the engine's error, mapped: 503, nothing changed
+        await store.read("SELECT nothing FROM no_such_table")
+    assert broken.value.status == 503
+
+
+@covers("stale_heads", "note_stale")
+async def test_a_head_with_no_progress_goes_stale_once(store):
+    job_id = await submit(store, "a")
+    await store.claim("a")
+    now = store.clock()
+    assert await store.stale_heads(now + 10) == []
+    [head] = await store.stale_heads(now + 700)  # past stale_after_s (600)
+    assert (head["id"], head["node"]) == (job_id, "a") and head["reason"]
+    assert [h["id"] for h in await store.note_stale(now + 700)] == [job_id]
+    assert await store.note_stale(now + 710) == []  # one event, not one per check
+    assert (await store.job_detail(job_id))["events"][-1]["reason"].startswith("stale: ")
+
+
+# -- history and utilisation --------------------------------------------------------------------
+
+@covers("history", "finished_since", "runs_since", "finished_totals", "recent_durations")
+async def test_finished_jobs_are_counted_searched_and_timed_alike(store):
+    clock = store.clock
+    assert isinstance(clock, Clock)
+    start = clock()
+    done = await submit(store, "a", "Hello World", owner="ann")
+    run = (await store.claim("a"))["run_id"]
+    await store.work_done(run, "hi", {"eval_count": 5})
+    clock.advance(10)
+    await store.finish(done, run, "done", None)
+    failed = await submit(store, "a", "100% sure")
+    await store.finish(failed, (await store.claim("a"))["run_id"], "failed", "boom")
+    await submit(store, "a", "still going")
+    await store.claim("a")
+
+    rows, total = await store.history(None, None, None, None, 10, 0)
+    assert ([r["id"] for r in rows], total) == ([failed, done], 2)  # newest first
+    assert [r["id"] for r in (await store.history("done", None, None, None, 10, 0))[0]] == [done]
+    assert [r["id"] for r in (await store.history(None, "a", "task", "hello WORLD", 10, 0))[0]] == [done]
+    assert [r["id"] for r in (await store.history(None, None, None, "100%", 10, 0))[0]] == [failed]
+    assert (await store.history(None, None, None, "0%s", 10, 0))[1] == 0  # % is a character, not a wildcard
+    assert [r["id"] for r in (await store.history(None, None, None, None, 10, 0, owner="ann"))[0]] == [done]
+    assert [r["id"] for r in (await store.history(None, None, None, None, 1, 1))[0]] == [done]
+
+    assert await store.finished_since(start) == {"done": 1, "failed": 1}
+    assert await store.finished_since(clock() + 60) == {}
+    assert sorted(r["state"] for r in await store.runs_since(start)) == ["done", "failed", "running"]
+    assert [r["state"] for r in await store.runs_since(clock() + 60)] == ["running"]
+
+    totals = {r["state"]: r for r in await store.finished_totals(0, (5.0, 20.0), (1.0,))}
+    assert set(totals) == {"done", "failed"}
+    ann = totals["done"]
+    assert (ann["node"], ann["kind"], ann["model"], ann["owner"], ann["n"], ann["tokens"]) == \
+        ("a", "task", "ma", "ann", 1, 5)
+    assert (ann["d_n"], ann["d_le_0"], ann["d_le_1"]) == (1, 0, 1) and 10 <= ann["d_sum"] < 11
+    assert (totals["failed"]["owner"], totals["failed"]["n"]) == ("", 1)
+    assert await store.finished_totals(max(r["last_event"] for r in totals.values()), (5.0,), ()) == []
+
+    durations = await store.recent_durations({("a", "ma")}, {"a"})
+    assert sorted((r["node"], r["model"] or "", round(r["seconds"])) for r in durations) == \
+        [("a", "", 10), ("a", "ma", 10)]
+
+
+# -- alerts ---------------------------------------------------------------------------------------
+
+@covers("fire_alert", "resolve_alert", "owe_open_alerts", "record_delivery", "open_alerts", "alerts_owed", "alerts")
+async def test_an_alert_fires_is_owed_delivered_and_resolved(store):
+    fired = await store.fire_alert({"alert": "node_down", "node": "a", "job": None, "since": iso(T0),
+                                    "message": "node a is down", "fix": "gpuq nodes"}, deliver=False)
+    assert (fired["alert"], fired["node"], fired["resolved_at"], fired["deliver"]) == ("node_down", "a", None, 0)
+    assert [r["id"] for r in await store.open_alerts()] == [fired["id"]]
+    assert await store.alerts_owed() == []  # seen while no alert_url was set
+    assert await store.owe_open_alerts() == 1
+    [owed] = await store.alerts_owed()
+    assert (owed["id"], owed["attempts"]) == (fired["id"], 0)
+    await store.record_delivery(fired["id"], "firing", 1, False, 500, "server error")
+    assert [r["attempts"] for r in await store.alerts_owed()] == [1]
+    await store.record_delivery(fired["id"], "firing", 2, True, 200, None)
+    assert await store.alerts_owed() == []
+    await store.resolve_alert(fired["id"], "node a is up")
+    assert await store.open_alerts() == []
+    [owed] = await store.alerts_owed()  # the resolved notice is owed now
+    assert (owed["resolution"], owed["attempts"]) == ("node a is up", 0)
+    [latest] = await store.alerts(10)
+    assert [(d["status"], d["ok"], d["http_status"]) for d in latest["deliveries"]] == \
+        [("firing", 0, 500), ("firing", 1, 200)]
+
+
+# -- leases: exactly one router drives a node (every case: tests/test_leases.py) ----------------
+
+@covers("take_nodes", "renew_nodes", "release_nodes", "end_dead_routers", "routers")
+async def test_a_router_holds_its_nodes_until_it_releases_them_or_its_process_is_gone(store):
+    host = socket.gethostname()
+    one = Router.new("127.0.0.1:1", None, T0)
+    two = Router(f"{host}:2:bbbb", "127.0.0.1:2", None, 2, host, T0)  # pid 2: gone, as the test says
+    taken = await store.take_nodes(one, ["a", "b"], 60.0)
+    assert (taken.held, taken.failed) == (["a", "b"], [])
+    assert (await store.take_nodes(two, ["a", "b", "c"], 60.0)).held == ["c"]  # a and b are held, alive
+    alive = await store.routers(60.0)
+    assert {r["id"]: sorted(r["nodes"]) for r in alive["routers"]} == {one.id: ["a", "b"], two.id: ["c"]}
+    assert {n: h["router"] for n, h in alive["holders"].items() if h} == {"a": one.id, "b": one.id, "c": two.id}
+    assert await store.renew_nodes(one, ["a", "b"], 60.0) == ["a", "b"]
+
+    # `two` ran on this host and its process is gone: its leases end now, its node is free at once.
+    assert await store.end_dead_routers(one, lambda pid: pid != two.pid) == ["c"]
+    assert (await store.take_nodes(one, ["c"], 60.0)).held == ["c"]
+    assert await store.release_nodes(one) == ["a", "b", "c"]  # a clean stop
+    assert [r["id"] for r in (await store.routers(60.0))["routers"]] == []
+    assert (await store.take_nodes(two, ["a"], 60.0)).held == ["a"]
+
+
+# -- other routers' changes ------------------------------------------------------------------
+
+@covers("watch")
+async def test_another_routers_change_is_watched_and_this_routers_own_is_not(store, database):
+    changes: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+    if not on_postgres(store):  # one router per file: nothing to watch, it returns at once
+        assert await asyncio.wait_for(store.watch(changes.put_nowait), 5) is None
+        assert changes.empty()
+        return
+    watching = asyncio.ensure_future(store.watch(changes.put_nowait, poll_s=60))
+    other = Store(database, clock=Clock())
+    await other.open()
+    try:
+        assert await asyncio.wait_for(changes.get(), 30) is None  # at connect: "look at everything"
+        mine = await submit(store, "a")
+        theirs = await submit(other, "b")
+        seen = await asyncio.wait_for(changes.get(), 30)  # the first notice told is theirs, not mine
+        assert seen == {"id": theirs, "node": "b", "state": "queued"} and mine != theirs
+    finally:
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
+        await other.close()
+
+
+# -- the contract covers the whole store ------------------------------------------------------
+
+def public_names() -> set[str]:
+    return {name for name, member in vars(Store).items()
+            if not name.startswith("_") and (inspect.isfunction(member) or isinstance(member, property))}
+
+
+def test_every_public_name_of_the_store_has_its_contract():
+    missing = public_names() - set(COVERED)
+    assert not missing, (f"Store's {sorted(missing)} have no contract test: add one to tests/test_store_contract.py"
+                         " (on both engines, through the `store` fixture) and tag it with @covers")
+    gone = set(COVERED) - public_names()
+    assert not gone, f"@covers names {sorted(gone)}, which Store no longer has"
