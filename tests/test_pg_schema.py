@@ -149,7 +149,7 @@ def test_a_database_from_a_newer_gpuq_is_refused(pgdb):
     pgdb.execute("INSERT INTO schema_migration VALUES (999, '999_future', 'x')")
     with pytest.raises(GpuqError, match="was written by a newer gpuq") as exc:
         pg.migrate(pgdb, pg_files(), 0.0, "postgresql:///gpuq")
-    assert exc.value.status == 2
+    assert exc.value.exit_code == 2
 
 
 def test_a_migration_that_fails_leaves_nothing_behind(pg_dsn, tmp_path):
