@@ -1,0 +1,1 @@
+"""Running the router: as a process (daemon.py) and as an OS service (service.py)."""
