@@ -1,0 +1,157 @@
+"""gpuq.toml read and checked whole: parse_config (a parsed file's tables into Settings),
+load_config (a file, and $GPUQ_TOKEN), find_config (which file)."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+
+from ..errors import ConfigError
+from .checks import (BYTE_LIMITS, DURATION_FLOORS, MAX_PROMPT_BYTES, bounded_duration, byte_limit, check_database,
+                     check_hosts, check_listen, check_table, check_token, check_url, typed)
+from .keys import KEYS, ROUTER_KEYS
+from .settings import DEFAULT_LISTEN, IDENTITIES, LEGACY_ADMIN, USER_ROLES, Settings, UserConfig
+from .tables import alert_settings, front_settings, parse_node, parse_users, unload_policy
+
+# [router]'s durations and their Settings fields, checked in the order DURATION_FLOORS lists them.
+DURATION_KEYS = {k.name: k.attr for k in sorted((k for k in KEYS if k.section == "router" and k.duration),
+                                                key=lambda k: list(DURATION_FLOORS).index(k.name))}
+
+
+def parse_config(data: dict, base_dir: Path) -> Settings:
+    unknown = sorted(set(data) - {"router", "node", "front", "user"})
+    if unknown:
+        raise ConfigError(f"unknown key '{unknown[0]}' (expected [router], [front], [[node]] and [[user]] tables)")
+    router = check_table(data.get("router", {}), "router", "[router]", ROUTER_KEYS)
+    values: dict = {}
+    if "listen" in router:
+        values["listen"] = check_listen(router["listen"], "router.listen")
+    listen = values.get("listen", DEFAULT_LISTEN)
+    values["public_url"] = check_url(router.get("public_url", f"http://{listen}"), "router.public_url")
+    database = typed(router, "database", str, "router")
+    values["database"] = check_database(database or "gpuq.db", base_dir, "router.database")
+    for key, attr in DURATION_KEYS.items():
+        if key in router:
+            values[attr] = bounded_duration(router[key], f"router.{key}", key)
+    limit = typed(router, "max_prompt_bytes", int, "router")
+    if limit is not None:
+        if limit < 1:
+            raise ConfigError(f"router.max_prompt_bytes: must be at least 1, got {limit}")
+        if limit > MAX_PROMPT_BYTES:
+            raise ConfigError(f"router.max_prompt_bytes: must be at most {MAX_PROMPT_BYTES} (64 MiB), got {limit}")
+        values["max_prompt_bytes"] = limit
+    cap = typed(router, "max_database_bytes", int, "router")
+    if cap is not None:
+        if cap < 65536:
+            raise ConfigError(f"router.max_database_bytes: must be at least 65536, got {cap}")
+        values["max_database_bytes"] = cap
+    for key in BYTE_LIMITS:
+        if (limit := byte_limit(router, key, "router")) is not None:
+            values[key] = limit
+    connections = typed(router, "max_connections", int, "router")
+    if connections is not None:
+        if not 8 <= connections <= 1_000_000:
+            raise ConfigError(f"router.max_connections: must be from 8 to 1000000, got {connections}")
+        values["max_connections"] = connections
+    per_peer = typed(router, "max_connections_per_peer", int, "router")
+    if per_peer is not None:
+        if not 1 <= per_peer <= 1_000_000:
+            raise ConfigError(f"router.max_connections_per_peer: must be from 1 to 1000000, got {per_peer}")
+        values["max_connections_per_peer"] = per_peer
+    token = typed(router, "token", str, "router")
+    if token is not None:
+        values["token"] = check_token(token, "router.token")
+    if "ollama_listen" in router:
+        values["ollama_listen"] = check_listen(router["ollama_listen"], "router.ollama_listen")
+        if values["ollama_listen"] == listen:
+            raise ConfigError(f"router.ollama_listen: {listen} is router.listen already; give the front door "
+                              "a port of its own (Ollama clients use 11434, e.g. \"127.0.0.1:11435\" beside it)")
+    if "allowed_hosts" in router:
+        values["allowed_hosts"] = check_hosts(router["allowed_hosts"], "router.allowed_hosts")
+    policy = unload_policy(router, "router")
+    if policy is not None:
+        values["unload"] = policy
+    values.update(alert_settings(router))
+    values.update(front_settings(data.get("front", {})))
+    awake = typed(router, "keep_awake", bool, "router")
+    if awake is not None:
+        values["keep_awake"] = awake
+    identity = router.get("identity")
+    if identity is not None:
+        if identity not in IDENTITIES:
+            raise ConfigError(f"router.identity: expected 'token' or 'tailscale', got {identity!r}")
+        values["identity"] = identity
+    socket_path = typed(router, "tailscale_socket", str, "router")
+    if socket_path is not None:
+        if not socket_path.strip():
+            raise ConfigError("router.tailscale_socket: expected the path of tailscaled's socket, got ''")
+        values["tailscale_socket"] = base_dir / socket_path
+    default_role = router.get("default_role")
+    if default_role is not None:
+        if default_role not in USER_ROLES:
+            raise ConfigError(f"router.default_role: expected 'admin' or 'member', got {default_role!r}")
+        values["default_role"] = default_role
+    fair = typed(router, "fair_share", bool, "router")
+    if fair is not None:
+        values["fair_share"] = fair
+    preempts = typed(router, "interactive_preempts", bool, "router")
+    if preempts is not None:
+        values["interactive_preempts"] = preempts
+    values["users"] = parse_users(data, values)
+    template = typed(router, "critique_template", str, "router")
+    if template is not None:
+        if "{subject}" not in template:
+            raise ConfigError("router.critique_template: must contain '{subject}'")
+        values["critique_template"] = template
+
+    nodes_raw = data.get("node", [])
+    if not isinstance(nodes_raw, list):
+        raise ConfigError("node: expected [[node]] tables")
+    nodes = [parse_node(t, i) for i, t in enumerate(nodes_raw, start=1)]
+    seen_names: dict[str, int] = {}
+    seen_ranks: dict[int, str] = {}
+    for n in nodes:
+        if n.name in seen_names:
+            raise ConfigError(f"node '{n.name}'.name: duplicate node name")
+        if n.rank in seen_ranks:
+            raise ConfigError(f"node '{n.name}'.rank: rank {n.rank} is already used by node '{seen_ranks[n.rank]}'")
+        seen_names[n.name] = 1
+        seen_ranks[n.rank] = n.name
+    values["nodes"] = tuple(sorted(nodes, key=lambda n: n.rank))
+    return Settings(**values)
+
+
+def load_config(path: Path, env_token: bool = True) -> Settings:
+    """Read and check `path`; with env_token, $GPUQ_TOKEN is the token when the file sets none."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    settings = replace(parse_config(data, path.resolve().parent), source=path.resolve())
+    if not settings.nodes:
+        raise ConfigError(f"{path}: node: at least one [[node]] is required")
+    if env_token and settings.token is None and "GPUQ_TOKEN" in os.environ:
+        # Set but empty is refused, not ignored: a router meant to be locked would run open.
+        token = check_token(os.environ["GPUQ_TOKEN"], "$GPUQ_TOKEN")
+        if settings.user_by_token(token) is None:
+            if settings.user(LEGACY_ADMIN) is not None:
+                raise ConfigError(f"$GPUQ_TOKEN: stands for the user '{LEGACY_ADMIN}', and a [[user]] has that "
+                                  "name with another token")
+            return replace(settings, token=token,
+                           users=(UserConfig(name=LEGACY_ADMIN, token=token, role="admin"), *settings.users))
+        return replace(settings, token=token)
+    return settings
+
+
+def find_config(explicit: str | None) -> Path | None:
+    """--config, then $GPUQ_CONFIG, then ./gpuq.toml (None when there is none)."""
+    if explicit:
+        return Path(explicit)
+    if os.environ.get("GPUQ_CONFIG"):
+        return Path(os.environ["GPUQ_CONFIG"])
+    local = Path("gpuq.toml")
+    return local if local.exists() else None
