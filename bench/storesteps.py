@@ -27,7 +27,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from gpuq.jobs import NewJob, NodeInfo
-from gpuq.store import verbs
+from gpuq.store import lifecycle
 from gpuq.store.facade import Store
 
 from .peers import STORE_SETTINGS, StoreWorker
@@ -121,16 +121,16 @@ def round_trips(db, n: int) -> tuple[float, dict[str, float], dict[str, int]]:
     now = time.time()
     running = db.execute("SELECT id, run_id FROM job WHERE state = 'running'").fetchone()
     if running is None:
-        tx(db, lambda d: verbs.submit(d, JOB, NODES, "bench", now))
-        running = tx(db, lambda d: verbs.claim(d, "n1", now))
+        tx(db, lambda d: lifecycle.submit(d, JOB, NODES, "bench", now))
+        running = tx(db, lambda d: lifecycle.claim(d, "n1", now))
     if isinstance(db, Timed):
         db.spent.clear()
         db.count.clear()
     t = time.perf_counter()
     for _ in range(n):
         now = time.time()
-        tx(db, lambda d: verbs.submit(d, JOB, NODES, "bench", now))
-        running = tx(db, lambda d: verbs.finish(d, running["id"], running["run_id"], "done", None, now,
+        tx(db, lambda d: lifecycle.submit(d, JOB, NODES, "bench", now))
+        running = tx(db, lambda d: lifecycle.finish(d, running["id"], running["run_id"], "done", None, now,
                                                 output="out", claim_node="n1"))
     total = (time.perf_counter() - t) / n * 1e6
     if isinstance(db, Timed):

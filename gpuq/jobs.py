@@ -144,7 +144,7 @@ class NodeInfo:
     up: bool
     models: frozenset[str] | None = None  # installed, as of its last health check; None: unknown
     # Its worker waits for work with nothing claimed: a submit to it claims its head in the
-    # submit's own commit and hands it over (verbs.submit_and_claim, Worker.take).
+    # submit's own commit and hands it over (lifecycle.submit_and_claim, Worker.take).
     idle: bool = False
 
 

@@ -25,7 +25,7 @@ from gpuq.store import MIGRATIONS_DIR
 from gpuq.store import leases
 from gpuq.store import postgres as pg
 from gpuq.store import sqlite as sqlite_engine
-from gpuq.store import verbs
+from gpuq.store import lifecycle, records
 from gpuq.store.leases import Router
 
 LEASE = 10.0
@@ -192,13 +192,13 @@ def test_a_router_alone_takes_every_node_and_fails_every_job_left_running(db):
 
 def test_the_claim_stamps_its_run_with_the_router_holding_the_node(tmp_path):
     lite = LiteDb(tmp_path / "q.db")
-    lite.run(verbs.configure, {}, [])
+    lite.run(records.configure, {}, [])
     lite.run(lambda d: d.execute("INSERT INTO node (name, url, rank, roles, model) VALUES ('a', 'u', 1, 'task', 'm')"))
     lite.run(lambda d: d.execute(
         "INSERT INTO job (id, kind, node, model, prompt, position, placement, created_at)"
         " VALUES ('j', 'task', 'a', 'm', 'p', 1024, 'asked', 'x')"))
     lite.run(leases.take, A, ["a"], LEASE, T0)
-    job = lite.run(verbs.claim, "a", T0)
+    job = lite.run(lifecycle.claim, "a", T0)
     assert lite.rows("SELECT router FROM run WHERE id = ?", (job["run_id"],)) == [(A.id,)]
 
 

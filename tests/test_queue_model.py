@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-import gpuq.store.verbs
+import gpuq.store.steps
 from gpuq.errors import BadRequest, Conflict, GuardMiss, GuardRefused, NoResultToCritique, NotFound, Unprocessable
 from gpuq.store import NewJob, NodeInfo, Store
 
@@ -40,7 +40,7 @@ class QueueMachine(RuleBasedStateMachine):
         super().__init__()
         # The smallest gap that works (2), so that two moves to one spot exhaust it and the
         # renumber inside the move runs often.
-        self.gap = mock.patch.object(gpuq.store.verbs, "POSITION_GAP", 2)
+        self.gap = mock.patch.object(gpuq.store.steps, "POSITION_GAP", 2)
         self.gap.start()
         self.dir = tempfile.mkdtemp(prefix="gpuq-model-")
         self.loop = asyncio.new_event_loop()

@@ -159,10 +159,10 @@ def plan(path, sql: str, params=()) -> list[str]:
 
 
 async def test_the_claims_own_sql_takes_the_head_by_the_queue_index(lite_store):
-    """The claim's statement itself (verbs.CLAIM_SQL), not a copy: the head of one node's queue is
+    """The claim's statement itself (lifecycle.CLAIM_SQL), not a copy: the head of one node's queue is
     found by walking job_queue in order, with no sort of the whole queue and no scan of history."""
-    from gpuq.store import verbs
-    steps = plan(lite_store.path, verbs.CLAIM_SQL, {"node": "a"})
+    from gpuq.store import lifecycle
+    steps = plan(lite_store.path, lifecycle.CLAIM_SQL, {"node": "a"})
     reads = [s for s in steps if s.startswith(("SCAN", "SEARCH")) and " j " in f" {s} "]
     assert reads and all("USING INDEX job_queue" in s or "USING COVERING INDEX job_queue" in s
                          for s in reads if "(node=? AND state=?)" in s), steps
@@ -174,8 +174,8 @@ async def test_the_claims_own_sql_takes_the_head_by_the_queue_index(lite_store):
 async def test_a_parents_held_critiques_are_found_by_its_children_not_the_queue(lite_store):
     """Ending a parent without a result (a cancel, a clear of thousands) reads its own children
     through job_parent, not every queued job through the view held_job."""
-    from gpuq.store import verbs
-    steps = plan(lite_store.path, verbs.HELD_CHILDREN_SQL, ("1-aaaaaaaa",))
+    from gpuq.store import steps as shared
+    steps = plan(lite_store.path, shared.HELD_CHILDREN_SQL, ("1-aaaaaaaa",))
     assert steps[0].startswith("SEARCH c USING INDEX job_parent (parent_id=?)"), steps
     assert not any(s.startswith("SCAN") or "(state=?)" in s for s in steps), steps
 
@@ -325,7 +325,7 @@ async def test_a_read_only_database_refuses_writes_loudly_and_keeps_serving_read
 async def test_a_colliding_job_id_is_replaced_not_refused(store, monkeypatch):
     [first] = await store.submit(NewJob("task", "p"), NODES, "api")
     ids = iter([first["id"], first["id"], "1800000000-0000abcd"])  # the id generator repeats itself
-    monkeypatch.setattr("gpuq.store.verbs.new_job_id", lambda now: next(ids))
+    monkeypatch.setattr("gpuq.store.lifecycle.new_job_id", lambda now: next(ids))
     [second] = await store.submit(NewJob("task", "q"), NODES, "api")
     assert second["id"] == "1800000000-0000abcd"
     assert len(await store.jobs()) == 2
@@ -388,10 +388,11 @@ async def test_an_upgrade_from_migration_010_keeps_every_runs_text(tmp_path, mon
     critique's subject, the view run_output), a run that gave no reasoning still reads None, and
     new text goes to run_chunk after the run's old text, which stays where it was. Its events,
     written with no run, get the run they were about (migration 012's backfill)."""
-    from gpuq.store import sqlite as engine, verbs
+    from gpuq.store import lifecycle, sqlite as engine, steps
     from gpuq.shipped import shipped_files
 
-    monkeypatch.setattr(verbs, "_event", old_event)
+    monkeypatch.setattr(lifecycle, "event", old_event)
+    monkeypatch.setattr(steps, "event", old_event)
 
     path, now = tmp_path / "q.db", 1_800_000_000.0
     nodes = [NodeInfo("a", 1, ("task",), "ma", True), NodeInfo("b", 2, ("task",), "mb", True),
@@ -406,16 +407,16 @@ async def test_an_upgrade_from_migration_010_keeps_every_runs_text(tmp_path, mon
         db.execute(f"ALTER TABLE job ADD COLUMN {column} TEXT")
 
     def old_run(prompt: str, node: str, texts: list[tuple[str | None, str | None]], done: bool = True) -> str:
-        [job] = verbs.submit(db, NewJob("task", prompt, node=node), nodes, "api", now)
-        run_id = verbs.claim(db, node, now)["run_id"]
+        [job] = lifecycle.submit(db, NewJob("task", prompt, node=node), nodes, "api", now)
+        run_id = lifecycle.claim(db, node, now)["run_id"]
         for output, thinking in texts:
             db.execute(OLD_APPEND, {"output": output, "thinking": thinking, "run_id": run_id})
         if done:
-            verbs.finish(db, job["id"], run_id, "done", None, now)
+            lifecycle.finish(db, job["id"], run_id, "done", None, now)
         return job["id"]
 
     thought = old_run("think first", "a", [("The answer, ", "mulling "), ("in two parts.", "it over")])
-    [held] = verbs.submit(db, NewJob("critique", None, parent=thought), nodes, "api", now)
+    [held] = lifecycle.submit(db, NewJob("critique", None, parent=thought), nodes, "api", now)
     plain = old_run("just answer", "a", [("plain", None)])
     running = old_run("still going", "b", [("before ", None)], done=False)
     for column in LATER_COLUMNS:

@@ -472,7 +472,9 @@ async def test_another_routers_change_is_watched_and_this_routers_own_is_not(sto
 # -- the contract covers the whole store ------------------------------------------------------
 
 def public_names() -> set[str]:
-    return {name for name, member in vars(Store).items()
+    """Store's public methods and properties, its own and those of its bases (its reads:
+    gpuq/store/reads.py's Reads)."""
+    return {name for cls in Store.__mro__ if cls is not object for name, member in vars(cls).items()
             if not name.startswith("_") and (inspect.isfunction(member) or isinstance(member, property))}
 
 

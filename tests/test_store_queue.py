@@ -11,7 +11,8 @@ import pytest
 
 from gpuq.errors import GUARD_MESSAGE, BadRequest, Conflict, GpuqError, GuardMiss, GuardRefused, NotFound
 from gpuq.jobs import POSITION_GAP
-import gpuq.store.verbs as store_module
+import gpuq.store.control as control_module
+import gpuq.store.steps as steps_module
 from gpuq.store import Interrupted, NewJob, NodeInfo, Store
 
 NODES = [
@@ -260,12 +261,12 @@ async def test_retrying_a_critique_never_puts_it_on_its_parents_node(store):
 
 async def test_gap_exhaustion_renumbers_inside_the_move_and_order_stays_right(store, monkeypatch):
     renumbered = []
-    real = store_module._renumber
+    real = steps_module.renumber
 
     def spy(db, node):
         renumbered.append(node)
         real(db, node)
-    monkeypatch.setattr(store_module, "_renumber", spy)
+    monkeypatch.setattr(steps_module, "renumber", spy)
 
     head, tail = await tasks(store, 2)
     extra = await tasks(store, 40)
@@ -294,7 +295,7 @@ async def test_a_failed_move_rolls_back_its_renumber(store, monkeypatch):
     await store._write(lambda db: db.executemany(  # no gap left anywhere
         "UPDATE job SET position = ? WHERE id = ?", [(i, job) for i, job in enumerate((a, b, c))]))
     renumbered = []
-    real = store_module._renumber
+    real = steps_module.renumber
 
     def spy(db, node):
         renumbered.append(node)
@@ -302,8 +303,8 @@ async def test_a_failed_move_rolls_back_its_renumber(store, monkeypatch):
 
     def broken_event(*args, **kwargs):  # the engine's own error for a failing disk
         raise (psycopg.errors.DiskFull if store.dsn else sqlite3.OperationalError)("disk I/O error")
-    monkeypatch.setattr(store_module, "_renumber", spy)
-    monkeypatch.setattr(store_module, "_event", broken_event)
+    monkeypatch.setattr(steps_module, "renumber", spy)
+    monkeypatch.setattr(control_module, "event", broken_event)
     with pytest.raises(GpuqError) as exc:
         await store.move(c, NODES, "api", position=2)
     refused(exc, 503, "nothing was changed")

@@ -1,4 +1,5 @@
-"""The durable queue: the async facade (Store), the verbs (every SQL statement of the queue),
+"""The durable queue: the async facade (Store) and its reads, the verbs (every SQL statement that
+writes the queue: a job's life cycle, queue control, the router's records, the steps they share),
 the one writer thread, the engine seam, and the schema's migrations (shipped as package data)."""
 
 from .facade import MIGRATIONS_DIR, STALE_SQL, Interrupted, NewJob, NodeInfo, Row, Store

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ..jobs import iso
-from . import verbs
 from .engine import Connection
-from .verbs import Row
+from .lifecycle import fail_orphan
+from .steps import Row
 
 # Why a job still running on a node taken over fails (see orphan_reason).
 RESTARTED = "router restarted while running"
@@ -130,7 +130,7 @@ def take(db: Connection, router: Router, nodes: list[str], lease_s: float, now: 
     failed = []
     for job in running:
         reason = orphan_reason(job["router"], job["node"], before.get(job["node"]), alone)
-        row = verbs.fail_orphan(db, job["id"], reason, now)
+        row = fail_orphan(db, job["id"], reason, now)
         if row is not None:
             failed.append(dict(row, error=reason))
     return Taken(held, failed)
