@@ -197,7 +197,8 @@ def load_or_unload_reply(endpoint: str, body: dict) -> dict:
 def collected(endpoint: str, chunks: Iterable[dict], body: dict) -> dict:
     """stream:false: the last chunk, its text the whole reply (routes.go writeChatResponse and
     GenerateHandler): content and thinking concatenated, tool calls and logprobs gathered."""
-    content, thinking, calls, logprobs = [], [], [], []
+    content, thinking, calls = [], [], []
+    logprobs: list[Any] = []
     last: dict = {}
     for chunk in chunks:
         text, thought, tool_calls = chunk_text(chunk)
