@@ -5,7 +5,7 @@ ladder from any exception to an HttpError: each door renders it in its own envel
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 # The schema's triggers raise exactly this (migration 010); gpuq/store/sqlite.py from_sqlite turns it
 # into GuardRefused.
@@ -82,7 +82,7 @@ class OverQuota(GpuqError):
 
     status = 429
 
-    def __init__(self, message: str, waiting: list[str] = (), retry_after_s: int = QUOTA_RETRY_AFTER_S):
+    def __init__(self, message: str, waiting: Sequence[str] = (), retry_after_s: int = QUOTA_RETRY_AFTER_S):
         super().__init__(message)
         self.waiting = list(waiting)  # the owner's waiting jobs: Retry-After is when the first starts
         self.retry_after_s = retry_after_s
@@ -288,7 +288,7 @@ def _finite(text: str) -> float:
     return value
 
 
-STRICT = {"parse_constant": _no_constant, "parse_float": _finite}
+STRICT: dict[str, Any] = {"parse_constant": _no_constant, "parse_float": _finite}  # json.loads' hooks
 
 
 def json_object(raw: bytes, missing: str, malformed: str, type_name: Callable[[Any], str],

@@ -13,7 +13,7 @@ from .config import KEYS, LEGACY_ADMIN, NodeConfig, Settings, UserConfig
 # named as needing a restart, and the value in force is kept. The token too: the front door
 # checks the one it started with, and one token for each door is the rule. Declared with each
 # key (config.KEYS, `restart`), which the configuration reference is rendered from.
-RESTART = tuple(k.attr for k in KEYS if k.restart)
+RESTART = tuple(k.attr for k in KEYS if k.restart and k.attr is not None)  # every key has its attr
 SECRET = ("token", "alert_token")  # named as changed, never shown
 LONG = ("critique_template",)  # named as changed, too long to show
 NODE_FIELDS = ("url", "rank", "roles", "model", "max_runtime_s", "think", "options", "unload", "max_output_bytes")

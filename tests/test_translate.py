@@ -156,6 +156,11 @@ def test_an_openai_completion_and_embedding_request():
      "raw mode does not support template, system, or context"),
     (lambda b: ollama_api.check_embed(b, legacy=False), {"model": "m", "input": [1]}, BadRequest, "invalid input type"),
     (lambda b: ollama_api.check_embed(b, legacy=True), {}, BadRequest, "model is required"),
+    # `wrong` is shapes.wrong here, not a name the options check binds (a 500 before: UnboundLocalError)
+    (lambda b: ollama_api.check_embed(b, legacy=True), {"model": "m", "prompt": 3}, BadRequest,
+     "field 'prompt' must be a string"),
+    (lambda b: ollama_api.check_embed(b, legacy=False), {"model": "m", "options": {}, "dimensions": "8"}, BadRequest,
+     "field 'dimensions' must be a whole number"),
 ])
 def test_ollama_requests_are_checked_before_they_queue(check, body, error, message):
     with pytest.raises(error) as exc:

@@ -19,9 +19,11 @@ import logging
 import resource
 import socket
 import time
-from typing import Callable
+from typing import Any, Callable, cast
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+from aiohttp.web_protocol import RequestHandler
 
 from ..errors import StartupError
 
@@ -109,7 +111,8 @@ class Throttled:
     """Logs a line at most once per `every_s`; the repeats in between are counted, and their count
     is logged when the period ends."""
 
-    def __init__(self, emit: Callable[[str], None], every_s: float = 60.0, clock=time.monotonic):
+    def __init__(self, emit: Callable[[str], None], every_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.emit, self.every_s, self.clock = emit, every_s, clock
         self.quiet_until = float("-inf")
         self.suppressed = 0
@@ -140,7 +143,7 @@ def throttle_accept_errors(loop: asyncio.AbstractEventLoop) -> None:
     try, thousands of times a second: log it once a minute, with the count of the rest."""
     throttled = Throttled(lambda text: log.error("%s", text))
 
-    def handler(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         if context.get("message") == ACCEPT_ERROR:
             throttled(f"{ACCEPT_ERROR}: {context.get('exception')}")
         else:
@@ -185,7 +188,7 @@ class ConnectionGuard:
 
     def __init__(self, max_connections: int, header_timeout_s: float, per_peer: int = 1 << 30,
                  lifetime_s: float = 3600.0, probe_paths: tuple[str, ...] = ROUTER_PROBES,
-                 name: str = "the router"):
+                 name: str = "the router") -> None:
         self.max_connections = max_connections
         self.header_timeout_s = header_timeout_s
         self.per_peer = per_peer
@@ -204,7 +207,7 @@ class ConnectionGuard:
     def open(self) -> int:
         return len(self.counted)
 
-    def protocol_factory(self, make_protocol: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
+    def protocol_factory(self, make_protocol: Callable[[], RequestHandler]) -> Callable[[], asyncio.Protocol]:
         """Wraps aiohttp's protocol factory (the runner's server) for loop.create_server."""
         return lambda: GuardedConnection(self, make_protocol)
 
@@ -231,6 +234,7 @@ class ConnectionGuard:
             if conn.idle():
                 log.debug("closed an idle kept-alive connection from %s: %s's slots are short", conn.peer, self.name)
                 self.release(conn)
+                assert conn.inner is not None  # idle: a slot whose protocol waits for its next request
                 conn.inner.force_close()
                 return True
         return False
@@ -275,10 +279,10 @@ class GuardedConnection(asyncio.Protocol):
     request's headers are late (a client that connects and sends nothing, or trickles). A probe
     (admitted beyond the cap) gets aiohttp's protocol only once its headers name a probe path."""
 
-    def __init__(self, guard: ConnectionGuard, make_protocol: Callable[[], asyncio.Protocol]):
+    def __init__(self, guard: ConnectionGuard, make_protocol: Callable[[], RequestHandler]) -> None:
         self.guard = guard
         self.make_protocol = make_protocol
-        self.inner: asyncio.Protocol | None = None
+        self.inner: RequestHandler | None = None
         self.transport: asyncio.Transport | None = None
         self.deadline: asyncio.TimerHandle | None = None
         self.retire: asyncio.TimerHandle | None = None
@@ -287,7 +291,8 @@ class GuardedConnection(asyncio.Protocol):
         self.tail = b""  # the last bytes read, to find the end of the headers across reads
         self.head = b""  # a probe's request head, until its path is known
 
-    def connection_made(self, transport) -> None:
+    def connection_made(self, base: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, base)  # loop.create_server's: a stream transport
         self.peer = peer_of(transport)
         self.kind = self.guard.admit(self, self.peer)
         if self.kind is None:
@@ -304,17 +309,20 @@ class GuardedConnection(asyncio.Protocol):
             self.retire = loop.call_later(self.guard.lifetime_s, self.lifetime_over)
 
     def start_inner(self) -> None:
+        assert self.transport is not None  # admitted: connection_made kept it
         self.inner = self.make_protocol()
         self.inner.connection_made(self.transport)
 
     def headers_late(self) -> None:
         self.deadline = None
         log.debug("closed a connection that sent no request headers within %gs", self.guard.header_timeout_s)
+        assert self.transport is not None  # the deadline is set once it is kept
         self.transport.close()
 
     def lifetime_over(self) -> None:
         """A kept-alive connection's renewals end: closed now if idle, else after its request."""
         self.retire = None
+        assert self.inner is not None  # a slot: its protocol started with it
         if self.idle():
             self.inner.force_close()
         else:
@@ -347,16 +355,21 @@ class GuardedConnection(asyncio.Protocol):
         if self.deadline is not None and len(self.head) < MAX_PROBE_HEAD:
             return
         method, path = request_path(self.head)
+        assert self.transport is not None  # admitted as a probe: connection_made kept it
         if self.deadline is not None or method not in ("GET", "HEAD") or path not in self.guard.probe_paths:
             self.transport.write(self.guard.busy_response)
             self.transport.close()
             return
         self.start_inner()
+        assert self.inner is not None  # start_inner made it
         self.inner.data_received(self.head)
         self.inner.close()  # one request, then the probe slot is free again
 
     def eof_received(self) -> bool | None:
-        return self.inner.eof_received() if self.inner else None
+        if not self.inner:
+            return None
+        inner: asyncio.Protocol = self.inner  # its answer passed on, whatever aiohttp's says it is
+        return inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.transport is None:
@@ -377,14 +390,14 @@ class GuardedConnection(asyncio.Protocol):
             self.inner.resume_writing()
 
 
-def body_deadline(timeout_s: float, render: Callable[[web.Request, int, str], web.Response]):
+def body_deadline(timeout_s: float, render: Callable[[web.Request, int, str], web.Response]) -> Middleware:
     """A middleware reading each request's whole body within `timeout_s` of its headers (a client
     trickling its body would hold its connection for ever): late, the client gets 408 and the
     connection is closed at once, without aiohttp's lingering read of the rest. Handlers then read
     the body from aiohttp's cache."""
 
     @web.middleware
-    async def middleware(request: web.Request, handler):
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.body_exists:
             try:
                 async with asyncio.timeout(timeout_s):

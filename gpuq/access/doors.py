@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Callable
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 from ..config import Settings
 from .hosts import check_host, served_hosts
@@ -14,22 +15,22 @@ from .sites import Origins, check_same_site, cors
 from .tokens import CALLER, api_caller, front_caller
 
 
-def host_middleware(settings: Settings):
+def host_middleware(settings: Settings) -> Middleware:
     allowed = served_hosts(settings)
 
     @web.middleware
-    async def middleware(request: web.Request, handler):
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         check_host(request, allowed)
         return await handler(request)
     return middleware
 
 
-def api_access(live: Callable[[], Settings]):
+def api_access(live: Callable[[], Settings]) -> Middleware:
     """The API's rules after its host names: no state change from another site, and who calls
     (401 for data by no one the router knows); `live`: the settings in force (a reload changes
     the users at once)."""
     @web.middleware
-    async def middleware(request: web.Request, handler):
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         check_same_site(request)
         request[CALLER] = await api_caller(request, live())
         return await handler(request)
@@ -37,7 +38,7 @@ def api_access(live: Callable[[], Settings]):
 
 
 def front_access(settings: Settings, live: Callable[[], Settings] | None = None,
-                 anthropic: Callable[[str], bool] = lambda path: False):
+                 anthropic: Callable[[str], bool] = lambda path: False) -> Middleware:
     """The front door's rules: its host names only (no DNS rebinding; Ollama's rule, hosts.py),
     browsers by CORS as Ollama allows them (a preflight needs no token: browsers send none), and
     its token when one is set (Bearer, as the OpenAI SDK's api_key sends it), on every route but
@@ -48,7 +49,7 @@ def front_access(settings: Settings, live: Callable[[], Settings] | None = None,
     origins = Origins(settings.front_origins)
 
     @web.middleware
-    async def middleware(request: web.Request, handler):
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         check_host(request, allowed)
         preflight = cors(request, origins)
         if preflight is not None:

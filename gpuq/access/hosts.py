@@ -39,7 +39,7 @@ def router_hosts(settings: Settings) -> frozenset[str]:
     if settings.ollama_listen:  # the front door's own address (gpuq/front/listener.py)
         front = normal_host(settings.ollama_listen.rsplit(":", 1)[0].strip("[]"))
         names.add(None if front in WILDCARD_HOSTS else front)
-    return frozenset(names - {None})
+    return frozenset(n for n in names if n is not None)
 
 
 def tailnet_names(command: str = "tailscale") -> set[str]:
@@ -67,7 +67,7 @@ def tailnet_names(command: str = "tailscale") -> set[str]:
 def machine_names() -> frozenset[str]:
     """This machine's own names: its hostname (Ollama's os.Hostname() in allowedHost) and its
     tailnet names."""
-    return frozenset({normal_host(socket.gethostname()), *tailnet_names()} - {None})
+    return frozenset(n for n in {normal_host(socket.gethostname()), *tailnet_names()} if n is not None)
 
 
 def _unmapped(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:

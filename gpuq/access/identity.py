@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from aiohttp import web
+
 from ..config import Settings, UserConfig
 from . import tailnet
 
@@ -57,7 +59,7 @@ def by_login(settings: Settings, login: str, via: str) -> Caller | None:
     return None
 
 
-async def who(settings: Settings, tokens: list[str], request, any_key: bool = False) -> Caller | None:
+async def who(settings: Settings, tokens: list[str], request: web.Request, any_key: bool = False) -> Caller | None:
     """Who is this request, for both doors (the router's API and the front door): the live
     settings, the tokens it offers (a Bearer token; the front door's x-api-key too) and the
     request itself (its connection, for the tailnet). ANYONE on an open router; None when it stands
@@ -75,7 +77,7 @@ async def who(settings: Settings, tokens: list[str], request, any_key: bool = Fa
     return None if tokens and not any_key else await by_tailnet(settings, request)
 
 
-async def by_tailnet(settings: Settings, request) -> Caller | None:
+async def by_tailnet(settings: Settings, request: web.Request) -> Caller | None:
     """The tailnet's path, for a request that brought no token (gpuq/access/tailnet.py):
     `tailscale serve`'s Tailscale-User-Login where it can be trusted, else tailscaled's whois of
     the peer. None: not asked (identity "token") or no one on the tailnet; a login with no

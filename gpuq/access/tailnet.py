@@ -25,6 +25,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from email.header import decode_header, make_header
 from pathlib import Path
+from typing import Any, Callable
 from urllib.parse import quote
 
 import aiohttp
@@ -60,8 +61,9 @@ def owner_of(reply: object) -> Owner:
     """An apitype.WhoIsResponse as the router needs it."""
     if not isinstance(reply, dict):
         raise TailscaledUnavailable("whois: the reply is not a JSON object")
-    node = reply.get("Node") if isinstance(reply.get("Node"), dict) else {}
-    profile = reply.get("UserProfile") if isinstance(reply.get("UserProfile"), dict) else {}
+    node_v, profile_v = reply.get("Node"), reply.get("UserProfile")
+    node: dict[str, Any] = node_v if isinstance(node_v, dict) else {}
+    profile: dict[str, Any] = profile_v if isinstance(profile_v, dict) else {}
     tags = tuple(t for t in node.get("Tags") or () if isinstance(t, str))
     name = str(node.get("ComputedName") or node.get("Name") or "?").rstrip(".")
     login = profile.get("LoginName")
@@ -77,7 +79,7 @@ class Whois:
     CACHE_SIZE addresses, the oldest dropped first). 'Nobody' (404) is kept too: a non-tailnet
     peer retrying must not ask tailscaled each time. Failures to ask are not kept."""
 
-    def __init__(self, clock=time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self.cache: OrderedDict[tuple[str, str], tuple[float, Owner | None]] = OrderedDict()
 

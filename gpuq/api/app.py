@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from ..access.connections import body_deadline
 from ..access.doors import api_access, host_middleware
@@ -41,7 +43,7 @@ API_DOOR = DoorWords(no_route=lambda method, path: f"no route for {path}", wrong
 
 
 @web.middleware
-async def errors_middleware(request: web.Request, handler):
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except Exception as exc:
@@ -68,7 +70,7 @@ async def _end_streams(app: web.Application) -> None:
     app[BUS].publish("shutdown", {})
 
 
-async def _lifecycle(app: web.Application):
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     store = app[STORE]
     await store.open()
@@ -95,7 +97,7 @@ async def _lifecycle(app: web.Application):
     await store.close()
 
 
-def create_app(settings: Settings, clock=time.time) -> web.Application:
+def create_app(settings: Settings, clock: Callable[[], float] = time.time) -> web.Application:
     app = web.Application(middlewares=[headers_middleware, errors_middleware,
                                        body_deadline(settings.body_timeout_s, lambda _, *error: error_response(*error)),
                                        host_middleware(settings),

@@ -16,7 +16,8 @@ from .state import STORE
 
 def caller_of(request: web.Request) -> Caller:
     """Who sent the request: set by access/doors.py's api_access on every /api route."""
-    return request.get(CALLER, ANYONE)
+    caller: Caller = request.get(CALLER, ANYONE)
+    return caller
 
 
 def actor_of(request: web.Request) -> str:

@@ -25,8 +25,8 @@ async def health(request: web.Request) -> web.Response:
     store, dispatcher = request.app[STORE], request.app[DISPATCHER]
     trouble = store.trouble()
     active: dict[str, NodeCounts] | None = None
-    stale: list[dict] = []
-    leases: dict = {"routers": None, "holders": None}  # unknown while the store does not answer
+    stale: list[Row] = []
+    leases: Row = {"routers": None, "holders": None}  # unknown while the store does not answer
     heads: dict[str, Row | None] = {}
     unclaimed_nodes = [w for w in dispatcher.workers.values() if w.claim_refused and w.rt.claimable]
     if trouble is None or "not answering" not in trouble["problem"]:  # don't queue behind a stuck read
@@ -48,9 +48,15 @@ async def health(request: web.Request) -> web.Response:
              **({"recorded": False} if rt.health_unrecorded else {})}  # the store refused to record it
             for rt in dispatcher.nodes.values() if rt.checked and not rt.claimable]
     # Waiting jobs on an up, idle node whose claims the store refuses: a stuck queue too.
-    unclaimed = [{"node": w.rt.name, "job": heads[w.rt.name]["id"] if heads.get(w.rt.name) else None,
-                  "since": iso(w.claim_refused[0]), "error": w.claim_refused[1]}
-                 for w in unclaimed_nodes if active is None or active.get(w.rt.name, NodeCounts()).queued]
+    unclaimed = []
+    for w in unclaimed_nodes:
+        if active is None or active.get(w.rt.name, NodeCounts()).queued:
+            head, refused = heads.get(w.rt.name), w.claim_refused
+            # Set when unclaimed_nodes was taken; a claim that succeeds during the reads above
+            # clears it (a TypeError here before types, an AssertionError now: a 500 either way).
+            assert refused is not None
+            unclaimed.append({"node": w.rt.name, "job": head["id"] if head else None,
+                              "since": iso(refused[0]), "error": refused[1]})
     crashed = [loop.json() for loop in dispatcher.loops.down()]  # a loop that is not running, for now
     lost = store.lost  # the database file deleted or replaced under the router: writes are refused
     ok = (trouble is None and lost is None and not stale and not any(d["waiting"] for d in down)

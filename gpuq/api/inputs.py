@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from ..errors import BadRequest, StoreUnavailable, check_text, json_object, json_type
 from ..jobs import check_job_id
 from .state import STORE
 
 
-async def json_body(request: web.Request, allowed: set[str]) -> dict:
+async def json_body(request: web.Request, allowed: set[str]) -> dict[str, Any]:
     body = json_object(await request.read(), "missing request body: expected a JSON object", "malformed JSON",
                        lambda value: f"a JSON {json_type(value)}")
     check_text(body)  # first: the messages below quote the body's text
@@ -24,7 +26,7 @@ async def json_body(request: web.Request, allowed: set[str]) -> dict:
     return body
 
 
-def expected_type(kind: type | tuple) -> str:
+def expected_type(kind: type | tuple[type, ...]) -> str:
     """What a JSON client calls the type a field wants, for messages: 'string', not Python's 'str'
     (a value's own type is errors.json_type's)."""
     kinds = kind if isinstance(kind, tuple) else (kind,)
@@ -35,7 +37,7 @@ def expected_type(kind: type | tuple) -> str:
     return names.get(kinds[0], kinds[0].__name__)
 
 
-def field_of(body: dict, key: str, kind: type, required: bool = False) -> Any:
+def field_of(body: dict[str, Any], key: str, kind: type | tuple[type, ...], required: bool = False) -> Any:
     value = body.get(key)
     if value is None:
         if required:
@@ -50,7 +52,7 @@ def job_id_of(request: web.Request, text: str | None = None) -> str:
     return check_job_id(text if text is not None else request.match_info["id"])
 
 
-def int_param(query, key: str, default: int, low: int, high: int) -> int:
+def int_param(query: Mapping[str, str], key: str, default: int, low: int, high: int) -> int:
     text = query.get(key)
     if text is None:
         return default
@@ -65,7 +67,7 @@ def int_param(query, key: str, default: int, low: int, high: int) -> int:
 READ_BOUND_S = 5.0
 
 
-def bounded(handler):
+def bounded(handler: Handler) -> Handler:
     """A GET that reads the store, answered within READ_BOUND_S whatever the store does."""
     async def read_within_bound(request: web.Request) -> web.StreamResponse:
         try:

@@ -7,6 +7,7 @@ import re
 
 from aiohttp import web
 
+from .. import eta
 from ..access.lanes import Door, lane_for
 from ..errors import BadRequest
 from ..jobs import ACTIVE, FINAL, JobState, Kind, NewJob, preview_url
@@ -45,7 +46,7 @@ async def get_job(request: web.Request) -> web.Response:
     app = request.app
     job_id = job_id_of(request)
     job = await app[STORE].job_detail(job_id)
-    found: dict = {}
+    found: dict[str, eta.Estimate] = {}
     if job["state"] in ACTIVE:
         found = await app[DISPATCHER].estimates()
         if job_id not in found:  # it ended (or moved on) between the two reads: read it again

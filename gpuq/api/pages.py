@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from ..shipped import shipped_dir
 from .inputs import job_id_of
@@ -15,7 +16,7 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' 
 
 
 @web.middleware
-async def headers_middleware(request: web.Request, handler):
+async def headers_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     resp = await handler(request)
     resp.headers.setdefault("Content-Security-Policy", CSP)
     resp.headers.setdefault("X-Content-Type-Options", "nosniff")

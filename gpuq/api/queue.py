@@ -40,6 +40,7 @@ async def queue(request: web.Request) -> web.Response:
     queues = {rt.name: await app[STORE].queue(rt.name, limit if i < columns else 0, offset)
               for i, rt in enumerate(runtimes)}
     if offset:
+        assert only is not None  # an offset without a node is refused above
         # A page deep in a queue: its start estimates count the jobs ahead of it (eta.DEPTH at most).
         found = await app[DISPATCHER].estimates(await app[STORE].queue_plans([only], min(offset + limit, eta.DEPTH)))
     else:

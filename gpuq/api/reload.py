@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from aiohttp import web
 
@@ -18,7 +19,7 @@ from .state import ALERTER, BUS, DISPATCHER, RELOADING, STORE
 log = logging.getLogger("gpuq")
 
 
-async def reload_config(app: web.Application, actor: str, force: bool = False) -> dict:
+async def reload_config(app: web.Application, actor: str, force: bool = False) -> dict[str, Any]:
     """Read gpuq.toml again and follow it (gpuq/reload.py says what changed). A file that cannot
     be read or is invalid changes nothing; removing a node where jobs wait or run is refused,
     naming them, unless `force` (its waiting jobs fail, its running one finishes). Every reload,

@@ -54,7 +54,7 @@ def job_json(row: Row, public_url: str) -> Row:
     return out
 
 
-def node_json(rt: NodeRuntime) -> dict:
+def node_json(rt: NodeRuntime) -> Row:
     """The API's shape of a node: its config, its health, a crashed loop of its own."""
     return {
         "name": rt.name, "rank": rt.config.rank, "roles": list(rt.config.roles),
@@ -68,7 +68,7 @@ def node_json(rt: NodeRuntime) -> dict:
     }
 
 
-def with_live(job: dict, dispatcher: Dispatcher) -> dict:
+def with_live(job: Row, dispatcher: Dispatcher) -> Row:
     """A running job's output and token count so far, from memory (the database lags by ~1 s)."""
     cur = dispatcher.live(job["id"])
     if cur is not None:
@@ -80,7 +80,7 @@ def with_live(job: dict, dispatcher: Dispatcher) -> dict:
     return job
 
 
-def with_eta(job: dict, found: dict[str, eta.Estimate]) -> dict:
+def with_eta(job: Row, found: dict[str, eta.Estimate]) -> Row:
     """eta_start, eta_finish (ISO, or null with eta_reason) on a waiting or running job."""
     if job["state"] not in ACTIVE:
         return job
@@ -92,7 +92,7 @@ def with_eta(job: dict, found: dict[str, eta.Estimate]) -> dict:
     return job
 
 
-async def with_quota(app: web.Application, jobs: list[dict]) -> None:
+async def with_quota(app: web.Application, jobs: list[Row]) -> None:
     """A waiting job whose owner runs their max_running already waits for that, even on a free
     node: say so (held_by_quota), and its start estimate says it too."""
     limits = app[STORE].max_running
@@ -102,7 +102,9 @@ async def with_quota(app: web.Application, jobs: list[dict]) -> None:
     running = await app[STORE].running_by_owner(owners)
     for job in jobs:
         owner = job.get("owner")
-        if job["state"] == JobState.QUEUED and owner in owners and running.get(owner, 0) >= limits[owner]:
+        # owner is not None: owners holds only max_running's users
+        if (job["state"] == JobState.QUEUED and owner is not None and owner in owners
+                and running.get(owner, 0) >= limits[owner]):
             n = running[owner]
             why = (f"user '{owner}' runs {n} job{'s' if n != 1 else ''} already, their max_running: it starts "
                    "once one ends; other users' jobs run meanwhile")

@@ -6,6 +6,7 @@ from aiohttp import web
 
 from ..bus import next_event
 from ..jobs import ACTIVE, JobState, compact_json
+from ..store import Row
 from .inputs import job_id_of
 from .render import job_json
 from .state import BUS, DISPATCHER, SETTINGS, STORE
@@ -20,14 +21,14 @@ async def stream_job(request: web.Request) -> web.StreamResponse:
     job_id = job_id_of(request)
     resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-store"})
 
-    async def line(obj: dict) -> None:
+    async def line(obj: Row) -> None:
         await resp.write(compact_json(obj).encode() + b"\n")
 
     with app[BUS].subscribe() as events:
         # A job running here needs no read before its first line (a read is a thread hop): its
         # output so far is in memory, and the store is read when it has ended.
         live = app[DISPATCHER].live(job_id) is not None
-        job = {"id": job_id, "state": JobState.RUNNING} if live else await app[STORE].job(job_id)
+        job: Row = {"id": job_id, "state": JobState.RUNNING} if live else await app[STORE].job(job_id)
         await resp.prepare(request)
         cur = app[DISPATCHER].live(job_id)
         if cur is None:  # not running: what it stored (one that starts meanwhile is live again)

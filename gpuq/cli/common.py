@@ -8,6 +8,7 @@ import functools
 import os
 import sys
 import time
+from typing import NoReturn
 from urllib.parse import quote
 
 import click
@@ -17,7 +18,7 @@ from ..config import DEFAULT_ROUTER, ConfigError, check_token, check_url, find_c
 from ..jobs import ACTIVE, JobState, parse_iso, span
 
 
-def fail(status, message: str) -> None:
+def fail(status, message: str) -> NoReturn:
     click.echo(f"error {status} {message}", err=True)
     click.echo("not retried", err=True)
     sys.exit(1)

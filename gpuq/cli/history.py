@@ -36,7 +36,8 @@ def history_jobs(router: Router, state: str | None, node: str | None, since: flo
                  limit: int, owner: str | None = None) -> tuple[list[dict], bool]:
     """The newest finished jobs (at most `limit`, none older than `since`), and whether there are
     more. /api/history pages newest first; `since` is where the paging stops."""
-    jobs, offset = [], 0
+    jobs: list[dict] = []
+    offset = 0
     while True:
         size = min(500, limit + 1 - len(jobs))
         query = urlencode({k: v for k, v in (("state", state), ("node", node), ("owner", owner), ("limit", size),

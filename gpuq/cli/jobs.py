@@ -293,10 +293,11 @@ def show(ctx, job_id, as_json) -> None:
         click.echo(f"position {job['queue_position']} in {job['node']}'s queue")
     if job.get("waiting_for"):
         click.echo(f"waiting for parent {job['waiting_for']} to finish (held: it reviews the parent's result)")
-    if eta_summary(job):
+    eta = eta_summary(job)
+    if eta:
         times = [f"{k} {clock(job['eta_' + k])}" for k in ("start", "finish")
                  if job.get("eta_" + k) and not (k == "start" and job["state"] == JobState.RUNNING)]
-        click.echo(eta_summary(job) + (f"   [{', '.join(times)}]" if times else ""))
+        click.echo(eta + (f"   [{', '.join(times)}]" if times else ""))
     click.echo(summary(job))
     for ev in job.get("events", []):
         if (ev["reason"] or "").startswith("warning: "):

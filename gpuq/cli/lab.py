@@ -38,7 +38,7 @@ def serve(ctx: click.Context, config_path: str | None, demo: bool, listen: str |
                    "Write one with `gpuq init`, or try `gpuq serve --demo`.", err=True)
         sys.exit(2)
     try:
-        settings = None if demo and path is None else load_config(path)
+        settings = None if path is None else load_config(path)  # no path: --demo (else exited above)
     except ConfigError as exc:
         click.echo(f"gpuq: config error: {exc.message}", err=True)
         sys.exit(2)

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import NoReturn
 
 import click
 
 from ..config import ConfigError, find_config, load_config
 
 
-def service_fail(message: str) -> None:
+def service_fail(message: str) -> NoReturn:
     click.echo(f"error {message}", err=True)
     sys.exit(1)
 

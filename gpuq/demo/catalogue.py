@@ -171,8 +171,9 @@ def chat_template(capabilities: tuple[str, ...]) -> str:
 def details(model: str, with_lengths: bool = False) -> dict:
     """The `details` object of /api/tags, /api/show and /api/ps."""
     profile, name = profile_for(model), ModelName.parse(model)
-    out = {"parent_model": "", "format": "gguf", "family": profile.family, "families": [profile.family],
-           "parameter_size": _parameter_size(name, profile), "quantization_level": profile.quantization}
+    out: dict[str, Any] = {"parent_model": "", "format": "gguf", "family": profile.family,
+                           "families": [profile.family], "parameter_size": _parameter_size(name, profile),
+                           "quantization_level": profile.quantization}
     if with_lengths:  # /api/tags reads them from the GGUF; /api/show and /api/ps leave them out
         out.update(context_length=profile.context_length, embedding_length=profile.embedding_length)
     return out

@@ -41,11 +41,15 @@ def _go_duration_s(text: str) -> float:
         raise ValueError(f"time: invalid duration {go_quote(text)}")
     total = 0.0
     while rest:
-        number = re.match(r"\d*(?:\.\d*)?", rest).group(0)
+        found = re.match(r"\d*(?:\.\d*)?", rest)
+        assert found is not None  # it matches the empty string too
+        number = found.group(0)
         if number in ("", "."):
             raise ValueError(f"time: invalid duration {go_quote(text)}")
         rest = rest[len(number):]
-        unit = re.match(r"[^\d.]*", rest).group(0)
+        found = re.match(r"[^\d.]*", rest)
+        assert found is not None  # it matches the empty string too
+        unit = found.group(0)
         if not unit:
             raise ValueError(f"time: missing unit in duration {go_quote(text)}")
         if unit not in _UNITS:
@@ -72,7 +76,8 @@ def _go_kind(value: Any) -> str:
         return "bool"
     if isinstance(value, (int, float)):
         return "number"
-    return {str: "string", list: "array", dict: "object"}.get(type(value), "null")
+    kinds: dict[type, str] = {str: "string", list: "array", dict: "object"}
+    return kinds.get(type(value), "null")
 
 
 def _go_any_type(value: Any) -> str:

@@ -262,8 +262,8 @@ class FakeOllama:
             return m
         if s.busy:
             raise Reply(503, BUSY)
-        m = Loaded(expires_at=None, refcount=1, context_length=num_ctx,
-                   ready=asyncio.get_running_loop().create_future())
+        ready = asyncio.get_running_loop().create_future()
+        m = Loaded(expires_at=None, refcount=1, context_length=num_ctx, ready=ready)
         if body.get("keep_alive") is not None:
             m.keep_alive_s = keep_alive
         self.loaded[name] = m
@@ -276,10 +276,10 @@ class FakeOllama:
             m.refcount -= 1
             if self.loaded.get(name) is m:
                 del self.loaded[name]
-            m.ready.set_exception(exc if isinstance(exc, Reply) else Reply(499, "request canceled"))
-            m.ready.exception()  # a load nobody else waited for is not an unretrieved error
+            ready.set_exception(exc if isinstance(exc, Reply) else Reply(499, "request canceled"))
+            ready.exception()  # a load nobody else waited for is not an unretrieved error
             raise
-        m.ready.set_result(None)
+        ready.set_result(None)
         m.ready = None
         return m
 
@@ -599,6 +599,7 @@ class FakeOllama:
                                                           "unexpected EOF"}).encode() + b"\n")
                     return resp
                 if s.close_after is not None and i == s.close_after:
+                    assert request.transport is not None  # the client's connection, open while it reads
                     request.transport.close()
                     return resp
                 if s.stall_after is not None and i == s.stall_after:
@@ -641,6 +642,7 @@ class FakeOllama:
                 if s.error_after is not None and i == s.error_after:
                     raise Reply(500, "an error was encountered while running the model: unexpected EOF")
                 if s.close_after is not None and i == s.close_after:
+                    assert request.transport is not None  # the client's connection, open while it reads
                     request.transport.close()
                     return web.Response()
                 if s.stall_after is not None and i == s.stall_after:

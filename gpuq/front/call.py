@@ -193,6 +193,7 @@ class Call:
                     return await self.fail(*ended)
                 if self.sse is not None and time.monotonic() - waited >= KEEPALIVE_S:
                     waited = time.monotonic()
+                    assert self.resp is not None  # prepared before the loop when sse is set
                     await self.resp.write(f": waiting for node {self.node} (gpuq job {self.job_id})\n\n".encode())
                 continue
             finally:
@@ -210,6 +211,7 @@ class Call:
                     out.append(data)
                     if done:
                         await self.flush(out, last=True)
+                        assert self.resp is not None  # the last chunk made it (stream:false) or wrote to it
                         return self.resp
                     continue
                 await self.flush(out)
@@ -263,10 +265,11 @@ class Call:
         if not self.unsent:
             return
         data, self.unsent = b"".join(self.unsent), []
-        if not self.parked or not self.writable():  # the handler writes them, as it would have
+        resp = self.resp
+        if resp is None or not self.parked or not self.writable():  # the handler writes them, as it would have
             self.inbox.put_nowait(("data", data))
             return
-        writing = self.resp.write(data)
+        writing = resp.write(data)
         try:
             writing.send(None)  # not paused: it returns without waiting
         except StopIteration:
@@ -280,6 +283,7 @@ class Call:
         data = b"".join(out)
         if data:
             await self.prepare("text/event-stream" if self.sse is not None else "application/x-ndjson")
+            assert self.resp is not None  # prepare made it
             await self.resp.write(data)
         if last:
             self.delivered = True

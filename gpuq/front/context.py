@@ -35,9 +35,6 @@ from .shapes import dumps, should_retry
 log = logging.getLogger("gpuq")
 
 
-FRONT = web.AppKey("front", "Front")
-
-
 class Front:
     """What the front door's handlers share: the router's store, dispatcher and bus, and the
     relay its waiting calls hear their runs through."""
@@ -68,6 +65,8 @@ class Front:
         self.dispatcher.abort(interrupted, reason)
         self.bus.publish("queue", {"deleted": job_id})
         log.info("job=%s node=%s state=cancelled reason=%r actor=%r", job_id, job["node"], reason, actor)
+
+FRONT = web.AppKey("front", Front)
 
 
 def error_response(request: web.Request, status: int, message: str, code: str | None = None,

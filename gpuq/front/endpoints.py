@@ -122,7 +122,7 @@ def api_of(path: str) -> str:
 
 
 def node_request(path: str, body: dict, node_think: bool | str | None = None,
-                 node_options: dict | None = None, keep_alive: int | str = 0) -> tuple[str, dict]:
+                 node_options: dict | None = None, keep_alive: int | float | str = 0) -> tuple[str, dict]:
     """The Ollama route and body a front-door job sends its node: the client's own request, with
     the node's policy over it: the keep_alive the relay decided (the client's, capped, or the
     node's: 0, the model leaves VRAM after the job), chat and generate streamed (gpuq relays each chunk as it
@@ -216,7 +216,7 @@ async def early_refusal(ep: Endpoint, ollama: dict, nodes: Iterable) -> None:
     model = ollama.get("model")
     nodes = list(nodes)
     known = await capabilities_of(nodes, model) if isinstance(model, str) else None
-    if known:
+    if known and isinstance(model, str):  # known: model is a str
         chat = ep.node_route == "/api/chat"
         lacks = lambda cap: all(cap not in caps for caps in known)  # noqa: E731
         # think on a model without the capability (ChatHandler, GenerateHandler). Anthropic's
@@ -236,5 +236,6 @@ async def early_refusal(ep: Endpoint, ollama: dict, nodes: Iterable) -> None:
         if missing:
             entry = entries_of(nodes, model)[0]
             name = entry.get("model") or entry.get("name")
+            assert isinstance(name, str)  # entries_of keeps the entries it finds so named
             raise BadRequest(f"{_full_name(name)} does not support " + "\n".join(missing))
     ollama_api.check_format(ollama.get("format"))  # llm/llama_server.go, once loaded: last

@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections.abc import Sequence
 
 from aiohttp import web
 
-from ..access.connections import BACKLOG, bind_sockets, body_deadline
+from ..access.connections import BACKLOG, ConnectionGuard, bind_sockets, body_deadline
 from ..access.doors import front_access
 from ..access.sites import cors_headers
 from ..bus import Bus
@@ -146,7 +147,7 @@ def bind_front_door(settings: Settings, any_port_if_taken: bool = False) -> list
 
 
 async def start_front_door(settings: Settings, store: Store, dispatcher: Dispatcher, bus: Bus, relay: Relay,
-                           sockets: list[socket.socket], guard) -> FrontDoor | None:
+                           sockets: Sequence[socket.socket], guard: ConnectionGuard) -> FrontDoor | None:
     """Serve the front door on its sockets, beside the router (the router's app owns the store
     and the dispatcher). A client that disconnects cancels its handler (handler_cancellation),
     so its waiting job is cancelled at once."""
@@ -156,8 +157,11 @@ async def start_front_door(settings: Settings, store: Store, dispatcher: Dispatc
     runner = web.AppRunner(app, handle_signals=False, access_log=None, handler_cancellation=True,
                            keepalive_timeout=settings.keepalive_timeout_s)
     await runner.setup()
+    assert runner.server is not None  # setup() made it
     loop = asyncio.get_running_loop()
     servers = [await loop.create_server(guard.protocol_factory(runner.server), sock=sock, backlog=BACKLOG)
                for sock in sockets]
     bound = sockets[0].getsockname()[1]
-    return FrontDoor(runner, servers, settings.ollama_url.rsplit(":", 1)[0] + f":{bound}")
+    url = settings.ollama_url
+    assert url is not None  # sockets are bound only when ollama_listen is set (bind_front_door)
+    return FrontDoor(runner, servers, url.rsplit(":", 1)[0] + f":{bound}")

@@ -139,8 +139,8 @@ def check_embed(body: dict, legacy: bool) -> None:
     """/api/embed (input: a string or strings) or the legacy /api/embeddings (prompt)."""
     if not isinstance(body.get("model"), str) or not body["model"].strip():
         raise (BadRequest("model is required") if legacy else NotFound(f"model '{body.get('model') or ''}' not found"))
-    if body.get("options") is not None and (wrong := options_problem(body["options"])):
-        raise BadRequest(f"field 'options': {wrong}")
+    if body.get("options") is not None and (problem := options_problem(body["options"])):
+        raise BadRequest(f"field 'options': {problem}")
     check_keep_alive(body.get("keep_alive"))
     if legacy:
         if body.get("prompt") is not None and not isinstance(body["prompt"], str):
@@ -197,7 +197,8 @@ def load_or_unload_reply(endpoint: str, body: dict) -> dict:
 def collected(endpoint: str, chunks: Iterable[dict], body: dict) -> dict:
     """stream:false: the last chunk, its text the whole reply (routes.go writeChatResponse and
     GenerateHandler): content and thinking concatenated, tool calls and logprobs gathered."""
-    content, thinking, calls, logprobs = [], [], [], []
+    content, thinking, calls = [], [], []
+    logprobs: list[Any] = []
     last: dict = {}
     for chunk in chunks:
         text, thought, tool_calls = chunk_text(chunk)

@@ -138,8 +138,8 @@ def _openai_options(body: dict, strict_stop: bool) -> dict:
         if (value := whole(body, key)) is not None:
             options[key] = value
     for key in ("frequency_penalty", "presence_penalty"):
-        if (value := number(body, key)) is not None:
-            options[key] = value
+        if (penalty := number(body, key)) is not None:
+            options[key] = penalty
     top_p = number(body, "top_p")
     options["top_p"] = 1.0 if top_p is None or top_p == 0 else top_p
     return options

@@ -212,7 +212,8 @@ def _text_format(body: dict) -> dict:
 
 
 def _reasoning_echo(body: dict) -> dict | None:
-    reasoning = body.get("reasoning") if isinstance(body.get("reasoning"), dict) else {}
+    given = body.get("reasoning")
+    reasoning = given if isinstance(given, dict) else {}
     if not (reasoning.get("effort") or reasoning.get("summary")):
         return None
     return {"effort": reasoning.get("effort") or None, "summary": reasoning.get("summary") or None}

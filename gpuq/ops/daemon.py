@@ -14,6 +14,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -102,9 +103,9 @@ def lock_database(database: Path, listen: str) -> int:
         os.close(fd)
     else:
         raise StartupError(f"cannot lock {path}: it was removed and created again ten times over")
-    holder = {"pid": os.getpid(), "listen": listen, "started": iso(time.time())}
+    me = {"pid": os.getpid(), "listen": listen, "started": iso(time.time())}
     os.ftruncate(fd, 0)
-    os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+    os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
     return fd
 
 
@@ -214,7 +215,7 @@ def port_is_free(host: str, port: int) -> bool:
 
 
 async def run_router(settings: Settings, sockets: list[socket.socket], demo: bool,
-                     front_sockets: list[socket.socket] = ()) -> int:
+                     front_sockets: Sequence[socket.socket] = ()) -> int:
     from ..api.app import create_app
     from ..api.state import BUS, DISPATCHER, STORE
 
@@ -244,6 +245,7 @@ async def run_router(settings: Settings, sockets: list[socket.socket], demo: boo
         log.error("cannot start: %s", exc.message)
         await stop_fakes(fakes)
         return 2
+    assert runner.server is not None  # setup() made it
     servers = [await loop.create_server(guard.protocol_factory(runner.server), sock=sock, backlog=BACKLOG)
                for sock in sockets]
     # The Ollama/OpenAI front door, with slots of its own (gpuq/front/listener.py).
@@ -270,8 +272,8 @@ async def run_router(settings: Settings, sockets: list[socket.socket], demo: boo
               f"(OpenAI SDK: base_url=\"{front.url}/v1\"; Anthropic SDK, Claude Code: "
               f"ANTHROPIC_BASE_URL={front.url})", flush=True)
     if fakes:
-        nodes = ", ".join(f"{n.name} ({n.model}, {n.url})" for n in settings.nodes)
-        print(f"demo mode: simulated Ollama nodes {nodes}", flush=True)
+        named = ", ".join(f"{n.name} ({n.model}, {n.url})" for n in settings.nodes)
+        print(f"demo mode: simulated Ollama nodes {named}", flush=True)
         router = "" if settings.public_url == DEFAULT_ROUTER else f" --router {settings.public_url}"
         print(f'try:  {invoked_as()}{router} task "write a haiku about queues" --wait', flush=True)
     await stop.wait()

@@ -166,6 +166,7 @@ def install(plan: Plan) -> None:
     plan.path.parent.mkdir(parents=True, exist_ok=True)
     if plan.platform == "macos":
         log_path().parent.mkdir(parents=True, exist_ok=True)
+    assert plan.text is not None  # an install plan writes its file
     plan.path.write_text(plan.text, encoding="utf-8")
     for i, argv in enumerate(plan.commands):
         # launchd's bootout of an agent that is not loaded fails, and that is fine
