@@ -265,3 +265,50 @@ async def test_the_queue_page_names_a_store_that_does_not_answer(fakes, daemon_f
                 await helper.wait()
             await browser.close()
     await green(d, 30)
+
+
+async def test_a_refused_claim_that_succeeds_while_health_reads_is_not_named_and_health_answers(fakes, tmp_path):
+    """In-process, to time the race exactly: /health picks the nodes whose claims the store
+    refused, then reads the store; a claim that succeeds meanwhile clears the refusal. /health
+    answers (it was a 500) and names no unclaimed node: the queue moves again."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from gpuq.api.app import create_app
+    from gpuq.api.state import DISPATCHER, STORE
+    from gpuq.config import NodeConfig, Settings
+
+    fake = await fakes("qwen3-coder:30b")
+    port = fake.port
+    settings = Settings(database=tmp_path / "gpuq.db", health_interval_s=0.1, busy_timeout_s=0.2,
+                        nodes=(NodeConfig("n", fake.url, 1, ("task",), "qwen3-coder:30b"),))
+    client = TestClient(TestServer(create_app(settings), host="127.0.0.1"))
+    await client.start_server()
+    shell = sqlite3.connect(tmp_path / "gpuq.db", isolation_level=None)
+    try:
+        app = client.server.app
+        store, worker = app[STORE], app[DISPATCHER].workers["n"]
+        await fake.stop()
+        await eventually(lambda: not worker.rt.up, what="node n to be seen down")
+        resp = await client.post("/api/jobs", json={"kind": "task", "prompt": "waits for a claim"})
+        assert resp.status == 201
+        shell.execute("BEGIN IMMEDIATE")  # the store refuses every claim, as a full disk does
+        await fake.start(port=port)
+        await eventually(lambda: worker.claim_refused is not None and worker.rt.claimable,
+                         what="a claim refused on the up node")
+        real_next_ready = store.next_ready
+
+        async def claimed_meanwhile(node: str):
+            # What the worker's next claim does when it lands (within /health's read bound, which
+            # a real claim's retry would outlast): its refusal is cleared.
+            worker.claim_refused = None
+            return await real_next_ready(node)
+        store.next_ready = claimed_meanwhile
+        resp = await client.get("/health")
+        body = await resp.json()
+        assert resp.status in (200, 503) and "unclaimed" in body, body
+        assert body["unclaimed"] == []
+    finally:
+        if shell.in_transaction:
+            shell.execute("ROLLBACK")
+        shell.close()
+        await client.close()

@@ -50,11 +50,9 @@ async def health(request: web.Request) -> web.Response:
     # Waiting jobs on an up, idle node whose claims the store refuses: a stuck queue too.
     unclaimed = []
     for w in unclaimed_nodes:
-        if active is None or active.get(w.rt.name, NodeCounts()).queued:
-            head, refused = heads.get(w.rt.name), w.claim_refused
-            # Set when unclaimed_nodes was taken; a claim that succeeds during the reads above
-            # clears it (a TypeError here before types, an AssertionError now: a 500 either way).
-            assert refused is not None
+        refused = w.claim_refused  # None again: a claim succeeded during the reads above, the queue moves
+        if refused is not None and (active is None or active.get(w.rt.name, NodeCounts()).queued):
+            head = heads.get(w.rt.name)
             unclaimed.append({"node": w.rt.name, "job": head["id"] if head else None,
                               "since": iso(refused[0]), "error": refused[1]})
     crashed = [loop.json() for loop in dispatcher.loops.down()]  # a loop that is not running, for now
