@@ -97,7 +97,7 @@ class Bench:
             into.setdefault(f"{a} -> {b}", []).append((tb - ta) * 1000)
 
     def add_segments(self, prefix: str, found: dict[str, list[float]]) -> None:
-        for i, (name, values) in enumerate(found.items()):
+        for _i, (name, values) in enumerate(found.items()):
             key = f"{prefix}_seg_{name}"
             if key not in self.metrics:
                 self.metric(key, f"  segment: {name}", "ms", "ms")

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 
-
 from .procs import QUIET_S, Fakes, Router, cpu_s, first_stream_line, free_port, node_table
 
 if TYPE_CHECKING:
@@ -60,7 +59,7 @@ async def _idle(session: aiohttp.ClientSession, router: Router, limit_s: float =
     raise RuntimeError(f"the router's nodes did not drain within {limit_s}s")
 
 
-async def front_section(bench: "Bench") -> None:
+async def front_section(bench: Bench) -> None:
     nodes = {f"f{i:02d}": MODEL for i in range(1, CLIENTS + 1)}
     fakes = await Fakes(nodes, bench.workdir / "front-fakes.log").start()
     port = free_port()
@@ -92,7 +91,7 @@ async def _wait_front(session: aiohttp.ClientSession, url: str, models_from: int
     raise RuntimeError("the front door did not answer within 30s")
 
 
-async def first_token(bench: "Bench", session, fakes: Fakes, router: Router, front_url: str) -> None:
+async def first_token(bench: Bench, session, fakes: Fakes, router: Router, front_url: str) -> None:
     through = bench.metric("front_ttft", "front door: first token, POST /api/chat (a job), idle node", "ms", "ms")
     direct = bench.metric("front_ttft_direct", "  the same call straight to the simulator", "ms", "ms")
     overhead = bench.metric("front_ttft_overhead", "front door: first-token overhead (minus direct, paired)",
@@ -134,7 +133,7 @@ async def first_token(bench: "Bench", session, fakes: Fakes, router: Router, fro
                   f" direct {statistics.median(d_run):.2f} ms")
 
 
-async def relay_rates(bench: "Bench", session, fakes: Fakes, router: Router, front_url: str, paced: bool) -> None:
+async def relay_rates(bench: Bench, session, fakes: Fakes, router: Router, front_url: str, paced: bool) -> None:
     pace = f"{1 / PACE_S:.0f} tokens/s per stream" if paced else "unpaced"
     tokens = (300 if bench.quick else 600) if paced else (1000 if bench.quick else 3000)
     names = list(fakes.urls)
@@ -181,7 +180,7 @@ WARM_CALLS = 20
 WARM_LOAD_S = 2.0  # a realistic cold load of a mid-sized model
 
 
-async def warm_section(bench: "Bench") -> None:
+async def warm_section(bench: Bench) -> None:
     """An editor's successive calls (Continue autocompletes on every pause in typing, sending
     keep_alive): 20 front-door calls one after another to one node with a 2 s cold load, the
     client's keep_alive honoured (the default) vs not ([front] max_keep_alive = 0: every call's

@@ -46,7 +46,7 @@ async def growth_section(bench: Bench) -> None:
                   f" in {time.perf_counter() - t0:.1f}s")
     # The sizes take turns sample by sample (three stores open side by side), so the disk's
     # and the machine's changing load falls on every size alike and cannot pass for growth.
-    for rep in range(bench.repeats):
+    for _rep in range(bench.repeats):
         stores = {size: Store(paths[size]) for size in sizes}
         for store in stores.values():
             await store.open()
@@ -55,7 +55,7 @@ async def growth_section(bench: Bench) -> None:
             # The claim with its fsync, then without it: the SQL work alone, where growth would show.
             for key, synchronous in (("claim", "FULL"), ("claim_sql", "OFF")):
                 for store in stores.values():
-                    await store._writer.call(lambda db: db.execute(f"PRAGMA synchronous = {synchronous}"))
+                    await store._writer.call(lambda db, synchronous=synchronous: db.execute(f"PRAGMA synchronous = {synchronous}"))
                 for i in range(samples):
                     node = "n1" if i % 2 == 0 else "n2"
                     for size, store in stores.items():
@@ -98,7 +98,7 @@ async def growth_section(bench: Bench) -> None:
             status, _ = await conns[size].request("GET", "/metrics")
             first_scrape[size].add_run([(time.perf_counter() - t) * 1000])
             assert status == 200, status
-        for rep in range(bench.repeats):
+        for _rep in range(bench.repeats):
             health_ms = {size: [] for size in sizes}
             queue_ms = {size: [] for size in sizes}
             metrics_ms = {size: [] for size in sizes}

@@ -127,7 +127,7 @@ async def measure(session: aiohttp.ClientSession, url: str, pid: int, mode: str)
         try:
             async with session.get(url + "/health", timeout=aiohttp.ClientTimeout(total=120)) as resp:
                 await resp.read()
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         worst = max(worst, time.monotonic() - t)
         if time.monotonic() - asked > 1:  # a running job's detail joins its whole output: not often

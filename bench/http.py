@@ -21,7 +21,7 @@ class Conn:
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
-    async def open(self) -> "Conn":
+    async def open(self) -> Conn:
         self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         return self
 

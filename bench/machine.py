@@ -45,8 +45,8 @@ def machine() -> dict:
         pass
     cpu = ""
     try:
-        cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
-                    if l.startswith("model name")), "")
+        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name")), "")
     except OSError:
         pass
     return {"cpus": os.cpu_count(), "cpu": cpu, "python": platform.python_version(),

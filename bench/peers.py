@@ -13,8 +13,8 @@ import shutil
 import sqlite3
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Awaitable, Callable
 
 from gpuq.store import NewJob, NodeInfo, Store
 

@@ -44,8 +44,8 @@ from .core import SETTINGS
 from .procs import QUIET_S, Fakes, Router, clear_queues, first_stream_line, node_table
 
 if TYPE_CHECKING:
-    from .stats import Metric
     from .core import Bench
+    from .stats import Metric
 
 MODELS = ("qwen3-coder:30b", "llama3.2:latest")
 ENGINES = {"sqlite": "SQLite", "pg": "PostgreSQL"}
@@ -60,7 +60,7 @@ WAITING = 1000
 class Pair:
     """Two routers' worth of state for the failover rows: the routers up, the node they share."""
 
-    def __init__(self, bench: "Bench", fakes: Fakes, dsn: str):
+    def __init__(self, bench: Bench, fakes: Fakes, dsn: str):
         self.bench, self.fakes, self.dsn = bench, fakes, dsn
         self.routers: list[Router] = []
         self.node = [node_table(FAILOVER_NODE, fakes.urls[FAILOVER_NODE], 1, MODELS[0], roles=("task",))]
@@ -165,7 +165,7 @@ async def round_trips(store: Store, node: str, count: int, limit_s: float) -> fl
 
 # -- the section -----------------------------------------------------------------------------------
 
-async def pgstore_section(bench: "Bench") -> None:
+async def pgstore_section(bench: Bench) -> None:
     cluster = await asyncio.to_thread(Cluster(durable=True).start)
     fakes: Fakes | None = None
     routers: dict[str, Router] = {}
@@ -213,15 +213,15 @@ async def pgstore_section(bench: "Bench") -> None:
         await asyncio.to_thread(cluster.stop)
 
 
-def engine_rows(bench: "Bench", key: str, label: str, unit: str, kind: str, ratio: str, better: str,
-                target: str = "") -> tuple[dict, "Metric"]:
+def engine_rows(bench: Bench, key: str, label: str, unit: str, kind: str, ratio: str, better: str,
+                target: str = "") -> tuple[dict, Metric]:
     rows = {e: bench.metric(f"pgs_{key}_{e}", label.format(engine=name), unit, kind, target if e == "pg" else "")
             for e, name in ENGINES.items()}
     vs = bench.metric(f"pgs_{key}_ratio", ratio, "ratio", "ratio", better=better)
     return rows, vs
 
 
-async def submit_rows(bench: "Bench", fakes: Fakes, routers: dict[str, Router]) -> None:
+async def submit_rows(bench: Bench, fakes: Fakes, routers: dict[str, Router]) -> None:
     rows, vs = engine_rows(bench, "submit32", f"{{engine}}: durable submit POST /api/jobs, {CLIENTS} clients,"
                            " nodes busy with a held job", "jobs/s", "rate",
                            f"  submit, {CLIENTS} clients: PostgreSQL / SQLite (same run)", "higher")
@@ -246,7 +246,7 @@ async def submit_rows(bench: "Bench", fakes: Fakes, routers: dict[str, Router]) 
             f"{ENGINES[e]} {got[e]:,.0f}/s" for e in ENGINES))
 
 
-async def round_trip_rows(bench: "Bench", fresh, stores: list[Store]) -> None:
+async def round_trip_rows(bench: Bench, fresh, stores: list[Store]) -> None:
     rows, vs = engine_rows(bench, "rt", "{engine}: gpuq Store submit->claim->finish, one at a time"
                            " (the finish claims the next)", "round trips/s", "rate",
                            "  Store round trip: PostgreSQL / SQLite (same run)", "higher")
@@ -266,7 +266,7 @@ async def round_trip_rows(bench: "Bench", fresh, stores: list[Store]) -> None:
             f"{ENGINES[e]} {got[e]:,.0f}/s" for e in ENGINES))
 
 
-async def first_token_rows(bench: "Bench", fakes: Fakes, routers: dict[str, Router]) -> None:
+async def first_token_rows(bench: Bench, fakes: Fakes, routers: dict[str, Router]) -> None:
     rows, vs = engine_rows(bench, "ttft", "{engine}: first-token overhead, idle node (submit -> /stream,"
                            " minus direct, paired)", "ms", "ms",
                            "  first-token overhead: PostgreSQL - SQLite, medians of the same run (ms)", "lower")
@@ -316,7 +316,7 @@ async def first_token_rows(bench: "Bench", fakes: Fakes, routers: dict[str, Rout
                 f"{ENGINES[e]} {statistics.median(got[e]):.2f} ms" for e in ENGINES))
 
 
-async def claim_rows(bench: "Bench", fresh) -> None:
+async def claim_rows(bench: Bench, fresh) -> None:
     rows = {(e, size): bench.metric(f"pgs_claim_{e}_{size}", f"{name}: claim (Store.claim, durable) @ {size:,}"
                                     f" history, {WAITING:,} waiting", "ms", "ms")
             for e, name in ENGINES.items() for size in HISTORY}
@@ -363,7 +363,7 @@ async def claim_rows(bench: "Bench", fresh) -> None:
             f"{ENGINES[e]} @ {s:,} {med[e, s]:.2f} ms" for e in ENGINES for s in HISTORY))
 
 
-async def failover_rows(bench: "Bench", fakes: Fakes, pair: Pair) -> None:
+async def failover_rows(bench: Bench, fakes: Fakes, pair: Pair) -> None:
     target_s = LEASE_S + LEASE_S / 3
     row = bench.metric("pgs_failover", f"failover: holder SIGKILLed mid-job -> the other router's next job reaches"
                        f" the node (lease {LEASE_S:g}s, renewed every {LEASE_S / 3:.2f}s)", "ms", "ms",

@@ -250,7 +250,7 @@ async def wake_sync(dsn: str, n: int) -> list[float]:
 
 # -- the section ---------------------------------------------------------------------------------
 
-async def postgres_section(bench: "Bench") -> None:
+async def postgres_section(bench: Bench) -> None:
     n_rt, seconds, n_wake = (300, 2.0, 100) if bench.quick else (1000, 4.0, 300)
     cluster = await asyncio.to_thread(Cluster(durable=True).start)
     try:

@@ -62,7 +62,7 @@ class Fakes:
         self.urls: dict[str, str] = {}
         self.control: Conn | None = None
 
-    async def start(self) -> "Fakes":
+    async def start(self) -> Fakes:
         with open(self.log_path, "ab") as log:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "bench.fakes", *(f"{n}={m}" for n, m in self.spec.items()),
@@ -90,7 +90,7 @@ class Fakes:
             self.proc.stdin.close()
             try:
                 await asyncio.wait_for(self.proc.wait(), 10)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.proc.kill()
                 await self.proc.wait()
 
@@ -119,7 +119,7 @@ class Router:
             data["front"] = self.front
         self.config.write_text(tomli_w.dumps(data))
 
-    async def start(self, timeout: float = 30.0) -> "Router":
+    async def start(self, timeout: float = 30.0) -> Router:
         for attempt in range(3):  # the free port may be taken by another process meanwhile
             try:
                 return await self._start(timeout)
@@ -129,7 +129,7 @@ class Router:
                 self._configure()
         raise AssertionError("unreachable")
 
-    async def _start(self, timeout: float) -> "Router":
+    async def _start(self, timeout: float) -> Router:
         with open(self.log, "ab") as log:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "gpuq.cli", "serve", "--config", str(self.config),
@@ -165,7 +165,7 @@ class Router:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 await asyncio.wait_for(self.proc.wait(), 15)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.proc.kill()
                 await self.proc.wait()
 
@@ -179,7 +179,7 @@ async def first_stream_line(resp, key: str) -> None:
     raise RuntimeError("stream ended before its first token")
 
 
-async def clear_queues(router: "Router", nodes) -> None:
+async def clear_queues(router: Router, nodes) -> None:
     """Every waiting job of `nodes` cancelled through the router's API (between a bench's runs)."""
     conn = await router.connect()
     try:

@@ -437,7 +437,7 @@ def target_wait_s() -> float:
     return tr.LOAD_S[tr.CODER] + 1.0 / tr.SCALE
 
 
-async def replay_section(bench: "Bench") -> None:
+async def replay_section(bench: Bench) -> None:
     day_s = DAY_S
     repeats = 1 if bench.quick else 3
     results = await replay(bench.seed, day_s, repeats, list(POLICIES),

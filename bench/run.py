@@ -14,8 +14,21 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import (first_token, front, growth_section, listings, pgstore, physical, postgres, replay, scale, submit,
-               turnaround, unload_policy, written)
+from . import (
+    first_token,
+    front,
+    growth_section,
+    listings,
+    pgstore,
+    physical,
+    postgres,
+    replay,
+    scale,
+    submit,
+    turnaround,
+    unload_policy,
+    written,
+)
 from .core import NODES, Bench
 from .machine import disk_write_cache, machine
 from .procs import Fakes, rss_mb

@@ -55,13 +55,13 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-component-update", "--no-first-run", "--disable-sync", "--disable-quic"]
 
 
-async def scale_section(bench: "Bench") -> None:
+async def scale_section(bench: Bench) -> None:
     await fifty_nodes(bench)
     await live_pages(bench)
     await front_waiting(bench)
 
 
-def growth_row(bench: "Bench", key: str, what: str, work: float, low, high, per_work: bool = True) -> None:
+def growth_row(bench: Bench, key: str, what: str, work: float, low, high, per_work: bool = True) -> None:
     """The large size's cost / the small one's, per run; `per_work`: divided by how much the work
     grew (1.00x: linear in the work)."""
     label = f"  {what}: {WAITING[1]:,} / {WAITING[0]:,} waiting"
@@ -73,7 +73,7 @@ def growth_row(bench: "Bench", key: str, what: str, work: float, low, high, per_
 
 # -- 50 nodes, 10,000 waiting -----------------------------------------------------------------
 
-async def fifty_nodes(bench: "Bench") -> None:
+async def fifty_nodes(bench: Bench) -> None:
     nodes = [(f"s{i:02d}", MODEL) for i in range(1, NODES + 1)]
     sizes = WAITING
     samples = 15 if bench.quick else 40
@@ -95,7 +95,7 @@ async def fifty_nodes(bench: "Bench") -> None:
         t0 = time.perf_counter()
         paths[n] = await growth.seed(bench.workdir / f"scale-{n}.db", 100, n, nodes, time.time(), SETTINGS)
         bench.say(f"scale: seeded {n:,} waiting over {NODES} nodes in {time.perf_counter() - t0:.1f}s")
-    for rep in range(bench.repeats):
+    for _rep in range(bench.repeats):
         stores = {n: Store(paths[n]) for n in sizes}
         for store in stores.values():
             await store.open()
@@ -125,7 +125,7 @@ async def fifty_nodes(bench: "Bench") -> None:
             routers[n] = await Router(bench.workdir, table, paths[n], shutdown_grace="0.1s").start()
         conns = {n: await r.connect() for n, r in routers.items()}
         deadline = time.monotonic() + 60
-        for n, conn in conns.items():
+        for conn in conns.values():
             while True:
                 _, body = await conn.request("GET", "/api/queue?limit=0")
                 if sum(1 for x in body["nodes"] if x["running"]) == NODES:
@@ -134,11 +134,11 @@ async def fifty_nodes(bench: "Bench") -> None:
                     raise RuntimeError("the 50 nodes did not each start a job within 60s")
                 await asyncio.sleep(0.2)
         try:
-            for rep in range(bench.repeats):
+            for _rep in range(bench.repeats):
                 got = {(n, p): [] for n in sizes for p in ("d", "p")}
                 size = {}
                 for _ in range(3 if bench.quick else 5):
-                    for n, conn in conns.items():
+                    for conn in conns.values():
                         for p, path in (("d", "/api/queue"), ("p", f"/api/queue?limit={PAGE_LIMIT}")):
                             t = time.perf_counter()
                             status, raw = await conn.send(conn.encode("GET", path))
@@ -173,7 +173,7 @@ async def fifty_nodes(bench: "Bench") -> None:
                   f" page {statistics.median(page[n].pooled):.0f} ms ({cards[n].pooled[0]:,.0f} cards)")
 
 
-async def page_renders(bench: "Bench", routers: dict, page: dict, cards: dict) -> None:
+async def page_renders(bench: Bench, routers: dict, page: dict, cards: dict) -> None:
     """The queue page opened fresh (a new context: nothing cached) on each router in turn; where
     its time goes: navigation -> the first answers in (the page's four reads: /api/queue,
     /health, the recent jobs, /api/activity), and the board drawn from them (script only)."""
@@ -193,7 +193,7 @@ async def page_renders(bench: "Bench", routers: dict, page: dict, cards: dict) -
     async with async_playwright() as p:
         browser = await p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
         try:
-            for n, router in routers.items():  # warm: Chromium's first page, the router's first read
+            for router in routers.values():  # warm: Chromium's first page, the router's first read
                 await first_render(browser, router.url)
             for rep in range(bench.repeats):
                 runs = {(n, k): [] for n in routers for k in ("all", "answered", "drawn", "full")}
@@ -262,7 +262,7 @@ async def sse_client(port: int, counts: list[int], i: int, ready: asyncio.Event,
         while not stop.is_set():
             try:
                 chunk = await asyncio.wait_for(reader.read(65536), 0.5)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 continue
             if not chunk:
                 return
@@ -276,7 +276,7 @@ async def sse_client(port: int, counts: list[int], i: int, ready: asyncio.Event,
         writer.close()
 
 
-async def live_pages(bench: "Bench") -> None:
+async def live_pages(bench: Bench) -> None:
     names = {f"l{i}": MODEL for i in range(1, STREAMING_NODES + 1)}
     fakes = await Fakes(names, bench.workdir / "scale-fakes.log").start()
     table = [node_table(n, fakes.urls[n], rank, MODEL) for rank, n in enumerate(names, 1)]
@@ -366,7 +366,7 @@ def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-async def front_waiting(bench: "Bench") -> None:
+async def front_waiting(bench: Bench) -> None:
     fakes = await Fakes({"w1": MODEL}, bench.workdir / "scale-front-fakes.log").start()
     port = free_port()
     router = await Router(bench.workdir, [node_table("w1", fakes.urls["w1"], 1, MODEL, roles=("task",))],

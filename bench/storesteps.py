@@ -121,7 +121,7 @@ def round_trips(db, n: int) -> tuple[float, dict[str, float], dict[str, int]]:
     now = time.time()
     running = db.execute("SELECT id, run_id FROM job WHERE state = 'running'").fetchone()
     if running is None:
-        tx(db, lambda d: lifecycle.submit(d, JOB, NODES, "bench", now))
+        tx(db, lambda d, now=now: lifecycle.submit(d, JOB, NODES, "bench", now))
         running = tx(db, lambda d: lifecycle.claim(d, "n1", now))
     if isinstance(db, Timed):
         db.spent.clear()
@@ -129,8 +129,8 @@ def round_trips(db, n: int) -> tuple[float, dict[str, float], dict[str, int]]:
     t = time.perf_counter()
     for _ in range(n):
         now = time.time()
-        tx(db, lambda d: lifecycle.submit(d, JOB, NODES, "bench", now))
-        running = tx(db, lambda d: lifecycle.finish(d, running["id"], running["run_id"], "done", None, now,
+        tx(db, lambda d, now=now: lifecycle.submit(d, JOB, NODES, "bench", now))
+        running = tx(db, lambda d, running=running, now=now: lifecycle.finish(d, running["id"], running["run_id"], "done", None, now,
                                                 output="out", claim_node="n1"))
     total = (time.perf_counter() - t) / n * 1e6
     if isinstance(db, Timed):

@@ -55,7 +55,7 @@ def checkpoint(database: Path) -> int:
     return write_bytes() - before
 
 
-async def run_job(bench: "Bench", router: Router, tokens: int) -> dict:
+async def run_job(bench: Bench, router: Router, tokens: int) -> dict:
     """One job of `tokens` tokens on an otherwise idle router; what it cost in bytes written."""
     await bench.fakes.call("script", NODE, tokens=tokens, delay=PACE_S)
     conn = await router.connect()
@@ -91,7 +91,7 @@ async def run_job(bench: "Bench", router: Router, tokens: int) -> dict:
             "output": len(job["output"].encode()), "seconds": elapsed}
 
 
-async def written_section(bench: "Bench") -> None:
+async def written_section(bench: Bench) -> None:
     long = LENGTHS[-1]
     total = bench.metric("written", f"bytes written for one {long:,}-token job (WAL + database files)", "MB", "mb")
     per_token = bench.metric("written_per_token", f"  bytes written per token, {long:,}-token job", "bytes", "mb")

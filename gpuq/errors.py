@@ -4,8 +4,9 @@ ladder from any exception to an HttpError: each door renders it in its own envel
 
 import json
 import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 # The schema's triggers raise exactly this (migration 010); gpuq/store/sqlite.py from_sqlite turns it
 # into GuardRefused.

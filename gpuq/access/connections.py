@@ -19,7 +19,8 @@ import logging
 import resource
 import socket
 import time
-from typing import Any, Callable, cast
+from collections.abc import Callable
+from typing import Any, cast
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware

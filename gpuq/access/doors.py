@@ -4,7 +4,7 @@ each SDK's words). Who calls is kept as request[CALLER] (gpuq/access/tokens.py).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware

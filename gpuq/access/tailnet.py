@@ -22,10 +22,11 @@ import logging
 import shutil
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from email.header import decode_header, make_header
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import quote
 
 import aiohttp
@@ -119,7 +120,7 @@ class Whois:
                         raise TailscaledUnavailable(f"tailscaled's whois answered {resp.status} "
                                                     f"{text.strip()[:200]!r} (socket {socket})")
                     return owner_of(json.loads(text))
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
             raise TailscaledUnavailable(f"tailscaled's socket {socket} did not answer whois: "
                                         f"{exc or type(exc).__name__}") from None
 
@@ -133,7 +134,7 @@ class Whois:
                                                     stderr=asyncio.subprocess.PIPE)
         try:
             out, err = await asyncio.wait_for(proc.communicate(), WHOIS_TIMEOUT_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             proc.kill()
             await proc.wait()
             raise TailscaledUnavailable(f"`tailscale whois` did not answer within {WHOIS_TIMEOUT_S:g}s") from None

@@ -14,12 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from ..jobs import NodeCounts
 from ..node.runtime import NodeRuntime

@@ -8,8 +8,9 @@ import http.client
 import json
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from email.message import Message
-from typing import Any, Iterator
+from typing import Any
 
 from .. import __version__
 

@@ -13,9 +13,9 @@ from urllib.parse import quote
 
 import click
 
-from .client import ApiError, Router
 from ..config import DEFAULT_ROUTER, ConfigError, check_token, check_url, find_config, load_config
 from ..jobs import ACTIVE, JobState, parse_iso, span
+from .client import ApiError, Router
 
 
 def fail(status, message: str) -> NoReturn:

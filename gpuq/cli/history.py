@@ -8,10 +8,10 @@ from urllib.parse import urlencode
 
 import click
 
-from .client import Router
-from .common import ago, api_errors, excerpt, owner_of, prompt_excerpt, router_of
 from ..config import ConfigError, parse_duration
 from ..jobs import FINAL, parse_iso
+from .client import Router
+from .common import ago, api_errors, excerpt, owner_of, prompt_excerpt, router_of
 
 
 def since_time(text: str) -> float:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import click
 
-from .client import ApiError, Router
-from .common import ago, api_errors, eta_summary, excerpt, fail, router_of, seg
 from ..jobs import FINAL, JobState, parse_iso
 from ..params import THINK_LEVELS
+from .client import ApiError, Router
+from .common import ago, api_errors, eta_summary, excerpt, fail, router_of, seg
 
 
 def read_text(path: str) -> str:

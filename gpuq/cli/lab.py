@@ -11,9 +11,9 @@ from pathlib import Path
 
 import click
 
-from .common import ago, api_errors, router_of
 from ..config import ConfigError, find_config, load_config, starter_config
 from ..jobs import parse_iso
+from .common import ago, api_errors, router_of
 
 
 @click.command()

@@ -8,9 +8,9 @@ import sys
 
 import click
 
+from ..errors import UnknownNode
 from .client import ApiError
 from .common import ago, api_errors, in_about, owner_of, prompt_excerpt, router_of, seg
-from ..errors import UnknownNode
 
 
 @click.command("queue")

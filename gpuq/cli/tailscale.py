@@ -90,7 +90,7 @@ async def probe(machines: list[Machine], port: int, timeout_s: float = PROBE_TIM
                     return None
             async with session.get(base + "/api/tags") as resp:
                 models = (await resp.json(content_type=None)).get("models") or []
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, AttributeError):
+        except (TimeoutError, aiohttp.ClientError, ValueError, AttributeError):
             return None
         return Found(m, [x for x in models if isinstance(x, dict) and isinstance(x.get("name"), str)])
 

@@ -141,7 +141,7 @@ def _http_url(value: object, key: str) -> tuple[str, ParseResult]:
     if any(c.isspace() or not c.isprintable() for c in value):
         raise ConfigError(f"{key}: a URL must not contain spaces or control characters, got {value!r}")
     try:
-        parsed.port
+        _ = parsed.port  # urllib checks the port only when it is read
     except ValueError:
         raise ConfigError(f"{key}: the URL's port is not a number from 0 to 65535: {value!r}") from None
     return value, parsed

@@ -9,8 +9,20 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import ConfigError
-from .checks import (BYTE_LIMITS, DURATION_FLOORS, MAX_PROMPT_BYTES, bounded_duration, byte_limit, check_database,
-                     check_hosts, check_listen, check_table, check_token, check_url, typed)
+from .checks import (
+    BYTE_LIMITS,
+    DURATION_FLOORS,
+    MAX_PROMPT_BYTES,
+    bounded_duration,
+    byte_limit,
+    check_database,
+    check_hosts,
+    check_listen,
+    check_table,
+    check_token,
+    check_url,
+    typed,
+)
 from .keys import KEYS, ROUTER_KEYS
 from .settings import DEFAULT_LISTEN, IDENTITIES, LEGACY_ADMIN, USER_ROLES, Settings, UserConfig
 from .tables import alert_settings, front_settings, parse_node, parse_users, unload_policy

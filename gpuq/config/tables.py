@@ -8,8 +8,17 @@ import re
 
 from ..errors import ConfigError
 from ..params import options_problem, think_problem
-from .checks import (bounded_duration, byte_limit, check_alert_url, check_origin, check_table,
-                     check_token, check_url, parse_duration, typed)
+from .checks import (
+    bounded_duration,
+    byte_limit,
+    check_alert_url,
+    check_origin,
+    check_table,
+    check_token,
+    check_url,
+    parse_duration,
+    typed,
+)
 from .keys import FRONT_KEYS, NODE_KEYS, USER_KEYS
 from .settings import ALERT_FORMATS, LANES, LEGACY_ADMIN, ROLES, UNLOAD_POLICIES, USER_ROLES, NodeConfig, UserConfig
 

@@ -16,14 +16,27 @@ import random
 import re
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from aiohttp import web
 
 from .catalogue import ModelName, chat_template, count_tokens, details, digest, model_size, profile_for, size_bytes
-from .parse import (CHAT_FIELDS, DEFAULT_KEEP_ALIVE_S, EMBED_FIELDS, EMBEDDINGS_FIELDS, GENERATE_FIELDS, SHOW_FIELDS,
-                    THINK_LEVELS, Reply, go_quote, parse_body, parse_keep_alive, parse_options, request_fields)
+from .parse import (
+    CHAT_FIELDS,
+    DEFAULT_KEEP_ALIVE_S,
+    EMBED_FIELDS,
+    EMBEDDINGS_FIELDS,
+    GENERATE_FIELDS,
+    SHOW_FIELDS,
+    THINK_LEVELS,
+    Reply,
+    go_quote,
+    parse_body,
+    parse_keep_alive,
+    parse_options,
+    request_fields,
+)
 
 BUSY = "server busy, please try again.  maximum pending requests exceeded"
 WORDS = ("the queue node model token plan risk retry budget export job result review "
@@ -37,12 +50,12 @@ TOO_LONG_FOR_EMBED = "the input length exceeds the context length"
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f000Z")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f000Z")
 
 
 def _iso(ts: float) -> str:
     """A wall-clock time as Go writes a time.Time (RFC 3339, UTC)."""
-    moment = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(seconds=ts)
+    moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(seconds=ts)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 

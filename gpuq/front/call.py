@@ -14,28 +14,13 @@ from aiohttp import web
 from ..access.identity import ANYONE, Caller
 from ..access.lanes import Door, lane_for
 from ..access.tokens import CALLER
-from ..errors import (
-    FrontError,
-    IdTaken,
-    ModelMissing,
-    NotFound,
-    StoreUnavailable,
-)
+from ..errors import FrontError, IdTaken, ModelMissing, NotFound, StoreUnavailable
 from ..jobs import ACTIVE, new_job_id, normalize_model
 from ..store import NewJob
 from .context import FRONT, Front, error_response, json_of
-from .endpoints import (
-    Endpoint,
-    early_refusal,
-    front_nodes,
-)
+from .endpoints import Endpoint, early_refusal, front_nodes
 from .listings import model_not_found
-from .ollama_api import (
-    collected,
-    is_load_or_unload,
-    load_or_unload_reply,
-    ollama_error,
-)
+from .ollama_api import collected, is_load_or_unload, load_or_unload_reply, ollama_error
 from .shapes import dumps
 
 log = logging.getLogger("gpuq")

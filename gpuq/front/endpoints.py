@@ -8,8 +8,9 @@ node's /api/show once per model (early_refusal)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Protocol
 
 from ..errors import BadRequest
 from ..jobs import Kind, normalize_model

@@ -20,31 +20,13 @@ from ..access.doors import front_access
 from ..access.sites import cors_headers
 from ..bus import Bus
 from ..config import Settings
-from ..errors import (
-    DoorWords,
-    StartupError,
-    http_error,
-)
+from ..errors import DoorWords, StartupError, http_error
 from ..node.dispatcher import Dispatcher
 from ..store import Store
 from .call import call_handler
 from .context import FRONT, Front, error_response
-from .endpoints import (
-    ENDPOINTS,
-    api_of,
-)
-from .listings import (
-    NOT_SERVED,
-    not_served,
-    openai_model,
-    openai_models,
-    ps,
-    pull,
-    root,
-    show,
-    tags,
-    version,
-)
+from .endpoints import ENDPOINTS, api_of
+from .listings import NOT_SERVED, not_served, openai_model, openai_models, ps, pull, root, show, tags, version
 from .relay import Relay
 
 log = logging.getLogger("gpuq")

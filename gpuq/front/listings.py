@@ -8,24 +8,11 @@ import logging
 
 from aiohttp import web
 
-from ..errors import (
-    BadRequest,
-    FrontError,
-    NotFound,
-    OllamaError,
-)
+from ..errors import BadRequest, FrontError, NotFound, OllamaError
 from ..jobs import normalize_model
 from .context import FRONT, Front, json_of
-from .endpoints import (
-    entries_of,
-    front_nodes,
-)
-from .ollama_api import (
-    merged_ps,
-    merged_tags,
-    pull_model_of,
-    pull_progress,
-)
+from .endpoints import entries_of, front_nodes
+from .ollama_api import merged_ps, merged_tags, pull_model_of, pull_progress
 from .openai_api import model_card, model_list
 from .shapes import dumps
 

@@ -8,7 +8,8 @@ import base64
 import binascii
 import json
 import re
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ..errors import BadRequest, FrontError, NotFound
 from ..params import options_problem, think_problem

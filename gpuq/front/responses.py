@@ -332,7 +332,7 @@ class ResponsesStream:
 
     def _calls(self, calls: list) -> list[bytes]:
         out = self._end_reasoning()
-        for i, call in enumerate(shapes.tool_calls_out(calls)):
+        for _i, call in enumerate(shapes.tool_calls_out(calls)):
             item = _call_item(f"fc_{self.id}_{self.index}", call)
             arguments = item["arguments"]
             out += [self._event("response.output_item.added", output_index=self.index,

@@ -13,7 +13,7 @@ import binascii
 import json
 import re
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from ..errors import BadRequest, json_type
@@ -29,7 +29,7 @@ dumps = compact_json  # as Go's encoder writes it: compact, UTF-8 as is
 
 def now_rfc3339() -> str:
     """Ollama's created_at: UTC, RFC 3339 with nanoseconds."""
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f000Z")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f000Z")
 
 
 _TIME = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.\d+)?(Z|[+-]\d\d:\d\d)?$")

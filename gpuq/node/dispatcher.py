@@ -13,20 +13,20 @@ from typing import Any
 import aiohttp
 
 from .. import eta
-from .awake import Awake
 from ..bus import Bus
 from ..config import NodeConfig, Settings
 from ..errors import GpuqError, GuardMiss, OverQuota
 from ..jobs import FINAL, JobState, Kind, NodeCounts, iso, parse_iso
 from ..placement import BATCH, node_views, preempt_elsewhere, preempted_reason, preempts
 from ..reload import Plan
+from ..store import Interrupted, NewJob, NodeInfo, Row, Store
+from ..store.leases import Router
+from .awake import Awake
 from .calls import Calls, NoCalls
 from .leases import Leases
 from .monitor import NodeMonitor
-from .runtime import Current, NodeRuntime
 from .ollama import OllamaClient
-from ..store import Interrupted, NewJob, NodeInfo, Row, Store
-from ..store.leases import Router
+from .runtime import Current, NodeRuntime
 from .supervise import Loops
 from .worker import Worker, keep_big_blocks_apart, put_back_unsent
 

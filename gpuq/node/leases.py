@@ -10,7 +10,7 @@ import asyncio
 import logging
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from ..errors import GpuqError
 from ..store import Store

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from ..errors import OllamaError, StoreUnavailable
 from ..jobs import normalize_model

@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from typing import Any, AsyncIterator, TypedDict
+from collections.abc import AsyncIterator
+from typing import Any, TypedDict
 
 import aiohttp
 import orjson
@@ -175,7 +176,7 @@ class OllamaClient:
                 return json.loads(data)
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             raise self._unreachable(exc, timeout.sock_connect) from exc
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             raise OllamaError(f"{method} {path} on {self.base_url} did not answer within {timeout_s:.1f}s") from exc
         except (aiohttp.ClientError, ValueError, RecursionError) as exc:
             raise OllamaError(f"{method} {path} on {self.base_url} failed: {exc!r}") from exc

@@ -10,20 +10,20 @@ import ctypes.util
 import json
 import logging
 import time
-from typing import Any, Awaitable, Callable, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from ..bus import Bus
 from ..config import Settings
 from ..critique import FINDINGS_SCHEMA, FindingsError, instruction, parse_findings
-from ..errors import GpuqError, OllamaError, OllamaUnreachable, StoreUnavailable, described
+from ..errors import GpuqError, GuardMiss, OllamaError, OllamaUnreachable, StoreUnavailable, described
 from ..jobs import JobState, Kind
-from .monitor import NodeMonitor
-from .runtime import Current, NodeRuntime
-from .ollama import prompt_was_cut
 from ..params import merged_options
-from ..errors import GuardMiss
 from ..store import Row, Store
 from .calls import Calls, Policy
+from .monitor import NodeMonitor
+from .ollama import prompt_was_cut
+from .runtime import Current, NodeRuntime
 from .vram import Vram, idle_wait_s, same_model
 
 log = logging.getLogger("gpuq")

@@ -20,15 +20,24 @@ from pathlib import Path
 
 from aiohttp import web
 
-from ..store.postgres import safe_dsn
+from ..access.connections import (
+    BACKLOG,
+    FRONT_PROBES,
+    ROUTER_PROBES,
+    ConnectionGuard,
+    PortTaken,
+    bind_sockets,
+    connection_cap,
+    raise_file_limit,
+    throttle_accept_errors,
+)
 from ..config import DEFAULT_ROUTER, ConfigError, NodeConfig, Settings, check_database, check_listen
-from ..access.connections import (BACKLOG, FRONT_PROBES, ROUTER_PROBES, ConnectionGuard, PortTaken, bind_sockets,
-                          connection_cap, raise_file_limit, throttle_accept_errors)
-from ..errors import GpuqError, StartupError
 from ..demo import FakeOllama, Script
+from ..errors import GpuqError, StartupError
 from ..front.listener import bind_front_door, start_front_door
 from ..front.relay import Relay
 from ..jobs import iso, parse_iso
+from ..store.postgres import safe_dsn
 
 log = logging.getLogger("gpuq")
 

@@ -6,15 +6,26 @@ claim, heartbeat, finish...) is gpuq/store/lifecycle.py; the steps both share, s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Callable
+from collections.abc import Callable, Sequence
 
 from .. import placement as rules
-from .engine import Connection
-from .steps import (QUEUE_POSITION_SQL, Row, cancel, check_quota, end_held_critiques, event, iso, job_for_update,
-                    position_at, rows, tail_position, waiting_lanes)
 from ..errors import BadRequest, Conflict, Forbidden, NoResultToCritique, Unprocessable
 from ..jobs import ACTIVE, NO_RESULT, Interrupted, JobState, NodeInfo
+from .engine import Connection
+from .steps import (
+    QUEUE_POSITION_SQL,
+    Row,
+    cancel,
+    check_quota,
+    end_held_critiques,
+    event,
+    iso,
+    job_for_update,
+    position_at,
+    rows,
+    tail_position,
+    waiting_lanes,
+)
 
 # -- a move, a preempt: a queued job's place ----------------------------------------------------
 

@@ -17,25 +17,25 @@ import asyncio
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import aiosqlite
 
-from . import control, leases, lifecycle, postgres, records, sqlite
-from .engine import Connection, Engine, Params, engine_for
-from .health import SLOW_CALL_S, Health
-from .reads import Reads
-from .writer import Writer
-from .dbfile import DatabaseFile
 from ..config import NodeConfig
 from ..errors import StartupError, StoreUnavailable
 from ..jobs import Interrupted, JobState, NewJob, NodeInfo
 from ..shipped import shipped_dir, shipped_files
+from . import control, leases, lifecycle, postgres, records, sqlite
+from .dbfile import DatabaseFile
+from .engine import Connection, Engine, Params, engine_for
+from .health import SLOW_CALL_S, Health
+from .reads import Reads
 from .sqlite import STALE_SQL
 from .steps import Row, rows
+from .writer import Writer
 
 __all__ = ["Interrupted", "NewJob", "NodeInfo", "Row", "Store", "STALE_SQL", "MIGRATIONS_DIR"]
 

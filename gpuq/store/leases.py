@@ -43,7 +43,7 @@ class Router:
     started_at: float
 
     @classmethod
-    def new(cls, listen: str, public_url: str | None, now: float) -> "Router":
+    def new(cls, listen: str, public_url: str | None, now: float) -> Router:
         """A fresh id for this process: host:pid:random (a restart with the same pid is another)."""
         host, pid = socket.gethostname(), os.getpid()
         return cls(f"{host}:{pid}:{secrets.token_hex(4)}", listen, public_url, pid, host, now)

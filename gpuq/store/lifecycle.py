@@ -15,12 +15,24 @@ from __future__ import annotations
 from typing import Any
 
 from .. import placement as rules
-from .engine import Connection, Engine, dialect
-from .steps import (Row, cancel, check_quota, dumps, end_held_critiques, event, iso, position_at, rows, run_texts,
-                    tail_position, waiting_lanes)
 from ..critique import parent_subject
 from ..errors import GuardMiss, IdTaken, NoResultToCritique, Unprocessable
 from ..jobs import NO_RESULT, JobState, NewJob, NodeCounts, NodeInfo, new_job_id
+from .engine import Connection, Engine, dialect
+from .steps import (
+    Row,
+    cancel,
+    check_quota,
+    dumps,
+    end_held_critiques,
+    event,
+    iso,
+    position_at,
+    rows,
+    run_texts,
+    tail_position,
+    waiting_lanes,
+)
 
 # -- submitting --------------------------------------------------------------------------------
 

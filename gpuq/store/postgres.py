@@ -16,14 +16,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import psycopg
+from psycopg.pq import TransactionStatus
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
 from ..config import safe_dsn as safe_dsn  # postgres.safe_dsn: the DSN without its password, config's
 from ..errors import GUARD_MESSAGE, GpuqError, GuardRefused, NewerSchema, SchemaViolated, StoreUnavailable
 from ..jobs import iso
 from ..shipped import shipped_dir
-
-import psycopg
-from psycopg.pq import TransactionStatus
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 Error = psycopg.Error
 

@@ -6,14 +6,14 @@ statements written per engine come from the engine's module (`self.engine`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any, Callable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
-from .engine import Engine, Params
-from .steps import QUEUE_POSITION_SQL, Row, RunText, joined_text, run_text_query
 from ..errors import NotFound
 from ..jobs import JobState, NodeCounts, iso
 from ..placement import INTERACTIVE
+from .engine import Engine, Params
+from .steps import QUEUE_POSITION_SQL, Row, RunText, joined_text, run_text_query
 
 # The parent a held critique waits for (NULL for any other job): the view held_job is the one
 # statement of the rule (migration 003, and ready_job its complement since 012).

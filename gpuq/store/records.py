@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..config import NodeConfig
 from .engine import Connection
 from .steps import Row, dumps, iso
-from ..config import NodeConfig
 
 # -- the thresholds, the nodes, reloads -------------------------------------------------------
 

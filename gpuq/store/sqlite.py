@@ -8,8 +8,9 @@ engine's specifics only through these names."""
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import aiosqlite
 

@@ -10,10 +10,10 @@ import json
 from typing import Any, TypedDict
 
 from .. import placement as rules
-from .engine import Connection
 from ..errors import GpuqError, NotFound, OverQuota
 from ..jobs import POSITION_GAP, Interrupted, JobState
 from ..jobs import iso as _iso
+from .engine import Connection
 
 Row = dict[str, Any]
 
