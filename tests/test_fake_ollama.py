@@ -1,5 +1,5 @@
 """The simulator through the official `ollama` Python client: every answer must parse in the
-client's own types (pydantic), and carry what real Ollama sends (shared/reference/ollama-api.md)."""
+client's own types (pydantic), and carry what real Ollama sends (as its own source answers)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,15 @@
-"""A simulated Ollama server that real clients accept (shared/reference/ollama-api.md, its
-section 12 first): /api/chat and /api/generate streamed or as one object, thinking, structured
+"""A simulated Ollama server that real clients accept (Ollama's HTTP API as its own source
+answers it): /api/chat and /api/generate streamed or as one object, thinking, structured
 output, options, load and unload with keep_alive, /api/ps, /api/show, /api/tags, /api/embed,
 Ollama's exact error texts, and scriptable faults. `gpuq serve --demo`, every integration test
 and the benchmarks use it.
 
 Where a choice is not obvious, a comment names the Ollama file it follows: server/routes.go,
-server/sched.go, server/images.go, api/types.go, types/model/name.go, llm/llama_server.go."""
+server/sched.go, server/images.go, api/types.go, types/model/name.go, llm/llama_server.go.
+
+The one module of gpuq over ~650 lines, on purpose: its handlers follow Ollama's routes.go
+handler by handler, so one file reads beside that one file; its model table (catalogue.py) and
+request parsing (parse.py) already live apart."""
 
 from __future__ import annotations
 
