@@ -45,8 +45,8 @@ log = logging.getLogger("gpuq")
 # the models Ollama's API docs name (llama3.2, llava, mistral, all-minilm in docs/api.md; gemma4,
 # qwen3, gpt-oss, embeddinggemma in docs/api/*.mdx and docs/capabilities/*.mdx; gpt-oss:20b, qwen3:8b,
 # qwen3-vl:8b in docs/api/openai-compatibility.mdx) and nomic-embed-text, so their examples and the
-# clients' quick starts run unchanged through the front door. demo-1 and demo-2 have their own
-# models untagged too (qwen3-coder, deepseek-r1, as the docs call them); demo-3 only critiques.
+# clients' quick starts run unchanged through the front door. demo-2 has its own model untagged
+# too (deepseek-r1, as the docs call it); demo-3 only critiques.
 DOCS_MODELS = ("llama3.2:latest", "llama3.1:latest", "gemma4:latest", "qwen3:latest", "qwen3:8b", "qwen3-vl:8b",
                "gpt-oss:latest", "gpt-oss:20b", "mistral:latest", "llava:latest")
 EMBEDDING_MODELS = ("all-minilm:latest", "nomic-embed-text:latest", "embeddinggemma:latest")
