@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 PORT :=
 LISTEN := $(if $(PORT),127.0.0.1:$(PORT))
 
-.PHONY: run test test-fast docs bench browser postgres clean
+.PHONY: run test test-fast docs lint bench browser postgres clean
 
 $(RUNTIME): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,7 +46,14 @@ postgres:
 docs: $(STAMP)
 	$(BIN)/mkdocs build --strict --site-dir site
 
-test: $(STAMP) browser postgres docs
+# Lint and types (configured in pyproject.toml): ruff's rules and format, mypy (strict for store/,
+# node/, api/ and access/).
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: $(STAMP) browser postgres docs lint
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 test-fast: $(STAMP)

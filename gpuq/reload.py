@@ -106,7 +106,7 @@ def plan(old: Settings, new: Settings) -> Plan:
 
 
 def kept_admin(old: Settings, new: Settings) -> tuple[UserConfig, ...]:
-    """The file's users, with router.token's admin (config._parse_users) as it is in force: a new
+    """The file's users, with router.token's admin (config/tables.py parse_users) as it is in force: a new
     router.token needs a restart, so its admin keeps the old one."""
     def legacy(u: UserConfig, token: str | None) -> bool:
         return u.name == LEGACY_ADMIN and token is not None and u.token == token

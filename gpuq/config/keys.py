@@ -95,7 +95,7 @@ KEYS: tuple[Key, ...] = (
        '"when-idle": kept loaded across back-to-back jobs of one model, unloaded when the node goes '
        "idle or switches model. Per node too.", "after-each"),
     _r("critique_template", "The critique instruction; `{subject}` (required) is the document, or the "
-       "task and its result.", shown="a reviewer's instruction (`config.DEFAULT_CRITIQUE_TEMPLATE`)"),
+       "task and its result.", shown="a reviewer's instruction (`DEFAULT_CRITIQUE_TEMPLATE` in gpuq/config/settings.py)"),
     # -- users and priorities
     _r("fair_share", "Interleave users' batch jobs as they enter a queue (a user's k-th waiting batch "
        "job before anyone's (k+1)-th).", shown="on with two users or more"),
