@@ -56,8 +56,7 @@ class Bench:
 
         async def client(conn) -> None:
             nonlocal issued
-            raw = conn.encode("POST", "/api/jobs",
-                              {"kind": "task", "prompt": "summarise the export job's retries"})
+            raw = conn.encode("POST", "/api/jobs", {"kind": "task", "prompt": "summarise the export job's retries"})
             while issued < total and time.perf_counter() < deadline:
                 issued += 1
                 status, body = await conn.send(raw)
@@ -123,12 +122,24 @@ class Bench:
     def disk_share_rows(self, key: str) -> None:
         """Rows that split a first-token overhead into the disk's share and the rest (created
         here so they sit under the overhead's row)."""
-        self.metric(f"{key}_commits", "  durable commits before the chat request leaves (counted in the router's WAL)",
-                    "commits", "count")
-        self.metric(f"{key}_disk", "    those commits x one durable commit (raw sqlite3, same run): the disk's share",
-                    "ms", "ms")
-        self.metric(f"{key}_rest", "    the rest of the overhead (its p50 - the disk's share): CPU, thread hops,"
-                    " loopback HTTP", "ms", "ms")
+        self.metric(
+            f"{key}_commits",
+            "  durable commits before the chat request leaves (counted in the router's WAL)",
+            "commits",
+            "count",
+        )
+        self.metric(
+            f"{key}_disk",
+            "    those commits x one durable commit (raw sqlite3, same run): the disk's share",
+            "ms",
+            "ms",
+        )
+        self.metric(
+            f"{key}_rest",
+            "    the rest of the overhead (its p50 - the disk's share): CPU, thread hops, loopback HTTP",
+            "ms",
+            "ms",
+        )
 
     async def disk_share(self, key: str, fakes: Fakes, node: str, database: Path, call, overheads: list[float]) -> None:
         """Count the durable commits the router makes between a call's arrival and its chat

@@ -113,8 +113,10 @@ async def serve(specs: list[str]) -> None:
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = runner.addresses[0][1]
-    print(json.dumps({"control": f"http://127.0.0.1:{port}",
-                      "nodes": {name: f.url for name, f in fakes.items()}}), flush=True)
+    print(
+        json.dumps({"control": f"http://127.0.0.1:{port}", "nodes": {name: f.url for name, f in fakes.items()}}),
+        flush=True,
+    )
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(None, sys.stdin.read)  # until the bench closes our stdin
     for fake in fakes.values():

@@ -16,19 +16,17 @@ from .procs import QUIET_S, Router, first_stream_line
 async def first_token_section(bench: Bench, router: Router) -> None:
     through = bench.metric("ttft_gpuq", "first token through gpuq (submit -> /stream), idle node", "ms", "ms")
     direct = bench.metric("ttft_direct", "first token straight from the fake Ollama", "ms", "ms")
-    overhead = bench.metric("ttft_overhead", "first-token overhead (gpuq - direct, paired)", "ms", "ms",
-                            "p50 <= 2 ms")
+    overhead = bench.metric("ttft_overhead", "first-token overhead (gpuq - direct, paired)", "ms", "ms", "p50 <= 2 ms")
     bench.disk_share_rows("ttft")
-    submit_metric = bench.metric("ttft_submit", "  the submit's own round trip (POST -> 201, committed)",
-                                 "ms", "ms")
+    submit_metric = bench.metric("ttft_submit", "  the submit's own round trip (POST -> 201, committed)", "ms", "ms")
     pairs = 10 if bench.quick else 20
     node, model = "n2", NODES["n2"]
     await bench.wait_idle(router, node, 30)
     timeout = aiohttp.ClientTimeout(total=30)
     async with aiohttp.ClientSession(timeout=timeout) as session:
+
         async def straight() -> float:
-            body = {"model": model, "messages": [{"role": "user", "content": "hello"}],
-                    "stream": True, "keep_alive": 0}
+            body = {"model": model, "messages": [{"role": "user", "content": "hello"}], "stream": True, "keep_alive": 0}
             t0 = time.monotonic()
             async with session.post(bench.fakes.urls[node] + "/api/chat", json=body) as resp:
                 await first_stream_line(resp, "message")
@@ -38,8 +36,9 @@ async def first_token_section(bench: Bench, router: Router) -> None:
 
         async def via_gpuq() -> tuple[float, list[tuple[str, float]]]:
             t0 = time.monotonic()
-            async with session.post(router.url + "/api/jobs",
-                                    json={"kind": "task", "prompt": "hello", "node": node}) as resp:
+            async with session.post(
+                router.url + "/api/jobs", json={"kind": "task", "prompt": "hello", "node": node}
+            ) as resp:
                 assert resp.status == 201, await resp.text()
                 job_id = (await resp.json())["jobs"][0]["id"]
             answered = time.monotonic()
@@ -70,8 +69,12 @@ async def first_token_section(bench: Bench, router: Router) -> None:
                 chat = [e for e in log if e[3] and t0 <= e[1] <= t1]
                 if chat:
                     # The worker's path (the client's stream request runs beside it).
-                    timeline = [("submit sent", t0), *bench.fake_points(log, t0, chat[0][1]),
-                                ("chat request arrives", chat[0][1]), ("first token at client", t1)]
+                    timeline = [
+                        ("submit sent", t0),
+                        *bench.fake_points(log, t0, chat[0][1]),
+                        ("chat request arrives", chat[0][1]),
+                        ("first token at client", t1),
+                    ]
                     bench.segments("ttft", timeline, parts)
             through.add_run(g_run)
             direct.add_run(d_run)
@@ -81,5 +84,7 @@ async def first_token_section(bench: Bench, router: Router) -> None:
             await bench.wait_idle(router, node, 30)
             await asyncio.sleep(QUIET_S)  # idle, as in the pairs
             await bench.disk_share("ttft", bench.fakes, node, router.database, via_gpuq, o_run)
-            bench.say(f"first-token run {rep + 1}/{bench.repeats}: gpuq {statistics.median(g_run):.2f} ms,"
-                      f" direct {statistics.median(d_run):.2f} ms")
+            bench.say(
+                f"first-token run {rep + 1}/{bench.repeats}: gpuq {statistics.median(g_run):.2f} ms,"
+                f" direct {statistics.median(d_run):.2f} ms"
+            )

@@ -94,8 +94,9 @@ async def _wait_front(session: aiohttp.ClientSession, url: str, models_from: int
 async def first_token(bench: Bench, session, fakes: Fakes, router: Router, front_url: str) -> None:
     through = bench.metric("front_ttft", "front door: first token, POST /api/chat (a job), idle node", "ms", "ms")
     direct = bench.metric("front_ttft_direct", "  the same call straight to the simulator", "ms", "ms")
-    overhead = bench.metric("front_ttft_overhead", "front door: first-token overhead (minus direct, paired)",
-                            "ms", "ms", "p50 <= 2 ms")
+    overhead = bench.metric(
+        "front_ttft_overhead", "front door: first-token overhead (minus direct, paired)", "ms", "ms", "p50 <= 2 ms"
+    )
     bench.disk_share_rows("front_ttft")
     pairs = 10 if bench.quick else 20
     node = "f01"  # the first free node by rank takes every call of an idle lab
@@ -118,19 +119,29 @@ async def first_token(bench: Bench, session, fakes: Fakes, router: Router, front
             log = await fakes.log(node, since=sent)
             chat = [e for e in log if e[3] and sent <= e[1] <= arrivals[0]]
             if chat:  # where the time goes, cut at what the node saw (both clocks are monotonic)
-                bench.segments("front_ttft", [("call sent", sent), *bench.fake_points(log, sent, chat[0][1]),
-                                              ("chat request arrives", chat[0][1]),
-                                              ("first token at client", arrivals[0])], parts)
+                bench.segments(
+                    "front_ttft",
+                    [
+                        ("call sent", sent),
+                        *bench.fake_points(log, sent, chat[0][1]),
+                        ("chat request arrives", chat[0][1]),
+                        ("first token at client", arrivals[0]),
+                    ],
+                    parts,
+                )
         through.add_run(g_run)
         direct.add_run(d_run)
         overhead.add_run(o_run)
         bench.add_segments("front_ttft", parts)
         await _idle(session, router)
         await asyncio.sleep(QUIET_S)  # idle, as in the pairs
-        await bench.disk_share("front_ttft", fakes, node, router.database,
-                               lambda: _stream(session, front_url, "hello"), o_run)
-        bench.say(f"front first-token run {rep + 1}/{bench.repeats}: front {statistics.median(g_run):.2f} ms,"
-                  f" direct {statistics.median(d_run):.2f} ms")
+        await bench.disk_share(
+            "front_ttft", fakes, node, router.database, lambda: _stream(session, front_url, "hello"), o_run
+        )
+        bench.say(
+            f"front first-token run {rep + 1}/{bench.repeats}: front {statistics.median(g_run):.2f} ms,"
+            f" direct {statistics.median(d_run):.2f} ms"
+        )
 
 
 async def relay_rates(bench: Bench, session, fakes: Fakes, router: Router, front_url: str, paced: bool) -> None:
@@ -141,16 +152,33 @@ async def relay_rates(bench: Bench, session, fakes: Fakes, router: Router, front
         await fakes.call("script", name, tokens=tokens, delay=PACE_S if paced else 0)
     suffix = "" if paced else "_unpaced"
     for clients in (1, CLIENTS):
-        rate_d = bench.metric(f"front_rate_{clients}{suffix}_direct",
-                              f"  straight to the simulator, {clients} client(s), {pace}", "tokens/s", "rate")
-        rate_f = bench.metric(f"front_rate_{clients}{suffix}",
-                              f"front door: tokens/s relayed to {clients} client(s), {pace}", "tokens/s", "rate")
-        ratio = bench.metric(f"front_rate_{clients}{suffix}_ratio",
-                             f"front door / direct, {clients} client(s), {pace} (same run)", "ratio", "ratio",
-                             ">= 0.95x" if paced else "", better="higher")
-        cost = bench.metric(f"front_cpu_{clients}{suffix}",
-                            f"  router CPU per relayed token, {clients} client(s), {pace} (submit to last token)", "us", "ms",
-                            "<= 50 us" if paced and clients == CLIENTS else "")
+        rate_d = bench.metric(
+            f"front_rate_{clients}{suffix}_direct",
+            f"  straight to the simulator, {clients} client(s), {pace}",
+            "tokens/s",
+            "rate",
+        )
+        rate_f = bench.metric(
+            f"front_rate_{clients}{suffix}",
+            f"front door: tokens/s relayed to {clients} client(s), {pace}",
+            "tokens/s",
+            "rate",
+        )
+        ratio = bench.metric(
+            f"front_rate_{clients}{suffix}_ratio",
+            f"front door / direct, {clients} client(s), {pace} (same run)",
+            "ratio",
+            "ratio",
+            ">= 0.95x" if paced else "",
+            better="higher",
+        )
+        cost = bench.metric(
+            f"front_cpu_{clients}{suffix}",
+            f"  router CPU per relayed token, {clients} client(s), {pace} (submit to last token)",
+            "us",
+            "ms",
+            "<= 50 us" if paced and clients == CLIENTS else "",
+        )
         for rep in range(bench.repeats):
             d = await _aggregate(session, [fakes.urls[n] for n in names[:clients]], "relay")
             await _idle(session, router)
@@ -161,8 +189,10 @@ async def relay_rates(bench: Bench, session, fakes: Fakes, router: Router, front
             rate_d.add_run(d)
             rate_f.add_run(f)
             ratio.add_run(f / d)
-            bench.say(f"front relay {clients} client(s) {pace} run {rep + 1}/{bench.repeats}: "
-                      f"front {f:,.0f} tokens/s, direct {d:,.0f} tokens/s ({f / d:.3f}x)")
+            bench.say(
+                f"front relay {clients} client(s) {pace} run {rep + 1}/{bench.repeats}: "
+                f"front {f:,.0f} tokens/s, direct {d:,.0f} tokens/s ({f / d:.3f}x)"
+            )
 
 
 async def _aggregate(session, urls: list[str], prompt: str) -> float:
@@ -186,12 +216,24 @@ async def warm_section(bench: Bench) -> None:
     client's keep_alive honoured (the default) vs not ([front] max_keep_alive = 0: every call's
     model unloads after it, as before issue 25). Total seconds for the 20, each way."""
     from gpuq.demo import FakeOllama, Script
-    totals = {how: bench.metric(f"warm_{how}", f"{WARM_CALLS} successive front-door calls, {WARM_LOAD_S:g} s cold"
-                                f" load, keep_alive {how.replace('_', ' ')}", "s", "count")
-              for how in ("honoured", "not_honoured")}
-    ratio = bench.metric("warm_ratio", "  keep_alive not honoured / honoured (same run)", "ratio", "ratio", better="higher")
-    fake = FakeOllama(models={MODEL}, script=Script(tokens=10, token_delay_s=0.01, load_delay_s=WARM_LOAD_S,
-                                                    unload="delay", unload_delay_s=0.2))
+
+    totals = {
+        how: bench.metric(
+            f"warm_{how}",
+            f"{WARM_CALLS} successive front-door calls, {WARM_LOAD_S:g} s cold"
+            f" load, keep_alive {how.replace('_', ' ')}",
+            "s",
+            "count",
+        )
+        for how in ("honoured", "not_honoured")
+    }
+    ratio = bench.metric(
+        "warm_ratio", "  keep_alive not honoured / honoured (same run)", "ratio", "ratio", better="higher"
+    )
+    fake = FakeOllama(
+        models={MODEL},
+        script=Script(tokens=10, token_delay_s=0.01, load_delay_s=WARM_LOAD_S, unload="delay", unload_delay_s=0.2),
+    )
     await fake.start()
     body = {"model": MODEL, "messages": [{"role": "user", "content": "complete"}], "stream": True, "keep_alive": "5m"}
     try:
@@ -199,17 +241,23 @@ async def warm_section(bench: Bench) -> None:
             run = {}
             for how, front_table in (("honoured", None), ("not_honoured", {"max_keep_alive": "0s"})):
                 port = free_port()
-                router = await Router(bench.workdir, [node_table("n1", fake.url, 1, MODEL, roles=("task",))],
-                                      bench.workdir / f"warm-{how}-{rep}.db", front=front_table,
-                                      ollama_listen=f"127.0.0.1:{port}").start()
+                router = await Router(
+                    bench.workdir,
+                    [node_table("n1", fake.url, 1, MODEL, roles=("task",))],
+                    bench.workdir / f"warm-{how}-{rep}.db",
+                    front=front_table,
+                    ollama_listen=f"127.0.0.1:{port}",
+                ).start()
                 url = f"http://127.0.0.1:{port}"
                 try:
                     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
                         await _wait_front(session, url, 1)
                         t = time.perf_counter()
                         for i in range(WARM_CALLS):
-                            async with session.post(url + "/api/chat", json=dict(body, messages=[
-                                    {"role": "user", "content": f"complete {i}"}])) as resp:
+                            async with session.post(
+                                url + "/api/chat",
+                                json=dict(body, messages=[{"role": "user", "content": f"complete {i}"}]),
+                            ) as resp:
                                 assert resp.status == 200, await resp.text()
                                 await resp.read()
                         run[how] = time.perf_counter() - t
@@ -242,8 +290,13 @@ async def _via_stream(session: aiohttp.ClientSession, url: str, node: str) -> tu
     return sent, first
 
 
-async def ab(variants: dict[str, dict[str, str]], pairs: int = 10, ttft_pairs: int = 20,
-             first_only: bool = False, rows: tuple[str, ...] = ROWS) -> dict[str, dict[str, list]]:
+async def ab(
+    variants: dict[str, dict[str, str]],
+    pairs: int = 10,
+    ttft_pairs: int = 20,
+    first_only: bool = False,
+    rows: tuple[str, ...] = ROWS,
+) -> dict[str, dict[str, list]]:
     """Two routers (each with its own environment: PYTHONPATH at another checkout, say) on one
     set of simulated nodes, measured alternately, the order swapped every pair, so load on the
     machine falls on both alike: the first-token overhead (the front door's, and gpuq's own
@@ -251,6 +304,7 @@ async def ab(variants: dict[str, dict[str, str]], pairs: int = 10, ttft_pairs: i
     which of its rows)."""
     import tempfile
     from pathlib import Path
+
     workdir = Path(tempfile.mkdtemp(prefix="gpuq-ab-"))
     nodes = {f"f{i:02d}": MODEL for i in range(1, CLIENTS + 1)}
     fakes = await Fakes(nodes, workdir / "fakes.log").start()
@@ -276,7 +330,8 @@ async def ab(variants: dict[str, dict[str, str]], pairs: int = 10, ttft_pairs: i
                 await _stream(session, url, "warm")
 
             def order(i: int):
-                return list(routers.items())[::1 if i % 2 == 0 else -1]
+                return list(routers.items())[:: 1 if i % 2 == 0 else -1]
+
             for i in range(ttft_pairs):
                 for name, (router, url) in order(i):
                     await _idle(session, router)
@@ -285,9 +340,12 @@ async def ab(variants: dict[str, dict[str, str]], pairs: int = 10, ttft_pairs: i
                     direct = arrivals[0] - sent
                     cpu = cpu_s(router.pid)
                     sent, arrivals = await _stream(session, url, "hello")
-                    results[name].setdefault("first-token overhead (ms)", []).append((arrivals[0] - sent - direct) * 1000)
+                    results[name].setdefault("first-token overhead (ms)", []).append(
+                        (arrivals[0] - sent - direct) * 1000
+                    )
                     results[name].setdefault("  router CPU per front-door call, 4 tokens (us)", []).append(
-                        (cpu_s(router.pid) - cpu) * 1e6)
+                        (cpu_s(router.pid) - cpu) * 1e6
+                    )
                     await _idle(session, router)
                     await asyncio.sleep(QUIET_S)
                     sent, arrivals = await _stream(session, fakes.urls["f01"], "hello")
@@ -295,10 +353,12 @@ async def ab(variants: dict[str, dict[str, str]], pairs: int = 10, ttft_pairs: i
                     cpu = cpu_s(router.pid)
                     sent, first = await _via_stream(session, router.url, "f01")
                     results[name].setdefault("first-token overhead, submit -> /stream (ms)", []).append(
-                        (first - sent - direct) * 1000)
+                        (first - sent - direct) * 1000
+                    )
                     results[name].setdefault("  router CPU per submit + /stream, 4 tokens (us)", []).append(
-                        (cpu_s(router.pid) - cpu) * 1e6)
-            for paced, tokens in (() if first_only else ((True, 300), (False, 1000))):
+                        (cpu_s(router.pid) - cpu) * 1e6
+                    )
+            for paced, tokens in () if first_only else ((True, 300), (False, 1000)):
                 if not any(f"{c}{'p' if paced else 'u'}" in rows for c in (1, CLIENTS)):
                     continue
                 for n in nodes:
@@ -312,7 +372,9 @@ async def ab(variants: dict[str, dict[str, str]], pairs: int = 10, ttft_pairs: i
                             cpu = cpu_s(router.pid)
                             await _aggregate(session, [url] * clients, "relay")
                             key = f"CPU per token, {clients} client(s), {'200 tokens/s' if paced else 'unpaced'} (us)"
-                            results[name].setdefault(key, []).append((cpu_s(router.pid) - cpu) / (tokens * clients) * 1e6)
+                            results[name].setdefault(key, []).append(
+                                (cpu_s(router.pid) - cpu) / (tokens * clients) * 1e6
+                            )
     finally:
         for router, _ in routers.values():
             await router.stop()
@@ -325,13 +387,17 @@ def main() -> None:
     """`python -m bench.front [--pairs N] [--first-only] DIR_A DIR_B [DIR_C...]`: the A/B above, DIR_A's and DIR_B's gpuq
     (each a checkout, put first on PYTHONPATH); a median and p95 per row, each variant."""
     import argparse
+
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--pairs", type=int, default=10)
     parser.add_argument("--first-only", action="store_true", help="the first-token rows only (no CPU rows)")
     parser.add_argument("--ttft-pairs", type=int, default=None, help="first-token pairs (default: 2 x --pairs)")
-    parser.add_argument("--rows", default=",".join(ROWS),
-                        help="CPU rows, clients and pace: 1p,20p (200 tokens/s), 1u,20u (unpaced)")
-    parser.add_argument("dirs", nargs="+", help="two checkouts (or more: each measured in turn, the order turned around every round)")
+    parser.add_argument(
+        "--rows", default=",".join(ROWS), help="CPU rows, clients and pace: 1p,20p (200 tokens/s), 1u,20u (unpaced)"
+    )
+    parser.add_argument(
+        "dirs", nargs="+", help="two checkouts (or more: each measured in turn, the order turned around every round)"
+    )
     args = parser.parse_args()
     if len(args.dirs) < 2:
         parser.error("give two checkouts or more")
@@ -347,8 +413,10 @@ def main() -> None:
         a, b = results[args.dirs[0]][key], results[args.dirs[1]][key]
         ratios = sorted(y / x for x, y in zip(a, b) if x > 0)  # pair by pair: load falls on both alike
         if ratios:
-            cells.append(f"B/A per pair {statistics.median(ratios):.3f}"
-                         f" ({sum(r < 1 for r in ratios)} of {len(ratios)} pairs B lower)")
+            cells.append(
+                f"B/A per pair {statistics.median(ratios):.3f}"
+                f" ({sum(r < 1 for r in ratios)} of {len(ratios)} pairs B lower)"
+            )
         print(f"{key}: " + " | ".join(cells))
 
 

@@ -20,8 +20,15 @@ EVENT = "job_id, at, from_state, to_state, actor, reason"
 OUTPUT = "the export job retries forever when the budget is unset; cap it and log each retry. " * 6
 
 
-async def seed(path: Path, history: int, waiting: int, nodes: list[tuple[str, str]],
-               now: float, settings: dict, made: tuple[list, list, list] | None = None) -> Path:
+async def seed(
+    path: Path,
+    history: int,
+    waiting: int,
+    nodes: list[tuple[str, str]],
+    now: float,
+    settings: dict,
+    made: tuple[list, list, list] | None = None,
+) -> Path:
     """`history` finished jobs over the past weeks, then `waiting` queued jobs (`made`: those
     rows, from `rows`, when another database gets the same)."""
     for suffix in ("", "-wal", "-shm"):
@@ -70,10 +77,38 @@ def rows(history: int, waiting: int, nodes: list[tuple[str, str]], now: float) -
         job_id = f"{int(created)}-{i:08x}"
         error = None if state == "done" else ("deleted" if state == "cancelled" else "stalled: no bytes")
         run_id = i + 1
-        jobs.append((job_id, "task", state, node, model, PROMPT, (i + 1) * POSITION_GAP, "asked",
-                     run_id, error, iso(created), iso(ended)))
-        runs.append((run_id, job_id, node, model, state, iso(began), iso(ended), iso(ended),
-                     iso(ended), OUTPUT, error, "stop" if state == "done" else None))
+        jobs.append(
+            (
+                job_id,
+                "task",
+                state,
+                node,
+                model,
+                PROMPT,
+                (i + 1) * POSITION_GAP,
+                "asked",
+                run_id,
+                error,
+                iso(created),
+                iso(ended),
+            )
+        )
+        runs.append(
+            (
+                run_id,
+                job_id,
+                node,
+                model,
+                state,
+                iso(began),
+                iso(ended),
+                iso(ended),
+                iso(ended),
+                OUTPUT,
+                error,
+                "stop" if state == "done" else None,
+            )
+        )
         events.append((job_id, iso(created), None, "queued", "api 127.0.0.1", f"placed on {node} (asked)"))
         events.append((job_id, iso(began), "queued", "running", "router", f"claimed by {node}"))
         events.append((job_id, iso(ended), "running", state, "router", error))
@@ -81,8 +116,22 @@ def rows(history: int, waiting: int, nodes: list[tuple[str, str]], now: float) -
         node, model = nodes[k % len(nodes)]
         created = now - waiting + k
         job_id = f"{int(created)}-{history + k:08x}"
-        jobs.append((job_id, "task", "queued", node, model, PROMPT, (k + 1) * POSITION_GAP, "asked",
-                     None, None, iso(created), None))
+        jobs.append(
+            (
+                job_id,
+                "task",
+                "queued",
+                node,
+                model,
+                PROMPT,
+                (k + 1) * POSITION_GAP,
+                "asked",
+                None,
+                None,
+                iso(created),
+                None,
+            )
+        )
         events.append((job_id, iso(created), None, "queued", "api 127.0.0.1", f"placed on {node} (asked)"))
     return jobs, runs, events
 
@@ -91,8 +140,15 @@ def marks(columns: str) -> str:
     return ",".join("?" * len(columns.split(",")))
 
 
-async def seed_postgres(dsn: str, history: int, waiting: int, nodes: list[tuple[str, str]],
-                        now: float, settings: dict, made: tuple[list, list, list] | None = None) -> str:
+async def seed_postgres(
+    dsn: str,
+    history: int,
+    waiting: int,
+    nodes: list[tuple[str, str]],
+    now: float,
+    settings: dict,
+    made: tuple[list, list, list] | None = None,
+) -> str:
     """The same rows as `seed`, in a fresh PostgreSQL database (its schema from gpuq's
     migrations), by COPY. The finished history goes in with the triggers off
     (`session_replication_role = replica`): on a finished job or its run they would only send a
@@ -119,10 +175,10 @@ async def seed_postgres(dsn: str, history: int, waiting: int, nodes: list[tuple[
                 cur.execute("SET LOCAL session_replication_role = replica")
                 copy(cur, "job", JOB, jobs[:history])
                 copy(cur, "run", RUN, runs)
-                copy(cur, "event", EVENT, events[:3 * history])
+                copy(cur, "event", EVENT, events[: 3 * history])
                 cur.execute("SET LOCAL session_replication_role = origin")
                 copy(cur, "job", JOB, jobs[history:])
-                copy(cur, "event", EVENT, events[3 * history:])
+                copy(cur, "event", EVENT, events[3 * history :])
                 cur.execute("SELECT setval(pg_get_serial_sequence('run', 'id'), (SELECT max(id) FROM run))")
             conn.execute("ANALYZE")
             conn.execute("CHECKPOINT")

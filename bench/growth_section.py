@@ -20,30 +20,48 @@ async def growth_section(bench: Bench) -> None:
     sizes = (100, 10_000, 100_000)
     waiting = 1000
     samples = 15 if bench.quick else 30
-    labels = {"claim": "claim (Store.claim)", "claim_sql": "claim, SQL only (synchronous=OFF)",
-              "stale": "staleness (Store.stale_heads)",
-              "submit": "submit (Store.submit, 1 job)", "health": "GET /health",
-              "queue": "GET /api/queue (1,000 waiting: output grows with waiting)",
-              "metrics": "GET /metrics (a steady scrape)",
-              "history": "GET /api/history (the newest 50 finished, and the count)",
-              "activity": "GET /api/activity (the day's counts, each node's last hour)"}
+    labels = {
+        "claim": "claim (Store.claim)",
+        "claim_sql": "claim, SQL only (synchronous=OFF)",
+        "stale": "staleness (Store.stale_heads)",
+        "submit": "submit (Store.submit, 1 job)",
+        "health": "GET /health",
+        "queue": "GET /api/queue (1,000 waiting: output grows with waiting)",
+        "metrics": "GET /metrics (a steady scrape)",
+        "history": "GET /api/history (the newest 50 finished, and the count)",
+        "activity": "GET /api/activity (the day's counts, each node's last hour)",
+    }
     per: dict[tuple[str, int], Metric] = {}
     for size in sizes:
         for key, label in labels.items():
             per[key, size] = bench.metric(f"growth_{key}_{size}", f"{label} @ {size:,} history", "ms", "ms")
-    first_scrape = {size: bench.metric(f"growth_metrics_first_{size}",
-                                       f"GET /metrics, first scrape after start (reads the history) @ {size:,}",
-                                       "ms", "ms") for size in sizes}
-    rss = {size: bench.metric(f"rss_{size}", f"router RSS after the queries @ {size:,} history", "MB", "mb",
-                              "<= 100 MB" if size == 100_000 else "") for size in sizes}
+    first_scrape = {
+        size: bench.metric(
+            f"growth_metrics_first_{size}",
+            f"GET /metrics, first scrape after start (reads the history) @ {size:,}",
+            "ms",
+            "ms",
+        )
+        for size in sizes
+    }
+    rss = {
+        size: bench.metric(
+            f"rss_{size}",
+            f"router RSS after the queries @ {size:,} history",
+            "MB",
+            "mb",
+            "<= 100 MB" if size == 100_000 else "",
+        )
+        for size in sizes
+    }
     infos = [NodeInfo(n, rank, ("task", "critique"), m, True) for rank, (n, m) in enumerate(NODES.items(), 1)]
     paths = {}
     for size in sizes:
         t0 = time.perf_counter()
-        paths[size] = await growth.seed(bench.workdir / f"history-{size}.db", size, waiting,
-                                        list(NODES.items()), time.time(), SETTINGS)
-        bench.say(f"growth: seeded {size:,} jobs of history + {waiting:,} waiting"
-                  f" in {time.perf_counter() - t0:.1f}s")
+        paths[size] = await growth.seed(
+            bench.workdir / f"history-{size}.db", size, waiting, list(NODES.items()), time.time(), SETTINGS
+        )
+        bench.say(f"growth: seeded {size:,} jobs of history + {waiting:,} waiting in {time.perf_counter() - t0:.1f}s")
     # The sizes take turns sample by sample (three stores open side by side), so the disk's
     # and the machine's changing load falls on every size alike and cannot pass for growth.
     for _rep in range(bench.repeats):
@@ -55,7 +73,9 @@ async def growth_section(bench: Bench) -> None:
             # The claim with its fsync, then without it: the SQL work alone, where growth would show.
             for key, synchronous in (("claim", "FULL"), ("claim_sql", "OFF")):
                 for store in stores.values():
-                    await store._writer.call(lambda db, synchronous=synchronous: db.execute(f"PRAGMA synchronous = {synchronous}"))
+                    await store._writer.call(
+                        lambda db, synchronous=synchronous: db.execute(f"PRAGMA synchronous = {synchronous}")
+                    )
                 for i in range(samples):
                     node = "n1" if i % 2 == 0 else "n2"
                     for size, store in stores.items():
@@ -139,17 +159,24 @@ async def growth_section(bench: Bench) -> None:
         for name in NODES:
             await bench.fakes.call("release", name)
     for size in sizes:
-        bench.say(f"growth @ {size:,}: claim {statistics.median(per['claim', size].pooled):.2f} ms,"
-                  f" stale {statistics.median(per['stale', size].pooled):.3f} ms,"
-                  f" /health {statistics.median(per['health', size].pooled):.2f} ms,"
-                  f" /api/queue {statistics.median(per['queue', size].pooled):.1f} ms,"
-                  f" RSS {rss[size].pooled[0]:.1f} MB")
+        bench.say(
+            f"growth @ {size:,}: claim {statistics.median(per['claim', size].pooled):.2f} ms,"
+            f" stale {statistics.median(per['stale', size].pooled):.3f} ms,"
+            f" /health {statistics.median(per['health', size].pooled):.2f} ms,"
+            f" /api/queue {statistics.median(per['queue', size].pooled):.1f} ms,"
+            f" RSS {rss[size].pooled[0]:.1f} MB"
+        )
         for suffix in ("", "-wal", "-shm"):
             Path(str(paths[size]) + suffix).unlink(missing_ok=True)
     for key in ("claim", "claim_sql", "stale", "health", "queue", "submit", "metrics", "history", "activity"):
-        ratio = bench.metric(f"growth_{key}_ratio", f"{labels[key].split(' (')[0]}: 100,000 / 100 history",
-                             "ratio", "ratio", "<= 2.00x" if key in ("claim", "stale", "health", "metrics") else "",
-                             better="lower")
+        ratio = bench.metric(
+            f"growth_{key}_ratio",
+            f"{labels[key].split(' (')[0]}: 100,000 / 100 history",
+            "ratio",
+            "ratio",
+            "<= 2.00x" if key in ("claim", "stale", "health", "metrics") else "",
+            better="lower",
+        )
         low, high = per[key, 100], per[key, 100_000]
         for a, b in zip(low.per_run, high.per_run):
             ratio.add_run(b / a)

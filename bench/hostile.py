@@ -26,7 +26,9 @@ MODEL = "m:1"
 
 
 def chunk(text: str, done: bool = False) -> bytes:
-    return (json.dumps({"model": MODEL, "message": {"role": "assistant", "content": text}, "done": done}) + "\n").encode()
+    return (
+        json.dumps({"model": MODEL, "message": {"role": "assistant", "content": text}, "done": done}) + "\n"
+    ).encode()
 
 
 def rss_kib(pid: int) -> tuple[int, int]:
@@ -86,12 +88,28 @@ async def main(mode: str, bomb_mib: int, jobs: int) -> None:
     gpuq = shutil.which("gpuq") or str(Path(sys.executable).parent / "gpuq")
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "gpuq.toml"
-        config.write_text(tomli_w.dumps({
-            "router": {"listen": f"127.0.0.1:{port}", "database": "gpuq.db", "health_interval": "1s",
-                       "unload_timeout": "2s"},
-            "node": [{"name": "node-1", "url": node_url, "rank": 1, "roles": ["task"], "model": MODEL}]}))
-        proc = await asyncio.create_subprocess_exec(gpuq, "serve", "--config", str(config), cwd=tmp,
-                                                    stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+        config.write_text(
+            tomli_w.dumps(
+                {
+                    "router": {
+                        "listen": f"127.0.0.1:{port}",
+                        "database": "gpuq.db",
+                        "health_interval": "1s",
+                        "unload_timeout": "2s",
+                    },
+                    "node": [{"name": "node-1", "url": node_url, "rank": 1, "roles": ["task"], "model": MODEL}],
+                }
+            )
+        )
+        proc = await asyncio.create_subprocess_exec(
+            gpuq,
+            "serve",
+            "--config",
+            str(config),
+            cwd=tmp,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
         try:
             async with aiohttp.ClientSession() as session:
                 await wait_up(session, url)
@@ -140,10 +158,20 @@ async def measure(session: aiohttp.ClientSession, url: str, pid: int, mode: str)
     ended = time.monotonic() - started
     await asyncio.sleep(3)
     after, peak = rss_kib(pid)
-    print(json.dumps({"mode": mode, "job_s": round(ended, 2), "error": job["error"],
-                      "output_bytes": len((job["output"] or "").encode()), "worst_health_s": round(worst, 3),
-                      "rss_before_mib": round(before / 1024, 1), "rss_peak_mib": round(peak / 1024, 1),
-                      "rss_after_mib": round(after / 1024, 1)}))
+    print(
+        json.dumps(
+            {
+                "mode": mode,
+                "job_s": round(ended, 2),
+                "error": job["error"],
+                "output_bytes": len((job["output"] or "").encode()),
+                "worst_health_s": round(worst, 3),
+                "rss_before_mib": round(before / 1024, 1),
+                "rss_peak_mib": round(peak / 1024, 1),
+                "rss_after_mib": round(after / 1024, 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

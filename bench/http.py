@@ -36,8 +36,7 @@ class Conn:
 
     def encode(self, method: str, path: str, body: Any = None) -> bytes:
         payload = b"" if body is None else json.dumps(body).encode()
-        head = (f"{method} {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-                f"Content-Length: {len(payload)}\r\n")
+        head = f"{method} {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Length: {len(payload)}\r\n"
         if body is not None:
             head += "Content-Type: application/json\r\n"
         return head.encode() + b"\r\n" + payload

@@ -50,8 +50,9 @@ async def timed(conn: Conn, path: str) -> tuple[int, float]:
     return len(raw), (time.perf_counter() - t) * 1000
 
 
-async def health_under_listings(router: Router, clients: int, window_s: float,
-                                max_fetches: int) -> tuple[list[float], list[float]]:
+async def health_under_listings(
+    router: Router, clients: int, window_s: float, max_fetches: int
+) -> tuple[list[float], list[float]]:
     """`clients` connections fetch the listings back to back for `window_s` (at most
     `max_fetches` in all) while one connection samples /health every 10 ms.
     Returns (health ms samples, listing ms samples)."""
@@ -75,8 +76,7 @@ async def health_under_listings(router: Router, clients: int, window_s: float,
 
     try:
         # A listing in flight at the deadline finishes (bounded: 120 s) before the next phase.
-        await asyncio.wait_for(asyncio.gather(probe(), *(lister(c, k) for k, c in enumerate(listers))),
-                               window_s + 120)
+        await asyncio.wait_for(asyncio.gather(probe(), *(lister(c, k) for k, c in enumerate(listers))), window_s + 120)
     finally:
         for conn in (*listers, prober):
             await conn.close()
@@ -85,20 +85,23 @@ async def health_under_listings(router: Router, clients: int, window_s: float,
 
 async def listings_section(bench: Bench) -> None:
     jobs, mb = JOBS, PROMPT_BYTES / 1e6
-    size = {path: bench.metric(f"listing_kb_{i}", f"GET {path} response ({jobs} x {mb:g} MB prompts waiting)",
-                               "KB", "mb", "<= 300 KB") for i, path in enumerate(LISTINGS)}
-    alone = {path: bench.metric(f"listing_ms_{i}", f"GET {path}, alone", "ms", "ms")
-             for i, path in enumerate(LISTINGS)}
+    size = {
+        path: bench.metric(
+            f"listing_kb_{i}", f"GET {path} response ({jobs} x {mb:g} MB prompts waiting)", "KB", "mb", "<= 300 KB"
+        )
+        for i, path in enumerate(LISTINGS)
+    }
+    alone = {path: bench.metric(f"listing_ms_{i}", f"GET {path}, alone", "ms", "ms") for i, path in enumerate(LISTINGS)}
     health_idle = bench.metric("listing_health_idle", "GET /health, no listing in flight", "ms", "ms")
-    health_busy = bench.metric("listing_health_busy", "GET /health while 2 clients fetch listings back to back",
-                               "ms", "ms", "p95 <= 50 ms")
+    health_busy = bench.metric(
+        "listing_health_busy", "GET /health while 2 clients fetch listings back to back", "ms", "ms", "p95 <= 50 ms"
+    )
     busy = bench.metric("listing_busy_ms", "  a listing fetched by those 2 clients", "ms", "ms")
     rss = bench.metric("listing_rss", "router RSS after the listings (VmRSS)", "MB", "mb", "<= 200 MB")
     hwm = bench.metric("listing_hwm", "router peak RSS over the whole section (VmHWM)", "MB", "mb", "<= 200 MB")
     window = 3.0 if bench.quick else 6.0
     # Both nodes are down (nothing listens on their ports): every job stays queued.
-    nodes = [node_table(n, f"http://127.0.0.1:{free_port()}", rank, m)
-             for rank, (n, m) in enumerate(NODES.items(), 1)]
+    nodes = [node_table(n, f"http://127.0.0.1:{free_port()}", rank, m) for rank, (n, m) in enumerate(NODES.items(), 1)]
     router = await Router(bench.workdir, nodes, bench.workdir / "db").start()
     try:
         t0 = time.perf_counter()
@@ -119,10 +122,12 @@ async def listings_section(bench: Bench) -> None:
                 health_busy.add_run(h)
                 busy.add_run(fetched)
                 rss.add_run(rss_mb(router.pid))
-                bench.say(f"listings run {rep + 1}/{bench.repeats}: "
-                          + ", ".join(f"{p} {size[p].runs[-1][0]:,.1f} KB" for p in LISTINGS)
-                          + f"; /health under load p50 {statistics.median(h):.2f} ms, max {max(h):.1f} ms"
-                          f" ({len(fetched)} listings); RSS {rss.runs[-1][0]:.1f} MB")
+                bench.say(
+                    f"listings run {rep + 1}/{bench.repeats}: "
+                    + ", ".join(f"{p} {size[p].runs[-1][0]:,.1f} KB" for p in LISTINGS)
+                    + f"; /health under load p50 {statistics.median(h):.2f} ms, max {max(h):.1f} ms"
+                    f" ({len(fetched)} listings); RSS {rss.runs[-1][0]:.1f} MB"
+                )
         finally:
             await conn.close()
         hwm.add_run(rss_mb(router.pid, "VmHWM"))

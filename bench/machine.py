@@ -45,9 +45,21 @@ def machine() -> dict:
         pass
     cpu = ""
     try:
-        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name")), "")
+        cpu = next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            "",
+        )
     except OSError:
         pass
-    return {"cpus": os.cpu_count(), "cpu": cpu, "python": platform.python_version(),
-            "sqlite": sqlite3.sqlite_version, "platform": platform.platform(), "mounts": mounts}
+    return {
+        "cpus": os.cpu_count(),
+        "cpu": cpu,
+        "python": platform.python_version(),
+        "sqlite": sqlite3.sqlite_version,
+        "platform": platform.platform(),
+        "mounts": mounts,
+    }

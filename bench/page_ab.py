@@ -33,7 +33,22 @@ from .core import SETTINGS
 from .procs import Fakes, Router, node_table
 from .scale import CHROMIUM_ARGS, MODEL, NODES, PAINTED
 
-KEYS = ("painted", "render", "margins", "parse", "answered", "drawn", "q_server", "q_transfer", "q_kb", "layout", "style", "script", "cards", "loading")
+KEYS = (
+    "painted",
+    "render",
+    "margins",
+    "parse",
+    "answered",
+    "drawn",
+    "q_server",
+    "q_transfer",
+    "q_kb",
+    "layout",
+    "style",
+    "script",
+    "cards",
+    "loading",
+)
 
 
 async def render(browser, url: str) -> dict:
@@ -51,15 +66,21 @@ async def render(browser, url: str) -> dict:
             " return {painted: window.__painted || 0, render: t, answered: window.gpuq.answeredAt || 0, drawn: (window.gpuq.drawnAt || 0) - (window.gpuq.answeredAt || 0),"
             " q_server: q ? q.responseStart - q.requestStart : 0, q_transfer: q ? q.responseEnd - q.responseStart : 0,"
             " q_kb: q ? q.encodedBodySize / 1000 : 0, cards: document.querySelectorAll('#board .card').length,"
-            " loading: document.querySelectorAll('#board .card.loading').length}; }")
+            " loading: document.querySelectorAll('#board .card.loading').length}; }"
+        )
         if os.environ.get("PAGE_AB_TIMELINE"):
-            print(await pg.evaluate("() => performance.getEntriesByType('resource').map((e) =>"
-                                    " `${e.name.replace(/^https?:\\/\\/[^/]+/, '')} ${e.startTime.toFixed(0)}-${e.responseEnd.toFixed(0)}`)"
-                                    ".concat([`answered ${window.gpuq.answeredAt.toFixed(0)} drawn ${window.gpuq.drawnAt.toFixed(0)}`]).join('\\n')"))
+            print(
+                await pg.evaluate(
+                    "() => performance.getEntriesByType('resource').map((e) =>"
+                    " `${e.name.replace(/^https?:\\/\\/[^/]+/, '')} ${e.startTime.toFixed(0)}-${e.responseEnd.toFixed(0)}`)"
+                    ".concat([`answered ${window.gpuq.answeredAt.toFixed(0)} drawn ${window.gpuq.drawnAt.toFixed(0)}`]).join('\\n')"
+                )
+            )
         got["parse"] = await pg.evaluate(
             "async () => { const q = performance.getEntriesByType('resource').find((e) => e.name.includes('/api/queue?'));"
             " const text = await (await fetch(q.name)).text(); const t = performance.now(); JSON.parse(text);"
-            " return performance.now() - t; }")
+            " return performance.now() - t; }"
+        )
         try:  # a page that draws a large board's margins after its first paint: when it has
             await pg.wait_for_function("() => window.gpuq.marginsAt > 0", polling="raf", timeout=3000)
             got["margins"] = await pg.evaluate("() => { document.body.offsetHeight; return performance.now(); }")
@@ -132,8 +153,11 @@ async def main() -> None:
                 reads.setdefault(path, []).append(((time.perf_counter() - t) * 1000, len(raw) / 1000, status))
         await conn.close()
         for path, got in reads.items():
-            print(f"{path:36s} {statistics.median(x[0] for x in got):7.1f} ms median, {got[0][1]:8.1f} KB, status {got[0][2]}")
+            print(
+                f"{path:36s} {statistics.median(x[0] for x in got):7.1f} ms median, {got[0][1]:8.1f} KB, status {got[0][2]}"
+            )
         from playwright.async_api import async_playwright
+
         chromium = shutil.which("chromium") or "/usr/bin/chromium"
         runs = {side: {k: [] for k in KEYS} for side in routers}
         async with async_playwright() as p:
@@ -147,11 +171,17 @@ async def main() -> None:
                         got = await render(browser, routers[side].url)
                         for k in KEYS:
                             runs[side][k].append(got[k])
-                    print(f"pair {i + 1}: " + "  ".join(f"{s} {runs[s]['render'][-1]:.0f} ms" for s in order)
-                          + f"  (load {os.getloadavg()[0]:.1f})", flush=True)
+                    print(
+                        f"pair {i + 1}: "
+                        + "  ".join(f"{s} {runs[s]['render'][-1]:.0f} ms" for s in order)
+                        + f"  (load {os.getloadavg()[0]:.1f})",
+                        flush=True,
+                    )
             finally:
                 await browser.close()
-        print(f"{'measure (ms; KB; cards)':28s} {'A median':>8s} {'A p95':>8s}   {'B median':>8s} {'B p95':>8s}   ({args.pairs} pairs)")
+        print(
+            f"{'measure (ms; KB; cards)':28s} {'A median':>8s} {'A p95':>8s}   {'B median':>8s} {'B p95':>8s}   ({args.pairs} pairs)"
+        )
         for k in KEYS:
             diff = statistics.median(b - a for a, b in zip(runs["A"][k], runs["B"][k]))
             print(f"{k:28s} {summary(runs['A'][k])}   {summary(runs['B'][k])}   B-A paired median {diff:+.1f}")

@@ -37,8 +37,8 @@ def wal_commits(db_path: Path) -> tuple[bytes, int]:
     page_size = int.from_bytes(data[8:12], "big")
     salt, frame = data[16:24], 24 + page_size
     commits, offset = 0, 32
-    while offset + frame <= len(data) and data[offset + 8:offset + 16] == salt:
-        commits += int.from_bytes(data[offset + 4:offset + 8], "big") != 0
+    while offset + frame <= len(data) and data[offset + 8 : offset + 16] == salt:
+        commits += int.from_bytes(data[offset + 4 : offset + 8], "big") != 0
         offset += frame
     return salt, commits
 
@@ -209,8 +209,9 @@ class StoreWorker:
 
     async def cycle(self) -> None:
         [made] = await self._one(self.store.submit(self.job, self.nodes, "bench"))
-        nxt = await self._one(self.store.finish(self.running["id"], self.running["run_id"], "done", None, "out",
-                                                claim_node=self.node))
+        nxt = await self._one(
+            self.store.finish(self.running["id"], self.running["run_id"], "done", None, "out", claim_node=self.node)
+        )
         assert nxt is not None and nxt["id"] == made["id"], (nxt, made)
         self.running = nxt
 
@@ -238,6 +239,7 @@ async def store_round_trips(path: Path, count: int, limit_s: float) -> tuple[flo
 # -- the same round trips with several workers at once ----------------------------------------
 # Huey's consumer runs several worker threads against one storage; persist-queue is used the
 # same way; gpuq runs one worker per node. Each worker repeats the full round trip.
+
 
 def _threaded(cycle, workers: int, count: int, limit_s: float) -> float:
     done = 0
@@ -301,8 +303,9 @@ def persist_concurrent(path: Path, workers: int, count: int, limit_s: float) -> 
         queue.close()
 
 
-async def store_concurrent(path: Path, workers: int, count: int, limit_s: float,
-                           batching: bool = True) -> tuple[float, float]:
+async def store_concurrent(
+    path: Path, workers: int, count: int, limit_s: float, batching: bool = True
+) -> tuple[float, float]:
     """`workers` nodes' workers on one Store at once. With `batching=False`, gpuq's group commit
     is emulated away: every write holds one lock, so only one is ever in flight and each gets
     a transaction (a commit, an fsync) of its own, as with Huey's per-operation commit."""

@@ -139,6 +139,7 @@ async def wait_idle(router: Router, nodes, limit_s: float) -> None:
 
 # -- 2: the Store's round trip ---------------------------------------------------------------------
 
+
 async def open_store(where) -> Store:
     store = Store(where)
     await store.open()
@@ -165,6 +166,7 @@ async def round_trips(store: Store, node: str, count: int, limit_s: float) -> fl
 
 # -- the section -----------------------------------------------------------------------------------
 
+
 async def pgstore_section(bench: Bench) -> None:
     cluster = await asyncio.to_thread(Cluster(durable=True).start)
     fakes: Fakes | None = None
@@ -172,16 +174,20 @@ async def pgstore_section(bench: Bench) -> None:
     stores: list[Store] = []
     pair: Pair | None = None
     try:
+
         def fresh() -> str:
             return cluster.dsn(cluster.create_database())
 
         dsn = await asyncio.to_thread(fresh)
         with psycopg.connect(dsn, autocommit=True) as conn:
-            settings = {k: conn.execute(f"SHOW {k}").fetchone()[0] for k in ("fsync", "synchronous_commit",
-                                                                                "server_version")}
+            settings = {
+                k: conn.execute(f"SHOW {k}").fetchone()[0] for k in ("fsync", "synchronous_commit", "server_version")
+            }
         assert settings["fsync"] == "on" and settings["synchronous_commit"] == "on", settings
-        bench.say(f"pgstore: PostgreSQL {settings['server_version']}, fsync {settings['fsync']},"
-                  f" synchronous_commit {settings['synchronous_commit']}, in {cluster.dir}")
+        bench.say(
+            f"pgstore: PostgreSQL {settings['server_version']}, fsync {settings['fsync']},"
+            f" synchronous_commit {settings['synchronous_commit']}, in {cluster.dir}"
+        )
         spec = {n: MODELS[i] for names in NODES.values() for i, n in enumerate(names)}
         spec[FAILOVER_NODE] = MODELS[0]
         fakes = await Fakes(spec, bench.workdir / "pgstore-fakes.log").start()
@@ -213,18 +219,27 @@ async def pgstore_section(bench: Bench) -> None:
         await asyncio.to_thread(cluster.stop)
 
 
-def engine_rows(bench: Bench, key: str, label: str, unit: str, kind: str, ratio: str, better: str,
-                target: str = "") -> tuple[dict, Metric]:
-    rows = {e: bench.metric(f"pgs_{key}_{e}", label.format(engine=name), unit, kind, target if e == "pg" else "")
-            for e, name in ENGINES.items()}
+def engine_rows(
+    bench: Bench, key: str, label: str, unit: str, kind: str, ratio: str, better: str, target: str = ""
+) -> tuple[dict, Metric]:
+    rows = {
+        e: bench.metric(f"pgs_{key}_{e}", label.format(engine=name), unit, kind, target if e == "pg" else "")
+        for e, name in ENGINES.items()
+    }
     vs = bench.metric(f"pgs_{key}_ratio", ratio, "ratio", "ratio", better=better)
     return rows, vs
 
 
 async def submit_rows(bench: Bench, fakes: Fakes, routers: dict[str, Router]) -> None:
-    rows, vs = engine_rows(bench, "submit32", f"{{engine}}: durable submit POST /api/jobs, {CLIENTS} clients,"
-                           " nodes busy with a held job", "jobs/s", "rate",
-                           f"  submit, {CLIENTS} clients: PostgreSQL / SQLite (same run)", "higher")
+    rows, vs = engine_rows(
+        bench,
+        "submit32",
+        f"{{engine}}: durable submit POST /api/jobs, {CLIENTS} clients, nodes busy with a held job",
+        "jobs/s",
+        "rate",
+        f"  submit, {CLIENTS} clients: PostgreSQL / SQLite (same run)",
+        "higher",
+    )
     total = 1600 if bench.quick else 3200
     for rep in range(bench.repeats):
         got = {}
@@ -242,14 +257,22 @@ async def submit_rows(bench: Bench, fakes: Fakes, routers: dict[str, Router]) ->
             await wait_idle(router, NODES[engine], 30)
             rows[engine].add_run(got[engine])
         vs.add_run(got["pg"] / got["sqlite"])
-        bench.say(f"pgstore submit run {rep + 1}/{bench.repeats}: " + ", ".join(
-            f"{ENGINES[e]} {got[e]:,.0f}/s" for e in ENGINES))
+        bench.say(
+            f"pgstore submit run {rep + 1}/{bench.repeats}: "
+            + ", ".join(f"{ENGINES[e]} {got[e]:,.0f}/s" for e in ENGINES)
+        )
 
 
 async def round_trip_rows(bench: Bench, fresh, stores: list[Store]) -> None:
-    rows, vs = engine_rows(bench, "rt", "{engine}: gpuq Store submit->claim->finish, one at a time"
-                           " (the finish claims the next)", "round trips/s", "rate",
-                           "  Store round trip: PostgreSQL / SQLite (same run)", "higher")
+    rows, vs = engine_rows(
+        bench,
+        "rt",
+        "{engine}: gpuq Store submit->claim->finish, one at a time (the finish claims the next)",
+        "round trips/s",
+        "rate",
+        "  Store round trip: PostgreSQL / SQLite (same run)",
+        "higher",
+    )
     sqlite_store = await open_store(peers._fresh(bench.workdir / "pgstore-rt.db"))
     stores.append(sqlite_store)
     pg_store = await open_store(await asyncio.to_thread(fresh))
@@ -258,25 +281,38 @@ async def round_trip_rows(bench: Bench, fresh, stores: list[Store]) -> None:
     count = 150 if bench.quick else 600
     for rep in range(bench.repeats):
         got = {}
-        for engine in (ENGINES if rep % 2 == 0 else reversed(list(ENGINES))):
+        for engine in ENGINES if rep % 2 == 0 else reversed(list(ENGINES)):
             got[engine] = await round_trips(by[engine], "n1", count, 5.0)
             rows[engine].add_run(got[engine])
         vs.add_run(got["pg"] / got["sqlite"])
-        bench.say(f"pgstore round trip run {rep + 1}/{bench.repeats}: " + ", ".join(
-            f"{ENGINES[e]} {got[e]:,.0f}/s" for e in ENGINES))
+        bench.say(
+            f"pgstore round trip run {rep + 1}/{bench.repeats}: "
+            + ", ".join(f"{ENGINES[e]} {got[e]:,.0f}/s" for e in ENGINES)
+        )
 
 
 async def first_token_rows(bench: Bench, fakes: Fakes, routers: dict[str, Router]) -> None:
-    rows, vs = engine_rows(bench, "ttft", "{engine}: first-token overhead, idle node (submit -> /stream,"
-                           " minus direct, paired)", "ms", "ms",
-                           "  first-token overhead: PostgreSQL - SQLite, medians of the same run (ms)", "lower")
+    rows, vs = engine_rows(
+        bench,
+        "ttft",
+        "{engine}: first-token overhead, idle node (submit -> /stream, minus direct, paired)",
+        "ms",
+        "ms",
+        "  first-token overhead: PostgreSQL - SQLite, medians of the same run (ms)",
+        "lower",
+    )
     vs.unit, vs.kind = "ms", "ms"
     pairs = 8 if bench.quick else 20
     node = {e: NODES[e][1] for e in ENGINES}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+
         async def straight(engine: str) -> float:
-            body = {"model": MODELS[1], "messages": [{"role": "user", "content": "hello"}], "stream": True,
-                    "keep_alive": 0}
+            body = {
+                "model": MODELS[1],
+                "messages": [{"role": "user", "content": "hello"}],
+                "stream": True,
+                "keep_alive": 0,
+            }
             t0 = time.monotonic()
             async with session.post(fakes.urls[node[engine]] + "/api/chat", json=body) as resp:
                 await first_stream_line(resp, "message")
@@ -287,8 +323,9 @@ async def first_token_rows(bench: Bench, fakes: Fakes, routers: dict[str, Router
         async def via_gpuq(engine: str) -> float:
             router = routers[engine]
             t0 = time.monotonic()
-            async with session.post(router.url + "/api/jobs",
-                                    json={"kind": "task", "prompt": "hello", "node": node[engine]}) as resp:
+            async with session.post(
+                router.url + "/api/jobs", json={"kind": "task", "prompt": "hello", "node": node[engine]}
+            ) as resp:
                 assert resp.status == 201, await resp.text()
                 job_id = (await resp.json())["jobs"][0]["id"]
             async with session.get(router.url + f"/api/jobs/{job_id}/stream") as resp:
@@ -304,7 +341,7 @@ async def first_token_rows(bench: Bench, fakes: Fakes, routers: dict[str, Router
         for rep in range(bench.repeats):
             got: dict[str, list[float]] = {e: [] for e in ENGINES}
             for i in range(pairs):
-                for engine in (ENGINES if i % 2 == 0 else reversed(list(ENGINES))):
+                for engine in ENGINES if i % 2 == 0 else reversed(list(ENGINES)):
                     await wait_idle(routers[engine], (node[engine],), 30)
                     await asyncio.sleep(QUIET_S)  # an idle node, as when a person submits to a quiet lab
                     d = await straight(engine)
@@ -312,18 +349,40 @@ async def first_token_rows(bench: Bench, fakes: Fakes, routers: dict[str, Router
             for engine in ENGINES:
                 rows[engine].add_run(got[engine])
             vs.add_run(statistics.median(got["pg"]) - statistics.median(got["sqlite"]))
-            bench.say(f"pgstore first token run {rep + 1}/{bench.repeats}: overhead p50 " + ", ".join(
-                f"{ENGINES[e]} {statistics.median(got[e]):.2f} ms" for e in ENGINES))
+            bench.say(
+                f"pgstore first token run {rep + 1}/{bench.repeats}: overhead p50 "
+                + ", ".join(f"{ENGINES[e]} {statistics.median(got[e]):.2f} ms" for e in ENGINES)
+            )
 
 
 async def claim_rows(bench: Bench, fresh) -> None:
-    rows = {(e, size): bench.metric(f"pgs_claim_{e}_{size}", f"{name}: claim (Store.claim, durable) @ {size:,}"
-                                    f" history, {WAITING:,} waiting", "ms", "ms")
-            for e, name in ENGINES.items() for size in HISTORY}
-    growth_vs = {e: bench.metric(f"pgs_claim_growth_{e}", f"  {name}: claim @ {HISTORY[-1]:,} / @ {HISTORY[0]:,}"
-                                 " history (same run)", "ratio", "ratio", better="lower") for e, name in ENGINES.items()}
-    vs = bench.metric("pgs_claim_ratio", f"  claim @ {HISTORY[-1]:,} history: PostgreSQL / SQLite (same run)",
-                      "ratio", "ratio", better="lower")
+    rows = {
+        (e, size): bench.metric(
+            f"pgs_claim_{e}_{size}",
+            f"{name}: claim (Store.claim, durable) @ {size:,} history, {WAITING:,} waiting",
+            "ms",
+            "ms",
+        )
+        for e, name in ENGINES.items()
+        for size in HISTORY
+    }
+    growth_vs = {
+        e: bench.metric(
+            f"pgs_claim_growth_{e}",
+            f"  {name}: claim @ {HISTORY[-1]:,} / @ {HISTORY[0]:,} history (same run)",
+            "ratio",
+            "ratio",
+            better="lower",
+        )
+        for e, name in ENGINES.items()
+    }
+    vs = bench.metric(
+        "pgs_claim_ratio",
+        f"  claim @ {HISTORY[-1]:,} history: PostgreSQL / SQLite (same run)",
+        "ratio",
+        "ratio",
+        better="lower",
+    )
     nodes = [("n1", MODELS[0]), ("n2", MODELS[1])]
     now = time.time()
     where = {}
@@ -333,9 +392,12 @@ async def claim_rows(bench: Bench, fresh) -> None:
         t1 = time.perf_counter()
         where["sqlite", size], where["pg", size] = await asyncio.gather(  # side by side: the two take turns
             growth.seed(bench.workdir / f"pgstore-history-{size}.db", size, WAITING, nodes, now, SETTINGS, made),
-            growth.seed_postgres(await asyncio.to_thread(fresh), size, WAITING, nodes, now, SETTINGS, made))
-        bench.say(f"pgstore: seeded {size:,} jobs of history + {WAITING:,} waiting: rows {t1 - t0:.1f}s, both"
-                  f" databases {time.perf_counter() - t1:.1f}s")
+            growth.seed_postgres(await asyncio.to_thread(fresh), size, WAITING, nodes, now, SETTINGS, made),
+        )
+        bench.say(
+            f"pgstore: seeded {size:,} jobs of history + {WAITING:,} waiting: rows {t1 - t0:.1f}s, both"
+            f" databases {time.perf_counter() - t1:.1f}s"
+        )
     samples = 15 if bench.quick else 30
     for rep in range(bench.repeats):
         stores = {k: Store(w) for k, w in where.items()}
@@ -359,21 +421,39 @@ async def claim_rows(bench: Bench, fresh) -> None:
         for e in ENGINES:
             growth_vs[e].add_run(med[e, HISTORY[-1]] / med[e, HISTORY[0]])
         vs.add_run(med["pg", HISTORY[-1]] / med["sqlite", HISTORY[-1]])
-        bench.say(f"pgstore claim run {rep + 1}/{bench.repeats}: p50 " + ", ".join(
-            f"{ENGINES[e]} @ {s:,} {med[e, s]:.2f} ms" for e in ENGINES for s in HISTORY))
+        bench.say(
+            f"pgstore claim run {rep + 1}/{bench.repeats}: p50 "
+            + ", ".join(f"{ENGINES[e]} @ {s:,} {med[e, s]:.2f} ms" for e in ENGINES for s in HISTORY)
+        )
 
 
 async def failover_rows(bench: Bench, fakes: Fakes, pair: Pair) -> None:
     target_s = LEASE_S + LEASE_S / 3
-    row = bench.metric("pgs_failover", f"failover: holder SIGKILLed mid-job -> the other router's next job reaches"
-                       f" the node (lease {LEASE_S:g}s, renewed every {LEASE_S / 3:.2f}s)", "ms", "ms",
-                       f"<= {target_s * 1000:,.0f} ms")
-    expiry = bench.metric("pgs_failover_expiry", "  segment: kill -> the dead router's lease expired (its last renewal"
-                          f" + {LEASE_S:g}s; the time the orphan's error names)", "ms", "ms")
-    taken = bench.metric("pgs_failover_taken", "  segment: lease expired -> next job's request at the node (the"
-                         " survivor's renewal tick, the takeover, the orphan failed, the claim, the request)", "ms", "ms")
-    orphan = bench.metric("pgs_failover_orphan", "  the running job failed by the taker, naming the dead router",
-                          "jobs", "count")
+    row = bench.metric(
+        "pgs_failover",
+        f"failover: holder SIGKILLed mid-job -> the other router's next job reaches"
+        f" the node (lease {LEASE_S:g}s, renewed every {LEASE_S / 3:.2f}s)",
+        "ms",
+        "ms",
+        f"<= {target_s * 1000:,.0f} ms",
+    )
+    expiry = bench.metric(
+        "pgs_failover_expiry",
+        "  segment: kill -> the dead router's lease expired (its last renewal"
+        f" + {LEASE_S:g}s; the time the orphan's error names)",
+        "ms",
+        "ms",
+    )
+    taken = bench.metric(
+        "pgs_failover_taken",
+        "  segment: lease expired -> next job's request at the node (the"
+        " survivor's renewal tick, the takeover, the orphan failed, the claim, the request)",
+        "ms",
+        "ms",
+    )
+    orphan = bench.metric(
+        "pgs_failover_orphan", "  the running job failed by the taker, naming the dead router", "jobs", "count"
+    )
     repeats = 3 if bench.quick else max(bench.repeats, 7)
     await pair.add()
     await pair.add()
@@ -422,6 +502,8 @@ async def failover_rows(bench: Bench, fakes: Fakes, pair: Pair) -> None:
             expired = datetime.fromisoformat(found.group(1).replace("Z", "+00:00")).timestamp()
             expiry.add_run((expired - killed_wall) * 1000)
             taken.add_run(ms - (expired - killed_wall) * 1000)
-        bench.say(f"pgstore failover {rep + 1}/{repeats}: {ms:,.0f} ms from the kill to the next job's request"
-                  f" (target {target_s * 1000:,.0f}); the orphan: {failed['error']!r}; next job {done['state']}")
+        bench.say(
+            f"pgstore failover {rep + 1}/{repeats}: {ms:,.0f} ms from the kill to the next job's request"
+            f" (target {target_s * 1000:,.0f}); the orphan: {failed['error']!r}; next job {done['state']}"
+        )
         await pair.add()  # the next repeat kills the survivor, which holds the node now

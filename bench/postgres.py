@@ -48,8 +48,11 @@ SUBMIT = "INSERT INTO jobs (prompt) VALUES ({}) RETURNING id"
 CLAIM = "SELECT id FROM jobs WHERE state = 'queued' ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED"
 MARK = "UPDATE jobs SET state = 'running', node = {}, claimed = now() WHERE id = {}"
 INSERT = "INSERT INTO jobs (prompt) VALUES ({})"
-DRIVERS = {"psycopg": "psycopg 3 AsyncConnection (psycopg_pool)", "asyncpg": "asyncpg (its pool)",
-           "sync": "psycopg 3 sync Connection on one thread"}
+DRIVERS = {
+    "psycopg": "psycopg 3 AsyncConnection (psycopg_pool)",
+    "asyncpg": "asyncpg (its pool)",
+    "sync": "psycopg 3 sync Connection on one thread",
+}
 
 
 def ps(sql: str, n: int = 1) -> str:
@@ -61,6 +64,7 @@ def ap(sql: str, n: int = 1) -> str:
 
 
 # -- 1: one round trip at a time -----------------------------------------------------------------
+
 
 async def rt_psycopg(pool: AsyncConnectionPool, n: int) -> float:
     t = time.perf_counter()
@@ -106,6 +110,7 @@ async def rt_sync(writer: ThreadPoolExecutor, conn: psycopg.Connection, n: int) 
 
 # -- 2: 32 clients, durable inserts ------------------------------------------------------------
 
+
 async def clients(one, seconds: float) -> float:
     """CLIENTS tasks each awaiting `one(i)` in a loop for `seconds`; inserts per second."""
     done = 0
@@ -118,6 +123,7 @@ async def clients(one, seconds: float) -> float:
             await one(f"c{c} {i}")
             i += 1
             done += 1
+
     t = time.perf_counter()
     await asyncio.gather(*(client(c) for c in range(CLIENTS)))
     return done / (time.perf_counter() - t)
@@ -170,6 +176,7 @@ class GroupWriter:
 
 # -- 3: LISTEN/NOTIFY wake-up -------------------------------------------------------------------
 
+
 async def wake_psycopg(dsn: str, n: int) -> list[float]:
     listener = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
     notifier = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
@@ -180,6 +187,7 @@ async def wake_psycopg(dsn: str, n: int) -> list[float]:
         async def listen() -> None:
             async for note in listener.notifies():
                 waiting.pop(note.payload).set_result(time.perf_counter())
+
         task = asyncio.create_task(listen())
         out = []
         for i in range(n):
@@ -200,8 +208,9 @@ async def wake_asyncpg(dsn: str, n: int) -> list[float]:
     notifier = await asyncpg.connect(dsn)
     waiting: dict[str, asyncio.Future] = {}
     try:
-        await listener.add_listener("bench", lambda _c, _pid, _ch, payload: waiting.pop(payload).set_result(
-            time.perf_counter()))
+        await listener.add_listener(
+            "bench", lambda _c, _pid, _ch, payload: waiting.pop(payload).set_result(time.perf_counter())
+        )
         out = []
         for i in range(n):
             fut = waiting[str(i)] = asyncio.get_running_loop().create_future()
@@ -229,6 +238,7 @@ async def wake_sync(dsn: str, n: int) -> list[float]:
             for note in listener.notifies(timeout=0.2):
                 fut = waiting.pop(note.payload)
                 loop.call_soon_threadsafe(fut.set_result, time.perf_counter())
+
     thread = threading.Thread(target=listen, daemon=True)
     thread.start()
     writer = ThreadPoolExecutor(1)
@@ -250,6 +260,7 @@ async def wake_sync(dsn: str, n: int) -> list[float]:
 
 # -- the section ---------------------------------------------------------------------------------
 
+
 async def postgres_section(bench: Bench) -> None:
     n_rt, seconds, n_wake = (300, 2.0, 100) if bench.quick else (1000, 4.0, 300)
     cluster = await asyncio.to_thread(Cluster(durable=True).start)
@@ -258,28 +269,59 @@ async def postgres_section(bench: Bench) -> None:
         dsn = cluster.dsn(name)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(SCHEMA)
-            settings = {k: conn.execute(f"SHOW {k}").fetchone()[0] for k in ("fsync", "synchronous_commit",
-                                                                                "server_version")}
+            settings = {
+                k: conn.execute(f"SHOW {k}").fetchone()[0] for k in ("fsync", "synchronous_commit", "server_version")
+            }
         bench.say(f"postgres: {settings} in {cluster.dir}")
         assert settings["fsync"] == "on" and settings["synchronous_commit"] == "on", settings
-        rt = {d: bench.metric(f"pg_rt_{d}", f"PostgreSQL {label}: submit + claim round trip, one at a time"
-                              " (2 commits)", "round trips/s", "rate") for d, label in DRIVERS.items()}
-        ins = {d: bench.metric(f"pg_insert32_{d}", f"PostgreSQL {label}: durable inserts, {CLIENTS} clients"
-                               " (a commit each)", "inserts/s", "rate") for d, label in DRIVERS.items()
-               if d != "sync"}
-        ins["threads"] = bench.metric("pg_insert32_threads", f"PostgreSQL psycopg 3 sync Connection,"
-                                      f" {CLIENTS} threads with a connection each (a commit each)", "inserts/s", "rate")
-        ins["group"] = bench.metric("pg_insert32_group", "PostgreSQL psycopg 3 sync Connection, one writer"
-                                    f" thread, group commit (writer.py's shape), {CLIENTS} clients", "inserts/s", "rate")
-        wake = {d: bench.metric(f"pg_wake_{d}", f"PostgreSQL {label}: LISTEN/NOTIFY wake-up", "ms", "ms")
-                for d, label in DRIVERS.items()}
-        ratio_rt = bench.metric("pg_rt_ratio", "  psycopg 3 async / asyncpg, round trip (same run)", "ratio", "ratio",
-                                better="higher")
-        ratio_ins = bench.metric("pg_insert32_ratio", f"  psycopg 3 async / asyncpg, {CLIENTS} clients (same run)",
-                                 "ratio", "ratio", better="higher")
+        rt = {
+            d: bench.metric(
+                f"pg_rt_{d}",
+                f"PostgreSQL {label}: submit + claim round trip, one at a time (2 commits)",
+                "round trips/s",
+                "rate",
+            )
+            for d, label in DRIVERS.items()
+        }
+        ins = {
+            d: bench.metric(
+                f"pg_insert32_{d}",
+                f"PostgreSQL {label}: durable inserts, {CLIENTS} clients (a commit each)",
+                "inserts/s",
+                "rate",
+            )
+            for d, label in DRIVERS.items()
+            if d != "sync"
+        }
+        ins["threads"] = bench.metric(
+            "pg_insert32_threads",
+            f"PostgreSQL psycopg 3 sync Connection, {CLIENTS} threads with a connection each (a commit each)",
+            "inserts/s",
+            "rate",
+        )
+        ins["group"] = bench.metric(
+            "pg_insert32_group",
+            "PostgreSQL psycopg 3 sync Connection, one writer"
+            f" thread, group commit (writer.py's shape), {CLIENTS} clients",
+            "inserts/s",
+            "rate",
+        )
+        wake = {
+            d: bench.metric(f"pg_wake_{d}", f"PostgreSQL {label}: LISTEN/NOTIFY wake-up", "ms", "ms")
+            for d, label in DRIVERS.items()
+        }
+        ratio_rt = bench.metric(
+            "pg_rt_ratio", "  psycopg 3 async / asyncpg, round trip (same run)", "ratio", "ratio", better="higher"
+        )
+        ratio_ins = bench.metric(
+            "pg_insert32_ratio",
+            f"  psycopg 3 async / asyncpg, {CLIENTS} clients (same run)",
+            "ratio",
+            "ratio",
+            better="higher",
+        )
 
-        ppool = AsyncConnectionPool(dsn, min_size=CLIENTS, max_size=CLIENTS, open=False,
-                                    kwargs={"autocommit": True})
+        ppool = AsyncConnectionPool(dsn, min_size=CLIENTS, max_size=CLIENTS, open=False, kwargs={"autocommit": True})
         await ppool.open(wait=True, timeout=60)
         apool = await asyncpg.create_pool(dsn, min_size=CLIENTS, max_size=CLIENTS)
         sync_conn = psycopg.connect(dsn, autocommit=True)
@@ -308,14 +350,21 @@ async def postgres_section(bench: Bench) -> None:
                 for d in DRIVERS:
                     with psycopg.connect(dsn, autocommit=True) as conn:
                         conn.execute("TRUNCATE jobs")
-                    got[d] = await {"psycopg": lambda: rt_psycopg(ppool, n_rt), "asyncpg": lambda: rt_asyncpg(apool, n_rt),
-                                    "sync": lambda: rt_sync(writer, sync_conn, n_rt)}[d]()
+                    got[d] = await {
+                        "psycopg": lambda: rt_psycopg(ppool, n_rt),
+                        "asyncpg": lambda: rt_asyncpg(apool, n_rt),
+                        "sync": lambda: rt_sync(writer, sync_conn, n_rt),
+                    }[d]()
                     rt[d].add_run(got[d])
                 ratio_rt.add_run(got["psycopg"] / got["asyncpg"])
                 group = GroupWriter(dsn)
                 try:
-                    runs = {"psycopg": p_insert, "asyncpg": a_insert, "group": group.insert,
-                            "threads": lambda p: loop.run_in_executor(threads, thread_insert, p)}
+                    runs = {
+                        "psycopg": p_insert,
+                        "asyncpg": a_insert,
+                        "group": group.insert,
+                        "threads": lambda p: loop.run_in_executor(threads, thread_insert, p),
+                    }
                     for d, one in runs.items():
                         got[d] = await clients(one, seconds)
                         ins[d].add_run(got[d])
@@ -325,9 +374,12 @@ async def postgres_section(bench: Bench) -> None:
                 wake["psycopg"].add_run(await wake_psycopg(dsn, n_wake))
                 wake["asyncpg"].add_run(await wake_asyncpg(dsn, n_wake))
                 wake["sync"].add_run(await wake_sync(dsn, n_wake))
-                bench.say(f"postgres run {rep + 1}: round trips/s " + ", ".join(
-                    f"{d} {m.runs[-1][0]:.0f}" for d, m in rt.items()) + f"; {CLIENTS} clients inserts/s " + ", ".join(
-                    f"{d} {m.runs[-1][0]:.0f}" for d, m in ins.items()))
+                bench.say(
+                    f"postgres run {rep + 1}: round trips/s "
+                    + ", ".join(f"{d} {m.runs[-1][0]:.0f}" for d, m in rt.items())
+                    + f"; {CLIENTS} clients inserts/s "
+                    + ", ".join(f"{d} {m.runs[-1][0]:.0f}" for d, m in ins.items())
+                )
         finally:
             writer.shutdown()
             threads.shutdown()

@@ -65,8 +65,15 @@ class Fakes:
     async def start(self) -> Fakes:
         with open(self.log_path, "ab") as log:
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "bench.fakes", *(f"{n}={m}" for n, m in self.spec.items()),
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=log, cwd=str(ROOT))
+                sys.executable,
+                "-m",
+                "bench.fakes",
+                *(f"{n}={m}" for n, m in self.spec.items()),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=log,
+                cwd=str(ROOT),
+            )
         line = await asyncio.wait_for(self.proc.stdout.readline(), 20)
         info = json.loads(line)
         self.urls = info["nodes"]
@@ -112,9 +119,16 @@ class Router:
         self.url = f"http://127.0.0.1:{self.port}"
         self.config = self.workdir / f"gpuq-{self.port}.toml"
         self.log = self.workdir / f"router-{self.port}.log"
-        data = {"router": {"listen": f"127.0.0.1:{self.port}", "public_url": self.url,
-                           "database": str(self.database), "unload_timeout": "2s", **self.router},
-                "node": self.nodes}
+        data = {
+            "router": {
+                "listen": f"127.0.0.1:{self.port}",
+                "public_url": self.url,
+                "database": str(self.database),
+                "unload_timeout": "2s",
+                **self.router,
+            },
+            "node": self.nodes,
+        }
         if self.front:
             data["front"] = self.front
         self.config.write_text(tomli_w.dumps(data))
@@ -132,9 +146,17 @@ class Router:
     async def _start(self, timeout: float) -> Router:
         with open(self.log, "ab") as log:
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "gpuq.cli", "serve", "--config", str(self.config),
-                stdout=log, stderr=log, cwd=str(self.workdir),
-                env={k: v for k, v in os.environ.items() if k != "GPUQ_TOKEN"})
+                sys.executable,
+                "-m",
+                "gpuq.cli",
+                "serve",
+                "--config",
+                str(self.config),
+                stdout=log,
+                stderr=log,
+                cwd=str(self.workdir),
+                env={k: v for k, v in os.environ.items() if k != "GPUQ_TOKEN"},
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.returncode is not None:

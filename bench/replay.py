@@ -119,6 +119,7 @@ class LabRouter(Router):
     def _configure(self) -> None:
         super()._configure()
         import tomllib
+
         data = tomllib.loads(self.config.read_text())
         data["user"] = self.users
         self.config.write_text(tomli_w.dumps(data))
@@ -167,26 +168,37 @@ class Replay:
 
     def config(self) -> tuple[list[dict], dict, dict, list[dict]]:
         lanes, unload, kept, preempts = POLICIES[self.policy]
-        nodes = [{"name": name, "url": self.nodes[name].url, "rank": rank, "roles": ["task", "critique"],
-                  "model": model} for rank, (name, (model, _)) in enumerate(tr.NODES.items(), 1)]
+        nodes = [
+            {"name": name, "url": self.nodes[name].url, "rank": rank, "roles": ["task", "critique"], "model": model}
+            for rank, (name, (model, _)) in enumerate(tr.NODES.items(), 1)
+        ]
         router = {"unload": unload, "fair_share": lanes, "health_interval": "0.25s"}
         if preempts:
             router["interactive_preempts"] = True
         front = {} if kept else {"max_keep_alive": "0s"}
-        users = [dict({"name": who, "token": token(who), "role": "member"}, **({} if lanes else {"lanes": ["batch"]}))
-                 for who in PEOPLE]
+        users = [
+            dict({"name": who, "token": token(who), "role": "member"}, **({} if lanes else {"lanes": ["batch"]}))
+            for who in PEOPLE
+        ]
         return nodes, router, front, users
 
     async def run(self) -> Day:
         nodes, router_table, front, users = self.config()
         port = free_port()
-        router = await LabRouter(self.workdir, nodes, self.workdir / f"replay-{self.policy}-{time.monotonic_ns()}.db",
-                                 front=front or None, users=users, ollama_listen=f"127.0.0.1:{port}",
-                                 **router_table).start()
+        router = await LabRouter(
+            self.workdir,
+            nodes,
+            self.workdir / f"replay-{self.policy}-{time.monotonic_ns()}.db",
+            front=front or None,
+            users=users,
+            ollama_listen=f"127.0.0.1:{port}",
+            **router_table,
+        ).start()
         self.api, self.front = router.url, f"http://127.0.0.1:{port}"
         try:
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300),
-                                             connector=aiohttp.TCPConnector(limit=0)) as self.session:
+            async with aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=300), connector=aiohttp.TCPConnector(limit=0)
+            ) as self.session:
                 await self._wait_ready()
                 self.t0 = time.monotonic()
                 self.wall = time.time() - self.t0  # monotonic -> wall clock, for --keep's record
@@ -206,14 +218,19 @@ class Replay:
                 await self._account()
         finally:
             await router.stop()
-        self.record = {"policy": self.policy, "database": str(router.database), "log": str(router.log),
-                       "calls": self.calls, "spans": {name: [(a + self.wall, e + self.wall) for a, e in n.spans]
-                                                      for name, n in self.nodes.items()}}
+        self.record = {
+            "policy": self.policy,
+            "database": str(router.database),
+            "log": str(router.log),
+            "calls": self.calls,
+            "spans": {name: [(a + self.wall, e + self.wall) for a, e in n.spans] for name, n in self.nodes.items()},
+        }
         self.day.loads = sum(n.loads for n in self.nodes.values())
         for node in self.nodes.values():  # back to back: the next job came within BACK_TO_BACK_S
             spans = sorted(node.spans)
-            self.day.gaps += [arrived - end for (_, end), (arrived, _) in zip(spans, spans[1:])
-                              if 0 <= arrived - end < BACK_TO_BACK_S]
+            self.day.gaps += [
+                arrived - end for (_, end), (arrived, _) in zip(spans, spans[1:]) if 0 <= arrived - end < BACK_TO_BACK_S
+            ]
         return self.day
 
     # -- the day's parts ----------------------------------------------------------------------
@@ -266,8 +283,11 @@ class Replay:
         for i, call in enumerate(event.calls):
             if i:
                 await asyncio.sleep(call.pause_s)
-            body = {"model": event.model, "stream": True,
-                    "messages": [{"role": "user", "content": f"{event.kind} {event.at} {i} ({call.tokens} tokens)"}]}
+            body = {
+                "model": event.model,
+                "stream": True,
+                "messages": [{"role": "user", "content": f"{event.kind} {event.at} {i} ({call.tokens} tokens)"}],
+            }
             if event.kind == "editor":
                 body["keep_alive"] = "5m"  # as Continue sends
             queued = self.batch_queued
@@ -277,7 +297,9 @@ class Replay:
             why = "no answer"
             self.front_ids += 1
             try:
-                async with self.session.post(self.front + "/api/chat", json=body, headers=self._auth(event.who)) as resp:
+                async with self.session.post(
+                    self.front + "/api/chat", json=body, headers=self._auth(event.who)
+                ) as resp:
                     job_id = resp.headers.get("X-Gpuq-Job")
                     if resp.status == 200:
                         async for raw in resp.content:
@@ -299,8 +321,16 @@ class Replay:
             if not ok:
                 self.day.failed += 1
                 self.day.errors.append(f"{event.kind} call: {why}")
-            self.calls.append({"job": job_id, "who": event.who, "kind": event.kind, "sent": sent + self.wall,
-                               "wait": None if first is None else first - sent, "batch_queued": queued})
+            self.calls.append(
+                {
+                    "job": job_id,
+                    "who": event.who,
+                    "kind": event.kind,
+                    "sent": sent + self.wall,
+                    "wait": None if first is None else first - sent,
+                    "batch_queued": queued,
+                }
+            )
             if first is not None:
                 wait = first - sent
                 self.day.waits.append(wait)
@@ -395,8 +425,9 @@ def _ts(iso: str) -> float:
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
-async def replay(seed: int, day_s: float, repeats: int, policies: list[str], workdir: Path,
-                 say=print, keep: bool = False) -> dict[str, list[Day]]:
+async def replay(
+    seed: int, day_s: float, repeats: int, policies: list[str], workdir: Path, say=print, keep: bool = False
+) -> dict[str, list[Day]]:
     """Every policy once per repeat (the order turned around each repeat), each on a fresh
     router and cold nodes."""
     trace = tr.generate(seed, day_s)
@@ -405,8 +436,10 @@ async def replay(seed: int, day_s: float, repeats: int, policies: list[str], wor
         for policy in policies if rep % 2 == 0 else policies[::-1]:
             nodes = {}
             for name, (_, models) in tr.NODES.items():
-                node = ReplayNode(models=set(models), script=Script(
-                    token_delay_s=tr.TOKEN_S, unload="delay", unload_delay_s=tr.UNLOAD_S))
+                node = ReplayNode(
+                    models=set(models),
+                    script=Script(token_delay_s=tr.TOKEN_S, unload="delay", unload_delay_s=tr.UNLOAD_S),
+                )
                 await node.start()
                 nodes[name] = node
             try:
@@ -418,9 +451,11 @@ async def replay(seed: int, day_s: float, repeats: int, policies: list[str], wor
                 for node in nodes.values():
                     await node.stop()
             results[policy].append(day)
-            say(f"replay {policy} run {rep + 1}/{repeats}: interactive p50 {_p(day.waits, 50):.2f} s p95"
+            say(
+                f"replay {policy} run {rep + 1}/{repeats}: interactive p50 {_p(day.waits, 50):.2f} s p95"
                 f" {_p(day.waits, 95):.2f} s, sweeps median {_med(day.sweeps):.1f} s, busy {day.busy_share:.0%},"
-                f" loads {day.loads}, failed {day.failed}, lost {day.lost}, {day.seconds:.0f} s")
+                f" loads {day.loads}, failed {day.failed}, lost {day.lost}, {day.seconds:.0f} s"
+            )
     return results
 
 
@@ -440,35 +475,70 @@ def target_wait_s() -> float:
 async def replay_section(bench: Bench) -> None:
     day_s = DAY_S
     repeats = 1 if bench.quick else 3
-    results = await replay(bench.seed, day_s, repeats, list(POLICIES),
-                           bench.workdir, bench.say)
+    results = await replay(bench.seed, day_s, repeats, list(POLICIES), bench.workdir, bench.say)
     target = target_wait_s()
     for policy, days in results.items():
         label = LABELS[policy]
         k = policy.replace("+", "_").replace("-", "_")
         waits = bench.metric(f"replay_{k}_wait", f"replay, {label}: interactive wait (sent to first token)", "ms", "ms")
-        queued = bench.metric(f"replay_{k}_wait_q", f"  replay {policy}: interactive wait, calls sent while batch work"
-                              " was queued", "ms", "ms", f"p95 <= {target * 1000:.0f} ms (a load + 1 s, scaled)")
-        split = {part: bench.metric(f"replay_{k}_wait_{part}", f"    replay {policy}: of each interactive wait, {what}",
-                                    "ms", "ms")
-                 for part, what in (("queued", "queued for its node (submit to claim)"),
-                                    ("started", "claim to first token (its load, if cold)"))}
-        gaps = bench.metric(f"replay_{k}_gap", f"    replay {policy}: a node's gap between back-to-back jobs"
-                            " (a generation's end to the next one's request)", "ms", "ms")
-        sweeps = bench.metric(f"replay_{k}_sweep", f"  replay {policy}: a sweep's completion (first submit to its last"
-                              " job done)", "ms", "ms")
-        last = bench.metric(f"replay_{k}_last", f"  replay {policy}: the day's last batch job done, from its start",
-                            "s", "count")
-        idle = {part: bench.metric(f"replay_{k}_idle_{part}", f"    replay {policy}: GPUs idle while work waits, {what}",
-                                   "ratio", "ratio", better="lower")
-                for part, what in (("own", "work in their own queue (between jobs)"),
-                                   ("elsewhere", "their own queue empty (work waits on other nodes)"))}
-        busy = bench.metric(f"replay_{k}_busy", f"  replay {policy}: GPUs busy while work waits", "ratio", "ratio",
-                            ">= 0.90x", better="higher")
+        queued = bench.metric(
+            f"replay_{k}_wait_q",
+            f"  replay {policy}: interactive wait, calls sent while batch work was queued",
+            "ms",
+            "ms",
+            f"p95 <= {target * 1000:.0f} ms (a load + 1 s, scaled)",
+        )
+        split = {
+            part: bench.metric(
+                f"replay_{k}_wait_{part}", f"    replay {policy}: of each interactive wait, {what}", "ms", "ms"
+            )
+            for part, what in (
+                ("queued", "queued for its node (submit to claim)"),
+                ("started", "claim to first token (its load, if cold)"),
+            )
+        }
+        gaps = bench.metric(
+            f"replay_{k}_gap",
+            f"    replay {policy}: a node's gap between back-to-back jobs"
+            " (a generation's end to the next one's request)",
+            "ms",
+            "ms",
+        )
+        sweeps = bench.metric(
+            f"replay_{k}_sweep",
+            f"  replay {policy}: a sweep's completion (first submit to its last job done)",
+            "ms",
+            "ms",
+        )
+        last = bench.metric(
+            f"replay_{k}_last", f"  replay {policy}: the day's last batch job done, from its start", "s", "count"
+        )
+        idle = {
+            part: bench.metric(
+                f"replay_{k}_idle_{part}",
+                f"    replay {policy}: GPUs idle while work waits, {what}",
+                "ratio",
+                "ratio",
+                better="lower",
+            )
+            for part, what in (
+                ("own", "work in their own queue (between jobs)"),
+                ("elsewhere", "their own queue empty (work waits on other nodes)"),
+            )
+        }
+        busy = bench.metric(
+            f"replay_{k}_busy",
+            f"  replay {policy}: GPUs busy while work waits",
+            "ratio",
+            "ratio",
+            ">= 0.90x",
+            better="higher",
+        )
         loads = bench.metric(f"replay_{k}_loads", f"  replay {policy}: cold loads", "loads", "count")
         failed = bench.metric(f"replay_{k}_failed", f"  replay {policy}: jobs failed", "jobs", "count")
-        lost = bench.metric(f"replay_{k}_lost", f"  replay {policy}: jobs lost (neither done nor failed)", "jobs",
-                            "count", "== 0")
+        lost = bench.metric(
+            f"replay_{k}_lost", f"  replay {policy}: jobs lost (neither done nor failed)", "jobs", "count", "== 0"
+        )
         for day in days:
             waits.add_run([w * 1000 for w in day.waits])
             queued.add_run([w * 1000 for w in day.waits_batch_queued] or [0.0])
@@ -508,10 +578,15 @@ def _steps_of(record: dict) -> tuple[list[dict], list[dict]]:
     """Each answered call's steps and each back-to-back gap's steps, from one run's database,
     router log and spans (wall clock, s)."""
     import sqlite3
+
     db = sqlite3.connect(record["database"])
     db.row_factory = sqlite3.Row
-    runs = [dict(r) for r in db.execute(
-        "SELECT run.*, job.lane, job.endpoint FROM run JOIN job ON job.id = run.job_id ORDER BY run.id")]
+    runs = [
+        dict(r)
+        for r in db.execute(
+            "SELECT run.*, job.lane, job.endpoint FROM run JOIN job ON job.id = run.job_id ORDER BY run.id"
+        )
+    ]
     for r in runs:
         for k in ("started_at", "work_done_at", "finished_at"):
             r[k] = _ts(r[k]) if r[k] else None
@@ -532,12 +607,25 @@ def _steps_of(record: dict) -> tuple[list[dict], list[dict]]:
         run = mine[0]
         node, claim, created = run["node"], run["started_at"], _ts(job["created_at"])
         first = c["sent"] + c["wait"]
-        step = {"call": c["job"], "node": node, "wait": c["wait"], "batch_queued": c["batch_queued"],
-                "sent_to_created": created - c["sent"]}
-        pre = db.execute("SELECT job_id, at FROM event WHERE reason LIKE ? AND to_state = 'queued' AND "
-                         "from_state = 'running'", (f"%preempted for interactive call {c['job']}%",)).fetchone()
-        before = [r for r in runs if r["node"] == node and r["id"] != run["id"] and r["finished_at"]
-                  and r["started_at"] < created <= r["finished_at"] + 0.001]
+        step = {
+            "call": c["job"],
+            "node": node,
+            "wait": c["wait"],
+            "batch_queued": c["batch_queued"],
+            "sent_to_created": created - c["sent"],
+        }
+        pre = db.execute(
+            "SELECT job_id, at FROM event WHERE reason LIKE ? AND to_state = 'queued' AND from_state = 'running'",
+            (f"%preempted for interactive call {c['job']}%",),
+        ).fetchone()
+        before = [
+            r
+            for r in runs
+            if r["node"] == node
+            and r["id"] != run["id"]
+            and r["finished_at"]
+            and r["started_at"] < created <= r["finished_at"] + 0.001
+        ]
         if pre is not None:
             at = _ts(pre["at"])
             step["how"] = "preempted a batch job"
@@ -574,12 +662,17 @@ def _steps_of(record: dict) -> tuple[list[dict], list[dict]]:
             s2 = arrival(node, r2["started_at"])
             if s1 is None or s2 is None or not 0 <= s2[0] - s1[1] < BACK_TO_BACK_S:
                 continue
-            gaps.append({"node": node, "same_model": normalize(r1["model"]) == normalize(r2["model"]),
-                         "gap": s2[0] - s1[1],
-                         "stream_end_to_work_done": r1["work_done_at"] - s1[1],
-                         "work_done_to_finished": r1["finished_at"] - r1["work_done_at"],
-                         "finished_to_next_claim": r2["started_at"] - r1["finished_at"],
-                         "claim_to_request": s2[0] - r2["started_at"]})
+            gaps.append(
+                {
+                    "node": node,
+                    "same_model": normalize(r1["model"]) == normalize(r2["model"]),
+                    "gap": s2[0] - s1[1],
+                    "stream_end_to_work_done": r1["work_done_at"] - s1[1],
+                    "work_done_to_finished": r1["finished_at"] - r1["work_done_at"],
+                    "finished_to_next_claim": r2["started_at"] - r1["finished_at"],
+                    "claim_to_request": s2[0] - r2["started_at"],
+                }
+            )
     db.close()
     return calls, gaps
 
@@ -599,7 +692,7 @@ def steps(workdirs: list[Path], share: float = 0.05) -> None:
             calls += c
             gaps += g
     queued = sorted((c for c in calls if c["batch_queued"]), key=lambda c: -c["wait"])
-    slow = queued[:max(1, round(len(queued) * share))]
+    slow = queued[: max(1, round(len(queued) * share))]
     print(f"{len(queued)} calls sent while batch work was queued; the slowest {len(slow)} ({share:.0%}), ms:")
     for c in slow:
         parts = ", ".join(f"{k} {v * 1000:.0f}" for k, v in c.items() if isinstance(v, float) and k not in ("wait",))
@@ -612,29 +705,48 @@ def steps(workdirs: list[Path], share: float = 0.05) -> None:
     for how in sorted({c["how"] for c in slow}):
         group = [c for c in slow if c["how"] == how]
         keys = [k for k in group[0] if isinstance(group[0][k], float)]
-        print(f"  slowest, {how} ({len(group)}): " + ", ".join(
-            f"{k} {_med([c[k] * 1000 for c in group if k in c]):.0f}" for k in keys))
+        print(
+            f"  slowest, {how} ({len(group)}): "
+            + ", ".join(f"{k} {_med([c[k] * 1000 for c in group if k in c]):.0f}" for k in keys)
+        )
     for same in (True, False):
         gs = [g for g in gaps if g["same_model"] == same]
         if not gs:
             continue
         print(f"gaps between back-to-back jobs, {'the same' if same else 'another'} model ({len(gs)}), ms:")
-        for k in ("gap", "stream_end_to_work_done", "work_done_to_finished", "finished_to_next_claim",
-                  "claim_to_request"):
+        for k in (
+            "gap",
+            "stream_end_to_work_done",
+            "work_done_to_finished",
+            "finished_to_next_claim",
+            "claim_to_request",
+        ):
             xs = [g[k] * 1000 for g in gs]
             print(f"  {k}: median {_med(xs):.1f}, p95 {_p(xs, 95):.1f}")
 
+
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.replay", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.replay", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--day", type=float, default=DAY_S, help="the day's length in replay seconds")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--policies", default=",".join(POLICIES))
-    parser.add_argument("--keep", action="store_true", help="keep each run's database, router log and a JSON of its"
-                        " calls (replay-POLICY-N.json) in the work directory, for --steps)")
-    parser.add_argument("--steps", type=Path, nargs="+", metavar="DIR", help="read a --keep run's work directory: the slowest"
-                        " 5%% of the calls and the gaps between jobs, step by step (nothing is replayed)")
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep each run's database, router log and a JSON of its"
+        " calls (replay-POLICY-N.json) in the work directory, for --steps)",
+    )
+    parser.add_argument(
+        "--steps",
+        type=Path,
+        nargs="+",
+        metavar="DIR",
+        help="read a --keep run's work directory: the slowest"
+        " 5%% of the calls and the gaps between jobs, step by step (nothing is replayed)",
+    )
     args = parser.parse_args()
     if args.steps:
         steps(args.steps)
@@ -645,9 +757,11 @@ def main() -> None:
         parser.error(f"unknown policies: {', '.join(sorted(unknown))}; known: {', '.join(POLICIES)}")
     workdir = Path(tempfile.mkdtemp(prefix="gpuq-replay-"))
     trace = tr.generate(args.seed, args.day)
-    print(f"seed {args.seed}, a {args.day:g} s day: {trace.count('task')} tasks, {trace.count('critique')} critiques"
-          f" (fanned out), {trace.count('editor')} editor calls, {trace.count('chat')} chat calls, {tr.DOWN_NODE}"
-          f" down for {trace.hour_s:g} s")
+    print(
+        f"seed {args.seed}, a {args.day:g} s day: {trace.count('task')} tasks, {trace.count('critique')} critiques"
+        f" (fanned out), {trace.count('editor')} editor calls, {trace.count('chat')} chat calls, {tr.DOWN_NODE}"
+        f" down for {trace.hour_s:g} s"
+    )
     try:
         results = asyncio.run(replay(args.seed, args.day, args.repeats, policies, workdir, keep=args.keep))
     except BaseException:
@@ -658,20 +772,24 @@ def main() -> None:
     else:
         shutil.rmtree(workdir, ignore_errors=True)
     target = target_wait_s()
-    print(f"\n| policy | interactive wait p50 / p95 (s) | p95 while batch queued (target <= {target:.2f} s) |"
-          " of which queued / claim to first token, p95 (s) | sweep completion median (s) | last batch job (s) | GPUs busy while work waits (>= 90%) |"
-          " gap between back-to-back jobs p50 / p95 (ms) | cold loads | failed | lost |")
+    print(
+        f"\n| policy | interactive wait p50 / p95 (s) | p95 while batch queued (target <= {target:.2f} s) |"
+        " of which queued / claim to first token, p95 (s) | sweep completion median (s) | last batch job (s) | GPUs busy while work waits (>= 90%) |"
+        " gap between back-to-back jobs p50 / p95 (ms) | cold loads | failed | lost |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for policy, days in results.items():
         waits = [w for d in days for w in d.waits]
         wq = [w for d in days for w in d.waits_batch_queued]
-        print(f"| {policy} | {_p(waits, 50):.2f} / {_p(waits, 95):.2f} | {_p(wq, 95):.2f} ({len(wq)} calls) |"
-              f" {_p([w for d in days for w in d.queued_s], 95):.2f} / {_p([w for d in days for w in d.started_s], 95):.2f} |"
-              f" {_med([s for d in days for s in d.sweeps]):.1f} | {_med([d.last_batch_s for d in days]):.1f} |"
-              f" {_med([d.busy_share for d in days]):.0%}; {_med([d.idle_own / max(d.up, 1) for d in days]):.0%} /"
-              f" {_med([d.idle_elsewhere / max(d.up, 1) for d in days]):.0%} |"
-              f" {_p([g * 1000 for d in days for g in d.gaps], 50):.0f} / {_p([g * 1000 for d in days for g in d.gaps], 95):.0f} | {_med([d.loads for d in days]):g} |"
-              f" {_med([d.failed for d in days]):g} | {_med([d.lost for d in days]):g} |")
+        print(
+            f"| {policy} | {_p(waits, 50):.2f} / {_p(waits, 95):.2f} | {_p(wq, 95):.2f} ({len(wq)} calls) |"
+            f" {_p([w for d in days for w in d.queued_s], 95):.2f} / {_p([w for d in days for w in d.started_s], 95):.2f} |"
+            f" {_med([s for d in days for s in d.sweeps]):.1f} | {_med([d.last_batch_s for d in days]):.1f} |"
+            f" {_med([d.busy_share for d in days]):.0%}; {_med([d.idle_own / max(d.up, 1) for d in days]):.0%} /"
+            f" {_med([d.idle_elsewhere / max(d.up, 1) for d in days]):.0%} |"
+            f" {_p([g * 1000 for d in days for g in d.gaps], 50):.0f} / {_p([g * 1000 for d in days for g in d.gaps], 95):.0f} | {_med([d.loads for d in days]):g} |"
+            f" {_med([d.failed for d in days]):g} | {_med([d.lost for d in days]):g} |"
+        )
     for policy, days in results.items():
         for error in sorted({e for d in days for e in d.errors}):
             print(f"{policy}, failed: {error}")

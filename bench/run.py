@@ -35,8 +35,23 @@ from .procs import Fakes, rss_mb
 from .stats import fmt, table
 
 BENCH_DIR = Path(__file__).resolve().parent
-SECTIONS = ("physical", "peers", "submit", "turnaround", "first_token", "written", "growth", "listings", "unload_policy",
-            "front", "warm", "postgres", "pgstore", "replay", "scale")
+SECTIONS = (
+    "physical",
+    "peers",
+    "submit",
+    "turnaround",
+    "first_token",
+    "written",
+    "growth",
+    "listings",
+    "unload_policy",
+    "front",
+    "warm",
+    "postgres",
+    "pgstore",
+    "replay",
+    "scale",
+)
 
 
 async def run_sections(bench: Bench) -> None:
@@ -88,8 +103,10 @@ async def run_sections(bench: Bench) -> None:
 
 def judge(bench: Bench) -> None:
     m = bench.metrics
+
     def med(key):
         return m[key].summary()["median"] if key in m and m[key].pooled else None
+
     checks = {
         "submit_32": lambda v: v >= 2000,
         "store_vs_huey": lambda v: v >= 1.0,
@@ -110,9 +127,17 @@ def judge(bench: Bench) -> None:
         "listing_hwm": lambda v: v <= 200.0,
         "scale_page_10000": lambda v: v < 1000.0,
         "scale_claim_ratio": lambda v: v <= 2.0,
-        **{k: (lambda v: v <= 1.0) for k in ("scale_q_ratio", "scale_qp_ratio", "scale_page_ratio",
-                                              "scale_events_cpu_ratio", "scale_front_rss_ratio",
-                                              "scale_front_fds_ratio")},
+        **{
+            k: (lambda v: v <= 1.0)
+            for k in (
+                "scale_q_ratio",
+                "scale_qp_ratio",
+                "scale_page_ratio",
+                "scale_events_cpu_ratio",
+                "scale_front_rss_ratio",
+                "scale_front_fds_ratio",
+            )
+        },
         "pgs_failover": lambda v: v <= (pgstore.LEASE_S + pgstore.LEASE_S / 3) * 1000,
     }
     if "listing_health_busy" in m and m["listing_health_busy"].pooled:  # its target is on p95
@@ -131,26 +156,31 @@ def targets(bench: Bench) -> str:
         return m[key].summary()["median"]
 
     def share(key: str) -> str:
-        return (f"{med(key + '_commits'):g} commits x one durable commit = {med(key + '_disk'):.2f} ms;"
-                f" the rest {med(key + '_rest'):.2f} ms")
+        return (
+            f"{med(key + '_commits'):g} commits x one durable commit = {med(key + '_disk'):.2f} ms;"
+            f" the rest {med(key + '_rest'):.2f} ms"
+        )
 
     why = {
         "store_vs_huey": lambda: (
             f"per round trip gpuq {med('store_rt_ms'):.2f} ms = disk {med('store_rt_disk_ms'):.2f} + rest"
             f" {med('store_rt_rest_ms'):.2f}; Huey {med('huey_rt_ms'):.2f} = {med('huey_rt_disk_ms'):.2f} +"
-            f" {med('huey_rt_rest_ms'):.2f}; a thread hop {med('thread_hop') * 1000:.0f} us"),
+            f" {med('huey_rt_rest_ms'):.2f}; a thread hop {med('thread_hop') * 1000:.0f} us"
+        ),
         "ttft_overhead": lambda: share("ttft"),
         "front_ttft_overhead": lambda: share("front_ttft"),
-        "front_cpu_20": lambda: "a token step by step: bench/README, \"The relay, step by step\"",
-        "scale_page_10000": lambda: "step by step: bench/README, \"The queue page's first render\"",
+        "front_cpu_20": lambda: 'a token step by step: bench/README, "The relay, step by step"',
+        "scale_page_10000": lambda: 'step by step: bench/README, "The queue page\'s first render"',
     }
     for key in m:  # the replayed day's rows, one per policy
         if key.startswith("replay_") and key.endswith("_wait_q"):
-            why[key] = lambda: "the slowest calls step by step: bench/README, \"Interactive calls and the gaps\""
+            why[key] = lambda: 'the slowest calls step by step: bench/README, "Interactive calls and the gaps"'
         elif key.startswith("replay_") and key.endswith("_busy"):
-            k = key[:-len("_busy")]
-            why[key] = lambda k=k: (f"idle with work in the node's own queue (between jobs) {med(k + '_idle_own'):.0%},"
-                                    f" with work only on other nodes {med(k + '_idle_elsewhere'):.0%}")
+            k = key[: -len("_busy")]
+            why[key] = lambda k=k: (
+                f"idle with work in the node's own queue (between jobs) {med(k + '_idle_own'):.0%},"
+                f" with work only on other nodes {med(k + '_idle_elsewhere'):.0%}"
+            )
     rows = ["| target | measured: median (range) | met | where the time goes |", "| --- | --- | --- | --- |"]
     for key, metric in m.items():
         if not metric.target or metric.met is None:
@@ -164,20 +194,22 @@ def targets(bench: Bench) -> str:
         except KeyError:  # a row it needs was not measured in this run
             detail = ""
         unit = "" if metric.kind == "ratio" else f" {metric.unit}"
-        rows.append(f"| {metric.label.strip()} {metric.target} | {measured}{unit} |"
-                    f" {'yes' if metric.met else 'NO'} | {detail} |")
+        rows.append(
+            f"| {metric.label.strip()} {metric.target} | {measured}{unit} |"
+            f" {'yes' if metric.met else 'NO'} | {detail} |"
+        )
     return "\n".join(rows)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
-    parser.add_argument("--quick", action="store_true",
-                        help="2 repeats instead of 7, fewer samples (about a minute)")
+    parser.add_argument("--quick", action="store_true", help="2 repeats instead of 7, fewer samples (about a minute)")
     parser.add_argument("--only", default="", help=f"comma-separated sections: {', '.join(SECTIONS)}")
     parser.add_argument("--seed", type=int, default=1, help="the replayed day's seed (section replay)")
     parser.add_argument("--out", default=str(BENCH_DIR / "results.json"), help="where to write the JSON")
-    parser.add_argument("--dir", default=str(BENCH_DIR),
-                        help="where the bench's databases live (must be the disk gpuq's database uses)")
+    parser.add_argument(
+        "--dir", default=str(BENCH_DIR), help="where the bench's databases live (must be the disk gpuq's database uses)"
+    )
     args = parser.parse_args()
     quick = args.quick or os.environ.get("GPUQ_BENCH_QUICK") == "1"
     only = {s.strip() for s in args.only.split(",") if s.strip()}
@@ -204,16 +236,27 @@ def main() -> int:
     if best:
         fs = mounts[best]
     cache = disk_write_cache(Path(args.dir))
-    print(f"\n{len(metrics)} measures, {bench.repeats} repeats each, {time.time() - started:.0f}s;"
-          f" databases on {fs or 'unknown filesystem'}, disk {cache['device']} write cache"
-          f" {cache['write_cache']!r} (fua {cache['fua']}). The p95 column is the pessimistic end:"
-          " the 5th percentile where higher is better (rates, most ratios), the 95th where lower is"
-          " (latencies, sizes, ratios of growth); latencies: median/p95 over all samples, min-max of"
-          " per-run medians.")
-    out = {"meta": {**machine(), "quick": quick, "repeats": bench.repeats, "only": sorted(only),
-                    "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
-                    "seconds": round(time.time() - started, 1), "database_fs": fs, "disk": cache},
-           "metrics": [m.as_json() for m in metrics]}
+    print(
+        f"\n{len(metrics)} measures, {bench.repeats} repeats each, {time.time() - started:.0f}s;"
+        f" databases on {fs or 'unknown filesystem'}, disk {cache['device']} write cache"
+        f" {cache['write_cache']!r} (fua {cache['fua']}). The p95 column is the pessimistic end:"
+        " the 5th percentile where higher is better (rates, most ratios), the 95th where lower is"
+        " (latencies, sizes, ratios of growth); latencies: median/p95 over all samples, min-max of"
+        " per-run medians."
+    )
+    out = {
+        "meta": {
+            **machine(),
+            "quick": quick,
+            "repeats": bench.repeats,
+            "only": sorted(only),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+            "seconds": round(time.time() - started, 1),
+            "database_fs": fs,
+            "disk": cache,
+        },
+        "metrics": [m.as_json() for m in metrics],
+    }
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"wrote {args.out}")
     return 0

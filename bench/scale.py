@@ -51,8 +51,15 @@ STREAMING_NODES = 4
 PACE_S = 0.005  # 200 tokens/s per stream
 CALLS = (100, 1_000)
 PEERS = 20  # loopback source addresses for the front-door calls (the per-peer cap is 64)
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run", "--disable-sync", "--disable-quic"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-sync",
+    "--disable-quic",
+]
 
 
 async def scale_section(bench: Bench) -> None:
@@ -73,23 +80,45 @@ def growth_row(bench: Bench, key: str, what: str, work: float, low, high, per_wo
 
 # -- 50 nodes, 10,000 waiting -----------------------------------------------------------------
 
+
 async def fifty_nodes(bench: Bench) -> None:
     nodes = [(f"s{i:02d}", MODEL) for i in range(1, NODES + 1)]
     sizes = WAITING
     samples = 15 if bench.quick else 40
-    claim = {n: bench.metric(f"scale_claim_{n}", f"claim (Store.claim), {NODES} nodes, {n:,} waiting", "ms", "ms")
-             for n in sizes}
-    q_default = {n: bench.metric(f"scale_q_ms_{n}", f"GET /api/queue, {NODES} nodes, {n:,} waiting", "ms", "ms")
-                 for n in sizes}
+    claim = {
+        n: bench.metric(f"scale_claim_{n}", f"claim (Store.claim), {NODES} nodes, {n:,} waiting", "ms", "ms")
+        for n in sizes
+    }
+    q_default = {
+        n: bench.metric(f"scale_q_ms_{n}", f"GET /api/queue, {NODES} nodes, {n:,} waiting", "ms", "ms") for n in sizes
+    }
     q_default_kb = {n: bench.metric(f"scale_q_kb_{n}", "  its size", "KB", "mb") for n in sizes}
-    q_page = {n: bench.metric(f"scale_qp_ms_{n}", f"GET /api/queue?limit={PAGE_LIMIT} (the page's), {NODES} nodes,"
-                              f" {n:,} waiting", "ms", "ms") for n in sizes}
+    q_page = {
+        n: bench.metric(
+            f"scale_qp_ms_{n}",
+            f"GET /api/queue?limit={PAGE_LIMIT} (the page's), {NODES} nodes, {n:,} waiting",
+            "ms",
+            "ms",
+        )
+        for n in sizes
+    }
     q_page_kb = {n: bench.metric(f"scale_qp_kb_{n}", "  its size", "KB", "mb") for n in sizes}
-    page = {n: bench.metric(f"scale_page_{n}", f"queue page, first render in Chromium (navigation -> board painted),"
-                            f" {NODES} nodes, {n:,} waiting", "ms", "ms", "< 1000 ms" if n == sizes[-1] else "")
-            for n in sizes}
-    cards = {n: bench.metric(f"scale_page_cards_{n}", f"  cards in the DOM after that render, {n:,} waiting", "cards",
-                             "count") for n in sizes}
+    page = {
+        n: bench.metric(
+            f"scale_page_{n}",
+            f"queue page, first render in Chromium (navigation -> board painted), {NODES} nodes, {n:,} waiting",
+            "ms",
+            "ms",
+            "< 1000 ms" if n == sizes[-1] else "",
+        )
+        for n in sizes
+    }
+    cards = {
+        n: bench.metric(
+            f"scale_page_cards_{n}", f"  cards in the DOM after that render, {n:,} waiting", "cards", "count"
+        )
+        for n in sizes
+    }
     paths = {}
     for n in sizes:
         t0 = time.perf_counter()
@@ -167,10 +196,12 @@ async def fifty_nodes(bench: Bench) -> None:
     growth_row(bench, "scale_qp_ratio", f"GET /api/queue?limit={PAGE_LIMIT}", work, q_page[sizes[0]], q_page[sizes[1]])
     growth_row(bench, "scale_page_ratio", "queue page's first render", work, page[sizes[0]], page[sizes[1]])
     for n in sizes:
-        bench.say(f"scale @ {n:,} waiting: claim {statistics.median(claim[n].pooled):.2f} ms,"
-                  f" /api/queue {statistics.median(q_default[n].pooled):.0f} ms ({q_default_kb[n].pooled[0]:,.0f} KB),"
-                  f" ?limit={PAGE_LIMIT} {statistics.median(q_page[n].pooled):.0f} ms,"
-                  f" page {statistics.median(page[n].pooled):.0f} ms ({cards[n].pooled[0]:,.0f} cards)")
+        bench.say(
+            f"scale @ {n:,} waiting: claim {statistics.median(claim[n].pooled):.2f} ms,"
+            f" /api/queue {statistics.median(q_default[n].pooled):.0f} ms ({q_default_kb[n].pooled[0]:,.0f} KB),"
+            f" ?limit={PAGE_LIMIT} {statistics.median(q_page[n].pooled):.0f} ms,"
+            f" page {statistics.median(page[n].pooled):.0f} ms ({cards[n].pooled[0]:,.0f} cards)"
+        )
 
 
 async def page_renders(bench: Bench, routers: dict, page: dict, cards: dict) -> None:
@@ -179,12 +210,19 @@ async def page_renders(bench: Bench, routers: dict, page: dict, cards: dict) -> 
     /health, the recent jobs, /api/activity), and the board drawn from them (script only)."""
     parts = {}
     for n in routers:
-        parts[n, "answered"] = bench.metric(f"scale_page_answered_{n}", f"  navigation -> the page's first answers in,"
-                                            f" {n:,} waiting", "ms", "ms")
-        parts[n, "drawn"] = bench.metric(f"scale_page_drawn_{n}", f"  answers in -> the board drawn (script),"
-                                         f" {n:,} waiting", "ms", "ms")
-        parts[n, "full"] = bench.metric(f"scale_page_full_{n}", f"  navigation -> the board complete (a paged board: its"
-                                        f" first read; a small one: {PAGE_LIMIT} per column, its second), {n:,} waiting", "ms", "ms")
+        parts[n, "answered"] = bench.metric(
+            f"scale_page_answered_{n}", f"  navigation -> the page's first answers in, {n:,} waiting", "ms", "ms"
+        )
+        parts[n, "drawn"] = bench.metric(
+            f"scale_page_drawn_{n}", f"  answers in -> the board drawn (script), {n:,} waiting", "ms", "ms"
+        )
+        parts[n, "full"] = bench.metric(
+            f"scale_page_full_{n}",
+            f"  navigation -> the board complete (a paged board: its"
+            f" first read; a small one: {PAGE_LIMIT} per column, its second), {n:,} waiting",
+            "ms",
+            "ms",
+        )
     try:
         from playwright.async_api import async_playwright
     except ImportError as exc:  # the test extra brings it
@@ -211,8 +249,10 @@ async def page_renders(bench: Bench, routers: dict, page: dict, cards: dict) -> 
                     parts[n, "answered"].add_run(runs[n, "answered"])
                     parts[n, "drawn"].add_run(runs[n, "drawn"])
                     parts[n, "full"].add_run(runs[n, "full"])
-                bench.say(f"scale page run {rep + 1}/{bench.repeats}: " + ", ".join(
-                    f"{n:,} waiting {statistics.median(runs[n, 'all']):.0f} ms" for n in routers))
+                bench.say(
+                    f"scale page run {rep + 1}/{bench.repeats}: "
+                    + ", ".join(f"{n:,} waiting {statistics.median(runs[n, 'all']):.0f} ms" for n in routers)
+                )
         finally:
             await browser.close()
 
@@ -236,12 +276,15 @@ async def first_render(browser, url: str) -> tuple[float, int]:
         await pg.goto(url + "/", wait_until="commit")
         await pg.wait_for_function("() => window.__painted > 0", polling="raf", timeout=120_000)
         ms, answered, drawn = await pg.evaluate(
-            "() => [window.__painted, window.gpuq.answeredAt || 0, window.gpuq.drawnAt || 0]")
+            "() => [window.__painted, window.gpuq.answeredAt || 0, window.gpuq.drawnAt || 0]"
+        )
         # Then the whole board: the page's first load asks for a screenful per column, the next for
         # all; a large board is paged (each column's part in view read as it scrolls): its first.
         await pg.wait_for_function("() => window.gpuq.fullAt > 0", polling="raf", timeout=120_000)
-        full, count = await pg.evaluate("() => { document.body.offsetHeight;"
-                                        " return [performance.now(), document.querySelectorAll('.card').length]; }")
+        full, count = await pg.evaluate(
+            "() => { document.body.offsetHeight;"
+            " return [performance.now(), document.querySelectorAll('.card').length]; }"
+        )
         return ms, count, answered, drawn, full
     finally:
         await context.close()
@@ -249,12 +292,16 @@ async def first_render(browser, url: str) -> tuple[float, int]:
 
 # -- 100 live pages ---------------------------------------------------------------------------
 
-async def sse_client(port: int, counts: list[int], i: int, ready: asyncio.Event, opened: list[int],
-                     stop: asyncio.Event) -> None:
+
+async def sse_client(
+    port: int, counts: list[int], i: int, ready: asyncio.Event, opened: list[int], stop: asyncio.Event
+) -> None:
     # Spread over loopback addresses: one address may hold at most 64 connections (429 beyond).
     reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(f"127.0.0.{2 + i % PEERS}", 0))
     try:
-        writer.write(f"GET /api/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAccept: text/event-stream\r\n\r\n".encode())
+        writer.write(
+            f"GET /api/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAccept: text/event-stream\r\n\r\n".encode()
+        )
         head = await reader.readuntil(b"\r\n\r\n")
         if not head.startswith(b"HTTP/1.1 200"):
             raise RuntimeError(f"/api/events answered {head[:200]!r}")
@@ -282,15 +329,30 @@ async def live_pages(bench: Bench) -> None:
     table = [node_table(n, fakes.urls[n], rank, MODEL) for rank, n in enumerate(names, 1)]
     router = await Router(bench.workdir, table, bench.workdir / "scale-live.db").start()
     tokens = 200 if bench.quick else 400
-    rate = {c: bench.metric(f"scale_events_{c}", f"token events delivered per second to {c} live pages"
-                            f" (/api/events; {STREAMING_NODES} nodes x {1 / PACE_S:.0f} tokens/s)", "events/s", "rate")
-            for c in CLIENTS}
-    share = {c: bench.metric(f"scale_events_share_{c}", f"  of the tokens made x clients, {c} pages", "ratio",
-                             "ratio", better="higher") for c in CLIENTS}
-    cpu = {c: bench.metric(f"scale_events_cpu_{c}", f"  router CPU per event delivered, {c} pages", "us", "ms")
-           for c in CLIENTS}
-    cpu_s_row = {c: bench.metric(f"scale_events_cpus_{c}", f"  router CPU, {c} pages (CPU-seconds per second)", "cores",
-                                 "count") for c in CLIENTS}
+    rate = {
+        c: bench.metric(
+            f"scale_events_{c}",
+            f"token events delivered per second to {c} live pages"
+            f" (/api/events; {STREAMING_NODES} nodes x {1 / PACE_S:.0f} tokens/s)",
+            "events/s",
+            "rate",
+        )
+        for c in CLIENTS
+    }
+    share = {
+        c: bench.metric(
+            f"scale_events_share_{c}", f"  of the tokens made x clients, {c} pages", "ratio", "ratio", better="higher"
+        )
+        for c in CLIENTS
+    }
+    cpu = {
+        c: bench.metric(f"scale_events_cpu_{c}", f"  router CPU per event delivered, {c} pages", "us", "ms")
+        for c in CLIENTS
+    }
+    cpu_s_row = {
+        c: bench.metric(f"scale_events_cpus_{c}", f"  router CPU, {c} pages (CPU-seconds per second)", "cores", "count")
+        for c in CLIENTS
+    }
     for n in names:
         await fakes.call("script", n, tokens=tokens, delay=PACE_S)
     conn = await router.connect()
@@ -299,7 +361,9 @@ async def live_pages(bench: Bench) -> None:
             for c in CLIENTS:
                 counts, opened = [0] * c, [0]
                 ready, stop = asyncio.Event(), asyncio.Event()
-                clients = [asyncio.create_task(sse_client(router.port, counts, i, ready, opened, stop)) for i in range(c)]
+                clients = [
+                    asyncio.create_task(sse_client(router.port, counts, i, ready, opened, stop)) for i in range(c)
+                ]
                 try:
                     waiter = asyncio.create_task(ready.wait())
                     await asyncio.wait([waiter, *clients], timeout=30, return_when=asyncio.FIRST_COMPLETED)
@@ -312,7 +376,9 @@ async def live_pages(bench: Bench) -> None:
                     before, t = cpu_s(router.pid), time.perf_counter()
                     ids = []
                     for n in names:
-                        status, body = await conn.request("POST", "/api/jobs", {"kind": "task", "prompt": "go", "node": n})
+                        status, body = await conn.request(
+                            "POST", "/api/jobs", {"kind": "task", "prompt": "go", "node": n}
+                        )
                         assert status == 201, body
                         ids.append(body["jobs"][0]["id"])
                     deadline = time.monotonic() + 60
@@ -342,25 +408,41 @@ async def live_pages(bench: Bench) -> None:
                 share[c].add_run(delivered / (tokens * STREAMING_NODES * c))
                 cpu[c].add_run(used / max(delivered, 1) * 1e6)
                 cpu_s_row[c].add_run(used / elapsed)
-            bench.say(f"scale live pages run {rep + 1}/{bench.repeats}: " + ", ".join(
-                f"{c} pages {rate[c].runs[-1][0]:,.0f} events/s, {cpu[c].runs[-1][0]:.1f} us each" for c in CLIENTS))
+            bench.say(
+                f"scale live pages run {rep + 1}/{bench.repeats}: "
+                + ", ".join(
+                    f"{c} pages {rate[c].runs[-1][0]:,.0f} events/s, {cpu[c].runs[-1][0]:.1f} us each" for c in CLIENTS
+                )
+            )
     finally:
         await conn.close()
         await router.stop()
         await fakes.stop()
     low, high = CLIENTS
     work = high / low
-    row = bench.metric("scale_events_cpu_ratio", f"  router CPU per event delivered: {high} / {low} pages (1.00x: linear)",
-                       "ratio", "ratio", "<= 1.00x", better="lower")
+    row = bench.metric(
+        "scale_events_cpu_ratio",
+        f"  router CPU per event delivered: {high} / {low} pages (1.00x: linear)",
+        "ratio",
+        "ratio",
+        "<= 1.00x",
+        better="lower",
+    )
     for a, b in zip(cpu[low].per_run, cpu[high].per_run):
         row.add_run(b / a)
-    row = bench.metric("scale_events_rate_ratio", f"  events delivered per second: {high} / {low} pages, per page"
-                       f" (1.00x: every page gets as many)", "ratio", "ratio", better="higher")
+    row = bench.metric(
+        "scale_events_rate_ratio",
+        f"  events delivered per second: {high} / {low} pages, per page (1.00x: every page gets as many)",
+        "ratio",
+        "ratio",
+        better="higher",
+    )
     for a, b in zip(rate[low].per_run, rate[high].per_run):
         row.add_run(b / a / work)
 
 
 # -- 1,000 front-door calls waiting at once ---------------------------------------------------
+
 
 def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
@@ -369,15 +451,26 @@ def open_fds(pid: int) -> int:
 async def front_waiting(bench: Bench) -> None:
     fakes = await Fakes({"w1": MODEL}, bench.workdir / "scale-front-fakes.log").start()
     port = free_port()
-    router = await Router(bench.workdir, [node_table("w1", fakes.urls["w1"], 1, MODEL, roles=("task",))],
-                          bench.workdir / "scale-front.db", ollama_listen=f"127.0.0.1:{port}",
-                          max_connections=2000).start()
-    rss = {n: bench.metric(f"scale_front_rss_{n}", f"router RSS beyond idle, {n:,} front-door calls waiting at once",
-                           "MB", "mb") for n in CALLS}
-    fds = {n: bench.metric(f"scale_front_fds_{n}", f"  open fds beyond idle, {n:,} calls waiting", "fds", "count")
-           for n in CALLS}
-    per_call = {n: bench.metric(f"scale_front_kb_{n}", f"  RSS per waiting call, {n:,} calls", "KB", "mb")
-                for n in CALLS}
+    router = await Router(
+        bench.workdir,
+        [node_table("w1", fakes.urls["w1"], 1, MODEL, roles=("task",))],
+        bench.workdir / "scale-front.db",
+        ollama_listen=f"127.0.0.1:{port}",
+        max_connections=2000,
+    ).start()
+    rss = {
+        n: bench.metric(
+            f"scale_front_rss_{n}", f"router RSS beyond idle, {n:,} front-door calls waiting at once", "MB", "mb"
+        )
+        for n in CALLS
+    }
+    fds = {
+        n: bench.metric(f"scale_front_fds_{n}", f"  open fds beyond idle, {n:,} calls waiting", "fds", "count")
+        for n in CALLS
+    }
+    per_call = {
+        n: bench.metric(f"scale_front_kb_{n}", f"  RSS per waiting call, {n:,} calls", "KB", "mb") for n in CALLS
+    }
     idle_rss = bench.metric("scale_front_rss_idle", "router RSS, idle, before the calls (front door on)", "MB", "mb")
     conn = await router.connect()
     try:
@@ -387,13 +480,17 @@ async def front_waiting(bench: Bench) -> None:
             for n in CALLS:
                 base_rss, base_fds = rss_mb(router.pid), open_fds(router.pid)
                 await fakes.call("hold", "w1")
-                raw = Conn("127.0.0.1", port).encode("POST", "/api/chat", {
-                    "model": MODEL, "messages": [{"role": "user", "content": "waiting"}], "stream": True})
+                raw = Conn("127.0.0.1", port).encode(
+                    "POST",
+                    "/api/chat",
+                    {"model": MODEL, "messages": [{"role": "user", "content": "waiting"}], "stream": True},
+                )
                 callers = []
                 try:
                     for i in range(n):
                         reader, writer = await asyncio.open_connection(
-                            "127.0.0.1", port, local_addr=(f"127.0.0.{2 + i % PEERS}", 0))
+                            "127.0.0.1", port, local_addr=(f"127.0.0.{2 + i % PEERS}", 0)
+                        )
                         writer.write(raw)
                         callers.append((reader, writer))
                     deadline = time.monotonic() + 120
@@ -420,16 +517,24 @@ async def front_waiting(bench: Bench) -> None:
                     if time.monotonic() > deadline:
                         raise RuntimeError("the cancelled calls' jobs did not leave the queue within 120s")
                     await asyncio.sleep(0.1)
-            bench.say(f"scale front door run {rep + 1}: " + ", ".join(
-                f"{n:,} calls +{rss[n].runs[-1][0]:.1f} MB, +{fds[n].runs[-1][0]:.0f} fds" for n in CALLS))
+            bench.say(
+                f"scale front door run {rep + 1}: "
+                + ", ".join(f"{n:,} calls +{rss[n].runs[-1][0]:.1f} MB, +{fds[n].runs[-1][0]:.0f} fds" for n in CALLS)
+            )
     finally:
         await conn.close()
         await router.stop()
         await fakes.stop()
     low, high = CALLS
     for key, what, metric in (("scale_front_rss_ratio", "RSS", rss), ("scale_front_fds_ratio", "open fds", fds)):
-        row = bench.metric(key, f"  {what} beyond idle: {high:,} / {low:,} calls per call (1.00x: linear)", "ratio",
-                           "ratio", "<= 1.00x", better="lower")
+        row = bench.metric(
+            key,
+            f"  {what} beyond idle: {high:,} / {low:,} calls per call (1.00x: linear)",
+            "ratio",
+            "ratio",
+            "<= 1.00x",
+            better="lower",
+        )
         for a, b in zip(metric[low].per_run, metric[high].per_run):
             if a >= (0.5 if what == "RSS" else 1):  # memory the router kept from a repeat before: no cost to compare
                 row.add_run(b / a / (high / low))

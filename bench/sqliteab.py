@@ -42,9 +42,22 @@ Path(out).write_text(json.dumps({k: {"label": m.label, "unit": m.unit, "kind": m
 """
 
 # The rows issue 27 asks about ("nothing about SQLite got slower"), in the table's order.
-ROWS = ("store_rt", "store_rt_ms", "store_rt_rest_ms", "store_read", "submit_1", "submit_32",
-        "ttft_overhead", "ttft_gpuq", "ttft_submit", "growth_claim_100", "growth_claim_100000",
-        "growth_claim_sql_100", "growth_claim_sql_100000", "growth_submit_100000")
+ROWS = (
+    "store_rt",
+    "store_rt_ms",
+    "store_rt_rest_ms",
+    "store_read",
+    "submit_1",
+    "submit_32",
+    "ttft_overhead",
+    "ttft_gpuq",
+    "ttft_submit",
+    "growth_claim_100",
+    "growth_claim_100000",
+    "growth_claim_sql_100",
+    "growth_claim_sql_100000",
+    "growth_submit_100000",
+)
 
 
 def one_turn(checkout: Path, only: str, python: str, where: Path) -> dict:
@@ -52,8 +65,14 @@ def one_turn(checkout: Path, only: str, python: str, where: Path) -> dict:
         out = f.name
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     try:
-        subprocess.run([python, "-c", CHILD, only, out, str(where)], cwd=checkout, env=env, check=True,
-                       stdout=subprocess.DEVNULL, timeout=1800)
+        subprocess.run(
+            [python, "-c", CHILD, only, out, str(where)],
+            cwd=checkout,
+            env=env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+            timeout=1800,
+        )
         return json.loads(Path(out).read_text())
     finally:
         os.unlink(out)
@@ -77,14 +96,18 @@ def main() -> int:
     pooled: dict[str, dict[str, dict]] = {"A": {}, "B": {}}
     started = time.time()
     for pair in range(args.pairs):
-        for side in (("A", "B") if pair % 2 == 0 else ("B", "A")):
+        for side in ("A", "B") if pair % 2 == 0 else ("B", "A"):
             t = time.perf_counter()
             got = one_turn(sides[side], args.only, args.python, Path(args.dir))
             for key, m in got.items():
                 row = pooled[side].setdefault(key, {**m, "runs": []})
                 row["runs"].extend(m["runs"])
-            print(f"[sqliteab {time.strftime('%H:%M:%S')}] pair {pair + 1}/{args.pairs} {side}"
-                  f" ({sides[side].name}) in {time.perf_counter() - t:.0f}s", file=sys.stderr, flush=True)
+            print(
+                f"[sqliteab {time.strftime('%H:%M:%S')}] pair {pair + 1}/{args.pairs} {side}"
+                f" ({sides[side].name}) in {time.perf_counter() - t:.0f}s",
+                file=sys.stderr,
+                flush=True,
+            )
     keys = [k for k in ROWS if k in pooled["A"] and k in pooled["B"]]
     print(f"| measure | unit | A {sides['A'].name} median (p95) | B {sides['B'].name} median (p95) | B / A |")
     print("| --- | --- | --- | --- | --- |")
@@ -93,13 +116,20 @@ def main() -> int:
         sa = [v for run in a["runs"] for v in run]
         sb = [v for run in b["runs"] for v in run]
         (ma, pa), (mb, pb) = summary(sa, a["kind"], a["better"]), summary(sb, b["kind"], b["better"])
-        print(f"| {b['label'].strip()} | {b['unit']} | {fmt(ma, a['kind'])} ({fmt(pa, a['kind'])}) |"
-              f" {fmt(mb, b['kind'])} ({fmt(pb, b['kind'])}) | {mb / ma:.2f}x |")
-    print(f"\n{args.pairs} pairs, {time.time() - started:.0f}s; runs per side: "
-          + ", ".join(f"{k} {len(pooled['A'][k]['runs'])}" for k in keys[:1]))
+        print(
+            f"| {b['label'].strip()} | {b['unit']} | {fmt(ma, a['kind'])} ({fmt(pa, a['kind'])}) |"
+            f" {fmt(mb, b['kind'])} ({fmt(pb, b['kind'])}) | {mb / ma:.2f}x |"
+        )
+    print(
+        f"\n{args.pairs} pairs, {time.time() - started:.0f}s; runs per side: "
+        + ", ".join(f"{k} {len(pooled['A'][k]['runs'])}" for k in keys[:1])
+    )
     if args.out:
-        Path(args.out).write_text(json.dumps({"sides": {k: str(v) for k, v in sides.items()}, "pairs": args.pairs,
-                                              "metrics": pooled}, indent=1))
+        Path(args.out).write_text(
+            json.dumps(
+                {"sides": {k: str(v) for k, v in sides.items()}, "pairs": args.pairs, "metrics": pooled}, indent=1
+            )
+        )
     return 0
 
 

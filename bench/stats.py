@@ -63,14 +63,29 @@ class Metric:
         else:
             low, high = min(pooled), max(pooled)
         p95 = percentile(pooled, 5 if self.better == "higher" else 95)  # the pessimistic end
-        return {"median": statistics.median(pooled), "p95": p95, "min": low, "max": high,
-                "runs": len(self.runs), "samples": len(pooled)}
+        return {
+            "median": statistics.median(pooled),
+            "p95": p95,
+            "min": low,
+            "max": high,
+            "runs": len(self.runs),
+            "samples": len(pooled),
+        }
 
     def as_json(self) -> dict:
-        return {"key": self.key, "label": self.label, "unit": self.unit, "kind": self.kind,
-                "better": self.better, **self.summary(), "target": self.target, "met": self.met, "note": self.note,
-                "values": self.runs if self.kind != "ms" else None,
-                "per_run_median": self.per_run}
+        return {
+            "key": self.key,
+            "label": self.label,
+            "unit": self.unit,
+            "kind": self.kind,
+            "better": self.better,
+            **self.summary(),
+            "target": self.target,
+            "met": self.met,
+            "note": self.note,
+            "values": self.runs if self.kind != "ms" else None,
+            "per_run_median": self.per_run,
+        }
 
 
 def fmt(value: float | None, kind: str) -> str:
@@ -99,6 +114,7 @@ def table(metrics: list[Metric]) -> str:
         s = m.summary()
         span = "-" if s["min"] is None else f"{fmt(s['min'], m.kind)}-{fmt(s['max'], m.kind)}"
         met = "" if m.met is None else ("yes" if m.met else "NO")
-        rows.append([m.label, m.unit, fmt(s["median"], m.kind), fmt(s["p95"], m.kind), span,
-                     str(s["runs"]), m.target, met])
+        rows.append(
+            [m.label, m.unit, fmt(s["median"], m.kind), fmt(s["p95"], m.kind), span, str(s["runs"]), m.target, met]
+        )
     return "\n".join("| " + " | ".join(r) + " |" for r in rows)

@@ -40,7 +40,8 @@ def record_of(sql: str) -> str:
     """The record (or step) a statement serves."""
     s = " ".join(sql.split())
     for prefix, name in (
-        ("BEGIN", "BEGIN"), ("COMMIT", "COMMIT"),
+        ("BEGIN", "BEGIN"),
+        ("COMMIT", "COMMIT"),
         ("SELECT node, running, queued FROM node_load", "submit: placement's counts (node_load)"),
         ("SELECT 1 FROM job WHERE id", "submit: the new id unused"),
         ("SELECT MAX(position)", "submit: the queue's tail"),
@@ -130,8 +131,12 @@ def round_trips(db, n: int) -> tuple[float, dict[str, float], dict[str, int]]:
     for _ in range(n):
         now = time.time()
         tx(db, lambda d, now=now: lifecycle.submit(d, JOB, NODES, "bench", now))
-        running = tx(db, lambda d, running=running, now=now: lifecycle.finish(d, running["id"], running["run_id"], "done", None, now,
-                                                output="out", claim_node="n1"))
+        running = tx(
+            db,
+            lambda d, running=running, now=now: lifecycle.finish(
+                d, running["id"], running["run_id"], "done", None, now, output="out", claim_node="n1"
+            ),
+        )
     total = (time.perf_counter() - t) / n * 1e6
     if isinstance(db, Timed):
         return total, {k: v / n * 1e6 for k, v in db.spent.items()}, {k: c / n for k, c in db.count.items()}
@@ -183,9 +188,11 @@ async def hops(path: Path, n: int) -> dict[str, tuple[float, float]]:
     await store.open()
     loop = asyncio.get_running_loop()
     writer = store._writer  # type: ignore[union-attr]
-    ways = {"writer.call(no-op)": lambda: writer.call(lambda db: None),
-            "writer.run(no-op): + BEGIN, check, COMMIT": lambda: writer.run(lambda db: None),
-            "run_in_executor(no-op)": lambda: loop.run_in_executor(None, lambda: None)}
+    ways = {
+        "writer.call(no-op)": lambda: writer.call(lambda db: None),
+        "writer.run(no-op): + BEGIN, check, COMMIT": lambda: writer.run(lambda db: None),
+        "run_in_executor(no-op)": lambda: loop.run_in_executor(None, lambda: None),
+    }
     got = {}
     try:
         for name, way in ways.items():
@@ -205,13 +212,25 @@ async def hops(path: Path, n: int) -> dict[str, tuple[float, float]]:
 WITHOUT = {
     "as shipped": [],
     "no node_load triggers (placement's and /health's counts)": [
-        "DROP TRIGGER node_load_insert", "DROP TRIGGER node_load_update", "DROP TRIGGER node_load_delete"],
+        "DROP TRIGGER node_load_insert",
+        "DROP TRIGGER node_load_update",
+        "DROP TRIGGER node_load_delete",
+    ],
     "no job indexes job_created, job_finished, job_owner_state, job_parent (history, listings, quotas, critiques)": [
-        "DROP INDEX job_created", "DROP INDEX job_finished", "DROP INDEX job_owner_state", "DROP INDEX job_parent"],
+        "DROP INDEX job_created",
+        "DROP INDEX job_finished",
+        "DROP INDEX job_owner_state",
+        "DROP INDEX job_parent",
+    ],
     "no run indexes run_done_node, run_done_node_model, run_finished (estimates, history)": [
-        "DROP INDEX run_done_node", "DROP INDEX run_done_node_model", "DROP INDEX run_finished"],
+        "DROP INDEX run_done_node",
+        "DROP INDEX run_done_node_model",
+        "DROP INDEX run_finished",
+    ],
     "no event indexes event_job, event_run (the job page's events, /metrics)": [
-        "DROP INDEX event_job", "DROP INDEX event_run"],
+        "DROP INDEX event_job",
+        "DROP INDEX event_run",
+    ],
 }
 
 
@@ -229,7 +248,7 @@ def upkeep(where: Path, blocks: int, n: int) -> dict[str, list[float]]:
         dbs[name] = db
     got: dict[str, list[float]] = {name: [] for name in dbs}
     for b in range(blocks):
-        for name in (list(dbs) if b % 2 == 0 else list(reversed(dbs))):
+        for name in list(dbs) if b % 2 == 0 else list(reversed(dbs)):
             c = time.thread_time()
             round_trips(dbs[name], n)
             got[name].append((time.thread_time() - c) / n * 1e6)
@@ -264,11 +283,11 @@ def main() -> int:
                     steps[f"{sync} {variant}"][k].append(v - overhead / sum(counts_now.values()) * counts_now[k])
                 if variant == "kept" and sync == "OFF":
                     counts = counts_now
-                got[f"{sync} {variant}: Python (timed - statements)"].append(
-                    timed - sum(per.values()))
+                got[f"{sync} {variant}: Python (timed - statements)"].append(timed - sum(per.values()))
                 db.close()
             got[f"{sync}: through the Store (loop + writer thread)"].append(
-                asyncio.run(through_store(where / f"store-{r}-{sync}.db", sync, args.n)))
+                asyncio.run(through_store(where / f"store-{r}-{sync}.db", sync, args.n))
+            )
         for name, (wall, cpu) in asyncio.run(hops(where / f"hop-{r}.db", args.n)).items():
             got[f"hop, {name}: wall"].append(wall)
             got[f"hop, {name}: CPU"].append(cpu)
@@ -282,8 +301,10 @@ def main() -> int:
         print("| step | us | statements |\n| --- | --- | --- |")
         for k, v in sorted(per.items(), key=lambda kv: -statistics.median(kv[1])):
             print(f"| {k} | {statistics.median(v):.1f} | {counts.get(k, 0):g} |")
-    print(f"\nUpkeep of each record's indexes and triggers: CPU us per round trip at synchronous=OFF,"
-          f" {args.rounds * 3} interleaved blocks of 250\n")
+    print(
+        f"\nUpkeep of each record's indexes and triggers: CPU us per round trip at synchronous=OFF,"
+        f" {args.rounds * 3} interleaved blocks of 250\n"
+    )
     print("| schema | CPU us | beside as shipped |\n| --- | --- | --- |")
     kept = upkeep(where, args.rounds * 3, 250)
     base = statistics.median(kept["as shipped"])

@@ -11,20 +11,41 @@ from .procs import Router, clear_queues
 
 
 async def submit_section(bench: Bench, router: Router) -> None:
-    one = bench.metric("submit_1", "durable submit POST /api/jobs, 1 client, nodes busy with a held job",
-                       "jobs/s", "rate")
-    many = bench.metric("submit_32", "durable submit POST /api/jobs, 32 clients, nodes busy with a held job",
-                        "jobs/s", "rate", ">= 2,000")
-    scale = bench.metric("submit_32_vs_1", "submit: 32 clients / 1 client (same run)", "ratio", "ratio",
-                         better="higher")
-    vs_raw = bench.metric("submit_32_vs_raw", "submit, 32 clients / raw commits/s (same run)", "ratio",
-                          "ratio", better="higher")
-    working = bench.metric("submit_32_working", f"durable submit, 32 clients, while {len(NODES)} nodes' workers"
-                           " run jobs to completion", "jobs/s", "rate")
-    finished = bench.metric("submit_32_working_done", "  jobs the workers ran meanwhile (their last byte sent; 4-token"
-                            " replies, instant unload)", "jobs/s", "rate")
-    working_vs = bench.metric("submit_32_working_vs_held", "submit, 32 clients: workers running / nodes held"
-                              " (same run)", "ratio", "ratio", better="higher")
+    one = bench.metric(
+        "submit_1", "durable submit POST /api/jobs, 1 client, nodes busy with a held job", "jobs/s", "rate"
+    )
+    many = bench.metric(
+        "submit_32",
+        "durable submit POST /api/jobs, 32 clients, nodes busy with a held job",
+        "jobs/s",
+        "rate",
+        ">= 2,000",
+    )
+    scale = bench.metric(
+        "submit_32_vs_1", "submit: 32 clients / 1 client (same run)", "ratio", "ratio", better="higher"
+    )
+    vs_raw = bench.metric(
+        "submit_32_vs_raw", "submit, 32 clients / raw commits/s (same run)", "ratio", "ratio", better="higher"
+    )
+    working = bench.metric(
+        "submit_32_working",
+        f"durable submit, 32 clients, while {len(NODES)} nodes' workers run jobs to completion",
+        "jobs/s",
+        "rate",
+    )
+    finished = bench.metric(
+        "submit_32_working_done",
+        "  jobs the workers ran meanwhile (their last byte sent; 4-token replies, instant unload)",
+        "jobs/s",
+        "rate",
+    )
+    working_vs = bench.metric(
+        "submit_32_working_vs_held",
+        "submit, 32 clients: workers running / nodes held (same run)",
+        "ratio",
+        "ratio",
+        better="higher",
+    )
     n1, n32 = (150, 1600) if bench.quick else (300, 3200)
     for rep in range(bench.repeats):
         # A real lab's jobs run for minutes: each node holds one running job during the burst.
@@ -47,9 +68,11 @@ async def submit_section(bench: Bench, router: Router) -> None:
         working.add_run(rw)
         finished.add_run(done)
         working_vs.add_run(rw / r32)
-        bench.say(f"submit run {rep + 1}/{bench.repeats}: 1 client {r1:,.0f}/s, 32 clients {r32:,.0f}/s,"
-                  f" raw commits {raw:,.0f}/s; 32 clients while the workers run jobs {rw:,.0f}/s"
-                  f" ({done:,.0f} jobs/s finished meanwhile)")
+        bench.say(
+            f"submit run {rep + 1}/{bench.repeats}: 1 client {r1:,.0f}/s, 32 clients {r32:,.0f}/s,"
+            f" raw commits {raw:,.0f}/s; 32 clients while the workers run jobs {rw:,.0f}/s"
+            f" ({done:,.0f} jobs/s finished meanwhile)"
+        )
 
 
 async def clear(bench: Bench, router: Router) -> None:

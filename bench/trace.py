@@ -86,24 +86,34 @@ def generate(seed: int, day_s: float = 12.0) -> Trace:
     for who, model in PEOPLE.items():
         for start, end in ((0.3, 3.5), (4.5, 8.0)):
             size = rng.randint(3, 5)
-            events.append(Event(
-                at=round(rng.uniform(start, end) * hour, 3), kind="sweep", who=who, model=model,
-                tokens=tuple(rng.randint(50, 120) for _ in range(size)),
-                critiqued=tuple(rng.random() < 0.3 for _ in range(size))))
+            events.append(
+                Event(
+                    at=round(rng.uniform(start, end) * hour, 3),
+                    kind="sweep",
+                    who=who,
+                    model=model,
+                    tokens=tuple(rng.randint(50, 120) for _ in range(size)),
+                    critiqued=tuple(rng.random() < 0.3 for _ in range(size)),
+                )
+            )
     # The editor: a burst of autocompletes about every hour, 2-5 calls, typing pauses of 0.5-3 s
     # (real), short replies.
     t = rng.uniform(0.1, 0.6) * hour
     while t < HOURS * hour * 0.95:
-        calls = tuple(Call(pause_s=round(rng.uniform(0.5, 3.0) / SCALE, 4), tokens=rng.randint(6, 20))
-                      for _ in range(rng.randint(2, 5)))
+        calls = tuple(
+            Call(pause_s=round(rng.uniform(0.5, 3.0) / SCALE, 4), tokens=rng.randint(6, 20))
+            for _ in range(rng.randint(2, 5))
+        )
         events.append(Event(at=round(t, 3), kind="editor", who=EDITOR, model=CODER, calls=calls))
         t += rng.uniform(0.7, 1.3) * hour
     # The chat UI: a conversation about every 2.5 hours, 2-4 messages, a person reading and
     # typing 10-40 s (real) between, longer replies.
     t = rng.uniform(0.5, 1.5) * hour
     while t < HOURS * hour * 0.95:
-        calls = tuple(Call(pause_s=round(rng.uniform(10, 40) / SCALE, 4), tokens=rng.randint(40, 140))
-                      for _ in range(rng.randint(2, 4)))
+        calls = tuple(
+            Call(pause_s=round(rng.uniform(10, 40) / SCALE, 4), tokens=rng.randint(40, 140))
+            for _ in range(rng.randint(2, 4))
+        )
         events.append(Event(at=round(t, 3), kind="chat", who=CHAT, model=SMALL, calls=calls))
         t += rng.uniform(2.0, 3.0) * hour
     # One node down for an hour in the early afternoon.

@@ -16,10 +16,23 @@ async def turnaround_section(bench: Bench, router: Router) -> None:
     """One node works through a queue; the gap from a job's last byte to the next job's request,
     with the simulator unloading at once, then as Ollama does (the model listed by /api/ps
     for UNLOAD_S after keep_alive: 0, while its runner exits)."""
-    rows = (("gap", "turnaround gap: final Ollama byte -> next request (1 node, simulator unloads instantly)",
-             "p50 <= 5 ms", 40 if bench.quick else 100, 0.0),
-            ("gap_real", f"turnaround gap, realistic unload (the model listed by /api/ps for"
-                         f" {UNLOAD_S * 1000:.0f} ms after keep_alive: 0)", "", 6 if bench.quick else 15, UNLOAD_S))
+    rows = (
+        (
+            "gap",
+            "turnaround gap: final Ollama byte -> next request (1 node, simulator unloads instantly)",
+            "p50 <= 5 ms",
+            40 if bench.quick else 100,
+            0.0,
+        ),
+        (
+            "gap_real",
+            f"turnaround gap, realistic unload (the model listed by /api/ps for"
+            f" {UNLOAD_S * 1000:.0f} ms after keep_alive: 0)",
+            "",
+            6 if bench.quick else 15,
+            UNLOAD_S,
+        ),
+    )
     node = "n1"
     await bench.wait_idle(router, node, 30)
     conn = await router.connect()
@@ -30,8 +43,10 @@ async def turnaround_section(bench: Bench, router: Router) -> None:
                 await bench.fakes.call("script", node, unload_delay=unload)
                 gaps = await queue_gaps(bench, router, conn, node, jobs, metric.key)
                 metric.add_run(gaps)
-                bench.say(f"turnaround run {rep + 1}/{bench.repeats}, unload {unload * 1000:.0f} ms:"
-                          f" gap p50 {statistics.median(gaps):.2f} ms ({len(gaps)} gaps)")
+                bench.say(
+                    f"turnaround run {rep + 1}/{bench.repeats}, unload {unload * 1000:.0f} ms:"
+                    f" gap p50 {statistics.median(gaps):.2f} ms ({len(gaps)} gaps)"
+                )
     finally:
         await bench.fakes.call("script", node, unload_delay=0)
         await conn.close()
@@ -53,8 +68,9 @@ async def queue_gaps(bench: Bench, router: Router, conn, node: str, jobs: int, k
     gaps, parts = [], {}
     for prev, nxt in zip(gens, gens[1:]):
         gaps.append((nxt[1] - prev[2]) * 1000)
-        bench.segments(key, [("final byte", prev[2]), *bench.fake_points(log, prev[2], nxt[1]),
-                             ("next request", nxt[1])], parts)
+        bench.segments(
+            key, [("final byte", prev[2]), *bench.fake_points(log, prev[2], nxt[1]), ("next request", nxt[1])], parts
+        )
     if len(gaps) < jobs - 1:
         raise RuntimeError(f"only {len(gaps)} gaps recorded for {jobs} jobs")
     bench.add_segments(key, parts)

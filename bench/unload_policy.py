@@ -14,12 +14,21 @@ async def unload_policy_section(bench: Bench) -> None:
     """Jobs per minute on one node, back to back for one model, with a realistic cold load
     (2 s) and unload (0.2 s): unload after each job (the default) vs "when-idle"."""
     from gpuq.demo import FakeOllama, Script
+
     jobs = 6 if bench.quick else 12
-    rates = {policy: bench.metric(f"unload_{policy}", f"jobs/min, one node, {jobs} back-to-back jobs,"
-                                  f" 2 s cold load, unload = {policy}", "jobs/min", "rate")
-             for policy in ("after-each", "when-idle")}
-    fake = FakeOllama(models={"qwen3-coder:30b"}, script=Script(
-        tokens=40, token_delay_s=0.01, load_delay_s=2.0, unload="delay", unload_delay_s=0.2))
+    rates = {
+        policy: bench.metric(
+            f"unload_{policy}",
+            f"jobs/min, one node, {jobs} back-to-back jobs, 2 s cold load, unload = {policy}",
+            "jobs/min",
+            "rate",
+        )
+        for policy in ("after-each", "when-idle")
+    }
+    fake = FakeOllama(
+        models={"qwen3-coder:30b"},
+        script=Script(tokens=40, token_delay_s=0.01, load_delay_s=2.0, unload="delay", unload_delay_s=0.2),
+    )
     await fake.start()
     try:
         for rep in range(max(bench.repeats // 2, 1)):
@@ -44,7 +53,9 @@ async def unload_policy_section(bench: Bench) -> None:
                 finally:
                     await conn.close()
                     await router.stop()
-            bench.say(f"unload policy run {rep + 1}: " + ", ".join(
-                f"{p} {m.runs[-1][0]:.1f} jobs/min" for p, m in rates.items()))
+            bench.say(
+                f"unload policy run {rep + 1}: "
+                + ", ".join(f"{p} {m.runs[-1][0]:.1f} jobs/min" for p, m in rates.items())
+            )
     finally:
         await fake.stop()

@@ -64,8 +64,9 @@ async def run_job(bench: Bench, router: Router, tokens: int) -> dict:
         checkpoint(router.database)
         log_size, router_bytes = router.log.stat().st_size, write_bytes(router.pid)
         started = time.monotonic()
-        status, body = await conn.request("POST", "/api/jobs", {"kind": "task", "prompt": "write at length",
-                                                                "node": NODE})
+        status, body = await conn.request(
+            "POST", "/api/jobs", {"kind": "task", "prompt": "write at length", "node": NODE}
+        )
         assert status == 201, body
         job_id = body["jobs"][0]["id"]
         deadline = started + 60 + tokens * PACE_S * 10
@@ -87,22 +88,40 @@ async def run_job(bench: Bench, router: Router, tokens: int) -> dict:
     run = job["runs"][-1]
     if run.get("eval_count") != tokens:
         raise RuntimeError(f"the job streamed {run.get('eval_count')} tokens, not {tokens}")
-    return {"bytes": by_router + by_checkpoint, "router": by_router, "checkpoint": by_checkpoint,
-            "output": len(job["output"].encode()), "seconds": elapsed}
+    return {
+        "bytes": by_router + by_checkpoint,
+        "router": by_router,
+        "checkpoint": by_checkpoint,
+        "output": len(job["output"].encode()),
+        "seconds": elapsed,
+    }
 
 
 async def written_section(bench: Bench) -> None:
     long = LENGTHS[-1]
     total = bench.metric("written", f"bytes written for one {long:,}-token job (WAL + database files)", "MB", "mb")
     per_token = bench.metric("written_per_token", f"  bytes written per token, {long:,}-token job", "bytes", "mb")
-    amplification = bench.metric("written_vs_output", f"  bytes written / bytes of output, {long:,}-token job",
-                                 "ratio", "ratio", better="lower")
-    fixed = bench.metric("written_fixed", f"  a {TINY}-token job (the part of every job that is not its text)",
-                         "KB", "mb")
-    growth = bench.metric("written_growth", f"  bytes per token beyond a {TINY}-token job's: {long:,}-token job /"
-                          f" {LENGTHS[0]:,}-token job (1.00x: linear in length)", "ratio", "ratio", better="lower")
-    seconds = bench.metric("written_seconds", f"  the {long:,}-token job's duration (the fake paced at"
-                           f" {PACE_S * 1000:g} ms a token or more; progress written about once a second)", "s", "mb")
+    amplification = bench.metric(
+        "written_vs_output", f"  bytes written / bytes of output, {long:,}-token job", "ratio", "ratio", better="lower"
+    )
+    fixed = bench.metric(
+        "written_fixed", f"  a {TINY}-token job (the part of every job that is not its text)", "KB", "mb"
+    )
+    growth = bench.metric(
+        "written_growth",
+        f"  bytes per token beyond a {TINY}-token job's: {long:,}-token job /"
+        f" {LENGTHS[0]:,}-token job (1.00x: linear in length)",
+        "ratio",
+        "ratio",
+        better="lower",
+    )
+    seconds = bench.metric(
+        "written_seconds",
+        f"  the {long:,}-token job's duration (the fake paced at"
+        f" {PACE_S * 1000:g} ms a token or more; progress written about once a second)",
+        "s",
+        "mb",
+    )
     router = await bench.start_router(bench.workdir / "written.db")
     try:
         await run_job(bench, router, TINY)  # the router's first writes (node health) happen here
@@ -114,13 +133,14 @@ async def written_section(bench: Bench) -> None:
             fixed.add_run(tiny["bytes"] / 1e3)
             # Every job writes its rows and events whatever its length: what grows with length is
             # the rest, and per token it stays flat when nothing is written twice.
-            growth.add_run(((full["bytes"] - tiny["bytes"]) / long)
-                           / ((short["bytes"] - tiny["bytes"]) / LENGTHS[0]))
+            growth.add_run(((full["bytes"] - tiny["bytes"]) / long) / ((short["bytes"] - tiny["bytes"]) / LENGTHS[0]))
             seconds.add_run(full["seconds"])
-            bench.say(f"written run {rep + 1}: {long:,} tokens in {full['seconds']:.1f}s, output"
-                      f" {full['output'] / 1e3:,.0f} KB, written {full['bytes'] / 1e6:,.2f} MB (router"
-                      f" {full['router'] / 1e6:,.2f} MB, final checkpoint {full['checkpoint'] / 1e6:,.2f} MB);"
-                      f" {LENGTHS[0]:,} tokens: {short['bytes'] / 1e6:,.2f} MB")
+            bench.say(
+                f"written run {rep + 1}: {long:,} tokens in {full['seconds']:.1f}s, output"
+                f" {full['output'] / 1e3:,.0f} KB, written {full['bytes'] / 1e6:,.2f} MB (router"
+                f" {full['router'] / 1e6:,.2f} MB, final checkpoint {full['checkpoint'] / 1e6:,.2f} MB);"
+                f" {LENGTHS[0]:,} tokens: {short['bytes'] / 1e6:,.2f} MB"
+            )
     finally:
         await router.stop()
         await bench.fakes.call("script", NODE, tokens=4, delay=0)

@@ -66,8 +66,10 @@ class NoResultToCritique(Conflict):
     """A critique of a task's result (submitted, or retried) whose task ended without one."""
 
     def __init__(self, parent_id: str, state: str):
-        super().__init__(f"parent task {parent_id} is {state}: there is no result to critique; retry the parent "
-                         f"first (gpuq retry {parent_id}) or critique a file")
+        super().__init__(
+            f"parent task {parent_id} is {state}: there is no result to critique; retry the parent "
+            f"first (gpuq retry {parent_id}) or critique a file"
+        )
 
 
 class GuardMiss(Conflict):
@@ -164,8 +166,10 @@ class NewerSchema(GpuqError):
     before anything is changed, on either engine."""
 
     def __init__(self, where: object, newer: list[int], known: int):
-        super().__init__(f"{where} was written by a newer gpuq (schema version {max(newer)}; this gpuq "
-                         f"knows up to {known}); upgrade gpuq or use another database")
+        super().__init__(
+            f"{where} was written by a newer gpuq (schema version {max(newer)}; this gpuq "
+            f"knows up to {known}); upgrade gpuq or use another database"
+        )
 
     exit_code = 2
 
@@ -242,15 +246,15 @@ def check_text(body: Any) -> None:
         where, value = todo.pop()
         if isinstance(value, str):
             if not value.isascii() and (half := _lone_surrogate(value)) is not None:
-                raise BadRequest(f"field '{where[:200]}' is not valid text: it holds a lone surrogate "
-                                 f"(\\u{half:04x})")
+                raise BadRequest(f"field '{where[:200]}' is not valid text: it holds a lone surrogate (\\u{half:04x})")
         elif isinstance(value, dict):
             inner = []
             for key, item in value.items():
                 if not key.isascii() and (half := _lone_surrogate(key)) is not None:
                     place = f"field '{where[:200]}'" if where else "the request body"
-                    raise BadRequest(f"{place} has a key that is not valid text: it holds a lone surrogate "
-                                     f"(\\u{half:04x})")
+                    raise BadRequest(
+                        f"{place} has a key that is not valid text: it holds a lone surrogate (\\u{half:04x})"
+                    )
                 inner.append((f"{where}.{key}" if where else key, item))
             todo.extend(reversed(inner))  # document order: the first bad string is the one named
         elif isinstance(value, list):
@@ -292,8 +296,9 @@ def _finite(text: str) -> float:
 STRICT: dict[str, Any] = {"parse_constant": _no_constant, "parse_float": _finite}  # json.loads' hooks
 
 
-def json_object(raw: bytes, missing: str, malformed: str, type_name: Callable[[Any], str],
-                strict: bool = False) -> dict:
+def json_object(
+    raw: bytes, missing: str, malformed: str, type_name: Callable[[Any], str], strict: bool = False
+) -> dict:
     """A request body as a JSON object, else BadRequest naming what is wrong, in the words of the
     API that asks (gpuq's own, or Ollama's at the front door). `strict`: NaN, Infinity and
     numbers past a float refused, as Ollama's parser refuses them (the front door, whose bodies

@@ -102,8 +102,7 @@ def _node_estimates(plan: NodePlan, history: History, now: float) -> dict[str, E
     return out
 
 
-def _after_parent(own: Estimate, parent: Estimate | None, slot: Slot, plan: NodePlan,
-                  history: History) -> Estimate:
+def _after_parent(own: Estimate, parent: Estimate | None, slot: Slot, plan: NodePlan, history: History) -> Estimate:
     if own.start_s is None:
         return own
     if parent is None or parent.finish_s is None:

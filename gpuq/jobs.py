@@ -28,6 +28,7 @@ class JobState(StrEnum):
 
 class Lane(StrEnum):
     """Where a job waits on its node: interactive ahead of every waiting batch job."""
+
     INTERACTIVE = "interactive"  #: a person waits for it (a chat, an editor): the front door's default
     BATCH = "batch"  #: long or bulk work: the router's API's and the CLI's default
 
@@ -48,6 +49,7 @@ class NodeCounts(NamedTuple):
 
     running: int = 0
     queued: int = 0
+
 
 POSITION_GAP = 1024
 
@@ -101,8 +103,7 @@ class NewJob:
             check_job_id(self.parent)
         if self.timeout_s is not None:
             if not 0 < self.timeout_s <= MAX_TIMEOUT_S:  # (NaN is in no range)
-                raise BadRequest(f"field 'timeout' must be between 0 and {MAX_TIMEOUT_S} seconds, "
-                                 f"got {self.timeout_s}")
+                raise BadRequest(f"field 'timeout' must be between 0 and {MAX_TIMEOUT_S} seconds, got {self.timeout_s}")
             object.__setattr__(self, "timeout_s", float(self.timeout_s))
         if self.model is not None:
             if not self.model.strip():
@@ -202,5 +203,5 @@ def normalize_model(name: str) -> str:
     key = name.strip().lower()
     for prefix in DEFAULT_NAME_PREFIXES:
         if key.startswith(prefix):
-            key = key[len(prefix):]
+            key = key[len(prefix) :]
     return key if ":" in key.rsplit("/", 1)[-1] else f"{key}:latest"

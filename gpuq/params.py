@@ -15,10 +15,27 @@ _THINK_VALUES = ", ".join(f'"{level}"' for level in THINK_LEVELS) + ", true, or 
 # Options whose type Ollama checks (api/types.go Options): a wrong type there is refused by
 # Ollama only when the job runs; refuse it at submit instead. Other keys pass through as given
 # (Ollama logs an unknown key and ignores it).
-INT_OPTIONS = ("num_ctx", "num_predict", "seed", "top_k", "num_keep", "repeat_last_n", "num_batch",
-               "num_gpu", "main_gpu", "num_thread")
-NUMBER_OPTIONS = ("temperature", "top_p", "min_p", "typical_p", "repeat_penalty", "presence_penalty",
-                  "frequency_penalty")
+INT_OPTIONS = (
+    "num_ctx",
+    "num_predict",
+    "seed",
+    "top_k",
+    "num_keep",
+    "repeat_last_n",
+    "num_batch",
+    "num_gpu",
+    "main_gpu",
+    "num_thread",
+)
+NUMBER_OPTIONS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "typical_p",
+    "repeat_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+)
 
 
 def _shown(value: Any) -> str:
@@ -39,7 +56,7 @@ def think_problem(value: Any) -> str | None:
 def options_problem(value: Any) -> str | None:
     """None when `value` is an object of model options Ollama can take, else what is wrong."""
     if not isinstance(value, dict):
-        return f"expected an object of Ollama model options such as {{\"num_ctx\": 32768}}, got {_shown(value)}"
+        return f'expected an object of Ollama model options such as {{"num_ctx": 32768}}, got {_shown(value)}'
     for key, item in value.items():
         if item is None:  # unset, as Ollama reads it (Options.FromMap skips nil): LangChain sends these
             continue

@@ -47,15 +47,29 @@ class NodeView:
         return model is None or self.models is None or normalize_model(model) in self.models
 
 
-def node_views(nodes: list[NodeInfo], counts: dict[str, NodeCounts], interactive: dict[str, int] | None = None,
-               running: dict[str, tuple[str, str]] | None = None) -> list[NodeView]:
+def node_views(
+    nodes: list[NodeInfo],
+    counts: dict[str, NodeCounts],
+    interactive: dict[str, int] | None = None,
+    running: dict[str, tuple[str, str]] | None = None,
+) -> list[NodeView]:
     """The nodes as placement sees them: `counts` their running and queued jobs, `interactive`
     their waiting interactive jobs, `running` each running job's lane and model."""
     interactive, running = interactive or {}, running or {}
-    return [NodeView(n.name, n.rank, tuple(n.roles), n.up, counts.get(n.name, NodeCounts()).running > 0,
-                     counts.get(n.name, NodeCounts()).queued, n.models, interactive.get(n.name, 0),
-                     *running.get(n.name, (None, None)))
-            for n in nodes]
+    return [
+        NodeView(
+            n.name,
+            n.rank,
+            tuple(n.roles),
+            n.up,
+            counts.get(n.name, NodeCounts()).running > 0,
+            counts.get(n.name, NodeCounts()).queued,
+            n.models,
+            interactive.get(n.name, 0),
+            *running.get(n.name, (None, None)),
+        )
+        for n in nodes
+    ]
 
 
 @dataclass(frozen=True)
@@ -73,8 +87,11 @@ def _listed(node: NodeView) -> str:
 
 
 def _not_installed(model: str, node: NodeView) -> ModelMissing:
-    return ModelMissing(f"model '{model}' is not installed on node {node.name} (its Ollama lists: "
-                        f"{_listed(node)}); pull it there or choose another model", model)
+    return ModelMissing(
+        f"model '{model}' is not installed on node {node.name} (its Ollama lists: "
+        f"{_listed(node)}); pull it there or choose another model",
+        model,
+    )
 
 
 def role_of(kind: str) -> str:
@@ -111,13 +128,16 @@ def _having(candidates: list[NodeView], model: str | None, role: str) -> list[No
         if len(candidates) == 1:
             raise _not_installed(model, candidates[0])  # type: ignore[arg-type]
         listed = "; ".join(f"{n.name}: {_listed(n)}" for n in candidates)
-        raise ModelMissing(f"model '{model}' is not installed on any {role} node ({listed}); "
-                           "pull it on one or choose another model", model)  # type: ignore[arg-type]
+        raise ModelMissing(
+            f"model '{model}' is not installed on any {role} node ({listed}); pull it on one or choose another model",
+            model,  # type: ignore[arg-type]
+        )
     return having
 
 
-def place_task(nodes: list[NodeView], asked: str | None = None, model: str | None = None,
-               lane: str = BATCH) -> Placement:
+def place_task(
+    nodes: list[NodeView], asked: str | None = None, model: str | None = None, lane: str = BATCH
+) -> Placement:
     """The first free task node by rank; else the shortest queue (up nodes first), ties by rank.
     A job that names a model goes only to the nodes whose Ollama lists it. An interactive job
     waits only behind the running job and the interactive jobs (it enters ahead of every batch
@@ -145,8 +165,9 @@ def preempts(lane: str, running_lane: str | None, enabled: bool) -> bool:
     return enabled and lane == INTERACTIVE and running_lane == BATCH
 
 
-def preempt_elsewhere(nodes: list[NodeView], here: str, model: str | None,
-                      defaults: dict[str, str] | None = None) -> str | None:
+def preempt_elsewhere(
+    nodes: list[NodeView], here: str, model: str | None, defaults: dict[str, str] | None = None
+) -> str | None:
     """[router] interactive_preempts: where an interactive job placed on `here` starts soonest,
     when that is another node; None: it stays (and preempts here if it can). `model`: the model
     it asked for; `defaults` instead, for a job that asked for none (it runs the default model
@@ -167,20 +188,34 @@ def preempt_elsewhere(nodes: list[NodeView], here: str, model: str | None,
 
     In the replayed day this halves an interactive call's p95 wait while batch work is queued
     (bench/README, "issue 28, session 8")."""
+
     def wanted(n: NodeView) -> str | None:
         return defaults.get(n.name) if defaults is not None else model
 
     def warm(n: NodeView) -> bool:
         want = wanted(n)
-        return want is not None and n.running_model is not None and normalize_model(n.running_model) == normalize_model(want)
+        return (
+            want is not None
+            and n.running_model is not None
+            and normalize_model(n.running_model) == normalize_model(want)
+        )
 
     node = next((n for n in nodes if n.name == here), None)
     if node is None or wanted(node) is None or node.running_lane not in (INTERACTIVE, BATCH):
         return None
     if node.running_lane == BATCH and warm(node):
         return None
-    targets = [n for n in nodes if n.name != here and n.up and "task" in n.roles and wanted(n) is not None
-               and n.may_have(wanted(n)) and not n.interactive and n.running_lane == BATCH]
+    targets = [
+        n
+        for n in nodes
+        if n.name != here
+        and n.up
+        and "task" in n.roles
+        and wanted(n) is not None
+        and n.may_have(wanted(n))
+        and not n.interactive
+        and n.running_lane == BATCH
+    ]
     ready = [n for n in targets if warm(n)]
     if ready:
         return _by_rank(ready)[0].name
@@ -195,8 +230,7 @@ def preempted_reason(job_id: str, call: bool) -> str:
 
 
 def place_critique(
-    nodes: list[NodeView], parent_node: str | None = None, asked: str | None = None,
-    model: str | None = None,
+    nodes: list[NodeView], parent_node: str | None = None, asked: str | None = None, model: str | None = None
 ) -> list[Placement]:
     """One placement per critique node (fan-out), never choosing the parent task's node. A
     critique that names a model fans out to the critique nodes whose Ollama lists it. A node
@@ -207,8 +241,10 @@ def place_critique(
     targets = _having(targets, model, "critique")
     if not targets:
         if parent_node is not None:
-            raise Conflict(f"no critique node is left for the fan-out: the only one is '{parent_node}', "
-                           f"the parent task's node, and {GUARD_MESSAGE}")
+            raise Conflict(
+                f"no critique node is left for the fan-out: the only one is '{parent_node}', "
+                f"the parent task's node, and {GUARD_MESSAGE}"
+            )
         raise Conflict("no node takes critique jobs")
     return [Placement(n.name, FAN_OUT) for n in targets]
 
@@ -219,8 +255,10 @@ def check_move(kind: str, nodes: list[NodeView], target_name: str, model: str | 
     target = _named(nodes, target_name)
     _check_role(target, role_of(kind))
     if not target.may_have(model):
-        raise Conflict(f"model '{model}' is not installed on node {target.name} (its Ollama lists: "
-                       f"{_listed(target)}); the job stays where it is")
+        raise Conflict(
+            f"model '{model}' is not installed on node {target.name} (its Ollama lists: "
+            f"{_listed(target)}); the job stays where it is"
+        )
 
 
 def position_between(before: int | None, after: int | None, gap: int) -> int | None:
@@ -264,8 +302,11 @@ def entry(waiting: list[tuple[str, str | None]], lane: str, owner: str | None, f
         behind = sum(ln == BATCH for ln, _ in waiting[index:])
         if not behind:
             return Entry(index)
-        return Entry(index, f"interactive: entered at position {index + 1}, ahead of {behind} waiting batch "
-                            f"job{'s' if behind != 1 else ''}")
+        return Entry(
+            index,
+            f"interactive: entered at position {index + 1}, ahead of {behind} waiting batch "
+            f"job{'s' if behind != 1 else ''}",
+        )
     if not fair:
         return Entry(len(waiting))
     k = sum(1 for ln, o in waiting if ln == BATCH and o == owner) + 1

@@ -69,8 +69,14 @@ class Plan:
         return bool(self.added or self.removed or self.nodes or self.router)
 
     def json(self) -> dict:
-        return {"changed": self.changed, "added": list(self.added), "removed": list(self.removed),
-                "nodes": self.nodes, "router": self.router, "needs_restart": self.restart}
+        return {
+            "changed": self.changed,
+            "added": list(self.added),
+            "removed": list(self.removed),
+            "nodes": self.nodes,
+            "router": self.router,
+            "needs_restart": self.restart,
+        }
 
     def summary(self) -> str:
         """One line for the log."""
@@ -88,28 +94,42 @@ def plan(old: Settings, new: Settings) -> Plan:
     settings = replace(new, **kept, source=old.source, pinned=old.pinned)
     if settings.token != new.token:  # the token's admin stays the one of the token in force
         settings = replace(settings, users=kept_admin(old, new))
-    restart = [change(attr, getattr(old, attr), getattr(new, attr)) for attr in RESTART
-               if attr not in old.pinned and getattr(old, attr) != getattr(new, attr)]
-    router = [change(f.name, getattr(old, f.name), getattr(settings, f.name)) for f in fields(Settings)
-              if f.name not in (*RESTART, *NOT_SETTINGS) and getattr(old, f.name) != getattr(settings, f.name)]
+    restart = [
+        change(attr, getattr(old, attr), getattr(new, attr))
+        for attr in RESTART
+        if attr not in old.pinned and getattr(old, attr) != getattr(new, attr)
+    ]
+    router = [
+        change(f.name, getattr(old, f.name), getattr(settings, f.name))
+        for f in fields(Settings)
+        if f.name not in (*RESTART, *NOT_SETTINGS) and getattr(old, f.name) != getattr(settings, f.name)
+    ]
     router += users_changes(old.users, settings.users)
     before = {n.name: n for n in old.nodes}
     after = {n.name: n for n in settings.nodes}
-    nodes = {name: what for name in after if name in before
-             if (what := node_changes(before[name], after[name]))}
+    nodes = {name: what for name in after if name in before if (what := node_changes(before[name], after[name]))}
     clients_changed = any(getattr(old, a) != getattr(settings, a) for a in CLIENT_FIELDS)
-    new_clients = tuple(name for name in after if name in before
-                        and (clients_changed or before[name].url != after[name].url))
-    return Plan(settings, added=tuple(n for n in after if n not in before),
-                removed=tuple(n for n in before if n not in after), nodes=nodes, router=router,
-                restart=restart, new_clients=new_clients)
+    new_clients = tuple(
+        name for name in after if name in before and (clients_changed or before[name].url != after[name].url)
+    )
+    return Plan(
+        settings,
+        added=tuple(n for n in after if n not in before),
+        removed=tuple(n for n in before if n not in after),
+        nodes=nodes,
+        router=router,
+        restart=restart,
+        new_clients=new_clients,
+    )
 
 
 def kept_admin(old: Settings, new: Settings) -> tuple[UserConfig, ...]:
     """The file's users, with router.token's admin (config/tables.py parse_users) as it is in force: a new
     router.token needs a restart, so its admin keeps the old one."""
+
     def legacy(u: UserConfig, token: str | None) -> bool:
         return u.name == LEGACY_ADMIN and token is not None and u.token == token
+
     users = tuple(u for u in new.users if not legacy(u, new.token))
     admin = tuple(u for u in old.users if legacy(u, old.token))
     return admin + users if not any(u.name == LEGACY_ADMIN for u in users) else users
@@ -126,16 +146,22 @@ def users_changes(old: tuple[UserConfig, ...], new: tuple[UserConfig, ...]) -> l
         what.append(f"removed {', '.join(removed)}")
     for name in (n for n in after if n in before):
         a, b = before[name], after[name]
-        what += [f"{name}'s {key_of(attr)}: {shown(attr, getattr(a, attr))} -> {shown(attr, getattr(b, attr))}"
-                 for attr in USER_FIELDS if getattr(a, attr) != getattr(b, attr)]
+        what += [
+            f"{name}'s {key_of(attr)}: {shown(attr, getattr(a, attr))} -> {shown(attr, getattr(b, attr))}"
+            for attr in USER_FIELDS
+            if getattr(a, attr) != getattr(b, attr)
+        ]
         if a.token != b.token:
             what.append(f"{name}'s token: {'set' if a.token is None else 'removed' if b.token is None else 'changed'}")
     return [f"users: {'; '.join(what)}"] if what else []
 
 
 def node_changes(old: NodeConfig, new: NodeConfig) -> list[str]:
-    return [change(attr, getattr(old, attr), getattr(new, attr)) for attr in NODE_FIELDS
-            if getattr(old, attr) != getattr(new, attr)]
+    return [
+        change(attr, getattr(old, attr), getattr(new, attr))
+        for attr in NODE_FIELDS
+        if getattr(old, attr) != getattr(new, attr)
+    ]
 
 
 def refusal(waiting: dict[str, list[str]], running: dict[str, str]) -> str | None:
@@ -151,6 +177,8 @@ def refusal(waiting: dict[str, list[str]], running: dict[str, str]) -> str | Non
         if waiting.get(name):
             jobs.append(f"{', '.join(waiting[name])} waiting")
         what.append(f"{name} has {' and '.join(jobs)}")
-    return (f"not reloaded, nothing changed: removing a node with jobs would strand them ({'; '.join(what)}). "
-            "Move or cancel them first, or reload with --force (API: {\"force\": true}): its waiting jobs fail "
-            f"('{REMOVED_REASON}') and a running one finishes")
+    return (
+        f"not reloaded, nothing changed: removing a node with jobs would strand them ({'; '.join(what)}). "
+        'Move or cancel them first, or reload with --force (API: {"force": true}): its waiting jobs fail '
+        f"('{REMOVED_REASON}') and a running one finishes"
+    )

@@ -23,6 +23,7 @@ def shipped_files(directory: Path, pattern: str, what: str) -> list[Path]:
     """The files in `directory` matching `pattern`, sorted; finding none is an IncompleteInstall."""
     files = sorted(directory.glob(pattern))
     if not files:
-        raise IncompleteInstall(f"no {what} found in {directory} ({pattern}): this gpuq installation "
-                                "is incomplete; reinstall gpuq")
+        raise IncompleteInstall(
+            f"no {what} found in {directory} ({pattern}): this gpuq installation is incomplete; reinstall gpuq"
+        )
     return files

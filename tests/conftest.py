@@ -8,20 +8,21 @@ import asyncio
 import json
 import os
 import signal
-import sqlite3
 import socket
+import sqlite3
 import sys
 import time
 import tomllib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import aiohttp
+import pg
 import pytest
 import tomli_w
 
-import pg
 from gpuq.demo import FakeOllama, Script
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,8 +35,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-async def eventually(check: Callable[[], Awaitable[Any] | Any], timeout: float = 10.0,
-                     interval: float = 0.02, what: str = "condition") -> Any:
+async def eventually(
+    check: Callable[[], Awaitable[Any] | Any], timeout: float = 10.0, interval: float = 0.02, what: str = "condition"
+) -> Any:
     """Poll `check` until it returns something truthy, or fail after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     last = None
@@ -51,9 +53,11 @@ async def eventually(check: Callable[[], Awaitable[Any] | Any], timeout: float =
 
 # `python -c LIMITED_PYTHON SOFT HARD command...`: runs the command with that open-file limit (no
 # preexec_fn, which is unsafe in a test process that has threads).
-LIMITED_PYTHON = ("import os, resource, sys; "
-                  "resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[2]))); "
-                  "os.execvp(sys.argv[3], sys.argv[3:])")
+LIMITED_PYTHON = (
+    "import os, resource, sys; "
+    "resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[2]))); "
+    "os.execvp(sys.argv[3], sys.argv[3:])"
+)
 
 
 @dataclass
@@ -111,8 +115,15 @@ class Daemon:
             soft, hard = self.file_limit if isinstance(self.file_limit, tuple) else (self.file_limit,) * 2
             command = [sys.executable, "-c", LIMITED_PYTHON, str(soft), str(hard), *command]
         self.proc = await asyncio.create_subprocess_exec(
-            *command, "serve", "--config", str(self.config),
-            stdout=log, stderr=log, env={**os.environ, **self.env}, cwd=str(self.config.parent))
+            *command,
+            "serve",
+            "--config",
+            str(self.config),
+            stdout=log,
+            stderr=log,
+            env={**os.environ, **self.env},
+            cwd=str(self.config.parent),
+        )
         log.close()
         listen = self.url.removeprefix("http://")
         written = self.log.stat().st_size if self.log.exists() else 0
@@ -131,6 +142,7 @@ class Daemon:
                     return resp.status in (200, 503)
             except aiohttp.ClientError:
                 return False
+
         await eventually(answers, timeout, 0.05, "the daemon to answer /health")
 
     async def kill(self, sig: int = signal.SIGKILL) -> None:
@@ -138,12 +150,13 @@ class Daemon:
             self.proc.send_signal(sig)
             try:
                 await asyncio.wait_for(self.proc.wait(), 10)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.proc.kill()
                 await self.proc.wait()
 
-    async def request(self, method: str, path: str, body: Any = None, raw: bytes | None = None,
-                      headers: dict | None = None) -> tuple[int, Any]:
+    async def request(
+        self, method: str, path: str, body: Any = None, raw: bytes | None = None, headers: dict | None = None
+    ) -> tuple[int, Any]:
         kwargs: dict = {"headers": {**self.auth, **(headers or {})}}
         if raw is not None:
             kwargs["data"] = raw
@@ -172,12 +185,14 @@ class Daemon:
 
         async def seen_down():
             return not next(n for n in (await self.get("/api/nodes"))["nodes"] if n["name"] == name)["up"]
+
         await eventually(seen_down, 15, what=f"{name} to be seen down")
 
     async def wait_state(self, job_id: str, *states: str, timeout: float = 10.0) -> dict:
         async def reached():
             job = await self.job(job_id)
             return job if job["state"] in states else None
+
         return await eventually(reached, timeout, what=f"job {job_id} to be {'/'.join(states)}")
 
     async def submit(self, kind: str = "task", prompt: str = "hello", **extra) -> list[dict]:
@@ -190,20 +205,28 @@ class Daemon:
         env = dict(self.env)
         if self.auth.get("Authorization", "").startswith("Bearer "):  # the test's user, as the CLI takes it
             env.setdefault("GPUQ_TOKEN", self.auth["Authorization"].removeprefix("Bearer "))
-        return await run_cli("--router", self.url, *args, stdin=stdin, timeout=timeout, env=env,
-                             command=self.command)
+        return await run_cli("--router", self.url, *args, stdin=stdin, timeout=timeout, env=env, command=self.command)
 
 
-async def run_cli(*args: str, stdin: bytes | None = None, timeout: float = 30.0, env: dict | None = None,
-                  command: tuple[str, ...] = (sys.executable, "-m", "gpuq.cli")) -> Result:
+async def run_cli(
+    *args: str,
+    stdin: bytes | None = None,
+    timeout: float = 30.0,
+    env: dict | None = None,
+    command: tuple[str, ...] = (sys.executable, "-m", "gpuq.cli"),
+) -> Result:
     """Run the real `gpuq` CLI as a subprocess; one that hangs is killed and reported."""
     proc = await asyncio.create_subprocess_exec(
-        *command, *args,
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, **(env or {})})
+        *command,
+        *args,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, **(env or {})},
+    )
     try:
         out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         proc.kill()  # a CLI that hangs must not outlive its test
         await proc.wait()
         raise AssertionError(f"gpuq {' '.join(args)} did not finish within {timeout}s") from None
@@ -216,12 +239,20 @@ def node_table(name: str, fake: FakeOllama, rank: int, roles: list[str], model: 
 
 def write_config(path: Path, nodes: list[dict], port: int, **router: Any) -> Path:
     """A gpuq.toml with short test timings; `router` keys override them."""
-    data = {"router": {"listen": f"127.0.0.1:{port}", "public_url": f"http://127.0.0.1:{port}",
-                       "database": "gpuq.db", "health_interval": "0.2s", "stall_timeout": "5s",
-                       "unload_timeout": "2s",
-                       # a SIGTERM (the teardown's too) lets running jobs finish for 1s, then fails them
-                       "shutdown_grace": "1s", **router},
-            "node": nodes}
+    data = {
+        "router": {
+            "listen": f"127.0.0.1:{port}",
+            "public_url": f"http://127.0.0.1:{port}",
+            "database": "gpuq.db",
+            "health_interval": "0.2s",
+            "stall_timeout": "5s",
+            "unload_timeout": "2s",
+            # a SIGTERM (the teardown's too) lets running jobs finish for 1s, then fails them
+            "shutdown_grace": "1s",
+            **router,
+        },
+        "node": nodes,
+    }
     path.write_text(tomli_w.dumps(data))
     return path
 
@@ -236,6 +267,7 @@ async def fakes():
         await fake.start()
         made.append(fake)
         return fake
+
     yield make
     for fake in made:
         await fake.stop()
@@ -247,22 +279,36 @@ async def daemon_factory(tmp_path):
     session = aiohttp.ClientSession()
     started: list[Daemon] = []
 
-    async def make(nodes: list[dict], start: bool = True, env: dict | None = None,
-                   command: tuple[str, ...] | None = None, name: str = "gpuq",
-                   file_limit: int | tuple[int, int] | None = None, **router: Any) -> Daemon:
+    async def make(
+        nodes: list[dict],
+        start: bool = True,
+        env: dict | None = None,
+        command: tuple[str, ...] | None = None,
+        name: str = "gpuq",
+        file_limit: int | tuple[int, int] | None = None,
+        **router: Any,
+    ) -> Daemon:
         """`name` gives a second router its own config and log (`<name>.toml`, `<name>.log`); the
         database stays tmp_path/gpuq.db unless `database=` says otherwise."""
         port = free_port()
         config = write_config(tmp_path / f"{name}.toml", nodes, port, **router)
         log = tmp_path / ("daemon.log" if name == "gpuq" else f"{name}.log")
-        daemon = Daemon(config=config, url=f"http://127.0.0.1:{port}", log=log, session=session,
-                        env=env or {}, file_limit=file_limit, own_port="listen" not in router)
+        daemon = Daemon(
+            config=config,
+            url=f"http://127.0.0.1:{port}",
+            log=log,
+            session=session,
+            env=env or {},
+            file_limit=file_limit,
+            own_port="listen" not in router,
+        )
         if command:
             daemon.command = command
         started.append(daemon)
         if start:
             await daemon.start()
         return daemon
+
     yield make
     for d in started:
         await d.kill(signal.SIGTERM)
@@ -275,11 +321,14 @@ async def make_lab(fakes, daemon_factory, **router: Any) -> Daemon:
     f1 = await fakes("qwen3-coder:30b")
     f2 = await fakes("deepseek-r1:32b")
     f3 = await fakes("llama3.2:latest")
-    daemon = await daemon_factory([
-        node_table("node-1", f1, 1, ["task", "critique"], "qwen3-coder:30b"),
-        node_table("node-2", f2, 2, ["critique"], "deepseek-r1:32b"),
-        node_table("node-3", f3, 3, ["task"], "llama3.2:latest"),
-    ], **router)
+    daemon = await daemon_factory(
+        [
+            node_table("node-1", f1, 1, ["task", "critique"], "qwen3-coder:30b"),
+            node_table("node-2", f2, 2, ["critique"], "deepseek-r1:32b"),
+            node_table("node-3", f3, 3, ["task"], "llama3.2:latest"),
+        ],
+        **router,
+    )
     daemon.fakes = {"node-1": f1, "node-2": f2, "node-3": f3}
     return daemon
 
@@ -313,7 +362,9 @@ def shell(daemon: Daemon, sql: str, *params: Any) -> list[tuple]:
     database = tomllib.loads(daemon.config.read_text())["router"]["database"]
     if database.startswith("postgresql://"):
         import psycopg
+
         from gpuq.store.postgres import translate
+
         with psycopg.connect(database, autocommit=True) as db:
             return [tuple(r) for r in db.execute(translate(sql), params or None).fetchall()]
     db = sqlite3.connect(daemon.config.parent / database)

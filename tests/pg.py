@@ -97,13 +97,16 @@ class Cluster:
 
     def _run(self, *cmd: str, timeout: float = 120) -> str:
         try:
-            done = subprocess.run([*self.prefix, *cmd], capture_output=True, text=True, timeout=timeout,
-                                  stdin=subprocess.DEVNULL)
+            done = subprocess.run(
+                [*self.prefix, *cmd], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+            )
         except (OSError, subprocess.TimeoutExpired) as e:
             raise NoPostgres(f"{' '.join(cmd[:2])} failed: {e}{self._log_tail()}") from None
         if done.returncode != 0:
-            raise NoPostgres(f"{' '.join(cmd[:2])} exited {done.returncode}: {done.stderr.strip() or done.stdout.strip()}"
-                             f"{self._log_tail()}")
+            raise NoPostgres(
+                f"{' '.join(cmd[:2])} exited {done.returncode}: {done.stderr.strip() or done.stdout.strip()}"
+                f"{self._log_tail()}"
+            )
         return done.stdout
 
     def _log_tail(self) -> str:
@@ -114,14 +117,16 @@ class Cluster:
 
     # -- start and stop ----------------------------------------------------------------------
 
-    def start(self) -> "Cluster":
+    def start(self) -> Cluster:
         self.bindir = find_bindir()
         if os.geteuid() == 0:
             try:
                 user = pwd.getpwnam("postgres")
             except KeyError:
-                raise NoPostgres("running as root, and PostgreSQL refuses root: its server runs as the"
-                                 f" `postgres` system user, which does not exist ({INSTALL_HINT})") from None
+                raise NoPostgres(
+                    "running as root, and PostgreSQL refuses root: its server runs as the"
+                    f" `postgres` system user, which does not exist ({INSTALL_HINT})"
+                ) from None
             if not shutil.which("runuser"):
                 raise NoPostgres("running as root: runuser (util-linux) is needed to run PostgreSQL as `postgres`")
             self.prefix = ["runuser", "-u", "postgres", "--"]
@@ -135,23 +140,56 @@ class Cluster:
             pg_ctl = str(self.bindir / "pg_ctl")
             self._watchdog = subprocess.Popen(
                 [sys.executable, "-c", WATCHDOG, pg_ctl, str(self.data), str(self.dir), *self.prefix],
-                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                start_new_session=True)
-            self._run(str(self.bindir / "initdb"), "-D", str(self.data), "-U", SUPERUSER, "--auth=trust",
-                      "-E", "UTF8", "--locale=C", *([] if self.durable else ["--no-sync"]))
-            conf = {"listen_addresses": "''", "unix_socket_directories": f"'{self.dir}'", "port": str(PORT),
-                    "max_connections": "200", "shared_buffers": "32MB",
-                    **({} if self.durable else {"fsync": "off", "full_page_writes": "off"}),
-                    **self.settings}
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            self._run(
+                str(self.bindir / "initdb"),
+                "-D",
+                str(self.data),
+                "-U",
+                SUPERUSER,
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                *([] if self.durable else ["--no-sync"]),
+            )
+            conf = {
+                "listen_addresses": "''",
+                "unix_socket_directories": f"'{self.dir}'",
+                "port": str(PORT),
+                "max_connections": "200",
+                "shared_buffers": "32MB",
+                **({} if self.durable else {"fsync": "off", "full_page_writes": "off"}),
+                **self.settings,
+            }
             with open(self.data / "postgresql.conf", "a") as f:
                 f.write("\n# gpuq's throwaway cluster (tests/pg.py)\n")
                 f.writelines(f"{k} = {v}\n" for k, v in conf.items())
             # Its own session: a Ctrl-C at the terminal stops the tests, which then stop it.
             try:
-                done = subprocess.run([*self.prefix, pg_ctl, "start", "-w", "-t", "60", "-D", str(self.data),
-                                       "-l", str(self.dir / "server.log")],
-                                      capture_output=True, text=True, timeout=90, start_new_session=True,
-                                      stdin=subprocess.DEVNULL)
+                done = subprocess.run(
+                    [
+                        *self.prefix,
+                        pg_ctl,
+                        "start",
+                        "-w",
+                        "-t",
+                        "60",
+                        "-D",
+                        str(self.data),
+                        "-l",
+                        str(self.dir / "server.log"),
+                    ],
+                    capture_output=True,
+                    text=True,
+                    timeout=90,
+                    start_new_session=True,
+                    stdin=subprocess.DEVNULL,
+                )
             except subprocess.TimeoutExpired:
                 raise NoPostgres(f"pg_ctl start did not finish within 90s{self._log_tail()}") from None
             if done.returncode != 0:
@@ -164,10 +202,27 @@ class Cluster:
     def restart(self) -> None:
         """Stop the server (fast: every connection is cut) and start it again, as an upgrade or a
         crash of the database machine does."""
-        done = subprocess.run([*self.prefix, str(self.bindir / "pg_ctl"), "restart", "-m", "fast", "-w", "-t", "60",
-                               "-D", str(self.data), "-l", str(self.dir / "server.log")],
-                              capture_output=True, text=True, timeout=90, start_new_session=True,
-                              stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            [
+                *self.prefix,
+                str(self.bindir / "pg_ctl"),
+                "restart",
+                "-m",
+                "fast",
+                "-w",
+                "-t",
+                "60",
+                "-D",
+                str(self.data),
+                "-l",
+                str(self.dir / "server.log"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=90,
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+        )
         if done.returncode != 0:
             raise NoPostgres(f"pg_ctl restart exited {done.returncode}: {done.stderr.strip()}{self._log_tail()}")
 
@@ -182,8 +237,12 @@ class Cluster:
             pg_ctl = str(self.bindir / "pg_ctl")
             for mode in ("fast", "immediate"):
                 try:
-                    done = subprocess.run([*self.prefix, pg_ctl, "stop", "-D", str(self.data), "-m", mode, "-w",
-                                           "-t", "30"], capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+                    done = subprocess.run(
+                        [*self.prefix, pg_ctl, "stop", "-D", str(self.data), "-m", mode, "-w", "-t", "30"],
+                        capture_output=True,
+                        timeout=60,
+                        stdin=subprocess.DEVNULL,
+                    )
                     if done.returncode == 0:
                         break
                 except subprocess.TimeoutExpired:
@@ -203,6 +262,7 @@ class Cluster:
 
     def _admin(self, sql: str) -> None:
         import psycopg
+
         with psycopg.connect(self.dsn("postgres"), autocommit=True) as conn:
             conn.execute(sql)
 

@@ -9,8 +9,9 @@ from gpuq.config import Settings
 
 async def token_lab(fakes, daemon_factory, env=None, **router):
     fake = await fakes("qwen3-coder:30b")
-    return await daemon_factory([node_table("node-1", fake, 1, ["task", "critique"], "qwen3-coder:30b")],
-                                env=env, **router)
+    return await daemon_factory(
+        [node_table("node-1", fake, 1, ["task", "critique"], "qwen3-coder:30b")], env=env, **router
+    )
 
 
 async def test_token_is_required_on_the_api_and_compared_exactly(fakes, daemon_factory):
@@ -54,8 +55,12 @@ async def test_token_from_environment_protects_the_daemon(fakes, daemon_factory)
 
 async def test_cross_site_state_changes_are_refused(lab):
     [job] = await lab.submit("task", "mine", node="node-3")
-    cases = [{"Origin": "https://evil.example"}, {"Sec-Fetch-Site": "cross-site"}, {"Origin": "null"},
-             {"Sec-Fetch-Site": "same-site"}]
+    cases = [
+        {"Origin": "https://evil.example"},
+        {"Sec-Fetch-Site": "cross-site"},
+        {"Origin": "null"},
+        {"Sec-Fetch-Site": "same-site"},
+    ]
     for headers in cases:
         status, body = await lab.request("DELETE", f"/api/jobs/{job['id']}", headers=headers)
         assert status == 403 and "cross-site request refused" in body["error"]["message"], headers

@@ -4,14 +4,23 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from gpuq.node.alerts import conditions, notice, request_for, retry_after_s
 from gpuq.config import NodeConfig, Settings
+from gpuq.node.alerts import conditions, notice, request_for, retry_after_s
 
 
 def node(name: str, up=True, checked=True, vram_stuck=None):
-    return SimpleNamespace(name=name, up=up, checked=checked, since=1_800_000_000.0, last_error="cannot connect",
-                           vram_stuck=vram_stuck, stuck_model="m:1", stuck_since=1_800_000_100.0, stuck_job="j",
-                           config=NodeConfig(name, f"http://{name}:11434", 1, ("task",), "m:1"))
+    return SimpleNamespace(
+        name=name,
+        up=up,
+        checked=checked,
+        since=1_800_000_000.0,
+        last_error="cannot connect",
+        vram_stuck=vram_stuck,
+        stuck_model="m:1",
+        stuck_since=1_800_000_100.0,
+        stuck_job="j",
+        config=NodeConfig(name, f"http://{name}:11434", 1, ("task",), "m:1"),
+    )
 
 
 def test_a_down_node_fires_only_with_waiting_jobs_and_only_once_checked():
@@ -33,8 +42,15 @@ def test_backoff_doubles_from_one_second_to_a_minute():
 
 
 def test_ntfy_notice_of_a_node_alert_links_the_queue_page():
-    row = {"alert": "node_down", "node": "a", "job_id": None, "since": "2026-01-01T00:00:00.000000Z",
-           "message": "node a is down", "fix": "gpuq clear a", "resolution": "node a answers again"}
+    row = {
+        "alert": "node_down",
+        "node": "a",
+        "job_id": None,
+        "since": "2026-01-01T00:00:00.000000Z",
+        "message": "node a is down",
+        "fix": "gpuq clear a",
+        "resolution": "node a answers again",
+    }
     settings = Settings(alert_url="https://ntfy.sh/t", alert_format="ntfy", public_url="http://box:8750")
     firing = request_for(notice(row, "firing"), settings, 7)
     assert firing["headers"]["Click"] == "http://box:8750/"
@@ -43,7 +59,14 @@ def test_ntfy_notice_of_a_node_alert_links_the_queue_page():
     assert "Authorization" not in firing["headers"]
     assert firing["data"] == b"node a is down\nfix: gpuq clear a"
     resolved = notice(row, "resolved")
-    assert resolved == {"status": "resolved", "alert": "node_down", "node": "a", "job": None,
-                        "since": "2026-01-01T00:00:00.000000Z", "message": "node a answers again", "fix": None}
+    assert resolved == {
+        "status": "resolved",
+        "alert": "node_down",
+        "node": "a",
+        "job": None,
+        "since": "2026-01-01T00:00:00.000000Z",
+        "message": "node a answers again",
+        "fix": None,
+    }
     as_json = request_for(resolved, Settings(alert_url="http://127.0.0.1:1/h", alert_token="s"), 7)
     assert as_json["json"] == resolved and as_json["headers"]["Authorization"] == "Bearer s"

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 import pytest
 import tomli_w
 from aiohttp import web
-
 from conftest import eventually, free_port, node_table
 
 KEYS = {"status", "alert", "node", "job", "since", "message", "fix"}
@@ -41,8 +40,10 @@ class Receiver:
 
     def bodies(self) -> list[dict | None]:
         """The JSON notices (None for a request that is not JSON, such as ntfy's)."""
-        return [json.loads(r["raw"]) if r["headers"]["Content-Type"].startswith("application/json") else None
-                for r in self.got]
+        return [
+            json.loads(r["raw"]) if r["headers"]["Content-Type"].startswith("application/json") else None
+            for r in self.got
+        ]
 
     def statuses(self) -> list[tuple[str, str]]:
         return [(b["status"], b["alert"]) for b in self.bodies()]
@@ -64,8 +65,9 @@ async def receiver():
 
 async def one_node(fakes, daemon_factory, receiver, **router):
     fake = await fakes("qwen3-coder:30b")
-    daemon = await daemon_factory([node_table("node-1", fake, 1, ["task", "critique"], "qwen3-coder:30b")],
-                                  alert_url=receiver.url, **router)
+    daemon = await daemon_factory(
+        [node_table("node-1", fake, 1, ["task", "critique"], "qwen3-coder:30b")], alert_url=receiver.url, **router
+    )
     return fake, daemon
 
 
@@ -86,9 +88,11 @@ async def got(receiver, n: int, what: str, timeout: float = 20) -> list[dict]:
 async def delivered(d, ok: int = 0) -> list[dict]:
     """The firings with their delivery tries, once `ok` deliveries are recorded (the receiver
     may hold a notice a moment before the router has written that it was delivered)."""
+
     async def done():
         alerts = (await d.get("/api/alerts"))["alerts"]
         return sum(t["ok"] for a in alerts for t in a["deliveries"]) >= ok and alerts
+
     return await eventually(done, 10, what=f"{ok} deliveries to be recorded")
 
 
@@ -113,15 +117,21 @@ async def test_a_stale_head_fires_once_and_resolves_once(fakes, daemon_factory, 
     firing_, resolved = await got(receiver, 2, "the resolved notice")
     assert firing_ == firing
     assert set(resolved) == KEYS and resolved["status"] == "resolved"
-    assert (resolved["alert"], resolved["node"], resolved["job"], resolved["since"]) == \
-        ("stale_head", "node-1", head, firing["since"])
+    assert (resolved["alert"], resolved["node"], resolved["job"], resolved["since"]) == (
+        "stale_head",
+        "node-1",
+        head,
+        firing["since"],
+    )
     assert f"job {head} is cancelled now" in resolved["message"] and resolved["fix"] is None
     await d.wait_state(behind, "done")
 
     [alert] = await delivered(d, ok=2)
     assert alert["resolved_at"] and alert["fired_sent_at"] and alert["resolved_sent_at"]
     assert [(t["status"], t["attempt"], t["ok"], t["http_status"]) for t in alert["deliveries"]] == [
-        ("firing", 1, 1, 200), ("resolved", 1, 1, 200)]
+        ("firing", 1, 1, 200),
+        ("resolved", 1, 1, 200),
+    ]
     log = d.log.read_text()
     assert f"alert=stale_head node=node-1 job={head} firing:" in log
     assert f"alert=stale_head node=node-1 job={head} notice=firing attempt=1 delivered (HTTP 200)" in log
@@ -130,7 +140,8 @@ async def test_a_stale_head_fires_once_and_resolves_once(fakes, daemon_factory, 
 
 
 async def test_a_failing_receiver_gets_the_alert_after_retries_and_each_failure_is_recorded(
-        fakes, daemon_factory, receiver):
+    fakes, daemon_factory, receiver
+):
     receiver.fail_first = 2
     fake, d = await one_node(fakes, daemon_factory, receiver, stale_after="0.5s", stall_timeout="60s")
     head, _ = await stale_head(fake, d)
@@ -148,7 +159,8 @@ async def test_a_failing_receiver_gets_the_alert_after_retries_and_each_failure_
 
 
 async def test_a_restart_neither_resends_a_delivered_firing_nor_forgets_a_resolution_owed(
-        fakes, daemon_factory, receiver):
+    fakes, daemon_factory, receiver
+):
     fake, d = await one_node(fakes, daemon_factory, receiver, stale_after="0.5s", stall_timeout="60s")
     head, _ = await stale_head(fake, d)
     await got(receiver, 1, "the firing notice")
@@ -160,6 +172,7 @@ async def test_a_restart_neither_resends_a_delivered_firing_nor_forgets_a_resolu
     async def resolution_refused():
         [alert] = await delivered(d)
         return alert["resolved_at"] and any(not t["ok"] for t in alert["deliveries"])
+
     await eventually(resolution_refused, 20, what="the resolved notice to be refused once")
     await d.kill(signal.SIGKILL)
     receiver.failing = False
@@ -173,8 +186,15 @@ async def test_a_restart_neither_resends_a_delivered_firing_nor_forgets_a_resolu
 
 
 async def test_ntfy_gets_a_title_and_a_plain_text_message(fakes, daemon_factory, receiver):
-    fake, d = await one_node(fakes, daemon_factory, receiver, stale_after="0.5s", stall_timeout="60s",
-                             alert_format="ntfy", alert_token="tk_test_token")
+    fake, d = await one_node(
+        fakes,
+        daemon_factory,
+        receiver,
+        stale_after="0.5s",
+        stall_timeout="60s",
+        alert_format="ntfy",
+        alert_token="tk_test_token",
+    )
     head, _ = await stale_head(fake, d)
     await got(receiver, 1, "the ntfy firing")
     fake.script.stall_after = None
@@ -199,13 +219,19 @@ async def test_ntfy_gets_a_title_and_a_plain_text_message(fakes, daemon_factory,
 async def test_a_node_down_with_waiting_jobs_fires_and_resolves_when_it_answers(fakes, daemon_factory, receiver):
     f1 = await fakes("qwen3-coder:30b")
     f2 = await fakes("qwen3-coder:30b")
-    d = await daemon_factory([node_table("node-1", f1, 1, ["task"], "qwen3-coder:30b"),
-                              node_table("node-2", f2, 2, ["task"], "qwen3-coder:30b")], alert_url=receiver.url)
+    d = await daemon_factory(
+        [
+            node_table("node-1", f1, 1, ["task"], "qwen3-coder:30b"),
+            node_table("node-2", f2, 2, ["task"], "qwen3-coder:30b"),
+        ],
+        alert_url=receiver.url,
+    )
     port = f2.port
     await f2.stop()
 
     async def down():
         return not (await d.get("/api/nodes"))["nodes"][1]["up"]
+
     await eventually(down, 10, what="node-2 to be seen down")
     [job] = await d.submit("task", "for node-2", node="node-2")
 
@@ -213,7 +239,10 @@ async def test_a_node_down_with_waiting_jobs_fires_and_resolves_when_it_answers(
     assert (firing["status"], firing["alert"], firing["node"], firing["job"]) == ("firing", "node_down", "node-2", None)
     assert "node node-2 is down since" in firing["message"] and "1 job waits on it" in firing["message"]
     assert "cannot connect" in firing["message"]
-    assert firing["fix"] == "restart Ollama on 127.0.0.1 (systemctl restart ollama); or cancel what waits: gpuq clear node-2"
+    assert (
+        firing["fix"]
+        == "restart Ollama on 127.0.0.1 (systemctl restart ollama); or cancel what waits: gpuq clear node-2"
+    )
 
     await f2.start(port=port)
     await d.wait_state(job["id"], "done", timeout=15)
@@ -224,7 +253,8 @@ async def test_a_node_down_with_waiting_jobs_fires_and_resolves_when_it_answers(
 
 
 async def test_a_model_stuck_in_vram_fires_survives_a_restart_and_resolves_when_it_leaves(
-        fakes, daemon_factory, receiver):
+    fakes, daemon_factory, receiver
+):
     fake, d = await one_node(fakes, daemon_factory, receiver, unload_timeout="0.5s")
     fake.script.unload = "never"
     [job] = await d.submit("task", "leaves its model behind")
@@ -234,8 +264,9 @@ async def test_a_model_stuck_in_vram_fires_survives_a_restart_and_resolves_when_
     assert (firing["alert"], firing["node"], firing["job"]) == ("vram_stuck", "node-1", job["id"])
     assert firing["message"].startswith("unload failed: qwen3-coder:30b did not leave VRAM within ")
     assert "(unload_timeout 0.5s;" in firing["message"]
-    assert firing["fix"] == (f"OLLAMA_HOST={fake.url} ollama stop qwen3-coder:30b; "
-                             "if it stays, restart Ollama on 127.0.0.1")
+    assert firing["fix"] == (
+        f"OLLAMA_HOST={fake.url} ollama stop qwen3-coder:30b; if it stays, restart Ollama on 127.0.0.1"
+    )
 
     # A restart remembers the stuck model: the node stays flagged, nothing is sent again.
     await d.kill(signal.SIGTERM)
@@ -255,15 +286,18 @@ async def test_a_model_stuck_in_vram_fires_survives_a_restart_and_resolves_when_
 
 
 async def test_without_alert_url_firings_are_recorded_and_an_open_one_is_sent_once_one_is_set(
-        fakes, daemon_factory, receiver):
+    fakes, daemon_factory, receiver
+):
     fake = await fakes("qwen3-coder:30b")
-    d = await daemon_factory([node_table("node-1", fake, 1, ["task"], "qwen3-coder:30b")],
-                             stale_after="0.5s", stall_timeout="60s")
+    d = await daemon_factory(
+        [node_table("node-1", fake, 1, ["task"], "qwen3-coder:30b")], stale_after="0.5s", stall_timeout="60s"
+    )
     head, _ = await stale_head(fake, d)
 
     async def recorded():
         body = await d.get("/api/alerts")
         return body["alerts"] and body
+
     body = await eventually(recorded, 20, what="the firing to be recorded")
     assert body["alert_url_set"] is False
     [alert] = body["alerts"]

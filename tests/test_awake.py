@@ -34,8 +34,10 @@ def stand_ins(tmp_path: Path) -> tuple[dict, Path]:
 def started(record: Path) -> list[tuple[int, list[str]]]:
     if not record.exists():
         return []
-    return [(int(pid), argv.split()) for pid, argv in
-            (line.split(" ", 1) for line in record.read_text().splitlines() if line)]
+    return [
+        (int(pid), argv.split())
+        for pid, argv in (line.split(" ", 1) for line in record.read_text().splitlines() if line)
+    ]
 
 
 def alive(pid: int) -> bool:
@@ -71,6 +73,7 @@ async def test_inhibitor_held_while_a_job_runs_and_released_when_idle(fakes, dae
 
     async def idle():
         return (await d.get("/health"))["awake"] is None
+
     await eventually(idle, what="/health to say nothing is held")
     assert len(started(record)) == 1  # one busy spell, one inhibitor
 
@@ -104,6 +107,7 @@ async def test_a_missing_tool_is_logged_once_and_fails_no_job(fakes, daemon_fact
 
 def test_keep_awake_is_a_boolean_setting(tmp_path):
     from gpuq.config import ConfigError, parse_config
+
     assert parse_config({"router": {}}, tmp_path).keep_awake is True
     assert parse_config({"router": {"keep_awake": False}}, tmp_path).keep_awake is False
     try:
@@ -111,4 +115,4 @@ def test_keep_awake_is_a_boolean_setting(tmp_path):
     except ConfigError as exc:
         assert "router.keep_awake: expected bool" in str(exc)
     else:
-        raise AssertionError("keep_awake = \"no\" was accepted")
+        raise AssertionError('keep_awake = "no" was accepted')

@@ -9,7 +9,6 @@ import sqlite3
 import threading
 
 import pytest
-
 from conftest import eventually
 
 from gpuq.errors import SchemaViolated, StoreUnavailable, Unprocessable
@@ -43,6 +42,7 @@ async def together(store: Store, *calls):
     def hold(db):
         busy.set()
         go.wait(10)
+
     held = asyncio.ensure_future(store._writer.call(hold))
     try:
         await eventually(busy.is_set, what="the writer to be busy")
@@ -105,16 +105,23 @@ async def test_a_claim_inside_a_batch_is_seen_by_the_submits_after_it(store):
     assert claimed["id"] == first["id"]
     # b's only queued job became its running head inside the batch: y sees b's empty queue.
     assert (y[0]["node"], y[0]["reason"], y[0]["position"]) == ("b", SHORTEST, 1)
-    assert refused.status == 409 and refused.message.endswith("is no longer running") and "finish refused" not in refused.message
+    assert (
+        refused.status == 409
+        and refused.message.endswith("is no longer running")
+        and "finish refused" not in refused.message
+    )
     assert rows(store.path, "SELECT state FROM job WHERE id = ?", first["id"]) == [("running",)]
 
 
 async def test_a_submit_failing_halfway_rolls_back_only_its_own_rows(store):
     # The database refuses one submit's event row after its job row went in: its savepoint
     # takes the job row back out, and the submits around it in the batch still commit.
-    await store._writer.call(lambda db: db.execute(
-        "CREATE TEMP TRIGGER refuse_evil BEFORE INSERT ON event WHEN NEW.actor = 'evil'"
-        " BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"))
+    await store._writer.call(
+        lambda db: db.execute(
+            "CREATE TEMP TRIGGER refuse_evil BEFORE INSERT ON event WHEN NEW.actor = 'evil'"
+            " BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"
+        )
+    )
     results = await together(
         store,
         store.submit(NewJob("task", "before"), NODES, "api"),
@@ -131,12 +138,10 @@ async def test_a_submit_failing_halfway_rolls_back_only_its_own_rows(store):
 async def test_a_batch_whose_commit_fails_fails_every_submit_and_stores_nothing(store):
     def dangling(db):
         db.execute("PRAGMA defer_foreign_keys = ON")  # checked at COMMIT, which then refuses
-        db.execute("INSERT INTO event (job_id, at, to_state, actor) VALUES (?, 'x', 'queued', 'test')",
-                   (UNKNOWN,))
+        db.execute("INSERT INTO event (job_id, at, to_state, actor) VALUES (?, 'x', 'queued', 'test')", (UNKNOWN,))
+
     results = await together(
-        store,
-        *(store.submit(NewJob("task", f"p{i}"), NODES, "api") for i in range(4)),
-        store._writer.run(dangling),
+        store, *(store.submit(NewJob("task", f"p{i}"), NODES, "api") for i in range(4)), store._writer.run(dangling)
     )
     assert all(isinstance(r, SchemaViolated) for r in results), results
     assert all("FOREIGN KEY" in r.message for r in results)
@@ -150,8 +155,7 @@ async def test_a_full_disk_leaves_each_submit_either_stored_whole_or_refused(sto
     pages = await store._writer.call(lambda db: db.execute("PRAGMA page_count").fetchone()[0])
     await store._writer.call(lambda db: db.execute(f"PRAGMA max_page_count = {pages + 12}").fetchall())
     prompt = "x" * 6000
-    results = await together(store, *(store.submit(NewJob("task", f"{i} {prompt}"), NODES, "api")
-                                      for i in range(20)))
+    results = await together(store, *(store.submit(NewJob("task", f"{i} {prompt}"), NODES, "api") for i in range(20)))
     refused = [r for r in results if isinstance(r, Exception)]
     assert refused and all(isinstance(r, StoreUnavailable) and "full" in r.message for r in refused)
     acknowledged = {r[0]["id"] for r in results if isinstance(r, list)}
@@ -166,8 +170,9 @@ async def test_a_locked_database_refuses_the_whole_batch_loudly(tmp_path):
         shell = sqlite3.connect(s.path, isolation_level=None)  # a person in the sqlite3 shell
         shell.execute("BEGIN IMMEDIATE")
         try:
-            results = await asyncio.gather(*(s.submit(NewJob("task", f"p{i}"), NODES, "api") for i in range(5)),
-                                           return_exceptions=True)
+            results = await asyncio.gather(
+                *(s.submit(NewJob("task", f"p{i}"), NODES, "api") for i in range(5)), return_exceptions=True
+            )
         finally:
             shell.execute("ROLLBACK")
             shell.close()
@@ -195,9 +200,11 @@ async def test_closing_the_store_lets_the_batch_in_flight_commit(tmp_path):
 
 # -- through the API, against the real daemon ------------------------------------------------
 
+
 async def test_fifty_concurrent_submits_through_the_api(lab, tmp_path):
     async def one(i):
         return await lab.request("POST", "/api/jobs", {"kind": "task", "prompt": f"burst {i}"})
+
     results = await asyncio.gather(*(one(i) for i in range(50)))
     assert [status for status, _ in results] == [201] * 50
     ids = [body["jobs"][0]["id"] for _, body in results]
@@ -205,8 +212,7 @@ async def test_fifty_concurrent_submits_through_the_api(lab, tmp_path):
     db = sqlite3.connect(tmp_path / "gpuq.db")
     try:
         stored = {r[0] for r in db.execute("SELECT id FROM job")}
-        created = db.execute(
-            "SELECT job_id, COUNT(*) FROM event WHERE from_state IS NULL GROUP BY job_id").fetchall()
+        created = db.execute("SELECT job_id, COUNT(*) FROM event WHERE from_state IS NULL GROUP BY job_id").fetchall()
     finally:
         db.close()
     assert set(ids) <= stored
@@ -216,6 +222,7 @@ async def test_fifty_concurrent_submits_through_the_api(lab, tmp_path):
 async def test_an_invalid_submit_among_concurrent_ones_gets_its_own_error(lab):
     async def task(i):
         return await lab.request("POST", "/api/jobs", {"kind": "task", "prompt": f"fine {i}"})
+
     bad = lab.request("POST", "/api/jobs", {"kind": "critique", "prompt": "x", "parent": UNKNOWN})
     results = await asyncio.gather(*(task(i) for i in range(10)), bad, *(task(i) for i in range(10, 20)))
     statuses = [s for s, _ in results]
@@ -234,6 +241,7 @@ async def test_a_job_claimed_in_its_submit_reaches_its_worker_even_when_the_subm
     def hold(db):
         busy.set()
         go.wait(10)
+
     held = asyncio.ensure_future(store._writer.call(hold))
     await eventually(busy.is_set, what="the writer to be busy")
     submitting = asyncio.ensure_future(store.submit(NewJob("task", "p"), idle, "api", handed.append))

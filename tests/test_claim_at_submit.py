@@ -9,11 +9,11 @@ import asyncio
 import sqlite3
 
 from aiohttp.test_utils import TestClient, TestServer
-
 from conftest import Daemon, eventually, node_table
-from gpuq.config import NodeConfig, Settings
+
 from gpuq.api.app import create_app
 from gpuq.api.state import DISPATCHER, STORE
+from gpuq.config import NodeConfig, Settings
 from gpuq.node.worker import NOT_SENT
 
 MODEL = "qwen3-coder:30b"
@@ -34,6 +34,7 @@ async def submit_to_idle(d: Daemon, prompt: str, **extra) -> dict:
             return dict(job, prompt=text)
         await d.wait_state(job["id"], "done")
         return None
+
     return await eventually(claimed, what="a submit that finds the node's worker idle")
 
 
@@ -55,9 +56,11 @@ async def test_a_job_submitted_to_an_idle_node_runs_once_with_a_claimed_jobs_row
     assert prompts.count(first["prompt"]) == 1 and prompts.count("claimed by the worker") == 1
     placed = ("placed on n (asked)",)
     for job in done:
-        assert shape(job["events"]) == [(None, "queued", "api 127.0.0.1", *placed),
-                                        ("queued", "running", "router", "claimed by n"),
-                                        ("running", "done", "router", None)]
+        assert shape(job["events"]) == [
+            (None, "queued", "api 127.0.0.1", *placed),
+            ("queued", "running", "router", "claimed by n"),
+            ("running", "done", "router", None),
+        ]
         [run] = job["runs"]
         assert (run["node"], run["state"], run["error"]) == ("n", "done", None)
         assert len(job["output"].split()) == 40
@@ -74,8 +77,9 @@ async def test_a_job_submitted_to_an_idle_node_runs_once_with_a_claimed_jobs_row
 
 async def test_the_guard_refuses_a_critique_on_its_parents_idle_node(fakes, daemon_factory):
     fa, fb = await fakes(MODEL), await fakes(MODEL)
-    d = await daemon_factory([node_table("a", fa, 1, ["task", "critique"], MODEL),
-                              node_table("b", fb, 2, ["critique"], MODEL)])
+    d = await daemon_factory(
+        [node_table("a", fa, 1, ["task", "critique"], MODEL), node_table("b", fb, 2, ["critique"], MODEL)]
+    )
     task = await submit_to_idle(d, "the parent", node="a")
     await d.wait_state(task["id"], "done")
     jobs, sent = (await d.get("/api/jobs"))["jobs"], len(fa.chat_requests)
@@ -93,13 +97,18 @@ async def test_the_guard_refuses_a_critique_on_its_parents_idle_node(fakes, daem
 
 
 async def test_a_router_stopped_right_after_such_a_submit_puts_the_job_back_and_runs_it_after_the_restart(
-        fakes, tmp_path):
+    fakes, tmp_path
+):
     """In-process, to time the stop exactly: the submit's commit (which claims the job for the
     idle worker) lands after the router was told to stop, as SIGTERM does it (quiesce, then the
     runner's cleanup): the job never reached Ollama, so it goes back to the head of its queue."""
     fake = await fakes(MODEL, tokens=3)
-    settings = Settings(database=tmp_path / "gpuq.db", health_interval_s=0.2, busy_timeout_s=60,
-                        nodes=(NodeConfig("n", fake.url, 1, ("task",), MODEL),))
+    settings = Settings(
+        database=tmp_path / "gpuq.db",
+        health_interval_s=0.2,
+        busy_timeout_s=60,
+        nodes=(NodeConfig("n", fake.url, 1, ("task",), MODEL),),
+    )
     client = TestClient(TestServer(create_app(settings), host="127.0.0.1"))
     await client.start_server()
     app = client.server.app
@@ -110,6 +119,7 @@ async def test_a_router_stopped_right_after_such_a_submit_puts_the_job_back_and_
     async def noted_submit(*args, **kwargs):  # its write is queued by the time this awaits
         submitted.set()
         return await real_submit(*args, **kwargs)
+
     store.submit = noted_submit
     db = sqlite3.connect(tmp_path / "gpuq.db", isolation_level=None)
     try:
@@ -131,18 +141,22 @@ async def test_a_router_stopped_right_after_such_a_submit_puts_the_job_back_and_
     restarted = TestClient(TestServer(create_app(settings), host="127.0.0.1"))
     await restarted.start_server()
     try:
+
         async def done():
             resp = await restarted.get(f"/api/jobs/{job['id']}")
             body = await resp.json()
             return body if body["state"] == "done" else None
+
         detail = await eventually(done, what="the job to run after the restart")
     finally:
         await restarted.close()
-    assert shape(detail["events"]) == [(None, "queued", "api 127.0.0.1", "placed on n (asked)"),
-                                       ("queued", "running", "router", "claimed by n"),
-                                       ("running", "queued", "router", NOT_SENT),
-                                       ("queued", "running", "router", "claimed by n"),
-                                       ("running", "done", "router", None)]
+    assert shape(detail["events"]) == [
+        (None, "queued", "api 127.0.0.1", "placed on n (asked)"),
+        ("queued", "running", "router", "claimed by n"),
+        ("running", "queued", "router", NOT_SENT),
+        ("queued", "running", "router", "claimed by n"),
+        ("running", "done", "router", None),
+    ]
     assert detail["events"][0]["at"] == detail["events"][1]["at"]  # the first claim was the submit's
     assert [(r["state"], r["error"]) for r in detail["runs"]] == [("cancelled", NOT_SENT), ("done", None)]
     assert [r["messages"][0]["content"] for r in fake.chat_requests] == ["p"]  # once

@@ -12,15 +12,15 @@ import aiohttp
 import pytest
 from aiohttp import web
 from click.testing import CliRunner
-
 from conftest import eventually, free_port, run_cli
+
 from gpuq.cli import main
 from gpuq.ops.daemon import invoked_as
 
 
 def test_every_command_has_help_with_an_example():
     runner = CliRunner()
-    for name, command in main.commands.items():
+    for name in main.commands:
         result = runner.invoke(main, [name, "--help"])
         assert result.exit_code == 0, name
         assert "Example:" in result.output, f"{name} help has no example"
@@ -51,7 +51,11 @@ async def test_a_closed_port_says_how_to_start_the_router():
 # -- a --router that is not gpuq ---------------------------------------------------------------
 
 JOB_ID = "1760883402-9f3a7c21"
-PAGE = "<!DOCTYPE html>\n<html><head><title>Welcome</title></head>\n<body>\n" + "<p>It works!</p>\n" * 40 + "</body></html>\n"
+PAGE = (
+    "<!DOCTYPE html>\n<html><head><title>Welcome</title></head>\n<body>\n"
+    + "<p>It works!</p>\n" * 40
+    + "</body></html>\n"
+)
 
 
 @pytest.fixture
@@ -59,12 +63,19 @@ async def foreign():
     """Another web server on loopback: /html/... answers every request with an HTML page (200);
     any other path gets aiohttp's own plain-text 404; /proxy/ takes a submit like gpuq, then
     answers everything else with a 502 page (a reverse proxy whose router went away)."""
+
     async def html(request):
         return web.Response(text=PAGE, content_type="text/html")
 
     async def proxy_submit(request):
-        job = {"id": JOB_ID, "node": "node-1", "reason": "first free node by rank", "preview_url": "-",
-               "model": "m", "state": "queued"}
+        job = {
+            "id": JOB_ID,
+            "node": "node-1",
+            "reason": "first free node by rank",
+            "preview_url": "-",
+            "model": "m",
+            "state": "queued",
+        }
         return web.json_response({"jobs": [job]}, status=201)
 
     async def proxy_gone(request):
@@ -83,9 +94,14 @@ async def foreign():
 
 
 # Every way a command talks to the router: a JSON call, a read, the stream, a delete.
-COMMANDS = [(["task", "x"], "/api/jobs"), (["critique", "{file}"], "/api/jobs"), (["queue"], "/api/queue?limit=50"),
-            (["health"], "/health"), (["wait", JOB_ID], f"/api/jobs/{JOB_ID}/stream"),
-            (["delete", JOB_ID], f"/api/jobs/{JOB_ID}")]
+COMMANDS = [
+    (["task", "x"], "/api/jobs"),
+    (["critique", "{file}"], "/api/jobs"),
+    (["queue"], "/api/queue?limit=50"),
+    (["health"], "/health"),
+    (["wait", JOB_ID], f"/api/jobs/{JOB_ID}/stream"),
+    (["delete", JOB_ID], f"/api/jobs/{JOB_ID}"),
+]
 
 
 @pytest.mark.parametrize("prefix,status,what", [("/html", 200, "an HTML page"), ("", 404, '"404: Not Found"')])
@@ -97,7 +113,8 @@ async def test_a_router_url_that_is_another_server_is_one_clear_error(prefix, st
         assert res.code == 1, (args, res)
         assert res.err.splitlines() == [
             f"error {status} {base}{path} answered {what}, not gpuq's JSON; is {base} the router's URL?",
-            "not retried"], (args, res.err)
+            "not retried",
+        ], (args, res.err)
 
 
 async def test_a_foreign_answer_after_the_submit_is_one_clear_error(foreign, tmp_path):
@@ -107,13 +124,18 @@ async def test_a_foreign_answer_after_the_submit_is_one_clear_error(foreign, tmp
     base = foreign + "/proxy"
     res = await run_cli("--router", base, "critique", str(tmp_path / "plan.md"))
     assert (res.code, res.out) == (1, "fan-out 1 critique node\n")
-    assert res.err.splitlines() == [f"node-1 {JOB_ID} m queued  -",  # the child, listed at once
-                                    f"error 502 {base}/api/jobs/{JOB_ID} answered an HTML page, not gpuq's JSON; "
-                                    f"is {base} the router's URL?", "not retried"]
+    assert res.err.splitlines() == [
+        f"node-1 {JOB_ID} m queued  -",  # the child, listed at once
+        f"error 502 {base}/api/jobs/{JOB_ID} answered an HTML page, not gpuq's JSON; is {base} the router's URL?",
+        "not retried",
+    ]
     res = await run_cli("--router", base, "task", "x", "--wait")
     assert res.code == 1 and res.out.startswith(f"{JOB_ID} -> node-1")
-    assert res.err.splitlines() == [f"error 502 {base}/api/jobs/{JOB_ID}/stream answered an HTML page, not gpuq's "
-                                    f"JSON; is {base} the router's URL?", "not retried"]
+    assert res.err.splitlines() == [
+        f"error 502 {base}/api/jobs/{JOB_ID}/stream answered an HTML page, not gpuq's "
+        f"JSON; is {base} the router's URL?",
+        "not retried",
+    ]
 
 
 async def test_a_router_url_that_does_not_speak_http_is_one_clear_error():
@@ -122,6 +144,7 @@ async def test_a_router_url_that_does_not_speak_http_is_one_clear_error():
         writer.write(b"SSH-2.0-OpenSSH_9.6\r\n")
         await writer.drain()
         writer.close()
+
     server = await asyncio.start_server(ssh_like, "127.0.0.1", 0)
     base = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
     try:
@@ -130,17 +153,30 @@ async def test_a_router_url_that_does_not_speak_http_is_one_clear_error():
         server.close()
         await server.wait_closed()
     assert res.code == 1
-    assert res.err.splitlines() == [f"error - {base}/api/queue?limit=50 did not answer like a gpuq router "
-                                    f"(SSH-2.0-OpenSSH_9.6); is {base} the router's URL?", "not retried"]
+    assert res.err.splitlines() == [
+        f"error - {base}/api/queue?limit=50 did not answer like a gpuq router "
+        f"(SSH-2.0-OpenSSH_9.6); is {base} the router's URL?",
+        "not retried",
+    ]
 
 
-@pytest.mark.parametrize("args,env,message", [
-    (["--router", "localhost:8750"], {}, "Error: --router: expected an http:// or https:// URL, got 'localhost:8750'"),
-    (["--router", "http://127.0.0.1:8750/?x=1"], {}, "Error: --router: a URL with a query ('?') or fragment ('#')"),
-    ([], {"GPUQ_ROUTER": "http://127.0.0.1:abc"},
-     "Error: $GPUQ_ROUTER: the URL's port is not a number from 0 to 65535: 'http://127.0.0.1:abc'"),
-    (["--router", "http://127.0.0.1:8750"], {"GPUQ_TOKEN": "café"}, "Error: $GPUQ_TOKEN: use printable ASCII only"),
-])
+@pytest.mark.parametrize(
+    "args,env,message",
+    [
+        (
+            ["--router", "localhost:8750"],
+            {},
+            "Error: --router: expected an http:// or https:// URL, got 'localhost:8750'",
+        ),
+        (["--router", "http://127.0.0.1:8750/?x=1"], {}, "Error: --router: a URL with a query ('?') or fragment ('#')"),
+        (
+            [],
+            {"GPUQ_ROUTER": "http://127.0.0.1:abc"},
+            "Error: $GPUQ_ROUTER: the URL's port is not a number from 0 to 65535: 'http://127.0.0.1:abc'",
+        ),
+        (["--router", "http://127.0.0.1:8750"], {"GPUQ_TOKEN": "café"}, "Error: $GPUQ_TOKEN: use printable ASCII only"),
+    ],
+)
 async def test_a_bad_router_url_or_token_is_a_usage_error(args, env, message):
     res = await run_cli(*args, "queue", env=env)
     assert res.code == 2 and res.out == "", res
@@ -159,8 +195,18 @@ async def test_demo_mode_runs_jobs_on_simulated_nodes(tmp_path):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("GPUQ_CONFIG", "GPUQ_ROUTER")}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gpuq.cli", "serve", "--demo", "--listen", f"127.0.0.1:{port}",
-        cwd=tmp_path, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+        sys.executable,
+        "-m",
+        "gpuq.cli",
+        "serve",
+        "--demo",
+        "--listen",
+        f"127.0.0.1:{port}",
+        cwd=tmp_path,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
     try:
         banner = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode()
         assert banner.startswith(f"gpuq router: http://127.0.0.1:{port}")
@@ -170,16 +216,19 @@ async def test_demo_mode_runs_jobs_on_simulated_nodes(tmp_path):
         # The example is a command that works as printed, from where the user is.
         command = shlex.split(example.removeprefix("try:"))
         assert command[:5] == [sys.executable, "-m", "gpuq.cli", "--router", url]
-        tried = await asyncio.create_subprocess_exec(*command, cwd=tmp_path, env=env, stdout=asyncio.subprocess.PIPE,
-                                                     stderr=asyncio.subprocess.PIPE)
+        tried = await asyncio.create_subprocess_exec(
+            *command, cwd=tmp_path, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
         out, err = await asyncio.wait_for(tried.communicate(), 60)
         assert tried.returncode == 0, err
         printed = out.decode().splitlines()
         assert printed[0].endswith("-> demo-1 (first free node by rank)") and printed[-1].startswith("done ")
         async with aiohttp.ClientSession() as s:
+
             async def submitted():
                 async with s.post(f"{url}/api/jobs", json={"kind": "task", "prompt": "hello demo"}) as r:
                     return (await r.json())["jobs"][0] if r.status == 201 else None
+
             job = await eventually(submitted, 20, 0.1, "the demo router to take a job")
             assert job["node"] == "demo-1"
 
@@ -187,6 +236,7 @@ async def test_demo_mode_runs_jobs_on_simulated_nodes(tmp_path):
                 async with s.get(f"{url}/api/jobs/{job['id']}") as r:
                     body = await r.json()
                     return body if body["state"] == "done" else None
+
             finished = await eventually(done, 30, 0.1, "the demo job to finish")
             assert finished["output"].strip()
         assert (tmp_path / "gpuq-demo.db").exists()

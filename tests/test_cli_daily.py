@@ -76,8 +76,9 @@ async def test_queue_has_a_header_an_idle_word_and_a_labelled_running_line(lab):
     for block in blocks.values():
         assert re.search(r"^ +POS  JOB +KIND +OWNER +AGE ESTIMATE +PROMPT$", block, re.M), block
     assert re.search(r"^ +idle$", blocks["node-1"], re.M), blocks["node-1"]
-    assert re.search(rf"running  {head} .*\[ran \d+s, \d+ tokens?\]  the long one$", blocks["node-3"], re.M), \
-        blocks["node-3"]
+    assert re.search(rf"running  {head} .*\[ran \d+s, \d+ tokens?\]  the long one$", blocks["node-3"], re.M), blocks[
+        "node-3"
+    ]
 
 
 async def test_task_wait_says_where_the_job_waits_and_when_it_starts(lab):

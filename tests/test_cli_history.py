@@ -32,9 +32,11 @@ async def test_history_lists_finished_jobs_newest_first_with_why_they_failed(lab
     lines = res.out.splitlines()
     assert re.fullmatch(r"JOB +STATE +NODE +KIND +OWNER +ENDED +RAN  PROMPT", lines[0])
     rows = [line for line in lines[1:] if not line.startswith(" ")]
-    assert [r.split()[:3] for r in rows] == [[jobs["cancelled"]["id"], "cancelled", "node-3"],
-                                             [jobs["failed"]["id"], "failed", "node-1"],
-                                             [jobs["done"]["id"], "done", "node-3"]]
+    assert [r.split()[:3] for r in rows] == [
+        [jobs["cancelled"]["id"], "cancelled", "node-3"],
+        [jobs["failed"]["id"], "failed", "node-1"],
+        [jobs["done"]["id"], "done", "node-3"],
+    ]
     assert rows[2].endswith("the done one") and re.search(r" \d+s ago +\d+s  the done one$", rows[2])
     assert re.search(r" ago +-  the cancelled one$", rows[0])  # it never ran
     # Under a failed job, why.
@@ -44,8 +46,11 @@ async def test_history_lists_finished_jobs_newest_first_with_why_they_failed(lab
     assert res.code == 0, res.err
     failed = res.out.splitlines()[1:]
     assert failed[0].split()[:2] == [jobs["failed"]["id"], "failed"] and len(failed) == 2  # the row, its error
-    on_3 = [line.split()[0] for line in (await lab.cli("history", "--node", "node-3")).out.splitlines()[1:]
-            if not line.startswith(" ")]  # (under the cancelled one: who deleted it)
+    on_3 = [
+        line.split()[0]
+        for line in (await lab.cli("history", "--node", "node-3")).out.splitlines()[1:]
+        if not line.startswith(" ")
+    ]  # (under the cancelled one: who deleted it)
     assert on_3 == [jobs["cancelled"]["id"], jobs["done"]["id"]]
     res = await lab.cli("history", "--state", "done", "--node", "node-1")
     assert res.out == "no finished jobs match\n"
@@ -63,7 +68,9 @@ async def test_history_since_and_limit_and_json(lab):
     assert len(json.loads((await lab.cli("history", "--since", "1h", "--json")).out)["jobs"]) == 3
     res = await lab.cli("history", "--limit", "1")
     assert res.out.splitlines()[1].split()[0] == jobs["cancelled"]["id"]
-    assert res.out.splitlines()[-1] == "… more: raise --limit (now 1), or narrow with --state, --node, --owner or --since"
+    assert (
+        res.out.splitlines()[-1] == "… more: raise --limit (now 1), or narrow with --state, --node, --owner or --since"
+    )
     res = await lab.cli("history", "--since", "yesterday")
     assert res.code == 2 and "expected a time ago like 30m, 2h or 3d" in res.err
 
@@ -75,4 +82,5 @@ async def test_task_without_wait_says_where_to_look(lab):
     assert len(res.out.splitlines()) == 3  # the id, the preview link, the estimate: what scripts read
     assert res.err.splitlines() == [
         f"not waiting: follow it with `gpuq wait {job_id}` or the preview link; later, "
-        f"`gpuq show {job_id}` or `gpuq history` says how it ended"]
+        f"`gpuq show {job_id}` or `gpuq history` says how it ended"
+    ]

@@ -49,8 +49,17 @@ async def test_critique_lists_its_children_at_once_then_their_progress(lab, tmp_
     plan = tmp_path / "plan.md"
     plan.write_text("a plan")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gpuq.cli", "--router", lab.url, "critique", str(plan),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={**os.environ, **lab.env})
+        sys.executable,
+        "-m",
+        "gpuq.cli",
+        "--router",
+        lab.url,
+        "critique",
+        str(plan),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, **lab.env},
+    )
     try:
         first = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode()
         assert first == "fan-out 2 critique nodes\n"
@@ -89,15 +98,16 @@ async def test_show_gives_each_runs_start_and_end_and_no_empty_reasons(lab):
     res = await lab.cli("show", failed)
     assert res.code == 0, res.err
     lines = res.out.splitlines()
-    runs = lines[lines.index("-- runs --") + 1: lines.index("-- events --") - 1]
+    runs = lines[lines.index("-- runs --") + 1 : lines.index("-- events --") - 1]
     first, second = job["runs"]
     assert runs == [
         f"run {first['id']} on node-3: failed, started {first['started_at']}, ended {first['finished_at']} "
         f"({runs[0].split('(')[1].split(')')[0]}): {first['error']}",
         f"run {second['id']} on node-3: done, started {second['started_at']}, ended {second['finished_at']} "
-        f"({runs[1].split('(')[1].split(')')[0]})"]
+        f"({runs[1].split('(')[1].split(')')[0]})",
+    ]
     assert all(re.fullmatch(r"\d+s", r.split("(")[1].split(")")[0]) for r in runs)
-    events = lines[lines.index("-- events --") + 1:]
+    events = lines[lines.index("-- events --") + 1 :]
     assert len(events) == len(job["events"]) and not any(e.endswith(":") or e.endswith(": ") for e in events)
     assert any(e.endswith("running -> done by router") for e in events), events
     assert any(e.endswith(f"running -> failed by router: {first['error']}") for e in events), events

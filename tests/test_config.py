@@ -1,20 +1,23 @@
 """Config: the example parses; each mistake names its key."""
 
+import tomllib
 from pathlib import Path
 
 import pytest
 
 from gpuq.config import ConfigError, load_config, parse_config, parse_duration, starter_config
-import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def base(**router):
-    return {"router": router, "node": [
-        {"name": "node-1", "url": "http://node-1:11434", "rank": 1, "roles": ["task", "critique"], "model": "m:1"},
-        {"name": "node-2", "url": "http://node-2:11434", "rank": 2, "roles": ["critique"], "model": "m:2"},
-    ]}
+    return {
+        "router": router,
+        "node": [
+            {"name": "node-1", "url": "http://node-1:11434", "rank": 1, "roles": ["task", "critique"], "model": "m:1"},
+            {"name": "node-2", "url": "http://node-2:11434", "rank": 2, "roles": ["critique"], "model": "m:2"},
+        ],
+    }
 
 
 def test_example_and_starter_configs_parse(tmp_path):
@@ -34,7 +37,9 @@ def test_example_and_starter_configs_parse(tmp_path):
 def test_database_is_relative_to_the_config_file(tmp_path):
     cfg = tmp_path / "sub" / "gpuq.toml"
     cfg.parent.mkdir()
-    cfg.write_text('[router]\ndatabase = "q.db"\n[[node]]\nname="a"\nurl="http://a:1"\nrank=1\nroles=["task"]\nmodel="m"\n')
+    cfg.write_text(
+        '[router]\ndatabase = "q.db"\n[[node]]\nname="a"\nurl="http://a:1"\nrank=1\nroles=["task"]\nmodel="m"\n'
+    )
     assert load_config(cfg).database == (tmp_path / "sub" / "q.db").resolve()
 
 
@@ -56,14 +61,26 @@ def test_byte_limits_on_a_nodes_replies_have_defaults_and_a_node_may_set_its_own
     assert custom.max_reply_bytes == 1 << 20
 
 
-@pytest.mark.parametrize("where,key,value,message", [
-    ("router", "max_output_bytes", 10, "router.max_output_bytes: must be from 1024 to 1073741824 (1 GiB), got 10"),
-    ("router", "max_output_bytes", "8MiB", "router.max_output_bytes: expected int, got '8MiB'"),
-    ("router", "max_reply_bytes", 1 << 31,
-     f"router.max_reply_bytes: must be from 65536 to 1073741824 (1 GiB), got {1 << 31}"),
-    ("node", "max_output_bytes", 0, "node 'node-1'.max_output_bytes: must be from 1024 to 1073741824 (1 GiB), got 0"),
-    ("node", "max_reply_bytes", 65536, "node[1]: unknown key 'max_reply_bytes' (known: max_output_bytes, "),
-])
+@pytest.mark.parametrize(
+    "where,key,value,message",
+    [
+        ("router", "max_output_bytes", 10, "router.max_output_bytes: must be from 1024 to 1073741824 (1 GiB), got 10"),
+        ("router", "max_output_bytes", "8MiB", "router.max_output_bytes: expected int, got '8MiB'"),
+        (
+            "router",
+            "max_reply_bytes",
+            1 << 31,
+            f"router.max_reply_bytes: must be from 65536 to 1073741824 (1 GiB), got {1 << 31}",
+        ),
+        (
+            "node",
+            "max_output_bytes",
+            0,
+            "node 'node-1'.max_output_bytes: must be from 1024 to 1073741824 (1 GiB), got 0",
+        ),
+        ("node", "max_reply_bytes", 65536, "node[1]: unknown key 'max_reply_bytes' (known: max_output_bytes, "),
+    ],
+)
 def test_byte_limits_out_of_range_name_the_key(tmp_path, where, key, value, message):
     data = base()
     (data["router"] if where == "router" else data["node"][0])[key] = value
@@ -77,40 +94,55 @@ def test_slot_settings_have_defaults_and_are_checked(tmp_path):
     assert (default.max_connections_per_peer, default.body_timeout_s, default.keepalive_lifetime_s) == (64, 60, 3600)
     custom = parse_config(base(max_connections_per_peer=8, body_timeout="5s", keepalive_lifetime="10m"), tmp_path)
     assert (custom.max_connections_per_peer, custom.body_timeout_s, custom.keepalive_lifetime_s) == (8, 5, 600)
-    for bad, named in [({"max_connections_per_peer": 0}, "router.max_connections_per_peer: must be from 1"),
-                       ({"body_timeout": "0s"}, "router.body_timeout: must be more than 0"),
-                       ({"keepalive_lifetime": 0}, "router.keepalive_lifetime: must be more than 0")]:
+    for bad, named in [
+        ({"max_connections_per_peer": 0}, "router.max_connections_per_peer: must be from 1"),
+        ({"body_timeout": "0s"}, "router.body_timeout: must be more than 0"),
+        ({"keepalive_lifetime": 0}, "router.keepalive_lifetime: must be more than 0"),
+    ]:
         with pytest.raises(ConfigError, match=named):
             parse_config(base(**bad), tmp_path)
 
 
-@pytest.mark.parametrize("text,seconds", [("10m", 600), ("30s", 30), ("1h30m", 5400), ("250ms", 0.25), (90, 90), (1.5, 1.5)])
+@pytest.mark.parametrize(
+    "text,seconds", [("10m", 600), ("30s", 30), ("1h30m", 5400), ("250ms", 0.25), (90, 90), (1.5, 1.5)]
+)
 def test_durations(text, seconds):
     assert parse_duration(text, "k") == seconds
 
 
-@pytest.mark.parametrize("mutate,key", [
-    (lambda d: d["router"].update(lisen="x"), "unknown key 'lisen'"),
-    (lambda d: d.update(routr={}), "unknown key 'routr'"),
-    (lambda d: d["node"][0].pop("model"), "node 'node-1': missing required key 'model'"),
-    (lambda d: d["node"][0].pop("name"), "node[1]: missing required key 'name'"),
-    (lambda d: d["node"][1].update(name="node-1"), "node 'node-1'.name: duplicate node name"),
-    (lambda d: d["node"][1].update(rank=1), "node 'node-2'.rank: rank 1 is already used by node 'node-1'"),
-    (lambda d: d["node"][0].update(url="node-1:11434"), "node 'node-1'.url"),
-    (lambda d: d["node"][0].update(url="http://h:99999"), "node 'node-1'.url"),
-    (lambda d: d["router"].update(stale_after="ten minutes"), "router.stale_after"),
-    (lambda d: d["router"].update(listen="8750"), "router.listen"),
-    (lambda d: d["node"][0].update(rank="1"), "node 'node-1'.rank: expected int"),
-    (lambda d: d["node"][0].update(roles=["gpu"]), "node 'node-1'.roles"),
-    (lambda d: d["node"][0].update(colour="red"), "unknown key 'colour'"),
-    (lambda d: d["router"].update(critique_template="no placeholder"), "router.critique_template"),
-    (lambda d: d["router"].update(alert_url="ntfy.sh/gpu-lab"), "router.alert_url: expected an http:// or https:// URL"),
-    (lambda d: d["router"].update(alert_url="https://ntfy.sh/x", alert_format="sms"),
-     "router.alert_format: expected 'json' or 'ntfy', got 'sms'"),
-    (lambda d: d["router"].update(alert_token="tk_1"), "router.alert_token: set router.alert_url too"),
-    (lambda d: d["router"].update(alert_format="ntfy"), "router.alert_format: set router.alert_url too"),
-    (lambda d: d["router"].update(alert_url="https://ntfy.sh/x", alert_token="tk\nX-Evil: 1"), "router.alert_token"),
-])
+@pytest.mark.parametrize(
+    "mutate,key",
+    [
+        (lambda d: d["router"].update(lisen="x"), "unknown key 'lisen'"),
+        (lambda d: d.update(routr={}), "unknown key 'routr'"),
+        (lambda d: d["node"][0].pop("model"), "node 'node-1': missing required key 'model'"),
+        (lambda d: d["node"][0].pop("name"), "node[1]: missing required key 'name'"),
+        (lambda d: d["node"][1].update(name="node-1"), "node 'node-1'.name: duplicate node name"),
+        (lambda d: d["node"][1].update(rank=1), "node 'node-2'.rank: rank 1 is already used by node 'node-1'"),
+        (lambda d: d["node"][0].update(url="node-1:11434"), "node 'node-1'.url"),
+        (lambda d: d["node"][0].update(url="http://h:99999"), "node 'node-1'.url"),
+        (lambda d: d["router"].update(stale_after="ten minutes"), "router.stale_after"),
+        (lambda d: d["router"].update(listen="8750"), "router.listen"),
+        (lambda d: d["node"][0].update(rank="1"), "node 'node-1'.rank: expected int"),
+        (lambda d: d["node"][0].update(roles=["gpu"]), "node 'node-1'.roles"),
+        (lambda d: d["node"][0].update(colour="red"), "unknown key 'colour'"),
+        (lambda d: d["router"].update(critique_template="no placeholder"), "router.critique_template"),
+        (
+            lambda d: d["router"].update(alert_url="ntfy.sh/gpu-lab"),
+            "router.alert_url: expected an http:// or https:// URL",
+        ),
+        (
+            lambda d: d["router"].update(alert_url="https://ntfy.sh/x", alert_format="sms"),
+            "router.alert_format: expected 'json' or 'ntfy', got 'sms'",
+        ),
+        (lambda d: d["router"].update(alert_token="tk_1"), "router.alert_token: set router.alert_url too"),
+        (lambda d: d["router"].update(alert_format="ntfy"), "router.alert_format: set router.alert_url too"),
+        (
+            lambda d: d["router"].update(alert_url="https://ntfy.sh/x", alert_token="tk\nX-Evil: 1"),
+            "router.alert_token",
+        ),
+    ],
+)
 def test_each_mistake_names_its_key(mutate, key, tmp_path):
     data = base()
     mutate(data)
@@ -120,9 +152,14 @@ def test_each_mistake_names_its_key(mutate, key, tmp_path):
 
 
 def test_alert_settings(tmp_path):
-    settings = parse_config(base(alert_url="https://ntfy.sh/gpu-lab/", alert_format="ntfy", alert_token="tk_1"),
-                            tmp_path)
-    assert (settings.alert_url, settings.alert_format, settings.alert_token) == ("https://ntfy.sh/gpu-lab/", "ntfy", "tk_1")
+    settings = parse_config(
+        base(alert_url="https://ntfy.sh/gpu-lab/", alert_format="ntfy", alert_token="tk_1"), tmp_path
+    )
+    assert (settings.alert_url, settings.alert_format, settings.alert_token) == (
+        "https://ntfy.sh/gpu-lab/",
+        "ntfy",
+        "tk_1",
+    )
     assert "tk_1" not in repr(settings)
     webhook = parse_config(base(alert_url="http://127.0.0.1:9000/hooks/gpuq?token=abc"), tmp_path)
     assert webhook.alert_url == "http://127.0.0.1:9000/hooks/gpuq?token=abc"  # a query is the receiver's
@@ -150,8 +187,9 @@ def test_a_nodes_think_takes_ollamas_levels_max_too(tmp_path):
     data["node"][0]["think"] = "lots"
     with pytest.raises(ConfigError) as exc:
         parse_config(data, tmp_path)
-    assert exc.value.message == ("node 'node-1'.think: invalid think value: \"lots\" "
-                                 "(must be \"high\", \"medium\", \"low\", \"max\", true, or false)")
+    assert exc.value.message == (
+        'node \'node-1\'.think: invalid think value: "lots" (must be "high", "medium", "low", "max", true, or false)'
+    )
 
 
 def test_users_take_tokens_roles_lanes_and_limits_and_the_single_token_stays_an_admin(tmp_path, monkeypatch):
@@ -170,16 +208,27 @@ def test_users_take_tokens_roles_lanes_and_limits_and_the_single_token_stays_an_
     assert settings.user_by_token("nobody's") is None and settings.shares_fairly
 
 
-@pytest.mark.parametrize("users, message", [
-    ([{"name": "a", "token": "same"}, {"name": "b", "token": "same"}],
-     "user 'b'.token: the same token as user 'a'; each user needs their own"),
-    ([{"name": "a"}, {"name": "a"}], "user 'a'.name: duplicate user name"),
-    ([{"name": "a", "role": "owner"}], "user 'a'.role: expected 'admin' or 'member', got 'owner'"),
-    ([{"name": "a", "lanes": ["fast"]}], "user 'a'.lanes: expected a non-empty list of 'interactive' and/or 'batch', got ['fast']"),
-    ([{"name": "a", "token_env": "GPUQ_NO_SUCH_VARIABLE"}], "user 'a'.token_env: the environment variable $GPUQ_NO_SUCH_VARIABLE is not set"),
-    ([{"name": "a", "max_waiting": 0}], "user 'a'.max_waiting: must be from 1 to 1000000, got 0"),
-    ([{"name": "a b"}], "user[1].name: use letters, digits, '.', '_', '@', '+' or '-', got 'a b'"),
-])
+@pytest.mark.parametrize(
+    "users, message",
+    [
+        (
+            [{"name": "a", "token": "same"}, {"name": "b", "token": "same"}],
+            "user 'b'.token: the same token as user 'a'; each user needs their own",
+        ),
+        ([{"name": "a"}, {"name": "a"}], "user 'a'.name: duplicate user name"),
+        ([{"name": "a", "role": "owner"}], "user 'a'.role: expected 'admin' or 'member', got 'owner'"),
+        (
+            [{"name": "a", "lanes": ["fast"]}],
+            "user 'a'.lanes: expected a non-empty list of 'interactive' and/or 'batch', got ['fast']",
+        ),
+        (
+            [{"name": "a", "token_env": "GPUQ_NO_SUCH_VARIABLE"}],
+            "user 'a'.token_env: the environment variable $GPUQ_NO_SUCH_VARIABLE is not set",
+        ),
+        ([{"name": "a", "max_waiting": 0}], "user 'a'.max_waiting: must be from 1 to 1000000, got 0"),
+        ([{"name": "a b"}], "user[1].name: use letters, digits, '.', '_', '@', '+' or '-', got 'a b'"),
+    ],
+)
 def test_each_users_mistake_names_its_key(users, message, tmp_path):
     data = base()
     data["user"] = users

@@ -3,15 +3,14 @@ with a doc and a default that is the code's own; the docs page is rendered from 
 
 import importlib.util
 import re
+import tomllib
 from dataclasses import fields
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from gpuq import reload
-from gpuq.config import (KEYS, ConfigError, NodeConfig, Settings, UserConfig, load_config, parse_config,
-                         parse_duration)
+from gpuq.config import KEYS, ConfigError, NodeConfig, Settings, UserConfig, load_config, parse_config, parse_duration
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE = {"name": "n", "url": "http://n:11434", "rank": 1, "roles": ["task"], "model": "m"}
@@ -47,8 +46,11 @@ def test_the_parser_accepts_exactly_the_declared_keys(section, tmp_path):
     """Every declared key is accepted; any other is refused with the message of before, which
     lists the known keys: so a key the parser takes without a declaration fails here."""
     data = {"node": [dict(NODE)]}
-    table = {"router": data.setdefault("router", {}), "front": data.setdefault("front", {}),
-             "node": data["node"][0]}.get(section)
+    table = {
+        "router": data.setdefault("router", {}),
+        "front": data.setdefault("front", {}),
+        "node": data["node"][0],
+    }.get(section)
     if section == "user":
         table = {"name": "alice"}
         data["user"] = [table]
@@ -63,15 +65,33 @@ def test_the_parser_accepts_exactly_the_declared_keys(section, tmp_path):
 def test_a_config_with_every_key_parses(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUQ_TEST_ALICE", "alice-token")
     router = {k.name: k.default for k in KEYS if k.section == "router" and k.default is not None}
-    router |= {"public_url": "http://127.0.0.1:8750", "token": "t0k3n", "default_role": "member",
-               "ollama_listen": "127.0.0.1:11435", "job_timeout": "1h", "max_database_bytes": 1 << 30,
-               "critique_template": "Review:\n{subject}", "fair_share": True,
-               "alert_url": "https://ntfy.sh/x", "alert_token": "tk"}
+    router |= {
+        "public_url": "http://127.0.0.1:8750",
+        "token": "t0k3n",
+        "default_role": "member",
+        "ollama_listen": "127.0.0.1:11435",
+        "job_timeout": "1h",
+        "max_database_bytes": 1 << 30,
+        "critique_template": "Review:\n{subject}",
+        "fair_share": True,
+        "alert_url": "https://ntfy.sh/x",
+        "alert_token": "tk",
+    }
     front = {k.name: k.default for k in KEYS if k.section == "front"}
-    node = dict(NODE, max_runtime="8h", think=False, options={"num_ctx": 4096}, unload="when-idle",
-                max_output_bytes=1 << 20)
-    users = [{"name": "alice", "token_env": "GPUQ_TEST_ALICE", "role": "admin", "lanes": ["batch"],
-              "max_waiting": 5, "max_running": 1}, {"name": "bob", "token": "bob-token"}]
+    node = dict(
+        NODE, max_runtime="8h", think=False, options={"num_ctx": 4096}, unload="when-idle", max_output_bytes=1 << 20
+    )
+    users = [
+        {
+            "name": "alice",
+            "token_env": "GPUQ_TEST_ALICE",
+            "role": "admin",
+            "lanes": ["batch"],
+            "max_waiting": 5,
+            "max_running": 1,
+        },
+        {"name": "bob", "token": "bob-token"},
+    ]
     data = {"router": router, "front": front, "node": [node], "user": users}
     assert set(router) == declared("router") and set(front) == declared("front")
     assert set(node) == declared("node") and set(users[0]) | set(users[1]) == declared("user")
@@ -116,8 +136,11 @@ def test_the_reference_page_names_every_key():
 
 
 def test_an_unknown_table_is_still_refused(tmp_path):
-    with pytest.raises(ConfigError, match=r"unknown key 'routr' \(expected \[router\], \[front\], \[\[node\]\] "
-                                          r"and \[\[user\]\] tables\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"unknown key 'routr' \(expected \[router\], \[front\], \[\[node\]\] "
+        r"and \[\[user\]\] tables\)",
+    ):
         parse_config({"routr": {}}, tmp_path)
     with pytest.raises(ConfigError):
         load_config(ROOT / "nonexistent.toml")

@@ -9,8 +9,8 @@ import asyncio
 import json
 
 import aiohttp
-
 from conftest import eventually, free_port, node_table
+
 from gpuq.access.connections import Throttled
 
 LOG_BUDGET = 20_000  # bytes: the router's whole log for one of these tests
@@ -23,8 +23,9 @@ async def open_idle(url: str, count: int) -> list[tuple[asyncio.StreamReader, as
     async def connect():
         try:
             return await asyncio.wait_for(asyncio.open_connection(host, int(port)), 2)
-        except (OSError, asyncio.TimeoutError):
+        except (TimeoutError, OSError):
             return None  # a full accept queue drops some: the router must still recover
+
     return [c for c in await asyncio.gather(*(connect() for _ in range(count))) if c]
 
 
@@ -34,7 +35,7 @@ async def closed_by_router(reader: asyncio.StreamReader) -> bool:
         while await asyncio.wait_for(reader.read(65536), 0.05):
             pass
         return True
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return False
     except ConnectionError:
         return True
@@ -43,12 +44,13 @@ async def closed_by_router(reader: asyncio.StreamReader) -> bool:
 async def health_from_new_client(url: str):
     """/health's own answer on a fresh connection (not the cap's 503), or None."""
     try:
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True),
-                                         timeout=aiohttp.ClientTimeout(total=2)) as session:
+        async with aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(force_close=True), timeout=aiohttp.ClientTimeout(total=2)
+        ) as session:
             async with session.get(url + "/health") as resp:
                 body = await resp.json()
                 return body if "ok" in body else None
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+    except (TimeoutError, aiohttp.ClientError, ValueError):
         return None
 
 
@@ -59,8 +61,7 @@ def close_all(conns) -> None:
 
 async def test_idle_sockets_beyond_the_file_limit_leave_health_answering(fakes, daemon_factory):
     fake = await fakes("m")
-    d = await daemon_factory([node_table("n1", fake, 1, ["task"], "m")], file_limit=256,
-                             header_timeout="1s")
+    d = await daemon_factory([node_table("n1", fake, 1, ["task"], "m")], file_limit=256, header_timeout="1s")
     conns = await open_idle(d.url, 400)
     try:  # the silent sockets stay open on this side: the router closes or refuses them
         assert await eventually(lambda: health_from_new_client(d.url), 15, 0.2, "/health to answer")
@@ -82,8 +83,9 @@ async def test_the_soft_file_limit_is_raised_to_the_hard_limit(fakes, daemon_fac
 async def test_out_of_files_accept_error_is_logged_once_a_minute(fakes, daemon_factory):
     # So few files that a burst of connections runs out of them despite the connection cap.
     fake = await fakes("m")
-    d = await daemon_factory([node_table("n1", fake, 1, ["task"], "m")], file_limit=40,
-                             header_timeout="1s", health_interval="10m")
+    d = await daemon_factory(
+        [node_table("n1", fake, 1, ["task"], "m")], file_limit=40, header_timeout="1s", health_interval="10m"
+    )
     conns = await open_idle(d.url, 200)
     try:
         assert await eventually(lambda: health_from_new_client(d.url), 15, 0.2, "/health to answer")
@@ -96,8 +98,7 @@ async def test_out_of_files_accept_error_is_logged_once_a_minute(fakes, daemon_f
 
 async def test_slow_headers_and_idle_keep_alive_connections_are_closed(fakes, daemon_factory):
     fake = await fakes("m")
-    d = await daemon_factory([node_table("n1", fake, 1, ["task"], "m")], header_timeout="1s",
-                             keepalive_timeout="1s")
+    d = await daemon_factory([node_table("n1", fake, 1, ["task"], "m")], header_timeout="1s", keepalive_timeout="1s")
     host, port = d.url.removeprefix("http://").rsplit(":", 1)
 
     # Headers trickled one line at a time never finish: the router closes the connection.
@@ -113,6 +114,7 @@ async def test_slow_headers_and_idle_keep_alive_connections_are_closed(fakes, da
         lines += 1
         await asyncio.sleep(0.2)  # the client's pace, not synchronisation
         return False
+
     # (10 s of trickling is 40 lines: aiohttp's own limit of 128 header lines is not what closes it)
     await eventually(trickled_until_closed, 10, 0, "the router to close a slow-headers connection")
     writer.close()
@@ -128,17 +130,18 @@ async def test_slow_headers_and_idle_keep_alive_connections_are_closed(fakes, da
 
 async def test_connections_over_the_cap_get_503_and_health_answers_once_they_close(fakes, daemon_factory):
     fake = await fakes("m")
-    d = await daemon_factory([node_table("n1", fake, 1, ["task"], "m")], max_connections=8,
-                             header_timeout="1m")
+    d = await daemon_factory([node_table("n1", fake, 1, ["task"], "m")], max_connections=8, header_timeout="1m")
     conns = await open_idle(d.url, 8)
     try:
         async with aiohttp.ClientSession() as session:
+
             async def refused():
                 try:
                     async with session.get(d.url + "/api/jobs") as resp:
                         return resp.status, await resp.json()
                 except aiohttp.ClientError:  # the close can overtake the answer
                     return None
+
             status, body = await eventually(refused, 10, 0.05, "the cap's 503")
         assert status == 503
         assert "router.max_connections" in body["error"]["message"]
@@ -211,14 +214,14 @@ async def get_from(url: str, source: str, path: str) -> tuple[int, dict] | None:
     """GET `path` on a new connection from `source`: (status, JSON body), or None if cut off."""
     try:
         reader, writer = await connect_from(url, source)
-    except (OSError, asyncio.TimeoutError):
+    except (TimeoutError, OSError):
         return None
     try:
         host, port = host_port(url)
         writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode())
         status, body = await read_response(reader)
         return status, (json.loads(body) if body.startswith((b"{", b"[")) else {"text": body.decode()})
-    except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError, StopIteration):
+    except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError, StopIteration):
         return None
     finally:
         writer.close()
@@ -237,11 +240,13 @@ async def hog(url: str, source: str, count: int, how: str, path: str = "/api/job
     for _ in range(count):
         try:
             reader, writer = await connect_from(url, source)
-        except (OSError, asyncio.TimeoutError):
+        except (TimeoutError, OSError):
             continue
         if how == "trickling":
-            writer.write(f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-                         f"Content-Length: 100000\r\n\r\n{{".encode())
+            writer.write(
+                f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: 100000\r\n\r\n{{".encode()
+            )
         conns.append((reader, writer))
     return conns
 
@@ -252,7 +257,7 @@ async def refusals(conns) -> list[int]:
     for reader, _ in conns:
         try:
             statuses.append((await read_response(reader, 0.2))[0])
-        except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
             pass
     return statuses
 
@@ -260,9 +265,14 @@ async def refusals(conns) -> list[int]:
 async def router_with_front_door(fakes, daemon_factory):
     fake = await fakes("m")
     front = free_port()
-    d = await daemon_factory([node_table("n1", fake, 1, ["task"], "m")], max_connections=CAP,
-                             max_connections_per_peer=PER_PEER, header_timeout="30s", body_timeout="30s",
-                             ollama_listen=f"127.0.0.1:{front}")
+    d = await daemon_factory(
+        [node_table("n1", fake, 1, ["task"], "m")],
+        max_connections=CAP,
+        max_connections_per_peer=PER_PEER,
+        header_timeout="30s",
+        body_timeout="30s",
+        ollama_listen=f"127.0.0.1:{front}",
+    )
     return d, f"http://127.0.0.1:{front}"
 
 
@@ -276,6 +286,7 @@ async def hog_every_slot(url: str, path: str) -> list:
     async def full():
         answer = await get_from(url, "127.0.0.4", path.replace("/api/chat", "/api/tags"))
         return answer if answer and answer[0] == 503 else None
+
     try:
         await eventually(full, 10, 0.05, f"the slots of {url} to be full")
     except BaseException:
@@ -316,17 +327,20 @@ async def test_a_trickling_body_is_cut_with_408_at_body_timeout(fakes, daemon_fa
     d = await daemon_factory([node_table("n1", fake, 1, ["task"], "m")], body_timeout="1s")
     host, port = host_port(d.url)
     reader, writer = await connect_from(d.url, "127.0.0.1")
-    writer.write(f"POST /api/jobs HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-                 f"Content-Length: 10000\r\n\r\n".encode())
+    writer.write(
+        f"POST /api/jobs HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: 10000\r\n\r\n".encode()
+    )
     answer: list = []
 
     async def trickled_until_answered():
         try:
             answer.append(await read_response(reader, 0.1))
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             writer.write(b" ")  # one byte at a time, as the attack did
             return False
+
     try:
         await eventually(trickled_until_answered, 8, 0, "the router to answer a trickling body")
         status, body = answer[0]
@@ -339,8 +353,12 @@ async def test_a_trickling_body_is_cut_with_408_at_body_timeout(fakes, daemon_fa
 
 async def test_one_address_gets_at_most_its_share_of_slots_while_another_is_served(fakes, daemon_factory):
     fake = await fakes("m")
-    d = await daemon_factory([node_table("n1", fake, 1, ["task"], "m")], max_connections=CAP,
-                             max_connections_per_peer=PER_PEER, header_timeout="30s")
+    d = await daemon_factory(
+        [node_table("n1", fake, 1, ["task"], "m")],
+        max_connections=CAP,
+        max_connections_per_peer=PER_PEER,
+        header_timeout="30s",
+    )
     conns = await hog(d.url, "127.0.0.2", PER_PEER + 4, "silent")
     try:
         statuses = await eventually(lambda: refusals(conns), 10, 0.05, "the per-address refusals")
@@ -363,8 +381,7 @@ async def keep_alive_after_one_request(url: str, source: str):
 
 async def test_idle_kept_alive_connections_make_room_when_slots_are_short(fakes, daemon_factory):
     fake = await fakes("m")
-    d = await daemon_factory([node_table("n1", fake, 1, ["task"], "m")], max_connections=CAP,
-                             keepalive_timeout="1m")
+    d = await daemon_factory([node_table("n1", fake, 1, ["task"], "m")], max_connections=CAP, keepalive_timeout="1m")
     conns = [await keep_alive_after_one_request(d.url, "127.0.0.2") for _ in range(CAP)]
     try:  # every slot is held by an idle kept-alive connection: a new client gets one of theirs
         assert await api_from_new_client(d.url, "127.0.0.3")
@@ -375,8 +392,9 @@ async def test_idle_kept_alive_connections_make_room_when_slots_are_short(fakes,
 
 async def test_keep_alive_renewals_end_at_keepalive_lifetime(fakes, daemon_factory):
     fake = await fakes("m")
-    d = await daemon_factory([node_table("n1", fake, 1, ["task"], "m")], keepalive_timeout="1m",
-                             keepalive_lifetime="1s")
+    d = await daemon_factory(
+        [node_table("n1", fake, 1, ["task"], "m")], keepalive_timeout="1m", keepalive_lifetime="1s"
+    )
     reader, writer = await keep_alive_after_one_request(d.url, "127.0.0.1")
     host, port = host_port(d.url)
 
@@ -388,6 +406,7 @@ async def test_keep_alive_renewals_end_at_keepalive_lifetime(fakes, daemon_facto
             return True
         await asyncio.sleep(0.2)  # the client's pace, not synchronisation
         return False
+
     try:
         await eventually(renewed_until_closed, 8, 0, "the router to end a renewed keep-alive connection")
     finally:

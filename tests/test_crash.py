@@ -21,7 +21,6 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-
 from conftest import eventually, node_table
 
 ROUNDS = int(os.environ.get("GPUQ_CRASH_ROUNDS", "40"))
@@ -49,8 +48,7 @@ class Ledger:
 
 # What each operation may answer while the router is up: anything else (a 500, a 503) is a
 # defect, even when the queue's invariants still hold.
-ALLOWED = {"submit": {201}, "move": {200, 409}, "delete": {200, 409}, "preempt": {200, 409},
-           "retry": {200, 409}}
+ALLOWED = {"submit": {201}, "move": {200, 409}, "delete": {200, 409}, "preempt": {200, 409}, "retry": {200, 409}}
 
 
 async def answered(ledger: Ledger, operation: str, resp: aiohttp.ClientResponse) -> dict:
@@ -71,8 +69,9 @@ async def client(url: str, session: aiohttp.ClientSession, ledger: Ledger, rng: 
         try:
             if roll < 0.55 or target is None:
                 mark = ledger.mark()
-                kind, node = rng.choice([("task", None), ("task", "node-3"), ("critique", "node-2"),
-                                         ("critique", "node-1")])
+                kind, node = rng.choice(
+                    [("task", None), ("task", "node-3"), ("critique", "node-2"), ("critique", "node-1")]
+                )
                 body = {"kind": kind, "prompt": f"{mark} {rng.choice(['plan', 'review', 'fix'])}"}
                 if node:
                     body["node"] = node
@@ -97,7 +96,7 @@ async def client(url: str, session: aiohttp.ClientSession, ledger: Ledger, rng: 
                 ledger.retried.add(target)
                 async with session.post(f"{url}/api/jobs/{target}/retry") as resp:
                     await answered(ledger, "retry", resp)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        except (TimeoutError, aiohttp.ClientError, ValueError):
             return  # the router was killed under us (a ValueError: its answer was cut short)
 
 
@@ -171,8 +170,11 @@ def check_database(path: Path, ledger: Ledger, fakes) -> dict[str, dict]:
         assert history[-1]["to_state"] == job["state"], (job_id, history[-1], job["state"])
 
         # Nothing ran again without an explicit preempt or retry that a client really sent.
-        requeues = [e for e in history if e["to_state"] == "queued" and e["from_state"] is not None
-                    and e["from_state"] != "queued"]
+        requeues = [
+            e
+            for e in history
+            if e["to_state"] == "queued" and e["from_state"] is not None and e["from_state"] != "queued"
+        ]
         for e in requeues:
             assert not e["actor"].startswith("router"), (job_id, e)
             if e["from_state"] == "running":
@@ -207,24 +209,28 @@ async def sigkill_rounds(fakes, daemon_factory, tmp_path) -> None:
     f1 = await fakes("qwen3-coder:30b", **script)
     f2 = await fakes("deepseek-r1:32b", **script)
     f3 = await fakes("llama3.2:latest", **script)
-    d = await daemon_factory([
-        node_table("node-1", f1, 1, ["task", "critique"], "qwen3-coder:30b"),
-        node_table("node-2", f2, 2, ["critique"], "deepseek-r1:32b"),
-        node_table("node-3", f3, 3, ["task"], "llama3.2:latest"),
-    ], start=False, unload_timeout="3s")
+    d = await daemon_factory(
+        [
+            node_table("node-1", f1, 1, ["task", "critique"], "qwen3-coder:30b"),
+            node_table("node-2", f2, 2, ["critique"], "deepseek-r1:32b"),
+            node_table("node-3", f3, 3, ["task"], "llama3.2:latest"),
+        ],
+        start=False,
+        unload_timeout="3s",
+    )
     db_path = tmp_path / "gpuq.db"
     ledger = Ledger()
     started = time.monotonic()
     killed_in_startup = 0
     orphans_failed = 0
 
-    for round_no in range(ROUNDS):
+    for _ in range(ROUNDS):
         before = check_database(db_path, ledger, (f1, f2, f3)) if db_path.exists() else {}
         in_startup = rng.random() < 0.2
         if in_startup:  # kill it while it opens the database, fails orphans, starts workers
             try:
                 await asyncio.wait_for(d.start(), rng.uniform(0.05, 0.6))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 killed_in_startup += 1
         else:
             await d.start(timeout=30)
@@ -236,8 +242,9 @@ async def sigkill_rounds(fakes, daemon_factory, tmp_path) -> None:
                     orphans_failed += 1
             listed = {j["id"] for j in (await d.get("/api/jobs?limit=10000"))["jobs"]}
             assert set(ledger.acked) <= listed
-        clients = [asyncio.create_task(client(d.url, d.session, ledger, random.Random(rng.random())))
-                   for _ in range(CLIENTS)]
+        clients = [
+            asyncio.create_task(client(d.url, d.session, ledger, random.Random(rng.random()))) for _ in range(CLIENTS)
+        ]
         if not in_startup:
             await asyncio.sleep(rng.uniform(0.0, 1.5))  # the random moment of the kill
         await d.kill(signal.SIGKILL)
@@ -251,6 +258,7 @@ async def sigkill_rounds(fakes, daemon_factory, tmp_path) -> None:
     async def drained():
         health = await d.get("/health")
         return health["queue_depth"] == 0 and health["running"] == 0
+
     await eventually(drained, 60, 0.1, "the queue to drain after the last restart")
     await d.kill(signal.SIGTERM)
     jobs = check_database(db_path, ledger, (f1, f2, f3))
@@ -260,11 +268,17 @@ async def sigkill_rounds(fakes, daemon_factory, tmp_path) -> None:
             assert sends.get(MARK.search(job["prompt"]).group(0), 0) >= 1
     states = {s: sum(1 for j in jobs.values() if j["state"] == s) for s in ("done", "failed", "cancelled")}
     db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
-    requeued = dict(db.execute("SELECT from_state, COUNT(*) FROM event WHERE to_state = 'queued'"
-                               " AND from_state IN ('running', 'failed', 'cancelled') GROUP BY from_state"))
+    requeued = dict(
+        db.execute(
+            "SELECT from_state, COUNT(*) FROM event WHERE to_state = 'queued'"
+            " AND from_state IN ('running', 'failed', 'cancelled') GROUP BY from_state"
+        )
+    )
     db.close()
-    print(f"crash harness: {ROUNDS} kills ({killed_in_startup} during start-up) in "
-          f"{time.monotonic() - started:.1f}s; {len(jobs)} jobs ({len(ledger.acked)} acknowledged, "
-          f"{ledger.submits} submits, {ledger.actions} actions), {states}, "
-          f"{orphans_failed} orphans failed on restart; requeued by users: {requeued}")
+    print(
+        f"crash harness: {ROUNDS} kills ({killed_in_startup} during start-up) in "
+        f"{time.monotonic() - started:.1f}s; {len(jobs)} jobs ({len(ledger.acked)} acknowledged, "
+        f"{ledger.submits} submits, {ledger.actions} actions), {states}, "
+        f"{orphans_failed} orphans failed on restart; requeued by users: {requeued}"
+    )
     assert len(ledger.acked) >= ROUNDS  # the clients really did work

@@ -12,7 +12,6 @@ import sqlite3
 import sys
 
 import pytest
-
 from conftest import eventually, make_lab, node_table, shell
 
 ID = r"\d{10}-[0-9a-f]{8}"
@@ -35,8 +34,11 @@ async def test_design_transcript(lab, tmp_path):
     for line in children:
         assert re.fullmatch(rf"node-[12] {ID} \S+ done \d+ findings? \d+s", line), line
     assert {line.split()[0] for line in children} == {"node-1", "node-2"}
-    assert all(re.fullmatch(r"    (\[(low|medium|high)\] .+|http://\S+/jobs/\S+)", line)
-               for line in lines[1:] if line not in children), lines
+    assert all(
+        re.fullmatch(r"    (\[(low|medium|high)\] .+|http://\S+/jobs/\S+)", line)
+        for line in lines[1:]
+        if line not in children
+    ), lines
 
     res = await lab.cli("task", "add a retry budget to the export job")
     assert res.code == 0, res.err
@@ -46,8 +48,9 @@ async def test_design_transcript(lab, tmp_path):
     task_id = m.group(1)
     assert preview == f"preview {lab.url}/jobs/{task_id}"
     # node-1 is free, and the critique that just ran there is the basis of the estimate.
-    assert re.fullmatch(r"est\. start now, finish (now|in ~\d+ s)|started; est\. finish (now|in ~\d+ s)|already done",
-                        estimate), estimate
+    assert re.fullmatch(
+        r"est\. start now, finish (now|in ~\d+ s)|started; est\. finish (now|in ~\d+ s)|already done", estimate
+    ), estimate
 
     res = await lab.cli("critique", "--parent", task_id, "--node", "node-1")
     assert res.code != 0
@@ -64,6 +67,7 @@ async def test_one_job_per_node_and_model_unloaded_after_each(lab):
 
     async def all_done():
         return all([(await lab.job(i))["state"] == "done" for i in ids])
+
     await eventually(all_done, 20, what="all four jobs done")
     assert fake.max_in_flight == 1  # the simulator never had two generations at once
     assert len(fake.chat_requests) == 4
@@ -159,8 +163,18 @@ async def serve_on_a_taken_port(cwd, *args: str, env: dict | None = None) -> tup
     with held_port() as squatter:
         port = squatter.getsockname()[1]
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gpuq.cli", "serve", *args, "--listen", f"127.0.0.1:{port}", cwd=str(cwd),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={**os.environ, **(env or {})})
+            sys.executable,
+            "-m",
+            "gpuq.cli",
+            "serve",
+            *args,
+            "--listen",
+            f"127.0.0.1:{port}",
+            cwd=str(cwd),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, **(env or {})},
+        )
         _, err = await asyncio.wait_for(proc.communicate(), 20)
     return proc.returncode, err.decode(), port
 

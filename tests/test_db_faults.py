@@ -13,7 +13,6 @@ import sqlite3
 import time
 
 import pytest
-
 from conftest import eventually, node_table, write_config
 
 LOCKED = "the database is locked by another process (database is locked); nothing was changed"
@@ -39,8 +38,13 @@ def integrity(path) -> str:
 async def two_nodes(fakes, daemon_factory, **router):
     f1 = await fakes("qwen3-coder:30b")
     f2 = await fakes("qwen3-coder:30b")
-    d = await daemon_factory([node_table("node-1", f1, 1, ["task"], "qwen3-coder:30b"),
-                              node_table("node-2", f2, 2, ["task"], "qwen3-coder:30b")], **router)
+    d = await daemon_factory(
+        [
+            node_table("node-1", f1, 1, ["task"], "qwen3-coder:30b"),
+            node_table("node-2", f2, 2, ["task"], "qwen3-coder:30b"),
+        ],
+        **router,
+    )
     return f1, f2, d
 
 
@@ -63,7 +67,8 @@ async def test_a_long_read_in_the_sqlite_shell_never_blocks_the_router(fakes, da
 
 
 async def test_a_write_lock_in_the_sqlite_shell_fails_one_request_loudly_then_the_router_recovers(
-        fakes, daemon_factory, tmp_path):
+    fakes, daemon_factory, tmp_path
+):
     f1, f2, d = await two_nodes(fakes, daemon_factory, busy_timeout="0.5s")
     db_path = tmp_path / "gpuq.db"
     f1.script.token_delay_s = 0.05
@@ -127,7 +132,8 @@ async def test_a_router_started_under_the_shells_write_lock_exits_2_naming_it(fa
 
 
 async def test_a_full_database_refuses_submits_loudly_keeps_serving_reads_and_loses_nothing(
-        fakes, daemon_factory, tmp_path):
+    fakes, daemon_factory, tmp_path
+):
     # A real full disk cannot be made on demand here (the tests run as root, which ignores
     # file permissions, and mounting a tiny filesystem needs privileges CI lacks). The router's
     # own size cap, `max_database_bytes` (SQLite's max_page_count), makes SQLite refuse to
@@ -195,14 +201,18 @@ def _replace_with_a_copy(db_path) -> None:
     os.replace(copy, db_path)
 
 
-@pytest.mark.parametrize("damage, what", [
-    (_unlink_wal, "the database's WAL file {db}-wal was deleted while the router ran"),
-    (_unlink_db, "the database file {db} was deleted while the router ran"),
-    (_remove_directory, "the database's directory {dir} was removed while the router ran"),
-    (_replace_with_a_copy, "the database file {db} was replaced by another file while the router ran"),
-])
+@pytest.mark.parametrize(
+    "damage, what",
+    [
+        (_unlink_wal, "the database's WAL file {db}-wal was deleted while the router ran"),
+        (_unlink_db, "the database file {db} was deleted while the router ran"),
+        (_remove_directory, "the database's directory {dir} was removed while the router ran"),
+        (_replace_with_a_copy, "the database file {db} was replaced by another file while the router ran"),
+    ],
+)
 async def test_a_database_deleted_or_replaced_under_the_router_turns_it_red_and_refuses_every_write(
-        fakes, daemon_factory, tmp_path, damage, what):
+    fakes, daemon_factory, tmp_path, damage, what
+):
     fake = await fakes("qwen3-coder:30b")
     db_path = tmp_path / "db" / "gpuq.db"
     db_path.parent.mkdir()
@@ -223,6 +233,7 @@ async def test_a_database_deleted_or_replaced_under_the_router_turns_it_red_and_
     async def red():
         status, health = await d.request("GET", "/health")
         return health if status == 503 else None
+
     health = await eventually(red, 5, what="/health to turn red")
     assert health["ok"] is False and health["database_lost"] == message
     assert message in d.log.read_text()  # said once in the log too
@@ -239,7 +250,8 @@ async def test_a_database_deleted_or_replaced_under_the_router_turns_it_red_and_
 
 
 async def test_submits_racing_the_loss_of_the_wal_are_either_acknowledged_and_kept_or_refused_and_absent(
-        fakes, daemon_factory, tmp_path):
+    fakes, daemon_factory, tmp_path
+):
     """Eight clients submit without pause while the WAL is unlinked: the check runs in the writer's
     thread right before each commit, so no batch is committed into the lost file after it is seen.
     Stopped with SIGTERM (what the 503 advises), the router checkpoints what it had into the
@@ -264,6 +276,7 @@ async def test_submits_racing_the_loss_of_the_wal_are_either_acknowledged_and_ke
             else:
                 assert status == 503 and "was deleted while the router ran" in body["error"]["message"], body
                 refused.append(prompt)
+
     clients = [asyncio.create_task(client(n)) for n in range(8)]
     try:
         await eventually(lambda: len(acked) >= 40, 15, 0.01, "submits to be acknowledged")

@@ -16,7 +16,6 @@ import textwrap
 import aiohttp
 import ollama
 import pytest
-
 from conftest import eventually, free_port
 from test_front import start_front_lab
 
@@ -51,9 +50,11 @@ DOCS_EXAMPLES = textwrap.dedent("""
 
 
 def clean_env(**extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("GPUQ_CONFIG", "GPUQ_ROUTER", "OLLAMA_HOST", "OLLAMA_API_KEY", "OPENAI_BASE_URL",
-                        "OPENAI_API_KEY")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("GPUQ_CONFIG", "GPUQ_ROUTER", "OLLAMA_HOST", "OLLAMA_API_KEY", "OPENAI_BASE_URL", "OPENAI_API_KEY")
+    }
     return {**env, **extra}
 
 
@@ -62,12 +63,26 @@ async def demo(tmp_path):
     """`gpuq serve --demo` on free ports with a database in tmp_path: (router URL, front door URL)."""
     port, front = free_port(), free_port()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gpuq.cli", "serve", "--demo", "--listen", f"127.0.0.1:{port}",
-        "--ollama-listen", f"127.0.0.1:{front}", "--database", str(tmp_path / "demo.db"),
-        cwd=tmp_path, env=clean_env(), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+        sys.executable,
+        "-m",
+        "gpuq.cli",
+        "serve",
+        "--demo",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--ollama-listen",
+        f"127.0.0.1:{front}",
+        "--database",
+        str(tmp_path / "demo.db"),
+        cwd=tmp_path,
+        env=clean_env(),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
     router, door = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{front}"
     try:
         async with aiohttp.ClientSession() as s:
+
             async def models_known():  # the front door has read both task nodes' /api/tags
                 try:
                     async with s.get(door + "/api/tags") as r:
@@ -75,6 +90,7 @@ async def demo(tmp_path):
                         return {"qwen3-coder:30b", "deepseek-r1:32b"} <= listed
                 except aiohttp.ClientError:
                     return False
+
             await eventually(models_known, 30, 0.1, "the demo's front door to know its models")
         yield router, door
     finally:
@@ -85,8 +101,14 @@ async def demo(tmp_path):
 async def test_the_demo_runs_ollamas_docs_examples_unchanged(demo, tmp_path):
     router, door = demo
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", DOCS_EXAMPLES, cwd=tmp_path, env=clean_env(OLLAMA_HOST=door, FRONT=door),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-c",
+        DOCS_EXAMPLES,
+        cwd=tmp_path,
+        env=clean_env(OLLAMA_HOST=door, FRONT=door),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await asyncio.wait_for(proc.communicate(), 120)
     assert proc.returncode == 0, err.decode()[-3000:]
     got = json.loads(out)
@@ -98,9 +120,11 @@ async def test_the_demo_runs_ollamas_docs_examples_unchanged(demo, tmp_path):
     assert {"llama3.2:latest", "all-minilm:latest", "nomic-embed-text:latest", "gpt-oss:20b"} <= set(got["tags"])
 
     async with aiohttp.ClientSession() as s:
+
         async def history(state: str) -> int:
             async with s.get(f"{router}/api/history", params={"state": state}) as r:
                 return (await r.json())["total"]
+
         # each example was a job, none failed (the header's "failed today" stays 0)
         await eventually(lambda: history("done"), 15, 0.1, "the examples' jobs to be done")
         assert await history("failed") == 0
@@ -128,10 +152,17 @@ async def test_the_demo_refuses_chat_with_an_embedding_model_as_ollama_does(demo
 
 # -- python -m gpuq.demo ---------------------------------------------------------------------------
 
+
 async def test_python_m_gpuq_demo_has_help():
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gpuq.demo", "--help", env=clean_env(),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "gpuq.demo",
+        "--help",
+        env=clean_env(),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 0, err.decode()
     text = out.decode()
@@ -144,14 +175,30 @@ async def test_python_m_gpuq_demo_has_help():
 async def test_python_m_gpuq_demo_serves_the_models_it_is_given_and_stops_on_ctrl_c(tmp_path):
     port = free_port()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gpuq.demo", "--listen", f"127.0.0.1:{port}", "--model", "llama3.2",
-        "--model", "all-minilm", "--token-delay", "0", "--load-delay", "0", env=clean_env(), cwd=tmp_path,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "gpuq.demo",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--model",
+        "llama3.2",
+        "--model",
+        "all-minilm",
+        "--token-delay",
+        "0",
+        "--load-delay",
+        "0",
+        env=clean_env(),
+        cwd=tmp_path,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     try:
         line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
         url = f"http://127.0.0.1:{port}"
-        assert re.fullmatch(rf"simulated Ollama \S+ on {re.escape(url)} with all-minilm:latest, llama3\.2:latest\n",
-                            line), line
+        assert re.fullmatch(
+            rf"simulated Ollama \S+ on {re.escape(url)} with all-minilm:latest, llama3\.2:latest\n", line
+        ), line
         client = ollama.AsyncClient(host=url)
         try:
             listed = await client.list()
@@ -178,12 +225,21 @@ async def test_python_m_gpuq_demo_on_a_taken_port_says_so(tmp_path):
         held.listen()
         port = held.getsockname()[1]
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gpuq.demo", "--listen", f"127.0.0.1:{port}", env=clean_env(), cwd=tmp_path,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            sys.executable,
+            "-m",
+            "gpuq.demo",
+            "--listen",
+            f"127.0.0.1:{port}",
+            env=clean_env(),
+            cwd=tmp_path,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         out, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 2
-    assert err.decode().strip() == (f"cannot listen on 127.0.0.1:{port}: address already in use "
-                                    "(choose another port with --listen)")
+    assert err.decode().strip() == (
+        f"cannot listen on 127.0.0.1:{port}: address already in use (choose another port with --listen)"
+    )
 
 
 # -- the README's client table, the `ollama` Python library's row ----------------------------------
@@ -200,10 +256,17 @@ OLLAMA_ROW = textwrap.dedent("""
 async def test_the_ollama_python_row_works_as_written_with_a_token(fakes, daemon_factory, tmp_path):
     lab = await start_front_lab(fakes, daemon_factory, token="s3cret")
     try:
+
         async def run(**env: str) -> tuple[int, str, str]:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-c", OLLAMA_ROW, cwd=tmp_path, env=clean_env(**env),
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+                sys.executable,
+                "-c",
+                OLLAMA_ROW,
+                cwd=tmp_path,
+                env=clean_env(**env),
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
             out, err = await asyncio.wait_for(proc.communicate(), 60)
             return proc.returncode, out.decode(), err.decode()
 

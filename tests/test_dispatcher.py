@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from conftest import eventually
 
 from gpuq.bus import Bus
@@ -55,16 +54,22 @@ async def test_a_long_stream_is_stored_exactly_and_each_token_written_once(tmp_p
             written.append(output or "")
             if verb == "heartbeat":  # what a crash right now would leave stored
                 assert (await store.run_texts([run_id]))[run_id]["output"] == "".join(written)
+
         monkeypatch.setattr(store, verb, write)
+
     for verb in ("heartbeat", "work_done"):
         counting(verb)
     dispatcher = Dispatcher(settings, store, Bus())
     await dispatcher.start()
     try:
-        [job] = await store.submit(NewJob("task", "stream a long answer"), [NodeInfo("n", 1, ("task",), "m:latest", True)], "api")
+        [job] = await store.submit(
+            NewJob("task", "stream a long answer"), [NodeInfo("n", 1, ("task",), "m:latest", True)], "api"
+        )
         dispatcher.wake("n")
+
         async def done():
             return (await store.job(job["id"]))["state"] == "done"
+
         await eventually(done, what="the job to finish")
         detail = await store.job_detail(job["id"])
     finally:

@@ -10,7 +10,6 @@ import signal
 import sys
 
 import aiohttp
-
 from conftest import eventually, free_port, node_table
 
 MODEL = "qwen3-coder:30b"
@@ -20,15 +19,15 @@ REPLY = " ".join(f"word{i}" for i in range(30))
 async def test_ctrl_c_lets_the_running_job_finish_and_keeps_the_waiting_one_queued(fakes, daemon_factory):
     # unload "never": the job, its reply streamed, stays running until the test lets its model go.
     fake = await fakes(MODEL, reply=REPLY, token_delay_s=0.03, unload="never")
-    d = await daemon_factory([node_table("n", fake, 1, ["task"], MODEL)], unload_timeout="60s",
-                             stale_after="120s")
+    d = await daemon_factory([node_table("n", fake, 1, ["task"], MODEL)], unload_timeout="60s", stale_after="120s")
     [first] = await d.submit("task", "first", node="n")
     [second] = await d.submit("task", "second", node="n")
     await eventually(lambda: fake.chunk_sent.is_set(), 20, what="the first job's reply to begin")
 
     d.proc.send_signal(signal.SIGINT)
-    await eventually(lambda: "press Ctrl-C again to stop now" in d.log.read_text(), 20,
-                     what="the router to say it waits")
+    await eventually(
+        lambda: "press Ctrl-C again to stop now" in d.log.read_text(), 20, what="the router to say it waits"
+    )
     log = d.log.read_text()
     assert "waiting for 1 running job(s) to finish" in log
     assert f"{first['id']} on n ({MODEL}), running " in log
@@ -38,6 +37,7 @@ async def test_ctrl_c_lets_the_running_job_finish_and_keeps_the_waiting_one_queu
 
     async def reply_whole():
         return (await d.job(first["id"]))["work_done_at"]
+
     await eventually(reply_whole, 20, what="the reply to be whole")
     fake.loaded.clear()  # the model leaves VRAM: the job finishes, and the router stops
     assert await asyncio.wait_for(d.proc.wait(), 30) == 0
@@ -61,8 +61,9 @@ async def test_a_second_ctrl_c_stops_at_once_and_fails_the_running_job_saying_so
     await eventually(lambda: fake.chunk_sent.is_set(), 20, what="the job's reply to begin")
 
     d.proc.send_signal(signal.SIGINT)
-    await eventually(lambda: "press Ctrl-C again to stop now" in d.log.read_text(), 20,
-                     what="the router to say it waits")
+    await eventually(
+        lambda: "press Ctrl-C again to stop now" in d.log.read_text(), 20, what="the router to say it waits"
+    )
     assert d.proc.returncode is None
     d.proc.send_signal(signal.SIGINT)
     assert await asyncio.wait_for(d.proc.wait(), 30) == 0
@@ -78,8 +79,7 @@ async def test_a_second_ctrl_c_stops_at_once_and_fails_the_running_job_saying_so
 
 async def test_sigterm_waits_shutdown_grace_then_fails_the_running_job(fakes, daemon_factory):
     fake = await fakes(MODEL, tokens=20, stall_after=3)
-    d = await daemon_factory([node_table("n", fake, 1, ["task"], MODEL)], stale_after="120s",
-                             shutdown_grace="1s")
+    d = await daemon_factory([node_table("n", fake, 1, ["task"], MODEL)], stale_after="120s", shutdown_grace="1s")
     [job] = await d.submit("task", "endless", node="n")
     await eventually(lambda: fake.chunk_sent.is_set(), 20, what="the job's reply to begin")
 
@@ -101,22 +101,35 @@ async def test_demo_ctrl_c_twice_prints_no_traceback(tmp_path):
     err = tmp_path / "err.txt"
     with open(err, "wb") as err_file:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gpuq.cli", "serve", "--demo", "--listen", f"127.0.0.1:{port}",
-            "--database", str(tmp_path / "demo.db"), cwd=str(tmp_path),
-            stdout=asyncio.subprocess.DEVNULL, stderr=err_file)
+            sys.executable,
+            "-m",
+            "gpuq.cli",
+            "serve",
+            "--demo",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--database",
+            str(tmp_path / "demo.db"),
+            cwd=str(tmp_path),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=err_file,
+        )
     try:
         async with aiohttp.ClientSession() as session:
+
             async def answers():
                 try:
                     async with session.get(url + "/health") as resp:
                         return resp.status in (200, 503)
                 except aiohttp.ClientError:
                     return False
+
             await eventually(answers, 30, 0.05, "the demo router to answer")
             # A thinking model, and a prompt the demo answers at length (24 words): some 3 s of streaming.
-            async with session.post(url + "/api/jobs", json={
-                    "kind": "task", "prompt": "write a long story about queues 22", "node": "demo-2",
-                    "think": True}) as resp:
+            async with session.post(
+                url + "/api/jobs",
+                json={"kind": "task", "prompt": "write a long story about queues 22", "node": "demo-2", "think": True},
+            ) as resp:
                 assert resp.status == 201
                 [job] = (await resp.json())["jobs"]
 
@@ -124,10 +137,12 @@ async def test_demo_ctrl_c_twice_prints_no_traceback(tmp_path):
                 async with session.get(f"{url}/api/jobs/{job['id']}") as resp:
                     job_now = await resp.json()
                     return job_now.get("thinking") or job_now.get("output")
+
             await eventually(streaming, 30, what="the demo job to stream")
         proc.send_signal(signal.SIGINT)
-        await eventually(lambda: "press Ctrl-C again to stop now" in err.read_text(), 20,
-                         what="the demo to say it waits")
+        await eventually(
+            lambda: "press Ctrl-C again to stop now" in err.read_text(), 20, what="the demo to say it waits"
+        )
         proc.send_signal(signal.SIGINT)
         assert await asyncio.wait_for(proc.wait(), 30) == 0
     finally:
@@ -143,16 +158,21 @@ async def test_a_reload_while_draining_starts_nothing(fakes, daemon_factory):
     """A refused reload (it would remove a node where jobs wait) puts the node back to work; while
     the router drains, its waiting job must still not start."""
     from test_reload import edit_config
+
     fake = await fakes(MODEL, reply=REPLY, token_delay_s=0.03, unload="never")
     other = await fakes(MODEL)
-    d = await daemon_factory([node_table("n", fake, 1, ["task"], MODEL), node_table("m", other, 2, ["task"], MODEL)],
-                             unload_timeout="60s", stale_after="120s")
+    d = await daemon_factory(
+        [node_table("n", fake, 1, ["task"], MODEL), node_table("m", other, 2, ["task"], MODEL)],
+        unload_timeout="60s",
+        stale_after="120s",
+    )
     [first] = await d.submit("task", "first", node="n")
     [second] = await d.submit("task", "second", node="n")
     await eventually(lambda: fake.chunk_sent.is_set(), 20, what="the first job's reply to begin")
     d.proc.send_signal(signal.SIGINT)
-    await eventually(lambda: "press Ctrl-C again to stop now" in d.log.read_text(), 20,
-                     what="the router to say it waits")
+    await eventually(
+        lambda: "press Ctrl-C again to stop now" in d.log.read_text(), 20, what="the router to say it waits"
+    )
 
     edit_config(d, lambda data: data.update(node=[n for n in data["node"] if n["name"] != "n"]))
     res = await d.cli("reload")
@@ -160,6 +180,7 @@ async def test_a_reload_while_draining_starts_nothing(fakes, daemon_factory):
 
     async def reply_whole():
         return (await d.job(first["id"]))["work_done_at"]
+
     await eventually(reply_whole, 20, what="the reply to be whole")
     fake.loaded.clear()  # the first job finishes, and the router stops: the second never starts
     assert await asyncio.wait_for(d.proc.wait(), 30) == 0

@@ -49,8 +49,10 @@ async def test_the_fourth_waiting_jobs_estimate_is_within_half_of_when_it_really
     between = sum(max(0.0, start - parse_iso(j["finished_at"])) for j, start in zip(ahead, starts))
     expected_run = median(run_s(j) for j in history)
     slower = abs(sum(run_s(j) for j in ahead) - len(ahead) * expected_run)
-    print(f"fourth waiting job: estimated start in {predicted:.2f}s, really started after {actual:.2f}s "
-          f"(runs ahead off the history's {expected_run:.2f}s by {slower:.2f}s in all, {between:.2f}s between jobs)")
+    print(
+        f"fourth waiting job: estimated start in {predicted:.2f}s, really started after {actual:.2f}s "
+        f"(runs ahead off the history's {expected_run:.2f}s by {slower:.2f}s in all, {between:.2f}s between jobs)"
+    )
     assert abs(predicted - actual) <= 0.5 * actual + slower + between, (predicted, actual, slower, between)
     assert fourth["eta_reason"] is None
 
@@ -75,7 +77,9 @@ async def test_estimates_in_the_api_and_the_cli_and_none_for_finished_jobs(fakes
     res = await d.cli("task", "waits behind it")
     assert res.code == 0, res.err
     job_id = res.out.split()[0]
-    assert re.search(r"^est\. start (now|in ~\d+ s), finish in ~\d+ s$", res.out, re.M), res.out  # the head may be overdue
+    assert re.search(r"^est\. start (now|in ~\d+ s), finish in ~\d+ s$", res.out, re.M), (
+        res.out
+    )  # the head may be overdue
 
     asked = time.time()
     job = await d.job(job_id)
@@ -95,8 +99,11 @@ async def test_estimates_in_the_api_and_the_cli_and_none_for_finished_jobs(fakes
     assert re.search(rf"running  {running['id']} .* ends (now|in ~\d+ s)", res.out), res.out
     assert re.search(rf"1  {job_id} .* starts (now|in ~\d+ s)", res.out), res.out
     res = await d.cli("show", job_id)
-    assert re.search(r"^est\. start (now|in ~\d+ s), finish in ~\d+ s   \[start \d\d:\d\d:\d\d, finish \d\d:\d\d:\d\d\]$",
-                     res.out, re.M), res.out
+    assert re.search(
+        r"^est\. start (now|in ~\d+ s), finish in ~\d+ s   \[start \d\d:\d\d:\d\d, finish \d\d:\d\d:\d\d\]$",
+        res.out,
+        re.M,
+    ), res.out
 
 
 async def test_a_job_on_a_down_node_has_no_estimate_and_says_why(fakes, daemon_factory):
@@ -107,6 +114,7 @@ async def test_a_job_on_a_down_node_has_no_estimate_and_says_why(fakes, daemon_f
 
     async def down():
         return not (await d.get("/api/nodes"))["nodes"][0]["up"]
+
     await eventually(down, 10, what="node-1 to be seen down")
     [job] = await d.submit("task", "stranded")
     job = await d.job(job["id"])

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import json
 import math
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import aiohttp
 import ollama
 import pytest
+from conftest import eventually
 from pydantic import BaseModel
 
-from conftest import eventually
 from gpuq.demo.server import BUSY
 
 THINKER = "deepseek-r1:32b"
@@ -191,7 +191,7 @@ async def test_ps_reports_expiry_from_keep_alive_and_names_in_short_form(node):
     await client.chat(model=THINKER, messages=ASK, keep_alive=-1)
     [forever, ten] = (await client.ps()).models
     assert (forever.name, ten.name) == (THINKER, PLAIN)  # the longest time left first
-    left = ten.expires_at - datetime.now(timezone.utc)
+    left = ten.expires_at - datetime.now(UTC)
     assert timedelta(minutes=9) < left <= timedelta(minutes=10)
     assert forever.expires_at.year > 2200
     assert ten.size_vram == ten.size > 0 and ten.context_length == 4096 and ten.details.family == "llama"
@@ -206,8 +206,10 @@ async def test_keep_alive_zero_unloads_and_the_model_leaves_ps(node):
 
     async def listed():
         return [m.model for m in (await client.ps()).models]
+
     async def left():
         return await listed() == []
+
     await eventually(left, what="the model to leave /api/ps")  # the unload is asynchronous
     loaded = await client.chat(model=PLAIN, messages=[])
     assert loaded.done_reason == "load" and await listed() == [PLAIN]
@@ -242,7 +244,9 @@ async def test_embed_returns_unit_vectors_and_a_chat_model_cannot_embed(node):
     with pytest.raises(ollama.ResponseError) as refused:
         await client.embed(model=PLAIN, input="x")
     assert (refused.value.status_code, refused.value.error) == (
-        501, "This server does not support embeddings. Start it with `--embeddings`")
+        501,
+        "This server does not support embeddings. Start it with `--embeddings`",
+    )
     with pytest.raises(ollama.ResponseError) as refused:
         await client.chat(model=EMBEDDER, messages=ASK)
     assert (refused.value.status_code, refused.value.error) == (400, '"nomic-embed-text:latest" does not support chat')
@@ -263,15 +267,31 @@ async def test_errors_carry_ollamas_status_and_text(node):
         ("/api/chat", b"{model}", 400, "invalid character 'm' looking for beginning of object key string"),
         ("/api/chat", b"{}", 400, "model is required"),
         ("/api/generate", b"{}", 404, "model '' not found"),
-        ("/api/chat", b'{"model": 5}', 400,
-         "json: cannot unmarshal number into Go struct field ChatRequest.model of type string"),
-        ("/api/chat", json.dumps({"model": PLAIN, "messages": ASK, "keep_alive": "300"}).encode(), 400,
-         'time: missing unit in duration "300"'),
-        ("/api/chat", json.dumps({"model": PLAIN, "think": "lots"}).encode(), 400,
-         'invalid think value: "lots" (must be "high", "medium", "low", "max", true, or false)'),
+        (
+            "/api/chat",
+            b'{"model": 5}',
+            400,
+            "json: cannot unmarshal number into Go struct field ChatRequest.model of type string",
+        ),
+        (
+            "/api/chat",
+            json.dumps({"model": PLAIN, "messages": ASK, "keep_alive": "300"}).encode(),
+            400,
+            'time: missing unit in duration "300"',
+        ),
+        (
+            "/api/chat",
+            json.dumps({"model": PLAIN, "think": "lots"}).encode(),
+            400,
+            'invalid think value: "lots" (must be "high", "medium", "low", "max", true, or false)',
+        ),
         ("/api/chat", json.dumps({"model": "bad name!", "messages": ASK}).encode(), 400, "invalid model name"),
-        ("/api/generate", json.dumps({"model": PLAIN, "prompt": "hi", "format": "xml"}).encode(), 500,
-         'invalid format: "\\"xml\\""; expected "json" or a valid JSON Schema object'),
+        (
+            "/api/generate",
+            json.dumps({"model": PLAIN, "prompt": "hi", "format": "xml"}).encode(),
+            500,
+            'invalid format: "\\"xml\\""; expected "json" or a valid JSON Schema object',
+        ),
     ]
     async with aiohttp.ClientSession() as session:
         for path, body, status, message in cases:
@@ -322,6 +342,7 @@ async def test_a_client_that_leaves_releases_its_runner_at_once_and_the_unload_f
 
         async def left():
             return not (await client.ps()).models
+
         await eventually(left, 5, what="the model to leave /api/ps (no request holds it now)")
     finally:
         await client.close()

@@ -6,13 +6,11 @@ serving everyone else: a job on the other node completes meanwhile."""
 
 from __future__ import annotations
 
+import errno
 import re
 import time
 
-import errno
-
 import pytest
-
 from conftest import eventually, node_table
 
 MODEL = "qwen3-coder:30b"
@@ -28,9 +26,10 @@ async def sick_and_well(fakes, daemon_factory, **router):
     """node-1 misbehaves; node-2 is healthy. Short timeouts so faults show quickly."""
     sick = await fakes(MODEL)
     well = await fakes(MODEL)
-    d = await daemon_factory([node_table("sick", sick, 1, ["task"], MODEL),
-                              node_table("well", well, 2, ["task"], MODEL)],
-                             **{"stall_timeout": "2s", "load_timeout": "3s", "unload_timeout": "1s", **router})
+    d = await daemon_factory(
+        [node_table("sick", sick, 1, ["task"], MODEL), node_table("well", well, 2, ["task"], MODEL)],
+        **{"stall_timeout": "2s", "load_timeout": "3s", "unload_timeout": "1s", **router},
+    )
     return sick, well, d
 
 
@@ -45,11 +44,20 @@ def sent(fake, prompt: str) -> int:
 # fault script, the job's error verbatim, words of output kept, slow?
 CASES = {
     "reset mid-stream": ({"close_after": 3}, BROKE_OFF, 3, False),
-    "error line mid-stream": ({"error_after": 3},
-                              "an error was encountered while running the model: unexpected EOF", 3, False),
+    "error line mid-stream": (
+        {"error_after": 3},
+        "an error was encountered while running the model: unexpected EOF",
+        3,
+        False,
+    ),
     "500 on load (out of memory)": ({"load_error": (500, OOM)}, OOM, 0, False),
-    "503 queue full": ({"busy": True}, f"{BUSY} (HTTP 503: node sick's Ollama is busy with other clients' "
-                       "requests; this request never started, so `gpuq retry {id}` is safe)", 0, False),
+    "503 queue full": (
+        {"busy": True},
+        f"{BUSY} (HTTP 503: node sick's Ollama is busy with other clients' "
+        "requests; this request never started, so `gpuq retry {id}` is safe)",
+        0,
+        False,
+    ),
     "headers never come (a cold load past load_timeout)": ({"hang_headers": True}, NEVER_LOADED, 0, True),
     "stream stalls": ({"stall_after": 2}, STALLED, 2, True),
 }
@@ -122,9 +130,12 @@ async def test_a_node_that_dies_mid_stream_is_refused_then_comes_back(fakes, dae
     async def refused():
         state = await node(d, "sick")
         return state if not state["up"] else None
+
     state = await eventually(refused, 15, what="the node to be seen down")
-    refused = (f"cannot connect to node sick at http://127.0.0.1:{port}: [Errno {errno.ECONNREFUSED}] "
-               f"Connect call failed ('127.0.0.1', {port})")
+    refused = (
+        f"cannot connect to node sick at http://127.0.0.1:{port}: [Errno {errno.ECONNREFUSED}] "
+        f"Connect call failed ('127.0.0.1', {port})"
+    )
     assert state["last_error"] == refused
     status, health = await d.request("GET", "/health")
     assert status == 503 and health["ok"] is False
@@ -160,10 +171,14 @@ async def test_an_unload_whose_last_check_times_out_still_says_the_model_was_lis
     async def flagged():
         state = await node(d, "sick")
         return state["vram_stuck"]
+
     message = await eventually(flagged, 15, what="the node to be flagged")
-    assert re.fullmatch(rf"unload failed: {MODEL} did not leave VRAM within [\d.]+s \(unload_timeout 1s; "
-                        rf"{MODEL} is still listed by /api/ps; the last check: GET /api/ps on {sick.url}"
-                        rf" did not answer within [\d.]+s\); node sick flagged", message), message
+    assert re.fullmatch(
+        rf"unload failed: {MODEL} did not leave VRAM within [\d.]+s \(unload_timeout 1s; "
+        rf"{MODEL} is still listed by /api/ps; the last check: GET /api/ps on {sick.url}"
+        rf" did not answer within [\d.]+s\); node sick flagged",
+        message,
+    ), message
     done = await d.wait_state(job["id"], "done")
     assert [e["reason"] for e in done["events"] if e["from_state"] == e["to_state"] == "running"] == [message]
 
@@ -173,16 +188,21 @@ async def test_an_unload_that_never_frees_the_model_flags_the_node_until_it_is_f
     sick.script.unload = "never"  # stuck in "Stopping...": /api/ps keeps listing the model
     submitted = time.monotonic()
     [job] = await d.submit("task", "its model never leaves", node="sick")
+
     async def flagged():
         state = await node(d, "sick")
         return state if state["vram_stuck"] else None
+
     state = await eventually(flagged, 15, what="the node to be flagged")
     elapsed = time.monotonic() - submitted
     message = state["vram_stuck"]
     # (on a loaded machine the last check, given what is left of the second, may not answer in
     # time: the message then says so after what was seen, as the next test shows)
-    waited = re.fullmatch(rf"unload failed: {MODEL} did not leave VRAM within ([\d.]+)s \(unload_timeout 1s; "
-                          rf"{MODEL} is still listed by /api/ps(; the last check: [^)]*)?\); node sick flagged", message)
+    waited = re.fullmatch(
+        rf"unload failed: {MODEL} did not leave VRAM within ([\d.]+)s \(unload_timeout 1s; "
+        rf"{MODEL} is still listed by /api/ps(; the last check: [^)]*)?\); node sick flagged",
+        message,
+    )
     # It waited its unload_timeout, and what it says it waited lies within what this test saw
     # (the job's run and the unload, from the submit to the flag; the figure is rounded to 0.1 s):
     # bounds a busy machine cannot break, where a fixed ceiling could.
@@ -193,8 +213,9 @@ async def test_an_unload_that_never_frees_the_model_flags_the_node_until_it_is_f
     [waiting] = await d.submit("task", "must not land on a full GPU", node="sick")
     status, health = await d.request("GET", "/health")
     assert status == 503 and health["ok"] is False
-    assert health["nodes_down"] == [{"name": "sick", "since": health["nodes_down"][0]["since"],
-                                     "error": message, "waiting": 1}]
+    assert health["nodes_down"] == [
+        {"name": "sick", "since": health["nodes_down"][0]["since"], "error": message, "waiting": 1}
+    ]
     [other] = await d.submit("task", "served meanwhile", node="well")
     await d.wait_state(other["id"], "done", timeout=20)
     assert (await d.job(waiting["id"]))["state"] == "queued"
@@ -235,6 +256,7 @@ async def test_a_stuck_model_the_job_asked_for_keeps_the_node_flagged_until_that
 def async_true(fetch, test):
     async def check():
         return test(await fetch())
+
     return check
 
 
@@ -254,6 +276,7 @@ async def test_a_blocking_api_ps_is_bounded_by_unload_timeout_and_the_flag_says_
 
     async def flagged():
         return (await node(d, "sick"))["vram_stuck"]
+
     message = await eventually(flagged, 2 * CLIENT_PS_TIMEOUT_S, what="the node to be flagged")
     elapsed = time.monotonic() - started
     waited = re.search(r"did not leave VRAM within ([\d.]+)s \(unload_timeout 1s; (.*)\)", message)
@@ -278,8 +301,10 @@ async def test_a_node_gone_since_its_last_check_gets_its_job_back_not_failed(fak
     # round trip); a connection the node then refuses means nothing reached Ollama: the job goes
     # back to the head of its queue, the node is down, and the job runs once it is back.
     sick, well, d = await sick_and_well(fakes, daemon_factory, health_interval="60s")
+
     async def checked():
         return (await node(d, "sick"))["up"]
+
     await eventually(checked, what="the first health check")
     port = sick.port
     await sick.stop()  # gone, and the monitor will not ask for a minute
@@ -288,6 +313,7 @@ async def test_a_node_gone_since_its_last_check_gets_its_job_back_not_failed(fak
     async def put_back():
         detail = await d.job(job["id"])
         return detail if detail["state"] == "queued" and len(detail["runs"]) == 1 else None
+
     detail = await eventually(put_back, 15, what="the job to be put back")
     [back] = [e for e in detail["events"] if e["from_state"] == "running"]
     refused = f"cannot connect to node sick at http://127.0.0.1:{port}: "

@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Awaitable, Callable
 import signal
 import socket
 import sqlite3
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 import ollama
 import openai
 import pytest
-
 from conftest import eventually, free_port, node_table
 
 CHAT_MODEL = "qwen3-coder:30b"
@@ -50,8 +49,9 @@ class FrontLab:
         await self.job_with(prompt, "running")
         return call
 
-    async def delete_mid_stream(self, prompt: str, read: Callable[[list], Awaitable[None]],
-                                enough: Callable[[list], bool]) -> tuple[dict, BaseException, list]:
+    async def delete_mid_stream(
+        self, prompt: str, read: Callable[[list], Awaitable[None]], enough: Callable[[list], bool]
+    ) -> tuple[dict, BaseException, list]:
         """A client streams a slow reply to `prompt` (`read(got)` appends what it receives); its
         job is deleted once `enough(got)`. Returns the job, what `read` raised and what it got."""
         fake = self.fakes["node-1"]
@@ -78,6 +78,7 @@ class FrontLab:
                 if job["prompt_excerpt"] == prompt and (not states or job["state"] in states):
                     return job
             return None
+
         return await eventually(found, 15, what=f"a job with prompt {prompt!r} in {states or 'any state'}")
 
 
@@ -86,11 +87,16 @@ async def start_front_lab(fakes, daemon_factory, **router) -> FrontLab:
     critique = await fakes("deepseek-r1:32b")
     other = await fakes("llama3.2:latest", EMBED_MODEL)
     port = free_port()
-    daemon = await daemon_factory([
-        node_table("node-1", chat, 1, ["task", "critique"], CHAT_MODEL),
-        node_table("node-2", critique, 2, ["critique"], "deepseek-r1:32b"),
-        node_table("node-3", other, 3, ["task"], "llama3.2:latest"),
-    ], ollama_listen=f"127.0.0.1:{port}", stall_timeout="60s", **router)
+    daemon = await daemon_factory(
+        [
+            node_table("node-1", chat, 1, ["task", "critique"], CHAT_MODEL),
+            node_table("node-2", critique, 2, ["critique"], "deepseek-r1:32b"),
+            node_table("node-3", other, 3, ["task"], "llama3.2:latest"),
+        ],
+        ollama_listen=f"127.0.0.1:{port}",
+        stall_timeout="60s",
+        **router,
+    )
     url = f"http://127.0.0.1:{port}"
     auth = {"Authorization": f"Bearer {router['token']}"} if router.get("token") else {}
 
@@ -100,12 +106,14 @@ async def start_front_lab(fakes, daemon_factory, **router) -> FrontLab:
                 return resp.status == 200 and await resp.text() == "Ollama is running"
         except aiohttp.ClientError:
             return False
+
     await eventually(answers, 10, what="the front door to answer")
     lab = FrontLab(daemon, url, {"node-1": chat, "node-2": critique, "node-3": other})
 
     async def models_known():  # every task node's /api/tags has been read once (node-2 takes no tasks)
         async with daemon.session.get(url + "/api/tags", headers=auth) as resp:
             return {m["model"] for m in (await resp.json())["models"]} >= {CHAT_MODEL, "llama3.2:latest", EMBED_MODEL}
+
     await eventually(models_known, 10, what="the nodes' models to be known")
     return lab
 
@@ -114,8 +122,9 @@ async def start_thinking_lab(fakes, daemon_factory) -> FrontLab:
     """One task node, node-1, with a thinking model (qwen3:8b), behind the front door."""
     node = await fakes("qwen3:8b")
     port = free_port()
-    daemon = await daemon_factory([node_table("node-1", node, 1, ["task"], "qwen3:8b")],
-                                  ollama_listen=f"127.0.0.1:{port}")
+    daemon = await daemon_factory(
+        [node_table("node-1", node, 1, ["task"], "qwen3:8b")], ollama_listen=f"127.0.0.1:{port}"
+    )
     lab = FrontLab(daemon, f"http://127.0.0.1:{port}", {"node-1": node})
     await eventually(lambda: lab.models_ready(), 10, what="the front door to know qwen3:8b")
     return lab
@@ -130,15 +139,22 @@ async def front(fakes, daemon_factory):
 
 # -- the ollama client --------------------------------------------------------------------------
 
+
 async def test_ollama_chat_and_generate_stream_and_not_each_a_job(front):
     client = front.ollama()
-    reply = await client.chat(model=CHAT_MODEL, messages=[{"role": "system", "content": "be brief"},
-                                                          {"role": "user", "content": "hello there"}])
+    reply = await client.chat(
+        model=CHAT_MODEL,
+        messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}],
+    )
     assert reply.done and reply.done_reason == "stop" and reply.message.role == "assistant"
     assert reply.message.content.strip() and reply.eval_count == len(reply.message.content.split())
 
-    parts = [p async for p in await client.chat(model=CHAT_MODEL, stream=True,
-                                                messages=[{"role": "user", "content": "stream it"}])]
+    parts = [
+        p
+        async for p in await client.chat(
+            model=CHAT_MODEL, stream=True, messages=[{"role": "user", "content": "stream it"}]
+        )
+    ]
     assert len(parts) > 2 and parts[-1].done and not any(p.done for p in parts[:-1])
     streamed = "".join(p.message.content for p in parts)
 
@@ -166,8 +182,13 @@ async def test_ollama_chat_and_generate_stream_and_not_each_a_job(front):
 
 
 async def test_the_node_gets_the_request_with_its_own_unload_policy(front):
-    await front.ollama().chat(model=CHAT_MODEL, keep_alive="1h", options={"temperature": 0.1, "num_ctx": 2048},
-                              format="json", messages=[{"role": "user", "content": "as json"}])
+    await front.ollama().chat(
+        model=CHAT_MODEL,
+        keep_alive="1h",
+        options={"temperature": 0.1, "num_ctx": 2048},
+        format="json",
+        messages=[{"role": "user", "content": "as json"}],
+    )
     sent = [r for r in front.fakes["node-1"].requests if r.get("messages")][-1]
     # The client's "1h" holds the model no longer than [front] max_keep_alive (30m), and only
     # while nothing else waits for the node (tests/test_warm_models.py).
@@ -244,8 +265,9 @@ async def test_a_node_failing_mid_stream_ends_the_clients_stream_with_its_error(
     fake.script.error_after = 3
     parts = []
     with pytest.raises(ollama.ResponseError) as exc:
-        async for part in await front.ollama().chat(model=CHAT_MODEL, stream=True,
-                                                    messages=[{"role": "user", "content": "breaks"}]):
+        async for part in await front.ollama().chat(
+            model=CHAT_MODEL, stream=True, messages=[{"role": "user", "content": "breaks"}]
+        ):
             parts.append(part)
     assert len(parts) == 3 and exc.value.error.startswith("an error was encountered while running the model")
     job = await front.daemon.wait_state((await front.job_with("breaks"))["id"], "failed")
@@ -254,8 +276,9 @@ async def test_a_node_failing_mid_stream_ends_the_clients_stream_with_its_error(
 
 async def test_an_unload_call_is_answered_without_a_job(front):
     """Open WebUI unloads with generate {prompt: "", keep_alive: 0}; gpuq unloads after each job."""
-    async with front.daemon.session.post(front.url + "/api/generate",
-                                         json={"model": CHAT_MODEL, "prompt": "", "keep_alive": 0}) as resp:
+    async with front.daemon.session.post(
+        front.url + "/api/generate", json={"model": CHAT_MODEL, "prompt": "", "keep_alive": 0}
+    ) as resp:
         body = await resp.json()
     assert resp.status == 200 and body["done_reason"] == "unload" and body["response"] == ""
     assert (await front.ollama().chat(model=CHAT_MODEL, messages=[])).done_reason == "load"
@@ -264,10 +287,12 @@ async def test_an_unload_call_is_answered_without_a_job(front):
 
 # -- the openai client ----------------------------------------------------------------------------
 
+
 async def test_openai_chat_stream_and_not_and_models(front):
     client = front.openai()
     completion = await client.chat.completions.create(
-        model=CHAT_MODEL, messages=[{"role": "user", "content": "hello from openai"}])
+        model=CHAT_MODEL, messages=[{"role": "user", "content": "hello from openai"}]
+    )
     job = await front.job_with("hello from openai", "done")
     assert completion.id == f"chatcmpl-{job['id']}" and completion.object == "chat.completion"
     assert completion.choices[0].finish_reason == "stop" and completion.choices[0].message.content.strip()
@@ -275,9 +300,12 @@ async def test_openai_chat_stream_and_not_and_models(front):
     assert job["endpoint"] == "/v1/chat/completions"
     assert (await front.daemon.job(job["id"]))["events"][0]["actor"] == "openai 127.0.0.1"
 
-    stream = await client.chat.completions.create(model=CHAT_MODEL, stream=True,
-                                                  stream_options={"include_usage": True},
-                                                  messages=[{"role": "user", "content": "stream from openai"}])
+    stream = await client.chat.completions.create(
+        model=CHAT_MODEL,
+        stream=True,
+        stream_options={"include_usage": True},
+        messages=[{"role": "user", "content": "stream from openai"}],
+    )
     chunks = [c async for c in stream]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -311,8 +339,10 @@ async def test_openai_completions_and_one_model(front):
 async def test_openai_json_schema_becomes_ollamas_format(front):
     schema = {"type": "object", "properties": {"findings": {"type": "array"}}, "required": ["findings"]}
     completion = await front.openai().chat.completions.create(
-        model=CHAT_MODEL, messages=[{"role": "user", "content": "structured"}],
-        response_format={"type": "json_schema", "json_schema": {"name": "r", "schema": schema}})
+        model=CHAT_MODEL,
+        messages=[{"role": "user", "content": "structured"}],
+        response_format={"type": "json_schema", "json_schema": {"name": "r", "schema": schema}},
+    )
     assert "findings" in json.loads(completion.choices[0].message.content)
     sent = [r for r in front.fakes["node-1"].requests if r.get("messages")][-1]
     assert sent["format"] == schema and sent["options"]["temperature"] == 1.0
@@ -322,7 +352,7 @@ async def test_a_thinking_models_reasoning_reaches_each_client_as_its_api_gives_
     """Ollama's `thinking` (on by default for a thinking model), OpenAI's `reasoning`; the job
     keeps it apart from the answer, as for gpuq's own jobs."""
     lab = await start_thinking_lab(fakes, daemon_factory)
-    node, daemon = lab.fakes["node-1"], lab.daemon
+    daemon = lab.daemon
     try:
         reply = await lab.ollama().chat(model="qwen3:8b", messages=[{"role": "user", "content": "think first"}])
         assert reply.message.thinking and reply.message.content
@@ -333,11 +363,13 @@ async def test_a_thinking_models_reasoning_reaches_each_client_as_its_api_gives_
         assert "".join(p.thinking or "" for p in parts) and "".join(p.response for p in parts)
 
         completion = await lab.openai().chat.completions.create(
-            model="qwen3:8b", messages=[{"role": "user", "content": "reason please"}])
+            model="qwen3:8b", messages=[{"role": "user", "content": "reason please"}]
+        )
         message = completion.choices[0].message
         assert message.content and message.model_extra["reasoning"]
         stream = await lab.openai().chat.completions.create(
-            model="qwen3:8b", stream=True, messages=[{"role": "user", "content": "reason in a stream"}])
+            model="qwen3:8b", stream=True, messages=[{"role": "user", "content": "reason in a stream"}]
+        )
         deltas = [c.choices[0].delta async for c in stream if c.choices]
         reasoning = "".join((d.model_extra or {}).get("reasoning") or "" for d in deltas)
         content = "".join(d.content or "" for d in deltas)
@@ -345,14 +377,16 @@ async def test_a_thinking_models_reasoning_reaches_each_client_as_its_api_gives_
         job = await daemon.job((await lab.job_with("reason in a stream", "done"))["id"])
         assert (job["thinking"], job["output"]) == (reasoning, content)
 
-        no_think = await lab.ollama().chat(model="qwen3:8b", think=False,
-                                           messages=[{"role": "user", "content": "no thinking"}])
+        no_think = await lab.ollama().chat(
+            model="qwen3:8b", think=False, messages=[{"role": "user", "content": "no thinking"}]
+        )
         assert not no_think.message.thinking and no_think.message.content
     finally:
         await lab.close()
 
 
 # -- the queue ------------------------------------------------------------------------------------
+
 
 async def test_three_calls_for_one_model_queue_on_its_node_one_at_a_time(front):
     fake = front.fakes["node-1"]
@@ -372,7 +406,9 @@ async def test_three_calls_for_one_model_queue_on_its_node_one_at_a_time(front):
 async def test_a_client_that_leaves_while_queued_cancels_its_job_before_ollama_sees_it(front):
     fake = front.fakes["node-1"]
     first = await front.hold_node_1("busy")
-    waiting = asyncio.create_task(front.ollama().chat(model=CHAT_MODEL, messages=[{"role": "user", "content": "gave up"}]))
+    waiting = asyncio.create_task(
+        front.ollama().chat(model=CHAT_MODEL, messages=[{"role": "user", "content": "gave up"}])
+    )
     job = await front.job_with("gave up", "queued")
     waiting.cancel()  # the client closes its connection
     with pytest.raises(asyncio.CancelledError):
@@ -401,17 +437,21 @@ async def test_a_client_that_leaves_while_running_aborts_the_run(front):
     job = await front.job_with("leave")
     cancelled = await front.daemon.wait_state(job["id"], "cancelled")
     assert cancelled["error"] == "client disconnected"
-    await eventually(lambda: fake.disconnects == 1 and CHAT_MODEL not in fake.loaded,
-                     what="Ollama's request aborted and the model unloaded")
+    await eventually(
+        lambda: fake.disconnects == 1 and CHAT_MODEL not in fake.loaded,
+        what="Ollama's request aborted and the model unloaded",
+    )
 
 
 async def test_delete_ends_the_clients_stream_with_an_error_naming_it(front):
     fake = front.fakes["node-1"]
 
     async def read(got):  # the ollama client sends its request when the stream is first read
-        async for part in await front.ollama().chat(model=CHAT_MODEL, stream=True,
-                                                    messages=[{"role": "user", "content": "doomed"}]):
+        async for part in await front.ollama().chat(
+            model=CHAT_MODEL, stream=True, messages=[{"role": "user", "content": "doomed"}]
+        ):
             got.append(part)
+
     job, raised, got = await front.delete_mid_stream("doomed", read, lambda got: len(got) >= 2)
     assert isinstance(raised, ollama.ResponseError)
     assert raised.error == f"gpuq job {job['id']} was deleted by cli 127.0.0.1: request canceled"
@@ -422,8 +462,11 @@ async def test_delete_ends_the_clients_stream_with_an_error_naming_it(front):
     # (the deleted call's request may still be in flight at the fake: wait for this job to run)
     first = asyncio.create_task(front.ollama().chat(model=CHAT_MODEL, messages=[{"role": "user", "content": "hold"}]))
     await front.job_with("hold", "running")
-    queued = asyncio.create_task(front.openai().chat.completions.create(
-        model=CHAT_MODEL, messages=[{"role": "user", "content": "queued then deleted"}]))
+    queued = asyncio.create_task(
+        front.openai().chat.completions.create(
+            model=CHAT_MODEL, messages=[{"role": "user", "content": "queued then deleted"}]
+        )
+    )
     waiting = await front.job_with("queued then deleted", "queued")
     assert (await front.daemon.cli("delete", waiting["id"])).code == 0
     with pytest.raises(openai.APIStatusError) as exc:
@@ -439,7 +482,8 @@ async def test_preempt_ends_the_interrupted_clients_stream_and_its_job(front):
     fake = front.fakes["node-1"]
     fake.script.token_delay_s, fake.script.tokens = 0.05, 400
     stream = await front.openai().chat.completions.create(
-        model=CHAT_MODEL, stream=True, messages=[{"role": "user", "content": "victim"}])
+        model=CHAT_MODEL, stream=True, messages=[{"role": "user", "content": "victim"}]
+    )
     victim = await front.job_with("victim", "running")
     urgent = (await front.daemon.submit("task", "urgent", node="node-1"))[0]["id"]
     preempted = False
@@ -469,8 +513,9 @@ async def test_moving_a_call_to_a_node_without_its_model_is_409_naming_it(front)
 
 
 async def test_responses_carry_the_job_and_its_preview(front):
-    async with front.daemon.session.post(front.url + "/api/chat", json={
-            "model": CHAT_MODEL, "messages": [{"role": "user", "content": "headers"}]}) as resp:
+    async with front.daemon.session.post(
+        front.url + "/api/chat", json={"model": CHAT_MODEL, "messages": [{"role": "user", "content": "headers"}]}
+    ) as resp:
         await resp.read()
     job = await front.job_with("headers")
     assert resp.headers["X-Gpuq-Job"] == job["id"]
@@ -498,8 +543,9 @@ async def test_the_router_restarting_cancels_calls_whose_clients_are_gone(front)
 async def test_a_router_stopping_tells_waiting_clients_and_cancels_their_jobs(front):
     fake = front.fakes["node-1"]
     running = await front.hold_node_1("r")
-    waiting = asyncio.create_task(front.openai().chat.completions.create(
-        model=CHAT_MODEL, messages=[{"role": "user", "content": "w"}]))
+    waiting = asyncio.create_task(
+        front.openai().chat.completions.create(model=CHAT_MODEL, messages=[{"role": "user", "content": "w"}])
+    )
     job = await front.job_with("w", "queued")
     await front.daemon.kill(signal.SIGTERM)
     with pytest.raises(openai.APIStatusError) as exc:
@@ -517,8 +563,10 @@ async def test_a_router_stopping_tells_waiting_clients_and_cancels_their_jobs(fr
 async def test_an_openai_stream_opens_at_once_while_its_job_waits(front):
     fake = front.fakes["node-1"]
     first = await front.hold_node_1("1st")
-    async with front.daemon.session.post(front.url + "/v1/chat/completions", json={
-            "model": CHAT_MODEL, "stream": True, "messages": [{"role": "user", "content": "2nd"}]}) as resp:
+    async with front.daemon.session.post(
+        front.url + "/v1/chat/completions",
+        json={"model": CHAT_MODEL, "stream": True, "messages": [{"role": "user", "content": "2nd"}]},
+    ) as resp:
         # Headers (and its job's id) before it runs: the SDK's read timeout counts from here,
         # and comments keep the wait alive.
         assert resp.status == 200 and resp.headers["Content-Type"] == "text/event-stream"
@@ -531,6 +579,7 @@ async def test_an_openai_stream_opens_at_once_while_its_job_waits(front):
 
 
 # -- access ---------------------------------------------------------------------------------------
+
 
 @pytest.fixture
 async def token_lab(fakes, daemon_factory):
@@ -546,26 +595,31 @@ async def test_the_token_is_required_and_accepted(token_lab):
     assert exc.value.status_code == 401 and "missing or wrong token" in exc.value.error
     with pytest.raises(openai.AuthenticationError) as exc:
         await lab.openai(api_key="wrong").chat.completions.create(
-            model=CHAT_MODEL, messages=[{"role": "user", "content": "x"}])
+            model=CHAT_MODEL, messages=[{"role": "user", "content": "x"}]
+        )
     assert exc.value.body["code"] == "invalid_api_key"
     reply = await lab.ollama(headers={"Authorization": "Bearer s3cret"}).chat(
-        model=CHAT_MODEL, messages=[{"role": "user", "content": "with token"}])
+        model=CHAT_MODEL, messages=[{"role": "user", "content": "with token"}]
+    )
     assert reply.done
     completion = await lab.openai(api_key="s3cret").chat.completions.create(
-        model=CHAT_MODEL, messages=[{"role": "user", "content": "with key"}])
+        model=CHAT_MODEL, messages=[{"role": "user", "content": "with key"}]
+    )
     assert completion.choices[0].message.content
     async with lab.daemon.session.get(lab.url + "/") as resp:  # clients probe it without a token
         assert resp.status == 200
-    async with lab.daemon.session.get(lab.url + "/api/tags", headers={"Host": "evil.example:80",
-                                                                       "Authorization": "Bearer s3cret"}) as resp:
+    async with lab.daemon.session.get(
+        lab.url + "/api/tags", headers={"Host": "evil.example:80", "Authorization": "Bearer s3cret"}
+    ) as resp:
         assert resp.status == 421 and "is not one of this router's names" in (await resp.json())["error"]
 
 
 async def start_front_lab_with_token(fakes, daemon_factory, token: str) -> FrontLab:
     chat = await fakes(CHAT_MODEL)
     port = free_port()
-    daemon = await daemon_factory([node_table("node-1", chat, 1, ["task"], CHAT_MODEL)],
-                                  ollama_listen=f"127.0.0.1:{port}", token=token)
+    daemon = await daemon_factory(
+        [node_table("node-1", chat, 1, ["task"], CHAT_MODEL)], ollama_listen=f"127.0.0.1:{port}", token=token
+    )
     lab = FrontLab(daemon, f"http://127.0.0.1:{port}", {"node-1": chat})
 
     async def ready():
@@ -574,6 +628,7 @@ async def start_front_lab_with_token(fakes, daemon_factory, token: str) -> Front
                 return r.status == 200 and (await r.json())["models"]
         except aiohttp.ClientError:
             return False
+
     await eventually(ready, 10, what="the front door to know the node's models")
     return lab
 
@@ -589,8 +644,11 @@ async def test_a_nodes_own_refusal_reaches_the_client_with_its_status_and_fails_
     job = await front.daemon.wait_state((await front.job_with("too big?"))["id"], "failed")
     assert job["error"] == message and len(job["runs"]) == 1
     with pytest.raises(openai.InternalServerError) as err:
-        await front.openai().with_options(max_retries=0).chat.completions.create(
-            model=CHAT_MODEL, messages=[{"role": "user", "content": "too big again?"}])
+        await (
+            front.openai()
+            .with_options(max_retries=0)
+            .chat.completions.create(model=CHAT_MODEL, messages=[{"role": "user", "content": "too big again?"}])
+        )
     assert err.value.body["message"] == message
 
 
@@ -600,14 +658,26 @@ async def test_bad_requests_get_each_apis_error_shape(front):
         ("/api/chat", b"", 400, {"error": "missing request body"}),
         ("/api/chat", b"{", 400, None),
         ("/api/chat", json.dumps({"messages": []}).encode(), 400, {"error": "model is required"}),
-        ("/api/generate", json.dumps({"model": CHAT_MODEL, "prompt": "x", "keep_alive": "300"}).encode(), 400,
-         {"error": 'time: missing unit in duration "300"'}),
+        (
+            "/api/generate",
+            json.dumps({"model": CHAT_MODEL, "prompt": "x", "keep_alive": "300"}).encode(),
+            400,
+            {"error": 'time: missing unit in duration "300"'},
+        ),
         ("/api/push", json.dumps({"model": "x"}).encode(), 501, None),
         # Not JSON (Go's parser refuses them); taken as JSON they reached the node as null.
-        ("/api/chat", b'{"model": "' + CHAT_MODEL.encode() + b'", "messages": [], "options": {"temperature": NaN}}',
-         400, {"error": "invalid character in JSON: NaN is not a JSON value"}),
-        ("/api/generate", b'{"model": "' + CHAT_MODEL.encode() + b'", "prompt": "x", "options": {"top_p": 1e999}}',
-         400, {"error": "invalid character in JSON: the number 1e999 is out of range"}),
+        (
+            "/api/chat",
+            b'{"model": "' + CHAT_MODEL.encode() + b'", "messages": [], "options": {"temperature": NaN}}',
+            400,
+            {"error": "invalid character in JSON: NaN is not a JSON value"},
+        ),
+        (
+            "/api/generate",
+            b'{"model": "' + CHAT_MODEL.encode() + b'", "prompt": "x", "options": {"top_p": 1e999}}',
+            400,
+            {"error": "invalid character in JSON: the number 1e999 is out of range"},
+        ),
     ]
     for path, raw, status, body in cases:
         async with session.post(front.url + path, data=raw) as resp:
@@ -618,8 +688,14 @@ async def test_bad_requests_get_each_apis_error_shape(front):
             assert got == body
     async with session.post(front.url + "/v1/chat/completions", json={"model": CHAT_MODEL, "messages": []}) as resp:
         got = await resp.json()
-    assert resp.status == 400 and got == {"error": {"message": "[] is too short - 'messages'",
-                                                    "type": "invalid_request_error", "param": None, "code": None}}
+    assert resp.status == 400 and got == {
+        "error": {
+            "message": "[] is too short - 'messages'",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": None,
+        }
+    }
     assert await front.jobs() == []
 
 
@@ -639,19 +715,28 @@ def test_migration_keeps_every_row_and_allows_embed(tmp_path):
     path = tmp_path / "gpuq.db"
     db = sqlite3.connect(path)
     from gpuq.store import MIGRATIONS_DIR
-    db.execute("CREATE TABLE schema_migration (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)")
+
+    db.execute(
+        "CREATE TABLE schema_migration (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
+    )
     for f in sorted(MIGRATIONS_DIR.glob("[0-9][0-9][0-9]_*.sql")):
         if f.name.startswith("006"):
             break
         db.executescript(f.read_text())
         db.execute("INSERT INTO schema_migration VALUES (?, ?, 'then')", (int(f.name[:3]), f.stem))
-    db.execute("INSERT INTO job (id, kind, node, model, prompt, position, placement, created_at, state, run_id,"
-               " finished_at) VALUES ('1-aaaaaaaa', 'task', 'n1', 'm', 'p', 1024, 'asked', 'now', 'done', 1, 'now')")
-    db.execute("INSERT INTO run (id, job_id, node, model, state, started_at, progress_at, finished_at, output)"
-               " VALUES (1, '1-aaaaaaaa', 'n1', 'm', 'done', 'now', 'now', 'now', 'result')")
-    db.execute("INSERT INTO job (id, kind, node, model, prompt, position, placement, created_at, parent_id,"
-               " subject_from_parent) VALUES ('1-bbbbbbbb', 'critique', 'n2', 'm', 'c', 1024, 'fan-out', 'now',"
-               " '1-aaaaaaaa', 1)")
+    db.execute(
+        "INSERT INTO job (id, kind, node, model, prompt, position, placement, created_at, state, run_id,"
+        " finished_at) VALUES ('1-aaaaaaaa', 'task', 'n1', 'm', 'p', 1024, 'asked', 'now', 'done', 1, 'now')"
+    )
+    db.execute(
+        "INSERT INTO run (id, job_id, node, model, state, started_at, progress_at, finished_at, output)"
+        " VALUES (1, '1-aaaaaaaa', 'n1', 'm', 'done', 'now', 'now', 'now', 'result')"
+    )
+    db.execute(
+        "INSERT INTO job (id, kind, node, model, prompt, position, placement, created_at, parent_id,"
+        " subject_from_parent) VALUES ('1-bbbbbbbb', 'critique', 'n2', 'm', 'c', 1024, 'fan-out', 'now',"
+        " '1-aaaaaaaa', 1)"
+    )
     db.execute("INSERT INTO event (job_id, at, to_state, actor) VALUES ('1-aaaaaaaa', 'now', 'queued', 'cli')")
     db.commit()
     db.close()
@@ -661,19 +746,26 @@ def test_migration_keeps_every_row_and_allows_embed(tmp_path):
     aio.run(store.close())
     db = sqlite3.connect(path)
     assert db.execute("SELECT id, kind, state, run_id FROM job ORDER BY id").fetchall() == [
-        ("1-aaaaaaaa", "task", "done", 1), ("1-bbbbbbbb", "critique", "queued", None)]
+        ("1-aaaaaaaa", "task", "done", 1),
+        ("1-bbbbbbbb", "critique", "queued", None),
+    ]
     assert db.execute("SELECT id FROM ready_job").fetchall() == [("1-bbbbbbbb",)]  # the parent is done
     assert db.execute("PRAGMA foreign_key_check").fetchall() == []
     indexes = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'job'")}
     assert {"job_queue", "job_one_running_per_node", "job_parent", "job_created", "job_state_node"} <= indexes
     with pytest.raises(sqlite3.IntegrityError, match="a critique never runs on its parent task's node"):
         db.execute("UPDATE job SET node = 'n1' WHERE id = '1-bbbbbbbb'")
-    db.execute("INSERT INTO job (id, kind, node, model, prompt, position, placement, created_at, endpoint, request)"
-               " VALUES ('2-cccccccc', 'embed', 'n1', 'e', 'x', 2048, 'asked', 'now', '/api/embed', '{}')")
+    db.execute(
+        "INSERT INTO job (id, kind, node, model, prompt, position, placement, created_at, endpoint, request)"
+        " VALUES ('2-cccccccc', 'embed', 'n1', 'e', 'x', 2048, 'asked', 'now', '/api/embed', '{}')"
+    )
     for bad in (("3-dddddddd", "chat", "/api/chat", "{}"), ("4-eeeeeeee", "embed", None, None)):
         with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
-            db.execute("INSERT INTO job (id, kind, node, model, prompt, position, placement, created_at, endpoint,"
-                       " request) VALUES (?, ?, 'n1', 'e', 'x', 4096, 'asked', 'now', ?, ?)", bad)
+            db.execute(
+                "INSERT INTO job (id, kind, node, model, prompt, position, placement, created_at, endpoint,"
+                " request) VALUES (?, ?, 'n1', 'e', 'x', 4096, 'asked', 'now', ?, ?)",
+                bad,
+            )
     db.close()
 
 
@@ -685,10 +777,17 @@ async def test_a_taken_front_door_port_stops_the_router_before_it_starts(fakes, 
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        daemon = await daemon_factory([node_table("node-1", chat, 1, ["task"], CHAT_MODEL)], start=False,
-                                      ollama_listen=f"127.0.0.1:{port}")
-        proc = await asyncio.create_subprocess_exec(*daemon.command, "serve", "--config", str(daemon.config),
-                                                    stderr=asyncio.subprocess.PIPE, cwd=str(daemon.config.parent))
+        daemon = await daemon_factory(
+            [node_table("node-1", chat, 1, ["task"], CHAT_MODEL)], start=False, ollama_listen=f"127.0.0.1:{port}"
+        )
+        proc = await asyncio.create_subprocess_exec(
+            *daemon.command,
+            "serve",
+            "--config",
+            str(daemon.config),
+            stderr=asyncio.subprocess.PIPE,
+            cwd=str(daemon.config.parent),
+        )
         _, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 2
     assert f"cannot listen on 127.0.0.1:{port}: address already in use (router.ollama_listen)" in err.decode()
@@ -703,8 +802,9 @@ def test_front_door_config_errors(tmp_path):
         parse_config({"router": {"ollama_listen": "11435"}}, tmp_path)
     with pytest.raises(ConfigError, match="router.ollama_listen: 127.0.0.1:8750 is router.listen already"):
         parse_config({"router": {"ollama_listen": "127.0.0.1:8750"}}, tmp_path)
-    settings = parse_config({"router": {"ollama_listen": "0.0.0.0:11435", "public_url": "http://100.64.0.5:8750"}},
-                            tmp_path)
+    settings = parse_config(
+        {"router": {"ollama_listen": "0.0.0.0:11435", "public_url": "http://100.64.0.5:8750"}}, tmp_path
+    )
     assert settings.ollama_url == "http://100.64.0.5:11435"
 
 
@@ -713,16 +813,24 @@ def test_front_door_config_errors(tmp_path):
 SURROGATE = "it holds a lone surrogate (\\ud800)"  # the message's end: the escape, as text
 # path: (raw JSON body with the escape "\ud800" as sent on the wire, the field it names)
 HALF_A_CHARACTER = {
-    "/api/chat": (b'{"model": "qwen3-coder:30b", "messages": [{"role": "user", "content": "half \\ud800"}]}',
-                  "messages[0].content"),
+    "/api/chat": (
+        b'{"model": "qwen3-coder:30b", "messages": [{"role": "user", "content": "half \\ud800"}]}',
+        "messages[0].content",
+    ),
     "/api/generate": (b'{"model": "qwen3-coder:30b", "prompt": "\\ud800", "stream": false}', "prompt"),
-    "/v1/chat/completions": (b'{"model": "qwen3-coder:30b", "messages": [{"role": "system", "content": "ok"},'
-                             b' {"role": "user", "content": [{"type": "text", "text": "a\\ud800"}]}]}',
-                             "messages[1].content[0].text"),
-    "/v1/responses": (b'{"model": "qwen3-coder:30b", "input": [{"role": "user", "content": "\\ud800"}]}',
-                      "input[0].content"),
-    "/v1/messages": (b'{"model": "qwen3-coder:30b", "max_tokens": 64,'
-                     b' "messages": [{"role": "user", "content": "x\\ud800y"}]}', "messages[0].content"),
+    "/v1/chat/completions": (
+        b'{"model": "qwen3-coder:30b", "messages": [{"role": "system", "content": "ok"},'
+        b' {"role": "user", "content": [{"type": "text", "text": "a\\ud800"}]}]}',
+        "messages[1].content[0].text",
+    ),
+    "/v1/responses": (
+        b'{"model": "qwen3-coder:30b", "input": [{"role": "user", "content": "\\ud800"}]}',
+        "input[0].content",
+    ),
+    "/v1/messages": (
+        b'{"model": "qwen3-coder:30b", "max_tokens": 64, "messages": [{"role": "user", "content": "x\\ud800y"}]}',
+        "messages[0].content",
+    ),
 }
 
 
@@ -730,23 +838,34 @@ async def test_a_lone_surrogate_is_a_400_in_each_apis_own_shape_and_stores_nothi
     """JSON may escape half a UTF-16 pair; no such text can be stored or sent to a node. Each API
     answers 400 naming the field, in its own error shape (it was a 500 'internal error')."""
     got = {}
-    for path, (raw, field) in HALF_A_CHARACTER.items():
-        async with front.daemon.session.post(front.url + path, data=raw,
-                                             headers={"Content-Type": "application/json"}) as resp:
+    for path, (raw, _field) in HALF_A_CHARACTER.items():
+        async with front.daemon.session.post(
+            front.url + path, data=raw, headers={"Content-Type": "application/json"}
+        ) as resp:
             got[path] = (resp.status, await resp.json(), resp.headers.get("x-should-retry"))
     said = {path: f"field '{field}' is not valid text: {SURROGATE}" for path, (_, field) in HALF_A_CHARACTER.items()}
     assert got["/api/chat"] == (400, {"error": said["/api/chat"]}, None)
     assert got["/api/generate"] == (400, {"error": said["/api/generate"]}, None)
     for path in ("/v1/chat/completions", "/v1/responses"):
-        assert got[path] == (400, {"error": {"message": said[path], "type": "invalid_request_error", "param": None,
-                                             "code": None}}, "false"), path
+        assert got[path] == (
+            400,
+            {"error": {"message": said[path], "type": "invalid_request_error", "param": None, "code": None}},
+            "false",
+        ), path
     status, body, retry = got["/v1/messages"]
     assert (status, retry, body["type"], body["error"]) == (
-        400, "false", "error", {"type": "invalid_request_error", "message": said["/v1/messages"]})
+        400,
+        "false",
+        "error",
+        {"type": "invalid_request_error", "message": said["/v1/messages"]},
+    )
     # Nothing was stored or sent, and the router's own API says the same in its words.
     assert await front.jobs() == [] and front.fakes["node-1"].chat_requests == []
     status, body = await front.daemon.request("POST", "/api/jobs", raw=b'{"kind": "task", "prompt": "\\ud800"}')
-    assert (status, body) == (400, {"error": {"status": 400, "message": f"field 'prompt' is not valid text: {SURROGATE}"}})
+    assert (status, body) == (
+        400,
+        {"error": {"status": 400, "message": f"field 'prompt' is not valid text: {SURROGATE}"}},
+    )
 
 
 async def test_a_client_that_stops_reading_gets_every_chunk_in_order_once_it_reads_again(front):
@@ -763,8 +882,10 @@ async def test_a_client_that_stops_reading_gets_every_chunk_in_order_once_it_rea
     await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
     reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 16)
     body = json.dumps({"model": CHAT_MODEL, "messages": [{"role": "user", "content": "hold on"}]}).encode()
-    writer.write(b"POST /api/chat HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                 b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    writer.write(
+        b"POST /api/chat HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
     assert head.startswith(b"HTTP/1.1 200") and b"chunked" in head.lower()
     received = bytearray(await asyncio.wait_for(reader.read(1000), 30))  # a little, then nothing
@@ -781,7 +902,7 @@ async def test_a_client_that_stops_reading_gets_every_chunk_in_order_once_it_rea
         if size == 0:
             break
         payload += rest[:size]
-        rest = rest[size + 2:]
+        rest = rest[size + 2 :]
     lines = [json.loads(line) for line in payload.split(b"\n") if line.strip()]
     assert lines[-1]["done"] is True and not any(line["done"] for line in lines[:-1])
     assert "".join(line["message"]["content"] for line in lines) == done["output"]

@@ -8,7 +8,6 @@ import pytest
 from langchain_core.messages import HumanMessage, SystemMessage
 from langchain_ollama import ChatOllama, OllamaEmbeddings
 from langchain_openai import ChatOpenAI
-
 from test_front import CHAT_MODEL, EMBED_MODEL, start_front_lab
 
 

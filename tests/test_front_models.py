@@ -14,7 +14,6 @@ import httpx2
 import ollama
 import openai
 import pytest
-
 from conftest import eventually, free_port, node_table
 from test_front import CHAT_MODEL, EMBED_MODEL, FrontLab, start_front_lab
 
@@ -31,9 +30,11 @@ async def front(fakes, daemon_factory):
 
 async def critique_node_heard(front) -> None:
     """node-2's /api/tags has been read: /api/show (any node with the model) answers for it."""
+
     async def shown():
         async with front.daemon.session.post(front.url + "/api/show", json={"model": CRITIQUE_ONLY}) as resp:
             return resp.status == 200
+
     await eventually(shown, 10, what=f"node-2's {CRITIQUE_ONLY} to be known")
 
 
@@ -93,8 +94,9 @@ async def test_what_the_model_cannot_do_is_refused_at_once_not_after_the_queue(f
         await client.chat(model=CHAT_MODEL, think=True, messages=[{"role": "user", "content": "think?"}])
     assert (exc.value.status_code, exc.value.error) == (400, f'"{CHAT_MODEL}" does not support thinking')
     with pytest.raises(openai.BadRequestError) as exc:
-        await oa.chat.completions.create(model=CHAT_MODEL, reasoning_effort="high",
-                                         messages=[{"role": "user", "content": "think hard?"}])
+        await oa.chat.completions.create(
+            model=CHAT_MODEL, reasoning_effort="high", messages=[{"role": "user", "content": "think hard?"}]
+        )
     assert exc.value.body["message"] == f'"{CHAT_MODEL}" does not support thinking'
 
     # suffix without the insert capability (scheduleRunner's CheckCapabilities names the full name)
@@ -108,12 +110,17 @@ async def test_what_the_model_cannot_do_is_refused_at_once_not_after_the_queue(f
 
     between = "top_logprobs must be between 0 and 20"
     with pytest.raises(ollama.ResponseError) as exc:
-        await client.chat(model=CHAT_MODEL, logprobs=True, top_logprobs=21,
-                          messages=[{"role": "user", "content": "many logprobs"}])
+        await client.chat(
+            model=CHAT_MODEL, logprobs=True, top_logprobs=21, messages=[{"role": "user", "content": "many logprobs"}]
+        )
     assert (exc.value.status_code, exc.value.error) == (400, between)
     with pytest.raises(openai.BadRequestError) as exc:
-        await oa.chat.completions.create(model=CHAT_MODEL, logprobs=True, top_logprobs=21,
-                                         messages=[{"role": "user", "content": "many logprobs too"}])
+        await oa.chat.completions.create(
+            model=CHAT_MODEL,
+            logprobs=True,
+            top_logprobs=21,
+            messages=[{"role": "user", "content": "many logprobs too"}],
+        )
     assert exc.value.body["message"] == between
     with pytest.raises(ollama.ResponseError) as exc:  # an embedding model cannot chat
         await client.chat(model=EMBED_MODEL, messages=[{"role": "user", "content": "chat with an embedder"}])
@@ -122,8 +129,9 @@ async def test_what_the_model_cannot_do_is_refused_at_once_not_after_the_queue(f
 
     # A format Ollama cannot read: its 500, with %q of the raw JSON (llm/llama_server.go).
     for fmt, raw in (("xml", r'"\"xml\""'), (42, '"42"')):
-        async with front.daemon.session.post(front.url + "/api/generate", json={
-                "model": CHAT_MODEL, "prompt": "in xml", "format": fmt}) as resp:
+        async with front.daemon.session.post(
+            front.url + "/api/generate", json={"model": CHAT_MODEL, "prompt": "in xml", "format": fmt}
+        ) as resp:
             assert resp.status == 500
             said = await resp.json()
         assert said == {"error": f'invalid format: {raw}; expected "json" or a valid JSON Schema object'}
@@ -142,10 +150,18 @@ async def test_the_sdks_retry_a_503_and_never_a_refusal(front, tmp_path):
         sent.append(request.url.path)
 
     # Each SDK's own HTTP client, counting what it sends (the Anthropic SDK's is httpx2).
-    oa = openai.AsyncOpenAI(base_url=front.url + "/v1", api_key="unused", max_retries=1,
-                            http_client=httpx.AsyncClient(event_hooks={"request": [count]}))
-    an = anthropic.AsyncAnthropic(base_url=front.url, api_key="unused", max_retries=1,
-                                  http_client=httpx2.AsyncClient(event_hooks={"request": [count]}))
+    oa = openai.AsyncOpenAI(
+        base_url=front.url + "/v1",
+        api_key="unused",
+        max_retries=1,
+        http_client=httpx.AsyncClient(event_hooks={"request": [count]}),
+    )
+    an = anthropic.AsyncAnthropic(
+        base_url=front.url,
+        api_key="unused",
+        max_retries=1,
+        http_client=httpx2.AsyncClient(event_hooks={"request": [count]}),
+    )
     front.clients += [oa, an]
 
     # A refusal that would be refused again: sent once, x-should-retry false.
@@ -169,8 +185,9 @@ async def test_the_sdks_retry_a_503_and_never_a_refusal(front, tmp_path):
         assert sent == ["/v1/chat/completions"] * 2
         sent.clear()
         with pytest.raises(anthropic.APIStatusError) as exc:
-            await an.messages.create(model=CHAT_MODEL, max_tokens=10,
-                                     messages=[{"role": "user", "content": "locked out too"}])
+            await an.messages.create(
+                model=CHAT_MODEL, max_tokens=10, messages=[{"role": "user", "content": "locked out too"}]
+            )
         assert exc.value.status_code == 503
         assert sent == ["/v1/messages"] * 2
     finally:
@@ -185,12 +202,24 @@ async def test_the_sdks_retry_a_503_and_never_a_refusal(front, tmp_path):
 async def test_a_node_whose_list_says_no_capabilities_is_asked_its_show(fakes, daemon_factory):
     # An Ollama older than capabilities in /api/tags: the refusal reads /api/show's.
     node = await fakes(CHAT_MODEL)
-    node.script.raw_bodies["/api/tags"] = json.dumps({"models": [
-        {"name": CHAT_MODEL, "model": CHAT_MODEL, "modified_at": "2026-01-01T00:00:00Z", "size": 1,
-         "digest": "a" * 64, "details": {"family": "qwen3moe"}}]})
+    node.script.raw_bodies["/api/tags"] = json.dumps(
+        {
+            "models": [
+                {
+                    "name": CHAT_MODEL,
+                    "model": CHAT_MODEL,
+                    "modified_at": "2026-01-01T00:00:00Z",
+                    "size": 1,
+                    "digest": "a" * 64,
+                    "details": {"family": "qwen3moe"},
+                }
+            ]
+        }
+    )
     port = free_port()
-    daemon = await daemon_factory([node_table("node-1", node, 1, ["task"], CHAT_MODEL)],
-                                  ollama_listen=f"127.0.0.1:{port}")
+    daemon = await daemon_factory(
+        [node_table("node-1", node, 1, ["task"], CHAT_MODEL)], ollama_listen=f"127.0.0.1:{port}"
+    )
     lab = FrontLab(daemon, f"http://127.0.0.1:{port}", {"node-1": node})
     try:
         await eventually(lab.models_ready, 10, what="the front door to know the node's model")

@@ -18,8 +18,10 @@ from gpuq.store import NewJob, Store
 
 
 def test_the_nodes_room_imports_nothing_of_the_front_door():
-    code = ("import sys, gpuq.node.dispatcher, gpuq.node.worker; "
-            "print(sorted(m for m in sys.modules if m.startswith('gpuq.front')))")
+    code = (
+        "import sys, gpuq.node.dispatcher, gpuq.node.worker; "
+        "print(sorted(m for m in sys.modules if m.startswith('gpuq.front')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -35,9 +37,19 @@ async def called_job(tmp_path, fakes, calls):
     await dispatcher.start()
     body = {"model": "m:latest", "messages": [{"role": "user", "content": "relay me"}], "stream": True}
     job_id = new_job_id()
-    return store, dispatcher, job_id, NewJob("task", "relay me", model="m:latest", endpoint="/v1/chat/completions",
-                                             request=json.dumps({"path": "/v1/chat/completions", "body": body}),
-                                             job_id=job_id)
+    return (
+        store,
+        dispatcher,
+        job_id,
+        NewJob(
+            "task",
+            "relay me",
+            model="m:latest",
+            endpoint="/v1/chat/completions",
+            request=json.dumps({"path": "/v1/chat/completions", "body": body}),
+            job_id=job_id,
+        ),
+    )
 
 
 async def test_a_called_job_is_relayed_to_its_waiting_client_chunk_by_chunk(tmp_path, fakes):
@@ -52,6 +64,7 @@ async def test_a_called_job_is_relayed_to_its_waiting_client_chunk_by_chunk(tmp_
             while not waiting.empty():
                 got.append(waiting.get_nowait())
             return got and got[-1][0] == "chunk" and got[-1][2].get("done")
+
         await eventually(finished, what="the last chunk relayed")
         assert got[0] == ("start", "n")
         text = "".join(item[2]["message"]["content"] for item in got[1:])
@@ -75,6 +88,7 @@ async def test_a_dispatcher_with_no_front_door_wired_fails_a_called_job_naming_w
         async def failed():
             job = await store.job(job_id)
             return job if job["state"] == "failed" else None
+
         job = await eventually(failed, what="the job failed")
         assert "no front door is wired" in job["error"]
     finally:

@@ -16,6 +16,7 @@ async def one_node(fakes, daemon_factory, **router):
 def async_true(fetch, test):
     async def check():
         return test(await fetch())
+
     return check
 
 
@@ -35,6 +36,7 @@ async def test_the_49_minute_case_ollama_done_but_job_not_closed(fakes, daemon_f
     async def stuck():
         status, body = await health(d)
         return body if status == 503 else None
+
     body = await eventually(stuck, 15, what="/health to report the stale head")
     assert body["ok"] is False and body["queue_depth"] == 1
     [stale] = body["stale"]
@@ -45,6 +47,7 @@ async def test_the_49_minute_case_ollama_done_but_job_not_closed(fakes, daemon_f
 
     def stale_events(job):
         return [e for e in job["events"] if (e["reason"] or "").startswith("stale:")]
+
     await eventually(async_true(lambda: d.job(head["id"]), stale_events), 10, what="the stale event")
 
     res = await d.cli("delete", head["id"])
@@ -72,6 +75,7 @@ async def test_a_head_that_streams_nothing_goes_stale_and_delete_frees_the_node(
     async def stale():
         status, body = await health(d)
         return status == 503 and body["stale"] and body["stale"][0]["reason"] == "no progress"
+
     await eventually(stale, 15, what="a no-progress stale head")
     fake.script.stall_after = None
     res = await d.cli("delete", head["id"])
@@ -85,14 +89,19 @@ async def test_a_head_that_streams_nothing_goes_stale_and_delete_frees_the_node(
 async def test_node_down_is_visible_its_jobs_wait_and_it_recovers(fakes, daemon_factory):
     f1 = await fakes("qwen3-coder:30b")
     f2 = await fakes("qwen3-coder:30b")
-    d = await daemon_factory([node_table("node-1", f1, 1, ["task"], "qwen3-coder:30b"),
-                              node_table("node-2", f2, 2, ["task"], "qwen3-coder:30b")])
+    d = await daemon_factory(
+        [
+            node_table("node-1", f1, 1, ["task"], "qwen3-coder:30b"),
+            node_table("node-2", f2, 2, ["task"], "qwen3-coder:30b"),
+        ]
+    )
     port = f2.port
     await f2.stop()
 
     async def down():
         nodes = (await d.get("/api/nodes"))["nodes"]
         return not nodes[1]["up"] and nodes[1]["checked"]
+
     await eventually(down, 10, what="node-2 to be seen down")
     [job] = await d.submit("task", "for node-2", node="node-2")
     status, body = await health(d)
@@ -150,6 +159,7 @@ async def test_model_not_installed_is_shown(fakes, daemon_factory):
 
     async def flagged():
         return (await d.get("/api/nodes"))["nodes"][0]["model_installed"] is False
+
     await eventually(flagged, what="the missing model to be noticed")
     res = await d.cli("nodes")
     assert "model qwen3-coder:30b is not installed" in res.out

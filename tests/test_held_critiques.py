@@ -10,7 +10,6 @@ import re
 import time
 
 import pytest
-
 from conftest import eventually
 
 ID = r"\d{10}-[0-9a-f]{8}"
@@ -21,8 +20,9 @@ def lab(lab_on_each_engine):
     return lab_on_each_engine
 
 
-async def slow_task(lab, node: str = "node-1", delay: float = 0.2, prompt: str = "write the export retry",
-                    tokens: int = 200):
+async def slow_task(
+    lab, node: str = "node-1", delay: float = 0.2, prompt: str = "write the export retry", tokens: int = 200
+):
     """A task that is still running while the test looks (tokens x delay), however loaded the machine."""
     lab.fakes[node].script.token_delay_s = delay
     lab.fakes[node].script.tokens = tokens
@@ -45,12 +45,16 @@ async def test_the_design_transcript_verbatim_while_the_parent_is_queued_or_runn
 
 async def test_a_held_critique_waits_for_its_parent_without_blocking_the_queue(fakes, daemon_factory, tmp_path):
     from conftest import make_lab
+
     lab = await make_lab(fakes, daemon_factory, stale_after="1s")
     parent = await slow_task(lab, delay=0.1, tokens=80)  # ~8 s: it runs while everything below is checked
     res = await lab.cli("critique", "--parent", parent, "--no-wait")
     assert res.code == 0, res.err
     lines = res.out.splitlines()
-    assert lines[:2] == ["fan-out 1 critique node", f"waiting for parent {parent} to finish; then each reviews its result"]
+    assert lines[:2] == [
+        "fan-out 1 critique node",
+        f"waiting for parent {parent} to finish; then each reviews its result",
+    ]
     assert re.fullmatch(rf"node-2 ({ID}) deepseek-r1:32b queued \(waiting for parent {parent}\)", lines[2]), lines
     held = lines[2].split()[1]
     job = await lab.job(held)
@@ -90,7 +94,10 @@ async def test_preempting_a_held_critique_is_refused(lab):
     [held] = await lab.submit("critique", None, parent=parent)
     res = await lab.cli("preempt", held["id"])
     assert res.code == 1
-    assert res.err.splitlines()[0] == f"error 409 job {held['id']} is waiting for parent {parent} to finish; it cannot run before"
+    assert (
+        res.err.splitlines()[0]
+        == f"error 409 job {held['id']} is waiting for parent {parent} to finish; it cannot run before"
+    )
 
 
 async def test_a_parent_that_fails_cancels_its_held_critiques(lab):
@@ -105,8 +112,10 @@ async def test_a_parent_that_fails_cancels_its_held_critiques(lab):
     retry = await lab.cli("retry", held["id"])
     again = await lab.cli("critique", "--parent", parent)
     # The same words whichever way the critique of nothing is asked for.
-    said = (f"error 409 parent task {parent} is failed: there is no result to critique; retry the parent first "
-            f"(gpuq retry {parent}) or critique a file")
+    said = (
+        f"error 409 parent task {parent} is failed: there is no result to critique; retry the parent first "
+        f"(gpuq retry {parent}) or critique a file"
+    )
     assert (retry.code, retry.err.splitlines()) == (again.code, again.err.splitlines()) == (1, [said, "not retried"])
 
 

@@ -10,14 +10,17 @@ import pytest
 from gpuq.jobs import iso
 
 
-@pytest.mark.parametrize("query,message", [
-    ("state=queued", "unknown state 'queued' (finished jobs are done, failed or cancelled)"),
-    ("kind=essay", "unknown kind 'essay' (expected 'task', 'critique', 'embed')"),
-    ("node=no/such", "'no/such' is not a node name"),
-    ("limit=0", "query parameter 'limit' must be a whole number from 1 to 500, got '0'"),
-    ("offset=-1", "query parameter 'offset' must be a whole number from 0 to 10000000, got '-1'"),
-    ("q=" + "x" * 201, "query parameter 'q' is 201 characters long; at most 200"),
-])
+@pytest.mark.parametrize(
+    "query,message",
+    [
+        ("state=queued", "unknown state 'queued' (finished jobs are done, failed or cancelled)"),
+        ("kind=essay", "unknown kind 'essay' (expected 'task', 'critique', 'embed')"),
+        ("node=no/such", "'no/such' is not a node name"),
+        ("limit=0", "query parameter 'limit' must be a whole number from 1 to 500, got '0'"),
+        ("offset=-1", "query parameter 'offset' must be a whole number from 0 to 10000000, got '-1'"),
+        ("q=" + "x" * 201, "query parameter 'q' is 201 characters long; at most 200"),
+    ],
+)
 async def test_bad_history_queries_are_refused_naming_the_parameter(lab, query, message):
     status, body = await lab.request("GET", f"/api/history?{query}")
     assert (status, body) == (400, {"error": {"status": 400, "message": message}})
@@ -60,4 +63,3 @@ async def test_history_pages_filters_and_counts(lab):
     assert nodes["node-2"] == {"name": "node-2", "busy": [], "busy_s": 0.0, "jobs_per_hour": 0}
     later = await lab.get(f"/api/activity?since={iso(time.time() + 60)}")
     assert later["finished"] == {"done": 0, "failed": 0, "cancelled": 0}
-

@@ -13,8 +13,8 @@ import zlib
 
 import pytest
 from aiohttp import web
-
 from conftest import eventually, node_table
+
 from gpuq.node.runtime import Current
 
 MODEL = "qwen3-coder:30b"
@@ -29,8 +29,17 @@ def gzip_bomb() -> bytes:
 
 
 def chunk(text: str, done: bool = False) -> bytes:
-    return (json.dumps({"model": MODEL, "created_at": "2026-12-01T08:00:00Z",
-                        "message": {"role": "assistant", "content": text}, "done": done}) + "\n").encode()
+    return (
+        json.dumps(
+            {
+                "model": MODEL,
+                "created_at": "2026-12-01T08:00:00Z",
+                "message": {"role": "assistant", "content": text},
+                "done": done,
+            }
+        )
+        + "\n"
+    ).encode()
 
 
 class Hostile:
@@ -82,8 +91,11 @@ class Hostile:
         body = json.dumps({"models": [{"name": MODEL, "model": MODEL}]}).encode()
         if mode == "gzip":
             packer = zlib.compressobj(9, zlib.DEFLATED, 31)
-            return web.Response(body=packer.compress(body) + packer.flush(), content_type="application/json",
-                                headers={"Content-Encoding": "gzip"})
+            return web.Response(
+                body=packer.compress(body) + packer.flush(),
+                content_type="application/json",
+                headers={"Content-Encoding": "gzip"},
+            )
         return web.Response(body=body, content_type="application/json")
 
     async def _chat(self, request):
@@ -94,7 +106,8 @@ class Hostile:
         mode = self.chat
         if mode.startswith("redirect"):
             raise {"redirect307": web.HTTPTemporaryRedirect, "redirect302": web.HTTPFound}[mode](
-                self.target + "/api/chat")
+                self.target + "/api/chat"
+            )
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         if mode == "gzip":
             resp.headers["Content-Encoding"] = "gzip"
@@ -103,7 +116,7 @@ class Hostile:
             if mode == "gzip":
                 bomb = gzip_bomb()
                 for at in range(0, len(bomb), 4096):
-                    await resp.write(bomb[at:at + 4096])
+                    await resp.write(bomb[at : at + 4096])
                 return resp
             await resp.write(chunk("w1 ") + chunk("w2 "))
             while mode != "ok":  # until the router hangs up
@@ -142,12 +155,17 @@ async def sick_and_well(hostile, fakes, daemon_factory, sick_extra: dict | None 
     """`sick` is the hostile node, `well` a healthy fake; both up before the test goes on."""
     well = await fakes(MODEL)
     hostile.target = well.url
-    d = await daemon_factory([{**node_table("sick", hostile, 1, ["task"], MODEL), **(sick_extra or {})},
-                              node_table("well", well, 2, ["task"], MODEL)],
-                             **{"unload_timeout": "1s", **router})
+    d = await daemon_factory(
+        [
+            {**node_table("sick", hostile, 1, ["task"], MODEL), **(sick_extra or {})},
+            node_table("well", well, 2, ["task"], MODEL),
+        ],
+        **{"unload_timeout": "1s", **router},
+    )
 
     async def both_up():
         return all(n["up"] for n in (await d.get("/api/nodes"))["nodes"])
+
     await eventually(both_up, 10, what="both nodes to be up")
     return well, d
 
@@ -168,8 +186,10 @@ async def test_a_gzip_bomb_is_refused_and_the_router_answers_health_throughout(h
         worst = max(worst, time.monotonic() - started)
         assert status in (200, 503)
     failed = await d.job(job["id"])
-    assert failed["error"] == ("sick answered /api/chat with Content-Encoding: gzip, though asked for identity; "
-                               "gpuq does not unpack a node's compressed replies")
+    assert failed["error"] == (
+        "sick answered /api/chat with Content-Encoding: gzip, though asked for identity; "
+        "gpuq does not unpack a node's compressed replies"
+    )
     assert worst < 2.0, f"/health took {worst:.2f}s while the node sent its bomb"
     await d.wait_state(other["id"], "done", timeout=20)
     assert set(hostile.encodings) == {"identity"}  # every request asked for the bytes as they are
@@ -182,8 +202,9 @@ async def test_a_redirected_chat_fails_naming_the_target_and_nothing_reaches_it(
     hostile.chat = f"redirect{code}"
     [job] = await d.submit("task", "redirected elsewhere", node="sick")
     failed = await d.wait_state(job["id"], "failed", "done", timeout=20)
-    assert failed["error"] == (f"sick answered {code} redirect to {well.url}/api/chat; "
-                               "gpuq does not follow a node's redirects")
+    assert failed["error"] == (
+        f"sick answered {code} redirect to {well.url}/api/chat; gpuq does not follow a node's redirects"
+    )
     assert well.chat_requests == []  # the prompt never reached the other server
     assert hostile.chats == 1  # sent once, never again
     hostile.chat = "ok"
@@ -204,8 +225,9 @@ async def test_a_stream_without_new_tokens_stalls_though_bytes_come(mode, hostil
 
 
 async def test_an_endless_stream_fails_at_max_output_bytes_with_its_output_kept(hostile, fakes, daemon_factory):
-    well, d = await sick_and_well(hostile, fakes, daemon_factory, sick_extra={"max_output_bytes": 65536},
-                                  max_output_bytes=1 << 20)
+    well, d = await sick_and_well(
+        hostile, fakes, daemon_factory, sick_extra={"max_output_bytes": 65536}, max_output_bytes=1 << 20
+    )
     hostile.chat = "endless"
     [job] = await d.submit("task", "never ends", node="sick")
     failed = await d.wait_state(job["id"], "failed", "done", timeout=20)
@@ -220,14 +242,27 @@ async def test_an_endless_stream_fails_at_max_output_bytes_with_its_output_kept(
 
 # which health answer, how, and the node's error
 HEALTH = {
-    "gzip /api/tags": ("tags", "gzip", "sick answered /api/tags with Content-Encoding: gzip, though asked for "
-                       "identity; gpuq does not unpack a node's compressed replies"),
-    "redirected /api/tags": ("tags", "redirect", "sick answered 302 redirect to {well}/api/tags; "
-                             "gpuq does not follow a node's redirects"),
-    "endless /api/tags": ("tags", "endless", "sick sent a /api/tags reply longer than 65536 bytes "
-                          "(max_reply_bytes), the most the router reads"),
-    "endless /api/version": ("version", "endless", "sick sent a /api/version reply longer than 65536 bytes "
-                             "(max_reply_bytes), the most the router reads"),
+    "gzip /api/tags": (
+        "tags",
+        "gzip",
+        "sick answered /api/tags with Content-Encoding: gzip, though asked for "
+        "identity; gpuq does not unpack a node's compressed replies",
+    ),
+    "redirected /api/tags": (
+        "tags",
+        "redirect",
+        "sick answered 302 redirect to {well}/api/tags; gpuq does not follow a node's redirects",
+    ),
+    "endless /api/tags": (
+        "tags",
+        "endless",
+        "sick sent a /api/tags reply longer than 65536 bytes (max_reply_bytes), the most the router reads",
+    ),
+    "endless /api/version": (
+        "version",
+        "endless",
+        "sick sent a /api/version reply longer than 65536 bytes (max_reply_bytes), the most the router reads",
+    ),
 }
 
 
@@ -240,6 +275,7 @@ async def test_a_hostile_health_answer_marks_the_node_down_naming_it(case, hosti
     async def down():
         n = await node(d, "sick")
         return n if not n["up"] else None
+
     state = await eventually(down, 10, what="the node to be seen down")
     assert state["last_error"] == error.format(well=well.url)
     [other] = await d.submit("task", "on the well node", node="well")
@@ -250,6 +286,7 @@ async def test_a_hostile_health_answer_marks_the_node_down_naming_it(case, hosti
 
     async def up():
         return (await node(d, "sick"))["up"]
+
     await eventually(up, 10, what="the node to be up again")
 
 

@@ -12,17 +12,18 @@ import ollama
 import openai
 import pytest
 import tomli_w
-
 from conftest import eventually, free_port, node_table
-from gpuq.placement import BATCH, INTERACTIVE, NodeView, entry, place_task, preempts
-from gpuq.store import NewJob, NodeInfo, Store
-from gpuq.errors import QUOTA_RETRY_AFTER_S
 from test_front import CHAT_MODEL, front, start_front_lab  # noqa: F401 (a fixture)
 
-I, B = INTERACTIVE, BATCH
+from gpuq.errors import QUOTA_RETRY_AFTER_S
+from gpuq.placement import BATCH, INTERACTIVE, NodeView, entry, place_task, preempts
+from gpuq.store import NewJob, NodeInfo, Store
+
+I, B = INTERACTIVE, BATCH  # noqa: E741 (one letter each keeps the lane tables below readable)
 
 
 # -- the rules ----------------------------------------------------------------------------------
+
 
 def test_an_interactive_job_enters_after_the_last_waiting_interactive_job():
     assert entry([], I, None, False).index == 0
@@ -38,8 +39,7 @@ def test_fair_share_interleaves_users_round_robin_by_submit_order():
     for owner in ["alice"] * 4 + ["bob"] * 4 + ["carol"] * 2:
         at = entry(waiting, B, owner, True)
         waiting.insert(at.index, (B, owner))
-    assert [o for _, o in waiting] == ["alice", "bob", "carol", "alice", "bob", "carol", "alice", "bob",
-                                       "alice", "bob"]
+    assert [o for _, o in waiting] == ["alice", "bob", "carol", "alice", "bob", "carol", "alice", "bob", "alice", "bob"]
     at = entry([(B, "alice"), (B, "alice"), (B, "bob")], B, "carol", True)
     assert at.index == 1 and at.reason == "entered at position 2: fair share with alice, bob"
     # Never ahead of a waiting interactive job, and without fair share: the tail.
@@ -50,6 +50,7 @@ def test_fair_share_interleaves_users_round_robin_by_submit_order():
 def test_an_interactive_job_goes_where_it_starts_soonest():
     def view(name, rank, running, queued, interactive):
         return NodeView(name, rank, ("task",), True, running, queued, None, interactive)
+
     nodes = [view("n1", 1, True, 9, 0), view("n2", 2, True, 1, 1), view("n3", 3, False, 0, 0)]
     assert place_task(nodes, lane=I).node == "n3"  # a free node first
     nodes[2] = view("n3", 3, True, 0, 0)
@@ -68,8 +69,12 @@ def test_only_an_interactive_job_preempts_and_only_a_running_batch_job_with_the_
 
 # -- the daemon ---------------------------------------------------------------------------------
 
-TOKENS = {"admin": "admin-token-000000000000000000000000", "alice": "alice-token-000000000000000000000000",
-          "bob": "bob-token-00000000000000000000000000", "carol": "carol-token-00000000000000000000000"}
+TOKENS = {
+    "admin": "admin-token-000000000000000000000000",
+    "alice": "alice-token-000000000000000000000000",
+    "bob": "bob-token-00000000000000000000000000",
+    "carol": "carol-token-00000000000000000000000",
+}
 
 
 def bearer(user: str) -> dict:
@@ -87,8 +92,7 @@ async def with_users(daemon, users: list[dict]):
 
 
 async def submit_as(daemon, user: str, prompt: str, **extra) -> tuple[int, dict]:
-    return await daemon.request("POST", "/api/jobs", {"kind": "task", "prompt": prompt, **extra},
-                                headers=bearer(user))
+    return await daemon.request("POST", "/api/jobs", {"kind": "task", "prompt": prompt, **extra}, headers=bearer(user))
 
 
 async def queued(daemon, node: str) -> list[dict]:
@@ -118,8 +122,9 @@ async def test_an_interactive_front_door_call_behind_five_batch_jobs_runs_next(f
     # When the call had its answer, the five batch jobs still waited: it ran next.
     jobs = [await front.daemon.job(j) for j in batch]
     assert all(j["state"] == "queued" or j["started_at"] > waiting[0]["created_at"] for j in jobs)
-    started = await eventually(lambda: _started(front.daemon, [waiting[0]["id"], *batch]), 30,
-                               what="every job to have started")
+    started = await eventually(
+        lambda: _started(front.daemon, [waiting[0]["id"], *batch]), 30, what="every job to have started"
+    )
     assert started[0] == min(started), started  # the call's run started before any batch job's
     events = (await front.daemon.job(waiting[0]["id"]))["events"]
     assert "interactive: entered at position 1, ahead of 5 waiting batch jobs" in events[0]["reason"]
@@ -146,8 +151,9 @@ async def one_node_with_users(fakes, daemon_factory, users: list[dict], nodes: i
 
 
 async def test_two_users_sweeps_of_twenty_interleave(fakes, daemon_factory):
-    daemon = await one_node_with_users(fakes, daemon_factory, [
-        {"name": "alice", "token": TOKENS["alice"]}, {"name": "bob", "token": TOKENS["bob"]}])
+    daemon = await one_node_with_users(
+        fakes, daemon_factory, [{"name": "alice", "token": TOKENS["alice"]}, {"name": "bob", "token": TOKENS["bob"]}]
+    )
     for user in ("alice", "bob"):
         for i in range(20):
             status, body = await submit_as(daemon, user, f"{user} sweep {i}")
@@ -164,8 +170,11 @@ async def test_two_users_sweeps_of_twenty_interleave(fakes, daemon_factory):
 
 
 async def test_a_submit_beyond_max_waiting_is_429_and_nothing_stored_is_lost(fakes, daemon_factory):
-    daemon = await one_node_with_users(fakes, daemon_factory, [
-        {"name": "alice", "token": TOKENS["alice"], "max_waiting": 3}, {"name": "bob", "token": TOKENS["bob"]}])
+    daemon = await one_node_with_users(
+        fakes,
+        daemon_factory,
+        [{"name": "alice", "token": TOKENS["alice"], "max_waiting": 3}, {"name": "bob", "token": TOKENS["bob"]}],
+    )
     status, body = await submit_as(daemon, "bob", "bob's long one")
     assert status == 201, body
     await daemon.wait_state(body["jobs"][0]["id"], "running")
@@ -174,8 +183,9 @@ async def test_a_submit_beyond_max_waiting_is_429_and_nothing_stored_is_lost(fak
         status, body = await submit_as(daemon, "alice", f"alice {i}")
         assert status == 201, body
         ids.append(body["jobs"][0]["id"])
-    async with daemon.session.post(daemon.url + "/api/jobs", json={"kind": "task", "prompt": "alice 3"},
-                                   headers=bearer("alice")) as resp:
+    async with daemon.session.post(
+        daemon.url + "/api/jobs", json={"kind": "task", "prompt": "alice 3"}, headers=bearer("alice")
+    ) as resp:
         assert resp.status == 429
         assert resp.headers["Retry-After"] == str(QUOTA_RETRY_AFTER_S)  # no past run: no estimate
         message = (await resp.json())["error"]["message"]
@@ -190,9 +200,12 @@ async def test_a_submit_beyond_max_waiting_is_429_and_nothing_stored_is_lost(fak
 
 
 async def test_max_running_holds_a_users_second_job_while_another_users_runs(fakes, daemon_factory):
-    daemon = await one_node_with_users(fakes, daemon_factory, [
-        {"name": "alice", "token": TOKENS["alice"], "max_running": 1}, {"name": "bob", "token": TOKENS["bob"]}],
-        nodes=2)
+    daemon = await one_node_with_users(
+        fakes,
+        daemon_factory,
+        [{"name": "alice", "token": TOKENS["alice"], "max_running": 1}, {"name": "bob", "token": TOKENS["bob"]}],
+        nodes=2,
+    )
     status, body = await submit_as(daemon, "alice", "alice first", node="node-1")
     first = body["jobs"][0]["id"]
     await daemon.wait_state(first, "running")
@@ -211,8 +224,11 @@ async def test_max_running_holds_a_users_second_job_while_another_users_runs(fak
 
 
 async def test_a_user_limited_to_batch_asking_for_interactive_is_403(fakes, daemon_factory):
-    daemon = await one_node_with_users(fakes, daemon_factory, [
-        {"name": "alice", "token": TOKENS["alice"], "lanes": ["batch"]}, {"name": "bob", "token": TOKENS["bob"]}])
+    daemon = await one_node_with_users(
+        fakes,
+        daemon_factory,
+        [{"name": "alice", "token": TOKENS["alice"], "lanes": ["batch"]}, {"name": "bob", "token": TOKENS["bob"]}],
+    )
     status, body = await submit_as(daemon, "alice", "urgent, says alice", priority="interactive")
     assert status == 403
     assert body["error"]["message"].startswith("user 'alice' may submit only to the batch lane")
@@ -259,10 +275,19 @@ async def test_a_batch_only_users_front_door_call_waits_in_batch_and_their_quota
     (refusing it would break every client), and max_waiting answers the front door too (429)."""
     fake = await fakes("qwen3-coder:30b", token_delay_s=0.1, tokens=2000)
     port = free_port()
-    daemon = await daemon_factory([node_table("node-1", fake, 1, ["task"], "qwen3-coder:30b")], start=False,
-                                  stall_timeout="120s", ollama_listen=f"127.0.0.1:{port}")
-    await with_users(daemon, [{"name": "admin", "token": TOKENS["admin"], "role": "admin"},
-                              {"name": "alice", "token": TOKENS["alice"], "lanes": ["batch"], "max_waiting": 2}])
+    daemon = await daemon_factory(
+        [node_table("node-1", fake, 1, ["task"], "qwen3-coder:30b")],
+        start=False,
+        stall_timeout="120s",
+        ollama_listen=f"127.0.0.1:{port}",
+    )
+    await with_users(
+        daemon,
+        [
+            {"name": "admin", "token": TOKENS["admin"], "role": "admin"},
+            {"name": "alice", "token": TOKENS["alice"], "lanes": ["batch"], "max_waiting": 2},
+        ],
+    )
     status, body = await submit_as(daemon, "admin", "the long one")
     await daemon.wait_state(body["jobs"][0]["id"], "running")
     status, body = await submit_as(daemon, "alice", "alice's batch step")
@@ -273,7 +298,9 @@ async def test_a_batch_only_users_front_door_call_waits_in_batch_and_their_quota
     try:
         waiting = await eventually(lambda: _grown(daemon, "node-1", 2), 15, what="alice's call to wait")
         assert [(j["owner"], j["lane"], j.get("endpoint")) for j in waiting] == [
-            ("alice", "batch", None), ("alice", "batch", "/api/chat")]  # behind her batch step, not ahead
+            ("alice", "batch", None),
+            ("alice", "batch", "/api/chat"),
+        ]  # behind her batch step, not ahead
         with pytest.raises(ollama.ResponseError) as exc:  # a third waiting job of hers
             await alice.chat(model="qwen3-coder:30b", messages=[{"role": "user", "content": "and this?"}])
         assert exc.value.status_code == 429
@@ -291,10 +318,19 @@ async def test_over_max_waiting_retry_after_is_when_her_first_waiting_job_should
     front door (the OpenAI and Anthropic SDKs wait that long before they ask again)."""
     fake = await fakes("qwen3-coder:30b", token_delay_s=0.1, tokens=10)  # a run: about 1 s
     port = free_port()
-    daemon = await daemon_factory([node_table("node-1", fake, 1, ["task"], "qwen3-coder:30b")], start=False,
-                                  stall_timeout="120s", ollama_listen=f"127.0.0.1:{port}")
-    await with_users(daemon, [{"name": "admin", "token": TOKENS["admin"], "role": "admin"},
-                              {"name": "alice", "token": TOKENS["alice"], "max_waiting": 2}])
+    daemon = await daemon_factory(
+        [node_table("node-1", fake, 1, ["task"], "qwen3-coder:30b")],
+        start=False,
+        stall_timeout="120s",
+        ollama_listen=f"127.0.0.1:{port}",
+    )
+    await with_users(
+        daemon,
+        [
+            {"name": "admin", "token": TOKENS["admin"], "role": "admin"},
+            {"name": "alice", "token": TOKENS["alice"], "max_waiting": 2},
+        ],
+    )
     for i in range(2):  # the node's past: two runs of the model
         status, body = await submit_as(daemon, "admin", f"past {i}")
         await daemon.wait_state(body["jobs"][0]["id"], "done", timeout=20)
@@ -305,8 +341,9 @@ async def test_over_max_waiting_retry_after_is_when_her_first_waiting_job_should
         status, body = await submit_as(daemon, "admin" if prompt.startswith("admin") else "alice", prompt)
         assert status == 201, body
     detail = await daemon.job(body["jobs"][0]["id"])
-    async with daemon.session.post(daemon.url + "/api/jobs", json={"kind": "task", "prompt": "alice 2"},
-                                   headers=bearer("alice")) as resp:
+    async with daemon.session.post(
+        daemon.url + "/api/jobs", json={"kind": "task", "prompt": "alice 2"}, headers=bearer("alice")
+    ) as resp:
         assert resp.status == 429
         wait = int(resp.headers["Retry-After"])
         message = (await resp.json())["error"]["message"]
@@ -327,8 +364,11 @@ async def test_over_max_waiting_retry_after_is_when_her_first_waiting_job_should
 
 async def test_a_retry_counts_against_max_waiting_as_a_submit_does(fakes, daemon_factory):
     """Deleting her waiting jobs and retrying them must not give a user more than her limit."""
-    daemon = await one_node_with_users(fakes, daemon_factory, [
-        {"name": "alice", "token": TOKENS["alice"], "max_waiting": 2}, {"name": "bob", "token": TOKENS["bob"]}])
+    daemon = await one_node_with_users(
+        fakes,
+        daemon_factory,
+        [{"name": "alice", "token": TOKENS["alice"], "max_waiting": 2}, {"name": "bob", "token": TOKENS["bob"]}],
+    )
     status, body = await submit_as(daemon, "bob", "bob's long one")
     await daemon.wait_state(body["jobs"][0]["id"], "running")
     first = [(await submit_as(daemon, "alice", f"alice {i}"))[1]["jobs"][0]["id"] for i in range(2)]
@@ -344,10 +384,12 @@ async def test_a_retry_counts_against_max_waiting_as_a_submit_does(fakes, daemon
 
 # -- [router] interactive_preempts ---------------------------------------------------------------
 
+
 async def _streamed(daemon, job_id: str, words: int) -> dict:
     async def enough():
         job = await daemon.job(job_id)
         return job if job["state"] == "running" and len(job["output"].split()) >= words else None
+
     return await eventually(enough, 20, what=f"job {job_id} to stream {words} words")
 
 
@@ -375,11 +417,14 @@ async def test_an_interactive_call_preempts_a_running_batch_job_which_runs_again
         first, second = done["runs"]
         assert (first["state"], first["error"], second["state"]) == ("preempted", why, "done")
         partial, full = first["output"].split(), second["output"].split()
-        assert 3 <= len(partial) < len(full) == 40 and full[:len(partial)] == partial  # its partial output kept
+        assert 3 <= len(partial) < len(full) == 40 and full[: len(partial)] == partial  # its partial output kept
         assert done["started_at"] > (await lab.daemon.job(job["id"]))["started_at"]
         assert fake.disconnects == 1  # its Ollama request was aborted
         assert [r["messages"][-1]["content"] for r in fake.chat_requests] == [
-            "the long sweep step", "quick one", "the long sweep step"]
+            "the long sweep step",
+            "quick one",
+            "the long sweep step",
+        ]
     finally:
         await lab.close()
 
@@ -422,8 +467,9 @@ async def test_an_interactive_job_never_preempts_another_interactive_one(fakes, 
 async def test_under_when_idle_a_preempted_jobs_model_stays_loaded_for_the_interactive_job(fakes, daemon_factory):
     """The call's wait is not a reload of the model the batch job had loaded."""
     fake = await fakes("qwen3:latest", token_delay_s=0.1, tokens=40)
-    daemon = await daemon_factory([dict(node_table("n", fake, 1, ["task"], "qwen3:latest"), unload="when-idle")],
-                                  interactive_preempts=True)
+    daemon = await daemon_factory(
+        [dict(node_table("n", fake, 1, ["task"], "qwen3:latest"), unload="when-idle")], interactive_preempts=True
+    )
     batch = (await daemon.submit("task", "the sweep step"))[0]["id"]
     await _streamed(daemon, batch, 3)
     fake.script.token_delay_s = 0.01
@@ -441,9 +487,13 @@ async def _two_busy_nodes(fakes, daemon_factory, lane_on_n1: str):
     both nodes have both models."""
     n1 = await fakes("qwen3:latest", "llama3.2:latest", token_delay_s=0.1, tokens=400)
     n2 = await fakes("qwen3:latest", "llama3.2:latest", token_delay_s=0.1, tokens=400)
-    daemon = await daemon_factory([dict(node_table(name, fake, rank, ["task"], "qwen3:latest"), unload="when-idle")
-                                   for rank, (name, fake) in enumerate((("n1", n1), ("n2", n2)), 1)],
-                                  interactive_preempts=True)
+    daemon = await daemon_factory(
+        [
+            dict(node_table(name, fake, rank, ["task"], "qwen3:latest"), unload="when-idle")
+            for rank, (name, fake) in enumerate((("n1", n1), ("n2", n2)), 1)
+        ],
+        interactive_preempts=True,
+    )
     first = (await daemon.submit("task", "a long reply", node="n1", model="llama3.2", priority=lane_on_n1))[0]
     batch = (await daemon.submit("task", "the sweep step", node="n2"))[0]
     await _streamed(daemon, first["id"], 2)
@@ -454,7 +504,8 @@ async def _two_busy_nodes(fakes, daemon_factory, lane_on_n1: str):
 
 @pytest.mark.parametrize("lane_on_n1", ["interactive", "batch"])
 async def test_an_interactive_job_moves_to_the_node_whose_batch_job_runs_its_model_and_preempts_it_there(
-        fakes, daemon_factory, lane_on_n1):
+    fakes, daemon_factory, lane_on_n1
+):
     """Placed on n1 (by rank: both nodes are busy), where it would wait for another person's job
     (never interrupted) or interrupt a batch job of another model (its unload, then the job's
     own load): it moves to n2, whose running batch job has its model loaded, and preempts that."""
@@ -477,18 +528,28 @@ async def test_two_calls_at_once_never_leave_one_at_the_tail_of_another_nodes_ba
     checked there: one moves and preempts; the other, finding an interactive job there first,
     stays where it was placed (it was moved to n3's tail, behind every waiting batch job)."""
     n1, n2, n3 = [await fakes("qwen3:latest", "llama3.2:latest", token_delay_s=0.1, tokens=400) for _ in range(3)]
-    daemon = await daemon_factory([dict(node_table(name, fake, rank, ["task"], "qwen3:latest"), unload="when-idle")
-                                   for rank, (name, fake) in enumerate((("n1", n1), ("n2", n2), ("n3", n3)), 1)],
-                                  interactive_preempts=True)
-    people = [(await daemon.submit("task", f"{n} person", node=n, model="llama3.2", priority="interactive"))[0]
-              for n in ("n1", "n2")]
+    daemon = await daemon_factory(
+        [
+            dict(node_table(name, fake, rank, ["task"], "qwen3:latest"), unload="when-idle")
+            for rank, (name, fake) in enumerate((("n1", n1), ("n2", n2), ("n3", n3)), 1)
+        ],
+        interactive_preempts=True,
+    )
+    people = [
+        (await daemon.submit("task", f"{n} person", node=n, model="llama3.2", priority="interactive"))[0]
+        for n in ("n1", "n2")
+    ]
     sweep = (await daemon.submit("task", "sweep running", node="n3"))[0]
     for job in (*people, sweep):
         await _streamed(daemon, job["id"], 2)
     for i in range(3):
         await daemon.submit("task", f"sweep queued {i}", node="n3")
-    answers = [a[0] for a in await asyncio.gather(*(daemon.submit("task", f"{who} waits", priority="interactive")
-                                                    for who in ("J", "K")))]
+    answers = [
+        a[0]
+        for a in await asyncio.gather(
+            *(daemon.submit("task", f"{who} waits", priority="interactive") for who in ("J", "K"))
+        )
+    ]
     assert [a["node"] for a in answers].count("n3") == 1, answers  # one preempts n3's sweep, one stays
     status, body = await daemon.request("GET", "/api/queue")
     n3_queue = next(n for n in body["nodes"] if n["name"] == "n3")["queued"]

@@ -17,15 +17,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from conftest import eventually, node_table
+
 from gpuq.jobs import iso
 from gpuq.shipped import shipped_files
-from gpuq.store import MIGRATIONS_DIR
-from gpuq.store import leases
+from gpuq.store import MIGRATIONS_DIR, leases, lifecycle, records
 from gpuq.store import postgres as pg
 from gpuq.store import sqlite as sqlite_engine
-from gpuq.store import lifecycle, records
 from gpuq.store.leases import Router
 
 LEASE = 10.0
@@ -36,11 +34,13 @@ B = Router("host-b:2:bbbb", "127.0.0.1:2", "http://127.0.0.1:2", 2, "host-b", T0
 
 # -- the two engines, as the writer gives a verb its connection ----------------------------------
 
+
 class LiteDb:
     def __init__(self, path: Path):
         self.conn = sqlite3.connect(path, isolation_level=None)
-        sqlite_engine.migrate(self.conn, shipped_files(MIGRATIONS_DIR, "[0-9][0-9][0-9]_*.sql", "migrations"),
-                              0.0, path)
+        sqlite_engine.migrate(
+            self.conn, shipped_files(MIGRATIONS_DIR, "[0-9][0-9][0-9]_*.sql", "migrations"), 0.0, path
+        )
         self.conn.execute("PRAGMA foreign_keys = ON")
         self.conn.row_factory = sqlite3.Row
 
@@ -76,9 +76,11 @@ class PgDb:
 
     def __init__(self, dsn: str):
         import psycopg
+
         self.conn = psycopg.connect(dsn, autocommit=True)
-        pg.migrate(self.conn, shipped_files(pg.MIGRATIONS_DIR, "[0-9][0-9][0-9]_*.sql", "PostgreSQL migrations"),
-                   0.0, "test")
+        pg.migrate(
+            self.conn, shipped_files(pg.MIGRATIONS_DIR, "[0-9][0-9][0-9]_*.sql", "PostgreSQL migrations"), 0.0, "test"
+        )
         self.conn.row_factory = self._row
 
     @staticmethod
@@ -105,35 +107,50 @@ def db(request, tmp_path) -> Iterator[LiteDb | PgDb]:
     else:
         made = PgDb(request.getfixturevalue("pg_dsn"))
     for name in ("a", "b"):
-        made.run(lambda d, n=name: d.execute("INSERT INTO node (name, url, rank, roles, model) VALUES (?,?,?,?,?)",
-                                             (n, f"http://{n}", 1, "task,critique", "m")))
+        made.run(
+            lambda d, n=name: d.execute(
+                "INSERT INTO node (name, url, rank, roles, model) VALUES (?,?,?,?,?)",
+                (n, f"http://{n}", 1, "task,critique", "m"),
+            )
+        )
     yield made
     made.conn.close()
 
 
 def running_job(db, job_id: str, node: str, run_id: int) -> None:
     """A job claimed on `node` (its run stamped by the schema with the node's lease holder)."""
+
     def write(d):
-        d.execute("INSERT INTO job (id, kind, state, node, model, prompt, position, placement, created_at, run_id)"
-                  " VALUES (?, 'task', 'running', ?, 'm', 'p', 1024, 'asked', ?, ?)", (job_id, node, iso(T0), run_id))
-        d.execute("INSERT INTO run (id, job_id, node, model, started_at, progress_at) VALUES (?, ?, ?, 'm', ?, ?)",
-                  (run_id, job_id, node, iso(T0), iso(T0)))
+        d.execute(
+            "INSERT INTO job (id, kind, state, node, model, prompt, position, placement, created_at, run_id)"
+            " VALUES (?, 'task', 'running', ?, 'm', 'p', 1024, 'asked', ?, ?)",
+            (job_id, node, iso(T0), run_id),
+        )
+        d.execute(
+            "INSERT INTO run (id, job_id, node, model, started_at, progress_at) VALUES (?, ?, ?, 'm', ?, ?)",
+            (run_id, job_id, node, iso(T0), iso(T0)),
+        )
+
     db.run(write)
 
 
 def job_state(db, job_id: str) -> tuple:
-    return db.rows("SELECT j.state, j.error, r.state, r.router FROM job j JOIN run r ON r.id = j.run_id"
-                   " WHERE j.id = ?", (job_id,))[0]
+    return db.rows(
+        "SELECT j.state, j.error, r.state, r.router FROM job j JOIN run r ON r.id = j.run_id WHERE j.id = ?", (job_id,)
+    )[0]
 
 
 # -- the verbs -------------------------------------------------------------------------------------
+
 
 def test_a_router_takes_free_nodes_and_another_never_takes_a_lease_that_is_alive(db):
     assert db.run(leases.take, A, ["a", "b"], LEASE, T0) == (["a", "b"], [])
     for at in (T0, T0 + 5, T0 + LEASE - 0.001):  # alive until its expiry, to the millisecond
         assert db.run(leases.take, B, ["a", "b"], LEASE, at) == ([], [])
     assert db.rows("SELECT node, router, expires_at FROM node_lease ORDER BY node") == [
-        ("a", A.id, T0 + LEASE), ("b", A.id, T0 + LEASE)]
+        ("a", A.id, T0 + LEASE),
+        ("b", A.id, T0 + LEASE),
+    ]
     seen = db.run(leases.routers, T0 + 1, LEASE)
     assert [(r["id"], r["nodes"]) for r in seen["routers"]] == [(A.id, ["a", "b"]), (B.id, [])]
     assert {n: h["router"] for n, h in seen["holders"].items()} == {"a": A.id, "b": A.id}
@@ -145,7 +162,9 @@ def test_renewing_keeps_the_nodes_past_the_first_expiry_and_taking_them_again_re
     assert db.run(leases.take, B, ["a", "b"], LEASE, T0 + 12) == ([], [])  # past T0+10, before T0+15
     assert db.run(leases.take, A, ["b"], LEASE, T0 + 13) == (["b"], [])  # its own: renewed, kept
     assert db.rows("SELECT node, expires_at, taken_at FROM node_lease ORDER BY node") == [
-        ("a", T0 + 15, T0), ("b", T0 + 23, T0)]
+        ("a", T0 + 15, T0),
+        ("b", T0 + 23, T0),
+    ]
     assert db.run(leases.renew, B, ["a", "b"], LEASE, T0 + 13) == []  # renews only its own
 
 
@@ -159,7 +178,8 @@ def test_an_expired_lease_is_taken_over_and_the_dead_routers_job_fails_naming_it
     assert [(f["id"], f["node"], f["error"]) for f in failed] == [("j1", "a", reason)]
     assert job_state(db, "j1") == ("failed", reason, "failed", A.id)
     assert db.rows("SELECT from_state, to_state, actor, reason FROM event WHERE job_id = 'j1'") == [
-        ("running", "failed", "router", reason)]
+        ("running", "failed", "router", reason)
+    ]
     assert db.run(leases.renew, A, ["a", "b"], LEASE, T0 + LEASE + 1) == []  # A, back: lost both
     assert db.run(leases.take, A, ["a", "b"], LEASE, T0 + LEASE + 1) == ([], [])
     running_job(db, "j2", "b", 2)
@@ -183,20 +203,26 @@ def test_a_router_alone_takes_every_node_and_fails_every_job_left_running(db):
     assert held == ["a", "b"]
     assert {f["id"]: f["error"] for f in failed} == {
         "j1": f"router restarted while running (the router {A.id} that ran this job had stopped)",
-        "old": "router restarted while running"}
+        "old": "router restarted while running",
+    }
     assert db.rows("SELECT node, router FROM node_lease ORDER BY node") == [("a", B.id), ("b", B.id)]
     assert [r["id"] for r in db.run(leases.routers, T0 + 2, LEASE)["routers"]] == [B.id]  # A: found dead
-    assert [job_state(db, j)[:3] for j in ("j1", "old")] == [("failed", failed[0]["error"], "failed"),
-                                                             ("failed", "router restarted while running", "failed")]
+    assert [job_state(db, j)[:3] for j in ("j1", "old")] == [
+        ("failed", failed[0]["error"], "failed"),
+        ("failed", "router restarted while running", "failed"),
+    ]
 
 
 def test_the_claim_stamps_its_run_with_the_router_holding_the_node(tmp_path):
     lite = LiteDb(tmp_path / "q.db")
     lite.run(records.configure, {}, [])
     lite.run(lambda d: d.execute("INSERT INTO node (name, url, rank, roles, model) VALUES ('a', 'u', 1, 'task', 'm')"))
-    lite.run(lambda d: d.execute(
-        "INSERT INTO job (id, kind, node, model, prompt, position, placement, created_at)"
-        " VALUES ('j', 'task', 'a', 'm', 'p', 1024, 'asked', 'x')"))
+    lite.run(
+        lambda d: d.execute(
+            "INSERT INTO job (id, kind, node, model, prompt, position, placement, created_at)"
+            " VALUES ('j', 'task', 'a', 'm', 'p', 1024, 'asked', 'x')"
+        )
+    )
     lite.run(leases.take, A, ["a"], LEASE, T0)
     job = lite.run(lifecycle.claim, "a", T0)
     assert lite.rows("SELECT router FROM run WHERE id = ?", (job["run_id"],)) == [(A.id,)]
@@ -204,11 +230,14 @@ def test_the_claim_stamps_its_run_with_the_router_holding_the_node(tmp_path):
 
 # -- the router ------------------------------------------------------------------------------------
 
+
 def lease_rows(database: Path) -> tuple[list[tuple], list[tuple]]:
     db = sqlite3.connect(database)
     try:
-        return (db.execute("SELECT node, router FROM node_lease ORDER BY node").fetchall(),
-                db.execute("SELECT id, stopped_at IS NOT NULL FROM router ORDER BY started_at").fetchall())
+        return (
+            db.execute("SELECT node, router FROM node_lease ORDER BY node").fetchall(),
+            db.execute("SELECT id, stopped_at IS NOT NULL FROM router ORDER BY started_at").fetchall(),
+        )
     finally:
         db.close()
 
@@ -227,7 +256,8 @@ async def test_health_names_this_router_and_the_nodes_it_holds(fakes, daemon_fac
 
 
 async def test_a_router_killed_mid_job_leaves_it_to_the_next_which_fails_it_naming_the_dead_router(
-        fakes, daemon_factory, tmp_path):
+    fakes, daemon_factory, tmp_path
+):
     fake = await fakes("m", stall_after=2)  # the job streams two tokens, then hangs
     nodes = [node_table("n1", fake, 1, ["task"], "m")]
     first = await daemon_factory(nodes)
@@ -249,8 +279,7 @@ async def test_a_router_killed_mid_job_leaves_it_to_the_next_which_fails_it_nami
     await second.wait_state(after["id"], "done", timeout=20)
 
 
-async def test_a_clean_stop_releases_the_leases_and_the_next_router_takes_them_at_once(
-        fakes, daemon_factory, tmp_path):
+async def test_a_clean_stop_releases_the_leases_and_the_next_router_takes_them_at_once(fakes, daemon_factory, tmp_path):
     fake = await fakes("m")
     nodes = [node_table("n1", fake, 1, ["task"], "m")]
     first = await daemon_factory(nodes, lease="60s")  # unreleased, the lease would stand for a minute
@@ -279,7 +308,8 @@ def write_to(database: Path, verb, *args, **kwargs):
 
 
 async def test_a_node_another_router_takes_is_no_longer_driven_here_until_it_is_free_again(
-        fakes, daemon_factory, tmp_path):
+    fakes, daemon_factory, tmp_path
+):
     fake = await fakes("m", stall_after=2)  # the job streams two tokens, then hangs
     d = await daemon_factory([node_table("n1", fake, 1, ["task"], "m")], lease="3s")
     me = (await d.get("/health"))["router"]["id"]
@@ -299,6 +329,7 @@ async def test_a_node_another_router_takes_is_no_longer_driven_here_until_it_is_
     async def lost():
         health = await d.get("/health")
         return health if health["router"]["nodes"] == [] else None
+
     health = await lost() or await eventually(lost, 15, what="this router to see the node lost")
     assert health["holders"]["n1"]["router"] == other.id
     waiting = (await d.submit("task", "waits for the lease"))[0]
@@ -309,9 +340,10 @@ async def test_a_node_another_router_takes_is_no_longer_driven_here_until_it_is_
             return db.execute("SELECT seen_at FROM router WHERE id = ?", (me,)).fetchone()[0]
         finally:
             db.close()
+
     for _ in range(2):  # two heartbeats of this router later, the job still waits: nothing claims it
         beat = seen_at()
-        await eventually(lambda: seen_at() > beat, 15, what="this router's next heartbeat")
+        await eventually(lambda beat=beat: seen_at() > beat, 15, what="this router's next heartbeat")
     assert (await d.job(waiting["id"]))["state"] == "queued"
     assert (await d.job(job["id"]))["error"] == failed[0]["error"]  # failed by the taker, not again here
 
@@ -326,6 +358,7 @@ async def test_on_postgresql_leases_run_on_the_servers_clock_whatever_the_router
     database server's clock, so a router whose clock is an hour fast holds a node for the lease
     time, not an hour longer (and one an hour slow does not lose it at once)."""
     from gpuq.store import Store
+
     for skew in (3600.0, -3600.0):
         store = Store(pg_dsn, clock=lambda skew=skew: time.time() + skew)
         await store.open()
@@ -333,8 +366,10 @@ async def test_on_postgresql_leases_run_on_the_servers_clock_whatever_the_router
             router = Router.new("127.0.0.1:1", None, store.clock())
             taken = await store.take_nodes(router, ["node-1"], 10.0)
             assert taken.held == ["node-1"]
-            [row] = await store.read("SELECT expires_at, " + leases.DB_NOW_SQL[len("SELECT "):] + " AS now"
-                                     " FROM node_lease WHERE node = 'node-1'")
+            [row] = await store.read(
+                "SELECT expires_at, " + leases.DB_NOW_SQL[len("SELECT ") :] + " AS now"
+                " FROM node_lease WHERE node = 'node-1'"
+            )
             assert 9.0 <= float(row["expires_at"]) - float(row["now"]) <= 10.0
             assert await store.renew_nodes(router, ["node-1"], 10.0) == ["node-1"]
             health = await store.routers(10.0)

@@ -10,6 +10,7 @@ import json
 import sqlite3
 
 from conftest import eventually
+
 from gpuq.store import MIGRATIONS_DIR, NewJob, NodeInfo, Store
 
 EXCERPT_CHARS = 300
@@ -56,6 +57,7 @@ async def test_listings_carry_excerpts_and_sizes_and_the_job_its_prompt(lab):
         body = json.loads(await raw_get(lab, "/api/queue"))
         node3 = next(n for n in body["nodes"] if n["name"] == "node-3")
         return (body, node3) if (node3["running"] or {}).get("tokens_so_far") else None
+
     body, node3 = await eventually(queue_with_tokens, what="node-3's head to stream tokens")
     assert node3["running"]["id"] == head
     assert_listed(node3["running"], prompts[head])  # the running job too, with its live count
@@ -82,8 +84,11 @@ async def test_listings_carry_excerpts_and_sizes_and_the_job_its_prompt(lab):
 
     out = await lab.cli("queue")
     assert out.code == 0, out.err
-    lines = {line.split()[1]: line for line in out.out.splitlines()  # "  running  ID ..." / "  1  ID ..."
-             if len(line.split()) > 1 and line.split()[1] in prompts}
+    lines = {
+        line.split()[1]: line
+        for line in out.out.splitlines()  # "  running  ID ..." / "  1  ID ..."
+        if len(line.split()) > 1 and line.split()[1] in prompts
+    }
     assert set(lines) == set(prompts), out.out
     for job_id, line in lines.items():
         assert line.endswith(one_line(prompts[job_id], 50)), line
@@ -112,30 +117,43 @@ async def test_a_short_prompt_is_its_own_excerpt(lab):
 
 # -- databases written before the excerpts -------------------------------------------------------
 
+
 def old_database(path) -> None:
     """A database as gpuq wrote it before migration 005: a done task with its run and events,
     its critique on another node, a waiting job with a long prompt, think and options, a
     critique held for it, the views."""
     db = sqlite3.connect(path)
     db.execute("PRAGMA foreign_keys = ON")
-    db.execute("CREATE TABLE schema_migration (version INTEGER PRIMARY KEY, name TEXT NOT NULL,"
-               " applied_at TEXT NOT NULL)")
+    db.execute(
+        "CREATE TABLE schema_migration (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
+    )
     for f in sorted(MIGRATIONS_DIR.glob("[0-9][0-9][0-9]_*.sql")):
         if int(f.name[:3]) < 5:
             db.executescript(f.read_text())
             db.execute("INSERT INTO schema_migration VALUES (?, ?, '2026-01-01T00:00:00Z')", (int(f.name[:3]), f.stem))
     t = "2026-01-01T00:00:00.000000Z"
-    rows = [("1-0000000a", "task", "done", "a", "ma", "the task", None, 1024, "asked", 1, t, t),
-            ("1-0000000b", "critique", "queued", "b", "mb", "critique it", "1-0000000a", 1024, "fan-out", None, t, None),
-            ("1-0000000c", "task", "queued", "a", "ma", large_prompt("old"), None, 2048, "asked", None, t, None)]
-    db.executemany("INSERT INTO job (id, kind, state, node, model, prompt, parent_id, position, placement,"
-                   " run_id, created_at, finished_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+    rows = [
+        ("1-0000000a", "task", "done", "a", "ma", "the task", None, 1024, "asked", 1, t, t),
+        ("1-0000000b", "critique", "queued", "b", "mb", "critique it", "1-0000000a", 1024, "fan-out", None, t, None),
+        ("1-0000000c", "task", "queued", "a", "ma", large_prompt("old"), None, 2048, "asked", None, t, None),
+    ]
+    db.executemany(
+        "INSERT INTO job (id, kind, state, node, model, prompt, parent_id, position, placement,"
+        " run_id, created_at, finished_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+        rows,
+    )
     db.execute("UPDATE job SET think = '\"high\"', options = '{\"num_ctx\": 8192}' WHERE id = '1-0000000c'")
-    db.execute("INSERT INTO job (id, kind, node, model, prompt, parent_id, position, placement, created_at,"
-               " subject_from_parent) VALUES ('1-0000000e', 'critique', 'b', 'mb', '(held)', '1-0000000c',"
-               " 512, 'fan-out', ?, 1)", (t,))  # b's head, held until its parent is done
-    db.execute("INSERT INTO run (id, job_id, node, model, state, started_at, progress_at, finished_at, output)"
-               " VALUES (1, '1-0000000a', 'a', 'ma', 'done', ?, ?, ?, 'the answer')", (t, t, t))
+    db.execute(
+        "INSERT INTO job (id, kind, node, model, prompt, parent_id, position, placement, created_at,"
+        " subject_from_parent) VALUES ('1-0000000e', 'critique', 'b', 'mb', '(held)', '1-0000000c',"
+        " 512, 'fan-out', ?, 1)",
+        (t,),
+    )  # b's head, held until its parent is done
+    db.execute(
+        "INSERT INTO run (id, job_id, node, model, state, started_at, progress_at, finished_at, output)"
+        " VALUES (1, '1-0000000a', 'a', 'ma', 'done', ?, ?, ?, 'the answer')",
+        (t, t, t),
+    )
     db.execute("INSERT INTO event (job_id, at, to_state, actor) VALUES ('1-0000000a', ?, 'queued', 'api')", (t,))
     db.execute("CREATE VIEW stale_heads AS SELECT id FROM job WHERE state = 'running'")
     db.commit()
@@ -176,8 +194,10 @@ async def test_an_old_database_is_migrated_with_everything_in_it(tmp_path):
         assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         assert db.execute("PRAGMA foreign_key_check").fetchall() == []
         try:  # the guard went with the old table: the rebuilt one has it again
-            db.execute("INSERT INTO job (id, kind, node, model, prompt, parent_id, position, placement,"
-                       " created_at) VALUES ('1-0000000d', 'critique', 'a', 'ma', 'x', '1-0000000a', 1, 'asked', 't')")
+            db.execute(
+                "INSERT INTO job (id, kind, node, model, prompt, parent_id, position, placement,"
+                " created_at) VALUES ('1-0000000d', 'critique', 'a', 'ma', 'x', '1-0000000a', 1, 'asked', 't')"
+            )
             raise AssertionError("a critique was stored on its parent task's node")
         except sqlite3.IntegrityError as exc:
             assert "parent task's node" in str(exc)

@@ -10,7 +10,6 @@ import random
 import time
 
 import pytest
-
 from conftest import node_table
 
 JOBS = int(os.environ.get("GPUQ_LOAD_JOBS", "10000"))
@@ -28,13 +27,15 @@ async def test_fifty_clients_ten_thousand_jobs(fakes, daemon_factory):
     models = ["qwen3-coder:30b", "deepseek-r1:32b", "llama3.2:latest"]
     # node-3's generations last a few milliseconds (not an instant), so two at once there would
     # overlap and show in its max_in_flight; the others stay instant to keep the test quick.
-    fs = [await fakes(m, tokens=3, token_delay_s=0.002 if m == models[2] else 0.0, unload_delay_s=0.0)
-          for m in models]
-    d = await daemon_factory([
-        node_table("node-1", fs[0], 1, ["task", "critique"], models[0]),
-        node_table("node-2", fs[1], 2, ["task", "critique"], models[1]),
-        node_table("node-3", fs[2], 3, ["task"], models[2]),
-    ], health_interval="5s")
+    fs = [await fakes(m, tokens=3, token_delay_s=0.002 if m == models[2] else 0.0, unload_delay_s=0.0) for m in models]
+    d = await daemon_factory(
+        [
+            node_table("node-1", fs[0], 1, ["task", "critique"], models[0]),
+            node_table("node-2", fs[1], 2, ["task", "critique"], models[1]),
+            node_table("node-3", fs[2], 3, ["task"], models[2]),
+        ],
+        health_interval="5s",
+    )
     accepted: list[str] = []
     statuses: dict[int, int] = {}
     unexpected: list[tuple] = []
@@ -58,8 +59,11 @@ async def test_fifty_clients_ten_thousand_jobs(fakes, daemon_factory):
                 target = rng.choice(mine)
                 op = rng.choice(["move", "move", "delete", "preempt"])
                 if op == "move":
-                    status, body = await d.request("POST", f"/api/jobs/{target}/move",
-                                                   {"position": rng.randint(1, 5), "node": rng.choice(["node-1", "node-2", "node-3"])})
+                    status, body = await d.request(
+                        "POST",
+                        f"/api/jobs/{target}/move",
+                        {"position": rng.randint(1, 5), "node": rng.choice(["node-1", "node-2", "node-3"])},
+                    )
                 elif op == "delete":
                     status, body = await d.request("DELETE", f"/api/jobs/{target}")
                 else:
@@ -83,9 +87,11 @@ async def test_fifty_clients_ten_thousand_jobs(fakes, daemon_factory):
     failed = [(r["id"], r["error"]) for r in rows if r["state"] == "failed"]
     assert set(states) <= {"done", "cancelled"}, failed[:5]
     assert [f.max_in_flight for f in fs] == [1, 1, 1]
-    print(f"\nload: {len(accepted)} jobs from {CLIENTS} clients; submit phase {submitted_s:.1f}s "
-          f"({len(accepted) / submitted_s:.0f} jobs/s with control ops), drained in {total_s:.1f}s; "
-          f"statuses {statuses}; final states {states}")
+    print(
+        f"\nload: {len(accepted)} jobs from {CLIENTS} clients; submit phase {submitted_s:.1f}s "
+        f"({len(accepted) / submitted_s:.0f} jobs/s with control ops), drained in {total_s:.1f}s; "
+        f"statuses {statuses}; final states {states}"
+    )
 
 
 async def drain(d) -> None:
@@ -98,5 +104,7 @@ async def drain(d) -> None:
             return
         if now_left != left:
             left, moved = now_left, time.monotonic()
-        assert time.monotonic() - moved < STALL_S, f"the queue stopped draining: {left} jobs left, none ended in {STALL_S}s"
+        assert time.monotonic() - moved < STALL_S, (
+            f"the queue stopped draining: {left} jobs left, none ended in {STALL_S}s"
+        )
         await asyncio.sleep(0.5)  # a poll's pace, not a synchronisation

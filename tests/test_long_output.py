@@ -9,9 +9,8 @@ import json
 import sqlite3
 
 import pytest
-from playwright.async_api import expect
-
 from conftest import node_table
+from playwright.async_api import expect
 from test_page import browser, page  # noqa: F401 (fixtures)
 
 MODEL = "qwen3:8b"  # thinks by default, as in Ollama
@@ -73,9 +72,13 @@ async def test_a_long_jobs_text_reads_back_exactly_as_the_node_streamed_it(strea
         replay = [json.loads(line) async for line in resp.content if line.strip()]
     assert (replay[0].get("thinking"), replay[1].get("text")) == (thinking, REPLY)
     shown = await d.cli("show", job_id)
-    assert shown.code == 0 and f"\n-- thinking --\n{thinking}\n" in shown.out and f"\n-- output --\n{REPLY}" in shown.out
+    assert (
+        shown.code == 0 and f"\n-- thinking --\n{thinking}\n" in shown.out and f"\n-- output --\n{REPLY}" in shown.out
+    )
     waited = await d.cli("wait", job_id)
-    assert waited.code == 0 and waited.out.startswith(f"-- thinking --\n{thinking}\n-- answer --\n{REPLY}\n"), waited.out
+    assert waited.code == 0 and waited.out.startswith(f"-- thinking --\n{thinking}\n-- answer --\n{REPLY}\n"), (
+        waited.out
+    )
 
 
 @pytest.mark.browser

@@ -5,8 +5,8 @@ is logged with its traceback, turns /health red naming the node, and the loop re
 from __future__ import annotations
 
 import asyncio
-import logging
 import dataclasses
+import logging
 import os
 import sqlite3
 import sys
@@ -14,14 +14,14 @@ import time
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-
 from conftest import eventually
-from gpuq.config import NodeConfig, Settings
-from gpuq.demo import FakeOllama, Script
-from gpuq.node import worker as worker_module
-from gpuq.jobs import NewJob
+
 from gpuq.api.app import create_app
 from gpuq.api.state import DISPATCHER, SETTINGS, STORE
+from gpuq.config import NodeConfig, Settings
+from gpuq.demo import FakeOllama, Script
+from gpuq.jobs import NewJob
+from gpuq.node import worker as worker_module
 from gpuq.node.supervise import BACKOFF_FIRST_S, BACKOFF_MAX_S, HEALTHY_S, Loops, backoff
 
 
@@ -31,14 +31,21 @@ async def router(tmp_path):
     fake = FakeOllama(models={"m:latest"}, script=Script(tokens=4))
     await fake.start()
     # (a short busy timeout: a write the sqlite3 shell's lock blocks fails, and is logged, soon)
-    settings = Settings(database=tmp_path / "gpuq.db", health_interval_s=0.2, unload_timeout_s=2, busy_timeout_s=0.3,
-                        nodes=(NodeConfig("n1", fake.url, 1, ("task",), "m:latest"),))
+    settings = Settings(
+        database=tmp_path / "gpuq.db",
+        health_interval_s=0.2,
+        unload_timeout_s=2,
+        busy_timeout_s=0.3,
+        nodes=(NodeConfig("n1", fake.url, 1, ("task",), "m:latest"),),
+    )
     client = TestClient(TestServer(create_app(settings), host="127.0.0.1"))
     await client.start_server()
     try:
+
         async def up():
             _, body = await get(client, "/api/nodes")
             return body["nodes"][0]["up"]
+
         await eventually(up, what="the node to be up")
         yield client, fake
     finally:
@@ -61,6 +68,7 @@ async def wait_state(client, job_id: str, state: str) -> dict:
     async def reached():
         _, job = await get(client, f"/api/jobs/{job_id}")
         return job if job["state"] == state else None
+
     return await eventually(reached, 20, what=f"job {job_id} to be {state}")  # a restart may wait 5 s
 
 
@@ -73,6 +81,7 @@ def break_once(store, verb: str, message: str, after: bool = False) -> None:
         if after:
             await real(*args, **kwargs)
         raise RuntimeError(message)
+
     setattr(store, verb, broken)
 
 
@@ -80,13 +89,16 @@ def crashes(caplog, text: str) -> list[logging.LogRecord]:
     return [r for r in caplog.records if text in r.getMessage() and r.exc_info]
 
 
-@pytest.mark.parametrize("verb,error,logged", [
-    # Inside the job's steps: the job fails and the worker goes straight on.
-    ("work_done", "unexpected error in the router: ", "job={job} node=n1 unexpected error"),
-    # Ending it (before: the job stayed "running" with no one running it, and its queue waited
-    # behind it until the stale check noticed): the job fails, the worker's loop restarts.
-    ("finish", "the node's worker crashed while ending the job: ", "node=n1 worker crashed, restarting in"),
-])
+@pytest.mark.parametrize(
+    "verb,error,logged",
+    [
+        # Inside the job's steps: the job fails and the worker goes straight on.
+        ("work_done", "unexpected error in the router: ", "job={job} node=n1 unexpected error"),
+        # Ending it (before: the job stayed "running" with no one running it, and its queue waited
+        # behind it until the stale check noticed): the job fails, the worker's loop restarts.
+        ("finish", "the node's worker crashed while ending the job: ", "node=n1 worker crashed, restarting in"),
+    ],
+)
 async def test_an_unexpected_error_in_a_job_fails_it_and_the_worker_runs_the_next(router, caplog, verb, error, logged):
     client, fake = router
     break_once(client.server.app[STORE], verb, f"injected: {verb} broke")
@@ -115,12 +127,14 @@ async def test_a_crashed_worker_is_logged_turns_health_red_and_restarts(router, 
         nonlocal calls
         calls += 1
         raise RuntimeError("injected: claim broke")
+
     store.claim = broken
     client.server.app[DISPATCHER].wake("n1")  # the idle worker claims, and crashes
 
     async def red():
         status, health = await get(client, "/health")
         return health if status == 503 and health["loops_down"] else None
+
     health = await eventually(red, what="/health to report the crashed worker")
     assert health["ok"] is False
     [down] = health["loops_down"]
@@ -159,8 +173,10 @@ async def test_a_worker_that_crashes_after_its_finish_claimed_the_next_job_puts_
     assert (await wait_state(client, first, "done"))["error"] is None
     done = await wait_state(client, second, "done")
     reasons = [e["reason"] for e in done["events"]]
-    assert (f"back to the head of the queue: the node's worker crashed after {first} ended "
-            "(RuntimeError: injected: broke after the finish); the request never reached Ollama") in reasons
+    assert (
+        f"back to the head of the queue: the node's worker crashed after {first} ended "
+        "(RuntimeError: injected: broke after the finish); the request never reached Ollama"
+    ) in reasons
     assert [r["state"] for r in done["runs"]] == ["cancelled", "done"]
     # sent once: the put-back run never reached it
     assert sum(1 for r in fake.chat_requests if "claimed by that finish" in str(r.get("messages"))) == 1
@@ -173,11 +189,13 @@ async def test_a_crashed_stale_monitor_turns_health_red_until_it_runs_again(rout
 
     async def broken():
         raise KeyError("injected")
+
     store.note_stale = broken
 
     async def red():
         status, health = await get(client, "/health")
         return health if status == 503 else None
+
     health = await eventually(red, what="/health to report the crashed monitor")
     [down] = health["loops_down"]
     assert (down["loop"], down["node"]) == ("stale monitor", None)
@@ -185,16 +203,26 @@ async def test_a_crashed_stale_monitor_turns_health_red_until_it_runs_again(rout
     assert crashes(caplog, "stale monitor crashed, restarting in")
 
     store.note_stale = real
+
     async def green():
         status, _ = await get(client, "/health")
         return status == 200
+
     await eventually(green, 15, what="/health to be ok again")
 
 
 async def cli(client, *args: str) -> str:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gpuq.cli", "--router", str(client.make_url("")).rstrip("/"), *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=dict(os.environ))
+        sys.executable,
+        "-m",
+        "gpuq.cli",
+        "--router",
+        str(client.make_url("")).rstrip("/"),
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=dict(os.environ),
+    )
     out, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 0, err.decode()
     return out.decode()
@@ -216,6 +244,7 @@ async def test_stop_ends_a_loop_that_waits_for_its_restart():
     async def crash():
         crashed.set()
         raise RuntimeError("always")
+
     loop = loops.start("crasher", crash)
     await asyncio.wait_for(crashed.wait(), 5)
     assert not loop.alive and loop.error == "RuntimeError: always"
@@ -243,10 +272,12 @@ async def test_the_queue_page_names_a_crashed_loop(router):
     async def loops_down():
         _, health = await get(client, "/health")
         return [loop["loop"] for loop in health["loops_down"]]
+
     store.note_stale = broken
     async with async_playwright() as p:
-        browser = await p.chromium.launch(executable_path=shutil.which("chromium") or "/usr/bin/chromium",
-                                          args=CHROMIUM_ARGS)
+        browser = await p.chromium.launch(
+            executable_path=shutil.which("chromium") or "/usr/bin/chromium", args=CHROMIUM_ARGS
+        )
         try:
             page = await browser.new_page()
             await page.goto(str(client.make_url("/")))
@@ -275,14 +306,14 @@ async def test_a_crash_without_text_reads_as_its_class_not_an_empty_colon():
     async def crash():
         crashed.set()
         raise TimeoutError()
+
     loop = loops.start("crasher", crash)
     await asyncio.wait_for(crashed.wait(), 5)
     assert not loop.alive and loop.error == "TimeoutError"
     await asyncio.wait_for(loops.stop(), 5)
 
 
-async def test_an_idle_nodes_poll_reads_first_so_a_write_lock_in_the_shell_meets_no_claim(router, monkeypatch,
-                                                                                          caplog):
+async def test_an_idle_nodes_poll_reads_first_so_a_write_lock_in_the_shell_meets_no_claim(router, monkeypatch, caplog):
     """The worker's fallback poll (a wait no wake ended) reads before it claims: an idle node
     does not take the write lock every few seconds, so a person holding it in the sqlite3 shell
     sees no refused claims in the log; a job that appears with no wake is still found and run."""
@@ -302,6 +333,7 @@ async def test_an_idle_nodes_poll_reads_first_so_a_write_lock_in_the_shell_meets
         found = await real_peek(node)
         calls.append(("peek", found))
         return found
+
     monkeypatch.setattr(store, "claim", claim)
     monkeypatch.setattr(store, "next_ready_model", peek)
     monkeypatch.setattr(worker_module, "IDLE_POLL_S", 0.02)
@@ -315,8 +347,10 @@ async def test_an_idle_nodes_poll_reads_first_so_a_write_lock_in_the_shell_meets
         seen, held = len(polls), time.monotonic()
         # Held past the busy timeout, so that any write the lock blocked has failed and been logged.
         past = app[SETTINGS].busy_timeout_s + 0.2
-        await eventually(lambda: len(polls) >= seen + 10 and time.monotonic() - held > past,
-                         what="ten more polls, and the busy timeout, under the lock")
+        await eventually(
+            lambda: len(polls) >= seen + 10 and time.monotonic() - held > past,
+            what="ten more polls, and the busy timeout, under the lock",
+        )
         assert claims == []
         assert [r.getMessage() for r in caplog.records if "locked" in r.getMessage()] == []
     finally:

@@ -6,9 +6,8 @@ from __future__ import annotations
 import signal
 from datetime import datetime
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from conftest import eventually, make_lab
+from prometheus_client.parser import text_string_to_metric_families
 
 
 async def scrape(d, headers: dict | None = None) -> dict:
@@ -91,6 +90,7 @@ async def test_a_stale_head_and_a_stuck_node_show(fakes, daemon_factory):
     async def both():
         m = await scrape(d)
         return value(m, "gpuq_stale_heads") == 1 and value(m, "gpuq_node_vram_stuck", node="node-1") == 1
+
     await eventually(both, 15, 0.2, "a stale head and a stuck node in /metrics")
 
 
@@ -116,8 +116,10 @@ async def test_a_failed_run_and_its_retry_are_each_counted_with_their_own_tokens
     assert value(m, "gpuq_jobs_finished_total", node="node-1", kind="task", state="done") == 1
     assert value(m, "gpuq_tokens_total", node="node-1", model="qwen3-coder:30b") == failed_tokens + done_tokens
     assert value(m, "gpuq_job_duration_seconds_count", node="node-1", model="qwen3-coder:30b") == 2
-    seconds = sum((datetime.fromisoformat(r["finished_at"]) - datetime.fromisoformat(r["started_at"])).total_seconds()
-                  for r in done["runs"])
+    seconds = sum(
+        (datetime.fromisoformat(r["finished_at"]) - datetime.fromisoformat(r["started_at"])).total_seconds()
+        for r in done["runs"]
+    )
     # SQLite's date functions round each time to the millisecond: a run's duration in SQL is off
     # by up to 1 ms (a full run saw 1.2 ms over the two runs), the two runs' sum by up to 2 ms.
     assert abs(value(m, "gpuq_job_duration_seconds_sum", node="node-1", model="qwen3-coder:30b") - seconds) <= 0.0021

@@ -9,6 +9,7 @@ from conftest import eventually, node_table
 async def heard_from_every_node(d) -> None:
     async def all_listed():
         return all(n["model_installed"] is not None for n in (await d.get("/api/nodes"))["nodes"])
+
     await eventually(all_listed, 15, what="every node's model list")
 
 
@@ -22,7 +23,10 @@ async def test_a_task_naming_a_model_goes_to_a_node_that_has_it(lab):
         assert node == "node-3"
         assert (await lab.wait_state(job_id, "done"))["node"] == "node-3"
     assert [r["model"] for r in lab.fakes["node-3"].chat_requests] == [
-        "llama3.2", "LLAMA3.2:latest", "registry.ollama.ai/library/llama3.2"]
+        "llama3.2",
+        "LLAMA3.2:latest",
+        "registry.ollama.ai/library/llama3.2",
+    ]
     assert lab.fakes["node-1"].chat_requests == []
 
 
@@ -32,7 +36,9 @@ async def test_a_model_no_task_node_has_is_refused_naming_what_each_has(lab):
     assert res.code == 1
     assert res.err.splitlines() == [
         "error 422 model 'deepseek-r1:32b' is not installed on any task node (node-1: qwen3-coder:30b; "
-        "node-3: llama3.2:latest); pull it on one or choose another model", "not retried"]
+        "node-3: llama3.2:latest); pull it on one or choose another model",
+        "not retried",
+    ]
     assert (await lab.get("/api/jobs"))["jobs"] == []
 
 
@@ -47,5 +53,6 @@ async def test_the_vram_check_matches_names_as_ollama_does(fakes, daemon_factory
 
     async def flagged():
         return (await d.get("/api/nodes"))["nodes"][0]["vram_stuck"]
+
     message = await eventually(flagged, 10, what="the node to be flagged")
     assert "Qwen3 did not leave VRAM" in message

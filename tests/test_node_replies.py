@@ -7,12 +7,10 @@ the node down (or flagged), named on /health and by `gpuq nodes`, until it answe
 
 from __future__ import annotations
 
+import json
 import re
 
-import json
-
 import pytest
-
 from conftest import eventually, node_table
 
 MODEL = "qwen3-coder:30b"
@@ -27,18 +25,18 @@ def line(**fields) -> str:
 CHAT_LINES = {
     "a JSON array": ("[1,2]", "sick sent a chat line that is a JSON array, not an object: [1,2]"),
     "a JSON number": ("42", "sick sent a chat line that is a JSON number, not an object: 42"),
-    "message a string": (line(message="str"),
-                         "sick sent a chat line whose 'message' is a JSON string, not an object"),
-    "content a number": (line(message={"role": "assistant", "content": 5}),
-                         "sick sent a chat line whose 'message.content' is a JSON number, not a string"),
+    "message a string": (line(message="str"), "sick sent a chat line whose 'message' is a JSON string, not an object"),
+    "content a number": (
+        line(message={"role": "assistant", "content": 5}),
+        "sick sent a chat line whose 'message.content' is a JSON number, not a string",
+    ),
     "a line too long": (HUGE, "sick sent a chat line longer than 131072 bytes, the most the router reads"),
 }
 
 
 async def sick_node(fakes, daemon_factory, **router):
     sick = await fakes(MODEL, tokens=5)
-    d = await daemon_factory([node_table("sick", sick, 1, ["task"], MODEL)],
-                             **{"unload_timeout": "1s", **router})
+    d = await daemon_factory([node_table("sick", sick, 1, ["task"], MODEL)], **{"unload_timeout": "1s", **router})
     await eventually(lambda: node(d), what="the node to be up")
     return sick, d
 
@@ -73,17 +71,23 @@ async def test_a_chat_line_of_the_wrong_shape_fails_its_job_and_the_next_runs(ca
 
 # the path, its raw body, the node's error verbatim
 HEALTH_BODIES = {
-    "/api/version without version": ("/api/version", '{"v": "0.33.0"}',
-                                     "sick sent /api/version without a 'version' string: {\"v\": \"0.33.0\"}"),
-    "/api/tags entry without name": ("/api/tags", '{"models": [{"model": "qwen3-coder:30b"}]}',
-                                     "sick sent an /api/tags entry without a 'name' string: "
-                                     "{\"model\": \"qwen3-coder:30b\"}"),
+    "/api/version without version": (
+        "/api/version",
+        '{"v": "0.33.0"}',
+        'sick sent /api/version without a \'version\' string: {"v": "0.33.0"}',
+    ),
+    "/api/tags entry without name": (
+        "/api/tags",
+        '{"models": [{"model": "qwen3-coder:30b"}]}',
+        'sick sent an /api/tags entry without a \'name\' string: {"model": "qwen3-coder:30b"}',
+    ),
 }
 
 
 @pytest.mark.parametrize("case", list(HEALTH_BODIES))
 async def test_a_health_answer_of_the_wrong_shape_marks_the_node_down_until_it_answers_right(
-        case, fakes, daemon_factory):
+    case, fakes, daemon_factory
+):
     path, raw, error = HEALTH_BODIES[case]
     sick, d = await sick_node(fakes, daemon_factory)
     sick.script.raw_bodies[path] = raw
@@ -91,6 +95,7 @@ async def test_a_health_answer_of_the_wrong_shape_marks_the_node_down_until_it_a
     async def down():
         [n] = (await d.get("/api/nodes"))["nodes"]
         return n if not n["up"] else None
+
     state = await eventually(down, 10, what="the node to be seen down")
     assert state["last_error"] == error
     [job] = await d.submit("task", "waits for the node", node="sick")
@@ -112,13 +117,18 @@ async def test_ps_as_a_list_flags_the_node_naming_it_until_ps_answers_right(fake
     sick, d = await sick_node(fakes, daemon_factory)
     sick.script.raw_bodies["/api/ps"] = "[]"
     [job] = await d.submit("task", "its unload cannot be confirmed")
+
     async def flagged():
         [n] = (await d.get("/api/nodes"))["nodes"]
         return n if n["vram_stuck"] else None
+
     state = await eventually(flagged, 15, what="the node to be flagged")
     error = state["vram_stuck"]
-    assert re.fullmatch(rf"unload failed: {MODEL} did not leave VRAM within [\d.]+s \(unload_timeout 1s; sick sent "
-                        r"/api/ps as a JSON array, not an object\); node sick flagged", error), error
+    assert re.fullmatch(
+        rf"unload failed: {MODEL} did not leave VRAM within [\d.]+s \(unload_timeout 1s; sick sent "
+        r"/api/ps as a JSON array, not an object\); node sick flagged",
+        error,
+    ), error
     done = await d.wait_state(job["id"], "done", timeout=20)  # its work is done; the failure is the node's
     assert error in [e["reason"] for e in done["events"]]
     [nxt] = await d.submit("task", "waits while the node is flagged")

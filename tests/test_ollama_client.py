@@ -19,11 +19,24 @@ def ndjson(*objs) -> str:
 
 
 def chunk(text):
-    return {"model": "m", "created_at": "2026-11-29T08:00:00Z", "message": {"role": "assistant", "content": text}, "done": False}
+    return {
+        "model": "m",
+        "created_at": "2026-11-29T08:00:00Z",
+        "message": {"role": "assistant", "content": text},
+        "done": False,
+    }
 
 
-FINAL = {"model": "m", "created_at": "2026-11-29T08:00:01Z", "message": {"role": "assistant", "content": ""},
-         "done": True, "done_reason": "stop", "eval_count": 2, "eval_duration": 1000, "total_duration": 5000}
+FINAL = {
+    "model": "m",
+    "created_at": "2026-11-29T08:00:01Z",
+    "message": {"role": "assistant", "content": ""},
+    "done": True,
+    "done_reason": "stop",
+    "eval_count": 2,
+    "eval_duration": 1000,
+    "total_duration": 5000,
+}
 
 
 @pytest.fixture
@@ -38,8 +51,7 @@ async def collect(client, **kw):
 
 async def test_streams_chunks_and_sends_keep_alive_zero(client):
     with aioresponses() as m:
-        m.post(f"{URL}/api/chat", body=ndjson(chunk("Hel"), chunk("lo"), FINAL),
-               content_type="application/x-ndjson")
+        m.post(f"{URL}/api/chat", body=ndjson(chunk("Hel"), chunk("lo"), FINAL), content_type="application/x-ndjson")
         chunks = await collect(client)
         sent = json.loads(m.requests[("POST", aiohttp.client.URL(f"{URL}/api/chat"))][0].kwargs["data"])
     assert "".join(c["message"]["content"] for c in chunks) == "Hello"
@@ -71,11 +83,14 @@ async def test_stream_without_done_is_an_error(client):
             await collect(client)
 
 
-@pytest.mark.parametrize("status,message", [
-    (404, "model 'x' not found"),
-    (500, "llama-server reported out-of-memory during startup: ..."),
-    (503, "server busy, please try again.  maximum pending requests exceeded"),
-])
+@pytest.mark.parametrize(
+    "status,message",
+    [
+        (404, "model 'x' not found"),
+        (500, "llama-server reported out-of-memory during startup: ..."),
+        (503, "server busy, please try again.  maximum pending requests exceeded"),
+    ],
+)
 async def test_http_errors_keep_status_and_message(client, status, message):
     with aioresponses() as m:
         m.post(f"{URL}/api/chat", status=status, payload={"error": message})
@@ -100,11 +115,14 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("call", [
-    lambda c: collect(c),  # the chat stream
-    lambda c: c.version(),  # a health check
-    lambda c: c.loaded(),  # an unload check
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda c: collect(c),  # the chat stream
+        lambda c: c.version(),  # a health check
+        lambda c: c.loaded(),  # an unload check
+    ],
+)
 async def test_a_node_that_refuses_the_connection_is_unreachable_naming_node_and_url(call):
     url = f"http://127.0.0.1:{closed_port()}"
     async with aiohttp.ClientSession() as session:
@@ -118,8 +136,15 @@ async def test_a_node_that_refuses_the_connection_is_unreachable_naming_node_and
 
 async def test_unload_sends_empty_messages_with_keep_alive_zero(client):
     with aioresponses() as m:
-        m.post(f"{URL}/api/chat", payload={"model": "m", "done": True, "done_reason": "unload",
-                                           "message": {"role": "assistant", "content": ""}})
+        m.post(
+            f"{URL}/api/chat",
+            payload={
+                "model": "m",
+                "done": True,
+                "done_reason": "unload",
+                "message": {"role": "assistant", "content": ""},
+            },
+        )
         await client.unload("m")
         sent = m.requests[("POST", aiohttp.client.URL(f"{URL}/api/chat"))][0].kwargs["json"]
     assert sent == {"model": "m", "messages": [], "keep_alive": 0}
@@ -153,32 +178,54 @@ async def test_ps_500_is_an_error(client):
 
 # -- replies of the wrong shape: an OllamaError naming the node and what was wrong ------------
 
+
 @pytest.fixture
 async def named():
     async with aiohttp.ClientSession() as session:
         yield OllamaClient(URL, session, name="node-1", stall_timeout_s=5)
 
 
-@pytest.mark.parametrize("line,message", [
-    ("[1,2]", "node-1 sent a chat line that is a JSON array, not an object: [1,2]"),
-    ("42", "node-1 sent a chat line that is a JSON number, not an object: 42"),
-    ('"done"', "node-1 sent a chat line that is a JSON string, not an object: \"done\""),
-    ('{"message": "str", "done": false}', "node-1 sent a chat line whose 'message' is a JSON string, not an object"),
-    ('{"message": {"content": 5}, "done": false}',
-     "node-1 sent a chat line whose 'message.content' is a JSON number, not a string"),
-    ('{"response": ["a"], "done": false}', "node-1 sent a chat line whose 'response' is a JSON array, not a string"),
-    ('{"message": {"content": "a"}, "done": "yes"}',
-     "node-1 sent a chat line whose 'done' is a JSON string, not a boolean"),
-    ('{"message": {"content": ""}, "done": true, "eval_count": "259"}',
-     "node-1 sent a chat line whose 'eval_count' is a JSON string, not a whole number"),
-    ('{"message": {"content": ""}, "done": true, "total_duration": true}',
-     "node-1 sent a chat line whose 'total_duration' is a JSON boolean, not a whole number"),
-    ("{not json", "node-1 sent a chat line that is not JSON: b'{not json'"),
-    ('{"message": {"content": "a\\ud800b"}, "done": false}',
-     "node-1 sent a chat line whose 'message.content' holds a lone surrogate (\\ud800), not text"),
-    ('{"message": {"content": "", "thinking": "\\udc00"}, "done": false}',
-     "node-1 sent a chat line whose 'message.thinking' holds a lone surrogate (\\udc00), not text"),
-])
+@pytest.mark.parametrize(
+    "line,message",
+    [
+        ("[1,2]", "node-1 sent a chat line that is a JSON array, not an object: [1,2]"),
+        ("42", "node-1 sent a chat line that is a JSON number, not an object: 42"),
+        ('"done"', 'node-1 sent a chat line that is a JSON string, not an object: "done"'),
+        (
+            '{"message": "str", "done": false}',
+            "node-1 sent a chat line whose 'message' is a JSON string, not an object",
+        ),
+        (
+            '{"message": {"content": 5}, "done": false}',
+            "node-1 sent a chat line whose 'message.content' is a JSON number, not a string",
+        ),
+        (
+            '{"response": ["a"], "done": false}',
+            "node-1 sent a chat line whose 'response' is a JSON array, not a string",
+        ),
+        (
+            '{"message": {"content": "a"}, "done": "yes"}',
+            "node-1 sent a chat line whose 'done' is a JSON string, not a boolean",
+        ),
+        (
+            '{"message": {"content": ""}, "done": true, "eval_count": "259"}',
+            "node-1 sent a chat line whose 'eval_count' is a JSON string, not a whole number",
+        ),
+        (
+            '{"message": {"content": ""}, "done": true, "total_duration": true}',
+            "node-1 sent a chat line whose 'total_duration' is a JSON boolean, not a whole number",
+        ),
+        ("{not json", "node-1 sent a chat line that is not JSON: b'{not json'"),
+        (
+            '{"message": {"content": "a\\ud800b"}, "done": false}',
+            "node-1 sent a chat line whose 'message.content' holds a lone surrogate (\\ud800), not text",
+        ),
+        (
+            '{"message": {"content": "", "thinking": "\\udc00"}, "done": false}',
+            "node-1 sent a chat line whose 'message.thinking' holds a lone surrogate (\\udc00), not text",
+        ),
+    ],
+)
 async def test_a_chat_line_of_the_wrong_shape_names_the_node_and_the_fault(named, line, message):
     with aioresponses() as m:
         m.post(f"{URL}/api/chat", body=ndjson(chunk("a")) + line + "\n")
@@ -214,20 +261,45 @@ async def test_a_wrong_shape_names_the_url_when_the_client_has_no_name(client):
     assert exc.value.message == f"{URL} sent a chat line that is a JSON array, not an object: []"
 
 
-@pytest.mark.parametrize("path,call,body,message", [
-    ("/api/version", "version", '{"v": "1"}', "node-1 sent /api/version without a 'version' string: {\"v\": \"1\"}"),
-    ("/api/version", "version", '{"version": 33}', "node-1 sent /api/version without a 'version' string: {\"version\": 33}"),
-    ("/api/version", "version", '"0.33.0"', "node-1 sent /api/version as a JSON string, not an object"),
-    ("/api/tags", "installed", '{"models": [{"model": "m"}]}',
-     "node-1 sent an /api/tags entry without a 'name' string: {\"model\": \"m\"}"),
-    ("/api/tags", "installed", '{"models": ["m"]}', "node-1 sent an /api/tags entry without a 'name' string: \"m\""),
-    ("/api/tags", "installed", '{"models": {"name": "m"}}',
-     "node-1 sent /api/tags whose 'models' is a JSON object, not an array"),
-    ("/api/ps", "loaded", "[]", "node-1 sent /api/ps as a JSON array, not an object"),
-    ("/api/ps", "loaded", "null", "node-1 sent /api/ps as a JSON null, not an object"),
-    ("/api/ps", "loaded", '{"models": [{"name": null}]}',
-     "node-1 sent an /api/ps entry without a 'name' string: {\"name\": null}"),
-])
+@pytest.mark.parametrize(
+    "path,call,body,message",
+    [
+        ("/api/version", "version", '{"v": "1"}', 'node-1 sent /api/version without a \'version\' string: {"v": "1"}'),
+        (
+            "/api/version",
+            "version",
+            '{"version": 33}',
+            "node-1 sent /api/version without a 'version' string: {\"version\": 33}",
+        ),
+        ("/api/version", "version", '"0.33.0"', "node-1 sent /api/version as a JSON string, not an object"),
+        (
+            "/api/tags",
+            "installed",
+            '{"models": [{"model": "m"}]}',
+            'node-1 sent an /api/tags entry without a \'name\' string: {"model": "m"}',
+        ),
+        (
+            "/api/tags",
+            "installed",
+            '{"models": ["m"]}',
+            "node-1 sent an /api/tags entry without a 'name' string: \"m\"",
+        ),
+        (
+            "/api/tags",
+            "installed",
+            '{"models": {"name": "m"}}',
+            "node-1 sent /api/tags whose 'models' is a JSON object, not an array",
+        ),
+        ("/api/ps", "loaded", "[]", "node-1 sent /api/ps as a JSON array, not an object"),
+        ("/api/ps", "loaded", "null", "node-1 sent /api/ps as a JSON null, not an object"),
+        (
+            "/api/ps",
+            "loaded",
+            '{"models": [{"name": null}]}',
+            "node-1 sent an /api/ps entry without a 'name' string: {\"name\": null}",
+        ),
+    ],
+)
 async def test_a_health_answer_of_the_wrong_shape_names_the_node_and_the_fault(named, path, call, body, message):
     with aioresponses() as m:
         m.get(f"{URL}{path}", body=body, content_type="application/json")
@@ -268,7 +340,10 @@ async def test_no_call_follows_a_redirect_and_the_error_names_its_target(named, 
             await call(named)
         asked = [url for (_, url) in m.requests]
         sent = next(iter(m.requests.values()))[0].kwargs
-    assert exc.value.message == f"node-1 answered {status} redirect to {elsewhere}; gpuq does not follow a node's redirects"
+    assert (
+        exc.value.message
+        == f"node-1 answered {status} redirect to {elsewhere}; gpuq does not follow a node's redirects"
+    )
     assert [str(u) for u in asked] == [URL + path]
     assert sent["allow_redirects"] is False and sent["headers"]["Accept-Encoding"] == "identity"
     assert sent["auto_decompress"] is False
@@ -280,11 +355,15 @@ async def test_a_compressed_reply_is_refused_before_it_is_read(named, method, pa
         m.add(URL + path, method, body=b"\x1f\x8b not read", headers={"Content-Encoding": "gzip"})
         with pytest.raises(OllamaError) as exc:
             await call(named)
-    assert exc.value.message == (f"node-1 answered {path} with Content-Encoding: gzip, though asked for identity; "
-                                 "gpuq does not unpack a node's compressed replies")
+    assert exc.value.message == (
+        f"node-1 answered {path} with Content-Encoding: gzip, though asked for identity; "
+        "gpuq does not unpack a node's compressed replies"
+    )
 
 
-@pytest.mark.parametrize("method,path,call", NODE_CALLS[3:], ids=[c[1] + "-" + str(i) for i, c in enumerate(NODE_CALLS[3:])])
+@pytest.mark.parametrize(
+    "method,path,call", NODE_CALLS[3:], ids=[c[1] + "-" + str(i) for i, c in enumerate(NODE_CALLS[3:])]
+)
 async def test_a_reply_past_max_reply_bytes_is_refused_naming_the_cap(method, path, call):
     async with aiohttp.ClientSession() as session:
         client = OllamaClient(URL, session, name="node-1", max_reply_bytes=1000)
@@ -292,8 +371,9 @@ async def test_a_reply_past_max_reply_bytes_is_refused_naming_the_cap(method, pa
             m.add(URL + path, method, body=json.dumps({"models": [], "version": "x" * 1000}))
             with pytest.raises(OllamaError) as exc:
                 await call(client)
-    assert exc.value.message == (f"node-1 sent a {path} reply longer than 1000 bytes (max_reply_bytes), "
-                                 "the most the router reads")
+    assert exc.value.message == (
+        f"node-1 sent a {path} reply longer than 1000 bytes (max_reply_bytes), the most the router reads"
+    )
 
 
 async def test_an_error_status_with_an_endless_body_is_bounded_too():
@@ -303,5 +383,7 @@ async def test_an_error_status_with_an_endless_body_is_bounded_too():
             m.post(f"{URL}/api/chat", status=500, body="x" * 5000)
             with pytest.raises(OllamaError) as exc:
                 await collect(client)
-    assert exc.value.message == "node-1 sent a /api/chat reply longer than 1000 bytes (max_reply_bytes), the most the router reads"
-
+    assert (
+        exc.value.message
+        == "node-1 sent a /api/chat reply longer than 1000 bytes (max_reply_bytes), the most the router reads"
+    )

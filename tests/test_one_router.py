@@ -22,8 +22,7 @@ def job_row(db_path, job_id: str) -> tuple[str, str | None, list[str]]:
     return state, error, events
 
 
-async def test_second_router_on_the_same_database_exits_2_and_the_first_keeps_its_job(fakes, daemon_factory,
-                                                                                       tmp_path):
+async def test_second_router_on_the_same_database_exits_2_and_the_first_keeps_its_job(fakes, daemon_factory, tmp_path):
     fake = await fakes("m", token_delay_s=0.05, tokens=40)  # a two-second job
     nodes = [node_table("n1", fake, 1, ["task"], "m")]
     first = await daemon_factory(nodes)

@@ -7,7 +7,6 @@ auto-waiting `expect` or `eventually`, never a bare sleep."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import signal
 import sqlite3
@@ -15,15 +14,21 @@ import time
 from pathlib import Path
 
 import pytest
-from playwright.async_api import Page, async_playwright, expect
-
 from conftest import ROOT, eventually, make_lab, node_table
+from playwright.async_api import Page, async_playwright, expect
 
 pytestmark = pytest.mark.browser
 
 ARTIFACTS = ROOT / "test-artifacts"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run", "--disable-sync", "--disable-quic"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-sync",
+    "--disable-quic",
+]
 GUARD = "a critique never runs on its parent task's node"
 HOSTILE = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2"> <b>bold?</b> & done'
 
@@ -31,6 +36,7 @@ expect.set_options(timeout=15_000)  # two shared cores: be generous
 
 
 # -- fixtures ---------------------------------------------------------------------------------
+
 
 @pytest.fixture
 async def browser():
@@ -48,12 +54,15 @@ async def page(browser):
     pg = await context.new_page()
     problems: list[str] = []
     pg.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
-    pg.on("console", lambda msg: problems.append(f"console: {msg.text}")
-          if "Content Security Policy" in msg.text else None)
+    pg.on(
+        "console",
+        lambda msg: problems.append(f"console: {msg.text}") if "Content Security Policy" in msg.text else None,
+    )
 
     async def native_dialog(dialog):
         problems.append(f"native {dialog.type}: {dialog.message}")
         await dialog.dismiss()
+
     pg.on("dialog", native_dialog)
     yield pg
     await context.close()
@@ -61,6 +70,7 @@ async def page(browser):
 
 
 # -- helpers ----------------------------------------------------------------------------------
+
 
 def card(job_id: str) -> str:
     return f'.card[data-id="{job_id}"]'
@@ -119,6 +129,7 @@ async def until_ids(fetch, ids: list[str], what: str) -> list[str]:
     async def same():
         seen[:] = await fetch()
         return seen == ids
+
     try:
         await eventually(same, 15, what=f"{what} to be {ids}")
     except AssertionError as exc:
@@ -146,8 +157,9 @@ async def drag(page: Page, job_id: str, target: str, x: float | None = None, y: 
     await page.mouse.move(start["x"] + start["width"] / 2, start["y"] + start["height"] / 2 + 12, steps=3)
     await eventually(lambda: page.evaluate("window.gpuq.dragging !== null"), 15, what="the drag to start")
     box = await eventually(lambda: page.locator(target).bounding_box(), 15, what=f"{target} on screen")
-    await page.mouse.move(box["x"] + (box["width"] / 2 if x is None else x),
-                          box["y"] + (box["height"] / 2 if y is None else y), steps=4)
+    await page.mouse.move(
+        box["x"] + (box["width"] / 2 if x is None else x), box["y"] + (box["height"] / 2 if y is None else y), steps=4
+    )
     await page.mouse.up()
 
 
@@ -185,6 +197,7 @@ async def screenshot(page: Page, name: str) -> Path:
 
 
 # -- the queue page -----------------------------------------------------------------------------
+
 
 async def test_queue_page_shows_every_node_and_job(lab, page):
     parent = (await lab.submit("task", "add a retry budget to the export job", node="node-3"))[0]["id"]
@@ -288,6 +301,7 @@ async def node2_down_with_two_critiques(lab) -> tuple[str, str]:
 
     async def node2_down():
         return not (await queue_of(lab, "node-2"))["up"]
+
     await eventually(node2_down, 15, what="node-2 to be seen down")
     first = (await lab.submit("critique", "an unrelated review", node="node-2"))[0]["id"]
     crit = await critique_of(lab, parent)  # fan-out skips node-1, the parent's node
@@ -323,8 +337,11 @@ async def test_a_drag_in_progress_survives_live_updates(lab, page):
     await page.mouse.move(box["x"] + 80, box["y"] + 20, steps=2)
     await eventually(lambda: page.evaluate("window.gpuq.dragging !== null"), 15, what="the drag to start")
     d = (await lab.submit("task", "arrives mid-drag", node="node-3"))[0]["id"]
-    await eventually(lambda: page.evaluate(f"window.gpuq.changes > {changes} && window.gpuq.deferred"), 15,
-                     what="a live update to arrive, and wait, during the drag")
+    await eventually(
+        lambda: page.evaluate(f"window.gpuq.changes > {changes} && window.gpuq.deferred"),
+        15,
+        what="a live update to arrive, and wait, during the drag",
+    )
     await expect(page.locator(card(d))).to_have_count(0)  # held back: the drag goes on
     await expect(page.locator(".drop-marker")).to_have_count(1)
     box = await eventually(lambda: page.locator(card(a)).bounding_box(), 15, what="card a on screen")
@@ -420,8 +437,10 @@ async def test_a_click_survives_the_board_redrawn_while_the_button_is_pressed(la
     renders = await page.evaluate("window.gpuq.renders")
     b = (await lab.submit("task", "job b", node="node-3"))[0]["id"]
     await api_shows(lab, "node-3", [a, b])
-    read = ("(id) => window.gpuq.queue.nodes.find((n) => n.name === 'node-3').queued.some((j) => j && j.id === id)"
-            " && window.gpuq.deferred")
+    read = (
+        "(id) => window.gpuq.queue.nodes.find((n) => n.name === 'node-3').queued.some((j) => j && j.id === id)"
+        " && window.gpuq.deferred"
+    )
     await eventually(lambda: page.evaluate(read, b), 15, what="the page to read job b while the button is held")
     assert await dom_ids(page, "node-3") == [a]  # not redrawn under the pressed button
     assert await page.evaluate("window.gpuq.renders") == renders
@@ -468,9 +487,14 @@ async def test_a_job_finishing_elsewhere_appears_without_a_reload(lab, page):
 async def test_stale_head_banner(fakes, daemon_factory, page):
     f1 = await fakes("qwen3-coder:30b")
     f3 = await fakes("llama3.2:latest", stall_after=1)
-    daemon = await daemon_factory([node_table("node-1", f1, 1, ["task", "critique"], "qwen3-coder:30b"),
-                                   node_table("node-3", f3, 3, ["task"], "llama3.2:latest")],
-                                  stale_after="1s", stall_timeout="60s")
+    daemon = await daemon_factory(
+        [
+            node_table("node-1", f1, 1, ["task", "critique"], "qwen3-coder:30b"),
+            node_table("node-3", f3, 3, ["task"], "llama3.2:latest"),
+        ],
+        stale_after="1s",
+        stall_timeout="60s",
+    )
     daemon.fakes = {"node-1": f1, "node-3": f3}
     stuck = (await daemon.submit("task", "streams one token, then nothing", node="node-3"))[0]["id"]
     behind = (await daemon.submit("task", "waits behind the stuck head", node="node-3"))[0]["id"]
@@ -518,12 +542,16 @@ async def test_ten_thousand_queued_jobs_do_not_freeze_the_page(lab, page, tmp_pa
     await head(lab, "node-3")
     now = time.time()
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime(now))
-    rows = [(f"{int(now)}-{i:08x}", "task", "node-3", "llama3.2:latest", f"bulk job {i}", (i + 10) * 1024,
-             "asked", stamp) for i in range(10_000)]
+    rows = [
+        (f"{int(now)}-{i:08x}", "task", "node-3", "llama3.2:latest", f"bulk job {i}", (i + 10) * 1024, "asked", stamp)
+        for i in range(10_000)
+    ]
     db = sqlite3.connect(tmp_path / "gpuq.db", timeout=10)
     with db:
-        db.executemany("INSERT INTO job (id, kind, node, model, prompt, position, placement, created_at)"
-                       " VALUES (?,?,?,?,?,?,?,?)", rows)
+        db.executemany(
+            "INSERT INTO job (id, kind, node, model, prompt, position, placement, created_at) VALUES (?,?,?,?,?,?,?,?)",
+            rows,
+        )
     db.close()
 
     started = time.monotonic()
@@ -537,8 +565,10 @@ async def test_ten_thousand_queued_jobs_do_not_freeze_the_page(lab, page, tmp_pa
     first, second = rows[0][0], rows[1][0]
     await page.locator(card(first)).focus()
     await page.keyboard.press("Alt+ArrowDown")
+
     async def moved():
         return (await queued_ids(lab, "node-3"))[:2] == [second, first]
+
     await eventually(moved, 15, what="the first bulk job to move down one place")
     await col.get_by_role("button", name="Show 200 more").click()
     await expect(col.locator(".queue > .card")).to_have_count(400)
@@ -566,6 +596,7 @@ async def test_access_token_is_asked_once_and_sent(fakes, daemon_factory, page):
     async def note(request):
         if "/api/" in request.url:
             seen.append((request.url, await request.header_value("authorization")))
+
     page.on("request", note)
     await page.goto(d.url + "/")
     dialog = page.locator("dialog[open]")
@@ -584,6 +615,7 @@ async def test_access_token_is_asked_once_and_sent(fakes, daemon_factory, page):
 
 # -- the job page -------------------------------------------------------------------------------
 
+
 async def test_job_page_streams_output_then_shows_the_result(lab, page):
     fake = lab.fakes["node-3"]
     fake.script.token_delay_s = 0.12
@@ -596,6 +628,7 @@ async def test_job_page_streams_output_then_shows_the_result(lab, page):
 
     async def words():
         return len((await page.locator("#output").text_content()).split())
+
     early = await eventually(words, 15, what="some streamed output")
     await eventually(lambda: _more(words, early), 15, what="the output to grow while it runs")
     assert (await lab.job(job))["state"] == "running"  # it grew live, not at the end
@@ -671,8 +704,11 @@ async def test_job_page_delete_pressed_while_the_job_moves_still_asks(lab, page)
     await press(page, page.locator("#actions").get_by_role("button", name="Delete"))
     status, body = await lab.request("POST", f"/api/jobs/{b}/move", {"position": 1})
     assert status == 200, body
-    await eventually(lambda: page.evaluate("window.gpuqJob.job.queue_position === 2"), 15,
-                     what="the page to read the move while Delete is held")
+    await eventually(
+        lambda: page.evaluate("window.gpuqJob.job.queue_position === 2"),
+        15,
+        what="the page to read the move while Delete is held",
+    )
     await expect(page.locator("#notice")).to_contain_text("position 1")  # drawn after the release
     await page.mouse.up()
     dialog = page.locator("dialog[open]")
@@ -696,7 +732,9 @@ async def test_a_held_critique_says_what_it_waits_for_then_runs(lab, page):
     await open_queue(page, lab)
     await page_shows(page, "node-2", [held["id"]])
     await expect(page.locator(f"{card(held['id'])} .badge.held")).to_have_text(f"waiting for parent {parent}")
-    await expect(page.locator(f"{column('node-2')} .idle")).to_have_text("idle — every waiting job waits for its parent")
+    await expect(page.locator(f"{column('node-2')} .idle")).to_have_text(
+        "idle — every waiting job waits for its parent"
+    )
     await screenshot(page, "queue-page-held.png")
     await page.goto(f"{lab.url}/jobs/{held['id']}")
     await expect(page.locator("#notice")).to_contain_text(f"Waiting for parent {parent} to finish")
@@ -704,4 +742,5 @@ async def test_a_held_critique_says_what_it_waits_for_then_runs(lab, page):
     await lab.request("DELETE", f"/api/jobs/{parent}")
     await lab.wait_state(held["id"], "cancelled")
     await expect(page.locator("#error pre")).to_have_text(
-        f"parent task {parent} was cancelled (deleted by api 127.0.0.1); nothing to critique")
+        f"parent task {parent} was cancelled (deleted by api 127.0.0.1); nothing to critique"
+    )

@@ -10,9 +10,8 @@ import re
 
 import aiohttp
 import pytest
-from playwright.async_api import Page, expect
-
 from conftest import eventually, free_port, make_lab, node_table
+from playwright.async_api import Page, expect
 from test_page import HOSTILE, browser, busy, card, head  # noqa: F401 (browser: a fixture)
 from test_page_widths import LAPTOP, PHONE, open_at  # noqa: F401 (open_at: a fixture)
 
@@ -28,10 +27,10 @@ expect.set_options(timeout=15_000)
 WATCH_EMPTY = """(() => {
   window.__sawNothingYet = false;
   const look = () => {
-    if (document.body && document.body.innerText.includes(%r)) window.__sawNothingYet = true;
+    if (document.body && document.body.innerText.includes(NOTHING_YET)) window.__sawNothingYet = true;
   };
   new MutationObserver(look).observe(document, {subtree: true, childList: true, characterData: true});
-})();""" % NOTHING_YET
+})();""".replace("NOTHING_YET", repr(NOTHING_YET))
 
 
 async def wrong_token_page(open_at, size: dict) -> Page:
@@ -45,10 +44,11 @@ async def wrong_token_page(open_at, size: dict) -> Page:
 def dialog_text(prompt: str, size: int = 60) -> str:
     """The prompt's start as a dialog quotes it: one line, about 60 characters."""
     flat = re.sub(r"\s+", " ", prompt).strip()
-    return f"“{flat[:size - 1] + '…' if len(flat) > size else flat}”"
+    return f"“{flat[: size - 1] + '…' if len(flat) > size else flat}”"
 
 
 # -- a wrong token --------------------------------------------------------------------------------
+
 
 @SIZES
 async def test_a_wrong_token_is_refused_on_the_queue_page_at_once(fakes, daemon_factory, open_at, size):
@@ -88,8 +88,9 @@ async def test_a_wrong_token_is_refused_on_the_queue_page_at_once(fakes, daemon_
 @SIZES
 async def test_a_wrong_token_is_refused_on_the_history_and_job_pages(fakes, daemon_factory, open_at, size):
     lab = await make_lab(fakes, daemon_factory, token=TOKEN)
-    status, body = await lab.request("POST", "/api/jobs", {"kind": "task", "prompt": "a job to open"},
-                                     headers={"Authorization": f"Bearer {TOKEN}"})
+    status, body = await lab.request(
+        "POST", "/api/jobs", {"kind": "task", "prompt": "a job to open"}, headers={"Authorization": f"Bearer {TOKEN}"}
+    )
     assert status == 201, (status, body)
     job = body["jobs"][0]["id"]
     page = await wrong_token_page(open_at, size)
@@ -118,6 +119,7 @@ async def test_a_wrong_token_is_refused_on_the_history_and_job_pages(fakes, daem
 
 
 # -- delete dialogs name the job by its prompt ----------------------------------------------------
+
 
 @SIZES
 async def test_delete_dialogs_quote_the_prompts_start(lab, open_at, size):
@@ -163,8 +165,7 @@ async def test_via_and_tokens_are_whole_at_1400(fakes, daemon_factory, open_at):
     node = await fakes("qwen3:8b")
     node.script.thinking_tokens, node.script.tokens, node.script.token_delay_s = 6, 100_000, 0.05
     port = free_port()
-    lab = await daemon_factory([node_table("node-1", node, 1, ["task"], "qwen3:8b")],
-                               ollama_listen=f"127.0.0.1:{port}")
+    lab = await daemon_factory([node_table("node-1", node, 1, ["task"], "qwen3:8b")], ollama_listen=f"127.0.0.1:{port}")
     front = f"http://127.0.0.1:{port}"
 
     async def ready():
@@ -173,9 +174,16 @@ async def test_via_and_tokens_are_whole_at_1400(fakes, daemon_factory, open_at):
                 return resp.status == 200 and len((await resp.json())["models"]) == 1
         except aiohttp.ClientError:
             return False
+
     await eventually(ready, 15, what="the front door to know qwen3:8b")
-    call = lab.session.post(front + "/v1/chat/completions", json={
-        "model": "qwen3:8b", "stream": True, "messages": [{"role": "user", "content": "think, then answer at length"}]})
+    call = lab.session.post(
+        front + "/v1/chat/completions",
+        json={
+            "model": "qwen3:8b",
+            "stream": True,
+            "messages": [{"role": "user", "content": "think, then answer at length"}],
+        },
+    )
     resp = await call.__aenter__()
     try:
         assert resp.status == 200
@@ -198,12 +206,16 @@ async def _running(lab) -> list[dict]:
 
 # -- the history at 400 px ------------------------------------------------------------------------
 
+
 async def expect_whole_on_screen(page, selector: str, text: str) -> None:
     """The cell shows `text` whole, within a phone's 400 px. Read in one turn of the page's script:
     the table is redrawn as the history changes."""
     await expect(page.locator(selector)).to_have_text(text)
-    left, right, scroll, client = await page.evaluate("""sel => { const e = document.querySelector(sel);
-        const r = e.getBoundingClientRect(); return [r.left, r.right, e.scrollWidth, e.clientWidth]; }""", selector)
+    left, right, scroll, client = await page.evaluate(
+        """sel => { const e = document.querySelector(sel);
+        const r = e.getBoundingClientRect(); return [r.left, r.right, e.scrollWidth, e.clientWidth]; }""",
+        selector,
+    )
     assert left >= 0 and right <= 400, f"the prompt is off the screen: {left}..{right} px"
     assert scroll <= client, f"the prompt is cut: {scroll} px of text in {client} px"
 

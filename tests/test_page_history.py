@@ -8,9 +8,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from playwright.async_api import expect
-
 from conftest import eventually
+from playwright.async_api import expect
 from test_page import browser, busy, card, column, head, open_queue, page, press, screenshot  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.browser
@@ -45,8 +44,10 @@ async def rows(page) -> list[str]:
 
 async def shows(page, ids: set[str], what: str) -> None:
     """Wait until the table lists exactly these jobs (a count alone could be the last view's)."""
+
     async def same():
         return set(await rows(page)) == ids
+
     await eventually(same, 15, what=what)
 
 
@@ -182,8 +183,11 @@ async def test_a_link_pressed_while_a_job_finishes_still_opens_its_job(lab, page
     await press(page, link)
     second = (await lab.submit("task", "finished while the link is held", node="node-1"))[0]["id"]
     await lab.wait_state(second, "done")
-    await eventually(lambda: page.evaluate("(id) => window.gpuqHistory.jobs.some((j) => j.id === id)", second), 15,
-                     what="the page to read the second job while the link is held")
+    await eventually(
+        lambda: page.evaluate("(id) => window.gpuqHistory.jobs.some((j) => j.id === id)", second),
+        15,
+        what="the page to read the second job while the link is held",
+    )
     assert await rows(page) == [first]  # drawn after the release
     await page.mouse.up()
     await page.wait_for_url(f"**/jobs/{first}")

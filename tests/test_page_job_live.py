@@ -6,9 +6,8 @@ after the start does; a job that cannot start because its node is down says so, 
 from __future__ import annotations
 
 import pytest
-from playwright.async_api import expect
-
 from conftest import eventually, node_table
+from playwright.async_api import expect
 from test_page import box_of, browser, busy, card, open_queue, page, screenshot  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.browser
@@ -50,7 +49,8 @@ async def test_thinking_streams_live_on_a_page_opened_while_the_job_waited(fakes
     async def live_thinking():
         shown, chars = await page.evaluate(
             "() => [document.getElementById('thinking').textContent,"
-            " document.getElementById('thinking-chars').textContent]")
+            " document.getElementById('thinking-chars').textContent]"
+        )
         assert chars == f"{len(shown):,}", (chars, shown)  # the box's count keeps up with the text
         detail = await lab.job(job)
         held = detail["thinking"] or ""
@@ -59,6 +59,7 @@ async def test_thinking_streams_live_on_a_page_opened_while_the_job_waited(fakes
         # The page and the API saw the same stream, one a few pieces ahead of the other.
         assert held.startswith(shown) or shown.startswith(held), (shown, held)
         return shown if len(shown.split()) >= 3 else None
+
     await eventually(live_thinking, 15, what="the reasoning on the page while the job runs")
     await screenshot(page, "job-page-thinking-live.png")
 

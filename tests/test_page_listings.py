@@ -5,9 +5,8 @@ queue page's cards and recent table show a large prompt's excerpt from /api/queu
 from __future__ import annotations
 
 import pytest
-from playwright.async_api import expect
-
 from conftest import eventually
+from playwright.async_api import expect
 from test_listings import large_prompt
 from test_page import browser, busy, card, column, head, open_queue, page  # noqa: F401 (fixtures)
 

@@ -6,12 +6,11 @@ owner, client and lane, and history shows the owner."""
 from __future__ import annotations
 
 import pytest
+from conftest import node_table
 from playwright.async_api import Page, expect
-
 from test_lanes import TOKENS, bearer, with_users
 from test_page import browser, busy, card, column  # noqa: F401 (browser: a fixture)
 from test_page_widths import LAPTOP, PHONE, no_sideways_scroll, open_at  # noqa: F401 (open_at: a fixture)
-from conftest import node_table
 
 pytestmark = pytest.mark.browser
 
@@ -19,8 +18,12 @@ expect.set_options(timeout=15_000)
 
 
 async def submit_as(daemon, user: str, prompt: str, **extra) -> str:
-    status, body = await daemon.request("POST", "/api/jobs", {"kind": "task", "prompt": prompt, **extra},
-                                        headers={**bearer(user), "User-Agent": f"{user}-sweeper/2.1"})
+    status, body = await daemon.request(
+        "POST",
+        "/api/jobs",
+        {"kind": "task", "prompt": prompt, **extra},
+        headers={**bearer(user), "User-Agent": f"{user}-sweeper/2.1"},
+    )
     assert status == 201, body
     return body["jobs"][0]["id"]
 
@@ -32,12 +35,22 @@ async def two_users(fakes, daemon_factory):
     max_running of 1; alice's quick task done earlier, in history."""
     f1 = await fakes("qwen3-coder:30b", tokens=3)
     f2 = await fakes("qwen3-coder:30b")
-    daemon = await daemon_factory([node_table("node-1", f1, 1, ["task"], "qwen3-coder:30b"),
-                                   node_table("node-2", f2, 2, ["task"], "qwen3-coder:30b")],
-                                  start=False, stall_timeout="120s")
-    await with_users(daemon, [{"name": "admin", "token": TOKENS["admin"], "role": "admin"},
-                              {"name": "alice", "token": TOKENS["alice"], "max_running": 1},
-                              {"name": "bob", "token": TOKENS["bob"]}])
+    daemon = await daemon_factory(
+        [
+            node_table("node-1", f1, 1, ["task"], "qwen3-coder:30b"),
+            node_table("node-2", f2, 2, ["task"], "qwen3-coder:30b"),
+        ],
+        start=False,
+        stall_timeout="120s",
+    )
+    await with_users(
+        daemon,
+        [
+            {"name": "admin", "token": TOKENS["admin"], "role": "admin"},
+            {"name": "alice", "token": TOKENS["alice"], "max_running": 1},
+            {"name": "bob", "token": TOKENS["bob"]},
+        ],
+    )
     daemon.fakes = {"node-1": f1, "node-2": f2}
     ids = {"done": await submit_as(daemon, "alice", "alice's quick one", node="node-1")}
     await daemon.wait_state(ids["done"], "done")
@@ -45,8 +58,9 @@ async def two_users(fakes, daemon_factory):
     ids["running"] = await submit_as(daemon, "alice", "alice's long sweep step", node="node-1")
     await daemon.wait_state(ids["running"], "running")
     ids["batch"] = await submit_as(daemon, "alice", "alice's next step", node="node-1")
-    ids["interactive"] = await submit_as(daemon, "bob", "bob asks a quick question", node="node-1",
-                                         priority="interactive")
+    ids["interactive"] = await submit_as(
+        daemon, "bob", "bob asks a quick question", node="node-1", priority="interactive"
+    )
     ids["held"] = await submit_as(daemon, "alice", "alice's other step", node="node-2")
     daemon.ids = ids
     return daemon

@@ -11,12 +11,12 @@ import sqlite3
 import time
 
 import pytest
-from playwright.async_api import expect
-
 from conftest import eventually
+from playwright.async_api import expect
+from test_page import browser, card, column, page, queued_ids  # noqa: F401 (fixtures)
+
 from gpuq.jobs import POSITION_GAP, iso
 from gpuq.store import Store
-from test_page import browser, card, column, page, queued_ids  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.browser
 
@@ -38,12 +38,26 @@ async def seed(path) -> None:
     await store.open()
     await store.close()
     now = time.time()
-    rows = [(job_id(n, k), "task", name(n), MODEL, f"bulk job {k} on {name(n)}", (k + 1) * POSITION_GAP, "asked",
-             iso(now - 10_000 + k)) for n in range(1, NODES + 1) for k in range(PER_NODE)]
+    rows = [
+        (
+            job_id(n, k),
+            "task",
+            name(n),
+            MODEL,
+            f"bulk job {k} on {name(n)}",
+            (k + 1) * POSITION_GAP,
+            "asked",
+            iso(now - 10_000 + k),
+        )
+        for n in range(1, NODES + 1)
+        for k in range(PER_NODE)
+    ]
     db = sqlite3.connect(path)
     with db:
-        db.executemany("INSERT INTO job (id, kind, node, model, prompt, position, placement, created_at)"
-                       " VALUES (?,?,?,?,?,?,?,?)", rows)
+        db.executemany(
+            "INSERT INTO job (id, kind, node, model, prompt, position, placement, created_at) VALUES (?,?,?,?,?,?,?,?)",
+            rows,
+        )
     db.close()
 
 
@@ -62,19 +76,22 @@ async def big_lab(fakes, daemon_factory, tmp_path):
     async def all_running():
         body = await daemon.get("/api/queue?limit=0")
         return sum(1 for n in body["nodes"] if n["running"]) == NODES
+
     await eventually(all_running, 60, interval=0.2, what="every node to run its first job")
     return daemon
 
 
 def list_of(node: str) -> str:
-    return f'{column(node)} .queue'
+    return f"{column(node)} .queue"
 
 
 async def scroll_list(page, node: str, where: str) -> None:
     """Scroll a column's list to its top or bottom, as a person does with the wheel."""
-    await page.evaluate("([col, where]) => { const c = document.querySelector(col); c.scrollIntoView();"
-                        " const l = c.querySelector('.queue'); l.scrollTop = where === 'top' ? 0 : l.scrollHeight; }",
-                        [column(node), where])
+    await page.evaluate(
+        "([col, where]) => { const c = document.querySelector(col); c.scrollIntoView();"
+        " const l = c.querySelector('.queue'); l.scrollTop = where === 'top' ? 0 : l.scrollHeight; }",
+        [column(node), where],
+    )
 
 
 async def jobs_read(answers) -> int:
@@ -117,12 +134,17 @@ async def test_ten_thousand_waiting_jobs_on_fifty_nodes_are_all_reachable_and_mo
         await expect(col.locator(f"{card(last)} .pos")).to_have_text(str(PER_NODE - 1))
         # The whole view read, seen in one look (a refresh of the page may redraw between two looks):
         # the cards drawn then, none of them still loading.
-        ids = await (await page.wait_for_function(
-            "(list) => { const cs = [...document.querySelectorAll(list + ' > .card')];"
-            " return cs.length && !cs.some((c) => c.classList.contains('loading')) && cs.map((c) => c.dataset.id); }",
-            arg=list_of(node))).json_value()
+        ids = await (
+            await page.wait_for_function(
+                "(list) => { const cs = [...document.querySelectorAll(list + ' > .card')];"
+                " return cs.length && !cs.some((c) => c.classList.contains('loading')) && cs.map((c) => c.dataset.id); }",
+                arg=list_of(node),
+            )
+        ).json_value()
         expected = [job_id(node_i, k) for k in range(1, PER_NODE)]
-        assert ids == expected[len(expected) - len(ids):], "the cards drawn at the bottom are the queue's tail, in order"
+        assert ids == expected[len(expected) - len(ids) :], (
+            "the cards drawn at the bottom are the queue's tail, in order"
+        )
         await scroll_list(page, node, "top")
         await expect(col.locator(card(first))).to_be_in_viewport()
 
@@ -138,8 +160,9 @@ async def test_ten_thousand_waiting_jobs_on_fifty_nodes_are_all_reachable_and_mo
     # cards): choosing on one card leaves the others' as they were.
     names = [name(i) for i in range(1, NODES + 1)]
     for node_i, k in ((NODES, 1), (NODES, 2), (NODES - 1, 1)):  # in view: the last columns
-        options = await page.eval_on_selector_all(f"{card(job_id(node_i, k))} select.move-to option",
-                                                  "os => os.map(o => o.value)")
+        options = await page.eval_on_selector_all(
+            f"{card(job_id(node_i, k))} select.move-to option", "os => os.map(o => o.value)"
+        )
         assert options == [""] + [n for n in names if n != name(node_i)], (node_i, k, options[:3])
     second_move = page.locator(f"{card(job_id(NODES, 2))} select.move-to")
     await second_move.evaluate("s => { s.value = 'n01'; }")  # set, not chosen: no change event
@@ -155,6 +178,7 @@ async def test_ten_thousand_waiting_jobs_on_fifty_nodes_are_all_reachable_and_mo
 
     async def moved():
         return (await queued_ids(big_lab, node))[:2] == [second, first]
+
     await eventually(moved, 30, what="the first job to move down one place")
     # The last job, from the bottom of its list, to the head (Alt+Home).
     last = job_id(NODES, PER_NODE - 1)
@@ -165,6 +189,7 @@ async def test_ten_thousand_waiting_jobs_on_fifty_nodes_are_all_reachable_and_mo
 
     async def headed():
         return (await queued_ids(big_lab, node))[:1] == [last]
+
     await eventually(headed, 30, what="the last job to move to the head")
     await expect(page.locator(card(last))).to_be_in_viewport()
 
@@ -184,8 +209,12 @@ async def test_a_small_board_wider_than_the_window_is_whole_in_its_first_render(
     waiting = (await lab.submit("task", "waits on the last column", node=last))[0]["id"]
     await page.goto(lab.url + "/")
     # Looked at in the first frame that shows an answer (the same poll that sees it).
-    first = await (await page.wait_for_function(
-        "(col) => window.gpuq && window.gpuq.shown > 0"
-        " && [...document.querySelectorAll(col + ' .queue > li')].map((c) => c.dataset.id || c.textContent)",
-        arg=column(last), polling="raf")).json_value()
+    first = await (
+        await page.wait_for_function(
+            "(col) => window.gpuq && window.gpuq.shown > 0"
+            " && [...document.querySelectorAll(col + ' .queue > li')].map((c) => c.dataset.id || c.textContent)",
+            arg=column(last),
+            polling="raf",
+        )
+    ).json_value()
     assert first == [waiting], first

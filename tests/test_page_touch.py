@@ -7,12 +7,24 @@ top bar says while the router keeps the machine awake. Real headless Chromium at
 from __future__ import annotations
 
 import pytest
-from playwright.async_api import Page, expect
-
 from conftest import eventually, node_table
+from playwright.async_api import Page, expect
 from test_awake import stand_ins
-from test_page import (GUARD, api_shows, box_of, browser, busy, card, column, head,  # noqa: F401 (browser: a fixture)
-                       node2_down_with_two_critiques, page_shows, queued_ids, screenshot, shown_after_now)
+from test_page import (  # noqa: F401 (browser: a fixture)
+    GUARD,
+    api_shows,
+    box_of,
+    browser,
+    busy,
+    card,
+    column,
+    head,
+    node2_down_with_two_critiques,
+    page_shows,
+    queued_ids,
+    screenshot,
+    shown_after_now,
+)
 from test_page_widths import LAPTOP, PHONE, no_sideways_scroll, open_at  # noqa: F401 (open_at: a fixture)
 
 pytestmark = pytest.mark.browser
@@ -57,7 +69,7 @@ async def test_up_down_and_move_to_another_node_by_touch(lab, open_at, size):
     if touch(size):  # big enough for a finger, and shown without a hover
         box = await box_of(page.locator(f'{card(b)} button[aria-label="Move {b} up"]'))
         assert box["height"] >= 36 and box["width"] >= 36, box
-        await expect(page.locator(f'{card(b)} select.move-to')).to_be_visible()
+        await expect(page.locator(f"{card(b)} select.move-to")).to_be_visible()
     await screenshot(page, f"touch-queue-{size['viewport']['width']}.png")
 
     await tap_or_click(page, f'{card(c)} button[aria-label="Move {c} up"]', size)
@@ -73,9 +85,9 @@ async def test_up_down_and_move_to_another_node_by_touch(lab, open_at, size):
     assert events[-1]["actor"].startswith("page "), events[-1]
 
     # "Move to…" lists the other nodes that take tasks: node-1, not node-2 (critiques only).
-    options = await page.eval_on_selector_all(f'{card(a)} select.move-to option', "os => os.map(o => o.value)")
+    options = await page.eval_on_selector_all(f"{card(a)} select.move-to option", "os => os.map(o => o.value)")
     assert options == ["", "node-1"]
-    await page.locator(f'{card(a)} select.move-to').select_option("node-1")
+    await page.locator(f"{card(a)} select.move-to").select_option("node-1")
     await api_shows(lab, "node-1", [a])
     await api_shows(lab, "node-3", [c, b])
     await shown_after_now(page)
@@ -92,7 +104,7 @@ async def test_a_refused_move_shows_the_409_and_keeps_the_order(lab, open_at, si
     await open_queue(page, lab, 3)
     await page_shows(page, "node-2", [first, crit])
 
-    await page.locator(f'{card(crit)} select.move-to').select_option("node-1")
+    await page.locator(f"{card(crit)} select.move-to").select_option("node-1")
     await expect(page.locator("#toasts")).to_contain_text(GUARD)
     await expect(page.locator("#toasts")).to_contain_text("409")
     await shown_after_now(page)
@@ -119,9 +131,11 @@ async def test_the_node_down_banner_moves_its_jobs_and_names_refusals(lab, open_
     await screenshot(page, f"touch-node-down-{size['viewport']['width']}.png")
     await banner.locator("select").select_option("node-1")
     await tap_or_click(page, '.alert.down[data-node="node-2"] button.move-all', size)
+
     # The unrelated critique moves (and runs there); the parent's critique is refused by the guard.
     async def moved():
         return (await lab.job(first))["node"] == "node-1"
+
     await eventually(moved, 15, what=f"{first} to be moved to node-1")
     toast = page.locator("#toasts")
     await expect(toast).to_contain_text("Moved 1 job from node-2 to node-1")

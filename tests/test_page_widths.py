@@ -9,15 +9,13 @@ Screenshots of every page at each width go to test-artifacts/widths/ (or $GPUQ_S
 from __future__ import annotations
 
 import os
-import re
 import sqlite3
 import time
 from pathlib import Path
 
 import pytest
-from playwright.async_api import Page, expect
-
 from conftest import eventually
+from playwright.async_api import Page, expect
 from test_page import ARTIFACTS, browser, busy, card, column, critique_of, head, queue_of  # noqa: F401 (browser: a fixture)
 
 pytestmark = pytest.mark.browser
@@ -43,9 +41,12 @@ async def open_at(browser):
         contexts.append(context)
         pg = await context.new_page()
         pg.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
-        pg.on("console", lambda msg: problems.append(f"console: {msg.text}")
-              if "Content Security Policy" in msg.text else None)
+        pg.on(
+            "console",
+            lambda msg: problems.append(f"console: {msg.text}") if "Content Security Policy" in msg.text else None,
+        )
         return pg
+
     yield make
     for context in contexts:
         await context.close()
@@ -71,13 +72,26 @@ async def a_busy_day(lab) -> dict:
 
     busy(lab.fakes["node-1"])
     await head(lab, "node-1", "refactor the dispatcher into one worker per node")
-    waiting = [(await lab.submit("task", f"write test {i} for the placement rules: the guard, the ranks, "
-                                 "the roles and what a preemption leaves behind", node="node-1"))[0]["id"]
-               for i in range(WAITING - 1)]
+    waiting = [
+        (
+            await lab.submit(
+                "task",
+                f"write test {i} for the placement rules: the guard, the ranks, "
+                "the roles and what a preemption leaves behind",
+                node="node-1",
+            )
+        )[0]["id"]
+        for i in range(WAITING - 1)
+    ]
+
     async def submit_other():  # once the router's health check has seen the model pulled above
-        status, body = await lab.request("POST", "/api/jobs", {"kind": "task", "node": "node-1", "model": "qwen3:8b",
-                                                               "prompt": "summarise the incident in a haiku"})
+        status, body = await lab.request(
+            "POST",
+            "/api/jobs",
+            {"kind": "task", "node": "node-1", "model": "qwen3:8b", "prompt": "summarise the incident in a haiku"},
+        )
         return body["jobs"][0]["id"] if status == 201 else None
+
     other = await eventually(submit_other, what="node-1's new model to be seen")
     waiting.append(other)
     second = {c["node"]: c["id"] for c in await critique_of(lab, parent)}
@@ -88,9 +102,16 @@ async def a_busy_day(lab) -> dict:
     fast.script.error_after = None
     timed = (await lab.submit("task", "answer within half a second", node="node-3", timeout=0.5))[0]["id"]
     await eventually(lambda: _ended(lab, timed), 20, what="the 0.5 s job to end")
-    return {"parent": parent, "done_critique": first["node-1"], "running_critique": first["node-2"],
-            "waiting": waiting, "other_model": other, "waiting_critique": second["node-1"],
-            "failed": failed, "timed": timed}
+    return {
+        "parent": parent,
+        "done_critique": first["node-1"],
+        "running_critique": first["node-2"],
+        "waiting": waiting,
+        "other_model": other,
+        "waiting_critique": second["node-1"],
+        "failed": failed,
+        "timed": timed,
+    }
 
 
 async def _ended(lab, job_id: str) -> bool:
@@ -102,8 +123,10 @@ def yesterday(db_path: Path, job_id: str) -> str:
     at = time.gmtime(time.time() - 86400)
     db = sqlite3.connect(db_path, timeout=10)
     with db:
-        db.execute("UPDATE event SET at = ? WHERE id = (SELECT MIN(id) FROM event WHERE job_id = ?)",
-                   (time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", at), job_id))
+        db.execute(
+            "UPDATE event SET at = ? WHERE id = (SELECT MIN(id) FROM event WHERE job_id = ?)",
+            (time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", at), job_id),
+        )
     db.close()
     return time.strftime("%Y-%m-%d %H:%M:%S", at)
 
@@ -140,8 +163,12 @@ async def every_page_fits(page: Page, lab, day: dict, label: str) -> None:
     await open_queue(page, lab, day)
     await no_sideways_scroll(page, f"the queue page at {label}")
     await shoot(page, f"{label}-queue.png")
-    for name, job_id in (("failed", day["failed"]), ("parent", day["parent"]),
-                         ("critique", day["done_critique"]), ("running-critique", day["running_critique"])):
+    for name, job_id in (
+        ("failed", day["failed"]),
+        ("parent", day["parent"]),
+        ("critique", day["done_critique"]),
+        ("running-critique", day["running_critique"]),
+    ):
         await page.goto(f"{lab.url}/jobs/{job_id}")
         await expect(page.locator("#events .timeline li").first).to_be_visible()
         await no_sideways_scroll(page, f"the job page of the {name} job at {label}")
@@ -163,8 +190,12 @@ async def test_a_node_column_shows_nine_dense_cards_at_1400(lab, open_at):
     page = await open_at(LAPTOP)
     await open_queue(page, lab, day)
     # In one read (see measure): the board is redrawn as jobs change, and a card read alone could be gone.
-    boxes = await measure(page, f"{column('node-1')} .queue > .card", "cs => cs.slice(0, 9).map(c => {"
-                          " const r = c.getBoundingClientRect(); return [r.top, r.bottom, r.right]; })", every=True)
+    boxes = await measure(
+        page,
+        f"{column('node-1')} .queue > .card",
+        "cs => cs.slice(0, 9).map(c => { const r = c.getBoundingClientRect(); return [r.top, r.bottom, r.right]; })",
+        every=True,
+    )
     assert len(boxes) == 9
     for i, (top, bottom, right) in enumerate(boxes):
         assert top >= 0 and bottom <= 900 and right <= 1400, f"waiting card {i + 1} is not on the screen: {boxes[i]}"
@@ -176,14 +207,21 @@ async def test_a_node_column_shows_nine_dense_cards_at_1400(lab, open_at):
     await expect(page.locator(f"{card(day['other_model'])} .card-meta .model")).to_have_text("qwen3:8b")
     assert node_model != "qwen3:8b"
     # The prompt comes first, the id under it in a smaller type.
-    prompt, jid = await measure(page, card(day["waiting"][0]), "c => [c.querySelector('.prompt'), c.querySelector('.jid')]"
-                                ".map(e => [e.getBoundingClientRect().top, parseFloat(getComputedStyle(e).fontSize)])")
+    prompt, jid = await measure(
+        page,
+        card(day["waiting"][0]),
+        "c => [c.querySelector('.prompt'), c.querySelector('.jid')]"
+        ".map(e => [e.getBoundingClientRect().top, parseFloat(getComputedStyle(e).fontSize)])",
+    )
     assert prompt[0] < jid[0] and jid[1] < prompt[1], (prompt, jid)
     # A critique's parent, in full and inside its card.
     crit = page.locator(card(day["waiting_critique"]))
     await expect(crit.locator(".parent a")).to_have_text(day["parent"])
-    link_right, card_right = await measure(page, card(day["waiting_critique"]),
-        "c => [c.querySelector('.parent a').getBoundingClientRect().right, c.getBoundingClientRect().right]")
+    link_right, card_right = await measure(
+        page,
+        card(day["waiting_critique"]),
+        "c => [c.querySelector('.parent a').getBoundingClientRect().right, c.getBoundingClientRect().right]",
+    )
     assert link_right <= card_right, (link_right, card_right)
 
 

@@ -13,10 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pg
 import psycopg
 import pytest
-
-import pg
 from conftest import ROOT, eventually
 
 pytestmark = pytest.mark.postgres
@@ -30,7 +29,7 @@ def socket_inodes(pid: int) -> set[str]:
         except OSError:
             continue
         if target.startswith("socket:["):
-            found.add(target[len("socket:["):-1])
+            found.add(target[len("socket:[") : -1])
     return found
 
 
@@ -66,10 +65,13 @@ def alive(pid: int) -> bool:
 async def test_connects_over_the_unix_socket_to_a_fresh_empty_database(pg_dsn, pg_cluster):
     assert pg_dsn.startswith("postgresql://postgres@/test_")
     async with await psycopg.AsyncConnection.connect(pg_dsn) as conn:
-        row = await (await conn.execute(
-            "SELECT current_database(), inet_server_addr(), current_setting('unix_socket_directories'),"
-            " (SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-            "  WHERE n.nspname = 'public')")).fetchone()
+        row = await (
+            await conn.execute(
+                "SELECT current_database(), inet_server_addr(), current_setting('unix_socket_directories'),"
+                " (SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                "  WHERE n.nspname = 'public')"
+            )
+        ).fetchone()
     name, addr, socket_dir, relations = row
     assert name.startswith("test_") and pg_dsn.split("/")[3].startswith(name)
     assert addr is None  # a Unix-socket connection has no server address
@@ -86,21 +88,25 @@ def test_each_database_is_its_own(pg_dsn, pg_cluster):
             a.execute("INSERT INTO jobs VALUES (1)")
             a.commit()
             assert b.execute("SELECT to_regclass('public.jobs')").fetchone() == (None,)
-            assert a.execute("SELECT current_database()").fetchone() != b.execute(
-                "SELECT current_database()").fetchone()
+            assert (
+                a.execute("SELECT current_database()").fetchone() != b.execute("SELECT current_database()").fetchone()
+            )
     finally:
         pg_cluster.drop_database(other)
 
 
 async def test_listen_notify_between_two_connections(pg_dsn):
-    async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as listener, \
-            await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as notifier:
+    async with (
+        await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as listener,
+        await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as notifier,
+    ):
         await listener.execute("LISTEN gpuq_jobs")
         got = []
 
         async def receive():
             async for note in listener.notifies(timeout=30, stop_after=2):
                 got.append((note.channel, note.payload, note.pid))
+
         receiving = asyncio.create_task(receive())
         await notifier.execute("SELECT pg_notify('gpuq_jobs', '42')")
         async with notifier.transaction():  # delivered at commit, not before
@@ -116,8 +122,11 @@ def test_the_server_runs_as_postgres_when_root_and_listens_on_no_tcp(pg_dsn, pg_
         assert conn.info.backend_pid in pids
         expected = pwd.getpwnam("postgres").pw_uid if os.geteuid() == 0 else os.geteuid()
         for pid in pids:
-            uid = next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-                       if line.startswith("Uid:"))
+            uid = next(
+                line.split()[1]
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                if line.startswith("Uid:")
+            )
             assert int(uid) == expected, (pid, uid)
         sockets = set().union(*(socket_inodes(pid) for pid in pids))
         assert not sockets & (listening("tcp") | listening("tcp6"))
@@ -133,9 +142,19 @@ def test_a_cluster_that_cannot_start_says_why(monkeypatch):
 async def test_a_test_that_needs_postgres_fails_when_it_cannot_start_never_skips():
     """The whole path, as CI without PostgreSQL would see it: pytest reports an error naming why."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA",
-        "tests/test_pg_harness.py::test_each_database_is_its_own", cwd=ROOT, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT, env={**os.environ, "GPUQ_PG_BINDIR": "/nonexistent"})
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-rA",
+        "tests/test_pg_harness.py::test_each_database_is_its_own",
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, "GPUQ_PG_BINDIR": "/nonexistent"},
+    )
     out = (await asyncio.wait_for(proc.communicate(), 120))[0].decode()
     assert proc.returncode == 1, out
     assert "1 error" in out and "skipped" not in out, out
@@ -161,8 +180,9 @@ time.sleep(600)
 
 
 async def test_a_killed_starter_leaves_nothing_running():
-    proc = subprocess.Popen([sys.executable, "-c", STARTER, str(Path(__file__).parent)],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STARTER, str(Path(__file__).parent)], stdout=subprocess.PIPE, text=True
+    )
     try:
         line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 120)
         top, postmaster = line.split()
@@ -172,8 +192,11 @@ async def test_a_killed_starter_leaves_nothing_running():
         proc.wait()
         proc.stdout.close()
     try:
-        await eventually(lambda: not Path(top).exists() and not alive(int(postmaster)), 60,
-                         what="the watchdog to stop the server and remove its dir")
+        await eventually(
+            lambda: not Path(top).exists() and not alive(int(postmaster)),
+            60,
+            what="the watchdog to stop the server and remove its dir",
+        )
     finally:  # the test failed: do the watchdog's work, so nothing outlives the test anyway
         if alive(int(postmaster)):
             os.kill(int(postmaster), signal.SIGQUIT)  # PostgreSQL's immediate shutdown

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg  # noqa: E402 (the test extras carry it: never skipped)
 import pytest
 
 from gpuq.errors import GUARD_MESSAGE, GpuqError
@@ -21,8 +22,6 @@ from gpuq.shipped import shipped_files
 from gpuq.store import MIGRATIONS_DIR
 from gpuq.store import postgres as pg
 from gpuq.store import sqlite as sqlite_engine
-
-import psycopg  # noqa: E402 (the test extras carry it: never skipped)
 
 pytestmark = pytest.mark.postgres
 
@@ -66,29 +65,38 @@ def both(litedb: sqlite3.Connection, pgdb: psycopg.Connection, *statements: str)
 
 # -- the migrations ----------------------------------------------------------------------------
 
+
 def test_the_schema_applies_to_an_empty_database_and_holds_every_object_sqlites_has(pg_dsn, litedb):
     """Every table, index, view, trigger and named rule of SQLite's schema after all its migrations
     (tests/schema.sql) exists in PostgreSQL's under the same name."""
     with connect(pg_dsn) as conn:
         pg.migrate(conn, pg_files(), 0.0, "test")
         assert conn.execute("SELECT version, name FROM schema_migration ORDER BY version").fetchall() == [
-            (1, "001_schema"), (2, "002_router_leases")]
-        ours = {(kind, name) for kind, name in conn.execute("""
+            (1, "001_schema"),
+            (2, "002_router_leases"),
+        ]
+        ours = {
+            (kind, name)
+            for kind, name in conn.execute("""
             SELECT 'table', tablename FROM pg_tables WHERE schemaname = 'public'
             UNION ALL SELECT 'view', viewname FROM pg_views WHERE schemaname = 'public'
             UNION ALL SELECT 'index', indexname FROM pg_indexes WHERE schemaname = 'public'
             UNION ALL SELECT 'trigger', tgname FROM pg_trigger WHERE NOT tgisinternal
-            UNION ALL SELECT 'constraint', conname FROM pg_constraint WHERE connamespace = 'public'::regnamespace""")}
-    theirs = {(kind, name) for kind, name in litedb.execute(
-        "SELECT type, name FROM sqlite_master WHERE name NOT LIKE 'sqlite_autoindex_%'")}
+            UNION ALL SELECT 'constraint', conname FROM pg_constraint WHERE connamespace = 'public'::regnamespace""")
+        }
+    theirs = {
+        (kind, name)
+        for kind, name in litedb.execute(
+            "SELECT type, name FROM sqlite_master WHERE name NOT LIKE 'sqlite_autoindex_%'"
+        )
+    }
     for [sql] in litedb.execute("SELECT sql FROM sqlite_master WHERE type = 'table'"):
         theirs |= {("constraint", name) for name in _constraint_names(sql)}
     assert len(theirs) > 44
     assert theirs - ours == set()
     # ...and nothing of SQLite's is missing the other way but what PostgreSQL names itself
     # (primary keys, unnamed CHECKs and foreign keys) and the wake-up (job_notify).
-    extra = {(k, n) for k, n in ours - theirs
-             if not (n.endswith(("_pkey", "_check", "_fkey")) or n == "job_notify")}
+    extra = {(k, n) for k, n in ours - theirs if not (n.endswith(("_pkey", "_check", "_fkey")) or n == "job_notify")}
     assert extra == set()
 
 
@@ -102,7 +110,9 @@ def test_migrating_twice_in_a_row_applies_each_migration_once(pg_dsn):
         pg.migrate(conn, pg_files(), 0.0, "test")
         pg.migrate(conn, pg_files(), 60.0, "test")
         assert conn.execute("SELECT version, applied_at FROM schema_migration ORDER BY version").fetchall() == [
-            (1, "1970-01-01T00:00:00.000000Z"), (2, "1970-01-01T00:00:00.000000Z")]
+            (1, "1970-01-01T00:00:00.000000Z"),
+            (2, "1970-01-01T00:00:00.000000Z"),
+        ]
 
 
 def test_two_routers_starting_together_migrate_once(pg_dsn):
@@ -123,8 +133,10 @@ def test_two_routers_starting_together_migrate_once(pg_dsn):
         for t in threads:
             t.start()
         deadline = time.monotonic() + 60
-        while holder.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-                             ).fetchone()[0] < 2:
+        while (
+            holder.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted").fetchone()[0]
+            < 2
+        ):
             assert time.monotonic() < deadline and not errors, errors or "the routers never waited on the lock"
             time.sleep(0.01)  # polling with a deadline, not synchronising by sleep
         holder.execute("SELECT pg_advisory_unlock(%s)", (pg.MIGRATE_LOCK,))
@@ -132,8 +144,9 @@ def test_two_routers_starting_together_migrate_once(pg_dsn):
             t.join(60)
         assert errors == []
         assert holder.execute("SELECT version FROM schema_migration ORDER BY version").fetchall() == [(1,), (2,)]
-        assert holder.execute("SELECT count(*) FROM pg_trigger WHERE tgname = 'critique_guard_insert'"
-                              ).fetchone()[0] == 1
+        assert (
+            holder.execute("SELECT count(*) FROM pg_trigger WHERE tgname = 'critique_guard_insert'").fetchone()[0] == 1
+        )
 
 
 def test_a_migration_another_router_applied_while_this_one_waited_is_skipped(pgdb):
@@ -142,7 +155,8 @@ def test_a_migration_another_router_applied_while_this_one_waited_is_skipped(pgd
     first = pg_files()[0]
     pg._apply_migration(pgdb, 1, first, 60.0)
     assert pgdb.execute("SELECT version, applied_at FROM schema_migration WHERE version = 1").fetchall() == [
-        (1, "1970-01-01T00:00:00.000000Z")]
+        (1, "1970-01-01T00:00:00.000000Z")
+    ]
 
 
 def test_a_database_from_a_newer_gpuq_is_refused(pgdb):
@@ -158,8 +172,9 @@ def test_a_migration_that_fails_leaves_nothing_behind(pg_dsn, tmp_path):
     with connect(pg_dsn) as conn:
         with pytest.raises(psycopg.errors.UndefinedFunction):
             pg.migrate(conn, [*pg_files(), broken], 0.0, "test")
-        assert [v for v, in conn.execute("SELECT version FROM schema_migration ORDER BY version")] == [
-            int(f.name[:3]) for f in pg_files()]
+        assert [v for (v,) in conn.execute("SELECT version FROM schema_migration ORDER BY version")] == [
+            int(f.name[:3]) for f in pg_files()
+        ]
         assert conn.execute("SELECT to_regclass('half_made')").fetchone()[0] is None
         # the lock went with the failure: another router migrates at once
         with connect(pg_dsn) as other:
@@ -168,18 +183,31 @@ def test_a_migration_that_fails_leaves_nothing_behind(pg_dsn, tmp_path):
 
 # -- the rules ---------------------------------------------------------------------------------
 
-NODES = ("INSERT INTO node (name, url, rank, roles, model) VALUES ('a', 'http://a', 1, 'task,critique', 'ma')",
-         "INSERT INTO node (name, url, rank, roles, model) VALUES ('b', 'http://b', 2, 'task,critique', 'mb')")
+NODES = (
+    "INSERT INTO node (name, url, rank, roles, model) VALUES ('a', 'http://a', 1, 'task,critique', 'ma')",
+    "INSERT INTO node (name, url, rank, roles, model) VALUES ('b', 'http://b', 2, 'task,critique', 'mb')",
+)
 
 
 def job(id: str, node: str = "a", kind: str = "task", state: str = "queued", **more: object) -> str:
-    cols = {"id": id, "kind": kind, "state": state, "node": node, "model": "m", "prompt": "p",
-            "position": 1024, "placement": "asked", "created_at": "2026-01-01T00:00:00.000000Z", **more}
+    cols = {
+        "id": id,
+        "kind": kind,
+        "state": state,
+        "node": node,
+        "model": "m",
+        "prompt": "p",
+        "position": 1024,
+        "placement": "asked",
+        "created_at": "2026-01-01T00:00:00.000000Z",
+        **more,
+    }
     if state not in ("queued", "running"):
         cols.setdefault("finished_at", "2026-01-01T00:01:00.000000Z")
 
     def lit(v: object) -> str:
         return "NULL" if v is None else str(v) if isinstance(v, (int, float)) else "'" + str(v).replace("'", "''") + "'"
+
     return f"INSERT INTO job ({', '.join(cols)}) VALUES ({', '.join(lit(v) for v in cols.values())})"
 
 
@@ -193,13 +221,22 @@ def test_the_guard_refuses_a_critique_on_its_parents_node_with_the_one_message(l
     both(litedb, pgdb, job("c1", "b", "critique", parent_id="t1"))
     for sql in ("UPDATE job SET node = 'a' WHERE id = 'c1'", "UPDATE job SET node = 'b' WHERE id = 't1'"):
         _refused_by_both(litedb, pgdb, sql, GUARD_MESSAGE)
-    both(litedb, pgdb, "UPDATE job SET state = 'cancelled', finished_at = 'x' WHERE id = 'c1'",
-         "UPDATE job SET node = 'b' WHERE id = 't1'")
-    _refused_by_both(litedb, pgdb, "UPDATE job SET state = 'queued', finished_at = NULL WHERE id = 'c1'",
-                     GUARD_MESSAGE)  # a retry would requeue it beside its parent
-    both(litedb, pgdb, "UPDATE job SET node = 'a' WHERE id = 't1'",
-         "UPDATE job SET state = 'queued', finished_at = NULL WHERE id = 'c1'",
-         "UPDATE job SET state = 'running' WHERE id = 'c1'")  # the claim is not judged again
+    both(
+        litedb,
+        pgdb,
+        "UPDATE job SET state = 'cancelled', finished_at = 'x' WHERE id = 'c1'",
+        "UPDATE job SET node = 'b' WHERE id = 't1'",
+    )
+    _refused_by_both(
+        litedb, pgdb, "UPDATE job SET state = 'queued', finished_at = NULL WHERE id = 'c1'", GUARD_MESSAGE
+    )  # a retry would requeue it beside its parent
+    both(
+        litedb,
+        pgdb,
+        "UPDATE job SET node = 'a' WHERE id = 't1'",
+        "UPDATE job SET state = 'queued', finished_at = NULL WHERE id = 'c1'",
+        "UPDATE job SET state = 'running' WHERE id = 'c1'",
+    )  # the claim is not judged again
     with pytest.raises(psycopg.errors.IntegrityError) as exc:
         pgdb.execute("UPDATE job SET node = 'b' WHERE id = 't1'")
     assert exc.value.diag.message_primary == GUARD_MESSAGE
@@ -237,18 +274,28 @@ REFUSALS = [
     ((), job("j", request="{}"), "job_request_with_endpoint"),
     ((), job("j", kind="embed"), "job_embed_from_front_door"),
     ((job("j"), job("k")), "UPDATE job SET state = 'running'", "job_one_running_per_node"),
-    ((job("j"),), "INSERT INTO run (id, job_id, node, model, state, started_at, progress_at, finished_at) VALUES"
-     " (1, 'j', 'a', 'm', 'paused', 'x', 'x', 'x')", "run_state_valid"),
-    ((job("j"),), "INSERT INTO run (id, job_id, node, model, state, started_at, progress_at) VALUES"
-     " (1, 'j', 'a', 'm', 'done', 'x', 'x')", "run_finished_when_ended"),
+    (
+        (job("j"),),
+        "INSERT INTO run (id, job_id, node, model, state, started_at, progress_at, finished_at) VALUES"
+        " (1, 'j', 'a', 'm', 'paused', 'x', 'x', 'x')",
+        "run_state_valid",
+    ),
+    (
+        (job("j"),),
+        "INSERT INTO run (id, job_id, node, model, state, started_at, progress_at) VALUES"
+        " (1, 'j', 'a', 'm', 'done', 'x', 'x')",
+        "run_finished_when_ended",
+    ),
     ((job("j"),), "UPDATE node_load SET queued = -1", "node_load_queued_counted"),
     ((job("j"), "UPDATE node_load SET queued = 0"), "DELETE FROM job WHERE id = 'j'", "node_load_queued_counted"),
     ((job("j", state="running"),), "UPDATE node_load SET running = -1", "node_load_running_counted"),
-    ((), "INSERT INTO config_reload (at, actor, path, ok) VALUES ('x', 'a', 'p', 2)",
-     "config_reload_ok_flag"),
+    ((), "INSERT INTO config_reload (at, actor, path, ok) VALUES ('x', 'a', 'p', 2)", "config_reload_ok_flag"),
     ((), "INSERT INTO config_reload (at, actor, path, ok) VALUES ('x', 'a', 'p', 1)", "config_reload_says_what"),
-    ((), "INSERT INTO config_reload (at, actor, path, ok, changes, error) VALUES ('x', 'a', 'p', 0, '{}', 'e')",
-     "config_reload_says_what"),
+    (
+        (),
+        "INSERT INTO config_reload (at, actor, path, ok, changes, error) VALUES ('x', 'a', 'p', 0, '{}', 'e')",
+        "config_reload_says_what",
+    ),
 ]
 
 
@@ -259,8 +306,13 @@ def test_every_named_rule_refuses_what_sqlites_refuses(litedb, pgdb, before, sql
 
 
 def alert(kind: str = "node_down", deliver: int = 0, more: str = "") -> str:
-    return ("INSERT INTO alert (alert, node, since, message, fix, fired_at, deliver" + (", " + more if more else "")
-            + f") VALUES ('{kind}', 'a', 'x', 'm', 'f', 'x', {deliver}" + (", 'x'" if more else "") + ")")
+    return (
+        "INSERT INTO alert (alert, node, since, message, fix, fired_at, deliver"
+        + (", " + more if more else "")
+        + f") VALUES ('{kind}', 'a', 'x', 'm', 'f', 'x', {deliver}"
+        + (", 'x'" if more else "")
+        + ")"
+    )
 
 
 UNNAMED = [  # SQLite names no rule here; both refuse
@@ -327,9 +379,9 @@ VIEWS = {
     # Every column of job, by name: each engine keeps its own column order (SQLite's long values
     # last, migrations 005 and 016), and the view is `SELECT j.*`.
     "ready_job": "SELECT id, kind, state, node, model, model_pinned, parent_id, group_id, position, placement,"
-                 " run_id, error, findings, timeout_s, created_at, finished_at, subject_from_parent, think,"
-                 " options, endpoint, owner, client, lane, prompt_excerpt, prompt_bytes, request, prompt"
-                 " FROM ready_job ORDER BY id",
+    " run_id, error, findings, timeout_s, created_at, finished_at, subject_from_parent, think,"
+    " options, endpoint, owner, client, lane, prompt_excerpt, prompt_bytes, request, prompt"
+    " FROM ready_job ORDER BY id",
     "held_job": "SELECT * FROM held_job ORDER BY id",
     "run_text": "SELECT * FROM run_text ORDER BY run_id, seq",
     "run_output": "SELECT * FROM run_output ORDER BY run_id",
@@ -368,8 +420,10 @@ def test_the_views_answer_as_sqlites_for_the_same_rows(litedb, pgdb):
     assert {r[0] for r in lite["ready_job"]} == {"h2", "r1", "q1", "e1"}
     assert lite["run_output"][1][3:] == ("old hello world", "hmm so ")
     assert [r[:1] + r[4:5] for r in lite["stale_heads"]] == [
-        ("b2", "ollama finished but the job was not closed"), ("c3", "ran past max_runtime"),
-        ("p1", "ran past max_runtime")]
+        ("b2", "ollama finished but the job was not closed"),
+        ("c3", "ran past max_runtime"),
+        ("p1", "ran past max_runtime"),
+    ]
     [p1] = [r for r in lite["job"] if r[0] == "p1"]
     assert p1[1:3] == (("ünïcödé " * 60)[:300], len("ünïcödé ".encode()) * 60)  # characters; bytes
     for sql in CHANGES:
@@ -391,6 +445,7 @@ def test_a_rolled_back_write_takes_its_counts_back(pgdb):
 
 # -- the wake-up -------------------------------------------------------------------------------
 
+
 def test_a_state_change_notifies_its_ids_at_commit_and_a_rolled_back_one_never(pg_dsn, pgdb):
     with connect(pg_dsn) as listener:
         listener.execute("LISTEN gpuq_job")
@@ -406,5 +461,7 @@ def test_a_state_change_notifies_its_ids_at_commit_and_a_rolled_back_one_never(p
         got = [(n.channel, json.loads(n.payload)) for n in listener.notifies(timeout=30, stop_after=3)]
     assert [channel for channel, _ in got] == ["gpuq_job"] * 3
     assert [payload for _, payload in got] == [  # created, claimed, deleted: never the rolled-back cancel
-        {"id": "j", "node": "a", "state": "queued"}, {"id": "j", "node": "a", "state": "running"},
-        {"id": "j", "node": "a", "state": "running"}]
+        {"id": "j", "node": "a", "state": "queued"},
+        {"id": "j", "node": "a", "state": "running"},
+        {"id": "j", "node": "a", "state": "running"},
+    ]

@@ -4,8 +4,18 @@ import pytest
 
 from gpuq.errors import Conflict, Unprocessable
 from gpuq.placement import (
-    ASKED, FAN_OUT, FIRST_FREE, SHORTEST, SHORTEST_WITH_MODEL, NodeView, Placement, check_move, place_critique, place_task,
-    position_between, preempt_elsewhere,
+    ASKED,
+    FAN_OUT,
+    FIRST_FREE,
+    SHORTEST,
+    SHORTEST_WITH_MODEL,
+    NodeView,
+    Placement,
+    check_move,
+    place_critique,
+    place_task,
+    position_between,
+    preempt_elsewhere,
 )
 
 
@@ -21,7 +31,7 @@ def test_task_goes_to_first_free_node_by_rank_not_by_list_order():
 
 def test_task_skips_nodes_without_task_role_and_down_nodes_for_free():
     nodes = [node("a", 1, roles=["critique"]), node("b", 2, up=False), node("c", 3)]
-    assert place_task(nodes) .node == "c"
+    assert place_task(nodes).node == "c"
 
 
 def test_a_node_with_queued_jobs_is_not_free():
@@ -30,8 +40,11 @@ def test_a_node_with_queued_jobs_is_not_free():
 
 
 def test_all_busy_picks_shortest_queue_ties_by_rank():
-    nodes = [node("a", 1, running=True, queued=2), node("b", 2, running=True, queued=1),
-             node("c", 3, running=True, queued=1)]
+    nodes = [
+        node("a", 1, running=True, queued=2),
+        node("b", 2, running=True, queued=1),
+        node("c", 3, running=True, queued=1),
+    ]
     placed = place_task(nodes)
     assert (placed.node, placed.reason) == ("b", SHORTEST)
 
@@ -90,39 +103,48 @@ def test_check_move_rules():
     assert exc.value.message == "unknown node 'x' (the nodes: a, b)"
 
 
-@pytest.mark.parametrize("before,after,expected", [
-    (None, None, 1024), (None, 1024, 0), (1024, None, 2048), (1024, 2048, 1536), (5, 6, None), (5, 7, 6),
-])
+@pytest.mark.parametrize(
+    "before,after,expected",
+    [(None, None, 1024), (None, 1024, 0), (1024, None, 2048), (1024, 2048, 1536), (5, 6, None), (5, 7, 6)],
+)
 def test_position_between(before, after, expected):
     assert position_between(before, after, 1024) == expected
 
 
 def test_a_task_naming_a_model_goes_to_the_first_free_node_that_has_it():
-    nodes = [node("a", 1, models=frozenset({"qwen3:latest"})),
-             node("b", 2, running=True, models=frozenset({"llama3.2:latest"})),
-             node("c", 3, models=frozenset({"llama3.2:latest", "qwen3:latest"}))]
+    nodes = [
+        node("a", 1, models=frozenset({"qwen3:latest"})),
+        node("b", 2, running=True, models=frozenset({"llama3.2:latest"})),
+        node("c", 3, models=frozenset({"llama3.2:latest", "qwen3:latest"})),
+    ]
     assert place_task(nodes, model="llama3.2").node == "c"
     assert place_task(nodes, model="Library/LLAMA3.2:latest").node == "c"  # as Ollama matches names
     assert place_task(nodes, model="qwen3").node == "a"
 
 
 def test_when_every_node_with_the_model_is_busy_the_shortest_such_queue():
-    nodes = [node("a", 1, models=frozenset({"qwen3:latest"})),
-             node("b", 2, running=True, queued=3, models=frozenset({"llama3.2:latest"})),
-             node("c", 3, running=True, queued=1, models=frozenset({"llama3.2:latest"}))]
+    nodes = [
+        node("a", 1, models=frozenset({"qwen3:latest"})),
+        node("b", 2, running=True, queued=3, models=frozenset({"llama3.2:latest"})),
+        node("c", 3, running=True, queued=1, models=frozenset({"llama3.2:latest"})),
+    ]
     placed = place_task(nodes, model="llama3.2")
     # "all busy" of the nodes with the model: node a is idle, it only lacks the model
     assert (placed.node, placed.reason) == ("c", SHORTEST_WITH_MODEL)
 
 
 def test_a_model_no_task_node_has_is_422_naming_what_each_has():
-    nodes = [node("a", 1, models=frozenset({"qwen3:latest"})),
-             node("b", 2, roles=["critique"], models=frozenset({"mistral:latest"})),
-             node("c", 3, models=frozenset())]
+    nodes = [
+        node("a", 1, models=frozenset({"qwen3:latest"})),
+        node("b", 2, roles=["critique"], models=frozenset({"mistral:latest"})),
+        node("c", 3, models=frozenset()),
+    ]
     with pytest.raises(Unprocessable) as exc:
         place_task(nodes, model="mistral")
-    assert exc.value.message == ("model 'mistral' is not installed on any task node (a: qwen3:latest; "
-                                 "c: nothing); pull it on one or choose another model")
+    assert exc.value.message == (
+        "model 'mistral' is not installed on any task node (a: qwen3:latest; "
+        "c: nothing); pull it on one or choose another model"
+    )
 
 
 def test_a_node_not_heard_from_yet_may_have_the_model():
@@ -131,8 +153,11 @@ def test_a_node_not_heard_from_yet_may_have_the_model():
 
 
 def test_a_critique_naming_a_model_fans_out_to_the_nodes_that_have_it():
-    nodes = [node("a", 1, models=frozenset({"qwen3:latest"})), node("b", 2, models=frozenset({"mistral:latest"})),
-             node("c", 3, models=frozenset({"qwen3:latest"}))]
+    nodes = [
+        node("a", 1, models=frozenset({"qwen3:latest"})),
+        node("b", 2, models=frozenset({"mistral:latest"})),
+        node("c", 3, models=frozenset({"qwen3:latest"})),
+    ]
     assert [p.node for p in place_critique(nodes, model="QWEN3")] == ["a", "c"]
     assert [p.node for p in place_critique(nodes, parent_node="a", model="qwen3")] == ["c"]
     with pytest.raises(Unprocessable):
@@ -148,8 +173,9 @@ def test_a_pinned_model_cannot_move_to_a_node_without_it():
     target = node("b", 2, models=frozenset({"mistral:latest"}))
     with pytest.raises(Conflict) as exc:  # 409, as the front door's issue asks: the job stays put
         check_move("task", [target], "b", model="qwen3")
-    assert exc.value.message == ("model 'qwen3' is not installed on node b (its Ollama lists: "
-                                 "mistral:latest); the job stays where it is")
+    assert exc.value.message == (
+        "model 'qwen3' is not installed on node b (its Ollama lists: mistral:latest); the job stays where it is"
+    )
     with pytest.raises(Conflict):
         check_move("embed", [target], "b", model="qwen3")
     check_move("task", [target], "b", model="Mistral")
@@ -192,9 +218,13 @@ def test_it_never_moves_from_a_node_running_a_batch_job_of_its_model_or_nothing(
 
 def test_targets_must_be_up_take_tasks_have_the_model_and_have_no_interactive_job_waiting():
     here = busy("n1", 1, "interactive", SMALL)
-    for other in (busy("n2", 2, "batch", CODER, up=False), busy("n2", 2, "batch", CODER, roles=("critique",)),
-                  busy("n2", 2, "batch", CODER, interactive=1), busy("n2", 2, "interactive", CODER),
-                  NodeView("n2", 2, ("task",), True, True, 0, frozenset({SMALL}), 0, "batch", SMALL)):
+    for other in (
+        busy("n2", 2, "batch", CODER, up=False),
+        busy("n2", 2, "batch", CODER, roles=("critique",)),
+        busy("n2", 2, "batch", CODER, interactive=1),
+        busy("n2", 2, "interactive", CODER),
+        NodeView("n2", 2, ("task",), True, True, 0, frozenset({SMALL}), 0, "batch", SMALL),
+    ):
         assert preempt_elsewhere([here, other], "n1", CODER) is None, other
     assert preempt_elsewhere([here], "n1", CODER) is None
     assert preempt_elsewhere([here, busy("n2", 2, "batch", SMALL)], "n1", None) is None  # no model: no move

@@ -8,7 +8,6 @@ import asyncio
 import random
 
 import pytest
-
 from conftest import eventually, make_lab, shell
 
 GUARD = "a critique never runs on its parent task's node"
@@ -32,9 +31,11 @@ async def waiting(lab, node: str) -> list[str]:
 
 async def streamed(lab, job_id: str, words: int) -> dict:
     """Wait until the running job has streamed at least `words` words."""
+
     async def enough():
         job = await lab.job(job_id)
         return job if job["state"] == "running" and len(job["output"].split()) >= words else None
+
     return await eventually(enough, 10, what=f"job {job_id} to stream {words} words")
 
 
@@ -51,8 +52,7 @@ async def test_preempt_interrupts_the_running_job_which_later_runs_again(qlab):
 
     res = await qlab.cli("preempt", urgent)
     assert res.code == 0, res.err
-    assert res.out.splitlines() == [f"{urgent} -> node-3 position 1",
-                                    f"{victim} preempted -> node-3 position 2"]
+    assert res.out.splitlines() == [f"{urgent} -> node-3 position 1", f"{victim} preempted -> node-3 position 2"]
     # The fake saw the connection close and stopped generating; the model left VRAM before
     # the preempting job's model was loaded.
     await eventually(lambda: fake.disconnects == 1, what="the fake to see the client leave")
@@ -74,7 +74,7 @@ async def test_preempt_interrupts_the_running_job_which_later_runs_again(qlab):
     assert first["error"] == f"preempted by {urgent}"
     partial, full = first["output"].split(), second["output"].split()
     assert 3 <= len(partial) < len(full) == 30  # the partial output was kept
-    assert full[:len(partial)] == partial
+    assert full[: len(partial)] == partial
     assert done["preempted_runs"] == 1
     preempted = [e for e in done["events"] if (e["from_state"], e["to_state"]) == ("running", "queued")]
     assert len(preempted) == 1
@@ -84,7 +84,11 @@ async def test_preempt_interrupts_the_running_job_which_later_runs_again(qlab):
     assert fake.disconnects == 1
     await eventually(lambda: fake.loaded == {}, what="the model to be unloaded")
     assert [r["messages"][0]["content"] for r in fake.chat_requests] == [
-        "the long one", "urgent", "the long one", "later"]
+        "the long one",
+        "urgent",
+        "the long one",
+        "later",
+    ]
 
 
 async def test_preempt_refusals_on_the_cli(qlab):
@@ -95,8 +99,7 @@ async def test_preempt_refusals_on_the_cli(qlab):
     await qlab.wait_state(head, "running")
     res = await qlab.cli("preempt", head)
     assert res.code != 0
-    assert res.err.splitlines() == [f"error 409 job {head} is running; only a queued job can preempt",
-                                    "not retried"]
+    assert res.err.splitlines() == [f"error 409 job {head} is running; only a queued job can preempt", "not retried"]
     res = await qlab.cli("preempt", "1700000000-00000000")
     assert res.code != 0
     assert res.err.splitlines() == ["error 404 no job with id '1700000000-00000000'", "not retried"]
@@ -140,10 +143,11 @@ async def test_delete_several_reports_each_and_fails_on_a_finished_one(qlab):
     await qlab.wait_state(done, "done")
     res = await qlab.cli("delete", a, done, b)
     assert res.code == 1
-    assert res.out.splitlines() == [f"{a} cancelled on node-3 (was queued)",
-                                    f"{b} cancelled on node-3 (was queued)"]
+    assert res.out.splitlines() == [f"{a} cancelled on node-3 (was queued)", f"{b} cancelled on node-3 (was queued)"]
     assert res.err.splitlines() == [
-        f"error 409 job {done} is already done; only queued or running jobs can be deleted", "not retried"]
+        f"error 409 job {done} is already done; only queued or running jobs can be deleted",
+        "not retried",
+    ]
     assert await waiting(qlab, "node-3") == []
     assert (await qlab.job(done))["state"] == "done"
 
@@ -165,7 +169,9 @@ async def test_moving_a_critique_onto_its_parents_node_is_409_and_changes_nothin
     res = await qlab.cli("move", crit["id"], "--node", "node-3")
     assert res.code != 0
     assert res.err.splitlines() == [
-        "error 409 node 'node-3' does not take critique jobs (its roles: task)", "not retried"]
+        "error 409 node 'node-3' does not take critique jobs (its roles: task)",
+        "not retried",
+    ]
 
     after = await qlab.job(crit["id"])
     assert (after["node"], after["state"], after["queue_position"]) == ("node-2", "queued", 1)
@@ -224,12 +230,13 @@ async def test_an_unknown_node_is_the_same_422_on_every_path(qlab):
     queued = await task(qlab, "waits")
     await qlab.wait_state(head, "running")
     said = "unknown node 'node-9' (the nodes: node-1, node-2, node-3)"
-    answers = [await qlab.request("POST", "/api/jobs", {"kind": "task", "prompt": "x", "node": "node-9"}),
-               await qlab.request("POST", f"/api/jobs/{queued}/move", {"node": "node-9"}),
-               await qlab.request("POST", "/api/nodes/node-9/clear", {})]
+    answers = [
+        await qlab.request("POST", "/api/jobs", {"kind": "task", "prompt": "x", "node": "node-9"}),
+        await qlab.request("POST", f"/api/jobs/{queued}/move", {"node": "node-9"}),
+        await qlab.request("POST", "/api/nodes/node-9/clear", {}),
+    ]
     assert [(status, body["error"]["message"]) for status, body in answers] == [(422, said)] * 3
-    for args in (["task", "x", "--node", "node-9"], ["move", queued, "--node", "node-9"],
-                 ["clear", "node-9", "--yes"]):
+    for args in (["task", "x", "--node", "node-9"], ["move", queued, "--node", "node-9"], ["clear", "node-9", "--yes"]):
         res = await qlab.cli(*args)
         assert (res.code, res.err.splitlines()) == (1, [f"error 422 {said}", "not retried"]), args
     res = await qlab.cli("clear", "node-9")  # asks first: the CLI's own check, in the same words
@@ -268,7 +275,6 @@ async def test_clear_asks_then_cancels_the_waiting_jobs_and_with_running_the_hea
     await eventually(lambda: fake.disconnects == 1 and fake.loaded == {}, what="the head to be aborted")
 
 
-
 async def test_the_api_takes_json_booleans_and_integers_strictly(qlab):
     await qlab.take_down(qlab.fakes["node-3"], "node-3")
     a, b = await task(qlab, "a"), await task(qlab, "b")
@@ -281,7 +287,10 @@ async def test_the_api_takes_json_booleans_and_integers_strictly(qlab):
     assert (status, body) == (200, {"node": "node-3", "cancelled": [a, b]})
     events = (await qlab.job(a))["events"]
     assert (events[-1]["to_state"], events[-1]["actor"], events[-1]["reason"]) == (
-        "cancelled", "api 127.0.0.1", "cleared by api 127.0.0.1")
+        "cancelled",
+        "api 127.0.0.1",
+        "cleared by api 127.0.0.1",
+    )
 
 
 async def test_retry_only_on_explicit_request(qlab):
@@ -305,10 +314,13 @@ async def test_retry_only_on_explicit_request(qlab):
     res = await qlab.cli("retry", job)
     assert res.code != 0
     assert res.err.splitlines() == [
-        f"error 409 job {job} is done; only failed or cancelled jobs can be retried", "not retried"]
+        f"error 409 job {job} is done; only failed or cancelled jobs can be retried",
+        "not retried",
+    ]
 
 
 # -- many clients at once ---------------------------------------------------------------------
+
 
 async def test_many_clients_moving_and_deleting_while_jobs_finish(qlab, tmp_path):
     for name in ("node-1", "node-3"):
@@ -334,8 +346,14 @@ async def test_many_clients_moving_and_deleting_while_jobs_finish(qlab, tmp_path
             if rng.random() < 0.2:
                 status, body = await qlab.request("DELETE", f"/api/jobs/{job}")
             else:
-                where = rng.choice([{"position": rng.randint(1, 25)}, {"before": rng.choice(ids)},
-                                    {"after": rng.choice(ids)}, {"node": rng.choice(["node-1", "node-3"])}])
+                where = rng.choice(
+                    [
+                        {"position": rng.randint(1, 25)},
+                        {"before": rng.choice(ids)},
+                        {"after": rng.choice(ids)},
+                        {"node": rng.choice(["node-1", "node-3"])},
+                    ]
+                )
                 status, body = await qlab.request("POST", f"/api/jobs/{job}/move", where)
             statuses.append(status)
             assert status in (200, 400, 409), (status, body)
@@ -350,6 +368,7 @@ async def test_many_clients_moving_and_deleting_while_jobs_finish(qlab, tmp_path
         async def settled():
             jobs = [await qlab.job(i) for i in ids]
             return all(j["state"] in ("done", "cancelled") for j in jobs) and jobs
+
         jobs = await eventually(settled, 30, 0.1, "every job to finish or be cancelled")
     finally:
         storming = False

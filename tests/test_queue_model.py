@@ -83,8 +83,9 @@ class QueueMachine(RuleBasedStateMachine):
 
     # -- model helpers --------------------------------------------------------------------------
 
-    def _add(self, job_id: str, kind: str, node: str, parent: str | None, lane: str = "batch",
-             owner: str | None = None) -> int:
+    def _add(
+        self, job_id: str, kind: str, node: str, parent: str | None, lane: str = "batch", owner: str | None = None
+    ) -> int:
         """A new job enters its queue where the lanes (and fair share) say; returns its index."""
         self.state[job_id], self.node[job_id], self.kind[job_id] = "queued", node, kind
         self.parent[job_id] = parent
@@ -136,8 +137,10 @@ class QueueMachine(RuleBasedStateMachine):
             self.state[c] = "cancelled"
 
     def _critique_waits_on(self, task: str, node: str) -> bool:
-        return any(p == task and self.node[c] == node and self.state[c] in ("queued", "running")
-                   for c, p in self.parent.items())
+        return any(
+            p == task and self.node[c] == node and self.state[c] in ("queued", "running")
+            for c, p in self.parent.items()
+        )
 
     # -- drawing jobs ---------------------------------------------------------------------------
 
@@ -153,8 +156,12 @@ class QueueMachine(RuleBasedStateMachine):
 
     # -- rules ----------------------------------------------------------------------------------
 
-    @initialize(nodes=st.lists(st.sampled_from(NAMES), min_size=2, max_size=10), busy=st.sets(st.sampled_from(NAMES)),
-                fair=st.booleans(), limits=st.dictionaries(st.sampled_from(OWNERS[:3]), st.integers(1, 2)))
+    @initialize(
+        nodes=st.lists(st.sampled_from(NAMES), min_size=2, max_size=10),
+        busy=st.sets(st.sampled_from(NAMES)),
+        fair=st.booleans(),
+        limits=st.dictionaries(st.sampled_from(OWNERS[:3]), st.integers(1, 2)),
+    )
     def fill(self, nodes, busy, fair, limits):
         """Start from a few waiting jobs, with some nodes already running their head."""
         self.fair, self.limits = fair, limits
@@ -167,12 +174,14 @@ class QueueMachine(RuleBasedStateMachine):
     @rule(node=st.sampled_from(NAMES), lane=st.sampled_from(LANES), owner=st.sampled_from(OWNERS))
     def submit_task(self, node, lane, owner):
         before = list(self.queues[node])
-        [job] = self.run(self.store.submit(NewJob("task", "p", node=node, lane=lane, owner=owner), NODES, "api",
-                                           fair=self.fair))
+        [job] = self.run(
+            self.store.submit(NewJob("task", "p", node=node, lane=lane, owner=owner), NODES, "api", fair=self.fair)
+        )
         index = self._add(job["id"], "task", node, None, lane, owner)
         assert job["position"] == index + 1
-        waiting = self.run(self.store.read("SELECT id FROM job WHERE node = ? AND state = 'queued'"
-                                           " ORDER BY position, id", (node,)))
+        waiting = self.run(
+            self.store.read("SELECT id FROM job WHERE node = ? AND state = 'queued' ORDER BY position, id", (node,))
+        )
         assert [r["id"] for r in waiting if r["id"] != job["id"]] == before  # nothing already waiting moved
 
     @precondition(lambda self: self.state)
@@ -190,9 +199,15 @@ class QueueMachine(RuleBasedStateMachine):
         elif self.node[parent] == node:  # the schema refuses the insert (migration 010)
             expected = GuardRefused
         lane, owner = data.draw(st.sampled_from(LANES), label="lane"), data.draw(st.sampled_from(OWNERS), label="owner")
-        created = self.attempt(expected, self.store.submit(
-            NewJob("critique", None if of_result else "c", node=node, parent=parent, lane=lane, owner=owner),
-            NODES, "api", fair=self.fair))
+        created = self.attempt(
+            expected,
+            self.store.submit(
+                NewJob("critique", None if of_result else "c", node=node, parent=parent, lane=lane, owner=owner),
+                NODES,
+                "api",
+                fair=self.fair,
+            ),
+        )
         if created is not None:
             self._add(created[0]["id"], "critique", node, parent, lane, owner)
             if of_result:
@@ -200,16 +215,21 @@ class QueueMachine(RuleBasedStateMachine):
             assert created[0]["waiting_for"] == (parent if self._held(created[0]["id"]) else None)
 
     @precondition(lambda self: self.state)
-    @rule(data=st.data(), how=st.sampled_from(["position", "before", "after", "node"]),
-          position=st.integers(1, 8), to=st.none() | st.sampled_from(NAMES))
+    @rule(
+        data=st.data(),
+        how=st.sampled_from(["position", "before", "after", "node"]),
+        position=st.integers(1, 8),
+        to=st.none() | st.sampled_from(NAMES),
+    )
     def move(self, data, how, position, to):
         job = self.draw_job(data, "queued")
         target = to or self.node[job]
         other = None
         if how in ("before", "after"):
             waiting = self.queues[target]
-            other = data.draw(st.sampled_from(waiting if waiting and data.draw(st.booleans()) else list(self.state)),
-                              label="other")
+            other = data.draw(
+                st.sampled_from(waiting if waiting and data.draw(st.booleans()) else list(self.state)), label="other"
+            )
         self._move(job, how, position, other, to)
 
     @precondition(lambda self: any(len(q) >= 3 for q in self.queues.values()))
@@ -222,8 +242,12 @@ class QueueMachine(RuleBasedStateMachine):
 
     def _move(self, job, how, position, other, to):
         target = to or self.node[job]
-        where = {"position": {"position": position}, "before": {"before": other},
-                 "after": {"after": other}, "node": {}}[how]
+        where = {
+            "position": {"position": position},
+            "before": {"before": other},
+            "after": {"after": other},
+            "node": {},
+        }[how]
         if to is not None:
             where["node"] = to
         expected = None
@@ -247,9 +271,12 @@ class QueueMachine(RuleBasedStateMachine):
         if how != "node" or target != self.node[job]:  # a bare move to its own node changes nothing
             self.queues[self.node[job]].remove(job)
             others = self.queues[target]
-            index = {"position": position - 1, "node": len(others),
-                     "before": others.index(other) if other in others else None,
-                     "after": others.index(other) + 1 if other in others else None}[how]
+            index = {
+                "position": position - 1,
+                "node": len(others),
+                "before": others.index(other) if other in others else None,
+                "after": others.index(other) + 1 if other in others else None,
+            }[how]
             others.insert(index, job)
             self.node[job] = target
         assert (moved["node"], moved["position"]) == (target, self.queues[target].index(job) + 1)
@@ -362,25 +389,34 @@ class QueueMachine(RuleBasedStateMachine):
 
     @rule(verb=st.sampled_from(["move", "preempt", "delete", "retry"]))
     def unknown_job(self, verb):
-        call = {"move": lambda: self.store.move(UNKNOWN, NODES, "api", position=1),
-                "preempt": lambda: self.store.preempt(UNKNOWN, "api"),
-                "delete": lambda: self.store.delete(UNKNOWN, "api"),
-                "retry": lambda: self.store.retry(UNKNOWN, "api")}[verb]
+        call = {
+            "move": lambda: self.store.move(UNKNOWN, NODES, "api", position=1),
+            "preempt": lambda: self.store.preempt(UNKNOWN, "api"),
+            "delete": lambda: self.store.delete(UNKNOWN, "api"),
+            "retry": lambda: self.store.retry(UNKNOWN, "api"),
+        }[verb]
         self.attempt(NotFound, call())
 
     # -- invariants ---------------------------------------------------------------------------
 
     @invariant()
     def database_equals_model(self):
-        rows = self.run(self.store.read(
-            "SELECT id, kind, state, node, parent_id FROM job ORDER BY node, state, position, id"))
+        rows = self.run(
+            self.store.read("SELECT id, kind, state, node, parent_id FROM job ORDER BY node, state, position, id")
+        )
         assert {r["id"]: r["state"] for r in rows} == self.state  # no job lost, none invented
         assert {r["id"]: r["node"] for r in rows} == self.node
         for name in NAMES:
             queued = [r["id"] for r in rows if r["node"] == name and r["state"] == "queued"]
             assert queued == self.queues[name], name
-            positions = [r["position"] for r in self.run(self.store.read(
-                "SELECT position FROM job WHERE node = ? AND state = 'queued' ORDER BY position, id", (name,)))]
+            positions = [
+                r["position"]
+                for r in self.run(
+                    self.store.read(
+                        "SELECT position FROM job WHERE node = ? AND state = 'queued' ORDER BY position, id", (name,)
+                    )
+                )
+            ]
             assert positions == sorted(set(positions)), (name, positions)  # distinct, in order
             running = [r["id"] for r in rows if r["node"] == name and r["state"] == "running"]
             assert len(running) <= 1
@@ -400,7 +436,6 @@ class QueueMachine(RuleBasedStateMachine):
             assert e["from_state"] == replayed.get(e["job_id"]), e
             replayed[e["job_id"]] = e["to_state"]
         assert replayed == self.state
-
 
     def database(self):
         return Path(self.dir) / "q.db"
@@ -429,8 +464,9 @@ def _cluster_for_the_model(request):
         CLUSTER[:] = [request.getfixturevalue("pg_cluster")]
 
 
-SETTINGS = dict(stateful_step_count=30, deadline=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+SETTINGS = dict(
+    stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]
+)
 QueueMachine.TestCase.settings = settings(max_examples=100, **SETTINGS)
 test_queue_model = QueueMachine.TestCase
 QueueMachineOnPostgres.TestCase.settings = settings(max_examples=20, **SETTINGS)  # the same rules, once more

@@ -6,8 +6,9 @@ refused, named."""
 
 from __future__ import annotations
 
-from gpuq.jobs import parse_iso
 from test_page import busy, head
+
+from gpuq.jobs import parse_iso
 
 
 async def test_a_node_s_waiting_jobs_page_by_page(lab):
@@ -53,8 +54,10 @@ async def test_the_waiting_jobs_of_the_first_columns_only(lab):
     ids = {}
     for node in ("node-1", "node-3"):
         busy(lab.fakes[node])
-        ids[node] = [await head(lab, node), *[(await lab.submit("task", f"{node} job {i}", node=node))[0]["id"]
-                                              for i in range(3)]]
+        ids[node] = [
+            await head(lab, node),
+            *[(await lab.submit("task", f"{node} job {i}", node=node))[0]["id"] for i in range(3)],
+        ]
     whole = await lab.get("/api/queue?limit=10")
     names = [n["name"] for n in whole["nodes"]]
     assert names[0] == "node-1" and "node-3" in names[1:], names

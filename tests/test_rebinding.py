@@ -15,12 +15,12 @@ import shutil
 import aiohttp
 import pytest
 from aiohttp import web
-from playwright.async_api import async_playwright, expect
-
 from conftest import eventually, free_port, node_table
-from gpuq.config import ConfigError, Settings, parse_config
-from gpuq.access.hosts import router_hosts
+from playwright.async_api import async_playwright, expect
 from test_page import CHROMIUM_ARGS, card, open_queue
+
+from gpuq.access.hosts import router_hosts
+from gpuq.config import ConfigError, Settings, parse_config
 
 ATTACKER = "rebind.attacker.test"  # .test is reserved: this name never leaves the machine
 SECRET = "the secret plan for the lab"
@@ -42,6 +42,7 @@ async def running_and_waiting(d, headers: dict | None = None) -> tuple[str, str]
 
     async def running():
         return (await d.request("GET", f"/api/jobs/{head}", headers=headers))[1]["state"] == "running"
+
     await eventually(running, what=f"job {head} to run")
     status, body = await d.request("POST", "/api/jobs", {"kind": "task", "prompt": SECRET}, headers=headers)
     assert status == 201, body
@@ -51,16 +52,19 @@ async def running_and_waiting(d, headers: dict | None = None) -> tuple[str, str]
 async def snapshot(d, headers: dict | None = None) -> list[tuple]:
     status, body = await d.request("GET", "/api/jobs?limit=1000", headers=headers)
     assert status == 200, body
-    return sorted((j["id"], j["state"], j["node"], j.get("position"), j["prompt_excerpt"], j["prompt_bytes"])
-                  for j in body["jobs"])
+    return sorted(
+        (j["id"], j["state"], j["node"], j.get("position"), j["prompt_excerpt"], j["prompt_bytes"])
+        for j in body["jobs"]
+    )
 
 
 async def ask(d, method: str, path: str, host: str, body=None, headers: dict | None = None) -> tuple[int, str]:
     """A request as a page on `host` sends it (same-origin to the browser). Streams are read
     only as far as their first piece, so a stream that was let through cannot hang the test."""
     sent = {"Host": host, "Origin": f"http://{host}", "Sec-Fetch-Site": SAME_ORIGIN, **(headers or {})}
-    async with d.session.request(method, d.url + path, json=body, headers=sent,
-                                 timeout=aiohttp.ClientTimeout(total=10)) as resp:
+    async with d.session.request(
+        method, d.url + path, json=body, headers=sent, timeout=aiohttp.ClientTimeout(total=10)
+    ) as resp:
         if resp.status == 421:
             return resp.status, await resp.text()
         return resp.status, (await resp.content.read(65536)).decode("utf-8", "replace")
@@ -68,14 +72,23 @@ async def ask(d, method: str, path: str, host: str, body=None, headers: dict | N
 
 def every_route(head: str, job: str) -> list[tuple]:
     return [
-        ("GET", "/api/jobs", None), ("GET", "/api/queue", None), ("GET", f"/api/jobs/{job}", None),
-        ("GET", f"/api/jobs/{head}/stream", None), ("GET", "/api/events", None),
-        ("GET", "/api/nodes", None), ("GET", "/api/stale", None), ("GET", "/health", None),
-        ("GET", "/", None), ("GET", f"/jobs/{job}", None), ("GET", "/static/queue.js", None),
+        ("GET", "/api/jobs", None),
+        ("GET", "/api/queue", None),
+        ("GET", f"/api/jobs/{job}", None),
+        ("GET", f"/api/jobs/{head}/stream", None),
+        ("GET", "/api/events", None),
+        ("GET", "/api/nodes", None),
+        ("GET", "/api/stale", None),
+        ("GET", "/health", None),
+        ("GET", "/", None),
+        ("GET", f"/jobs/{job}", None),
+        ("GET", "/static/queue.js", None),
         ("GET", "/no/such/route", None),
         ("POST", "/api/jobs", {"kind": "task", "prompt": "planted by the attacker"}),
-        ("DELETE", f"/api/jobs/{job}", None), ("DELETE", f"/api/jobs/{head}", None),
-        ("POST", f"/api/jobs/{job}/preempt", None), ("POST", f"/api/jobs/{job}/move", {"position": 1}),
+        ("DELETE", f"/api/jobs/{job}", None),
+        ("DELETE", f"/api/jobs/{head}", None),
+        ("POST", f"/api/jobs/{job}/preempt", None),
+        ("POST", f"/api/jobs/{job}/move", {"position": 1}),
         ("POST", "/api/nodes/node-1/clear", {"running": True}),
     ]
 
@@ -90,8 +103,11 @@ def assert_refused(status: int, text: str, host_name: str, what: str) -> None:
 
 # -- plain HTTP against the real daemon ---------------------------------------------------------
 
-@pytest.mark.parametrize("host", [f"{ATTACKER}:{{port}}", ATTACKER.upper(), f"localhost.{ATTACKER}:{{port}}",
-                                  f"127.0.0.1.{ATTACKER}:{{port}}"])
+
+@pytest.mark.parametrize(
+    "host",
+    [f"{ATTACKER}:{{port}}", ATTACKER.upper(), f"localhost.{ATTACKER}:{{port}}", f"127.0.0.1.{ATTACKER}:{{port}}"],
+)
 async def test_a_foreign_host_is_refused_on_every_route_and_changes_nothing(host, fakes, daemon_factory):
     d = await busy_router(fakes, daemon_factory)
     head, job = await running_and_waiting(d)
@@ -121,12 +137,24 @@ async def test_the_host_check_comes_before_the_token(fakes, daemon_factory):
 
 async def test_loopback_names_public_url_and_allowed_hosts_are_accepted(fakes, daemon_factory):
     port = free_port()  # public_url names the router by a name only the config knows
-    d = await busy_router(fakes, daemon_factory, public_url=f"http://Router.Lab.test:{port}",
-                          allowed_hosts=["Box.Tailnet.test.", "fd7a:115c::1"])
+    d = await busy_router(
+        fakes,
+        daemon_factory,
+        public_url=f"http://Router.Lab.test:{port}",
+        allowed_hosts=["Box.Tailnet.test.", "fd7a:115c::1"],
+    )
     head, job = await running_and_waiting(d)
-    hosts = [f"localhost:{d.port}", f"LocalHost:{d.port}", "localhost", f"127.0.0.1:{d.port}", f"[::1]:{d.port}",
-             f"router.lab.test:{port}", "box.tailnet.test:1234", f"BOX.tailnet.test.:{d.port}",
-             f"[fd7a:115c:0::1]:{d.port}"]
+    hosts = [
+        f"localhost:{d.port}",
+        f"LocalHost:{d.port}",
+        "localhost",
+        f"127.0.0.1:{d.port}",
+        f"[::1]:{d.port}",
+        f"router.lab.test:{port}",
+        "box.tailnet.test:1234",
+        f"BOX.tailnet.test.:{d.port}",
+        f"[fd7a:115c:0::1]:{d.port}",
+    ]
     for host in hosts:
         status, text = await ask(d, "GET", "/api/jobs", host)
         assert status == 200 and SECRET in text, (host, status, text[:300])
@@ -139,8 +167,13 @@ async def test_loopback_names_public_url_and_allowed_hosts_are_accepted(fakes, d
     assert status == 200, text  # the Origin check still lets the router's own page change the queue
     assert (await d.job(job))["state"] == "cancelled"
     # The Origin check still refuses another site, even when the Host is one of the router's.
-    status, text = await ask(d, "DELETE", f"/api/jobs/{head}", f"localhost:{d.port}",
-                             headers={"Origin": f"http://{ATTACKER}:{d.port}", "Sec-Fetch-Site": "cross-site"})
+    status, text = await ask(
+        d,
+        "DELETE",
+        f"/api/jobs/{head}",
+        f"localhost:{d.port}",
+        headers={"Origin": f"http://{ATTACKER}:{d.port}", "Sec-Fetch-Site": "cross-site"},
+    )
     assert status == 403 and "cross-site request refused" in text
 
 
@@ -156,9 +189,15 @@ async def raw_request(d, raw: bytes) -> tuple[int, str]:
     return int(head.split(" ", 2)[1]), body
 
 
-@pytest.mark.parametrize("request_line", [b"GET /api/jobs HTTP/1.0\r\n", b"GET /api/jobs HTTP/1.1\r\n",
-                                          b"GET /api/jobs HTTP/1.1\r\nHost: \r\n",
-                                          b"DELETE /api/jobs/{job} HTTP/1.1\r\n"])
+@pytest.mark.parametrize(
+    "request_line",
+    [
+        b"GET /api/jobs HTTP/1.0\r\n",
+        b"GET /api/jobs HTTP/1.1\r\n",
+        b"GET /api/jobs HTTP/1.1\r\nHost: \r\n",
+        b"DELETE /api/jobs/{job} HTTP/1.1\r\n",
+    ],
+)
 async def test_a_request_without_a_host_is_refused(request_line, fakes, daemon_factory):
     d = await busy_router(fakes, daemon_factory)
     _, job = await running_and_waiting(d)
@@ -172,8 +211,9 @@ async def test_a_request_without_a_host_is_refused(request_line, fakes, daemon_f
 
 
 def test_a_wildcard_listen_answers_only_to_loopback_public_url_and_allowed_hosts():
-    settings = Settings(listen="0.0.0.0:8750", public_url="http://gpu-box.tailnet.test:8750",
-                        allowed_hosts=("192.168.1.20",))
+    settings = Settings(
+        listen="0.0.0.0:8750", public_url="http://gpu-box.tailnet.test:8750", allowed_hosts=("192.168.1.20",)
+    )
     assert router_hosts(settings) == {"localhost", "127.0.0.1", "::1", "gpu-box.tailnet.test", "192.168.1.20"}
     assert "::" not in router_hosts(Settings(listen="[::]:8750", public_url="http://[::1]:8750"))
     assert "100.64.0.7" in router_hosts(Settings(listen="100.64.0.7:8750", public_url="http://box:8750"))
@@ -181,27 +221,37 @@ def test_a_wildcard_listen_answers_only_to_loopback_public_url_and_allowed_hosts
 
 # -- config ---------------------------------------------------------------------------------------
 
+
 def nodes_only(**router) -> dict:
-    return {"router": router, "node": [{"name": "n1", "url": "http://n1:11434", "rank": 1, "roles": ["task"],
-                                        "model": "m"}]}
+    return {
+        "router": router,
+        "node": [{"name": "n1", "url": "http://n1:11434", "rank": 1, "roles": ["task"], "model": "m"}],
+    }
 
 
 def test_allowed_hosts_are_kept_in_the_form_the_host_header_is_compared_in(tmp_path):
-    settings = parse_config(nodes_only(allowed_hosts=["MyBox.Tailnet.ts.net.", "[FD7A:115C::1]", "100.64.0.7",
-                                                      "gpu_box"]), tmp_path)
+    settings = parse_config(
+        nodes_only(allowed_hosts=["MyBox.Tailnet.ts.net.", "[FD7A:115C::1]", "100.64.0.7", "gpu_box"]), tmp_path
+    )
     assert settings.allowed_hosts == ("mybox.tailnet.ts.net", "fd7a:115c::1", "100.64.0.7", "gpu_box")
     assert parse_config(nodes_only(), tmp_path).allowed_hosts == ()
 
 
 BAD_HOSTS = {
-    "a string": ("mybox", 'router.allowed_hosts: expected a list of host names like ["mybox.tailnet.ts.net"], '
-                          "got 'mybox'"),
+    "a string": (
+        "mybox",
+        "router.allowed_hosts: expected a list of host names like [\"mybox.tailnet.ts.net\"], got 'mybox'",
+    ),
     "a number in the list": (["ok.test", 5], "router.allowed_hosts[2]: expected a host name (a string), got 5"),
-    "a URL": (["http://mybox:8750"], "router.allowed_hosts[1]: write the host name alone, not a URL, "
-                                     "got 'http://mybox:8750'"),
+    "a URL": (
+        ["http://mybox:8750"],
+        "router.allowed_hosts[1]: write the host name alone, not a URL, got 'http://mybox:8750'",
+    ),
     "a port": (["mybox:8750"], "router.allowed_hosts[1]: leave the port out (any port is accepted), got 'mybox:8750'"),
-    "a wildcard": (["*.ts.net"], "router.allowed_hosts[1]: wildcards are not supported, list each host name, "
-                                 "got '*.ts.net'"),
+    "a wildcard": (
+        ["*.ts.net"],
+        "router.allowed_hosts[1]: wildcards are not supported, list each host name, got '*.ts.net'",
+    ),
     "empty": ([""], "router.allowed_hosts[1]: expected a host name or IP address, got ''"),
     "a space": (["my box"], "router.allowed_hosts[1]: expected a host name or IP address, got 'my box'"),
     "a bad label": (["-box.test"], "router.allowed_hosts[1]: expected a host name or IP address, got '-box.test'"),
@@ -269,6 +319,7 @@ async def attacker_site():
     async def attack(request):
         served.append(request.path)
         return web.Response(text=ATTACK_PAGE, content_type="text/html")
+
     app.router.add_get("/attack.html", attack)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
@@ -297,12 +348,15 @@ async def test_a_rebinding_page_in_chromium_reads_nothing_and_changes_nothing(la
 
     chromium = shutil.which("chromium") or "/usr/bin/chromium"
     async with async_playwright() as p:
-        browser = await p.chromium.launch(executable_path=chromium, args=[
-            *CHROMIUM_ARGS, f"--host-resolver-rules=MAP {ATTACKER} 127.0.0.1"])
+        browser = await p.chromium.launch(
+            executable_path=chromium, args=[*CHROMIUM_ARGS, f"--host-resolver-rules=MAP {ATTACKER} 127.0.0.1"]
+        )
         try:
             evil = await browser.new_context()
-            await evil.route(f"{rebound}/attack.html*",
-                             lambda route: route.continue_(url=route.request.url.replace(rebound, attacker_url)))
+            await evil.route(
+                f"{rebound}/attack.html*",
+                lambda route: route.continue_(url=route.request.url.replace(rebound, attacker_url)),
+            )
             attack = await evil.new_page()
             await attack.goto(f"{rebound}/attack.html?victim={victim}")
             assert served == ["/attack.html"]

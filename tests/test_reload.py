@@ -12,7 +12,6 @@ import sys
 import tomllib
 
 import tomli_w
-
 from conftest import LISTENING, eventually, free_port, node_table, run_cli
 
 
@@ -49,6 +48,7 @@ async def test_sighup_adds_a_node_without_a_restart_and_a_job_placed_on_it_runs_
 
     async def node_2_up():
         return any(n["name"] == "node-2" and n["up"] for n in (await daemon.get("/api/nodes"))["nodes"])
+
     await eventually(node_2_up, 20, what="node-2 to be added and up")
     job = (await daemon.submit("task", "on the new node", node="node-2"))[0]
     assert job["node"] == "node-2"
@@ -65,8 +65,12 @@ async def test_sighup_adds_a_node_without_a_restart_and_a_job_placed_on_it_runs_
 async def test_gpuq_reload_reranks_and_placement_follows(fakes, daemon_factory):
     one = await fakes("qwen3-coder:30b")
     three = await fakes("qwen3-coder:30b")
-    daemon = await daemon_factory([node_table("node-1", one, 1, ["task"], "qwen3-coder:30b"),
-                                   node_table("node-3", three, 3, ["task"], "qwen3-coder:30b")])
+    daemon = await daemon_factory(
+        [
+            node_table("node-1", one, 1, ["task"], "qwen3-coder:30b"),
+            node_table("node-3", three, 3, ["task"], "qwen3-coder:30b"),
+        ]
+    )
     await eventually(lambda: all_up(daemon), 20, what="both nodes up")
     first = (await daemon.submit("task", "first"))[0]
     assert first["node"] == "node-1"  # the first free node by rank
@@ -74,6 +78,7 @@ async def test_gpuq_reload_reranks_and_placement_follows(fakes, daemon_factory):
 
     def swap(data):
         node_of(data, "node-1")["rank"], node_of(data, "node-3")["rank"] = 3, 1
+
     edit_config(daemon, swap)
     res = await daemon.cli("reload")
     assert res.code == 0, res
@@ -110,9 +115,13 @@ async def test_gpuq_reload_gives_a_node_a_new_url_and_its_next_job_goes_there(fa
 async def test_removing_a_node_with_jobs_is_refused_naming_them_and_forced_fails_the_waiting_one(fakes, daemon_factory):
     one = await fakes("qwen3-coder:30b")
     two = await fakes("llama3.2:latest", token_delay_s=0.2, tokens=2000)
-    daemon = await daemon_factory([node_table("node-1", one, 1, ["task", "critique"], "qwen3-coder:30b"),
-                                   node_table("node-2", two, 2, ["task"], "llama3.2:latest")],
-                                  stall_timeout="120s")
+    daemon = await daemon_factory(
+        [
+            node_table("node-1", one, 1, ["task", "critique"], "qwen3-coder:30b"),
+            node_table("node-2", two, 2, ["task"], "llama3.2:latest"),
+        ],
+        stall_timeout="120s",
+    )
     await eventually(lambda: all_up(daemon), 20, what="both nodes up")
     running = (await daemon.submit("task", "a long one", node="node-2"))[0]["id"]
     await daemon.wait_state(running, "running", timeout=20)
@@ -162,8 +171,9 @@ async def test_a_broken_file_changes_nothing_and_the_answer_says_why(fakes, daem
     res = await daemon.cli("reload")
     assert res.code == 1 and "node 'node-1'.rank: expected int" in res.err, res
     daemon.proc.send_signal(signal.SIGHUP)  # the signal's answer is the log
-    await eventually(lambda: daemon.log.read_text().count("config not reloaded") >= 3, 20,
-                     what="the SIGHUP's refusal in the log")
+    await eventually(
+        lambda: daemon.log.read_text().count("config not reloaded") >= 3, 20, what="the SIGHUP's refusal in the log"
+    )
     assert (await daemon.get("/api/nodes"))["nodes"][0]["url"] == one.url
     job = (await daemon.submit("task", "still served as before"))[0]
     await daemon.wait_state(job["id"], "done", timeout=20)
@@ -172,8 +182,11 @@ async def test_a_broken_file_changes_nothing_and_the_answer_says_why(fakes, daem
 
 async def test_what_needs_a_restart_is_named_and_kept_while_the_rest_changes(fakes, daemon_factory):
     one = await fakes("qwen3-coder:30b")
-    daemon = await daemon_factory([node_table("node-1", one, 1, ["task", "critique"], "qwen3-coder:30b")],
-                                  token="old-token", env={"GPUQ_TOKEN": "old-token"})
+    daemon = await daemon_factory(
+        [node_table("node-1", one, 1, ["task", "critique"], "qwen3-coder:30b")],
+        token="old-token",
+        env={"GPUQ_TOKEN": "old-token"},
+    )
     status, _ = await daemon.request("POST", "/api/reload", {})
     assert status == 401  # behind the router's token, as every write
 
@@ -183,6 +196,7 @@ async def test_what_needs_a_restart_is_named_and_kept_while_the_rest_changes(fak
         data["router"]["stall_timeout"] = "7s"
         data["router"]["unload"] = "when-idle"
         data["router"]["token"] = "new-token"
+
     edit_config(daemon, change)
     res = await daemon.cli("reload")
     assert res.code == 0, res
@@ -191,8 +205,9 @@ async def test_what_needs_a_restart_is_named_and_kept_while_the_rest_changes(fak
     assert "needs a restart (kept as it was): database:" in res.out
     assert "needs a restart (kept as it was): token: changed" in res.out and "new-token" not in res.out
     assert "  stall_timeout: 5s -> 7s" in res.out and "  unload: after-each -> when-idle" in res.out
-    status, body = await daemon.request("POST", "/api/jobs", {"kind": "task", "prompt": "still here"},
-                                        headers={"Authorization": "Bearer old-token"})
+    status, body = await daemon.request(
+        "POST", "/api/jobs", {"kind": "task", "prompt": "still here"}, headers={"Authorization": "Bearer old-token"}
+    )
     assert status == 201, body
     assert not (daemon.config.parent / "other.db").exists()
 
@@ -202,8 +217,19 @@ async def test_the_demo_has_no_file_to_reload_and_says_so(tmp_path):
     log = tmp_path / "demo.log"
     with open(log, "wb") as out:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gpuq.cli", "serve", "--demo", "--listen", f"127.0.0.1:{port}",
-            "--database", str(tmp_path / "demo.db"), stdout=out, stderr=out, cwd=str(tmp_path))
+            sys.executable,
+            "-m",
+            "gpuq.cli",
+            "serve",
+            "--demo",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--database",
+            str(tmp_path / "demo.db"),
+            stdout=out,
+            stderr=out,
+            cwd=str(tmp_path),
+        )
     try:
         await eventually(lambda: LISTENING in log.read_text(), 30, what="the demo router to listen")
         res = await run_cli("--router", f"http://127.0.0.1:{port}", "reload")

@@ -15,8 +15,9 @@ def test_the_same_seed_replays_the_same_day_and_another_seed_another():
 
 def test_a_longer_replay_is_the_same_day_at_a_slower_clock():
     short, long = tr.generate(3, 12.0), tr.generate(3, 24.0)
-    assert [(e.kind, e.who, e.tokens, e.calls, e.node) for e in short.events] == \
-           [(e.kind, e.who, e.tokens, e.calls, e.node) for e in long.events]
+    assert [(e.kind, e.who, e.tokens, e.calls, e.node) for e in short.events] == [
+        (e.kind, e.who, e.tokens, e.calls, e.node) for e in long.events
+    ]
     for a, b in zip(short.events, long.events):
         assert b.at == pytest.approx(2 * a.at, abs=0.002)
 

@@ -22,8 +22,17 @@ async def test_critique_lines_appear_as_each_child_finishes(lab, tmp_path):
     # token by token, as Ollama's) is some 30 to 120 chunks: a few seconds at this pace.
     lab.fakes["node-2"].script.token_delay_s = 0.1
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gpuq.cli", "--router", lab.url, "critique", str(plan),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=dict(os.environ))
+        sys.executable,
+        "-m",
+        "gpuq.cli",
+        "--router",
+        lab.url,
+        "critique",
+        str(plan),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=dict(os.environ),
+    )
     assert (await asyncio.wait_for(proc.stdout.readline(), 20)).decode() == "fan-out 2 critique nodes\n"
     first = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode()
     assert first.startswith("node-1 ")
@@ -35,7 +44,7 @@ async def test_critique_lines_appear_as_each_child_finishes(lab, tmp_path):
     second_at = next(i for i, line in enumerate(rest) if line.startswith("node-2 "))
     second = rest[second_at]
     assert second.startswith(f"node-2 {slow_id} deepseek-r1:32b done ")
-    for line, under in ((first, rest[:second_at]), (second, rest[second_at + 1:])):
+    for line, under in ((first, rest[:second_at]), (second, rest[second_at + 1 :])):
         node, job_id, model, state, count = line.split()[:5]
         job = await lab.job(job_id)
         assert state == "done" and int(count) == len(job["findings"]) and job["node"] == node
@@ -61,8 +70,11 @@ async def test_a_reply_that_is_not_findings_fails_loudly_and_keeps_the_raw_reply
     res = await lab.cli("critique", str(plan))
     assert res.code == 1
     bad = next(line for line in res.out.splitlines() if line.startswith("node-2"))
-    assert re.fullmatch(rf"node-2 {ID} deepseek-r1:32b failed \d+s: the model's reply does not match the "
-                        r"findings schema: the reply is not JSON .*", bad), bad
+    assert re.fullmatch(
+        rf"node-2 {ID} deepseek-r1:32b failed \d+s: the model's reply does not match the "
+        r"findings schema: the reply is not JSON .*",
+        bad,
+    ), bad
     job = await lab.job(bad.split()[1])
     assert job["output"].startswith("Sure! Here are my findings")
     assert job.get("findings") is None
@@ -151,6 +163,7 @@ async def test_a_running_job_reports_its_tokens_so_far(lab):
     async def five():
         live = await lab.job(job["id"])
         return live if live.get("tokens_so_far") == 5 else None
+
     live = await eventually(five, what="five tokens counted")
     assert len(live["output"].split()) == 5  # from memory, ahead of the ~1 s heartbeat
     queue = await lab.get("/api/queue")
@@ -165,8 +178,17 @@ async def test_ctrl_c_stops_following_but_the_job_goes_on(lab):
     fake.script.tokens = 60
     [job] = await lab.submit("task", "long enough to interrupt", node="node-3")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gpuq.cli", "--router", lab.url, "wait", job["id"],
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=dict(os.environ))
+        sys.executable,
+        "-m",
+        "gpuq.cli",
+        "--router",
+        lab.url,
+        "wait",
+        job["id"],
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=dict(os.environ),
+    )
     assert await asyncio.wait_for(proc.stdout.read(5), 20)  # the output is flowing
     proc.send_signal(signal.SIGINT)
     _, err = await asyncio.wait_for(proc.communicate(), 20)

@@ -51,8 +51,14 @@ class Lab:
         return path
 
     def gpuq(self, *args: str, **env: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "gpuq.cli", *args], cwd=self.cwd, capture_output=True,
-                              text=True, timeout=60, env={**self.env, **env})
+        return subprocess.run(
+            [sys.executable, "-m", "gpuq.cli", *args],
+            cwd=self.cwd,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**self.env, **env},
+        )
 
     def calls(self) -> list[str]:
         return self.calls_file.read_text().splitlines() if self.calls_file.exists() else []
@@ -93,8 +99,11 @@ def test_install_writes_a_systemd_user_unit_after_the_network_and_starts_it(tmp_
     # Installing again (a moved config, a new venv) rewrites the unit and restarts the router on it.
     before = len(lab.calls())
     assert lab.gpuq("service", "install", "--platform", "linux", "--config", str(config)).returncode == 0
-    assert lab.calls()[before:] == ["systemctl --user daemon-reload", "systemctl --user enable --now gpuq.service",
-                                    "systemctl --user restart gpuq.service"]
+    assert lab.calls()[before:] == [
+        "systemctl --user daemon-reload",
+        "systemctl --user enable --now gpuq.service",
+        "systemctl --user restart gpuq.service",
+    ]
 
     before = len(lab.calls())
     r = lab.gpuq("service", "uninstall", "--platform", "linux")
@@ -122,7 +131,10 @@ def test_dry_run_prints_the_unit_and_the_commands_and_changes_nothing(tmp_path):
     assert r.returncode == 0, r.stderr
     assert f"ExecStart={GPUQ} serve --config {config}" in r.stdout.splitlines()
     assert "After=network-online.target" in r.stdout
-    assert r.stdout.splitlines()[-2:] == ["systemctl --user daemon-reload", "systemctl --user enable --now gpuq.service"]
+    assert r.stdout.splitlines()[-2:] == [
+        "systemctl --user daemon-reload",
+        "systemctl --user enable --now gpuq.service",
+    ]
     assert not lab.unit.exists() and lab.calls() == []
 
 
@@ -139,9 +151,11 @@ def test_macos_writes_a_launchd_agent_and_bootstraps_it(tmp_path):
     assert plist["WorkingDirectory"] == str(config.parent)
     assert plist["StandardErrorPath"] == str(lab.home / "Library" / "Logs" / "gpuq" / "router.log")
     uid = os.getuid()
-    assert lab.calls() == [f"launchctl bootout gui/{uid}/local.gpuq.router",  # none loaded yet: its failure is fine
-                           f"launchctl enable gui/{uid}/local.gpuq.router",
-                           f"launchctl bootstrap gui/{uid} {path}"]
+    assert lab.calls() == [
+        f"launchctl bootout gui/{uid}/local.gpuq.router",  # none loaded yet: its failure is fine
+        f"launchctl enable gui/{uid}/local.gpuq.router",
+        f"launchctl bootstrap gui/{uid} {path}",
+    ]
 
     r = lab.gpuq("service", "status", "--platform", "macos", LOADED="1")
     assert r.returncode == 0 and "running: yes (running, pid 4242)" in r.stdout
@@ -186,6 +200,5 @@ def test_a_failing_systemctl_is_named_with_what_it_said(tmp_path):
     config = lab.config()
     r = lab.gpuq("service", "install", "--platform", "linux", "--config", str(config), FAIL_ON="enable")
     assert r.returncode == 1
-    assert ("error `systemctl --user enable --now gpuq.service` exited 1: Failed to connect to bus"
-            in r.stderr)
+    assert "error `systemctl --user enable --now gpuq.service` exited 1: Failed to connect to bus" in r.stderr
     assert f"({lab.unit} is written; `gpuq service uninstall` removes it)" in r.stderr

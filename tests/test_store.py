@@ -76,7 +76,10 @@ async def test_submit_claim_finish_writes_state_runs_and_events(store):
     detail = await store.job_detail(job["id"])
     assert detail["state"] == "done" and detail["output"] == "out" and detail["eval_count"] == 3
     assert [(e["from_state"], e["to_state"]) for e in detail["events"]] == [
-        (None, "queued"), ("queued", "running"), ("running", "done")]
+        (None, "queued"),
+        ("queued", "running"),
+        ("running", "done"),
+    ]
     assert detail["events"][0]["actor"] == "cli 127.0.0.1"
     assert [r["state"] for r in detail["runs"]] == ["done"]
 
@@ -162,10 +165,14 @@ async def test_the_claims_own_sql_takes_the_head_by_the_queue_index(lite_store):
     """The claim's statement itself (lifecycle.CLAIM_SQL), not a copy: the head of one node's queue is
     found by walking job_queue in order, with no sort of the whole queue and no scan of history."""
     from gpuq.store import lifecycle
+
     steps = plan(lite_store.path, lifecycle.CLAIM_SQL, {"node": "a"})
     reads = [s for s in steps if s.startswith(("SCAN", "SEARCH")) and " j " in f" {s} "]
-    assert reads and all("USING INDEX job_queue" in s or "USING COVERING INDEX job_queue" in s
-                         for s in reads if "(node=? AND state=?)" in s), steps
+    assert reads and all(
+        "USING INDEX job_queue" in s or "USING COVERING INDEX job_queue" in s
+        for s in reads
+        if "(node=? AND state=?)" in s
+    ), steps
     assert any("job_queue (node=? AND state=?)" in s for s in reads), steps
     assert not any(s.startswith("SCAN") and s.split()[1] in ("j", "job") for s in steps), steps
     assert not any("TEMP B-TREE" in s for s in steps), steps
@@ -175,6 +182,7 @@ async def test_a_parents_held_critiques_are_found_by_its_children_not_the_queue(
     """Ending a parent without a result (a cancel, a clear of thousands) reads its own children
     through job_parent, not every queued job through the view held_job."""
     from gpuq.store import steps as shared
+
     steps = plan(lite_store.path, shared.HELD_CHILDREN_SQL, ("1-aaaaaaaa",))
     assert steps[0].startswith("SEARCH c USING INDEX job_parent (parent_id=?)"), steps
     assert not any(s.startswith("SCAN") or "(state=?)" in s for s in steps), steps
@@ -222,6 +230,7 @@ async def test_database_file_is_owner_only(tmp_path):
 
 # -- staleness boundaries, with the store's clock under the test's control ---------------------
 
+
 async def running_job(store):
     [job] = await store.submit(NewJob("task", "p", node="a"), NODES, "api")
     claimed = await store.claim("a")
@@ -252,8 +261,10 @@ async def test_finished_stream_not_closed_boundary_the_49_minute_case(store):
 
 
 async def test_max_runtime_boundary_and_per_node_override(store):
-    await store.configure({"stale_after_s": 10**9}, [type("N", (), dict(
-        name="a", url="http://a:1", rank=1, roles=("task",), model="ma", max_runtime_s=100.0))()])
+    await store.configure(
+        {"stale_after_s": 10**9},
+        [type("N", (), dict(name="a", url="http://a:1", rank=1, roles=("task",), model="ma", max_runtime_s=100.0))()],
+    )
     job_id, run_id = await running_job(store)
     t0 = store.test_clock.now
     assert await store.stale_heads(t0 + 99.9) == []
@@ -296,8 +307,7 @@ async def test_a_move_naming_the_jobs_own_node_and_no_position_keeps_its_place(s
 
 
 async def test_finish_can_claim_the_next_job_in_the_same_transaction(store):
-    first, second = [(await store.submit(NewJob("task", f"p{i}", node="a"), NODES, "api"))[0]["id"]
-                     for i in range(2)]
+    first, second = [(await store.submit(NewJob("task", f"p{i}", node="a"), NODES, "api"))[0]["id"] for i in range(2)]
     claimed = await store.claim("a")
     nxt = await store.finish(first, claimed["run_id"], "done", None, "out", claim_node="a")
     assert nxt["id"] == second and nxt["state"] == "running" and nxt["run_id"] != claimed["run_id"]
@@ -334,23 +344,32 @@ async def test_a_colliding_job_id_is_replaced_not_refused(store, monkeypatch):
 async def test_every_write_is_durable_wal_and_synchronous_full(lite_store):
     """A 201 means the job is on disk: the writer connection runs WAL at synchronous=FULL with
     foreign keys on. (A SIGKILL cannot catch synchronous=OFF: the page cache survives it.)"""
+
     def pragmas(db: sqlite3.Connection) -> tuple:
         return tuple(db.execute(f"PRAGMA {p}").fetchone()[0] for p in ("journal_mode", "synchronous", "foreign_keys"))
+
     assert await lite_store._writer.call(pragmas) == ("wal", 2, 1)  # 2 = FULL
 
 
 async def test_node_load_counts_every_way_a_job_comes_and_goes(store):
     """The per-node counts placement reads (table node_load, kept by triggers) equal a count of
     the job table after submits, a claim, a move, a preempt, a finish, a delete and a retry."""
+
     async def truth() -> dict:
-        return {n: (r, q) for n, r, q in await raw(
-            store, "SELECT node, SUM(CASE WHEN state = 'running' THEN 1 ELSE 0 END),"
-            " SUM(CASE WHEN state = 'queued' THEN 1 ELSE 0 END) FROM job"
-            " WHERE state IN ('queued', 'running') GROUP BY node")}
+        return {
+            n: (r, q)
+            for n, r, q in await raw(
+                store,
+                "SELECT node, SUM(CASE WHEN state = 'running' THEN 1 ELSE 0 END),"
+                " SUM(CASE WHEN state = 'queued' THEN 1 ELSE 0 END) FROM job"
+                " WHERE state IN ('queued', 'running') GROUP BY node",
+            )
+        }
 
     async def check():
         kept = {n: tuple(c) for n, c in (await store.active_by_node()).items() if c != (0, 0)}
         assert kept == await truth()
+
     nodes = [NodeInfo("a", 1, ("task",), "ma", True), NodeInfo("c", 2, ("task",), "mc", True)]
     jobs = [j for i in range(6) for j in await store.submit(NewJob("task", f"p{i}"), nodes, "api")]
     await check()
@@ -372,14 +391,18 @@ async def test_node_load_counts_every_way_a_job_comes_and_goes(store):
 
 
 # How the router before migration 011 stored text: appended to the run row's own columns.
-OLD_APPEND = ("UPDATE run SET output = output || COALESCE(:output, ''),"
-              " thinking = COALESCE(thinking || :thinking, thinking, :thinking) WHERE id = :run_id")
+OLD_APPEND = (
+    "UPDATE run SET output = output || COALESCE(:output, ''),"
+    " thinking = COALESCE(thinking || :thinking, thinking, :thinking) WHERE id = :run_id"
+)
 
 
 def old_event(db, job_id, from_state, to_state, actor, reason, now, run_id=None) -> None:
     """How the router before migration 012 wrote an event: with no run."""
-    db.execute("INSERT INTO event (job_id, at, from_state, to_state, actor, reason) VALUES (?,?,?,?,?,?)",
-               (job_id, iso(now), from_state, to_state, actor, reason))
+    db.execute(
+        "INSERT INTO event (job_id, at, from_state, to_state, actor, reason) VALUES (?,?,?,?,?,?)",
+        (job_id, iso(now), from_state, to_state, actor, reason),
+    )
 
 
 async def test_an_upgrade_from_migration_010_keeps_every_runs_text(tmp_path, monkeypatch):
@@ -388,15 +411,19 @@ async def test_an_upgrade_from_migration_010_keeps_every_runs_text(tmp_path, mon
     critique's subject, the view run_output), a run that gave no reasoning still reads None, and
     new text goes to run_chunk after the run's old text, which stays where it was. Its events,
     written with no run, get the run they were about (migration 012's backfill)."""
-    from gpuq.store import lifecycle, sqlite as engine, steps
     from gpuq.shipped import shipped_files
+    from gpuq.store import lifecycle, steps
+    from gpuq.store import sqlite as engine
 
     monkeypatch.setattr(lifecycle, "event", old_event)
     monkeypatch.setattr(steps, "event", old_event)
 
     path, now = tmp_path / "q.db", 1_800_000_000.0
-    nodes = [NodeInfo("a", 1, ("task",), "ma", True), NodeInfo("b", 2, ("task",), "mb", True),
-             NodeInfo("c", 3, ("critique",), "mc", True)]
+    nodes = [
+        NodeInfo("a", 1, ("task",), "ma", True),
+        NodeInfo("b", 2, ("task",), "mb", True),
+        NodeInfo("c", 3, ("critique",), "mc", True),
+    ]
     db = sqlite3.connect(path, isolation_level=None)
     db.row_factory = sqlite3.Row
     files = shipped_files(MIGRATIONS_DIR, "[0-9][0-9][0-9]_*.sql", "migrations")
@@ -427,34 +454,56 @@ async def test_an_upgrade_from_migration_010_keeps_every_runs_text(tmp_path, mon
     store = Store(path, clock=lambda: now + 60)
     await store.open()
     try:
-        for job_id, output, thinking in ((thought, "The answer, in two parts.", "mulling it over"),
-                                         (plain, "plain", None)):
+        for job_id, output, thinking in (
+            (thought, "The answer, in two parts.", "mulling it over"),
+            (plain, "plain", None),
+        ):
             job = await store.job_detail(job_id)
             assert (job["output"], job["thinking"]) == (output, thinking)
             assert [(r["output"], r["thinking"]) for r in job["runs"]] == [(output, thinking)]
         critique = await store.claim("c")
         assert (critique["id"], critique["prompt"]) == (
-            held["id"], "## Task\nthink first\n\n## Result\nThe answer, in two parts.")
+            held["id"],
+            "## Task\nthink first\n\n## Result\nThe answer, in two parts.",
+        )
         run_id = (await store.job(running))["run_id"]
         await store.heartbeat(run_id, "and after")
         assert (await store.job_detail(running))["output"] == "before and after"
     finally:
         await store.close()
     assert await raw(path, "SELECT output, thinking FROM run ORDER BY id") == [
-        ("The answer, in two parts.", "mulling it over"), ("plain", None), ("before ", None), ("", None)]
+        ("The answer, in two parts.", "mulling it over"),
+        ("plain", None),
+        ("before ", None),
+        ("", None),
+    ]
     assert await raw(path, "SELECT run_id, seq, output, thinking FROM run_chunk") == [(run_id, 1, "and after", None)]
     assert await raw(path, "PRAGMA foreign_key_check") == []
     assert await raw(path, "SELECT output, thinking FROM run_output ORDER BY run_id") == [
-        ("The answer, in two parts.", "mulling it over"), ("plain", None), ("before and after", None), ("", None)]
+        ("The answer, in two parts.", "mulling it over"),
+        ("plain", None),
+        ("before and after", None),
+        ("", None),
+    ]
     # Each claim and each end is about the run it started or ended; a submit is about none.
-    assert await raw(path, "SELECT e.job_id, e.to_state, r.job_id FROM event e LEFT JOIN run r ON r.id = e.run_id"
-                           " WHERE e.job_id IN (?, ?) ORDER BY e.id", thought, plain) == [
-        (thought, "queued", None), (thought, "running", thought), (thought, "done", thought),
-        (plain, "queued", None), (plain, "running", plain), (plain, "done", plain)]
-    assert await raw(path, "SELECT COUNT(*) FROM event WHERE run_id IS NULL AND (from_state = 'running'"
-                           " OR to_state = 'running')") == [(0,)]
-    assert await raw(path, "SELECT MAX(version) FROM schema_migration") == [
-        (max(int(f.name[:3]) for f in files),)]
+    assert await raw(
+        path,
+        "SELECT e.job_id, e.to_state, r.job_id FROM event e LEFT JOIN run r ON r.id = e.run_id"
+        " WHERE e.job_id IN (?, ?) ORDER BY e.id",
+        thought,
+        plain,
+    ) == [
+        (thought, "queued", None),
+        (thought, "running", thought),
+        (thought, "done", thought),
+        (plain, "queued", None),
+        (plain, "running", plain),
+        (plain, "done", plain),
+    ]
+    assert await raw(
+        path, "SELECT COUNT(*) FROM event WHERE run_id IS NULL AND (from_state = 'running' OR to_state = 'running')"
+    ) == [(0,)]
+    assert await raw(path, "SELECT MAX(version) FROM schema_migration") == [(max(int(f.name[:3]) for f in files),)]
 
 
 async def test_an_empty_hand_over_taken_alone_does_not_stop_the_writer(store):

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -57,6 +57,7 @@ def covers(*names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         for name in names:
             COVERED.setdefault(name, []).append(test.__name__)
         return test
+
     return tag
 
 
@@ -89,6 +90,7 @@ async def state(store: Store, job_id: str) -> str:
 
 # -- opening, closing, health -----------------------------------------------------------------
 
+
 @covers("open", "close", "where", "alone", "lost", "trouble")
 async def test_a_store_opens_names_its_database_and_keeps_its_jobs_across_a_reopen(database):
     s = Store(database, clock=Clock())
@@ -114,12 +116,25 @@ async def test_a_store_opens_names_its_database_and_keeps_its_jobs_across_a_reop
 
 # -- submitting and the queue's reads ----------------------------------------------------------
 
-@covers("submit", "queue", "queue_position", "jobs", "active_by_node", "next_ready", "next_ready_model",
-        "queue_plans", "lanes_in_play")
+
+@covers(
+    "submit",
+    "queue",
+    "queue_position",
+    "jobs",
+    "active_by_node",
+    "next_ready",
+    "next_ready_model",
+    "queue_plans",
+    "lanes_in_play",
+)
 async def test_submitted_jobs_wait_in_order_and_every_read_of_the_queue_agrees(store):
     created = [await store.submit(NewJob("task", f"p{i}", node="a"), NODES, "api") for i in range(3)]
-    assert [(j["state"], j["node"], j["model"], j["position"]) for [j] in created] == \
-        [("queued", "a", "ma", 1), ("queued", "a", "ma", 2), ("queued", "a", "ma", 3)]
+    assert [(j["state"], j["node"], j["model"], j["position"]) for [j] in created] == [
+        ("queued", "a", "ma", 1),
+        ("queued", "a", "ma", 2),
+        ("queued", "a", "ma", 3),
+    ]
     ids = [j["id"] for [j] in created]
     running, queued, count = await store.queue("a", 10)
     assert (running, [j["id"] for j in queued], count) == (None, ids, 3)
@@ -136,13 +151,17 @@ async def test_submitted_jobs_wait_in_order_and_every_read_of_the_queue_agrees(s
     # Unplaced, a task goes to the first free task node; an interactive one is in play.
     [free] = await store.submit(NewJob("task", "hurry", lane="interactive"), NODES, "api")
     assert (free["node"], free["reason"], free["lane"]) == ("b", "first free node by rank", "interactive")
-    assert [(r["node"], r["state"], r["lane"]) for r in await store.lanes_in_play(ids[0])] == \
-        [("b", "queued", "interactive")]
+    assert [(r["node"], r["state"], r["lane"]) for r in await store.lanes_in_play(ids[0])] == [
+        ("b", "queued", "interactive")
+    ]
     assert await store.lanes_in_play(free["id"]) == []
 
     plans = await store.queue_plans(["a", "b"], depth=2)
-    assert [(p["node"], p["id"], p["state"]) for p in plans] == \
-        [("a", ids[0], "queued"), ("a", ids[1], "queued"), ("b", free["id"], "queued")]
+    assert [(p["node"], p["id"], p["state"]) for p in plans] == [
+        ("a", ids[0], "queued"),
+        ("a", ids[1], "queued"),
+        ("b", free["id"], "queued"),
+    ]
     assert await store.queue_plans([], depth=2) == []
 
 
@@ -165,14 +184,17 @@ async def test_a_critique_fans_out_never_to_its_parents_node_and_the_guard_refus
     assert (refused.value.status, refused.value.message) == (409, GUARD_MESSAGE)
     assert len(await store.jobs()) == before  # nothing stored
     fan = await store.submit(NewJob("critique", None, parent=parent), NODES, "api")
-    assert sorted((c["node"], c["waiting_for"], c["state"]) for c in fan) == \
-        [("b", parent, "queued"), ("c", parent, "queued")]
+    assert sorted((c["node"], c["waiting_for"], c["state"]) for c in fan) == [
+        ("b", parent, "queued"),
+        ("c", parent, "queued"),
+    ]
     with pytest.raises(GpuqError) as unknown:
         await store.submit(NewJob("critique", None, parent="1800000000-00000000"), NODES, "api")
     assert unknown.value.status == 422
 
 
 # -- a job's life: claim, progress, finish; its reads ------------------------------------------
+
 
 @covers("claim", "heartbeat", "work_done", "finish", "save_output", "job", "job_detail", "runs", "run_texts")
 async def test_a_job_is_claimed_streams_and_finishes_and_its_page_reads_all_of_it(store):
@@ -184,8 +206,17 @@ async def test_a_job_is_claimed_streams_and_finishes_and_its_page_reads_all_of_i
     assert (await store.active_by_node())["a"] == NodeCounts(1, 1)
     await store.heartbeat(run, "Hel")
     await store.heartbeat(run, "lo", thinking="hm")
-    await store.work_done(run, "!", {"eval_count": 7, "prompt_eval_count": 3, "done_reason": "stop",
-                                     "total_duration": 5_000, "eval_duration": 4_000})
+    await store.work_done(
+        run,
+        "!",
+        {
+            "eval_count": 7,
+            "prompt_eval_count": 3,
+            "done_reason": "stop",
+            "total_duration": 5_000,
+            "eval_duration": 4_000,
+        },
+    )
     after = await store.finish(first, run, "done", None, claim_node="a")  # and claims the next
     assert after is not None and (after["id"], after["state"]) == (second, "running")
     with pytest.raises(GuardMiss) as miss:  # a finish from a run that is no longer running
@@ -208,29 +239,38 @@ async def test_a_job_is_claimed_streams_and_finishes_and_its_page_reads_all_of_i
     # An interrupted run's last output is kept, whatever state it ended in.
     await store.delete(second, "api")
     await store.save_output(after["run_id"], "late words")
-    assert ((await store.job_detail(second))["state"], (await store.job_detail(second))["output"]) == \
-        ("cancelled", "late words")
+    assert ((await store.job_detail(second))["state"], (await store.job_detail(second))["output"]) == (
+        "cancelled",
+        "late words",
+    )
 
 
 @covers("job_detail")
 async def test_a_critique_reviews_its_parents_result_and_the_parent_counts_its_findings(store):
     parent = await submit(store, "a", "the task")
-    [crit, _] = sorted(await store.submit(NewJob("critique", None, parent=parent), NODES, "api"),
-                       key=lambda c: c["node"])
+    [crit, _] = sorted(
+        await store.submit(NewJob("critique", None, parent=parent), NODES, "api"), key=lambda c: c["node"]
+    )
     assert await store.next_ready("b") is None  # held for its parent's result
     assert (await store.job(crit["id"]))["waiting_for"] == parent
     run = (await store.claim("a"))["run_id"]
     await store.finish(parent, run, "done", None, output="the answer")
     claimed = await store.claim("b")
     assert claimed["id"] == crit["id"] and "the task" in claimed["prompt"] and "the answer" in claimed["prompt"]
-    await store.finish(crit["id"], claimed["run_id"], "done", None,
-                       findings=[{"severity": "low"}, {"severity": "high"}, {"severity": "medium"}])
+    await store.finish(
+        crit["id"],
+        claimed["run_id"],
+        "done",
+        None,
+        findings=[{"severity": "low"}, {"severity": "high"}, {"severity": "medium"}],
+    )
     children = {c["id"]: c for c in (await store.job_detail(parent))["children"]}
     assert (children[crit["id"]]["finding_count"], children[crit["id"]]["top_severity"]) == (3, "high")
     assert [c["finding_count"] for i, c in children.items() if i != crit["id"]] == [None]
 
 
 # -- the user's queue control (every case of each: tests/test_store_queue.py, on both engines too) --
+
 
 @covers("move", "preempt", "delete", "clear", "retry")
 async def test_a_user_moves_preempts_deletes_clears_and_retries(store):
@@ -271,6 +311,7 @@ async def test_a_user_moves_preempts_deletes_clears_and_retries(store):
 
 # -- a worker's and a router's recovery ------------------------------------------------------
 
+
 @covers("put_back", "requeue_unsent", "fail_orphans", "cancel_clientless", "remove_nodes")
 async def test_claims_are_undone_orphans_fail_and_leaving_nodes_take_their_jobs_along(store):
     on_a, on_b = await submit(store, "a"), await submit(store, "b")
@@ -298,6 +339,7 @@ async def test_claims_are_undone_orphans_fail_and_leaving_nodes_take_their_jobs_
 
     def refuse(waiting: dict[str, list[str]], running: dict[str, str]) -> str | None:
         return f"jobs wait on {sorted(waiting)}" if waiting else None
+
     with pytest.raises(Conflict, match=r"jobs wait on \['b'\]"):
         await store.remove_nodes(["b"], False, "node b removed", refuse)
     assert await state(store, on_b) == "queued"
@@ -310,11 +352,13 @@ async def test_claims_are_undone_orphans_fail_and_leaving_nodes_take_their_jobs_
 
 # -- the router's own records ------------------------------------------------------------------
 
+
 @covers("configure", "set_node_health", "record_reload", "note", "read")
 async def test_the_router_records_its_nodes_their_health_its_reloads_and_notes(store):
     nodes = await store.read("SELECT name, url, rank, roles, model FROM node ORDER BY name")
-    assert [(n["name"], n["url"], n["rank"], n["roles"], n["model"]) for n in nodes] == \
-        [(c.name, c.url, c.rank, ",".join(c.roles), c.model) for c in CONFIGURED]
+    assert [(n["name"], n["url"], n["rank"], n["roles"], n["model"]) for n in nodes] == [
+        (c.name, c.url, c.rank, ",".join(c.roles), c.model) for c in CONFIGURED
+    ]
     await store.configure({"stale_after_s": 60.0}, [NodeConfig("a", "http://elsewhere:11434", 1, ("task",), "ma")])
     [a] = await store.read("SELECT url, roles FROM node WHERE name = :name", {"name": "a"})
     assert (a["url"], a["roles"]) == ("http://elsewhere:11434", "task")
@@ -354,6 +398,7 @@ async def test_a_head_with_no_progress_goes_stale_once(store):
 
 # -- history and utilisation --------------------------------------------------------------------
 
+
 @covers("history", "finished_since", "runs_since", "finished_totals", "recent_durations")
 async def test_finished_jobs_are_counted_searched_and_timed_alike(store):
     clock = store.clock
@@ -386,23 +431,41 @@ async def test_finished_jobs_are_counted_searched_and_timed_alike(store):
     totals = {r["state"]: r for r in await store.finished_totals(0, (5.0, 20.0), (1.0,))}
     assert set(totals) == {"done", "failed"}
     ann = totals["done"]
-    assert (ann["node"], ann["kind"], ann["model"], ann["owner"], ann["n"], ann["tokens"]) == \
-        ("a", "task", "ma", "ann", 1, 5)
+    assert (ann["node"], ann["kind"], ann["model"], ann["owner"], ann["n"], ann["tokens"]) == (
+        "a",
+        "task",
+        "ma",
+        "ann",
+        1,
+        5,
+    )
     assert (ann["d_n"], ann["d_le_0"], ann["d_le_1"]) == (1, 0, 1) and 10 <= ann["d_sum"] < 11
     assert (totals["failed"]["owner"], totals["failed"]["n"]) == ("", 1)
     assert await store.finished_totals(max(r["last_event"] for r in totals.values()), (5.0,), ()) == []
 
     durations = await store.recent_durations({("a", "ma")}, {"a"})
-    assert sorted((r["node"], r["model"] or "", round(r["seconds"])) for r in durations) == \
-        [("a", "", 10), ("a", "ma", 10)]
+    assert sorted((r["node"], r["model"] or "", round(r["seconds"])) for r in durations) == [
+        ("a", "", 10),
+        ("a", "ma", 10),
+    ]
 
 
 # -- alerts ---------------------------------------------------------------------------------------
 
+
 @covers("fire_alert", "resolve_alert", "owe_open_alerts", "record_delivery", "open_alerts", "alerts_owed", "alerts")
 async def test_an_alert_fires_is_owed_delivered_and_resolved(store):
-    fired = await store.fire_alert({"alert": "node_down", "node": "a", "job": None, "since": iso(T0),
-                                    "message": "node a is down", "fix": "gpuq nodes"}, deliver=False)
+    fired = await store.fire_alert(
+        {
+            "alert": "node_down",
+            "node": "a",
+            "job": None,
+            "since": iso(T0),
+            "message": "node a is down",
+            "fix": "gpuq nodes",
+        },
+        deliver=False,
+    )
     assert (fired["alert"], fired["node"], fired["resolved_at"], fired["deliver"]) == ("node_down", "a", None, 0)
     assert [r["id"] for r in await store.open_alerts()] == [fired["id"]]
     assert await store.alerts_owed() == []  # seen while no alert_url was set
@@ -418,11 +481,14 @@ async def test_an_alert_fires_is_owed_delivered_and_resolved(store):
     [owed] = await store.alerts_owed()  # the resolved notice is owed now
     assert (owed["resolution"], owed["attempts"]) == ("node a is up", 0)
     [latest] = await store.alerts(10)
-    assert [(d["status"], d["ok"], d["http_status"]) for d in latest["deliveries"]] == \
-        [("firing", 0, 500), ("firing", 1, 200)]
+    assert [(d["status"], d["ok"], d["http_status"]) for d in latest["deliveries"]] == [
+        ("firing", 0, 500),
+        ("firing", 1, 200),
+    ]
 
 
 # -- leases: exactly one router drives a node (every case: tests/test_leases.py) ----------------
+
 
 @covers("take_nodes", "renew_nodes", "release_nodes", "end_dead_routers", "routers")
 async def test_a_router_holds_its_nodes_until_it_releases_them_or_its_process_is_gone(store):
@@ -446,6 +512,7 @@ async def test_a_router_holds_its_nodes_until_it_releases_them_or_its_process_is
 
 
 # -- other routers' changes ------------------------------------------------------------------
+
 
 @covers("watch")
 async def test_another_routers_change_is_watched_and_this_routers_own_is_not(store, database):
@@ -471,16 +538,24 @@ async def test_another_routers_change_is_watched_and_this_routers_own_is_not(sto
 
 # -- the contract covers the whole store ------------------------------------------------------
 
+
 def public_names() -> set[str]:
     """Store's public methods and properties, its own and those of its bases (its reads:
     gpuq/store/reads.py's Reads)."""
-    return {name for cls in Store.__mro__ if cls is not object for name, member in vars(cls).items()
-            if not name.startswith("_") and (inspect.isfunction(member) or isinstance(member, property))}
+    return {
+        name
+        for cls in Store.__mro__
+        if cls is not object
+        for name, member in vars(cls).items()
+        if not name.startswith("_") and (inspect.isfunction(member) or isinstance(member, property))
+    }
 
 
 def test_every_public_name_of_the_store_has_its_contract():
     missing = public_names() - set(COVERED)
-    assert not missing, (f"Store's {sorted(missing)} have no contract test: add one to tests/test_store_contract.py"
-                         " (on both engines, through the `store` fixture) and tag it with @covers")
+    assert not missing, (
+        f"Store's {sorted(missing)} have no contract test: add one to tests/test_store_contract.py"
+        " (on both engines, through the `store` fixture) and tag it with @covers"
+    )
     gone = set(COVERED) - public_names()
     assert not gone, f"@covers names {sorted(gone)}, which Store no longer has"

@@ -6,13 +6,12 @@ from __future__ import annotations
 import sqlite3
 
 import psycopg
-
 import pytest
 
-from gpuq.errors import GUARD_MESSAGE, BadRequest, Conflict, GpuqError, GuardMiss, GuardRefused, NotFound
-from gpuq.jobs import POSITION_GAP
 import gpuq.store.control as control_module
 import gpuq.store.steps as steps_module
+from gpuq.errors import GUARD_MESSAGE, BadRequest, Conflict, GpuqError, GuardMiss, GuardRefused, NotFound
+from gpuq.jobs import POSITION_GAP
 from gpuq.store import Interrupted, NewJob, NodeInfo, Store
 
 NODES = [
@@ -57,8 +56,9 @@ async def order(store, node="node-3") -> list[str]:
 
 
 async def positions(store, node="node-3") -> list[int]:
-    rows = await store.read("SELECT position FROM job WHERE node = ? AND state = 'queued'"
-                            " ORDER BY position, id", (node,))
+    rows = await store.read(
+        "SELECT position FROM job WHERE node = ? AND state = 'queued' ORDER BY position, id", (node,)
+    )
     return [r["position"] for r in rows]
 
 
@@ -93,6 +93,7 @@ def refused(exc: pytest.ExceptionInfo, status: int, *words: str) -> None:
 
 # -- move -------------------------------------------------------------------------------------
 
+
 async def test_move_to_a_position(store):
     a, b, c, d, e = await tasks(store, 5)
     moved = await store.move(e, NODES, "cli 127.0.0.1", position=1)
@@ -108,7 +109,11 @@ async def test_move_to_a_position(store):
     assert await order(store) == [e, a, c, d, b]
     [*_, ev] = await events(store, a)
     assert (ev["from_state"], ev["to_state"], ev["actor"], ev["reason"]) == (
-        "queued", "queued", "cli 127.0.0.1", "moved at position 3")
+        "queued",
+        "queued",
+        "cli 127.0.0.1",
+        "moved at position 3",
+    )
 
 
 async def test_move_before_and_after(store):
@@ -200,6 +205,7 @@ async def test_only_queued_jobs_move(store, state):
 
 # -- the guard ----------------------------------------------------------------------------------
 
+
 async def critique_of(store, parent: str) -> str:
     [crit] = await store.submit(NewJob("critique", "review", parent=parent, node="node-2"), NODES, "api")
     return crit["id"]
@@ -225,8 +231,10 @@ async def test_the_database_itself_refuses_a_critique_onto_its_parents_node(stor
     parent = await task(store, "node-1")
     crit = await critique_of(store, parent)
     if store.dsn:  # from a connection of its own, as psql would
-        with psycopg.connect(store.dsn, autocommit=True) as db, \
-                pytest.raises(psycopg.IntegrityError, match=GUARD_MESSAGE):
+        with (
+            psycopg.connect(store.dsn, autocommit=True) as db,
+            pytest.raises(psycopg.IntegrityError, match=GUARD_MESSAGE),
+        ):
             db.execute("UPDATE job SET node = 'node-1' WHERE id = %s", (crit,))
     else:  # as the sqlite3 shell would
         db = sqlite3.connect(store.path)
@@ -259,6 +267,7 @@ async def test_retrying_a_critique_never_puts_it_on_its_parents_node(store):
 
 # -- gaps ---------------------------------------------------------------------------------------
 
+
 async def test_gap_exhaustion_renumbers_inside_the_move_and_order_stays_right(store, monkeypatch):
     renumbered = []
     real = steps_module.renumber
@@ -266,6 +275,7 @@ async def test_gap_exhaustion_renumbers_inside_the_move_and_order_stays_right(st
     def spy(db, node):
         renumbered.append(node)
         real(db, node)
+
     monkeypatch.setattr(steps_module, "renumber", spy)
 
     head, tail = await tasks(store, 2)
@@ -292,8 +302,11 @@ async def test_gap_exhaustion_renumbers_inside_the_move_and_order_stays_right(st
 
 async def test_a_failed_move_rolls_back_its_renumber(store, monkeypatch):
     a, b, c = await tasks(store, 3)
-    await store._write(lambda db: db.executemany(  # no gap left anywhere
-        "UPDATE job SET position = ? WHERE id = ?", [(i, job) for i, job in enumerate((a, b, c))]))
+    await store._write(
+        lambda db: db.executemany(  # no gap left anywhere
+            "UPDATE job SET position = ? WHERE id = ?", [(i, job) for i, job in enumerate((a, b, c))]
+        )
+    )
     renumbered = []
     real = steps_module.renumber
 
@@ -303,6 +316,7 @@ async def test_a_failed_move_rolls_back_its_renumber(store, monkeypatch):
 
     def broken_event(*args, **kwargs):  # the engine's own error for a failing disk
         raise (psycopg.errors.DiskFull if store.dsn else sqlite3.OperationalError)("disk I/O error")
+
     monkeypatch.setattr(steps_module, "renumber", spy)
     monkeypatch.setattr(control_module, "event", broken_event)
     with pytest.raises(GpuqError) as exc:
@@ -313,6 +327,7 @@ async def test_a_failed_move_rolls_back_its_renumber(store, monkeypatch):
 
 
 # -- preempt ------------------------------------------------------------------------------------
+
 
 async def test_preempt_without_a_running_job_moves_to_the_head(store):
     a, b, c = await tasks(store, 3)
@@ -340,7 +355,11 @@ async def test_preempt_interrupts_the_running_job_and_keeps_its_run(store):
     assert run["output"] == "partial out" and run["finished_at"] is not None
     ev = victim["events"][-1]
     assert (ev["from_state"], ev["to_state"], ev["actor"], ev["reason"]) == (
-        "running", "queued", "cli 10.0.0.5", f"preempted by {d}")
+        "running",
+        "queued",
+        "cli 10.0.0.5",
+        f"preempted by {d}",
+    )
     # The interrupted worker's late finish is refused: the run is no longer running.
     with pytest.raises(GuardMiss):
         await store.finish(a, claimed["run_id"], "done", None, "full out")
@@ -352,12 +371,15 @@ async def test_preempt_interrupts_the_running_job_and_keeps_its_run(store):
     assert again["id"] == a and again["run_id"] != claimed["run_id"]
     await store.finish(a, again["run_id"], "done", None, "full out")
     detail = await store.job_detail(a)
-    assert [(r["state"], r["output"]) for r in detail["runs"]] == [
-        ("preempted", "partial out"), ("done", "full out")]
+    assert [(r["state"], r["output"]) for r in detail["runs"]] == [("preempted", "partial out"), ("done", "full out")]
     assert detail["preempted_runs"] == 1 and detail["state"] == "done"
     assert [(e["from_state"], e["to_state"]) for e in detail["events"]] == [
-        (None, "queued"), ("queued", "running"), ("running", "queued"), ("queued", "running"),
-        ("running", "done")]
+        (None, "queued"),
+        ("queued", "running"),
+        ("running", "queued"),
+        ("queued", "running"),
+        ("running", "done"),
+    ]
 
 
 async def test_preempt_on_another_node_leaves_this_one_alone(store):
@@ -387,6 +409,7 @@ async def test_preempt_unknown_is_404(store):
 
 # -- delete -------------------------------------------------------------------------------------
 
+
 async def test_delete_a_queued_job(store):
     a, b, c = await tasks(store, 3)
     job, interrupted = await store.delete(b, "cli 127.0.0.1")
@@ -397,7 +420,11 @@ async def test_delete_a_queued_job(store):
     assert detail["finished_at"] is not None
     ev = detail["events"][-1]
     assert (ev["from_state"], ev["to_state"], ev["actor"], ev["reason"]) == (
-        "queued", "cancelled", "cli 127.0.0.1", "deleted")
+        "queued",
+        "cancelled",
+        "cli 127.0.0.1",
+        "deleted",
+    )
 
 
 async def test_delete_a_running_job_frees_the_node(store):
@@ -446,6 +473,7 @@ async def test_delete_unknown_is_404(store):
 
 # -- clear --------------------------------------------------------------------------------------
 
+
 async def test_clear_cancels_the_waiting_jobs_and_leaves_the_running_one(store):
     a, b, c = await tasks(store, 3)
     other = await task(store, "node-1")
@@ -487,6 +515,7 @@ async def test_clear_an_empty_node_changes_nothing(store):
 
 # -- retry --------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("state", ["failed", "cancelled"])
 async def test_retry_puts_a_finished_job_at_the_tail_as_a_new_run(store, state):
     job = await in_state(store, state)
@@ -499,7 +528,11 @@ async def test_retry_puts_a_finished_job_at_the_tail_as_a_new_run(store, state):
     assert (detail["state"], detail["error"], detail["finished_at"]) == ("queued", None, None)
     ev = detail["events"][-1]
     assert (ev["from_state"], ev["to_state"], ev["actor"], ev["reason"]) == (
-        state, "queued", "cli 127.0.0.1", "retry requested")
+        state,
+        "queued",
+        "cli 127.0.0.1",
+        "retry requested",
+    )
     for expected in (a, b, job):
         claimed = await store.claim("node-3")
         assert claimed["id"] == expected

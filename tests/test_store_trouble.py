@@ -12,7 +12,6 @@ import sys
 import time
 
 import pytest
-
 from conftest import eventually, node_table
 
 from gpuq.demo import FakeOllama, Script
@@ -30,9 +29,11 @@ async def timed_health(d) -> tuple[int, dict]:
 
 async def red(d, test, what: str, timeout: float = 10.0) -> dict:
     """Poll /health (each answer within the bound) until it is red and `test(body)` holds."""
+
     async def check():
         status, body = await timed_health(d)
         return body if status == 503 and body["ok"] is False and test(body) else None
+
     return await eventually(check, timeout, 0.1, what)
 
 
@@ -40,6 +41,7 @@ async def green(d, timeout: float = 20.0) -> dict:
     async def check():
         status, body = await d.request("GET", "/health")
         return body if status == 200 else None
+
     return await eventually(check, timeout, 0.1, "/health to be green again")
 
 
@@ -52,8 +54,7 @@ def node_row(path) -> dict:
         db.close()
 
 
-async def test_a_write_locked_store_and_a_node_going_down_turn_health_red_naming_both(
-        fakes, daemon_factory, tmp_path):
+async def test_a_write_locked_store_and_a_node_going_down_turn_health_red_naming_both(fakes, daemon_factory, tmp_path):
     fake = await fakes("qwen3-coder:30b")
     d = await daemon_factory([node_table("node-1", fake, 1, ["task"], "qwen3-coder:30b")], busy_timeout="0.3s")
     [job] = await d.submit("task", "before the shell")
@@ -89,24 +90,36 @@ async def test_a_write_locked_store_and_a_node_going_down_turn_health_red_naming
 # waits ~10 s in SQLite's own retry loop, then fails, and the next call waits again. It is how a
 # frozen disk looks to the router (each call hangs), made real and deterministic without
 # fsfreeze: the helper holds the locks until its stdin closes.
-HOLD_WAL_LOCKS = ("import fcntl, sys; f = open(sys.argv[1], 'r+b'); fcntl.lockf(f, fcntl.LOCK_EX, 8, 120);"
-                  " print('held', flush=True); sys.stdin.read()")
+HOLD_WAL_LOCKS = (
+    "import fcntl, sys; f = open(sys.argv[1], 'r+b'); fcntl.lockf(f, fcntl.LOCK_EX, 8, 120);"
+    " print('held', flush=True); sys.stdin.read()"
+)
 
 
 async def test_a_store_that_does_not_answer_health_answers_within_a_second_and_a_submit_is_bounded(
-        fakes, daemon_factory, tmp_path):
+    fakes, daemon_factory, tmp_path
+):
     fake = await fakes("qwen3-coder:30b")
-    d = await daemon_factory([node_table("node-1", fake, 1, ["task"], "qwen3-coder:30b")],
-                             busy_timeout="0.5s", submit_timeout="0.5s")
+    d = await daemon_factory(
+        [node_table("node-1", fake, 1, ["task"], "qwen3-coder:30b")], busy_timeout="0.5s", submit_timeout="0.5s"
+    )
     [acked] = await d.submit("task", "acknowledged before the freeze")
     await d.wait_state(acked["id"], "done")
     helper = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", HOLD_WAL_LOCKS, str(tmp_path / "gpuq.db-shm"),
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-c",
+        HOLD_WAL_LOCKS,
+        str(tmp_path / "gpuq.db-shm"),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
     try:
         assert (await asyncio.wait_for(helper.stdout.readline(), 10)).strip() == b"held"
-        body = await red(d, lambda b: b["store"] and "not answering" in b["store"]["problem"],
-                         "/health to say the store is not answering")
+        body = await red(
+            d,
+            lambda b: b["store"] and "not answering" in b["store"]["problem"],
+            "/health to say the store is not answering",
+        )
         assert body["store"]["problem"].startswith("the database is not answering")
         started = time.monotonic()
         status, refused = await d.request("POST", "/api/jobs", {"kind": "task", "prompt": "during the freeze"})
@@ -130,7 +143,8 @@ async def test_a_store_that_does_not_answer_health_answers_within_a_second_and_a
 
 
 async def test_jobs_waiting_on_an_up_idle_node_that_cannot_claim_them_turn_health_red_naming_both(
-        fakes, daemon_factory, tmp_path):
+    fakes, daemon_factory, tmp_path
+):
     fake = await fakes("qwen3-coder:30b")
     port = fake.port
     d = await daemon_factory([node_table("node-1", fake, 1, ["task"], "qwen3-coder:30b")], busy_timeout="0.2s")
@@ -143,8 +157,10 @@ async def test_jobs_waiting_on_an_up_idle_node_that_cannot_claim_them_turn_healt
 
         def names_the_head(body):
             return [(u["node"], u["job"]) for u in body["unclaimed"]] == [("node-1", jobs[0]["id"])]
-        body = await red(d, lambda b: not b["nodes_down"] and names_the_head(b),
-                         "/health to name the node whose jobs nothing claims")
+
+        body = await red(
+            d, lambda b: not b["nodes_down"] and names_the_head(b), "/health to name the node whose jobs nothing claims"
+        )
         assert body["queue_depth"] == 3 and body["running"] == 0 and body["stale"] == []
         assert "locked by another process" in body["unclaimed"][0]["error"]
     finally:
@@ -158,8 +174,12 @@ async def test_jobs_waiting_on_an_up_idle_node_that_cannot_claim_them_turn_healt
 
 async def test_an_ending_refused_by_the_store_lands_once_it_takes_writes_again(fakes, daemon_factory, tmp_path):
     fake = await fakes("qwen3-coder:30b")
-    d = await daemon_factory([node_table("node-1", fake, 1, ["task"], "qwen3-coder:30b")], busy_timeout="0.2s",
-                             stale_grace="0.3s", unload="when-idle")
+    d = await daemon_factory(
+        [node_table("node-1", fake, 1, ["task"], "qwen3-coder:30b")],
+        busy_timeout="0.2s",
+        stale_grace="0.3s",
+        unload="when-idle",
+    )
     fake.script.token_delay_s = 0.05
     fake.script.tokens = 20
     [job] = await d.submit("task", "ends while the store refuses writes")
@@ -198,7 +218,8 @@ class ShowHeld(FakeOllama):
 
 
 async def test_a_job_whose_ending_meets_a_frozen_store_is_closed_with_its_output_once_it_answers(
-        daemon_factory, tmp_path):
+    daemon_factory, tmp_path
+):
     # "when-idle" reads the next job's model before closing the job; a store that does not
     # answer that read used to crash the ending, whose one try to fail the job was refused too:
     # the job stayed running with its work done ("ollama finished but the job was not closed")
@@ -206,19 +227,32 @@ async def test_a_job_whose_ending_meets_a_frozen_store_is_closed_with_its_output
     fake = ShowHeld(models={"qwen3-coder:30b"}, script=Script())
     await fake.start()
     try:
-        d = await daemon_factory([node_table("node-1", fake, 1, ["task"], "qwen3-coder:30b")],
-                                 busy_timeout="0.5s", stale_grace="0.3s", unload="when-idle")
+        d = await daemon_factory(
+            [node_table("node-1", fake, 1, ["task"], "qwen3-coder:30b")],
+            busy_timeout="0.5s",
+            stale_grace="0.3s",
+            unload="when-idle",
+        )
         [job] = await d.submit("task", "ends as the store freezes")
         await eventually(fake.show_asked.is_set, 15, what="the worker to ask /api/show after the stream")
         helper = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", HOLD_WAL_LOCKS, str(tmp_path / "gpuq.db-shm"),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+            sys.executable,
+            "-c",
+            HOLD_WAL_LOCKS,
+            str(tmp_path / "gpuq.db-shm"),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
         try:
             assert (await asyncio.wait_for(helper.stdout.readline(), 10)).strip() == b"held"
             fake.show_gate.set()
             lines = (f"job={job['id']} outcome not recorded yet", f"job={job['id']} node=node-1 could not record")
-            await eventually(lambda: any(line in d.log.read_text() for line in lines), 40, 0.1,
-                             "the store to refuse the job's ending")
+            await eventually(
+                lambda: any(line in d.log.read_text() for line in lines),
+                40,
+                0.1,
+                "the store to refuse the job's ending",
+            )
         finally:
             helper.stdin.close()
             await helper.wait()
@@ -241,19 +275,28 @@ async def test_the_queue_page_names_a_store_that_does_not_answer(fakes, daemon_f
     fake = await fakes("qwen3-coder:30b")
     d = await daemon_factory([node_table("node-1", fake, 1, ["task"], "qwen3-coder:30b")], busy_timeout="0.5s")
     async with async_playwright() as p:
-        browser = await p.chromium.launch(executable_path=shutil.which("chromium") or "/usr/bin/chromium",
-                                          args=CHROMIUM_ARGS)
+        browser = await p.chromium.launch(
+            executable_path=shutil.which("chromium") or "/usr/bin/chromium", args=CHROMIUM_ARGS
+        )
         helper = None
         try:
             page = await browser.new_page()
             await page.goto(d.url + "/")
             await expect(page.locator("#conn")).to_have_text("live")
             helper = await asyncio.create_subprocess_exec(
-                sys.executable, "-c", HOLD_WAL_LOCKS, str(tmp_path / "gpuq.db-shm"),
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+                sys.executable,
+                "-c",
+                HOLD_WAL_LOCKS,
+                str(tmp_path / "gpuq.db-shm"),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+            )
             assert (await asyncio.wait_for(helper.stdout.readline(), 10)).strip() == b"held"
-            await red(d, lambda b: b["store"] and "not answering" in b["store"]["problem"],
-                      "/health to say the store is not answering")
+            await red(
+                d,
+                lambda b: b["store"] and "not answering" in b["store"]["problem"],
+                "/health to say the store is not answering",
+            )
             await shown_after_now(page)  # a refresh that began with the store frozen is on the screen
             alert = page.locator("[data-store=trouble]")
             await expect(alert).to_contain_text("the database is not answering")
@@ -279,8 +322,12 @@ async def test_a_refused_claim_that_succeeds_while_health_reads_is_not_named_and
 
     fake = await fakes("qwen3-coder:30b")
     port = fake.port
-    settings = Settings(database=tmp_path / "gpuq.db", health_interval_s=0.1, busy_timeout_s=0.2,
-                        nodes=(NodeConfig("n", fake.url, 1, ("task",), "qwen3-coder:30b"),))
+    settings = Settings(
+        database=tmp_path / "gpuq.db",
+        health_interval_s=0.1,
+        busy_timeout_s=0.2,
+        nodes=(NodeConfig("n", fake.url, 1, ("task",), "qwen3-coder:30b"),),
+    )
     client = TestClient(TestServer(create_app(settings), host="127.0.0.1"))
     await client.start_server()
     shell = sqlite3.connect(tmp_path / "gpuq.db", isolation_level=None)
@@ -293,8 +340,9 @@ async def test_a_refused_claim_that_succeeds_while_health_reads_is_not_named_and
         assert resp.status == 201
         shell.execute("BEGIN IMMEDIATE")  # the store refuses every claim, as a full disk does
         await fake.start(port=port)
-        await eventually(lambda: worker.claim_refused is not None and worker.rt.claimable,
-                         what="a claim refused on the up node")
+        await eventually(
+            lambda: worker.claim_refused is not None and worker.rt.claimable, what="a claim refused on the up node"
+        )
         real_next_ready = store.next_ready
 
         async def claimed_meanwhile(node: str):
@@ -302,6 +350,7 @@ async def test_a_refused_claim_that_succeeds_while_health_reads_is_not_named_and
             # a real claim's retry would outlast): its refusal is cleared.
             worker.claim_refused = None
             return await real_next_ready(node)
+
         store.next_ready = claimed_meanwhile
         resp = await client.get("/health")
         body = await resp.json()

@@ -6,19 +6,22 @@ from __future__ import annotations
 import json
 
 from aiohttp.test_utils import TestClient, TestServer
-
 from conftest import eventually
-from gpuq.config import NodeConfig, Settings
-from gpuq.demo import FakeOllama, Script
+
 from gpuq.api.app import create_app
 from gpuq.api.state import STORE
+from gpuq.config import NodeConfig, Settings
+from gpuq.demo import FakeOllama, Script
 
 
 async def test_a_job_that_ended_while_the_follower_joined_streams_its_output(tmp_path):
     fake = FakeOllama(models={"m:latest"}, script=Script(reply="one two three"))
     await fake.start()
-    settings = Settings(database=tmp_path / "gpuq.db", health_interval_s=60,
-                        nodes=(NodeConfig("n1", fake.url, 1, ("task",), "m:latest"),))
+    settings = Settings(
+        database=tmp_path / "gpuq.db",
+        health_interval_s=60,
+        nodes=(NodeConfig("n1", fake.url, 1, ("task",), "m:latest"),),
+    )
     client = TestClient(TestServer(create_app(settings)))
     await client.start_server()
     try:
@@ -27,6 +30,7 @@ async def test_a_job_that_ended_while_the_follower_joined_streams_its_output(tmp
 
         async def done():
             return (await (await client.get(f"/api/jobs/{job_id}")).json())["state"] == "done"
+
         await eventually(done, what="the job to finish")
 
         store = client.server.app[STORE]
@@ -40,6 +44,7 @@ async def test_a_job_that_ended_while_the_follower_joined_streams_its_output(tmp
                 first = False
                 return dict(row, state="running", output="")
             return row
+
         store.job_detail = stale_then_real
 
         pieces, final = [], None

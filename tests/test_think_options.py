@@ -4,15 +4,17 @@ over node and passed through to Ollama as given."""
 from __future__ import annotations
 
 import pytest
-
 from conftest import node_table
 
 
 @pytest.fixture
 async def node_with_defaults(fakes, daemon_factory):
     fake = await fakes("gpt-oss:20b")
-    table = dict(node_table("n", fake, 1, ["task", "critique"], "gpt-oss:20b"),
-                 think=False, options={"num_ctx": 8192, "temperature": 0.7})
+    table = dict(
+        node_table("n", fake, 1, ["task", "critique"], "gpt-oss:20b"),
+        think=False,
+        options={"num_ctx": 8192, "temperature": 0.7},
+    )
     d = await daemon_factory([table])
     d.fake = fake
     return d
@@ -28,8 +30,19 @@ async def test_node_defaults_reach_ollama(node_with_defaults):
 
 async def test_a_jobs_own_think_and_options_win_over_the_nodes(node_with_defaults):
     d = node_with_defaults
-    res = await d.cli("task", "hi", "--think-level", "high", "--option", "temperature=0.1",
-                      "--option", "seed=42", "--option", "stop=[\"END\"]", "--wait")
+    res = await d.cli(
+        "task",
+        "hi",
+        "--think-level",
+        "high",
+        "--option",
+        "temperature=0.1",
+        "--option",
+        "seed=42",
+        "--option",
+        'stop=["END"]',
+        "--wait",
+    )
     assert res.code == 0, res.err
     [req] = d.fake.chat_requests
     assert req["think"] == "high"
@@ -61,15 +74,21 @@ async def test_options_ollama_takes_are_taken(node_with_defaults):
     assert req["options"]["num_predict"] == 64 and req["options"]["some_future_knob"] == {"on": True}
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("options", [1, 2], "field 'options': expected an object of Ollama model options such as "
-                        "{\"num_ctx\": 32768}, got [1, 2]"),
-    ("options", {"num_ctx": "big"}, "field 'options': option 'num_ctx' must be a whole number, got \"big\""),
-    ("options", {"temperature": True}, "field 'options': option 'temperature' must be a number, got true"),
-    # Ollama's own words (api/types.go ThinkValue), as the front door and gpuq.toml say them.
-    ("think", "lots", 'invalid think value: "lots" (must be "high", "medium", "low", "max", true, or false)'),
-    ("think", 5, 'think must be a boolean or string ("high", "medium", "low", "max", true, or false)'),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        (
+            "options",
+            [1, 2],
+            "field 'options': expected an object of Ollama model options such as {\"num_ctx\": 32768}, got [1, 2]",
+        ),
+        ("options", {"num_ctx": "big"}, "field 'options': option 'num_ctx' must be a whole number, got \"big\""),
+        ("options", {"temperature": True}, "field 'options': option 'temperature' must be a number, got true"),
+        # Ollama's own words (api/types.go ThinkValue), as the front door and gpuq.toml say them.
+        ("think", "lots", 'invalid think value: "lots" (must be "high", "medium", "low", "max", true, or false)'),
+        ("think", 5, 'think must be a boolean or string ("high", "medium", "low", "max", true, or false)'),
+    ],
+)
 async def test_bad_think_or_options_are_400_naming_the_field(node_with_defaults, field, value, message):
     d = node_with_defaults
     status, body = await d.request("POST", "/api/jobs", {"kind": "task", "prompt": "x", field: value})

@@ -9,7 +9,6 @@ import json
 import re
 
 import pytest
-
 from conftest import eventually, node_table
 
 
@@ -42,8 +41,11 @@ async def test_the_reasoning_is_kept_apart_from_the_answer(thinker):
     assert "-- answer --" in lines and lines[lines.index("-- answer --") + 1].startswith(job["output"][:20])
     # The stream replays both kinds, the reasoning first; the CLI's show has it too.
     replay = await stream_lines(d, job_id)
-    assert [next(iter(k for k in ("thinking", "text", "done") if k in line)) for line in replay] == \
-        ["thinking", "text", "done"]
+    assert [next(iter(k for k in ("thinking", "text", "done") if k in line)) for line in replay] == [
+        "thinking",
+        "text",
+        "done",
+    ]
     assert replay[0]["thinking"] == job["thinking"] and replay[1]["text"] == job["output"]
     shown = await d.cli("show", job_id)
     assert f"-- thinking --\n{job['thinking']}" in shown.out
@@ -73,8 +75,9 @@ async def test_a_reply_cut_at_the_token_limit_fails_loudly_and_keeps_its_output(
     assert res.code == 1
     job = await d.job(res.out.split()[0])
     assert job["state"] == "failed" and job["done_reason"] == "length"
-    assert job["error"] == ("reply cut off at the token limit (done_reason length); output kept, "
-                            "`gpuq retry` to run it again")
+    assert job["error"] == (
+        "reply cut off at the token limit (done_reason length); output kept, `gpuq retry` to run it again"
+    )
     assert len(job["output"].split()) == 5
 
 
@@ -87,8 +90,11 @@ async def test_a_prompt_cut_to_the_context_window_is_a_warning(thinker, tmp_path
     job = await d.job(res.out.split()[0])
     warnings = [e["reason"] for e in job["events"] if (e["reason"] or "").startswith("warning: ")]
     assert len(warnings) == 1
-    found = re.fullmatch(r"warning: prompt may have been truncated: (\d+) tokens, num_ctx 2048 "
-                         r"\(set a larger num_ctx in the node's or the job's options\)", warnings[0])
+    found = re.fullmatch(
+        r"warning: prompt may have been truncated: (\d+) tokens, num_ctx 2048 "
+        r"\(set a larger num_ctx in the node's or the job's options\)",
+        warnings[0],
+    )
     assert found and int(found.group(1)) == job["runs"][0]["prompt_eval_count"]
     assert warnings[0] in (await d.cli("show", job["id"])).out
     # The same prompt with room for it: no warning.
@@ -100,8 +106,9 @@ async def test_a_prompt_cut_to_the_context_window_is_a_warning(thinker, tmp_path
 async def test_a_critique_of_a_parent_reviews_its_answer_not_its_reasoning(fakes, daemon_factory):
     f1 = await fakes("qwen3:8b")
     f2 = await fakes("qwen3-coder:30b")
-    d = await daemon_factory([node_table("a", f1, 1, ["task"], "qwen3:8b"),
-                              node_table("b", f2, 2, ["critique"], "qwen3-coder:30b")])
+    d = await daemon_factory(
+        [node_table("a", f1, 1, ["task"], "qwen3:8b"), node_table("b", f2, 2, ["critique"], "qwen3-coder:30b")]
+    )
     [task] = await d.submit("task", "plan the export retry")
     done = await d.wait_state(task["id"], "done")
     assert done["thinking"]
@@ -121,6 +128,7 @@ async def test_a_follower_joining_mid_run_is_told_the_token_counts_of_its_catch_
 
     async def thought():
         return (await d.job(job["id"])).get("thinking_tokens_so_far", 0) >= 3
+
     await eventually(thought, 15, what="a few reasoning tokens")
     counted = {"thinking": 0, "text": 0}
     async with d.session.get(f"{d.url}/api/jobs/{job['id']}/stream") as resp:

@@ -7,15 +7,18 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from gpuq.front.anthropic import (
-    MessagesStream, anthropic_error, estimate_input_tokens, messages_request, relaxes_thinking, stop_reason,
-    whole_message,
-)
-from gpuq.errors import BadRequest
 from test_translate_responses import events  # (the one reader of named SSE events)
 
-
+from gpuq.errors import BadRequest
+from gpuq.front.anthropic import (
+    MessagesStream,
+    anthropic_error,
+    estimate_input_tokens,
+    messages_request,
+    relaxes_thinking,
+    stop_reason,
+    whole_message,
+)
 
 
 def labels(data: bytes) -> list[str]:
@@ -42,80 +45,176 @@ def chunk(content: str = "", thinking: str = "", calls: list | None = None, done
 
 def test_basic_system_and_options():
     # TestFromMessagesRequest_Basic, _WithSystemPromptArray, _WithOptions
-    out = messages_request({"model": "test-model", "max_tokens": 1024, "temperature": 0.7, "top_p": 0.9,
-                            "top_k": 40, "stop_sequences": ["\n", "END"],
-                            "system": [{"type": "text", "text": "You are helpful. "},
-                                       {"type": "text", "text": "Be concise."}],
-                            "messages": [{"role": "user", "content": "Hello"}]})
-    assert out == {"model": "test-model", "stream": False,
-                   "messages": [{"role": "system", "content": "You are helpful. Be concise."},
-                                {"role": "user", "content": "Hello"}],
-                   "options": {"num_predict": 1024, "temperature": 0.7, "top_p": 0.9, "top_k": 40,
-                               "stop": ["\n", "END"]}}
+    out = messages_request(
+        {
+            "model": "test-model",
+            "max_tokens": 1024,
+            "temperature": 0.7,
+            "top_p": 0.9,
+            "top_k": 40,
+            "stop_sequences": ["\n", "END"],
+            "system": [{"type": "text", "text": "You are helpful. "}, {"type": "text", "text": "Be concise."}],
+            "messages": [{"role": "user", "content": "Hello"}],
+        }
+    )
+    assert out == {
+        "model": "test-model",
+        "stream": False,
+        "messages": [
+            {"role": "system", "content": "You are helpful. Be concise."},
+            {"role": "user", "content": "Hello"},
+        ],
+        "options": {"num_predict": 1024, "temperature": 0.7, "top_p": 0.9, "top_k": 40, "stop": ["\n", "END"]},
+    }
 
 
 def test_a_tool_result_before_the_users_text():
     # TestFromMessagesRequest_WithToolResultFollowedByUserText
-    out = messages_request({"model": "test-model", "max_tokens": 1024, "messages": [
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "call_read", "name": "Read",
-                                           "input": {"file_path": "/Users/hoyyeva/Desktop/aaa.png"}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_read",
-                                      "content": "Read image (311.5KB)"},
-                                     {"type": "text", "text": "Please describe it."}]}]})
+    out = messages_request(
+        {
+            "model": "test-model",
+            "max_tokens": 1024,
+            "messages": [
+                {
+                    "role": "assistant",
+                    "content": [
+                        {
+                            "type": "tool_use",
+                            "id": "call_read",
+                            "name": "Read",
+                            "input": {"file_path": "/Users/hoyyeva/Desktop/aaa.png"},
+                        }
+                    ],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": "call_read", "content": "Read image (311.5KB)"},
+                        {"type": "text", "text": "Please describe it."},
+                    ],
+                },
+            ],
+        }
+    )
     assert out["messages"] == [
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "call_read", "function": {"name": "Read",
-                                             "arguments": {"file_path": "/Users/hoyyeva/Desktop/aaa.png"}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_read",
+                    "function": {"name": "Read", "arguments": {"file_path": "/Users/hoyyeva/Desktop/aaa.png"}},
+                }
+            ],
+        },
         {"role": "tool", "content": "Read image (311.5KB)", "tool_call_id": "call_read"},
-        {"role": "user", "content": "Please describe it."}]
+        {"role": "user", "content": "Please describe it."},
+    ]
 
 
 def test_images_tools_and_thinking():
     # TestFromMessagesRequest_WithImage, _WithTools, _WithThinking, _ThinkingOnlyBlock
-    out = messages_request({"model": "m", "max_tokens": 10, "thinking": {"type": "enabled", "budget_tokens": 1000},
-                            "tools": [{"name": "get_weather", "description": "Get weather",
-                                       "input_schema": {"type": "object"}}],
-                            "messages": [{"role": "user", "content": [
-                                {"type": "text", "text": "What's this?"},
-                                {"type": "image", "source": {"type": "base64", "media_type": "image/png",
-                                                             "data": "aGVsbG8="}}]},
-                                {"role": "assistant", "content": [{"type": "thinking", "thinking": "hmm",
-                                                                   "signature": "s"}]}]})
-    assert out["messages"] == [{"role": "user", "content": "What's this?", "images": ["aGVsbG8="]},
-                               {"role": "assistant", "content": "", "thinking": "hmm"}]
-    assert out["tools"] == [{"type": "function", "function": {"name": "get_weather", "description": "Get weather",
-                                                              "parameters": {"type": "object"}}}]
+    out = messages_request(
+        {
+            "model": "m",
+            "max_tokens": 10,
+            "thinking": {"type": "enabled", "budget_tokens": 1000},
+            "tools": [{"name": "get_weather", "description": "Get weather", "input_schema": {"type": "object"}}],
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "What's this?"},
+                        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "aGVsbG8="}},
+                    ],
+                },
+                {"role": "assistant", "content": [{"type": "thinking", "thinking": "hmm", "signature": "s"}]},
+            ],
+        }
+    )
+    assert out["messages"] == [
+        {"role": "user", "content": "What's this?", "images": ["aGVsbG8="]},
+        {"role": "assistant", "content": "", "thinking": "hmm"},
+    ]
+    assert out["tools"] == [
+        {
+            "type": "function",
+            "function": {"name": "get_weather", "description": "Get weather", "parameters": {"type": "object"}},
+        }
+    ]
     assert out["think"] is True
 
 
-@pytest.mark.parametrize("body, think", [
-    ({"output_config": {"effort": "medium"}}, "medium"),  # _WithOutputConfigEffort
-    ({"output_config": {"effort": "xhigh"}}, "high"),  # _WithOutputConfigEffortXHighMapsToHigh
-    ({"thinking": {"type": "disabled"}, "output_config": {"effort": "high"}}, False),  # _ThinkingDisabledOverrides...
-    ({"thinking": {"type": "adaptive"}, "output_config": {"effort": "low"}}, "low"),  # _ThinkingAdaptiveUses...
-    ({}, None),
-])
+@pytest.mark.parametrize(
+    "body, think",
+    [
+        ({"output_config": {"effort": "medium"}}, "medium"),  # _WithOutputConfigEffort
+        ({"output_config": {"effort": "xhigh"}}, "high"),  # _WithOutputConfigEffortXHighMapsToHigh
+        (
+            {"thinking": {"type": "disabled"}, "output_config": {"effort": "high"}},
+            False,
+        ),  # _ThinkingDisabledOverrides...
+        ({"thinking": {"type": "adaptive"}, "output_config": {"effort": "low"}}, "low"),  # _ThinkingAdaptiveUses...
+        ({}, None),
+    ],
+)
 def test_thinking_and_effort(body, think):
     out = messages_request({"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "x"}], **body})
     assert out.get("think") == think
 
 
-@pytest.mark.parametrize("body, message", [
-    ({"max_tokens": 10, "messages": [{"role": "user", "content": "x"}]}, "model is required"),
-    ({"model": "m", "messages": [{"role": "user", "content": "x"}]}, "max_tokens is required and must be positive"),
-    ({"model": "m", "max_tokens": 10, "messages": []}, "messages is required"),
-    ({"model": "m", "max_tokens": 10, "messages": [{"role": "assistant", "content": [
-        {"type": "tool_use", "name": "f", "input": {}}]}]}, "tool_use block missing required 'id' field"),
-    ({"model": "m", "max_tokens": 10, "messages": [{"role": "assistant", "content": [
-        {"type": "tool_use", "id": "t", "input": {}}]}]}, "tool_use block missing required 'name' field"),
-    ({"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": [
-        {"type": "image", "source": {"type": "url", "url": "https://x"}}]}]},
-     "invalid image source type: url. Only base64 images are supported."),
-    ({"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "x"}],
-      "tools": [{"name": "t", "input_schema": "nope"}]}, 'invalid input_schema for tool "t"'),
-    ({"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "x"}],
-      "tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "web_search tool is not served"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"max_tokens": 10, "messages": [{"role": "user", "content": "x"}]}, "model is required"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}]}, "max_tokens is required and must be positive"),
+        ({"model": "m", "max_tokens": 10, "messages": []}, "messages is required"),
+        (
+            {
+                "model": "m",
+                "max_tokens": 10,
+                "messages": [{"role": "assistant", "content": [{"type": "tool_use", "name": "f", "input": {}}]}],
+            },
+            "tool_use block missing required 'id' field",
+        ),
+        (
+            {
+                "model": "m",
+                "max_tokens": 10,
+                "messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "t", "input": {}}]}],
+            },
+            "tool_use block missing required 'name' field",
+        ),
+        (
+            {
+                "model": "m",
+                "max_tokens": 10,
+                "messages": [
+                    {"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "https://x"}}]}
+                ],
+            },
+            "invalid image source type: url. Only base64 images are supported.",
+        ),
+        (
+            {
+                "model": "m",
+                "max_tokens": 10,
+                "messages": [{"role": "user", "content": "x"}],
+                "tools": [{"name": "t", "input_schema": "nope"}],
+            },
+            'invalid input_schema for tool "t"',
+        ),
+        (
+            {
+                "model": "m",
+                "max_tokens": 10,
+                "messages": [{"role": "user", "content": "x"}],
+                "tools": [{"type": "web_search_20250305", "name": "web_search"}],
+            },
+            "web_search tool is not served",
+        ),
+    ],
+)
 def test_bad_requests_name_what_is_wrong(body, message):
     with pytest.raises(BadRequest) as exc:
         messages_request(body)
@@ -124,9 +223,16 @@ def test_bad_requests_name_what_is_wrong(body, message):
 
 def test_web_search_is_refused_in_the_same_words_as_on_the_responses_api():
     from gpuq.front.responses import responses_request
+
     with pytest.raises(BadRequest) as messages:
-        messages_request({"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "x"}],
-                          "tools": [{"type": "web_search_20250305", "name": "web_search"}]})
+        messages_request(
+            {
+                "model": "m",
+                "max_tokens": 10,
+                "messages": [{"role": "user", "content": "x"}],
+                "tools": [{"type": "web_search_20250305", "name": "web_search"}],
+            }
+        )
     with pytest.raises(BadRequest) as responses:
         responses_request({"model": "m", "input": "x", "tools": [{"type": "web_search"}]})
     assert messages.value.message == responses.value.message
@@ -136,13 +242,26 @@ def test_text_before_thinking_stream():
     # TestStreamConverter_TextBeforeThinking
     stream = MessagesStream("msg_123", "test-model", 0)
     got = []
-    for c in (chunk("---\n"), chunk(thinking="Let me think."),
-              chunk("The answer.", done=True, done_reason="stop", prompt_eval_count=10, eval_count=5)):
+    for c in (
+        chunk("---\n"),
+        chunk(thinking="Let me think."),
+        chunk("The answer.", done=True, done_reason="stop", prompt_eval_count=10, eval_count=5),
+    ):
         got += labels(stream.feed(c))
-    assert got == ["message_start", "content_block_start:text:0", "content_block_delta:text_delta:0",
-                   "content_block_stop:0", "content_block_start:thinking:1", "content_block_delta:thinking_delta:1",
-                   "content_block_stop:1", "content_block_start:text:2", "content_block_delta:text_delta:2",
-                   "content_block_stop:2", "message_delta", "message_stop"]
+    assert got == [
+        "message_start",
+        "content_block_start:text:0",
+        "content_block_delta:text_delta:0",
+        "content_block_stop:0",
+        "content_block_start:thinking:1",
+        "content_block_delta:thinking_delta:1",
+        "content_block_stop:1",
+        "content_block_start:text:2",
+        "content_block_delta:text_delta:2",
+        "content_block_stop:2",
+        "message_delta",
+        "message_stop",
+    ]
 
 
 def test_thinking_directly_followed_by_a_tool_call_stream():
@@ -152,14 +271,22 @@ def test_thinking_directly_followed_by_a_tool_call_stream():
     assert labels(first) == ["message_start", "content_block_start:thinking:0", "content_block_delta:thinking_delta:0"]
     call = {"id": "call_abc", "function": {"name": "ask_user", "arguments": {"question": "cats or dogs?"}}}
     second = stream.feed(chunk(calls=[call], done=True, done_reason="stop", prompt_eval_count=10, eval_count=5))
-    assert labels(second) == ["content_block_stop:0", "content_block_start:tool_use:1",
-                              "content_block_delta:input_json_delta:1", "content_block_stop:1", "message_delta",
-                              "message_stop"]
+    assert labels(second) == [
+        "content_block_stop:0",
+        "content_block_start:tool_use:1",
+        "content_block_delta:input_json_delta:1",
+        "content_block_stop:1",
+        "message_delta",
+        "message_stop",
+    ]
     got = events(second)
     assert got[1][1]["content_block"] == {"type": "tool_use", "id": "call_abc", "name": "ask_user", "input": {}}
     assert json.loads(got[2][1]["delta"]["partial_json"]) == {"question": "cats or dogs?"}
-    assert got[4][1] == {"type": "message_delta", "delta": {"stop_reason": "tool_use"},
-                         "usage": {"input_tokens": 10, "output_tokens": 5}}
+    assert got[4][1] == {
+        "type": "message_delta",
+        "delta": {"stop_reason": "tool_use"},
+        "usage": {"input_tokens": 10, "output_tokens": 5},
+    }
 
 
 def test_message_start_uses_the_estimate_until_the_node_counts():
@@ -167,33 +294,68 @@ def test_message_start_uses_the_estimate_until_the_node_counts():
     body = {"messages": [{"role": "user", "content": "Hello, world!"}]}
     assert estimate_input_tokens(body) == 4
     start = events(MessagesStream("msg_1", "test-model", estimate_input_tokens(body)).feed(chunk("hi")))[0][1]
-    assert start["message"] == {"id": "msg_1", "type": "message", "role": "assistant", "model": "test-model",
-                                "content": [], "usage": {"input_tokens": 4, "output_tokens": 0}}
+    assert start["message"] == {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "test-model",
+        "content": [],
+        "usage": {"input_tokens": 4, "output_tokens": 0},
+    }
 
 
 def test_whole_message():
     # TestToMessagesResponse_Basic, _WithToolCalls, _WithThinking
     call = {"id": "call_123", "function": {"name": "get_weather", "arguments": {"location": "Paris"}}}
-    out = whole_message("msg_1", chunk("Hello", thinking="mull", calls=[call], done=True, done_reason="stop",
-                                       prompt_eval_count=10, eval_count=5))
-    assert out == {"id": "msg_1", "type": "message", "role": "assistant", "model": "test-model",
-                   "content": [{"type": "thinking", "thinking": "mull"}, {"type": "text", "text": "Hello"},
-                               {"type": "tool_use", "id": "call_123", "name": "get_weather",
-                                "input": {"location": "Paris"}}],
-                   "stop_reason": "tool_use", "usage": {"input_tokens": 10, "output_tokens": 5}}
+    out = whole_message(
+        "msg_1",
+        chunk(
+            "Hello", thinking="mull", calls=[call], done=True, done_reason="stop", prompt_eval_count=10, eval_count=5
+        ),
+    )
+    assert out == {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "test-model",
+        "content": [
+            {"type": "thinking", "thinking": "mull"},
+            {"type": "text", "text": "Hello"},
+            {"type": "tool_use", "id": "call_123", "name": "get_weather", "input": {"location": "Paris"}},
+        ],
+        "stop_reason": "tool_use",
+        "usage": {"input_tokens": 10, "output_tokens": 5},
+    }
 
 
-@pytest.mark.parametrize("reason, calls, want", [  # TestMapStopReason
-    ("stop", False, "end_turn"), ("length", False, "max_tokens"), ("stop", True, "tool_use"),
-    ("other", False, "stop_sequence"), ("", False, None)])
+@pytest.mark.parametrize(
+    "reason, calls, want",
+    [  # TestMapStopReason
+        ("stop", False, "end_turn"),
+        ("length", False, "max_tokens"),
+        ("stop", True, "tool_use"),
+        ("other", False, "stop_sequence"),
+        ("", False, None),
+    ],
+)
 def test_stop_reasons(reason, calls, want):
     assert stop_reason(reason, calls) == want
 
 
-@pytest.mark.parametrize("status, kind", [  # TestNewError
-    (400, "invalid_request_error"), (401, "authentication_error"), (403, "permission_error"),
-    (404, "not_found_error"), (429, "rate_limit_error"), (500, "api_error"), (503, "overloaded_error"),
-    (529, "overloaded_error"), (410, "api_error")])
+@pytest.mark.parametrize(
+    "status, kind",
+    [  # TestNewError
+        (400, "invalid_request_error"),
+        (401, "authentication_error"),
+        (403, "permission_error"),
+        (404, "not_found_error"),
+        (429, "rate_limit_error"),
+        (500, "api_error"),
+        (503, "overloaded_error"),
+        (529, "overloaded_error"),
+        (410, "api_error"),
+    ],
+)
 def test_errors(status, kind):
     out = anthropic_error(status, "test message")
     assert out["type"] == "error" and out["error"] == {"type": kind, "message": "test message"}

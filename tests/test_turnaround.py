@@ -9,8 +9,8 @@ import asyncio
 from dataclasses import dataclass, field
 
 from aiohttp import web
-
 from conftest import eventually, node_table
+
 from gpuq.demo import FakeOllama, Script
 
 
@@ -25,6 +25,7 @@ class PathLog(FakeOllama):
         async def note(request, handler):
             self.paths.append(request.path)
             return await handler(request)
+
         app.middlewares.append(note)
         return app
 
@@ -47,8 +48,7 @@ async def test_no_health_check_stands_between_a_submit_and_its_request(daemon_fa
     fake = PathLog(models={"qwen3-coder:30b"}, script=Script(tokens=3, token_delay_s=0.05))
     await fake.start()
     try:
-        d = await daemon_factory([node_table("node-1", fake, 1, ["task"], "qwen3-coder:30b")],
-                                 health_interval="60s")
+        d = await daemon_factory([node_table("node-1", fake, 1, ["task"], "qwen3-coder:30b")], health_interval="60s")
         await eventually(lambda: "/api/tags" in fake.paths, what="the monitor's first check")
         submitted = await asyncio.gather(*(d.submit("task", f"job {i}") for i in range(3)))
         ids = [job["id"] for jobs in submitted for job in jobs]
@@ -73,8 +73,9 @@ async def test_a_stop_in_the_same_tick_as_a_wake_still_ends_the_idle_worker(tmp_
     from gpuq.store import Store
 
     fake = await fakes("m:latest")
-    settings = Settings(database=tmp_path / "q.db", health_interval_s=60,
-                        nodes=(NodeConfig("n", fake.url, 1, ("task",), "m:latest"),))
+    settings = Settings(
+        database=tmp_path / "q.db", health_interval_s=60, nodes=(NodeConfig("n", fake.url, 1, ("task",), "m:latest"),)
+    )
     store = Store(settings.database)
     await store.open()
     dispatcher = Dispatcher(settings, store, Bus())

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 import aiohttp
 import psycopg
 import pytest
+from conftest import Daemon, eventually, node_table
 from psycopg.rows import dict_row
 
-from conftest import Daemon, eventually, node_table
 from gpuq.jobs import parse_iso
 
 pytestmark = pytest.mark.postgres
@@ -119,14 +119,15 @@ async def client(routers: dict[str, Router], ledger: Ledger, rng: random.Random,
                         for job in answer["jobs"]:
                             ledger.acked[job["id"]] = None
             elif roll < 0.80:
-                move = rng.choice([{"position": 1}, {"node": "node-1"}, {"node": "node-2"}, {"node": "node-3"},
-                                   {"position": 3}])
+                move = rng.choice(
+                    [{"position": 1}, {"node": "node-1"}, {"node": "node-2"}, {"node": "node-3"}, {"position": 3}]
+                )
                 async with d.session.post(f"{d.url}/api/jobs/{target}/move", json=move) as resp:
                     await answered(ledger, name, "move", resp)
             else:
                 async with d.session.delete(f"{d.url}/api/jobs/{target}") as resp:
                     await answered(ledger, name, "delete", resp)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        except (TimeoutError, aiohttp.ClientError, ValueError):
             ledger.cut += 1  # the router was killed under this request: no answer, nothing promised
 
 
@@ -149,16 +150,25 @@ async def sampler(dsn: str, fakes: dict, watch: Watch, stop: asyncio.Event) -> N
             for node, fake in fakes.items():
                 if fake.in_flight > 1:
                     watch.streaming_twice.append((node, fake.in_flight))
-            rows = await (await db.execute(
-                "SELECT node, array_agg(id ORDER BY id) FROM run WHERE state = 'running'"
-                " GROUP BY node HAVING count(*) > 1")).fetchall()
+            rows = await (
+                await db.execute(
+                    "SELECT node, array_agg(id ORDER BY id) FROM run WHERE state = 'running'"
+                    " GROUP BY node HAVING count(*) > 1"
+                )
+            ).fetchall()
             watch.running_twice += rows
-            watch.running_twice += await (await db.execute(
-                "SELECT node, array_agg(id ORDER BY id) FROM job WHERE state = 'running'"
-                " GROUP BY node HAVING count(*) > 1")).fetchall()
-            watch.guard_broken += await (await db.execute(
-                "SELECT c.id, c.state, c.node, p.id FROM job c JOIN job p ON p.id = c.parent_id"
-                " WHERE c.kind = 'critique' AND c.state IN ('queued', 'running') AND c.node = p.node")).fetchall()
+            watch.running_twice += await (
+                await db.execute(
+                    "SELECT node, array_agg(id ORDER BY id) FROM job WHERE state = 'running'"
+                    " GROUP BY node HAVING count(*) > 1"
+                )
+            ).fetchall()
+            watch.guard_broken += await (
+                await db.execute(
+                    "SELECT c.id, c.state, c.node, p.id FROM job c JOIN job p ON p.id = c.parent_id"
+                    " WHERE c.kind = 'critique' AND c.state IN ('queued', 'running') AND c.node = p.node"
+                )
+            ).fetchall()
             for node, holder in await (await db.execute("SELECT node, router FROM node_lease")).fetchall():
                 if watch.holders.get(node) not in (None, holder):
                     watch.takeovers += 1
@@ -168,20 +178,23 @@ async def sampler(dsn: str, fakes: dict, watch: Watch, stop: asyncio.Event) -> N
 
 async def stuck(db) -> str:
     """What an undrained queue still holds, for the failure's message."""
-    active = await (await db.execute(
-        "SELECT j.id, j.kind, j.state, j.node, j.parent_id, p.state AS parent_state, r.router, r.state AS run_state"
-        " FROM job j LEFT JOIN job p ON p.id = j.parent_id LEFT JOIN run r ON r.id = j.run_id"
-        " WHERE j.state IN ('queued', 'running') ORDER BY j.id")).fetchall()
+    active = await (
+        await db.execute(
+            "SELECT j.id, j.kind, j.state, j.node, j.parent_id, p.state AS parent_state, r.router, r.state AS run_state"
+            " FROM job j LEFT JOIN job p ON p.id = j.parent_id LEFT JOIN run r ON r.id = j.run_id"
+            " WHERE j.state IN ('queued', 'running') ORDER BY j.id"
+        )
+    ).fetchall()
     held = await (await db.execute("SELECT node, router, expires_at FROM node_lease ORDER BY node")).fetchall()
     alive = await (await db.execute("SELECT id, seen_at, stopped_at FROM router ORDER BY started_at")).fetchall()
-    return (f"still active ({len(active)}): {active[:20]}\nleases (now {time.time():.1f}): {held}\n"
-            f"routers: {alive[-4:]}")
+    return f"still active ({len(active)}): {active[:20]}\nleases (now {time.time():.1f}): {held}\nrouters: {alive[-4:]}"
 
 
 async def router_id(db: psycopg.AsyncConnection, pid: int) -> str | None:
     """The id a router process wrote for itself (None: killed before it wrote its row)."""
-    row = await (await db.execute("SELECT id FROM router WHERE pid = %s ORDER BY started_at DESC LIMIT 1",
-                                  (pid,))).fetchone()
+    row = await (
+        await db.execute("SELECT id FROM router WHERE pid = %s ORDER BY started_at DESC LIMIT 1", (pid,))
+    ).fetchone()
     return row["id"] if row else None
 
 
@@ -203,13 +216,17 @@ async def harness(fakes, daemon_factory, pg_dsn) -> None:
     f1 = await fakes("qwen3-coder:30b", **script)
     f2 = await fakes("deepseek-r1:32b", **script)
     f3 = await fakes("llama3.2:latest", **script)
-    nodes = [node_table("node-1", f1, 1, ["task", "critique"], "qwen3-coder:30b"),
-             node_table("node-2", f2, 2, ["critique"], "deepseek-r1:32b"),
-             node_table("node-3", f3, 3, ["task"], "llama3.2:latest")]
+    nodes = [
+        node_table("node-1", f1, 1, ["task", "critique"], "qwen3-coder:30b"),
+        node_table("node-2", f2, 2, ["critique"], "deepseek-r1:32b"),
+        node_table("node-3", f3, 3, ["task"], "llama3.2:latest"),
+    ]
     fake_of = {"node-1": f1, "node-2": f2, "node-3": f3}
     config = {"database": pg_dsn, "lease": "1s", "unload_timeout": "3s", "stall_timeout": "30s"}
-    routers = {"a": Router(await daemon_factory(nodes, start=False, **config)),
-               "b": Router(await daemon_factory(nodes, start=False, name="b", **config))}
+    routers = {
+        "a": Router(await daemon_factory(nodes, start=False, **config)),
+        "b": Router(await daemon_factory(nodes, start=False, name="b", **config)),
+    }
     for r in routers.values():
         await r.daemon.start(timeout=60)
         r.up = True
@@ -222,8 +239,7 @@ async def harness(fakes, daemon_factory, pg_dsn) -> None:
     orphans: dict[str, tuple[str, float]] = {}
     killed_routers: set[str] = set()
     killed_in_startup = 0
-    workers = [asyncio.create_task(client(routers, ledger, random.Random(rng.random()), stop))
-               for _ in range(CLIENTS)]
+    workers = [asyncio.create_task(client(routers, ledger, random.Random(rng.random()), stop)) for _ in range(CLIENTS)]
     workers.append(asyncio.create_task(sampler(pg_dsn, fake_of, watch, stop)))
     restarts: dict[str, asyncio.Task] = {}
 
@@ -236,9 +252,12 @@ async def harness(fakes, daemon_factory, pg_dsn) -> None:
         rid = await router_id(db, pid)
         if rid is not None:
             killed_routers.add(rid)
-            for row in await (await db.execute(
-                    "SELECT j.id FROM job j JOIN run r ON r.id = j.run_id"
-                    " WHERE j.state = 'running' AND r.router = %s", (rid,))).fetchall():
+            for row in await (
+                await db.execute(
+                    "SELECT j.id FROM job j JOIN run r ON r.id = j.run_id WHERE j.state = 'running' AND r.router = %s",
+                    (rid,),
+                )
+            ).fetchall():
                 orphans[row["id"]] = (rid, killed_at)
 
     restart_times: list[float] = []
@@ -261,14 +280,16 @@ async def harness(fakes, daemon_factory, pg_dsn) -> None:
             # sometimes both go down at once. Never two kills with nothing acknowledged between.
             if pending and (rng.random() < 0.7 or not any(r.up for r in routers.values())):
                 await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            await eventually(lambda: len(ledger.acked) > acked, 60, 0.05, "a submit acknowledged since the last kill")
+            await eventually(
+                lambda acked=acked: len(ledger.acked) > acked, 60, 0.05, "a submit acknowledged since the last kill"
+            )
             name = rng.choice([n for n in sorted(routers) if routers[n].up])
             victim = routers[name]
             await kill(victim)
             if rng.random() < 0.15:  # its restart killed while it takes leases, fails orphans, starts workers
                 try:
                     await asyncio.wait_for(restart(victim), rng.uniform(0.1, 0.8))
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     killed_in_startup += 1
                 await kill(victim)
             # Restarted on its own config while the harness goes on (the other may be killed meanwhile).
@@ -280,8 +301,11 @@ async def harness(fakes, daemon_factory, pg_dsn) -> None:
         await asyncio.gather(*workers)
 
         async def drained():
-            row = await (await db.execute("SELECT count(*) AS n FROM job WHERE state IN ('queued', 'running')")).fetchone()
+            row = await (
+                await db.execute("SELECT count(*) AS n FROM job WHERE state IN ('queued', 'running')")
+            ).fetchone()
             return row["n"] == 0
+
         try:
             await eventually(drained, 90, 0.2, "the queue to drain after the kills stopped")
         except AssertionError as exc:
@@ -294,16 +318,18 @@ async def harness(fakes, daemon_factory, pg_dsn) -> None:
         counts = await check(db, ledger, watch, orphans, killed_routers, fake_of)
         jobs = await (await db.execute("SELECT state, count(*) AS n FROM job GROUP BY state")).fetchall()
         states = {r["state"]: r["n"] for r in jobs}
-        print(f"two-router crash harness: {sum(r.kills for r in routers.values())} kills "
-              f"(a {routers['a'].kills}, b {routers['b'].kills}; {killed_in_startup} during start-up) in "
-              f"{kill_time:.1f}s, {time.monotonic() - started:.1f}s with the drain; {sum(states.values())} jobs "
-              f"({len(ledger.acked)} acknowledged of {ledger.submits} submits, {ledger.actions} actions, "
-              f"{ledger.cut} cut short by a kill), {states}; {len(orphans)} jobs running when their router was "
-              f"killed ({counts['failed_orphans']} failed naming it, the rest ended before or deleted); "
-              f"{watch.takeovers} lease takeovers ({counts['live_taken']} jobs taken from a router not killed, "
-              f"paused past its lease); {watch.samples} samples; "
-              f"restarts took {min(restart_times):.1f}s to {max(restart_times):.1f}s, "
-              f"{sum(restart_times) / len(restart_times):.1f}s on average")
+        print(
+            f"two-router crash harness: {sum(r.kills for r in routers.values())} kills "
+            f"(a {routers['a'].kills}, b {routers['b'].kills}; {killed_in_startup} during start-up) in "
+            f"{kill_time:.1f}s, {time.monotonic() - started:.1f}s with the drain; {sum(states.values())} jobs "
+            f"({len(ledger.acked)} acknowledged of {ledger.submits} submits, {ledger.actions} actions, "
+            f"{ledger.cut} cut short by a kill), {states}; {len(orphans)} jobs running when their router was "
+            f"killed ({counts['failed_orphans']} failed naming it, the rest ended before or deleted); "
+            f"{watch.takeovers} lease takeovers ({counts['live_taken']} jobs taken from a router not killed, "
+            f"paused past its lease); {watch.samples} samples; "
+            f"restarts took {min(restart_times):.1f}s to {max(restart_times):.1f}s, "
+            f"{sum(restart_times) / len(restart_times):.1f}s on average"
+        )
         assert sum(r.kills for r in routers.values()) >= KILLS
         assert len(ledger.acked) >= KILLS  # the clients really did work
     finally:
@@ -388,8 +414,9 @@ async def check(db, ledger: Ledger, watch: Watch, orphans: dict, killed_routers:
                 live_taken.append(job_id)  # a live router paused past its lease: allowed, counted
             expired = EXPIRED.search(job["error"])
             if expired:  # taken only once the lease had run out: its end (or its parent's) is no earlier
-                assert parse_iso(history[-1]["at"]) >= parse_iso(expired.group(1)), \
+                assert parse_iso(history[-1]["at"]) >= parse_iso(expired.group(1)), (
                     f"{job_id} ended by a takeover before its router's lease expired: {history[-1]}"
+                )
 
     # Every job running when its router was killed failed, naming that router: never requeued,
     # never left running. (One whose end the killed router had committed just before it died
@@ -403,8 +430,9 @@ async def check(db, ledger: Ledger, watch: Watch, orphans: dict, killed_routers:
         elif job["state"] == "cancelled" and not last["actor"].startswith("router"):
             pass  # a delete sent through the other router before the takeover
         else:
-            assert parse_iso(last["at"]) <= killed_at + 0.5, \
+            assert parse_iso(last["at"]) <= killed_at + 0.5, (
                 f"{job_id} running when {rid} was killed ended {job['state']} after: {last}"
+            )
 
     # Every run of a killed router ended: none is left running.
     for job_runs in runs.values():

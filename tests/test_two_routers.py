@@ -10,7 +10,6 @@ import json
 
 import ollama
 import pytest
-
 from conftest import eventually, free_port, node_table
 
 pytestmark = pytest.mark.postgres
@@ -24,6 +23,7 @@ async def clients():
     def make(host: str) -> ollama.AsyncClient:
         made.append(ollama.AsyncClient(host=host))
         return made[-1]
+
     yield make
     for client in made:
         await client.close()
@@ -60,8 +60,11 @@ async def test_a_submit_through_one_router_reaches_the_others_page_live(fakes, d
     try:
         await asyncio.wait_for(ready.wait(), 10)
         [job] = await a.submit("task", "through a")
-        await eventually(lambda: any(isinstance(d.get("elsewhere"), dict) and d["elsewhere"]["id"] == job["id"]
-                                     for d in seen), 10, what="router b's page to hear of a's submit")
+        await eventually(
+            lambda: any(isinstance(d.get("elsewhere"), dict) and d["elsewhere"]["id"] == job["id"] for d in seen),
+            10,
+            what="router b's page to hear of a's submit",
+        )
         assert (await b.job(job["id"]))["state"] in ("queued", "running")  # b answers for a's job
     finally:
         follower.cancel()
@@ -84,7 +87,8 @@ async def test_a_job_deleted_through_one_router_stops_running_on_the_other(fakes
 
 
 async def test_a_front_door_call_runs_on_the_router_that_drives_a_node_and_the_other_names_it(
-        fakes, daemon_factory, pg_dsn, clients):
+    fakes, daemon_factory, pg_dsn, clients
+):
     """The client waits on the router it called, so its call runs on a node that router drives;
     a router that drives no task node refuses at once (503), naming the router that does."""
     fake = await fakes("qwen3-coder:30b")
@@ -98,11 +102,13 @@ async def test_a_front_door_call_runs_on_the_router_that_drives_a_node_and_the_o
     a, b = routers
     await eventually(lambda: _holds(a, "node-1"), 15, what="router a to drive node-1")
     answer = await clients(f"http://{doors['gpuq']}").chat(
-        model="qwen3-coder:30b", messages=[{"role": "user", "content": "hi"}])
+        model="qwen3-coder:30b", messages=[{"role": "user", "content": "hi"}]
+    )
     assert answer.message.content
     with pytest.raises(ollama.ResponseError) as refused:
         await clients(f"http://{doors['b']}").chat(
-            model="qwen3-coder:30b", messages=[{"role": "user", "content": "hi"}])
+            model="qwen3-coder:30b", messages=[{"role": "user", "content": "hi"}]
+        )
     assert refused.value.status_code == 503
     assert "drives no task node" in refused.value.error and a.url in refused.value.error
     assert len(fake.chat_requests) == 1  # the refused call never reached the node
@@ -120,6 +126,7 @@ async def a_call_waiting_behind_a_task(a, fake, client) -> tuple[dict, asyncio.T
         queue = await a.get("/api/queue")
         queued = next(n for n in queue["nodes"] if n["name"] == "node-1")["queued"]
         return queued[0]["id"] if queued else None
+
     return busy, call, await eventually(waiting_call, 15, what="the call to wait on node-1")
 
 
@@ -152,8 +159,7 @@ async def test_a_front_door_call_does_not_move_to_another_routers_node(fakes, da
     assert answer.message.content and f2.chat_requests == []
 
 
-async def test_a_router_starting_leaves_the_other_routers_waiting_calls_alone(fakes, daemon_factory, pg_dsn,
-                                                                             clients):
+async def test_a_router_starting_leaves_the_other_routers_waiting_calls_alone(fakes, daemon_factory, pg_dsn, clients):
     """A router that starts cancels the calls whose client went with a dead router (those waiting
     on the nodes it takes), never a live router's: that call still runs and answers its client."""
     fake = await fakes("qwen3-coder:30b")
@@ -182,6 +188,7 @@ async def test_a_job_running_on_one_router_streams_live_through_the_other(fakes,
     await a.wait_state(job["id"], "running", timeout=20)
     texts: list[str] = []
     async with b.session.get(f"{b.url}/api/jobs/{job['id']}/stream") as resp:
+
         async def some_text():
             while True:
                 line = json.loads(await resp.content.readline())
@@ -190,6 +197,7 @@ async def test_a_job_running_on_one_router_streams_live_through_the_other(fakes,
                     if len("".join(texts).split()) >= 8:
                         return True
                 assert "done" not in line, line
+
         await asyncio.wait_for(some_text(), 20)
         assert (await a.job(job["id"]))["state"] == "running"  # live, not at the end
         async with a.session.delete(f"{a.url}/api/jobs/{job['id']}") as deleted:
@@ -216,12 +224,14 @@ async def test_a_database_restart_is_survived(fakes, daemon_factory, pg_dsn, pg_
                 return None
             assert resp.status == 201, await resp.text()
             return (await resp.json())["jobs"][0]
+
     after = await eventually(taken, 30, 0.2, "a submit to be taken after the restart")
     await a.wait_state(after["id"], "done", timeout=30)
 
     async def healthy():
         async with a.session.get(a.url + "/health") as resp:
             return resp.status == 200 and (await resp.json())["ok"]
+
     await eventually(healthy, 30, 0.2, "/health to be ok again")
     assert a.proc.returncode is None
     jobs = (await a.get("/api/jobs?limit=10"))["jobs"]

@@ -47,8 +47,9 @@ async def test_the_default_unloads_after_every_job(fakes, daemon_factory):
 
 async def test_a_bad_unload_policy_stops_the_router_naming_the_key(fakes, daemon_factory):
     fake = await fakes("qwen3:latest")
-    d = await daemon_factory([dict(node_table("n", fake, 1, ["task"], "qwen3:latest"), unload="sometimes")],
-                             start=False)
+    d = await daemon_factory(
+        [dict(node_table("n", fake, 1, ["task"], "qwen3:latest"), unload="sometimes")], start=False
+    )
     res = await d.cli("serve", "--config", str(d.config))
     assert res.code == 2
     assert "node 'n'.unload: expected \"after-each\" or \"when-idle\", got 'sometimes'" in res.err

@@ -12,14 +12,15 @@ import tomllib
 import ollama
 import pytest
 import tomli_w
-
 from conftest import eventually, free_port, node_table, run_cli
 
 MODEL = "qwen3-coder:30b"
 TOKENS = {"alice": "alice-token", "bob": "bob-token", "root": "root-token"}
-USERS = [{"name": "alice", "token": TOKENS["alice"], "role": "member"},
-         {"name": "bob", "token": TOKENS["bob"], "role": "member"},
-         {"name": "root", "token": TOKENS["root"], "role": "admin"}]
+USERS = [
+    {"name": "alice", "token": TOKENS["alice"], "role": "member"},
+    {"name": "bob", "token": TOKENS["bob"], "role": "member"},
+    {"name": "root", "token": TOKENS["root"], "role": "admin"},
+]
 
 
 def edit_config(daemon, change) -> None:
@@ -31,8 +32,7 @@ def edit_config(daemon, change) -> None:
 async def users_lab(fakes, daemon_factory, users=USERS, **router):
     """One node whose jobs run long (the first runs, the rest wait), and `users` in gpuq.toml."""
     fake = await fakes(MODEL, token_delay_s=0.05, tokens=4000)
-    daemon = await daemon_factory([node_table("node-1", fake, 1, ["task", "critique"], MODEL)], start=False,
-                                  **router)
+    daemon = await daemon_factory([node_table("node-1", fake, 1, ["task", "critique"], MODEL)], start=False, **router)
     edit_config(daemon, lambda data: data.update(user=users))
     await daemon.start()
     return daemon
@@ -56,6 +56,7 @@ async def cli_task(daemon, user: str, prompt: str) -> dict:
 async def running(daemon, job_id: str) -> None:
     async def started():
         return (await job(daemon, job_id))["state"] == "running"
+
     await eventually(started, 15, what=f"job {job_id} to run")
 
 
@@ -77,8 +78,9 @@ async def test_a_member_acts_only_on_their_own_jobs_and_an_admin_on_all(fakes, d
     assert f"job {bobs['id']} belongs to bob; a member acts only on their own jobs" in res.err
     assert (await job(daemon, bobs["id"]))["state"] == "queued"  # nothing changed
     for verb, path in (("move", "move"), ("preempt", "preempt")):
-        status, body = await daemon.request("POST", f"/api/jobs/{bobs['id']}/{path}",
-                                            {"position": 1} if verb == "move" else {}, headers=auth("alice"))
+        status, body = await daemon.request(
+            "POST", f"/api/jobs/{bobs['id']}/{path}", {"position": 1} if verb == "move" else {}, headers=auth("alice")
+        )
         assert status == 403 and "belongs to bob" in body["error"]["message"], (verb, status, body)
     # Clearing the node would cancel bob's jobs and root's too: refused, naming them, nothing cancelled.
     res = await as_user(daemon, "alice", "clear", "node-1", "--yes", "--running")
@@ -89,8 +91,10 @@ async def test_a_member_acts_only_on_their_own_jobs_and_an_admin_on_all(fakes, d
 
     # Preempting her own job would interrupt root's running one: acting on it, refused.
     status, body = await daemon.request("POST", f"/api/jobs/{alices['id']}/preempt", {}, headers=auth("alice"))
-    assert status == 403 and f"would interrupt job {blocker['id']} on node-1, which belongs to root" in \
-        body["error"]["message"], body
+    assert (
+        status == 403
+        and f"would interrupt job {blocker['id']} on node-1, which belongs to root" in body["error"]["message"]
+    ), body
     assert (await job(daemon, blocker["id"]))["state"] == "running"
     res = await as_user(daemon, "alice", "move", alices["id"], "--to", "1")  # her own: yes
     assert res.code == 0, res
@@ -111,8 +115,12 @@ async def test_a_member_acts_only_on_their_own_jobs_and_an_admin_on_all(fakes, d
 
 async def test_owner_and_client_are_recorded_for_the_api_and_the_cli(fakes, daemon_factory):
     daemon = await users_lab(fakes, daemon_factory)
-    status, body = await daemon.request("POST", "/api/jobs", {"kind": "task", "prompt": "from a script"},
-                                        headers={**auth("bob"), "User-Agent": "nightly-sweep/2.1"})
+    status, body = await daemon.request(
+        "POST",
+        "/api/jobs",
+        {"kind": "task", "prompt": "from a script"},
+        headers={**auth("bob"), "User-Agent": "nightly-sweep/2.1"},
+    )
     assert status == 201, body
     api_job = await job(daemon, body["jobs"][0]["id"])
     assert (api_job["owner"], api_job["client"]) == ("bob", "nightly-sweep/2.1")
@@ -155,15 +163,24 @@ async def test_queue_mine_history_by_owner_and_per_owner_counters(fakes, daemon_
     async def counted():
         status, text = await daemon.request("GET", "/metrics", headers=auth("root"))
         assert status == 200
-        return ('gpuq_user_jobs_finished_total{owner="alice",state="cancelled"} 2.0' in text
-                and 'gpuq_user_jobs_finished_total{owner="bob",state="cancelled"} 1.0' in text)
+        return (
+            'gpuq_user_jobs_finished_total{owner="alice",state="cancelled"} 2.0' in text
+            and 'gpuq_user_jobs_finished_total{owner="bob",state="cancelled"} 1.0' in text
+        )
+
     await eventually(counted, 15, what="per-owner counters")
 
 
 async def test_the_single_token_still_works_as_the_admin(fakes, daemon_factory):
     daemon = await users_lab(fakes, daemon_factory, users=[USERS[0]], token="legacy-token")
-    first = (await daemon.request("POST", "/api/jobs", {"kind": "task", "prompt": "old script"},
-                                  headers={"Authorization": "Bearer legacy-token"}))[1]["jobs"][0]
+    first = (
+        await daemon.request(
+            "POST",
+            "/api/jobs",
+            {"kind": "task", "prompt": "old script"},
+            headers={"Authorization": "Bearer legacy-token"},
+        )
+    )[1]["jobs"][0]
     second = await cli_task(daemon, "alice", "hers")
     assert (await job(daemon, first["id"], "alice"))["owner"] == "admin"
     res = await run_cli("--router", daemon.url, "delete", second["id"], env={"GPUQ_TOKEN": "legacy-token"})
@@ -176,8 +193,9 @@ async def test_the_single_token_still_works_as_the_admin(fakes, daemon_factory):
 async def test_front_door_calls_are_owned_by_the_tokens_user_with_the_client_program(fakes, daemon_factory):
     fake = await fakes(MODEL)
     port = free_port()
-    daemon = await daemon_factory([node_table("node-1", fake, 1, ["task"], MODEL)], start=False,
-                                  ollama_listen=f"127.0.0.1:{port}")
+    daemon = await daemon_factory(
+        [node_table("node-1", fake, 1, ["task"], MODEL)], start=False, ollama_listen=f"127.0.0.1:{port}"
+    )
     edit_config(daemon, lambda data: data.update(user=USERS))
     await daemon.start()
     door = f"http://127.0.0.1:{port}"
@@ -185,6 +203,7 @@ async def test_front_door_calls_are_owned_by_the_tokens_user_with_the_client_pro
     async def model_known():
         async with daemon.session.get(door + "/api/tags", headers=auth("alice")) as resp:
             return resp.status == 200 and (await resp.json())["models"]
+
     await eventually(model_known, 15, what="the front door to know the node's model")
     async with ollama.AsyncClient(host=door, headers=auth("alice")) as client:
         reply = await client.chat(model=MODEL, messages=[{"role": "user", "content": "hi"}])
@@ -211,6 +230,7 @@ async def test_users_change_live_on_reload_and_are_named_without_their_tokens(fa
     def add_carol(data):
         data["user"].append({"name": "carol", "token": "carol-token", "role": "member"})
         data["user"][1]["role"] = "admin"  # bob
+
     edit_config(daemon, add_carol)
     res = await as_user(daemon, "root", "reload")
     assert res.code == 0, res
@@ -219,8 +239,9 @@ async def test_users_change_live_on_reload_and_are_named_without_their_tokens(fa
     carols = await run_cli("--router", daemon.url, "task", "carol's first", "--json", env={"GPUQ_TOKEN": "carol-token"})
     assert carols.code == 0, carols
     assert (await job(daemon, json.loads(carols.out)["id"]))["owner"] == "carol"
-    async with daemon.session.get(f"http://127.0.0.1:{port}/api/tags",
-                                  headers={"Authorization": "Bearer carol-token"}) as resp:
+    async with daemon.session.get(
+        f"http://127.0.0.1:{port}/api/tags", headers={"Authorization": "Bearer carol-token"}
+    ) as resp:
         assert resp.status == 200  # the front door reads the live users too
     res = await as_user(daemon, "bob", "delete", alices["id"])  # an admin now
     assert res.code == 0, res

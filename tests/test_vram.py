@@ -8,9 +8,24 @@ from __future__ import annotations
 import pytest
 
 from gpuq.node.calls import Policy
-from gpuq.node.vram import (KEEP_WARM, UNLOAD_POLL_MAX_S, UNLOAD_POLL_S, call_keep_alive, call_keep_s, idle_wait_s,
-                            keep_for_next, may_keep, next_poll_s, ollama_seconds, request_keep_alive, same_model,
-                            to_evict, unload_failure, warm_expired, warm_until)
+from gpuq.node.vram import (
+    KEEP_WARM,
+    UNLOAD_POLL_MAX_S,
+    UNLOAD_POLL_S,
+    call_keep_alive,
+    call_keep_s,
+    idle_wait_s,
+    keep_for_next,
+    may_keep,
+    next_poll_s,
+    ollama_seconds,
+    request_keep_alive,
+    same_model,
+    to_evict,
+    unload_failure,
+    warm_expired,
+    warm_until,
+)
 
 
 def policy(keep_alive: int | str = 0, front_keep_s: float = 300.0, front_max_keep_s: float = 1800.0) -> Policy:
@@ -27,13 +42,16 @@ def test_a_models_short_and_full_names_are_one_model():
     assert not same_model("qwen3:8b", "qwen3:latest")
 
 
-@pytest.mark.parametrize("asked, kept", [
-    (60.0, 60.0),  # what the client asked
-    (7200.0, 1800.0),  # never past [front] max_keep_alive
-    (None, 1800.0),  # forever (a negative keep_alive) becomes the cap
-    (0.0, 0.0),  # 0: unloaded at once, as Ollama does
-    (-5.0, 0.0),  # never negative
-])
+@pytest.mark.parametrize(
+    "asked, kept",
+    [
+        (60.0, 60.0),  # what the client asked
+        (7200.0, 1800.0),  # never past [front] max_keep_alive
+        (None, 1800.0),  # forever (a negative keep_alive) becomes the cap
+        (0.0, 0.0),  # 0: unloaded at once, as Ollama does
+        (-5.0, 0.0),  # never negative
+    ],
+)
 def test_a_calls_keep_alive_is_capped_by_front_max_keep_alive(asked, kept):
     assert call_keep_s(asked, policy()) == kept
 
@@ -97,10 +115,13 @@ def test_an_unload_is_checked_often_and_less_often_only_once_it_is_slow():
 def test_a_stuck_model_is_named_with_what_ps_last_showed_and_the_node_flagged():
     assert unload_failure("m:1", "n", 1.04, 1.0, listed=True, last_error=None) == (
         "unload failed: m:1 did not leave VRAM within 1.0s (unload_timeout 1s; m:1 is still listed by /api/ps);"
-        " node n flagged")
+        " node n flagged"
+    )
     # A last check cut short must not hide that /api/ps listed the model.
     assert unload_failure("m:1", "n", 2.0, 1.5, listed=True, last_error="timed out") == (
         "unload failed: m:1 did not leave VRAM within 2.0s (unload_timeout 1.5s; m:1 is still listed by /api/ps;"
-        " the last check: timed out); node n flagged")
+        " the last check: timed out); node n flagged"
+    )
     assert unload_failure("m:1", "n", 1.0, 1.0, listed=False, last_error="cannot connect") == (
-        "unload failed: m:1 did not leave VRAM within 1.0s (unload_timeout 1s; cannot connect); node n flagged")
+        "unload failed: m:1 did not leave VRAM within 1.0s (unload_timeout 1s; cannot connect); node n flagged"
+    )

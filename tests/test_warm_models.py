@@ -10,13 +10,12 @@ import tomllib
 
 import pytest
 import tomli_w
-from playwright.async_api import expect
-
-from gpuq.jobs import parse_iso
-
 from conftest import eventually, free_port, node_table
+from playwright.async_api import expect
 from test_front import FrontLab
 from test_page import browser, open_queue, page  # noqa: F401 (the page tests' fixtures)
+
+from gpuq.jobs import parse_iso
 
 MODEL = "qwen3:8b"
 OTHER = "llama3.2:latest"
@@ -28,8 +27,9 @@ async def warm_lab(fakes, daemon_factory, front: dict | None = None, **script) -
     the config's [front] table."""
     node = await fakes(MODEL, OTHER, load_delay_s=LOAD_S, tokens=4, **script)
     port = free_port()
-    daemon = await daemon_factory([node_table("node-1", node, 1, ["task"], MODEL)],
-                                  ollama_listen=f"127.0.0.1:{port}", start=False)
+    daemon = await daemon_factory(
+        [node_table("node-1", node, 1, ["task"], MODEL)], ollama_listen=f"127.0.0.1:{port}", start=False
+    )
     if front:
         config = tomllib.loads(daemon.config.read_text())
         daemon.config.write_text(tomli_w.dumps(dict(config, front=front)))
@@ -72,6 +72,7 @@ def loads_noted(fake) -> list[tuple[str, set]]:
     async def noting(name, body, num_ctx):
         seen.append((name, set(fake.loaded)))
         return await acquire(name, body, num_ctx)
+
     fake._acquire = noting
     return seen
 
@@ -143,6 +144,7 @@ async def test_keep_alive_0_from_the_client_unloads_at_once_even_when_warm(fakes
 
         async def gone():
             return await warm_of(lab) is None and fake.loaded == {}
+
         await eventually(gone, 10, what="the model to leave VRAM at once")
     finally:
         await lab.close()
@@ -159,6 +161,7 @@ async def test_a_kept_model_leaves_vram_when_its_time_runs_out(fakes, daemon_fac
 
         async def gone():
             return await warm_of(lab) is None and fake.loaded == {}
+
         await eventually(gone, 15, what="the kept model to leave VRAM once its second ran out")
         assert 'gpuq_warm_unloads_total{node="node-1"} 1.0' in await metrics(lab)
         assert (await lab.daemon.get("/api/nodes"))["nodes"][0]["vram_stuck"] is None

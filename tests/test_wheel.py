@@ -15,12 +15,22 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, free_port, node_table
 
 # Never copied to the build: the dev's venv, git, caches and databases, earlier build output.
-NOT_SOURCE = shutil.ignore_patterns(".venv", ".git", "build", "dist", "*.egg-info", "__pycache__",
-                                    ".pytest_cache", ".hypothesis", "test-artifacts", "*.db", "*.db-*")
+NOT_SOURCE = shutil.ignore_patterns(
+    ".venv",
+    ".git",
+    "build",
+    "dist",
+    "*.egg-info",
+    "__pycache__",
+    ".pytest_cache",
+    ".hypothesis",
+    "test-artifacts",
+    "*.db",
+    "*.db-*",
+)
 
 
 def run(*cmd: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -34,23 +44,52 @@ def wheel(tmp_path_factory) -> Path:
     """gpuq's wheel, built from its sdist, built from a copy of this tree (which stays clean)."""
     work = tmp_path_factory.mktemp("build")
     shutil.copytree(ROOT, work / "tree", ignore=NOT_SOURCE)
-    sdist = run(sys.executable, "-c", "import sys, setuptools.build_meta as b; print(b.build_sdist(sys.argv[1]))",
-                work / "dist", cwd=work / "tree").stdout.split()[-1]
+    sdist = run(
+        sys.executable,
+        "-c",
+        "import sys, setuptools.build_meta as b; print(b.build_sdist(sys.argv[1]))",
+        work / "dist",
+        cwd=work / "tree",
+    ).stdout.split()[-1]
     with tarfile.open(work / "dist" / sdist) as tar:
         tar.extractall(work / "sdist", **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     unpacked = next((work / "sdist").iterdir())
-    run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-index", "--no-build-isolation",
-        "-w", work / "dist", unpacked)
+    run(
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "-q",
+        "--no-deps",
+        "--no-index",
+        "--no-build-isolation",
+        "-w",
+        work / "dist",
+        unpacked,
+    )
     return next((work / "dist").glob("gpuq-*.whl"))
 
 
 def install(wheel: Path, venv: Path) -> Path:
     """A fresh venv holding gpuq from `wheel` and this venv's dependencies; its site-packages."""
     run(sys.executable, "-m", "venv", "--without-pip", venv)
-    run(sys.executable, "-m", "pip", "--python", venv / "bin" / "python", "install", "-q", "--no-deps",
-        "--no-index", wheel)
-    site = Path(run(venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))",
-                    cwd=venv).stdout.strip())
+    run(
+        sys.executable,
+        "-m",
+        "pip",
+        "--python",
+        venv / "bin" / "python",
+        "install",
+        "-q",
+        "--no-deps",
+        "--no-index",
+        wheel,
+    )
+    site = Path(
+        run(
+            venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))", cwd=venv
+        ).stdout.strip()
+    )
     ours = dict.fromkeys(sysconfig.get_path(p) for p in ("purelib", "platlib"))
     (site / "test_dependencies.pth").write_text("".join(f"{p}\n" for p in ours))
     return site
@@ -63,8 +102,9 @@ async def test_installed_wheel_serves_a_job_and_its_pages(wheel, tmp_path, fakes
     assert Path(gpuq_file).resolve() == (site / "gpuq" / "__init__.py").resolve()  # the wheel's, not the tree's
 
     fake = await fakes("qwen3-coder:30b")
-    daemon = await daemon_factory([node_table("node-1", fake, 1, ["task"], "qwen3-coder:30b")],
-                                  command=(str(venv / "bin" / "gpuq"),))
+    daemon = await daemon_factory(
+        [node_table("node-1", fake, 1, ["task"], "qwen3-coder:30b")], command=(str(venv / "bin" / "gpuq"),)
+    )
     result = await daemon.cli("task", "write a haiku about wheels", "--wait")
     assert result.code == 0, result
     job_id = result.out.split()[0]
@@ -85,15 +125,22 @@ def test_the_wheel_carries_every_migration_of_both_engines(wheel):
     """SQLite's migrations and PostgreSQL's (migrations/postgres/, issue 27) ship in the wheel."""
     with zipfile.ZipFile(wheel) as whl:
         shipped = {name for name in whl.namelist() if name.endswith(".sql")}
-    ours = {f"gpuq/store/migrations/{f.relative_to(ROOT / 'migrations').as_posix()}"
-            for f in (ROOT / "migrations").rglob("*.sql")}
+    ours = {
+        f"gpuq/store/migrations/{f.relative_to(ROOT / 'migrations').as_posix()}"
+        for f in (ROOT / "migrations").rglob("*.sql")
+    }
     assert any("/postgres/" in name for name in ours)
     assert shipped == ours
 
 
 def serve_demo(venv: Path, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([venv / "bin" / "gpuq", "serve", "--demo", "--listen", f"127.0.0.1:{free_port()}"],
-                          cwd=cwd, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [venv / "bin" / "gpuq", "serve", "--demo", "--listen", f"127.0.0.1:{free_port()}"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_an_install_missing_its_migrations_or_pages_stops_serve_with_exit_2(wheel, tmp_path):

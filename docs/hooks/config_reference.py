@@ -14,11 +14,14 @@ MARKER = "<!-- gpuq:config-reference -->"
 SECTIONS = (
     ("router", "[router]", "The router: its addresses, access, database, job limits, connections, alerts."),
     ("front", "[front]", "The front door's own limits, and the browser pages that may call it."),
-    ("node", "[[node]]", "One table per machine running Ollama. A reload applies a node's changes to its next "
-                         "job; a node added is checked and claimed from at once, one removed must have no jobs "
-                         "(or `gpuq reload --force`)."),
-    ("user", "[[user]]", "One table per person or program. A reload applies a user's changes at both doors at "
-                         "once."),
+    (
+        "node",
+        "[[node]]",
+        "One table per machine running Ollama. A reload applies a node's changes to its next "
+        "job; a node added is checked and claimed from at once, one removed must have no jobs "
+        "(or `gpuq reload --force`).",
+    ),
+    ("user", "[[user]]", "One table per person or program. A reload applies a user's changes at both doors at once."),
 )
 
 
@@ -27,6 +30,7 @@ def _keys():
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     from gpuq.config import KEYS
+
     return KEYS
 
 
@@ -49,8 +53,14 @@ def render() -> str:
     keys = _keys()
     out: list[str] = []
     for section, title, about in SECTIONS:
-        out += [f"### {title}", "", about, "", "| key | default | what it does | `gpuq reload` |",
-                "| --- | --- | --- | --- |"]
+        out += [
+            f"### {title}",
+            "",
+            about,
+            "",
+            "| key | default | what it does | `gpuq reload` |",
+            "| --- | --- | --- | --- |",
+        ]
         for k in (k for k in keys if k.section == section):
             default = k.shown if k.shown is not None else f"`{_cell(_toml(k.default))}`"
             kind = " (duration)" if k.duration else ""

@@ -103,8 +103,12 @@ def connection_cap(wanted: int, file_limit: int, listeners: int = 1) -> int:
     room = max((file_limit - FD_RESERVE) // listeners, MIN_CONNECTIONS)
     room = max(room - reserve_for(room), MIN_CONNECTIONS)
     if wanted > room:
-        log.warning("at most %d open connections per listener, not %d (router.max_connections): the "
-                    "open-file limit is %d", room, wanted, file_limit)
+        log.warning(
+            "at most %d open connections per listener, not %d (router.max_connections): the open-file limit is %d",
+            room,
+            wanted,
+            file_limit,
+        )
     return min(wanted, room)
 
 
@@ -112,8 +116,9 @@ class Throttled:
     """Logs a line at most once per `every_s`; the repeats in between are counted, and their count
     is logged when the period ends."""
 
-    def __init__(self, emit: Callable[[str], None], every_s: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, emit: Callable[[str], None], every_s: float = 60.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.emit, self.every_s, self.clock = emit, every_s, clock
         self.quiet_until = float("-inf")
         self.suppressed = 0
@@ -149,6 +154,7 @@ def throttle_accept_errors(loop: asyncio.AbstractEventLoop) -> None:
             throttled(f"{ACCEPT_ERROR}: {context.get('exception')}")
         else:
             loop.default_exception_handler(context)
+
     loop.set_exception_handler(handler)
 
 
@@ -175,8 +181,10 @@ def peer_of(transport: asyncio.BaseTransport) -> str:
 
 def error_reply(status: int, reason: str, message: str) -> bytes:
     body = json.dumps({"error": {"status": status, "message": message}})
-    return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n{body}").encode()
+    return (
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n{body}"
+    ).encode()
 
 
 class ConnectionGuard:
@@ -187,9 +195,15 @@ class ConnectionGuard:
     A connection that has not sent its first request's headers within `header_timeout_s` is
     closed, and one older than `lifetime_s` is closed after its current request."""
 
-    def __init__(self, max_connections: int, header_timeout_s: float, per_peer: int = 1 << 30,
-                 lifetime_s: float = 3600.0, probe_paths: tuple[str, ...] = ROUTER_PROBES,
-                 name: str = "the router") -> None:
+    def __init__(
+        self,
+        max_connections: int,
+        header_timeout_s: float,
+        per_peer: int = 1 << 30,
+        lifetime_s: float = 3600.0,
+        probe_paths: tuple[str, ...] = ROUTER_PROBES,
+        name: str = "the router",
+    ) -> None:
         self.max_connections = max_connections
         self.header_timeout_s = header_timeout_s
         self.per_peer = per_peer
@@ -201,8 +215,11 @@ class ConnectionGuard:
         self.peers: dict[str, int] = {}  # open connections (probes too) per address
         self.probes = 0
         self.refusals = Throttled(lambda text: log.warning("%s", text))
-        self.busy_response = error_reply(503, "Service Unavailable", f"{name} has {max_connections} open "
-                                         "connections, its limit (router.max_connections); try again shortly")
+        self.busy_response = error_reply(
+            503,
+            "Service Unavailable",
+            f"{name} has {max_connections} open connections, its limit (router.max_connections); try again shortly",
+        )
 
     @property
     def open(self) -> int:
@@ -255,14 +272,23 @@ class ConnectionGuard:
 
     def refuse(self, transport: asyncio.Transport, peer: str) -> None:
         if self.peers.get(peer, 0) >= self.per_peer:
-            self.refusals(f"refused new connections from {peer}: it has {self.per_peer} open to {self.name}, "
-                          "the limit per address (router.max_connections_per_peer)")
-            transport.write(error_reply(429, "Too Many Requests", f"{peer} has {self.per_peer} open "
-                                        f"connections to {self.name}, the limit per address "
-                                        "(router.max_connections_per_peer); close some or try again shortly"))
+            self.refusals(
+                f"refused new connections from {peer}: it has {self.per_peer} open to {self.name}, "
+                "the limit per address (router.max_connections_per_peer)"
+            )
+            transport.write(
+                error_reply(
+                    429,
+                    "Too Many Requests",
+                    f"{peer} has {self.per_peer} open "
+                    f"connections to {self.name}, the limit per address "
+                    "(router.max_connections_per_peer); close some or try again shortly",
+                )
+            )
         else:
-            self.refusals(f"refused new connections: {self.open} are open to {self.name}, the limit "
-                          "(router.max_connections)")
+            self.refusals(
+                f"refused new connections: {self.open} are open to {self.name}, the limit (router.max_connections)"
+            )
             transport.write(self.busy_response)
         transport.close()
 
@@ -332,8 +358,13 @@ class GuardedConnection(asyncio.Protocol):
     def idle(self) -> bool:
         """Kept alive after a request and waiting for the next one (aiohttp's own idle test)."""
         waiter = getattr(self.inner, "_waiter", None)
-        return (self.kind == "slot" and self.deadline is None and waiter is not None and not waiter.done()
-                and not getattr(self.inner, "_messages", True))
+        return (
+            self.kind == "slot"
+            and self.deadline is None
+            and waiter is not None
+            and not waiter.done()
+            and not getattr(self.inner, "_messages", True)
+        )
 
     def data_received(self, data: bytes) -> None:
         if self.kind is None:
@@ -405,12 +436,17 @@ def body_deadline(timeout_s: float, render: Callable[[web.Request, int, str], we
                     await request.read()
             except TimeoutError:
                 log.debug("cut %s %s: its body did not arrive within %gs", request.method, request.path, timeout_s)
-                resp = render(request, 408, f"request body not received within {timeout_s:g}s of its headers "
-                                            "(router.body_timeout); send it whole, without pauses")
+                resp = render(
+                    request,
+                    408,
+                    f"request body not received within {timeout_s:g}s of its headers "
+                    "(router.body_timeout); send it whole, without pauses",
+                )
                 resp.force_close()
                 await resp.prepare(request)
                 await resp.write_eof()
                 request.protocol.force_close()
                 return resp
         return await handler(request)
+
     return middleware

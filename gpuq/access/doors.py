@@ -22,6 +22,7 @@ def host_middleware(settings: Settings) -> Middleware:
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         check_host(request, allowed)
         return await handler(request)
+
     return middleware
 
 
@@ -29,16 +30,21 @@ def api_access(live: Callable[[], Settings]) -> Middleware:
     """The API's rules after its host names: no state change from another site, and who calls
     (401 for data by no one the router knows); `live`: the settings in force (a reload changes
     the users at once)."""
+
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         check_same_site(request)
         request[CALLER] = await api_caller(request, live())
         return await handler(request)
+
     return middleware
 
 
-def front_access(settings: Settings, live: Callable[[], Settings] | None = None,
-                 anthropic: Callable[[str], bool] = lambda path: False) -> Middleware:
+def front_access(
+    settings: Settings,
+    live: Callable[[], Settings] | None = None,
+    anthropic: Callable[[str], bool] = lambda path: False,
+) -> Middleware:
     """The front door's rules: its host names only (no DNS rebinding; Ollama's rule, hosts.py),
     browsers by CORS as Ollama allows them (a preflight needs no token: browsers send none), and
     its token when one is set (Bearer, as the OpenAI SDK's api_key sends it), on every route but
@@ -58,4 +64,5 @@ def front_access(settings: Settings, live: Callable[[], Settings] | None = None,
             return web.Response(status=204)
         request[CALLER] = await front_caller(request, live() if live else settings, anthropic(request.path))
         return await handler(request)
+
     return middleware

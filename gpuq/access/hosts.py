@@ -25,8 +25,7 @@ WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})  # listen addresses, never a name 
 # under these never come from public DNS, so a web page cannot rebind one to this machine.
 LOCAL_SUFFIXES = (".localhost", ".local", ".internal")
 # Go's netip.Addr.IsPrivate (RFC 1918 and RFC 4193), which Ollama's allowedHostsMiddleware takes.
-PRIVATE_NETWORKS = tuple(ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
-                                                           "fc00::/7"))
+PRIVATE_NETWORKS = tuple(ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7"))
 TAILSCALE_TIMEOUT_S = 5.0
 
 
@@ -50,8 +49,9 @@ def tailnet_names(command: str = "tailscale") -> set[str]:
     if path is None:
         return set()
     try:
-        done = subprocess.run([path, "status", "--json", "--peers=false"], capture_output=True, text=True,
-                              timeout=TAILSCALE_TIMEOUT_S)
+        done = subprocess.run(
+            [path, "status", "--json", "--peers=false"], capture_output=True, text=True, timeout=TAILSCALE_TIMEOUT_S
+        )
         me = json.loads(done.stdout).get("Self") or {}
     except (OSError, subprocess.TimeoutExpired, ValueError, AttributeError) as exc:
         log.info("tailscale status: no tailnet names for the host check (%s)", exc)
@@ -123,12 +123,14 @@ def check_host(request: web.Request, allowed: frozenset[str]) -> None:
     now resolves to this router, so the browser treats the router as the page's own site."""
     given = request.headers.getall("Host", [])
     if len(given) != 1 or not given[0].strip():
-        raise MisdirectedRequest("refused: the request has no single Host header; this router answers "
-                                 "only to its own host names (add more in router.allowed_hosts)")
+        raise MisdirectedRequest(
+            "refused: the request has no single Host header; this router answers "
+            "only to its own host names (add more in router.allowed_hosts)"
+        )
     name = host_in(given[0])
     if not host_allowed(name, allowed, request):
-        raise MisdirectedRequest(f"refused: host '{name or given[0][:100]}' is not one of this router's names "
-                                 "(a web page under another name may be a DNS rebinding attack); "
-                                 "if it is really this router's name, add it to router.allowed_hosts in gpuq.toml")
-
-
+        raise MisdirectedRequest(
+            f"refused: host '{name or given[0][:100]}' is not one of this router's names "
+            "(a web page under another name may be a DNS rebinding attack); "
+            "if it is really this router's name, add it to router.allowed_hosts in gpuq.toml"
+        )

@@ -30,6 +30,8 @@ def lane_for(user: UserConfig | None, asked: str | None, door: Door) -> Lane:
         return lane
     if door is Door.FRONT:
         return Lane(user.lanes[0])
-    raise Forbidden(f"user '{user.name}' may submit only to the {' and '.join(user.lanes)} lane "
-                    f"(their [[user]] lanes in gpuq.toml); ask with priority "
-                    f"'{user.lanes[0]}', or ask an admin to add '{lane}'")
+    raise Forbidden(
+        f"user '{user.name}' may submit only to the {' and '.join(user.lanes)} lane "
+        f"(their [[user]] lanes in gpuq.toml); ask with priority "
+        f"'{user.lanes[0]}', or ask an admin to add '{lane}'"
+    )

@@ -15,19 +15,43 @@ UNSAFE_METHODS = ("POST", "PUT", "PATCH", "DELETE")
 
 # Browsers and Electron apps call the front door as they call Ollama, from these origins.
 DEFAULT_ORIGINS = (
-    *(f"{scheme}://{host}{port}" for host in ("localhost", "127.0.0.1", "0.0.0.0")
-      for port in ("", ":*") for scheme in ("http", "https")),
-    "app://*", "file://*", "tauri://*", "vscode-webview://*", "vscode-file://*",
+    *(
+        f"{scheme}://{host}{port}"
+        for host in ("localhost", "127.0.0.1", "0.0.0.0")
+        for port in ("", ":*")
+        for scheme in ("http", "https")
+    ),
+    "app://*",
+    "file://*",
+    "tauri://*",
+    "vscode-webview://*",
+    "vscode-file://*",
 )
 
 CORS_ALLOW_METHODS = "GET,POST,PUT,PATCH,DELETE,HEAD,OPTIONS"  # cors.DefaultConfig
 
-CORS_ALLOW_HEADERS = ",".join((  # canonical forms, as gin-contrib/cors writes them (utils.go)
-    "Authorization", "Content-Type", "User-Agent", "Accept", "X-Requested-With", "Openai-Beta",
-    "X-Stainless-Arch", "X-Stainless-Async", "X-Stainless-Custom-Poll-Interval", "X-Stainless-Helper-Method",
-    "X-Stainless-Lang", "X-Stainless-Os", "X-Stainless-Package-Version", "X-Stainless-Poll-Helper",
-    "X-Stainless-Retry-Count", "X-Stainless-Runtime", "X-Stainless-Runtime-Version", "X-Stainless-Timeout",
-))
+CORS_ALLOW_HEADERS = ",".join(
+    (  # canonical forms, as gin-contrib/cors writes them (utils.go)
+        "Authorization",
+        "Content-Type",
+        "User-Agent",
+        "Accept",
+        "X-Requested-With",
+        "Openai-Beta",
+        "X-Stainless-Arch",
+        "X-Stainless-Async",
+        "X-Stainless-Custom-Poll-Interval",
+        "X-Stainless-Helper-Method",
+        "X-Stainless-Lang",
+        "X-Stainless-Os",
+        "X-Stainless-Package-Version",
+        "X-Stainless-Poll-Helper",
+        "X-Stainless-Retry-Count",
+        "X-Stainless-Runtime",
+        "X-Stainless-Runtime-Version",
+        "X-Stainless-Timeout",
+    )
+)
 
 CORS_MAX_AGE = "43200"  # cors.DefaultConfig's MaxAge, 12 h
 
@@ -64,8 +88,10 @@ class Origins:
     def allows(self, origin: str) -> bool:
         if self.everyone or origin in self.exact:
             return True
-        return any(origin.startswith(head) and origin.endswith(tail) and len(origin) >= len(head) + len(tail)
-                   for head, tail in self.wildcards)
+        return any(
+            origin.startswith(head) and origin.endswith(tail) and len(origin) >= len(head) + len(tail)
+            for head, tail in self.wildcards
+        )
 
 
 def cors(request: web.Request, origins: Origins) -> web.Response | None:
@@ -76,15 +102,22 @@ def cors(request: web.Request, origins: Origins) -> web.Response | None:
     if not origin or origin in (f"http://{request.host}", f"https://{request.host}"):
         return None
     if not origins.allows(origin):
-        raise FrontError(403, f"origin '{origin[:200]}' is not allowed to call this gpuq front door (as in Ollama, "
-                              "allowed are localhost, 127.0.0.1 and 0.0.0.0 on any port, app://, file://, tauri://, "
-                              "vscode-webview:// and vscode-file://); add it to [front] origins in gpuq.toml, "
-                              "as OLLAMA_ORIGINS")
+        raise FrontError(
+            403,
+            f"origin '{origin[:200]}' is not allowed to call this gpuq front door (as in Ollama, "
+            "allowed are localhost, 127.0.0.1 and 0.0.0.0 on any port, app://, file://, tauri://, "
+            "vscode-webview:// and vscode-file://); add it to [front] origins in gpuq.toml, "
+            "as OLLAMA_ORIGINS",
+        )
     request[CORS_ORIGIN] = "*" if origins.everyone else origin
     if request.method != "OPTIONS":
         return None
-    headers = {"Access-Control-Allow-Origin": request[CORS_ORIGIN], "Access-Control-Allow-Methods": CORS_ALLOW_METHODS,
-               "Access-Control-Allow-Headers": CORS_ALLOW_HEADERS, "Access-Control-Max-Age": CORS_MAX_AGE}
+    headers = {
+        "Access-Control-Allow-Origin": request[CORS_ORIGIN],
+        "Access-Control-Allow-Methods": CORS_ALLOW_METHODS,
+        "Access-Control-Allow-Headers": CORS_ALLOW_HEADERS,
+        "Access-Control-Max-Age": CORS_MAX_AGE,
+    }
     resp = web.Response(status=204, headers=headers)
     if not origins.everyone:
         for vary in ("Origin", "Access-Control-Request-Method", "Access-Control-Request-Headers"):

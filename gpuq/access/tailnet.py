@@ -110,28 +110,39 @@ class Whois:
         url = f"http://{LOCALAPI_HOST}/localapi/v0/whois?addr={quote(address, safe='')}&proto=tcp"
         timeout = aiohttp.ClientTimeout(total=WHOIS_TIMEOUT_S)
         try:
-            async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(socket)),
-                                             timeout=timeout) as session:
+            async with aiohttp.ClientSession(
+                connector=aiohttp.UnixConnector(path=str(socket)), timeout=timeout
+            ) as session:
                 async with session.get(url) as resp:
                     text = await resp.text()
                     if resp.status == 404:  # "no match for IP:port": not a tailnet peer
                         return None
                     if resp.status != 200:
-                        raise TailscaledUnavailable(f"tailscaled's whois answered {resp.status} "
-                                                    f"{text.strip()[:200]!r} (socket {socket})")
+                        raise TailscaledUnavailable(
+                            f"tailscaled's whois answered {resp.status} {text.strip()[:200]!r} (socket {socket})"
+                        )
                     return owner_of(json.loads(text))
         except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
-            raise TailscaledUnavailable(f"tailscaled's socket {socket} did not answer whois: "
-                                        f"{exc or type(exc).__name__}") from None
+            raise TailscaledUnavailable(
+                f"tailscaled's socket {socket} did not answer whois: {exc or type(exc).__name__}"
+            ) from None
 
     async def ask_cli(self, address: str, socket: Path) -> Owner | None:
         path = shutil.which("tailscale")
         if path is None:
-            raise TailscaledUnavailable(f"no tailscaled socket at {socket} (set router.tailscale_socket) "
-                                        "and no `tailscale` command on PATH")
-        proc = await asyncio.create_subprocess_exec(path, "whois", "--json", "--proto", "tcp", address,
-                                                    stdout=asyncio.subprocess.PIPE,
-                                                    stderr=asyncio.subprocess.PIPE)
+            raise TailscaledUnavailable(
+                f"no tailscaled socket at {socket} (set router.tailscale_socket) and no `tailscale` command on PATH"
+            )
+        proc = await asyncio.create_subprocess_exec(
+            path,
+            "whois",
+            "--json",
+            "--proto",
+            "tcp",
+            address,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         try:
             out, err = await asyncio.wait_for(proc.communicate(), WHOIS_TIMEOUT_S)
         except TimeoutError:
@@ -200,9 +211,11 @@ def serve_login(value: str) -> str:
 
 
 def refuse_login(login: str, how: str) -> Forbidden:
-    return Forbidden(f"{how} says you are '{login}', and this router has no [[user]] named '{login}' "
-                     f"and no router.default_role: add [[user]] name = \"{login}\" to gpuq.toml (role = "
-                     "\"member\" or \"admin\"), or set router.default_role, then `gpuq reload`")
+    return Forbidden(
+        f"{how} says you are '{login}', and this router has no [[user]] named '{login}' "
+        f'and no router.default_role: add [[user]] name = "{login}" to gpuq.toml (role = '
+        '"member" or "admin"), or set router.default_role, then `gpuq reload`'
+    )
 
 
 async def login_of(settings: Settings, request: web.Request) -> tuple[str, str, str] | None:
@@ -220,9 +233,11 @@ async def login_of(settings: Settings, request: web.Request) -> tuple[str, str, 
         source = request.remote or "?"
         if source not in _warned and len(_warned) < CACHE_SIZE:
             _warned.add(source)
-            log.warning("ignored a Tailscale-User-Login header from %s: it is trusted only from tailscale serve "
-                        "(a request from loopback to a listener bound to loopback, with identity = \"tailscale\")",
-                        source)
+            log.warning(
+                "ignored a Tailscale-User-Login header from %s: it is trusted only from tailscale serve "
+                '(a request from loopback to a listener bound to loopback, with identity = "tailscale")',
+                source,
+            )
     if settings.identity != "tailscale":
         return None
     peer = request.transport.get_extra_info("peername") if request.transport is not None else None
@@ -236,12 +251,15 @@ async def login_of(settings: Settings, request: web.Request) -> tuple[str, str, 
         owner = await WHOIS.owner(settings.tailscale_socket, address)
     except TailscaledUnavailable as exc:
         log.warning("identity: %s", exc)
-        raise Unauthorized(f"no token, and tailscaled could not say who is calling ({exc}); "
-                           "send 'Authorization: Bearer <token>'") from None
+        raise Unauthorized(
+            f"no token, and tailscaled could not say who is calling ({exc}); send 'Authorization: Bearer <token>'"
+        ) from None
     if owner is None:
         return None
     if owner.login is None:
-        raise Forbidden(f"the tailnet machine '{owner.node}' is a tagged node ({', '.join(owner.tags) or 'tagged'}) "
-                        "with no user: it is not identified by the tailnet; give it a [[user]] token "
-                        "('Authorization: Bearer <token>')")
+        raise Forbidden(
+            f"the tailnet machine '{owner.node}' is a tagged node ({', '.join(owner.tags) or 'tagged'}) "
+            "with no user: it is not identified by the tailnet; give it a [[user]] token "
+            "('Authorization: Bearer <token>')"
+        )
     return owner.login, "tailscale", f"tailscale (machine '{owner.node}')"

@@ -16,7 +16,7 @@ CALLER = "gpuq.caller"  # request[CALLER]: who sent a request (gpuq/access/ident
 def token_of(request: web.Request) -> str | None:
     header = request.headers.get("Authorization", "")
     if header.startswith("Bearer "):
-        return header[len("Bearer "):].strip()
+        return header[len("Bearer ") :].strip()
     if request.path == "/api/events":  # EventSource cannot send headers
         return request.query.get("token")
     return None
@@ -40,10 +40,11 @@ async def api_caller(request: web.Request, settings: Settings) -> Caller:
     given = token_of(request)
     caller = await identity.who(settings, [] if given is None else [given], request)
     if caller is None:
-        raise Unauthorized("missing or wrong token: send 'Authorization: Bearer <token>' "
-                           "(the router's token and each [[user]]'s are set in gpuq.toml, or $GPUQ_TOKEN)"
-                           + ("; or call from a tailnet machine whose user has a [[user]]"
-                              if settings.identity == "tailscale" else ""))
+        raise Unauthorized(
+            "missing or wrong token: send 'Authorization: Bearer <token>' "
+            "(the router's token and each [[user]]'s are set in gpuq.toml, or $GPUQ_TOKEN)"
+            + ("; or call from a tailnet machine whose user has a [[user]]" if settings.identity == "tailscale" else "")
+        )
     return caller
 
 
@@ -53,10 +54,17 @@ async def front_caller(request: web.Request, settings: Settings, anthropic: bool
     caller = await identity.who(settings, tokens_given(request, anthropic), request, any_key=True)
     if caller is None and request.path != "/":
         if anthropic:
-            raise FrontError(401, "missing or wrong token: this gpuq front door needs the token as 'x-api-key: "
-                                  "<token>' or 'Authorization: Bearer <token>' (ANTHROPIC_API_KEY or "
-                                  "ANTHROPIC_AUTH_TOKEN=<token>)")
-        raise FrontError(401, "missing or wrong token: this gpuq front door needs 'Authorization: Bearer "
-                              "<token>' (OpenAI SDK: api_key=<token>; ollama: "
-                              "headers={'Authorization': 'Bearer <token>'})", "invalid_api_key")
+            raise FrontError(
+                401,
+                "missing or wrong token: this gpuq front door needs the token as 'x-api-key: "
+                "<token>' or 'Authorization: Bearer <token>' (ANTHROPIC_API_KEY or "
+                "ANTHROPIC_AUTH_TOKEN=<token>)",
+            )
+        raise FrontError(
+            401,
+            "missing or wrong token: this gpuq front door needs 'Authorization: Bearer "
+            "<token>' (OpenAI SDK: api_key=<token>; ollama: "
+            "headers={'Authorization': 'Bearer <token>'})",
+            "invalid_api_key",
+        )
     return caller or ANYONE

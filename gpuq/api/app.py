@@ -38,8 +38,12 @@ from .streams import events, stream_job
 log = logging.getLogger("gpuq")
 
 
-API_DOOR = DoorWords(no_route=lambda method, path: f"no route for {path}", wrong_method=None, too_large="",
-                     internal="internal error in the router; see its log")
+API_DOOR = DoorWords(
+    no_route=lambda method, path: f"no route for {path}",
+    wrong_method=None,
+    too_large="",
+    internal="internal error in the router; see its log",
+)
 
 
 @web.middleware
@@ -76,8 +80,14 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     await store.open()
     dispatcher = app[DISPATCHER]
     try:
-        await store.configure({"stale_after_s": settings.stale_after_s, "stale_grace_s": settings.stale_grace_s,
-                               "max_runtime_s": settings.max_runtime_s}, list(settings.nodes))
+        await store.configure(
+            {
+                "stale_after_s": settings.stale_after_s,
+                "stale_grace_s": settings.stale_grace_s,
+                "max_runtime_s": settings.max_runtime_s,
+            },
+            list(settings.nodes),
+        )
         # A model a previous router saw stuck in VRAM keeps its node flagged until it is gone.
         await dispatcher.start(stuck=[a for a in await store.open_alerts() if a["alert"] == "vram_stuck"])
         await app[ALERTER].start()
@@ -98,14 +108,24 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
 
 
 def create_app(settings: Settings, clock: Callable[[], float] = time.time) -> web.Application:
-    app = web.Application(middlewares=[headers_middleware, errors_middleware,
-                                       body_deadline(settings.body_timeout_s, lambda _, *error: error_response(*error)),
-                                       host_middleware(settings),
-                                       api_access(lambda: app[DISPATCHER].settings)],
-                          client_max_size=settings.max_prompt_bytes * 2 + 65536)
+    app = web.Application(
+        middlewares=[
+            headers_middleware,
+            errors_middleware,
+            body_deadline(settings.body_timeout_s, lambda _, *error: error_response(*error)),
+            host_middleware(settings),
+            api_access(lambda: app[DISPATCHER].settings),
+        ],
+        client_max_size=settings.max_prompt_bytes * 2 + 65536,
+    )
     bus = Bus()
-    store = Store(settings.database, settings.busy_timeout_s, clock, max_bytes=settings.max_database_bytes,
-                  submit_timeout_s=settings.submit_timeout_s)
+    store = Store(
+        settings.database,
+        settings.busy_timeout_s,
+        clock,
+        max_bytes=settings.max_database_bytes,
+        submit_timeout_s=settings.submit_timeout_s,
+    )
     app[SETTINGS] = settings
     app[STORE] = store
     app[BUS] = bus

@@ -35,8 +35,9 @@ def refuse_others(caller: Caller, job: Row) -> None:
     if not caller.may_act_on(job.get("owner")):
         owner = job.get("owner")
         whose = f"belongs to {owner}" if owner else "belongs to no user (sent without a user's token)"
-        raise Forbidden(f"job {job['id']} {whose}; a member acts only on their own jobs "
-                        f"(you are {caller.name}, a member)")
+        raise Forbidden(
+            f"job {job['id']} {whose}; a member acts only on their own jobs (you are {caller.name}, a member)"
+        )
 
 
 async def own_job(request: web.Request) -> str:

@@ -33,39 +33,65 @@ async def health(request: web.Request) -> web.Response:
         try:
             async with asyncio.timeout(HEALTH_READ_S):
                 active = await store.active_by_node()
-                stale = [{k: h[k] for k in ("id", "node", "state", "since", "reason")}
-                         for h in await store.stale_heads()]
+                stale = [
+                    {k: h[k] for k in ("id", "node", "state", "since", "reason")} for h in await store.stale_heads()
+                ]
                 for w in unclaimed_nodes:
                     heads[w.rt.name] = await store.next_ready(w.rt.name)
                 leases = await store.routers(dispatcher.settings.lease_s)
         except TimeoutError:
-            trouble = store.trouble(slow_s=HEALTH_READ_S) or {"problem": f"the database is not answering: /health's read took over "
-                                                     f"{HEALTH_READ_S:g}s", "since": iso(time.time())}
+            trouble = store.trouble(slow_s=HEALTH_READ_S) or {
+                "problem": f"the database is not answering: /health's read took over {HEALTH_READ_S:g}s",
+                "since": iso(time.time()),
+            }
         except GpuqError as exc:
             trouble = {"problem": f"the database cannot be read: {exc.message}", "since": iso(time.time())}
-    down = [{"name": rt.name, "since": iso(rt.since), "error": rt.vram_stuck or rt.last_error,
-             "waiting": None if active is None else active.get(rt.name, NodeCounts()).queued,
-             **({"recorded": False} if rt.health_unrecorded else {})}  # the store refused to record it
-            for rt in dispatcher.nodes.values() if rt.checked and not rt.claimable]
+    down = [
+        {
+            "name": rt.name,
+            "since": iso(rt.since),
+            "error": rt.vram_stuck or rt.last_error,
+            "waiting": None if active is None else active.get(rt.name, NodeCounts()).queued,
+            **({"recorded": False} if rt.health_unrecorded else {}),
+        }  # the store refused to record it
+        for rt in dispatcher.nodes.values()
+        if rt.checked and not rt.claimable
+    ]
     # Waiting jobs on an up, idle node whose claims the store refuses: a stuck queue too.
     unclaimed = []
     for w in unclaimed_nodes:
         refused = w.claim_refused  # None again: a claim succeeded during the reads above, the queue moves
         if refused is not None and (active is None or active.get(w.rt.name, NodeCounts()).queued):
             head = heads.get(w.rt.name)
-            unclaimed.append({"node": w.rt.name, "job": head["id"] if head else None,
-                              "since": iso(refused[0]), "error": refused[1]})
+            unclaimed.append(
+                {"node": w.rt.name, "job": head["id"] if head else None, "since": iso(refused[0]), "error": refused[1]}
+            )
     crashed = [loop.json() for loop in dispatcher.loops.down()]  # a loop that is not running, for now
     lost = store.lost  # the database file deleted or replaced under the router: writes are refused
-    ok = (trouble is None and lost is None and not stale and not any(d["waiting"] for d in down)
-          and not crashed and not unclaimed)
-    body = {"ok": ok, "queue_depth": None if active is None else sum(c.queued for c in active.values()),
-            "running": None if active is None else sum(c.running for c in active.values()), "stale": stale,
-            "nodes_down": down, "loops_down": crashed, "unclaimed": unclaimed, "store": trouble,
-            "database_lost": lost, "awake": dispatcher.awake.json(),
-            "draining": dispatcher.draining_json(),  # told to stop, waiting for its running jobs
-            # This router, the routers alive (each with the nodes it holds) and each node's holder.
-            "router": {"id": dispatcher.router.id, "nodes": dispatcher.leases.held()}, **leases}
+    ok = (
+        trouble is None
+        and lost is None
+        and not stale
+        and not any(d["waiting"] for d in down)
+        and not crashed
+        and not unclaimed
+    )
+    body = {
+        "ok": ok,
+        "queue_depth": None if active is None else sum(c.queued for c in active.values()),
+        "running": None if active is None else sum(c.running for c in active.values()),
+        "stale": stale,
+        "nodes_down": down,
+        "loops_down": crashed,
+        "unclaimed": unclaimed,
+        "store": trouble,
+        "database_lost": lost,
+        "awake": dispatcher.awake.json(),
+        "draining": dispatcher.draining_json(),  # told to stop, waiting for its running jobs
+        # This router, the routers alive (each with the nodes it holds) and each node's holder.
+        "router": {"id": dispatcher.router.id, "nodes": dispatcher.leases.held()},
+        **leases,
+    }
     return json_response(body, status=200 if ok else 503)
 
 
@@ -80,8 +106,12 @@ async def metrics(request: web.Request) -> web.Response:
 async def alerts(request: web.Request) -> web.Response:
     """The latest firings and every try to deliver their notices."""
     limit = int_param(request.query, "limit", 50, 1, 1000)
-    return json_response({"alert_url_set": request.app[DISPATCHER].settings.alert_url is not None,
-                          "alerts": await request.app[STORE].alerts(limit)})
+    return json_response(
+        {
+            "alert_url_set": request.app[DISPATCHER].settings.alert_url is not None,
+            "alerts": await request.app[STORE].alerts(limit),
+        }
+    )
 
 
 ACTIVITY_WINDOW_S = 3600.0  # the busy strips and jobs per hour look this far back
@@ -97,15 +127,30 @@ async def activity_view(request: web.Request) -> web.Response:
         try:
             since = parse_iso(request.query["since"])
         except ValueError:
-            raise BadRequest("query parameter 'since' must be a UTC time like 2026-11-29T00:00:00.000000Z, "
-                             f"got '{request.query['since'][:40]}'") from None
+            raise BadRequest(
+                "query parameter 'since' must be a UTC time like 2026-11-29T00:00:00.000000Z, "
+                f"got '{request.query['since'][:40]}'"
+            ) from None
     start = now - ACTIVITY_WINDOW_S
     spans = activity(await app[STORE].runs_since(start), start, now)
     counts = await app[STORE].finished_since(since)
     nodes = []
     for name in app[DISPATCHER].nodes:
         a = spans.get(name)
-        nodes.append({"name": name, "busy": [[iso(b), iso(e)] for b, e in (a.busy if a else [])],
-                      "busy_s": round(a.busy_s, 3) if a else 0.0, "jobs_per_hour": a.finished if a else 0})
-    return json_response({"now": iso(now), "since": iso(since), "window_s": ACTIVITY_WINDOW_S,
-                          "finished": {s: counts.get(s, 0) for s in FINAL}, "nodes": nodes})
+        nodes.append(
+            {
+                "name": name,
+                "busy": [[iso(b), iso(e)] for b, e in (a.busy if a else [])],
+                "busy_s": round(a.busy_s, 3) if a else 0.0,
+                "jobs_per_hour": a.finished if a else 0,
+            }
+        )
+    return json_response(
+        {
+            "now": iso(now),
+            "since": iso(since),
+            "window_s": ACTIVITY_WINDOW_S,
+            "finished": {s: counts.get(s, 0) for s in FINAL},
+            "nodes": nodes,
+        }
+    )

@@ -17,8 +17,12 @@ from .state import STORE
 
 
 async def json_body(request: web.Request, allowed: set[str]) -> dict[str, Any]:
-    body = json_object(await request.read(), "missing request body: expected a JSON object", "malformed JSON",
-                       lambda value: f"a JSON {json_type(value)}")
+    body = json_object(
+        await request.read(),
+        "missing request body: expected a JSON object",
+        "malformed JSON",
+        lambda value: f"a JSON {json_type(value)}",
+    )
     check_text(body)  # first: the messages below quote the body's text
     unknown = sorted(set(body) - allowed)
     if unknown:
@@ -32,8 +36,7 @@ def expected_type(kind: type | tuple[type, ...]) -> str:
     kinds = kind if isinstance(kind, tuple) else (kind,)
     if float in kinds:
         return "number"
-    names = {str: "string", int: "whole number", bool: "boolean", list: "array", dict: "object",
-             type(None): "null"}
+    names = {str: "string", int: "whole number", bool: "boolean", list: "array", dict: "object", type(None): "null"}
     return names.get(kinds[0], kinds[0].__name__)
 
 
@@ -69,6 +72,7 @@ READ_BOUND_S = 5.0
 
 def bounded(handler: Handler) -> Handler:
     """A GET that reads the store, answered within READ_BOUND_S whatever the store does."""
+
     async def read_within_bound(request: web.Request) -> web.StreamResponse:
         try:
             async with asyncio.timeout(READ_BOUND_S):
@@ -76,6 +80,8 @@ def bounded(handler: Handler) -> Handler:
         except TimeoutError:
             trouble = request.app[STORE].trouble(slow_s=READ_BOUND_S)
             why = f": {trouble['problem']}" if trouble else ""
-            raise StoreUnavailable(f"the database did not answer within {READ_BOUND_S:g}s{why}; "
-                                   "GET /health says what the router knows") from None
+            raise StoreUnavailable(
+                f"the database did not answer within {READ_BOUND_S:g}s{why}; GET /health says what the router knows"
+            ) from None
+
     return read_within_bound

@@ -21,23 +21,39 @@ log = logging.getLogger("gpuq")
 
 async def submit(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
-    body = await json_body(request, {"kind", "prompt", "model", "node", "parent", "timeout", "think", "options",
-                                     "priority"})
+    body = await json_body(
+        request, {"kind", "prompt", "model", "node", "parent", "timeout", "think", "options", "priority"}
+    )
     # The JSON types here, in the API's words; every rule of the values is NewJob's.
     caller = caller_of(request)
     lane = lane_for(caller.user, field_of(body, "priority", str), Door.API)
-    new = NewJob.checked(settings.max_prompt_bytes, kind=field_of(body, "kind", str, required=True),
-                         prompt=field_of(body, "prompt", str), parent=field_of(body, "parent", str),
-                         timeout_s=field_of(body, "timeout", (int, float)), model=field_of(body, "model", str),
-                         node=field_of(body, "node", str), think=body.get("think"), options=body.get("options"),
-                         lane=lane, owner=caller.name,
-                         client=request.headers.get("User-Agent"))
+    new = NewJob.checked(
+        settings.max_prompt_bytes,
+        kind=field_of(body, "kind", str, required=True),
+        prompt=field_of(body, "prompt", str),
+        parent=field_of(body, "parent", str),
+        timeout_s=field_of(body, "timeout", (int, float)),
+        model=field_of(body, "model", str),
+        node=field_of(body, "node", str),
+        think=body.get("think"),
+        options=body.get("options"),
+        lane=lane,
+        owner=caller.name,
+        client=request.headers.get("User-Agent"),
+    )
     # No estimate here: it reads the node's whole queue, and a burst of submits would pay that
     # once per job. `gpuq task` asks GET /api/jobs/{id} for it.
     jobs = await request.app[DISPATCHER].submit(new, actor_of(request))
     for job in jobs:
-        log.info("job=%s node=%s state=%s model=%s kind=%s placement=%r", job["id"], job["node"], job["state"],
-                 job["model"], new.kind, job["reason"])
+        log.info(
+            "job=%s node=%s state=%s model=%s kind=%s placement=%r",
+            job["id"],
+            job["node"],
+            job["state"],
+            job["model"],
+            new.kind,
+            job["reason"],
+        )
         job["preview_url"] = preview_url(settings.public_url, job["id"])
     return json_response({"jobs": jobs}, status=201)
 
@@ -91,5 +107,4 @@ async def history(request: web.Request) -> web.Response:
     offset = int_param(q, "offset", 0, 0, 10_000_000)
     rows, total = await request.app[STORE].history(state, node, kind, text, limit, offset, owner=owner)
     url = request.app[SETTINGS].public_url
-    return json_response({"jobs": [job_json(r, url) for r in rows], "total": total, "limit": limit,
-                          "offset": offset})
+    return json_response({"jobs": [job_json(r, url) for r in rows], "total": total, "limit": limit, "offset": offset})

@@ -37,31 +37,45 @@ async def queue(request: web.Request) -> web.Response:
             raise UnknownNode(only, app[DISPATCHER].nodes)
     elif offset:
         raise BadRequest("query parameter 'offset' needs 'node': it pages one node's waiting jobs")
-    queues = {rt.name: await app[STORE].queue(rt.name, limit if i < columns else 0, offset)
-              for i, rt in enumerate(runtimes)}
+    queues = {
+        rt.name: await app[STORE].queue(rt.name, limit if i < columns else 0, offset) for i, rt in enumerate(runtimes)
+    }
     if offset:
         assert only is not None  # an offset without a node is refused above
         # A page deep in a queue: its start estimates count the jobs ahead of it (eta.DEPTH at most).
         found = await app[DISPATCHER].estimates(await app[STORE].queue_plans([only], min(offset + limit, eta.DEPTH)))
     else:
         # The estimates of the jobs shown, from the rows just read (no second read of the queues).
-        found = await app[DISPATCHER].estimates([j for running, queued, _ in queues.values() for j in [running, *queued] if j])
+        found = await app[DISPATCHER].estimates(
+            [j for running, queued, _ in queues.values() for j in [running, *queued] if j]
+        )
     nodes, depth = [], 0
     for rt in runtimes:
         running, queued, count = queues[rt.name]
         depth += count
         running = running and with_eta(with_live(job_json(running, url), app[DISPATCHER]), found)
-        nodes.append(dict(node_json(rt), running=running,
-                          queued=[with_eta(job_json(j, url), found) for j in queued], queued_count=count))
+        nodes.append(
+            dict(
+                node_json(rt),
+                running=running,
+                queued=[with_eta(job_json(j, url), found) for j in queued],
+                queued_count=count,
+            )
+        )
     await with_quota(app, [j for n in nodes for j in n["queued"]])
-    return json_response({"queue_depth": depth, "nodes": nodes} if only is None else
-                         {"nodes": nodes, "offset": offset})
+    return json_response({"queue_depth": depth, "nodes": nodes} if only is None else {"nodes": nodes, "offset": offset})
 
 
 async def nodes(request: web.Request) -> web.Response:
     active = await request.app[STORE].active_by_node()
-    return json_response({"nodes": [dict(node_json(rt), waiting=active.get(rt.name, NodeCounts()).queued)
-                                        for rt in request.app[DISPATCHER].nodes.values()]})
+    return json_response(
+        {
+            "nodes": [
+                dict(node_json(rt), waiting=active.get(rt.name, NodeCounts()).queued)
+                for rt in request.app[DISPATCHER].nodes.values()
+            ]
+        }
+    )
 
 
 async def stale(request: web.Request) -> web.Response:
@@ -79,28 +93,46 @@ async def move(request: web.Request) -> web.Response:
         raise BadRequest(f"field 'position' must be from 1 to 1000000000, got {position}")
     node = field_of(body, "node", str)
     app = request.app
-    job = await app[STORE].move(await own_job(request), app[DISPATCHER].node_infos(), actor_of(request),
-                                position=position, before=before, after=after, node=node)
+    job = await app[STORE].move(
+        await own_job(request),
+        app[DISPATCHER].node_infos(),
+        actor_of(request),
+        position=position,
+        before=before,
+        after=after,
+        node=node,
+    )
     app[DISPATCHER].wake(job["node"])
     app[BUS].publish("queue", {"moved": job["id"]})
-    log.info("job=%s node=%s state=queued moved position=%s actor=%r", job["id"], job["node"], job["position"],
-             actor_of(request))
-    return json_response({"job": {"id": job["id"], "node": job["node"], "position": job["position"],
-                                  "state": JobState.QUEUED}})
+    log.info(
+        "job=%s node=%s state=queued moved position=%s actor=%r",
+        job["id"],
+        job["node"],
+        job["position"],
+        actor_of(request),
+    )
+    return json_response(
+        {"job": {"id": job["id"], "node": job["node"], "position": job["position"], "state": JobState.QUEUED}}
+    )
 
 
 async def preempt(request: web.Request) -> web.Response:
     app = request.app
     caller = caller_of(request)
-    job, interrupted = await app[STORE].preempt(await own_job(request), actor_of(request),
-                                                only_owner=None if caller.admin else caller.name or "")
+    job, interrupted = await app[STORE].preempt(
+        await own_job(request), actor_of(request), only_owner=None if caller.admin else caller.name or ""
+    )
     app[DISPATCHER].abort(interrupted, f"preempted by {job['id']}")
     app[BUS].publish("queue", {"preempted": job["id"]})
     log.info("job=%s node=%s state=queued preempt position=1 actor=%r", job["id"], job["node"], actor_of(request))
     if interrupted:
         log.info("job=%s node=%s state=queued reason=%r", interrupted.job_id, job["node"], f"preempted by {job['id']}")
-    return json_response({"job": {"id": job["id"], "node": job["node"], "position": 1, "state": JobState.QUEUED},
-                          "interrupted": interrupted and interrupted.job_id})
+    return json_response(
+        {
+            "job": {"id": job["id"], "node": job["node"], "position": 1, "state": JobState.QUEUED},
+            "interrupted": interrupted and interrupted.job_id,
+        }
+    )
 
 
 async def delete(request: web.Request) -> web.Response:
@@ -112,8 +144,16 @@ async def delete(request: web.Request) -> web.Response:
     app[DISPATCHER].ended([job["id"]], reason)
     app[BUS].publish("queue", {"deleted": job["id"]})
     log.info("job=%s node=%s state=cancelled reason=%r", job["id"], job["node"], reason)
-    return json_response({"job": {"id": job["id"], "node": job["node"], "state": JobState.CANCELLED,
-                                  "was": JobState.RUNNING if interrupted else JobState.QUEUED}})
+    return json_response(
+        {
+            "job": {
+                "id": job["id"],
+                "node": job["node"],
+                "state": JobState.CANCELLED,
+                "was": JobState.RUNNING if interrupted else JobState.QUEUED,
+            }
+        }
+    )
 
 
 async def clear(request: web.Request) -> web.Response:
@@ -127,8 +167,9 @@ async def clear(request: web.Request) -> web.Response:
     caller = caller_of(request)
     # A member clears only a queue of their own jobs: others' there refuse it all, named (the store
     # checks in the same transaction as it cancels).
-    ids, interrupted = await app[STORE].clear(name, actor_of(request), running=running, reason=reason,
-                                              only_owner=None if caller.admin else caller.name or "")
+    ids, interrupted = await app[STORE].clear(
+        name, actor_of(request), running=running, reason=reason, only_owner=None if caller.admin else caller.name or ""
+    )
     app[DISPATCHER].abort(interrupted, reason)
     app[DISPATCHER].ended(ids, reason)
     app[BUS].publish("queue", {"cleared": name})
@@ -141,9 +182,12 @@ async def retry(request: web.Request) -> web.Response:
     app = request.app
     dispatcher = app[DISPATCHER]
     try:
-        job = await app[STORE].retry(await own_job(request), actor_of(request),
-                                     frozenset(dispatcher.nodes) - dispatcher.removing,
-                                     dispatcher.settings.max_waiting)
+        job = await app[STORE].retry(
+            await own_job(request),
+            actor_of(request),
+            frozenset(dispatcher.nodes) - dispatcher.removing,
+            dispatcher.settings.max_waiting,
+        )
     except OverQuota as exc:
         await dispatcher.when_one_starts(exc)
         raise

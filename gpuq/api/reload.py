@@ -28,8 +28,10 @@ async def reload_config(app: web.Application, actor: str, force: bool = False) -
     async with app[RELOADING]:
         old = dispatcher.settings
         if old.source is None:
-            message = ("this router has no gpuq.toml to reload: it runs the demo's simulated nodes; "
-                       "serve a config file (gpuq serve --config gpuq.toml) to change settings live")
+            message = (
+                "this router has no gpuq.toml to reload: it runs the demo's simulated nodes; "
+                "serve a config file (gpuq serve --config gpuq.toml) to change settings live"
+            )
             log.error("config not reloaded (asked by %s): %s", actor, message)
             raise Conflict(message)
         path = str(old.source)
@@ -52,8 +54,14 @@ async def reload_config(app: web.Application, actor: str, force: bool = False) -
         try:
             failed = await store.remove_nodes(list(change.removed), force, REMOVED_REASON, refusal)
             settings = change.settings
-            await store.configure({"stale_after_s": settings.stale_after_s, "stale_grace_s": settings.stale_grace_s,
-                                   "max_runtime_s": settings.max_runtime_s}, list(settings.nodes))
+            await store.configure(
+                {
+                    "stale_after_s": settings.stale_after_s,
+                    "stale_grace_s": settings.stale_grace_s,
+                    "max_runtime_s": settings.max_runtime_s,
+                },
+                list(settings.nodes),
+            )
         except GpuqError as exc:
             dispatcher.restore(change.removed)
             await refused(exc.message)
@@ -82,6 +90,7 @@ async def reload_view(request: web.Request) -> web.Response:
 
 def reload_on_signal(app: web.Application) -> None:
     """SIGHUP: reload gpuq.toml as `gpuq reload` does; the outcome goes to the log."""
+
     async def reload() -> None:
         try:
             await reload_config(app, "signal SIGHUP")
@@ -89,6 +98,7 @@ def reload_on_signal(app: web.Application) -> None:
             pass  # logged by reload_config
         except Exception:
             log.exception("config reload on SIGHUP failed")
+
     task = asyncio.ensure_future(reload())
     app[DISPATCHER].retiring.add(task)  # kept until done, cancelled at the stop
     task.add_done_callback(app[DISPATCHER].retiring.discard)

@@ -27,19 +27,34 @@ def error_response(status: int, message: str) -> web.Response:
 def job_json(row: Row, public_url: str) -> Row:
     """The API's shape of a job row: `prompt` (and `output`) only when the row is a job's detail."""
     out = {
-        "id": row["id"], "kind": row["kind"], "state": row["state"], "node": row["node"],
-        "model": row["model"], "prompt_excerpt": row["prompt_excerpt"], "prompt_bytes": row["prompt_bytes"],
+        "id": row["id"],
+        "kind": row["kind"],
+        "state": row["state"],
+        "node": row["node"],
+        "model": row["model"],
+        "prompt_excerpt": row["prompt_excerpt"],
+        "prompt_bytes": row["prompt_bytes"],
         "parent": row.get("parent_id"),
-        "group": row.get("group_id"), "placement": row.get("placement"), "error": row.get("error"),
-        "created_at": row.get("created_at"), "started_at": row.get("started_at"),
-        "finished_at": row.get("finished_at"), "progress_at": row.get("progress_at"),
-        "work_done_at": row.get("work_done_at"), "eval_count": row.get("eval_count"),
-        "eval_duration_ns": row.get("eval_duration_ns"), "done_reason": row.get("done_reason"),
-        "preempted_runs": row.get("preempted_runs", 0), "timeout_s": row.get("timeout_s"),
-        "run_id": row.get("run_id"), "preview_url": preview_url(public_url, row["id"]),
+        "group": row.get("group_id"),
+        "placement": row.get("placement"),
+        "error": row.get("error"),
+        "created_at": row.get("created_at"),
+        "started_at": row.get("started_at"),
+        "finished_at": row.get("finished_at"),
+        "progress_at": row.get("progress_at"),
+        "work_done_at": row.get("work_done_at"),
+        "eval_count": row.get("eval_count"),
+        "eval_duration_ns": row.get("eval_duration_ns"),
+        "done_reason": row.get("done_reason"),
+        "preempted_runs": row.get("preempted_runs", 0),
+        "timeout_s": row.get("timeout_s"),
+        "run_id": row.get("run_id"),
+        "preview_url": preview_url(public_url, row["id"]),
         "waiting_for": row.get("waiting_for"),  # a held critique: the parent it waits for
         # who sent it (None: the router knows no one), with what program, and its lane
-        "owner": row.get("owner"), "client": row.get("client"), "lane": row.get("lane"),
+        "owner": row.get("owner"),
+        "client": row.get("client"),
+        "lane": row.get("lane"),
     }
     if row.get("endpoint"):
         out["endpoint"] = row["endpoint"]
@@ -57,14 +72,23 @@ def job_json(row: Row, public_url: str) -> Row:
 def node_json(rt: NodeRuntime) -> Row:
     """The API's shape of a node: its config, its health, a crashed loop of its own."""
     return {
-        "name": rt.name, "rank": rt.config.rank, "roles": list(rt.config.roles),
-        "model": rt.config.model, "url": rt.config.url, "up": rt.up, "checked": rt.checked,
-        "since": iso(rt.since), "last_error": rt.last_error, "model_installed": rt.model_installed,
-        "vram_stuck": rt.vram_stuck, "health_recorded": not rt.health_unrecorded,
+        "name": rt.name,
+        "rank": rt.config.rank,
+        "roles": list(rt.config.roles),
+        "model": rt.config.model,
+        "url": rt.config.url,
+        "up": rt.up,
+        "checked": rt.checked,
+        "since": iso(rt.since),
+        "last_error": rt.last_error,
+        "model_installed": rt.model_installed,
+        "vram_stuck": rt.vram_stuck,
+        "health_recorded": not rt.health_unrecorded,
         "loop_error": "; ".join(loop.problem() for loop in rt.loops if not loop.alive) or None,
         # The model kept loaded between jobs, and until when (null: until the node goes idle).
-        "warm": None if rt.warm_model is None else {
-            "model": rt.warm_model, "until": None if rt.warm_until is None else iso(rt.warm_until)},
+        "warm": None
+        if rt.warm_model is None
+        else {"model": rt.warm_model, "until": None if rt.warm_until is None else iso(rt.warm_until)},
     }
 
 
@@ -85,7 +109,8 @@ def with_eta(job: Row, found: dict[str, eta.Estimate]) -> Row:
     if job["state"] not in ACTIVE:
         return job
     e = found.get(job["id"]) or eta.Estimate(
-        None, None, f"more than {eta.DEPTH} jobs wait ahead of it, or its node is not in the config")
+        None, None, f"more than {eta.DEPTH} jobs wait ahead of it, or its node is not in the config"
+    )
     job["eta_start"] = None if e.start_s is None else iso(e.start_s)
     job["eta_finish"] = None if e.finish_s is None else iso(e.finish_s)
     job["eta_reason"] = e.reason
@@ -103,11 +128,17 @@ async def with_quota(app: web.Application, jobs: list[Row]) -> None:
     for job in jobs:
         owner = job.get("owner")
         # owner is not None: owners holds only max_running's users
-        if (job["state"] == JobState.QUEUED and owner is not None and owner in owners
-                and running.get(owner, 0) >= limits[owner]):
+        if (
+            job["state"] == JobState.QUEUED
+            and owner is not None
+            and owner in owners
+            and running.get(owner, 0) >= limits[owner]
+        ):
             n = running[owner]
-            why = (f"user '{owner}' runs {n} job{'s' if n != 1 else ''} already, their max_running: it starts "
-                   "once one ends; other users' jobs run meanwhile")
+            why = (
+                f"user '{owner}' runs {n} job{'s' if n != 1 else ''} already, their max_running: it starts "
+                "once one ends; other users' jobs run meanwhile"
+            )
             job["held_by_quota"] = why
             job["eta_start"] = job["eta_finish"] = None
             job["eta_reason"] = why

@@ -34,8 +34,10 @@ async def stream_job(request: web.Request) -> web.StreamResponse:
         if cur is None:  # not running: what it stored (one that starts meanwhile is live again)
             job = await app[STORE].job_detail(job_id)
             cur = app[DISPATCHER].live(job_id)
-        sent = {"text": "".join(cur.output) if cur else job["output"],
-                "thinking": "".join(cur.thinking) if cur else (job["thinking"] or "")}
+        sent = {
+            "text": "".join(cur.output) if cur else job["output"],
+            "thinking": "".join(cur.thinking) if cur else (job["thinking"] or ""),
+        }
         # A running job's catch-up says how many tokens (Ollama's chunks) it holds, counted at the
         # same moment: a follower counting on from it misses none and counts none twice.
         counts = {"thinking": cur.thinking_tokens, "text": cur.tokens - cur.thinking_tokens} if cur else {}
@@ -49,8 +51,11 @@ async def stream_job(request: web.Request) -> web.StreamResponse:
         async def say_where() -> None:
             nonlocal where
             if job["state"] == JobState.QUEUED:
-                now = {"node": job["node"], "position": await app[STORE].queue_position(job),
-                       "waiting_for": job.get("waiting_for")}
+                now = {
+                    "node": job["node"],
+                    "position": await app[STORE].queue_position(job),
+                    "waiting_for": job.get("waiting_for"),
+                }
                 if now != where:
                     await line({"queued": now})
             elif job["state"] == JobState.RUNNING and where is not None and "started" not in where:
@@ -59,12 +64,13 @@ async def stream_job(request: web.Request) -> web.StreamResponse:
             else:
                 return
             where = now
+
         async def caught_up_from_store(run_id: int) -> None:
             """What the router running the job stored since (its heartbeats, about each second)."""
             stored = (await app[STORE].run_texts([run_id]))[run_id]
             for kind, text in (("thinking", stored["thinking"] or ""), ("text", stored["output"])):
                 if len(text) > len(sent[kind]) and text.startswith(sent[kind]):
-                    await line({kind: text[len(sent[kind]):]})
+                    await line({kind: text[len(sent[kind]) :]})
                     sent[kind] = text
 
         await say_where()
@@ -87,7 +93,7 @@ async def stream_job(request: web.Request) -> web.StreamResponse:
         # held them, but it was no longer live): the lines still add up to what was stored.
         for kind, stored in (("thinking", job["thinking"] or ""), ("text", job["output"])):
             if stored != sent[kind] and stored.startswith(sent[kind]):
-                await line({kind: stored[len(sent[kind]):]})
+                await line({kind: stored[len(sent[kind]) :]})
         final = job_json(job, app[SETTINGS].public_url)
         for key in ("prompt", "runs", "events"):  # the follower has its prompt: the excerpt is enough
             final.pop(key, None)

@@ -26,9 +26,24 @@ def main(ctx: click.Context, router: str | None, config: str | None) -> None:
     ctx.obj = {"router": router, "config": config}
 
 
-for command in (jobs.task, jobs.critique, jobs.wait, jobs.show,
-                queue.queue_cmd, queue.stale, queue.move, queue.preempt, queue.delete, queue.clear, queue.retry,
-                history.history,
-                lab.serve, lab.init, lab.reload, lab.nodes, lab.health,
-                service.service):
+for command in (
+    jobs.task,
+    jobs.critique,
+    jobs.wait,
+    jobs.show,
+    queue.queue_cmd,
+    queue.stale,
+    queue.move,
+    queue.preempt,
+    queue.delete,
+    queue.clear,
+    queue.retry,
+    history.history,
+    lab.serve,
+    lab.init,
+    lab.reload,
+    lab.nodes,
+    lab.health,
+    service.service,
+):
     main.add_command(command)

@@ -33,8 +33,9 @@ class Router:
         self.token = token
         self.timeout_s = timeout_s
 
-    def _request(self, method: str, path: str, body: Any = None, timeout: float | None = None,
-                 allow: tuple[int, ...] = ()):
+    def _request(
+        self, method: str, path: str, body: Any = None, timeout: float | None = None, allow: tuple[int, ...] = ()
+    ):
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.base_url + path, data=data, method=method)
         req.add_header("X-Gpuq-Actor", "cli")
@@ -55,13 +56,17 @@ class Router:
                 raise ApiError(exc.code, error["message"]) from None
             raise self._foreign(req.full_url, exc.code, exc.headers, raw) from None
         except urllib.error.URLError as exc:
-            raise ApiError("-", f"cannot reach the router at {self.base_url}: {exc.reason}"
-                                f"{_start_hint(exc.reason)}") from None
+            raise ApiError(
+                "-", f"cannot reach the router at {self.base_url}: {exc.reason}{_start_hint(exc.reason)}"
+            ) from None
         except TimeoutError:
             raise ApiError("-", f"no answer from {req.full_url} within {timeout or self.timeout_s:g}s") from None
         except BROKEN as exc:  # e.g. a server that does not speak HTTP, or hangs up at once
-            raise ApiError("-", f"{req.full_url} did not answer like a gpuq router ({_describe(exc)}); "
-                                f"is {self.base_url} the router's URL?") from None
+            raise ApiError(
+                "-",
+                f"{req.full_url} did not answer like a gpuq router ({_describe(exc)}); "
+                f"is {self.base_url} the router's URL?",
+            ) from None
 
     def call(self, method: str, path: str, body: Any = None, allow: tuple[int, ...] = ()) -> dict:
         url = self.base_url + path

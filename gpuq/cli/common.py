@@ -31,6 +31,7 @@ def api_errors(fn):
             return fn(*args, **kwargs)
         except ApiError as exc:
             fail(exc.status, exc.message)
+
     return wrapper
 
 

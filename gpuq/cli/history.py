@@ -18,6 +18,7 @@ def since_time(text: str) -> float:
     """--since: a time ago ('90s', '30m', '2h', '1h30m', '3d') or a local date or time
     ('2026-10-19', '2026-10-19 14:00')."""
     from datetime import datetime
+
     value = text.strip().lower()
     try:
         if value.endswith("d") and value[:-1].replace(".", "", 1).isdigit():
@@ -28,20 +29,28 @@ def since_time(text: str) -> float:
     try:
         return datetime.fromisoformat(text.strip()).timestamp()
     except ValueError:
-        raise click.BadParameter(f"expected a time ago like 30m, 2h or 3d, or a date like 2026-10-19 "
-                                 f"or '2026-10-19 14:00', got {text!r}", param_hint="--since") from None
+        raise click.BadParameter(
+            f"expected a time ago like 30m, 2h or 3d, or a date like 2026-10-19 or '2026-10-19 14:00', got {text!r}",
+            param_hint="--since",
+        ) from None
 
 
-def history_jobs(router: Router, state: str | None, node: str | None, since: float | None,
-                 limit: int, owner: str | None = None) -> tuple[list[dict], bool]:
+def history_jobs(
+    router: Router, state: str | None, node: str | None, since: float | None, limit: int, owner: str | None = None
+) -> tuple[list[dict], bool]:
     """The newest finished jobs (at most `limit`, none older than `since`), and whether there are
     more. /api/history pages newest first; `since` is where the paging stops."""
     jobs: list[dict] = []
     offset = 0
     while True:
         size = min(500, limit + 1 - len(jobs))
-        query = urlencode({k: v for k, v in (("state", state), ("node", node), ("owner", owner), ("limit", size),
-                                             ("offset", offset)) if v is not None})
+        query = urlencode(
+            {
+                k: v
+                for k, v in (("state", state), ("node", node), ("owner", owner), ("limit", size), ("offset", offset))
+                if v is not None
+            }
+        )
         page = router.call("GET", f"/api/history?{query}")["jobs"]
         for job in page:
             if since is not None and parse_iso(job["finished_at"]) < since:
@@ -79,8 +88,10 @@ def history(ctx, state, node, owner, since, limit, as_json) -> None:
     click.echo(f"{'JOB':19}  {'STATE':9} {'NODE':12} {'KIND':8} {'OWNER':10} {'ENDED':>9} {'RAN':>6}  PROMPT")
     for job in jobs:
         ran = ago(job["started_at"], job["finished_at"]) if job.get("started_at") else "-"
-        line = (f"{job['id']:19}  {job['state']:9} {job['node']:12} {job['kind']:8} {owner_of(job):10} "
-                f"{ago(job['finished_at']) + ' ago':>9} {ran:>6}  {prompt_excerpt(job, 40)}")
+        line = (
+            f"{job['id']:19}  {job['state']:9} {job['node']:12} {job['kind']:8} {owner_of(job):10} "
+            f"{ago(job['finished_at']) + ' ago':>9} {ran:>6}  {prompt_excerpt(job, 40)}"
+        )
         click.echo(line)
         if job.get("error"):
             click.echo(f"{'':21}{excerpt(job['error'], 100)}")

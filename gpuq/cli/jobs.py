@@ -28,12 +28,23 @@ def read_text(path: str) -> str:
 
 def ollama_params(fn):
     """--think/--no-think, --think-level and --option KEY=VALUE, for the commands that submit."""
-    fn = click.option("--option", "options", multiple=True, metavar="KEY=VALUE",
-                      help="An Ollama model option, e.g. num_ctx=32768 (repeatable; over the node's).")(fn)
-    fn = click.option("--think-level", type=click.Choice(THINK_LEVELS),
-                      help="Think at this level (models that take one, e.g. gpt-oss).")(fn)
-    return click.option("--think/--no-think", default=None,
-                        help="Turn the model's thinking on or off (default: the node's, else Ollama's).")(fn)
+    fn = click.option(
+        "--option",
+        "options",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="An Ollama model option, e.g. num_ctx=32768 (repeatable; over the node's).",
+    )(fn)
+    fn = click.option(
+        "--think-level",
+        type=click.Choice(THINK_LEVELS),
+        help="Think at this level (models that take one, e.g. gpt-oss).",
+    )(fn)
+    return click.option(
+        "--think/--no-think",
+        default=None,
+        help="Turn the model's thinking on or off (default: the node's, else Ollama's).",
+    )(fn)
 
 
 def params_body(think: bool | None, think_level: str | None, options: tuple[str, ...]) -> dict:
@@ -68,14 +79,24 @@ def clock(ts: str) -> str:
 
 @click.command()
 @click.argument("prompt", required=False)
-@click.option("--file", "file_", type=click.Path(dir_okay=False, allow_dash=True), help="Read the prompt from a file (- for stdin).")
+@click.option(
+    "--file",
+    "file_",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    help="Read the prompt from a file (- for stdin).",
+)
 @click.option("--model", help="Use this model instead of the node's.")
 @click.option("--node", help="Put the task on this node.")
 @click.option("--timeout", type=float, help="Fail the job if it runs longer than this many seconds.")
-@click.option("--priority", type=click.Choice(["interactive", "batch"]),
-              help="The lane: interactive waits ahead of every batch job on its node (default: batch).")
+@click.option(
+    "--priority",
+    type=click.Choice(["interactive", "batch"]),
+    help="The lane: interactive waits ahead of every batch job on its node (default: batch).",
+)
 @click.option("--wait", is_flag=True, help="Stream the output as it is generated, then the final state.")
-@click.option("--json", "as_json", is_flag=True, help="Print the submitted job (with --wait: the finished job) as JSON.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the submitted job (with --wait: the finished job) as JSON."
+)
 @ollama_params
 @click.pass_context
 @api_errors
@@ -90,8 +111,15 @@ def task(ctx, prompt, file_, model, node, timeout, priority, wait, think, think_
         raise click.UsageError("give a PROMPT, or --file PATH (- for stdin)", ctx)
     if file_ is not None:
         prompt = read_text(file_)
-    body = {"kind": "task", "prompt": prompt, "model": model, "node": node, "timeout": timeout, "priority": priority,
-            **params_body(think, think_level, options)}
+    body = {
+        "kind": "task",
+        "prompt": prompt,
+        "model": model,
+        "node": node,
+        "timeout": timeout,
+        "priority": priority,
+        **params_body(think, think_level, options),
+    }
     router = router_of(ctx)
     job = router.call("POST", "/api/jobs", {k: v for k, v in body.items() if v is not None})["jobs"][0]
     if as_json and not wait:
@@ -107,8 +135,11 @@ def task(ctx, prompt, file_, model, node, timeout, priority, wait, think, think_
     if wait:
         follow(router, job["id"], as_json)
     else:  # a hint for the person, on stderr: stdout stays the three lines a script reads
-        click.echo(f"not waiting: follow it with `gpuq wait {job['id']}` or the preview link; later, "
-                   f"`gpuq show {job['id']}` or `gpuq history` says how it ended", err=True)
+        click.echo(
+            f"not waiting: follow it with `gpuq wait {job['id']}` or the preview link; later, "
+            f"`gpuq show {job['id']}` or `gpuq history` says how it ended",
+            err=True,
+        )
 
 
 @click.command()
@@ -117,12 +148,19 @@ def task(ctx, prompt, file_, model, node, timeout, priority, wait, think, think_
 @click.option("--node", help="Critique on this node only.")
 @click.option("--model", help="Use this model instead of each node's.")
 @click.option("--timeout", type=float, help="Fail a child if it runs longer than this many seconds.")
-@click.option("--priority", type=click.Choice(["interactive", "batch"]),
-              help="The lane: interactive waits ahead of every batch job on its node (default: batch).")
+@click.option(
+    "--priority",
+    type=click.Choice(["interactive", "batch"]),
+    help="The lane: interactive waits ahead of every batch job on its node (default: batch).",
+)
 @click.option("--no-wait", is_flag=True, help="Return after submitting.")
-@click.option("--json", "as_json", is_flag=True,
-              help='Print one JSON document, {"jobs": [...]}: the finished children (with --no-wait: '
-                   'the submitted ones); progress goes to stderr.')
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help='Print one JSON document, {"jobs": [...]}: the finished children (with --no-wait: '
+    "the submitted ones); progress goes to stderr.",
+)
 @ollama_params
 @click.pass_context
 @api_errors
@@ -134,9 +172,15 @@ def critique(ctx, file, parent, node, model, timeout, priority, no_wait, as_json
     """
     if file is None and parent is None:
         raise click.UsageError("give a FILE to critique, or --parent ID", ctx)
-    body = {"kind": "critique", "parent": parent, "node": node, "model": model, "timeout": timeout,
-            "priority": priority,
-            **params_body(think, think_level, options)}
+    body = {
+        "kind": "critique",
+        "parent": parent,
+        "node": node,
+        "model": model,
+        "timeout": timeout,
+        "priority": priority,
+        **params_body(think, think_level, options),
+    }
     if file is not None:
         body["prompt"] = read_text(file)
     router = router_of(ctx)
@@ -265,6 +309,7 @@ def wait(ctx, job_id, as_json) -> None:
 
 # -- looking ----------------------------------------------------------------------------------
 
+
 @click.command()
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
@@ -295,8 +340,11 @@ def show(ctx, job_id, as_json) -> None:
         click.echo(f"waiting for parent {job['waiting_for']} to finish (held: it reviews the parent's result)")
     eta = eta_summary(job)
     if eta:
-        times = [f"{k} {clock(job['eta_' + k])}" for k in ("start", "finish")
-                 if job.get("eta_" + k) and not (k == "start" and job["state"] == JobState.RUNNING)]
+        times = [
+            f"{k} {clock(job['eta_' + k])}"
+            for k in ("start", "finish")
+            if job.get("eta_" + k) and not (k == "start" and job["state"] == JobState.RUNNING)
+        ]
         click.echo(eta + (f"   [{', '.join(times)}]" if times else ""))
     click.echo(summary(job))
     for ev in job.get("events", []):
@@ -321,8 +369,9 @@ def show(ctx, job_id, as_json) -> None:
             when = f"started {run['started_at']}, ended {run['finished_at']} ({ago(run['started_at'], run['finished_at'])})"
         else:
             when = f"started {run['started_at']}, {ago(run['started_at'])} so far"
-        click.echo(f"run {run['id']} on {run['node']}: {run['state']}, {when}"
-                   f"{': ' + run['error'] if run.get('error') else ''}")
+        click.echo(
+            f"run {run['id']} on {run['node']}: {run['state']}, {when}{': ' + run['error'] if run.get('error') else ''}"
+        )
     click.echo("\n-- events --")
     for ev in job.get("events", []):
         why = f": {ev['reason']}" if ev["reason"] else ""

@@ -20,12 +20,24 @@ from .common import ago, api_errors, router_of
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="gpuq.toml to serve.")
 @click.option("--demo", is_flag=True, help="Run simulated Ollama nodes on loopback (no gpuq.toml needed).")
 @click.option("--listen", help="host:port to bind, overriding the config.")
-@click.option("--database", type=click.Path(dir_okay=False), help="SQLite file or postgresql:// URI (also $GPUQ_DATABASE), overriding the config.")
-@click.option("--ollama-listen", help="host:port of the Ollama/OpenAI front door, overriding the config "
-                                      "(the demo's: 127.0.0.1:11435).")
+@click.option(
+    "--database",
+    type=click.Path(dir_okay=False),
+    help="SQLite file or postgresql:// URI (also $GPUQ_DATABASE), overriding the config.",
+)
+@click.option(
+    "--ollama-listen",
+    help="host:port of the Ollama/OpenAI front door, overriding the config (the demo's: 127.0.0.1:11435).",
+)
 @click.pass_context
-def serve(ctx: click.Context, config_path: str | None, demo: bool, listen: str | None,
-          database: str | None, ollama_listen: str | None) -> None:
+def serve(
+    ctx: click.Context,
+    config_path: str | None,
+    demo: bool,
+    listen: str | None,
+    database: str | None,
+    ollama_listen: str | None,
+) -> None:
     """Run the router.
 
     Example: gpuq serve --config ~/gpuq.toml
@@ -34,8 +46,11 @@ def serve(ctx: click.Context, config_path: str | None, demo: bool, listen: str |
 
     path = find_config(config_path or ctx.obj["config"])
     if path is None and not demo:
-        click.echo("gpuq: no config: looked at --config, $GPUQ_CONFIG and ./gpuq.toml. "
-                   "Write one with `gpuq init`, or try `gpuq serve --demo`.", err=True)
+        click.echo(
+            "gpuq: no config: looked at --config, $GPUQ_CONFIG and ./gpuq.toml. "
+            "Write one with `gpuq init`, or try `gpuq serve --demo`.",
+            err=True,
+        )
         sys.exit(2)
     try:
         settings = None if path is None else load_config(path)  # no path: --demo (else exited above)
@@ -52,8 +67,11 @@ def serve(ctx: click.Context, config_path: str | None, demo: bool, listen: str |
 
 @click.command()
 @click.argument("path", default="gpuq.toml", type=click.Path(dir_okay=False))
-@click.option("--tailscale", is_flag=True,
-              help="Find the lab on your tailnet: every online peer whose Ollama answers becomes a node.")
+@click.option(
+    "--tailscale",
+    is_flag=True,
+    help="Find the lab on your tailnet: every online peer whose Ollama answers becomes a node.",
+)
 @click.option("--ollama-port", default=11434, show_default=True, help="The port Ollama listens on (with --tailscale).")
 def init(path: str, tailscale: bool, ollama_port: int) -> None:
     """Write a starter gpuq.toml (never overwrites).
@@ -69,6 +87,7 @@ def init(path: str, tailscale: bool, ollama_port: int) -> None:
         return
     from ..errors import GpuqError
     from .tailscale import discover
+
     try:
         text, me, found, silent = discover(ollama_port)
     except GpuqError as exc:
@@ -83,7 +102,7 @@ def init(path: str, tailscale: bool, ollama_port: int) -> None:
 
 
 def warm_text(warm: dict) -> str:
-    """"qwen3:8b until 14:32" (local time), or "... until the node is idle"."""
+    """ "qwen3:8b until 14:32" (local time), or "... until the node is idle"."""
     if warm.get("until") is None:
         return f"{warm['model']} until the node is idle"
     return f"{warm['model']} until {time.strftime('%H:%M', time.localtime(parse_iso(warm['until'])))}"
@@ -112,8 +131,10 @@ def nodes(ctx, as_json) -> None:
             status, problem = "crashed", f"{n['loop_error']}; {problem}".rstrip("; ")
         if n["model_installed"] is False:
             problem = f"model {n['model']} is not installed; {problem}".rstrip("; ")
-        click.echo(f"{n['name']:12} {n['rank']:>4} {status:8} {n['model']:22} {','.join(n['roles']):15} "
-                   f"{n['waiting']:>7}  {ago(n['since'])} ago {problem}".rstrip())
+        click.echo(
+            f"{n['name']:12} {n['rank']:>4} {status:8} {n['model']:22} {','.join(n['roles']):15} "
+            f"{n['waiting']:>7}  {ago(n['since'])} ago {problem}".rstrip()
+        )
         if n.get("warm"):  # a model kept loaded between jobs
             click.echo(f"{'':12} warm: {warm_text(n['warm'])}")
 
@@ -150,8 +171,10 @@ def reload(ctx, force) -> None:
     lines += [f"node {name}: {change}" for name, changes in data["nodes"].items() for change in changes]
     lines += data["router"]
     lines += [f"{job['id']} failed on {job['node']}: node removed from gpuq.toml" for job in data["failed"]]
-    click.echo(f"reloaded {data['path']}: " + ("nothing changed" if not data["changed"] else
-                                               f"{len(lines)} change{'s' if len(lines) != 1 else ''}"))
+    click.echo(
+        f"reloaded {data['path']}: "
+        + ("nothing changed" if not data["changed"] else f"{len(lines)} change{'s' if len(lines) != 1 else ''}")
+    )
     for line in lines:
         click.echo(f"  {line}")
     for change in data["needs_restart"]:

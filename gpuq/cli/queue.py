@@ -29,13 +29,15 @@ def queue_cmd(ctx, limit, mine, as_json) -> None:
     if mine:
         me = router.call("GET", "/api/whoami")["name"]
         if me is None:
-            raise click.ClickException("--mine: this router knows no users (no token, no [[user]]), so no job is "
-                                       "anyone's; leave out --mine")
+            raise click.ClickException(
+                "--mine: this router knows no users (no token, no [[user]]), so no job is anyone's; leave out --mine"
+            )
     data = router.call("GET", f"/api/queue?limit={limit}")
     if me is not None:  # only yours, each with its place in its node's queue (POS)
         for node in data["nodes"]:
-            node["queued"] = [dict(j, position=i) for i, j in enumerate(node["queued"], start=1)
-                              if j.get("owner") == me]
+            node["queued"] = [
+                dict(j, position=i) for i, j in enumerate(node["queued"], start=1) if j.get("owner") == me
+            ]
             if node["running"] and node["running"].get("owner") != me:
                 node["running"] = None
                 node["others_running"] = True
@@ -45,15 +47,18 @@ def queue_cmd(ctx, limit, mine, as_json) -> None:
     click.echo(f"queue depth {data['queue_depth']}" + (f"; yours ({me}) shown" if me else ""))
     for node in data["nodes"]:
         status = "up" if node["up"] else ("down" if node["checked"] else "checking")
-        click.echo(f"\n{node['name']}  {status}  {node['model']}  [{','.join(node['roles'])}]"
-                   f"  {node['queued_count']} waiting")
+        click.echo(
+            f"\n{node['name']}  {status}  {node['model']}  [{','.join(node['roles'])}]  {node['queued_count']} waiting"
+        )
         click.echo(f"  {'POS':>7}  {'JOB':19}  {'KIND':8} {'OWNER':10} {'AGE':>7} {'ESTIMATE':18}  PROMPT")
         run = node["running"]
         if run:
             tokens = run.get("tokens_so_far") or 0
-            click.echo(f"  running  {run['id']}  {run['kind']:8} {owner_of(run):10} {ago(run['started_at']):>7} "
-                       f"{eta_column(run, 'eta_finish', 'ends')}  "
-                       f"[ran {ago(run['started_at'])}, {tokens} token{'s' if tokens != 1 else ''}]  {prompt_excerpt(run)}")
+            click.echo(
+                f"  running  {run['id']}  {run['kind']:8} {owner_of(run):10} {ago(run['started_at']):>7} "
+                f"{eta_column(run, 'eta_finish', 'ends')}  "
+                f"[ran {ago(run['started_at'])}, {tokens} token{'s' if tokens != 1 else ''}]  {prompt_excerpt(run)}"
+            )
         elif node.get("others_running"):
             click.echo(f"  {'running':>7}  (someone else's job)")
         elif status == "up":
@@ -65,8 +70,10 @@ def queue_cmd(ctx, limit, mine, as_json) -> None:
             mark = " (preempted)" if job["preempted_runs"] else ""
             if job.get("waiting_for"):
                 mark += f" (waiting for parent {job['waiting_for']})"
-            click.echo(f"  {i:>7}  {job['id']}  {job['kind']:8} {owner_of(job):10} {ago(job['created_at']):>7} "
-                       f"{eta_column(job, 'eta_start', 'starts')}  {prompt_excerpt(job)}{mark}")
+            click.echo(
+                f"  {i:>7}  {job['id']}  {job['kind']:8} {owner_of(job):10} {ago(job['created_at']):>7} "
+                f"{eta_column(job, 'eta_start', 'starts')}  {prompt_excerpt(job)}{mark}"
+            )
         if me is None and node["queued_count"] > len(node["queued"]):
             click.echo(f"  … {node['queued_count'] - len(node['queued'])} more")
 
@@ -115,7 +122,9 @@ def move(ctx, job_id, position, before, after, node) -> None:
     if sum(x is not None for x in (position, before, after)) > 1:
         raise click.UsageError("give only one of --to, --before and --after", ctx)
     body = {"position": position, "before": before, "after": after, "node": node}
-    job = router_of(ctx).call("POST", f"/api/jobs/{seg(job_id)}/move", {k: v for k, v in body.items() if v is not None})["job"]
+    job = router_of(ctx).call(
+        "POST", f"/api/jobs/{seg(job_id)}/move", {k: v for k, v in body.items() if v is not None}
+    )["job"]
     beyond = f" (the end of its queue: --to {position} is past it)" if position and job["position"] < position else ""
     click.echo(f"{job['id']} -> {job['node']} position {job['position']}{beyond}")
 
@@ -175,7 +184,9 @@ def clear(ctx, node, running, yes) -> None:
         if found is None:
             raise click.UsageError(UnknownNode(node, (n["name"] for n in queue["nodes"])).message, ctx)
         count = found["queued_count"] + (1 if running and found["running"] else 0)
-        what = f"{count} job{'s' if count != 1 else ''}" + (" (the running one included)" if running and found["running"] else "")
+        what = f"{count} job{'s' if count != 1 else ''}" + (
+            " (the running one included)" if running and found["running"] else ""
+        )
         click.confirm(f"Cancel {what} on {node}?", abort=True)
     data = router.call("POST", f"/api/nodes/{seg(node)}/clear", {"running": running})
     count = len(data["cancelled"])

@@ -19,15 +19,22 @@ def service_fail(message: str) -> NoReturn:
 
 def platform_option(fn):
     from ..ops.service import PLATFORMS, this_platform
-    return click.option("--platform", type=click.Choice(PLATFORMS), default=this_platform,
-                        show_default="this machine's",
-                        help="Write macOS's launchd agent or Linux's systemd user unit.")(fn)
+
+    return click.option(
+        "--platform",
+        type=click.Choice(PLATFORMS),
+        default=this_platform,
+        show_default="this machine's",
+        help="Write macOS's launchd agent or Linux's systemd user unit.",
+    )(fn)
 
 
 def service_platform(platform: str | None) -> str:
     if platform is None:
-        service_fail(f"gpuq service knows macOS (launchd) and Linux (systemd), not {sys.platform}; "
-                     "start `gpuq serve` at login your own way")
+        service_fail(
+            f"gpuq service knows macOS (launchd) and Linux (systemd), not {sys.platform}; "
+            "start `gpuq serve` at login your own way"
+        )
     return platform
 
 
@@ -50,12 +57,12 @@ def service_install(ctx, config_path, platform, dry_run) -> None:
     Example: gpuq service install --dry-run
     """
     from ..ops import service as svc
+
     platform = service_platform(platform)
     path = find_config(config_path or ctx.obj["config"])
     if path is None or not path.is_file():
         where = f"{path} does not exist" if path else "looked at --config, $GPUQ_CONFIG and ./gpuq.toml"
-        service_fail(f"no gpuq.toml to serve ({where}); write one with `gpuq init`, "
-                     "or name it with --config")
+        service_fail(f"no gpuq.toml to serve ({where}); write one with `gpuq init`, or name it with --config")
     try:
         load_config(path, env_token=False)
     except ConfigError as exc:
@@ -92,6 +99,7 @@ def service_status(platform) -> None:
     Example: gpuq service status
     """
     from ..ops import service as svc
+
     platform = service_platform(platform)
     try:
         st = svc.status(platform)
@@ -116,6 +124,7 @@ def service_uninstall(platform, dry_run) -> None:
     Example: gpuq service uninstall
     """
     from ..ops import service as svc
+
     platform = service_platform(platform)
     plan = svc.uninstall_plan(platform)
     if dry_run:

@@ -15,8 +15,10 @@ import aiohttp
 from ..config import DEFAULT_LISTEN
 from ..errors import GpuqError
 
-MANUAL = ("write gpuq.toml by hand instead: `gpuq init`, then set listen to this machine's "
-          "Tailscale address (`tailscale ip -4`) and one [[node]] per Ollama machine")
+MANUAL = (
+    "write gpuq.toml by hand instead: `gpuq init`, then set listen to this machine's "
+    "Tailscale address (`tailscale ip -4`) and one [[node]] per Ollama machine"
+)
 PROBE_TIMEOUT_S = 3.0
 ROUTER_PORT = DEFAULT_LISTEN.rsplit(":", 1)[1]
 
@@ -60,8 +62,9 @@ def status(command: str = "tailscale") -> dict:
         why = (done.stderr or done.stdout).strip().splitlines()[-1:] or [f"exit {done.returncode}"]
         raise GpuqError(f"`tailscale status --json` failed: {why[0]}; is tailscaled running? Or {MANUAL}")
     if data.get("BackendState") != "Running":
-        raise GpuqError(f"Tailscale is not connected (BackendState {data.get('BackendState')!r}): "
-                        f"run `tailscale up`, or {MANUAL}")
+        raise GpuqError(
+            f"Tailscale is not connected (BackendState {data.get('BackendState')!r}): run `tailscale up`, or {MANUAL}"
+        )
     return data
 
 
@@ -69,8 +72,12 @@ def machine(node: dict) -> Machine | None:
     ips = [ip for ip in node.get("TailscaleIPs") or [] if ":" not in ip]
     if not ips:
         return None
-    return Machine(host_name=str(node.get("HostName") or ips[0]), dns_name=str(node.get("DNSName") or "").rstrip("."),
-                   ip=ips[0], online=bool(node.get("Online")))
+    return Machine(
+        host_name=str(node.get("HostName") or ips[0]),
+        dns_name=str(node.get("DNSName") or "").rstrip("."),
+        ip=ips[0],
+        online=bool(node.get("Online")),
+    )
 
 
 def peers(data: dict) -> list[Machine]:
@@ -134,9 +141,11 @@ def discover(port: int, command: str = "tailscale") -> tuple[str, Machine, list[
     others = peers(data)
     found = asyncio.run(probe(others, port))
     if not any(f.models for f in found):
-        raise GpuqError(f"no machine on the tailnet answered as Ollama with a model on port {port} "
-                        f"(asked {sum(m.online for m in others)} online peers); start Ollama with "
-                        f"OLLAMA_HOST=0.0.0.0 on each, or {MANUAL}")
+        raise GpuqError(
+            f"no machine on the tailnet answered as Ollama with a model on port {port} "
+            f"(asked {sum(m.online for m in others)} online peers); start Ollama with "
+            f"OLLAMA_HOST=0.0.0.0 on each, or {MANUAL}"
+        )
     found = [f for f in found if f.models]
     silent = [m for m in others if m.online and m not in {f.machine for f in found}]
     return lab_config(me, found, port), me, found, silent

@@ -96,8 +96,10 @@ def check_token(value: str, key: str) -> str:
     if value != value.strip():
         raise ConfigError(f"{key}: remove the spaces or newlines around the token; no client sends them")
     if not all(" " <= c <= "~" for c in value):
-        raise ConfigError(f"{key}: use printable ASCII only (no client can send other characters in "
-                          "a header); e.g. the output of `openssl rand -hex 32`")
+        raise ConfigError(
+            f"{key}: use printable ASCII only (no client can send other characters in "
+            "a header); e.g. the output of `openssl rand -hex 32`"
+        )
     return value
 
 
@@ -112,14 +114,17 @@ def check_database(value: str, base_dir: Path, where: str) -> Path | str:
     if not value.startswith(("postgresql:", "postgres:")):
         return (base_dir / value).resolve()
     from psycopg.conninfo import conninfo_to_dict
+
     if not value.startswith(("postgresql://", "postgres://")):
-        raise ConfigError(f"{where}: a PostgreSQL database is named by a URI, postgresql://user@host/dbname;"
-                          f" got {safe_dsn(value)!r}")
+        raise ConfigError(
+            f"{where}: a PostgreSQL database is named by a URI, postgresql://user@host/dbname; got {safe_dsn(value)!r}"
+        )
     try:
         conninfo_to_dict(value)
     except Exception as exc:  # psycopg.ProgrammingError: libpq's own words
-        raise ConfigError(f"{where}: not a PostgreSQL URI libpq accepts ({str(exc).strip()}):"
-                          f" {safe_dsn(value)!r}") from None
+        raise ConfigError(
+            f"{where}: not a PostgreSQL URI libpq accepts ({str(exc).strip()}): {safe_dsn(value)!r}"
+        ) from None
     return value
 
 
@@ -152,12 +157,16 @@ def check_url(value: object, key: str) -> str:
     or router behind a reverse proxy); what cannot survive that appending is refused."""
     url, parsed = _http_url(value, key)
     if "?" in url or "#" in url:
-        raise ConfigError(f"{key}: a URL with a query ('?') or fragment ('#') cannot take gpuq's paths "
-                          f"after it; give only scheme, host, port and an optional path, got {value!r}")
+        raise ConfigError(
+            f"{key}: a URL with a query ('?') or fragment ('#') cannot take gpuq's paths "
+            f"after it; give only scheme, host, port and an optional path, got {value!r}"
+        )
     if parsed.username is not None or parsed.password is not None:
         # The URL is stored in the database and shown on the page, in errors and preview links.
-        raise ConfigError(f"{key}: a user or password in the URL would be shown on the page and in "
-                          f"errors; remove the '...@' part, got {value!r}")
+        raise ConfigError(
+            f"{key}: a user or password in the URL would be shown on the page and in "
+            f"errors; remove the '...@' part, got {value!r}"
+        )
     return url.rstrip("/")
 
 
@@ -205,8 +214,14 @@ def _check_host(entry: object, key: str) -> str:
 
 # Schemes gin-contrib/cors accepts in a configured origin without a '*' (cors.go Validate, with
 # Ollama's AllowBrowserExtensions: DefaultSchemas + ExtensionSchemas).
-ORIGIN_SCHEMES = ("http://", "https://", "chrome-extension://", "safari-extension://", "moz-extension://",
-                  "ms-browser-extension://")
+ORIGIN_SCHEMES = (
+    "http://",
+    "https://",
+    "chrome-extension://",
+    "safari-extension://",
+    "moz-extension://",
+    "ms-browser-extension://",
+)
 
 
 def check_origin(entry: object, key: str) -> str:
@@ -219,8 +234,10 @@ def check_origin(entry: object, key: str) -> str:
     if origin.count("*") > 1:  # gin-contrib/cors panics: "only one * is allowed"
         raise ConfigError(f"{key}: only one '*' is allowed, got {entry!r}")
     if "*" not in origin and not origin.startswith(ORIGIN_SCHEMES):
-        raise ConfigError(f"{key}: expected an origin like 'https://chat.example.com' (scheme and host, or a '*' "
-                          f"wildcard), got {entry!r}")
+        raise ConfigError(
+            f"{key}: expected an origin like 'https://chat.example.com' (scheme and host, or a '*' "
+            f"wildcard), got {entry!r}"
+        )
     scheme, sep, rest = origin.partition("://")
     if sep and "/" in rest:
         raise ConfigError(f"{key}: write the origin alone (scheme://host[:port]), without a path, got {entry!r}")

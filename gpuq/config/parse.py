@@ -28,8 +28,12 @@ from .settings import DEFAULT_LISTEN, IDENTITIES, LEGACY_ADMIN, USER_ROLES, Sett
 from .tables import alert_settings, front_settings, parse_node, parse_users, unload_policy
 
 # [router]'s durations and their Settings fields, checked in the order DURATION_FLOORS lists them.
-DURATION_KEYS = {k.name: k.attr for k in sorted((k for k in KEYS if k.section == "router" and k.duration),
-                                                key=lambda k: list(DURATION_FLOORS).index(k.name))}
+DURATION_KEYS = {
+    k.name: k.attr
+    for k in sorted(
+        (k for k in KEYS if k.section == "router" and k.duration), key=lambda k: list(DURATION_FLOORS).index(k.name)
+    )
+}
 
 
 def parse_config(data: dict, base_dir: Path) -> Settings:
@@ -78,8 +82,10 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
     if "ollama_listen" in router:
         values["ollama_listen"] = check_listen(router["ollama_listen"], "router.ollama_listen")
         if values["ollama_listen"] == listen:
-            raise ConfigError(f"router.ollama_listen: {listen} is router.listen already; give the front door "
-                              "a port of its own (Ollama clients use 11434, e.g. \"127.0.0.1:11435\" beside it)")
+            raise ConfigError(
+                f"router.ollama_listen: {listen} is router.listen already; give the front door "
+                'a port of its own (Ollama clients use 11434, e.g. "127.0.0.1:11435" beside it)'
+            )
     if "allowed_hosts" in router:
         values["allowed_hosts"] = check_hosts(router["allowed_hosts"], "router.allowed_hosts")
     policy = unload_policy(router, "router")
@@ -151,10 +157,13 @@ def load_config(path: Path, env_token: bool = True) -> Settings:
         token = check_token(os.environ["GPUQ_TOKEN"], "$GPUQ_TOKEN")
         if settings.user_by_token(token) is None:
             if settings.user(LEGACY_ADMIN) is not None:
-                raise ConfigError(f"$GPUQ_TOKEN: stands for the user '{LEGACY_ADMIN}', and a [[user]] has that "
-                                  "name with another token")
-            return replace(settings, token=token,
-                           users=(UserConfig(name=LEGACY_ADMIN, token=token, role="admin"), *settings.users))
+                raise ConfigError(
+                    f"$GPUQ_TOKEN: stands for the user '{LEGACY_ADMIN}', and a [[user]] has that "
+                    "name with another token"
+                )
+            return replace(
+                settings, token=token, users=(UserConfig(name=LEGACY_ADMIN, token=token, role="admin"), *settings.users)
+            )
         return replace(settings, token=token)
     return settings
 

@@ -187,4 +187,3 @@ class Settings:
 
     def max_output_for(self, node: NodeConfig) -> int:
         return node.max_output_bytes if node.max_output_bytes is not None else self.max_output_bytes
-

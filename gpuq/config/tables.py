@@ -74,14 +74,17 @@ def parse_users(data: dict, values: dict) -> tuple[UserConfig, ...]:
         names.add(u.name)
         if u.token is not None:
             if u.token in tokens:
-                raise ConfigError(f"user '{u.name}'.token: the same token as user '{tokens[u.token]}'; "
-                                  "each user needs their own")
+                raise ConfigError(
+                    f"user '{u.name}'.token: the same token as user '{tokens[u.token]}'; each user needs their own"
+                )
             tokens[u.token] = u.name
     token = values.get("token")
     if token is not None and token not in tokens:
         if LEGACY_ADMIN in names:
-            raise ConfigError(f"router.token: stands for the user '{LEGACY_ADMIN}', and a [[user]] has that name "
-                              "with another token; give that user router.token's value, or remove router.token")
+            raise ConfigError(
+                f"router.token: stands for the user '{LEGACY_ADMIN}', and a [[user]] has that name "
+                "with another token; give that user router.token's value, or remove router.token"
+            )
         users.insert(0, UserConfig(name=LEGACY_ADMIN, token=token, role="admin"))
     return tuple(users)
 
@@ -89,7 +92,7 @@ def parse_users(data: dict, values: dict) -> tuple[UserConfig, ...]:
 def unload_policy(table: dict, where: str) -> str | None:
     policy = table.get("unload")
     if policy is not None and policy not in UNLOAD_POLICIES:
-        raise ConfigError(f"{where}.unload: expected \"after-each\" or \"when-idle\", got {policy!r}")
+        raise ConfigError(f'{where}.unload: expected "after-each" or "when-idle", got {policy!r}')
     return policy
 
 
@@ -162,8 +165,9 @@ def front_settings(front: object) -> dict:
     if "origins" in front:
         origins = front["origins"]
         if not isinstance(origins, list):
-            raise ConfigError(f'front.origins: expected a list of origins like ["https://chat.example.com"], '
-                              f"got {origins!r}")
+            raise ConfigError(
+                f'front.origins: expected a list of origins like ["https://chat.example.com"], got {origins!r}'
+            )
         values["front_origins"] = tuple(check_origin(o, f"front.origins[{i}]") for i, o in enumerate(origins, 1))
     for key in ("keep_alive", "max_keep_alive"):  # 0: a call's model leaves VRAM after it, as before
         if key in front:

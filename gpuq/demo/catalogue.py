@@ -39,12 +39,23 @@ class ModelName:
 
     @property
     def valid(self) -> bool:
-        return all(_valid_part(kind, part) for kind, part in
-                   (("host", self.host), ("namespace", self.namespace), ("model", self.model), ("tag", self.tag)))
+        return all(
+            _valid_part(kind, part)
+            for kind, part in (
+                ("host", self.host),
+                ("namespace", self.namespace),
+                ("model", self.model),
+                ("tag", self.tag),
+            )
+        )
 
     def same(self, other: ModelName) -> bool:
-        return all(a.lower() == b.lower() for a, b in zip(
-            (self.host, self.namespace, self.model, self.tag), (other.host, other.namespace, other.model, other.tag)))
+        return all(
+            a.lower() == b.lower()
+            for a, b in zip(
+                (self.host, self.namespace, self.model, self.tag), (other.host, other.namespace, other.model, other.tag)
+            )
+        )
 
     @property
     def short(self) -> str:
@@ -61,7 +72,7 @@ class ModelName:
 
 def _cut(text: str, sep: str) -> tuple[str, str]:
     i = text.rfind(sep)
-    return text[:i] or _MISSING, text[i + 1:] or _MISSING
+    return text[:i] or _MISSING, text[i + 1 :] or _MISSING
 
 
 def _valid_part(kind: str, part: str) -> bool:
@@ -89,27 +100,56 @@ class Profile:
 
 _CHATML = (("stop", "<|im_start|>"), ("stop", "<|im_end|>"))
 _LLAMA3 = (("stop", "<|start_header_id|>"), ("stop", "<|end_header_id|>"), ("stop", "<|eot_id|>"))
-_R1 = (("stop", "<｜begin▁of▁sentence｜>"), ("stop", "<｜end▁of▁sentence｜>"), ("stop", "<｜User｜>"),
-       ("stop", "<｜Assistant｜>"), ("temperature", 0.6), ("top_p", 0.95))
+_R1 = (
+    ("stop", "<｜begin▁of▁sentence｜>"),
+    ("stop", "<｜end▁of▁sentence｜>"),
+    ("stop", "<｜User｜>"),
+    ("stop", "<｜Assistant｜>"),
+    ("temperature", 0.6),
+    ("top_p", 0.95),
+)
 _SAMPLING_QWEN3 = (("repeat_penalty", 1), ("temperature", 0.6), ("top_k", 20), ("top_p", 0.95))
 # Library models by name prefix, first match wins; capabilities in the order Ollama lists them
 # [server/images.go Capabilities: completion/embedding, vision, then tools, insert, thinking].
 PROFILES: tuple[tuple[tuple[str, ...], Profile], ...] = (
-    (("qwen3-coder",), Profile(("completion", "tools"), "qwen3moe", 262144, 2048, "30.5B",
-                               parameters=(("repeat_penalty", 1.05), *_CHATML, ("stop", "<|endoftext|>"),
-                                           ("temperature", 0.7), ("top_k", 20), ("top_p", 0.8)))),
+    (
+        ("qwen3-coder",),
+        Profile(
+            ("completion", "tools"),
+            "qwen3moe",
+            262144,
+            2048,
+            "30.5B",
+            parameters=(
+                ("repeat_penalty", 1.05),
+                *_CHATML,
+                ("stop", "<|endoftext|>"),
+                ("temperature", 0.7),
+                ("top_k", 20),
+                ("top_p", 0.8),
+            ),
+        ),
+    ),
     (("qwen3-embedding",), Profile(("embedding",), "qwen3", 40960, 4096, "7.6B")),
     (("qwen3-vl",), Profile(("completion", "vision", "tools", "thinking"), "qwen3vl", 262144, 4096, "8.8B")),
-    (("qwen3",), Profile(("completion", "tools", "thinking"), "qwen3", 40960, 4096, "8.2B",
-                         parameters=(*_CHATML, *_SAMPLING_QWEN3))),
+    (
+        ("qwen3",),
+        Profile(
+            ("completion", "tools", "thinking"), "qwen3", 40960, 4096, "8.2B", parameters=(*_CHATML, *_SAMPLING_QWEN3)
+        ),
+    ),
     (("deepseek-r1",), Profile(("completion", "tools", "thinking"), "qwen2", 131072, 5120, "32.8B", parameters=_R1)),
-    (("gpt-oss",), Profile(("completion", "tools", "thinking"), "gptoss", 131072, 2880, "20.9B", "MXFP4",
-                           (("temperature", 1),))),
+    (
+        ("gpt-oss",),
+        Profile(("completion", "tools", "thinking"), "gptoss", 131072, 2880, "20.9B", "MXFP4", (("temperature", 1),)),
+    ),
     (("qwen2.5-coder",), Profile(("completion", "tools", "insert"), "qwen2", 32768, 3584, "7.6B", parameters=_CHATML)),
     (("qwen2.5",), Profile(("completion", "tools"), "qwen2", 32768, 3584, "7.6B", parameters=_CHATML)),
     (("llama3.2-vision",), Profile(("completion", "vision"), "mllama", 131072, 4096, "10.7B")),
-    (("llama3.1", "llama3.2", "llama3.3"), Profile(("completion", "tools"), "llama", 131072, 3072, "3.2B",
-                                                    parameters=_LLAMA3)),
+    (
+        ("llama3.1", "llama3.2", "llama3.3"),
+        Profile(("completion", "tools"), "llama", 131072, 3072, "3.2B", parameters=_LLAMA3),
+    ),
     (("mistral",), Profile(("completion", "tools"), "llama", 32768, 4096, "7.2B", "Q4_0")),
     (("gemma3",), Profile(("completion", "vision"), "gemma3", 131072, 2560, "4.3B")),
     # Ollama's docs show gemma4 reading images [docs/capabilities/vision.mdx]; its launcher offers it
@@ -156,24 +196,35 @@ def chat_template(capabilities: tuple[str, ...]) -> str:
     [server/images.go goTemplateCapabilities: .Tools -> tools, .Suffix -> insert, think tags ->
     thinking]; clients read it too (Continue offers fill-in-the-middle when it has .Suffix)."""
     think = "{{ if .Thinking }}<think>{{ .Thinking }}</think>{{ end }}" if "thinking" in capabilities else ""
-    tools = ("{{- if .Tools }}<|im_start|>system\n# Tools\n{{ range .Tools }}{{ . }}\n{{ end }}<|im_end|>\n"
-             "{{ end }}") if "tools" in capabilities else ""
-    chat = (f"{tools}{{{{- if .System }}}}<|im_start|>system\n{{{{ .System }}}}<|im_end|>\n{{{{ end }}}}"
-            "{{- range .Messages }}<|im_start|>{{ .Role }}\n"
-            f"{think}{{{{ .Content }}}}<|im_end|>\n{{{{ end }}}}<|im_start|>assistant\n")
+    tools = (
+        ("{{- if .Tools }}<|im_start|>system\n# Tools\n{{ range .Tools }}{{ . }}\n{{ end }}<|im_end|>\n{{ end }}")
+        if "tools" in capabilities
+        else ""
+    )
+    chat = (
+        f"{tools}{{{{- if .System }}}}<|im_start|>system\n{{{{ .System }}}}<|im_end|>\n{{{{ end }}}}"
+        "{{- range .Messages }}<|im_start|>{{ .Role }}\n"
+        f"{think}{{{{ .Content }}}}<|im_end|>\n{{{{ end }}}}<|im_start|>assistant\n"
+    )
     if "insert" not in capabilities:
         return chat
-    return ("{{- if .Suffix }}<|fim_prefix|>{{ .Prompt }}<|fim_suffix|>{{ .Suffix }}<|fim_middle|>"
-            f"{{{{- else }}}}{chat}{{{{- end }}}}")
-
+    return (
+        "{{- if .Suffix }}<|fim_prefix|>{{ .Prompt }}<|fim_suffix|>{{ .Suffix }}<|fim_middle|>"
+        f"{{{{- else }}}}{chat}{{{{- end }}}}"
+    )
 
 
 def details(model: str, with_lengths: bool = False) -> dict:
     """The `details` object of /api/tags, /api/show and /api/ps."""
     profile, name = profile_for(model), ModelName.parse(model)
-    out: dict[str, Any] = {"parent_model": "", "format": "gguf", "family": profile.family,
-                           "families": [profile.family], "parameter_size": _parameter_size(name, profile),
-                           "quantization_level": profile.quantization}
+    out: dict[str, Any] = {
+        "parent_model": "",
+        "format": "gguf",
+        "family": profile.family,
+        "families": [profile.family],
+        "parameter_size": _parameter_size(name, profile),
+        "quantization_level": profile.quantization,
+    }
     if with_lengths:  # /api/tags reads them from the GGUF; /api/show and /api/ps leave them out
         out.update(context_length=profile.context_length, embedding_length=profile.embedding_length)
     return out

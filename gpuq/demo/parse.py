@@ -46,7 +46,7 @@ def _go_duration_s(text: str) -> float:
         number = found.group(0)
         if number in ("", "."):
             raise ValueError(f"time: invalid duration {go_quote(text)}")
-        rest = rest[len(number):]
+        rest = rest[len(number) :]
         found = re.match(r"[^\d.]*", rest)
         assert found is not None  # it matches the empty string too
         unit = found.group(0)
@@ -55,7 +55,7 @@ def _go_duration_s(text: str) -> float:
         if unit not in _UNITS:
             raise ValueError(f"time: unknown unit {go_quote(unit)} in duration {go_quote(text)}")
         total += float(number) * _UNITS[unit]
-        rest = rest[len(unit):]
+        rest = rest[len(unit) :]
     return -total if text.startswith("-") else total
 
 
@@ -70,6 +70,7 @@ def parse_keep_alive(value: Any) -> float | None:
 
 
 # -- request bodies, decoded as Go's encoding/json does --------------------------------------
+
 
 def _go_kind(value: Any) -> str:
     if isinstance(value, bool):
@@ -91,21 +92,65 @@ def _go_any_type(value: Any) -> str:
 
 # Field types of the request structs [api/types.go]; other keys are ignored, as Go ignores them.
 OPTIONS = "map[string]interface {}"
-GENERATE_FIELDS = {"model": "string", "prompt": "string", "suffix": "string", "system": "string",
-                   "template": "string", "context": "[]int", "stream": "bool", "raw": "bool",
-                   "format": "raw", "keep_alive": "duration", "images": "[]api.ImageData",
-                   "options": OPTIONS, "think": "think", "truncate": "bool", "shift": "bool",
-                   "logprobs": "bool", "top_logprobs": "int"}
-CHAT_FIELDS = {"model": "string", "messages": "[]api.Message", "stream": "bool", "format": "raw",
-               "keep_alive": "duration", "tools": "api.Tools", "options": OPTIONS, "think": "think",
-               "truncate": "bool", "shift": "bool", "logprobs": "bool", "top_logprobs": "int"}
-EMBED_FIELDS = {"model": "string", "input": "raw", "keep_alive": "duration", "truncate": "bool",
-                "dimensions": "int", "options": OPTIONS}
+GENERATE_FIELDS = {
+    "model": "string",
+    "prompt": "string",
+    "suffix": "string",
+    "system": "string",
+    "template": "string",
+    "context": "[]int",
+    "stream": "bool",
+    "raw": "bool",
+    "format": "raw",
+    "keep_alive": "duration",
+    "images": "[]api.ImageData",
+    "options": OPTIONS,
+    "think": "think",
+    "truncate": "bool",
+    "shift": "bool",
+    "logprobs": "bool",
+    "top_logprobs": "int",
+}
+CHAT_FIELDS = {
+    "model": "string",
+    "messages": "[]api.Message",
+    "stream": "bool",
+    "format": "raw",
+    "keep_alive": "duration",
+    "tools": "api.Tools",
+    "options": OPTIONS,
+    "think": "think",
+    "truncate": "bool",
+    "shift": "bool",
+    "logprobs": "bool",
+    "top_logprobs": "int",
+}
+EMBED_FIELDS = {
+    "model": "string",
+    "input": "raw",
+    "keep_alive": "duration",
+    "truncate": "bool",
+    "dimensions": "int",
+    "options": OPTIONS,
+}
 EMBEDDINGS_FIELDS = {"model": "string", "prompt": "string", "keep_alive": "duration", "options": OPTIONS}
-SHOW_FIELDS = {"model": "string", "system": "string", "template": "string", "verbose": "bool",
-               "options": OPTIONS, "name": "string"}
-MESSAGE_FIELDS = {"role": "string", "content": "string", "thinking": "string", "images": "[]api.ImageData",
-                  "tool_name": "string", "tool_call_id": "string", "tool_calls": "[]api.ToolCall"}
+SHOW_FIELDS = {
+    "model": "string",
+    "system": "string",
+    "template": "string",
+    "verbose": "bool",
+    "options": OPTIONS,
+    "name": "string",
+}
+MESSAGE_FIELDS = {
+    "role": "string",
+    "content": "string",
+    "thinking": "string",
+    "images": "[]api.ImageData",
+    "tool_name": "string",
+    "tool_call_id": "string",
+    "tool_calls": "[]api.ToolCall",
+}
 
 
 def _mismatch(gotype: str, value: Any) -> tuple[str, str, str] | None:
@@ -135,14 +180,14 @@ def _mismatch(gotype: str, value: Any) -> tuple[str, str, str] | None:
     return None
 
 
-
 def _check_think(value: Any) -> None:
     if value is None or isinstance(value, bool):
         return
     if isinstance(value, str):
         if value not in THINK_LEVELS:
-            raise Reply(400, f"invalid think value: {go_quote(value)} "
-                              '(must be "high", "medium", "low", "max", true, or false)')
+            raise Reply(
+                400, f'invalid think value: {go_quote(value)} (must be "high", "medium", "low", "max", true, or false)'
+            )
         return
     raise Reply(400, 'think must be a boolean or string ("high", "medium", "low", "max", true, or false)')
 
@@ -213,8 +258,9 @@ def request_fields(body: dict, struct: str, fields: dict[str, str]) -> dict:
                 except ValueError as exc:
                     raise Reply(400, str(exc)) from None
         elif (bad := _mismatch(gotype, value)) is not None:
-            first_error = first_error or (f"json: cannot unmarshal {bad[0]} into Go struct field "
-                                          f"{struct}.{name}{bad[1]} of type {bad[2]}")
+            first_error = first_error or (
+                f"json: cannot unmarshal {bad[0]} into Go struct field {struct}.{name}{bad[1]} of type {bad[2]}"
+            )
             continue
         out[name] = value
     if first_error:
@@ -223,11 +269,30 @@ def request_fields(body: dict, struct: str, fields: dict[str, str]) -> dict:
 
 
 # api/types.go Options: a known key of the wrong type fails the request; unknown keys only log.
-_OPTION_TYPES = {**dict.fromkeys(("num_keep", "seed", "num_predict", "top_k", "repeat_last_n", "num_ctx",
-                                  "num_batch", "num_gpu", "num_thread", "draft_num_predict", "main_gpu"), "integer"),
-                 **dict.fromkeys(("top_p", "min_p", "typical_p", "temperature", "repeat_penalty",
-                                  "presence_penalty", "frequency_penalty"), "float32"),
-                 "use_mmap": "boolean", "stop": "array"}
+_OPTION_TYPES = {
+    **dict.fromkeys(
+        (
+            "num_keep",
+            "seed",
+            "num_predict",
+            "top_k",
+            "repeat_last_n",
+            "num_ctx",
+            "num_batch",
+            "num_gpu",
+            "num_thread",
+            "draft_num_predict",
+            "main_gpu",
+        ),
+        "integer",
+    ),
+    **dict.fromkeys(
+        ("top_p", "min_p", "typical_p", "temperature", "repeat_penalty", "presence_penalty", "frequency_penalty"),
+        "float32",
+    ),
+    "use_mmap": "boolean",
+    "stop": "array",
+}
 
 
 def parse_options(raw: dict | None) -> dict:
@@ -247,4 +312,3 @@ def parse_options(raw: dict | None) -> dict:
                 raise Reply(500, f"option {go_quote(key)} must be of an array of strings")
         out[key] = int(value) if kind == "integer" else value
     return out
-

@@ -19,17 +19,28 @@ from ..errors import BadRequest
 from ..params import THINK_LEVELS
 from . import shapes
 
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
 
 
 def anthropic_error(status: int, message: str) -> dict:
     """Anthropic's error body, its type from the status (anthropic.NewError)."""
-    return {"type": "error", "error": {"type": ERROR_TYPES.get(status, "api_error"), "message": message},
-            "request_id": f"req_{secrets.token_hex(12)}"}
+    return {
+        "type": "error",
+        "error": {"type": ERROR_TYPES.get(status, "api_error"), "message": message},
+        "request_id": f"req_{secrets.token_hex(12)}",
+    }
 
 
 # -- the request -> /api/chat -------------------------------------------------------------------
+
 
 def _image(source: Any) -> str:
     """A base64 image source's data (resolveImageSource); Ollama takes no URLs."""
@@ -89,8 +100,12 @@ def convert_message(msg: dict, where: str) -> list[dict]:
                 raise BadRequest("tool_use block missing required 'id' field")
             if kind == "tool_use" and not block.get("name"):
                 raise BadRequest("tool_use block missing required 'name' field")
-            calls.append({"id": block.get("id") or "", "function": {"name": block.get("name") or "",
-                                                                    "arguments": block.get("input") or {}}})
+            calls.append(
+                {
+                    "id": block.get("id") or "",
+                    "function": {"name": block.get("name") or "", "arguments": block.get("input") or {}},
+                }
+            )
         elif kind == "tool_result":
             result, result_images = _tool_result(block.get("content"))
             results.append(shapes.message("tool", result, images=result_images, tool_call_id=block.get("tool_use_id")))
@@ -107,8 +122,11 @@ def _system(system: Any) -> str:
     if isinstance(system, str):
         return system
     if isinstance(system, list):
-        return "".join(b["text"] for b in system
-                       if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str))
+        return "".join(
+            b["text"]
+            for b in system
+            if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
+        )
     return ""
 
 
@@ -169,8 +187,12 @@ def messages_request(body: dict) -> dict:
         raise shapes.wrong("stop_sequences", "an array of strings", stops)
     if stops:
         options["stop"] = stops
-    out: dict[str, Any] = {"model": body["model"], "messages": out_messages, "options": options,
-                           "stream": bool(body.get("stream"))}
+    out: dict[str, Any] = {
+        "model": body["model"],
+        "messages": out_messages,
+        "options": options,
+        "stream": bool(body.get("stream")),
+    }
     if tools := shapes.tools_of(body):
         out["tools"] = [_tool(t) for t in tools]
     think = _think(body)
@@ -182,13 +204,18 @@ def messages_request(body: dict) -> dict:
 def relaxes_thinking(endpoint: str, think: Any, status: int | None, message: str) -> bool:
     """Whether a node's refusal is one Ollama does not make for this API: asked to think, a model
     that cannot is answered without thinking on /v1/messages (routes.go ChatHandler relax_thinking)."""
-    return (endpoint == "/v1/messages" and think not in (None, False) and status == 400
-            and message.endswith("does not support thinking"))
+    return (
+        endpoint == "/v1/messages"
+        and think not in (None, False)
+        and status == 400
+        and message.endswith("does not support thinking")
+    )
 
 
 def estimate_input_tokens(body: dict) -> int:
     """message_start's input tokens before the node has counted them: about 4 characters a token
     (EstimateCountTokens)."""
+
     def size(content: Any) -> int:
         if isinstance(content, str):
             return len(content)
@@ -200,6 +227,7 @@ def estimate_input_tokens(body: dict) -> int:
             if block.get("type") in ("tool_use", "tool_result"):
                 total += len(shapes.dumps(block))
         return total
+
     total = size(body.get("system"))
     for msg in body.get("messages") or []:
         if isinstance(msg, dict):
@@ -213,6 +241,7 @@ def estimate_input_tokens(body: dict) -> int:
 
 
 # -- the node's chunks -> the message ---------------------------------------------------------------
+
 
 def stop_reason(done_reason: str | None, has_tool_calls: bool) -> str | None:
     """Ollama's done_reason as a stop_reason (mapStopReason)."""
@@ -237,18 +266,28 @@ def whole_message(message_id: str, reply: dict) -> dict:
         content.append({"type": "text", "text": message["content"]})
     calls = message.get("tool_calls") or []
     content += [_tool_use(c) for c in calls]
-    return _without_none({
-        "id": message_id, "type": "message", "role": "assistant", "model": reply.get("model", ""),
-        "content": content, "stop_reason": stop_reason(reply.get("done_reason"), bool(calls)),
-        "usage": _usage(reply),
-    })
+    return _without_none(
+        {
+            "id": message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": reply.get("model", ""),
+            "content": content,
+            "stop_reason": stop_reason(reply.get("done_reason"), bool(calls)),
+            "usage": _usage(reply),
+        }
+    )
 
 
 def _tool_use(call: dict) -> dict:
     """An Ollama tool call as a tool_use block."""
     function = call.get("function") or {}
-    return {"type": "tool_use", "id": call.get("id", ""), "name": function.get("name", ""),
-            "input": function.get("arguments") or {}}
+    return {
+        "type": "tool_use",
+        "id": call.get("id", ""),
+        "name": function.get("name", ""),
+        "input": function.get("arguments") or {},
+    }
 
 
 def _usage(reply: dict) -> dict:
@@ -273,9 +312,22 @@ class MessagesStream:
             return []
         self.started = True
         tokens = chunk.get("prompt_eval_count") or self.estimate
-        return [shapes.sse_event("message_start", {"type": "message_start", "message": {
-            "id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
-            "usage": {"input_tokens": tokens, "output_tokens": 0}}})]
+        return [
+            shapes.sse_event(
+                "message_start",
+                {
+                    "type": "message_start",
+                    "message": {
+                        "id": self.id,
+                        "type": "message",
+                        "role": "assistant",
+                        "model": self.model,
+                        "content": [],
+                        "usage": {"input_tokens": tokens, "output_tokens": 0},
+                    },
+                },
+            )
+        ]
 
     def _stop_block(self) -> bytes:
         data = shapes.sse_event("content_block_stop", {"type": "content_block_stop", "index": self.index})
@@ -283,13 +335,17 @@ class MessagesStream:
         return data
 
     def _block(self, block: dict, delta: dict) -> list[bytes]:
-        return [shapes.sse_event("content_block_start", {"type": "content_block_start", "index": self.index,
-                                                     "content_block": block}),
-                self._delta(delta)]
+        return [
+            shapes.sse_event(
+                "content_block_start", {"type": "content_block_start", "index": self.index, "content_block": block}
+            ),
+            self._delta(delta),
+        ]
 
     def _delta(self, delta: dict) -> bytes:
-        return shapes.sse_event("content_block_delta", {"type": "content_block_delta", "index": self.index,
-                                                    "delta": delta})
+        return shapes.sse_event(
+            "content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta}
+        )
 
     def _close_text(self) -> list[bytes]:
         if not self.text_open:
@@ -322,8 +378,9 @@ class MessagesStream:
     def _call(self, call: dict) -> list[bytes]:
         out = self._close_thinking() + self._close_text()
         block = _tool_use(call)
-        out += self._block(dict(block, input={}),
-                           {"type": "input_json_delta", "partial_json": shapes.dumps(block["input"])})
+        out += self._block(
+            dict(block, input={}), {"type": "input_json_delta", "partial_json": shapes.dumps(block["input"])}
+        )
         out.append(self._stop_block())
         self.calls_sent.add(call.get("id", ""))
         return out
@@ -331,9 +388,12 @@ class MessagesStream:
     def _finish(self, chunk: dict) -> list[bytes]:
         out = self._close_thinking() + self._close_text()
         reason = stop_reason(chunk.get("done_reason"), bool(self.calls_sent))
-        out.append(shapes.sse_event("message_delta", {"type": "message_delta",
-                                                  "delta": _without_none({"stop_reason": reason}),
-                                                  "usage": _usage(chunk)}))
+        out.append(
+            shapes.sse_event(
+                "message_delta",
+                {"type": "message_delta", "delta": _without_none({"stop_reason": reason}), "usage": _usage(chunk)},
+            )
+        )
         out.append(shapes.sse_event("message_stop", {"type": "message_stop"}))
         return out
 

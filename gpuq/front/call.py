@@ -54,8 +54,10 @@ def check_text_size(ollama: dict, limit: int) -> None:
     router's prompt limit, as every job's prompt is (413, as the router's API says it)."""
     size = text_bytes(ollama)
     if size > limit:
-        raise FrontError(413, f"request text is {size} bytes (images not counted), over the limit of {limit} "
-                              "(router.max_prompt_bytes)")
+        raise FrontError(
+            413,
+            f"request text is {size} bytes (images not counted), over the limit of {limit} (router.max_prompt_bytes)",
+        )
 
 
 class Call:
@@ -105,10 +107,17 @@ class Call:
     def new_job(self, job_id: str) -> NewJob:
         request = {"path": self.endpoint, "user_agent": self.request.headers.get("User-Agent"), "body": self.body}
         # (a Responses or Messages call is shown from its translation, made once, in __init__)
-        return NewJob(kind=self.ep.kind, prompt=self.ep.shown_prompt(self.body, self.ollama),
-                      model=self.ollama["model"].strip(), endpoint=self.endpoint, request=dumps(request),
-                      job_id=job_id, owner=self.caller.name, client=self.request.headers.get("User-Agent"),
-                      lane=lane_for(self.caller.user, None, Door.FRONT))
+        return NewJob(
+            kind=self.ep.kind,
+            prompt=self.ep.shown_prompt(self.body, self.ollama),
+            model=self.ollama["model"].strip(),
+            endpoint=self.endpoint,
+            request=dumps(request),
+            job_id=job_id,
+            owner=self.caller.name,
+            client=self.request.headers.get("User-Agent"),
+            lane=lane_for(self.caller.user, None, Door.FRONT),
+        )
 
     async def submit(self) -> None:
         """Store the job (placed by its model) before any work; the relay is in place first, so
@@ -136,8 +145,17 @@ class Call:
             raise FrontError(503, "could not choose a free job id; try again")
         job = jobs[0]
         self.node = job["node"]
-        log.info("job=%s node=%s state=%s model=%s kind=%s placement=%r via=%s actor=%r", self.job_id, self.node,
-                 job["state"], job["model"], job["kind"], job["reason"], self.endpoint, self.actor)
+        log.info(
+            "job=%s node=%s state=%s model=%s kind=%s placement=%r via=%s actor=%r",
+            self.job_id,
+            self.node,
+            job["state"],
+            job["model"],
+            job["kind"],
+            job["reason"],
+            self.endpoint,
+            self.actor,
+        )
         if self.openai and self.stream:
             self.sse = self.stream_translator()
 
@@ -212,8 +230,9 @@ class Call:
                 elif kind == "shutdown":  # a running job is failed at the next start, as any running then
                     if not self.started:
                         await self.front.cancel(self.job_id, "router shut down while its client waited", "router")
-                    return await self.fail(503, "the gpuq router is shutting down; this request was cancelled",
-                                           "router_shutdown")
+                    return await self.fail(
+                        503, "the gpuq router is shutting down; this request was cancelled", "router_shutdown"
+                    )
             await self.flush(out)
 
     def write_now(self, raw: bytes, chunk: dict) -> bool:
@@ -241,8 +260,14 @@ class Call:
 
     def writable(self) -> bool:
         resp, transport, protocol = self.resp, self.request.transport, self.request.protocol
-        return not (resp is None or not resp.prepared or transport is None or transport.is_closing()
-                    or protocol is None or protocol.writing_paused)
+        return not (
+            resp is None
+            or not resp.prepared
+            or transport is None
+            or transport.is_closing()
+            or protocol is None
+            or protocol.writing_paused
+        )
 
     def send_unsent(self) -> None:
         """The chunks write_now took, in one write (unless the handler took them meanwhile):
@@ -329,12 +354,14 @@ class Call:
             # Its run went back in the queue, but its client's request ends here: with no one to
             # answer, it would run for no one. It is cancelled; `gpuq retry` runs it again.
             await self.front.cancel(self.job_id, f"{reason}; its client's request ended with the run", "router")
-            return await self.fail(ENDED_STATUS, f"gpuq job {self.job_id} was {reason}; its request ended (gpuq retry "
-                                        f"{self.job_id} runs it again)", "job_preempted")
+            return await self.fail(
+                ENDED_STATUS,
+                f"gpuq job {self.job_id} was {reason}; its request ended (gpuq retry {self.job_id} runs it again)",
+                "job_preempted",
+            )
         if reason == "client disconnected":
             return await self.fail(499, "request canceled", "job_cancelled")
-        return await self.fail(ENDED_STATUS, f"gpuq job {self.job_id} was {reason}: request canceled",
-                               "job_cancelled")
+        return await self.fail(ENDED_STATUS, f"gpuq job {self.job_id} was {reason}: request canceled", "job_cancelled")
 
     async def fail(self, status: int, message: str, code: str | None = None) -> web.StreamResponse:
         """The call ends with an error: its status and body when nothing was sent yet, else one
@@ -385,6 +412,8 @@ async def run_call(request: web.Request, ep: Endpoint) -> web.StreamResponse:
 
 def call_handler(ep: Endpoint):
     """The handler of an endpoint's route (one per record of gpuq/front/endpoints.py)."""
+
     async def handler(request: web.Request) -> web.StreamResponse:
         return await run_call(request, ep)
+
     return handler

@@ -55,11 +55,13 @@ class Front:
         self.bus.publish("queue", {"deleted": job_id})
         log.info("job=%s node=%s state=cancelled reason=%r actor=%r", job_id, job["node"], reason, actor)
 
+
 FRONT = web.AppKey("front", Front)
 
 
-def error_response(request: web.Request, status: int, message: str, code: str | None = None,
-                   headers: dict | None = None) -> web.Response:
+def error_response(
+    request: web.Request, status: int, message: str, code: str | None = None, headers: dict | None = None
+) -> web.Response:
     """An error in the shape of the caller's API; an OpenAI or Anthropic client is told whether
     to retry it (x-should-retry, which both SDKs obey): only a refusal that stored nothing and
     may pass later (503, 429) is retried, never one that would be refused again or a job."""
@@ -76,7 +78,8 @@ def error_response(request: web.Request, status: int, message: str, code: str | 
 
 async def json_of(request: web.Request) -> dict:
     """A front-door call's body, whatever its API; text that cannot be stored is a 400 here, once."""
-    body = json_object(await request.read(), "missing request body", "invalid character in JSON", json_type,
-                       strict=True)
+    body = json_object(
+        await request.read(), "missing request body", "invalid character in JSON", json_type, strict=True
+    )
     check_text(body)
     return body

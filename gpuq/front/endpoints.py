@@ -79,38 +79,100 @@ def _item_id(job_id: str) -> str:
     return f"msg_{job_id}"
 
 
-ENDPOINTS: dict[str, Endpoint] = {ep.path: ep for ep in (
-    Endpoint("/api/chat", "ollama", "/api/chat", Kind.TASK, _same, chat_prompt, check=ollama_api.check_chat),
-    Endpoint("/api/generate", "ollama", "/api/generate", Kind.TASK, _same, generate_prompt,
-             check=ollama_api.check_generate),
-    Endpoint("/api/embed", "ollama", "/api/embed", Kind.EMBED, _same, lambda body: embed_prompt(body.get("input")),
-             check=lambda body: ollama_api.check_embed(body, legacy=False)),
-    Endpoint("/api/embeddings", "ollama", "/api/embeddings", Kind.EMBED, _same,
-             lambda body: embed_prompt(body.get("prompt")),
-             check=lambda body: ollama_api.check_embed(body, legacy=True)),
-    Endpoint("/v1/chat/completions", "openai", "/api/chat", Kind.TASK, openai_api.openai_chat_request, chat_prompt,
-             whole=lambda rid, job_id, body, reply: openai_api.chat_completion(rid, reply),
-             stream=lambda rid, job_id, body: openai_api.ChatStream(rid, _usage_asked(body)), id_prefix="chatcmpl-"),
-    Endpoint("/v1/completions", "openai", "/api/generate", Kind.TASK, openai_api.openai_completion_request,
-             generate_prompt, whole=lambda rid, job_id, body, reply: openai_api.text_completion(rid, reply),
-             stream=lambda rid, job_id, body: openai_api.CompletionStream(rid, _usage_asked(body)), id_prefix="cmpl-"),
-    Endpoint("/v1/embeddings", "openai", "/api/embed", Kind.EMBED, openai_api.openai_embed_request,
-             lambda body: embed_prompt(body.get("input")),
-             whole=lambda rid, job_id, body, reply: openai_api.embedding_list(body["model"], reply,
-                                                                              body.get("encoding_format"))),
-    # OpenAI's Responses API and Anthropic's Messages API: their own shapes of a chat, each shown
-    # from its translation (made once per call).
-    Endpoint("/v1/responses", "openai", "/api/chat", Kind.TASK, responses.responses_request, chat_prompt,
-             prompt_from_ollama=True,
-             whole=lambda rid, job_id, body, reply: responses.whole_response(rid, _item_id(job_id), reply, body),
-             stream=lambda rid, job_id, body: responses.ResponsesStream(rid, _item_id(job_id), body),
-             id_prefix="resp_"),
-    Endpoint("/v1/messages", "anthropic", "/api/chat", Kind.TASK, anthropic.messages_request, chat_prompt,
-             prompt_from_ollama=True, whole=lambda rid, job_id, body, reply: anthropic.whole_message(rid, reply),
-             stream=lambda rid, job_id, body: anthropic.MessagesStream(rid, body["model"],
-                                                                       anthropic.estimate_input_tokens(body)),
-             id_prefix="msg_"),
-)}
+ENDPOINTS: dict[str, Endpoint] = {
+    ep.path: ep
+    for ep in (
+        Endpoint("/api/chat", "ollama", "/api/chat", Kind.TASK, _same, chat_prompt, check=ollama_api.check_chat),
+        Endpoint(
+            "/api/generate",
+            "ollama",
+            "/api/generate",
+            Kind.TASK,
+            _same,
+            generate_prompt,
+            check=ollama_api.check_generate,
+        ),
+        Endpoint(
+            "/api/embed",
+            "ollama",
+            "/api/embed",
+            Kind.EMBED,
+            _same,
+            lambda body: embed_prompt(body.get("input")),
+            check=lambda body: ollama_api.check_embed(body, legacy=False),
+        ),
+        Endpoint(
+            "/api/embeddings",
+            "ollama",
+            "/api/embeddings",
+            Kind.EMBED,
+            _same,
+            lambda body: embed_prompt(body.get("prompt")),
+            check=lambda body: ollama_api.check_embed(body, legacy=True),
+        ),
+        Endpoint(
+            "/v1/chat/completions",
+            "openai",
+            "/api/chat",
+            Kind.TASK,
+            openai_api.openai_chat_request,
+            chat_prompt,
+            whole=lambda rid, job_id, body, reply: openai_api.chat_completion(rid, reply),
+            stream=lambda rid, job_id, body: openai_api.ChatStream(rid, _usage_asked(body)),
+            id_prefix="chatcmpl-",
+        ),
+        Endpoint(
+            "/v1/completions",
+            "openai",
+            "/api/generate",
+            Kind.TASK,
+            openai_api.openai_completion_request,
+            generate_prompt,
+            whole=lambda rid, job_id, body, reply: openai_api.text_completion(rid, reply),
+            stream=lambda rid, job_id, body: openai_api.CompletionStream(rid, _usage_asked(body)),
+            id_prefix="cmpl-",
+        ),
+        Endpoint(
+            "/v1/embeddings",
+            "openai",
+            "/api/embed",
+            Kind.EMBED,
+            openai_api.openai_embed_request,
+            lambda body: embed_prompt(body.get("input")),
+            whole=lambda rid, job_id, body, reply: openai_api.embedding_list(
+                body["model"], reply, body.get("encoding_format")
+            ),
+        ),
+        # OpenAI's Responses API and Anthropic's Messages API: their own shapes of a chat, each shown
+        # from its translation (made once per call).
+        Endpoint(
+            "/v1/responses",
+            "openai",
+            "/api/chat",
+            Kind.TASK,
+            responses.responses_request,
+            chat_prompt,
+            prompt_from_ollama=True,
+            whole=lambda rid, job_id, body, reply: responses.whole_response(rid, _item_id(job_id), reply, body),
+            stream=lambda rid, job_id, body: responses.ResponsesStream(rid, _item_id(job_id), body),
+            id_prefix="resp_",
+        ),
+        Endpoint(
+            "/v1/messages",
+            "anthropic",
+            "/api/chat",
+            Kind.TASK,
+            anthropic.messages_request,
+            chat_prompt,
+            prompt_from_ollama=True,
+            whole=lambda rid, job_id, body, reply: anthropic.whole_message(rid, reply),
+            stream=lambda rid, job_id, body: anthropic.MessagesStream(
+                rid, body["model"], anthropic.estimate_input_tokens(body)
+            ),
+            id_prefix="msg_",
+        ),
+    )
+}
 
 
 def api_of(path: str) -> str:
@@ -122,8 +184,13 @@ def api_of(path: str) -> str:
     return "openai" if path.startswith("/v1/") else "ollama"
 
 
-def node_request(path: str, body: dict, node_think: bool | str | None = None,
-                 node_options: dict | None = None, keep_alive: int | float | str = 0) -> tuple[str, dict]:
+def node_request(
+    path: str,
+    body: dict,
+    node_think: bool | str | None = None,
+    node_options: dict | None = None,
+    keep_alive: int | float | str = 0,
+) -> tuple[str, dict]:
     """The Ollama route and body a front-door job sends its node: the client's own request, with
     the node's policy over it: the keep_alive the relay decided (the client's, capped, or the
     node's: 0, the model leaves VRAM after the job), chat and generate streamed (gpuq relays each chunk as it
@@ -147,6 +214,7 @@ def node_request(path: str, body: dict, node_think: bool | str | None = None,
 # -- what the nodes can run ----------------------------------------------------------------------
 # Every front-door call is a task (or an embedding, which runs where tasks run: placement.role_of),
 # so only the task nodes' models are the front door's to list, pull or check.
+
 
 def runs_front_calls(node) -> bool:
     """A node (gpuq/node/runtime.py NodeRuntime) that front-door calls can be placed on."""
@@ -198,8 +266,9 @@ async def capabilities_of(nodes: Iterable, model: str) -> list[list[str]] | None
             if not rt.up:
                 return None
             digest = entries[0].get("digest")
-            caps = await rt.client.capabilities(entries[0].get("model") or entries[0].get("name"),
-                                                digest if isinstance(digest, str) else "")
+            caps = await rt.client.capabilities(
+                entries[0].get("model") or entries[0].get("name"), digest if isinstance(digest, str) else ""
+            )
         if caps is None:
             return None
         known.append(caps)

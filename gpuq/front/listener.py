@@ -35,9 +35,12 @@ log = logging.getLogger("gpuq")
 # -- errors, access --------------------------------------------------------------------------
 
 
-FRONT_DOOR = DoorWords(no_route=lambda method, path: f"404 page not found: gpuq's front door has no route {method} {path}",
-                       wrong_method=lambda method, path: f"405 method not allowed: {method} {path}",
-                       too_large=" (front.max_request_bytes)", internal="internal error in the gpuq router; see its log")
+FRONT_DOOR = DoorWords(
+    no_route=lambda method, path: f"404 page not found: gpuq's front door has no route {method} {path}",
+    wrong_method=lambda method, path: f"405 method not allowed: {method} {path}",
+    too_large=" (front.max_request_bytes)",
+    internal="internal error in the gpuq router; see its log",
+)
 
 
 @web.middleware
@@ -51,8 +54,9 @@ async def errors_middleware(request: web.Request, handler):
         if error.unexpected:
             log.exception("unexpected error on the front door: %s %s", request.method, request.path)
         wait = error.retry_after_s  # both SDKs obey Retry-After
-        return error_response(request, error.status, error.message, error.code,
-                              headers={"Retry-After": str(wait)} if wait else None)
+        return error_response(
+            request, error.status, error.message, error.code, headers={"Retry-After": str(wait)} if wait else None
+        )
 
 
 # -- what the nodes have -----------------------------------------------------------------------
@@ -63,6 +67,7 @@ async def errors_middleware(request: web.Request, handler):
 
 # -- assembly -----------------------------------------------------------------------------------
 
+
 async def _closing(app: web.Application) -> None:
     """Calls still waiting end first (their jobs cancelled), or the shutdown waits for them."""
     front = app[FRONT]
@@ -70,14 +75,19 @@ async def _closing(app: web.Application) -> None:
     front.relay.shutdown()
 
 
-def create_front_app(settings: Settings, store: Store, dispatcher: Dispatcher, bus: Bus,
-                     relay: Relay) -> web.Application:
+def create_front_app(
+    settings: Settings, store: Store, dispatcher: Dispatcher, bus: Bus, relay: Relay
+) -> web.Application:
     """The front door's app; the router's app (gpuq/api/app.py) owns the store and dispatcher,
     and its workers run the calls' jobs through `relay` (the Dispatcher's calls)."""
-    app = web.Application(middlewares=[errors_middleware, body_deadline(settings.body_timeout_s, error_response),
-                                       front_access(settings, lambda: dispatcher.settings,
-                                                    anthropic=lambda path: api_of(path) == "anthropic")],
-                          client_max_size=settings.front_max_request_bytes)  # images: its text is checked apart
+    app = web.Application(
+        middlewares=[
+            errors_middleware,
+            body_deadline(settings.body_timeout_s, error_response),
+            front_access(settings, lambda: dispatcher.settings, anthropic=lambda path: api_of(path) == "anthropic"),
+        ],
+        client_max_size=settings.front_max_request_bytes,
+    )  # images: its text is checked apart
     app[FRONT] = Front(settings, store, dispatcher, bus, relay)
     app.on_shutdown.append(_closing)
     app.on_response_prepare.append(cors_headers)
@@ -128,21 +138,34 @@ def bind_front_door(settings: Settings, any_port_if_taken: bool = False) -> list
     return sockets
 
 
-async def start_front_door(settings: Settings, store: Store, dispatcher: Dispatcher, bus: Bus, relay: Relay,
-                           sockets: Sequence[socket.socket], guard: ConnectionGuard) -> FrontDoor | None:
+async def start_front_door(
+    settings: Settings,
+    store: Store,
+    dispatcher: Dispatcher,
+    bus: Bus,
+    relay: Relay,
+    sockets: Sequence[socket.socket],
+    guard: ConnectionGuard,
+) -> FrontDoor | None:
     """Serve the front door on its sockets, beside the router (the router's app owns the store
     and the dispatcher). A client that disconnects cancels its handler (handler_cancellation),
     so its waiting job is cancelled at once."""
     if not sockets:
         return None
     app = create_front_app(settings, store, dispatcher, bus, relay)
-    runner = web.AppRunner(app, handle_signals=False, access_log=None, handler_cancellation=True,
-                           keepalive_timeout=settings.keepalive_timeout_s)
+    runner = web.AppRunner(
+        app,
+        handle_signals=False,
+        access_log=None,
+        handler_cancellation=True,
+        keepalive_timeout=settings.keepalive_timeout_s,
+    )
     await runner.setup()
     assert runner.server is not None  # setup() made it
     loop = asyncio.get_running_loop()
-    servers = [await loop.create_server(guard.protocol_factory(runner.server), sock=sock, backlog=BACKLOG)
-               for sock in sockets]
+    servers = [
+        await loop.create_server(guard.protocol_factory(runner.server), sock=sock, backlog=BACKLOG) for sock in sockets
+    ]
     bound = sockets[0].getsockname()[1]
     url = settings.ollama_url
     assert url is not None  # sockets are bound only when ollama_listen is set (bind_front_door)

@@ -82,12 +82,17 @@ def model_not_found(front: Front, model: str) -> str:
     """Ollama's 404 text, and why when /api/tags lists the model: only nodes that take no task
     jobs have it, and every front-door call is a task (or embed) job."""
     wanted = normalize_model(model)
-    elsewhere = [rt.name for rt in front.nodes_by_rank()
-                 if "task" not in rt.config.roles and rt.installed and wanted in rt.installed]
+    elsewhere = [
+        rt.name
+        for rt in front.nodes_by_rank()
+        if "task" not in rt.config.roles and rt.installed and wanted in rt.installed
+    ]
     if not elsewhere:
         return f"model '{model}' not found"
-    return (f"model '{model}' not found on a node that takes task jobs: only {', '.join(elsewhere)} has it "
-            "(front-door calls run on task nodes; pull it on one, or give that node the task role)")
+    return (
+        f"model '{model}' not found on a node that takes task jobs: only {', '.join(elsewhere)} has it "
+        "(front-door calls run on task nodes; pull it on one, or give that node the task role)"
+    )
 
 
 async def show(request: web.Request) -> web.Response:
@@ -127,5 +132,8 @@ async def pull(request: web.Request) -> web.StreamResponse:
 
 
 async def not_served(request: web.Request) -> web.Response:
-    raise FrontError(501, f"gpuq's front door does not manage models ({request.path}): run it on a node's own "
-                          "Ollama (e.g. `ollama pull <model>` there); /api/tags lists what the nodes have")
+    raise FrontError(
+        501,
+        f"gpuq's front door does not manage models ({request.path}): run it on a node's own "
+        "Ollama (e.g. `ollama pull <model>` there); /api/tags lists what the nodes have",
+    )

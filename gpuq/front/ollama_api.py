@@ -28,8 +28,11 @@ def check_keep_alive(value: Any) -> None:
         text = value.strip()
         if text == "0" or re.fullmatch(r"[-+]?((\d+(\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h))+", text):
             return
-        raise BadRequest(f'time: missing unit in duration "{value}"' if text.lstrip("-").replace(".", "").isdigit()
-                         else f'time: invalid duration "{value}"')
+        raise BadRequest(
+            f'time: missing unit in duration "{value}"'
+            if text.lstrip("-").replace(".", "").isdigit()
+            else f'time: invalid duration "{value}"'
+        )
     raise BadRequest("Unsupported type")
 
 
@@ -128,8 +131,9 @@ def check_generate(body: dict) -> None:
     for field in ("prompt", "suffix", "system", "template"):
         if body.get(field) is not None and not isinstance(body[field], str):
             raise wrong(field, "a string", body[field])
-    if body.get("context") is not None and not (isinstance(body["context"], list)
-                                                and all(isinstance(t, int) for t in body["context"])):
+    if body.get("context") is not None and not (
+        isinstance(body["context"], list) and all(isinstance(t, int) for t in body["context"])
+    ):
         raise wrong("context", "an array of token numbers", body["context"])
     _check_images(body.get("images"), "images")
     if body.get("raw") and (body.get("template") or body.get("system") or body.get("context")):
@@ -148,11 +152,15 @@ def check_embed(body: dict, legacy: bool) -> None:
             raise wrong("prompt", "a string", body["prompt"])
         return
     given = body.get("input")
-    if given is not None and not isinstance(given, str) and not (
-            isinstance(given, list) and all(isinstance(i, str) for i in given)):
+    if (
+        given is not None
+        and not isinstance(given, str)
+        and not (isinstance(given, list) and all(isinstance(i, str) for i in given))
+    ):
         raise BadRequest("invalid input type")
-    if body.get("dimensions") is not None and (isinstance(body["dimensions"], bool)
-                                               or not isinstance(body["dimensions"], int)):
+    if body.get("dimensions") is not None and (
+        isinstance(body["dimensions"], bool) or not isinstance(body["dimensions"], int)
+    ):
         raise wrong("dimensions", "a whole number", body["dimensions"])
 
 
@@ -194,7 +202,6 @@ def load_or_unload_reply(endpoint: str, body: dict) -> dict:
     return out
 
 
-
 def collected(endpoint: str, chunks: Iterable[dict], body: dict) -> dict:
     """stream:false: the last chunk, its text the whole reply (routes.go writeChatResponse and
     GenerateHandler): content and thinking concatenated, tool calls and logprobs gathered."""
@@ -233,7 +240,6 @@ def collected(endpoint: str, chunks: Iterable[dict], body: dict) -> dict:
     else:
         out.pop("logprobs", None)
     return out
-
 
 
 def merged_tags(per_node: Iterable[list[dict]], normalize) -> list[dict]:
@@ -282,8 +288,11 @@ def pull_progress(model: str, having: list[str], others: dict[str, list[str]]) -
     if having:
         return [{"status": status} for status in PULL_STATUSES]
     if not others:
-        raise NotFound(f"model '{model}' is not on any node: no node takes task jobs, and gpuq's front door "
-                       "does not pull models")
+        raise NotFound(
+            f"model '{model}' is not on any node: no node takes task jobs, and gpuq's front door does not pull models"
+        )
     listed = "; ".join(f"{name}: {', '.join(models) or 'nothing'}" for name, models in others.items())
-    raise NotFound(f"model '{model}' is not on any node that runs front-door calls ({listed}); gpuq's front door "
-                   f"does not pull models: run `ollama pull {model}` on one of them ({', '.join(others)})")
+    raise NotFound(
+        f"model '{model}' is not on any node that runs front-door calls ({listed}); gpuq's front door "
+        f"does not pull models: run `ollama pull {model}` on one of them ({', '.join(others)})"
+    )

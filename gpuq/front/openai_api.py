@@ -36,7 +36,6 @@ def openai_error(status: int, message: str, code: str | None = None) -> dict:
     return {"error": {"message": message, "type": kind, "param": None, "code": code}}
 
 
-
 def _openai_stop(stop: Any, strict: bool) -> list[str] | None:
     if isinstance(stop, str):
         return [stop]
@@ -46,7 +45,6 @@ def _openai_stop(stop: Any, strict: bool) -> list[str] | None:
             raise BadRequest(f"invalid type for 'stop' field: {json_type(bad)}")
         return [s for s in stop if isinstance(s, str)]
     return None
-
 
 
 def _tool_calls_in(calls: Any) -> list[dict]:
@@ -81,7 +79,6 @@ def _tool_name(messages: list, msg: dict) -> str:
     return ""
 
 
-
 def openai_messages(messages: list) -> list[dict]:
     out: list[dict] = []
     for msg in messages:
@@ -91,8 +88,16 @@ def openai_messages(messages: list) -> list[dict]:
         name = _tool_name(messages, msg)
         calls = _tool_calls_in(msg["tool_calls"]) if msg.get("tool_calls") else []
         if isinstance(content, str):
-            out.append(message(role, content, thinking=msg.get("reasoning"), tool_calls=calls, tool_name=name,
-                                tool_call_id=msg.get("tool_call_id")))
+            out.append(
+                message(
+                    role,
+                    content,
+                    thinking=msg.get("reasoning"),
+                    tool_calls=calls,
+                    tool_name=name,
+                    tool_call_id=msg.get("tool_call_id"),
+                )
+            )
         elif isinstance(content, list):
             for part in content:  # each part becomes a message of its own, as Ollama does
                 if not isinstance(part, dict):
@@ -112,11 +117,20 @@ def openai_messages(messages: list) -> list[dict]:
                 else:
                     raise BadRequest("invalid message format")
             if out and calls:
-                out[-1].update(message(role, out[-1].get("content", ""), tool_calls=calls, tool_name=name,
-                                        tool_call_id=msg.get("tool_call_id"), thinking=msg.get("reasoning")))
+                out[-1].update(
+                    message(
+                        role,
+                        out[-1].get("content", ""),
+                        tool_calls=calls,
+                        tool_name=name,
+                        tool_call_id=msg.get("tool_call_id"),
+                        thinking=msg.get("reasoning"),
+                    )
+                )
         elif calls:  # content is optional only beside tool calls
-            out.append(message(role, thinking=msg.get("reasoning"), tool_calls=calls,
-                                tool_call_id=msg.get("tool_call_id")))
+            out.append(
+                message(role, thinking=msg.get("reasoning"), tool_calls=calls, tool_call_id=msg.get("tool_call_id"))
+            )
         else:
             raise BadRequest(f"invalid message content type: {json_type(content)}")
     return out
@@ -156,9 +170,12 @@ def openai_chat_request(body: dict) -> dict:
         raise BadRequest("[] is too short - 'messages'")
     if body.get("stream") is not None and not isinstance(body["stream"], bool):
         raise wrong("stream", "true or false", body["stream"])
-    out: dict[str, Any] = {"model": body["model"], "messages": openai_messages(messages),
-                           "options": _openai_options(body, strict_stop=False),
-                           "stream": bool(body.get("stream"))}
+    out: dict[str, Any] = {
+        "model": body["model"],
+        "messages": openai_messages(messages),
+        "options": _openai_options(body, strict_stop=False),
+        "stream": bool(body.get("stream")),
+    }
     fmt = body.get("response_format")
     if fmt is not None:
         if not isinstance(fmt, dict):
@@ -193,8 +210,12 @@ def openai_completion_request(body: dict) -> dict:
     options = _openai_options(body, strict_stop=True)
     options.setdefault("frequency_penalty", 0)
     options.setdefault("presence_penalty", 0)
-    out: dict[str, Any] = {"model": body["model"], "prompt": body.get("prompt") or "", "options": options,
-                           "stream": bool(body.get("stream"))}
+    out: dict[str, Any] = {
+        "model": body["model"],
+        "prompt": body.get("prompt") or "",
+        "options": options,
+        "stream": bool(body.get("stream")),
+    }
     if body.get("suffix"):
         out["suffix"] = body["suffix"]
     if isinstance(body.get("logprobs"), int) and not isinstance(body["logprobs"], bool) and body["logprobs"] > 0:
@@ -211,8 +232,11 @@ def openai_embed_request(body: dict) -> dict:
     given = body.get("input")
     if given == "":
         given = [""]
-    if given is None or given == [] or not (isinstance(given, str) or (
-            isinstance(given, list) and all(isinstance(i, str) for i in given))):
+    if (
+        given is None
+        or given == []
+        or not (isinstance(given, str) or (isinstance(given, list) and all(isinstance(i, str) for i in given)))
+    ):
         raise BadRequest("invalid input")
     if not isinstance(body.get("model"), str) or not body["model"].strip():
         raise NotFound(f"model '{body.get('model') or ''}' not found")
@@ -221,7 +245,6 @@ def openai_embed_request(body: dict) -> dict:
     if isinstance(dims, int) and not isinstance(dims, bool) and dims > 0:
         out["dimensions"] = dims
     return out
-
 
 
 def usage_of(chunk: dict) -> dict:
@@ -244,10 +267,15 @@ def chat_completion(completion_id: str, reply: dict) -> dict:
     choice: dict[str, Any] = {"index": 0, "message": out_message, "finish_reason": reason}
     if reply.get("logprobs"):
         choice["logprobs"] = {"content": reply["logprobs"]}
-    return {"id": completion_id, "object": "chat.completion", "created": unix_of(reply.get("created_at")),
-            "model": reply.get("model", ""), "system_fingerprint": "fp_ollama", "choices": [choice],
-            "usage": usage_of(reply)}
-
+    return {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": unix_of(reply.get("created_at")),
+        "model": reply.get("model", ""),
+        "system_fingerprint": "fp_ollama",
+        "choices": [choice],
+        "usage": usage_of(reply),
+    }
 
 
 class ChatStream:
@@ -266,8 +294,14 @@ class ChatStream:
         choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish_reason}
         if logprobs:
             choice["logprobs"] = {"content": logprobs}
-        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": model,
-                "system_fingerprint": "fp_ollama", "choices": [choice]}
+        return {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": model,
+            "system_fingerprint": "fp_ollama",
+            "choices": [choice],
+        }
 
     def feed(self, chunk: dict) -> bytes:
         if self.created is None:
@@ -314,11 +348,15 @@ class ChatStream:
 
 def text_completion(completion_id: str, reply: dict) -> dict:
     """A collected /api/generate reply as a text_completion (openai.ToCompletion)."""
-    return {"id": completion_id, "object": "text_completion", "created": unix_of(reply.get("created_at")),
-            "model": reply.get("model", ""), "system_fingerprint": "fp_ollama",
-            "choices": [{"text": reply.get("response", ""), "index": 0,
-                         "finish_reason": reply.get("done_reason") or None}],
-            "usage": usage_of(reply)}
+    return {
+        "id": completion_id,
+        "object": "text_completion",
+        "created": unix_of(reply.get("created_at")),
+        "model": reply.get("model", ""),
+        "system_fingerprint": "fp_ollama",
+        "choices": [{"text": reply.get("response", ""), "index": 0, "finish_reason": reply.get("done_reason") or None}],
+        "usage": usage_of(reply),
+    }
 
 
 class CompletionStream:
@@ -330,10 +368,15 @@ class CompletionStream:
 
     def feed(self, chunk: dict) -> bytes:
         event: dict[str, Any] = {
-            "id": self.id, "object": "text_completion", "created": int(time.time()),
-            "choices": [{"text": chunk.get("response", ""), "index": 0,
-                         "finish_reason": chunk.get("done_reason") or None}],
-            "model": chunk.get("model", ""), "system_fingerprint": "fp_ollama"}
+            "id": self.id,
+            "object": "text_completion",
+            "created": int(time.time()),
+            "choices": [
+                {"text": chunk.get("response", ""), "index": 0, "finish_reason": chunk.get("done_reason") or None}
+            ],
+            "model": chunk.get("model", ""),
+            "system_fingerprint": "fp_ollama",
+        }
         if self.include_usage:
             event["usage"] = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
         data = sse(event)
@@ -353,17 +396,18 @@ def _base64_floats(vector: list) -> str:
 def embedding_list(model: str, reply: dict, encoding_format: Any = None) -> dict:
     """An /api/embed reply as /v1/embeddings' list (openai.ToEmbeddingList)."""
     as_base64 = str(encoding_format or "").lower() == "base64"
-    data = [{"object": "embedding", "embedding": _base64_floats(e) if as_base64 else e, "index": i}
-            for i, e in enumerate(reply.get("embeddings") or [])]
+    data = [
+        {"object": "embedding", "embedding": _base64_floats(e) if as_base64 else e, "index": i}
+        for i, e in enumerate(reply.get("embeddings") or [])
+    ]
     tokens = reply.get("prompt_eval_count") or 0
-    return {"object": "list", "data": data, "model": model,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+    return {"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
 
 def owned_by(name: str) -> str:
     """The namespace of a model name (types/model ParseName): 'library' for plain names."""
     if name.rfind(":") > name.rfind("/"):
-        name = name[:name.rfind(":")]
+        name = name[: name.rfind(":")]
     parts = name.split("/")
     return parts[-2] if len(parts) >= 2 else "library"
 
@@ -373,13 +417,12 @@ def model_list(tags: list[dict]) -> dict:
     data = []
     for m in tags:
         ident = m.get("model") or m.get("name") or ""
-        data.append({"id": ident, "object": "model", "created": unix_of(m.get("modified_at")),
-                     "owned_by": owned_by(ident)})
+        data.append(
+            {"id": ident, "object": "model", "created": unix_of(m.get("modified_at")), "owned_by": owned_by(ident)}
+        )
     return {"object": "list", "data": data}
 
 
 def model_card(name: str, show: dict) -> dict:
     """/api/show as /v1/models/{model} (openai.ToModel)."""
     return {"id": name, "object": "model", "created": unix_of(show.get("modified_at")), "owned_by": owned_by(name)}
-
-

@@ -41,8 +41,9 @@ class Relay:
         self.waiting: dict[str, asyncio.Queue] = {}
         self.direct: dict[str, tuple[Callable[[bytes, dict], bool], Callable[[], None]]] = {}
 
-    def open(self, job_id: str, direct: Callable[[bytes, dict], bool] | None = None,
-             flush: Callable[[], None] | None = None) -> asyncio.Queue:
+    def open(
+        self, job_id: str, direct: Callable[[bytes, dict], bool] | None = None, flush: Callable[[], None] | None = None
+    ) -> asyncio.Queue:
         queue = self.waiting[job_id] = asyncio.Queue()
         if direct is not None and flush is not None:
             self.direct[job_id] = (direct, flush)
@@ -83,8 +84,9 @@ class Relay:
         keep_s = client_keep_s(job["endpoint"], client, policy)
         # The node is asked with the client's keep_alive (capped), so a router that dies leaves the
         # model to Ollama's own timer; else with the node's policy (0: unloaded after the job).
-        route, body = node_request(job["endpoint"], client, policy.think, policy.options,
-                                   call_keep_alive(keep_s, policy))
+        route, body = node_request(
+            job["endpoint"], client, policy.think, policy.options, call_keep_alive(keep_s, policy)
+        )
         return NodeRun(self, job, node, route, body, keep_s)
 
     def waits(self, job_id: str) -> bool:
@@ -169,5 +171,8 @@ class NodeRun:
         dims = len(vectors[0]) if vectors else 0
         sink.summary(f"{len(vectors or [])} embedding(s) of {dims} dimensions (the vectors went to the client)")
         self.relay.tell(self.job["id"], "reply", reply)
-        return {k: reply.get(k) for k in ("prompt_eval_count", "total_duration", "load_duration")} \
-            if isinstance(reply, dict) else {}
+        return (
+            {k: reply.get(k) for k in ("prompt_eval_count", "total_duration", "load_duration")}
+            if isinstance(reply, dict)
+            else {}
+        )

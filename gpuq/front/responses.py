@@ -18,6 +18,7 @@ from .openai_api import openai_error
 
 # -- the request -> /api/chat -------------------------------------------------------------------
 
+
 def _content(parts: list, where: str) -> tuple[str, list[str]]:
     """Input content parts as text and images (convertResponsesContent)."""
     text, images = "", []
@@ -85,8 +86,10 @@ def input_messages(items: list) -> list[dict]:
                 continue
             messages.append(msg)
         elif kind == "function_call":
-            call = {"id": item.get("call_id") or "", "function": {"name": item.get("name") or "",
-                                                                  "arguments": _arguments(item.get("arguments"))}}
+            call = {
+                "id": item.get("call_id") or "",
+                "function": {"name": item.get("name") or "", "arguments": _arguments(item.get("arguments"))},
+            }
             last = messages[-1] if messages and messages[-1]["role"] == "assistant" else None
             if last is None:
                 last = {"role": "assistant", "content": ""}
@@ -96,8 +99,11 @@ def input_messages(items: list) -> list[dict]:
                 last["thinking"], pending_thinking = pending_thinking, ""
         elif kind == "function_call_output":
             output = item.get("output")
-            text, images = (output or "", []) if isinstance(output, str) or output is None \
+            text, images = (
+                (output or "", [])
+                if isinstance(output, str) or output is None
                 else _content(_parts(output, where), f"{where}: output")
+            )
             messages.append(shapes.message("tool", text, images=images, tool_call_id=item.get("call_id")))
         elif kind == "web_search_call":
             continue  # history metadata; the assistant message after it carries the result
@@ -112,8 +118,11 @@ def _merged_into_call(messages: list[dict], msg: dict, items: list, i: int) -> b
     """An assistant message replayed between a function_call and its output joins the message
     that holds the call, so the tool result follows the call it answers."""
     following = items[i + 1] if i + 1 < len(items) else None
-    call_id = following.get("call_id") if isinstance(following, dict) and following.get("type") == \
-        "function_call_output" else None
+    call_id = (
+        following.get("call_id")
+        if isinstance(following, dict) and following.get("type") == "function_call_output"
+        else None
+    )
     if msg["role"] != "assistant" or not call_id or not messages:
         return False
     last = messages[-1]
@@ -174,8 +183,12 @@ def responses_request(body: dict) -> dict:
         options["top_p"] = top_p
     if (limit := shapes.whole(body, "max_output_tokens")) is not None:
         options["num_predict"] = limit
-    out: dict[str, Any] = {"model": body["model"], "messages": messages, "options": options,
-                           "stream": bool(body.get("stream"))}
+    out: dict[str, Any] = {
+        "model": body["model"],
+        "messages": messages,
+        "options": options,
+        "stream": bool(body.get("stream")),
+    }
     if tools := shapes.tools_of(body):
         out["tools"] = [t for tool in tools for t in _tool(tool)]
     fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
@@ -192,16 +205,30 @@ def responses_request(body: dict) -> dict:
 
 # -- the node's chunks -> the response ------------------------------------------------------------
 
+
 def _usage(chunk: dict) -> dict:
     prompt, completion = chunk.get("prompt_eval_count") or 0, chunk.get("eval_count") or 0
-    return {"input_tokens": prompt, "output_tokens": completion, "total_tokens": prompt + completion,
-            "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}
+    return {
+        "input_tokens": prompt,
+        "output_tokens": completion,
+        "total_tokens": prompt + completion,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": 0},
+    }
 
 
 def _echo_tools(body: dict) -> list[dict]:
-    return [{"type": t.get("type"), "name": t.get("name"), "description": t.get("description"),
-             "strict": t.get("strict"), "parameters": t.get("parameters")}
-            for t in body.get("tools") or [] if isinstance(t, dict)]
+    return [
+        {
+            "type": t.get("type"),
+            "name": t.get("name"),
+            "description": t.get("description"),
+            "strict": t.get("strict"),
+            "parameters": t.get("parameters"),
+        }
+        for t in body.get("tools") or []
+        if isinstance(t, dict)
+    ]
 
 
 def _text_format(body: dict) -> dict:
@@ -219,22 +246,46 @@ def _reasoning_echo(body: dict) -> dict | None:
     return {"effort": reasoning.get("effort") or None, "summary": reasoning.get("summary") or None}
 
 
-def response_object(response_id: str, body: dict, status: str, output: list, usage: dict | None,
-                    created_at: int | None = None) -> dict:
+def response_object(
+    response_id: str, body: dict, status: str, output: list, usage: dict | None, created_at: int | None = None
+) -> dict:
     """The `response` object, the request's settings echoed (buildResponseObject, ToResponse)."""
+
     def number(key: str) -> Any:
         return 1.0 if body.get(key) is None else body[key]
+
     return {
-        "id": response_id, "object": "response", "created_at": created_at or int(time.time()),
-        "completed_at": int(time.time()) if status == "completed" else None, "status": status,
-        "incomplete_details": None, "model": body.get("model"), "previous_response_id": None,
-        "instructions": body.get("instructions") or None, "output": output, "error": None,
-        "tools": _echo_tools(body), "tool_choice": "auto", "truncation": body.get("truncation") or "disabled",
-        "parallel_tool_calls": True, "text": {"format": _text_format(body)}, "top_p": number("top_p"),
-        "presence_penalty": 0, "frequency_penalty": 0, "top_logprobs": 0, "temperature": number("temperature"),
-        "reasoning": _reasoning_echo(body), "usage": usage, "max_output_tokens": body.get("max_output_tokens"),
-        "max_tool_calls": None, "store": False, "background": bool(body.get("background")),
-        "service_tier": "default", "metadata": {}, "safety_identifier": None, "prompt_cache_key": None,
+        "id": response_id,
+        "object": "response",
+        "created_at": created_at or int(time.time()),
+        "completed_at": int(time.time()) if status == "completed" else None,
+        "status": status,
+        "incomplete_details": None,
+        "model": body.get("model"),
+        "previous_response_id": None,
+        "instructions": body.get("instructions") or None,
+        "output": output,
+        "error": None,
+        "tools": _echo_tools(body),
+        "tool_choice": "auto",
+        "truncation": body.get("truncation") or "disabled",
+        "parallel_tool_calls": True,
+        "text": {"format": _text_format(body)},
+        "top_p": number("top_p"),
+        "presence_penalty": 0,
+        "frequency_penalty": 0,
+        "top_logprobs": 0,
+        "temperature": number("temperature"),
+        "reasoning": _reasoning_echo(body),
+        "usage": usage,
+        "max_output_tokens": body.get("max_output_tokens"),
+        "max_tool_calls": None,
+        "store": False,
+        "background": bool(body.get("background")),
+        "service_tier": "default",
+        "metadata": {},
+        "safety_identifier": None,
+        "prompt_cache_key": None,
     }
 
 
@@ -243,19 +294,33 @@ def _text_part(text: str) -> dict:
 
 
 def _message_item(item_id: str, text: str, status: str = "completed") -> dict:
-    return {"id": item_id, "type": "message", "status": status, "role": "assistant",
-            "content": [_text_part(text)] if status == "completed" else []}
+    return {
+        "id": item_id,
+        "type": "message",
+        "status": status,
+        "role": "assistant",
+        "content": [_text_part(text)] if status == "completed" else [],
+    }
 
 
 def _reasoning_item(item_id: str, thinking: str) -> dict:
-    return {"id": item_id, "type": "reasoning", "summary": [{"type": "summary_text", "text": thinking}],
-            "encrypted_content": thinking}
+    return {
+        "id": item_id,
+        "type": "reasoning",
+        "summary": [{"type": "summary_text", "text": thinking}],
+        "encrypted_content": thinking,
+    }
 
 
 def _call_item(item_id: str, call: dict, status: str = "completed") -> dict:
-    return {"id": item_id, "type": "function_call", "status": status, "call_id": call["id"],
-            "name": call["function"]["name"], "arguments": call["function"]["arguments"] if status == "completed"
-            else ""}
+    return {
+        "id": item_id,
+        "type": "function_call",
+        "status": status,
+        "call_id": call["id"],
+        "name": call["function"]["name"],
+        "arguments": call["function"]["arguments"] if status == "completed" else "",
+    }
 
 
 def whole_response(response_id: str, item_id: str, reply: dict, body: dict) -> dict:
@@ -300,18 +365,32 @@ class ResponsesStream:
         if self.started:
             return []
         self.started = True
-        return [self._event(kind, response=response_object(self.id, self.body, "in_progress", [], None))
-                for kind in ("response.created", "response.in_progress")]
+        return [
+            self._event(kind, response=response_object(self.id, self.body, "in_progress", [], None))
+            for kind in ("response.created", "response.in_progress")
+        ]
 
     def _think(self, thinking: str) -> list[bytes]:
         out = []
         if self.reasoning is None:
             self.reasoning = []
-            out.append(self._event("response.output_item.added", output_index=self.index,
-                                   item={"id": self._reasoning_id(), "type": "reasoning", "summary": []}))
+            out.append(
+                self._event(
+                    "response.output_item.added",
+                    output_index=self.index,
+                    item={"id": self._reasoning_id(), "type": "reasoning", "summary": []},
+                )
+            )
         self.reasoning.append(thinking)
-        out.append(self._event("response.reasoning_summary_text.delta", item_id=self._reasoning_id(),
-                               output_index=self.index, summary_index=0, delta=thinking))
+        out.append(
+            self._event(
+                "response.reasoning_summary_text.delta",
+                item_id=self._reasoning_id(),
+                output_index=self.index,
+                summary_index=0,
+                delta=thinking,
+            )
+        )
         return out
 
     def _reasoning_id(self) -> str:
@@ -322,9 +401,16 @@ class ResponsesStream:
             return []
         thinking = "".join(self.reasoning)
         item = _reasoning_item(self._reasoning_id(), thinking)
-        out = [self._event("response.reasoning_summary_text.done", item_id=item["id"], output_index=self.index,
-                           summary_index=0, text=thinking),
-               self._event("response.output_item.done", output_index=self.index, item=item)]
+        out = [
+            self._event(
+                "response.reasoning_summary_text.done",
+                item_id=item["id"],
+                output_index=self.index,
+                summary_index=0,
+                text=thinking,
+            ),
+            self._event("response.output_item.done", output_index=self.index, item=item),
+        ]
         self.done_items.append(item)
         self.reasoning = None
         self.index += 1
@@ -335,13 +421,26 @@ class ResponsesStream:
         for _i, call in enumerate(shapes.tool_calls_out(calls)):
             item = _call_item(f"fc_{self.id}_{self.index}", call)
             arguments = item["arguments"]
-            out += [self._event("response.output_item.added", output_index=self.index,
-                                item=_call_item(item["id"], call, "in_progress")),
-                    self._event("response.function_call_arguments.delta", item_id=item["id"],
-                                output_index=self.index, delta=arguments),
-                    self._event("response.function_call_arguments.done", item_id=item["id"],
-                                output_index=self.index, arguments=arguments),
-                    self._event("response.output_item.done", output_index=self.index, item=item)]
+            out += [
+                self._event(
+                    "response.output_item.added",
+                    output_index=self.index,
+                    item=_call_item(item["id"], call, "in_progress"),
+                ),
+                self._event(
+                    "response.function_call_arguments.delta",
+                    item_id=item["id"],
+                    output_index=self.index,
+                    delta=arguments,
+                ),
+                self._event(
+                    "response.function_call_arguments.done",
+                    item_id=item["id"],
+                    output_index=self.index,
+                    arguments=arguments,
+                ),
+                self._event("response.output_item.done", output_index=self.index, item=item),
+            ]
             self.done_items.append(item)
             self.index += 1
         self.calls_sent = True
@@ -351,13 +450,31 @@ class ResponsesStream:
         out = self._end_reasoning()
         if self.text is None:
             self.text = []
-            out += [self._event("response.output_item.added", output_index=self.index,
-                                item=_message_item(self.item_id, "", "in_progress")),
-                    self._event("response.content_part.added", item_id=self.item_id, output_index=self.index,
-                                content_index=0, part=_text_part(""))]
+            out += [
+                self._event(
+                    "response.output_item.added",
+                    output_index=self.index,
+                    item=_message_item(self.item_id, "", "in_progress"),
+                ),
+                self._event(
+                    "response.content_part.added",
+                    item_id=self.item_id,
+                    output_index=self.index,
+                    content_index=0,
+                    part=_text_part(""),
+                ),
+            ]
         self.text.append(text)
-        out.append(self._event("response.output_text.delta", item_id=self.item_id, output_index=self.index,
-                               content_index=0, delta=text, logprobs=[]))
+        out.append(
+            self._event(
+                "response.output_text.delta",
+                item_id=self.item_id,
+                output_index=self.index,
+                content_index=0,
+                delta=text,
+                logprobs=[],
+            )
+        )
         return out
 
     def _complete(self, chunk: dict) -> list[bytes]:
@@ -365,11 +482,24 @@ class ResponsesStream:
         if self.text is not None and not self.calls_sent:
             text = "".join(self.text)
             item = _message_item(self.item_id, text)
-            out += [self._event("response.output_text.done", item_id=self.item_id, output_index=self.index,
-                                content_index=0, text=text, logprobs=[]),
-                    self._event("response.content_part.done", item_id=self.item_id, output_index=self.index,
-                                content_index=0, part=_text_part(text)),
-                    self._event("response.output_item.done", output_index=self.index, item=item)]
+            out += [
+                self._event(
+                    "response.output_text.done",
+                    item_id=self.item_id,
+                    output_index=self.index,
+                    content_index=0,
+                    text=text,
+                    logprobs=[],
+                ),
+                self._event(
+                    "response.content_part.done",
+                    item_id=self.item_id,
+                    output_index=self.index,
+                    content_index=0,
+                    part=_text_part(text),
+                ),
+                self._event("response.output_item.done", output_index=self.index, item=item),
+            ]
             self.done_items.append(item)
         response = response_object(self.id, self.body, "completed", self.done_items, _usage(chunk))
         return out + [self._event("response.completed", response=response)]
@@ -393,5 +523,6 @@ class ResponsesStream:
         carries OpenAI's error object at its top, which the OpenAI SDK raises as an APIError."""
         failed = response_object(self.id, self.body, "failed", self.done_items, None)
         failed["error"] = {"code": code or "api_error", "message": message}
-        return b"".join(self._start()) + self._event("response.failed", response=failed,
-                                                     error=openai_error(status, message, code)["error"])
+        return b"".join(self._start()) + self._event(
+            "response.failed", response=failed, error=openai_error(status, message, code)["error"]
+        )

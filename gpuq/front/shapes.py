@@ -21,8 +21,10 @@ from ..jobs import compact_json
 from ..params import THINK_LEVELS
 
 # One refusal for every API that would offer Ollama's built-in web search (Responses, Messages).
-WEB_SEARCH_REFUSED = ("the built-in web_search tool is not served by gpuq's front door (Ollama runs it through "
-                      "ollama.com); declare your own function tool instead")
+WEB_SEARCH_REFUSED = (
+    "the built-in web_search tool is not served by gpuq's front door (Ollama runs it through "
+    "ollama.com); declare your own function tool instead"
+)
 
 dumps = compact_json  # as Go's encoder writes it: compact, UTF-8 as is
 
@@ -100,8 +102,10 @@ def think_from_effort(effort: Any) -> bool | str | None:
         return effort
     if effort in ("xhigh", "ultra"):
         return "max"
-    raise BadRequest(f"invalid reasoning value: {json.dumps(effort)[:60]} (must be \"minimal\", \"low\", "
-                     "\"medium\", \"high\", \"xhigh\", \"ultra\", \"max\", or \"none\")")
+    raise BadRequest(
+        f'invalid reasoning value: {json.dumps(effort)[:60]} (must be "minimal", "low", '
+        '"medium", "high", "xhigh", "ultra", "max", or "none")'
+    )
 
 
 def image_of(url: Any) -> str:
@@ -112,7 +116,7 @@ def image_of(url: Any) -> str:
         raise BadRequest("image URLs are not currently supported, please use base64 encoded data instead")
     for prefix in ("data:;base64,", *(f"data:image/{t};base64," for t in ("jpeg", "jpg", "png", "webp"))):
         if url.startswith(prefix):
-            data = url[len(prefix):]
+            data = url[len(prefix) :]
             try:
                 base64.b64decode(data, validate=True)
             except (binascii.Error, ValueError):
@@ -137,6 +141,7 @@ def with_images(text: str, images: Any) -> str:
 
 
 # What the queue and the page show as a job's prompt (the whole request is kept too).
+
 
 def chat_prompt(body: dict) -> str:
     """A chat's last user message (OpenAI's text parts joined), its images counted."""
@@ -178,9 +183,14 @@ def tool_calls_out(calls: list) -> list[dict]:
     out = []
     for call in calls:
         function = call.get("function") or {}
-        out.append({"id": call.get("id", ""), "index": function.get("index", 0), "type": "function",
-                    "function": {"name": function.get("name", ""),
-                                 "arguments": dumps(function.get("arguments", {}))}})
+        out.append(
+            {
+                "id": call.get("id", ""),
+                "index": function.get("index", 0),
+                "type": "function",
+                "function": {"name": function.get("name", ""), "arguments": dumps(function.get("arguments", {}))},
+            }
+        )
     return out
 
 

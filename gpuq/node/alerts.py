@@ -62,26 +62,45 @@ def conditions(stale_heads: list[dict[str, Any]], nodes: list[NodeRuntime], wait
     found = []
     for head in stale_heads:
         behind = waiting.get(head["node"], 0)
-        found.append(Condition(
-            "stale_head", head["node"], head["id"], head["since"],
-            f"{head['node']} is blocked: job {head['id']} is a stale head ({head['reason']}) since "
-            f"{head['since']}; {plural(behind, 'job waits', 'jobs wait')} behind it",
-            f"gpuq delete {head['id']}"))
+        found.append(
+            Condition(
+                "stale_head",
+                head["node"],
+                head["id"],
+                head["since"],
+                f"{head['node']} is blocked: job {head['id']} is a stale head ({head['reason']}) since "
+                f"{head['since']}; {plural(behind, 'job waits', 'jobs wait')} behind it",
+                f"gpuq delete {head['id']}",
+            )
+        )
     for rt in nodes:
         host = urlparse(rt.config.url).hostname
         count = waiting.get(rt.name, 0)
         if rt.checked and not rt.up and count:
-            found.append(Condition(
-                "node_down", rt.name, None, iso(rt.since),
-                f"node {rt.name} is down since {iso(rt.since)} ({rt.last_error or 'no answer'}); "
-                f"{plural(count, 'job waits', 'jobs wait')} on it",
-                f"restart Ollama on {host} (systemctl restart ollama); or cancel what waits: gpuq clear {rt.name}"))
+            found.append(
+                Condition(
+                    "node_down",
+                    rt.name,
+                    None,
+                    iso(rt.since),
+                    f"node {rt.name} is down since {iso(rt.since)} ({rt.last_error or 'no answer'}); "
+                    f"{plural(count, 'job waits', 'jobs wait')} on it",
+                    f"restart Ollama on {host} (systemctl restart ollama); or cancel what waits: gpuq clear {rt.name}",
+                )
+            )
         if rt.vram_stuck:
             model = rt.stuck_model or rt.config.model
-            found.append(Condition(
-                "vram_stuck", rt.name, rt.stuck_job, iso(rt.stuck_since or time.time()), rt.vram_stuck,
-                f"OLLAMA_HOST={rt.config.url} ollama stop {model}; if it stays, restart Ollama on {host}",
-                model))
+            found.append(
+                Condition(
+                    "vram_stuck",
+                    rt.name,
+                    rt.stuck_job,
+                    iso(rt.stuck_since or time.time()),
+                    rt.vram_stuck,
+                    f"OLLAMA_HOST={rt.config.url} ollama stop {model}; if it stays, restart Ollama on {host}",
+                    model,
+                )
+            )
     return found
 
 
@@ -92,9 +111,15 @@ def plural(n: int, one: str, many: str) -> str:
 def notice(row: dict[str, Any], status: str) -> dict[str, Any]:
     """The JSON body of a notice (for ntfy it becomes a title and a text)."""
     firing = status == "firing"
-    return {"status": status, "alert": row["alert"], "node": row["node"], "job": row["job_id"],
-            "since": row["since"], "message": row["message"] if firing else row["resolution"],
-            "fix": row["fix"] if firing else None}
+    return {
+        "status": status,
+        "alert": row["alert"],
+        "node": row["node"],
+        "job": row["job_id"],
+        "since": row["since"],
+        "message": row["message"] if firing else row["resolution"],
+        "fix": row["fix"] if firing else None,
+    }
 
 
 def request_for(body: dict[str, Any], settings: Settings, alert_id: int) -> dict[str, Any]:
@@ -107,13 +132,15 @@ def request_for(body: dict[str, Any], settings: Settings, alert_id: int) -> dict
     # ntfy's publish API: the text is the body, the rest are headers (docs.ntfy.sh/publish).
     firing = body["status"] == "firing"
     job_url = f"{settings.public_url}/jobs/{body['job']}" if body["job"] else f"{settings.public_url}/"
-    headers.update({
-        "Title": f"gpuq: {'' if firing else 'resolved: '}{LABELS[body['alert']]} on {body['node']}",
-        "Priority": "high" if firing else "default",
-        "Tags": "rotating_light" if firing else "white_check_mark",
-        "Click": job_url,
-        "Content-Type": "text/plain; charset=utf-8",
-    })
+    headers.update(
+        {
+            "Title": f"gpuq: {'' if firing else 'resolved: '}{LABELS[body['alert']]} on {body['node']}",
+            "Priority": "high" if firing else "default",
+            "Tags": "rotating_light" if firing else "white_check_mark",
+            "Click": job_url,
+            "Content-Type": "text/plain; charset=utf-8",
+        }
+    )
     text = body["message"] + (f"\nfix: {body['fix']}" if body["fix"] else "")
     return {"data": text.encode("utf-8"), "headers": headers}
 
@@ -197,8 +224,9 @@ class Alerter:
         for key, cond in now.items():
             if key not in open_rows:
                 await self.store.fire_alert(vars(cond), self.delivering)
-                log.warning("alert=%s node=%s job=%s firing: %s fix=%r", cond.alert, cond.node, cond.job,
-                            cond.message, cond.fix)
+                log.warning(
+                    "alert=%s node=%s job=%s firing: %s fix=%r", cond.alert, cond.node, cond.job, cond.message, cond.fix
+                )
                 fired += 1
         for key, row in open_rows.items():
             rt = runtimes.get(row["node"])
@@ -254,8 +282,9 @@ class Alerter:
         http_status, error = None, None
         assert self.session is not None and self.settings.alert_url is not None
         try:
-            async with self.session.post(self.settings.alert_url, allow_redirects=False,
-                                         **request_for(body, self.settings, row["id"])) as resp:
+            async with self.session.post(
+                self.settings.alert_url, allow_redirects=False, **request_for(body, self.settings, row["id"])
+            ) as resp:
                 http_status = resp.status
                 if not 200 <= resp.status < 300:
                     text = (await resp.text(errors="replace")).strip()[:200]

@@ -31,8 +31,17 @@ def inhibitor_command(running: int, pid: int | None = None) -> list[str]:
     pid = os.getpid() if pid is None else pid
     if sys.platform == "darwin":
         return ["caffeinate", "-i", "-w", str(pid)]
-    return ["systemd-inhibit", "--what=idle:sleep", "--who=gpuq", f"--why={running} job(s) running",
-            "--mode=block", "tail", f"--pid={pid}", "-f", "/dev/null"]
+    return [
+        "systemd-inhibit",
+        "--what=idle:sleep",
+        "--who=gpuq",
+        f"--why={running} job(s) running",
+        "--mode=block",
+        "tail",
+        f"--pid={pid}",
+        "-f",
+        "/dev/null",
+    ]
 
 
 class Awake:
@@ -78,14 +87,18 @@ class Awake:
             self._warn(f"{command[0]} not found on PATH")
             return
         try:
-            self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         except OSError as exc:
             self._warn(f"{command[0]} could not start: {exc}")
             return
         self.by, self.since = command[0], time.time()
-        log.info("keep awake: %s holds the machine awake while %d job(s) run (pid %d)",
-                 self.by, running, self.proc.pid)
+        log.info("keep awake: %s holds the machine awake while %d job(s) run (pid %d)", self.by, running, self.proc.pid)
 
     def _check(self) -> None:
         """An inhibitor that exited by itself (refused, killed) holds nothing."""

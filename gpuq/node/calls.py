@@ -19,6 +19,7 @@ from .ollama import OllamaClient
 @dataclass(frozen=True)
 class Policy:
     """What the node decides of every request it gets, whatever the client asked."""
+
     think: bool | str | None  #: the node's think, for its own model (None: the client's, or none)
     options: dict[str, Any] | None  #: the node's options, under the client's
     keep_alive: int | str  #: 0: the model leaves VRAM after the job; or how long it stays warm

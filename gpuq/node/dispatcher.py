@@ -69,8 +69,9 @@ class Dispatcher:
         # This router process (a fresh id per start) and its leases: a node's worker claims only
         # while this router holds the node's lease (gpuq/node/leases.py).
         self.router = Router.new(settings.listen, settings.public_url, time.time())
-        self.leases = Leases(store, self.router, lambda: self.settings.lease_s, self._lease_nodes,
-                             gained=self.wake, lost=self._lost)
+        self.leases = Leases(
+            store, self.router, lambda: self.settings.lease_s, self._lease_nodes, gained=self.wake, lost=self._lost
+        )
 
     def _limit_running(self, settings: Settings) -> None:
         """Users' max_running, which every claim of the store applies."""
@@ -99,8 +100,12 @@ class Dispatcher:
         for o in orphans:
             log.warning("job=%s node=%s state=failed reason=%r", o["id"], o["node"], o["error"])
         for o in await self.store.cancel_clientless(taken.held):
-            log.warning("job=%s node=%s state=cancelled reason=%r", o["id"], o["node"],
-                        "client gone: the router restarted while it waited")
+            log.warning(
+                "job=%s node=%s state=cancelled reason=%r",
+                o["id"],
+                o["node"],
+                "client gone: the router restarted while it waited",
+            )
         for name in self.nodes:
             self.workers[name].vram.orphans = [o["model"] for o in orphans if o["node"] == name]
             self._start_loops(name)
@@ -121,26 +126,36 @@ class Dispatcher:
 
     def _client(self, cfg: NodeConfig) -> OllamaClient:
         assert self.session is not None
-        return OllamaClient(cfg.url, self.session, name=cfg.name, connect_timeout_s=self.settings.connect_timeout_s,
-                            stall_timeout_s=self.settings.stall_timeout_s, load_timeout_s=self.settings.load_timeout_s,
-                            max_reply_bytes=self.settings.max_reply_bytes)
+        return OllamaClient(
+            cfg.url,
+            self.session,
+            name=cfg.name,
+            connect_timeout_s=self.settings.connect_timeout_s,
+            stall_timeout_s=self.settings.stall_timeout_s,
+            load_timeout_s=self.settings.load_timeout_s,
+            max_reply_bytes=self.settings.max_reply_bytes,
+        )
 
     def _wire(self, cfg: NodeConfig) -> NodeRuntime:
         """A node's runtime, health monitor and worker (their loops are started apart)."""
         name = cfg.name
         rt = self.nodes[name] = NodeRuntime(cfg, self._client(cfg))
-        monitor = self.monitors[name] = NodeMonitor(rt, self.store, self.settings.health_interval_s,
-                                                    self._changed, lambda: self.wake(name))
-        worker = self.workers[name] = Worker(rt, monitor, self.settings, self.store, self.bus, self.calls,
-                                                 self._changed, self.wake)
+        monitor = self.monitors[name] = NodeMonitor(
+            rt, self.store, self.settings.health_interval_s, self._changed, lambda: self.wake(name)
+        )
+        worker = self.workers[name] = Worker(
+            rt, monitor, self.settings, self.store, self.bus, self.calls, self._changed, self.wake
+        )
         worker.stopping = self.quiesced  # a node a reload adds while the router drains starts nothing
         worker.leased = lambda: self.leases.holds(name)
         worker.lease_lapsed = self.leases.wake.set  # renew now: the store says whether it is still ours
         return rt
 
     def _start_loops(self, name: str) -> None:
-        self.nodes[name].loops = [self.loops.start("health loop", self.monitors[name].run, name),
-                                  self.loops.start("worker", self.workers[name].run, name)]
+        self.nodes[name].loops = [
+            self.loops.start("health loop", self.monitors[name].run, name),
+            self.loops.start("worker", self.workers[name].run, name),
+        ]
 
     def leaving(self, names: tuple[str, ...]) -> None:
         """Nodes a reload removes: nothing is placed, moved or claimed there from now on (a job
@@ -220,8 +235,11 @@ class Dispatcher:
     def _sent(self) -> list[tuple[str, Current]]:
         """Each node's running job whose request left, a node a reload is removing included."""
         workers = {**self.retired, **self.workers}
-        return [(name, w.rt.current) for name, w in workers.items()
-                if w.rt.current is not None and w.rt.current.run_id == w.sent_run]
+        return [
+            (name, w.rt.current)
+            for name, w in workers.items()
+            if w.rt.current is not None and w.rt.current.run_id == w.sent_run
+        ]
 
     def draining_json(self) -> dict[str, Any] | None:
         if self.draining_since is None:
@@ -238,8 +256,9 @@ class Dispatcher:
         for name, cur in running:
             output, thinking, _ = cur.unsaved()
             try:
-                await self.store.finish(cur.job_id, cur.run_id, JobState.FAILED, reason, output,
-                                        thinking=thinking, streamed=cur.tokens)
+                await self.store.finish(
+                    cur.job_id, cur.run_id, JobState.FAILED, reason, output, thinking=thinking, streamed=cur.tokens
+                )
             except GuardMiss:  # it ended on its own meanwhile
                 continue
             except GpuqError as exc:  # the next start fails it as an orphan: loud, never lost
@@ -269,9 +288,19 @@ class Dispatcher:
             await self.session.close()
 
     def node_infos(self) -> list[NodeInfo]:
-        return [NodeInfo(rt.name, rt.config.rank, rt.config.roles, rt.config.model, rt.claimable, rt.installed,
-                         self.workers[name].idle and not self.workers[name].stopping and self.leases.holds(name))
-                for name, rt in self.nodes.items() if name not in self.removing]
+        return [
+            NodeInfo(
+                rt.name,
+                rt.config.rank,
+                rt.config.roles,
+                rt.config.model,
+                rt.claimable,
+                rt.installed,
+                self.workers[name].idle and not self.workers[name].stopping and self.leases.holds(name),
+            )
+            for name, rt in self.nodes.items()
+            if name not in self.removing
+        ]
 
     async def submit(self, new: NewJob, actor: str) -> list[Row]:
         """Store a job (a critique: one per critique node) and start it as soon as it can: a node
@@ -286,9 +315,14 @@ class Dispatcher:
             if not any(Kind.TASK in n.roles for n in nodes):
                 raise await self._no_node_here()
         try:
-            jobs = await self.store.submit(new, nodes, actor, self._hand_over,
-                                           fair=self.settings.shares_fairly,
-                                           max_waiting=self.settings.max_waiting.get(new.owner or ""))
+            jobs = await self.store.submit(
+                new,
+                nodes,
+                actor,
+                self._hand_over,
+                fair=self.settings.shares_fairly,
+                max_waiting=self.settings.max_waiting.get(new.owner or ""),
+            )
         except OverQuota as exc:
             await self.when_one_starts(exc)
             raise
@@ -321,8 +355,9 @@ class Dispatcher:
         runtimes = self.nodes
         if rows is None:
             rows = await self.store.queue_plans(list(runtimes), eta.DEPTH)
-        durations = await self.store.recent_durations({(r["node"], r["model"]) for r in rows}, set(runtimes),
-                                                      eta.LAST_RUNS)
+        durations = await self.store.recent_durations(
+            {(r["node"], r["model"]) for r in rows}, set(runtimes), eta.LAST_RUNS
+        )
         history = eta.History()
         for d in durations:
             history.runs.setdefault((d["node"], d["model"]), []).append(d["seconds"])
@@ -333,8 +368,10 @@ class Dispatcher:
                 running[r["node"]] = eta.Slot(r["id"], r["model"], parse_iso(r["started_at"]))
             elif r["node"] in waiting:
                 waiting[r["node"]].append(eta.Slot(r["id"], r["model"], waiting_for=r["waiting_for"]))
-        plans = [eta.NodePlan(name, running.get(name), tuple(waiting[name]), node_blocked(rt))
-                 for name, rt in runtimes.items()]
+        plans = [
+            eta.NodePlan(name, running.get(name), tuple(waiting[name]), node_blocked(rt))
+            for name, rt in runtimes.items()
+        ]
         return eta.estimate(plans, history, time.time())
 
     async def _preempt_for(self, job: Row, call: bool) -> dict[str, Any]:
@@ -353,16 +390,31 @@ class Dispatcher:
         interrupted = None
         for to in dict.fromkeys((await self._elsewhere_for(job, infos), None)):
             try:
-                after, interrupted = await self.store.preempt(job["id"], "router", rule=lambda running: preempts(
-                    lane, running, enabled), reason=reason, to=to, nodes=infos)
+                after, interrupted = await self.store.preempt(
+                    job["id"],
+                    "router",
+                    rule=lambda running: preempts(lane, running, enabled),
+                    reason=reason,
+                    to=to,
+                    nodes=infos,
+                )
             except GpuqError as exc:  # the job stays first among the interactive ones: it runs next anyway
-                log.warning("job=%s node=%s not preempting%s: %s", job["id"], job["node"],
-                            f" on {to}" if to else "", exc.message)
+                log.warning(
+                    "job=%s node=%s not preempting%s: %s",
+                    job["id"],
+                    job["node"],
+                    f" on {to}" if to else "",
+                    exc.message,
+                )
                 continue
             if interrupted is not None:
                 if to is not None:
-                    log.info("job=%s node=%s moved to %s: it starts sooner there (router.interactive_preempts)",
-                             job["id"], job["node"], to)
+                    log.info(
+                        "job=%s node=%s moved to %s: it starts sooner there (router.interactive_preempts)",
+                        job["id"],
+                        job["node"],
+                        to,
+                    )
                 job = dict(job, node=after["node"], position=after["position"])
                 break
         if interrupted is not None:
@@ -389,11 +441,17 @@ class Dispatcher:
         """Why a front-door call cannot run on this router: the routers that drive task nodes."""
         alive = (await self.store.routers(self.settings.lease_s))["routers"]
         tasks = {c.name for c in self.settings.nodes if Kind.TASK in c.roles}
-        there = [f"{r['public_url']} ({', '.join(sorted(tasks & set(r['nodes'])))})" for r in alive
-                 if r["id"] != self.router.id and tasks & set(r["nodes"])]
-        return GpuqError("this router drives no task node now, and a front-door call runs on a node of the"
-                         " router its client called: " + (f"call {' or '.join(there)} instead" if there else
-                                                          "no router drives one (are the nodes up?)"), status=503)
+        there = [
+            f"{r['public_url']} ({', '.join(sorted(tasks & set(r['nodes'])))})"
+            for r in alive
+            if r["id"] != self.router.id and tasks & set(r["nodes"])
+        ]
+        return GpuqError(
+            "this router drives no task node now, and a front-door call runs on a node of the"
+            " router its client called: "
+            + (f"call {' or '.join(there)} instead" if there else "no router drives one (are the nodes up?)"),
+            status=503,
+        )
 
     def _hand_over(self, job: Row) -> None:
         """A job its submit claimed for an idle node's worker (Store.submit), to that worker."""

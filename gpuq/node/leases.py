@@ -45,8 +45,15 @@ class Leases:
     (configured, and removed ones still finishing a job); `gained(node)` / `lost(node)`: told when
     the store says this router took a node, or that another router has it now."""
 
-    def __init__(self, store: Store, router: Router, lease_s: Callable[[], float], nodes: Callable[[], list[str]],
-                 gained: Callable[[str], None], lost: Callable[[str], None]):
+    def __init__(
+        self,
+        store: Store,
+        router: Router,
+        lease_s: Callable[[], float],
+        nodes: Callable[[], list[str]],
+        gained: Callable[[str], None],
+        lost: Callable[[str], None],
+    ):
         self.store = store
         self.router = router
         self.lease_s = lease_s
@@ -128,8 +135,9 @@ class Leases:
             try:
                 await self.renew()
             except GpuqError as exc:
-                log.error("leases not renewed (this router holds %s): %s", ", ".join(self.held()) or "no node",
-                          exc.message)
+                log.error(
+                    "leases not renewed (this router holds %s): %s", ", ".join(self.held()) or "no node", exc.message
+                )
 
     async def release(self) -> None:
         """A clean stop: the next router takes the nodes at once."""

@@ -24,8 +24,14 @@ DOWN_RECHECK_S = 2.0  # a node that is down is asked again at least this often
 class NodeMonitor:
     """Health checks of one node; `changed` tells the pages (the bus) what changed."""
 
-    def __init__(self, rt: NodeRuntime, store: Store, interval_s: float, changed: Callable[..., None],
-                 came_up: Callable[[], None]):
+    def __init__(
+        self,
+        rt: NodeRuntime,
+        store: Store,
+        interval_s: float,
+        changed: Callable[..., None],
+        came_up: Callable[[], None],
+    ):
         self.rt = rt
         self.store = store
         self.interval_s = interval_s

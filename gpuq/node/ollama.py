@@ -33,8 +33,13 @@ def _message(body: str, status: int) -> str:
 def _progress(chunk: dict[str, Any]) -> bool:
     """Does a stream chunk carry a token: text (answer or reasoning), a tool call?"""
     message = chunk.get("message") or {}
-    return bool(message.get("content") or message.get("thinking") or message.get("tool_calls")
-                or chunk.get("response") or chunk.get("thinking"))
+    return bool(
+        message.get("content")
+        or message.get("thinking")
+        or message.get("tool_calls")
+        or chunk.get("response")
+        or chunk.get("thinking")
+    )
 
 
 def _snippet(value: Any) -> str:
@@ -46,6 +51,8 @@ EXPECTED = {str: "a string", bool: "a boolean", int: "a whole number"}
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # half of a UTF-16 pair, which JSON's \u escapes allow
 # The final chunk's counters and durations (ns); the store records them as they are.
 STATS = ("eval_count", "prompt_eval_count", "total_duration", "load_duration", "eval_duration")
+
+
 # Every request to a node asks for its bytes as they are and follows no redirect: a compressed
 # reply can unpack a thousandfold (1 MB of gzip was 1 GB of empty lines, unpacked on the event
 # loop), and a redirect would send the prompt to another server and take its answer as the node's.
@@ -143,14 +150,24 @@ def prompt_was_cut(prompt_eval_count: int, num_ctx: int, num_keep: int = 4) -> b
         return False
     if prompt_eval_count >= num_ctx - 1:
         return True
-    return any(prompt_eval_count == num_ctx - max((num_ctx - min(keep, num_ctx - 1)) // 2, 1)
-               for keep in (num_keep, num_keep + 1))
+    return any(
+        prompt_eval_count == num_ctx - max((num_ctx - min(keep, num_ctx - 1)) // 2, 1)
+        for keep in (num_keep, num_keep + 1)
+    )
 
 
 class OllamaClient:
-    def __init__(self, base_url: str, session: aiohttp.ClientSession, *, name: str | None = None,
-                 connect_timeout_s: float = 10.0, stall_timeout_s: float = 300.0, load_timeout_s: float = 600.0,
-                 max_reply_bytes: int = MAX_REPLY_BYTES):
+    def __init__(
+        self,
+        base_url: str,
+        session: aiohttp.ClientSession,
+        *,
+        name: str | None = None,
+        connect_timeout_s: float = 10.0,
+        stall_timeout_s: float = 300.0,
+        load_timeout_s: float = 600.0,
+        max_reply_bytes: int = MAX_REPLY_BYTES,
+    ):
         self.base_url = base_url.rstrip("/")
         self.name = name or self.base_url  # who a wrong-shaped reply is blamed on
         self.session = session
@@ -160,8 +177,9 @@ class OllamaClient:
         self.max_reply_bytes = max_reply_bytes
         self._capabilities: dict[tuple[str, str], list[str] | None] = {}  # (model, digest) -> /api/show's
 
-    async def _request(self, method: str, path: str, body: Any = None, timeout_s: float = 10.0,
-                       max_bytes: int | None = None) -> Any:
+    async def _request(
+        self, method: str, path: str, body: Any = None, timeout_s: float = 10.0, max_bytes: int | None = None
+    ) -> Any:
         """One request and its JSON answer, all of it within `timeout_s` (a real /api/ps can
         block for seconds while another client's model loads or unloads) and `max_bytes`
         (default: max_reply_bytes)."""
@@ -185,12 +203,16 @@ class OllamaClient:
         """A redirect or a compressed body is refused before a byte of it is read."""
         if 300 <= resp.status < 400:
             target = resp.headers.get("Location", "no Location")[:200]
-            raise OllamaError(f"{self.name} answered {resp.status} redirect to {target}; "
-                              "gpuq does not follow a node's redirects", 502)
+            raise OllamaError(
+                f"{self.name} answered {resp.status} redirect to {target}; gpuq does not follow a node's redirects", 502
+            )
         encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
         if encoding != "identity":
-            raise OllamaError(f"{self.name} answered {path} with Content-Encoding: {encoding[:50]}, though asked "
-                              "for identity; gpuq does not unpack a node's compressed replies", 502)
+            raise OllamaError(
+                f"{self.name} answered {path} with Content-Encoding: {encoding[:50]}, though asked "
+                "for identity; gpuq does not unpack a node's compressed replies",
+                502,
+            )
 
     async def _read(self, resp: aiohttp.ClientResponse, path: str, max_bytes: int | None = None) -> bytes:
         """A reply's whole body, refused past `max_bytes` (default: max_reply_bytes) before
@@ -206,8 +228,9 @@ class OllamaClient:
             else:
                 return b"".join(parts)
         setting = " (max_reply_bytes)" if max_bytes is None else ""
-        raise OllamaError(f"{self.name} sent a {path} reply longer than {cap} bytes{setting}, "
-                          "the most the router reads", 502)
+        raise OllamaError(
+            f"{self.name} sent a {path} reply longer than {cap} bytes{setting}, the most the router reads", 502
+        )
 
     @property
     def where(self) -> str:
@@ -264,13 +287,15 @@ class OllamaClient:
         """/api/ps' models as the node describes them."""
         return await self._models("/api/ps", timeout_s)
 
-    async def post(self, path: str, body: dict[str, Any], timeout_s: float | None = None,
-                   max_bytes: int | None = None) -> Any:
+    async def post(
+        self, path: str, body: dict[str, Any], timeout_s: float | None = None, max_bytes: int | None = None
+    ) -> Any:
         """One JSON request and its JSON answer (/api/show, /api/embed), within `timeout_s`
         (default: load_timeout, as a cold load comes first) and `max_bytes` (default:
         max_reply_bytes); an error status raises OllamaError with Ollama's message and status."""
-        return await self._request("POST", path, body, timeout_s if timeout_s is not None else self.load_timeout_s,
-                                   max_bytes)
+        return await self._request(
+            "POST", path, body, timeout_s if timeout_s is not None else self.load_timeout_s, max_bytes
+        )
 
     async def loaded(self, timeout_s: float = 10.0) -> set[str]:
         """Models /api/ps lists (in VRAM, loading, or still stopping)."""
@@ -306,8 +331,15 @@ class OllamaClient:
                 return int(value.strip())
         return None
 
-    async def chat(self, model: str, prompt: str, fmt: Any = None, think: bool | str | None = None,
-                   options: dict[str, Any] | None = None, keep_alive: int | str = 0) -> AsyncIterator[dict[str, Any]]:
+    async def chat(
+        self,
+        model: str,
+        prompt: str,
+        fmt: Any = None,
+        think: bool | str | None = None,
+        options: dict[str, Any] | None = None,
+        keep_alive: int | str = 0,
+    ) -> AsyncIterator[dict[str, Any]]:
         """Stream /api/chat, by default with keep_alive 0 (the model unloads when the request ends).
 
         Yields each chunk; the last one has done: true. Raises OllamaError on an HTTP error,
@@ -328,8 +360,9 @@ class OllamaClient:
             for _, chunk in lines:
                 yield chunk
 
-    async def stream(self, path: str, body: dict[str, Any],
-                     max_line: int | None = None) -> AsyncIterator[tuple[bytes, dict[str, Any]]]:
+    async def stream(
+        self, path: str, body: dict[str, Any], max_line: int | None = None
+    ) -> AsyncIterator[tuple[bytes, dict[str, Any]]]:
         """Stream /api/chat or /api/generate: each line as Ollama sent it, and parsed. The same
         limits and failures as chat(); an error status keeps Ollama's status. A line may be
         `max_line` bytes long (default: the reader's buffer limit)."""
@@ -337,8 +370,9 @@ class OllamaClient:
             for item in lines:
                 yield item
 
-    async def stream_reads(self, path: str, body: dict[str, Any],
-                           max_line: int | None = None) -> AsyncIterator[list[tuple[bytes, dict[str, Any]]]]:
+    async def stream_reads(
+        self, path: str, body: dict[str, Any], max_line: int | None = None
+    ) -> AsyncIterator[list[tuple[bytes, dict[str, Any]]]]:
         """stream(), the lines of one read of the node's connection at a time (at least one): a
         consumer can do its per-read work (a write to its client) once per read, not per line.
         A line that fails comes after the good lines before it, as in stream()."""
@@ -356,8 +390,14 @@ class OllamaClient:
         try:
             try:
                 async with asyncio.timeout_at(progress_by):
-                    resp = await self.session.post(url, data=_body(body), timeout=timeout, headers=STREAM_HEADERS,
-                                                   allow_redirects=False, auto_decompress=False)
+                    resp = await self.session.post(
+                        url,
+                        data=_body(body),
+                        timeout=timeout,
+                        headers=STREAM_HEADERS,
+                        allow_redirects=False,
+                        auto_decompress=False,
+                    )
             except aiohttp.ConnectionTimeoutError:
                 raise  # no connection at all (a TimeoutError too): the node is unreachable
             except TimeoutError:
@@ -365,8 +405,9 @@ class OllamaClient:
             async with resp:
                 self._refuse(resp, path)
                 if resp.status >= 400:
-                    raise OllamaError(_message((await self._read(resp, path)).decode("utf-8", "replace"),
-                                               resp.status), resp.status)
+                    raise OllamaError(
+                        _message((await self._read(resp, path)).decode("utf-8", "replace"), resp.status), resp.status
+                    )
                 # One read takes whatever has arrived (often many lines): one clock per read,
                 # not per line. A line still unfinished past the limit fails here, before it
                 # fills the router's memory.
@@ -391,8 +432,9 @@ class OllamaClient:
                         try:
                             for raw in lines:
                                 if len(raw) > limit:
-                                    raise self._wrong(f"a chat line longer than {limit} bytes, "
-                                                      "the most the router reads")
+                                    raise self._wrong(
+                                        f"a chat line longer than {limit} bytes, the most the router reads"
+                                    )
                                 line = raw.strip()
                                 if not line:
                                     continue
@@ -440,8 +482,9 @@ class OllamaClient:
 
     def _late(self, first: bool) -> OllamaError:
         if first:
-            return OllamaError(f"no reply from Ollama within load_timeout ({self.load_timeout_s:g}s): "
-                               "the model did not load in time")
+            return OllamaError(
+                f"no reply from Ollama within load_timeout ({self.load_timeout_s:g}s): the model did not load in time"
+            )
         return OllamaError(f"stalled: no new token from Ollama for {self.stall_timeout_s:g}s")
 
     def _check_chunk(self, chunk: Any, line: bytes, halves: bool = True) -> None:
@@ -472,5 +515,6 @@ class OllamaClient:
             raise self._wrong(f"a chat line whose '{key}' is a JSON {json_type(value)}, not {EXPECTED[kind]}")
         # Go's encoder never writes one; text holding one cannot be stored or sent on as UTF-8.
         if halves and isinstance(value, str) and value and (half := LONE_SURROGATE.search(value)):
-            raise self._wrong(f"a chat line whose '{key}' holds a lone surrogate "
-                              f"(\\u{ord(half.group()):04x}), not text")
+            raise self._wrong(
+                f"a chat line whose '{key}' holds a lone surrogate (\\u{ord(half.group()):04x}), not text"
+            )

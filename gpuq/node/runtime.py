@@ -94,5 +94,8 @@ class Current:
         """The output and thinking not stored yet (each written once: the store appends), and
         the mark to put in `saved` once the write that carries them has returned."""
         done_out, done_thought = self.saved
-        return ("".join(self.output[done_out:]), "".join(self.thinking[done_thought:]) or None,
-                (len(self.output), len(self.thinking)))
+        return (
+            "".join(self.output[done_out:]),
+            "".join(self.thinking[done_thought:]) or None,
+            (len(self.output), len(self.thinking)),
+        )

@@ -26,8 +26,14 @@ class StaleMonitor:
         """Note the heads that turned stale since the last check; returns them."""
         heads = await self.store.note_stale()
         for head in heads:
-            log.warning("job=%s node=%s stale reason=%r since=%s fix='gpuq delete %s'",
-                        head["id"], head["node"], head["reason"], head["since"], head["id"])
+            log.warning(
+                "job=%s node=%s stale reason=%r since=%s fix='gpuq delete %s'",
+                head["id"],
+                head["node"],
+                head["reason"],
+                head["since"],
+                head["id"],
+            )
             self.bus.publish("queue", {"stale": head["id"]})
         return heads
 

@@ -45,8 +45,13 @@ class Loop:
         return f"{self.name} crashed ({self.error}); restarting in {self.restart_in_s:g}s"
 
     def json(self) -> dict[str, Any]:
-        return {"loop": self.name, "node": self.node, "since": iso(self.crashed_at) if self.crashed_at else None,
-                "error": self.problem(), "crashes": self.crashes}
+        return {
+            "loop": self.name,
+            "node": self.node,
+            "since": iso(self.crashed_at) if self.crashed_at else None,
+            "error": self.problem(),
+            "crashes": self.crashes,
+        }
 
 
 def backoff(previous_s: float | None, ran_s: float) -> float:

@@ -39,6 +39,7 @@ KEEP_WARM = "10m"
 
 # -- the decisions (pure) -----------------------------------------------------------------------
 
+
 def same_model(a: str, b: str) -> bool:
     """Are these one model, however named ("m" and "m:latest" are)?"""
     return normalize_model(a) == normalize_model(b)
@@ -112,8 +113,9 @@ def next_poll_s(delay: float, elapsed: float) -> float:
     return min(delay * 2, UNLOAD_POLL_MAX_S) if elapsed > UNLOAD_POLL_FAST_S else delay
 
 
-def unload_failure(model: str, node: str, elapsed: float, timeout_s: float, listed: bool,
-                   last_error: str | None) -> str:
+def unload_failure(
+    model: str, node: str, elapsed: float, timeout_s: float, listed: bool, last_error: str | None
+) -> str:
     """What a node flagged for a model that would not leave VRAM says: what /api/ps last showed
     (`listed`: the model still in it) and the last check's error, if it failed."""
     # What was seen stays in the message: a last check cut short by the deadline (or a node
@@ -121,20 +123,30 @@ def unload_failure(model: str, node: str, elapsed: float, timeout_s: float, list
     seen = [f"{model} is still listed by /api/ps"] if listed else []
     if last_error:
         seen.append(f"the last check: {last_error}" if listed else last_error)
-    return (f"unload failed: {model} did not leave VRAM within {elapsed:.1f}s "
-            f"(unload_timeout {timeout_s:g}s; {'; '.join(seen)});"
-            f" node {node} flagged")
+    return (
+        f"unload failed: {model} did not leave VRAM within {elapsed:.1f}s "
+        f"(unload_timeout {timeout_s:g}s; {'; '.join(seen)});"
+        f" node {node} flagged"
+    )
 
 
 # -- one node's VRAM ----------------------------------------------------------------------------
+
 
 class Vram:
     """One node's VRAM as its worker leaves it between jobs. `note` writes an event on a job
     (retried while the store refuses); `stopping` tells whether the router is stopping (nothing
     is kept warm for a next job then). `orphans`: a dead router's jobs' models, to unload first."""
 
-    def __init__(self, rt: NodeRuntime, monitor: NodeMonitor, settings: Settings, store: Store,
-                 note: Callable[[str, str], Awaitable[Any]], stopping: Callable[[], bool]):
+    def __init__(
+        self,
+        rt: NodeRuntime,
+        monitor: NodeMonitor,
+        settings: Settings,
+        store: Store,
+        note: Callable[[str, str], Awaitable[Any]],
+        stopping: Callable[[], bool],
+    ):
         self.rt = rt
         self.monitor = monitor
         self.settings = settings
@@ -268,8 +280,9 @@ class Vram:
                 break
             await asyncio.sleep(min(delay, max(deadline - time.monotonic(), 0)))
             delay = next_poll_s(delay, time.monotonic() - started)  # a slow unload: ask less often
-        message = unload_failure(model, self.rt.name, time.monotonic() - started, self.settings.unload_timeout_s,
-                                 listed, last_error)
+        message = unload_failure(
+            model, self.rt.name, time.monotonic() - started, self.settings.unload_timeout_s, listed, last_error
+        )
         log.error("node=%s job=%s %s", self.rt.name, job_id, message)
         if job_id is not None:
             await self.note(job_id, message)

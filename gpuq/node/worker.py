@@ -67,8 +67,17 @@ class Worker:
     """Runs one node's queue, one job at a time. `changed` tells the pages what changed,
     `wake_all` wakes every node's worker (a finished task readies critiques held elsewhere)."""
 
-    def __init__(self, rt: NodeRuntime, monitor: NodeMonitor, settings: Settings, store: Store, bus: Bus,
-                 calls: Calls, changed: Callable[..., None], wake_all: Callable[[], None]):
+    def __init__(
+        self,
+        rt: NodeRuntime,
+        monitor: NodeMonitor,
+        settings: Settings,
+        store: Store,
+        bus: Bus,
+        calls: Calls,
+        changed: Callable[..., None],
+        wake_all: Callable[[], None],
+    ):
         self.rt = rt
         self.monitor = monitor
         self.settings = settings
@@ -247,16 +256,33 @@ class Worker:
                 output, thinking, _ = cur.unsaved()
                 # Retried while the store refuses (the disk that broke the ending may be full):
                 # given up, the job would stay half-closed until a restart.
-                await self._persist(job["id"], "crash", lambda: self.store.finish(
-                    job["id"], cur.run_id, JobState.FAILED, f"the node's worker crashed while ending the job: {crash}",
-                    output, thinking=thinking, streamed=cur.tokens))
+                await self._persist(
+                    job["id"],
+                    "crash",
+                    lambda: self.store.finish(
+                        job["id"],
+                        cur.run_id,
+                        JobState.FAILED,
+                        f"the node's worker crashed while ending the job: {crash}",
+                        output,
+                        thinking=thinking,
+                        streamed=cur.tokens,
+                    ),
+                )
                 await self.vram.unload(job["model"], job["id"])
             except GuardMiss:  # its finish was recorded before the crash
                 pass
-            await self._persist(job["id"], "put-back of the next job", lambda: self.store.requeue_unsent(
-                {self.rt.name: self.sent_run}, (
-                f"back to the head of the queue: the node's worker crashed after {job['id']} ended "
-                f"({crash}); the request never reached Ollama")))
+            await self._persist(
+                job["id"],
+                "put-back of the next job",
+                lambda: self.store.requeue_unsent(
+                    {self.rt.name: self.sent_run},
+                    (
+                        f"back to the head of the queue: the node's worker crashed after {job['id']} ended "
+                        f"({crash}); the request never reached Ollama"
+                    ),
+                ),
+            )
         except Exception:  # the store broke too: the stale check is the last net
             log.exception("job=%s node=%s could not record the crash", job["id"], self.rt.name)
 
@@ -264,8 +290,9 @@ class Worker:
         """The job's steps, in order: generate, record, unload (or keep warm: self.vram), finish."""
         if not await self.vram.make_room(job):  # a kept model of another model would not leave
             message = f"not started: {self.rt.vram_stuck}"
-            await self._persist(job["id"], "outcome", lambda: self.store.finish(
-                job["id"], cur.run_id, JobState.FAILED, message))
+            await self._persist(
+                job["id"], "outcome", lambda: self.store.finish(job["id"], cur.run_id, JobState.FAILED, message)
+            )
             return
         if self.stopping:  # claimed as the router was told to stop: it waits for the next start
             await put_back_unsent(self.store, {self.rt.name: self.sent_run})
@@ -310,17 +337,26 @@ class Worker:
                     return await self._call(job, cur), None
                 return await self._chat(job, cur), None
         except TimeoutError:
-            return None, self._told(job["id"], None, f"{limit_name} fired: the job ran "
-                                    f"{time.monotonic() - started:.1f}s, over its {limit_s:g}s limit; request aborted")
+            return None, self._told(
+                job["id"],
+                None,
+                f"{limit_name} fired: the job ran "
+                f"{time.monotonic() - started:.1f}s, over its {limit_s:g}s limit; request aborted",
+            )
         except OllamaUnreachable:  # nothing reached Ollama: not this job's failure (see _execute)
             raise
         except OutputCapped as exc:
             return None, self._told(job["id"], 502, str(exc))
         except OllamaError as exc:
             if exc.status == 503:  # Ollama's pending queue is full: another client keeps it busy
-                return None, self._told(job["id"], 503, (
-                    f"{exc.message} (HTTP 503: node {self.rt.name}'s Ollama is busy with other clients' "
-                    f"requests; this request never started, so `gpuq retry {job['id']}` is safe)"))
+                return None, self._told(
+                    job["id"],
+                    503,
+                    (
+                        f"{exc.message} (HTTP 503: node {self.rt.name}'s Ollama is busy with other clients' "
+                        f"requests; this request never started, so `gpuq retry {job['id']}` is safe)"
+                    ),
+                )
             return None, self._told(job["id"], exc.status, exc.message)
         except GpuqError as exc:  # a stored request this gpuq cannot read (written by another version)
             return None, self._told(job["id"], 400, f"cannot run the stored request: {exc.message}")
@@ -345,8 +381,9 @@ class Worker:
         prompt = instruction(self.settings.critique_template, job["prompt"]) if critique else job["prompt"]
         think = json.loads(job["think"]) if job.get("think") is not None else self._node_think(job["model"])
         cur.options = merged_options(config.options, json.loads(job["options"]) if job.get("options") else None)
-        chunks = self.rt.client.chat(job["model"], prompt, FINDINGS_SCHEMA if critique else None, think,
-                                     cur.options, self.vram.keep_alive())
+        chunks = self.rt.client.chat(
+            job["model"], prompt, FINDINGS_SCHEMA if critique else None, think, cur.options, self.vram.keep_alive()
+        )
         self.sent_run = cur.run_id  # the request leaves at the first iteration, below
         last_beat = time.monotonic()
         async for chunk in chunks:
@@ -361,9 +398,17 @@ class Worker:
     async def _call(self, job: Row, cur: Current) -> dict[str, Any]:
         """A job a client called for: its request as the front door prepares it under the node's
         policy, run on the node; its output kept as it comes."""
-        call = self.calls.prepare(job, Policy(self._node_think(job["model"]), self.rt.config.options,
-                                              self.vram.keep_alive(), self.settings.front_keep_alive_s,
-                                              self.settings.front_max_keep_alive_s), self.rt.name)
+        call = self.calls.prepare(
+            job,
+            Policy(
+                self._node_think(job["model"]),
+                self.rt.config.options,
+                self.vram.keep_alive(),
+                self.settings.front_keep_alive_s,
+                self.settings.front_max_keep_alive_s,
+            ),
+            self.rt.name,
+        )
         cur.options = call.options
         cur.keep_s = getattr(call, "keep_s", 0.0)
         self.sent_run = cur.run_id  # the request leaves now
@@ -380,8 +425,7 @@ class Worker:
     def _keep_piece(self, job: Row, cur: Current, kind: str, piece: str, pieces: list[str]) -> None:
         size = cur.size + len(piece.encode())
         if size > (cap := self.settings.max_output_for(self.rt.config)):
-            raise OutputCapped(f"the reply passed max_output_bytes ({cap} bytes): request aborted, "
-                               "output so far kept")
+            raise OutputCapped(f"the reply passed max_output_bytes ({cap} bytes): request aborted, output so far kept")
         cur.size = size
         pieces.append(piece)
         self.bus.publish("tokens", {"id": job["id"], "run_id": cur.run_id, kind: piece})
@@ -408,13 +452,15 @@ class Worker:
 
     # -- step 2: record -----------------------------------------------------------------------
 
-    async def _record(self, job: Row, cur: Current,
-                      stats: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, str | None]:
+    async def _record(
+        self, job: Row, cur: Current, stats: dict[str, Any]
+    ) -> tuple[list[dict[str, Any]] | None, str | None]:
         """Write the reply and Ollama's stats; returns a critique's findings, and the error of a
         reply that cannot stand (cut at the token limit, findings that miss the schema)."""
         unsaved, thinking, upto = cur.unsaved()
-        await self._persist(job["id"], "end of stream",
-                            lambda: self.store.work_done(cur.run_id, unsaved, stats, thinking))
+        await self._persist(
+            job["id"], "end of stream", lambda: self.store.work_done(cur.run_id, unsaved, stats, thinking)
+        )
         cur.saved = upto
         output = "".join(cur.output)
         if job["kind"] != Kind.EMBED:  # an embedding's prompt_eval_count sums all its inputs
@@ -422,7 +468,10 @@ class Worker:
         # A front-door client that set its limit is told done_reason "length", as Ollama tells it:
         # its job is done. gpuq's own jobs fail loudly instead.
         if stats.get("done_reason") == "length" and job.get("endpoint") is None:
-            return None, "reply cut off at the token limit (done_reason length); output kept, `gpuq retry` to run it again"
+            return (
+                None,
+                "reply cut off at the token limit (done_reason length); output kept, `gpuq retry` to run it again",
+            )
         if job["kind"] != Kind.CRITIQUE:
             return None, None
         try:
@@ -430,8 +479,9 @@ class Worker:
         except FindingsError as exc:
             return None, f"the model's reply does not match the findings schema: {exc}; raw reply kept as output"
 
-    async def _warn_if_prompt_filled_context(self, job: Row, stats: dict[str, Any],
-                                             options: dict[str, Any] | None) -> None:
+    async def _warn_if_prompt_filled_context(
+        self, job: Row, stats: dict[str, Any], options: dict[str, Any] | None
+    ) -> None:
         """Ollama cuts a prompt too long for the context window with only a line in its own log.
         When the prompt tokens it evaluated show a cut, say so on the job (num_ctx from the options, else
         from the model's /api/show parameters; unknown: no warning)."""
@@ -444,15 +494,18 @@ class Worker:
                 try:
                     self.context_lengths[job["model"]] = await self.rt.client.context_length(job["model"])
                 except OllamaError as exc:
-                    log.warning("job=%s node=%s cannot read num_ctx from /api/show: %s",
-                                job["id"], self.rt.name, exc.message)
+                    log.warning(
+                        "job=%s node=%s cannot read num_ctx from /api/show: %s", job["id"], self.rt.name, exc.message
+                    )
                     return
             # No num_ctx in the model's parameters: the server's default context applies, 4096
             # unless its OLLAMA_CONTEXT_LENGTH says otherwise (which no API tells).
             num_ctx = self.context_lengths[job["model"]] or OLLAMA_DEFAULT_CONTEXT
         if num_ctx and prompt_was_cut(used, num_ctx, (options or {}).get("num_keep", 4)):
-            warning = (f"prompt may have been truncated: {used} tokens, num_ctx {num_ctx} "
-                       "(set a larger num_ctx in the node's or the job's options)")
+            warning = (
+                f"prompt may have been truncated: {used} tokens, num_ctx {num_ctx} "
+                "(set a larger num_ctx in the node's or the job's options)"
+            )
             log.warning("job=%s node=%s %s", job["id"], self.rt.name, warning)
             await self.note(job["id"], f"warning: {warning}")
 
@@ -465,8 +518,7 @@ class Worker:
             try:
                 return await write()
             except StoreUnavailable as exc:
-                log.error("job=%s %s not recorded yet, trying again in %gs: %s",
-                          job_id, what, delay, exc.message)
+                log.error("job=%s %s not recorded yet, trying again in %gs: %s", job_id, what, delay, exc.message)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RECORD_RETRY_MAX_S)
 
@@ -483,18 +535,30 @@ class Worker:
 
     # -- step 4: finish -----------------------------------------------------------------------
 
-    async def _finish(self, job: Row, cur: Current, error: str | None, findings: list[dict[str, Any]] | None,
-                      unloaded: bool) -> None:
+    async def _finish(
+        self, job: Row, cur: Current, error: str | None, findings: list[dict[str, Any]] | None, unloaded: bool
+    ) -> None:
         """Record the outcome. A node that just answered the unload check is reachable, so the
         finish may claim its next job in the same commit (cur.next_job)."""
         state = JobState.FAILED if error else JobState.DONE
-        claim_node = (self.rt.name if unloaded and self.rt.claimable and not self.stopping and self.leased()
-                      else None)
+        claim_node = self.rt.name if unloaded and self.rt.claimable and not self.stopping and self.leased() else None
         output, thinking, _ = cur.unsaved()
         try:
-            cur.next_job = await self._persist(job["id"], "outcome", lambda: self.store.finish(
-                job["id"], cur.run_id, state, error, output, findings=findings, claim_node=claim_node,
-                thinking=thinking, streamed=cur.tokens))
+            cur.next_job = await self._persist(
+                job["id"],
+                "outcome",
+                lambda: self.store.finish(
+                    job["id"],
+                    cur.run_id,
+                    state,
+                    error,
+                    output,
+                    findings=findings,
+                    claim_node=claim_node,
+                    thinking=thinking,
+                    streamed=cur.tokens,
+                ),
+            )
         except GuardMiss as exc:
             if cur.abort_reason is None:
                 log.error("job=%s node=%s finish refused: %s", job["id"], self.rt.name, exc.message)

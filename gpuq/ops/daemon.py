@@ -47,12 +47,27 @@ log = logging.getLogger("gpuq")
 # qwen3-vl:8b in docs/api/openai-compatibility.mdx) and nomic-embed-text, so their examples and the
 # clients' quick starts run unchanged through the front door. demo-2 has its own model untagged
 # too (deepseek-r1, as the docs call it); demo-3 only critiques.
-DOCS_MODELS = ("llama3.2:latest", "llama3.1:latest", "gemma4:latest", "qwen3:latest", "qwen3:8b", "qwen3-vl:8b",
-               "gpt-oss:latest", "gpt-oss:20b", "mistral:latest", "llava:latest")
+DOCS_MODELS = (
+    "llama3.2:latest",
+    "llama3.1:latest",
+    "gemma4:latest",
+    "qwen3:latest",
+    "qwen3:8b",
+    "qwen3-vl:8b",
+    "gpt-oss:latest",
+    "gpt-oss:20b",
+    "mistral:latest",
+    "llava:latest",
+)
 EMBEDDING_MODELS = ("all-minilm:latest", "nomic-embed-text:latest", "embeddinggemma:latest")
 DEMO_NODES = (
     ("demo-1", ("task", "critique"), "qwen3-coder:30b", ("qwen3-coder:30b",)),
-    ("demo-2", ("task", "critique"), "deepseek-r1:32b", ("deepseek-r1:32b", "deepseek-r1:latest", *DOCS_MODELS, *EMBEDDING_MODELS)),
+    (
+        "demo-2",
+        ("task", "critique"),
+        "deepseek-r1:32b",
+        ("deepseek-r1:32b", "deepseek-r1:latest", *DOCS_MODELS, *EMBEDDING_MODELS),
+    ),
     ("demo-3", ("critique",), "llama3.2:latest", ("llama3.2:latest",)),
 )
 
@@ -74,8 +89,10 @@ async def start_demo_nodes() -> tuple[list[FakeOllama], list[NodeConfig]]:
     """Simulated Ollama nodes on loopback, streaming tokens at a realistic pace."""
     fakes, nodes = [], []
     for rank, (name, roles, model, models) in enumerate(DEMO_NODES, start=1):
-        fake = FakeOllama(models=set(models), script=Script(token_delay_s=0.08, tokens=None, load_delay_s=0.4,
-                                                         unload="delay", unload_delay_s=0.3))
+        fake = FakeOllama(
+            models=set(models),
+            script=Script(token_delay_s=0.08, tokens=None, load_delay_s=0.4, unload="delay", unload_delay_s=0.3),
+        )
         url = await fake.start()
         fakes.append(fake)
         nodes.append(NodeConfig(name=name, url=url, rank=rank, roles=roles, model=model))
@@ -99,8 +116,10 @@ def lock_database(database: Path, listen: str) -> int:
         except BlockingIOError:
             holder = lock_holder(fd)
             os.close(fd)
-            raise StartupError(f"the database {database} is in use by another router ({holder}): "
-                               "stop that one first, or give this one another database") from None
+            raise StartupError(
+                f"the database {database} is in use by another router ({holder}): "
+                "stop that one first, or give this one another database"
+            ) from None
         except OSError as exc:
             os.close(fd)
             raise StartupError(f"cannot lock {path}: {exc.strerror}") from None
@@ -149,8 +168,9 @@ def database_name(database: Path | str) -> str:
 DEMO_FRONT_DOOR = "127.0.0.1:11435"  # beside Ollama's own 11434
 
 
-async def serve(settings: Settings | None, listen: str | None, database: str | None,
-                ollama_listen: str | None = None) -> int:
+async def serve(
+    settings: Settings | None, listen: str | None, database: str | None, ollama_listen: str | None = None
+) -> int:
     """Start-up order: the database's lock, the listening port, and only then the store (migrations,
     orphan recovery), so a router that cannot run exits 2 having changed nothing."""
     demo = settings is None
@@ -161,11 +181,18 @@ async def serve(settings: Settings | None, listen: str | None, database: str | N
     # --database, else $GPUQ_DATABASE (a DSN keeps its password out of gpuq.toml), else the config's.
     env = os.environ.get("GPUQ_DATABASE")
     if database or env:
-        settings = replace(settings, database=check_database(database or env, Path.cwd(),  # type: ignore[arg-type]
-                                                             "--database" if database else "$GPUQ_DATABASE"))
+        settings = replace(
+            settings,
+            database=check_database(
+                database or env,  # type: ignore[arg-type]
+                Path.cwd(),
+                "--database" if database else "$GPUQ_DATABASE",
+            ),
+        )
     if ollama_listen or demo:  # the demo opens the front door too (gpuq/front/listener.py)
-        settings = replace(settings, ollama_listen=check_listen(ollama_listen, "--ollama-listen")
-                           if ollama_listen else DEMO_FRONT_DOOR)
+        settings = replace(
+            settings, ollama_listen=check_listen(ollama_listen, "--ollama-listen") if ollama_listen else DEMO_FRONT_DOOR
+        )
     # One router per SQLite file (its lock); on PostgreSQL any number share the queue, each node
     # driven by one of them at a time (its lease).
     lock = None if isinstance(settings.database, str) else lock_database(settings.database, settings.listen)
@@ -173,8 +200,10 @@ async def serve(settings: Settings | None, listen: str | None, database: str | N
         try:
             sockets = bind_sockets(settings.listen, settings.host, settings.port)
         except PortTaken as exc:
-            raise StartupError(f"{exc.message}: another program has port {exc.port}, perhaps another gpuq "
-                               f"router. {listen_elsewhere(settings, demo)}") from None
+            raise StartupError(
+                f"{exc.message}: another program has port {exc.port}, perhaps another gpuq "
+                f"router. {listen_elsewhere(settings, demo)}"
+            ) from None
         front_sockets: list[socket.socket] = []
         try:
             # The demo's front door takes any free port when its usual one is taken.
@@ -192,17 +221,23 @@ def listen_elsewhere(settings: Settings, demo: bool) -> str:
     """How to start this router on another port, a free one named: `make run PORT=`, the config's
     setting, or this very command with --listen."""
     host = settings.listen.rsplit(":", 1)[0]
-    free = next((port for port in range(settings.port + 1, min(settings.port + 50, 65536))
-                 if port_is_free(settings.host, port)), None)
+    free = next(
+        (
+            port
+            for port in range(settings.port + 1, min(settings.port + 50, 65536))
+            if port_is_free(settings.host, port)
+        ),
+        None,
+    )
     port = str(free) if free else "PORT"
     address = f"{host}:{port}"
     args = sys.argv[1:]
     for i, arg in enumerate(args):  # this command as typed, its --listen replaced
         if arg == "--listen" and i + 1 < len(args):
-            args = args[:i] + args[i + 2:]
+            args = args[:i] + args[i + 2 :]
             break
         if arg.startswith("--listen="):
-            args = args[:i] + args[i + 1:]
+            args = args[:i] + args[i + 1 :]
             break
     command = f"{invoked_as()} {shlex.join(args)} --listen {address}"
     ways = [f"run `{command}`"]
@@ -223,8 +258,9 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
-async def run_router(settings: Settings, sockets: list[socket.socket], demo: bool,
-                     front_sockets: Sequence[socket.socket] = ()) -> int:
+async def run_router(
+    settings: Settings, sockets: list[socket.socket], demo: bool, front_sockets: Sequence[socket.socket] = ()
+) -> int:
     from ..api.app import create_app
     from ..api.state import BUS, DISPATCHER, STORE
 
@@ -234,10 +270,22 @@ async def run_router(settings: Settings, sockets: list[socket.socket], demo: boo
     # Each listener has its own slots, so that clients hogging one cannot lock out the other; the
     # open-file limit is shared between them.
     cap = connection_cap(settings.max_connections, file_limit, listeners=2 if front_sockets else 1)
-    guard = ConnectionGuard(cap, settings.header_timeout_s, settings.max_connections_per_peer,
-                            settings.keepalive_lifetime_s, ROUTER_PROBES, "the router")
-    front_guard = ConnectionGuard(cap, settings.header_timeout_s, settings.max_connections_per_peer,
-                                  settings.keepalive_lifetime_s, FRONT_PROBES, "the front door")
+    guard = ConnectionGuard(
+        cap,
+        settings.header_timeout_s,
+        settings.max_connections_per_peer,
+        settings.keepalive_lifetime_s,
+        ROUTER_PROBES,
+        "the router",
+    )
+    front_guard = ConnectionGuard(
+        cap,
+        settings.header_timeout_s,
+        settings.max_connections_per_peer,
+        settings.keepalive_lifetime_s,
+        FRONT_PROBES,
+        "the front door",
+    )
     fakes: list[FakeOllama] = []
     if demo:
         fakes, nodes = await start_demo_nodes()
@@ -246,8 +294,7 @@ async def run_router(settings: Settings, sockets: list[socket.socket], demo: boo
     # Jobs that clients called for run as the front door prepares them, and their waiting
     # clients hear their runs through its relay (gpuq/front/relay.py), listening or not.
     relay = app[DISPATCHER].calls = Relay()
-    runner = web.AppRunner(app, handle_signals=False, access_log=None,
-                           keepalive_timeout=settings.keepalive_timeout_s)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None, keepalive_timeout=settings.keepalive_timeout_s)
     try:
         await runner.setup()
     except GpuqError as exc:
@@ -255,11 +302,13 @@ async def run_router(settings: Settings, sockets: list[socket.socket], demo: boo
         await stop_fakes(fakes)
         return 2
     assert runner.server is not None  # setup() made it
-    servers = [await loop.create_server(guard.protocol_factory(runner.server), sock=sock, backlog=BACKLOG)
-               for sock in sockets]
+    servers = [
+        await loop.create_server(guard.protocol_factory(runner.server), sock=sock, backlog=BACKLOG) for sock in sockets
+    ]
     # The Ollama/OpenAI front door, with slots of its own (gpuq/front/listener.py).
     front = await start_front_door(settings, app[STORE], app[DISPATCHER], app[BUS], relay, front_sockets, front_guard)
     from ..api.reload import reload_on_signal
+
     loop.add_signal_handler(signal.SIGHUP, reload_on_signal, runner.app)  # gpuq.toml read again, as `gpuq reload`
     stop = asyncio.Event()
     signals: list[int] = []  # those received, in order
@@ -267,19 +316,29 @@ async def run_router(settings: Settings, sockets: list[socket.socket], demo: boo
     def on_signal(sig: int) -> None:
         signals.append(sig)
         stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal, sig)
     if demo:  # a demo node whose stream the stop cuts is no bug of the router's: no traceback
         logging.getLogger("aiohttp.server").addFilter(not_a_cut_stream)
-    log.info("gpuq router listening on http://%s (database %s, %d nodes, open-file limit %d, at most %d "
-             "connections per listener)", settings.listen, database_name(settings.database), len(settings.nodes), file_limit,
-             guard.max_connections)
+    log.info(
+        "gpuq router listening on http://%s (database %s, %d nodes, open-file limit %d, at most %d "
+        "connections per listener)",
+        settings.listen,
+        database_name(settings.database),
+        len(settings.nodes),
+        file_limit,
+        guard.max_connections,
+    )
     print(f"gpuq router: {settings.public_url}   queue page: {settings.public_url}/", flush=True)
     if front is not None:
         log.info("front door for Ollama and OpenAI clients on %s", front.url)
-        print(f"front door for Ollama and OpenAI clients:  export OLLAMA_HOST={front.url}   "
-              f"(OpenAI SDK: base_url=\"{front.url}/v1\"; Anthropic SDK, Claude Code: "
-              f"ANTHROPIC_BASE_URL={front.url})", flush=True)
+        print(
+            f"front door for Ollama and OpenAI clients:  export OLLAMA_HOST={front.url}   "
+            f'(OpenAI SDK: base_url="{front.url}/v1"; Anthropic SDK, Claude Code: '
+            f"ANTHROPIC_BASE_URL={front.url})",
+            flush=True,
+        )
     if fakes:
         named = ", ".join(f"{n.name} ({n.model}, {n.url})" for n in settings.nodes)
         print(f"demo mode: simulated Ollama nodes {named}", flush=True)
@@ -309,6 +368,7 @@ async def drain(app: web.Application, stop: asyncio.Event, signals: list[int]) -
     signal stops at once; so does a SIGTERM's shutdown_grace running out. Either way the jobs
     still running fail, saying so, as the stop cuts their requests."""
     from ..api.state import DISPATCHER
+
     dispatcher = app[DISPATCHER]
     if not dispatcher.running():
         return
@@ -318,8 +378,10 @@ async def drain(app: web.Application, stop: asyncio.Event, signals: list[int]) -
     # As the config says now: a reload (SIGHUP, `gpuq reload`) may have changed it.
     grace = dispatcher.settings.shutdown_grace_s if first == signal.SIGTERM else None
     running = dispatcher.running()
-    say(f"stopping: no new job starts; waiting for {len(running)} running job(s) to finish "
-        "(waiting jobs stay queued for the next start):")
+    say(
+        f"stopping: no new job starts; waiting for {len(running)} running job(s) to finish "
+        "(waiting jobs stay queued for the next start):"
+    )
     for line in await running_lines(app, running):
         say(f"  {line}")
     if grace is None:
@@ -344,8 +406,10 @@ async def drain(app: web.Application, stop: asyncio.Event, signals: list[int]) -
         say("stopping: the running jobs have finished")
         return
     left = dispatcher.running()
-    say(f"stopping now: {len(left)} job(s) will fail ({why}): "
-        + ", ".join(f"{r['job']} on {r['node']}" for r in left), logging.WARNING)
+    say(
+        f"stopping now: {len(left)} job(s) will fail ({why}): " + ", ".join(f"{r['job']} on {r['node']}" for r in left),
+        logging.WARNING,
+    )
     await dispatcher.fail_running(STOPPED_NOW.format(why=why))
 
 
@@ -353,6 +417,7 @@ async def running_lines(app: web.Application, running: list[dict]) -> list[str]:
     """One line per running job: its id, node, model, how long it has run and, when its node's
     past runs tell, about how long it has left (gpuq/eta.py)."""
     from ..api.state import DISPATCHER, STORE
+
     rows: dict[str, dict] = {}
     found = {}
     try:
@@ -399,10 +464,10 @@ async def stop_fakes(fakes: list[FakeOllama]) -> None:
         await fake.stop()
 
 
-def run_daemon(settings: Settings | None, listen: str | None = None, database: str | None = None,
-               ollama_listen: str | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s gpuq %(levelname)s %(message)s")
+def run_daemon(
+    settings: Settings | None, listen: str | None = None, database: str | None = None, ollama_listen: str | None = None
+) -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s gpuq %(levelname)s %(message)s")
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     try:
         return asyncio.run(serve(settings, listen, database, ollama_listen))

@@ -89,23 +89,26 @@ WantedBy=default.target
 
 def plist_text(command: list[str], config: Path) -> str:
     log = str(log_path())
-    return plistlib.dumps({
-        "Label": LABEL,
-        "ProgramArguments": [*command, "serve", "--config", str(config)],
-        "WorkingDirectory": str(config.parent),
-        "EnvironmentVariables": {"PYTHONUNBUFFERED": "1"},
-        "RunAtLoad": True,  # at login
-        # Started again when it fails (a network not yet up, a crash), not when it stopped cleanly.
-        "KeepAlive": {"SuccessfulExit": False},
-        "ThrottleInterval": 5,
-        "StandardOutPath": log,
-        "StandardErrorPath": log,
-    }).decode()
+    return plistlib.dumps(
+        {
+            "Label": LABEL,
+            "ProgramArguments": [*command, "serve", "--config", str(config)],
+            "WorkingDirectory": str(config.parent),
+            "EnvironmentVariables": {"PYTHONUNBUFFERED": "1"},
+            "RunAtLoad": True,  # at login
+            # Started again when it fails (a network not yet up, a crash), not when it stopped cleanly.
+            "KeepAlive": {"SuccessfulExit": False},
+            "ThrottleInterval": 5,
+            "StandardOutPath": log,
+            "StandardErrorPath": log,
+        }
+    ).decode()
 
 
 @dataclass
 class Plan:
     """What `install` or `uninstall` does: the file (written or removed) and the commands run."""
+
     platform: str
     path: Path
     text: str | None  # None: the file is removed
@@ -121,9 +124,11 @@ def require_tool(platform: str) -> str:
     found = shutil.which(name)
     if not found:
         what = "a launchd agent" if platform == "macos" else "a systemd user unit"
-        raise ServiceError(f"{name} not found on PATH: on {'macOS' if platform == 'macos' else 'Linux'} "
-                           f"gpuq service installs {what}, which {name} loads; on a system without it, "
-                           f"start `gpuq serve` at login your own way")
+        raise ServiceError(
+            f"{name} not found on PATH: on {'macOS' if platform == 'macos' else 'Linux'} "
+            f"gpuq service installs {what}, which {name} loads; on a system without it, "
+            f"start `gpuq serve` at login your own way"
+        )
     return name
 
 
@@ -134,10 +139,16 @@ def domain() -> str:
 def install_plan(platform: str, config: Path, command: list[str]) -> Plan:
     if platform == "macos":
         path = plist_path()
-        return Plan(platform, path, plist_text(command, config),
-                    [["launchctl", "bootout", f"{domain()}/{LABEL}"],  # a loaded older one (may fail: none)
-                     ["launchctl", "enable", f"{domain()}/{LABEL}"],
-                     ["launchctl", "bootstrap", domain(), str(path)]])
+        return Plan(
+            platform,
+            path,
+            plist_text(command, config),
+            [
+                ["launchctl", "bootout", f"{domain()}/{LABEL}"],  # a loaded older one (may fail: none)
+                ["launchctl", "enable", f"{domain()}/{LABEL}"],
+                ["launchctl", "bootstrap", domain(), str(path)],
+            ],
+        )
     path = unit_path()
     commands = [["systemctl", "--user", "daemon-reload"], ["systemctl", "--user", "enable", "--now", UNIT]]
     if path.exists():  # a reinstall: the running router is started again on the new file
@@ -149,8 +160,12 @@ def uninstall_plan(platform: str) -> Plan:
     if platform == "macos":
         path = plist_path()
         return Plan(platform, path, None, [["launchctl", "bootout", f"{domain()}/{LABEL}"]])
-    return Plan(platform, unit_path(), None,
-                [["systemctl", "--user", "disable", "--now", UNIT], ["systemctl", "--user", "daemon-reload"]])
+    return Plan(
+        platform,
+        unit_path(),
+        None,
+        [["systemctl", "--user", "disable", "--now", UNIT], ["systemctl", "--user", "daemon-reload"]],
+    )
 
 
 def run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
@@ -214,8 +229,10 @@ def status(platform: str) -> Status:
         return Status(path.exists(), path, state == "running", state, pid=fields.get("pid"))
     path = unit_path()
     require_tool(platform)
+
     def said(*argv: str) -> str:  # systemctl's one-word answer, else the first line of its complaint
         done = run(["systemctl", "--user", *argv, UNIT], check=False)
         return done.stdout.strip() or (done.stderr.strip().splitlines() or ["unknown"])[0]
+
     active, enabled = said("is-active"), said("is-enabled")
     return Status(path.exists(), path, active == "active", active, enabled=enabled)

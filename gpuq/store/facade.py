@@ -49,8 +49,14 @@ class _Abandoned(Exception):
 
 
 class Store(Reads):
-    def __init__(self, path: Path | str, busy_timeout_s: float = 5.0, clock: Callable[[], float] = time.time,
-                 max_bytes: int | None = None, submit_timeout_s: float | None = None):
+    def __init__(
+        self,
+        path: Path | str,
+        busy_timeout_s: float = 5.0,
+        clock: Callable[[], float] = time.time,
+        max_bytes: int | None = None,
+        submit_timeout_s: float | None = None,
+    ):
         # A `postgresql://` DSN, or a SQLite file's path (engine's SQL and errors: its module).
         self.engine: Engine = engine_for(path)
         self.dsn: str | None = str(path) if self.engine is postgres else None
@@ -95,8 +101,12 @@ class Store(Reads):
             if not self.path.exists():
                 self.path.touch(mode=0o600)  # the queue holds a person's prompts
         try:
-            self._writer = Writer(self._connect_writer, self.engine.from_error, engine=self.engine,
-                                  refuse=self._refusal if self._file else None)
+            self._writer = Writer(
+                self._connect_writer,
+                self.engine.from_error,
+                engine=self.engine,
+                refuse=self._refusal if self._file else None,
+            )
             await self._writer.open()
             await self._migrate()
             if self.dsn:
@@ -136,10 +146,10 @@ class Store(Reads):
             def migrate(db: Connection) -> None:
                 assert isinstance(db, sqlite3.Connection)
                 sqlite.migrate(db, files=files, now=now, path=path)
+
         await self._writer.call(migrate)
 
-    async def _write(self, verb: Callable[[Connection], T],
-                     after: Callable[[T], None] | None = None) -> T:
+    async def _write(self, verb: Callable[[Connection], T], after: Callable[[T], None] | None = None) -> T:
         """Run `verb` as one transaction (a savepoint of a group commit) in the writer's thread.
         Writes that arrive together share one commit, each is answered only after it, and one
         that raises is rolled back alone. `after` gets the result once committed (see Writer.run)."""
@@ -155,8 +165,9 @@ class Store(Reads):
                 raise
         return result
 
-    async def _bounded_write(self, verb: Callable[[Connection], T], after: Callable[[T], None] | None,
-                             wait_s: float, what: str, setting: str) -> T:
+    async def _bounded_write(
+        self, verb: Callable[[Connection], T], after: Callable[[T], None] | None, wait_s: float, what: str, setting: str
+    ) -> T:
         """`_write`, answered within `wait_s`: a write the writer's thread has not started by then
         is dropped (it will raise there, changing nothing) and the caller hears 503; one it has
         started (its commit hangs: a frozen disk) gets as long again, then the caller is told it
@@ -169,6 +180,7 @@ class Store(Reads):
                     raise _Abandoned()
                 state[0] = "started"
             return verb(db)
+
         task = asyncio.ensure_future(self._write(guarded, after))
         task.add_done_callback(lambda t: t.cancelled() or t.exception())  # read here or below
         done, _ = await asyncio.wait({task}, timeout=wait_s)
@@ -180,13 +192,15 @@ class Store(Reads):
                 trouble = self.trouble(slow_s=wait_s)  # the call it queued behind, or a refusal
                 why = trouble["problem"] if trouble else "the writes ahead of it took that long"
                 self._health.note_refused(f"a {what} waited {wait_s:g}s for the database")
-                raise StoreUnavailable(f"the database did not take the {what} within {wait_s:g}s ({setting}):"
-                                       f" {why}; nothing was changed")
+                raise StoreUnavailable(
+                    f"the database did not take the {what} within {wait_s:g}s ({setting}): {why}; nothing was changed"
+                )
             done, _ = await asyncio.wait({task}, timeout=wait_s)
             if not done:
                 raise StoreUnavailable(
                     f"the database did not confirm the {what} within {2 * wait_s:g}s ({setting}): its commit"
-                    " is still waiting on the disk, so it may or may not be stored; look before sending it again")
+                    " is still waiting on the disk, so it may or may not be stored; look before sending it again"
+                )
         return task.result()
 
     # -- the store's health, from memory ---------------------------------------------------------
@@ -214,16 +228,23 @@ class Store(Reads):
         """Record the thresholds (read by the view stale_heads) and the nodes in force."""
         await self._write(partial(records.configure, settings_s=settings_s, nodes=nodes))
 
-    async def remove_nodes(self, names: list[str], force: bool, reason: str,
-                           refused: Callable[[dict[str, list[str]], dict[str, str]], str | None]) -> list[Row]:
+    async def remove_nodes(
+        self,
+        names: list[str],
+        force: bool,
+        reason: str,
+        refused: Callable[[dict[str, list[str]], dict[str, str]], str | None],
+    ) -> list[Row]:
         """Nodes leaving the config: refused while jobs wait or run there, unless forced (then the
         waiting ones fail with `reason`)."""
-        return await self._write(partial(control.remove_nodes, names=names, force=force, reason=reason,
-                                         now=self.clock(), refused=refused))
+        return await self._write(
+            partial(control.remove_nodes, names=names, force=force, reason=reason, now=self.clock(), refused=refused)
+        )
 
     async def record_reload(self, actor: str, path: str, changes: dict[str, Any] | None, error: str | None) -> None:
-        await self._write(partial(records.record_reload, actor=actor, path=path, changes=changes, error=error,
-                                  now=self.clock()))
+        await self._write(
+            partial(records.record_reload, actor=actor, path=path, changes=changes, error=error, now=self.clock())
+        )
 
     async def set_node_health(self, name: str, up: bool, error: str | None) -> None:
         await self._write(partial(records.set_node_health, name=name, up=up, error=error, now=self.clock()))
@@ -254,16 +275,34 @@ class Store(Reads):
     async def owe_open_alerts(self) -> int:
         return await self._write(records.owe_open_alerts)
 
-    async def record_delivery(self, alert_id: int, status: str, attempt: int, ok: bool,
-                              http_status: int | None, error: str | None) -> None:
-        await self._write(partial(records.record_delivery, alert_id=alert_id, status=status, attempt=attempt,
-                                  ok=ok, http_status=http_status, error=error, now=self.clock()))
+    async def record_delivery(
+        self, alert_id: int, status: str, attempt: int, ok: bool, http_status: int | None, error: str | None
+    ) -> None:
+        await self._write(
+            partial(
+                records.record_delivery,
+                alert_id=alert_id,
+                status=status,
+                attempt=attempt,
+                ok=ok,
+                http_status=http_status,
+                error=error,
+                now=self.clock(),
+            )
+        )
 
     # -- the queue's verbs ----------------------------------------------------------------------
 
-    async def submit(self, new: NewJob, nodes: list[NodeInfo], actor: str,
-                     hand_over: Callable[[Row], None] | None = None, *, fair: bool = False,
-                     max_waiting: int | None = None) -> list[Row]:
+    async def submit(
+        self,
+        new: NewJob,
+        nodes: list[NodeInfo],
+        actor: str,
+        hand_over: Callable[[Row], None] | None = None,
+        *,
+        fair: bool = False,
+        max_waiting: int | None = None,
+    ) -> list[Row]:
         """Place and insert a job (a task, or a critique's whole fan-out), durably: answered
         only once its transaction has committed. On a node whose worker waits idle
         (NodeInfo.idle) the same commit claims the node's head, and `hand_over` gives it to
@@ -273,40 +312,63 @@ class Store(Reads):
         def handed(result: tuple[list[Row], list[Row]]) -> None:
             for job in result[1]:
                 hand_over(job)  # type: ignore[misc]
-        write = partial(lifecycle.submit_and_claim, new=new, nodes=nodes, actor=actor, now=self.clock(), fair=fair,
-                        max_waiting=max_waiting, max_running=dict(self.max_running))
+
+        write = partial(
+            lifecycle.submit_and_claim,
+            new=new,
+            nodes=nodes,
+            actor=actor,
+            now=self.clock(),
+            fair=fair,
+            max_waiting=max_waiting,
+            max_running=dict(self.max_running),
+        )
         if self.submit_timeout_s is None:
             created, _ = await self._write(write, handed if hand_over else None)
         else:
-            created, _ = await self._bounded_write(write, handed if hand_over else None, self.submit_timeout_s,
-                                                   "submit", "router.submit_timeout")
+            created, _ = await self._bounded_write(
+                write, handed if hand_over else None, self.submit_timeout_s, "submit", "router.submit_timeout"
+            )
         return created
 
     async def claim(self, node: str) -> Row | None:
         """Take the head of the node's queue: it becomes running with a new run row."""
-        return await self._write(partial(lifecycle.claim, node=node, now=self.clock(),
-                                         max_running=dict(self.max_running)))
+        return await self._write(
+            partial(lifecycle.claim, node=node, now=self.clock(), max_running=dict(self.max_running))
+        )
 
     async def heartbeat(self, run_id: int, output: str, thinking: str | None = None) -> None:
         """Progress: `output` and `thinking` are the text that came since the last write (appended)."""
-        await self._write(partial(lifecycle.heartbeat, run_id=run_id, output=output, thinking=thinking,
-                                  now=self.clock()))
+        await self._write(
+            partial(lifecycle.heartbeat, run_id=run_id, output=output, thinking=thinking, now=self.clock())
+        )
 
     async def work_done(self, run_id: int, output: str, stats: dict[str, Any], thinking: str | None = None) -> None:
         """Ollama's stream ended (`output`: the text not stored yet); the job is not finished
         until its model has left VRAM."""
-        await self._write(partial(lifecycle.work_done, run_id=run_id, output=output, stats=stats, thinking=thinking,
-                                  now=self.clock()))
+        await self._write(
+            partial(lifecycle.work_done, run_id=run_id, output=output, stats=stats, thinking=thinking, now=self.clock())
+        )
 
     async def save_output(self, run_id: int, output: str, thinking: str | None = None) -> None:
         """Keep the last, unsaved output of an interrupted run, whatever state it ended in."""
-        await self._write(partial(lifecycle.append_output, run_id=run_id, output=output, thinking=thinking,
-                                  now=self.clock()))
+        await self._write(
+            partial(lifecycle.append_output, run_id=run_id, output=output, thinking=thinking, now=self.clock())
+        )
 
-    async def finish(self, job_id: str, run_id: int, state: str, error: str | None,
-                     output: str | None = None, actor: str = "router",
-                     findings: list[Any] | None = None, claim_node: str | None = None,
-                     thinking: str | None = None, streamed: int = 0) -> Row | None:
+    async def finish(
+        self,
+        job_id: str,
+        run_id: int,
+        state: str,
+        error: str | None,
+        output: str | None = None,
+        actor: str = "router",
+        findings: list[Any] | None = None,
+        claim_node: str | None = None,
+        thinking: str | None = None,
+        streamed: int = 0,
+    ) -> Row | None:
         """Finish a run that is still the job's running run; anything else is a GuardMiss.
 
         `streamed` pieces (one token each) count as a failed run's tokens: Ollama counts them in
@@ -315,45 +377,107 @@ class Store(Reads):
         With `claim_node`, the node's next job is claimed in the same transaction and returned:
         a worker going from job to job pays one durable commit between them, not two."""
         assert state in (JobState.DONE, JobState.FAILED)
-        return await self._write(partial(
-            lifecycle.finish, job_id=job_id, run_id=run_id, state=state, error=error, now=self.clock(),
-            output=output, actor=actor, findings=findings, claim_node=claim_node, thinking=thinking,
-            streamed=streamed, max_running=dict(self.max_running)))
+        return await self._write(
+            partial(
+                lifecycle.finish,
+                job_id=job_id,
+                run_id=run_id,
+                state=state,
+                error=error,
+                now=self.clock(),
+                output=output,
+                actor=actor,
+                findings=findings,
+                claim_node=claim_node,
+                thinking=thinking,
+                streamed=streamed,
+                max_running=dict(self.max_running),
+            )
+        )
 
-    async def move(self, job_id: str, nodes: list[NodeInfo], actor: str, *, position: int | None = None,
-                   before: str | None = None, after: str | None = None, node: str | None = None) -> Row:
+    async def move(
+        self,
+        job_id: str,
+        nodes: list[NodeInfo],
+        actor: str,
+        *,
+        position: int | None = None,
+        before: str | None = None,
+        after: str | None = None,
+        node: str | None = None,
+    ) -> Row:
         """Reorder a queued job within its node's queue or move it to another node's queue."""
-        return await self._write(partial(control.move, job_id=job_id, nodes=nodes, actor=actor, now=self.clock(),
-                                         position=position, before=before, after=after, node=node))
+        return await self._write(
+            partial(
+                control.move,
+                job_id=job_id,
+                nodes=nodes,
+                actor=actor,
+                now=self.clock(),
+                position=position,
+                before=before,
+                after=after,
+                node=node,
+            )
+        )
 
-    async def preempt(self, job_id: str, actor: str, only_owner: str | None = None,
-                      rule: Callable[[str], bool] | None = None,
-                      reason: str | None = None, to: str | None = None,
-                      nodes: Sequence[NodeInfo] = ()) -> tuple[Row, Interrupted | None]:
+    async def preempt(
+        self,
+        job_id: str,
+        actor: str,
+        only_owner: str | None = None,
+        rule: Callable[[str], bool] | None = None,
+        reason: str | None = None,
+        to: str | None = None,
+        nodes: Sequence[NodeInfo] = (),
+    ) -> tuple[Row, Interrupted | None]:
         """The queued job runs next: to the head, and the node's running job goes back behind it
         (`only_owner`: a member's name; someone else's running job refuses it, 403). `rule`: the
         router's own preempt, only when it holds for the running job's lane (else nothing
         changes); `to`: on that node, moved there in the same transaction; `reason`: what the
         interrupted job's event says."""
-        return await self._write(partial(control.preempt, job_id=job_id, actor=actor, now=self.clock(),
-                                         only_owner=only_owner, rule=rule, reason=reason, to=to, nodes=nodes))
+        return await self._write(
+            partial(
+                control.preempt,
+                job_id=job_id,
+                actor=actor,
+                now=self.clock(),
+                only_owner=only_owner,
+                rule=rule,
+                reason=reason,
+                to=to,
+                nodes=nodes,
+            )
+        )
 
     async def delete(self, job_id: str, actor: str, reason: str = "deleted") -> tuple[Row, Interrupted | None]:
         """A queued or running job is cancelled with the reason ('deleted'); its rows stay."""
         return await self._write(partial(control.delete, job_id=job_id, actor=actor, reason=reason, now=self.clock()))
 
-    async def clear(self, node: str, actor: str, running: bool = False, reason: str = "cleared",
-                    only_owner: str | None = None) -> tuple[list[str], Interrupted | None]:
+    async def clear(
+        self, node: str, actor: str, running: bool = False, reason: str = "cleared", only_owner: str | None = None
+    ) -> tuple[list[str], Interrupted | None]:
         """`only_owner`: a member's name; the node's jobs of anyone else refuse the whole clear (403)."""
-        return await self._write(partial(control.clear, node=node, actor=actor, running=running, now=self.clock(),
-                                         reason=reason, only_owner=only_owner))
+        return await self._write(
+            partial(
+                control.clear,
+                node=node,
+                actor=actor,
+                running=running,
+                now=self.clock(),
+                reason=reason,
+                only_owner=only_owner,
+            )
+        )
 
-    async def retry(self, job_id: str, actor: str, nodes: frozenset[str] | None = None,
-                    max_waiting: dict[str, int] | None = None) -> Row:
+    async def retry(
+        self, job_id: str, actor: str, nodes: frozenset[str] | None = None, max_waiting: dict[str, int] | None = None
+    ) -> Row:
         """Only by explicit request: a failed or cancelled job goes to the tail of its node's queue
         (on a node there still is, within its owner's max_waiting)."""
-        return await self._write(partial(control.retry, job_id=job_id, actor=actor, now=self.clock(), nodes=nodes,
-                                         max_waiting=max_waiting))
+        return await self._write(
+            partial(control.retry, job_id=job_id, actor=actor, now=self.clock(), nodes=nodes, max_waiting=max_waiting)
+        )
 
     async def requeue_unsent(self, sent: dict[str, int | None], reason: str) -> list[Row]:
         """When the router stops: the running job of each node in `sent` whose run is not the one
@@ -363,8 +487,9 @@ class Store(Reads):
     async def put_back(self, job_id: str, run_id: int, reason: str) -> bool:
         """The run's request never reached Ollama (the node refused the connection): the job goes
         back to the head of its queue. False when the run had already ended (deleted meanwhile)."""
-        return await self._write(partial(lifecycle.put_back, job_id=job_id, run_id=run_id, reason=reason,
-                                         now=self.clock()))
+        return await self._write(
+            partial(lifecycle.put_back, job_id=job_id, run_id=run_id, reason=reason, now=self.clock())
+        )
 
     # -- other routers' changes (PostgreSQL) --------------------------------------------------
 
@@ -413,12 +538,14 @@ class Store(Reads):
         when a lease runs out."""
         return self.clock() if self.dsn is None else None
 
-    async def take_nodes(self, router: leases.Router, nodes: list[str], lease_s: float,
-                         alone: bool = False) -> leases.Taken:
+    async def take_nodes(
+        self, router: leases.Router, nodes: list[str], lease_s: float, alone: bool = False
+    ) -> leases.Taken:
         """Take (or renew) the leases this router may hold; the jobs left running on nodes taken
         from dead routers fail, naming them."""
-        return await self._write(partial(leases.take, router=router, nodes=nodes, lease_s=lease_s,
-                                         now=self._lease_now(), alone=alone))
+        return await self._write(
+            partial(leases.take, router=router, nodes=nodes, lease_s=lease_s, now=self._lease_now(), alone=alone)
+        )
 
     async def end_dead_routers(self, router: leases.Router, alive: Callable[[int], bool]) -> list[str]:
         """Routers this host ran whose process is gone (`alive(pid)` says no): their leases end
@@ -429,8 +556,9 @@ class Store(Reads):
 
     async def renew_nodes(self, router: leases.Router, nodes: list[str], lease_s: float) -> list[str]:
         """Renew this router's leases; returns the nodes it still holds."""
-        return await self._write(partial(leases.renew, router=router, nodes=nodes, lease_s=lease_s,
-                                         now=self._lease_now()))
+        return await self._write(
+            partial(leases.renew, router=router, nodes=nodes, lease_s=lease_s, now=self._lease_now())
+        )
 
     async def release_nodes(self, router: leases.Router) -> list[str]:
         """A clean stop: this router's leases are freed for the next router."""
@@ -439,5 +567,6 @@ class Store(Reads):
     async def routers(self, lease_s: float) -> dict[str, Any]:
         """The routers alive (seen within `lease_s`), the nodes each holds, each node's holder."""
         now = self.clock() if self.dsn is None else float((await self.read(leases.DB_NOW_SQL + " AS now"))[0]["now"])
-        return leases.alive(await self.read(leases.ROUTERS_SQL, (now - lease_s,)),
-                            await self.read(leases.LEASES_SQL), now)
+        return leases.alive(
+            await self.read(leases.ROUTERS_SQL, (now - lease_s,)), await self.read(leases.LEASES_SQL), now
+        )

@@ -50,10 +50,14 @@ class Health:
         for kind in ("read", "write"):
             started = min(self.waiting[kind].values(), default=None)
             if started is not None and now - started >= slow_s:
-                return {"problem": f"the database is not answering: a {kind} has waited {now - started:.1f}s",
-                        "since": iso(time.time() - (now - started))}
+                return {
+                    "problem": f"the database is not answering: a {kind} has waited {now - started:.1f}s",
+                    "since": iso(time.time() - (now - started)),
+                }
         if self.refused is not None and now - self.refused[1] < self.refusal_hold_s():
             since, _, why = self.refused
-            return {"problem": f"the database refuses writes (for {time.time() - since:.0f}s): {why}",
-                    "since": iso(since)}
+            return {
+                "problem": f"the database refuses writes (for {time.time() - since:.0f}s): {why}",
+                "since": iso(since),
+            }
         return None

@@ -59,9 +59,11 @@ def _marks(n: int) -> str:
 
 
 def _seen(db: Connection, router: Router, now: float) -> None:
-    db.execute("INSERT INTO router (id, listen, public_url, pid, host, started_at, seen_at) VALUES (?,?,?,?,?,?,?)"
-               " ON CONFLICT (id) DO UPDATE SET seen_at = excluded.seen_at",
-               (router.id, router.listen, router.public_url, router.pid, router.host, iso(router.started_at), now))
+    db.execute(
+        "INSERT INTO router (id, listen, public_url, pid, host, started_at, seen_at) VALUES (?,?,?,?,?,?,?)"
+        " ON CONFLICT (id) DO UPDATE SET seen_at = excluded.seen_at",
+        (router.id, router.listen, router.public_url, router.pid, router.host, iso(router.started_at), now),
+    )
 
 
 def orphan_reason(run_router: str | None, node: str, lease: Row | None, alone: bool) -> str:
@@ -72,8 +74,10 @@ def orphan_reason(run_router: str | None, node: str, lease: Row | None, alone: b
     if alone:  # SQLite: the database's one router before this one
         return f"{RESTARTED} (the router {run_router} that ran this job had stopped)"
     if lease is not None and lease["router"] == run_router:
-        return (f"the router {run_router} that ran this job stopped answering "
-                f"(its lease on {node} expired at {iso(lease['expires_at'])})")
+        return (
+            f"the router {run_router} that ran this job stopped answering "
+            f"(its lease on {node} expired at {iso(lease['expires_at'])})"
+        )
     return f"the router {run_router} that ran this job stopped (its lease on {node} was released or lost)"
 
 
@@ -87,8 +91,9 @@ def clock(db: Connection, now: float | None) -> float:
     return now if now is not None else float(db.execute(DB_NOW_SQL).fetchone()[0])
 
 
-def take(db: Connection, router: Router, nodes: list[str], lease_s: float, now: float | None,
-         alone: bool = False) -> Taken:
+def take(
+    db: Connection, router: Router, nodes: list[str], lease_s: float, now: float | None, alone: bool = False
+) -> Taken:
     """Take (or renew) the leases of `nodes` this router may hold: free ones, expired ones, its
     own; with `alone` (SQLite: no other router lives) every one. Each node taken from another
     router (or found free) has the jobs still running there failed, naming the router that ran
@@ -100,22 +105,34 @@ def take(db: Connection, router: Router, nodes: list[str], lease_s: float, now: 
     held: list[str] = []
     before: dict[str, Row] = {}
     if alone:  # every other router is dead: its leases go (kept in `before` for the reasons)
-        before |= {r["node"]: dict(r) for r in db.execute(
-            "DELETE FROM node_lease WHERE router <> ? RETURNING node, router, expires_at", (router.id,)).fetchall()}
+        before |= {
+            r["node"]: dict(r)
+            for r in db.execute(
+                "DELETE FROM node_lease WHERE router <> ? RETURNING node, router, expires_at", (router.id,)
+            ).fetchall()
+        }
         db.execute("UPDATE router SET stopped_at = ? WHERE id <> ? AND stopped_at IS NULL", (now, router.id))
     if nodes:
-        before |= {r["node"]: dict(r) for r in db.execute(
-            f"SELECT node, router, expires_at FROM node_lease WHERE node IN ({_marks(len(nodes))})",
-            tuple(nodes)).fetchall()}
+        before |= {
+            r["node"]: dict(r)
+            for r in db.execute(
+                f"SELECT node, router, expires_at FROM node_lease WHERE node IN ({_marks(len(nodes))})", tuple(nodes)
+            ).fetchall()
+        }
         values = ",".join(["(?,?,?,?)"] * len(nodes))
         params: list[Any] = [p for node in nodes for p in (node, router.id, now + lease_s, now)]
-        got = {r[0] for r in db.execute(
-            f"INSERT INTO node_lease (node, router, expires_at, taken_at) VALUES {values}"
-            " ON CONFLICT (node) DO UPDATE SET router = excluded.router, expires_at = excluded.expires_at,"
-            "  taken_at = CASE WHEN node_lease.router = excluded.router THEN node_lease.taken_at"
-            "  ELSE excluded.taken_at END"
-            " WHERE node_lease.router = excluded.router OR node_lease.expires_at <= excluded.taken_at OR ? = 1"
-            " RETURNING node", (*params, int(alone))).fetchall()}
+        got = {
+            r[0]
+            for r in db.execute(
+                f"INSERT INTO node_lease (node, router, expires_at, taken_at) VALUES {values}"
+                " ON CONFLICT (node) DO UPDATE SET router = excluded.router, expires_at = excluded.expires_at,"
+                "  taken_at = CASE WHEN node_lease.router = excluded.router THEN node_lease.taken_at"
+                "  ELSE excluded.taken_at END"
+                " WHERE node_lease.router = excluded.router OR node_lease.expires_at <= excluded.taken_at OR ? = 1"
+                " RETURNING node",
+                (*params, int(alone)),
+            ).fetchall()
+        }
         held = [n for n in nodes if n in got]
     taken = [n for n in held if before.get(n, {}).get("router") != router.id]
     args: tuple[str, ...]
@@ -125,8 +142,9 @@ def take(db: Connection, router: Router, nodes: list[str], lease_s: float, now: 
         where, args = f"j.state = 'running' AND j.node IN ({_marks(len(taken))})", tuple(taken)
     else:
         return Taken(held, [])
-    running = db.execute(f"SELECT j.id, j.node, r.router FROM job j LEFT JOIN run r ON r.id = j.run_id"
-                         f" WHERE {where} ORDER BY j.id", args).fetchall()
+    running = db.execute(
+        f"SELECT j.id, j.node, r.router FROM job j LEFT JOIN run r ON r.id = j.run_id WHERE {where} ORDER BY j.id", args
+    ).fetchall()
     failed = []
     for job in running:
         reason = orphan_reason(job["router"], job["node"], before.get(job["node"]), alone)
@@ -144,9 +162,13 @@ def renew(db: Connection, router: Router | str, nodes: list[str], lease_s: float
     db.execute("UPDATE router SET seen_at = ? WHERE id = ?", (now, router_id))
     if not nodes:
         return []
-    got = {r[0] for r in db.execute(
-        f"UPDATE node_lease SET expires_at = ? WHERE router = ? AND node IN ({_marks(len(nodes))}) RETURNING node",
-        (now + lease_s, router_id, *nodes)).fetchall()}
+    got = {
+        r[0]
+        for r in db.execute(
+            f"UPDATE node_lease SET expires_at = ? WHERE router = ? AND node IN ({_marks(len(nodes))}) RETURNING node",
+            (now + lease_s, router_id, *nodes),
+        ).fetchall()
+    }
     return [n for n in nodes if n in got]
 
 
@@ -163,38 +185,52 @@ def end_dead(db: Connection, router_ids: list[str], now: float | None) -> list[s
     now = clock(db, now)
     marks = _marks(len(router_ids))
     db.execute(f"UPDATE router SET stopped_at = ? WHERE id IN ({marks})", (now, *router_ids))
-    return sorted(r[0] for r in db.execute(
-        f"UPDATE node_lease SET expires_at = ? WHERE router IN ({marks}) AND expires_at > ? RETURNING node",
-        (now, *router_ids, now)).fetchall())
+    return sorted(
+        r[0]
+        for r in db.execute(
+            f"UPDATE node_lease SET expires_at = ? WHERE router IN ({marks}) AND expires_at > ? RETURNING node",
+            (now, *router_ids, now),
+        ).fetchall()
+    )
 
 
 def release(db: Connection, router: Router | str, now: float | None = None) -> list[str]:
     """A clean stop: every lease of this router is freed (another router takes the nodes at once)
     and its row says it stopped. Returns the nodes released."""
     router_id = router if isinstance(router, str) else router.id
-    freed = [r[0] for r in db.execute("DELETE FROM node_lease WHERE router = ? RETURNING node", (router_id,)).fetchall()]
+    freed = [
+        r[0] for r in db.execute("DELETE FROM node_lease WHERE router = ? RETURNING node", (router_id,)).fetchall()
+    ]
     if now is not None:
         db.execute("UPDATE router SET stopped_at = ? WHERE id = ?", (now, router_id))
     return sorted(freed)
 
 
 # The reads of /health: the routers that may be alive, and every lease.
-ROUTERS_SQL = ("SELECT id, listen, public_url, pid, host, started_at, seen_at FROM router"
-               " WHERE stopped_at IS NULL AND seen_at > ? ORDER BY started_at, id")
+ROUTERS_SQL = (
+    "SELECT id, listen, public_url, pid, host, started_at, seen_at FROM router"
+    " WHERE stopped_at IS NULL AND seen_at > ? ORDER BY started_at, id"
+)
 LEASES_SQL = "SELECT node, router, expires_at, taken_at FROM node_lease ORDER BY node"
 
 
 def alive(router_rows: list[Any], lease_rows: list[Any], now: float) -> dict[str, Any]:
     """/health's view: the routers alive (each with the nodes whose lease it holds now) and each
     node's holder (None: no router holds it, its lease free or expired)."""
-    routers = [{k: r[k] for k in ("id", "listen", "public_url", "pid", "host", "started_at")}
-               | {"seen_at": iso(r["seen_at"]), "nodes": []} for r in router_rows]
+    routers = [
+        {k: r[k] for k in ("id", "listen", "public_url", "pid", "host", "started_at")}
+        | {"seen_at": iso(r["seen_at"]), "nodes": []}
+        for r in router_rows
+    ]
     by_id = {r["id"]: r for r in routers}
     holders: dict[str, dict[str, Any] | None] = {}
     for lease in lease_rows:
         if lease["expires_at"] > now:
-            holders[lease["node"]] = {"router": lease["router"], "until": iso(lease["expires_at"]),
-                                      "since": iso(lease["taken_at"])}
+            holders[lease["node"]] = {
+                "router": lease["router"],
+                "until": iso(lease["expires_at"]),
+                "since": iso(lease["taken_at"]),
+            }
             if lease["router"] in by_id:
                 by_id[lease["router"]]["nodes"].append(lease["node"])
         else:

@@ -36,6 +36,7 @@ from .steps import (
 
 # -- submitting --------------------------------------------------------------------------------
 
+
 def _node_counts(db: Connection) -> dict[str, NodeCounts]:
     """Running and queued jobs per node: one row per node, kept by triggers (migration 009)."""
     return {r[0]: NodeCounts(r[1], r[2]) for r in db.execute("SELECT node, running, queued FROM node_load")}
@@ -50,8 +51,16 @@ def _unused_id(db: Connection, now: float) -> str:
             return job_id
 
 
-def submit(db: Connection, new: NewJob, nodes: list[NodeInfo], actor: str, now: float, *,
-           fair: bool = False, max_waiting: int | None = None) -> list[Row]:
+def submit(
+    db: Connection,
+    new: NewJob,
+    nodes: list[NodeInfo],
+    actor: str,
+    now: float,
+    *,
+    fair: bool = False,
+    max_waiting: int | None = None,
+) -> list[Row]:
     """Place and insert a job (a task, or a critique's whole fan-out). Placement sees the jobs
     submitted before it, in the same batch too (node_load counts them). Where it enters its
     node's queue is placement's `entry`: an interactive job ahead of every waiting batch job, a
@@ -70,8 +79,12 @@ def submit(db: Connection, new: NewJob, nodes: list[NodeInfo], actor: str, now: 
     counts = _node_counts(db)
     interactive = None
     if new.lane == rules.INTERACTIVE:
-        interactive = {r[0]: r[1] for r in db.execute(
-            "SELECT node, COUNT(*) FROM job WHERE state = 'queued' AND lane = ? GROUP BY node", (rules.INTERACTIVE,))}
+        interactive = {
+            r[0]: r[1]
+            for r in db.execute(
+                "SELECT node, COUNT(*) FROM job WHERE state = 'queued' AND lane = ? GROUP BY node", (rules.INTERACTIVE,)
+            )
+        }
     views = rules.node_views(nodes, counts, interactive)
     if new.kind != "critique":  # a task, or an embedding (placed as a task)
         placements = [rules.place_task(views, new.node, new.model, lane)]
@@ -105,33 +118,74 @@ def submit(db: Connection, new: NewJob, nodes: list[NodeInfo], actor: str, now: 
             "INSERT INTO job (id, kind, node, model, model_pinned, prompt, parent_id, group_id,"
             " position, placement, timeout_s, created_at, subject_from_parent, think, options,"
             " endpoint, request, owner, client, lane) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (job_id, new.kind, p.node, model, int(new.model is not None), prompt, new.parent,
-             group, position, p.reason, new.timeout_s, at, int(from_parent),
-             None if new.think is None else dumps(new.think), None if new.options is None else dumps(new.options),
-             new.endpoint, new.request, new.owner, new.client, new.lane),
+            (
+                job_id,
+                new.kind,
+                p.node,
+                model,
+                int(new.model is not None),
+                prompt,
+                new.parent,
+                group,
+                position,
+                p.reason,
+                new.timeout_s,
+                at,
+                int(from_parent),
+                None if new.think is None else dumps(new.think),
+                None if new.options is None else dumps(new.options),
+                new.endpoint,
+                new.request,
+                new.owner,
+                new.client,
+                new.lane,
+            ),
         )
         waiting_for = new.parent if from_parent and parent["state"] != JobState.DONE else None
         held = f"; waiting for parent {waiting_for}" if waiting_for else ""
         entered_why = f"; {entered.reason}" if entered.reason else ""
         event(db, job_id, None, JobState.QUEUED, actor, f"placed on {p.node} ({p.reason}){entered_why}{held}", now)
-        created.append({"id": job_id, "kind": new.kind, "node": p.node, "model": model,
-                        "state": JobState.QUEUED, "position": entered.index + 1, "reason": p.reason,
-                        "lane": new.lane, "owner": new.owner, "entered": entered.reason,
-                        "parent": new.parent, "group": group, "waiting_for": waiting_for})
+        created.append(
+            {
+                "id": job_id,
+                "kind": new.kind,
+                "node": p.node,
+                "model": model,
+                "state": JobState.QUEUED,
+                "position": entered.index + 1,
+                "reason": p.reason,
+                "lane": new.lane,
+                "owner": new.owner,
+                "entered": entered.reason,
+                "parent": new.parent,
+                "group": group,
+                "waiting_for": waiting_for,
+            }
+        )
     return created
 
 
-def submit_and_claim(db: Connection, new: NewJob, nodes: list[NodeInfo], actor: str,
-                     now: float, fair: bool = False, max_waiting: int | None = None,
-                     max_running: dict[str, int] | None = None) -> tuple[list[Row], list[Row]]:
+def submit_and_claim(
+    db: Connection,
+    new: NewJob,
+    nodes: list[NodeInfo],
+    actor: str,
+    now: float,
+    fair: bool = False,
+    max_waiting: int | None = None,
+    max_running: dict[str, int] | None = None,
+) -> tuple[list[Row], list[Row]]:
     """Submit, then claim the head of each chosen node whose worker waits idle (NodeInfo.idle),
     in the same transaction: an idle node's job pays one commit before its request, not two.
     The claim is the worker's own (claim: the same guards, run row and event); the created
     rows it took say so (state running). Returns the created rows and the claimed jobs."""
     created = submit(db, new, nodes, actor, now, fair=fair, max_waiting=max_waiting)
     idle = {n.name for n in nodes if n.idle and n.up}
-    claimed = [job for node in dict.fromkeys(j["node"] for j in created if j["node"] in idle)
-               if (job := claim(db, node, now, max_running)) is not None]
+    claimed = [
+        job
+        for node in dict.fromkeys(j["node"] for j in created if j["node"] in idle)
+        if (job := claim(db, node, now, max_running)) is not None
+    ]
     running = {job["id"] for job in claimed}
     for row in created:
         if row["id"] in running:
@@ -143,9 +197,11 @@ def submit_and_claim(db: Connection, new: NewJob, nodes: list[NodeInfo], actor: 
 
 # The claim: the first ready job of a node's queue becomes running, unless the node has a running
 # job already. One statement; tests/test_store.py plans this very text.
-CLAIM_SQL = ("UPDATE job SET state = 'running' WHERE id = (SELECT id FROM ready_job WHERE node = :node"
-             " ORDER BY position, id LIMIT 1)"
-             " AND NOT EXISTS (SELECT 1 FROM job WHERE node = :node AND state = 'running') RETURNING *")
+CLAIM_SQL = (
+    "UPDATE job SET state = 'running' WHERE id = (SELECT id FROM ready_job WHERE node = :node"
+    " ORDER BY position, id LIMIT 1)"
+    " AND NOT EXISTS (SELECT 1 FROM job WHERE node = :node AND state = 'running') RETURNING *"
+)
 
 
 # The claim when users have max_running: a job whose owner already runs that many waits, even
@@ -157,7 +213,8 @@ def claim_limited_sql(sql: Engine) -> str:
         f" AND NOT EXISTS (SELECT 1 FROM {sql.LIMITS_ROWS} WHERE l.key = r.owner"
         f"  AND {sql.LIMIT_VALUE} <= (SELECT COUNT(*) FROM job o WHERE o.owner = r.owner AND o.state = 'running'))"
         " ORDER BY r.position, r.id LIMIT 1)"
-        " AND NOT EXISTS (SELECT 1 FROM job WHERE node = :node AND state = 'running') RETURNING *")
+        " AND NOT EXISTS (SELECT 1 FROM job WHERE node = :node AND state = 'running') RETURNING *"
+    )
 
 
 def claim(db: Connection, node: str, now: float, max_running: dict[str, int] | None = None) -> Row | None:
@@ -177,8 +234,10 @@ def claim(db: Connection, node: str, now: float, max_running: dict[str, int] | N
         text = run_texts(db, [parent["run_id"]])[parent["run_id"]]
         job["prompt"] = parent_subject(parent["prompt"], text["output"])
         db.execute("UPDATE job SET prompt = ? WHERE id = ?", (job["prompt"], job["id"]))
-    job["run_id"] = db.execute("INSERT INTO run (job_id, node, model, started_at, progress_at) VALUES (?,?,?,?,?)"
-                               " RETURNING id", (job["id"], node, job["model"], iso(now), iso(now))).fetchone()[0]
+    job["run_id"] = db.execute(
+        "INSERT INTO run (job_id, node, model, started_at, progress_at) VALUES (?,?,?,?,?) RETURNING id",
+        (job["id"], node, job["model"], iso(now), iso(now)),
+    ).fetchone()[0]
     db.execute("UPDATE job SET run_id = ? WHERE id = ?", (job["run_id"], job["id"]))
     event(db, job["id"], JobState.QUEUED, JobState.RUNNING, "router", f"claimed by {node}", now, job["run_id"])
     return job
@@ -189,17 +248,19 @@ def claim(db: Connection, node: str, now: float, max_running: dict[str, int] | N
 # Output is written once: each write inserts one run_chunk row (migration 011) with only the text
 # its caller has not stored yet, so a long job writes O(n) bytes; nothing rewrites earlier text.
 # Text is kept whatever state the run is in (its tokens were produced in it).
-APPEND_CHUNK = ("INSERT INTO run_chunk (run_id, seq, at, output, thinking)"
-                " SELECT :run_id, COALESCE(MAX(seq), 0) + 1, :at, :output, :thinking"
-                " FROM run_chunk WHERE run_id = :run_id")
+APPEND_CHUNK = (
+    "INSERT INTO run_chunk (run_id, seq, at, output, thinking)"
+    " SELECT :run_id, COALESCE(MAX(seq), 0) + 1, :at, :output, :thinking"
+    " FROM run_chunk WHERE run_id = :run_id"
+)
 
 
-def append_output(db: Connection, run_id: int, output: str | None, thinking: str | None,
-                  now: float) -> None:
+def append_output(db: Connection, run_id: int, output: str | None, thinking: str | None, now: float) -> None:
     """Keep more of a run's output (and reasoning): a heartbeat's, or an interrupted run's last."""
     if output or thinking:
-        db.execute(APPEND_CHUNK, {"run_id": run_id, "at": iso(now), "output": output or None,
-                                  "thinking": thinking or None})
+        db.execute(
+            APPEND_CHUNK, {"run_id": run_id, "at": iso(now), "output": output or None, "thinking": thinking or None}
+        )
 
 
 def heartbeat(db: Connection, run_id: int, output: str, thinking: str | None, now: float) -> None:
@@ -207,8 +268,9 @@ def heartbeat(db: Connection, run_id: int, output: str, thinking: str | None, no
     db.execute("UPDATE run SET progress_at = ? WHERE id = ? AND state = 'running'", (iso(now), run_id))
 
 
-def work_done(db: Connection, run_id: int, output: str, stats: dict[str, Any], thinking: str | None,
-              now: float) -> None:
+def work_done(
+    db: Connection, run_id: int, output: str, stats: dict[str, Any], thinking: str | None, now: float
+) -> None:
     """Ollama's stream ended (`output`: its text not stored yet); the job is not finished until
     its model has left VRAM."""
     append_output(db, run_id, output, thinking, now)
@@ -216,28 +278,52 @@ def work_done(db: Connection, run_id: int, output: str, stats: dict[str, Any], t
         "UPDATE run SET progress_at = ?, work_done_at = ?, done_reason = ?,"
         " eval_count = ?, prompt_eval_count = ?, total_duration_ns = ?,"
         " load_duration_ns = ?, eval_duration_ns = ? WHERE id = ? AND state = 'running'",
-        (iso(now), iso(now), stats.get("done_reason"), stats.get("eval_count"),
-         stats.get("prompt_eval_count"), stats.get("total_duration"),
-         stats.get("load_duration"), stats.get("eval_duration"), run_id))
+        (
+            iso(now),
+            iso(now),
+            stats.get("done_reason"),
+            stats.get("eval_count"),
+            stats.get("prompt_eval_count"),
+            stats.get("total_duration"),
+            stats.get("load_duration"),
+            stats.get("eval_duration"),
+            run_id,
+        ),
+    )
 
 
-def finish(db: Connection, job_id: str, run_id: int, state: str, error: str | None, now: float, *,
-           output: str | None = None, actor: str = "router", findings: list[Any] | None = None,
-           claim_node: str | None = None, thinking: str | None = None, streamed: int = 0,
-           max_running: dict[str, int] | None = None) -> Row | None:
+def finish(
+    db: Connection,
+    job_id: str,
+    run_id: int,
+    state: str,
+    error: str | None,
+    now: float,
+    *,
+    output: str | None = None,
+    actor: str = "router",
+    findings: list[Any] | None = None,
+    claim_node: str | None = None,
+    thinking: str | None = None,
+    streamed: int = 0,
+    max_running: dict[str, int] | None = None,
+) -> Row | None:
     """Finish a run that is still the job's running run; anything else is a GuardMiss. `output`
     and `thinking`: text not stored yet, appended. With `claim_node`, the node's next job is
     claimed in the same transaction and returned."""
     done = db.execute(
         "UPDATE job SET state = ?, error = ?, finished_at = ?, findings = ? WHERE id = ?"
         " AND state = 'running' AND run_id = ? RETURNING id",
-        (state, error, iso(now), None if findings is None else dumps(findings), job_id, run_id)).fetchall()
+        (state, error, iso(now), None if findings is None else dumps(findings), job_id, run_id),
+    ).fetchall()
     if not done:
         raise GuardMiss(f"job {job_id} run {run_id} is no longer running")
     append_output(db, run_id, output, thinking, now)
     tokens = streamed if state == JobState.FAILED and streamed else None  # a reply that broke off: no last line
-    db.execute("UPDATE run SET state = ?, error = ?, finished_at = ?, eval_count = COALESCE(eval_count, ?)"
-               " WHERE id = ?", (state, error, iso(now), tokens, run_id))
+    db.execute(
+        "UPDATE run SET state = ?, error = ?, finished_at = ?, eval_count = COALESCE(eval_count, ?) WHERE id = ?",
+        (state, error, iso(now), tokens, run_id),
+    )
     event(db, job_id, JobState.RUNNING, state, actor, error, now, run_id)
     if state == JobState.FAILED:
         end_held_critiques(db, job_id, f"failed ({error})", now)
@@ -246,12 +332,16 @@ def finish(db: Connection, job_id: str, run_id: int, state: str, error: str | No
 
 # -- a claim undone: its request never reached Ollama ------------------------------------------
 
+
 def requeue_unsent(db: Connection, sent: dict[str, int | None], reason: str, now: float) -> list[Row]:
     """When the router stops: the running job of each node in `sent` whose run is not the one its
     worker last sent to Ollama never reached it; its claim is undone (see _put_back)."""
-    running = rows(db.execute(
-        f"SELECT id, node, run_id FROM job WHERE state = 'running' AND node IN ({','.join('?' * len(sent))})",
-        tuple(sent)).fetchall())
+    running = rows(
+        db.execute(
+            f"SELECT id, node, run_id FROM job WHERE state = 'running' AND node IN ({','.join('?' * len(sent))})",
+            tuple(sent),
+        ).fetchall()
+    )
     unsent = [r for r in running if r["run_id"] != sent[r["node"]]]
     for r in unsent:
         _put_back(db, r, reason, now)
@@ -271,24 +361,38 @@ def put_back(db: Connection, job_id: str, run_id: int, reason: str, now: float) 
 def _put_back(db: Connection, job: Row, reason: str, now: float) -> None:
     """Undo a claim whose request never reached Ollama: the job is queued at the head again,
     its run ends cancelled with `reason` (kept for forensics), an event says why."""
-    db.execute("UPDATE job SET state = 'queued', position = ? WHERE id = ?",
-               (position_at(db, job["node"], job["id"], 0), job["id"]))
-    db.execute("UPDATE run SET state = 'cancelled', finished_at = ?, error = ? WHERE id = ?",
-               (iso(now), reason, job["run_id"]))
+    db.execute(
+        "UPDATE job SET state = 'queued', position = ? WHERE id = ?",
+        (position_at(db, job["node"], job["id"], 0), job["id"]),
+    )
+    db.execute(
+        "UPDATE run SET state = 'cancelled', finished_at = ?, error = ? WHERE id = ?", (iso(now), reason, job["run_id"])
+    )
     event(db, job["id"], JobState.RUNNING, JobState.QUEUED, "router", reason, now, job["run_id"])
 
 
 # -- a running head gone stale, a note ---------------------------------------------------------
 
+
 def note_stale(db: Connection, now: float) -> list[Row]:
     """Write one event per newly stale head (not one per check); returns the new ones."""
     fresh = []
     for head in rows(db.execute(dialect(db).STALE_SQL, {"now": iso(now)}).fetchall()):
-        cur = db.execute("UPDATE run SET stale_reason = ? WHERE id = ? AND stale_reason IS DISTINCT FROM ?",
-                         (head["reason"], head["run_id"], head["reason"]))
+        cur = db.execute(
+            "UPDATE run SET stale_reason = ? WHERE id = ? AND stale_reason IS DISTINCT FROM ?",
+            (head["reason"], head["run_id"], head["reason"]),
+        )
         if cur.rowcount:
-            event(db, head["id"], JobState.RUNNING, JobState.RUNNING, "router",
-                   f"stale: {head['reason']} since {head['since']}", now, head["run_id"])
+            event(
+                db,
+                head["id"],
+                JobState.RUNNING,
+                JobState.RUNNING,
+                "router",
+                f"stale: {head['reason']} since {head['since']}",
+                now,
+                head["run_id"],
+            )
             fresh.append(head)
     return fresh
 
@@ -302,12 +406,17 @@ def note(db: Connection, job_id: str, reason: str, actor: str, now: float) -> No
 
 # -- at start-up: what a dead router left ------------------------------------------------------
 
+
 def fail_orphans(db: Connection, now: float) -> list[Row]:
     """At start-up: a job still running belonged to a dead router. Fail it, loudly."""
     reason = "router restarted while running"
-    failed = rows(db.execute(
-        "UPDATE job SET state = 'failed', error = ?, finished_at = ? WHERE state = 'running'"
-        " RETURNING id, node, model, run_id", (reason, iso(now))).fetchall())
+    failed = rows(
+        db.execute(
+            "UPDATE job SET state = 'failed', error = ?, finished_at = ? WHERE state = 'running'"
+            " RETURNING id, node, model, run_id",
+            (reason, iso(now)),
+        ).fetchall()
+    )
     for r in failed:
         _orphan_failed(db, r, reason, now)
     return failed
@@ -316,8 +425,11 @@ def fail_orphans(db: Connection, now: float) -> list[Row]:
 def fail_orphan(db: Connection, job_id: str, reason: str, now: float) -> Row | None:
     """One job still running that no live router runs (its router died: gpuq/store/leases.py's
     takeover): failed, loudly, as fail_orphans fails each. None if it is no longer running."""
-    job = db.execute("UPDATE job SET state = 'failed', error = ?, finished_at = ? WHERE id = ? AND state = 'running'"
-                     " RETURNING id, node, model, run_id", (reason, iso(now), job_id)).fetchone()
+    job = db.execute(
+        "UPDATE job SET state = 'failed', error = ?, finished_at = ? WHERE id = ? AND state = 'running'"
+        " RETURNING id, node, model, run_id",
+        (reason, iso(now), job_id),
+    ).fetchone()
     if job is None:
         return None
     _orphan_failed(db, dict(job), reason, now)
@@ -326,8 +438,10 @@ def fail_orphan(db: Connection, job_id: str, reason: str, now: float) -> Row | N
 
 def _orphan_failed(db: Connection, job: Row, reason: str, now: float) -> None:
     """The rest of an orphan's failure: its run, its event, its held critiques."""
-    db.execute("UPDATE run SET state = 'failed', error = ?, finished_at = ? WHERE id = ?"
-               " AND state = 'running'", (reason, iso(now), job["run_id"]))
+    db.execute(
+        "UPDATE run SET state = 'failed', error = ?, finished_at = ? WHERE id = ? AND state = 'running'",
+        (reason, iso(now), job["run_id"]),
+    )
     event(db, job["id"], JobState.RUNNING, JobState.FAILED, "router", reason, now, job["run_id"])
     end_held_critiques(db, job["id"], f"failed ({reason})", now)
 
@@ -337,8 +451,17 @@ def cancel_clientless(db: Connection, now: float, nodes: list[str]) -> list[Row]
     its client with the old router (its connection is gone; a call waits on a node of the router
     its client called). It would run for no one: cancel it, loudly; `gpuq retry` runs it."""
     reason = "client gone: the router restarted while it waited (gpuq retry runs it, its output on its page)"
-    waiting = rows(db.execute("SELECT * FROM job WHERE state = 'queued' AND endpoint IS NOT NULL"
-                              f" AND node IN ({','.join('?' * len(nodes))})", nodes).fetchall()) if nodes else []
+    waiting = (
+        rows(
+            db.execute(
+                "SELECT * FROM job WHERE state = 'queued' AND endpoint IS NOT NULL"
+                f" AND node IN ({','.join('?' * len(nodes))})",
+                nodes,
+            ).fetchall()
+        )
+        if nodes
+        else []
+    )
     for job in waiting:
         cancel(db, job, "router", reason, now)
     return waiting

@@ -30,8 +30,10 @@ Error = psycopg.Error
 # The advisory lock's key, one bigint for the whole database: 'gpuq' in ASCII, then 'mig'.
 MIGRATE_LOCK = 0x67707571_006D6967
 
-SCHEMA_MIGRATION = ("CREATE TABLE IF NOT EXISTS schema_migration ("
-                    " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)")
+SCHEMA_MIGRATION = (
+    "CREATE TABLE IF NOT EXISTS schema_migration ("
+    " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
+)
 
 
 # migrations/postgres/, shipped as the package gpuq.store.migrations.postgres (pyproject.toml).
@@ -99,8 +101,10 @@ def seconds_between(start: str, end: str) -> str:
 
 
 FINDING_COUNT = "json_array_length(findings::json)"
-TOP_SEVERITY = ("(SELECT f.value ->> 'severity' FROM json_array_elements(findings::json) f(value) ORDER BY"
-                " CASE f.value ->> 'severity' WHEN 'high' THEN 0 WHEN 'medium' THEN 1 ELSE 2 END LIMIT 1)")
+TOP_SEVERITY = (
+    "(SELECT f.value ->> 'severity' FROM json_array_elements(findings::json) f(value) ORDER BY"
+    " CASE f.value ->> 'severity' WHEN 'high' THEN 0 WHEN 'medium' THEN 1 ELSE 2 END LIMIT 1)"
+)
 
 # The running heads stale at :now, each with the first reason that holds (the view stale_heads
 # with the caller's clock for 'now'; SQLite's takes MIN(rank) in a GROUP BY, here DISTINCT ON).
@@ -130,11 +134,13 @@ def translate(sql: str) -> str:
     """The verbs' SQL, written with sqlite3's placeholders (`?`, `:name`), in psycopg's
     (`%s`, `%(name)s`); every literal `%` doubled (psycopg reads them in quoted text too); `?`
     and `:` in quoted text and `::` casts left alone."""
+
     def one(m: re.Match[str]) -> str:
         token = m.group(0)
         if m.group(1):
             return f"%({m.group(1)})s"
         return {"?": "%s", "%": "%%", "::": "::"}.get(token, token.replace("%", "%%"))
+
     return _TOKEN.sub(one, sql)
 
 
@@ -179,19 +185,24 @@ class Connection:
         self._conn = self._open()
 
     def _open(self) -> psycopg.Connection[Row]:
-        return psycopg.Connection[Row].connect(self._dsn, autocommit=True, row_factory=row_factory,
-                               connect_timeout=max(int(self._timeout), 1))
+        return psycopg.Connection[Row].connect(
+            self._dsn, autocommit=True, row_factory=row_factory, connect_timeout=max(int(self._timeout), 1)
+        )
 
     @property
     def in_transaction(self) -> bool:
-        return self._conn.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR,
-                                                      TransactionStatus.ACTIVE)
+        return self._conn.info.transaction_status in (
+            TransactionStatus.INTRANS,
+            TransactionStatus.INERROR,
+            TransactionStatus.ACTIVE,
+        )
 
     def execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = (), /) -> psycopg.Cursor[Row]:
         if self._conn.broken or self._conn.closed:
             if not sql.startswith("BEGIN"):  # mid-transaction: never go on in another session
-                raise psycopg.OperationalError("the connection to the database broke inside a transaction;"
-                                               " nothing of it was committed")
+                raise psycopg.OperationalError(
+                    "the connection to the database broke inside a transaction; nothing of it was committed"
+                )
             self._conn = self._open()
         if not params:  # sent as written: psycopg reads no placeholders then (a script may be several statements)
             return self._conn.execute(sql)
@@ -227,9 +238,15 @@ Pool = AsyncConnectionPool[psycopg.AsyncConnection[Row]]
 async def connect_reader(dsn: str, connect_timeout_s: float, size: int = 4) -> Pool:
     """The readers' pool: reads in autocommit, each its own snapshot, several at once (a slow
     listing does not hold /health's read up). A connection the server dropped is replaced."""
-    pool: Pool = AsyncConnectionPool(dsn, min_size=1, max_size=size, open=False, timeout=connect_timeout_s,
-                               check=AsyncConnectionPool.check_connection,
-                               kwargs={"autocommit": True, "row_factory": row_factory})
+    pool: Pool = AsyncConnectionPool(
+        dsn,
+        min_size=1,
+        max_size=size,
+        open=False,
+        timeout=connect_timeout_s,
+        check=AsyncConnectionPool.check_connection,
+        kwargs={"autocommit": True, "row_factory": row_factory},
+    )
     try:
         await pool.open(wait=True, timeout=connect_timeout_s)
     except PoolTimeout as exc:  # the server's own refusal is in the pool's log; say it as psycopg does
@@ -249,6 +266,7 @@ async def fetchall(pool: Pool, sql: str, params: Sequence[Any] | Mapping[str, An
 
 # -- errors -------------------------------------------------------------------------------------
 
+
 def from_postgres(exc: BaseException) -> GpuqError:
     """The one mapping of a PostgreSQL error to what a user sees, by its SQLSTATE (the twin of
     sqlite.from_sqlite): the guard's refusal is 409; a write the schema refuses is gpuq's own bug,
@@ -261,8 +279,11 @@ def from_postgres(exc: BaseException) -> GpuqError:
         return GuardRefused()
     if state.startswith("23"):
         rule = getattr(diag, "constraint_name", None) or text
-        return SchemaViolated(f"the database refused a write that breaks its rule {rule} ({text}): a bug in"
-                              " gpuq, please report it; nothing was changed", constraint=rule)
+        return SchemaViolated(
+            f"the database refused a write that breaks its rule {rule} ({text}): a bug in"
+            " gpuq, please report it; nothing was changed",
+            constraint=rule,
+        )
     if state.startswith(("53", "58")):  # insufficient resources (disk full), system error
         return StoreUnavailable(f"the database cannot be written: {text}; nothing was changed")
     if state == "25006":
@@ -285,8 +306,13 @@ def is_dsn(database: object) -> bool:
 CHANNEL = "gpuq_job"  # the trigger job_notify's: {"id", "node", "state"} of each job that changed
 
 
-async def watch(dsn: str, connect_timeout_s: float, on_change: Callable[[dict[str, Any] | None], None],
-                own_pid: Callable[[], int | None], poll_s: float) -> None:
+async def watch(
+    dsn: str,
+    connect_timeout_s: float,
+    on_change: Callable[[dict[str, Any] | None], None],
+    own_pid: Callable[[], int | None],
+    poll_s: float,
+) -> None:
     """Tell `on_change` of every job change another router commits: its notice's payload
     ({id, node, state}), or None for "something changed, look at everything" (at each connect,
     when changes happened unseen). A notice from this router's own writer is skipped.
@@ -295,8 +321,9 @@ async def watch(dsn: str, connect_timeout_s: float, on_change: Callable[[dict[st
     transaction-pooling PgBouncer, a poll: each `poll_s` without a notice, the newest event's id
     is read, and a change no notice told of is still seen within `poll_s`. Returns when the
     connection fails (the caller's loop supervisor starts it again)."""
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True,
-                                                     connect_timeout=max(int(connect_timeout_s), 1)) as conn:
+    async with await psycopg.AsyncConnection.connect(
+        dsn, autocommit=True, connect_timeout=max(int(connect_timeout_s), 1)
+    ) as conn:
         await conn.execute(f"LISTEN {CHANNEL}")
         on_change(None)  # what changed before this LISTEN, no notice will tell
         newest = None

@@ -23,13 +23,16 @@ WAITING_FOR = "(SELECT h.parent_id FROM held_job h WHERE h.id = j.id) AS waiting
 # UTF-8 bytes, which SQLite stores beside the prompt when it is written (migration 005): 300
 # waiting 1 MB prompts are neither read from the file nor held in the router's memory. Only a
 # single job's read (/api/jobs/{id}) adds the whole prompt.
-LISTING_COLUMNS = """j.id, j.kind, j.state, j.node, j.model, j.parent_id, j.group_id,
+LISTING_COLUMNS = (
+    """j.id, j.kind, j.state, j.node, j.model, j.parent_id, j.group_id,
     j.position, j.placement, j.run_id, j.error, j.findings, j.timeout_s, j.created_at, j.finished_at,
     j.think, j.options, j.endpoint, j.prompt_excerpt, j.prompt_bytes, j.owner, j.client, j.lane,
     r.started_at, r.progress_at, r.work_done_at, r.eval_count, r.prompt_eval_count,
     r.eval_duration_ns, r.total_duration_ns, r.done_reason,
     (SELECT COUNT(*) FROM run p WHERE p.job_id = j.id AND p.state = 'preempted') AS preempted_runs,
-    """ + WAITING_FOR
+    """
+    + WAITING_FOR
+)
 DETAIL_COLUMNS = LISTING_COLUMNS + ", j.prompt"
 
 JOB_FROM = "FROM job j LEFT JOIN run r ON r.id = j.run_id"
@@ -50,8 +53,11 @@ class Reads:
     async def lanes_in_play(self, job_id: str) -> list[Row]:
         """Each running job's node, lane and model, and the interactive jobs waiting (but
         `job_id`): what placement.preempt_elsewhere weighs."""
-        return await self.read("SELECT node, state, lane, model FROM job WHERE state = 'running'"
-                               " OR (state = 'queued' AND lane = ? AND id != ?)", (INTERACTIVE, job_id))
+        return await self.read(
+            "SELECT node, state, lane, model FROM job WHERE state = 'running'"
+            " OR (state = 'queued' AND lane = ? AND id != ?)",
+            (INTERACTIVE, job_id),
+        )
 
     async def stale_heads(self, now: float | None = None) -> list[Row]:
         return await self.read(self.engine.STALE_SQL, {"now": iso(self.clock() if now is None else now)})
@@ -68,8 +74,7 @@ class Reads:
         job = await self.job(job_id, DETAIL_COLUMNS)
         job["runs"] = await self.runs(job_id)
         job["events"] = await self.read(
-            "SELECT at, from_state, to_state, actor, reason FROM event WHERE job_id = ? ORDER BY id",
-            (job_id,),
+            "SELECT at, from_state, to_state, actor, reason FROM event WHERE job_id = ? ORDER BY id", (job_id,)
         )
         job["children"] = await self.read(  # each critique's finding count and highest severity too
             f"SELECT id, kind, state, node, model, {self.engine.FINDING_COUNT} AS finding_count,"
@@ -140,21 +145,25 @@ class Reads:
         owners = tuple(owners)
         if not owners:
             return {}
-        rows = await self.read(f"SELECT owner, COUNT(*) AS n FROM job WHERE state = 'running'"
-                               f" AND owner IN ({','.join('?' * len(owners))}) GROUP BY owner", owners)
+        rows = await self.read(
+            f"SELECT owner, COUNT(*) AS n FROM job WHERE state = 'running'"
+            f" AND owner IN ({','.join('?' * len(owners))}) GROUP BY owner",
+            owners,
+        )
         return {r["owner"]: r["n"] for r in rows}
 
-    async def finished_totals(self, after_event: int, duration_bounds: Sequence[float],
-                              wait_bounds: Sequence[float]) -> list[Row]:
+    async def finished_totals(
+        self, after_event: int, duration_bounds: Sequence[float], wait_bounds: Sequence[float]
+    ) -> list[Row]:
         """Jobs that ended after event `after_event`, summed per (node, kind, state, model, owner) for
         /metrics: counts, tokens, and each histogram's count, sum and cumulative count per
         bound. A range of the event table's primary key, grouped in SQL: one query, however
         long the history. Each end is counted with its own run (event.run_id, migration 012), not
         the job's latest: a failed run's tokens are not the retried run's."""
-        le = ", ".join([f"SUM(CASE WHEN d <= {float(b)!r} THEN 1 ELSE 0 END) AS d_le_{i}"
-                        for i, b in enumerate(duration_bounds)]
-                       + [f"SUM(CASE WHEN w <= {float(b)!r} THEN 1 ELSE 0 END) AS w_le_{i}"
-                          for i, b in enumerate(wait_bounds)])
+        le = ", ".join(
+            [f"SUM(CASE WHEN d <= {float(b)!r} THEN 1 ELSE 0 END) AS d_le_{i}" for i, b in enumerate(duration_bounds)]
+            + [f"SUM(CASE WHEN w <= {float(b)!r} THEN 1 ELSE 0 END) AS w_le_{i}" for i, b in enumerate(wait_bounds)]
+        )
         between = self.engine.seconds_between
         return await self.read(
             f"SELECT node, kind, state, model, owner, COUNT(*) AS n, SUM(tokens) AS tokens, MAX(event_id) AS last_event,"
@@ -169,7 +178,9 @@ class Reads:
             "   AS w"
             " FROM event e JOIN job j ON j.id = e.job_id LEFT JOIN run r ON r.id = e.run_id"
             " WHERE e.id > ? AND e.to_state IN ('done', 'failed', 'cancelled') AND e.from_state <> e.to_state"
-            ") AS ended GROUP BY node, kind, state, model, owner", (after_event,))
+            ") AS ended GROUP BY node, kind, state, model, owner",
+            (after_event,),
+        )
 
     async def next_ready(self, node: str) -> Row | None:
         """The job the node would claim next (None: nothing is ready)."""
@@ -188,11 +199,15 @@ class Reads:
         the few columns a start estimate needs; one statement, each part on an index."""
         if not nodes:
             return []
-        waiting = ("SELECT * FROM (SELECT j.id, j.node, j.state, j.model, j.position, NULL AS started_at,"
-                   f" {WAITING_FOR} FROM job j WHERE j.node = ? AND j.state = 'queued'"
-                   " ORDER BY j.position, j.id LIMIT ?) AS waiting")
-        running = ("SELECT j.id, j.node, j.state, j.model, 0 AS position, r.started_at, NULL AS waiting_for"
-                   " FROM job j JOIN run r ON r.id = j.run_id WHERE j.state = 'running'")
+        waiting = (
+            "SELECT * FROM (SELECT j.id, j.node, j.state, j.model, j.position, NULL AS started_at,"
+            f" {WAITING_FOR} FROM job j WHERE j.node = ? AND j.state = 'queued'"
+            " ORDER BY j.position, j.id LIMIT ?) AS waiting"
+        )
+        running = (
+            "SELECT j.id, j.node, j.state, j.model, 0 AS position, r.started_at, NULL AS waiting_for"
+            " FROM job j JOIN run r ON r.id = j.run_id WHERE j.state = 'running'"
+        )
         params: list[Any] = []
         for name in nodes:
             params += [name, depth]
@@ -200,29 +215,45 @@ class Reads:
         rows.sort(key=lambda r: (r["node"], r["state"] != JobState.RUNNING, r["position"], r["id"]))
         return rows
 
-    async def recent_durations(self, node_models: set[tuple[str, str]], nodes: set[str],
-                               last: int = 20) -> list[Row]:
+    async def recent_durations(self, node_models: set[tuple[str, str]], nodes: set[str], last: int = 20) -> list[Row]:
         """How long the last `last` done runs took, per node and model and per node: rows of
         (node, model or NULL for the node's, seconds). Each part reads its partial index."""
         seconds = self.engine.seconds_between("started_at", "finished_at") + " AS seconds"
         by_node, by_model = self.engine.indexed_by("run_done_node"), self.engine.indexed_by("run_done_node_model")
-        parts: list[tuple[str, tuple[Any, ...]]] = [(f"SELECT * FROM (SELECT node, NULL AS model, {seconds} FROM run{by_node}"
-                  " WHERE state = 'done' AND node = ? ORDER BY id DESC LIMIT ?) AS last", (node, last))
-                 for node in sorted(nodes)]
-        parts += [(f"SELECT * FROM (SELECT node, model, {seconds} FROM run{by_model}"
-                   " WHERE state = 'done' AND node = ? AND model = ? ORDER BY id DESC LIMIT ?) AS last",
-                   (node, model, last))
-                  for node, model in sorted(node_models)]
+        parts: list[tuple[str, tuple[Any, ...]]] = [
+            (
+                f"SELECT * FROM (SELECT node, NULL AS model, {seconds} FROM run{by_node}"
+                " WHERE state = 'done' AND node = ? ORDER BY id DESC LIMIT ?) AS last",
+                (node, last),
+            )
+            for node in sorted(nodes)
+        ]
+        parts += [
+            (
+                f"SELECT * FROM (SELECT node, model, {seconds} FROM run{by_model}"
+                " WHERE state = 'done' AND node = ? AND model = ? ORDER BY id DESC LIMIT ?) AS last",
+                (node, model, last),
+            )
+            for node, model in sorted(node_models)
+        ]
         rows: list[Row] = []
         for at in range(0, len(parts), 400):  # SQLite compounds at most 500 SELECTs
-            chunk = parts[at:at + 400]
+            chunk = parts[at : at + 400]
             rows += await self.read(" UNION ALL ".join(sql for sql, _ in chunk), [p for _, ps in chunk for p in ps])
         return rows
 
     # -- history and utilisation (the history page, the busy strips) ---------------------------
 
-    async def history(self, state: str | None, node: str | None, kind: str | None, text: str | None,
-                      limit: int, offset: int, owner: str | None = None) -> tuple[list[Row], int]:
+    async def history(
+        self,
+        state: str | None,
+        node: str | None,
+        kind: str | None,
+        text: str | None,
+        limit: int,
+        offset: int,
+        owner: str | None = None,
+    ) -> tuple[list[Row], int]:
         """Finished jobs, newest first, filtered (by owner too); and how many match in all."""
         where, params = ["j.finished_at IS NOT NULL"], []
         for column, value in (("j.state", state), ("j.node", node), ("j.kind", kind), ("j.owner", owner)):
@@ -231,24 +262,33 @@ class Reads:
                 params.append(value)
         if text:
             like = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-            where.append("(" + " OR ".join(f"{c} {self.engine.LIKE} ? ESCAPE '\\'" for c in
-                                           ("j.id", "j.model", "j.error", "j.prompt")) + ")")
+            where.append(
+                "("
+                + " OR ".join(
+                    f"{c} {self.engine.LIKE} ? ESCAPE '\\'" for c in ("j.id", "j.model", "j.error", "j.prompt")
+                )
+                + ")"
+            )
             params += [like] * 4
         cond = " AND ".join(where)
         rows = await self.read(
             f"SELECT {LISTING_COLUMNS} {JOB_FROM.replace('job j', 'job j' + self.engine.indexed_by('job_finished'))}"
             f" WHERE {cond}"
             " ORDER BY j.finished_at DESC, j.id DESC"
-            " LIMIT ? OFFSET ?", (*params, limit, offset))
+            " LIMIT ? OFFSET ?",
+            (*params, limit, offset),
+        )
         total = await self.read(f"SELECT COUNT(*) AS n FROM job j WHERE {cond}", params)
         return rows, total[0]["n"]
 
     async def finished_since(self, since: float) -> dict[str, int]:
         """How many jobs ended in each final state since `since` (index job_finished)."""
-        rows = await self.read(f"SELECT state, COUNT(*) AS n FROM job{self.engine.indexed_by('job_finished')}"
-                               " WHERE finished_at >= ?"
-                               " GROUP BY state",
-                               (iso(since),))
+        rows = await self.read(
+            f"SELECT state, COUNT(*) AS n FROM job{self.engine.indexed_by('job_finished')}"
+            " WHERE finished_at >= ?"
+            " GROUP BY state",
+            (iso(since),),
+        )
         return {r["state"]: r["n"] for r in rows}
 
     async def runs_since(self, since: float) -> list[Row]:
@@ -257,7 +297,9 @@ class Reads:
         return await self.read(
             "SELECT node, state, started_at, finished_at FROM run WHERE finished_at >= ?"
             " UNION ALL SELECT node, state, started_at, finished_at FROM run WHERE state = 'running'"
-            " ORDER BY started_at", (iso(since),))
+            " ORDER BY started_at",
+            (iso(since),),
+        )
 
     # -- alerts (gpuq/node/alerts.py) -----------------------------------------------------------------
 
@@ -271,7 +313,8 @@ class Reads:
             "SELECT a.*, (SELECT COUNT(*) FROM alert_delivery d WHERE d.alert_id = a.id AND d.status ="
             " CASE WHEN a.fired_sent_at IS NULL THEN 'firing' ELSE 'resolved' END) AS attempts"
             f" FROM alert a{self.engine.indexed_by('alert_owed')} WHERE a.deliver = 1 AND (a.fired_sent_at IS NULL"
-            " OR (a.resolved_at IS NOT NULL AND a.resolved_sent_at IS NULL)) ORDER BY a.id")
+            " OR (a.resolved_at IS NOT NULL AND a.resolved_sent_at IS NULL)) ORDER BY a.id"
+        )
 
     async def alerts(self, limit: int) -> list[Row]:
         """The latest firings, newest first, each with its delivery attempts."""
@@ -279,7 +322,8 @@ class Reads:
         if rows:
             tries = await self.read(
                 "SELECT * FROM alert_delivery WHERE alert_id BETWEEN ? AND ? ORDER BY id",
-                (rows[-1]["id"], rows[0]["id"]))
+                (rows[-1]["id"], rows[0]["id"]),
+            )
             for row in rows:
                 row["deliveries"] = [t for t in tries if t["alert_id"] == row["id"]]
         return rows

@@ -14,23 +14,30 @@ from .steps import Row, dumps, iso
 
 # -- the thresholds, the nodes, reloads -------------------------------------------------------
 
+
 def configure(db: Connection, settings_s: dict[str, float], nodes: Sequence[NodeConfig]) -> None:
     """Record the thresholds (read by the view stale_heads, migration 012) and nodes in force."""
-    db.executemany("INSERT INTO router_setting (key, value) VALUES (?, ?)"
-                   " ON CONFLICT (key) DO UPDATE SET value = excluded.value", list(settings_s.items()))
+    db.executemany(
+        "INSERT INTO router_setting (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        list(settings_s.items()),
+    )
     for n in nodes:
         db.execute(
             "INSERT INTO node (name, url, rank, roles, model, max_runtime_s) VALUES (?,?,?,?,?,?)"
             " ON CONFLICT (name) DO UPDATE SET url = excluded.url, rank = excluded.rank,"
             " roles = excluded.roles, model = excluded.model, max_runtime_s = excluded.max_runtime_s",
-            (n.name, n.url, n.rank, ",".join(n.roles), n.model, n.max_runtime_s))
+            (n.name, n.url, n.rank, ",".join(n.roles), n.model, n.max_runtime_s),
+        )
 
 
-def record_reload(db: Connection, actor: str, path: str, changes: dict[str, Any] | None, error: str | None,
-                  now: float) -> None:
+def record_reload(
+    db: Connection, actor: str, path: str, changes: dict[str, Any] | None, error: str | None, now: float
+) -> None:
     """One row per reload of gpuq.toml (migration 013): what changed, or why nothing did."""
-    db.execute("INSERT INTO config_reload (at, actor, path, ok, changes, error) VALUES (?,?,?,?,?,?)",
-               (iso(now), actor, path, int(error is None), None if changes is None else dumps(changes), error))
+    db.execute(
+        "INSERT INTO config_reload (at, actor, path, ok, changes, error) VALUES (?,?,?,?,?,?)",
+        (iso(now), actor, path, int(error is None), None if changes is None else dumps(changes), error),
+    )
 
 
 def set_node_health(db: Connection, name: str, up: bool, error: str | None, now: float) -> None:
@@ -39,17 +46,32 @@ def set_node_health(db: Connection, name: str, up: bool, error: str | None, now:
 
 # -- alerts (gpuq/node/alerts.py) -----------------------------------------------------------------
 
+
 def fire_alert(db: Connection, alert: dict[str, Any], deliver: bool, now: float) -> Row:
-    return dict(db.execute(
-        "INSERT INTO alert (alert, node, job_id, model, since, message, fix, fired_at, deliver)"
-        " VALUES (?,?,?,?,?,?,?,?,?) RETURNING *",
-        (alert["alert"], alert["node"], alert["job"], alert.get("model"), alert["since"], alert["message"],
-         alert["fix"], iso(now), int(deliver))).fetchone())
+    return dict(
+        db.execute(
+            "INSERT INTO alert (alert, node, job_id, model, since, message, fix, fired_at, deliver)"
+            " VALUES (?,?,?,?,?,?,?,?,?) RETURNING *",
+            (
+                alert["alert"],
+                alert["node"],
+                alert["job"],
+                alert.get("model"),
+                alert["since"],
+                alert["message"],
+                alert["fix"],
+                iso(now),
+                int(deliver),
+            ),
+        ).fetchone()
+    )
 
 
 def resolve_alert(db: Connection, alert_id: int, resolution: str, now: float) -> None:
-    db.execute("UPDATE alert SET resolved_at = ?, resolution = ? WHERE id = ? AND resolved_at IS NULL",
-               (iso(now), resolution, alert_id))
+    db.execute(
+        "UPDATE alert SET resolved_at = ?, resolution = ? WHERE id = ? AND resolved_at IS NULL",
+        (iso(now), resolution, alert_id),
+    )
 
 
 def owe_open_alerts(db: Connection) -> int:
@@ -58,11 +80,21 @@ def owe_open_alerts(db: Connection) -> int:
     return db.execute("UPDATE alert SET deliver = 1 WHERE resolved_at IS NULL AND deliver = 0").rowcount
 
 
-def record_delivery(db: Connection, alert_id: int, status: str, attempt: int, ok: bool,
-                    http_status: int | None, error: str | None, now: float) -> None:
+def record_delivery(
+    db: Connection,
+    alert_id: int,
+    status: str,
+    attempt: int,
+    ok: bool,
+    http_status: int | None,
+    error: str | None,
+    now: float,
+) -> None:
     """One try to deliver a notice; a delivered one is marked sent in the same transaction."""
     sent_column = {"firing": "fired_sent_at", "resolved": "resolved_sent_at"}[status]
-    db.execute("INSERT INTO alert_delivery (alert_id, status, at, attempt, ok, http_status, error)"
-               " VALUES (?,?,?,?,?,?,?)", (alert_id, status, iso(now), attempt, int(ok), http_status, error))
+    db.execute(
+        "INSERT INTO alert_delivery (alert_id, status, at, attempt, ok, http_status, error) VALUES (?,?,?,?,?,?,?)",
+        (alert_id, status, iso(now), attempt, int(ok), http_status, error),
+    )
     if ok:
         db.execute(f"UPDATE alert SET {sent_column} = ? WHERE id = ?", (iso(now), alert_id))

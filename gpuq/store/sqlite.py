@@ -32,9 +32,11 @@ def seconds_between(start: str, end: str) -> str:
 
 # A done critique's findings (a JSON array in job.findings): how many, and the highest severity.
 FINDING_COUNT = "json_array_length(findings)"
-TOP_SEVERITY = ("(SELECT json_extract(f.value, '$.severity') FROM json_each(findings) f ORDER BY"
-                " CASE json_extract(f.value, '$.severity') WHEN 'high' THEN 0 WHEN 'medium' THEN 1 ELSE 2 END"
-                " LIMIT 1)")
+TOP_SEVERITY = (
+    "(SELECT json_extract(f.value, '$.severity') FROM json_each(findings) f ORDER BY"
+    " CASE json_extract(f.value, '$.severity') WHEN 'high' THEN 0 WHEN 'medium' THEN 1 ELSE 2 END"
+    " LIMIT 1)"
+)
 
 
 # The running heads stale at :now (ISO text), each with the first reason that holds: the view
@@ -57,6 +59,7 @@ def indexed_by(index: str) -> str:
 
 
 # -- connections ------------------------------------------------------------------------------
+
 
 def connect_writer(path: Path, busy_timeout_s: float, max_bytes: int | None) -> sqlite3.Connection:
     """The writer's connection, opened in (and used only by) the writer's thread: WAL, every
@@ -89,6 +92,7 @@ def _dict_rows() -> Callable[[sqlite3.Cursor, tuple[Any, ...]], dict[str, Any]]:
         if cursor.description is not last[0]:
             last[:] = [cursor.description, tuple(d[0] for d in cursor.description)]
         return dict(zip(last[1], row))
+
     return make
 
 
@@ -103,11 +107,14 @@ async def connect_reader(path: Path, busy_timeout_s: float) -> aiosqlite.Connect
 
 # -- migrations -------------------------------------------------------------------------------
 
+
 def migrate(db: sqlite3.Connection, files: list[Path], now: float, path: Path) -> None:
     """Apply migrations/NNN_*.sql in order, each with its record, in its own transaction."""
     known = {int(f.name[:3]): f for f in files}
-    db.execute("CREATE TABLE IF NOT EXISTS schema_migration ("
-               " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)")
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS schema_migration ("
+        " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
+    )
     applied = {r[0] for r in db.execute("SELECT version FROM schema_migration")}
     newer = sorted(applied - set(known))
     if newer:
@@ -128,8 +135,10 @@ def _apply_migration(db: sqlite3.Connection, version: int, f: Path, now: float) 
         db.executescript(f"{BEGIN_WRITE};\n" + f.read_text(encoding="utf-8"))
         broken = db.execute("PRAGMA foreign_key_check").fetchall()
         if broken:
-            raise StartupError(f"migration {f.name} would leave {len(broken)} broken reference(s), "
-                            f"the first in table {broken[0][0]}; nothing was changed")
+            raise StartupError(
+                f"migration {f.name} would leave {len(broken)} broken reference(s), "
+                f"the first in table {broken[0][0]}; nothing was changed"
+            )
         db.execute("INSERT INTO schema_migration VALUES (?, ?, ?)", (version, f.stem, iso(now)))
         db.execute("COMMIT")
     except BaseException:
@@ -140,6 +149,7 @@ def _apply_migration(db: sqlite3.Connection, version: int, f: Path, now: float) 
 
 # -- errors -----------------------------------------------------------------------------------
 
+
 def from_sqlite(exc: BaseException) -> GpuqError:
     """The one mapping of a database error to what a user sees, by SQLite's own error name.
     A store that is busy or cannot be written is a 503 (retry later); a write the schema
@@ -149,8 +159,11 @@ def from_sqlite(exc: BaseException) -> GpuqError:
         return GuardRefused()
     if name.startswith("SQLITE_CONSTRAINT"):
         rule = text.split("constraint failed: ", 1)[1] if "constraint failed: " in text else text
-        return SchemaViolated(f"the database refused a write that breaks its rule {rule} ({text}): a bug in"
-                              " gpuq, please report it; nothing was changed", constraint=rule)
+        return SchemaViolated(
+            f"the database refused a write that breaks its rule {rule} ({text}): a bug in"
+            " gpuq, please report it; nothing was changed",
+            constraint=rule,
+        )
     if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
         return StoreUnavailable(f"the database is locked by another process ({text}); nothing was changed")
     if name.startswith(("SQLITE_FULL", "SQLITE_IOERR")):

@@ -35,8 +35,10 @@ def iso(now: float) -> str:
 
 # A queued job's place in its node's queue, from 1: the one statement of it (listings, the
 # stream's "queued" lines and a move's answer all read it).
-QUEUE_POSITION_SQL = ("SELECT COUNT(*) + 1 AS n FROM job WHERE node = :node AND state = 'queued'"
-                      " AND (position < :position OR (position = :position AND id < :id))")
+QUEUE_POSITION_SQL = (
+    "SELECT COUNT(*) + 1 AS n FROM job WHERE node = :node AND state = 'queued'"
+    " AND (position < :position OR (position = :position AND id < :id))"
+)
 
 
 # The one read of runs' whole text (the job's page and API, the CLI through it, a critique's
@@ -44,8 +46,11 @@ QUEUE_POSITION_SQL = ("SELECT COUNT(*) + 1 AS n FROM job WHERE node = :node AND 
 # Each run is named (run_id IN (...)): SQLite pushes that into both halves of the view's
 # UNION ALL and reads each by its primary key.
 def run_text_query(run_ids: list[int]) -> tuple[str, tuple[int, ...]]:
-    return (f"SELECT run_id, output, thinking FROM run_text WHERE run_id IN ({','.join('?' * len(run_ids))})"
-            " ORDER BY run_id, seq", tuple(run_ids))
+    return (
+        f"SELECT run_id, output, thinking FROM run_text WHERE run_id IN ({','.join('?' * len(run_ids))})"
+        " ORDER BY run_id, seq",
+        tuple(run_ids),
+    )
 
 
 class RunText(TypedDict):
@@ -64,8 +69,10 @@ def joined_text(run_ids: list[int], pieces: list[Any]) -> dict[int, RunText]:
         output.append(p["output"] or "")
         if p["thinking"] is not None:
             thinking.append(p["thinking"])
-    return {run_id: {"output": "".join(output), "thinking": "".join(thinking) if thinking else None}
-            for run_id, (output, thinking) in parts.items()}
+    return {
+        run_id: {"output": "".join(output), "thinking": "".join(thinking) if thinking else None}
+        for run_id, (output, thinking) in parts.items()
+    }
 
 
 def run_texts(db: Connection, run_ids: list[int]) -> dict[int, RunText]:
@@ -81,15 +88,26 @@ def dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False)
 
 
-def event(db: Connection, job_id: str, from_state: str | None, to_state: str, actor: str,
-          reason: str | None, now: float, run_id: int | None = None) -> None:
+def event(
+    db: Connection,
+    job_id: str,
+    from_state: str | None,
+    to_state: str,
+    actor: str,
+    reason: str | None,
+    now: float,
+    run_id: int | None = None,
+) -> None:
     """The event row every state change (and every move) writes, in the same transaction; `run_id`:
     the run it is about (a claim, a run's end, a stale note), which /metrics counts it with."""
-    db.execute("INSERT INTO event (job_id, at, from_state, to_state, actor, reason, run_id) VALUES (?,?,?,?,?,?,?)",
-               (job_id, iso(now), from_state, to_state, actor, reason, run_id))
+    db.execute(
+        "INSERT INTO event (job_id, at, from_state, to_state, actor, reason, run_id) VALUES (?,?,?,?,?,?,?)",
+        (job_id, iso(now), from_state, to_state, actor, reason, run_id),
+    )
 
 
 # -- a queued job's position ------------------------------------------------------------------
+
 
 def job_for_update(db: Connection, job_id: str) -> Row:
     row = db.execute("SELECT * FROM job WHERE id = ?", (job_id,)).fetchone()
@@ -100,26 +118,34 @@ def job_for_update(db: Connection, job_id: str) -> Row:
 
 def renumber(db: Connection, node: str) -> None:
     """Spread a node's queued positions out again when a gap has run out."""
-    rows = db.execute("SELECT id FROM job WHERE node = ? AND state = 'queued' ORDER BY position, id",
-                      (node,)).fetchall()
-    db.executemany("UPDATE job SET position = ? WHERE id = ?",
-                   [((i + 1) * POSITION_GAP, r[0]) for i, r in enumerate(rows)])
+    rows = db.execute(
+        "SELECT id FROM job WHERE node = ? AND state = 'queued' ORDER BY position, id", (node,)
+    ).fetchall()
+    db.executemany(
+        "UPDATE job SET position = ? WHERE id = ?", [((i + 1) * POSITION_GAP, r[0]) for i, r in enumerate(rows)]
+    )
 
 
 def position_at(db: Connection, node: str, job_id: str, index: int) -> int:
     """A position that puts the job at 0-based `index` among the node's other queued jobs."""
     for attempt in range(2):
-        positions = [r[0] for r in db.execute(
-            "SELECT position FROM job WHERE node = ? AND state = 'queued' AND id <> ?"
-            " ORDER BY position, id LIMIT 2 OFFSET ?", (node, job_id, max(index - 1, 0)))]
+        positions = [
+            r[0]
+            for r in db.execute(
+                "SELECT position FROM job WHERE node = ? AND state = 'queued' AND id <> ?"
+                " ORDER BY position, id LIMIT 2 OFFSET ?",
+                (node, job_id, max(index - 1, 0)),
+            )
+        ]
         if index == 0:
             before, after = None, (positions[0] if positions else None)
         else:
             before = positions[0] if positions else None
             after = positions[1] if len(positions) > 1 else None
             if before is None:  # past the tail: the tail
-                before = db.execute("SELECT MAX(position) FROM job WHERE node = ? AND state = 'queued'"
-                                    " AND id <> ?", (node, job_id)).fetchone()[0]
+                before = db.execute(
+                    "SELECT MAX(position) FROM job WHERE node = ? AND state = 'queued' AND id <> ?", (node, job_id)
+                ).fetchone()[0]
         found = rules.position_between(before, after, POSITION_GAP)
         if found is not None:
             return found
@@ -139,8 +165,9 @@ def tail_position(db: Connection, node: str) -> int:
 
 # A parent's held critiques (the view held_job): its children by the index job_parent, each checked
 # against the view by its id (a `WHERE parent_id = ?` on the view would scan every queued job).
-HELD_CHILDREN_SQL = ("SELECT * FROM job c WHERE c.parent_id = ?"
-                     " AND EXISTS (SELECT 1 FROM held_job h WHERE h.id = c.id) ORDER BY c.id")
+HELD_CHILDREN_SQL = (
+    "SELECT * FROM job c WHERE c.parent_id = ? AND EXISTS (SELECT 1 FROM held_job h WHERE h.id = c.id) ORDER BY c.id"
+)
 
 
 def end_held_critiques(db: Connection, parent_id: str, why: str, now: float) -> list[str]:
@@ -153,23 +180,38 @@ def end_held_critiques(db: Connection, parent_id: str, why: str, now: float) -> 
 
 
 def cancel(db: Connection, job: Row, actor: str, reason: str, now: float) -> Interrupted | None:
-    db.execute("UPDATE job SET state = 'cancelled', error = ?, finished_at = ? WHERE id = ?",
-               (reason, iso(now), job["id"]))
-    event(db, job["id"], job["state"], JobState.CANCELLED, actor, reason, now,
-          job["run_id"] if job["state"] == JobState.RUNNING else None)
+    db.execute(
+        "UPDATE job SET state = 'cancelled', error = ?, finished_at = ? WHERE id = ?", (reason, iso(now), job["id"])
+    )
+    event(
+        db,
+        job["id"],
+        job["state"],
+        JobState.CANCELLED,
+        actor,
+        reason,
+        now,
+        job["run_id"] if job["state"] == JobState.RUNNING else None,
+    )
     end_held_critiques(db, job["id"], f"was cancelled ({reason})", now)
     if job["state"] != JobState.RUNNING:
         return None
-    db.execute("UPDATE run SET state = 'cancelled', error = ?, finished_at = ? WHERE id = ?",
-               (reason, iso(now), job["run_id"]))
+    db.execute(
+        "UPDATE run SET state = 'cancelled', error = ?, finished_at = ? WHERE id = ?", (reason, iso(now), job["run_id"])
+    )
     return Interrupted(job["id"], job["node"], job["run_id"])
 
 
 # -- what a job entering a queue weighs (a submit, a retry) -----------------------------------
 
+
 def waiting_lanes(db: Connection, node: str) -> list[tuple[str, str | None]]:
-    return [(r[0], r[1]) for r in db.execute(
-        "SELECT lane, owner FROM job WHERE node = ? AND state = 'queued' ORDER BY position, id", (node,))]
+    return [
+        (r[0], r[1])
+        for r in db.execute(
+            "SELECT lane, owner FROM job WHERE node = ? AND state = 'queued' ORDER BY position, id", (node,)
+        )
+    ]
 
 
 def check_quota(db: Connection, owner: str | None, max_waiting: int | None, adding: int) -> None:
@@ -179,6 +221,9 @@ def check_quota(db: Connection, owner: str | None, max_waiting: int | None, addi
     if waiting + adding > max_waiting:
         jobs = "job" if adding == 1 else f"{adding} jobs"
         ids = [r[0] for r in db.execute("SELECT id FROM job WHERE owner = ? AND state = 'queued'", (owner,))]
-        raise OverQuota(f"user '{owner}' has {waiting} job{'s' if waiting != 1 else ''} waiting, and max_waiting "
-                        f"is {max_waiting}: this {jobs} would pass it; submit again when one has started "
-                        f"(or ask an admin to raise max_waiting)", ids)
+        raise OverQuota(
+            f"user '{owner}' has {waiting} job{'s' if waiting != 1 else ''} waiting, and max_waiting "
+            f"is {max_waiting}: this {jobs} would pass it; submit again when one has started "
+            f"(or ask an admin to raise max_waiting)",
+            ids,
+        )

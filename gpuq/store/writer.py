@@ -64,8 +64,12 @@ def _rollback(db: Connection) -> None:
             pass  # the error that got us here is the one to report
 
 
-def apply_batch(db: Connection, writes: list[Write], before_commit: Callable[[], None] | None = None,
-                begin: str = sqlite.BEGIN_WRITE) -> list[tuple[bool, Any]]:
+def apply_batch(
+    db: Connection,
+    writes: list[Write],
+    before_commit: Callable[[], None] | None = None,
+    begin: str = sqlite.BEGIN_WRITE,
+) -> list[tuple[bool, Any]]:
     """Run `writes` in one transaction, each in its own savepoint; (ok, result-or-error) each.
 
     Raises (after a ROLLBACK) when the transaction as a whole cannot commit, or `before_commit`
@@ -117,9 +121,14 @@ class Writer:
     """Owns the writer thread and its connection; `run` queues a write, `call` runs a function
     of the connection alone (outside a transaction), `close` lets the queued writes finish."""
 
-    def __init__(self, connect: Callable[[], Connection], translate: Callable[[BaseException], Exception],
-                 max_batch: int = 256, refuse: Callable[[], Exception | None] | None = None,
-                 engine: Engine = sqlite):
+    def __init__(
+        self,
+        connect: Callable[[], Connection],
+        translate: Callable[[BaseException], Exception],
+        max_batch: int = 256,
+        refuse: Callable[[], Exception | None] | None = None,
+        engine: Engine = sqlite,
+    ):
         self._connect = connect
         self._engine = engine  # gpuq/store/sqlite.py or postgres.py: its BEGIN and its errors
         self._translate = translate
@@ -197,17 +206,21 @@ class Writer:
     # -- the thread -----------------------------------------------------------------------------
 
     @staticmethod
-    def _answer(future: asyncio.Future[Any] | None, ok: bool, value: Any,
-                after: Callable[[Any], None] | None = None) -> None:
+    def _answer(
+        future: asyncio.Future[Any] | None, ok: bool, value: Any, after: Callable[[Any], None] | None = None
+    ) -> None:
         """Settle `future` from the writer's thread, on the event loop that made it."""
         if future is not None:
             Writer._settle_on_loop(future.get_loop(), [(future, ok, value, after)])
 
     @staticmethod
-    def _settle_on_loop(loop: asyncio.AbstractEventLoop,
-                   answers: list[tuple[asyncio.Future[Any], bool, Any, Callable[[Any], None] | None]]) -> None:
+    def _settle_on_loop(
+        loop: asyncio.AbstractEventLoop,
+        answers: list[tuple[asyncio.Future[Any], bool, Any, Callable[[Any], None] | None]],
+    ) -> None:
         """Settle futures from the writer's thread in one hand-over to their loop (one wake-up
         of it, however many writes the batch held)."""
+
         def settle_all() -> None:
             for future, ok, value, after in answers:
                 try:  # one write's trouble never leaves the others' callers waiting
@@ -220,6 +233,7 @@ class Writer:
                         after(value)
                 except BaseException as exc:  # reported as the loop reports a callback's error
                     loop.call_exception_handler({"message": "settling a write's answer failed", "exception": exc})
+
         try:
             loop.call_soon_threadsafe(settle_all)
         except RuntimeError:
@@ -287,8 +301,12 @@ class Writer:
 
     def _apply(self, db: Connection, batch: list[_Item]) -> None:
         try:
-            outcomes = apply_batch(db, [i.fn for i in batch], self._before_commit,  # type: ignore[misc]
-                                   self._engine.BEGIN_WRITE)
+            outcomes = apply_batch(
+                db,
+                [i.fn for i in batch],  # type: ignore[misc]
+                self._before_commit,
+                self._engine.BEGIN_WRITE,
+            )
         except Refused as exc:
             for item in batch:
                 self._answer(item.future, False, exc.error)
@@ -302,6 +320,8 @@ class Writer:
             return
         self.batches += 1
         self.writes += len(batch)
-        answers = [(item.future, ok, value if ok else self._error(value), item.after)
-                   for item, (ok, value) in zip(batch, outcomes)]
+        answers = [
+            (item.future, ok, value if ok else self._error(value), item.after)
+            for item, (ok, value) in zip(batch, outcomes)
+        ]
         self._settle_on_loop(batch[0].future.get_loop(), answers)
