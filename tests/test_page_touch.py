@@ -12,7 +12,8 @@ from playwright.async_api import Page, expect
 from conftest import eventually, node_table
 from test_awake import stand_ins
 from test_page import (GUARD, api_shows, box_of, browser, busy, card, column, head,  # noqa: F401 (browser: a fixture)
-                       node2_down_with_two_critiques, page_shows, queued_ids, screenshot, shown_after_now)
+                       node2_down_with_two_critiques, page_shows, queued_ids, screenshot, shown_after_now,
+                       slow_poll_now)
 from test_page_widths import LAPTOP, PHONE, no_sideways_scroll, open_at  # noqa: F401 (open_at: a fixture)
 
 pytestmark = pytest.mark.browser
@@ -139,6 +140,7 @@ async def test_the_top_bar_says_while_the_machine_is_kept_awake(fakes, daemon_fa
     fake = await fakes("qwen3-coder:30b", token_delay_s=0.05, tokens=2000)
     d = await daemon_factory([node_table("node-1", fake, 1, ["task"], "qwen3-coder:30b")], env=env)
     page = await open_at(size)
+    await page.clock.install()  # the test's clock: the page's slow poll is brought forward
     await open_queue(page, d, 1)
     awake = page.locator("#awake")
     await shown_after_now(page)
@@ -155,7 +157,11 @@ async def test_the_top_bar_says_while_the_machine_is_kept_awake(fakes, daemon_fa
 
     fake.script.token_delay_s = 0
     await d.wait_state(job["id"], "done")
-    await expect(awake).to_be_hidden(timeout=30_000)
+    # Let go a second after the lab is idle, which no live event says: the page's slow poll shows it.
+    async def released():
+        await slow_poll_now(page)
+        return await awake.is_hidden()
+    await eventually(released, 30, 0.2, "the awake line to go once the inhibitor is let go")
 
 
 @SIZES
