@@ -353,11 +353,26 @@ def pg_cluster():
         cluster.stop()
 
 
+_TO_DROP: list[tuple[pg.Cluster, str]] = []  # this test's databases, dropped once it is torn down
+
+
+@pytest.fixture(autouse=True)
+def _databases_dropped_last():
+    """Autouse, so set up first and torn down last: a test's databases are dropped after its
+    routers have stopped (daemon_factory), not under them, where a router's shutdown waits out
+    its pool's 5 s for a database that no longer exists."""
+    yield
+    while _TO_DROP:
+        cluster, name = _TO_DROP.pop()
+        cluster.drop_database(name)
+
+
 @pytest.fixture
 def pg_dsn(request, pg_cluster):
-    """A libpq URI of a fresh, empty database for this test alone (dropped after it)."""
+    """A libpq URI of a fresh, empty database for this test alone (dropped after it, once the
+    test's every other fixture is torn down)."""
     if request.node.get_closest_marker("postgres") is None:
         pytest.fail("a test that uses pg_dsn is marked @pytest.mark.postgres", pytrace=False)
     name = pg_cluster.create_database()
     yield pg_cluster.dsn(name)
-    pg_cluster.drop_database(name)
+    _TO_DROP.append((pg_cluster, name))
