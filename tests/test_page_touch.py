@@ -89,6 +89,7 @@ async def test_up_down_and_move_to_another_node_by_touch(lab, open_at, size):
 @SIZES
 async def test_a_refused_move_shows_the_409_and_keeps_the_order(lab, open_at, size):
     page = await open_at(size)
+    await page.clock.install()  # the test's clock: the page's slow poll is brought forward
     first, crit = await node2_down_with_two_critiques(lab)
     await open_queue(page, lab, 3)
     await page_shows(page, "node-2", [first, crit])
@@ -96,7 +97,7 @@ async def test_a_refused_move_shows_the_409_and_keeps_the_order(lab, open_at, si
     await page.locator(f'{card(crit)} select.move-to').select_option("node-1")
     await expect(page.locator("#toasts")).to_contain_text(GUARD)
     await expect(page.locator("#toasts")).to_contain_text("409")
-    await shown_after_now(page)
+    await slow_poll_now(page)  # a refusal changes nothing: no live event, the slow poll reads again
     await page_shows(page, "node-2", [first, crit])
     assert await queued_ids(lab, "node-2") == [first, crit]
 
