@@ -273,7 +273,7 @@ async def daemon_factory(tmp_path):
         d.proc.send_signal(signal.SIGTERM)
         try:
             await asyncio.wait_for(asyncio.shield(d.proc.wait()), 0.2)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             await d.kill(signal.SIGTERM)
     await asyncio.gather(*(stop(d) for d in started))
     await session.close()
