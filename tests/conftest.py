@@ -310,8 +310,19 @@ async def daemon_factory(tmp_path):
         return daemon
 
     yield make
-    for d in started:
-        await d.kill(signal.SIGTERM)
+
+    async def stop(d: Daemon) -> None:
+        """SIGTERM, as the design's clean stop; a job still running after a moment gets the
+        second SIGTERM, which stops at once (the test is over: its jobs need no shutdown_grace)."""
+        if d.proc is None or d.proc.returncode is not None:
+            return
+        d.proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(asyncio.shield(d.proc.wait()), 0.2)
+        except TimeoutError:
+            await d.kill(signal.SIGTERM)
+
+    await asyncio.gather(*(stop(d) for d in started))
     await session.close()
 
 
@@ -404,11 +415,26 @@ def pg_cluster():
         cluster.stop()
 
 
+_TO_DROP: list[tuple[pg.Cluster, str]] = []  # this test's databases, dropped once it is torn down
+
+
+@pytest.fixture(autouse=True)
+def _databases_dropped_last():
+    """Autouse, so set up first and torn down last: a test's databases are dropped after its
+    routers have stopped (daemon_factory), not under them, where a router's shutdown waits out
+    its pool's 5 s for a database that no longer exists."""
+    yield
+    while _TO_DROP:
+        cluster, name = _TO_DROP.pop()
+        cluster.drop_database(name)
+
+
 @pytest.fixture
 def pg_dsn(request, pg_cluster):
-    """A libpq URI of a fresh, empty database for this test alone (dropped after it)."""
+    """A libpq URI of a fresh, empty database for this test alone (dropped after it, once the
+    test's every other fixture is torn down)."""
     if request.node.get_closest_marker("postgres") is None:
         pytest.fail("a test that uses pg_dsn is marked @pytest.mark.postgres", pytrace=False)
     name = pg_cluster.create_database()
     yield pg_cluster.dsn(name)
-    pg_cluster.drop_database(name)
+    _TO_DROP.append((pg_cluster, name))

@@ -12,8 +12,8 @@ from conftest import eventually, node_table
 
 from gpuq.jobs import parse_iso
 
-TOKEN_DELAY_S = 0.05
-TOKENS = 30  # a job streams for about 1.5 s
+TOKEN_DELAY_S = 0.025
+TOKENS = 30  # a job streams for about 0.75 s
 
 
 async def one_node(fakes, daemon_factory):

@@ -80,7 +80,9 @@ async def test_a_held_critique_waits_for_its_parent_without_blocking_the_queue(f
     assert held not in [h["id"] for h in (await lab.get("/api/stale"))["stale"]]
     assert held not in [h["id"] for h in (await lab.get("/health"))["stale"]]
 
-    # The parent finishes: the critique runs and reviews the parent's prompt and result.
+    # The parent finishes (its last tokens at once, all being checked): the critique runs and
+    # reviews the parent's prompt and result.
+    lab.fakes["node-1"].script.token_delay_s = 0
     done = await lab.wait_state(parent, "done", timeout=30)
     reviewed = await lab.wait_state(held, "done", timeout=30)
     assert reviewed["waiting_for"] is None and reviewed["findings"] is not None

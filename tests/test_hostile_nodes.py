@@ -121,7 +121,9 @@ class Hostile:
             await resp.write(chunk("w1 ") + chunk("w2 "))
             while mode != "ok":  # until the router hangs up
                 await asyncio.sleep(0.1)
-                await resp.write({"drip": b" ", "empty": chunk(""), "endless": chunk("word ") * 100}[mode])
+                # endless: 5,000 bytes of output a write, so max_output_bytes (64 KiB) is passed in
+                # ~13 writes (~1.3 s), not 130
+                await resp.write({"drip": b" ", "empty": chunk(""), "endless": chunk("word ") * 1000}[mode])
             await resp.write(chunk("", done=True))
         except ConnectionError:
             self.gone.set()

@@ -256,11 +256,12 @@ async def test_stop_ends_a_loop_that_waits_for_its_restart():
 async def test_the_queue_page_names_a_crashed_loop(router):
     """A person looking at the page sees the crash, not just a red title. The crash is not a live
     event: the page learns it at its next refresh (its slow poll), so the test waits for the
-    router to know it, then for a refresh the page started after that, and reads the banner."""
+    router to know it, then for a refresh the page started after that, and reads the banner. The
+    page's clock is the test's: its slow poll is brought forward rather than waited for."""
     import shutil
 
     from playwright.async_api import async_playwright, expect
-    from test_page import CHROMIUM_ARGS, shown_after_now
+    from test_page import CHROMIUM_ARGS, slow_poll_now
 
     client, fake = router
     store = client.server.app[STORE]
@@ -280,16 +281,17 @@ async def test_the_queue_page_names_a_crashed_loop(router):
         )
         try:
             page = await browser.new_page()
+            await page.clock.install()
             await page.goto(str(client.make_url("/")))
             await eventually(lambda: page.evaluate("window.gpuq.shown > 0"), 60, what="the page's first render")
             await eventually(loops_down, 30, what="the router to see its stale monitor crash")
-            await shown_after_now(page)
+            await slow_poll_now(page)
             alert = page.locator('.alert[data-loop="stale monitor"]')
             await expect(alert).to_contain_text("The router's stale monitor crashed")
             await expect(alert).to_contain_text("KeyError: 'injected'")
             store.note_stale = real
             await eventually(lambda: async_not(loops_down), 30, what="the stale monitor to run again")
-            await shown_after_now(page)
+            await slow_poll_now(page)
             await expect(alert).to_have_count(0)
         finally:
             await browser.close()

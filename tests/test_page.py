@@ -171,6 +171,15 @@ async def shown_after_now(page: Page, timeout_s: float = 60) -> None:
     await page.wait_for_function("asked => window.gpuq.shown > asked", arg=asked, timeout=timeout_s * 1000)
 
 
+async def slow_poll_now(page: Page) -> None:
+    """Bring the queue page's slow poll forward, for what no live event says: on a page whose clock
+    the test installed before opening it (`page.clock.install()`), jump its clock to the next poll
+    (every 10 s) instead of waiting for it, then wait until that refresh's answers are shown."""
+    asked = await page.evaluate("window.gpuq.refreshes")
+    await page.clock.fast_forward(10_000)
+    await page.wait_for_function("asked => window.gpuq.shown > asked", arg=asked, timeout=60_000)
+
+
 async def box_of(target) -> dict:
     """An element's box on screen, read again while a live redraw has it detached (None)."""
     return await eventually(lambda: target.bounding_box(), 15, what=f"{target} on screen")

@@ -62,6 +62,7 @@ async def test_thinking_streams_live_on_a_page_opened_while_the_job_waited(fakes
 
     await eventually(live_thinking, 15, what="the reasoning on the page while the job runs")
     await screenshot(page, "job-page-thinking-live.png")
+    fake.script.token_delay_s = 0  # seen live: the rest of the reasoning and the answer come at once
 
     await expect(page.locator(".job-title .st-done")).to_be_visible(timeout=40_000)
     done = await lab.job(job)

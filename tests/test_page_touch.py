@@ -24,6 +24,7 @@ from test_page import (  # noqa: F401 (browser: a fixture)
     queued_ids,
     screenshot,
     shown_after_now,
+    slow_poll_now,
 )
 from test_page_widths import LAPTOP, PHONE, no_sideways_scroll, open_at  # noqa: F401 (open_at: a fixture)
 
@@ -100,6 +101,7 @@ async def test_up_down_and_move_to_another_node_by_touch(lab, open_at, size):
 @SIZES
 async def test_a_refused_move_shows_the_409_and_keeps_the_order(lab, open_at, size):
     page = await open_at(size)
+    await page.clock.install()  # the test's clock: the page's slow poll is brought forward
     first, crit = await node2_down_with_two_critiques(lab)
     await open_queue(page, lab, 3)
     await page_shows(page, "node-2", [first, crit])
@@ -107,7 +109,7 @@ async def test_a_refused_move_shows_the_409_and_keeps_the_order(lab, open_at, si
     await page.locator(f"{card(crit)} select.move-to").select_option("node-1")
     await expect(page.locator("#toasts")).to_contain_text(GUARD)
     await expect(page.locator("#toasts")).to_contain_text("409")
-    await shown_after_now(page)
+    await slow_poll_now(page)  # a refusal changes nothing: no live event, the slow poll reads again
     await page_shows(page, "node-2", [first, crit])
     assert await queued_ids(lab, "node-2") == [first, crit]
 
@@ -153,6 +155,7 @@ async def test_the_top_bar_says_while_the_machine_is_kept_awake(fakes, daemon_fa
     fake = await fakes("qwen3-coder:30b", token_delay_s=0.05, tokens=2000)
     d = await daemon_factory([node_table("node-1", fake, 1, ["task"], "qwen3-coder:30b")], env=env)
     page = await open_at(size)
+    await page.clock.install()  # the test's clock: the page's slow poll is brought forward
     await open_queue(page, d, 1)
     awake = page.locator("#awake")
     await shown_after_now(page)
@@ -169,7 +172,13 @@ async def test_the_top_bar_says_while_the_machine_is_kept_awake(fakes, daemon_fa
 
     fake.script.token_delay_s = 0
     await d.wait_state(job["id"], "done")
-    await expect(awake).to_be_hidden(timeout=30_000)
+
+    # Let go a second after the lab is idle, which no live event says: the page's slow poll shows it.
+    async def released():
+        await slow_poll_now(page)
+        return await awake.is_hidden()
+
+    await eventually(released, 30, 0.2, "the awake line to go once the inhibitor is let go")
 
 
 @SIZES

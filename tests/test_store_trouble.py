@@ -270,7 +270,7 @@ async def test_the_queue_page_names_a_store_that_does_not_answer(fakes, daemon_f
     """A frozen store holds every read for ~10 s at a time: the page still shows /health's truth
     (it fetches each part apart, and the router bounds its other reads), not a page that waits."""
     from playwright.async_api import async_playwright, expect
-    from test_page import CHROMIUM_ARGS, shown_after_now
+    from test_page import CHROMIUM_ARGS, slow_poll_now
 
     fake = await fakes("qwen3-coder:30b")
     d = await daemon_factory([node_table("node-1", fake, 1, ["task"], "qwen3-coder:30b")], busy_timeout="0.5s")
@@ -281,6 +281,7 @@ async def test_the_queue_page_names_a_store_that_does_not_answer(fakes, daemon_f
         helper = None
         try:
             page = await browser.new_page()
+            await page.clock.install()  # the test's clock: the page's slow poll is brought forward
             await page.goto(d.url + "/")
             await expect(page.locator("#conn")).to_have_text("live")
             helper = await asyncio.create_subprocess_exec(
@@ -297,7 +298,7 @@ async def test_the_queue_page_names_a_store_that_does_not_answer(fakes, daemon_f
                 lambda b: b["store"] and "not answering" in b["store"]["problem"],
                 "/health to say the store is not answering",
             )
-            await shown_after_now(page)  # a refresh that began with the store frozen is on the screen
+            await slow_poll_now(page)  # a refresh that began with the store frozen is on the screen
             alert = page.locator("[data-store=trouble]")
             await expect(alert).to_contain_text("the database is not answering")
             status, body = await d.request("GET", "/api/queue")  # bounded: a 503 naming why, not a wait
