@@ -44,7 +44,7 @@ postgres:
 
 # The documentation site into site/ (strict: a broken link or a missing page fails the build).
 docs: $(STAMP)
-	$(BIN)/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 # Lint and types (configured in pyproject.toml): ruff's rules and format, mypy (strict for store/,
 # node/, api/ and access/).
