@@ -38,6 +38,23 @@ async def test_token_is_required_on_the_api_and_compared_exactly(fakes, daemon_f
     assert "s3cret-token" not in d.log.read_text()  # no token in the router's log
 
 
+async def test_the_bearer_scheme_is_case_insensitive_on_both_doors(fakes, daemon_factory):
+    """RFC 7235: the scheme is case-insensitive; some clients send `bearer`."""
+    from aiohttp.test_utils import make_mocked_request
+
+    from gpuq.access.tokens import token_of, tokens_given
+
+    d = await token_lab(fakes, daemon_factory, token="s3cret-token")
+    for scheme in ("bearer", "BEARER", "Bearer"):
+        ok = {"Authorization": f"{scheme} s3cret-token"}
+        assert (await d.request("GET", "/api/queue", headers=ok))[0] == 200, scheme
+    assert (await d.request("GET", "/api/queue", headers={"Authorization": "Basic s3cret-token"}))[0] == 401
+    # The front door reads the same header the same way (and x-api-key on Anthropic's routes).
+    request = make_mocked_request("POST", "/v1/messages", headers={"Authorization": "bearer  tok "})
+    assert token_of(request) == "tok" and tokens_given(request, anthropic=True) == ["tok"]
+    assert token_of(make_mocked_request("GET", "/api/tags", headers={"Authorization": "bearer"})) is None
+
+
 async def test_cli_sends_the_token_from_the_environment(fakes, daemon_factory):
     d = await token_lab(fakes, daemon_factory, token="tok-123")
     res = await d.cli("queue")

@@ -14,9 +14,11 @@ CALLER = "gpuq.caller"  # request[CALLER]: who sent a request (gpuq/access/ident
 
 
 def token_of(request: web.Request) -> str | None:
-    header = request.headers.get("Authorization", "")
-    if header.startswith("Bearer "):
-        return header[len("Bearer ") :].strip()
+    """The Bearer token of the Authorization header (the scheme in any case: RFC 7235 says it is
+    case-insensitive, and some clients send `bearer`), or /api/events' ?token=."""
+    scheme, _, token = request.headers.get("Authorization", "").strip().partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
     if request.path == "/api/events":  # EventSource cannot send headers
         return request.query.get("token")
     return None
