@@ -180,6 +180,19 @@ class StartupError(GpuqError):
     exit_code = 2
 
 
+class DatabaseInUse(StartupError):
+    """A router holds the database's lock file (gpuq/ops/daemon.py lock_database): `holder` says
+    who, as it wrote it (pid, address, start time)."""
+
+    def __init__(self, database: object, holder: str):
+        super().__init__(
+            f"the database {database} is in use by another router ({holder}): "
+            "stop that one first, or give this one another database"
+        )
+        self.database = database
+        self.holder = holder
+
+
 @dataclass(frozen=True)
 class DoorWords:
     """How one door words the refusals aiohttp makes itself (no route, a wrong method, a body

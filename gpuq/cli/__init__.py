@@ -3,14 +3,14 @@ print `error <status> <message>` then `not retried`, and exit non-zero.
 
 This is the group and its global options; the commands live by group, each module registered
 below: jobs (task, critique, wait, show), queue (queue, stale, move, preempt, delete, clear,
-retry), history, lab (serve, init, reload, nodes, health) and service. What they share is in
-common; the HTTP client in client."""
+retry), history, lab (serve, init, reload, nodes, health), backup (backup, restore) and service.
+What they share is in common; the HTTP client in client."""
 
 from __future__ import annotations
 
 import click
 
-from . import history, jobs, lab, queue, service
+from . import backup, history, jobs, lab, queue, service
 
 
 @click.group()
@@ -44,6 +44,8 @@ for command in (
     lab.reload,
     lab.nodes,
     lab.health,
+    backup.backup,
+    backup.restore,
     service.service,
 ):
     main.add_command(command)

@@ -33,7 +33,7 @@ from ..access.connections import (
 )
 from ..config import DEFAULT_ROUTER, ConfigError, NodeConfig, Settings, check_database, check_listen
 from ..demo import FakeOllama, Script
-from ..errors import GpuqError, StartupError
+from ..errors import DatabaseInUse, GpuqError, StartupError
 from ..front.listener import bind_front_door, start_front_door
 from ..front.relay import Relay
 from ..jobs import iso, parse_iso
@@ -116,10 +116,7 @@ def lock_database(database: Path, listen: str) -> int:
         except BlockingIOError:
             holder = lock_holder(fd)
             os.close(fd)
-            raise StartupError(
-                f"the database {database} is in use by another router ({holder}): "
-                "stop that one first, or give this one another database"
-            ) from None
+            raise DatabaseInUse(database, holder) from None
         except OSError as exc:
             os.close(fd)
             raise StartupError(f"cannot lock {path}: {exc.strerror}") from None
@@ -160,6 +157,17 @@ def lock_holder(fd: int) -> str:
         return "its pid is not recorded yet"
 
 
+def database_override(database: str | None) -> Path | str | None:
+    """The database the command line or the environment names over the config's: --database, else
+    $GPUQ_DATABASE (a DSN keeps its password out of gpuq.toml); None: neither (the config's is
+    used). A file named there is relative to the working directory. `gpuq serve` and `gpuq
+    restore` (gpuq/ops/restore.py) choose their database with it, so they choose the same one."""
+    value = database or os.environ.get("GPUQ_DATABASE")
+    if not value:
+        return None
+    return check_database(value, Path.cwd(), "--database" if database else "$GPUQ_DATABASE")
+
+
 def database_name(database: Path | str) -> str:
     """The database as logs name it: its file, or its DSN without the password."""
     return safe_dsn(database) if isinstance(database, str) else str(database)
@@ -178,17 +186,9 @@ async def serve(
     if listen:
         listen = check_listen(listen, "--listen")
         settings = replace(settings, listen=listen, public_url=f"http://{listen}")
-    # --database, else $GPUQ_DATABASE (a DSN keeps its password out of gpuq.toml), else the config's.
-    env = os.environ.get("GPUQ_DATABASE")
-    if database or env:
-        settings = replace(
-            settings,
-            database=check_database(
-                database or env,  # type: ignore[arg-type]
-                Path.cwd(),
-                "--database" if database else "$GPUQ_DATABASE",
-            ),
-        )
+    override = database_override(database)  # --database, else $GPUQ_DATABASE, else the config's
+    if override is not None:
+        settings = replace(settings, database=override)
     if ollama_listen or demo:  # the demo opens the front door too (gpuq/front/listener.py)
         settings = replace(
             settings, ollama_listen=check_listen(ollama_listen, "--ollama-listen") if ollama_listen else DEMO_FRONT_DOOR

@@ -25,10 +25,10 @@ from typing import Any, TypeVar
 import aiosqlite
 
 from ..config import NodeConfig
-from ..errors import StartupError, StoreUnavailable
+from ..errors import Conflict, StartupError, StoreUnavailable
 from ..jobs import Interrupted, JobState, NewJob, NodeInfo
 from ..shipped import shipped_dir, shipped_files
-from . import control, leases, lifecycle, postgres, records, sqlite
+from . import backup, control, leases, lifecycle, postgres, records, sqlite
 from .dbfile import DatabaseFile
 from .engine import Connection, Engine, Params, engine_for
 from .health import SLOW_CALL_S, Health
@@ -76,6 +76,7 @@ class Store(Reads):
         # Users' max_running ({user: limit}, the dispatcher's from gpuq.toml): every claim skips
         # a job whose owner runs that many already.
         self.max_running: dict[str, int] = {}
+        self._backing_up = threading.Lock()  # one backup at a time (held by its thread)
 
     # -- connections and migrations ---------------------------------------------------------
 
@@ -523,6 +524,31 @@ class Store(Reads):
             return answer
         except (sqlite.Error, postgres.Error) as exc:
             raise self.engine.from_error(exc) from exc
+
+    # -- a backup while the router runs (gpuq/store/backup.py) ----------------------------------
+
+    async def backup(self, path: str, force: bool = False) -> dict[str, Any]:
+        """A consistent, checked copy of the database at `path` (absolute, on the router's
+        machine; an existing file replaced only with `force`), made in a thread with a connection
+        of its own: the writer and the readers go on meanwhile. Answered once the copy is in place.
+        On PostgreSQL: Conflict, naming pg_dump."""
+        if self.dsn:
+            raise Conflict(backup.pg_dump_advice(self.dsn))
+        if (lost := self.lost) is not None:  # a copy of whatever now stands at the path is no backup
+            raise StoreUnavailable(lost)
+        database = self._sqlite_path()
+
+        def run() -> dict[str, Any]:
+            # Taken in the thread: a caller that goes away does not free it while the copy runs.
+            if not self._backing_up.acquire(blocking=False):
+                raise Conflict("a backup of this database is being made already; wait for it to finish")
+            try:
+                target = backup.target_of(database, path, force)
+                return backup.back_up(database, target, self.busy_timeout_s)
+            finally:
+                self._backing_up.release()
+
+        return await asyncio.to_thread(run)
 
     # -- per-node leases (gpuq/store/leases.py): exactly one router drives a node ----------------
 
