@@ -181,13 +181,12 @@ class StartupError(GpuqError):
 
 
 class DatabaseInUse(StartupError):
-    """A router holds the database's lock file (gpuq/ops/daemon.py lock_database): `holder` says
-    who, as it wrote it (pid, address, start time)."""
+    """A router (or `gpuq restore`) holds the database's lock file (gpuq/ops/daemon.py
+    lock_database): `holder` says who, as it wrote it (pid, address, start time)."""
 
     def __init__(self, database: object, holder: str):
         super().__init__(
-            f"the database {database} is in use by another router ({holder}): "
-            "stop that one first, or give this one another database"
+            f"the database {database} is in use by {holder}: stop that one first, or give this one another database"
         )
         self.database = database
         self.holder = holder

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import re
 import signal
 import sqlite3
@@ -172,8 +173,8 @@ async def test_restore_refuses_while_the_router_runs_and_after_a_stop_the_next_r
     res = await run_cli("restore", str(backup), "--config", str(daemon.config))
     assert res.code == 1 and res.out == ""
     first = res.err.splitlines()[0]
-    assert first.startswith(f"error 409 a router is running on {daemon.db}; stop it first (pid {daemon.proc.pid}, ")
-    assert first.endswith("; nothing was replaced")
+    assert first.startswith(f"error 409 {daemon.db} is in use by another router (pid {daemon.proc.pid}, ")
+    assert first.endswith("; stop it first; nothing was replaced")
     assert daemon.db.stat().st_ino == inode
     assert not list(tmp_path.glob("gpuq.db.replaced-*"))
     assert (await daemon.job(after))["state"] == "queued"
@@ -251,7 +252,6 @@ async def test_restore_refuses_a_corrupt_foreign_or_newer_file_and_replaces_noth
             assert first == f"error 404 the backup {path} does not exist; nothing was replaced"
         else:
             assert first.startswith(f"error 422 {path} cannot be restored: {why}"), first
-            assert first.endswith("; nothing was replaced")
         assert digest(daemon.db) == before
         assert not list(tmp_path.glob("gpuq.db.replaced-*")) and not list(tmp_path.glob(".gpuq.db.restore-*"))
         assert not (tmp_path / "gpuq.db.lock").exists()
@@ -260,3 +260,22 @@ async def test_restore_refuses_a_corrupt_foreign_or_newer_file_and_replaces_noth
     res = await run_cli("restore", str(good), env={"GPUQ_DATABASE": str(daemon.db)})
     assert res.code == 0, res.err
     assert res.out.startswith(f"restored {daemon.db} from {good}: 1 done\n")
+
+
+def test_a_router_started_during_a_restore_is_told_a_restore_holds_the_database(tmp_path):
+    """The lock's holder says what it is: a router refused mid-restore is not told of a router."""
+    from gpuq.errors import DatabaseInUse
+    from gpuq.ops.daemon import lock_database, unlock_database
+    from gpuq.ops.restore import HOLDER
+
+    db = tmp_path / "gpuq.db"
+    held = lock_database(db, "", HOLDER)
+    try:
+        with pytest.raises(DatabaseInUse) as refused:
+            lock_database(db, "127.0.0.1:8750")
+        assert (
+            f"is in use by `gpuq restore`, replacing the database, pid {os.getpid()}, since " in refused.value.message
+        )
+        assert "another router" not in refused.value.message
+    finally:
+        unlock_database(db, held)

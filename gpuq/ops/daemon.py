@@ -99,11 +99,12 @@ async def start_demo_nodes() -> tuple[list[FakeOllama], list[NodeConfig]]:
     return fakes, nodes
 
 
-def lock_database(database: Path, listen: str) -> int:
+def lock_database(database: Path, listen: str, holder: str = "router") -> int:
     """Hold `<database>.lock` for as long as this router runs: a second router on the same database
     stops here, before it touches the file. The kernel drops the lock when the process ends, even
     by SIGKILL, so a crash never blocks the restart; a router that stops by itself, or cannot
-    start, removes the file (unlock_database). Returns the lock's file descriptor."""
+    start, removes the file (unlock_database). `holder`: what holds it, as the refused are told
+    (a router, or `gpuq restore`). Returns the lock's file descriptor."""
     path = lock_path(database)
     for _ in range(10):  # the file this router opened was removed by its holder meanwhile: open the new one
         try:  # as the store does: a removed directory (see gpuq/store/dbfile.py) must not stop the restart
@@ -128,7 +129,7 @@ def lock_database(database: Path, listen: str) -> int:
         os.close(fd)
     else:
         raise StartupError(f"cannot lock {path}: it was removed and created again ten times over")
-    me = {"pid": os.getpid(), "listen": listen, "started": iso(time.time())}
+    me = {"pid": os.getpid(), "listen": listen, "started": iso(time.time()), "holder": holder}
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
     return fd
@@ -152,9 +153,11 @@ def lock_holder(fd: int) -> str:
     """Who holds the lock, as its holder wrote it: pid, address, start time."""
     try:
         holder = json.loads(os.pread(fd, 4096, 0))
-        return f"pid {holder['pid']}, listening on {holder['listen']} since {holder['started']}"
+        if holder.get("holder", "router") != "router":  # not a router: what it is doing, since when
+            return f"{holder['holder']}, pid {holder['pid']}, since {holder['started']}"
+        return f"another router (pid {holder['pid']}, listening on {holder['listen']} since {holder['started']})"
     except (OSError, ValueError, TypeError, KeyError):
-        return "its pid is not recorded yet"
+        return "another router (its pid is not recorded yet)"
 
 
 def database_override(database: str | None) -> Path | str | None:

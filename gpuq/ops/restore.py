@@ -29,7 +29,7 @@ from ..store.backup import check_restorable, checkpoint, fsync
 from .daemon import lock_database, unlock_database
 
 # How the lock file names the restore to a router that tries to start meanwhile.
-HOLDER = "nothing: `gpuq restore` is replacing the database"
+HOLDER = "`gpuq restore`, replacing the database"
 WAL_FILES = ("-wal", "-shm")
 
 
@@ -53,11 +53,9 @@ def restore(backup: Path, database: Path, now: float | None = None) -> Restored:
     if database.exists() and os.path.samefile(backup, database):
         raise Unprocessable(f"{backup} is the database itself; nothing was replaced")
     try:
-        lock = lock_database(database, HOLDER)
+        lock = lock_database(database, "", HOLDER)
     except DatabaseInUse as exc:
-        raise Conflict(
-            f"a router is running on {database}; stop it first ({exc.holder}); nothing was replaced"
-        ) from None
+        raise Conflict(f"{database} is in use by {exc.holder}; stop it first; nothing was replaced") from None
     try:
         return _replace(backup, database, time.time() if now is None else now)
     finally:
