@@ -536,6 +536,30 @@ async def test_another_routers_change_is_watched_and_this_routers_own_is_not(sto
         await other.close()
 
 
+@covers("backup")
+async def test_a_backup_is_a_checked_copy_on_sqlite_and_names_pg_dump_on_postgres(store, tmp_path):
+    job_id = await submit(store, prompt="kept in the backup")
+    target = tmp_path / "backups" / "gpuq-backup.db"
+    target.parent.mkdir()
+    if on_postgres(store):
+        with pytest.raises(Conflict, match="pg_dump"):
+            await store.backup(str(target))
+        assert not target.exists()
+        return
+    answer = await store.backup(str(target))
+    assert answer["integrity"] == "ok" and answer["bytes"] == target.stat().st_size > 0
+    copy = Store(target, clock=Clock())
+    await copy.open()
+    try:
+        assert (await copy.job(job_id))["state"] == "queued"
+    finally:
+        await copy.close()
+    with pytest.raises(Conflict, match="exists"):
+        await store.backup(str(target))  # an existing file is replaced only when asked
+    assert (await store.backup(str(target), force=True))["integrity"] == "ok"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["gpuq-backup.db"]  # no temp file left
+
+
 # -- the contract covers the whole store ------------------------------------------------------
 
 
