@@ -171,25 +171,7 @@ class Cluster:
                 f.writelines(f"{k} = {v}\n" for k, v in conf.items())
             # Its own session: a Ctrl-C at the terminal stops the tests, which then stop it.
             try:
-                done = subprocess.run(
-                    [
-                        *self.prefix,
-                        pg_ctl,
-                        "start",
-                        "-w",
-                        "-t",
-                        "60",
-                        "-D",
-                        str(self.data),
-                        "-l",
-                        str(self.dir / "server.log"),
-                    ],
-                    capture_output=True,
-                    text=True,
-                    timeout=90,
-                    start_new_session=True,
-                    stdin=subprocess.DEVNULL,
-                )
+                done = self.pg_ctl("start")
             except subprocess.TimeoutExpired:
                 raise NoPostgres(f"pg_ctl start did not finish within 90s{self._log_tail()}") from None
             if done.returncode != 0:
@@ -202,13 +184,18 @@ class Cluster:
     def restart(self) -> None:
         """Stop the server (fast: every connection is cut) and start it again, as an upgrade or a
         crash of the database machine does."""
-        done = subprocess.run(
+        done = self.pg_ctl("restart", "-m", "fast")
+        if done.returncode != 0:
+            raise NoPostgres(f"pg_ctl restart exited {done.returncode}: {done.stderr.strip()}{self._log_tail()}")
+
+    def pg_ctl(self, *action: str) -> subprocess.CompletedProcess[str]:
+        """pg_ctl on this cluster, waiting for it (60 s), its server's log in server.log; in a
+        session of its own: a Ctrl-C at the terminal stops the tests, which then stop it."""
+        return subprocess.run(
             [
                 *self.prefix,
                 str(self.bindir / "pg_ctl"),
-                "restart",
-                "-m",
-                "fast",
+                *action,
                 "-w",
                 "-t",
                 "60",
@@ -223,8 +210,6 @@ class Cluster:
             start_new_session=True,
             stdin=subprocess.DEVNULL,
         )
-        if done.returncode != 0:
-            raise NoPostgres(f"pg_ctl restart exited {done.returncode}: {done.stderr.strip()}{self._log_tail()}")
 
     def postmaster_pid(self) -> int:
         return int((self.data / "postmaster.pid").read_text().split()[0])

@@ -23,9 +23,8 @@ from pathlib import Path
 
 from ..errors import Conflict, DatabaseInUse, NotFound, Unprocessable
 from ..jobs import JobState
-from ..shipped import shipped_files
-from ..store import MIGRATIONS_DIR
 from ..store.backup import check_restorable, checkpoint, fsync
+from ..store.facade import migration_files
 from .daemon import lock_database, unlock_database
 
 # How the lock file names the restore to a router that tries to start meanwhile.
@@ -67,7 +66,7 @@ def _replace(backup: Path, database: Path, now: float) -> Restored:
     os.close(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))  # private: it holds prompts
     try:
         shutil.copyfile(backup, temp)
-        known = {int(f.name[:3]) for f in shipped_files(MIGRATIONS_DIR, "[0-9][0-9][0-9]_*.sql", "migrations")}
+        known = {int(f.name[:3]) for f in migration_files()}
         try:
             jobs = check_restorable(temp, known)
         except Unprocessable as exc:

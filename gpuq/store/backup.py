@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BadRequest, Conflict, GpuqError, NewerSchema, StoreUnavailable, Unprocessable
+from . import sqlite
 from .postgres import safe_dsn
 
 # The database's own files, by suffix: none of them may be a backup's target.
@@ -179,10 +180,10 @@ def check_restorable(path: Path, known: set[int]) -> dict[str, int]:
             tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             if "schema_migration" not in tables or "job" not in tables:
                 raise Unprocessable("it is a SQLite database, but not gpuq's (no schema_migration or job table)")
-            applied = {int(r[0]) for r in db.execute("SELECT version FROM schema_migration")}
-            newer = sorted(applied - known)
-            if newer:
-                raise Unprocessable(NewerSchema("it", newer, max(known)).message)
+            try:
+                sqlite.refuse_newer(db, known, "it")
+            except NewerSchema as exc:
+                raise Unprocessable(exc.message) from None
             return {str(r[0]): int(r[1]) for r in db.execute("SELECT state, COUNT(*) FROM job GROUP BY state")}
         finally:
             db.close()

@@ -41,6 +41,12 @@ __all__ = ["Interrupted", "NewJob", "NodeInfo", "Row", "Store", "STALE_SQL", "MI
 
 MIGRATIONS_DIR = shipped_dir("store.migrations")
 
+
+def migration_files() -> list[Path]:
+    """SQLite's migrations, as shipped: what a store opens with and a restore checks against."""
+    return shipped_files(MIGRATIONS_DIR, "[0-9][0-9][0-9]_*.sql", "migrations")
+
+
 T = TypeVar("T")
 
 
@@ -141,7 +147,7 @@ class Store(Reads):
                 assert isinstance(db, postgres.Connection)
                 postgres.migrate(db.raw, files=files, now=now, where=where)
         else:
-            files = shipped_files(MIGRATIONS_DIR, "[0-9][0-9][0-9]_*.sql", "migrations")
+            files = migration_files()
             path = self._sqlite_path()
 
             def migrate(db: Connection) -> None:

@@ -8,7 +8,7 @@ engine's specifics only through these names."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -115,10 +115,7 @@ def migrate(db: sqlite3.Connection, files: list[Path], now: float, path: Path) -
         "CREATE TABLE IF NOT EXISTS schema_migration ("
         " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)"
     )
-    applied = {r[0] for r in db.execute("SELECT version FROM schema_migration")}
-    newer = sorted(applied - set(known))
-    if newer:
-        raise NewerSchema(path, newer, max(known))
+    applied = refuse_newer(db, known, path)
     # Foreign keys off while migrating, as SQLite's table rebuild procedure asks (a rebuild
     # drops a table others refer to), and checked before each commit instead.
     db.execute("PRAGMA foreign_keys = OFF")
@@ -128,6 +125,17 @@ def migrate(db: sqlite3.Connection, files: list[Path], now: float, path: Path) -
                 _apply_migration(db, version, f, now)
     finally:
         db.execute("PRAGMA foreign_keys = ON")
+
+
+def refuse_newer(db: sqlite3.Connection, known: Iterable[int], where: object) -> set[int]:
+    """The migrations applied to `db`; NewerSchema when one is newer than this gpuq knows (a
+    newer gpuq wrote it): the store's start and a restore's check both refuse it here."""
+    known = set(known)
+    applied = {int(r[0]) for r in db.execute("SELECT version FROM schema_migration")}
+    newer = sorted(applied - known)
+    if newer:
+        raise NewerSchema(where, newer, max(known))
+    return applied
 
 
 def _apply_migration(db: sqlite3.Connection, version: int, f: Path, now: float) -> None:
