@@ -121,8 +121,14 @@ export function excerpt(text, max = 180, more = false) {
 // (prompt_bytes), never the whole prompt: only GET /api/jobs/{id} has that.
 const utf8 = new TextEncoder();
 export function promptExcerpt(job, max = 180) {
+  if (job.private) return privateLabel(job);
   const text = job.prompt_excerpt || '';
   return excerpt(text, max, utf8.encode(text).length < (job.prompt_bytes || 0));
+}
+
+// Another user's job on a private router ([router] private) comes without its text: it says whose.
+export function privateLabel(job) {
+  return job.owner ? `private: ${job.owner}'s job` : 'private: a job of no user';
 }
 
 // Ollama streams about one token per piece; for text we did not see arrive, ~4 chars a token.

@@ -5,7 +5,7 @@
 import {
   between, busyStrip, coalesced, el, excerpt, fmtClock, fmtNum, fmtSpan, getJSON, jobHref, jobRate,
   liveEvents, localMidnight, setConnection, sinceSpan, stateBadge, tickSince, utilText, isRefusal, refusalNotice,
-  heldByPress,
+  heldByPress, privateLabel,
 } from './common.js';
 
 const PAGE = 50;
@@ -117,7 +117,7 @@ function renderJobs() {
 }
 
 function row(j) {
-  const text = j.error || j.prompt_excerpt || '';
+  const text = j.private ? privateLabel(j) : j.error || j.prompt_excerpt || '';
   return el('tr', {dataset: {id: j.id, state: j.state, node: j.node, kind: j.kind}},
     el('td', {}, stateBadge(j.state)),
     el('td', {className: 'num', title: j.finished_at}, fmtClock(j.finished_at),

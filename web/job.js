@@ -2,7 +2,7 @@
 // streaming live while it runs, its runs, events, critiques and findings.
 
 import {
-  api, badge, between, coalesced, confirmDialog, el, estimateTokens, etaSpan, fmtClock, fmtDur, fmtNum,
+  api, badge, privateLabel, between, coalesced, confirmDialog, el, estimateTokens, etaSpan, fmtClock, fmtDur, fmtNum,
   fmtRate, fmtSetting, fmtSpan, jobRate, jobHref, liveEvents, setConnection, since, sinceSpan, stateBadge, streamLines,
   tickSince, toast, promptStart, isRefusal, refusalNotice, heldByPress,
 } from './common.js';
@@ -64,7 +64,7 @@ async function load() {
   }
   J.job = job;
   render();
-  if (running && !J.stream) startStream(runId);
+  if (running && !J.stream && !job.private) startStream(runId); // another's private job: no text to follow
 }
 
 const loadSoon = coalesced(load, 300);
@@ -170,6 +170,10 @@ function when(iso) {
 // reasoning and answer apart). Ended: Ollama's count, or the pieces the router counted before
 // the reply broke off; with neither (the router restarted under it), estimated from its text: '~42'.
 function tokensText(job) {
+  if (job.private) { // no text here to count: the router's counts (while it runs, then Ollama's)
+    if (job.state === 'running') return job.tokens_so_far == null ? '–' : fmtNum(job.tokens_so_far);
+    return job.eval_count == null ? '–' : fmtNum(job.eval_count);
+  }
   if (job.state === 'running' && J.stream && J.counted) {
     const {thinking, answer} = J.counted;
     if (thinking || job.kind === 'critique') return `thinking ${fmtNum(thinking)} · answer ${fmtNum(answer)}`;
@@ -247,6 +251,22 @@ function render() {
         el('a', {className: 'mono', href: jobHref(job.parent), text: job.parent})) : null),
     stateNotice(job),
     facts(job),
+    ...(job.private ? [privateNotice(job)] : content(job, streaming, thinkingOpen, runs, children))].filter(Boolean));
+  for (const d of main.querySelectorAll('details.run-output')) d.open = opened.has(d.dataset.run);
+  outPre.scrollTop = streaming && atBottom ? outPre.scrollHeight : scroll;
+  paintLive();
+}
+
+// Another user's job on a private router ([router] private): where and when, never what it says.
+function privateNotice(job) {
+  return el('div', {className: 'notice private', id: 'private-notice'},
+    el('strong', {text: `${privateLabel(job)}. `}),
+    'The router is private: its prompt, output, runs and events are for its owner and admins.');
+}
+
+// What the job says and did: its error, findings, prompt, reasoning, output, critiques, runs, events.
+function content(job, streaming, thinkingOpen, runs, children) {
+  return [
     job.error ? el('section', {className: 'box error-box', id: 'error'},
       el('div', {className: 'box-head'}, el('h2', {text: job.state === 'cancelled' ? 'Why it was cancelled' : 'Error'})),
       el('pre', {className: 'text short', text: job.error})) : null,
@@ -265,10 +285,7 @@ function render() {
       outPre),
     job.kind === 'task' ? critiques(children) : null,
     runsTable(runs),
-    timeline(job.events || [])].filter(Boolean));
-  for (const d of main.querySelectorAll('details.run-output')) d.open = opened.has(d.dataset.run);
-  outPre.scrollTop = streaming && atBottom ? outPre.scrollHeight : scroll;
-  paintLive();
+    timeline(job.events || [])];
 }
 
 function outputNote(job, runs) {
@@ -410,6 +427,10 @@ function timeline(events) {
 
 function renderActions(job) {
   const buttons = [];
+  if (job.private) { // another's job: a member acts only on their own
+    actions.replaceChildren();
+    return;
+  }
   if (job.state === 'queued') {
     buttons.push(el('button', {type: 'button', text: 'Preempt', title: 'Run it next; the running job goes back behind it',
       onclick: () => act('preempt', 'POST', 'preempt', {title: `Preempt ${job.node}?`, confirm: 'Preempt',

@@ -803,7 +803,7 @@ function renderRecent() {
     el('td', {className: `what${j.error ? ' err' : ''}`,
       text: j.error ? excerpt(j.error, 120) : promptExcerpt(j, 120),
       title: j.error ? excerpt(j.error, 2000) : promptExcerpt(j, 2000)}),
-    el('td', {}, j.state === 'failed' || j.state === 'cancelled'
+    el('td', {}, (j.state === 'failed' || j.state === 'cancelled') && !j.private // another's: not theirs to retry
       ? el('button', {type: 'button', className: 'small ghost', text: 'Retry',
         title: 'Queue it again at the tail of its node', onclick: () => retryJob(j)}) : null)));
   body.replaceChildren(el('div', {className: 'table-scroll'}, el('table', {className: 'recent'},

@@ -6,12 +6,13 @@ from __future__ import annotations
 from aiohttp import web
 
 from ..access.identity import ANYONE, Caller
+from ..access.privacy import sees_all, visible
 from ..access.tokens import CALLER
 from ..errors import Forbidden
 from ..store import Row
 from .inputs import job_id_of
-from .render import json_response
-from .state import STORE
+from .render import json_response, placeholder
+from .state import DISPATCHER, STORE
 
 
 def caller_of(request: web.Request) -> Caller:
@@ -37,6 +38,40 @@ def refuse_others(caller: Caller, job: Row) -> None:
         whose = f"belongs to {owner}" if owner else "belongs to no user (sent without a user's token)"
         raise Forbidden(
             f"job {job['id']} {whose}; a member acts only on their own jobs (you are {caller.name}, a member)"
+        )
+
+
+def private_for(request: web.Request) -> bool:
+    """Is the router private ([router] private, live: a reload changes it at once)?"""
+    return request.app[DISPATCHER].settings.private
+
+
+def may_read(request: web.Request, owner: str | None) -> bool:
+    """May the caller read the content of a job sent by `owner` (gpuq/access/privacy.py)?"""
+    return visible(caller_of(request), owner, private_for(request))
+
+
+def reads_all(request: web.Request) -> bool:
+    """Does the caller read every job in full (not a member of a private router)?"""
+    return sees_all(caller_of(request), private_for(request))
+
+
+def as_seen(request: web.Request, job: Row) -> Row:
+    """A job in the API's shape as the caller may see it: whole, or the placeholder (render.py).
+    Every route that answers jobs passes each one through here, last."""
+    return job if may_read(request, job.get("owner")) else placeholder(job)
+
+
+def refuse_unreadable(request: web.Request, job: Row, what: str) -> None:
+    """A route whose whole answer is a job's content (its output stream; a critique, whose prompt
+    copies its parent's prompt and output): 403 naming the owner, for a job the caller may not read."""
+    owner = job.get("owner")
+    if not may_read(request, owner):
+        whose = f"belongs to {owner}" if owner else "belongs to no user"
+        caller = caller_of(request)
+        raise Forbidden(
+            f"job {job['id']} {whose}; the router is private ([router] private): {what} is for its owner"
+            f" and admins (you are {caller.name}, a member)"
         )
 
 

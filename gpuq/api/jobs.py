@@ -11,7 +11,7 @@ from .. import eta
 from ..access.lanes import Door, lane_for
 from ..errors import BadRequest
 from ..jobs import ACTIVE, FINAL, JobState, Kind, NewJob, preview_url
-from .callers import actor_of, caller_of
+from .callers import actor_of, as_seen, caller_of, private_for, reads_all, refuse_unreadable
 from .inputs import field_of, int_param, job_id_of, json_body
 from .render import job_json, json_response, with_eta, with_live, with_quota
 from .state import DISPATCHER, SETTINGS, STORE
@@ -27,11 +27,17 @@ async def submit(request: web.Request) -> web.Response:
     # The JSON types here, in the API's words; every rule of the values is NewJob's.
     caller = caller_of(request)
     lane = lane_for(caller.user, field_of(body, "priority", str), Door.API)
+    parent = field_of(body, "parent", str)
+    if parent is not None and private_for(request):
+        # A critique's prompt is its parent's prompt and output: on a private router, a member's
+        # critique of another's job would be a copy of it, theirs to read.
+        job_id_of(request, parent)
+        refuse_unreadable(request, await request.app[STORE].job(parent), "critiquing it")
     new = NewJob.checked(
         settings.max_prompt_bytes,
         kind=field_of(body, "kind", str, required=True),
         prompt=field_of(body, "prompt", str),
-        parent=field_of(body, "parent", str),
+        parent=parent,
         timeout_s=field_of(body, "timeout", (int, float)),
         model=field_of(body, "model", str),
         node=field_of(body, "node", str),
@@ -69,7 +75,7 @@ async def get_job(request: web.Request) -> web.Response:
             job = await app[STORE].job_detail(job_id)
     out = with_eta(with_live(job_json(job, app[SETTINGS].public_url), app[DISPATCHER]), found)
     await with_quota(app, [out])
-    return json_response(out)
+    return json_response(as_seen(request, out))
 
 
 async def list_jobs(request: web.Request) -> web.Response:
@@ -82,7 +88,7 @@ async def list_jobs(request: web.Request) -> web.Response:
     found = await request.app[DISPATCHER].estimates() if not state or state in ACTIVE else {}
     rows = await request.app[STORE].jobs(q.get("node"), state, limit)
     url = request.app[SETTINGS].public_url
-    return json_response({"jobs": [with_eta(job_json(r, url), found) for r in rows]})
+    return json_response({"jobs": [as_seen(request, with_eta(job_json(r, url), found)) for r in rows]})
 
 
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -105,6 +111,12 @@ async def history(request: web.Request) -> web.Response:
         raise BadRequest(f"query parameter 'q' is {len(text)} characters long; at most 200")
     limit = int_param(q, "limit", 50, 1, 500)
     offset = int_param(q, "offset", 0, 0, 10_000_000)
-    rows, total = await request.app[STORE].history(state, node, kind, text, limit, offset, owner=owner)
+    # On a private router a member's text search reads only their own prompts and errors (ids and
+    # models: everyone's), or a search would tell, job by job, what others asked.
+    own_text = None if reads_all(request) else caller_of(request).name or ""
+    rows, total = await request.app[STORE].history(
+        state, node, kind, text, limit, offset, owner=owner, text_owner=own_text
+    )
     url = request.app[SETTINGS].public_url
-    return json_response({"jobs": [job_json(r, url) for r in rows], "total": total, "limit": limit, "offset": offset})
+    jobs = [as_seen(request, job_json(r, url)) for r in rows]
+    return json_response({"jobs": jobs, "total": total, "limit": limit, "offset": offset})

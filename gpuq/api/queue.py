@@ -10,7 +10,7 @@ from aiohttp import web
 from .. import eta
 from ..errors import BadRequest, OverQuota, UnknownNode
 from ..jobs import JobState, NodeCounts
-from .callers import actor_of, caller_of, own_job
+from .callers import actor_of, as_seen, caller_of, own_job
 from .inputs import field_of, int_param, job_id_of, json_body
 from .render import job_json, json_response, node_json, with_eta, with_live, with_quota
 from .state import BUS, DISPATCHER, SETTINGS, STORE
@@ -63,6 +63,9 @@ async def queue(request: web.Request) -> web.Response:
             )
         )
     await with_quota(app, [j for n in nodes for j in n["queued"]])
+    for n in nodes:  # on a private router, others' jobs as placeholders (last: with_live filled them)
+        n["running"] = n["running"] and as_seen(request, n["running"])
+        n["queued"] = [as_seen(request, j) for j in n["queued"]]
     return json_response({"queue_depth": depth, "nodes": nodes} if only is None else {"nodes": nodes, "offset": offset})
 
 

@@ -69,6 +69,32 @@ def job_json(row: Row, public_url: str) -> Row:
     return out
 
 
+# What a job another user sent shows a member when the router is private (gpuq/access/privacy.py):
+# where and when it waits or runs, whose it is and how far it got, never what it says. Its error
+# goes too: a node's or a parse's error can quote the prompt or the reply.
+PLACEHOLDER_KEEPS = frozenset(
+    {
+        "id", "kind", "state", "node", "model", "prompt_bytes", "parent", "group", "placement",
+        "created_at", "started_at", "finished_at", "progress_at", "work_done_at", "eval_count",
+        "eval_duration_ns", "done_reason", "preempted_runs", "timeout_s", "run_id", "preview_url",
+        "waiting_for", "owner", "client", "lane", "endpoint", "queue_position", "eta_start", "eta_finish",
+        "eta_reason", "held_by_quota", "tokens_so_far", "thinking_tokens_so_far",
+    }
+)  # fmt: skip
+# Kept as keys (null) where the job's shape has them, so a client reads a placeholder as it reads a job.
+PLACEHOLDER_NULLS = ("prompt_excerpt", "prompt", "output", "thinking", "error")
+
+
+def placeholder(job: Row) -> Row:
+    """A job as a member sees another user's on a private router: the fields above, its text null,
+    and `private: true` (the pages and the CLI say "private: <owner>'s job"). Applied last, to the
+    job's whole shape (after with_live, with_eta, with_quota)."""
+    out = {k: v for k, v in job.items() if k in PLACEHOLDER_KEEPS}
+    out.update({k: None for k in PLACEHOLDER_NULLS if k in job})
+    out["private"] = True
+    return out
+
+
 def node_json(rt: NodeRuntime) -> Row:
     """The API's shape of a node: its config, its health, a crashed loop of its own."""
     return {

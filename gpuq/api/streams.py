@@ -7,6 +7,7 @@ from aiohttp import web
 from ..bus import next_event
 from ..jobs import ACTIVE, JobState, compact_json
 from ..store import Row
+from .callers import may_read, private_for, refuse_unreadable
 from .inputs import job_id_of
 from .render import job_json
 from .state import BUS, DISPATCHER, SETTINGS, STORE
@@ -19,6 +20,8 @@ async def stream_job(request: web.Request) -> web.StreamResponse:
     waiting_for}} whenever where it waits changes, and {"started": {node}} when it starts."""
     app = request.app
     job_id = job_id_of(request)
+    if private_for(request):  # nothing but a job's text: another's is refused on a private router
+        refuse_unreadable(request, await app[STORE].job(job_id), "its output")
     resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-store"})
 
     async def line(obj: Row) -> None:
@@ -103,7 +106,9 @@ async def stream_job(request: web.Request) -> web.StreamResponse:
 
 
 async def events(request: web.Request) -> web.StreamResponse:
-    """Server-sent events for the page: one `change` per queue change, coalesced."""
+    """Server-sent events for the page: one `change` per queue change, coalesced; one `tokens` per
+    piece a running job makes (on a private router, another's piece with its text left out: the
+    page counts its tokens, and reads no word of it)."""
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"})
     with request.app[BUS].subscribe() as queue:
         await resp.prepare(request)
@@ -117,6 +122,8 @@ async def events(request: web.Request) -> web.StreamResponse:
             if topic == "shutdown":
                 return resp
             if topic == "tokens":
+                if not may_read(request, data.get("owner")):
+                    data = {k: "" if k in ("text", "thinking") else v for k, v in data.items()}
                 await resp.write(f"event: tokens\ndata: {compact_json(data)}\n\n".encode())
             else:
                 await resp.write(f"event: change\ndata: {compact_json(data)}\n\n".encode())

@@ -111,8 +111,15 @@ def excerpt(text: str, width: int = 50, more: bool = False) -> str:
 
 def prompt_excerpt(job: dict, width: int = 50) -> str:
     """A listed job's prompt: listings carry its first characters and its size in bytes."""
+    if job.get("private"):
+        return private_label(job)
     text = job["prompt_excerpt"]
     return excerpt(text, width, more=len(text.encode("utf-8")) < job["prompt_bytes"])
+
+
+def private_label(job: dict) -> str:
+    """Another user's job on a private router ([router] private) comes without its text: whose it is."""
+    return f"private: {job['owner']}'s job" if job.get("owner") else "private: a job of no user"
 
 
 def owner_of(job: dict) -> str:

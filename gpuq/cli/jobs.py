@@ -13,7 +13,7 @@ import click
 from ..jobs import FINAL, JobState, parse_iso
 from ..params import THINK_LEVELS
 from .client import ApiError, Router
-from .common import ago, api_errors, eta_summary, excerpt, fail, router_of, seg
+from .common import ago, api_errors, eta_summary, excerpt, fail, private_label, router_of, seg
 
 
 def read_text(path: str) -> str:
@@ -347,6 +347,9 @@ def show(ctx, job_id, as_json) -> None:
         ]
         click.echo(eta + (f"   [{', '.join(times)}]" if times else ""))
     click.echo(summary(job))
+    if job.get("private"):
+        click.echo(f"\n{private_label(job)}: its prompt, output, runs and events are for its owner and admins")
+        return
     for ev in job.get("events", []):
         if (ev["reason"] or "").startswith("warning: "):
             click.echo(ev["reason"])

@@ -217,6 +217,14 @@ KEYS: tuple[Key, ...] = (
         "An interactive job queued on a node running a batch job interrupts it, as `gpuq preempt` would.",
         False,
     ),
+    _r(
+        "private",
+        "With [[user]]s, a member sees other users' jobs as placeholders (owner, state, node, place, "
+        "times, token counts; no prompt, output or request) and only their own in full; an admin sees "
+        "all (Slurm's `PrivateData=jobs`; see Users: private prompts). Off: a lab that shares its work "
+        "sees it all, as before.",
+        False,
+    ),
     # -- connections
     _r(
         "header_timeout",

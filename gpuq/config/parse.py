@@ -117,6 +117,9 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
     preempts = typed(router, "interactive_preempts", bool, "router")
     if preempts is not None:
         values["interactive_preempts"] = preempts
+    private = typed(router, "private", bool, "router")
+    if private is not None:
+        values["private"] = private
     values["users"] = parse_users(data, values)
     template = typed(router, "critique_template", str, "router")
     if template is not None:

@@ -127,6 +127,8 @@ class Settings:
     fair_share: bool | None = None  # interleave users' batch jobs; None: on with two users or more
     # An interactive job queued behind a running batch job interrupts it (gpuq preempt's way).
     interactive_preempts: bool = False
+    # A member sees other users' jobs as placeholders, their own in full (gpuq/access/privacy.py).
+    private: bool = False
     # The file these settings were read from (what `gpuq reload` and SIGHUP read again); None: the demo.
     source: Path | None = None
     # Settings the command line gave (`gpuq serve --listen ...`): a reload keeps them, whatever the file says.

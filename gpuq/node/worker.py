@@ -428,7 +428,8 @@ class Worker:
             raise OutputCapped(f"the reply passed max_output_bytes ({cap} bytes): request aborted, output so far kept")
         cur.size = size
         pieces.append(piece)
-        self.bus.publish("tokens", {"id": job["id"], "run_id": cur.run_id, kind: piece})
+        # Its owner too: the page's event stream shows a private job's pieces to whom may read it.
+        self.bus.publish("tokens", {"id": job["id"], "run_id": cur.run_id, "owner": job.get("owner"), kind: piece})
 
     async def _beat(self, job: Row, cur: Current, last_beat: float) -> float:
         """Write the progress so far, at most every HEARTBEAT_S; returns when it last did."""

@@ -253,8 +253,11 @@ class Reads:
         limit: int,
         offset: int,
         owner: str | None = None,
+        text_owner: str | None = None,
     ) -> tuple[list[Row], int]:
-        """Finished jobs, newest first, filtered (by owner too); and how many match in all."""
+        """Finished jobs, newest first, filtered (by owner too); and how many match in all. `text`
+        matches an id, a model, an error or a prompt; with `text_owner` (a member of a private
+        router) the errors and prompts of that owner's jobs only."""
         where, params = ["j.finished_at IS NOT NULL"], []
         for column, value in (("j.state", state), ("j.node", node), ("j.kind", kind), ("j.owner", owner)):
             if value:
@@ -262,14 +265,13 @@ class Reads:
                 params.append(value)
         if text:
             like = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-            where.append(
-                "("
-                + " OR ".join(
-                    f"{c} {self.engine.LIKE} ? ESCAPE '\\'" for c in ("j.id", "j.model", "j.error", "j.prompt")
-                )
-                + ")"
-            )
-            params += [like] * 4
+            match = [f"{c} {self.engine.LIKE} ? ESCAPE '\\'" for c in ("j.id", "j.model", "j.error", "j.prompt")]
+            if text_owner is None:
+                where.append("(" + " OR ".join(match) + ")")
+                params += [like] * 4
+            else:
+                where.append(f"({match[0]} OR {match[1]} OR (j.owner = ? AND ({match[2]} OR {match[3]})))")
+                params += [like, like, text_owner, like, like]
         cond = " AND ".join(where)
         rows = await self.read(
             f"SELECT {LISTING_COLUMNS} {JOB_FROM.replace('job j', 'job j' + self.engine.indexed_by('job_finished'))}"
