@@ -422,6 +422,13 @@ async def test_finished_jobs_are_counted_searched_and_timed_alike(store):
     assert (await store.history(None, None, None, "0%s", 10, 0))[1] == 0  # % is a character, not a wildcard
     assert [r["id"] for r in (await store.history(None, None, None, None, 10, 0, owner="ann"))[0]] == [done]
     assert [r["id"] for r in (await store.history(None, None, None, None, 1, 1))[0]] == [done]
+    # A member of a private router searches the prompts and errors of their own jobs only; ids
+    # and models of all ([router] private).
+    assert (await store.history(None, None, None, "hello", 10, 0, text_owner="bea"))[1] == 0
+    assert (await store.history(None, None, None, "boom", 10, 0, text_owner="bea"))[1] == 0
+    assert [r["id"] for r in (await store.history(None, None, None, "hello", 10, 0, text_owner="ann"))[0]] == [done]
+    assert [r["id"] for r in (await store.history(None, None, None, failed, 10, 0, text_owner="bea"))[0]] == [failed]
+    assert (await store.history(None, None, None, "ma", 10, 0, text_owner="bea"))[1] == 2  # the model's name
 
     assert await store.finished_since(start) == {"done": 1, "failed": 1}
     assert await store.finished_since(clock() + 60) == {}
