@@ -285,8 +285,16 @@ async def metrics(d) -> None:
 
 
 async def a_call_of_her_own(d) -> None:
-    """The front door's job-making routes answer the caller's own call only: none reads a job by
-    id (no previous_response_id, no stored responses), so there is no other user's job to ask for."""
+    """The front door's job-making routes (and /api/pull, which makes none) answer the caller's
+    own call only: none takes a job's id (no stored responses, no previous_response_id; the
+    first test fails a front-door route with an id in its path), so no other user's job is
+    there to ask for. The job a call makes is its caller's, shown to others as any job is."""
+
+
+async def model_card(d) -> None:
+    async with d.session.post(d.front + "/api/show", json={"model": MODEL}, headers=bearer("alice")) as resp:
+        assert resp.status == 200, resp.status
+        holds_nothing_of_bobs(d, await resp.text())
 
 
 API_ROUTES: dict[tuple[str, str], Check] = {
@@ -324,7 +332,7 @@ FRONT_ROUTES: dict[tuple[str, str], Check] = {
     ("GET", "/api/ps"): no_job_text("/api/ps", door="front"),
     ("GET", "/v1/models"): no_job_text("/v1/models", door="front"),
     ("GET", "/v1/models/{model}"): no_job_text(f"/v1/models/{MODEL}", door="front"),
-    ("POST", "/api/show"): a_call_of_her_own,  # a model's card from a node
+    ("POST", "/api/show"): model_card,  # a model's card from a node
     ("POST", "/api/pull"): a_call_of_her_own,  # a model pulled onto the nodes
     ("*", "/api/push"): no_job_text("/api/push", ok=(404, 405, 501), door="front"),  # not served
 }
@@ -346,6 +354,10 @@ def test_every_route_of_both_doors_has_its_privacy_check(tmp_path):
     )
     unchecked = {r for r in front if front_route(*r) is None}
     assert not unchecked, f"front-door routes without a privacy check: {unchecked}"
+    # A front-door route that names something other than a model (or a not-served route's rest)
+    # could name a job: it needs its own check above.
+    by_id = {r for r in front if "{" in r[1] and not r[1].endswith(("{model}", "{rest}"))}
+    assert not by_id, f"front-door routes that may read a job by id, without their own check: {by_id}"
 
 
 async def test_a_member_sees_others_jobs_as_placeholders_on_every_route(private_lab):
