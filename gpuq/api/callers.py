@@ -1,5 +1,6 @@
 """Who sent a request and what they may do with a job: the Caller that access/ found, as an
-event's actor, and the rules a member meets (their own jobs; admin-only actions)."""
+event's actor, and the rules a member meets (their own jobs; admin-only actions; on a private
+router, others' jobs as placeholders: access/privacy.py's rule, render.py's placeholder)."""
 
 from __future__ import annotations
 
