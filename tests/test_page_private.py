@@ -35,6 +35,9 @@ async def test_a_member_sees_placeholders_for_anothers_jobs_on_every_page(privat
     await expect(page.locator("#private-notice")).to_contain_text("private: bob's job.")
     await expect(page.locator("#f-owner")).to_have_text("bob")
     await expect(page.locator("#f-tokens")).not_to_have_text("–")
+    # Its count goes on from the events (which carry no text), without a reload.
+    counted = int((await page.locator("#f-tokens").text_content()).replace(",", ""))
+    await expect(page.locator("#f-tokens")).not_to_have_text(f"{counted:,}")
     for box in ("#prompt", "#output", "#runs", "#events", "#actions button"):
         await expect(page.locator(box)).to_have_count(0)
     assert SECRET not in await page.content() and d.output[:60] not in await page.content()

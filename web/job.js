@@ -22,6 +22,7 @@ const J = {
   caughtUp: 0, // estimated tokens in the catch-up text
   counted: null, // {thinking, answer}: the router's counts when the stream opened, plus each piece since
   streamStart: 0,
+  since: 0, // another's private job: token events since its last load (they carry no text)
 };
 window.gpuqJob = J; // for the browser console (and the page tests)
 
@@ -63,6 +64,7 @@ async function load() {
     thinkText.data = job.thinking || '';
   }
   J.job = job;
+  J.since = 0;
   render();
   if (running && !J.stream && !job.private) startStream(runId); // another's private job: no text to follow
 }
@@ -171,7 +173,7 @@ function when(iso) {
 // the reply broke off; with neither (the router restarted under it), estimated from its text: '~42'.
 function tokensText(job) {
   if (job.private) { // no text here to count: the router's counts (while it runs, then Ollama's)
-    if (job.state === 'running') return job.tokens_so_far == null ? '–' : fmtNum(job.tokens_so_far);
+    if (job.state === 'running') return job.tokens_so_far == null ? '–' : fmtNum(job.tokens_so_far + J.since);
     return job.eval_count == null ? '–' : fmtNum(job.eval_count);
   }
   if (job.state === 'running' && J.stream && J.counted) {
@@ -468,6 +470,11 @@ async function act(what, method, suffix, confirmation) {
 liveEvents({
   onConnect: loadSoon,
   onChange: loadSoon,
+  onTokens: (d) => { // only another's private job: this page's own stream counts the others
+    if (!d || !J.job || !J.job.private || d.id !== J.job.id) return;
+    J.since++;
+    paintLive();
+  },
   onStatus: (status) => setConnection(status),
 });
 
