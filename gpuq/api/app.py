@@ -138,7 +138,9 @@ def create_app(settings: Settings, clock: Callable[[], float] = time.time) -> we
     app[METRICS] = Metrics()
     app[DISPATCHER] = Dispatcher(settings, store, bus)
     dispatcher = app[DISPATCHER]
-    app[BACKUPS] = Backups(lambda: dispatcher.settings, store, clock)
+    app[BACKUPS] = Backups(
+        lambda: dispatcher.settings, store, clock, lambda row: bus.publish("queue", {"backup": row and row["id"]})
+    )
     app[STORAGE] = StorageWatch(lambda: dispatcher.settings, store, clock)
     app[ALERTER] = Alerter(settings, store, dispatcher, sources=(app[BACKUPS], app[STORAGE]))
     app[RELOADING] = asyncio.Lock()

@@ -43,10 +43,17 @@ class Backups:
 
     alerts: tuple[str, ...] = ("backup_failed", "backup_overdue")
 
-    def __init__(self, settings_of: Callable[[], Settings], store: Store, clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        settings_of: Callable[[], Settings],
+        store: Store,
+        clock: Callable[[], float] = time.time,
+        on_end: Callable[[Row | None], None] = lambda row: None,
+    ):
         self.settings_of = settings_of
         self.store = store
         self.clock = clock
+        self.on_end = on_end  # each scheduled backup's end, made or failed: the pages look again
         self.last: dict[str, Row | None] = {}  # Store.last_backups, as last read
         self.born: float | None = None  # the database's first migration
         self.running_since: float | None = None  # a scheduled backup is being made
@@ -96,12 +103,14 @@ class Backups:
         except GpuqError as exc:  # on the record (Store.backup's or _record_unmade's)
             log.error("scheduled backup failed: %s; trying again in %s", exc.message, span(min(every, 3600.0)))
             await self.refresh()
+            self.on_end(self.last.get("scheduled_failure"))
             return self.last.get("scheduled_failure")
         finally:
             self.running_since = None
         log.info("scheduled backup: %s (%d bytes in %.1fs, integrity ok)", made["path"], made["bytes"], made["seconds"])
         await self.rotate(settings.backup_keep)
         await self.refresh()
+        self.on_end(self.last.get("scheduled_success"))
         return self.last.get("scheduled_success")
 
     def due_at(self, every: float) -> float:
