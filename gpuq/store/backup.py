@@ -13,7 +13,9 @@ a large database on a busy router may never finish, and one unstepped is the sam
 transaction as `VACUUM INTO`. `VACUUM INTO` also leaves the copy compact (no free pages) and in
 rollback-journal mode: one self-contained file, nothing beside it. Its cost: while it reads, the
 WAL cannot be checkpointed past its snapshot, so the WAL grows for the length of the backup and
-is folded back at the next checkpoint after it.
+is folded back at the next checkpoint after it. Measured (bench/backup.py): a 1 GB database in
+13 s with the WAL at most 7 MB, while the stepped backup API under the same submits restarted
+319 times and had not finished after 73 s.
 
 The copy goes to a temporary file beside the target, is checked (`PRAGMA integrity_check` must
 say "ok"), fsynced, and only then renamed over the target (os.replace; the directory fsynced):
