@@ -164,6 +164,9 @@ async def backup_section(bench: Bench) -> None:
         if status != 200:
             raise RuntimeError(f"POST /api/backup: {status} {raw[:300]!r}")
         during = probe.between(t, t + took)
+        phases = json.loads(raw)["phases"]
+        ends = [t, t + phases["copied"], t + phases["checked"], t + phases["synced"]]
+        by_phase = {name: probe.between(a, b) for name, a, b in zip(("copy", "check", "sync"), ends, ends[1:])}
         wal_vacuum = probe.wal_max
         probe.wal_max = 0
         copy_mb = target.stat().st_size / 1e6
@@ -188,6 +191,19 @@ async def backup_section(bench: Bench) -> None:
         "backup_s", f"backup of a {label} database, router answering (VACUUM INTO), s", "s", "count", "<= 60"
     ).add_run(took)
     bench.metric("backup_copy_mb", "its copy (compact, integrity checked)", "MB", "mb").add_run(copy_mb)
+    start = 0.0
+    for name, what in (
+        ("copy", "copied (VACUUM INTO)"),
+        ("check", "checked (integrity_check)"),
+        ("sync", "fsynced, renamed"),
+    ):
+        end = phases[{"copy": "copied", "check": "checked", "sync": "synced"}[name]]
+        bench.metric(f"backup_{name}_s", f"  of which {what}, s", "s", "count").add_run(end - start)
+        start = end
+        for probe_of, label in (("health", "/health"), ("submit", "submit")):
+            bench.metric(f"backup_{name}_{probe_of}_max", f"  {label} while {what}, the longest", "ms", "ms").add_run(
+                worst(by_phase[name][probe_of])
+            )
     bench.metric("backup_wal_mb", "the WAL's largest size during it", "MB", "mb").add_run(wal_vacuum / 1e6)
     for what, name in (("health", "/health"), ("submit", "submit")):
         bench.metric(f"backup_{what}_base", f"{name} before the backup", "ms", "ms").add_run(baseline[what])

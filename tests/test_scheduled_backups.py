@@ -19,6 +19,7 @@ from pathlib import Path
 
 import tomli_w
 from conftest import eventually, node_table
+from test_alerts import receiver  # noqa: F401 (a fixture)
 
 from gpuq.budget import NAME
 
@@ -106,11 +107,14 @@ async def test_scheduled_backups_are_taken_named_by_utc_time_and_rotated_never_d
 
 
 async def test_a_failing_backup_warns_and_alerts_while_health_stays_ok_and_a_success_resolves_both(
-    fakes, daemon_factory, tmp_path
+    fakes, daemon_factory, receiver, tmp_path
 ):
     blocked = tmp_path / "not-a-folder"
     blocked.write_text("a file where the backups' folder should be")
     daemon = await one_node(fakes, daemon_factory, backup={"every": "1s", "dir": str(blocked)})
+    set_tables(daemon.config, router={**tomllib.loads(daemon.config.read_text())["router"], "alert_url": receiver.url})
+    await daemon.kill(15)
+    await daemon.start()
 
     async def alerting():
         opened = {a["alert"]: a for a in (await daemon.get("/api/alerts"))["alerts"] if a["resolved_at"] is None}
@@ -143,6 +147,18 @@ async def test_a_failing_backup_warns_and_alerts_while_health_stays_ok_and_a_suc
 
     ended = await resolved_within(resolved)
     assert ended["backup_failed"]["resolution"].startswith(f"a scheduled backup succeeded: {good}")
+    # Each firing and its end reach the person at router.alert_url, once each.
+    await eventually(lambda: len(receiver.got) >= 4, 20, 0.1, "the four notices")
+    assert sorted(receiver.statuses()) == sorted(
+        [
+            ("firing", "backup_failed"),
+            ("firing", "backup_overdue"),
+            ("resolved", "backup_failed"),
+            ("resolved", "backup_overdue"),
+        ]
+    )
+    [notice] = [b for b in receiver.bodies() if b["status"] == "firing" and b["alert"] == "backup_failed"]
+    assert notice["node"] == "" and notice["job"] is None and "gpuq backup PATH" in notice["fix"]
     health = await daemon.get("/health")
     assert health["warnings"] == [] and health["backup"]["last_failure"] is None
     assert Path(health["backup"]["last"]["path"]).parent == good
@@ -186,6 +202,11 @@ async def test_health_and_metrics_show_the_database_size_wal_free_space_and_last
     assert float(values["gpuq_backup_last_bytes"]) == target.stat().st_size
     assert abs(float(values["gpuq_backup_last_success_timestamp_seconds"]) - time.time()) < 60
     assert values["gpuq_backup_failing"] == "0.0"
+    # A restart keeps the last backup: it is on the record, not in the router's memory.
+    await daemon.kill(15)
+    await daemon.start()
+    again = await eventually(measured, 10, what="/health after a restart")
+    assert again["backup"]["last"] == health["backup"]["last"]
 
 
 async def test_a_database_near_its_cap_warns_and_alerts_with_its_growth_from_the_samples(

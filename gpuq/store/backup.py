@@ -99,25 +99,30 @@ def _same_file(a: Path, b: Path) -> bool:
 def back_up(database: Path, target: Path, busy_timeout_s: float) -> dict[str, Any]:
     """Copy `database` (the router's, open and written meanwhile) to `target` (checked by
     target_of), as the module says; blocking, run in a thread of its own. Returns what the
-    answer says: the path, its bytes, the seconds it took, the integrity check's result."""
+    answer says: the path, its bytes, the seconds it took, the integrity check's result, and when
+    each step ended (`phases`: copied, checked, synced; seconds from the start)."""
     started = time.monotonic()
     temp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.partial")
     try:  # made empty, private (the queue holds people's prompts), and new: VACUUM INTO fills it
         os.close(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except OSError as exc:
         raise Unprocessable(f"cannot write in {target.parent}: {exc.strerror}; nothing was written") from None
+    phases: dict[str, float] = {}  # when each step ended, from the start: where a backup's time goes
     try:
         _vacuum_into(database, temp, busy_timeout_s, target)
+        phases["copied"] = time.monotonic() - started
         try:
             checked = integrity(temp)
         except sqlite3.Error as exc:
             raise GpuqError(f"the copy could not be checked ({exc}); nothing was written to {target}") from None
         if checked != "ok":
             raise GpuqError(f"the copy failed its integrity check ({checked}); nothing was written to {target}")
+        phases["checked"] = time.monotonic() - started
         size = temp.stat().st_size
         fsync(temp)
         os.replace(temp, target)
         fsync(target.parent)
+        phases["synced"] = time.monotonic() - started
     except OSError as exc:
         with contextlib.suppress(OSError):
             os.unlink(temp)
@@ -132,6 +137,7 @@ def back_up(database: Path, target: Path, busy_timeout_s: float) -> dict[str, An
         "seconds": round(time.monotonic() - started, 3),
         "integrity": checked,
         "database": str(database),
+        "phases": {k: round(v, 3) for k, v in phases.items()},
     }
 
 
