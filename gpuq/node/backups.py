@@ -58,6 +58,7 @@ class Backups:
         self.born: float | None = None  # the database's first migration
         self.running_since: float | None = None  # a scheduled backup is being made
         self.wake = asyncio.Event()  # a reload: look again now
+        self.waiting_turn = False  # `gpuq backup` was making one: look again after POLL_S
 
     @property
     def every_s(self) -> float | None:
@@ -89,7 +90,7 @@ class Backups:
         settings = self.settings_of()
         folder = settings.backups_dir
         assert folder is not None and isinstance(settings.database, Path), "scheduled backups are SQLite's"
-        self.running_since = self.clock()
+        self.running_since, self.waiting_turn = self.clock(), False
         try:
             try:
                 target = self._free_name(folder, settings.database.name)
@@ -99,6 +100,7 @@ class Backups:
             log.info("scheduled backup: to %s", target)
             made = await self.store.backup(str(target), scheduled=True)
         except BackupBusy:  # `gpuq backup` is making one: this one waits its turn
+            self.waiting_turn = True
             return None
         except GpuqError as exc:  # on the record (Store.backup's or _record_unmade's)
             log.error("scheduled backup failed: %s; trying again in %s", exc.message, span(min(every, 3600.0)))
@@ -123,7 +125,7 @@ class Backups:
 
     def _wait_s(self) -> float:
         every = self.every_s
-        if every is None or self.born is None:
+        if every is None or self.born is None or self.waiting_turn:
             return POLL_S
         return min(max(self.due_at(every) - self.clock(), 0.05), POLL_S)
 

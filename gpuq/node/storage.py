@@ -78,7 +78,7 @@ class StorageWatch:
             sizes["free_bytes"],
             growth,
             settings.storage_warn_days,
-            settings.max_database_bytes,
+            None if self.store.dsn else settings.max_database_bytes,  # SQLite's cap (max_page_count)
             self.store.where,
         )
         before = self.now.since if self.now else {}
@@ -102,7 +102,7 @@ class StorageWatch:
             "days_until_full": _rounded(days_left(snap.free_bytes or 0, snap.growth_per_day))
             if snap.free_bytes is not None
             else None,
-            "max_database_bytes": settings.max_database_bytes,
+            "max_database_bytes": None if self.store.dsn else settings.max_database_bytes,
             "warn_days": settings.storage_warn_days,
             "measured_at": iso(snap.at),
             "warnings": [w.message for w in snap.warnings],
