@@ -42,11 +42,12 @@ def disk_free(path: Path) -> int | None:
         return None
 
 
-def sqlite_relations(path: Path, busy_timeout_s: float) -> tuple[str, list[Row]]:
+def sqlite_relations(path: Path, busy_timeout_s: float, dbstat: bool = True) -> tuple[str, list[Row]]:
     """Each table and index of the SQLite file with its bytes, largest first, and how they were
     counted: "dbstat" (the pages each holds, exactly) or "estimate" (dbstat not compiled in: the
     stored values' lengths, tables only). Blocking: a connection of its own, read-only, in a
-    thread; a reader, so the router's writer goes on meanwhile."""
+    thread; a reader, so the router's writer goes on meanwhile. `dbstat=False`: the estimate
+    (what a build without dbstat gives)."""
     db = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, isolation_level=None)
     try:
         db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
@@ -56,12 +57,16 @@ def sqlite_relations(path: Path, busy_timeout_s: float) -> tuple[str, list[Row]]
                 "SELECT type, name, tbl_name FROM sqlite_master WHERE type IN ('table', 'index')"
             )
         }
-        try:
-            counted = dict(db.execute("SELECT name, SUM(pgsize) FROM dbstat GROUP BY name").fetchall())
-            method = "dbstat"
-        except sqlite3.OperationalError:  # no such table: dbstat (SQLITE_ENABLE_DBSTAT_VTAB unset)
+        counted: dict[str, int] = {}
+        method = "estimate"
+        if dbstat:
+            try:
+                counted = dict(db.execute("SELECT name, SUM(pgsize) FROM dbstat GROUP BY name").fetchall())
+                method = "dbstat"
+            except sqlite3.OperationalError:  # no such table: dbstat (SQLITE_ENABLE_DBSTAT_VTAB unset)
+                pass
+        if method == "estimate":
             counted = {name: _estimate(db, name) for name, (kind, _) in objects.items() if kind == "table"}
-            method = "estimate"
     finally:
         db.close()
     found: list[Row] = []
