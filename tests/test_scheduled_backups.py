@@ -22,6 +22,9 @@ from conftest import eventually, node_table
 from test_alerts import receiver  # noqa: F401 (a fixture)
 
 from gpuq.budget import NAME
+from gpuq.config import Settings
+from gpuq.node.backups import Backups
+from gpuq.store import Store
 
 MODEL = "qwen3-coder:30b"
 
@@ -278,3 +281,34 @@ async def test_gpuq_storage_names_the_tables_that_hold_the_bytes_on_each_engine(
         assert "where the bytes are (postgres):" in out
         assert "scheduled backups: the database is on PostgreSQL" in out
     assert re.search(r"^  job\s+table\s+job\s+", out, re.M), out
+
+
+async def test_a_backup_whose_record_the_database_refuses_is_not_taken_again_at_once(tmp_path):
+    """A full database refuses the backup's record: the schedule still counts the backup made,
+    so it waits `every` before the next, rather than copying the database again and again."""
+    now = [time.time()]
+    store = Store(tmp_path / "gpuq.db", clock=lambda: now[0])
+    await store.open()
+    now[0] += 2 * 86400  # the database is two days old: a backup is due
+    try:
+        db = sqlite3.connect(tmp_path / "gpuq.db")
+        db.execute(
+            "CREATE TRIGGER full_disk BEFORE INSERT ON backup BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END"
+        )
+        db.commit()
+        db.close()
+        settings = Settings(database=tmp_path / "gpuq.db", backup_every_s=86400.0)
+        backups = Backups(lambda: settings, store, clock=lambda: now[0])
+        await backups.run_once()
+        [made] = list((tmp_path / "gpuq-backups").iterdir())
+        assert read(made, "PRAGMA integrity_check") == [("ok",)]
+        assert await store.backups() == []  # refused
+        assert await backups.run_once() is None  # not due again: made a moment ago
+        now[0] += 3600
+        assert await backups.run_once() is None
+        assert len(list((tmp_path / "gpuq-backups").iterdir())) == 1
+        now[0] += 86400
+        await backups.run_once()  # a day on: due
+        assert len(list((tmp_path / "gpuq-backups").iterdir())) == 2
+    finally:
+        await store.close()

@@ -37,6 +37,11 @@ def at(row: Row | None) -> float | None:
     return None if row is None else parse_iso(row["finished_at"])
 
 
+def latest(*times: float | None) -> float | None:
+    known = [t for t in times if t is not None]
+    return max(known) if known else None
+
+
 class Backups:
     """The schedule, its state for /health (from the backup table, refreshed at each turn) and
     its alert conditions."""
@@ -59,6 +64,10 @@ class Backups:
         self.running_since: float | None = None  # a scheduled backup is being made
         self.wake = asyncio.Event()  # a reload: look again now
         self.waiting_turn = False  # `gpuq backup` was making one: look again after POLL_S
+        # This router's own last success and failure, beside the records: a database that refuses
+        # the record (full) must not make the schedule take a backup again at once, and again.
+        self.made_at: float | None = None
+        self.failed_at: float | None = None
 
     @property
     def every_s(self) -> float | None:
@@ -103,12 +112,14 @@ class Backups:
             self.waiting_turn = True
             return None
         except GpuqError as exc:  # on the record (Store.backup's or _record_unmade's)
+            self.failed_at = self.clock()
             log.error("scheduled backup failed: %s; trying again in %s", exc.message, span(min(every, 3600.0)))
             await self.refresh()
             self.on_end(self.last.get("scheduled_failure"))
             return self.last.get("scheduled_failure")
         finally:
             self.running_since = None
+        self.made_at = self.clock()
         log.info("scheduled backup: %s (%d bytes in %.1fs, integrity ok)", made["path"], made["bytes"], made["seconds"])
         await self.rotate(settings.backup_keep)
         await self.refresh()
@@ -117,8 +128,8 @@ class Backups:
 
     def due_at(self, every: float) -> float:
         return next_backup_at(
-            at(self.last.get("scheduled_success")),
-            at(self.last.get("scheduled_failure")),
+            latest(at(self.last.get("scheduled_success")), self.made_at),
+            latest(at(self.last.get("scheduled_failure")), self.failed_at),
             self.born or self.clock(),
             every,
         )

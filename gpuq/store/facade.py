@@ -581,7 +581,8 @@ class Store(Reads):
         self, path: str, scheduled: bool, started: float, made: dict[str, Any] | None, error: str | None
     ) -> None:
         """A backup made is made even when the database refuses its record (full, locked): the
-        router's service keeps its own account too, so only the log says the record is missing."""
+        schedule keeps its own time of it too (gpuq/node/backups.py), and the log says the record
+        is missing (rotation, which goes by the records, leaves that file alone)."""
         try:
             await self.record_backup(path, scheduled, started, made, error)
         except GpuqError as exc:
