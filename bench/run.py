@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from . import (
+    backup,
     first_token,
     front,
     growth_section,
@@ -51,6 +52,7 @@ SECTIONS = (
     "pgstore",
     "replay",
     "scale",
+    "backup",
 )
 
 
@@ -72,7 +74,9 @@ async def run_sections(bench: Bench) -> None:
         await replay.replay_section(bench)
     if bench.wants("scale"):  # its own routers, nodes and Chromium
         await scale.scale_section(bench)
-    needs_router = any(bench.wants(s) for s in ("submit", "turnaround", "first_token", "written", "growth", "listings"))
+    needs_router = any(
+        bench.wants(s) for s in ("submit", "turnaround", "first_token", "written", "growth", "listings", "backup")
+    )
     if not needs_router:
         return
     bench.fakes = await Fakes(NODES, bench.workdir / "fakes.log").start()
@@ -97,6 +101,8 @@ async def run_sections(bench: Bench) -> None:
             await growth_section.growth_section(bench)
         if bench.wants("listings"):
             await listings.listings_section(bench)
+        if bench.wants("backup"):  # its own 1 GB database and router
+            await backup.backup_section(bench)
     finally:
         await bench.fakes.stop()
 
@@ -127,6 +133,9 @@ def judge(bench: Bench) -> None:
         "listing_hwm": lambda v: v <= 200.0,
         "scale_page_10000": lambda v: v < 1000.0,
         "scale_claim_ratio": lambda v: v <= 2.0,
+        "backup_s": lambda v: v <= 60.0,
+        "backup_health_max": lambda v: v < 1000.0,
+        "backup_submit_max": lambda v: v < 1000.0,
         **{
             k: (lambda v: v <= 1.0)
             for k in (

@@ -9,7 +9,9 @@ from aiohttp import web
 from ..bus import Bus
 from ..config import Settings
 from ..node.alerts import Alerter
+from ..node.backups import Backups
 from ..node.dispatcher import Dispatcher
+from ..node.storage import StorageWatch
 from ..store import Store
 from .metrics import Metrics
 
@@ -29,6 +31,12 @@ METRICS = web.AppKey("metrics", Metrics)
 
 
 ALERTER = web.AppKey("alerter", Alerter)
+
+
+BACKUPS = web.AppKey("backups", Backups)  # the scheduled backups ([backup])
+
+
+STORAGE = web.AppKey("storage", StorageWatch)  # the storage budget ([storage])
 
 
 RELOADING = web.AppKey("reloading", asyncio.Lock)  # one reload of gpuq.toml at a time

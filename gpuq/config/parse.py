@@ -25,7 +25,15 @@ from .checks import (
 )
 from .keys import KEYS, ROUTER_KEYS
 from .settings import DEFAULT_LISTEN, IDENTITIES, LEGACY_ADMIN, USER_ROLES, Settings, UserConfig
-from .tables import alert_settings, front_settings, parse_node, parse_users, unload_policy
+from .tables import (
+    alert_settings,
+    backup_settings,
+    front_settings,
+    parse_node,
+    parse_users,
+    storage_settings,
+    unload_policy,
+)
 
 # [router]'s durations and their Settings fields, checked in the order DURATION_FLOORS lists them.
 DURATION_KEYS = {
@@ -37,9 +45,11 @@ DURATION_KEYS = {
 
 
 def parse_config(data: dict, base_dir: Path) -> Settings:
-    unknown = sorted(set(data) - {"router", "node", "front", "user"})
+    unknown = sorted(set(data) - {"router", "node", "front", "backup", "storage", "user"})
     if unknown:
-        raise ConfigError(f"unknown key '{unknown[0]}' (expected [router], [front], [[node]] and [[user]] tables)")
+        raise ConfigError(
+            f"unknown key '{unknown[0]}' (expected [router], [front], [backup], [storage], [[node]] and [[user]] tables)"
+        )
     router = check_table(data.get("router", {}), "router", "[router]", ROUTER_KEYS)
     values: dict = {}
     if "listen" in router:
@@ -93,6 +103,8 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
         values["unload"] = policy
     values.update(alert_settings(router))
     values.update(front_settings(data.get("front", {})))
+    values.update(backup_settings(data.get("backup", {}), base_dir, values["database"]))
+    values.update(storage_settings(data.get("storage", {})))
     awake = typed(router, "keep_awake", bool, "router")
     if awake is not None:
         values["keep_awake"] = awake

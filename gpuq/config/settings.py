@@ -118,6 +118,15 @@ class Settings:
     # How long a router's hold on a node lasts unrenewed ([router] lease): it renews every third of
     # it; a router that stops answering (SIGKILL, a laptop asleep) loses its nodes after it.
     lease_s: float = 10.0
+    # [backup]: the router backs its SQLite database up itself (gpuq/node/backups.py). On by
+    # default: see the key's doc in keys.py. None: off (every = "off"), and always on PostgreSQL.
+    backup_every_s: float | None = 86400.0
+    backup_keep: int = 7  # the newest scheduled backups kept; older ones the router wrote are deleted
+    backup_dir: Path | None = None  # None: gpuq-backups/ beside the database
+    # [storage]: warn (and alert) when, at the database's growth, its disk or max_database_bytes
+    # is reached within this many days; the database's size is sampled every storage_sample_s.
+    storage_warn_days: float = 14.0
+    storage_sample_s: float = 3600.0
     nodes: tuple[NodeConfig, ...] = field(default_factory=tuple)
     users: tuple[UserConfig, ...] = field(default_factory=tuple)  # [[user]] (and the token's admin)
     identity: str = "token"  # "tailscale": a caller without a token is who tailscaled says owns it
@@ -141,6 +150,14 @@ class Settings:
     @property
     def port(self) -> int:
         return int(self.listen.rsplit(":", 1)[1])
+
+    @property
+    def backups_dir(self) -> Path | None:
+        """Where scheduled backups go: [backup] dir, else gpuq-backups/ beside the database; None
+        on PostgreSQL (pg_dump's, not gpuq's)."""
+        if not isinstance(self.database, Path):
+            return None
+        return self.backup_dir or self.database.parent / "gpuq-backups"
 
     @property
     def ollama_url(self) -> str | None:
