@@ -219,7 +219,8 @@ class Backups:
 
     def conditions(self) -> list[Condition]:
         """backup_failed while the newest scheduled backup failed; backup_overdue while none has
-        succeeded for twice `every` (not while one is being made)."""
+        succeeded for twice `every` (a backup being made by then is late too: the next one was due
+        at once `every`, so saying so does not flicker while a retry runs)."""
         every = self.every_s
         if every is None or self.born is None:
             return []
@@ -238,7 +239,7 @@ class Backups:
                 )
             )
         late = overdue_since(at(success), self.born, every)
-        if self.running_since is None and self.clock() > late:
+        if self.clock() > late:
             since = f"since {success['finished_at']}" if success else "yet"
             found.append(
                 Condition(
