@@ -9,7 +9,7 @@ from typing import Any
 from aiohttp import web
 
 from .. import eta
-from ..jobs import ACTIVE, JobState, compact_json, iso, preview_url
+from ..jobs import ACTIVE, JobState, compact_json, iso, preview_url, pruned_words
 from ..node.dispatcher import Dispatcher
 from ..node.runtime import NodeRuntime
 from ..store import Row
@@ -66,7 +66,24 @@ def job_json(row: Row, public_url: str) -> Row:
     for key in ("prompt", "output", "thinking", "runs", "events", "children", "queue_position"):
         if key in row:
             out[key] = row[key]
+    pruned(out, row.get("pruned_at"))
     return out
+
+
+def pruned(out: Row, pruned_at: str | None) -> None:
+    """A job whose bulk retention shed says so: `pruned_at`, and `output_pruned` in words; its
+    output (and request, reasoning) are null, never "" that would look like a job that gave none."""
+    out["pruned_at"] = pruned_at
+    if pruned_at is None:
+        return
+    out["output_pruned"] = pruned_words(pruned_at)
+    for key in ("output", "thinking"):
+        if key in out:
+            out[key] = None
+    if out.get("endpoint"):
+        out["request"] = None
+    for run in out.get("runs") or []:
+        run["output"] = run["thinking"] = None
 
 
 def node_json(rt: NodeRuntime) -> Row:
