@@ -118,13 +118,14 @@ def delete(db: Connection, ids: list[str], cutoffs: Cutoffs) -> dict[str, int]:
 def plan_sql(engine: Engine) -> dict[str, str]:
     """The dry run's reads: what each step would drop now (jobs, rows) and its bytes."""
     size = engine.byte_length
+    pruned_only = f"{PRUNE_DUE} AND NOT ({DELETE_DUE})"  # a job due for both is deleted, not pruned
     chunk_bytes = f"SUM({size('c.output')} + {size('c.thinking')})"
     run_bytes = f"SUM({size('r.output')} + {size('r.thinking')})"
     return {
-        "prune_jobs": f"SELECT COUNT(*) AS jobs, SUM({size('j.request')}) AS bytes FROM job j WHERE {PRUNE_DUE}",
+        "prune_jobs": f"SELECT COUNT(*) AS jobs, SUM({size('j.request')}) AS bytes FROM job j WHERE {pruned_only}",
         "prune_chunks": f"SELECT COUNT(*) AS chunks, {chunk_bytes} AS bytes FROM run_chunk c"
-        f" JOIN run r ON r.id = c.run_id JOIN job j ON j.id = r.job_id WHERE {PRUNE_DUE}",
-        "prune_runs": f"SELECT {run_bytes} AS bytes FROM run r JOIN job j ON j.id = r.job_id WHERE {PRUNE_DUE}",
+        f" JOIN run r ON r.id = c.run_id JOIN job j ON j.id = r.job_id WHERE {pruned_only}",
+        "prune_runs": f"SELECT {run_bytes} AS bytes FROM run r JOIN job j ON j.id = r.job_id WHERE {pruned_only}",
         "delete_jobs": f"SELECT COUNT(*) AS jobs, SUM({size('j.request')} + {size('j.prompt')}) AS bytes"
         f" FROM job j WHERE {DELETE_DUE}",
         "delete_runs": f"SELECT COUNT(*) AS runs, {run_bytes} AS bytes FROM run r JOIN job j ON j.id = r.job_id"
