@@ -61,7 +61,10 @@ def prune(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
 
 @click.group()
 def archive() -> None:
-    """The retention archive: jobs that left the database, one gzip JSON Lines file a month."""
+    """The retention archive: jobs that left the database, one gzip JSON Lines file a month.
+
+    Example: gpuq archive search "export job"
+    """
 
 
 @archive.command("search")
