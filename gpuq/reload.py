@@ -35,6 +35,13 @@ def key_of(attr: str) -> str:
 
 
 def shown(attr: str, value: object) -> str:
+    if attr.startswith("retention_") and attr.endswith("_after_s"):  # periods in days, or off
+        if value is None:
+            return "off"
+        if isinstance(value, (int, float)) and value % 86400 == 0:
+            return f"{value / 86400:g}d"
+    if attr == "retention_archive" and value is None:
+        return "off"
     if value is None:
         return "(not set)"
     if attr.endswith("_s") and isinstance(value, (int, float)):

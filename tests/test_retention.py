@@ -190,6 +190,16 @@ async def test_gpuq_prune_says_what_it_would_drop_then_drops_it_and_deletes_the_
     found = await run_cli("--config", str(daemon.config), "archive", "search", ids[2])
     assert found.code == 0 and found.out.startswith(f"{ids[2]}  task  done  on node-1"), found
 
+    # A reload applies [retention] to the next sweep: the youngest job is due at once.
+    data = tomllib.loads(daemon.config.read_text())
+    data["retention"] |= {"prune_after": "1s", "delete_after": "off"}
+    daemon.config.write_text(tomli_w.dumps(data))
+    reloaded = await daemon.cli("reload")
+    assert reloaded.code == 0 and "retention.prune_after: 30d -> 1s" in reloaded.out, reloaded
+    assert "retention.delete_after: 400d -> off" in reloaded.out, reloaded.out
+    plan = json.loads((await daemon.cli("prune", "--dry-run", "--json")).out)
+    assert plan["prune"]["jobs"] == 1 and plan["delete"]["jobs"] == 0
+
 
 async def test_a_router_killed_mid_sweep_leaves_every_job_somewhere_and_a_resweep_finishes(
     fakes, daemon_factory, tmp_path
@@ -293,3 +303,37 @@ async def test_the_archive_reads_past_a_member_cut_short_by_a_crash(tmp_path):
     with open(path, "ab") as f:
         f.write(gzip.compress(b'{"id": "2-00000000"}\n')[:15])  # a member the crash cut short
     assert [j["id"] for j in archive.search(tmp_path, "")] == ["1-00000000"]
+
+
+async def test_with_several_routers_one_sweeps_and_the_others_say_so(database, tmp_path):
+    """On PostgreSQL the router holding the sweep's lease sweeps; another's sweep says it is not
+    its turn (an admin's `gpuq prune` on it sweeps anyway). On SQLite the one router always does."""
+    from gpuq.config import Settings
+    from gpuq.jobs import NewJob
+    from gpuq.store import NodeInfo
+    from gpuq.store.leases import Router
+
+    now = [1_800_000_000.0]
+    stores = [Store(database, clock=lambda: now[0]) for _ in range(2)]
+    for s in stores:
+        await s.open()
+    try:
+        nodes = [NodeInfo("a", 1, ("task",), "m", True, idle=False)]
+        jobs = [(await stores[0].submit(NewJob("task", f"p{i}", node="a"), nodes, "api"))[0]["id"] for i in range(2)]
+        for job_id in jobs:
+            await stores[0].delete(job_id, "api")
+        now[0] += 400 * DAY
+        settings = Settings(retention_archive=tmp_path / "archive")
+        routers = [Router.new("127.0.0.1:8750", None, now[0]) for _ in range(2)]
+        one, two = (Sweeper(s, lambda: settings, lambda r=r: r) for s, r in zip(stores, routers))
+        first = await one.run_once()
+        assert first.skipped is None and first.deleted["jobs"] == 2
+        second = await two.run_once()
+        if stores[0].dsn:
+            assert second.skipped == "another router runs the retention sweep" and second.batches == 0
+            assert (await two.run_once(force=True)).skipped is None
+        else:
+            assert second.skipped is None  # one router per file: it is always this one
+    finally:
+        for s in stores:
+            await s.close()
