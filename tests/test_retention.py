@@ -128,7 +128,7 @@ async def test_a_router_prunes_old_jobs_archives_them_first_and_says_so_everywhe
         daemon.db, "SELECT COUNT(*) FROM run_chunk c JOIN run r ON r.id = c.run_id WHERE r.job_id IN (?, ?)", *old
     ) == [(0,)]
     assert sql(daemon.db, "PRAGMA auto_vacuum") == [(2,)]  # INCREMENTAL: freed pages go back
-    assert "retention sweep: " in daemon.log.read_text()
+    await eventually(lambda: "retention sweep: " in daemon.log.read_text(), 10, 0.1, "the sweep's log line")
 
     # The archive, beside the database: each old job whole, with its output, before it was shed.
     lines = archived_lines(tmp_path / "gpuq-archive")
@@ -337,3 +337,30 @@ async def test_with_several_routers_one_sweeps_and_the_others_say_so(database, t
     finally:
         for s in stores:
             await s.close()
+
+
+def test_the_sweeps_reads_and_checks_walk_their_indexes_never_the_table(tmp_path):
+    """A batch holds the writer a few milliseconds however long the history: the due reads walk
+    job_unpruned / job_finished from their start, the verbs find their jobs by id (a `state IN`
+    test led the planner to walk every ended job by its state index: 100 ms a batch)."""
+    from test_schema import migrated
+
+    from gpuq.store import retention
+
+    db = migrated(tmp_path / "q.db")
+    params = {"prune": "x", "prune_failed": "x", "delete": "x", "limit": 100, "now": "x", "id0": "a", "id1": "b"}
+
+    def plan(statement: str) -> str:
+        return " | ".join(r[3] for r in db.execute("EXPLAIN QUERY PLAN " + statement, params))
+
+    assert "USING INDEX job_unpruned" in plan(retention.due_sql("prune"))
+    assert "USING COVERING INDEX job_finished" in plan(retention.due_sql("delete"))
+    checks = [
+        f"UPDATE job AS j SET pruned_at = :now WHERE j.id IN (:id0, :id1) AND {retention.PRUNE_DUE}",
+        f"SELECT j.id FROM job j WHERE j.id IN (:id0, :id1) AND {retention.DELETE_DUE}",
+    ]
+    for statement in checks:
+        assert plan(statement).startswith("SEARCH j USING INDEX sqlite_autoindex_job_1 (id=?)"), plan(statement)
+    assert not any(
+        " SCAN " in f" {plan(s)}" for s in [retention.due_sql("prune"), retention.due_sql("delete"), *checks]
+    )

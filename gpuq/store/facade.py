@@ -558,12 +558,14 @@ class Store(Reads):
 
     # -- retention (gpuq/store/retention.py; its reads are in reads.py) -------------------------
 
-    async def prune(self, ids: list[str], cutoffs: retention.Cutoffs) -> dict[str, int]:
-        """Shed the bulk (request, output, reasoning) of the jobs of `ids` still due; what went."""
+    async def prune(self, ids: list[str], cutoffs: retention.Cutoffs) -> dict[str, Any]:
+        """Shed the bulk (request, output, reasoning) of the jobs of `ids` still due; what went
+        (and how long its statements held the writer, `held_ms`)."""
         return await self._write(partial(retention.prune, ids=ids, cutoffs=cutoffs, now=self.clock()))
 
-    async def delete_ended(self, ids: list[str], cutoffs: retention.Cutoffs) -> dict[str, int]:
-        """Delete the jobs of `ids` still due, with their runs and events; what went."""
+    async def delete_ended(self, ids: list[str], cutoffs: retention.Cutoffs) -> dict[str, Any]:
+        """Delete the jobs of `ids` still due, with their runs and events; what went (`held_ms`
+        as prune's)."""
         return await self._write(partial(retention.delete, ids=ids, cutoffs=cutoffs))
 
     async def give_back_space(self, pages: int = 2048) -> int:
