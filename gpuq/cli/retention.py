@@ -56,7 +56,10 @@ def prune(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
     click.echo(f"deleted {d['jobs']} job(s) with {d['runs']} run(s) and {d['events']} event(s)")
     click.echo(f"pruned the output and request of {p['jobs']} job(s)")
     click.echo(f"archived {a['jobs']} job line(s), {_mb(a['bytes'])} compressed; {data['pages_freed']} page(s) freed")
-    click.echo(f"{data['batches']} batch(es), the longest {data['longest_batch_ms']:.1f} ms; {data['seconds']:.2f} s")
+    click.echo(
+        f"{data['batches']} batch(es), the longest held the database's writer {data['longest_hold_ms']:.1f} ms;"
+        f" {data['seconds']:.2f} s in all"
+    )
 
 
 @click.group()
