@@ -38,7 +38,9 @@ def test_every_key_of_the_example_is_declared():
     assert all(set(n) <= declared("node") for n in data["node"])
     # and every key it shows in a comment ("# token = ...") too
     commented = set(re.findall(r"(?m)^# ([a-z_]+) = ", text))
-    assert commented and commented <= declared("router") | declared("front") | declared("node") | declared("user")
+    assert set(data["retention"]) <= declared("retention")
+    every = declared("router") | declared("front") | declared("retention") | declared("node") | declared("user")
+    assert commented and commented <= every
 
 
 @pytest.mark.parametrize("section", ["router", "front", "retention", "node", "user"])
