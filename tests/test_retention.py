@@ -364,3 +364,37 @@ def test_the_sweeps_reads_and_checks_walk_their_indexes_never_the_table(tmp_path
     assert not any(
         " SCAN " in f" {plan(s)}" for s in [retention.due_sql("prune"), retention.due_sql("delete"), *checks]
     )
+
+
+async def test_a_database_from_before_retention_upgrades_whole_and_is_vacuumed_once(tmp_path, caplog):
+    """Migration 017 rebuilds the job table with pruned_at (a front-door call keeps its request),
+    and the store's start gives the file auto_vacuum = INCREMENTAL by one VACUUM, logged, once."""
+    import logging
+
+    from test_schema import migrated
+
+    path = tmp_path / "old.db"
+    db = migrated(path, up_to=16)
+    db.execute(
+        "INSERT INTO job (id, kind, state, node, model, position, placement, created_at, finished_at, endpoint,"
+        " request, prompt) VALUES ('1-aaaaaaaa', 'task', 'done', 'a', 'm', 1024, 'x', '2026-01-01T00:00:00.000000Z',"
+        " '2026-01-01T00:00:01.000000Z', '/api/chat', '{\"path\": \"/api/chat\"}', 'hi')"
+    )
+    db.execute("PRAGMA auto_vacuum = NONE")
+    db.execute("VACUUM")
+    assert db.execute("PRAGMA auto_vacuum").fetchone()[0] == 0
+    db.close()
+    caplog.set_level(logging.INFO, logger="gpuq")
+    for _ in range(2):
+        store = Store(path)
+        await store.open()
+        try:
+            detail = await store.job_detail("1-aaaaaaaa")
+            assert (detail["request"], detail["pruned_at"], detail["state"]) == ('{"path": "/api/chat"}', None, "done")
+        finally:
+            await store.close()
+    assert sql(path, "PRAGMA auto_vacuum") == [(2,)]
+    assert [r.getMessage() for r in caplog.records].count(
+        f"database {path} (0 MB): a one-time VACUUM for auto_vacuum = INCREMENTAL ..."
+    ) == 1
+    assert any(r.getMessage().startswith(f"database {path}: VACUUM done in ") for r in caplog.records)
