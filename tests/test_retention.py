@@ -14,6 +14,7 @@ import json
 import re
 import signal
 import sqlite3
+import time
 import tomllib
 from pathlib import Path
 
@@ -398,3 +399,39 @@ async def test_a_database_from_before_retention_upgrades_whole_and_is_vacuumed_o
         f"database {path} (0 MB): a one-time VACUUM for auto_vacuum = INCREMENTAL ..."
     ) == 1
     assert any(r.getMessage().startswith(f"database {path}: VACUUM done in ") for r in caplog.records)
+
+
+async def test_prune_through_the_router_on_each_engine(fakes, daemon_factory, database, tmp_path):
+    """The same sweep, the same answers and the same marker on SQLite and on PostgreSQL (where the
+    archive sits beside gpuq.toml); the job is aged at the database's shell while the router runs."""
+    from conftest import shell
+
+    from gpuq.jobs import iso
+
+    fake = await fakes(MODEL, tokens=6, thinking_tokens=0)
+    daemon = await daemon_factory([node_table("node-1", fake, 1, ["task"], MODEL)], database=str(database), start=True)
+    old, new = await finished_jobs(daemon, 2, "engine question")
+    aged = "UPDATE job SET finished_at = ? WHERE id = ?"
+    when = iso(time.time() - 40 * DAY)  # past prune_after, not delete_after
+    if isinstance(database, Path):
+        sql(database, aged, when, old)
+    else:
+        import psycopg
+
+        from gpuq.store.postgres import translate
+
+        with psycopg.connect(database, autocommit=True) as db:
+            db.execute(translate(aged), (when, old))
+    status, plan = await daemon.request("POST", "/api/prune", {"dry_run": True})
+    assert status == 200 and plan["prune"]["jobs"] == 1 and plan["archive"] == str(tmp_path / "gpuq-archive")
+    status, swept = await daemon.request("POST", "/api/prune", {})
+    assert status == 200 and swept["pruned"]["jobs"] == 1 and swept["archived"]["jobs"] == 1, swept
+    assert PRUNED.fullmatch((await daemon.job(old))["output_pruned"])
+    assert (await daemon.job(new))["output"]
+    assert shell(daemon, "SELECT COUNT(*) FROM run_chunk c JOIN run r ON r.id = c.run_id WHERE r.job_id = ?", old) == [
+        (0,)
+    ]
+    [line] = archived_lines(tmp_path / "gpuq-archive")
+    assert line["id"] == old and line["output"]
+    status, body = await daemon.request("POST", "/api/prune", {"dry_run": "yes"})
+    assert status == 400 and "dry_run" in body["error"]["message"]
