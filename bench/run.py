@@ -24,6 +24,7 @@ from . import (
     physical,
     postgres,
     replay,
+    retention,
     scale,
     submit,
     turnaround,
@@ -52,6 +53,7 @@ SECTIONS = (
     "pgstore",
     "replay",
     "scale",
+    "retention",
     "backup",
 )
 
@@ -74,6 +76,8 @@ async def run_sections(bench: Bench) -> None:
         await replay.replay_section(bench)
     if bench.wants("scale"):  # its own routers, nodes and Chromium
         await scale.scale_section(bench)
+    if bench.wants("retention"):  # its own store, in-process
+        await retention.retention_section(bench)
     needs_router = any(
         bench.wants(s) for s in ("submit", "turnaround", "first_token", "written", "growth", "listings", "backup")
     )
@@ -133,6 +137,9 @@ def judge(bench: Bench) -> None:
         "listing_hwm": lambda v: v <= 200.0,
         "scale_page_10000": lambda v: v < 1000.0,
         "scale_claim_ratio": lambda v: v <= 2.0,
+        "retention_submit_ratio": lambda v: v <= 1.5,
+        "retention_claim_ratio": lambda v: v <= 1.5,
+        "retention_batch_max": lambda v: v <= 50.0,
         "backup_s": lambda v: v <= 60.0,
         "backup_health_max": lambda v: v < 1000.0,
         "backup_submit_max": lambda v: v < 1000.0,

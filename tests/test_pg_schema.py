@@ -270,8 +270,14 @@ REFUSALS = [
     ((), job("j", state="done", finished_at=None), "job_finished_when_ended"),
     ((), job("j", finished_at="2026-01-01T00:00:00.000000Z"), "job_finished_when_ended"),
     ((job("j"),), "UPDATE job SET state = 'done' WHERE id = 'j'", "job_finished_when_ended"),
-    ((), job("j", endpoint="/api/chat"), "job_request_with_endpoint"),
+    ((), job("j", endpoint="/api/chat"), "job_request_kept_until_pruned"),
     ((), job("j", request="{}"), "job_request_with_endpoint"),
+    ((), job("j", pruned_at="2026-02-01T00:00:00.000000Z"), "job_pruned_when_ended"),
+    (
+        (job("j", state="done", endpoint="/api/chat", request="{}"),),
+        "UPDATE job SET request = NULL WHERE id = 'j'",
+        "job_request_kept_until_pruned",
+    ),
     ((), job("j", kind="embed"), "job_embed_from_front_door"),
     ((job("j"), job("k")), "UPDATE job SET state = 'running'", "job_one_running_per_node"),
     (

@@ -17,6 +17,12 @@ SECTIONS = (
     ("backup", "[backup]", "Scheduled backups of the SQLite database, taken by the router itself (not on PostgreSQL)."),
     ("storage", "[storage]", "The storage budget: when /health, the page and an alert warn of a filling disk."),
     (
+        "retention",
+        "[retention]",
+        "What an ended job keeps, and for how long; where it is archived before it leaves the database "
+        "(see [Retention and archive](operations.md#retention-and-archive)). A reload applies a change to the next sweep.",
+    ),
+    (
         "node",
         "[[node]]",
         "One table per machine running Ollama. A reload applies a node's changes to its next "

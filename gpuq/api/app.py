@@ -23,6 +23,7 @@ from ..node.backups import Backups
 from ..node.dispatcher import Dispatcher
 from ..node.stale import StaleMonitor
 from ..node.storage import StorageWatch
+from ..ops.retention import Sweeper
 from ..shipped import shipped_files
 from ..store import Store
 from .backup import backup_view
@@ -35,7 +36,8 @@ from .pages import WEB_DIR, headers_middleware, history_page, page, preview_page
 from .queue import clear, delete, move, nodes, preempt, queue, retry, stale
 from .reload import reload_view
 from .render import error_response
-from .state import ALERTER, BACKUPS, BUS, DISPATCHER, METRICS, RELOADING, SETTINGS, STORAGE, STORE
+from .retention import prune_view
+from .state import ALERTER, BACKUPS, BUS, DISPATCHER, METRICS, RELOADING, SETTINGS, STORAGE, STORE, SWEEPER
 from .storage import COUNTING, storage_view
 from .streams import events, stream_job
 
@@ -101,6 +103,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         await store.close()
         raise
     dispatcher.loops.start("stale monitor", StaleMonitor(store, app[BUS]).run)  # stopped with the workers
+    dispatcher.loops.start("retention sweep", app[SWEEPER].run)
     dispatcher.loops.start("scheduled backups", app[BACKUPS].run)
     dispatcher.loops.start("storage budget", app[STORAGE].run)
     # Sum the history for /metrics now, so the first scrape after a start is not the slow one.
@@ -143,6 +146,7 @@ def create_app(settings: Settings, clock: Callable[[], float] = time.time) -> we
     )
     app[STORAGE] = StorageWatch(lambda: dispatcher.settings, store, clock)
     app[ALERTER] = Alerter(settings, store, dispatcher, sources=(app[BACKUPS], app[STORAGE]))
+    app[SWEEPER] = Sweeper(store, lambda: app[DISPATCHER].settings, lambda: app[DISPATCHER].router)
     app[RELOADING] = asyncio.Lock()
     app[COUNTING] = asyncio.Lock()
     app.cleanup_ctx.append(_lifecycle)
@@ -168,6 +172,7 @@ def create_app(settings: Settings, clock: Callable[[], float] = time.time) -> we
     r.add_post("/api/nodes/{name}/clear", clear)
     r.add_post("/api/reload", reload_view)
     r.add_post("/api/backup", backup_view)
+    r.add_post("/api/prune", prune_view)
     r.add_get("/api/storage", storage_view)
     r.add_get("/api/whoami", whoami)
     r.add_get("/", page)

@@ -12,6 +12,7 @@ from ..node.alerts import Alerter
 from ..node.backups import Backups
 from ..node.dispatcher import Dispatcher
 from ..node.storage import StorageWatch
+from ..ops.retention import Sweeper
 from ..store import Store
 from .metrics import Metrics
 
@@ -31,6 +32,9 @@ METRICS = web.AppKey("metrics", Metrics)
 
 
 ALERTER = web.AppKey("alerter", Alerter)
+
+
+SWEEPER = web.AppKey("sweeper", Sweeper)  # the retention sweep (gpuq/ops/retention.py)
 
 
 BACKUPS = web.AppKey("backups", Backups)  # the scheduled backups ([backup])
