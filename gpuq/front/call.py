@@ -377,14 +377,36 @@ class Call:
         return error_response(self.request, status, message, code, headers=self.headers())
 
 
+# A stopping router's answer to a new call: ask again then. Its drain may take the running jobs'
+# whole length, but a service manager (or the person's Ctrl-C and `make run`) restarts it in
+# seconds; the SDKs' own retries wait about this long anyway.
+STOPPING_RETRY_AFTER_S = 5
+
+
+def refuse_if_stopping(front: Front) -> None:
+    """Told to stop, the router starts nothing new: a call arriving now (while the running jobs
+    drain, or as the router shuts down) is answered at once, 503 with Retry-After, not held for
+    the whole drain to get the same 503 at its end. Nothing is stored for it."""
+    if front.closing:
+        raise FrontError(503, "the gpuq router is shutting down", "router_shutdown", STOPPING_RETRY_AFTER_S)
+    if front.dispatcher.quiesced:
+        running = len(front.dispatcher.running())
+        raise FrontError(
+            503,
+            f"the gpuq router is stopping: it starts no new job while its {running} running job(s) "
+            f"finish; ask again in {STOPPING_RETRY_AFTER_S}s, once it is back",
+            "router_shutdown",
+            STOPPING_RETRY_AFTER_S,
+        )
+
+
 async def run_call(request: web.Request, ep: Endpoint) -> web.StreamResponse:
     """A call that makes a model work: a job, followed to its end by its client."""
     body = await json_of(request)
     if ep.check is not None:
         ep.check(body)
     front = request.app[FRONT]
-    if front.closing:
-        raise FrontError(503, "the gpuq router is shutting down", "router_shutdown")
+    refuse_if_stopping(front)
     if is_load_or_unload(ep.path, body):
         # gpuq loads a model for each job and unloads it after: nothing to do, answered as Ollama
         # does, for a model some node has (Open WebUI unloads this way).
