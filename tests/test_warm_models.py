@@ -5,6 +5,7 @@ model unloads it first, verified through /api/ps, and a kept time that runs out 
 
 from __future__ import annotations
 
+import re
 import time
 import tomllib
 
@@ -110,6 +111,13 @@ async def test_a_job_of_another_model_unloads_the_warm_one_first(fakes, daemon_f
         assert await warm_of(lab) is None
         await eventually(lambda: fake.loaded == {}, 10, what="the task's model to leave VRAM")
         assert 'gpuq_warm_unloads_total{node="node-1"} 1.0' in await metrics(lab)
+        # The task's wait for it is in the task's own events (its history, `gpuq show`, its page).
+        events = (await lab.daemon.job(job["id"]))["events"]
+        [said] = [e for e in events if "unloaded warm" in (e.get("reason") or "")]
+        found = re.fullmatch(rf"unloaded warm {re.escape(MODEL)} first, (\d+\.\d) s", said["reason"])
+        assert found and float(found.group(1)) >= 0.2, said  # the fake's 0.3 s unload, measured
+        shown = await lab.daemon.cli("show", job["id"])
+        assert f"unloaded warm {MODEL} first" in shown.out, shown
     finally:
         await lab.close()
 

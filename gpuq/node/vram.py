@@ -113,6 +113,11 @@ def next_poll_s(delay: float, elapsed: float) -> float:
     return min(delay * 2, UNLOAD_POLL_MAX_S) if elapsed > UNLOAD_POLL_FAST_S else delay
 
 
+def warm_unload_note(model: str, seconds: float) -> str:
+    """The event a job gets when a model kept warm for another had to leave VRAM before it ran."""
+    return f"unloaded warm {model} first, {seconds:.1f} s"
+
+
 def unload_failure(
     model: str, node: str, elapsed: float, timeout_s: float, listed: bool, last_error: str | None
 ) -> str:
@@ -246,9 +251,12 @@ class Vram:
         if model is None:
             return True
         self.rt.warm_unloads += 1
+        started = time.monotonic()
         unloaded = await self.unload(model, job_id)
         # Forgotten only now: a job aborted during the unload still sees it (after_abort).
         self.warm_model = None
+        if unloaded and job_id is not None:  # the job's wait for it is in the job's events
+            await self.note(job_id, warm_unload_note(model, time.monotonic() - started))
         return unloaded
 
     async def unload(self, model: str, job_id: str | None) -> bool:
