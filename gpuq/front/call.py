@@ -16,6 +16,7 @@ from ..access.lanes import Door, lane_for
 from ..access.tokens import CALLER
 from ..errors import FrontError, IdTaken, ModelMissing, NotFound, StoreUnavailable
 from ..jobs import ACTIVE, new_job_id, normalize_model
+from ..node.calls import CLIENT_LEFT
 from ..store import NewJob
 from .context import FRONT, Front, error_response, json_of
 from .endpoints import Endpoint, early_refusal, front_nodes
@@ -169,7 +170,7 @@ class Call:
         except BaseException:
             self.front.relay.close(self.job_id)
             return
-        await self.front.cancel(self.job_id, "client disconnected", self.actor)
+        await self.front.cancel(self.job_id, CLIENT_LEFT, self.actor)
         self.front.relay.close(self.job_id)
 
     # -- follow -----------------------------------------------------------------------------
@@ -359,7 +360,7 @@ class Call:
                 f"gpuq job {self.job_id} was {reason}; its request ended (gpuq retry {self.job_id} runs it again)",
                 "job_preempted",
             )
-        if reason == "client disconnected":
+        if reason == CLIENT_LEFT:
             return await self.fail(499, "request canceled", "job_cancelled")
         return await self.fail(ENDED_STATUS, f"gpuq job {self.job_id} was {reason}: request canceled", "job_cancelled")
 
@@ -421,11 +422,11 @@ async def run_call(request: web.Request, ep: Endpoint) -> web.StreamResponse:
         return await call.follow()
     except asyncio.CancelledError:  # aiohttp cancels the handler when its client disconnects
         if call.job_id and not call.delivered and not front.closing:
-            await asyncio.shield(front.cancel(call.job_id, "client disconnected", call.actor))
+            await asyncio.shield(front.cancel(call.job_id, CLIENT_LEFT, call.actor))
         raise
     except ConnectionError:  # the client left while a chunk was written
         if call.job_id and not call.delivered:
-            await front.cancel(call.job_id, "client disconnected", call.actor)
+            await front.cancel(call.job_id, CLIENT_LEFT, call.actor)
         raise
     finally:
         if call.job_id:
