@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 
+from . import peers
 from .front import _idle, _wait_front
 from .procs import Fakes, Router, cpu_s, free_port, node_table
 from .stats import percentile
@@ -190,26 +191,39 @@ async def job_ids(session, router: Router) -> set[str]:
         return {j["id"] for j in (await resp.json())["jobs"]}
 
 
-async def nothing_lost(session, router: Router, fakes: Fakes, outcomes: list[Outcome], before: set[str]) -> int:
-    """Calls not accounted for: every call is one job (those not in `before`), ended as its
-    client left it; no node still runs a request. Returns the count of problems (0: none)."""
+async def nothing_lost(
+    session, router: Router, fakes: Fakes, outcomes: list[Outcome], before: set[str]
+) -> tuple[int, int]:
+    """(problems, unread): every kept call is one job, done, read to its end; every call its
+    client left is one job, cancelled (or done: it ended as its client left), or none when the
+    client left before the router had read its request (`unread`, not a problem: nothing was
+    asked of gpuq); no job is left queued or running, no node runs a request."""
     await _idle(session, router)
     async with session.get(router.url + "/api/jobs?limit=10000") as resp:
         jobs = [j for j in (await resp.json())["jobs"] if j["id"] not in before]
-    states: dict[str, int] = {}
+    by_tag: dict[str, list[dict]] = {}
     for job in jobs:
-        states[job["state"]] = states.get(job["state"], 0) + 1
-    kept_or_finished = sum(1 for o in outcomes if o.left is None)
-    left = sum(1 for o in outcomes if o.left is not None)
-    problems = abs(len(jobs) - len(outcomes))
-    problems += sum(n for s, n in states.items() if s not in ("done", "cancelled"))
-    # A call the client left may still have finished on its node in the same instant: done.
-    problems += max(kept_or_finished - states.get("done", 0), 0)
-    problems += max(states.get("cancelled", 0) - left, 0)
-    problems += sum(1 for o in outcomes if o.call.abandon_s is None and not o.ended)
+        by_tag.setdefault(job["prompt_excerpt"].split("\n", 1)[0], []).append(job)
+    problems = unread = 0
+    for o in outcomes:
+        found = by_tag.get(o.call.tag, [])
+        if len(found) > 1:
+            problems += len(found) - 1  # one call, one job
+        if not found:
+            if o.left is None:
+                problems += 1  # a kept call with no job
+            else:
+                unread += 1
+            continue
+        state = found[0]["state"]
+        if o.left is None and (state != "done" or not o.ended):
+            problems += 1
+        elif o.left is not None and state not in ("cancelled", "done"):
+            problems += 1
+    problems += sum(1 for j in jobs if j["state"] in ("queued", "running"))
     for name in fakes.urls:
         problems += (await fakes.call("status", name))["in_flight"]
-    return problems
+    return problems, unread
 
 
 async def storm_section(bench: Bench) -> None:
@@ -242,7 +256,7 @@ async def storm_section(bench: Bench) -> None:
                 await _idle(session, router)
                 cpu_per_call = (cpu_s(router.pid) - cpu) / len(calls) * 1000
                 f_cancel, never, late = cancel_latencies(f_out, await spans_by_tag(fakes))
-                lost = await nothing_lost(session, router, fakes, f_out, before)
+                lost, unread = await nothing_lost(session, router, fakes, f_out, before)
                 ttft_f, ttft_d = kept_ttfts(f_out), kept_ttfts(d_out)
                 m["calls"].add_run(len(calls))
                 m["abandoned"].add_run(sum(1 for o in f_out if o.left is not None))
@@ -255,6 +269,7 @@ async def storm_section(bench: Bench) -> None:
                 m["ttft_p95_diff"].add_run(percentile(ttft_f, 95) - percentile(ttft_d, 95))
                 m["cpu"].add_run(cpu_per_call)
                 m["lost"].add_run(lost)
+                m["unread"].add_run(unread)
                 bench.say(
                     f"storm run {rep + 1}/{bench.repeats}: {len(calls)} calls, cancel p95 "
                     f"{percentile(f_cancel, 95):.1f} ms (direct {percentile(d_cancel, 95):.1f}), kept first token p95 "
@@ -283,7 +298,37 @@ async def written_per_abandoned_call(bench: Bench, session, router: Router, fron
         left = sum(1 for o in outs if o.left is not None)
         m["written"].add_run(total / max(left, 1) / 1024)
         bench.say(f"storm written run {rep + 1}: {total / max(left, 1) / 1024:.1f} KB per abandoned call ({left})")
-    m["request"].add_run(len(str(body(Call(0, 0, 0, None)))) / 1024)
+    m["request"].add_run(len(json.dumps(body(Call(0, 0, 0, None)))) / 1024)
+    # Where those bytes come from: a few abandoned calls, their WAL counted (the queue idle,
+    # the WAL emptied first, too few pages for an automatic checkpoint to restart it).
+    for _ in range(max(bench.repeats // 2, 1)):
+        await _idle(session, router)
+        peers.restart_wal(router.database)
+        few = [Call(8, n, n * 0.3, 0.15) for n in range(5)]
+        outs = await storm(session, few, lambda: (front_url, lambda: None))
+        await _idle(session, router)
+        commits, frames, page = wal_frames(router.database)
+        left = max(sum(1 for o in outs if o.left is not None), 1)
+        m["commits"].add_run(commits / left)
+        m["pages"].add_run(frames / left)
+        m["page_kb"].add_run(frames * page / left / 1024)
+
+
+def wal_frames(database) -> tuple[int, int, int]:
+    """(commits, frames, page size) in the WAL since it last restarted (bench/peers.py counts
+    commits the same way): every transaction writes each page it changed, whole, as a frame."""
+    from pathlib import Path
+
+    data = Path(str(database) + "-wal").read_bytes()
+    page = int.from_bytes(data[8:12], "big")
+    salt, size = data[16:24], 24 + page
+    commits = frames = 0
+    offset = 32
+    while offset + size <= len(data) and data[offset + 8 : offset + 16] == salt:
+        commits += int.from_bytes(data[offset + 4 : offset + 8], "big") != 0
+        frames += 1
+        offset += size
+    return commits, frames, page
 
 
 def rows(bench: Bench) -> dict:
@@ -312,8 +357,26 @@ def rows(bench: Bench) -> dict:
         "written": bench.metric(
             "storm_written", "  bytes written per abandoned call (WAL + database, checkpointed)", "KB", "mb", "<= 2 KB"
         ),
+        "commits": bench.metric(
+            "storm_commits", "    durable commits per abandoned call (counted in the WAL)", "commits", "count"
+        ),
+        "pages": bench.metric(
+            "storm_pages",
+            "    pages written per abandoned call (WAL frames: each changed page, whole)",
+            "pages",
+            "count",
+        ),
+        "page_kb": bench.metric(
+            "storm_page_kb", "    those pages, before the checkpoint copies them again", "KB", "mb"
+        ),
         "request": bench.metric(
             "storm_request", "    the call's request as sent (8 KB of context: prefix and suffix)", "KB", "mb"
+        ),
+        "unread": bench.metric(
+            "storm_unread",
+            "    left before the router had read the request: no job (nothing asked of gpuq)",
+            "calls",
+            "count",
         ),
         "lost": bench.metric(
             "storm_lost", "  calls lost or unended, nodes left running (0: none)", "count", "count", "0"
