@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 PORT :=
 LISTEN := $(if $(PORT),127.0.0.1:$(PORT))
 
-.PHONY: run test test-fast docs lint bench browser postgres clean
+.PHONY: run port-free test test-fast docs lint bench browser postgres clean
 
 $(RUNTIME): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,10 +22,14 @@ $(STAMP): $(RUNTIME)
 	$(BIN)/pip install -q -e '.[test]'
 	touch $(STAMP)
 
-# Starts the router: with ./gpuq.toml it serves your nodes, without one it runs demo nodes.
-run: $(RUNTIME)
+# Starts the router: with ./gpuq.toml it serves your nodes, without one it runs demo nodes. Its
+# port is checked first, with the standard library alone: a taken one is said before any install.
+run: port-free $(RUNTIME)
 	@if [ -f gpuq.toml ] || [ -n "$$GPUQ_CONFIG" ]; then mode=; else mode=--demo; fi; \
 	  GPUQ_MAKE_RUN=1 exec $(BIN)/gpuq serve $$mode $(if $(LISTEN),--listen $(LISTEN))
+
+port-free:
+	@$(PYTHON) -m gpuq.ops.portcheck $(if $(LISTEN),--listen $(LISTEN))
 
 # Headless Chromium from Debian's packages for the page tests (Playwright drives it).
 browser:

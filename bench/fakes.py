@@ -29,6 +29,9 @@ MODEL_LEFT = "(model left VRAM)"  # the log's path for the moment a delayed unlo
 @dataclass
 class TimedFake(FakeOllama):
     log: list[tuple[str, float, float, bool]] = field(default_factory=list)  # path, arrive, end, generation
+    # Each generation's prompt (its first line) with its arrival and its end: the storm bench
+    # matches them to its calls (when the client left -> when the node's request ended).
+    spans: list[tuple[str, float, float]] = field(default_factory=list)
     held: bool = False
     waiting: int = 0  # generation requests held at the gate now
     _gate: asyncio.Event = field(default_factory=asyncio.Event)
@@ -42,10 +45,12 @@ class TimedFake(FakeOllama):
     async def _timed(self, request: web.Request, handler):
         arrive = time.monotonic()
         generation = False
+        tag = ""
         if request.method == "POST" and request.path in ("/api/chat", "/api/generate"):
             try:
                 body = json.loads(await request.read())  # aiohttp caches it for the handler
                 generation = bool(body.get("messages") or body.get("prompt"))
+                tag = (body.get("prompt") or "").split("\n", 1)[0][:80]
             except ValueError:
                 pass
             if generation and self.held:
@@ -57,7 +62,10 @@ class TimedFake(FakeOllama):
         try:
             return await handler(request)
         finally:
-            self.log.append((request.path, arrive, time.monotonic(), generation))
+            end = time.monotonic()
+            self.log.append((request.path, arrive, end, generation))
+            if generation and tag:
+                self.spans.append((tag, arrive, end))
 
     def _forget(self, name, m) -> None:
         super()._forget(name, m)
@@ -88,12 +96,15 @@ async def serve(specs: list[str]) -> None:
         if action == "log":
             since = float(request.query.get("since", "0"))
             return web.json_response({"log": [e for e in fake.log if e[1] >= since]})
+        if action == "spans":
+            return web.json_response({"spans": fake.spans})
         if action == "hold":
             fake.hold()
         elif action == "release":
             fake.release()
         elif action == "reset":
             fake.log.clear()
+            fake.spans.clear()
             fake.requests.clear()
         elif action == "script":  # reply length and pace; how long an unload takes
             q = request.query
@@ -104,7 +115,7 @@ async def serve(specs: list[str]) -> None:
                 fake.script.unload = "delay" if fake.script.unload_delay_s > 0 else "immediate"
         elif action != "status":  # status: only the answer below
             return web.json_response({"error": f"unknown action {action}"}, status=404)
-        return web.json_response({"ok": True, "held": fake.held, "waiting": fake.waiting})
+        return web.json_response({"ok": True, "held": fake.held, "waiting": fake.waiting, "in_flight": fake.in_flight})
 
     app = web.Application()
     app.router.add_route("*", "/{action}", control)

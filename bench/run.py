@@ -26,6 +26,7 @@ from . import (
     replay,
     retention,
     scale,
+    storm,
     submit,
     turnaround,
     unload_policy,
@@ -49,6 +50,7 @@ SECTIONS = (
     "unload_policy",
     "front",
     "warm",
+    "storm",
     "postgres",
     "pgstore",
     "replay",
@@ -68,6 +70,8 @@ async def run_sections(bench: Bench) -> None:
         await front.front_section(bench)
     if bench.wants("warm"):  # its own node and routers
         await front.warm_section(bench)
+    if bench.wants("storm"):  # its own nodes and router: the autocomplete storm
+        await storm.storm_section(bench)
     if bench.wants("postgres"):  # its own throwaway PostgreSQL cluster
         await postgres.postgres_section(bench)
     if bench.wants("pgstore"):  # its own cluster, fakes and routers: gpuq on each engine
@@ -161,6 +165,7 @@ def judge(bench: Bench) -> None:
     for key, ok in checks.items():
         if med(key) is not None:
             m[key].met = bool(ok(med(key)))
+    storm.judge(m)
 
 
 def targets(bench: Bench) -> str:

@@ -129,9 +129,10 @@ class ModelMissing(Unprocessable):
 class FrontError(GpuqError):
     """A front-door refusal or failure with its own status and an OpenAI error `code`."""
 
-    def __init__(self, status: int, message: str, code: str | None = None):
+    def __init__(self, status: int, message: str, code: str | None = None, retry_after_s: int | None = None):
         super().__init__(message, status)
         self.code = code
+        self.retry_after_s = retry_after_s  # when to ask again (Retry-After), for a refusal that passes
 
 
 class StoreUnavailable(GpuqError):
@@ -216,7 +217,7 @@ def http_error(exc: Exception, door: DoorWords, method: str, path: str) -> HttpE
     """The one ladder from an exception to the answer a client gets; None: not an error (an
     aiohttp redirect), raise it on."""
     if isinstance(exc, FrontError):
-        return HttpError(exc.status, exc.message, code=exc.code)
+        return HttpError(exc.status, exc.message, code=exc.code, retry_after_s=exc.retry_after_s)
     if isinstance(exc, GpuqError):
         return HttpError(exc.status, exc.message, retry_after_s=getattr(exc, "retry_after_s", None))
     from aiohttp import web  # here, not above: the CLI imports this module and needs no aiohttp

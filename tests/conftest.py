@@ -214,8 +214,10 @@ async def run_cli(
     timeout: float = 30.0,
     env: dict | None = None,
     command: tuple[str, ...] = (sys.executable, "-m", "gpuq.cli"),
+    cwd: Path | None = None,
 ) -> Result:
-    """Run the real `gpuq` CLI as a subprocess; one that hangs is killed and reported."""
+    """Run the real `gpuq` CLI as a subprocess (in `cwd`: where it looks for a router); one that
+    hangs is killed and reported."""
     proc = await asyncio.create_subprocess_exec(
         *command,
         *args,
@@ -223,6 +225,7 @@ async def run_cli(
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env={**os.environ, **(env or {})},
+        cwd=cwd,
     )
     try:
         out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)

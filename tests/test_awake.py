@@ -31,6 +31,16 @@ def stand_ins(tmp_path: Path) -> tuple[dict, Path]:
     return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}, record
 
 
+def no_systemd(tmp_path: Path) -> dict:
+    """A `systemd-inhibit` as on a machine without systemd: it says why and exits 1 at once."""
+    bin_dir = tmp_path / "nosystemd"
+    bin_dir.mkdir()
+    exe = bin_dir / "systemd-inhibit"
+    exe.write_text("#!/bin/sh\necho 'Failed to inhibit: System has not been booted with systemd' >&2\nexit 1\n")
+    exe.chmod(0o755)
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+
+
 def started(record: Path) -> list[tuple[int, list[str]]]:
     if not record.exists():
         return []
@@ -103,6 +113,34 @@ async def test_a_missing_tool_is_logged_once_and_fails_no_job(fakes, daemon_fact
     [second] = await d.submit(prompt="another")
     await d.wait_state(second["id"], "done")
     assert d.log.read_text().count("systemd-inhibit not found") == 1
+
+
+async def test_no_systemd_is_said_once_a_warning_while_jobs_run_and_a_note_when_idle(fakes, daemon_factory, tmp_path):
+    fake, d = await slow_node(fakes, daemon_factory, no_systemd(tmp_path))
+    assert (await d.get("/health"))["awake"] is None  # nothing tried yet
+    [job] = await d.submit(prompt="a long one")
+    await d.wait_state(job["id"], "running")
+
+    async def refused():
+        awake = (await d.get("/health"))["awake"]
+        return awake if awake and not awake["held"] else None
+
+    awake = await eventually(refused, what="/health to say the inhibitor exited")
+    assert awake["error"] == "systemd-inhibit exited with code 1" and awake["running"] is True
+    fake.script.token_delay_s = 0
+    await d.wait_state(job["id"], "done")
+
+    async def idle_note():
+        awake = (await d.get("/health"))["awake"]
+        return awake if awake and not awake["running"] else None
+
+    # Idle: still said (the page's quiet note), no longer while jobs run.
+    awake = await eventually(idle_note, what="/health to say it quietly once idle")
+    assert awake["held"] is False and awake["error"] == "systemd-inhibit exited with code 1"
+    [second] = await d.submit(prompt="another")
+    await d.wait_state(second["id"], "done")
+    assert d.log.read_text().count("systemd-inhibit exited with code 1") == 1  # said once in the log
+    assert (await d.get("/health"))["ok"] is True  # never a health problem
 
 
 def test_keep_awake_is_a_boolean_setting(tmp_path):

@@ -265,7 +265,7 @@ async def test_restore_refuses_a_corrupt_foreign_or_newer_file_and_replaces_noth
 def test_a_router_started_during_a_restore_is_told_a_restore_holds_the_database(tmp_path):
     """The lock's holder says what it is: a router refused mid-restore is not told of a router."""
     from gpuq.errors import DatabaseInUse
-    from gpuq.ops.daemon import lock_database, unlock_database
+    from gpuq.ops.dblock import lock_database, unlock_database
     from gpuq.ops.restore import HOLDER
 
     db = tmp_path / "gpuq.db"

@@ -211,8 +211,10 @@ async def test_demo_mode_runs_jobs_on_simulated_nodes(tmp_path):
         banner = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode()
         assert banner.startswith(f"gpuq router: http://127.0.0.1:{port}")
         url = f"http://127.0.0.1:{port}"
-        lines = [(await asyncio.wait_for(proc.stdout.readline(), 20)).decode() for _ in range(3)]
+        lines = [(await asyncio.wait_for(proc.stdout.readline(), 20)).decode() for _ in range(4)]
         [example] = [line for line in lines if line.startswith("try:")]
+        # Not on the default port: the line to export for the CLI in another directory.
+        assert any(line.startswith(f"the CLI elsewhere:  export GPUQ_ROUTER={url} ") for line in lines), lines
         # The example is a command that works as printed, from where the user is.
         command = shlex.split(example.removeprefix("try:"))
         assert command[:5] == [sys.executable, "-m", "gpuq.cli", "--router", url]

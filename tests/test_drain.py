@@ -10,6 +10,7 @@ import signal
 import sys
 
 import aiohttp
+import pytest
 from conftest import eventually, free_port, node_table
 
 MODEL = "qwen3-coder:30b"
@@ -185,3 +186,51 @@ async def test_a_reload_while_draining_starts_nothing(fakes, daemon_factory):
     fake.loaded.clear()  # the first job finishes, and the router stops: the second never starts
     assert await asyncio.wait_for(d.proc.wait(), 30) == 0
     assert [r["messages"][0]["content"] for r in fake.chat_requests] == ["first"]
+
+
+async def test_a_front_door_call_during_the_drain_is_answered_at_once_with_retry_after(fakes, daemon_factory):
+    """A client calling while the router drains would wait for the whole drain, then get 503:
+    it gets that 503 now, with Retry-After, and nothing is stored for it (issue 36)."""
+    import ollama
+    import openai
+
+    fake = await fakes(MODEL, tokens=20, stall_after=3)  # the running job never ends by itself
+    front_port = free_port()
+    d = await daemon_factory(
+        [node_table("n", fake, 1, ["task"], MODEL)], stale_after="120s", ollama_listen=f"127.0.0.1:{front_port}"
+    )
+    door = f"http://127.0.0.1:{front_port}"
+    [job] = await d.submit("task", "endless", node="n")
+    await eventually(lambda: fake.chunk_sent.is_set(), 20, what="the job's reply to begin")
+    d.proc.send_signal(signal.SIGINT)
+    await eventually(
+        lambda: "press Ctrl-C again to stop now" in d.log.read_text(), 20, what="the router to say it waits"
+    )
+    before = (await d.get("/api/jobs?limit=100"))["jobs"]
+
+    async with aiohttp.ClientSession() as s:
+        async with s.post(
+            f"{door}/api/chat", json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+        ) as r:
+            assert r.status == 503
+            assert r.headers["Retry-After"] == "5"
+            body = await r.json()
+    assert body["error"].startswith("the gpuq router is stopping: it starts no new job while its 1 running job(s)")
+    # The real SDKs hear it as a refusal to retry later, not a hang.
+    ollama_client = ollama.AsyncClient(host=door)
+    client = openai.AsyncOpenAI(base_url=door + "/v1", api_key="x", max_retries=0)
+    try:
+        with pytest.raises(ollama.ResponseError) as said:
+            await ollama_client.generate(model=MODEL, prompt="hi")
+        assert said.value.status_code == 503 and "stopping" in said.value.error
+        with pytest.raises(openai.APIStatusError) as told:
+            await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+        assert told.value.status_code == 503 and told.value.response.headers["retry-after"] == "5"
+    finally:
+        await ollama_client.close()
+        await client.close()
+    assert d.proc.returncode is None  # answered while the drain still waits
+    assert (await d.get("/api/jobs?limit=100"))["jobs"] == before  # nothing stored for them
+    assert (await d.job(job["id"]))["state"] == "running"
+    d.proc.send_signal(signal.SIGINT)
+    assert await asyncio.wait_for(d.proc.wait(), 30) == 0

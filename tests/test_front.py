@@ -437,8 +437,27 @@ async def test_a_client_that_leaves_while_running_aborts_the_run(front):
     job = await front.job_with("leave")
     cancelled = await front.daemon.wait_state(job["id"], "cancelled")
     assert cancelled["error"] == "client disconnected"
+    # The request is aborted; the model stays loaded for the call's keep_alive ([front]
+    # keep_alive, 5m, when it sends none), as Ollama keeps it after a cancelled request.
+    await eventually(lambda: fake.disconnects == 1, what="Ollama's request aborted")
+
+    async def warm():
+        node = next(n for n in (await front.daemon.get("/api/nodes"))["nodes"] if n["name"] == "node-1")
+        return node["warm"] and node["warm"]["model"] == CHAT_MODEL
+
+    await eventually(warm, what="the model kept warm for the call's keep_alive")
+    assert CHAT_MODEL in fake.loaded
+    # A client that asked for no keep_alive: its model leaves with it.
+    stream = await front.ollama().chat(
+        model=CHAT_MODEL, stream=True, keep_alive=0, messages=[{"role": "user", "content": "leave cold"}]
+    )
+    async for _ in stream:
+        break
+    await stream.aclose()
+    job = await front.job_with("leave cold")
+    await front.daemon.wait_state(job["id"], "cancelled")
     await eventually(
-        lambda: fake.disconnects == 1 and CHAT_MODEL not in fake.loaded,
+        lambda: fake.disconnects == 2 and CHAT_MODEL not in fake.loaded,
         what="Ollama's request aborted and the model unloaded",
     )
 

@@ -67,7 +67,7 @@ async def test_a_wrong_token_is_refused_on_the_queue_page_at_once(fakes, daemon_
     refusal = page.locator("#alerts .refusal")
     await expect(refusal).to_contain_text("Access token refused (401)")
     await expect(refusal).to_contain_text("missing or wrong token")
-    await expect(refusal).to_contain_text("router.token in gpuq.toml")
+    await expect(refusal).to_contain_text("your token (gpuq.toml [[user]] or router.token")
     assert await page.evaluate("window.gpuq.refreshes") == 1  # not the 10 s poll's
     await expect(page.locator("#recent-body")).not_to_contain_text(NOTHING_YET)
     await expect(page.locator("#board")).to_contain_text("not loaded")
@@ -101,7 +101,7 @@ async def test_a_wrong_token_is_refused_on_the_history_and_job_pages(fakes, daem
     await dialog.get_by_role("button", name="Not now").click()
     refusal = page.locator("#jobs .refusal")
     await expect(refusal).to_contain_text("Access token refused (401)")
-    await expect(refusal).to_contain_text("router.token in gpuq.toml")
+    await expect(refusal).to_contain_text("your token (gpuq.toml [[user]] or router.token")
     await expect(page.locator("#conn")).to_have_text("access refused")
     assert not await page.evaluate("window.__sawNothingYet")
 
@@ -110,7 +110,7 @@ async def test_a_wrong_token_is_refused_on_the_history_and_job_pages(fakes, daem
     await dialog.get_by_role("button", name="Not now").click()
     refusal = page.locator("#problem.refusal")
     await expect(refusal).to_contain_text("Access token refused (401)")
-    await expect(refusal).to_contain_text("router.token in gpuq.toml")
+    await expect(refusal).to_contain_text("your token (gpuq.toml [[user]] or router.token")
     await refusal.get_by_role("button", name="Enter token").click()
     await dialog.locator("#token-input").fill(TOKEN)
     await dialog.get_by_role("button", name="Save token").click()
@@ -119,6 +119,23 @@ async def test_a_wrong_token_is_refused_on_the_history_and_job_pages(fakes, daem
 
 
 # -- delete dialogs name the job by its prompt ----------------------------------------------------
+
+
+async def test_a_lab_of_user_tokens_asks_for_your_token(fakes, daemon_factory, open_at):
+    """Only [[user]] tokens, no router.token: the dialog does not send the person looking for a
+    router.token that is not there (issue 36)."""
+    from test_users import USERS, users_lab
+
+    d = await users_lab(fakes, daemon_factory)
+    page = await open_at(LAPTOP)
+    await page.goto(d.url + "/")
+    dialog = page.locator("dialog[open]")
+    await expect(dialog).to_contain_text("Access token needed")
+    await expect(dialog).to_contain_text("your token (gpuq.toml [[user]] or router.token)")
+    await dialog.locator("#token-input").fill(USERS[0]["token"])
+    await dialog.get_by_role("button", name="Save token").click()
+    await expect(page.locator(".col")).to_have_count(1)
+    await expect(page.locator("#conn")).to_have_text("live")
 
 
 @SIZES

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from conftest import eventually, node_table
 from playwright.async_api import Page, expect
-from test_awake import stand_ins
+from test_awake import no_systemd, stand_ins
 from test_page import (  # noqa: F401 (browser: a fixture)
     GUARD,
     api_shows,
@@ -197,3 +197,35 @@ async def test_an_inhibitor_that_could_not_be_held_is_a_warning(fakes, daemon_fa
     await expect(awake).to_have_class("awake warn")
     fake.script.token_delay_s = 0
     await d.wait_state(job["id"], "done")
+
+
+@SIZES
+async def test_no_systemd_is_a_quiet_note_while_idle(fakes, daemon_factory, open_at, tmp_path, size):
+    """systemd-inhibit on a machine without systemd exits 1: amber only while a job runs; once the
+    lab is idle, a quiet note, not a standing warning (issue 36)."""
+    fake = await fakes("qwen3-coder:30b", token_delay_s=0.05, tokens=2000)
+    d = await daemon_factory([node_table("node-1", fake, 1, ["task"], "qwen3-coder:30b")], env=no_systemd(tmp_path))
+    page = await open_at(size)
+    await page.clock.install()  # the test's clock: the page's slow poll is brought forward
+    [job] = await d.submit(prompt="a long one")
+    await d.wait_state(job["id"], "running")
+    await open_queue(page, d, 1)
+    awake = page.locator("#awake")
+
+    async def warned():
+        await slow_poll_now(page)
+        return "cannot keep this machine awake: systemd-inhibit exited with code 1" in await awake.inner_text()
+
+    await eventually(warned, 30, 0.2, "the warning while the job runs")
+    await expect(awake).to_have_class("awake warn")
+    fake.script.token_delay_s = 0
+    await d.wait_state(job["id"], "done")
+
+    async def quiet():
+        await slow_poll_now(page)
+        return "no sleep inhibitor here" in await awake.inner_text()
+
+    await eventually(quiet, 30, 0.2, "the quiet note once the lab is idle")
+    await expect(awake).to_contain_text("systemd-inhibit exited with code 1")
+    await expect(awake).not_to_have_class("awake warn")
+    await screenshot(page, f"awake-no-systemd-{size['viewport']['width']}.png")

@@ -5,9 +5,12 @@ model unloads it first, verified through /api/ps, and a kept time that runs out 
 
 from __future__ import annotations
 
+import re
+import sqlite3
 import time
 import tomllib
 
+import aiohttp
 import pytest
 import tomli_w
 from conftest import eventually, free_port, node_table
@@ -22,13 +25,16 @@ OTHER = "llama3.2:latest"
 LOAD_S = 1.0  # the fake's load time: a call that finds its model warm pays none of it
 
 
-async def warm_lab(fakes, daemon_factory, front: dict | None = None, **script) -> FrontLab:
+async def warm_lab(
+    fakes, daemon_factory, front: dict | None = None, busy_timeout: str | None = None, **script
+) -> FrontLab:
     """One task node, node-1 (qwen3:8b, llama3.2 installed too), behind the front door; `front`:
     the config's [front] table."""
     node = await fakes(MODEL, OTHER, load_delay_s=LOAD_S, tokens=4, **script)
     port = free_port()
+    router = {"busy_timeout": busy_timeout} if busy_timeout else {}
     daemon = await daemon_factory(
-        [node_table("node-1", node, 1, ["task"], MODEL)], ollama_listen=f"127.0.0.1:{port}", start=False
+        [node_table("node-1", node, 1, ["task"], MODEL)], ollama_listen=f"127.0.0.1:{port}", start=False, **router
     )
     if front:
         config = tomllib.loads(daemon.config.read_text())
@@ -110,6 +116,13 @@ async def test_a_job_of_another_model_unloads_the_warm_one_first(fakes, daemon_f
         assert await warm_of(lab) is None
         await eventually(lambda: fake.loaded == {}, 10, what="the task's model to leave VRAM")
         assert 'gpuq_warm_unloads_total{node="node-1"} 1.0' in await metrics(lab)
+        # The task's wait for it is in the task's own events (its history, `gpuq show`, its page).
+        events = (await lab.daemon.job(job["id"]))["events"]
+        [said] = [e for e in events if "unloaded warm" in (e.get("reason") or "")]
+        found = re.fullmatch(rf"unloaded warm {re.escape(MODEL)} first, (\d+\.\d) s", said["reason"])
+        assert found and float(found.group(1)) >= 0.2, said  # the fake's 0.3 s unload, measured
+        shown = await lab.daemon.cli("show", job["id"])
+        assert f"unloaded warm {MODEL} first" in shown.out, shown
     finally:
         await lab.close()
 
@@ -236,5 +249,68 @@ async def test_a_job_deleted_while_the_warm_model_unloads_still_sees_it_gone_bef
         [after] = await lab.daemon.submit("task", "the next one", model=OTHER)
         await lab.daemon.wait_state(after["id"], "done", timeout=20)
         assert seen_at_load[-1] == (OTHER, set()), seen_at_load  # nothing left in VRAM when it loaded
+    finally:
+        await lab.close()
+
+
+async def leave_mid_stream(lab: FrontLab, prompt: str) -> None:
+    """An editor's abandoned autocomplete: a streamed call with keep_alive, dropped (its
+    connection closed) once its first chunk came."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "keep_alive": "5m"}
+    async with aiohttp.ClientSession() as session:
+        resp = await session.post(lab.url + "/api/chat", json=body)
+        assert resp.status == 200, await resp.text()
+        await resp.content.readline()
+        resp.close()
+
+
+async def test_an_abandoned_call_keeps_its_model_warm_for_the_next(fakes, daemon_factory):
+    """As Ollama: a request its client cancels does not unload the model; its keep_alive holds,
+    so the editor's next autocomplete pays no load (issue 36)."""
+    lab = await warm_lab(fakes, daemon_factory)
+    fake = lab.fakes["node-1"]
+    fake.script.tokens, fake.script.token_delay_s = 400, 0.02
+    try:
+        await leave_mid_stream(lab, "def expo")
+        job = await lab.job_with("def expo", "cancelled")
+        await eventually(lambda: fake.in_flight == 0, 10, what="the node's request to end")
+        assert (await kept(lab))["model"] == MODEL
+        assert MODEL in fake.loaded and order(fake) == [f"gen:{MODEL}"]  # no unload
+        assert (await lab.daemon.job(job["id"]))["error"] == "client disconnected"
+        fake.script.tokens, fake.script.token_delay_s = 4, 0
+        second = await chat(lab, "def export", keep_alive="5m")
+        assert second.load_duration < LOAD_S * 0.5e9  # warm: no load
+    finally:
+        await lab.close()
+
+
+async def test_a_client_that_leaves_frees_its_node_while_the_database_is_locked(fakes, daemon_factory, tmp_path):
+    """The node's request is cut as the client leaves, not once its cancel is committed: a
+    database held by another program (the sqlite3 shell) does not keep the node generating for
+    no one; the cancel is recorded once the store takes it."""
+    lab = await warm_lab(fakes, daemon_factory, busy_timeout="0.2s")
+    fake = lab.fakes["node-1"]
+    fake.script.tokens, fake.script.token_delay_s = 2000, 0.02  # 40 s if never cut
+    try:
+        await chat(lab, "warm", keep_alive="5m")
+        fake.script.tokens, fake.script.token_delay_s = 2000, 0.02
+        shell = sqlite3.connect(tmp_path / "gpuq.db", isolation_level=None)
+        try:
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "locked"}], "keep_alive": "5m"}
+            async with aiohttp.ClientSession() as session:
+                resp = await session.post(lab.url + "/api/chat", json=body)
+                await resp.content.readline()
+                shell.execute("BEGIN IMMEDIATE")  # from now the router's writes wait, then are refused
+                resp.close()
+            await eventually(lambda: fake.in_flight == 0, 10, what="the node's request to be cut")
+            job = await lab.job_with("locked")
+            assert job["state"] == "running"  # not recorded yet: the store is held
+        finally:
+            shell.execute("ROLLBACK")
+            shell.close()
+        await lab.job_with("locked", "cancelled")
+        fake.script.tokens, fake.script.token_delay_s = 4, 0
+        after = await chat(lab, "and the node works on", keep_alive="5m")
+        assert after.message.content
     finally:
         await lab.close()

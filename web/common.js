@@ -356,8 +356,8 @@ export function askToken(refused = false) {
     const form = el('form', {className: 'dialog-body'},
       el('h2', {text: 'Access token needed'}),
       el('p', {text: refused
-        ? 'The router refused the saved token. Enter the current one (router.token in gpuq.toml).'
-        : 'This router asks for an access token (router.token in gpuq.toml). It is kept in this browser.'}),
+        ? 'The router refused the saved token. Enter your token (gpuq.toml [[user]] or router.token).'
+        : 'This router asks for an access token: your token (gpuq.toml [[user]] or router.token). It is kept in this browser.'}),
       el('label', {className: 'field'}, 'Token ', input),
       el('div', {className: 'dialog-buttons'},
         el('button', {type: 'button', text: 'Not now', onclick: () => dialog.close()}),
@@ -418,8 +418,8 @@ export function refusalNotice(exc, onToken, className = 'alert warn refusal') {
   const head = exc.status === 403 ? `Refused (403)`
     : sent ? 'Access token refused (401)' : 'Access token needed (401)';
   const how = exc.status === 403 ? ''
-    : sent ? ' The token this browser sent is not the router\'s: enter the current one (router.token in gpuq.toml, or $GPUQ_TOKEN where the router runs).'
-      : ' Enter the router\'s token (router.token in gpuq.toml, or $GPUQ_TOKEN where the router runs); it is kept in this browser.';
+    : sent ? ' The router knows no such token: enter your token (gpuq.toml [[user]] or router.token, or $GPUQ_TOKEN where the router runs).'
+      : ' Enter your token (gpuq.toml [[user]] or router.token, or $GPUQ_TOKEN where the router runs); it is kept in this browser.';
   return el('div', {className, role: 'alert', dataset: {refused: String(exc.status)}},
     el('strong', {text: head}),
     el('span', {text: ` The router says: ${exc.message}.${how}`}),

@@ -220,23 +220,27 @@ function renderTop() {
   document.title = `${trouble ? '⚠ ' : ''}${fmtNum(q.queue_depth)} queued · gpuq`;
 }
 
-// The router's sleep inhibitor, held while jobs run: a quiet line in the top bar, a warning
-// when it could not be held, nothing while the lab is idle.
+// The router's sleep inhibitor, held while jobs run: a quiet line in the top bar; a warning when
+// it could not be held while jobs run; a quiet note of that while the lab is idle (a machine
+// without the tool, e.g. no systemd, has nothing to keep awake then); nothing otherwise.
 function renderAwake() {
   const box = $('awake');
   if (!box || !S.health) return;
   const a = S.health.awake;
   const machine = a && a.by === 'caffeinate' ? 'this Mac' : 'this machine';
   box.hidden = !a;
-  box.classList.toggle('warn', Boolean(a && !a.held));
+  box.classList.toggle('warn', Boolean(a && !a.held && a.running));
   if (!a) {
     box.textContent = '';
   } else if (a.held) {
     box.textContent = `keeping ${machine} awake (${a.by}) since ${fmtClock(a.since)}`;
     box.title = `jobs are running: the router holds a sleep inhibitor${a.pid ? ` (pid ${a.pid})` : ''}, let go when the lab is idle`;
-  } else {
+  } else if (a.running) {
     box.textContent = `cannot keep this machine awake: ${a.error}`;
     box.title = 'jobs are running but the sleep inhibitor could not be held: the machine may sleep and break them';
+  } else {
+    box.textContent = `no sleep inhibitor here (${a.error})`;
+    box.title = 'the router could not hold a sleep inhibitor when jobs last ran: while jobs run, the machine may sleep and break them';
   }
 }
 

@@ -16,7 +16,10 @@ from . import backup, history, jobs, lab, queue, retention, service, storage
 
 @click.group()
 @click.version_option(package_name="gpuq", prog_name="gpuq", message="%(prog)s %(version)s")
-@click.option("--router", help="Router URL (else $GPUQ_ROUTER, else the config's public_url).")
+@click.option(
+    "--router",
+    help="Router URL (else $GPUQ_ROUTER, else the router running on this database, else the config's public_url).",
+)
 @click.option("--config", type=click.Path(dir_okay=False), help="gpuq.toml (else $GPUQ_CONFIG, else ./gpuq.toml).")
 @click.pass_context
 def main(ctx: click.Context, router: str | None, config: str | None) -> None:

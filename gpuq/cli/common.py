@@ -13,9 +13,10 @@ from urllib.parse import quote
 
 import click
 
-from ..config import DEFAULT_ROUTER, ConfigError, check_token, check_url, find_config, load_config
+from ..config import ConfigError, check_token, check_url
 from ..jobs import ACTIVE, JobState, parse_iso, span
 from .client import ApiError, Router
+from .where import find_router, notice, read_config
 
 
 def fail(status, message: str) -> NoReturn:
@@ -36,29 +37,25 @@ def api_errors(fn):
 
 
 def router_of(ctx: click.Context) -> Router:
-    """--router or $GPUQ_ROUTER, else the config's public_url; $GPUQ_TOKEN, else its token."""
+    """The router this command talks to (gpuq/cli/where.py says which, in what order), named on
+    stderr when it was found rather than given; $GPUQ_TOKEN, else the config's token."""
     opts = ctx.obj
-    url, source = opts.get("router"), "--router"
-    if not url and os.environ.get("GPUQ_ROUTER"):
-        url, source = os.environ["GPUQ_ROUTER"], "$GPUQ_ROUTER"
+    config = read_config(opts.get("config"))
+    found = find_router(opts.get("router"), config)
     token = os.environ.get("GPUQ_TOKEN") or None  # set but empty: as if unset (the config's token is used)
     try:
-        if url:
-            url = check_url(url, source)
+        url = check_url(found.url, found.why if found.given else f"the router's address ({found.why})")
         if token:
             check_token(token, "$GPUQ_TOKEN")
     except ConfigError as exc:
         raise click.UsageError(exc.message, ctx) from None
-    if not url or not token:
-        try:
-            path = find_config(opts.get("config"))
-            settings = load_config(path, env_token=False) if path else None
-        except ConfigError:
-            settings = None
-        if settings:
-            url = url or settings.public_url
-            token = token or settings.token
-    return Router(url or DEFAULT_ROUTER, token)
+    if not token and config.settings is not None:
+        token = config.settings.token
+    said = notice(found)
+    if said is not None and not opts.get("told"):
+        opts["told"] = True  # once per command, however many routers it asks for
+        click.echo(said, err=True)
+    return Router(url, token)
 
 
 def seg(text: str) -> str:

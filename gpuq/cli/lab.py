@@ -13,7 +13,8 @@ import click
 
 from ..config import ConfigError, find_config, load_config, starter_config
 from ..jobs import parse_iso
-from .common import ago, api_errors, router_of
+from .common import ago, api_errors, fail, router_of
+from .where import find_router, read_config
 
 
 @click.command()
@@ -165,6 +166,7 @@ def reload(ctx, force) -> None:
 
     Example: gpuq reload
     """
+    refuse_broken_config(ctx)
     data = router_of(ctx).call("POST", "/api/reload", {"force": force})
     lines = [f"added node {name}" for name in data["added"]]
     lines += [f"removed node {name}" for name in data["removed"]]
@@ -179,3 +181,14 @@ def reload(ctx, force) -> None:
         click.echo(f"  {line}")
     for change in data["needs_restart"]:
         click.echo(f"  needs a restart (kept as it was): {change}")
+
+
+def refuse_broken_config(ctx: click.Context) -> None:
+    """The gpuq.toml found here cannot be read: the router would refuse it too (422), so none is
+    asked; a router found without it (another one on the default port) would answer about its own
+    file instead. Given a router (--router, $GPUQ_ROUTER), the router judges its own file."""
+    config = read_config(ctx.obj.get("config"))
+    found = find_router(ctx.obj.get("router"), config)
+    if config.error is None or found.given:
+        return
+    fail(422, f"not reloaded, nothing changed: {config.error} (no router was asked; this would have asked {found.url})")

@@ -16,6 +16,7 @@ from ..access.lanes import Door, lane_for
 from ..access.tokens import CALLER
 from ..errors import FrontError, IdTaken, ModelMissing, NotFound, StoreUnavailable
 from ..jobs import ACTIVE, new_job_id, normalize_model
+from ..node.calls import CLIENT_LEFT
 from ..store import NewJob
 from .context import FRONT, Front, error_response, json_of
 from .endpoints import Endpoint, early_refusal, front_nodes
@@ -169,7 +170,7 @@ class Call:
         except BaseException:
             self.front.relay.close(self.job_id)
             return
-        await self.front.cancel(self.job_id, "client disconnected", self.actor)
+        await self.front.cancel(self.job_id, CLIENT_LEFT, self.actor)
         self.front.relay.close(self.job_id)
 
     # -- follow -----------------------------------------------------------------------------
@@ -359,7 +360,7 @@ class Call:
                 f"gpuq job {self.job_id} was {reason}; its request ended (gpuq retry {self.job_id} runs it again)",
                 "job_preempted",
             )
-        if reason == "client disconnected":
+        if reason == CLIENT_LEFT:
             return await self.fail(499, "request canceled", "job_cancelled")
         return await self.fail(ENDED_STATUS, f"gpuq job {self.job_id} was {reason}: request canceled", "job_cancelled")
 
@@ -377,14 +378,36 @@ class Call:
         return error_response(self.request, status, message, code, headers=self.headers())
 
 
+# A stopping router's answer to a new call: ask again then. Its drain may take the running jobs'
+# whole length, but a service manager (or the person's Ctrl-C and `make run`) restarts it in
+# seconds; the SDKs' own retries wait about this long anyway.
+STOPPING_RETRY_AFTER_S = 5
+
+
+def refuse_if_stopping(front: Front) -> None:
+    """Told to stop, the router starts nothing new: a call arriving now (while the running jobs
+    drain, or as the router shuts down) is answered at once, 503 with Retry-After, not held for
+    the whole drain to get the same 503 at its end. Nothing is stored for it."""
+    if front.closing:
+        raise FrontError(503, "the gpuq router is shutting down", "router_shutdown", STOPPING_RETRY_AFTER_S)
+    if front.dispatcher.quiesced:
+        running = len(front.dispatcher.running())
+        raise FrontError(
+            503,
+            f"the gpuq router is stopping: it starts no new job while its {running} running job(s) "
+            f"finish; ask again in {STOPPING_RETRY_AFTER_S}s, once it is back",
+            "router_shutdown",
+            STOPPING_RETRY_AFTER_S,
+        )
+
+
 async def run_call(request: web.Request, ep: Endpoint) -> web.StreamResponse:
     """A call that makes a model work: a job, followed to its end by its client."""
     body = await json_of(request)
     if ep.check is not None:
         ep.check(body)
     front = request.app[FRONT]
-    if front.closing:
-        raise FrontError(503, "the gpuq router is shutting down", "router_shutdown")
+    refuse_if_stopping(front)
     if is_load_or_unload(ep.path, body):
         # gpuq loads a model for each job and unloads it after: nothing to do, answered as Ollama
         # does, for a model some node has (Open WebUI unloads this way).
@@ -399,11 +422,11 @@ async def run_call(request: web.Request, ep: Endpoint) -> web.StreamResponse:
         return await call.follow()
     except asyncio.CancelledError:  # aiohttp cancels the handler when its client disconnects
         if call.job_id and not call.delivered and not front.closing:
-            await asyncio.shield(front.cancel(call.job_id, "client disconnected", call.actor))
+            await asyncio.shield(front.cancel(call.job_id, CLIENT_LEFT, call.actor))
         raise
     except ConnectionError:  # the client left while a chunk was written
         if call.job_id and not call.delivered:
-            await front.cancel(call.job_id, "client disconnected", call.actor)
+            await front.cancel(call.job_id, CLIENT_LEFT, call.actor)
         raise
     finally:
         if call.job_id:

@@ -4,6 +4,7 @@ caller's API."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from aiohttp import web
@@ -22,6 +23,8 @@ from .relay import Relay
 from .shapes import dumps, should_retry
 
 log = logging.getLogger("gpuq")
+
+CANCEL_RETRY_MAX_S = 5.0  # the longest wait between two tries of a cancel the store refused
 
 
 class Front:
@@ -43,14 +46,25 @@ class Front:
         return preview_url(self.settings.public_url, job_id)
 
     async def cancel(self, job_id: str, reason: str, actor: str) -> None:
-        """End a call's job because its client is gone: as a delete, with the reason."""
-        try:
-            job, interrupted = await self.store.delete(job_id, actor, reason=reason)
-        except (Conflict, NotFound):
-            return  # it ended on its own meanwhile
-        except StoreUnavailable as exc:
-            log.error("job=%s could not be cancelled (%s): %s", job_id, reason, exc.message)
-            return
+        """End a call's job because its client is gone: as a delete, with the reason. A job that
+        generates has its node request cut first, at once (the node frees without waiting for
+        the commit); its cancel is then committed, tried again while the store refuses, as a
+        worker records what a job did: a cut job left "running" would hold its node."""
+        cut = self.dispatcher.cut(job_id, reason)
+        delay = 0.1
+        while True:
+            try:
+                job, interrupted = await self.store.delete(job_id, actor, reason=reason)
+                break
+            except (Conflict, NotFound):
+                return  # it ended on its own meanwhile
+            except StoreUnavailable as exc:
+                if not cut:  # it runs on for no one, and ends as it would have
+                    log.error("job=%s could not be cancelled (%s): %s", job_id, reason, exc.message)
+                    return
+                log.error("job=%s cancel not recorded yet, trying again in %gs: %s", job_id, delay, exc.message)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, CANCEL_RETRY_MAX_S)
         self.dispatcher.abort(interrupted, reason)
         self.bus.publish("queue", {"deleted": job_id})
         log.info("job=%s node=%s state=cancelled reason=%r actor=%r", job_id, job["node"], reason, actor)

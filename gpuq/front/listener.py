@@ -122,20 +122,29 @@ class FrontDoor:
         await self.runner.cleanup()  # its waiting calls end first (on_shutdown), then connections
 
 
-def bind_front_door(settings: Settings, any_port_if_taken: bool = False) -> list[socket.socket]:
+FREE_PORT_TRIES = 50  # how far above its port a front door looks for a free one (the demo's)
+
+
+def bind_front_door(settings: Settings, next_free_if_taken: bool = False) -> list[socket.socket]:
     """The front door's listening sockets, bound with the router's before anything starts (none
-    when `ollama_listen` is not set). The demo takes any free port when its usual one is taken."""
+    when `ollama_listen` is not set). `next_free_if_taken` (the demo's): when its port is taken,
+    the next free one above it, so a restart beside the same programs lands on the same port."""
     if settings.ollama_listen is None:
         return []
     host, port = settings.ollama_listen.rsplit(":", 1)
     host = host.strip("[]")
     try:
-        sockets = bind_sockets(settings.ollama_listen, host, int(port))
+        return bind_sockets(settings.ollama_listen, host, int(port))
     except StartupError as exc:
-        if not any_port_if_taken:
+        if not next_free_if_taken:
             raise StartupError(f"{exc.message} (router.ollama_listen)") from None
-        sockets = bind_sockets(f"{host}:0", host, 0)
-    return sockets
+        first = exc
+    for other in range(int(port) + 1, min(int(port) + FREE_PORT_TRIES, 65535) + 1):
+        try:
+            return bind_sockets(f"{host}:{other}", host, other)
+        except StartupError:
+            continue
+    raise StartupError(f"{first.message}, and so are the {FREE_PORT_TRIES} ports above it (the demo's front door)")
 
 
 async def start_front_door(

@@ -4,8 +4,10 @@ inhibitor is held the platform's own way, as a child process that holds it until
 macOS `caffeinate -i -w <router pid>`, Linux `systemd-inhibit --what=idle:sleep` around a wait
 for the router's pid (both let go by themselves if the router dies). It starts when the first job
 starts running and is terminated once the lab is idle (after RELEASE_AFTER_S, so back-to-back
-jobs hold one inhibitor). A missing tool is logged once; no job ever fails for it.
-`[router] keep_awake = false` turns it off."""
+jobs hold one inhibitor). An inhibitor that cannot be held (a missing tool; systemd-inhibit on a
+machine without systemd exits at once) is logged once, and /health keeps saying it: a warning
+while jobs run (the machine may sleep during them), a quiet note while the lab is idle (there is
+nothing to keep awake then); no job ever fails for it. `[router] keep_awake = false` turns it off."""
 
 from __future__ import annotations
 
@@ -52,6 +54,9 @@ class Awake:
         self.by: str | None = None
         self.since: float | None = None
         self.error: str | None = None  # why none is held while jobs run (the tool is missing, it exited)
+        # The last such failure, kept while idle (a quiet note on /health) until one is held again.
+        self.unavailable: str | None = None
+        self.running = 0  # jobs running, as the last update said
         self._warned = False
         self._release: asyncio.TimerHandle | None = None
 
@@ -59,6 +64,7 @@ class Awake:
         """The number of jobs running now: hold the inhibitor while it is above 0."""
         if not self.enabled:
             return
+        self.running = running
         if running > 0:
             if self._release is not None:
                 self._release.cancel()
@@ -76,7 +82,7 @@ class Awake:
                 self._release = loop.call_later(self.release_after_s, self.release)
 
     def _warn(self, message: str) -> None:
-        self.error = message
+        self.error = self.unavailable = message
         if not self._warned:  # once per router: the lab works on, it may just sleep
             self._warned = True
             log.warning("keep awake: %s; jobs run on, but the machine may sleep during them", message)
@@ -98,6 +104,7 @@ class Awake:
             self._warn(f"{command[0]} could not start: {exc}")
             return
         self.by, self.since = command[0], time.time()
+        self.unavailable = None
         log.info("keep awake: %s holds the machine awake while %d job(s) run (pid %d)", self.by, running, self.proc.pid)
 
     def _check(self) -> None:
@@ -131,10 +138,13 @@ class Awake:
         log.info("keep awake: released (no job runs)")
 
     def json(self) -> dict[str, Any] | None:
-        """/health's "awake": null when nothing runs (or keep_awake is off)."""
+        """/health's "awake": held (by what, since when); or not held, why (`error`) and whether
+        jobs run meanwhile (`running`: the page warns only then); null when nothing was ever
+        refused and nothing runs (or keep_awake is off)."""
         self._check()
         if self.proc is not None and self.since is not None:  # (set together)
             return {"held": True, "by": self.by, "since": iso(self.since), "pid": self.proc.pid}
-        if self.error is not None:
-            return {"held": False, "by": None, "since": None, "error": self.error}
+        why = self.error or self.unavailable
+        if why is not None:
+            return {"held": False, "by": None, "since": None, "error": why, "running": self.running > 0}
         return None

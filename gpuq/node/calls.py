@@ -15,6 +15,8 @@ from typing import Any, Protocol
 from ..errors import GpuqError
 from .ollama import OllamaClient
 
+CLIENT_LEFT = "client disconnected"  # a called job's cancel reason when its client goes away
+
 
 @dataclass(frozen=True)
 class Policy:

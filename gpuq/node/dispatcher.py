@@ -487,6 +487,18 @@ class Dispatcher:
         if worker is not None:
             worker.abort(interrupted.run_id, reason)
 
+    def cut(self, job_id: str, reason: str) -> bool:
+        """A front-door call's client left: stop its job's request to its node now, before the
+        job's cancel is committed, so the node frees at once (an editor abandons most of its
+        autocompletes). Only while the job generates: once it is being recorded and finished,
+        the cancel's commit comes first, as for any delete. True if it was cut."""
+        for worker in (*self.workers.values(), *self.retired.values()):
+            cur = worker.rt.current
+            if cur is not None and cur.job_id == job_id and cur.generating:
+                worker.abort(cur.run_id, reason)
+                return True
+        return False
+
     def ended(self, job_ids: list[str], reason: str) -> None:
         """Jobs a person ended (deleted, cleared): their waiting front-door clients hear why."""
         self.calls.ended(job_ids, reason)

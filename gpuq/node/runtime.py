@@ -66,6 +66,10 @@ class Current:
     size: int = 0  # bytes of output and thinking held (UTF-8), against max_output_bytes
     merged: tuple[int, int] = (0, 0)  # pieces of output and of thinking joined by compact()
     abort_reason: str | None = None
+    # Generating (its request to the node in flight, or about to be): a client that leaves may cut
+    # it at once (Dispatcher.cut), before its cancel is committed; not while it is recorded and
+    # finished, whose commit may claim the node's next job.
+    generating: bool = False
     lost: bool = False  # another router took the node mid-job (and failed the job): not relayed further
     next_job: dict[str, Any] | None = None  # claimed in the same transaction that finished this one
 

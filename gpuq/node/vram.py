@@ -19,7 +19,7 @@ from ..config import Settings
 from ..errors import GpuqError, OllamaError, described
 from ..jobs import normalize_model
 from ..store import Store
-from .calls import Policy
+from .calls import CLIENT_LEFT, Policy
 from .monitor import NodeMonitor
 from .runtime import NodeRuntime
 
@@ -113,6 +113,11 @@ def next_poll_s(delay: float, elapsed: float) -> float:
     return min(delay * 2, UNLOAD_POLL_MAX_S) if elapsed > UNLOAD_POLL_FAST_S else delay
 
 
+def warm_unload_note(model: str, seconds: float) -> str:
+    """The event a job gets when a model kept warm for another had to leave VRAM before it ran."""
+    return f"unloaded warm {model} first, {seconds:.1f} s"
+
+
 def unload_failure(
     model: str, node: str, elapsed: float, timeout_s: float, listed: bool, last_error: str | None
 ) -> str:
@@ -203,17 +208,23 @@ class Vram:
         self.warm_model = None
         return await self.unload(job["model"], job["id"])
 
-    async def after_abort(self, job: dict[str, Any], reason: str | None) -> None:
+    async def after_abort(self, job: dict[str, Any], reason: str | None, keep_s: float = 0.0) -> None:
         """After an aborted job: a kept model whose unload the abort cut short leaves VRAM too,
         verified, before the next job; the job's own model leaves, unless a job of the same
         model preempted it under "when-idle" (an interactive call on the sweep's model): the
-        model stays for it, as after a finish; a reload would be the call's whole wait."""
+        model stays for it, as after a finish; a reload would be the call's whole wait. A call
+        whose client left (an editor's abandoned autocomplete) keeps its model for the
+        keep_alive it asked (`keep_s`), as after a finish and as Ollama does for a cancelled
+        request: the editor's next call must not pay a load."""
         warm, self.warm_model = self.warm_model, None
         evict = to_evict(warm, job["model"])
         if evict is not None:
             await self.unload(evict, job["id"])
         if (reason or "").startswith("preempted") and await self.keeps(job):
             self.warm_model, self.rt.warm_until = job["model"], None
+            return
+        if reason == CLIENT_LEFT and keep_s > 0 and await self.keeps(job, keep_s):
+            self.warm_model, self.rt.warm_until = job["model"], warm_until(keep_s, time.time())
             return
         await self.unload(job["model"], job["id"])
 
@@ -246,9 +257,12 @@ class Vram:
         if model is None:
             return True
         self.rt.warm_unloads += 1
+        started = time.monotonic()
         unloaded = await self.unload(model, job_id)
         # Forgotten only now: a job aborted during the unload still sees it (after_abort).
         self.warm_model = None
+        if unloaded and job_id is not None:  # the job's wait for it is in the job's events
+            await self.note(job_id, warm_unload_note(model, time.monotonic() - started))
         return unloaded
 
     async def unload(self, model: str, job_id: str | None) -> bool:

@@ -299,7 +299,11 @@ class Worker:
             return
         findings = None
         try:
-            stats, error = await self._generate(job, cur)
+            cur.generating = True
+            try:
+                stats, error = await self._generate(job, cur)
+            finally:
+                cur.generating = False
             if stats is not None:  # (None: the run failed, with `error`)
                 findings, error = await self._record(job, cur, stats)
         except OllamaUnreachable as exc:
@@ -528,7 +532,7 @@ class Worker:
         output, thinking, upto = cur.unsaved()
         await self._persist(job["id"], "partial output", lambda: self.store.save_output(cur.run_id, output, thinking))
         cur.saved = upto
-        await self.vram.after_abort(job, cur.abort_reason)
+        await self.vram.after_abort(job, cur.abort_reason, cur.keep_s)
 
     async def note(self, job_id: str, message: str) -> None:
         """An event on the job, written as its outcome is (_persist)."""

@@ -4,8 +4,6 @@ nodes, signals, a clean shutdown."""
 from __future__ import annotations
 
 import asyncio
-import fcntl
-import json
 import logging
 import os
 import shlex
@@ -31,13 +29,15 @@ from ..access.connections import (
     raise_file_limit,
     throttle_accept_errors,
 )
-from ..config import DEFAULT_ROUTER, ConfigError, NodeConfig, Settings, check_database, check_listen
+from ..config import DEFAULT_LISTEN, DEFAULT_ROUTER, ConfigError, NodeConfig, Settings, check_database, check_listen
 from ..demo import FakeOllama, Script
-from ..errors import DatabaseInUse, GpuqError, StartupError
+from ..errors import GpuqError, StartupError
 from ..front.listener import bind_front_door, start_front_door
 from ..front.relay import Relay
-from ..jobs import iso, parse_iso
+from ..jobs import parse_iso
 from ..store.postgres import safe_dsn
+from .dblock import lock_database, unlock_database
+from .portcheck import next_free_port
 
 log = logging.getLogger("gpuq")
 
@@ -99,67 +99,6 @@ async def start_demo_nodes() -> tuple[list[FakeOllama], list[NodeConfig]]:
     return fakes, nodes
 
 
-def lock_database(database: Path, listen: str, holder: str = "router") -> int:
-    """Hold `<database>.lock` for as long as this router runs: a second router on the same database
-    stops here, before it touches the file. The kernel drops the lock when the process ends, even
-    by SIGKILL, so a crash never blocks the restart; a router that stops by itself, or cannot
-    start, removes the file (unlock_database). `holder`: what holds it, as the refused are told
-    (a router, or `gpuq restore`). Returns the lock's file descriptor."""
-    path = lock_path(database)
-    for _ in range(10):  # the file this router opened was removed by its holder meanwhile: open the new one
-        try:  # as the store does: a removed directory (see gpuq/store/dbfile.py) must not stop the restart
-            database.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise StartupError(f"cannot open the lock file {path}: {exc.strerror}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = lock_holder(fd)
-            os.close(fd)
-            raise DatabaseInUse(database, holder) from None
-        except OSError as exc:
-            os.close(fd)
-            raise StartupError(f"cannot lock {path}: {exc.strerror}") from None
-        try:
-            if os.path.samestat(os.fstat(fd), os.stat(path)):
-                break
-        except FileNotFoundError:
-            pass
-        os.close(fd)
-    else:
-        raise StartupError(f"cannot lock {path}: it was removed and created again ten times over")
-    me = {"pid": os.getpid(), "listen": listen, "started": iso(time.time()), "holder": holder}
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
-    return fd
-
-
-def unlock_database(database: Path, fd: int) -> None:
-    """Remove the lock file while still holding it, then let go: a router that opened the file
-    meanwhile finds, once it holds its lock, that the file is no longer there (lock_database)."""
-    try:
-        os.unlink(lock_path(database))
-    except OSError:
-        pass  # removed with its directory: nothing is left behind either
-    os.close(fd)
-
-
-def lock_path(database: Path) -> Path:
-    return database.with_name(database.name + ".lock")
-
-
-def lock_holder(fd: int) -> str:
-    """Who holds the lock, as its holder wrote it: pid, address, start time."""
-    try:
-        holder = json.loads(os.pread(fd, 4096, 0))
-        if holder.get("holder", "router") != "router":  # not a router: what it is doing, since when
-            return f"{holder['holder']}, pid {holder['pid']}, since {holder['started']}"
-        return f"another router (pid {holder['pid']}, listening on {holder['listen']} since {holder['started']})"
-    except (OSError, ValueError, TypeError, KeyError):
-        return "another router (its pid is not recorded yet)"
-
-
 def database_override(database: str | None) -> Path | str | None:
     """The database the command line or the environment names over the config's: --database, else
     $GPUQ_DATABASE (a DSN keeps its password out of gpuq.toml); None: neither (the config's is
@@ -176,7 +115,19 @@ def database_name(database: Path | str) -> str:
     return safe_dsn(database) if isinstance(database, str) else str(database)
 
 
-DEMO_FRONT_DOOR = "127.0.0.1:11435"  # beside Ollama's own 11434
+# The demo's front door: beside Ollama's own 11434 for a router on its usual 8750, and as far from
+# the router's port otherwise (router 8751: front door 11436), so each demo keeps its own front
+# door across restarts, whatever other demos run or start first (an exported OLLAMA_HOST keeps
+# working); only when a program holds that port, the next free one above it.
+DEMO_FRONT_DOOR_HOST = "127.0.0.1"
+DEMO_FRONT_DOOR_PORT = 11435
+DEMO_FRONT_DOOR_OFFSET = DEMO_FRONT_DOOR_PORT - int(DEFAULT_LISTEN.rsplit(":", 1)[1])
+
+
+def demo_front_door(router_port: int) -> str:
+    port = router_port + DEMO_FRONT_DOOR_OFFSET
+    usable = router_port != 0 and 1024 <= port <= 65535  # (a router on port 0 takes any: no distance to keep)
+    return f"{DEMO_FRONT_DOOR_HOST}:{port if usable else DEMO_FRONT_DOOR_PORT}"
 
 
 async def serve(
@@ -194,11 +145,18 @@ async def serve(
         settings = replace(settings, database=override)
     if ollama_listen or demo:  # the demo opens the front door too (gpuq/front/listener.py)
         settings = replace(
-            settings, ollama_listen=check_listen(ollama_listen, "--ollama-listen") if ollama_listen else DEMO_FRONT_DOOR
+            settings,
+            ollama_listen=check_listen(ollama_listen, "--ollama-listen")
+            if ollama_listen
+            else demo_front_door(settings.port),
         )
     # One router per SQLite file (its lock); on PostgreSQL any number share the queue, each node
     # driven by one of them at a time (its lease).
-    lock = None if isinstance(settings.database, str) else lock_database(settings.database, settings.listen)
+    lock = (
+        None
+        if isinstance(settings.database, str)
+        else lock_database(settings.database, settings.listen, url=settings.public_url)
+    )
     try:
         try:
             sockets = bind_sockets(settings.listen, settings.host, settings.port)
@@ -209,8 +167,8 @@ async def serve(
             ) from None
         front_sockets: list[socket.socket] = []
         try:
-            # The demo's front door takes any free port when its usual one is taken.
-            front_sockets = bind_front_door(settings, any_port_if_taken=demo and not ollama_listen)
+            # The demo's front door takes the next free port when its own is taken.
+            front_sockets = bind_front_door(settings, next_free_if_taken=demo and not ollama_listen)
             return await run_router(settings, sockets, demo, front_sockets)
         finally:
             for sock in sockets + front_sockets:
@@ -224,14 +182,7 @@ def listen_elsewhere(settings: Settings, demo: bool) -> str:
     """How to start this router on another port, a free one named: `make run PORT=`, the config's
     setting, or this very command with --listen."""
     host = settings.listen.rsplit(":", 1)[0]
-    free = next(
-        (
-            port
-            for port in range(settings.port + 1, min(settings.port + 50, 65536))
-            if port_is_free(settings.host, port)
-        ),
-        None,
-    )
+    free = next_free_port(settings.host, settings.port)
     port = str(free) if free else "PORT"
     address = f"{host}:{port}"
     args = sys.argv[1:]
@@ -249,16 +200,6 @@ def listen_elsewhere(settings: Settings, demo: bool) -> str:
     if os.environ.get("GPUQ_MAKE_RUN"):
         ways.insert(0, f"run `make run PORT={port}`")
     return f"To listen on another port, {', or '.join(ways)}."
-
-
-def port_is_free(host: str, port: int) -> bool:
-    try:
-        sockets = bind_sockets(f"{host}:{port}", host, port)
-    except StartupError:
-        return False
-    for sock in sockets:
-        sock.close()
-    return True
 
 
 async def run_router(
@@ -334,6 +275,12 @@ async def run_router(
         guard.max_connections,
     )
     print(f"gpuq router: {settings.public_url}   queue page: {settings.public_url}/", flush=True)
+    if settings.public_url != DEFAULT_ROUTER:  # the CLI finds it from here (its lock); elsewhere, say where
+        print(
+            f"the CLI elsewhere:  export GPUQ_ROUTER={settings.public_url}   "
+            "(gpuq run on this database finds this router by itself)",
+            flush=True,
+        )
     if front is not None:
         log.info("front door for Ollama and OpenAI clients on %s", front.url)
         print(

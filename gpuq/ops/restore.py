@@ -25,7 +25,7 @@ from ..errors import Conflict, DatabaseInUse, NotFound, Unprocessable
 from ..jobs import JobState
 from ..store.backup import check_restorable, checkpoint, fsync
 from ..store.facade import migration_files
-from .daemon import lock_database, unlock_database
+from .dblock import lock_database, unlock_database
 
 # How the lock file names the restore to a router that tries to start meanwhile.
 HOLDER = "`gpuq restore`, replacing the database"
