@@ -596,6 +596,13 @@ function warmLine(warm) {
     title: 'kept loaded for the next call of this model; a job of another model unloads it first'});
 }
 
+// The last kept model a client asked to leave (`ollama stop`, Open WebUI's unload), once it left.
+function unloadedLine(u) {
+  const how = u.verified ? `gone from /api/ps in ${u.took_s} s` : 'still listed by /api/ps: the node is flagged';
+  return el('div', {className: 'col-unloaded mono', text: `unloaded ${u.model} at ${fmtClock(u.at)}: ${how}`,
+    title: `${u.by} asked this model to leave VRAM (keep_alive 0 with no prompt)`});
+}
+
 function column(node, stale) {
   const [cls, label, why] = nodeStatus(node);
   const runningStale = node.running && stale.has(node.running.id);
@@ -623,6 +630,7 @@ function column(node, stale) {
     head.append(el('div', {className: 'col-warn', text: node.vram_stuck}));
   }
   if (node.warm) head.append(warmLine(node.warm));
+  if (node.asked_unload && !node.warm) head.append(unloadedLine(node.asked_unload));
   if (node.model_installed === false) {
     head.append(el('div', {className: 'col-warn amber', text: `${node.model} is not installed on this node (ollama pull ${node.model})`}));
   }

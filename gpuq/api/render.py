@@ -89,6 +89,8 @@ def node_json(rt: NodeRuntime) -> Row:
         "warm": None
         if rt.warm_model is None
         else {"model": rt.warm_model, "until": None if rt.warm_until is None else iso(rt.warm_until)},
+        # The last kept model a client asked to unload (`ollama stop`): which, who, when, verified.
+        "asked_unload": rt.asked_unload,
     }
 
 

@@ -21,7 +21,7 @@ from .context import FRONT, Front, error_response, json_of
 from .endpoints import Endpoint, early_refusal, entries_of, front_nodes
 from .listings import model_not_found
 from .names import aliased, local_name
-from .ollama_api import collected, is_load_or_unload, load_or_unload_reply, ollama_error
+from .ollama_api import collected, is_load_or_unload, load_or_unload_reply, ollama_error, unloads
 from .shapes import dumps
 
 log = logging.getLogger("gpuq")
@@ -59,6 +59,13 @@ def check_text_size(ollama: dict, limit: int) -> None:
             413,
             f"request text is {size} bytes (images not counted), over the limit of {limit} (router.max_prompt_bytes)",
         )
+
+
+def actor_of(request: web.Request, api: str) -> str:
+    """'alice (ollama 127.0.0.1)', as the router's API names its callers (server.actor_of)."""
+    caller: Caller = request.get(CALLER, ANYONE)
+    door = f"{api} {request.remote or '?'}"
+    return door if caller.name is None else f"{caller.name} ({door})"
 
 
 def model_to_run(front: Front, asked: str) -> str:
@@ -104,9 +111,7 @@ class Call:
 
     @property
     def actor(self) -> str:
-        """'alice (ollama 127.0.0.1)', as the router's API names its callers (server.actor_of)."""
-        door = f"{self.api} {self.request.remote or '?'}"
-        return door if self.caller.name is None else f"{self.caller.name} ({door})"
+        return actor_of(self.request, self.api)
 
     def headers(self) -> dict:
         out = {"X-Gpuq-Job": self.job_id, "X-Gpuq-Preview": self.front.preview_url(self.job_id)}
@@ -403,9 +408,14 @@ async def run_call(request: web.Request, ep: Endpoint) -> web.StreamResponse:
     if is_load_or_unload(ep.path, body):
         # gpuq loads a model for each job and unloads it after: nothing to do, answered as Ollama
         # does, for a model some node has (Open WebUI unloads this way).
-        wanted = normalize_model(model_to_run(front, body["model"]))
-        if not any(wanted in (rt.installed or ()) for rt in front_nodes(front.nodes_by_rank())):
+        model = model_to_run(front, body["model"])
+        nodes = front_nodes(front.nodes_by_rank())
+        if not any(normalize_model(model) in (rt.installed or ()) for rt in nodes):
             raise NotFound(f"model '{body['model']}' not found")
+        if unloads(body):  # where a call's keep_alive holds it warm, it leaves now (verified)
+            by = f"an unload by {actor_of(request, ep.api)}"
+            unloading = front.dispatcher.ask_unload(model, by, [rt.name for rt in nodes])
+            log.info("unload of %s asked by %s: %s", model, by, ", ".join(unloading) or "held warm on no idle node")
         return web.json_response(load_or_unload_reply(ep.path, body), dumps=dumps)
     call = Call(request, ep, body)
     await early_refusal(ep, call.ollama, front.nodes_by_rank())  # what its node would refuse, before it waits
