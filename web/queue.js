@@ -688,7 +688,7 @@ function badges(job) {
   }
   if (job.held_by_quota) out.push(badge('max running', 'held', job.held_by_quota));
   if (job.endpoint) {  // a call through the front door; its client waits for it
-    out.push(badge(job.endpoint.startsWith('/v1/') ? 'openai' : 'ollama', 'via',
+    out.push(badge(job.api || 'ollama', 'via',
       `a client's ${job.endpoint} call through the front door; it waits for this job (deleting it ends the call)`));
   }
   if (job.waiting_for) {

@@ -52,6 +52,12 @@ async def tags(request: web.Request) -> web.Response:
     return web.json_response({"models": all_tags(request.app[FRONT])}, dumps=dumps)
 
 
+async def status(request: web.Request) -> web.Response:
+    """GET /api/status (routes.go StatusHandler, api.StatusResponse): a local server with no
+    cloud. `ollama launch` asks it before it offers cloud models; a lab has none to offer."""
+    return web.json_response({"cloud": {"disabled": True, "source": "config"}}, dumps=dumps)
+
+
 async def ps(request: web.Request) -> web.Response:
     """What the nodes have loaded now (a node that does not answer in time is left out)."""
     nodes = [rt for rt in request.app[FRONT].nodes_by_rank() if rt.up]
