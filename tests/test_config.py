@@ -1,5 +1,6 @@
 """Config: the example parses; each mistake names its key."""
 
+import re
 import tomllib
 from pathlib import Path
 
@@ -249,3 +250,17 @@ def test_a_routers_lease_on_its_nodes_is_ten_seconds_unless_set_and_never_under_
     assert parse_config(base(lease="30s"), tmp_path).lease_s == 30.0
     with pytest.raises(ConfigError, match=r"router.lease: must be at least 1000ms \(a router would lose its nodes"):
         parse_config(base(lease="500ms"), tmp_path)
+
+
+def test_front_model_aliases_keep_the_files_order_and_name_a_wrong_entry(tmp_path):
+    data = dict(base(), front={"model_aliases": {"claude-*": "qwen3:8b", "gpt-*": "llama3.2"}})
+    assert parse_config(data, tmp_path).front_model_aliases == (("claude-*", "qwen3:8b"), ("gpt-*", "llama3.2"))
+    assert parse_config(base(), tmp_path).front_model_aliases == ()
+    for aliases, message in (
+        (["claude-*"], "front.model_aliases: expected a table"),
+        ({"claude-*": 3}, "front.model_aliases.'claude-*': expected a model's name"),
+        ({"claude-*": "qwen 3"}, "expected a model's name"),
+        ({" claude-*": "qwen3"}, "a name pattern"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            parse_config(dict(base(), front={"model_aliases": aliases}), tmp_path)
