@@ -13,14 +13,18 @@ import asyncio
 import os
 import shutil
 import time
+import tomllib
 from pathlib import Path
 
 import anthropic
 import ollama
 import openai
 import pytest
+import tomli_w
 from conftest import eventually, free_port, node_table
+from playwright.async_api import expect
 from test_front import CHAT_MODEL, FrontLab
+from test_page import browser, open_queue, page  # noqa: F401 (the page tests' fixtures)
 from test_warm_models import MODEL, warm_lab
 
 from gpuq.access.hosts import front_checks_host
@@ -200,6 +204,19 @@ async def test_an_alias_to_a_model_no_node_has_says_so(fakes, daemon_factory):
         await lab.close()
 
 
+async def test_a_reload_changes_the_aliases_at_once(lab):
+    client = anthropic_client(lab)
+    first = await claude_turn(client, claude_code_body("claude-opus-4-8", SAY_HI))
+    assert (await job_of(lab, first.id))["model"] == MODEL
+    config = tomllib.loads(lab.daemon.config.read_text())
+    config["front"]["model_aliases"] = {"claude-*": "llama3.2"}
+    lab.daemon.config.write_text(tomli_w.dumps(config))
+    res = await lab.daemon.cli("reload")
+    assert res.code == 0, res.err
+    second = await claude_turn(client, claude_code_body("claude-opus-4-8", SAY_HI))
+    assert (await job_of(lab, second.id))["model"] == "llama3.2"
+
+
 # -- Ollama as it is ------------------------------------------------------------------------------
 
 
@@ -276,7 +293,17 @@ async def test_think_on_a_model_that_cannot_and_chat_on_an_embedding_model_are_r
     fake = lab.fakes["node-1"]
     fake.capabilities["llama3.2:latest"] = ("completion", "tools")
     fake.capabilities["qwen3:8b"] = ("embedding",)
+
+    async def known():  # the router reads the capabilities from the node's /api/tags, each health check
+        async with lab.daemon.session.get(lab.url + "/api/tags") as resp:
+            models = (await resp.json())["models"]
+        return {m["model"]: m.get("capabilities") for m in models} == {
+            MODEL: ["embedding"],
+            "llama3.2:latest": ["completion", "tools"],
+        }
+
     try:
+        await eventually(known, 10, what="the new capabilities to be known")
         with pytest.raises(ollama.ResponseError) as think:
             await lab.ollama().chat(model="llama3.2", think=True, messages=[{"role": "user", "content": "x"}])
         assert (think.value.status_code, think.value.error) == (400, '"llama3.2" does not support thinking')
@@ -336,6 +363,26 @@ def test_host_names_are_checked_on_loopback_or_where_no_token_guards_the_front_d
     assert front_checks_host(settings("0.0.0.0:11435", token="s3cret", identity="tailscale"))
     assert not front_checks_host(settings("0.0.0.0:11435", token="s3cret"))  # as Ollama: any name
     assert not front_checks_host(settings("192.168.1.20:11435", users=(user,)))
+
+
+@pytest.mark.browser
+async def test_the_page_badges_a_messages_call_anthropic_and_shows_an_asked_unload(lab, page):
+    lab.daemon.fakes = lab.fakes
+    await open_queue(page, lab.daemon)
+    fake = lab.fakes["node-1"]
+    fake.script.token_delay_s, fake.script.tokens = 0.05, 200
+    call = asyncio.create_task(claude_turn(anthropic_client(lab), claude_code_body(MODEL, SAY_HI)))
+    card = page.locator('.col[data-node="node-1"] .card.running')
+    await expect(card.locator(".badge.via")).to_have_text("anthropic")
+    await expect(card).to_contain_text("say hi")
+    fake.script.token_delay_s = 0.0
+    await call
+    await expect(page.locator('.col[data-node="node-1"] .col-warm')).to_have_count(1)
+    await lab.ollama().generate(model=MODEL, keep_alive=0)  # ollama stop
+    line = page.locator('.col[data-node="node-1"] .col-unloaded')
+    await expect(line).to_contain_text(f"unloaded {MODEL} at ")
+    await expect(line).to_contain_text("gone from /api/ps")
+    await expect(page.locator('.col[data-node="node-1"] .col-warm')).to_have_count(0)
 
 
 # -- the real CLIs, where installed ---------------------------------------------------------------

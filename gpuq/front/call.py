@@ -413,7 +413,7 @@ async def run_call(request: web.Request, ep: Endpoint) -> web.StreamResponse:
         if not any(normalize_model(model) in (rt.installed or ()) for rt in nodes):
             raise NotFound(f"model '{body['model']}' not found")
         if unloads(body):  # where a call's keep_alive holds it warm, it leaves now (verified)
-            by = f"an unload by {actor_of(request, ep.api)}"
+            by = actor_of(request, ep.api)
             unloading = front.dispatcher.ask_unload(model, by, [rt.name for rt in nodes])
             log.info("unload of %s asked by %s: %s", model, by, ", ".join(unloading) or "held warm on no idle node")
         return web.json_response(load_or_unload_reply(ep.path, body), dumps=dumps)

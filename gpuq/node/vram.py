@@ -255,7 +255,7 @@ class Vram:
                 "verified": unloaded,
             }
             log.info(
-                "node=%s unloaded %s as %s asked (%.2fs, %s)",
+                "node=%s unloaded %s as asked by %s (%.2fs, %s)",
                 self.rt.name,
                 model,
                 by,
