@@ -272,6 +272,10 @@ async def test_model_names_as_ollama_parses_them(lab):
     assert reply.message.content
     job = await lab.job_with("local one", "done")
     assert job["model"] == MODEL
+    assert (await client.show(f"{MODEL}:local")).capabilities  # /api/show reads names so too
+    with pytest.raises(ollama.ResponseError) as shown:
+        await client.show("gpt-oss:20b-cloud")
+    assert shown.value.status_code == 403
     for name in ("gpt-oss:20b-cloud", "kimi-k2:cloud"):
         with pytest.raises(ollama.ResponseError) as cloud:
             await client.chat(model=name, messages=[{"role": "user", "content": "hi"}])

@@ -12,6 +12,7 @@ from ..errors import BadRequest, FrontError, NotFound, OllamaError
 from ..jobs import normalize_model
 from .context import FRONT, Front, json_of
 from .endpoints import entries_of, front_nodes
+from .names import local_name
 from .ollama_api import merged_ps, merged_tags, pull_model_of, pull_progress
 from .openai_api import model_card, model_list
 from .shapes import dumps
@@ -75,6 +76,7 @@ async def _show(front: Front, body: dict) -> dict:
     model = body.get("model") or body.get("name")
     if not isinstance(model, str) or not model.strip():
         raise BadRequest("model is required")
+    model = local_name(model)  # as ShowHandler reads it: `:local` dropped, cloud and bad names refused
     rt = node_with(front, model)
     if rt is None:
         raise NotFound(f"model '{model}' not found")
