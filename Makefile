@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 PORT :=
 LISTEN := $(if $(PORT),127.0.0.1:$(PORT))
 
-.PHONY: run port-free test test-fast docs lint bench browser postgres clean
+.PHONY: run port-free test test-fast docs lint bench browser postgres agent-clis clean
 
 $(RUNTIME): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,14 @@ postgres:
 	  $$sudo sed -i 's/^#* *create_main_cluster *=.*/create_main_cluster = false/' /etc/postgresql-common/createcluster.conf && \
 	  $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
 
+# Codex CLI and Claude Code from npm, into .agents/, for the tests that run them against the front
+# door (tests/test_front_agents.py; they are skipped without them). The versions the tests were
+# written against; without npm, nothing is installed and those tests are skipped.
+AGENT_CLIS := @openai/codex@0.171.0 @anthropic-ai/claude-code@2.1.197
+agent-clis:
+	@command -v npm >/dev/null 2>&1 && [ ! -x .agents/node_modules/.bin/codex ] && \
+	  npm install -s --no-audit --no-fund --prefix .agents $(AGENT_CLIS) || true
+
 # The documentation site into site/ (strict: a broken link or a missing page fails the build).
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
@@ -57,7 +65,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: $(STAMP) browser postgres docs lint
+test: $(STAMP) browser postgres agent-clis docs lint
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 test-fast: $(STAMP)

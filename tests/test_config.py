@@ -1,5 +1,6 @@
 """Config: the example parses; each mistake names its key."""
 
+import re
 import tomllib
 from pathlib import Path
 
@@ -296,3 +297,17 @@ def test_backup_and_storage_mistakes_name_their_key(tmp_path, tables, message):
     with pytest.raises(ConfigError) as err:
         parse_config(data, tmp_path)
     assert str(err.value).startswith(message), str(err.value)
+
+
+def test_front_model_aliases_keep_the_files_order_and_name_a_wrong_entry(tmp_path):
+    data = dict(base(), front={"model_aliases": {"claude-*": "qwen3:8b", "gpt-*": "llama3.2"}})
+    assert parse_config(data, tmp_path).front_model_aliases == (("claude-*", "qwen3:8b"), ("gpt-*", "llama3.2"))
+    assert parse_config(base(), tmp_path).front_model_aliases == ()
+    for aliases, message in (
+        (["claude-*"], "front.model_aliases: expected a table"),
+        ({"claude-*": 3}, "front.model_aliases.'claude-*': expected a model's name"),
+        ({"claude-*": "qwen 3"}, "expected a model's name"),
+        ({" claude-*": "qwen3"}, "a name pattern"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            parse_config(dict(base(), front={"model_aliases": aliases}), tmp_path)

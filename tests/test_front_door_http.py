@@ -322,7 +322,7 @@ BAD_FRONT = {
     "not a table": ("x", "front: expected a [front] table"),
     "unknown key": (
         {"origin": []},
-        "front: unknown key 'origin' (known: keep_alive, max_keep_alive, max_request_bytes, origins)",
+        "front: unknown key 'origin' (known: keep_alive, max_keep_alive, max_request_bytes, model_aliases, origins)",
     ),
     "keep_alive not a duration": (
         {"keep_alive": "soon"},

@@ -595,3 +595,80 @@ def test_the_front_door_checks_think_with_the_routers_one_check(think, message):
     with pytest.raises(BadRequest) as exc:
         ollama_api.check_chat(body)
     assert exc.value.message == message
+
+
+# -- what a front-door job is titled (gpuq/front/titles.py) ---------------------------------------
+
+
+def test_a_jobs_title_is_the_persons_last_words_in_each_apis_shape():
+    from gpuq.front.titles import chat_prompt, messages_prompt, responses_prompt
+
+    reminder = "<system-reminder>\nthe date is today\n</system-reminder>\n"
+    # Anthropic: reminders and tool results are not the person's; the last words are
+    anthropic_body = {
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": reminder}, {"type": "text", "text": "say hi"}]},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "Read", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "x"}]},
+        ]
+    }
+    assert messages_prompt(anthropic_body) == "say hi"
+    assert messages_prompt({"messages": [{"role": "user", "content": reminder + "fix the bug"}]}) == "fix the bug"
+    # Responses: Codex's environment and AGENTS.md messages, and tool outputs, are skipped
+    codex = {
+        "input": [
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "input_text",
+                        "text": "# AGENTS.md instructions for /w\n\n<INSTRUCTIONS>\nbe nice\n</INSTRUCTIONS>",
+                    }
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "input_text", "text": "<environment_context>\n<cwd>/w</cwd>\n</environment_context>"}
+                ],
+            },
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "run the tests"}]},
+            {"type": "function_call", "call_id": "c", "name": "exec_command", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c", "output": "ok"},
+        ]
+    }
+    assert responses_prompt(codex) == "run the tests"
+    assert responses_prompt({"input": "plain"}) == "plain"
+    # chat (Ollama's and OpenAI's): tool messages are not the user's; images are counted
+    chat = {
+        "messages": [
+            {"role": "user", "content": "look", "images": ["aGk="]},
+            {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]},
+            {"role": "tool", "content": "result"},
+            {"role": "user", "content": reminder},
+        ]
+    }
+    assert chat_prompt(chat) == "look [1 image]"
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}
+    assert chat_prompt(parts) == "a\nb"
+    # nothing of the person's at all: the last user text as it is
+    assert chat_prompt({"messages": [{"role": "user", "content": reminder}]}).startswith("<system-reminder>")
+
+
+def test_model_names_parse_as_ollamas():
+    from gpuq.errors import BadRequest, FrontError
+    from gpuq.front.names import aliased, local_name
+
+    assert local_name(" qwen3:8b:local ") == "qwen3:8b" and local_name("hf.co/org/m:Q4_K_M") == "hf.co/org/m:Q4_K_M"
+    assert local_name("registry.example.com:5000/ns/m:tag") == "registry.example.com:5000/ns/m:tag"
+    for bad in ("bad name", "a:b:c", "x/y/z/w", "ns.dot/m", "m:", "-m", "m:tag!"):
+        with pytest.raises(BadRequest, match="^invalid model name$"):
+            local_name(bad)
+    with pytest.raises(FrontError) as cloud:
+        local_name("gpt-oss:120b-cloud")
+    assert cloud.value.status == 403
+    aliases = (("claude-*", "qwen3:8b"), ("*", "llama3.2"))
+    present = {"qwen3-coder:30b"}.__contains__
+    assert aliased("Claude-Opus-4-8", aliases, present) == "qwen3:8b"  # without case
+    assert aliased("mistral", aliases, present) == "llama3.2"  # the first pattern that matches
+    assert aliased("qwen3-coder:30b", aliases, present) == "qwen3-coder:30b"  # a node has it

@@ -204,15 +204,6 @@ def test_thinking_and_effort(body, think):
             },
             'invalid input_schema for tool "t"',
         ),
-        (
-            {
-                "model": "m",
-                "max_tokens": 10,
-                "messages": [{"role": "user", "content": "x"}],
-                "tools": [{"type": "web_search_20250305", "name": "web_search"}],
-            },
-            "web_search tool is not served",
-        ),
     ],
 )
 def test_bad_requests_name_what_is_wrong(body, message):
@@ -221,21 +212,26 @@ def test_bad_requests_name_what_is_wrong(body, message):
     assert message in exc.value.message
 
 
-def test_web_search_is_refused_in_the_same_words_as_on_the_responses_api():
+def test_server_tools_are_left_out_and_the_turn_goes_on():
+    """Claude Code's WebSearch (web_search_20250305) and Anthropic's other server tools run on
+    Anthropic's servers; no server here runs them, so the model is offered only the client's
+    own tools, and a request with nothing else has no tools at all."""
     from gpuq.front.responses import responses_request
 
-    with pytest.raises(BadRequest) as messages:
-        messages_request(
-            {
-                "model": "m",
-                "max_tokens": 10,
-                "messages": [{"role": "user", "content": "x"}],
-                "tools": [{"type": "web_search_20250305", "name": "web_search"}],
-            }
-        )
-    with pytest.raises(BadRequest) as responses:
-        responses_request({"model": "m", "input": "x", "tools": [{"type": "web_search"}]})
-    assert messages.value.message == responses.value.message
+    body = {
+        "model": "m",
+        "max_tokens": 10,
+        "messages": [{"role": "user", "content": "x"}],
+        "tools": [
+            {"type": "web_search_20250305", "name": "web_search", "max_uses": 8},
+            {"type": "web_fetch_20250910", "name": "web_fetch"},
+            {"type": "code_execution_20250825", "name": "code_execution"},
+            {"name": "Read", "description": "read a file", "input_schema": {"type": "object"}},
+        ],
+    }
+    assert [t["function"]["name"] for t in messages_request(body)["tools"]] == ["Read"]
+    assert "tools" not in messages_request(dict(body, tools=body["tools"][:1]))
+    assert "tools" not in responses_request({"model": "m", "input": "x", "tools": [{"type": "web_search"}]})
 
 
 def test_text_before_thinking_stream():

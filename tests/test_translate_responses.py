@@ -175,7 +175,6 @@ def test_tools_flat_and_namespaced():
             "expected a JSON object, got array",
         ),
         ({"model": "m", "input": "x", "reasoning": {"effort": "huge"}}, "invalid reasoning value"),
-        ({"model": "m", "input": "x", "tools": [{"type": "web_search"}]}, "web_search tool is not served"),
     ],
 )
 def test_bad_requests_name_what_is_wrong(body, message):

@@ -645,6 +645,13 @@ function warmLine(warm) {
     title: 'kept loaded for the next call of this model; a job of another model unloads it first'});
 }
 
+// The last kept model a client asked to leave (`ollama stop`, Open WebUI's unload), once it left.
+function unloadedLine(u) {
+  const how = u.verified ? `gone from /api/ps in ${u.took_s} s` : 'still listed by /api/ps: the node is flagged';
+  return el('div', {className: 'col-unloaded mono', text: `unloaded ${u.model} at ${fmtClock(u.at)}: ${how}`,
+    title: `${u.by} asked this model to leave VRAM (keep_alive 0 with no prompt)`});
+}
+
 function column(node, stale) {
   const [cls, label, why] = nodeStatus(node);
   const runningStale = node.running && stale.has(node.running.id);
@@ -672,6 +679,7 @@ function column(node, stale) {
     head.append(el('div', {className: 'col-warn', text: node.vram_stuck}));
   }
   if (node.warm) head.append(warmLine(node.warm));
+  if (node.asked_unload && !node.warm) head.append(unloadedLine(node.asked_unload));
   if (node.model_installed === false) {
     head.append(el('div', {className: 'col-warn amber', text: `${node.model} is not installed on this node (ollama pull ${node.model})`}));
   }
@@ -729,7 +737,7 @@ function badges(job) {
   }
   if (job.held_by_quota) out.push(badge('max running', 'held', job.held_by_quota));
   if (job.endpoint) {  // a call through the front door; its client waits for it
-    out.push(badge(job.endpoint.startsWith('/v1/') ? 'openai' : 'ollama', 'via',
+    out.push(badge(job.api || 'ollama', 'via',
       `a client's ${job.endpoint} call through the front door; it waits for this job (deleting it ends the call)`));
   }
   if (job.waiting_for) {

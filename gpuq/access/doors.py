@@ -10,8 +10,8 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from ..config import Settings
-from .hosts import check_host, served_hosts
-from .sites import Origins, check_same_site, cors
+from .hosts import check_host, front_checks_host, served_hosts
+from .sites import Origins, check_same_site, cors, env_origins
 from .tokens import CALLER, api_caller, front_caller
 
 
@@ -45,18 +45,20 @@ def front_access(
     live: Callable[[], Settings] | None = None,
     anthropic: Callable[[str], bool] = lambda path: False,
 ) -> Middleware:
-    """The front door's rules: its host names only (no DNS rebinding; Ollama's rule, hosts.py),
-    browsers by CORS as Ollama allows them (a preflight needs no token: browsers send none), and
+    """The front door's rules: its host names only (no DNS rebinding; Ollama's rule, hosts.py;
+    not where a token guards a non-loopback door, as Ollama checks only on loopback),
+    browsers by CORS as Ollama allows them ([front] origins and OLLAMA_ORIGINS) (a preflight needs no token: browsers send none), and
     its token when one is set (Bearer, as the OpenAI SDK's api_key sends it), on every route but
     `/` ("Ollama is running", which clients probe). Who calls is identity.py's who, over the
     live settings (`live`: a reload's [[user]] changes apply at once), kept as request[CALLER];
     `anthropic(path)`: a route of Anthropic's API (its SDK sends x-api-key)."""
     allowed = served_hosts(settings)
-    origins = Origins(settings.front_origins)
+    origins = Origins((*settings.front_origins, *env_origins()))
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        check_host(request, allowed)
+        if front_checks_host(live() if live else settings):
+            check_host(request, allowed, front=True)
         preflight = cors(request, origins)
         if preflight is not None:
             return preflight

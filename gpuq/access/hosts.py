@@ -118,9 +118,37 @@ def host_in(header: str) -> str | None:
     return normal_host(name)
 
 
-def check_host(request: web.Request, allowed: frozenset[str]) -> None:
+def front_on_loopback(settings: Settings) -> bool:
+    """Does the front door listen on a loopback address (127.0.0.1, ::1, localhost)?"""
+    if not settings.ollama_listen:
+        return True
+    host = normal_host(settings.ollama_listen.rsplit(":", 1)[0].strip("[]"))
+    if host == "localhost":
+        return True
+    ip = _unmapped(host or "")
+    return ip is not None and ip.is_loopback
+
+
+def token_guards(settings: Settings) -> bool:
+    """Must every call bring a token (router.token or [[user]] tokens, identity "token")? A page
+    rebound to this machine cannot read one, so it can drive nothing. (With identity "tailscale"
+    a tailnet member's browser is that member without a token: the names are still checked.)"""
+    return settings.identity == "token" and (settings.token is not None or bool(settings.users))
+
+
+def front_checks_host(settings: Settings) -> bool:
+    """The front door's host check: always on loopback, as Ollama (routes.go
+    allowedHostsMiddleware checks Host only when bound to loopback); elsewhere only where no
+    token guards the door, for a DNS-rebinding page could drive the queue there. A door on the
+    LAN with a token answers to any name, as Ollama does (a docker-compose service name, a
+    LAN DNS name)."""
+    return front_on_loopback(settings) or not token_guards(settings)
+
+
+def check_host(request: web.Request, allowed: frozenset[str], front: bool = False) -> None:
     """A page on a name the router does not know may be a DNS rebinding attack: its domain
-    now resolves to this router, so the browser treats the router as the page's own site."""
+    now resolves to this router, so the browser treats the router as the page's own site.
+    `front`: the front door's words (the rule that applies there: front_checks_host)."""
     given = request.headers.getall("Host", [])
     if len(given) != 1 or not given[0].strip():
         raise MisdirectedRequest(
@@ -133,4 +161,11 @@ def check_host(request: web.Request, allowed: frozenset[str]) -> None:
             f"refused: host '{name or given[0][:100]}' is not one of this router's names "
             "(a web page under another name may be a DNS rebinding attack); "
             "if it is really this router's name, add it to router.allowed_hosts in gpuq.toml"
+            + (
+                " (the front door checks names where it listens on loopback or where no token "
+                "guards it; with router.token or [[user]] tokens on a non-loopback address it "
+                "answers to any name, as Ollama does)"
+                if front
+                else ""
+            )
         )

@@ -5,11 +5,17 @@ envconfig/config.go AllowedOrigins), answered as gin-contrib/cors v1.7.2 does.""
 
 from __future__ import annotations
 
+import logging
+import os
+from collections.abc import Mapping
 from urllib.parse import urlparse
 
 from aiohttp import web
 
+from ..config import ConfigError, check_origin
 from ..errors import Forbidden, FrontError
+
+log = logging.getLogger("gpuq")
 
 UNSAFE_METHODS = ("POST", "PUT", "PATCH", "DELETE")
 
@@ -72,6 +78,20 @@ def check_same_site(request: web.Request) -> None:
             raise Forbidden(f"cross-site request refused (Origin {origin} is not {request.host})")
     elif origin == "null":
         raise Forbidden("cross-site request refused (Origin: null)")
+
+
+def env_origins(environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
+    """OLLAMA_ORIGINS as Ollama reads it (envconfig AllowedOrigins and Var: the value trimmed of
+    spaces and quotes, split on commas), so a machine set up for Ollama's browser clients serves
+    them here too, beside [front] origins. An entry that is not an origin is left out, and said."""
+    value = environ.get("OLLAMA_ORIGINS", "").strip().strip("\"'")
+    out = []
+    for i, entry in enumerate(value.split(",") if value else [], 1):
+        try:
+            out.append(check_origin(entry, f"OLLAMA_ORIGINS[{i}]"))
+        except ConfigError as exc:
+            log.warning("%s: left out", exc)
+    return tuple(out)
 
 
 class Origins:

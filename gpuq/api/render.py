@@ -9,6 +9,7 @@ from typing import Any
 from aiohttp import web
 
 from .. import eta
+from ..front.endpoints import api_of
 from ..jobs import ACTIVE, JobState, compact_json, iso, preview_url, pruned_words
 from ..node.dispatcher import Dispatcher
 from ..node.runtime import NodeRuntime
@@ -56,8 +57,9 @@ def job_json(row: Row, public_url: str) -> Row:
         "client": row.get("client"),
         "lane": row.get("lane"),
     }
-    if row.get("endpoint"):
+    if row.get("endpoint"):  # a front-door call: its route, and the API it came through
         out["endpoint"] = row["endpoint"]
+        out["api"] = api_of(row["endpoint"])
     for key in ("owner", "client"):  # who sent it (null: the router knew no one), and with what
         out[key] = row.get(key)
     for key in ("findings", "think", "options", "request"):  # JSON columns
@@ -132,6 +134,8 @@ def node_json(rt: NodeRuntime) -> Row:
         "warm": None
         if rt.warm_model is None
         else {"model": rt.warm_model, "until": None if rt.warm_until is None else iso(rt.warm_until)},
+        # The last kept model a client asked to unload (`ollama stop`): which, who, when, verified.
+        "asked_unload": rt.asked_unload,
     }
 
 

@@ -6,7 +6,16 @@ configuration reference read; checks.py: the value checks; tables.py: the [[user
 and [front] tables; parse.py: a file read and checked whole; starter.py: what `gpuq init` writes."""
 
 from ..errors import ConfigError
-from .checks import check_database, check_listen, check_token, check_url, normal_host, parse_duration, safe_dsn
+from .checks import (
+    check_database,
+    check_listen,
+    check_origin,
+    check_token,
+    check_url,
+    normal_host,
+    parse_duration,
+    safe_dsn,
+)
 from .keys import KEYS
 from .parse import find_config, load_config, parse_config
 from .settings import DEFAULT_LISTEN, DEFAULT_ROUTER, LEGACY_ADMIN, NodeConfig, Settings, UserConfig
@@ -23,6 +32,7 @@ __all__ = [
     "UserConfig",
     "check_database",
     "check_listen",
+    "check_origin",
     "check_token",
     "check_url",
     "find_config",

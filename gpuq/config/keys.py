@@ -330,6 +330,17 @@ KEYS: tuple[Key, ...] = (
         attr="front_max_keep_alive_s",
         duration=True,
     ),
+    Key(
+        "front",
+        "model_aliases",
+        "Model names no node has, given a model of the lab: a table of shell-style patterns "
+        '(case-insensitive) to model names, like `{"claude-*" = "qwen3:8b", "gpt-*" = "qwen3:8b"}`; '
+        "the first pattern a name matches wins. For clients that ask their own default model "
+        "(Claude Code, Codex). The job keeps the name asked in its request and runs the model given.",
+        {},
+        shown="none",
+        attr="front_model_aliases",
+    ),
     # -- [retention] (gpuq/config/retention.py): what an ended job keeps, for how long
     Key(
         "retention",

@@ -104,6 +104,9 @@ class Settings:
     # nothing else waits for the node: the next job of another model unloads it first.
     front_keep_alive_s: float = 300.0
     front_max_keep_alive_s: float = 1800.0
+    # [front] model_aliases: (name pattern, model) in the file's order; a called name no node has
+    # runs as the model of the first pattern it matches (Claude Code's claude-* -> a lab model)
+    front_model_aliases: tuple[tuple[str, str], ...] = ()
     critique_template: str = DEFAULT_CRITIQUE_TEMPLATE
     unload: str = "after-each"  # or "when-idle": back-to-back jobs of one model keep it loaded
     alert_url: str | None = None  # where alerts are POSTed (a webhook, an ntfy topic URL)

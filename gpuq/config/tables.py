@@ -173,6 +173,8 @@ def front_settings(front: object) -> dict:
     for key in ("keep_alive", "max_keep_alive"):  # 0: a call's model leaves VRAM after it, as before
         if key in front:
             values[f"front_{key}_s"] = parse_duration(front[key], f"front.{key}")
+    if "model_aliases" in front:
+        values["front_model_aliases"] = model_aliases(front["model_aliases"])
     return values
 
 
@@ -235,3 +237,21 @@ def storage_settings(storage: object) -> dict:
             raise ConfigError(f"storage.sample_every: must be at least 1s, got {storage['sample_every']!r}")
         values["storage_sample_s"] = seconds
     return values
+
+
+def model_aliases(table: object) -> tuple[tuple[str, str], ...]:
+    """[front] model_aliases: name pattern -> a model's name, in the file's order (the first
+    pattern a name matches gives its model)."""
+    if not isinstance(table, dict):
+        raise ConfigError(
+            f'front.model_aliases: expected a table like {{"claude-*" = "qwen3:8b"}}, got {table!r}'[:200]
+        )
+    out = []
+    for pattern, model in table.items():
+        where = f"front.model_aliases.{pattern!r}"
+        if not pattern.strip() or pattern != pattern.strip():
+            raise ConfigError(f'{where}: a name pattern (like "claude-*"), with no spaces around it')
+        if not isinstance(model, str) or not model.strip() or any(c.isspace() for c in model):
+            raise ConfigError(f'{where}: expected a model\'s name (like "qwen3:8b"), got {model!r}'[:200])
+        out.append((pattern, model))
+    return tuple(out)

@@ -4,8 +4,8 @@ the Messages event stream or the one `message`. No I/O.
 
 Ollama's source is the reference: anthropic/anthropic.go (NewError, FromMessagesRequest,
 convertMessage, ToMessagesResponse, StreamConverter, EstimateInputTokens) and
-middleware/anthropic.go (AnthropicMessagesMiddleware, AnthropicWriter). Ollama's built-in
-web_search tool calls ollama.com; gpuq does not, and refuses it by name."""
+middleware/anthropic.go (AnthropicMessagesMiddleware, AnthropicWriter). Ollama runs the
+web_search server tool through ollama.com; gpuq leaves Anthropic's server tools out (SERVER_TOOLS)."""
 
 from __future__ import annotations
 
@@ -130,11 +130,19 @@ def _system(system: Any) -> str:
     return ""
 
 
+# Anthropic's server tools, which Anthropic's own servers run (Claude Code's WebSearch sends
+# web_search_20250305): no server here runs them, so the model is not offered them (Ollama runs
+# web search through ollama.com, which a lab does not have) and the turn goes on without them.
+SERVER_TOOLS = ("web_search_", "web_fetch_", "code_execution_", "tool_search_tool_")
+
+
+def is_server_tool(tool: dict) -> bool:
+    return str(tool.get("type") or "").startswith(SERVER_TOOLS)
+
+
 def _tool(tool: Any) -> dict:
     if not isinstance(tool, dict):
         raise shapes.wrong("tools[]", "an object", tool)
-    if str(tool.get("type") or "").startswith("web_search"):
-        raise BadRequest(shapes.WEB_SEARCH_REFUSED)
     schema = tool.get("input_schema")
     if schema is not None and not isinstance(schema, dict):
         raise BadRequest(f"invalid input_schema for tool {json.dumps(tool.get('name'))}: must be an object")
@@ -194,7 +202,9 @@ def messages_request(body: dict) -> dict:
         "stream": bool(body.get("stream")),
     }
     if tools := shapes.tools_of(body):
-        out["tools"] = [_tool(t) for t in tools]
+        offered = [_tool(t) for t in tools if not (isinstance(t, dict) and is_server_tool(t))]
+        if offered:
+            out["tools"] = offered
     think = _think(body)
     if think is not None:
         out["think"] = think

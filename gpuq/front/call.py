@@ -19,9 +19,10 @@ from ..jobs import ACTIVE, new_job_id, normalize_model
 from ..node.calls import CLIENT_LEFT
 from ..store import NewJob
 from .context import FRONT, Front, error_response, json_of
-from .endpoints import Endpoint, early_refusal, front_nodes
+from .endpoints import Endpoint, early_refusal, entries_of, front_nodes
 from .listings import model_not_found
-from .ollama_api import collected, is_load_or_unload, load_or_unload_reply, ollama_error
+from .names import aliased, local_name
+from .ollama_api import collected, is_load_or_unload, load_or_unload_reply, ollama_error, unloads
 from .shapes import dumps
 
 log = logging.getLogger("gpuq")
@@ -61,6 +62,22 @@ def check_text_size(ollama: dict, limit: int) -> None:
         )
 
 
+def actor_of(request: web.Request, api: str) -> str:
+    """'alice (ollama 127.0.0.1)', as the router's API names its callers (server.actor_of)."""
+    caller: Caller = request.get(CALLER, ANYONE)
+    door = f"{api} {request.remote or '?'}"
+    return door if caller.name is None else f"{caller.name} ({door})"
+
+
+def model_to_run(front: Front, asked: str) -> str:
+    """The model a call runs: the name as Ollama reads it (gpuq/front/names.py: `:local`
+    dropped; cloud and unparsable names refused), or, when no node that runs front-door calls
+    has it, the model [front] model_aliases give it (the settings in force: a reload changes them)."""
+    name = local_name(asked)
+    nodes = front.nodes_by_rank()
+    return aliased(name, front.dispatcher.settings.front_model_aliases, lambda m: bool(entries_of(nodes, m)))
+
+
 class Call:
     """One front-door call from submit to its last byte."""
 
@@ -70,7 +87,9 @@ class Call:
         self.ep = ep
         self.endpoint = ep.path
         self.body = body  # as the client sent it
-        self.ollama = ep.to_ollama(body)  # in Ollama's terms (raises BadRequest)
+        self.ollama = dict(ep.to_ollama(body))  # in Ollama's terms (raises BadRequest)
+        self.asked = self.ollama["model"]
+        self.ollama["model"] = model_to_run(self.front, self.asked)
         check_text_size(self.ollama, self.front.settings.max_prompt_bytes)
         self.api = ep.api
         self.openai = self.api != "ollama"  # /v1: streams only when asked, as SSE
@@ -93,9 +112,7 @@ class Call:
 
     @property
     def actor(self) -> str:
-        """'alice (ollama 127.0.0.1)', as the router's API names its callers (server.actor_of)."""
-        door = f"{self.api} {self.request.remote or '?'}"
-        return door if self.caller.name is None else f"{self.caller.name} ({door})"
+        return actor_of(self.request, self.api)
 
     def headers(self) -> dict:
         out = {"X-Gpuq-Job": self.job_id, "X-Gpuq-Preview": self.front.preview_url(self.job_id)}
@@ -107,10 +124,9 @@ class Call:
 
     def new_job(self, job_id: str) -> NewJob:
         request = {"path": self.endpoint, "user_agent": self.request.headers.get("User-Agent"), "body": self.body}
-        # (a Responses or Messages call is shown from its translation, made once, in __init__)
         return NewJob(
             kind=self.ep.kind,
-            prompt=self.ep.shown_prompt(self.body, self.ollama),
+            prompt=self.ep.prompt(self.body),
             model=self.ollama["model"].strip(),
             endpoint=self.endpoint,
             request=dumps(request),
@@ -135,7 +151,10 @@ class Call:
                 front.relay.close(self.job_id)
             except ModelMissing:
                 front.relay.close(self.job_id)
-                raise FrontError(404, model_not_found(front, self.ollama["model"]), "model_not_found") from None
+                message = model_not_found(front, self.ollama["model"])
+                if normalize_model(self.asked) != normalize_model(self.ollama["model"]):
+                    message += f" (asked as '{self.asked.strip()}', which front.model_aliases gives this model)"
+                raise FrontError(404, message, "model_not_found") from None
             except asyncio.CancelledError:  # the client left while its job was being stored
                 await self._cancel_when_stored(submitting)
                 raise
@@ -147,11 +166,12 @@ class Call:
         job = jobs[0]
         self.node = job["node"]
         log.info(
-            "job=%s node=%s state=%s model=%s kind=%s placement=%r via=%s actor=%r",
+            "job=%s node=%s state=%s model=%s%s kind=%s placement=%r via=%s actor=%r",
             self.job_id,
             self.node,
             job["state"],
             job["model"],
+            f" asked={self.asked!r}" if self.asked.strip() != job["model"] else "",
             job["kind"],
             job["reason"],
             self.endpoint,
@@ -411,9 +431,14 @@ async def run_call(request: web.Request, ep: Endpoint) -> web.StreamResponse:
     if is_load_or_unload(ep.path, body):
         # gpuq loads a model for each job and unloads it after: nothing to do, answered as Ollama
         # does, for a model some node has (Open WebUI unloads this way).
-        wanted = normalize_model(body["model"])
-        if not any(wanted in (rt.installed or ()) for rt in front_nodes(front.nodes_by_rank())):
+        model = model_to_run(front, body["model"])
+        nodes = front_nodes(front.nodes_by_rank())
+        if not any(normalize_model(model) in (rt.installed or ()) for rt in nodes):
             raise NotFound(f"model '{body['model']}' not found")
+        if unloads(body):  # where a call's keep_alive holds it warm, it leaves now (verified)
+            by = actor_of(request, ep.api)
+            unloading = front.dispatcher.ask_unload(model, by, [rt.name for rt in nodes])
+            log.info("unload of %s asked by %s: %s", model, by, ", ".join(unloading) or "held warm on no idle node")
         return web.json_response(load_or_unload_reply(ep.path, body), dumps=dumps)
     call = Call(request, ep, body)
     await early_refusal(ep, call.ollama, front.nodes_by_rank())  # what its node would refuse, before it waits

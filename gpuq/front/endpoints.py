@@ -17,7 +17,7 @@ from ..jobs import Kind, normalize_model
 from ..params import THINK_LEVELS, merged_options
 from . import anthropic, ollama_api, openai_api, responses
 from .ollama_api import go_quote
-from .shapes import chat_prompt, embed_prompt, generate_prompt
+from .titles import chat_prompt, embed_prompt, generate_prompt, messages_prompt, responses_prompt
 
 STREAMED_ROUTES = ("/api/chat", "/api/generate")  # on the node: the others answer one object
 
@@ -38,9 +38,8 @@ class Endpoint:
     kind: Kind  #: the job kind its calls become
     #: the client's body in Ollama's terms; raises BadRequest (the /v1 translations check as they go)
     to_ollama: Callable[[dict], dict]
-    #: what the job shows as its prompt; read from the client's body, or from its translation
+    #: what the job shows as its prompt, read from the client's body (gpuq/front/titles.py)
     prompt: Callable[[dict], str]
-    prompt_from_ollama: bool = False
     check: Callable[[dict], None] | None = None  #: Ollama's own checks of an /api body, before all else
     #: stream:false (or an embedding): (reply id, job id, client body, the node's reply) -> the API's reply
     whole: Callable[[str, str, dict, dict], Any] | None = None
@@ -58,9 +57,6 @@ class Endpoint:
         if self.kind == Kind.EMBED:
             return False
         return body.get("stream") is not False if self.api == "ollama" else bool(body.get("stream"))
-
-    def shown_prompt(self, body: dict, ollama: dict) -> str:
-        return self.prompt(ollama if self.prompt_from_ollama else body)
 
     def reply_id(self, job_id: str) -> str:
         return self.id_prefix + job_id
@@ -143,16 +139,14 @@ ENDPOINTS: dict[str, Endpoint] = {
                 body["model"], reply, body.get("encoding_format")
             ),
         ),
-        # OpenAI's Responses API and Anthropic's Messages API: their own shapes of a chat, each shown
-        # from its translation (made once per call).
+        # OpenAI's Responses API and Anthropic's Messages API: their own shapes of a chat.
         Endpoint(
             "/v1/responses",
             "openai",
             "/api/chat",
             Kind.TASK,
             responses.responses_request,
-            chat_prompt,
-            prompt_from_ollama=True,
+            responses_prompt,
             whole=lambda rid, job_id, body, reply: responses.whole_response(rid, _item_id(job_id), reply, body),
             stream=lambda rid, job_id, body: responses.ResponsesStream(rid, _item_id(job_id), body),
             id_prefix="resp_",
@@ -163,8 +157,7 @@ ENDPOINTS: dict[str, Endpoint] = {
             "/api/chat",
             Kind.TASK,
             anthropic.messages_request,
-            chat_prompt,
-            prompt_from_ollama=True,
+            messages_prompt,
             whole=lambda rid, job_id, body, reply: anthropic.whole_message(rid, reply),
             stream=lambda rid, job_id, body: anthropic.MessagesStream(
                 rid, body["model"], anthropic.estimate_input_tokens(body)
@@ -190,14 +183,18 @@ def node_request(
     node_think: bool | str | None = None,
     node_options: dict | None = None,
     keep_alive: int | float | str = 0,
+    model: str | None = None,
 ) -> tuple[str, dict]:
     """The Ollama route and body a front-door job sends its node: the client's own request, with
-    the node's policy over it: the keep_alive the relay decided (the client's, capped, or the
+    the node's policy over it: the job's model (the name asked may be an alias, or end in
+    `:local`: gpuq/front/names.py), the keep_alive the relay decided (the client's, capped, or the
     node's: 0, the model leaves VRAM after the job), chat and generate streamed (gpuq relays each chunk as it
     comes), the node's options under the client's, and the node's `think` when the client set
     none."""
     ep = ENDPOINTS[path]
     out = dict(ep.to_ollama(body))
+    if model is not None:
+        out["model"] = model
     out["keep_alive"] = keep_alive
     if ep.node_streams:
         out["stream"] = True

@@ -26,7 +26,7 @@ from ..store import Store
 from .call import call_handler
 from .context import FRONT, Front, error_response
 from .endpoints import ENDPOINTS, api_of
-from .listings import NOT_SERVED, not_served, openai_model, openai_models, ps, pull, root, show, tags, version
+from .listings import NOT_SERVED, not_served, openai_model, openai_models, ps, pull, root, show, status, tags, version
 from .relay import Relay
 
 log = logging.getLogger("gpuq")
@@ -96,6 +96,7 @@ def create_front_app(
     r.add_get("/api/version", version)
     r.add_get("/api/tags", tags)
     r.add_get("/api/ps", ps, allow_head=False)
+    r.add_get("/api/status", status, allow_head=False)
     r.add_post("/api/show", show)
     r.add_post("/api/pull", pull)
     for ep in ENDPOINTS.values():

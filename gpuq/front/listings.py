@@ -12,6 +12,7 @@ from ..errors import BadRequest, FrontError, NotFound, OllamaError
 from ..jobs import normalize_model
 from .context import FRONT, Front, json_of
 from .endpoints import entries_of, front_nodes
+from .names import local_name
 from .ollama_api import merged_ps, merged_tags, pull_model_of, pull_progress
 from .openai_api import model_card, model_list
 from .shapes import dumps
@@ -52,6 +53,12 @@ async def tags(request: web.Request) -> web.Response:
     return web.json_response({"models": all_tags(request.app[FRONT])}, dumps=dumps)
 
 
+async def status(request: web.Request) -> web.Response:
+    """GET /api/status (routes.go StatusHandler, api.StatusResponse): a local server with no
+    cloud. `ollama launch` asks it before it offers cloud models; a lab has none to offer."""
+    return web.json_response({"cloud": {"disabled": True, "source": "config"}}, dumps=dumps)
+
+
 async def ps(request: web.Request) -> web.Response:
     """What the nodes have loaded now (a node that does not answer in time is left out)."""
     nodes = [rt for rt in request.app[FRONT].nodes_by_rank() if rt.up]
@@ -69,6 +76,7 @@ async def _show(front: Front, body: dict) -> dict:
     model = body.get("model") or body.get("name")
     if not isinstance(model, str) or not model.strip():
         raise BadRequest("model is required")
+    model = local_name(model)  # as ShowHandler reads it: `:local` dropped, cloud and bad names refused
     rt = node_with(front, model)
     if rt is None:
         raise NotFound(f"model '{model}' not found")

@@ -26,7 +26,7 @@ def check_keep_alive(value: Any) -> None:
         return
     if isinstance(value, str):
         text = value.strip()
-        if text == "0" or re.fullmatch(r"[-+]?((\d+(\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h))+", text):
+        if re.fullmatch(r"[-+]?0", text) or re.fullmatch(r"[-+]?((\d+(\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h))+", text):
             return
         raise BadRequest(
             f'time: missing unit in duration "{value}"'
@@ -179,9 +179,11 @@ def is_load_or_unload(endpoint: str, body: dict) -> bool:
     return False
 
 
-def _unloads(body: dict) -> bool:
+def unloads(body: dict) -> bool:
+    """A keep_alive that is zero as Go reads it (0, "0", "-0", "0s", "0.0s", "0m0s"): the
+    model leaves memory (routes.go: req.KeepAlive.Duration == 0). A negative one is forever."""
     keep_alive = body.get("keep_alive")
-    return keep_alive is not None and keep_alive in (0, 0.0, "0", "0s", "0m", "0h", "0ms")
+    return keep_alive is not None and keep_alive_s(keep_alive) == 0
 
 
 def load_or_unload_reply(endpoint: str, body: dict) -> dict:
@@ -191,7 +193,7 @@ def load_or_unload_reply(endpoint: str, body: dict) -> dict:
         return {"model": model, "embeddings": []}
     if endpoint == "/api/embeddings":
         return {"embedding": []}
-    reason = "unload" if _unloads(body) else "load"
+    reason = "unload" if unloads(body) else "load"
     out: dict[str, Any] = {"model": model, "created_at": now_rfc3339()}
     if endpoint == "/api/chat":
         out["message"] = {"role": "assistant", "content": ""}

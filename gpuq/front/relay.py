@@ -85,7 +85,7 @@ class Relay:
         # The node is asked with the client's keep_alive (capped), so a router that dies leaves the
         # model to Ollama's own timer; else with the node's policy (0: unloaded after the job).
         route, body = node_request(
-            job["endpoint"], client, policy.think, policy.options, call_keep_alive(keep_s, policy)
+            job["endpoint"], client, policy.think, policy.options, call_keep_alive(keep_s, policy), job["model"]
         )
         return NodeRun(self, job, node, route, body, keep_s)
 

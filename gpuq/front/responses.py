@@ -4,7 +4,9 @@ the Responses event stream or the one `response` object. No I/O.
 
 Ollama's source is the reference: openai/responses.go (FromResponsesRequest, ToResponse,
 ResponsesStreamConverter) and middleware/openai.go (ResponsesMiddleware, ResponsesWriter).
-Ollama's built-in web_search tool calls ollama.com; gpuq does not, and refuses it by name."""
+Ollama runs the built-in web_search tool through ollama.com; a lab has no ollama.com, so gpuq
+leaves the tool out of what the model is offered (Codex sends it with every turn), and the turn
+goes on without it."""
 
 from __future__ import annotations
 
@@ -143,8 +145,8 @@ def _tool(tool: Any) -> list[dict]:
     members with qualified names."""
     if not isinstance(tool, dict):
         raise shapes.wrong("tools[]", "an object", tool)
-    if tool.get("type") == "web_search":
-        raise BadRequest(shapes.WEB_SEARCH_REFUSED)
+    if str(tool.get("type") or "").startswith("web_search"):  # web_search, web_search_preview
+        return []  # a server tool: no server here runs it (module docstring)
     if tool.get("type") == "namespace":
         prefix = f"{tool['name']}." if tool.get("name") else ""
         out = [t for member in tool.get("tools") or [] for t in _tool(member)]
@@ -189,8 +191,8 @@ def responses_request(body: dict) -> dict:
         "options": options,
         "stream": bool(body.get("stream")),
     }
-    if tools := shapes.tools_of(body):
-        out["tools"] = [t for tool in tools for t in _tool(tool)]
+    if offered := [t for tool in shapes.tools_of(body) for t in _tool(tool)]:
+        out["tools"] = offered
     fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema" and fmt.get("schema") is not None:
         out["format"] = fmt["schema"]

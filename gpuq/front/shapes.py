@@ -1,6 +1,6 @@
 """What the front door's translations share (gpuq/front/ollama_api.py, openai_api.py,
 responses.py, anthropic.py): Go's JSON as Ollama writes it, the wrong-type error, numbers,
-images, chat messages and tool calls, a job's shown prompt, the text of a node's chunk, and
+images, chat messages and tool calls, the text of a node's chunk, and
 server-sent events. Pure, no I/O.
 
 Ollama's own server is the reference: server/routes.go for /api, and for /v1 its OpenAI layer
@@ -19,12 +19,6 @@ from typing import Any
 from ..errors import BadRequest, json_type
 from ..jobs import compact_json
 from ..params import THINK_LEVELS
-
-# One refusal for every API that would offer Ollama's built-in web search (Responses, Messages).
-WEB_SEARCH_REFUSED = (
-    "the built-in web_search tool is not served by gpuq's front door (Ollama runs it through "
-    "ollama.com); declare your own function tool instead"
-)
 
 dumps = compact_json  # as Go's encoder writes it: compact, UTF-8 as is
 
@@ -130,44 +124,6 @@ def message(role: str, content: str = "", **extra: Any) -> dict:
     out: dict[str, Any] = {"role": role, "content": content}
     out.update({k: v for k, v in extra.items() if v})
     return out
-
-
-def with_images(text: str, images: Any) -> str:
-    count = len(images) if isinstance(images, list) else 0
-    if not count:
-        return text
-    note = f"[{count} image{'s' if count > 1 else ''}]"
-    return f"{text} {note}" if text else note
-
-
-# What the queue and the page show as a job's prompt (the whole request is kept too).
-
-
-def chat_prompt(body: dict) -> str:
-    """A chat's last user message (OpenAI's text parts joined), its images counted."""
-    messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
-    users = [m for m in messages if m.get("role") == "user"] or messages
-    if not users:
-        return ""
-    last = users[-1]
-    content = last.get("content")
-    if isinstance(content, list):  # OpenAI's parts
-        texts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-        images = [p for p in content if isinstance(p, dict) and p.get("type") in ("image_url", "input_audio")]
-        return with_images("\n".join(texts), images)
-    return with_images(content if isinstance(content, str) else "", last.get("images"))
-
-
-def generate_prompt(body: dict) -> str:
-    prompt = body.get("prompt")
-    return with_images(prompt if isinstance(prompt, str) else "", body.get("images"))
-
-
-def embed_prompt(given: Any) -> str:
-    """An embedding's input (or the legacy route's prompt), one line each."""
-    if isinstance(given, list):
-        return "\n".join(str(i) for i in given)
-    return given if isinstance(given, str) else ""
 
 
 def chunk_text(chunk: dict) -> tuple[str, str, list]:

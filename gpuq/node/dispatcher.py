@@ -8,6 +8,7 @@ import logging
 import math
 import time
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 import aiohttp
@@ -220,6 +221,11 @@ class Dispatcher:
         if self.retired.get(rt.name) is not None and self.retired[rt.name].rt is rt:
             del self.retired[rt.name]
         log.info("node=%s removed: its loops have stopped", rt.name)
+
+    def ask_unload(self, model: str, by: str, nodes: Iterable[str]) -> list[str]:
+        """A client's unload (`ollama stop`): each of these nodes that holds `model` warm and idle
+        unloads it now, verified and recorded (gpuq/node/vram.py). The nodes that will."""
+        return [name for name in nodes if name in self.workers and self.workers[name].ask_unload(model, by)]
 
     def quiesce(self) -> None:
         """The router is told to stop: no worker claims or sends anything new from now on."""

@@ -40,6 +40,9 @@ class NodeRuntime:
     warm_until: float | None = None
     warm_hits: int = 0  # jobs that found their model warm: a load avoided
     warm_unloads: int = 0  # kept models unloaded (their time ran out, another model or job came)
+    # The last kept model a client asked to unload (`ollama stop`, Open WebUI's unload): which,
+    # who asked, when it left (ISO), how long its verified unload took, whether /api/ps confirmed it.
+    asked_unload: dict[str, Any] | None = None
     loops: list[Loop] = field(default_factory=list)  # its worker and health loop
 
     @property

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..config import Settings
 from ..errors import GpuqError, OllamaError, described
-from ..jobs import normalize_model
+from ..jobs import iso, normalize_model
 from ..store import Store
 from .calls import CLIENT_LEFT, Policy
 from .monitor import NodeMonitor
@@ -95,6 +95,13 @@ def to_evict(warm: str | None, model: str) -> str | None:
     return warm if warm is not None and not same_model(warm, model) else None
 
 
+def unload_asked(warm: str | None, model: str, idle: bool) -> bool:
+    """Does a client's unload (`ollama stop`: keep_alive 0 with no prompt) end this node's kept
+    model now? Only where the model is held warm and the node is idle: a running job's model
+    follows that job's own keep_alive, as Ollama lets a request in flight finish first."""
+    return idle and warm is not None and same_model(warm, model)
+
+
 def warm_expired(warm: str | None, until: float | None, now: float) -> bool:
     """On an idle node, does the kept model leave now? "When-idle"'s (no `until`) at once, a
     call's once its time has run out."""
@@ -159,6 +166,7 @@ class Vram:
         self.note = note
         self.stopping = stopping
         self.orphans: list[str] = []
+        self.unload_by: str | None = None  # who asked the kept model to leave now (ask_unload)
 
     # The model left loaded on purpose (the runtime holds it, for the pages and the metrics): for
     # the next job of the same model ("when-idle"), or for a front-door call's keep_alive.
@@ -190,6 +198,7 @@ class Vram:
         """Before a job: a kept model of another model must leave VRAM first (and /api/ps show
         it gone); False if it would not (the job must not start). A job of the same model runs
         on it, without a load (a gpuq job still unloads after, under after-each)."""
+        self.unload_by = None  # a job came first: its own keep_alive decides now
         if self.warm_model is None:
             return True
         if to_evict(self.warm_model, job["model"]) is None:
@@ -228,12 +237,42 @@ class Vram:
             return
         await self.unload(job["model"], job["id"])
 
+    def ask_unload(self, model: str, by: str, idle: bool) -> bool:
+        """A client asks the model to leave (`ollama stop`, Open WebUI's unload): if this node
+        holds it warm and idle, its time runs out now; the worker, woken, unloads it (expire),
+        verified through /api/ps, and records it. False: not held here."""
+        if not unload_asked(self.warm_model, model, idle):
+            return False
+        self.unload_by = by
+        self.rt.warm_until = time.time()
+        return True
+
     async def expire(self) -> bool:
         """The node went idle: a model kept for the next job ("when-idle") leaves now; one a
-        front-door call kept stays until its time runs out, then leaves, verified. True if one left."""
+        front-door call kept stays until its time runs out (or a client asks it to leave), then
+        leaves, verified. True if one left."""
         if not warm_expired(self.warm_model, self.rt.warm_until, time.time()):
             return False
-        await self.unload_warm(None)
+        model, by, self.unload_by = self.warm_model, self.unload_by, None
+        started = time.monotonic()
+        unloaded = await self.unload_warm(None)
+        if by is not None and model is not None:
+            took = time.monotonic() - started
+            self.rt.asked_unload = {
+                "model": model,
+                "by": by,
+                "at": iso(time.time()),
+                "took_s": round(took, 3),
+                "verified": unloaded,
+            }
+            log.info(
+                "node=%s unloaded %s as asked by %s (%.2fs, %s)",
+                self.rt.name,
+                model,
+                by,
+                took,
+                "gone from /api/ps" if unloaded else "still listed: node flagged",
+            )
         return True
 
     async def keeps(self, job: dict[str, Any], keep_s: float = 0.0) -> bool:

@@ -167,6 +167,13 @@ class Worker:
             await self._wait_idle(idle_wait_s(self.rt.warm_until, time.time(), IDLE_POLL_S))
         return job
 
+    def ask_unload(self, model: str, by: str) -> bool:
+        """A client's unload of `model` (vram.py ask_unload): the idle worker, woken, unloads it."""
+        if not self.vram.ask_unload(model, by, self.idle):
+            return False
+        self.wake.set()
+        return True
+
     def take(self, job: Row) -> None:
         """A job its submit claimed for this worker while it waited idle (Store.submit's
         hand_over): this worker runs it as a job it claimed itself."""

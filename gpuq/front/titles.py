@@ -1,0 +1,112 @@
+"""What a front-door job shows as its prompt (its title in the queue, the history, the pages):
+the person's last words, read from the client's own body in its API's shape. An agent's turn
+ends with what the person did not write: Claude Code wraps context in `<system-reminder>`
+blocks, Codex sends its environment and AGENTS.md as user messages, and a tool's result comes
+back as a user turn (Anthropic's tool_result blocks, Responses' function_call_output items,
+chat's tool messages). Those are skipped; the whole request is kept with the job. Pure."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+# Blocks an agent adds to a user turn that the person did not write: Claude Code's reminders,
+# Codex's environment and instructions (codex-rs: EnvironmentContext, UserInstructions).
+_WRAPPED = re.compile(r"<(system-reminder|environment_context|user_instructions|INSTRUCTIONS)>.*?</\1>\s*", re.DOTALL)
+# Codex's AGENTS.md message: "# AGENTS.md instructions for <dir>" then its <INSTRUCTIONS> block.
+_AGENTS_MD = re.compile(r"^# AGENTS\.md instructions for [^\n]*\s*$")
+
+
+def own_words(text: str) -> str:
+    """A user turn's text without what an agent wrapped into it; "" when nothing else is left."""
+    rest = _WRAPPED.sub("", text).strip()
+    return "" if _AGENTS_MD.match(rest) else rest
+
+
+def with_images(text: str, images: Any) -> str:
+    count = len(images) if isinstance(images, list) else 0
+    if not count:
+        return text
+    note = f"[{count} image{'s' if count > 1 else ''}]"
+    return f"{text} {note}" if text else note
+
+
+def _last_words(turns: list[tuple[str, int]]) -> str:
+    """The last turn with words of the person's (text, image count), else the last turn's as it is."""
+    for text, images in reversed(turns):
+        words = own_words(text)
+        if words or images:
+            return with_images(words, [None] * images)
+    return with_images(turns[-1][0].strip(), [None] * turns[-1][1]) if turns else ""
+
+
+def chat_prompt(body: dict) -> str:
+    """Ollama's /api/chat and OpenAI's chat: the last user message with words of its own (an
+    OpenAI message's text parts joined), its images counted; tool messages are not the user's."""
+    turns = []
+    for msg in body.get("messages") or []:
+        if not isinstance(msg, dict) or msg.get("role") != "user":
+            continue
+        content = msg.get("content")
+        if isinstance(content, list):  # OpenAI's parts
+            text = "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+            media = sum(1 for p in content if isinstance(p, dict) and p.get("type") in ("image_url", "input_audio"))
+            turns.append((text, media))
+        else:
+            images = msg.get("images")
+            turns.append((content if isinstance(content, str) else "", len(images) if isinstance(images, list) else 0))
+    return _last_words(turns)
+
+
+def messages_prompt(body: dict) -> str:
+    """Anthropic's Messages: the last user message's text blocks, its tool_result blocks left out."""
+    turns = []
+    for msg in body.get("messages") or []:
+        if not isinstance(msg, dict) or msg.get("role") != "user":
+            continue
+        content = msg.get("content")
+        if isinstance(content, str):
+            turns.append((content, 0))
+            continue
+        blocks = [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
+        text = "\n".join(
+            own_words(b["text"]) for b in blocks if b.get("type") == "text" and isinstance(b.get("text"), str)
+        )
+        images = sum(1 for b in blocks if b.get("type") == "image")
+        if text.strip() or images:
+            turns.append((text.strip(), images))
+    return _last_words(turns)
+
+
+def responses_prompt(body: dict) -> str:
+    """OpenAI's Responses: a string input, else the last user message item's input_text parts
+    (function_call_output items are tool results)."""
+    given = body.get("input")
+    if isinstance(given, str):
+        return own_words(given) or given.strip()
+    turns = []
+    for item in given if isinstance(given, list) else []:
+        if not isinstance(item, dict) or item.get("role") != "user" or item.get("type", "message") != "message":
+            continue
+        content = item.get("content")
+        if isinstance(content, str):
+            turns.append((content, 0))
+            continue
+        parts = [p for p in content if isinstance(p, dict)] if isinstance(content, list) else []
+        text = "\n".join(
+            own_words(p["text"]) for p in parts if p.get("type") == "input_text" and isinstance(p.get("text"), str)
+        )
+        turns.append((text.strip(), sum(1 for p in parts if p.get("type") == "input_image")))
+    return _last_words(turns)
+
+
+def generate_prompt(body: dict) -> str:
+    prompt = body.get("prompt")
+    return with_images(prompt if isinstance(prompt, str) else "", body.get("images"))
+
+
+def embed_prompt(given: Any) -> str:
+    """An embedding's input (or the legacy route's prompt), one line each."""
+    if isinstance(given, list):
+        return "\n".join(str(i) for i in given)
+    return given if isinstance(given, str) else ""
