@@ -312,6 +312,8 @@ API_ROUTES: dict[tuple[str, str], Check] = {
     ("POST", "/api/nodes/{name}/clear"): clear,
     ("POST", "/api/reload"): admins_only("POST", "/api/reload"),
     ("POST", "/api/backup"): admins_only("POST", "/api/backup"),
+    ("POST", "/api/prune"): admins_only("POST", "/api/prune"),
+    ("GET", "/api/storage"): no_job_text("/api/storage"),
     ("GET", "/metrics"): metrics,
     ("GET", "/health"): no_job_text("/health", ok=(200, 503)),
     ("GET", "/api/nodes"): no_job_text("/api/nodes"),
@@ -328,6 +330,7 @@ API_ROUTES: dict[tuple[str, str], Check] = {
 FRONT_ROUTES: dict[tuple[str, str], Check] = {
     ("GET", "/"): no_job_text("/", door="front"),
     ("GET", "/api/version"): no_job_text("/api/version", door="front"),
+    ("GET", "/api/status"): no_job_text("/api/status", door="front"),
     ("GET", "/api/tags"): no_job_text("/api/tags", door="front"),
     ("GET", "/api/ps"): no_job_text("/api/ps", door="front"),
     ("GET", "/v1/models"): no_job_text("/v1/models", door="front"),
