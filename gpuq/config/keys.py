@@ -320,6 +320,17 @@ KEYS: tuple[Key, ...] = (
         attr="front_max_keep_alive_s",
         duration=True,
     ),
+    Key(
+        "front",
+        "stalled_client_timeout",
+        "A streaming client that takes nothing of its answer for this long is cut off (its "
+        "connection closed); its job runs on and keeps its whole output. A client more than "
+        "512 KiB behind its stream is told so and its stream ends at once: the router holds no "
+        "more per call.",
+        "30s",
+        attr="front_stalled_client_s",
+        duration=True,
+    ),
     # -- [[node]]
     Key("node", "name", "The node's name: letters, digits, `.`, `_`, `-`; unique.", shown="required", attr="name"),
     Key(

@@ -103,6 +103,9 @@ class Settings:
     # nothing else waits for the node: the next job of another model unloads it first.
     front_keep_alive_s: float = 300.0
     front_max_keep_alive_s: float = 1800.0
+    # [front] stalled_client_timeout: a streaming client that takes nothing of a write for this
+    # long is cut off (its connection closed; its job runs on): gpuq/front/call.py Call.write.
+    front_stalled_client_s: float = 30.0
     critique_template: str = DEFAULT_CRITIQUE_TEMPLATE
     unload: str = "after-each"  # or "when-idle": back-to-back jobs of one model keep it loaded
     alert_url: str | None = None  # where alerts are POSTed (a webhook, an ntfy topic URL)

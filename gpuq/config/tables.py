@@ -172,4 +172,11 @@ def front_settings(front: object) -> dict:
     for key in ("keep_alive", "max_keep_alive"):  # 0: a call's model leaves VRAM after it, as before
         if key in front:
             values[f"front_{key}_s"] = parse_duration(front[key], f"front.{key}")
+    if "stalled_client_timeout" in front:  # 0 would cut off every client the kernel makes wait
+        stalled = parse_duration(front["stalled_client_timeout"], "front.stalled_client_timeout")
+        if stalled <= 0:
+            raise ConfigError(
+                f"front.stalled_client_timeout: must be more than 0, got {front['stalled_client_timeout']!r}"
+            )
+        values["front_stalled_client_s"] = stalled
     return values
