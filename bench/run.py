@@ -24,6 +24,7 @@ from . import (
     postgres,
     replay,
     scale,
+    stalled,
     submit,
     turnaround,
     unload_policy,
@@ -47,6 +48,7 @@ SECTIONS = (
     "unload_policy",
     "front",
     "warm",
+    "stalled",
     "postgres",
     "pgstore",
     "replay",
@@ -64,6 +66,8 @@ async def run_sections(bench: Bench) -> None:
         await front.front_section(bench)
     if bench.wants("warm"):  # its own node and routers
         await front.warm_section(bench)
+    if bench.wants("stalled"):  # its own nodes and router
+        await stalled.stalled_section(bench)
     if bench.wants("postgres"):  # its own throwaway PostgreSQL cluster
         await postgres.postgres_section(bench)
     if bench.wants("pgstore"):  # its own cluster, fakes and routers: gpuq on each engine
@@ -116,6 +120,7 @@ def judge(bench: Bench) -> None:
         "front_rate_1_ratio": lambda v: v >= 0.95,
         "front_rate_20_ratio": lambda v: v >= 0.95,
         "front_cpu_20": lambda v: v <= 50.0,
+        "front_stalled_rss": lambda v: v <= 30.0,
         "growth_claim_ratio": lambda v: v <= 2.0,
         "growth_stale_ratio": lambda v: v <= 2.0,
         "growth_health_ratio": lambda v: v <= 2.0,
