@@ -74,6 +74,7 @@ def test_the_schema_applies_to_an_empty_database_and_holds_every_object_sqlites_
         assert conn.execute("SELECT version, name FROM schema_migration ORDER BY version").fetchall() == [
             (1, "001_schema"),
             (2, "002_router_leases"),
+            (4, "004_request_parts"),
         ]
         ours = {
             (kind, name)
@@ -112,6 +113,7 @@ def test_migrating_twice_in_a_row_applies_each_migration_once(pg_dsn):
         assert conn.execute("SELECT version, applied_at FROM schema_migration ORDER BY version").fetchall() == [
             (1, "1970-01-01T00:00:00.000000Z"),
             (2, "1970-01-01T00:00:00.000000Z"),
+            (4, "1970-01-01T00:00:00.000000Z"),
         ]
 
 
@@ -143,7 +145,7 @@ def test_two_routers_starting_together_migrate_once(pg_dsn):
         for t in threads:
             t.join(60)
         assert errors == []
-        assert holder.execute("SELECT version FROM schema_migration ORDER BY version").fetchall() == [(1,), (2,)]
+        assert holder.execute("SELECT version FROM schema_migration ORDER BY version").fetchall() == [(1,), (2,), (4,)]
         assert (
             holder.execute("SELECT count(*) FROM pg_trigger WHERE tgname = 'critique_guard_insert'").fetchone()[0] == 1
         )
@@ -167,7 +169,7 @@ def test_a_database_from_a_newer_gpuq_is_refused(pgdb):
 
 
 def test_a_migration_that_fails_leaves_nothing_behind(pg_dsn, tmp_path):
-    broken = tmp_path / f"{len(pg_files()) + 1:03d}_broken.sql"  # the next version
+    broken = tmp_path / f"{max(int(f.name[:3]) for f in pg_files()) + 1:03d}_broken.sql"  # the next version
     broken.write_text("CREATE TABLE half_made (id INTEGER);\nSELECT no_such_function();\n")
     with connect(pg_dsn) as conn:
         with pytest.raises(psycopg.errors.UndefinedFunction):
