@@ -13,6 +13,9 @@ import pytest
 from test_front import CHAT_MODEL
 from test_front_door_http import photo, start_lab
 
+from gpuq.jobs import compact_json
+from gpuq.store.parts import MARK, PART_BYTES, join_request, split_request
+
 TURNS = 10
 
 
@@ -91,3 +94,15 @@ async def test_an_openai_data_url_is_stored_once_and_reaches_the_node_whole(fron
         assert db.execute("SELECT bytes FROM request_part").fetchall() == [(len(url),)]
     finally:
         db.close()
+
+
+def test_a_request_splits_and_joins_back_to_the_very_text_it_was():
+    big, text = "A" * PART_BYTES, "ünïcode “quoted” " * 5000  # over the threshold in UTF-8 bytes
+    request = compact_json({"path": "/api/chat", "body": {"images": [big, "small"], "prompt": text, "n": [1, None]}})
+    stored, parts = split_request(request)
+    assert set(parts.values()) == {big, text} and len(stored) < 300
+    assert join_request(stored, lambda digests: {d: parts[d] for d in digests}) == request
+    # A client's own object under the mark's key: the request is stored as it came, never misread.
+    own = compact_json({"body": {"x": {MARK: "0" * 64}, "images": [big]}})
+    assert split_request(own) == (own, {})
+    assert split_request("not json" + big) == ("not json" + big, {})

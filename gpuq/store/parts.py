@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
+from ..jobs import compact_json
 from .engine import Connection
 from .steps import Row
 
@@ -57,42 +59,28 @@ def split_request(request: str) -> tuple[str, dict[str, str]]:
     stored = walk(value)
     if own_mark or not parts:
         return request, {}
-    return json.dumps(stored, ensure_ascii=False, separators=(",", ":")), parts
+    return compact_json(stored), parts  # as the front door wrote it: a joined request is the same text
 
 
 def marks_in(request: str | None) -> bool:
-    return request is not None and f'"{MARK}"' in request
+    return request is not None and '{"$gpuq_part":"' in request
+
+
+# A mark as split_request writes it (no spaces). Inside a JSON string a quote is escaped, so this
+# text appears in a stored request only as a mark (a request with an object of its own under
+# MARK is stored as it came): marks are found and replaced as text, without parsing a request
+# that may be tens of MB, in the writer's thread at the claim.
+MARK_TEXT = re.compile(r'\{"\$gpuq_part":"([0-9a-f]{64})"\}')
 
 
 def join_request(request: str, parts: Callable[[list[str]], dict[str, str]]) -> str:
     """The request whole again: each mark replaced by its part (`parts(sha256s)` gives them)."""
-    value = json.loads(request)
-    wanted: list[str] = []
-
-    def find(v: Any) -> None:
-        if isinstance(v, dict):
-            if len(v) == 1 and isinstance(v.get(MARK), str):
-                wanted.append(v[MARK])
-                return
-            for x in v.values():
-                find(x)
-        elif isinstance(v, list):
-            for x in v:
-                find(x)
-
-    find(value)
-    found = parts(sorted(set(wanted)))
-
-    def put(v: Any) -> Any:
-        if isinstance(v, dict):
-            if len(v) == 1 and isinstance(v.get(MARK), str):
-                return found[v[MARK]]  # a KeyError here: a part dropped while a job referred to it
-            return {k: put(x) for k, x in v.items()}
-        if isinstance(v, list):
-            return [put(x) for x in v]
-        return v
-
-    return json.dumps(put(value), ensure_ascii=False, separators=(",", ":"))
+    wanted = sorted(set(MARK_TEXT.findall(request)))
+    if not wanted:
+        return request
+    found = {digest: json.dumps(data, ensure_ascii=False) for digest, data in parts(wanted).items()}
+    # a KeyError: a part dropped while a job referred to it (by hand: the store never does)
+    return MARK_TEXT.sub(lambda m: found[m.group(1)], request)
 
 
 PARTS_SQL = "SELECT sha256, data FROM request_part WHERE sha256 IN ({marks})"
