@@ -16,6 +16,7 @@ from conftest import eventually
 from test_front import CHAT_MODEL
 from test_front_door_http import start_lab
 
+from gpuq.front.ollama_api import collected
 from gpuq.front.relay import CLIENT_BACKLOG_BYTES
 
 # A long answer: 60000 words of 20 characters, 1.2 MB of text (the issue's measure), one node
@@ -200,3 +201,55 @@ async def test_a_client_that_reads_slowly_gets_every_byte_in_order(front):
     assert all("error" not in line for line in lines)
     assert "".join(line["message"]["content"] for line in lines) == fake.script.reply
     assert lines[-1]["done"] is True and not any(line["done"] for line in lines[:-1])
+
+
+async def test_a_whole_reply_call_holds_its_answers_text_not_a_chunk_per_token(front):
+    """stream:false: the reply is one object, so the call holds the answer until it is whole;
+    its text, not a parsed chunk per token. The reply is the node's whole answer, in order."""
+    d = front.daemon
+    pid = d.proc.pid
+    await warm_up(front)
+    before = rss_bytes(pid)
+    peak = before
+    calling = asyncio.create_task(
+        front.ollama(timeout=120).chat(
+            model=CHAT_MODEL, messages=[{"role": "user", "content": "all at once"}], stream=False
+        )
+    )
+
+    async def answered():
+        nonlocal peak
+        peak = max(peak, rss_bytes(pid))
+        return calling.done()
+
+    await eventually(answered, 120, interval=0.05, what="the whole reply")
+    reply = calling.result()
+    assert reply.done and reply.message.content == REPLY
+    print(f"stream:false VmRSS before {before >> 10} KiB, peak {peak >> 10} KiB")
+    assert peak - before < 12 * len(REPLY), (before, peak)
+
+
+@pytest.mark.parametrize("route", ["/api/chat", "/api/generate"])
+@pytest.mark.parametrize("tools", [False, True])
+def test_folded_chunks_make_the_same_whole_reply(route, tools):
+    """What Call.keep_for_reply relies on: chunks folded into one (collected) and collected again
+    with the rest give the reply the chunks give at once: text, reasoning, tool calls, logprobs."""
+    chat = route.endswith("chat")
+
+    def chunk(i: int, done: bool = False) -> dict:
+        call = [{"function": {"name": "f", "arguments": {"i": i}}}] if i % 4 == 3 else []
+        body: dict = {"model": "m", "done": done, "logprobs": [{"token": str(i)}]}
+        if chat:
+            body["message"] = {"role": "assistant", "content": f"c{i} ", "thinking": f"t{i} ", "tool_calls": call}
+        else:
+            body.update(response=f"c{i} ", thinking=f"t{i} ", tool_calls=call)
+        if done:
+            body["eval_count"] = i
+        return body
+
+    chunks = [chunk(i) for i in range(10)] + [chunk(10, done=True)]
+    request = {"model": "m", "tools": [{"type": "function"}] if tools else None}
+    whole = collected(route, chunks, request)
+    folded = [collected(route, chunks[:4], request)]
+    folded = [collected(route, [*folded, *chunks[4:8]], request)]
+    assert collected(route, [*folded, *chunks[8:]], request) == whole

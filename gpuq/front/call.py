@@ -38,6 +38,8 @@ STATE_CHECK_S = 1.0  # a waiting call rereads its job this often when nothing ar
 
 KEEPALIVE_S = 10.0  # an OpenAI stream that waits gets an SSE comment this often
 
+FOLD_CHUNKS = 256  # a stream:false call folds the chunks it keeps for its reply this often
+
 
 # A call whose job someone else ended (deleted, preempted) before anything was sent gets this
 # status, not Ollama's 499: 499 means "the client closed the request", and clients treat it as
@@ -260,7 +262,7 @@ class Call:
         if not self.parked or chunk.get("done") or not self.inbox.empty():
             return False
         if self.sse is None and not self.stream:  # stream:false: kept for the one reply
-            self.chunks.append(chunk)
+            self.keep_for_reply(chunk)
             self.fed = True
             return True
         if not self.writable():
@@ -381,13 +383,22 @@ class Call:
             return self.sse.feed(chunk), done
         if self.stream:  # Ollama's own stream: the node's line as it sent it
             return raw + b"\n", done
-        self.chunks.append(chunk)
+        self.keep_for_reply(chunk)
         if done:
             reply = self.whole_reply(collected(self.ep.node_route, self.chunks, self.ollama))
             self.resp = web.json_response(reply, headers=self.headers(), dumps=dumps)
             if not self.openai:
                 self.resp.content_type, self.resp.charset = "application/json", "utf-8"
         return b"", done
+
+    def keep_for_reply(self, chunk: dict) -> None:
+        """stream:false: a chunk kept for the one reply. Every FOLD_CHUNKS they are folded into
+        one (collected: their text joined, tool calls and logprobs gathered), so the call holds
+        its answer's text, not a parsed chunk per token (about 1 KB each: 60 MB for a 60,000-token
+        answer)."""
+        self.chunks.append(chunk)
+        if len(self.chunks) >= FOLD_CHUNKS and not chunk.get("done"):
+            self.chunks = [collected(self.ep.node_route, self.chunks, self.ollama)]
 
     def whole_reply(self, reply: Any) -> Any:
         """stream:false (or an embedding): the node's reply in the route's shape (an Ollama
