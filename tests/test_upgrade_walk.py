@@ -12,10 +12,14 @@ import logging
 import sqlite3
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from gpuq.jobs import compact_json
 from gpuq.store import MIGRATIONS_DIR, Store
+from gpuq.store import postgres as pg_engine
+
+PG_MIGRATIONS_DIR = pg_engine.MIGRATIONS_DIR
 
 FILES = sorted(MIGRATIONS_DIR.glob("[0-9][0-9][0-9]_*.sql"))
 LEVELS = [int(f.name[:3]) for f in FILES]
@@ -44,20 +48,43 @@ def migrated_to(path: Path, level: int) -> sqlite3.Connection:
     return db
 
 
-def columns(db: sqlite3.Connection, table: str) -> set[str]:
+class Pg:
+    """A PostgreSQL connection with the few calls the lab's rows need, in sqlite3's words."""
+
+    def __init__(self, conn: psycopg.Connection):
+        self.conn = conn
+
+    def execute(self, sql: str, params: tuple | list = ()) -> psycopg.Cursor:
+        return self.conn.execute(sql.replace("?", "%s"), params or None)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def columns(db, table: str) -> set[str]:
+    if isinstance(db, Pg):
+        rows = db.execute("SELECT column_name FROM information_schema.columns WHERE table_name = ?", (table,))
+        return {r[0] for r in rows}
     return {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
 
 
-def insert(db: sqlite3.Connection, table: str, **values) -> int:
+def insert(db, table: str, **values) -> int:
     """A row in the columns the table has at this level (a later column is left out)."""
     have = columns(db, table)
     values = {k: v for k, v in values.items() if k in have}
     marks = ",".join("?" * len(values))
-    cur = db.execute(f"INSERT INTO {table} ({','.join(values)}) VALUES ({marks})", list(values.values()))
+    sql = f"INSERT INTO {table} ({','.join(values)}) VALUES ({marks})"
+    if isinstance(db, Pg):
+        returning = " RETURNING id" if "id" in have and "id" not in values else ""
+        row = db.execute(sql + returning, list(values.values())).fetchone() if returning else None
+        if not returning:
+            db.execute(sql, list(values.values()))
+        return row[0] if row else 0
+    cur = db.execute(sql, list(values.values()))
     return cur.lastrowid or 0
 
 
-def job(db: sqlite3.Connection, job_id: str, node: str, state: str, position: int, prompt: str, **more) -> None:
+def job(db, job_id: str, node: str, state: str, position: int, prompt: str, **more) -> None:
     ended = state not in ("queued", "running")
     insert(
         db,
@@ -80,9 +107,9 @@ def job(db: sqlite3.Connection, job_id: str, node: str, state: str, position: in
     insert(db, "event", job_id=job_id, at=T, from_state=None, to_state="queued", actor="api", reason="placed")
 
 
-def run(db: sqlite3.Connection, job_id: str, node: str, state: str, output: str = "") -> int:
+def run(db, job_id: str, node: str, state: str, output: str = "") -> int:
     ended = state != "running"
-    old_text = "output" in columns(db, "run") and "run_chunk" not in tables(db)
+    old_text = "run_chunk" not in tables(db)
     run_id = insert(
         db,
         "run",
@@ -103,14 +130,18 @@ def run(db: sqlite3.Connection, job_id: str, node: str, state: str, output: str 
     return run_id
 
 
-def tables(db: sqlite3.Connection) -> set[str]:
+def tables(db) -> set[str]:
+    if isinstance(db, Pg):
+        return {
+            r[0] for r in db.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")
+        }
     return {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
 
 
-def lab_at(db: sqlite3.Connection, level: int) -> dict:
+def lab_at(db, level: int) -> dict:
     """The lab's jobs at this level; what each must still be after the upgrade."""
     for rank, (name, roles, model) in enumerate((("a", "task,critique", "ma"), ("b", "critique,task", "mb")), 1):
-        insert(db, "node", name=name, url=f"http://{name}:11434", rank=rank, roles=roles, model=model, up=1)
+        insert(db, "node", name=name, url=f"http://{name}:11434", rank=rank, roles=roles, model=model)
     db.execute("BEGIN")
     # a's queue: positions out of insertion order, so the order is the positions', not the rows'
     job(db, "1780000000-0000000a", "a", "queued", 3072, "third in a's queue")
@@ -139,21 +170,15 @@ def lab_at(db: sqlite3.Connection, level: int) -> dict:
     return {"front": front}
 
 
-@pytest.mark.parametrize("level", LEVELS[:-1], ids=[f"from-{n:03d}" for n in LEVELS[:-1]])
-async def test_a_database_of_every_earlier_level_upgrades_with_its_jobs_and_queues_intact(tmp_path, level):
-    path = tmp_path / "old.db"
-    db = migrated_to(path, level)
-    try:
-        made = lab_at(db, level)
-        events_before = db.execute("SELECT COUNT(*) FROM event").fetchone()[0]
-    finally:
-        db.close()
-
-    store = Store(path)
-    await store.open()  # migrates it to today's level
+async def upgraded_intact(where: str | Path, made: dict, events_before: int, levels: list[int]) -> None:
+    """Open the old database with today's Store (which migrates it the rest of the way) and find
+    the lab's jobs as they were: states, prompts, output, the critique's parent, the front-door
+    call's request, every event, and a's queue in its order."""
+    store = Store(where)
+    await store.open()
     try:
         applied = [r["version"] for r in await store.read("SELECT version FROM schema_migration ORDER BY version")]
-        assert applied == LEVELS
+        assert applied == levels
         running, queued, count = await store.queue("a", 100)
         assert [j["id"] for j in queued] == ["1780000000-0000000b", "1780000000-0000000c", "1780000000-0000000a"]
         assert count == 3 and running is not None and running["id"] == "1780000000-0000000d"
@@ -179,10 +204,39 @@ async def test_a_database_of_every_earlier_level_upgrades_with_its_jobs_and_queu
             assert await store.whole_request("1780000000-00000010") == REQUEST
         events = await store.read("SELECT COUNT(*) AS n FROM event")
         assert events[0]["n"] == events_before
-        # The upgraded queue works on: the head of a is claimed once the running job finishes.
-        assert await store.claim("a") is None  # a's running job still holds it
+        assert await store.claim("a") is None  # a's running job still holds it: one head per node
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("level", LEVELS[:-1], ids=[f"from-{n:03d}" for n in LEVELS[:-1]])
+async def test_a_database_of_every_earlier_level_upgrades_with_its_jobs_and_queues_intact(tmp_path, level):
+    path = tmp_path / "old.db"
+    db = migrated_to(path, level)
+    try:
+        made = lab_at(db, level)
+        events_before = db.execute("SELECT COUNT(*) FROM event").fetchone()[0]
+    finally:
+        db.close()
+    await upgraded_intact(path, made, events_before, LEVELS)
+
+
+PG_FILES = sorted(PG_MIGRATIONS_DIR.glob("[0-9][0-9][0-9]_*.sql"))
+PG_LEVELS = [int(f.name[:3]) for f in PG_FILES]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("level", PG_LEVELS[:-1], ids=[f"pg-from-{n:03d}" for n in PG_LEVELS[:-1]])
+async def test_a_postgresql_database_of_every_earlier_level_upgrades_intact(pg_dsn, level):
+    conn = psycopg.connect(pg_dsn, autocommit=True)
+    try:
+        pg_engine.migrate(conn, [f for f in PG_FILES if int(f.name[:3]) <= level], 0.0, "test")
+        db = Pg(conn)
+        made = lab_at(db, level)
+        events_before = db.execute("SELECT COUNT(*) FROM event").fetchone()[0]
+    finally:
+        conn.close()
+    await upgraded_intact(pg_dsn, made, events_before, PG_LEVELS)
 
 
 def test_a_migration_that_rebuilds_a_table_says_so_with_its_rows(tmp_path, caplog):
