@@ -71,7 +71,7 @@ def check_text_size(ollama: dict, limit: int) -> None:
 
 class StalledClient(ConnectionError):
     """A client took nothing of a write for [front] stalled_client_timeout: its connection was
-    closed (Call.write). A ConnectionError, as a client that left: its handler ends there."""
+    closed (Call.write), and its handler ends there (run_call) without an error of its own."""
 
 
 class Call:
@@ -465,6 +465,9 @@ async def run_call(request: web.Request, ep: Endpoint) -> web.StreamResponse:
         if call.job_id and not call.delivered and not front.closing:
             await asyncio.shield(front.cancel(call.job_id, "client disconnected", call.actor))
         raise
+    except StalledClient:  # cut off (its connection closed); its job runs on, nothing to answer
+        assert call.resp is not None  # it was being written to
+        return call.resp
     except ConnectionError:  # the client left while a chunk was written
         if call.job_id and not call.delivered:
             await front.cancel(call.job_id, "client disconnected", call.actor)
