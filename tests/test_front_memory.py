@@ -106,11 +106,13 @@ async def test_a_client_that_never_reads_costs_the_router_a_bounded_amount(front
         for sock in socks:
             sock.close()
     growth = during - before
-    # Unbounded, the router held every chunk for them: about 90x the answer per client (the
-    # issue's 111 MB for 1.2 MB). Bounded, three stalled clients cost it a few MB in all.
+    # Unbounded, the router held every chunk for them: about 30x the answer per client here
+    # (+108 MB for these three; the issue measured 111 MB for one 1.2 MB answer). Bounded, what
+    # it holds per call is 512 KiB, and the rest grows with the answers' text (the worker's
+    # pieces before each heartbeat, the store's reads, the allocator's slack): a few times it.
     print(f"VmRSS before {before >> 10} KiB, peak {during >> 10} KiB, after {after >> 10} KiB")
-    assert growth < 3 * len(REPLY) * 4, (before, during, after)
-    assert after - before < 3 * len(REPLY) * 4, (before, during, after)
+    assert growth < 3 * len(REPLY) * 8, (before, during, after)
+    assert after - before < 3 * len(REPLY) * 8, (before, during, after)
 
 
 @pytest.mark.stalled("2s")
