@@ -12,8 +12,8 @@
 
 CREATE TABLE request_part (
     sha256     TEXT PRIMARY KEY,    -- of the string's UTF-8 bytes, in hex
-    data       TEXT NOT NULL,       -- the string as the client sent it (base64, a data: URL, text)
-    bytes      INTEGER NOT NULL,    -- its size in UTF-8 bytes
+    data       TEXT NOT NULL,       -- the string as JSON text, as it stood in the request (quoted)
+    bytes      INTEGER NOT NULL,    -- the size of that text in UTF-8 bytes
     created_at TEXT NOT NULL        -- when a request first brought it
 ) WITHOUT ROWID;
 

@@ -295,7 +295,9 @@ def raw_sql(store: Store, sql: str) -> None:
 
 @covers("whole_request", "drop_unreferenced_parts")
 async def test_a_requests_large_parts_are_stored_once_and_read_back_whole(store):
-    photo, other = "iVBOR" + "A" * (100 << 10), "/9j/" + "B" * (80 << 10)  # base64 of two images
+    # base64 of an image; a long string with a NUL in it (PostgreSQL's TEXT takes none: a part is
+    # kept as its JSON text, where it is \u0000)
+    photo, other = "iVBOR" + "A" * (100 << 10), "/9j/" + "B" * (80 << 10) + "\x00é"
     small = "QUJD"  # under the threshold: kept in its request
     turns = []
     for i, images in enumerate(([photo], [photo, small], [photo, other])):
@@ -311,7 +313,7 @@ async def test_a_requests_large_parts_are_stored_once_and_read_back_whole(store)
     assert claimed is not None and json.loads(claimed["request"])["body"] == turns[0]
     # The photo is stored once for its three jobs, the other image once; the small one stays inline.
     parts = await store.read("SELECT sha256, bytes FROM request_part ORDER BY bytes")
-    assert [p["bytes"] for p in parts] == [len(other), len(photo)]
+    assert [p["bytes"] for p in parts] == [len(other) + 8, len(photo) + 2]  # as JSON text: quoted, escaped
     assert (await store.read("SELECT COUNT(*) AS n FROM job_part"))[0]["n"] == 4
     stored = await store.read("SELECT SUM(LENGTH(request)) AS n FROM job")
     assert stored[0]["n"] < 2000  # the requests hold marks, not images
@@ -322,10 +324,10 @@ async def test_a_requests_large_parts_are_stored_once_and_read_back_whole(store)
 
     # Retention empties the third job's request: its other image goes, the photo stays (two refer to it).
     raw_sql(store, f"UPDATE job SET endpoint = NULL, request = NULL WHERE id = '{ids[2]}'")
-    assert await store.drop_unreferenced_parts() == {"parts": 1, "bytes": len(other)}
+    assert await store.drop_unreferenced_parts() == {"parts": 1, "bytes": len(other) + 8}
     assert json.loads(await store.whole_request(ids[1]))["body"] == turns[1]
     raw_sql(store, f"UPDATE job SET endpoint = NULL, request = NULL WHERE id IN ('{ids[0]}', '{ids[1]}')")
-    assert await store.drop_unreferenced_parts() == {"parts": 1, "bytes": len(photo)}
+    assert await store.drop_unreferenced_parts() == {"parts": 1, "bytes": len(photo) + 2}
     assert await store.read("SELECT sha256 FROM request_part") == []
 
 

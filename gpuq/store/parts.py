@@ -4,6 +4,8 @@ job.request. Now every string of a request's JSON of PART_BYTES or more (a base6
 Ollama's `images`, an OpenAI `image_url` data URL, an Anthropic `source.data`, a long pasted
 file) is kept once in request_part, keyed by the sha256 of its UTF-8 bytes; the job's request
 holds {"$gpuq_part": "<sha256>"} in its place, and job_part says which jobs refer to which part.
+A part is kept as its JSON text, as it stood in the request (quoted, escaped: a NUL in it is
+`\u0000`, which PostgreSQL's TEXT takes), so a request is made whole again by text alone.
 Whoever reads a request through the store gets it whole (`whole_request`): the claim that hands
 a call to its worker, and a job's detail (`gpuq show`, the API, the page).
 
@@ -47,7 +49,7 @@ def split_request(request: str) -> tuple[str, dict[str, str]]:
         nonlocal own_mark
         if isinstance(v, str) and len(v) >= PART_BYTES // 4 and len(v.encode("utf-8", "surrogatepass")) >= PART_BYTES:
             digest = sha256_of(v)
-            parts[digest] = v
+            parts[digest] = compact_json(v)  # as it stands in the request: its JSON text, quoted
             return {MARK: digest}
         if isinstance(v, dict):
             own_mark = own_mark or MARK in v
@@ -74,11 +76,12 @@ MARK_TEXT = re.compile(r'\{"\$gpuq_part":"([0-9a-f]{64})"\}')
 
 
 def join_request(request: str, parts: Callable[[list[str]], dict[str, str]]) -> str:
-    """The request whole again: each mark replaced by its part (`parts(sha256s)` gives them)."""
+    """The request whole again: each mark replaced by its part's JSON text (`parts(sha256s)`
+    gives them)."""
     wanted = sorted(set(MARK_TEXT.findall(request)))
     if not wanted:
         return request
-    found = {digest: json.dumps(data, ensure_ascii=False) for digest, data in parts(wanted).items()}
+    found = parts(wanted)
     # a KeyError: a part dropped while a job referred to it (by hand: the store never does)
     return MARK_TEXT.sub(lambda m: found[m.group(1)], request)
 
