@@ -26,6 +26,7 @@ from . import (
     replay,
     retention,
     scale,
+    stalled,
     storm,
     submit,
     turnaround,
@@ -51,6 +52,7 @@ SECTIONS = (
     "front",
     "warm",
     "storm",
+    "stalled",
     "postgres",
     "pgstore",
     "replay",
@@ -72,6 +74,8 @@ async def run_sections(bench: Bench) -> None:
         await front.warm_section(bench)
     if bench.wants("storm"):  # its own nodes and router: the autocomplete storm
         await storm.storm_section(bench)
+    if bench.wants("stalled"):  # its own nodes and router
+        await stalled.stalled_section(bench)
     if bench.wants("postgres"):  # its own throwaway PostgreSQL cluster
         await postgres.postgres_section(bench)
     if bench.wants("pgstore"):  # its own cluster, fakes and routers: gpuq on each engine
@@ -130,6 +134,7 @@ def judge(bench: Bench) -> None:
         "front_rate_1_ratio": lambda v: v >= 0.95,
         "front_rate_20_ratio": lambda v: v >= 0.95,
         "front_cpu_20": lambda v: v <= 50.0,
+        "front_stalled_rss": lambda v: v <= 30.0,
         "growth_claim_ratio": lambda v: v <= 2.0,
         "growth_stale_ratio": lambda v: v <= 2.0,
         "growth_health_ratio": lambda v: v <= 2.0,

@@ -32,6 +32,9 @@ CREATE INDEX job_owner_state ON job(owner, state) WHERE owner IS NOT NULL;
 -- index job_parent on job
 CREATE INDEX job_parent ON job (parent_id) WHERE parent_id IS NOT NULL;
 
+-- index job_part_by_part on job_part
+CREATE INDEX job_part_by_part ON job_part (sha256);
+
 -- index job_queue on job
 CREATE INDEX job_queue ON job (node, state, position, id);
 
@@ -191,6 +194,13 @@ CONSTRAINT job_pruned_when_ended CHECK (pruned_at IS NULL OR state IN ('done', '
 CONSTRAINT job_embed_from_front_door CHECK (kind <> 'embed' OR endpoint IS NOT NULL)
 );
 
+-- table job_part on job_part
+CREATE TABLE job_part (
+job_id TEXT NOT NULL REFERENCES job(id),
+sha256 TEXT NOT NULL REFERENCES request_part(sha256),
+PRIMARY KEY (job_id, sha256)
+) WITHOUT ROWID;
+
 -- table maintenance_lease on maintenance_lease
 CREATE TABLE maintenance_lease (
 service TEXT PRIMARY KEY, -- 'retention'
@@ -227,6 +237,14 @@ queued INTEGER NOT NULL DEFAULT 0,
 running INTEGER NOT NULL DEFAULT 0,
 CONSTRAINT node_load_queued_counted CHECK (queued >= 0),
 CONSTRAINT node_load_running_counted CHECK (running >= 0)
+) WITHOUT ROWID;
+
+-- table request_part on request_part
+CREATE TABLE request_part (
+sha256 TEXT PRIMARY KEY, -- of the string's UTF-8 bytes, in hex
+data TEXT NOT NULL, -- the string as JSON text, as it stood in the request (quoted)
+bytes INTEGER NOT NULL, -- the size of that text in UTF-8 bytes
+created_at TEXT NOT NULL -- when a request first brought it
 ) WITHOUT ROWID;
 
 -- table router on router
@@ -321,6 +339,20 @@ AND (NEW.node IS NOT OLD.node OR OLD.state NOT IN ('queued', 'running'))
 AND NEW.node = (SELECT node FROM job WHERE id = NEW.parent_id)
 BEGIN
 SELECT RAISE(ABORT, 'a critique never runs on its parent task''s node');
+END;
+
+-- trigger job_part_deleted_with_job on job
+CREATE TRIGGER job_part_deleted_with_job
+AFTER DELETE ON job
+BEGIN
+DELETE FROM job_part WHERE job_id = OLD.id;
+END;
+
+-- trigger job_part_dropped_with_request on job
+CREATE TRIGGER job_part_dropped_with_request
+AFTER UPDATE OF request ON job WHEN NEW.request IS NULL
+BEGIN
+DELETE FROM job_part WHERE job_id = OLD.id;
 END;
 
 -- trigger node_load_delete on job

@@ -322,13 +322,18 @@ BAD_FRONT = {
     "not a table": ("x", "front: expected a [front] table"),
     "unknown key": (
         {"origin": []},
-        "front: unknown key 'origin' (known: keep_alive, max_keep_alive, max_request_bytes, model_aliases, origins)",
+        "front: unknown key 'origin' (known: keep_alive, max_keep_alive, max_request_bytes, model_aliases, origins,"
+        " stalled_client_timeout)",
     ),
     "keep_alive not a duration": (
         {"keep_alive": "soon"},
         "front.keep_alive: expected a duration like '10m' or '30s', got 'soon'",
     ),
     "negative max_keep_alive": ({"max_keep_alive": -1}, "front.max_keep_alive: a duration cannot be negative, got -1"),
+    "stalled_client_timeout 0": (
+        {"stalled_client_timeout": "0s"},
+        "front.stalled_client_timeout: must be more than 0, got '0s'",
+    ),
     "too small": (
         {"max_request_bytes": 1000},
         "front.max_request_bytes: must be from 1048576 (1 MiB) to 1073741824 (1 GiB), got 1000",

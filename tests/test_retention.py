@@ -435,3 +435,40 @@ async def test_prune_through_the_router_on_each_engine(fakes, daemon_factory, da
     assert line["id"] == old and line["output"]
     status, body = await daemon.request("POST", "/api/prune", {"dry_run": "yes"})
     assert status == 400 and "dry_run" in body["error"]["message"]
+
+
+async def test_a_pruned_calls_image_is_archived_whole_and_then_leaves_the_database(tmp_path):
+    """A chat's image is stored once apart from its request (gpuq/store/parts.py): the archive's line
+    holds the request whole, image included, and once no job refers to the image it is dropped."""
+    from gpuq.config import Settings
+    from gpuq.jobs import NewJob, compact_json
+    from gpuq.store import NodeInfo
+
+    now = [1_800_000_000.0]
+    store = Store(tmp_path / "q.db", clock=lambda: now[0])
+    await store.open()
+    try:
+        image = "iVBORw0KGgo" + "A" * (200 << 10)
+        body = {"model": "m", "messages": [{"role": "user", "content": "what is this?", "images": [image]}]}
+        request = compact_json({"path": "/api/chat", "user_agent": "ui/1", "body": body})
+        node = [NodeInfo("a", 1, ("task",), "m", True, idle=False)]
+        ids = []
+        for _ in range(2):  # two turns sending the same image: one copy
+            [job] = await store.submit(
+                NewJob("task", "what is this?", node="a", endpoint="/api/chat", request=request), node, "api"
+            )
+            await store.delete(job["id"], "api")
+            ids.append(job["id"])
+        assert sql(tmp_path / "q.db", "SELECT COUNT(*) FROM request_part") == [(1,)]
+        now[0] += 40 * DAY
+        settings = Settings(retention_archive=tmp_path / "archive")
+        swept = await Sweeper(store, lambda: settings, lambda: None).run_once()
+        assert swept.pruned["jobs"] == 2 and swept.parts["parts"] == 1 and swept.parts["bytes"] >= len(image)
+        lines = archived_lines(tmp_path / "archive")
+        assert sorted(line["id"] for line in lines) == sorted(ids)
+        assert all(line["request"]["body"]["messages"][0]["images"] == [image] for line in lines)
+        assert sql(tmp_path / "q.db", "SELECT COUNT(*) FROM request_part") == [(0,)]
+        for i in ids:
+            assert (await store.job_detail(i))["request"] is None
+    finally:
+        await store.close()

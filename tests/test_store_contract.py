@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import socket
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from gpuq.config import NodeConfig
 from gpuq.errors import GUARD_MESSAGE, Conflict, GpuqError, GuardMiss, GuardRefused, NotFound, StoreUnavailable
-from gpuq.jobs import Interrupted, NodeCounts, iso
+from gpuq.jobs import Interrupted, NodeCounts, compact_json, iso
 from gpuq.store import NewJob, NodeInfo, Store
 from gpuq.store.leases import Router
 from gpuq.store.retention import Cutoffs
@@ -271,6 +274,62 @@ async def test_a_critique_reviews_its_parents_result_and_the_parent_counts_its_f
 
 
 # -- the user's queue control (every case of each: tests/test_store_queue.py, on both engines too) --
+
+
+def front_request(body: dict) -> str:
+    return compact_json({"path": "/api/chat", "user_agent": "ui/1", "body": body})
+
+
+def raw_sql(store: Store, sql: str) -> None:
+    """A statement on the database as an operator (or retention) would run it, outside the store."""
+    if on_postgres(store):
+        with psycopg.connect(store.dsn, autocommit=True) as conn:
+            conn.execute(sql)
+    else:
+        db = sqlite3.connect(store.where, isolation_level=None)
+        try:
+            db.execute("PRAGMA foreign_keys = ON")
+            db.execute(sql)
+        finally:
+            db.close()
+
+
+@covers("whole_request", "drop_unreferenced_parts")
+async def test_a_requests_large_parts_are_stored_once_and_read_back_whole(store):
+    # base64 of an image; a long string with a NUL in it (PostgreSQL's TEXT takes none: a part is
+    # kept as its JSON text, where it is \u0000)
+    photo, other = "iVBOR" + "A" * (100 << 10), "/9j/" + "B" * (80 << 10) + "\x00é"
+    small = "QUJD"  # under the threshold: kept in its request
+    turns = []
+    for i, images in enumerate(([photo], [photo, small], [photo, other])):
+        body = {"model": "ma", "messages": [{"role": "user", "content": f"turn {i}", "images": images}]}
+        turns.append(body)
+        await submit(store, "a", f"turn {i}", endpoint="/api/chat", request=front_request(body))
+    ids = [j["id"] for j in reversed(await store.jobs(limit=10))]
+    # Each job's request reads back whole, as its client sent it: its detail and its claim.
+    for job_id, body in zip(ids, turns, strict=True):
+        assert await store.whole_request(job_id) == front_request(body)  # the very text submitted
+        assert json.loads((await store.job_detail(job_id))["request"])["body"] == body
+    claimed = await store.claim("a")
+    assert claimed is not None and json.loads(claimed["request"])["body"] == turns[0]
+    # The photo is stored once for its three jobs, the other image once; the small one stays inline.
+    parts = await store.read("SELECT sha256, bytes FROM request_part ORDER BY bytes")
+    assert [p["bytes"] for p in parts] == [len(other) + 8, len(photo) + 2]  # as JSON text: quoted, escaped
+    assert (await store.read("SELECT COUNT(*) AS n FROM job_part"))[0]["n"] == 4
+    stored = await store.read("SELECT SUM(LENGTH(request)) AS n FROM job")
+    assert stored[0]["n"] < 2000  # the requests hold marks, not images
+    assert await store.drop_unreferenced_parts() == {"parts": 0, "bytes": 0}  # every part is referred to
+    with pytest.raises(NotFound):
+        await store.whole_request("1800000000-00000000")
+    assert await store.whole_request(await submit(store, "a")) is None  # not a front-door call
+
+    # Retention empties the third job's request: its other image goes, the photo stays (two refer to it).
+    raw_sql(store, f"UPDATE job SET endpoint = NULL, request = NULL WHERE id = '{ids[2]}'")
+    assert await store.drop_unreferenced_parts() == {"parts": 1, "bytes": len(other) + 8}
+    assert json.loads(await store.whole_request(ids[1]))["body"] == turns[1]
+    raw_sql(store, f"UPDATE job SET endpoint = NULL, request = NULL WHERE id IN ('{ids[0]}', '{ids[1]}')")
+    assert await store.drop_unreferenced_parts() == {"parts": 1, "bytes": len(photo) + 2}
+    assert await store.read("SELECT sha256 FROM request_part") == []
 
 
 @covers("move", "preempt", "delete", "clear", "retry")

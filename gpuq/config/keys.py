@@ -332,6 +332,17 @@ KEYS: tuple[Key, ...] = (
     ),
     Key(
         "front",
+        "stalled_client_timeout",
+        "A streaming client that takes nothing of its answer for this long is cut off (its "
+        "connection closed); its job runs on and keeps its whole output. A client more than "
+        "512 KiB behind its stream is told so and its stream ends at once: the router holds no "
+        "more per call.",
+        "30s",
+        attr="front_stalled_client_s",
+        duration=True,
+    ),
+    Key(
+        "front",
         "model_aliases",
         "Model names no node has, given a model of the lab: a table of shell-style patterns "
         '(case-insensitive) to model names, like `{"claude-*" = "qwen3:8b", "gpt-*" = "qwen3:8b"}`; '

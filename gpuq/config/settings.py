@@ -107,6 +107,9 @@ class Settings:
     # [front] model_aliases: (name pattern, model) in the file's order; a called name no node has
     # runs as the model of the first pattern it matches (Claude Code's claude-* -> a lab model)
     front_model_aliases: tuple[tuple[str, str], ...] = ()
+    # [front] stalled_client_timeout: a streaming client that takes nothing of a write for this
+    # long is cut off (its connection closed; its job runs on): gpuq/front/call.py Call.write.
+    front_stalled_client_s: float = 30.0
     critique_template: str = DEFAULT_CRITIQUE_TEMPLATE
     unload: str = "after-each"  # or "when-idle": back-to-back jobs of one model keep it loaded
     alert_url: str | None = None  # where alerts are POSTed (a webhook, an ntfy topic URL)

@@ -175,6 +175,13 @@ def front_settings(front: object) -> dict:
             values[f"front_{key}_s"] = parse_duration(front[key], f"front.{key}")
     if "model_aliases" in front:
         values["front_model_aliases"] = model_aliases(front["model_aliases"])
+    if "stalled_client_timeout" in front:  # 0 would cut off every client the kernel makes wait
+        stalled = parse_duration(front["stalled_client_timeout"], "front.stalled_client_timeout")
+        if stalled <= 0:
+            raise ConfigError(
+                f"front.stalled_client_timeout: must be more than 0, got {front['stalled_client_timeout']!r}"
+            )
+        values["front_stalled_client_s"] = stalled
     return values
 
 

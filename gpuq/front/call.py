@@ -1,6 +1,12 @@
 """One call that makes a model work, as a durable job: stored before any work (placed by its
 model), its client's connection held while it waits, its node's chunks relayed as they come
-(gpuq/front/relay.py), its answer in the shape of the caller's API (gpuq/front/endpoints.py)."""
+(gpuq/front/relay.py), its answer in the shape of the caller's API (gpuq/front/endpoints.py).
+
+A streaming client that stops reading costs the router a bounded amount (issue 35): its inbox
+holds at most relay.CLIENT_BACKLOG_BYTES of the answer (past that the call is behind, and its
+stream ends with an error line naming the job that keeps the whole answer), and a write it
+does not take within [front] stalled_client_timeout closes its connection. Either way its job
+runs on to its end: the client's request was taken, and its output is stored."""
 
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ from .endpoints import Endpoint, early_refusal, entries_of, front_nodes
 from .listings import model_not_found
 from .names import aliased, local_name
 from .ollama_api import collected, is_load_or_unload, load_or_unload_reply, ollama_error, unloads
+from .relay import CLIENT_BACKLOG_BYTES, Inbox
 from .shapes import dumps
 
 log = logging.getLogger("gpuq")
@@ -32,6 +39,8 @@ STATE_CHECK_S = 1.0  # a waiting call rereads its job this often when nothing ar
 
 
 KEEPALIVE_S = 10.0  # an OpenAI stream that waits gets an SSE comment this often
+
+FOLD_CHUNKS = 256  # a stream:false call folds the chunks it keeps for its reply this often
 
 
 # A call whose job someone else ended (deleted, preempted) before anything was sent gets this
@@ -78,6 +87,11 @@ def model_to_run(front: Front, asked: str) -> str:
     return aliased(name, front.dispatcher.settings.front_model_aliases, lambda m: bool(entries_of(nodes, m)))
 
 
+class StalledClient(ConnectionError):
+    """A client took nothing of a write for [front] stalled_client_timeout: its connection was
+    closed (Call.write), and its handler ends there (run_call) without an error of its own."""
+
+
 class Call:
     """One front-door call from submit to its last byte."""
 
@@ -96,7 +110,7 @@ class Call:
         self.stream = ep.streams(body)
         self.job_id = ""
         self.node = ""
-        self.inbox: asyncio.Queue = asyncio.Queue()  # what its run sends (gpuq/front/relay.py)
+        self.inbox = Inbox()  # what its run sends (gpuq/front/relay.py)
         self.resp: web.StreamResponse | None = None
         self.chunks: list[dict] = []
         self.delivered = False  # the client has its whole answer: a disconnect now cancels nothing
@@ -142,7 +156,10 @@ class Call:
         front = self.front
         for _ in range(8):  # a chosen id taken by another job of the same second: choose again
             self.job_id = new_job_id()
-            self.inbox = front.relay.open(self.job_id, self.write_now, self.send_unsent)
+            # a stream's client may stop reading: its inbox is bounded (stream:false holds its
+            # whole answer for its one reply anyway)
+            limit = CLIENT_BACKLOG_BYTES if self.stream else None
+            self.inbox = front.relay.open(self.job_id, self.write_now, self.send_unsent, limit)
             submitting = asyncio.ensure_future(front.dispatcher.submit(self.new_job(self.job_id), self.actor))
             try:
                 jobs = await asyncio.shield(submitting)
@@ -217,8 +234,7 @@ class Call:
                     return await self.fail(*ended)
                 if self.sse is not None and time.monotonic() - waited >= KEEPALIVE_S:
                     waited = time.monotonic()
-                    assert self.resp is not None  # prepared before the loop when sse is set
-                    await self.resp.write(f": waiting for node {self.node} (gpuq job {self.job_id})\n\n".encode())
+                    await self.write(f": waiting for node {self.node} (gpuq job {self.job_id})\n\n".encode())
                 continue
             finally:
                 self.parked = False
@@ -248,6 +264,8 @@ class Call:
                     return await self.fail(item[1] or 500, item[2])
                 elif kind == "ended":
                     return await self.on_ended(item[1])
+                elif kind == "behind":
+                    return await self.on_behind()
                 elif kind == "shutdown":  # a running job is failed at the next start, as any running then
                     if not self.started:
                         await self.front.cancel(self.job_id, "router shut down while its client waited", "router")
@@ -265,7 +283,7 @@ class Call:
         if not self.parked or chunk.get("done") or not self.inbox.empty():
             return False
         if self.sse is None and not self.stream:  # stream:false: kept for the one reply
-            self.chunks.append(chunk)
+            self.keep_for_reply(chunk)
             self.fed = True
             return True
         if not self.writable():
@@ -314,12 +332,49 @@ class Call:
         data = b"".join(out)
         if data:
             await self.prepare("text/event-stream" if self.sse is not None else "application/x-ndjson")
-            assert self.resp is not None  # prepare made it
-            await self.resp.write(data)
+            await self.write(data)
         if last:
             self.delivered = True
             if self.resp is not None and self.resp.prepared:
-                await self.resp.write_eof()
+                await self.write(b"", eof=True)
+
+    async def write(self, data: bytes, eof: bool = False) -> None:
+        """One write to the prepared response (its end too, with `eof`), which its client must
+        take within [front] stalled_client_timeout (read live: a reload changes it): else its
+        connection is closed (StalledClient). Its job runs on: the client had asked for it, and
+        its output is stored."""
+        assert self.resp is not None  # prepared
+        limit = self.front.dispatcher.settings.front_stalled_client_s
+        try:
+            async with asyncio.timeout(limit):
+                if data:
+                    await self.resp.write(data)
+                if eof:
+                    await self.resp.write_eof()
+        except TimeoutError:
+            self.delivered = True  # nothing more reaches this client: its leaving cancels nothing
+            log.warning(
+                "job=%s client took nothing of its answer for %ss ([front] stalled_client_timeout):"
+                " connection closed; the job runs on",
+                self.job_id,
+                f"{limit:g}",
+            )
+            if self.request.transport is not None:
+                self.request.transport.abort()
+            raise StalledClient(f"client of job {self.job_id} stalled") from None
+
+    async def on_behind(self) -> web.StreamResponse:
+        """The client fell further behind the node than its call holds: its stream ends here
+        with an error saying so, and where the whole answer is; the job runs on."""
+        kib = CLIENT_BACKLOG_BYTES >> 10
+        message = (
+            f"this client read its stream too slowly: it fell more than {kib} KiB behind the node,"
+            f" the most the gpuq router holds for one call, so its stream ends here. gpuq job {self.job_id}"
+            f" runs on and keeps its whole answer: gpuq show {self.job_id}, or GET /api/jobs/{self.job_id}"
+            " on the router"
+        )
+        log.warning("job=%s client fell %d KiB behind its stream: stream ended; the job runs on", self.job_id, kib)
+        return await self.fail(503, message, "client_behind")
 
     async def ended_meanwhile(self) -> tuple | None:
         """The job ended with nothing for this client (a path that did not tell it)."""
@@ -349,13 +404,22 @@ class Call:
             return self.sse.feed(chunk), done
         if self.stream:  # Ollama's own stream: the node's line as it sent it
             return raw + b"\n", done
-        self.chunks.append(chunk)
+        self.keep_for_reply(chunk)
         if done:
             reply = self.whole_reply(collected(self.ep.node_route, self.chunks, self.ollama))
             self.resp = web.json_response(reply, headers=self.headers(), dumps=dumps)
             if not self.openai:
                 self.resp.content_type, self.resp.charset = "application/json", "utf-8"
         return b"", done
+
+    def keep_for_reply(self, chunk: dict) -> None:
+        """stream:false: a chunk kept for the one reply. Every FOLD_CHUNKS they are folded into
+        one (collected: their text joined, tool calls and logprobs gathered), so the call holds
+        its answer's text, not a parsed chunk per token (about 1 KB each: 60 MB for a 60,000-token
+        answer)."""
+        self.chunks.append(chunk)
+        if len(self.chunks) >= FOLD_CHUNKS and not chunk.get("done"):
+            self.chunks = [collected(self.ep.node_route, self.chunks, self.ollama)]
 
     def whole_reply(self, reply: Any) -> Any:
         """stream:false (or an embedding): the node's reply in the route's shape (an Ollama
@@ -390,10 +454,10 @@ class Call:
         self.delivered = True  # the client has its answer: the error
         if self.resp is not None and self.resp.prepared:
             if self.sse is not None:
-                await self.resp.write(self.sse.error(status, message, code))
+                await self.write(self.sse.error(status, message, code))
             else:
-                await self.resp.write(dumps(ollama_error(message)).encode() + b"\n")
-            await self.resp.write_eof()
+                await self.write(dumps(ollama_error(message)).encode() + b"\n")
+            await self.write(b"", eof=True)
             return self.resp
         return error_response(self.request, status, message, code, headers=self.headers())
 
@@ -449,6 +513,9 @@ async def run_call(request: web.Request, ep: Endpoint) -> web.StreamResponse:
         if call.job_id and not call.delivered and not front.closing:
             await asyncio.shield(front.cancel(call.job_id, CLIENT_LEFT, call.actor))
         raise
+    except StalledClient:  # cut off (its connection closed); its job runs on, nothing to answer
+        assert call.resp is not None  # it was being written to
+        return call.resp
     except ConnectionError:  # the client left while a chunk was written
         if call.job_id and not call.delivered:
             await front.cancel(call.job_id, CLIENT_LEFT, call.actor)

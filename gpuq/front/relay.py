@@ -1,7 +1,19 @@
 """The front door's side of a called job's run (gpuq/node/calls.py's Calls): the node's request
 made from the client's under the node's policy, its chunks relayed to the waiting client as
 the node sends them, an embedding's one reply, and the front door's own retry (Anthropic's
-"relax thinking"). The worker runs it on its node and keeps its output; it knows no client API."""
+"relax thinking"). The worker runs it on its node and keeps its output; it knows no client API.
+
+Memory per call is bounded (issue 35): the node is read at its own pace (never slowed by a
+client), so what a streaming client has not taken yet waits in its call's Inbox, which holds at
+most CLIENT_BACKLOG_BYTES. A client that falls further behind is not fed from the store but cut
+off: its call is marked behind, the rest of the node's chunks are not held for it, and its
+handler ends the stream with an error line saying where the whole answer is (gpuq/front/call.py;
+a write its client does not take within [front] stalled_client_timeout closes the connection).
+The job runs on to its end and keeps its whole output. Why not feed a late client from the store:
+the store keeps the answer's text, not the node's lines (their timings, tool calls as the node
+sent them, a /v1 stream's events), so a client fed from it would get a different stream than
+the one it asked for; a client that reads nothing for seconds while a model writes has stopped
+(a live client reads far faster than any model writes), and its answer is one `gpuq show` away."""
 
 from __future__ import annotations
 
@@ -26,6 +38,52 @@ log = logging.getLogger("gpuq")
 FRONT_MAX_LINE = 16 << 20
 EMBED_MAX_BYTES = 256 << 20  # an embedding's reply, read whole (its vectors go to the client)
 
+# What a streaming call holds for a client that has not taken it yet (its chunks' lines, and the
+# parsed chunk beside each, counted as CHUNK_OVERHEAD): a few hundred KB, whatever the answer's size.
+CLIENT_BACKLOG_BYTES = 512 << 10
+CHUNK_OVERHEAD = 1024  # a parsed chunk (a dict of dicts and strings) beside its line, in bytes, roughly
+
+
+def held_bytes(item: tuple) -> int:
+    """The bytes an inbox's item holds: a chunk's line and its parse, a translated chunk's data."""
+    if item[0] == "chunk":
+        return len(item[1]) + CHUNK_OVERHEAD
+    if item[0] == "data":
+        return len(item[1])
+    return 0
+
+
+class Inbox(asyncio.Queue):
+    """One call's queue, what it holds counted: once a chunk would take it past `limit` (None:
+    no limit, a stream:false call holds its whole answer anyway), the call is `behind` and holds
+    no more chunks; ("behind", bytes dropped) tells its handler, once, after what it holds."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        super().__init__()
+        self.limit = limit
+        self.held = 0
+        self.behind = False
+        self.dropped = 0  # the node's bytes not held for the client since it fell behind
+
+    def put_nowait(self, item: tuple) -> None:
+        super().put_nowait(item)
+        self.held += held_bytes(item)
+
+    def get_nowait(self) -> tuple:
+        item: tuple = super().get_nowait()
+        self.held -= held_bytes(item)
+        return item
+
+    def hold_chunk(self, raw: bytes, chunk: dict) -> None:
+        """A chunk of the node's stream for the client, unless that takes it past its limit."""
+        if not self.behind and (self.limit is None or self.held + len(raw) + CHUNK_OVERHEAD <= self.limit):
+            self.put_nowait(("chunk", raw, chunk))
+            return
+        if not self.behind:
+            self.behind = True
+            self.put_nowait(("behind",))
+        self.dropped += len(raw)
+
 
 class Relay:
     """The calls whose client waits, by job id: what their run sends each, in order:
@@ -38,13 +96,18 @@ class Relay:
     What `direct` took is written by its `flush`, once the node's read is handled (`flush`)."""
 
     def __init__(self) -> None:
-        self.waiting: dict[str, asyncio.Queue] = {}
+        self.waiting: dict[str, Inbox] = {}
         self.direct: dict[str, tuple[Callable[[bytes, dict], bool], Callable[[], None]]] = {}
 
     def open(
-        self, job_id: str, direct: Callable[[bytes, dict], bool] | None = None, flush: Callable[[], None] | None = None
-    ) -> asyncio.Queue:
-        queue = self.waiting[job_id] = asyncio.Queue()
+        self,
+        job_id: str,
+        direct: Callable[[bytes, dict], bool] | None = None,
+        flush: Callable[[], None] | None = None,
+        limit: int | None = None,
+    ) -> Inbox:
+        """The call's inbox; `limit`: what it may hold for a client that does not read (Inbox)."""
+        queue = self.waiting[job_id] = Inbox(limit)
         if direct is not None and flush is not None:
             self.direct[job_id] = (direct, flush)
         return queue
@@ -60,10 +123,13 @@ class Relay:
 
     def chunk(self, job_id: str, raw: bytes, chunk: dict) -> None:
         """A chunk of the node's stream: taken for its client now if it can be (written at the
-        next `flush`), else queued."""
+        next `flush`), else held in its inbox (up to the inbox's limit)."""
+        inbox = self.waiting.get(job_id)
+        if inbox is None or inbox.behind:
+            return
         direct = self.direct.get(job_id)
         if direct is None or not direct[0](raw, chunk):
-            self.tell(job_id, "chunk", raw, chunk)
+            inbox.hold_chunk(raw, chunk)
 
     def flush(self, job_id: str) -> None:
         """The chunks `chunk` took since the last flush, written to their client in one write."""

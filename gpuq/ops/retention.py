@@ -38,6 +38,7 @@ class Swept:
     deleted: dict[str, int] = field(default_factory=lambda: {"jobs": 0, "runs": 0, "events": 0})
     pruned: dict[str, int] = field(default_factory=lambda: {"jobs": 0, "chunks": 0})
     archived: dict[str, int] = field(default_factory=lambda: {"jobs": 0, "bytes": 0})
+    parts: dict[str, int] = field(default_factory=lambda: {"parts": 0, "bytes": 0})  # images no job holds now
     pages_freed: int = 0
     batches: int = 0
     longest_batch_ms: float = 0.0  # the longest a batch's write took, its queueing and commit included
@@ -50,6 +51,7 @@ class Swept:
             "deleted": self.deleted,
             "pruned": self.pruned,
             "archived": self.archived,
+            "parts": self.parts,
             "pages_freed": self.pages_freed,
             "batches": self.batches,
             "longest_batch_ms": round(self.longest_batch_ms, 3),
@@ -103,6 +105,9 @@ class Sweeper:
             for step in STEPS:
                 await self._step(step, cutoffs, settings, swept)
             if swept.deleted["jobs"] or swept.pruned["jobs"]:
+                # The requests' large parts (gpuq/store/parts.py) that only these jobs held go too.
+                dropped = await self.store.drop_unreferenced_parts()
+                swept.parts = {"parts": int(dropped["parts"]), "bytes": int(dropped["bytes"] or 0)}
                 swept.pages_freed = await self._give_back()
             swept.seconds = time.monotonic() - started
             self.last = swept

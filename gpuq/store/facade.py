@@ -29,7 +29,7 @@ from ..config import NodeConfig
 from ..errors import Conflict, GpuqError, StartupError, StoreUnavailable
 from ..jobs import Interrupted, JobState, NewJob, NodeInfo
 from ..shipped import shipped_dir, shipped_files
-from . import backup, control, leases, lifecycle, postgres, records, retention, sqlite, storage
+from . import backup, control, leases, lifecycle, parts, postgres, records, retention, sqlite, storage
 from .dbfile import DatabaseFile
 from .engine import Connection, Engine, Params, engine_for
 from .health import SLOW_CALL_S, Health
@@ -491,6 +491,12 @@ class Store(Reads):
         return await self._write(
             partial(control.retry, job_id=job_id, actor=actor, now=self.clock(), nodes=nodes, max_waiting=max_waiting)
         )
+
+    async def drop_unreferenced_parts(self) -> Row:
+        """The stored request parts (images, gpuq/store/parts.py) that no job refers to any more
+        (their jobs deleted, or their requests emptied by retention), dropped: {"parts", "bytes"}.
+        A part some job still refers to is never dropped."""
+        return await self._write(parts.drop_unreferenced)
 
     async def requeue_unsent(self, sent: dict[str, int | None], reason: str) -> list[Row]:
         """When the router stops: the running job of each node in `sent` whose run is not the one

@@ -19,6 +19,7 @@ from ..critique import parent_subject
 from ..errors import GuardMiss, IdTaken, NoResultToCritique, Unprocessable
 from ..jobs import NO_RESULT, JobState, NewJob, NodeCounts, NodeInfo, new_job_id
 from .engine import Connection, Engine, dialect
+from .parts import keep_parts, split_request, whole_request_in
 from .steps import (
     Row,
     cancel,
@@ -99,6 +100,8 @@ def submit(
     group = None  # a fan-out's children share the first child's id as their group
     at = iso(now)
     created = []
+    # a request's large parts (images), stored once per content (gpuq/store/parts.py)
+    request, parts = split_request(new.request) if new.request is not None else (None, {})
     for p in placements:
         job_id = new.job_id or _unused_id(db, now)
         if new.job_id and db.execute("SELECT 1 FROM job WHERE id = ?", (job_id,)).fetchone():
@@ -135,7 +138,7 @@ def submit(
                 None if new.think is None else dumps(new.think),
                 None if new.options is None else dumps(new.options),
                 new.endpoint,
-                new.request,
+                request,
                 new.owner,
                 new.client,
                 new.lane,
@@ -162,6 +165,8 @@ def submit(
                 "waiting_for": waiting_for,
             }
         )
+    if parts:
+        keep_parts(db, [str(job["id"]) for job in created], parts, at)
     return created
 
 
@@ -229,6 +234,8 @@ def claim(db: Connection, node: str, now: float, max_running: dict[str, int] | N
     if row is None:
         return None
     job = dict(row)
+    if job.get("request"):  # its worker gets the request whole, its stored parts in place
+        job["request"] = whole_request_in(db, job["request"])
     if job["subject_from_parent"]:  # the parent is done (ready_job says so): review its result
         parent = db.execute("SELECT prompt, run_id FROM job WHERE id = ?", (job["parent_id"],)).fetchone()
         text = run_texts(db, [parent["run_id"]])[parent["run_id"]]

@@ -15,6 +15,7 @@ from ..jobs import JobState, NodeCounts, iso
 from ..placement import INTERACTIVE
 from . import retention
 from .engine import Engine, Params
+from .parts import join_request, marks_in, parts_sql
 from .steps import QUEUE_POSITION_SQL, Row, RunText, joined_text, run_text_query
 
 # The parent a held critique waits for (NULL for any other job): the view held_job is the one
@@ -84,12 +85,27 @@ class Reads:
             (job_id,),
         )
         if job.get("endpoint"):  # a front-door call: the request as received, for forensics
-            job["request"] = (await self.read("SELECT request FROM job WHERE id = ?", (job_id,)))[0]["request"]
+            job["request"] = await self.whole_request(job_id)
         job["output"] = job["runs"][-1]["output"] if job["runs"] else ""
         job["thinking"] = job["runs"][-1]["thinking"] if job["runs"] else None
         if job["state"] == JobState.QUEUED:
             job["queue_position"] = await self.queue_position(job)
         return job
+
+    async def whole_request(self, job_id: str) -> str | None:
+        """A front-door job's request as its client sent it (JSON {path, user_agent, body}), its
+        large parts, stored once apart (gpuq/store/parts.py), back in place; None: no request."""
+        rows = await self.read("SELECT request FROM job WHERE id = ?", (job_id,))
+        if not rows:
+            raise NotFound(f"no job with id '{job_id}'")
+        request: str | None = rows[0]["request"]
+        if request is None or not marks_in(request):
+            return request
+        found: dict[str, str] = {}
+        digests = [r["sha256"] for r in await self.read("SELECT sha256 FROM job_part WHERE job_id = ?", (job_id,))]
+        if digests:
+            found = {r["sha256"]: r["data"] for r in await self.read(parts_sql(digests), digests)}
+        return join_request(request, lambda _: found)
 
     async def runs(self, job_id: str) -> list[Row]:
         """A job's runs, oldest first, each with its whole text (output, thinking) from the view
@@ -358,6 +374,8 @@ class Reads:
         for r in runs:
             r.update(texts[r["id"]])
         for job in jobs:
+            if marks_in(job["request"]):  # its large parts, stored once apart, back in place
+                job["request"] = await self.whole_request(job["id"])
             for key in ("request", "findings", "think", "options"):
                 if job[key] is not None:
                     job[key] = json.loads(job[key])

@@ -8,6 +8,7 @@ engine's specifics only through these names."""
 from __future__ import annotations
 
 import logging
+import re
 import sqlite3
 import time
 from collections.abc import Callable, Iterable
@@ -182,9 +183,53 @@ def refuse_newer(db: sqlite3.Connection, known: Iterable[int], where: object) ->
     return applied
 
 
+log = logging.getLogger("gpuq")
+
+# A migration that rebuilds a table (SQLite's way to change a column or a rule: copy the rows into
+# a new table, drop the old, rename the new) ends with this rename; its time grows with the rows.
+REBUILD = re.compile(r"ALTER\s+TABLE\s+\w+\s+RENAME\s+TO\s+(\w+)", re.IGNORECASE)
+PROGRESS_S = 5.0  # a long migration says it is still at work this often
+PROGRESS_STEPS = 200_000  # SQLite's virtual machine steps between two looks at the clock
+
+
+def rebuilt_tables(script: str) -> list[str]:
+    """The tables a migration script rebuilds (it renames a new table to their name)."""
+    return list(dict.fromkeys(REBUILD.findall(script)))
+
+
+def announce_rebuilds(db: sqlite3.Connection, name: str, tables: list[str]) -> None:
+    """Say, before a migration that rebuilds tables runs, which and how many rows each holds:
+    on a large database it takes a while, and the router answers nothing meanwhile."""
+    for table in tables:
+        exists = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone()
+        rows = db.execute(f'SELECT COUNT(*) FROM "{table}"').fetchone()[0] if exists else 0
+        log.info("migration %s: rebuilding table %s (%d rows)...", name, table, rows)
+
+
+def still_at_work(name: str, started: float) -> Callable[[], int]:
+    """SQLite's progress handler during a rebuild: every PROGRESS_S, a log line saying the
+    migration still runs and for how long (SQLite cannot say how far a statement has got)."""
+    said = [started]
+
+    def tick() -> int:
+        now = time.monotonic()
+        if now - said[0] >= PROGRESS_S:
+            said[0] = now
+            log.info("migration %s: still rebuilding, %.0fs so far", name, now - started)
+        return 0  # 0: go on
+
+    return tick
+
+
 def _apply_migration(db: sqlite3.Connection, version: int, f: Path, now: float) -> None:
+    script = f.read_text(encoding="utf-8")
+    rebuilt = rebuilt_tables(script)
+    started = time.monotonic()
+    if rebuilt:
+        announce_rebuilds(db, f.stem, rebuilt)
+        db.set_progress_handler(still_at_work(f.stem, started), PROGRESS_STEPS)
     try:  # executescript runs the script in the transaction it opens; its record joins it
-        db.executescript(f"{BEGIN_WRITE};\n" + f.read_text(encoding="utf-8"))
+        db.executescript(f"{BEGIN_WRITE};\n" + script)
         broken = db.execute("PRAGMA foreign_key_check").fetchall()
         if broken:
             raise StartupError(
@@ -197,6 +242,11 @@ def _apply_migration(db: sqlite3.Connection, version: int, f: Path, now: float) 
         if db.in_transaction:
             db.execute("ROLLBACK")
         raise
+    finally:
+        if rebuilt:
+            db.set_progress_handler(None, 0)
+    if rebuilt:
+        log.info("migration %s: done in %.1fs", f.stem, time.monotonic() - started)
 
 
 # -- errors -----------------------------------------------------------------------------------
