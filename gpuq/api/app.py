@@ -23,6 +23,7 @@ from ..node.dispatcher import Dispatcher
 from ..node.stale import StaleMonitor
 from ..shipped import shipped_files
 from ..store import Store
+from . import batches
 from .backup import backup_view
 from .callers import whoami
 from .health import activity_view, alerts, health, metrics
@@ -157,6 +158,7 @@ def create_app(settings: Settings, clock: Callable[[], float] = time.time) -> we
     r.add_post("/api/nodes/{name}/clear", clear)
     r.add_post("/api/reload", reload_view)
     r.add_post("/api/backup", backup_view)
+    batches.add_routes(r, bounded)  # sweeps (issue 37): gpuq batch, the pages
     r.add_get("/api/whoami", whoami)
     r.add_get("/", page)
     r.add_get("/jobs/{id}", preview_page)

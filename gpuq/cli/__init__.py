@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import click
 
-from . import backup, history, jobs, lab, queue, service
+from . import backup, batch, history, jobs, lab, queue, service
 
 
 @click.group()
@@ -47,5 +47,6 @@ for command in (
     backup.backup,
     backup.restore,
     service.service,
+    batch.batch,
 ):
     main.add_command(command)
