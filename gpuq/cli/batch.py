@@ -21,7 +21,10 @@ POLL_S = 1.0  # --wait looks at the batch this often
 
 @click.group()
 def batch() -> None:
-    """Sweeps: many requests as one batch, each a job in the batch lane (as OpenAI's Batch API)."""
+    """Sweeps: many requests as one batch, each a job in the batch lane (as OpenAI's Batch API).
+
+    Example: gpuq batch submit eval.jsonl --wait; gpuq batch results ID > out.jsonl
+    """
 
 
 def progress(b: dict) -> str:
@@ -118,7 +121,10 @@ def waited(router: Router, batch_id: str, as_json: bool) -> None:
 @click.pass_context
 @api_errors
 def list_cmd(ctx: click.Context, limit: int, as_json: bool) -> None:
-    """The batches, newest first (a member's own; an admin's: all)."""
+    """The batches, newest first (a member's own; an admin's: all).
+
+    Example: gpuq batch list --limit 10
+    """
     data = router_of(ctx).call("GET", f"/api/batches?limit={limit}")
     if as_json:
         click.echo(json.dumps(data))
@@ -137,7 +143,10 @@ def list_cmd(ctx: click.Context, limit: int, as_json: bool) -> None:
 @click.pass_context
 @api_errors
 def show(ctx: click.Context, batch_id: str, as_json: bool) -> None:
-    """A batch: its counts, its ETA from the nodes' recent runs, and its failed lines."""
+    """A batch: its counts, its ETA from the nodes' recent runs, and its failed lines.
+
+    Example: gpuq batch show batch_0123abcd
+    """
     data = router_of(ctx).call("GET", f"/api/batches/{seg(batch_id)}")
     if as_json:
         click.echo(json.dumps(data))
@@ -151,7 +160,11 @@ def show(ctx: click.Context, batch_id: str, as_json: bool) -> None:
 @click.pass_context
 @api_errors
 def cancel(ctx: click.Context, batch_id: str, as_json: bool) -> None:
-    """Cancel a batch: its waiting lines now; a running line ends as it would, then the batch is cancelled."""
+    """Cancel a batch: its waiting lines now; a running line ends as it would, then the batch is
+    cancelled (its output holds what ran).
+
+    Example: gpuq batch cancel batch_0123abcd
+    """
     data = router_of(ctx).call("POST", f"/api/batches/{seg(batch_id)}/cancel")
     b = data["batch"]
     click.echo(json.dumps(data) if as_json else f"batch {b['id']} {b['status']}: {progress(b)}")
@@ -163,7 +176,10 @@ def cancel(ctx: click.Context, batch_id: str, as_json: bool) -> None:
 @api_errors
 def results(ctx: click.Context, batch_id: str) -> None:
     """Every line's result as JSON Lines, in input order, in its API's shape (OpenAI's output and
-    error lines; Anthropic's results). Example: gpuq batch results ID > out.jsonl"""
+    error lines; Anthropic's results).
+
+    Example: gpuq batch results batch_0123abcd > out.jsonl
+    """
     router = router_of(ctx)
     b = router.call("GET", f"/api/batches/{seg(batch_id)}")["batch"]
     if b["status"] not in ENDED:
@@ -179,7 +195,10 @@ def results(ctx: click.Context, batch_id: str) -> None:
 @click.pass_context
 @api_errors
 def retry(ctx: click.Context, batch_id: str, failed: bool, as_json: bool) -> None:
-    """Queue a batch's failed and cancelled lines again, on purpose (gpuq never retries silently)."""
+    """Queue a batch's failed and cancelled lines again, on purpose (gpuq never retries silently).
+
+    Example: gpuq batch retry batch_0123abcd --failed
+    """
     data = router_of(ctx).call("POST", f"/api/batches/{seg(batch_id)}/retry", {"failed": True})
     b = data["batch"]
     click.echo(
