@@ -67,6 +67,9 @@ async def test_submit_wait_show_list_and_results(fakes, daemon_factory, tmp_path
     lines = [json.loads(line) for line in out.out.splitlines()]
     assert [line["custom_id"] for line in lines] == ["line-0", "line-1", "line-2"]
     assert all(line["response"]["status_code"] == 200 for line in lines)
+    status, text = await daemon.request("GET", "/metrics")
+    assert status == 200 and 'gpuq_batches{status="completed"} 1.0' in text
+    assert 'gpuq_batch_lines{state="done"} 0.0' in text  # only the batches in progress count here
     missing = await daemon.cli("batch", "show", "batch_nope")
     assert missing.code == 1 and "error 404 no batch 'batch_nope'" in missing.err
 
@@ -94,6 +97,9 @@ async def test_a_router_killed_mid_batch_resumes_it_and_retry_failed_runs_the_lo
         return b["counts"]["running"] == 1
 
     await eventually(first_running, 15, what="the batch's first line to run")
+    status, text = await daemon.request("GET", "/metrics")
+    assert 'gpuq_batches{status="in_progress"} 1.0' in text
+    assert 'gpuq_batch_lines{state="running"} 1.0' in text and 'gpuq_batch_lines{state="queued"} 3.0' in text
     await daemon.kill()
     fake.script.token_delay_s = 0.0
     await daemon.start()

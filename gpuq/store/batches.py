@@ -510,11 +510,13 @@ OPEN_LINES_SQL = (
 )
 FILE_SQL = "SELECT id, purpose, filename, bytes, created_at, owner FROM batch_file WHERE id = ?"
 FILE_CONTENT_SQL = "SELECT content, owner FROM batch_file WHERE id = ?"
-# Batches by state, and their lines by their jobs' states (/metrics).
+# Batches by state, and the lines of the open ones by their jobs' states (/metrics: a scrape
+# reads the lines of the batches in progress only, never the whole history's).
 BATCH_STATES_SQL = "SELECT status, COUNT(*) AS n FROM batch GROUP BY status"
 LINE_STATES_SQL = (
-    "SELECT COALESCE(j.state, 'refused') AS state, COUNT(*) AS n FROM batch_line l"
-    " LEFT JOIN job j ON j.id = l.job_id GROUP BY COALESCE(j.state, 'refused')"
+    "SELECT COALESCE(j.state, 'refused') AS state, COUNT(*) AS n FROM batch b"
+    " JOIN batch_line l ON l.batch_id = b.id LEFT JOIN job j ON j.id = l.job_id"
+    " WHERE b.status IN ('in_progress', 'cancelling') GROUP BY COALESCE(j.state, 'refused')"
 )
 
 
@@ -583,7 +585,7 @@ class BatchReads:
         return {r["job_id"]: r["batch_id"] for r in await self.read(OPEN_LINES_SQL)}
 
     async def batch_totals(self) -> tuple[dict[str, int], dict[str, int]]:
-        """Batches by status, and every batch's lines by their jobs' states (/metrics)."""
+        """Batches by status, and the open batches' lines by their jobs' states (/metrics)."""
         by_status = {r["status"]: int(r["n"]) for r in await self.read(BATCH_STATES_SQL)}
         by_state = {r["state"]: int(r["n"]) for r in await self.read(LINE_STATES_SQL)}
         return by_status, by_state
