@@ -78,8 +78,35 @@ async def with_eta(request: web.Request, batch: Row, lines: list[Row]) -> Row:
 
 async def list_batches(request: web.Request) -> web.Response:
     limit = int_param(request.query, "limit", 50, 1, 1000)
+    if request.query.get("open") == "1":
+        return json_response({"batches": await open_batches(request, limit)})
     found = await sweeps_of(request).listed(caller_of(request), None, request.query.get("after"), limit)
     return json_response({"batches": [batch_json(b) for b in found]})
+
+
+async def open_batches(request: web.Request, limit: int) -> list[Row]:
+    """The batches in progress (everyone's: the queue page shows the whole lab), each with its
+    lines per node and state and its expected end: what the page folds into one line per node."""
+    store = request.app[STORE]
+    found = await store.batches(open_only=True, limit=limit)
+    if not found:
+        return []
+    by_node = await store.open_batches_by_node()
+    active: dict[str, list[str]] = {}
+    for job_id, batch_id in (await store.open_batch_lines()).items():
+        active.setdefault(batch_id, []).append(job_id)
+    try:
+        estimates = await request.app[DISPATCHER].estimates() if active else {}
+    except Exception:  # an estimate is a hint: the batches are shown without it
+        estimates = {}
+    out = []
+    for b in found:
+        shown = batch_json(b)
+        shown["nodes"] = by_node.get(b["id"], {})
+        finish, reason = eta.batch_finish(estimates, active.get(b["id"], []))
+        shown["eta"] = {"finish_s": finish, "reason": reason}
+        out.append(shown)
+    return out
 
 
 async def get_batch(request: web.Request) -> web.Response:

@@ -508,6 +508,12 @@ OPEN_LINES_SQL = (
     "SELECT l.batch_id, l.job_id FROM batch_line l JOIN batch b ON b.id = l.batch_id"
     " JOIN job j ON j.id = l.job_id WHERE b.status IN ('in_progress', 'cancelling') AND j.state IN ('queued', 'running')"
 )
+# The open batches' lines per node and state (the queue page folds them: one line per node).
+OPEN_BY_NODE_SQL = (
+    "SELECT l.batch_id, j.node, j.state, COUNT(*) AS n FROM batch b JOIN batch_line l ON l.batch_id = b.id"
+    " JOIN job j ON j.id = l.job_id WHERE b.status IN ('in_progress', 'cancelling')"
+    " GROUP BY l.batch_id, j.node, j.state"
+)
 FILE_SQL = "SELECT id, purpose, filename, bytes, created_at, owner FROM batch_file WHERE id = ?"
 FILE_CONTENT_SQL = "SELECT content, owner FROM batch_file WHERE id = ?"
 # Batches by state, and the lines of the open ones by their jobs' states (/metrics: a scrape
@@ -583,6 +589,13 @@ class BatchReads:
     async def open_batch_lines(self) -> dict[str, str]:
         """The waiting and running jobs that are lines of open batches: job id -> batch id."""
         return {r["job_id"]: r["batch_id"] for r in await self.read(OPEN_LINES_SQL)}
+
+    async def open_batches_by_node(self) -> dict[str, dict[str, dict[str, int]]]:
+        """The open batches' lines on each node by state: batch id -> node -> state -> count."""
+        out: dict[str, dict[str, dict[str, int]]] = {}
+        for r in await self.read(OPEN_BY_NODE_SQL):
+            out.setdefault(r["batch_id"], {}).setdefault(r["node"], {})[r["state"]] = int(r["n"])
+        return out
 
     async def batch_totals(self) -> tuple[dict[str, int], dict[str, int]]:
         """Batches by status, and the open batches' lines by their jobs' states (/metrics)."""
