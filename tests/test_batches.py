@@ -210,3 +210,22 @@ async def test_files_list_retrieve_delete_and_anothers_file_is_not_found(front):
     with pytest.raises(openai.NotFoundError):
         await client.files.retrieve(a.id)
     assert [f.id async for f in client.files.list()] == [b.id]
+
+
+async def test_a_batch_runs_the_same_on_each_engine(fakes, daemon_factory, database):
+    """On PostgreSQL too: the file kept as bytea, the lines queued in one commit, the output."""
+    lab = await start_front_lab(fakes, daemon_factory, token=TOKEN, database=str(database))
+    try:
+        client = lab.openai(api_key=TOKEN)
+        uploaded = await client.files.create(
+            file=("pg.jsonl", jsonl(*(chat_line(f"p-{i}", f"engine {i}") for i in range(3)))), purpose="batch"
+        )
+        batch = await client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        done = await ended(client, batch.id)
+        assert done.status == "completed" and done.request_counts.completed == 3
+        output = lines_of((await client.files.content(done.output_file_id)).content)
+        assert [line["custom_id"] for line in output] == ["p-0", "p-1", "p-2"]
+    finally:
+        await lab.close()
