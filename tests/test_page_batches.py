@@ -48,3 +48,8 @@ async def test_a_batch_is_one_line_in_its_queue_that_unfolds_to_its_jobs_and_can
         return (await lab.get(f"/api/batches/{batch_id}"))["batch"]["status"] == "cancelled"
 
     await eventually(cancelled, 15, what="the batch to be cancelled")
+    # The history page names each cancelled line's batch.
+    await page.goto(lab.url + "/history")
+    rows = page.locator("#history-table tbody tr", has=page.locator(".badge.batch-of"))
+    await expect(rows).to_have_count(3)
+    await expect(rows.first.locator(".batch-of")).to_have_text("batch eval-sweep")

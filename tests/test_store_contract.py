@@ -612,7 +612,16 @@ async def test_files_keep_their_content_list_newest_first_and_are_only_their_own
     assert [f["id"] for f in await store.files()] == ["file-b"]
 
 
-@covers("create_batch", "batch", "batches", "batch_lines", "open_batch_lines", "batch_totals", "open_batches_by_node")
+@covers(
+    "create_batch",
+    "batch",
+    "batches",
+    "batch_lines",
+    "open_batch_lines",
+    "batch_totals",
+    "open_batches_by_node",
+    "batches_of_jobs",
+)
 async def test_a_batch_queues_every_line_in_one_commit_placed_by_model_and_keeps_refusals(store):
     refused = NewLine(3, "id-3", None, {"status": 400, "code": None, "message": "bad body"})
     lines = [line_of(1), line_of(2, model="mb:1b"), refused, line_of(4, model="nowhere")]
@@ -631,6 +640,12 @@ async def test_a_batch_queues_every_line_in_one_commit_placed_by_model_and_keeps
     jobs = {g["job_id"]: "batch_1" for g in got if g["job_id"]}
     assert await store.open_batch_lines() == jobs
     assert await store.open_batches_by_node() == {"batch_1": {"a": {"queued": 1}, "b": {"queued": 1}}}
+    first = got[0]["job_id"]
+    other = await submit(store)
+    assert await store.batches_of_jobs([first, other]) == {
+        first: {"id": "batch_1", "name": "sweep", "custom_id": "id-1"}
+    }
+    assert await store.batches_of_jobs([]) == {}
     await store.create_batch(
         batch_of("batch_2", owner="bob", errors=[{"code": "invalid_json_line", "line": 1}]), [], KNOWN, "api"
     )

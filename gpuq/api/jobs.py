@@ -107,4 +107,9 @@ async def history(request: web.Request) -> web.Response:
     offset = int_param(q, "offset", 0, 0, 10_000_000)
     rows, total = await request.app[STORE].history(state, node, kind, text, limit, offset, owner=owner)
     url = request.app[SETTINGS].public_url
-    return json_response({"jobs": [job_json(r, url) for r in rows], "total": total, "limit": limit, "offset": offset})
+    jobs = [job_json(r, url) for r in rows]
+    batches = await request.app[STORE].batches_of_jobs([j["id"] for j in jobs])  # a sweep's lines say whose
+    for j in jobs:
+        if j["id"] in batches:
+            j["batch"] = batches[j["id"]]
+    return json_response({"jobs": jobs, "total": total, "limit": limit, "offset": offset})

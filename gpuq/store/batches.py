@@ -590,6 +590,17 @@ class BatchReads:
         """The waiting and running jobs that are lines of open batches: job id -> batch id."""
         return {r["job_id"]: r["batch_id"] for r in await self.read(OPEN_LINES_SQL)}
 
+    async def batches_of_jobs(self, job_ids: list[str]) -> dict[str, Row]:
+        """The batch each of these jobs is a line of ({id, name, custom_id}); others are left out."""
+        if not job_ids:
+            return {}
+        found = await self.read(
+            "SELECT l.job_id, b.id, b.name, l.custom_id FROM batch_line l JOIN batch b ON b.id = l.batch_id"
+            f" WHERE l.job_id IN ({','.join('?' * len(job_ids))})",
+            job_ids,
+        )
+        return {r["job_id"]: {"id": r["id"], "name": r["name"], "custom_id": r["custom_id"]} for r in found}
+
     async def open_batches_by_node(self) -> dict[str, dict[str, dict[str, int]]]:
         """The open batches' lines on each node by state: batch id -> node -> state -> count."""
         out: dict[str, dict[str, dict[str, int]]] = {}
