@@ -15,7 +15,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from .. import eta
-from ..errors import BadRequest, OverQuota
+from ..errors import BadRequest, GpuqError, OverQuota
 from ..front.batch_input import OPENAI_ENDPOINTS
 from ..front.batch_output import anthropic_result, openai_line, openai_status, request_counts
 from ..front.shapes import dumps
@@ -192,7 +192,7 @@ async def submit_batch(request: web.Request) -> web.Response:
             body.get("completion_window", "24h"),
             metadata or None,
         )
-    except BaseException:
+    except GpuqError:
         await request.app[STORE].delete_file(file["id"])  # refused: nothing of it is kept
         raise
     return json_response({"batch": batch_json(batch)}, status=201 if batch["status"] != "failed" else 200)
