@@ -35,6 +35,8 @@ class BatchRelay(Relay):
 
     def prepare(self, job: dict, policy: Policy, node: str) -> Any:
         run = super().prepare(job, policy, node)
+        if '"batch":' not in job["request"]:  # no batch's line (a scan, not a second parse of the call)
+            return run
         request = json.loads(job["request"])
         if not request.get("batch"):
             return run
