@@ -157,3 +157,13 @@ async def test_max_waiting_counts_a_batchs_lines_and_interactive_calls_go_first(
     finally:
         await alice.close()
         await bob.close()
+
+
+async def test_a_file_past_the_apis_request_limit_is_refused_naming_the_way_round(fakes, daemon_factory, tmp_path):
+    fake = await fakes(CHAT_MODEL)
+    daemon = await daemon_factory([node_table("node-1", fake, 1, ["task"], CHAT_MODEL)], max_prompt_bytes=1000)
+    path = tmp_path / "big.jsonl"
+    path.write_bytes(jsonl(*(chat_line(f"b{i}", "x" * 500) for i in range(200))))  # ~140 kB
+    res = await daemon.cli("batch", "submit", str(path))
+    assert res.code == 1 and res.err.startswith("error 413 ") and "client.files.create" in res.err
+    assert shell(daemon, "SELECT COUNT(*) FROM batch") == [(0,)]

@@ -10,7 +10,7 @@ import time
 
 import click
 
-from .client import Router
+from .client import ApiError, Router
 from .common import about, ago, api_errors, excerpt, fail, router_of, seg
 from .jobs import read_text
 
@@ -83,7 +83,17 @@ def submit(ctx: click.Context, path: str, endpoint: str, name: str | None, wait:
     router = router_of(ctx)
     text = read_text(path)
     body = {"input": text, "endpoint": endpoint, "name": name or (None if path == "-" else path.rsplit("/", 1)[-1])}
-    b = router.call("POST", "/api/batches", body)["batch"]
+    try:
+        b = router.call("POST", "/api/batches", body)["batch"]
+    except ApiError as exc:
+        if exc.status != 413:
+            raise
+        fail(
+            413,
+            f"{exc.message}; the router's API takes up to twice router.max_prompt_bytes in one request:"
+            " upload a larger file through the front door (client.files.create, then client.batches.create;"
+            " see the docs' Sweeps page)",
+        )
     if not wait:
         click.echo(json.dumps(b) if as_json else f"batch {b['id']} {b['status']}: {b['total']:,} lines ({progress(b)})")
         if b["status"] == "failed":
