@@ -127,6 +127,7 @@ def judge(bench: Bench) -> None:
 
     checks = {
         "submit_32": lambda v: v >= 2000,
+        "batch_10000": lambda v: v >= 5000,
         "store_vs_huey": lambda v: v >= 1.0,
         "gap": lambda v: v <= 5.0,
         "ttft_overhead": lambda v: v <= 2.0,

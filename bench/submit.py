@@ -3,6 +3,7 @@ each node holding a running job, then 32 clients while the workers run jobs to c
 
 from __future__ import annotations
 
+import json
 import time
 
 from . import peers
@@ -46,6 +47,20 @@ async def submit_section(bench: Bench, router: Router) -> None:
         "ratio",
         better="higher",
     )
+    batch = bench.metric(
+        "batch_10000",
+        f"batch submit POST /api/batches, {BATCH_LINES:,} lines in one request, nodes busy with a held job",
+        "lines/s",
+        "rate",
+        ">= 5,000",
+    )
+    batch_vs = bench.metric(
+        "batch_vs_submit_32",
+        "batch submit lines/s / durable submit, 32 clients, jobs/s (same run)",
+        "ratio",
+        "ratio",
+        better="higher",
+    )
     n1, n32 = (150, 1600) if bench.quick else (300, 3200)
     for rep in range(bench.repeats):
         # A real lab's jobs run for minutes: each node holds one running job during the burst.
@@ -55,6 +70,8 @@ async def submit_section(bench: Bench, router: Router) -> None:
             r1 = await bench.submit_burst(router, 1, n1, 10.0)
             await clear(bench, router)
             r32 = await bench.submit_burst(router, 32, n32, 15.0)
+            await clear(bench, router)
+            rb = await batch_submit(router, BATCH_LINES)
             await clear(bench, router)
         finally:
             for name in NODES:
@@ -68,11 +85,45 @@ async def submit_section(bench: Bench, router: Router) -> None:
         working.add_run(rw)
         finished.add_run(done)
         working_vs.add_run(rw / r32)
+        batch.add_run(rb)
+        batch_vs.add_run(rb / r32)
         bench.say(
             f"submit run {rep + 1}/{bench.repeats}: 1 client {r1:,.0f}/s, 32 clients {r32:,.0f}/s,"
             f" raw commits {raw:,.0f}/s; 32 clients while the workers run jobs {rw:,.0f}/s"
-            f" ({done:,.0f} jobs/s finished meanwhile)"
+            f" ({done:,.0f} jobs/s finished meanwhile); a {BATCH_LINES:,}-line batch {rb:,.0f} lines/s"
         )
+
+
+BATCH_LINES = 10_000
+
+
+async def batch_submit(router: Router, lines: int) -> float:
+    """One `gpuq batch submit` of `lines` chat requests (POST /api/batches, answered once every
+    line is queued, durably, in one commit); lines/s to the answer."""
+    model = NODES["n1"]
+    text = "".join(
+        json.dumps(
+            {
+                "custom_id": f"l{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": model, "messages": [{"role": "user", "content": "q"}]},
+            },
+            separators=(",", ":"),
+        )
+        + "\n"
+        for i in range(lines)
+    )
+    conn = await router.connect()
+    try:
+        start = time.perf_counter()
+        status, body = await conn.request("POST", "/api/batches", {"input": text, "name": "bench"})
+        elapsed = time.perf_counter() - start
+    finally:
+        await conn.close()
+    if status != 201 or body["batch"]["total"] != lines:
+        raise RuntimeError(f"batch submit refused during the bench: {status} {str(body)[:200]}")
+    return lines / elapsed
 
 
 async def clear(bench: Bench, router: Router) -> None:

@@ -116,3 +116,20 @@ def _after_parent(own: Estimate, parent: Estimate | None, slot: Slot, plan: Node
 
 def no_runs(node: str) -> str:
     return f"no finished run on {node} yet: its run time is not known"
+
+
+def batch_finish(found: dict[str, Estimate], active: list[str]) -> tuple[float | None, str | None]:
+    """When a batch's last waiting or running line is expected to end: the latest finish of its
+    active jobs; None with the reason when one of them has no estimate (too deep in its queue,
+    no past runs, its node down), or none is active."""
+    if not active:
+        return None, "no line waits or runs"
+    finishes = []
+    for job_id in active:
+        estimate = found.get(job_id)
+        if estimate is None:
+            return None, f"more than {DEPTH} jobs wait ahead on a node"
+        if estimate.finish_s is None:
+            return None, estimate.reason or "unknown"
+        finishes.append(estimate.finish_s)
+    return max(finishes), None

@@ -7,7 +7,7 @@ parent's says so, quoting the guard's words (errors.GUARD_MESSAGE) as the reason
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .errors import GUARD_MESSAGE, Conflict, ModelMissing, UnknownNode
 from .jobs import NodeCounts, NodeInfo, normalize_model
@@ -156,6 +156,38 @@ def place_task(
         return Placement(best.name, SOONEST if every_task_node else SOONEST_WITH_MODEL)
     best = min(candidates, key=lambda n: (not n.up, n.queued, n.rank))
     return Placement(best.name, SHORTEST if every_task_node else SHORTEST_WITH_MODEL)
+
+
+def place_batch(nodes: list[NodeView], models: list[str | None]) -> list[Placement | ModelMissing]:
+    """place_task for many batch-lane jobs in a row (a batch's lines), each seeing the queues as
+    the ones before it left them: the same choice, made without asking each time which nodes have
+    its model. A job whose model no task node has gets place_task's ModelMissing instead."""
+    views = {n.name: n for n in nodes}
+    task_nodes = [n for n in nodes if "task" in n.roles]
+    if not task_nodes:
+        raise Conflict("no node takes task jobs")
+    having: dict[str | None, list[str] | ModelMissing] = {}
+    out: list[Placement | ModelMissing] = []
+    for model in models:
+        if model not in having:
+            try:
+                having[model] = [n.name for n in _having(_by_rank(task_nodes), model, "task")]
+            except ModelMissing as exc:
+                having[model] = exc
+        names = having[model]
+        if isinstance(names, ModelMissing):
+            out.append(names)
+            continue
+        candidates = [views[name] for name in names]
+        free = next((n for n in candidates if n.free), None)
+        if free is not None:
+            chosen, reason = free, FIRST_FREE
+        else:
+            chosen = min(candidates, key=lambda n: (not n.up, n.queued, n.rank))
+            reason = SHORTEST if len(candidates) == len(task_nodes) else SHORTEST_WITH_MODEL
+        views[chosen.name] = replace(chosen, queued=chosen.queued + 1)
+        out.append(Placement(chosen.name, reason))
+    return out
 
 
 def preempts(lane: str, running_lane: str | None, enabled: bool) -> bool:

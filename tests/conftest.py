@@ -241,7 +241,8 @@ def node_table(name: str, fake: FakeOllama, rank: int, roles: list[str], model: 
 
 
 def write_config(path: Path, nodes: list[dict], port: int, **router: Any) -> Path:
-    """A gpuq.toml with short test timings; `router` keys override them."""
+    """A gpuq.toml with short test timings; `router` keys override them (`front`: its [front] table)."""
+    front = router.pop("front", None)
     data = {
         "router": {
             "listen": f"127.0.0.1:{port}",
@@ -255,6 +256,7 @@ def write_config(path: Path, nodes: list[dict], port: int, **router: Any) -> Pat
             **router,
         },
         "node": nodes,
+        **({"front": front} if front else {}),
     }
     path.write_text(tomli_w.dumps(data))
     return path

@@ -11,6 +11,18 @@ OR (resolved_at IS NOT NULL AND resolved_sent_at IS NULL));
 -- index backup_kind on backup
 CREATE INDEX backup_kind ON backup (scheduled, ok, id);
 
+-- index batch_created on batch
+CREATE INDEX batch_created ON batch (created_at, id);
+
+-- index batch_file_created on batch_file
+CREATE INDEX batch_file_created ON batch_file (created_at, id);
+
+-- index batch_line_job on batch_line
+CREATE UNIQUE INDEX batch_line_job ON batch_line (job_id) WHERE job_id IS NOT NULL;
+
+-- index batch_status on batch
+CREATE INDEX batch_status ON batch (status);
+
 -- index event_job on event
 CREATE INDEX event_job ON event (job_id, id);
 
@@ -61,6 +73,15 @@ CREATE INDEX run_job ON run (job_id);
 
 -- index run_running on run
 CREATE INDEX run_running ON run (state) WHERE state = 'running';
+
+-- index sqlite_autoindex_batch_1 on batch
+(made by SQLite);
+
+-- index sqlite_autoindex_batch_file_1 on batch_file
+(made by SQLite);
+
+-- index sqlite_autoindex_batch_line_1 on batch_line
+(made by SQLite);
 
 -- index sqlite_autoindex_job_1 on job
 (made by SQLite);
@@ -128,6 +149,55 @@ seconds REAL, -- how long it took
 error TEXT, -- not ok: why
 removed_at TEXT, -- rotation deleted the file
 CONSTRAINT backup_says_what CHECK ((ok = 1) = (bytes IS NOT NULL) AND (ok = 0) = (error IS NOT NULL))
+);
+
+-- table batch on batch
+CREATE TABLE batch (
+id TEXT PRIMARY KEY, -- 'batch_<24 hex>' (OpenAI), 'msgbatch_<24 hex>' (Anthropic)
+api TEXT NOT NULL, -- 'openai' or 'anthropic': the shapes it is answered in
+endpoint TEXT NOT NULL, -- the front-door route every line calls
+status TEXT NOT NULL, -- in_progress, cancelling, failed, completed, cancelled, expired
+completion_window TEXT NOT NULL,
+owner TEXT,
+name TEXT, -- what the page calls it (metadata's name, else its file's)
+total INTEGER NOT NULL, -- its lines
+input_file_id TEXT, -- files by id, no reference: a file may be deleted, its batch keeps naming it (as OpenAI's does)
+output_file_id TEXT,
+error_file_id TEXT,
+metadata TEXT, -- JSON object, as the caller sent it
+errors TEXT, -- JSON: a batch failed in validation, its lines' errors
+created_at TEXT NOT NULL,
+in_progress_at TEXT,
+finalizing_at TEXT,
+completed_at TEXT,
+failed_at TEXT,
+cancelling_at TEXT,
+cancelled_at TEXT,
+expires_at TEXT NOT NULL,
+CONSTRAINT batch_api_valid CHECK (api IN ('openai', 'anthropic')),
+CONSTRAINT batch_status_valid CHECK (status IN ('in_progress', 'cancelling', 'failed', 'completed', 'cancelled', 'expired'))
+);
+
+-- table batch_file on batch_file
+CREATE TABLE batch_file (
+id TEXT PRIMARY KEY, -- 'file-<24 hex>'
+purpose TEXT NOT NULL, -- 'batch' (an input), 'batch_output' (written at finalize)
+filename TEXT NOT NULL,
+bytes INTEGER NOT NULL,
+created_at TEXT NOT NULL,
+owner TEXT, -- the user who uploaded it (or whose batch wrote it); NULL: no identity
+content BLOB NOT NULL -- last: the file as uploaded or written
+);
+
+-- table batch_line on batch_line
+CREATE TABLE batch_line (
+batch_id TEXT NOT NULL REFERENCES batch(id),
+line INTEGER NOT NULL, -- its line in the input, from 1 (Anthropic: its request's place)
+custom_id TEXT NOT NULL,
+job_id TEXT REFERENCES job(id), -- NULL: refused before it became a job (`refused` says why)
+refused TEXT, -- JSON {status, code, message}: the API's error for this line
+response TEXT, -- JSON: the endpoint's reply, kept when its job's run ended
+PRIMARY KEY (batch_id, line)
 );
 
 -- table config_reload on config_reload

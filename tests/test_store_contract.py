@@ -26,6 +26,7 @@ from gpuq.config import NodeConfig
 from gpuq.errors import GUARD_MESSAGE, Conflict, GpuqError, GuardMiss, GuardRefused, NotFound, StoreUnavailable
 from gpuq.jobs import Interrupted, NodeCounts, compact_json, iso
 from gpuq.store import NewJob, NodeInfo, Store
+from gpuq.store.batches import NewBatch, NewLine
 from gpuq.store.leases import Router
 from gpuq.store.retention import Cutoffs
 
@@ -758,6 +759,152 @@ async def test_the_database_is_measured_sampled_and_its_tables_sized(store):
     assert by_name["job_queue"] == {**by_name["job_queue"], "kind": "index", "table": "job"}
     sizes = [r["bytes"] for r in sized["relations"]]
     assert sizes == sorted(sizes, reverse=True)
+
+
+# -- batches (gpuq/store/batches.py) ------------------------------------------------------------
+
+KNOWN = [
+    NodeInfo("a", 1, ("task", "critique"), "ma:1b", True, frozenset({"ma:1b", "shared:7b"})),
+    NodeInfo("b", 2, ("task", "critique"), "mb:1b", True, frozenset({"mb:1b", "shared:7b"})),
+    NodeInfo("c", 3, ("critique",), "mc:1b", True, frozenset({"mc:1b"})),
+]
+
+
+def batch_of(batch_id: str, owner: str | None = "alice", errors: list | None = None) -> NewBatch:
+    return NewBatch(
+        batch_id, "openai", "/v1/chat/completions", "24h", T0 + 86400, owner, "sweep", "file-in", {"k": "v"}, errors
+    )
+
+
+def line_of(n: int, model: str = "shared:7b", owner: str | None = "alice") -> NewLine:
+    request = '{"path": "/v1/chat/completions", "body": {}, "batch": "b"}'
+    job = NewJob("task", f"line {n}", model=model, endpoint="/v1/chat/completions", request=request, owner=owner)
+    return NewLine(n, f"id-{n}", job)
+
+
+def render_counts(batch: dict, lines: list[dict]) -> tuple[bytes | None, bytes | None]:
+    done = [line for line in lines if line["state"] == "done"]
+    other = [line for line in lines if line["state"] != "done"]
+    return (
+        b"".join(f"{line['custom_id']} {line['response']}\n".encode() for line in done) or None,
+        b"".join(f"{line['custom_id']} {line['state']}\n".encode() for line in other) or None,
+    )
+
+
+@covers("add_file", "file", "files", "file_content", "delete_file")
+async def test_files_keep_their_content_list_newest_first_and_are_only_their_owners(store):
+    a = await store.add_file("file-a", "batch", "a.jsonl", b"\x00binary\xff", "alice")
+    assert (a["bytes"], a["filename"]) == (8, "a.jsonl")
+    await store.add_file("file-b", "batch", "b.jsonl", b"{}", "bob")
+    assert await store.file_content("file-a") == b"\x00binary\xff"  # as uploaded, byte for byte
+    assert (await store.file("file-a", "alice"))["owner"] == "alice"
+    with pytest.raises(NotFound):
+        await store.file("file-a", "bob")
+    with pytest.raises(NotFound):
+        await store.file_content("file-a", "bob")
+    assert [f["id"] for f in await store.files()] == ["file-b", "file-a"]
+    assert [f["id"] for f in await store.files(ascending=True)] == ["file-a", "file-b"]
+    assert [f["id"] for f in await store.files(owner="alice")] == ["file-a"]
+    assert [f["id"] for f in await store.files(after="file-b")] == ["file-a"]
+    with pytest.raises(NotFound):
+        await store.delete_file("file-a", only_owner="bob")
+    await store.delete_file("file-a", only_owner="alice")
+    assert [f["id"] for f in await store.files()] == ["file-b"]
+
+
+@covers(
+    "create_batch",
+    "batch",
+    "batches",
+    "batch_lines",
+    "open_batch_lines",
+    "batch_totals",
+    "open_batches_by_node",
+    "batches_of_jobs",
+)
+async def test_a_batch_queues_every_line_in_one_commit_placed_by_model_and_keeps_refusals(store):
+    refused = NewLine(3, "id-3", None, {"status": 400, "code": None, "message": "bad body"})
+    lines = [line_of(1), line_of(2, model="mb:1b"), refused, line_of(4, model="nowhere")]
+    row = await store.create_batch(batch_of("batch_1"), lines, KNOWN, "api")
+    assert row["status"] == "in_progress" and row["total"] == 4 and row["metadata"] == {"k": "v"}
+    assert row["counts"] == {"queued": 2, "running": 0, "done": 0, "failed": 0, "cancelled": 0, "refused": 2}
+    got = await store.batch_lines("batch_1")
+    assert [(g["line"], g["custom_id"], g["state"]) for g in got] == [
+        (1, "id-1", "queued"),
+        (2, "id-2", "queued"),
+        (3, "id-3", None),
+        (4, "id-4", None),
+    ]
+    assert got[1]["node"] == "b"  # placed by its model
+    assert '"model_not_found"' in got[3]["refused"] and "nowhere" in got[3]["refused"]
+    jobs = {g["job_id"]: "batch_1" for g in got if g["job_id"]}
+    assert await store.open_batch_lines() == jobs
+    assert await store.open_batches_by_node() == {"batch_1": {"a": {"queued": 1}, "b": {"queued": 1}}}
+    first = got[0]["job_id"]
+    other = await submit(store)
+    assert await store.batches_of_jobs([first, other]) == {
+        first: {"id": "batch_1", "name": "sweep", "custom_id": "id-1"}
+    }
+    assert await store.batches_of_jobs([]) == {}
+    await store.create_batch(
+        batch_of("batch_2", owner="bob", errors=[{"code": "invalid_json_line", "line": 1}]), [], KNOWN, "api"
+    )
+    failed = await store.batch("batch_2")
+    assert failed["status"] == "failed" and failed["errors"] == [{"code": "invalid_json_line", "line": 1}]
+    with pytest.raises(NotFound):
+        await store.batch("batch_2", only_owner="alice")
+    assert [b["id"] for b in await store.batches()] == ["batch_2", "batch_1"]
+    assert [b["id"] for b in await store.batches(owner="alice")] == ["batch_1"]
+    assert [b["id"] for b in await store.batches(after="batch_2")] == ["batch_1"]
+    assert [b["id"] for b in await store.batches(open_only=True)] == ["batch_1"]
+    by_status, by_state = await store.batch_totals()
+    assert by_status == {"in_progress": 1, "failed": 1} and by_state == {"queued": 2, "refused": 2}
+
+
+@covers("create_batch")
+async def test_a_batch_past_max_waiting_is_refused_whole(store):
+    await submit(store, owner="alice")
+    with pytest.raises(GpuqError) as exc:
+        await store.create_batch(batch_of("batch_q"), [line_of(1), line_of(2)], KNOWN, "api", max_waiting=2)
+    assert exc.value.status == 429 and "max_waiting is 2" in exc.value.message
+    with pytest.raises(NotFound):
+        await store.batch("batch_q")  # nothing stored
+    assert len(await store.jobs(state="queued")) == 1
+
+
+@covers("keep_batch_response", "finalize_batch", "batch_results", "cancel_batch", "retry_batch")
+async def test_a_batch_ends_once_its_lines_have_its_output_written_and_retries_its_failed_lines(store):
+    await store.create_batch(batch_of("batch_1"), [line_of(1), line_of(2), line_of(3)], KNOWN, "api")
+    assert await store.finalize_batch("batch_1", render_counts) is None  # its lines wait
+    ids = [g["job_id"] for g in await store.batch_lines("batch_1")]
+    first = await store.claim("a")
+    assert first is not None and first["id"] == ids[0]
+    assert await store.keep_batch_response(ids[0], '{"reply": 1}') is True
+    assert await store.keep_batch_response("no-such-job", "{}") is False
+    await store.finish(ids[0], first["run_id"], "done", None, "text")
+    second = await store.claim("b")
+    assert second is not None and second["id"] == ids[1]
+    batch, cancelled = await store.cancel_batch("batch_1", "api")
+    assert batch["status"] == "cancelling" and cancelled == 1  # the waiting one; the running one runs on
+    assert (await store.batch("batch_1"))["counts"]["cancelled"] == 1
+    assert await store.finalize_batch("batch_1", render_counts) is None  # one still runs
+    await store.finish(ids[1], second["run_id"], "failed", "the node broke")
+    ended = await store.finalize_batch("batch_1", render_counts)
+    assert ended is not None and ended["status"] == "cancelled" and ended["cancelled_at"] is not None
+    assert await store.file_content(ended["output_file_id"]) == b'id-1 {"reply": 1}\n'
+    assert await store.file_content(ended["error_file_id"]) == b"id-2 failed\nid-3 cancelled\n"
+    assert [r["response"] for r in await store.batch_results("batch_1")] == ['{"reply": 1}', None, None]
+    with pytest.raises(Conflict):
+        await store.cancel_batch("batch_1", "api")
+    with pytest.raises(NotFound):
+        await store.retry_batch("batch_1", "api", only_owner="bob")
+    batch, retried = await store.retry_batch("batch_1", "api", max_waiting={"alice": 5})
+    assert retried == ids[1:] and batch["status"] == "in_progress" and batch["output_file_id"] is None
+    assert batch["counts"]["queued"] == 2 and batch["counts"]["done"] == 1
+    with pytest.raises(NotFound):
+        await store.file(ended["output_file_id"])  # the old output went; the next end writes it anew
+    with pytest.raises(Conflict, match="no failed or cancelled lines"):
+        await store.retry_batch("batch_1", "api")
 
 
 # -- the contract covers the whole store ------------------------------------------------------

@@ -3,7 +3,7 @@
 // per state; each node's busy strip and jobs over the last hour.
 
 import {
-  between, busyStrip, coalesced, el, excerpt, fmtClock, fmtNum, fmtSpan, getJSON, jobHref, jobRate,
+  badge, between, busyStrip, coalesced, el, excerpt, fmtClock, fmtNum, fmtSpan, getJSON, jobHref, jobRate,
   liveEvents, localMidnight, setConnection, sinceSpan, stateBadge, tickSince, utilText, isRefusal, refusalNotice,
   heldByPress, privateLabel,
 } from './common.js';
@@ -122,7 +122,8 @@ function row(j) {
     el('td', {}, stateBadge(j.state)),
     el('td', {className: 'num', title: j.finished_at}, fmtClock(j.finished_at),
       el('span', {className: 'muted'}, ' · ', sinceSpan(j.finished_at), ' ago')),
-    el('td', {}, el('a', {className: 'mono', href: jobHref(j.id), text: j.id})),
+    el('td', {}, el('a', {className: 'mono', href: jobHref(j.id), text: j.id}),
+      j.batch ? badge(`batch ${j.batch.name || j.batch.id}`, 'batch-of', `line ${j.batch.custom_id} of batch ${j.batch.id}`) : null),
     el('td', {className: 'owner', text: j.owner || '–'}),
     el('td', {text: j.kind}),
     el('td', {text: j.node}),

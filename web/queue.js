@@ -4,7 +4,7 @@
 
 import {
   api, badge, busyStrip, coalesced, confirmDialog, el, etaSpan, excerpt, fmtClock, fmtDur, fmtNum,
-  fmtRate, fmtSpan, getJSON, jobHref, jobRate, liveEvents, localMidnight, now, parseTime, promptExcerpt,
+  fmtApprox, fmtRate, fmtSpan, getJSON, jobHref, jobRate, liveEvents, localMidnight, now, parseTime, promptExcerpt,
   setConnection, since, sinceSpan, stateBadge, tickSince, toast, tokenDeclined, between, utilText,
   isRefusal, refusalNotice, promptStart, heldByPress, pressing,
 } from './common.js';
@@ -34,6 +34,8 @@ const S = {
   health: null, // GET /health
   activity: null, // GET /api/activity: today's counts, each node's last hour
   recent: [],
+  batches: [], // GET /api/batches?open=1: the batches in progress, their lines per node
+  unfolded: new Map(), // 'batch|node' -> that batch's jobs on the node, while its line is unfolded
   limit: LIMIT_STEP,
   error: null, // the last refresh's failure, shown until one succeeds
   dragging: null, // {id, node, kind, card} while a drag is in progress
@@ -135,12 +137,14 @@ async function refresh() {
   const parts = partsInView(columns);
   // Each part apart: /health answers from the router's memory whatever the store does, so its
   // truth (a store that does not answer, a node down) shows even when the other reads fail.
-  const [queue, health, recent, activity] = await Promise.allSettled([
+  const [queue, health, recent, activity, batches] = await Promise.allSettled([
     Promise.all([getJSON(`/api/queue?limit=${limit}${columns === null ? '' : `&columns=${columns}`}`), ...parts.map(([n, from, to]) => readPart(n, from, to))]),
     getJSON('/health', [200, 503]),
     loadRecent(),
     getJSON(`/api/activity?since=${encodeURIComponent(localMidnight())}`),
+    getJSON('/api/batches?open=1'),
   ]);
+  if (batches.status === 'fulfilled') S.batches = batches.value.batches; // (a hint: the board shows without it)
   if (health.status === 'fulfilled') S.health = health.value;
   const failed = [queue, health, recent, activity].find((r) => r.status === 'rejected');
   if (failed) {
@@ -414,7 +418,7 @@ function renderBoard() {
     if (S.error) board.replaceChildren(el('p', {className: 'loading', text: `The queue is not loaded: ${S.error.message}.`}));
     return;
   }
-  const sig = JSON.stringify([q, staleHeads().map((s) => s.id), S.limit]);
+  const sig = JSON.stringify([q, staleHeads().map((s) => s.id), S.limit, S.batches, [...S.unfolded.entries()]]);
   if (sig === S.sig) return;
   S.sig = sig;
   const active = document.activeElement;
@@ -692,7 +696,7 @@ function column(node, stale) {
   cols.set(node.name, {list, jobs: node.queued.slice(), model: node.model, cards: new Map(), start: 0, end: 0});
   const waiting = el('div', {className: 'queue-head'},
     el('span', {text: 'Waiting'}), el('span', {className: 'count', text: fmtNum(node.queued_count)}));
-  col.append(head, slot, waiting, list);
+  col.append(head, slot, waiting, ...batchLines(node.name), list);
   if (node.queued_count > shown) {
     const more = node.queued_count - shown;
     col.append(el('div', {className: 'more'},
@@ -702,6 +706,57 @@ function column(node, stale) {
         onclick: () => { S.limit = Math.min(LIMIT_MAX, S.limit + LIMIT_STEP); refreshSoon(); }}) : null));
   }
   return col;
+}
+
+// -- sweeps: each open batch folded to one line per node's queue -----------------------------
+
+// "eval-sweep: 412 of 2,000 done, ETA ~1h 20m" for each batch with lines on the node; unfolded
+// (its summary clicked), the batch's jobs there, each a link to its page; Cancel ends the batch.
+function batchLines(nodeName) {
+  return S.batches.filter((b) => b.nodes[nodeName]).map((b) => {
+    const here = b.nodes[nodeName];
+    const waiting = (here.queued || 0) + (here.running || 0);
+    const key = `${b.id}|${nodeName}`;
+    const done = b.request_counts.completed;
+    const eta = b.eta && b.eta.finish_s ? `, ETA ${fmtApprox(b.eta.finish_s - now() / 1000)}` : '';
+    const failed = b.request_counts.failed ? `, ${fmtNum(b.request_counts.failed)} failed` : '';
+    const summary = el('summary', {className: 'batch-summary', title: `batch ${b.id} (${b.endpoint}), ${b.owner || 'no user'}`,
+      text: `${b.name || b.id}: ${fmtNum(done)} of ${fmtNum(b.request_counts.total)} done${failed}${eta}`});
+    const details = el('details', {className: 'batch-fold', dataset: {batch: b.id}}, summary,
+      el('span', {className: 'batch-here', text: `${fmtNum(waiting)} of its lines here (${fmtNum(here.running || 0)} running)`}));
+    const jobs = S.unfolded.get(key);
+    if (jobs) {
+      details.open = true;
+      details.append(el('ol', {className: 'batch-jobs', 'aria-label': `jobs of batch ${b.name || b.id} on ${nodeName}`},
+        ...jobs.map((j) => el('li', {}, el('a', {href: jobHref(j.job_id), className: 'mono', text: j.job_id}),
+          ` ${j.custom_id} `, stateBadge(j.state)))));
+    }
+    details.addEventListener('toggle', () => {
+      if (details.open && !S.unfolded.has(key)) unfoldBatch(b.id, nodeName, key);
+      else if (!details.open && S.unfolded.has(key)) { S.unfolded.delete(key); render(); }
+    });
+    const cancel = el('button', {type: 'button', className: 'small ghost', text: 'Cancel',
+      title: `Cancel batch ${b.name || b.id}: its waiting lines now, every node`, disabled: b.status !== 'in_progress',
+      onclick: () => cancelBatch(b)});
+    return el('div', {className: 'batch-line', dataset: {batch: b.id}}, details, cancel);
+  });
+}
+
+async function unfoldBatch(batchId, nodeName, key) {
+  try {
+    const {batch} = await getJSON(`/api/batches/${encodeURIComponent(batchId)}`);
+    S.unfolded.set(key, batch.jobs.filter((j) => j.node === nodeName && (j.state === 'queued' || j.state === 'running')));
+  } catch (exc) {
+    toast(`Could not read batch ${batchId}: ${exc.message}`);
+  }
+  render();
+}
+
+async function cancelBatch(b) {
+  const ok = await confirmDialog({title: `Cancel ${b.name || b.id}?`, confirm: 'Cancel batch', danger: true,
+    message: `Cancels its ${fmtNum(b.counts.queued)} waiting line${b.counts.queued === 1 ? '' : 's'} on every node; a running one ends as it would.`});
+  if (!ok) return;
+  runOp(`cancel batch ${b.id}`, () => api('POST', `/api/batches/${encodeURIComponent(b.id)}/cancel`));
 }
 
 // One small line under the prompt: the id, badges, how long it has waited or run, its start

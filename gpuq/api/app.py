@@ -26,6 +26,7 @@ from ..node.storage import StorageWatch
 from ..ops.retention import Sweeper
 from ..shipped import shipped_files
 from ..store import Store
+from . import batches
 from .backup import backup_view
 from .callers import whoami
 from .health import activity_view, alerts, health, metrics
@@ -174,6 +175,7 @@ def create_app(settings: Settings, clock: Callable[[], float] = time.time) -> we
     r.add_post("/api/backup", backup_view)
     r.add_post("/api/prune", prune_view)
     r.add_get("/api/storage", storage_view)
+    batches.add_routes(r, bounded)  # sweeps (issue 37): gpuq batch, the pages
     r.add_get("/api/whoami", whoami)
     r.add_get("/", page)
     r.add_get("/jobs/{id}", preview_page)

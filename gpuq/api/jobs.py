@@ -119,4 +119,8 @@ async def history(request: web.Request) -> web.Response:
     )
     url = request.app[SETTINGS].public_url
     jobs = [as_seen(request, job_json(r, url)) for r in rows]
+    batches = await request.app[STORE].batches_of_jobs([j["id"] for j in jobs])  # a sweep's lines say whose
+    for j in jobs:
+        if j["id"] in batches:
+            j["batch"] = batches[j["id"]]
     return json_response({"jobs": jobs, "total": total, "limit": limit, "offset": offset})

@@ -20,6 +20,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from ..jobs import NodeCounts, parse_iso
 from ..node.runtime import NodeRuntime
 from ..store import Row, Store
+from ..store.batches import LINE_STATES
+
+BATCH_STATUSES = ("in_progress", "cancelling", "completed", "failed", "cancelled", "expired")
 
 DURATION_BUCKETS_S = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400)
 WAIT_BUCKETS_S = (0.1, 0.5, 1, 5, 15, 60, 300, 900, 1800, 3600, 7200, 14400)
@@ -62,6 +65,8 @@ class Snapshot:
     stale_heads: int = 0
     storage: dict[str, Any] | None = None  # StorageWatch.json()
     backup: dict[str, Any] = field(default_factory=dict)  # Backups.json()
+    batches: dict[str, int] = field(default_factory=dict)  # by status
+    batch_lines: dict[str, int] = field(default_factory=dict)  # the open batches' lines, by state
 
 
 class Metrics:
@@ -111,7 +116,8 @@ class Metrics:
         backup: dict[str, Any] | None = None,
     ) -> bytes:
         await self.catch_up(store)
-        self.now = Snapshot(nodes, await store.active_by_node(), stale_heads, storage, backup or {})
+        batches, lines = await store.batch_totals()
+        self.now = Snapshot(nodes, await store.active_by_node(), stale_heads, storage, backup or {}, batches, lines)
         return generate_latest(self.registry)
 
     def collect(self) -> Iterator[Metric]:
@@ -142,6 +148,18 @@ class Metrics:
             for rt in self.now.nodes:
                 counter.add_metric([rt.name], getattr(rt, attr))
             yield counter
+        batches = GaugeMetricFamily("gpuq_batches", "Batches (sweeps), by status.", labels=["status"])
+        for status in BATCH_STATUSES:
+            batches.add_metric([status], self.now.batches.get(status, 0))
+        yield batches
+        lines = GaugeMetricFamily(
+            "gpuq_batch_lines",
+            "The lines of the batches in progress, by state (refused: never a job, e.g. an unknown model).",
+            labels=["state"],
+        )
+        for state in LINE_STATES:
+            lines.add_metric([state], self.now.batch_lines.get(state, 0))
+        yield lines
         yield GaugeMetricFamily(
             "gpuq_stale_heads", "Running queue heads that are stale (see /api/stale).", value=self.now.stale_heads
         )

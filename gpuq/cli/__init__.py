@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import click
 
-from . import backup, history, jobs, lab, queue, retention, service, storage
+from . import backup, batch, history, jobs, lab, queue, retention, service, storage
 
 
 @click.group()
@@ -54,5 +54,6 @@ for command in (
     retention.archive,
     storage.storage,
     service.service,
+    batch.batch,
 ):
     main.add_command(command)

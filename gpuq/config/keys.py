@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .settings import DEFAULT_LISTEN, FRONT_MAX_REQUEST_BYTES, LANES
+from .settings import DEFAULT_LISTEN, FRONT_MAX_BATCH_LINES, FRONT_MAX_REQUEST_BYTES, LANES
 
 
 @dataclass(frozen=True)
@@ -299,10 +299,18 @@ KEYS: tuple[Key, ...] = (
         "front",
         "max_request_bytes",
         "A front-door request's whole body, images included; from 1 MiB "
-        "to 1 GiB. Its text is held to router.max_prompt_bytes.",
+        "to 1 GiB. Its text is held to router.max_prompt_bytes. A batch's input file "
+        "(`POST /v1/files`) is one request: this bounds it too.",
         FRONT_MAX_REQUEST_BYTES,
         attr="front_max_request_bytes",
         restart=True,
+    ),
+    Key(
+        "front",
+        "max_batch_lines",
+        "The most requests one batch may hold (more: 400), from 1 to 1,000,000. Live.",
+        FRONT_MAX_BATCH_LINES,
+        attr="front_max_batch_lines",
     ),
     Key(
         "front",

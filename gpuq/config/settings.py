@@ -27,6 +27,7 @@ the detail, a severity (low, medium, high) and where in the document it applies.
 # chat that resends a few smaller ones each turn, and bounds what one request makes the router
 # hold (its body, the parsed copy, the stored row: a few times this).
 FRONT_MAX_REQUEST_BYTES = 64 << 20
+FRONT_MAX_BATCH_LINES = 50_000  # OpenAI's own limit of requests in a batch
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ class Settings:
     ollama_listen: str | None = None  # host:port of the Ollama/OpenAI front door; None: off
     front_max_request_bytes: int = FRONT_MAX_REQUEST_BYTES  # [front] max_request_bytes: a whole request, images too
     front_origins: tuple[str, ...] = ()  # [front] origins: more browser origins, beside Ollama's defaults
+    front_max_batch_lines: int = FRONT_MAX_BATCH_LINES  # [front] max_batch_lines: the requests of one batch (400)
     # [front] keep_alive: how long a front-door call's model stays loaded when its client sends no
     # keep_alive (Ollama's own default, envconfig OLLAMA_KEEP_ALIVE: 5m), and [front]
     # max_keep_alive: the most any call keeps it ("forever" asked becomes this). Honoured only while

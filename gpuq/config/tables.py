@@ -163,6 +163,11 @@ def front_settings(front: object) -> dict:
         if not low <= limit <= high:
             raise ConfigError(f"front.max_request_bytes: must be from {low} (1 MiB) to {high} (1 GiB), got {limit}")
         values["front_max_request_bytes"] = limit
+    lines = typed(front, "max_batch_lines", int, "front")
+    if lines is not None:
+        if not 1 <= lines <= 1_000_000:
+            raise ConfigError(f"front.max_batch_lines: must be from 1 to 1000000, got {lines}")
+        values["front_max_batch_lines"] = lines
     if "origins" in front:
         origins = front["origins"]
         if not isinstance(origins, list):

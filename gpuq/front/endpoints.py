@@ -174,6 +174,8 @@ def api_of(path: str) -> str:
     ep = ENDPOINTS.get(path)
     if ep is not None:
         return ep.api
+    if path.startswith("/v1/messages/"):  # Anthropic's Message Batches (front/message_batches.py)
+        return "anthropic"
     return "openai" if path.startswith("/v1/") else "ollama"
 
 

@@ -23,6 +23,7 @@ from ..config import Settings
 from ..errors import DoorWords, StartupError, http_error
 from ..node.dispatcher import Dispatcher
 from ..store import Store
+from . import batches, message_batches
 from .call import call_handler
 from .context import FRONT, Front, error_response
 from .endpoints import ENDPOINTS, api_of
@@ -101,6 +102,8 @@ def create_front_app(
     r.add_post("/api/pull", pull)
     for ep in ENDPOINTS.values():
         r.add_post(ep.path, call_handler(ep))
+    batches.add_routes(r)  # OpenAI's files and batches, Anthropic's message batches (issue 37)
+    message_batches.add_routes(r)
     r.add_get("/v1/models", openai_models, allow_head=False)
     r.add_get("/v1/models/{model:.+}", openai_model, allow_head=False)
     for path in NOT_SERVED:

@@ -8,7 +8,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import aiohttp
@@ -21,6 +21,7 @@ from ..jobs import FINAL, JobState, Kind, NodeCounts, iso, parse_iso
 from ..placement import BATCH, node_views, preempt_elsewhere, preempted_reason, preempts
 from ..reload import Plan
 from ..store import Interrupted, NewJob, NodeInfo, Row, Store
+from ..store.batches import NewBatch, NewLine
 from ..store.leases import Router
 from .awake import Awake
 from .calls import Calls, NoCalls
@@ -338,6 +339,28 @@ class Dispatcher:
                 self.wake(job["node"])  # only its node: the others have nothing new
         self.bus.publish("queue", {"submitted": [j["id"] for j in jobs]})
         return jobs
+
+    async def submit_batch(self, batch: NewBatch, lines: Sequence[NewLine], actor: str) -> Row:
+        """Store a batch and queue its every line (gpuq/store/batches.py), in one commit: placed
+        on any node (no client waits on this router), fair share and the owner's max_waiting
+        counting each line; idle nodes' heads claimed in it go to their workers, busy nodes
+        are woken."""
+        try:
+            row = await self.store.create_batch(
+                batch,
+                lines,
+                self.node_infos(),
+                actor,
+                self._hand_over,
+                fair=self.settings.shares_fairly,
+                max_waiting=self.settings.max_waiting.get(batch.owner or ""),
+            )
+        except OverQuota as exc:
+            await self.when_one_starts(exc)
+            raise
+        self.wake()
+        self.bus.publish("queue", {"batch": row["id"]})
+        return row
 
     async def when_one_starts(self, exc: OverQuota) -> None:
         """A refusal over max_waiting says when to ask again (Retry-After): when the first of the

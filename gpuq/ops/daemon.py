@@ -32,8 +32,9 @@ from ..access.connections import (
 from ..config import DEFAULT_LISTEN, DEFAULT_ROUTER, ConfigError, NodeConfig, Settings, check_database, check_listen
 from ..demo import FakeOllama, Script
 from ..errors import GpuqError, StartupError
+from ..front.batch_runs import BatchRelay
 from ..front.listener import bind_front_door, start_front_door
-from ..front.relay import Relay
+from ..front.sweeps import Sweeps
 from ..jobs import parse_iso
 from ..store.postgres import safe_dsn
 from .dblock import lock_database, unlock_database
@@ -236,8 +237,9 @@ async def run_router(
         settings = replace(settings, nodes=tuple(nodes))
     app = create_app(settings)
     # Jobs that clients called for run as the front door prepares them, and their waiting
-    # clients hear their runs through its relay (gpuq/front/relay.py), listening or not.
-    relay = app[DISPATCHER].calls = Relay()
+    # clients hear their runs through its relay (gpuq/front/relay.py), listening or not; a batch's
+    # lines have their replies kept for their batch (gpuq/front/batch_runs.py).
+    relay = app[DISPATCHER].calls = BatchRelay(app[STORE])
     runner = web.AppRunner(app, handle_signals=False, access_log=None, keepalive_timeout=settings.keepalive_timeout_s)
     try:
         await runner.setup()
@@ -249,6 +251,8 @@ async def run_router(
     servers = [
         await loop.create_server(guard.protocol_factory(runner.server), sock=sock, backlog=BACKLOG) for sock in sockets
     ]
+    # Batches whose every line has ended get their output written (gpuq/front/sweeps.py).
+    app[DISPATCHER].loops.start("batch finalizer", Sweeps(app[STORE], app[DISPATCHER]).run)
     # The Ollama/OpenAI front door, with slots of its own (gpuq/front/listener.py).
     front = await start_front_door(settings, app[STORE], app[DISPATCHER], app[BUS], relay, front_sockets, front_guard)
     from ..api.reload import reload_on_signal

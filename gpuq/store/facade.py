@@ -29,7 +29,7 @@ from ..config import NodeConfig
 from ..errors import Conflict, GpuqError, StartupError, StoreUnavailable
 from ..jobs import Interrupted, JobState, NewJob, NodeInfo
 from ..shipped import shipped_dir, shipped_files
-from . import backup, control, leases, lifecycle, parts, postgres, records, retention, sqlite, storage
+from . import backup, batches, control, leases, lifecycle, parts, postgres, records, retention, sqlite, storage
 from .dbfile import DatabaseFile
 from .engine import Connection, Engine, Params, engine_for
 from .health import SLOW_CALL_S, Health
@@ -508,6 +508,96 @@ class Store(Reads):
         back to the head of its queue. False when the run had already ended (deleted meanwhile)."""
         return await self._write(
             partial(lifecycle.put_back, job_id=job_id, run_id=run_id, reason=reason, now=self.clock())
+        )
+
+    # -- batches (gpuq/store/batches.py) ------------------------------------------------------
+
+    async def add_file(self, file_id: str, purpose: str, filename: str, content: bytes, owner: str | None) -> Row:
+        """A file kept in the database (a batch's input), content and all."""
+        return await self._write(
+            partial(
+                batches.add_file,
+                file_id=file_id,
+                purpose=purpose,
+                filename=filename,
+                content=content,
+                owner=owner,
+                now=self.clock(),
+            )
+        )
+
+    async def delete_file(self, file_id: str, only_owner: str | None = None) -> None:
+        """`only_owner`: a member's name; another's file is not found (404)."""
+        await self._write(partial(batches.delete_file, file_id=file_id, only_owner=only_owner))
+
+    async def create_batch(
+        self,
+        batch: batches.NewBatch,
+        lines: Sequence[batches.NewLine],
+        nodes: list[NodeInfo],
+        actor: str,
+        hand_over: Callable[[Row], None] | None = None,
+        *,
+        fair: bool = False,
+        max_waiting: int | None = None,
+    ) -> Row:
+        """A batch and every line of it queued, in one commit (or, refused, nothing); the heads of
+        idle nodes claimed in it go to their workers through `hand_over` after the commit."""
+        assert hand_over is not None or not any(n.idle for n in nodes), "a claim needs its worker"
+
+        def handed(result: tuple[Row, list[Row]]) -> None:
+            for job in result[1]:
+                hand_over(job)  # type: ignore[misc]
+
+        row, _ = await self._write(
+            partial(
+                batches.create_batch,
+                batch=batch,
+                lines=lines,
+                nodes=nodes,
+                actor=actor,
+                now=self.clock(),
+                fair=fair,
+                max_waiting=max_waiting,
+                max_running=dict(self.max_running),
+            ),
+            handed if hand_over else None,
+        )
+        return row
+
+    async def keep_batch_response(self, job_id: str, response: str) -> bool:
+        """A batch line's reply (JSON, its endpoint's shape), kept as its run ends."""
+        return await self._write(partial(batches.keep_response, job_id=job_id, response=response))
+
+    async def cancel_batch(self, batch_id: str, actor: str, only_owner: str | None = None) -> tuple[Row, int]:
+        """Its waiting lines cancelled now; it is cancelled once its running ones end."""
+        return await self._write(
+            partial(batches.cancel_batch, batch_id=batch_id, actor=actor, now=self.clock(), only_owner=only_owner)
+        )
+
+    async def finalize_batch(self, batch_id: str, render: Callable[[Row, list[Row]], batches.Rendered]) -> Row | None:
+        """Write a batch's output and error files once every line has ended; None if not due."""
+        return await self._write(partial(batches.finalize, batch_id=batch_id, render=render, now=self.clock()))
+
+    async def retry_batch(
+        self,
+        batch_id: str,
+        actor: str,
+        only_owner: str | None = None,
+        nodes: frozenset[str] | None = None,
+        max_waiting: dict[str, int] | None = None,
+    ) -> tuple[Row, list[str]]:
+        """Its failed and cancelled lines queued again, on request; the batch in progress again."""
+        return await self._write(
+            partial(
+                batches.retry_failed,
+                batch_id=batch_id,
+                actor=actor,
+                now=self.clock(),
+                only_owner=only_owner,
+                nodes=nodes,
+                max_waiting=max_waiting,
+            )
         )
 
     # -- other routers' changes (PostgreSQL) --------------------------------------------------

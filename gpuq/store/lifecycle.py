@@ -456,13 +456,15 @@ def _orphan_failed(db: Connection, job: Row, reason: str, now: float) -> None:
 def cancel_clientless(db: Connection, now: float, nodes: list[str]) -> list[Row]:
     """At start-up: a front-door call still waiting on `nodes` (those this router now drives) lost
     its client with the old router (its connection is gone; a call waits on a node of the router
-    its client called). It would run for no one: cancel it, loudly; `gpuq retry` runs it."""
+    its client called). It would run for no one: cancel it, loudly; `gpuq retry` runs it. A
+    batch's line has no client to lose: it waits on (gpuq/store/batches.py)."""
     reason = "client gone: the router restarted while it waited (gpuq retry runs it, its output on its page)"
     waiting = (
         rows(
             db.execute(
                 "SELECT * FROM job WHERE state = 'queued' AND endpoint IS NOT NULL"
-                f" AND node IN ({','.join('?' * len(nodes))})",
+                f" AND node IN ({','.join('?' * len(nodes))})"
+                " AND NOT EXISTS (SELECT 1 FROM batch_line l WHERE l.job_id = job.id)",
                 nodes,
             ).fetchall()
         )

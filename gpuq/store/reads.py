@@ -14,6 +14,7 @@ from ..errors import NotFound
 from ..jobs import JobState, NodeCounts, iso
 from ..placement import INTERACTIVE
 from . import retention
+from .batches import BatchReads
 from .engine import Engine, Params
 from .parts import join_request, marks_in, parts_sql
 from .steps import QUEUE_POSITION_SQL, Row, RunText, joined_text, run_text_query
@@ -41,7 +42,7 @@ DETAIL_COLUMNS = LISTING_COLUMNS + ", j.prompt"
 JOB_FROM = "FROM job j LEFT JOIN run r ON r.id = j.run_id"
 
 
-class Reads:
+class Reads(BatchReads):
     """The reads of the queue, answered through `read` (Store's: the readers' connection)."""
 
     engine: Engine  # the engine's own words for the few statements written per engine

@@ -1,0 +1,81 @@
+"""Anthropic's Message Batches on the front door (issue 37): /v1/messages/batches (create, list,
+retrieve, cancel) and its results as JSON Lines, in Anthropic's shapes, as its SDK reads them
+(`results` follows the batch's `results_url`, here this door's own). The work is the Sweeps
+service's (front/sweeps.py); each request is a /v1/messages job in the batch lane."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from ..errors import FrontError
+from .batch_output import anthropic_result, message_batch
+from .batches import actor_of, caller_of, json_reply, limit_of, sweeps_of
+from .context import FRONT, json_of
+from .shapes import dumps
+
+
+def base_url(request: web.Request) -> str:
+    """This door as its caller reached it: the results_url the SDK follows."""
+    return f"{request.scheme}://{request.host}"
+
+
+async def create(request: web.Request) -> web.Response:
+    body = await json_of(request)
+    batch = await sweeps_of(request).create_anthropic(
+        caller_of(request), request.headers.get("User-Agent"), actor_of(request, "anthropic"), body
+    )
+    return json_reply(message_batch(batch, base_url(request)))
+
+
+async def list_batches(request: web.Request) -> web.Response:
+    limit = limit_of(request, 20, 1000)
+    found = await sweeps_of(request).listed(caller_of(request), "anthropic", request.query.get("after_id"), limit + 1)
+    shown = [message_batch(b, base_url(request)) for b in found[:limit]]
+    return json_reply(
+        {
+            "data": shown,
+            "has_more": len(found) > limit,
+            "first_id": shown[0]["id"] if shown else None,
+            "last_id": shown[-1]["id"] if shown else None,
+        }
+    )
+
+
+async def retrieve(request: web.Request) -> web.Response:
+    batch = await sweeps_of(request).get(request.match_info["id"], caller_of(request), "anthropic")
+    return json_reply(message_batch(batch, base_url(request)))
+
+
+async def cancel(request: web.Request) -> web.Response:
+    batch = await sweeps_of(request).cancel(
+        request.match_info["id"], caller_of(request), actor_of(request, "anthropic"), "anthropic"
+    )
+    return json_reply(message_batch(batch, base_url(request)))
+
+
+async def results(request: web.Request) -> web.StreamResponse:
+    """The batch's results, one JSON line per request in its order; only once it has ended (as
+    Anthropic's: before, no results_url)."""
+    sweeps = sweeps_of(request)
+    batch = await sweeps.get(request.match_info["id"], caller_of(request), "anthropic")
+    if message_batch(batch, "")["processing_status"] != "ended":
+        raise_not_ended(batch["id"])
+    lines = await request.app[FRONT].store.batch_results(batch["id"])
+    resp = web.StreamResponse(headers={"Content-Type": "application/binary"})
+    await resp.prepare(request)
+    for i in range(0, len(lines), 500):
+        await resp.write(b"".join(dumps(anthropic_result(line)).encode() + b"\n" for line in lines[i : i + 500]))
+    await resp.write_eof()
+    return resp
+
+
+def raise_not_ended(batch_id: str) -> None:
+    raise FrontError(400, f"batch {batch_id} is still processing: its results are ready once it has ended")
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_post("/v1/messages/batches", create)
+    router.add_get("/v1/messages/batches", list_batches, allow_head=False)
+    router.add_get("/v1/messages/batches/{id}", retrieve, allow_head=False)
+    router.add_post("/v1/messages/batches/{id}/cancel", cancel)
+    router.add_get("/v1/messages/batches/{id}/results", results, allow_head=False)

@@ -1,0 +1,231 @@
+"""OpenAI's Batch API on the front door (issue 37), with the real `openai` SDK against the real
+daemon and the simulated nodes: files uploaded as the SDK sends them, batches created, polled to
+completed and their output read; a cancel; bad inputs each answered as the hosted API answers
+them, nothing stored half."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+from conftest import eventually, shell
+from test_front import CHAT_MODEL, EMBED_MODEL, start_front_lab
+
+TOKEN = "s3cret"
+
+
+@pytest.fixture
+async def front(fakes, daemon_factory):
+    lab = await start_front_lab(fakes, daemon_factory, token=TOKEN)
+    lab.daemon.auth = {"Authorization": f"Bearer {TOKEN}"}
+    yield lab
+    await lab.close()
+
+
+def jsonl(*requests: dict) -> bytes:
+    return b"".join(json.dumps(r).encode() + b"\n" for r in requests)
+
+
+def chat_line(custom_id: str, content: str, model: str = CHAT_MODEL, **extra) -> dict:
+    body = {"model": model, "messages": [{"role": "user", "content": content}], **extra}
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
+
+
+async def ended(client: openai.AsyncOpenAI, batch_id: str, timeout: float = 30.0):
+    """Poll batches.retrieve, as a script does, until the batch has ended."""
+
+    async def done():
+        batch = await client.batches.retrieve(batch_id)
+        return batch if batch.status in ("completed", "failed", "cancelled", "expired") else None
+
+    return await eventually(done, timeout, what=f"batch {batch_id} to end")
+
+
+def lines_of(content: bytes) -> list[dict]:
+    return [json.loads(line) for line in content.splitlines() if line.strip()]
+
+
+async def test_a_chat_batch_runs_every_line_and_its_output_file_has_each_reply(front):
+    client = front.openai(api_key=TOKEN)
+    uploaded = await client.files.create(
+        file=("sweep.jsonl", jsonl(*(chat_line(f"q-{i}", f"question {i}") for i in range(5)))), purpose="batch"
+    )
+    assert uploaded.purpose == "batch" and uploaded.filename == "sweep.jsonl" and uploaded.id.startswith("file-")
+    assert (await client.files.retrieve(uploaded.id)).bytes == uploaded.bytes
+    batch = await client.batches.create(
+        input_file_id=uploaded.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        metadata={"name": "eval-sweep"},
+    )
+    assert batch.status == "in_progress" and batch.request_counts.total == 5
+    assert batch.metadata == {"name": "eval-sweep"}
+    # Each line is a job in the batch lane, owned by the token's user, placed by its model.
+    jobs = [j for j in await front.jobs() if j["prompt_excerpt"].startswith("question ")]
+    assert len(jobs) == 5 and {j["lane"] for j in jobs} == {"batch"} and {j["node"] for j in jobs} == {"node-1"}
+    done = await ended(client, batch.id)
+    assert done.status == "completed" and done.error_file_id is None
+    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (5, 5, 0)
+    assert done.completed_at >= done.in_progress_at >= done.created_at
+    output = lines_of((await client.files.content(done.output_file_id)).content)
+    assert [line["custom_id"] for line in output] == [f"q-{i}" for i in range(5)]
+    for line in output:
+        assert line["error"] is None and line["response"]["status_code"] == 200
+        body = line["response"]["body"]
+        assert body["object"] == "chat.completion" and body["choices"][0]["message"]["content"]
+        assert line["id"] == "batch_req_" + line["response"]["request_id"]
+    # The SDK's list pages through them, newest first.
+    listed = [b.id async for b in client.batches.list(limit=1)]
+    assert listed[0] == batch.id
+
+
+async def test_an_embeddings_batch_keeps_its_vectors(front):
+    client = front.openai(api_key=TOKEN)
+    line = {
+        "custom_id": "e-1",
+        "method": "POST",
+        "url": "/v1/embeddings",
+        "body": {"model": EMBED_MODEL, "input": ["one", "two"]},
+    }
+    uploaded = await client.files.create(file=("e.jsonl", jsonl(line)), purpose="batch")
+    batch = await client.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h")
+    done = await ended(client, batch.id)
+    [out] = lines_of((await client.files.content(done.output_file_id)).content)
+    body = out["response"]["body"]
+    assert body["object"] == "list" and len(body["data"]) == 2 and len(body["data"][0]["embedding"]) > 0
+
+
+async def test_an_unknown_model_on_one_line_is_that_lines_error_and_the_others_run(front):
+    client = front.openai(api_key=TOKEN)
+    uploaded = await client.files.create(
+        file=("m.jsonl", jsonl(chat_line("ok", "fine"), chat_line("bad", "nope", model="no-such:model"))),
+        purpose="batch",
+    )
+    batch = await client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    done = await ended(client, batch.id)
+    assert done.status == "completed"
+    assert (done.request_counts.completed, done.request_counts.failed) == (1, 1)
+    [ok] = lines_of((await client.files.content(done.output_file_id)).content)
+    [bad] = lines_of((await client.files.content(done.error_file_id)).content)
+    assert ok["custom_id"] == "ok" and bad["custom_id"] == "bad"
+    assert bad["response"]["status_code"] == 404 and "no-such:model" in bad["response"]["body"]["error"]["message"]
+
+
+async def test_a_file_of_bad_lines_fails_the_batch_in_validation_naming_each_line(front):
+    client = front.openai(api_key=TOKEN)
+    content = b"".join(
+        [
+            b"this is not json\n",
+            jsonl({**chat_line("a", "x"), "method": "GET"}),
+            jsonl({**chat_line("b", "x"), "url": "/v1/embeddings"}),
+            jsonl(chat_line("c", "x"), chat_line("c", "y")),
+            jsonl({"method": "POST", "url": "/v1/chat/completions", "body": {}}),
+        ]
+    )
+    uploaded = await client.files.create(file=("bad.jsonl", content), purpose="batch")
+    batch = await client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    assert batch.status == "failed" and batch.failed_at is not None
+    assert batch.errors is not None and batch.errors.data is not None
+    errors = [(e.line, e.code) for e in batch.errors.data]
+    assert errors == [
+        (1, "invalid_json_line"),
+        (2, "invalid_method"),
+        (3, "mismatched_endpoint"),
+        (5, "duplicate_custom_id"),
+        (6, "missing_required_parameter"),
+    ]
+    # Nothing of it was queued.
+    assert not [j for j in await front.jobs() if j["prompt_excerpt"] in ("x", "y")]
+    assert (await client.batches.retrieve(batch.id)).status == "failed"
+
+
+async def test_refusals_of_the_whole_request_store_nothing(front):
+    client = front.openai(api_key=TOKEN)
+    empty = await client.files.create(file=("empty.jsonl", b""), purpose="batch")
+    with pytest.raises(openai.BadRequestError) as exc:
+        await client.batches.create(input_file_id=empty.id, endpoint="/v1/chat/completions", completion_window="24h")
+    assert "has no requests" in exc.value.message
+    with pytest.raises(openai.NotFoundError):
+        await client.batches.create(input_file_id="file-nope", endpoint="/v1/chat/completions", completion_window="24h")
+    with pytest.raises(openai.BadRequestError) as exc:
+        await client.batches.create(input_file_id=empty.id, endpoint="/v1/moderations", completion_window="24h")  # type: ignore[arg-type]
+    assert "/v1/moderations" in exc.value.message
+    with pytest.raises(openai.BadRequestError) as exc:
+        await client.files.create(file=("x.jsonl", b"{}"), purpose="fine-tune")
+    assert "purpose" in exc.value.message
+    assert shell(front.daemon, "SELECT COUNT(*) FROM batch") == [(0,)]
+
+
+async def test_a_file_over_the_size_limit_is_refused_413_naming_the_limit(fakes, daemon_factory):
+    lab = await start_front_lab(fakes, daemon_factory, token=TOKEN, front={"max_request_bytes": 1 << 20})
+    try:
+        client = lab.openai(api_key=TOKEN)
+        with pytest.raises(openai.APIStatusError) as exc:
+            await client.files.create(file=("big.jsonl", b"x" * ((1 << 20) + 10)), purpose="batch")
+        assert exc.value.status_code == 413 and "front.max_request_bytes" in exc.value.message
+        assert shell(lab.daemon, "SELECT COUNT(*) FROM batch_file") == [(0,)]
+    finally:
+        await lab.close()
+
+
+async def test_cancel_ends_the_waiting_lines_and_the_running_one_finishes(front):
+    """As OpenAI's: cancelling stops what waits; what runs ends, and its reply is in the output."""
+    client = front.openai(api_key=TOKEN)
+    front.fakes["node-1"].script.token_delay_s, front.fakes["node-1"].script.tokens = 0.05, 40
+    uploaded = await client.files.create(
+        file=("c.jsonl", jsonl(*(chat_line(f"c-{i}", f"waiting {i}") for i in range(3)))), purpose="batch"
+    )
+    batch = await client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    await front.job_with("waiting 0", "running")
+    cancelling = await client.batches.cancel(batch.id)
+    assert cancelling.status == "cancelling" and cancelling.cancelling_at is not None
+    done = await ended(client, batch.id)
+    assert done.status == "cancelled" and done.cancelled_at is not None
+    assert (done.request_counts.completed, done.request_counts.failed) == (1, 2)
+    [ran] = lines_of((await client.files.content(done.output_file_id)).content)
+    assert ran["custom_id"] == "c-0" and ran["response"]["status_code"] == 200
+    errors = lines_of((await client.files.content(done.error_file_id)).content)
+    assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [
+        ("c-1", "batch_cancelled"),
+        ("c-2", "batch_cancelled"),
+    ]
+    with pytest.raises(openai.ConflictError):
+        await client.batches.cancel(batch.id)
+
+
+async def test_files_list_retrieve_delete_and_anothers_file_is_not_found(front):
+    client = front.openai(api_key=TOKEN)
+    a = await client.files.create(file=("a.jsonl", jsonl(chat_line("a", "x"))), purpose="batch")
+    b = await client.files.create(file=("b.jsonl", jsonl(chat_line("b", "x"))), purpose="batch")
+    assert [f.id async for f in client.files.list(purpose="batch")] == [b.id, a.id]
+    deleted = await client.files.delete(a.id)
+    assert deleted.deleted and deleted.id == a.id
+    with pytest.raises(openai.NotFoundError):
+        await client.files.retrieve(a.id)
+    assert [f.id async for f in client.files.list()] == [b.id]
+
+
+async def test_a_batch_runs_the_same_on_each_engine(fakes, daemon_factory, database):
+    """On PostgreSQL too: the file kept as bytea, the lines queued in one commit, the output."""
+    lab = await start_front_lab(fakes, daemon_factory, token=TOKEN, database=str(database))
+    try:
+        client = lab.openai(api_key=TOKEN)
+        uploaded = await client.files.create(
+            file=("pg.jsonl", jsonl(*(chat_line(f"p-{i}", f"engine {i}") for i in range(3)))), purpose="batch"
+        )
+        batch = await client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        done = await ended(client, batch.id)
+        assert done.status == "completed" and done.request_counts.completed == 3
+        output = lines_of((await client.files.content(done.output_file_id)).content)
+        assert [line["custom_id"] for line in output] == ["p-0", "p-1", "p-2"]
+    finally:
+        await lab.close()

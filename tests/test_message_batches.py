@@ -1,0 +1,86 @@
+"""Anthropic's Message Batches on the front door (issue 37), with the real `anthropic` SDK against
+the real daemon and the simulated nodes: create, retrieve until ended, results as JSON Lines
+(through the batch's results_url), list, cancel; a malformed request refuses the whole batch."""
+
+from __future__ import annotations
+
+import anthropic
+import pytest
+from conftest import eventually, shell
+from test_front import CHAT_MODEL, start_front_lab
+
+TOKEN = "s3cret"
+
+
+@pytest.fixture
+async def front(fakes, daemon_factory):
+    lab = await start_front_lab(fakes, daemon_factory, token=TOKEN)
+    lab.daemon.auth = {"Authorization": f"Bearer {TOKEN}"}
+    yield lab
+    await lab.close()
+
+
+def client_for(lab) -> anthropic.AsyncAnthropic:
+    client = anthropic.AsyncAnthropic(base_url=lab.url, api_key=TOKEN, max_retries=0)
+    lab.clients.append(client)
+    return client
+
+
+def request(custom_id: str, content: str, model: str = CHAT_MODEL) -> dict:
+    return {
+        "custom_id": custom_id,
+        "params": {"model": model, "max_tokens": 64, "messages": [{"role": "user", "content": content}]},
+    }
+
+
+async def ended(client: anthropic.AsyncAnthropic, batch_id: str):
+    async def done():
+        batch = await client.messages.batches.retrieve(batch_id)
+        return batch if batch.processing_status == "ended" else None
+
+    return await eventually(done, 30, what=f"message batch {batch_id} to end")
+
+
+async def test_a_message_batch_runs_and_its_results_are_read_by_the_sdk(front):
+    client = client_for(front)
+    batch = await client.messages.batches.create(
+        requests=[request("r-1", "first"), request("r-2", "second"), request("r-3", "third", model="no-such:model")]
+    )
+    assert batch.id.startswith("msgbatch_") and batch.type == "message_batch"
+    assert batch.processing_status == "in_progress" and batch.results_url is None
+    jobs = [j for j in await front.jobs() if j["prompt_excerpt"] in ("first", "second")]
+    assert {(j["lane"], j["node"]) for j in jobs} == {("batch", "node-1")}
+    done = await ended(client, batch.id)
+    counts = done.request_counts
+    assert (counts.succeeded, counts.errored, counts.processing, counts.canceled) == (2, 1, 0, 0)
+    assert done.ended_at is not None and done.results_url.endswith(f"/v1/messages/batches/{batch.id}/results")
+    results = {r.custom_id: r.result async for r in await client.messages.batches.results(batch.id)}
+    assert results["r-1"].type == "succeeded" and results["r-1"].message.content[0].text
+    assert results["r-1"].message.role == "assistant" and results["r-2"].type == "succeeded"
+    assert results["r-3"].type == "errored" and "no-such:model" in results["r-3"].error.error.message
+    assert [b.id async for b in client.messages.batches.list()] == [batch.id]
+
+
+async def test_cancel_a_message_batch_its_waiting_requests_are_canceled(front):
+    client = client_for(front)
+    front.fakes["node-1"].script.token_delay_s, front.fakes["node-1"].script.tokens = 0.05, 40
+    batch = await client.messages.batches.create(requests=[request(f"c-{i}", f"slow {i}") for i in range(3)])
+    await front.job_with("slow 0", "running")
+    canceling = await client.messages.batches.cancel(batch.id)
+    assert canceling.processing_status == "canceling" and canceling.cancel_initiated_at is not None
+    done = await ended(client, batch.id)
+    assert (done.request_counts.succeeded, done.request_counts.canceled) == (1, 2)
+    results = {r.custom_id: r.result.type async for r in await client.messages.batches.results(batch.id)}
+    assert results == {"c-0": "succeeded", "c-1": "canceled", "c-2": "canceled"}
+
+
+async def test_a_malformed_request_refuses_the_whole_batch(front):
+    client = client_for(front)
+    with pytest.raises(anthropic.BadRequestError) as exc:
+        await client.messages.batches.create(requests=[request("same", "a"), request("same", "b")])
+    assert "requests.1.custom_id" in exc.value.message
+    with pytest.raises(anthropic.BadRequestError) as exc:
+        await client.messages.batches.create(requests=[])
+    assert shell(front.daemon, "SELECT COUNT(*) FROM batch") == [(0,)]
+    with pytest.raises(anthropic.NotFoundError):
+        await client.messages.batches.retrieve("msgbatch_nope")
