@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import signal
 import socket
 import sqlite3
@@ -29,8 +30,26 @@ ROOT = Path(__file__).resolve().parent.parent
 LISTENING = "gpuq router listening on "  # the daemon's log line once its port is bound
 
 
+# Below Linux's ephemeral range (32768-60999): a port the kernel hands out for port 0 is also
+# what outgoing connections take, so on a busy machine one could take it before the router binds
+# it. Here only another test's pick can, and picks are random over 12,000 ports, each once.
+PORTS = range(20000, 32768)
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    for _ in range(200):
+        port = random.choice(PORTS)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    with socket.socket() as s:  # a range this full is odd; the kernel's choice then
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 

@@ -142,7 +142,7 @@ async def test_a_full_database_refuses_submits_loudly_keeps_serving_reads_and_lo
     port = fake.port
     await fake.stop()  # jobs wait, so only submits grow the database
     nodes = [node_table("node-1", fake, 1, ["task"], "qwen3-coder:30b")]
-    d = await daemon_factory(nodes, max_database_bytes=256 * 1024)
+    d = await daemon_factory(nodes, max_database_bytes=512 * 1024)  # an empty database is ~270 KB
     db_path = tmp_path / "gpuq.db"
     acked, refused = [], None
     for i in range(400):

@@ -322,8 +322,8 @@ BAD_FRONT = {
     "not a table": ("x", "front: expected a [front] table"),
     "unknown key": (
         {"origin": []},
-        "front: unknown key 'origin' (known: keep_alive, max_keep_alive, max_request_bytes, model_aliases, origins,"
-        " stalled_client_timeout)",
+        "front: unknown key 'origin' (known: keep_alive, max_batch_lines, max_keep_alive, max_request_bytes, model_aliases,"
+        " origins, stalled_client_timeout)",
     ),
     "keep_alive not a duration": (
         {"keep_alive": "soon"},

@@ -250,6 +250,102 @@ def refused_on_bobs(action: str, method: str, body=None) -> Check:
     return check
 
 
+async def bobs_batch(d) -> str:
+    """A batch of bob's (made once per lab): one line asking about his secret."""
+    if not hasattr(d, "batch"):
+        line = {
+            "custom_id": "q1",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": MODEL, "messages": [{"role": "user", "content": f"bob's batched {SECRET} line"}]},
+        }
+        status, body = await as_user(d, "bob", "POST", "/api/batches", {"input": json.dumps(line), "name": "bob-sweep"})
+        assert status == 201, body
+        d.batch = body["batch"]["id"]
+    return d.batch
+
+
+async def batch_list(d) -> None:
+    """A member's list of batches is their own: bob's is not in alice's."""
+    batch = await bobs_batch(d)
+    status, body = await as_user(d, "alice", "GET", "/api/batches")
+    assert status == 200 and batch not in text_of(body), body
+    holds_nothing_of_bobs(d, body)
+
+
+def bobs_batch_unseen(method: str, action: str, body=None) -> Check:
+    """Another member's batch is not found for alice (as OpenAI answers for another's), whatever she asks."""
+
+    async def check(d) -> None:
+        batch = await bobs_batch(d)
+        status, answer = await as_user(d, "alice", method, f"/api/batches/{batch}{action}", body)
+        assert status == 404, (status, answer)
+        holds_nothing_of_bobs(d, answer)
+
+    return check
+
+
+async def batch_submit(d) -> None:
+    """A member's batch is her own: alice's lines are hers, and bob does not see them."""
+    line = {
+        "custom_id": "a1",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": MODEL, "messages": []},
+    }
+    status, body = await as_user(d, "alice", "POST", "/api/batches", {"input": json.dumps(line)})
+    assert status in (200, 201), body
+    status, other = await as_user(d, "bob", "GET", f"/api/batches/{body['batch']['id']}")
+    assert status == 404, other
+
+
+async def on_front(d, user: str, method: str, path: str, body=None) -> tuple[int, str]:
+    async with d.session.request(method, d.front + path, json=body, headers=bearer(user)) as resp:
+        return resp.status, await resp.text()
+
+
+async def bobs_front_batches(d) -> dict[str, str]:
+    """bob's OpenAI batch (its input file) and an Anthropic message batch of his, made once."""
+    if not hasattr(d, "front_batches"):
+        status, body = await as_user(d, "admin", "GET", f"/api/batches/{await bobs_batch(d)}")
+        assert status == 200, body
+        params = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": f"bob's {SECRET}"}]}
+        status, text = await on_front(
+            d, "bob", "POST", "/v1/messages/batches", {"requests": [{"custom_id": "m1", "params": params}]}
+        )
+        assert status == 200, text
+        d.front_batches = {
+            "batch": body["batch"]["id"],
+            "file": body["batch"]["input_file_id"],
+            "message": json.loads(text)["id"],
+        }
+    return d.front_batches
+
+
+def front_list_without_bobs(path: str, key: str) -> Check:
+    """A member's list (files, batches) is her own: none of bob's ids, none of his text."""
+
+    async def check(d) -> None:
+        bobs = (await bobs_front_batches(d))[key]
+        status, text = await on_front(d, "alice", "GET", path)
+        assert status == 200 and bobs not in text, (status, text[:500])
+        holds_nothing_of_bobs(d, text)
+
+    return check
+
+
+def front_bobs_unseen(method: str, template: str, key: str) -> Check:
+    """bob's file or batch, asked by alice at the front door: 404, as the hosted APIs answer."""
+
+    async def check(d) -> None:
+        path = template.format(id=(await bobs_front_batches(d))[key])
+        status, text = await on_front(d, "alice", method, path, {} if method == "POST" else None)
+        assert status == 404, (path, status, text[:500])
+        holds_nothing_of_bobs(d, text)
+
+    return check
+
+
 async def clear(d) -> None:
     status, body = await as_user(d, "alice", "POST", "/api/nodes/node-1/clear", {})
     assert status == 403 and "node-1 also has jobs of bob" in body["error"]["message"], body
@@ -313,6 +409,12 @@ API_ROUTES: dict[tuple[str, str], Check] = {
     ("POST", "/api/reload"): admins_only("POST", "/api/reload"),
     ("POST", "/api/backup"): admins_only("POST", "/api/backup"),
     ("POST", "/api/prune"): admins_only("POST", "/api/prune"),
+    ("GET", "/api/batches"): batch_list,
+    ("POST", "/api/batches"): batch_submit,
+    ("GET", "/api/batches/{id}"): bobs_batch_unseen("GET", ""),
+    ("POST", "/api/batches/{id}/cancel"): bobs_batch_unseen("POST", "/cancel", {}),
+    ("POST", "/api/batches/{id}/retry"): bobs_batch_unseen("POST", "/retry", {"failed": True}),
+    ("GET", "/api/batches/{id}/results"): bobs_batch_unseen("GET", "/results"),
     ("GET", "/api/storage"): no_job_text("/api/storage"),
     ("GET", "/metrics"): metrics,
     ("GET", "/health"): no_job_text("/health", ok=(200, 503)),
@@ -331,6 +433,21 @@ FRONT_ROUTES: dict[tuple[str, str], Check] = {
     ("GET", "/"): no_job_text("/", door="front"),
     ("GET", "/api/version"): no_job_text("/api/version", door="front"),
     ("GET", "/api/status"): no_job_text("/api/status", door="front"),
+    ("GET", "/v1/files"): front_list_without_bobs("/v1/files", "file"),
+    ("GET", "/v1/files/{id}"): front_bobs_unseen("GET", "/v1/files/{id}", "file"),
+    ("GET", "/v1/files/{id}/content"): front_bobs_unseen("GET", "/v1/files/{id}/content", "file"),
+    ("DELETE", "/v1/files/{id}"): front_bobs_unseen("DELETE", "/v1/files/{id}", "file"),
+    ("GET", "/v1/batches"): front_list_without_bobs("/v1/batches", "batch"),
+    ("GET", "/v1/batches/{id}"): front_bobs_unseen("GET", "/v1/batches/{id}", "batch"),
+    ("POST", "/v1/batches/{id}/cancel"): front_bobs_unseen("POST", "/v1/batches/{id}/cancel", "batch"),
+    ("GET", "/v1/messages/batches"): front_list_without_bobs("/v1/messages/batches", "message"),
+    ("GET", "/v1/messages/batches/{id}"): front_bobs_unseen("GET", "/v1/messages/batches/{id}", "message"),
+    ("POST", "/v1/messages/batches/{id}/cancel"): front_bobs_unseen(
+        "POST", "/v1/messages/batches/{id}/cancel", "message"
+    ),
+    ("GET", "/v1/messages/batches/{id}/results"): front_bobs_unseen(
+        "GET", "/v1/messages/batches/{id}/results", "message"
+    ),
     ("GET", "/api/tags"): no_job_text("/api/tags", door="front"),
     ("GET", "/api/ps"): no_job_text("/api/ps", door="front"),
     ("GET", "/v1/models"): no_job_text("/v1/models", door="front"),
@@ -358,8 +475,8 @@ def test_every_route_of_both_doors_has_its_privacy_check(tmp_path):
     unchecked = {r for r in front if front_route(*r) is None}
     assert not unchecked, f"front-door routes without a privacy check: {unchecked}"
     # A front-door route that names something other than a model (or a not-served route's rest)
-    # could name a job: it needs its own check above.
-    by_id = {r for r in front if "{" in r[1] and not r[1].endswith(("{model}", "{rest}"))}
+    # could name a job: it needs its own check in FRONT_ROUTES (the batches' and files' have theirs).
+    by_id = {r for r in front if "{" in r[1] and not r[1].endswith(("{model}", "{rest}")) and r not in FRONT_ROUTES}
     assert not by_id, f"front-door routes that may read a job by id, without their own check: {by_id}"
 
 

@@ -261,3 +261,16 @@ def test_a_migration_that_rebuilds_a_table_says_so_with_its_rows(tmp_path, caplo
     jobs = 7 if last - 1 >= 6 else 6
     assert f"migration {name}: rebuilding table job ({jobs} rows)..." in messages
     assert any(m.startswith(f"migration {name}: done in ") for m in messages)
+
+
+def test_a_new_database_is_made_without_rebuild_messages(tmp_path, caplog):
+    """Rebuilding empty tables is quick: a database being made says nothing of rebuilds."""
+    from gpuq.store import sqlite as engine
+
+    db = sqlite3.connect(tmp_path / "new.db", isolation_level=None)
+    try:
+        with caplog.at_level(logging.INFO, logger="gpuq"):
+            engine.migrate(db, FILES, 0.0, tmp_path / "new.db")
+    finally:
+        db.close()
+    assert not [r.getMessage() for r in caplog.records if "rebuilding" in r.getMessage()]

@@ -197,13 +197,19 @@ def rebuilt_tables(script: str) -> list[str]:
     return list(dict.fromkeys(REBUILD.findall(script)))
 
 
-def announce_rebuilds(db: sqlite3.Connection, name: str, tables: list[str]) -> None:
+def announce_rebuilds(db: sqlite3.Connection, name: str, tables: list[str]) -> bool:
     """Say, before a migration that rebuilds tables runs, which and how many rows each holds:
-    on a large database it takes a while, and the router answers nothing meanwhile."""
+    on a large database it takes a while, and the router answers nothing meanwhile. Silent
+    (False) when they hold nothing, as in a database being made: a quick rebuild needs no word."""
+    counts = {}
     for table in tables:
         exists = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone()
-        rows = db.execute(f'SELECT COUNT(*) FROM "{table}"').fetchone()[0] if exists else 0
+        counts[table] = db.execute(f'SELECT COUNT(*) FROM "{table}"').fetchone()[0] if exists else 0
+    if not any(counts.values()):
+        return False
+    for table, rows in counts.items():
         log.info("migration %s: rebuilding table %s (%d rows)...", name, table, rows)
+    return True
 
 
 def still_at_work(name: str, started: float) -> Callable[[], int]:
@@ -223,10 +229,9 @@ def still_at_work(name: str, started: float) -> Callable[[], int]:
 
 def _apply_migration(db: sqlite3.Connection, version: int, f: Path, now: float) -> None:
     script = f.read_text(encoding="utf-8")
-    rebuilt = rebuilt_tables(script)
     started = time.monotonic()
+    rebuilt = announce_rebuilds(db, f.stem, rebuilt_tables(script))
     if rebuilt:
-        announce_rebuilds(db, f.stem, rebuilt)
         db.set_progress_handler(still_at_work(f.stem, started), PROGRESS_STEPS)
     try:  # executescript runs the script in the transaction it opens; its record joins it
         db.executescript(f"{BEGIN_WRITE};\n" + script)
