@@ -23,6 +23,7 @@ from . import (
     physical,
     postgres,
     replay,
+    retention,
     scale,
     submit,
     turnaround,
@@ -51,6 +52,7 @@ SECTIONS = (
     "pgstore",
     "replay",
     "scale",
+    "retention",
 )
 
 
@@ -72,6 +74,8 @@ async def run_sections(bench: Bench) -> None:
         await replay.replay_section(bench)
     if bench.wants("scale"):  # its own routers, nodes and Chromium
         await scale.scale_section(bench)
+    if bench.wants("retention"):  # its own store, in-process
+        await retention.retention_section(bench)
     needs_router = any(bench.wants(s) for s in ("submit", "turnaround", "first_token", "written", "growth", "listings"))
     if not needs_router:
         return
@@ -127,6 +131,9 @@ def judge(bench: Bench) -> None:
         "listing_hwm": lambda v: v <= 200.0,
         "scale_page_10000": lambda v: v < 1000.0,
         "scale_claim_ratio": lambda v: v <= 2.0,
+        "retention_submit_ratio": lambda v: v <= 1.5,
+        "retention_claim_ratio": lambda v: v <= 1.5,
+        "retention_batch_max": lambda v: v <= 50.0,
         **{
             k: (lambda v: v <= 1.0)
             for k in (

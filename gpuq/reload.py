@@ -24,7 +24,9 @@ USER_FIELDS = ("role", "lanes", "max_waiting", "max_running")
 REMOVED_REASON = "node removed from gpuq.toml"
 
 # A [router] or [[node]] field's key where it is named otherwise ([front]'s fields keep their names).
-_KEY_OF = {k.attr: k.name for k in KEYS if k.section in ("router", "node") and k.attr != k.name}
+_KEY_OF = {k.attr: k.name for k in KEYS if k.section in ("router", "node") and k.attr != k.name} | {
+    k.attr: f"retention.{k.name}" for k in KEYS if k.section == "retention" and k.attr
+}
 
 
 def key_of(attr: str) -> str:
@@ -33,6 +35,13 @@ def key_of(attr: str) -> str:
 
 
 def shown(attr: str, value: object) -> str:
+    if attr.startswith("retention_") and attr.endswith("_after_s"):  # periods in days, or off
+        if value is None:
+            return "off"
+        if isinstance(value, (int, float)) and value % 86400 == 0:
+            return f"{value / 86400:g}d"
+    if attr == "retention_archive" and value is None:
+        return "off"
     if value is None:
         return "(not set)"
     if attr.endswith("_s") and isinstance(value, (int, float)):

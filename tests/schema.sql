@@ -35,6 +35,9 @@ CREATE INDEX job_queue ON job (node, state, position, id);
 -- index job_state_node on job
 CREATE INDEX job_state_node ON job (state, node);
 
+-- index job_unpruned on job
+CREATE INDEX job_unpruned ON job (finished_at, id) WHERE finished_at IS NOT NULL AND pruned_at IS NULL;
+
 -- index node_lease_router on node_lease
 CREATE INDEX node_lease_router ON node_lease(router);
 
@@ -54,6 +57,9 @@ CREATE INDEX run_job ON run (job_id);
 CREATE INDEX run_running ON run (state) WHERE state = 'running';
 
 -- index sqlite_autoindex_job_1 on job
+(made by SQLite);
+
+-- index sqlite_autoindex_maintenance_lease_1 on maintenance_lease
 (made by SQLite);
 
 -- index sqlite_autoindex_node_1 on node
@@ -149,15 +155,26 @@ client TEXT, -- 014: the sending program (User-Agent), cut to 200 characters
 lane TEXT NOT NULL DEFAULT 'batch', -- 014: 'interactive' or 'batch'
 prompt_excerpt TEXT GENERATED ALWAYS AS (substr(prompt, 1, 300)) STORED, -- characters, not bytes
 prompt_bytes INTEGER GENERATED ALWAYS AS (length(CAST(prompt AS BLOB))) STORED,
-request TEXT, -- 006: a front-door call as received, JSON {path, user_agent, body}
+pruned_at TEXT, -- 017: when retention shed its bulk (request, output, reasoning); NULL: whole
+request TEXT, -- 006: a front-door call as received, JSON {path, user_agent, body}; NULL once pruned
 prompt TEXT NOT NULL, -- last (005): a front-door call's: its last user message
 CONSTRAINT job_lane_valid CHECK (lane IN ('interactive', 'batch')),
 CONSTRAINT job_kind_valid CHECK (kind IN ('task', 'critique', 'embed')),
 CONSTRAINT job_state_valid CHECK (state IN ('queued', 'running', 'done', 'failed', 'cancelled')),
 CONSTRAINT job_subject_from_parent_flag CHECK (subject_from_parent IN (0, 1)),
 CONSTRAINT job_finished_when_ended CHECK ((finished_at IS NULL) = (state IN ('queued', 'running'))),
-CONSTRAINT job_request_with_endpoint CHECK ((endpoint IS NULL) = (request IS NULL)),
+CONSTRAINT job_request_with_endpoint CHECK (endpoint IS NOT NULL OR request IS NULL),
+CONSTRAINT job_request_kept_until_pruned CHECK (endpoint IS NULL OR request IS NOT NULL OR pruned_at IS NOT NULL),
+CONSTRAINT job_pruned_when_ended CHECK (pruned_at IS NULL OR state IN ('done', 'failed', 'cancelled')),
 CONSTRAINT job_embed_from_front_door CHECK (kind <> 'embed' OR endpoint IS NOT NULL)
+);
+
+-- table maintenance_lease on maintenance_lease
+CREATE TABLE maintenance_lease (
+service TEXT PRIMARY KEY, -- 'retention'
+router TEXT NOT NULL REFERENCES router(id),
+expires_at REAL NOT NULL, -- epoch seconds: another router may take it after it
+taken_at REAL NOT NULL
 );
 
 -- table node on node

@@ -74,6 +74,7 @@ def test_the_schema_applies_to_an_empty_database_and_holds_every_object_sqlites_
         assert conn.execute("SELECT version, name FROM schema_migration ORDER BY version").fetchall() == [
             (1, "001_schema"),
             (2, "002_router_leases"),
+            (3, "003_retention"),
         ]
         ours = {
             (kind, name)
@@ -112,6 +113,7 @@ def test_migrating_twice_in_a_row_applies_each_migration_once(pg_dsn):
         assert conn.execute("SELECT version, applied_at FROM schema_migration ORDER BY version").fetchall() == [
             (1, "1970-01-01T00:00:00.000000Z"),
             (2, "1970-01-01T00:00:00.000000Z"),
+            (3, "1970-01-01T00:00:00.000000Z"),
         ]
 
 
@@ -143,7 +145,7 @@ def test_two_routers_starting_together_migrate_once(pg_dsn):
         for t in threads:
             t.join(60)
         assert errors == []
-        assert holder.execute("SELECT version FROM schema_migration ORDER BY version").fetchall() == [(1,), (2,)]
+        assert holder.execute("SELECT version FROM schema_migration ORDER BY version").fetchall() == [(1,), (2,), (3,)]
         assert (
             holder.execute("SELECT count(*) FROM pg_trigger WHERE tgname = 'critique_guard_insert'").fetchone()[0] == 1
         )
@@ -270,8 +272,14 @@ REFUSALS = [
     ((), job("j", state="done", finished_at=None), "job_finished_when_ended"),
     ((), job("j", finished_at="2026-01-01T00:00:00.000000Z"), "job_finished_when_ended"),
     ((job("j"),), "UPDATE job SET state = 'done' WHERE id = 'j'", "job_finished_when_ended"),
-    ((), job("j", endpoint="/api/chat"), "job_request_with_endpoint"),
+    ((), job("j", endpoint="/api/chat"), "job_request_kept_until_pruned"),
     ((), job("j", request="{}"), "job_request_with_endpoint"),
+    ((), job("j", pruned_at="2026-02-01T00:00:00.000000Z"), "job_pruned_when_ended"),
+    (
+        (job("j", state="done", endpoint="/api/chat", request="{}"),),
+        "UPDATE job SET request = NULL WHERE id = 'j'",
+        "job_request_kept_until_pruned",
+    ),
     ((), job("j", kind="embed"), "job_embed_from_front_door"),
     ((job("j"), job("k")), "UPDATE job SET state = 'running'", "job_one_running_per_node"),
     (

@@ -24,6 +24,7 @@ from gpuq.errors import GUARD_MESSAGE, Conflict, GpuqError, GuardMiss, GuardRefu
 from gpuq.jobs import Interrupted, NodeCounts, iso
 from gpuq.store import NewJob, NodeInfo, Store
 from gpuq.store.leases import Router
+from gpuq.store.retention import Cutoffs
 
 NODES = [
     NodeInfo("a", 1, ("task", "critique"), "ma", True),
@@ -565,6 +566,91 @@ async def test_a_backup_is_a_checked_copy_on_sqlite_and_names_pg_dump_on_postgre
         await store.backup(str(target))  # an existing file is replaced only when asked
     assert (await store.backup(str(target), force=True))["integrity"] == "ok"
     assert sorted(p.name for p in target.parent.iterdir()) == ["gpuq-backup.db"]  # no temp file left
+
+
+# -- retention: the record kept, the bulk shed, then the rows (gpuq/store/retention.py) ---------
+
+DAY = 86400.0
+
+
+async def finished(store: Store, node: str, prompt: str, state: str = "done", **fields: Any) -> str:
+    """A job run on `node` to its end (`state` done or failed), its text in chunks."""
+    job_id = await submit(store, node, prompt, **fields)
+    claimed = await store.claim(node)
+    assert claimed is not None and claimed["id"] == job_id
+    await store.heartbeat(claimed["run_id"], "an ", thinking="hmm")
+    await store.finish(job_id, claimed["run_id"], state, None if state == "done" else "broke", output="answer")
+    return job_id
+
+
+@covers("retention_due", "retention_plan", "whole_jobs", "prune", "delete_ended", "give_back_space")
+async def test_retention_prunes_the_bulk_of_ended_jobs_then_deletes_their_rows_and_never_an_active_one(store):
+    clock = store.clock
+    assert isinstance(clock, Clock)
+    done = await finished(store, "a", "kept prompt")
+    failed = await finished(store, "b", "a failure", state="failed")
+    call = await finished(store, "b", "a call", endpoint="/api/chat", request='{"path": "/api/chat", "body": {}}')
+    cancelled = await submit(store, "a", "never ran")
+    await store.delete(cancelled, "api")
+    parent = await finished(store, "a", "the task under review")
+    critiques = await store.submit(NewJob("critique", None, parent=parent), NODES, "api")  # they wait on b, c
+    waiting = await submit(store, "a", "still waiting")
+
+    clock.advance(40 * DAY)
+    cut = Cutoffs.at(clock.now, 30 * DAY, 90 * DAY, 365 * DAY)
+    due = [done, call, cancelled]  # the failed one is kept longer; the parent while its critiques wait
+    assert await store.retention_due("prune", cut, 100) == due
+    assert await store.retention_due("prune", cut, 2) == due[:2]
+    assert await store.retention_due("delete", cut, 100) == []
+    plan = await store.retention_plan(cut)
+    assert plan["prune"]["jobs"] == 3 and plan["prune"]["chunks"] >= 2
+    assert plan["prune"]["bytes"] >= len("an answer") * 2 + len('{"path": "/api/chat", "body": {}}')
+    assert plan["delete"] == {"jobs": 0, "runs": 0, "events": 0, "bytes": 0}
+
+    [whole] = await store.whole_jobs([done])
+    assert (whole["prompt"], whole["output"], whole["runs"][0]["thinking"]) == ("kept prompt", "an answer", "hmm")
+    assert [e["to_state"] for e in whole["events"]] == ["queued", "running", "done"]
+    assert (await store.whole_jobs([call]))[0]["request"] == {"path": "/api/chat", "body": {}}
+
+    pruned = await store.prune(due, cut)
+    assert pruned.pop("held_ms") >= 0 and pruned == {"jobs": 3, "chunks": 4}
+    assert (await store.prune(due, cut))["jobs"] == 0  # pruned once
+    detail = await store.job_detail(done)
+    assert detail["pruned_at"] == iso(clock.now)[:10] + detail["pruned_at"][10:] and detail["prompt"] == "kept prompt"
+    assert (detail["output"], detail["thinking"], detail["runs"][0]["output"]) == ("", None, "")
+    assert [e["to_state"] for e in detail["events"]] == ["queued", "running", "done"]  # the record stays
+    assert (await store.job_detail(call))["request"] is None
+    with pytest.raises(Conflict, match=r"cannot be retried: output pruned on \d{4}-\d\d-\d\d \(retention\)"):
+        await store.retry(cancelled, "api")
+    assert await state(store, waiting) == "queued" and (await store.job_detail(parent))["output"] == "an answer"
+    assert await store.give_back_space() >= 0
+
+    clock.advance(400 * DAY)
+    cut = Cutoffs.at(clock.now, 30 * DAY, 90 * DAY, 365 * DAY)
+    for c in critiques:
+        await store.delete(c["id"], "api")  # they end now: the parent may be pruned, not deleted yet
+    assert await store.retention_due("delete", cut, 100) == [done, failed, call, cancelled]
+    plan = await store.retention_plan(cut)
+    assert plan["delete"]["jobs"] == 4 and plan["delete"]["events"] == 3 + 3 + 3 + 2
+    deleted = await store.delete_ended([done, failed, call, cancelled, waiting], cut)
+    assert deleted.pop("held_ms") >= 0 and deleted == {"jobs": 4, "runs": 3, "events": 11}
+    for gone in (done, failed, call, cancelled):
+        with pytest.raises(NotFound):
+            await store.job(gone)
+    assert await store.retention_due("prune", cut, 100) == [parent]
+    assert await state(store, waiting) == "queued" and await store.whole_jobs([]) == []
+    if on_postgres(store):
+        assert await store.give_back_space() == 0  # autovacuum's work there
+
+
+@covers("take_service")
+async def test_one_router_holds_the_retention_sweeps_lease_until_it_stops(store):
+    one, two = (Router.new("127.0.0.1:8750", None, T0) for _ in range(2))
+    assert await store.take_service(one, "retention", 60.0) is True
+    assert await store.take_service(two, "retention", 60.0) is False  # held, alive
+    assert await store.take_service(one, "retention", 60.0) is True  # renewed
+    await store.release_nodes(one)  # a clean stop frees it
+    assert await store.take_service(two, "retention", 60.0) is True
 
 
 # -- the contract covers the whole store ------------------------------------------------------

@@ -60,7 +60,8 @@ async function load() {
   const runId = job.runs && job.runs.length ? job.runs[job.runs.length - 1].id : null;
   if (J.stream && (!running || runId !== J.streamedRun)) stopStream(); // preempted, deleted, done
   if (!J.stream) {
-    outText.data = job.output || '';
+    // A job whose text retention dropped says so, never shows an empty output.
+    outText.data = job.output_pruned ? `(${job.output_pruned})` : job.output || '';
     thinkText.data = job.thinking || '';
   }
   J.job = job;
@@ -291,6 +292,7 @@ function content(job, streaming, thinkingOpen, runs, children) {
 }
 
 function outputNote(job, runs) {
+  if (job.output_pruned) return 'its text was dropped by retention; the job, its runs and events stay';
   if (job.state === 'running') return 'streaming live…';
   if (job.state === 'queued' && runs.length) return 'from its last (interrupted) run; it starts again from the beginning';
   if (job.state === 'queued') return 'appears here as soon as the job starts';

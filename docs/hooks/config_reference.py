@@ -15,6 +15,12 @@ SECTIONS = (
     ("router", "[router]", "The router: its addresses, access, database, job limits, connections, alerts."),
     ("front", "[front]", "The front door's own limits, and the browser pages that may call it."),
     (
+        "retention",
+        "[retention]",
+        "What an ended job keeps, and for how long; where it is archived before it leaves the database "
+        "(see [Retention and archive](operations.md#retention-and-archive)). A reload applies a change to the next sweep.",
+    ),
+    (
         "node",
         "[[node]]",
         "One table per machine running Ollama. A reload applies a node's changes to its next "

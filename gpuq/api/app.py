@@ -21,6 +21,7 @@ from ..errors import DoorWords, http_error
 from ..node.alerts import Alerter
 from ..node.dispatcher import Dispatcher
 from ..node.stale import StaleMonitor
+from ..ops.retention import Sweeper
 from ..shipped import shipped_files
 from ..store import Store
 from .backup import backup_view
@@ -33,7 +34,8 @@ from .pages import WEB_DIR, headers_middleware, history_page, page, preview_page
 from .queue import clear, delete, move, nodes, preempt, queue, retry, stale
 from .reload import reload_view
 from .render import error_response
-from .state import ALERTER, BUS, DISPATCHER, METRICS, RELOADING, SETTINGS, STORE
+from .retention import prune_view
+from .state import ALERTER, BUS, DISPATCHER, METRICS, RELOADING, SETTINGS, STORE, SWEEPER
 from .streams import events, stream_job
 
 log = logging.getLogger("gpuq")
@@ -98,6 +100,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         await store.close()
         raise
     dispatcher.loops.start("stale monitor", StaleMonitor(store, app[BUS]).run)  # stopped with the workers
+    dispatcher.loops.start("retention sweep", app[SWEEPER].run)
     # Sum the history for /metrics now, so the first scrape after a start is not the slow one.
     warm = asyncio.create_task(app[METRICS].catch_up(store))
     yield
@@ -133,6 +136,7 @@ def create_app(settings: Settings, clock: Callable[[], float] = time.time) -> we
     app[METRICS] = Metrics()
     app[DISPATCHER] = Dispatcher(settings, store, bus)
     app[ALERTER] = Alerter(settings, store, app[DISPATCHER])
+    app[SWEEPER] = Sweeper(store, lambda: app[DISPATCHER].settings, lambda: app[DISPATCHER].router)
     app[RELOADING] = asyncio.Lock()
     app.cleanup_ctx.append(_lifecycle)
     app.on_shutdown.append(_end_streams)
@@ -157,6 +161,7 @@ def create_app(settings: Settings, clock: Callable[[], float] = time.time) -> we
     r.add_post("/api/nodes/{name}/clear", clear)
     r.add_post("/api/reload", reload_view)
     r.add_post("/api/backup", backup_view)
+    r.add_post("/api/prune", prune_view)
     r.add_get("/api/whoami", whoami)
     r.add_get("/", page)
     r.add_get("/jobs/{id}", preview_page)

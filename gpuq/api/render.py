@@ -9,7 +9,7 @@ from typing import Any
 from aiohttp import web
 
 from .. import eta
-from ..jobs import ACTIVE, JobState, compact_json, iso, preview_url
+from ..jobs import ACTIVE, JobState, compact_json, iso, preview_url, pruned_words
 from ..node.dispatcher import Dispatcher
 from ..node.runtime import NodeRuntime
 from ..store import Row
@@ -66,6 +66,7 @@ def job_json(row: Row, public_url: str) -> Row:
     for key in ("prompt", "output", "thinking", "runs", "events", "children", "queue_position"):
         if key in row:
             out[key] = row[key]
+    pruned(out, row.get("pruned_at"))
     return out
 
 
@@ -78,7 +79,7 @@ PLACEHOLDER_KEEPS = frozenset(
         "created_at", "started_at", "finished_at", "progress_at", "work_done_at", "eval_count",
         "eval_duration_ns", "done_reason", "preempted_runs", "timeout_s", "run_id", "preview_url",
         "waiting_for", "owner", "client", "lane", "endpoint", "queue_position", "eta_start", "eta_finish",
-        "eta_reason", "held_by_quota", "tokens_so_far", "thinking_tokens_so_far",
+        "eta_reason", "held_by_quota", "tokens_so_far", "thinking_tokens_so_far", "pruned_at",
     }
 )  # fmt: skip
 # Kept as keys (null) where the job's shape has them, so a client reads a placeholder as it reads a job.
@@ -93,6 +94,20 @@ def placeholder(job: Row) -> Row:
     out.update({k: None for k in PLACEHOLDER_NULLS if k in job})
     out["private"] = True
     return out
+def pruned(out: Row, pruned_at: str | None) -> None:
+    """A job whose bulk retention shed says so: `pruned_at`, and `output_pruned` in words; its
+    output (and request, reasoning) are null, never "" that would look like a job that gave none."""
+    out["pruned_at"] = pruned_at
+    if pruned_at is None:
+        return
+    out["output_pruned"] = pruned_words(pruned_at)
+    for key in ("output", "thinking"):
+        if key in out:
+            out[key] = None
+    if out.get("endpoint"):
+        out["request"] = None
+    for run in out.get("runs") or []:
+        run["output"] = run["thinking"] = None
 
 
 def node_json(rt: NodeRuntime) -> Row:

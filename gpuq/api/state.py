@@ -10,6 +10,7 @@ from ..bus import Bus
 from ..config import Settings
 from ..node.alerts import Alerter
 from ..node.dispatcher import Dispatcher
+from ..ops.retention import Sweeper
 from ..store import Store
 from .metrics import Metrics
 
@@ -29,6 +30,9 @@ METRICS = web.AppKey("metrics", Metrics)
 
 
 ALERTER = web.AppKey("alerter", Alerter)
+
+
+SWEEPER = web.AppKey("sweeper", Sweeper)  # the retention sweep (gpuq/ops/retention.py)
 
 
 RELOADING = web.AppKey("reloading", asyncio.Lock)  # one reload of gpuq.toml at a time

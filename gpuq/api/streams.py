@@ -98,6 +98,8 @@ async def stream_job(request: web.Request) -> web.StreamResponse:
             if stored != sent[kind] and stored.startswith(sent[kind]):
                 await line({kind: stored[len(sent[kind]) :]})
         final = job_json(job, app[SETTINGS].public_url)
+        if final.get("output_pruned"):  # its text is gone: said, not sent as nothing
+            await line({"pruned": final["output_pruned"]})
         for key in ("prompt", "runs", "events"):  # the follower has its prompt: the excerpt is enough
             final.pop(key, None)
         await line({"done": True, "job": final})

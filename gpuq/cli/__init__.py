@@ -3,14 +3,15 @@ print `error <status> <message>` then `not retried`, and exit non-zero.
 
 This is the group and its global options; the commands live by group, each module registered
 below: jobs (task, critique, wait, show), queue (queue, stale, move, preempt, delete, clear,
-retry), history, lab (serve, init, reload, nodes, health), backup (backup, restore) and service.
+retry), history, lab (serve, init, reload, nodes, health), backup (backup, restore), retention (prune,
+archive search) and service.
 What they share is in common; the HTTP client in client."""
 
 from __future__ import annotations
 
 import click
 
-from . import backup, history, jobs, lab, queue, service
+from . import backup, history, jobs, lab, queue, retention, service
 
 
 @click.group()
@@ -46,6 +47,8 @@ for command in (
     lab.health,
     backup.backup,
     backup.restore,
+    retention.prune,
+    retention.archive,
     service.service,
 ):
     main.add_command(command)

@@ -265,6 +265,8 @@ def follow(router: Router, job_id: str, as_json: bool = False) -> None:
                 click.echo(f"queued on {q['node']}, position {q['position']}{held}", err=True)
             if "started" in line:
                 click.echo(f"started on {line['started']['node']}", err=True)
+            if "pruned" in line and not as_json:  # its output is gone (retention), not empty
+                click.echo(f"({line['pruned']})", nl=False)
             if line.get("done"):
                 final = line["job"]
     except KeyboardInterrupt:
@@ -364,7 +366,9 @@ def show(ctx, job_id, as_json) -> None:
         click.echo(f"\n-- findings ({len(job['findings'])}) --")
         for i, f in enumerate(job["findings"], start=1):
             click.echo(f"{i}. [{f['severity']}] {f['title']} ({f['where']})\n   {f['detail']}")
-    if job.get("findings") is None and job.get("output"):
+    if job.get("output_pruned"):  # its text is gone: said, never shown as no output
+        click.echo(f"\n-- output --\n({job['output_pruned']})")
+    elif job.get("findings") is None and job.get("output"):
         click.echo("\n-- output --\n" + job["output"])
     click.echo("\n-- runs --")
     for run in job.get("runs", []):

@@ -13,12 +13,14 @@ class Key:
     from KEYS, gpuq/reload.py what a reload keeps from `restart`, and the documentation's
     configuration reference is rendered from these records (docs/hooks/config_reference.py)."""
 
-    section: str  # "router", "front", "node" or "user": [router], [front], [[node]], [[user]]
+    section: str  # "router", "front", "retention", "node" or "user": [router], [front], [retention], [[node]], [[user]]
     name: str  # as written in gpuq.toml
     doc: str
     default: object = None  # the value when the key is left out, as TOML writes it; None: see `shown`
     shown: str | None = None  # what the reference says of the default instead (a computed one, an absence)
-    attr: str | None = None  # the field it sets (Settings for [router] and [front], else NodeConfig or UserConfig)
+    attr: str | None = (
+        None  # the field it sets (Settings for [router], [front], [retention], else NodeConfig or UserConfig)
+    )
     duration: bool = False  # "90s", "10m", "1h30m", "250ms" or a number of seconds
     # Bound into what the router opened at its start: a reload (SIGHUP, `gpuq reload`) keeps the
     # value in force and names the file's new one as needing a restart. Every other key is live.
@@ -328,6 +330,54 @@ KEYS: tuple[Key, ...] = (
         attr="front_max_keep_alive_s",
         duration=True,
     ),
+    # -- [retention] (gpuq/config/retention.py): what an ended job keeps, for how long
+    Key(
+        "retention",
+        "prune_after",
+        "How long after a done or cancelled job ended its bulk is pruned: a front-door call's request "
+        '(its images too), the output and the reasoning. The job, its runs and events stay, and say "output '
+        'pruned on <date> (retention)". A period ("30d", "12h") or "off".',
+        "30d",
+        attr="retention_prune_after_s",
+    ),
+    Key(
+        "retention",
+        "prune_failed_after",
+        "The same for a failed job: kept longer, for forensics.",
+        "90d",
+        attr="retention_prune_failed_after_s",
+    ),
+    Key(
+        "retention",
+        "delete_after",
+        "How long after an ended job its rows go too (the job, its runs, its events), archived first. "
+        'A critique\'s parent stays while a critique of it has not ended. "off": kept for ever.',
+        "365d",
+        attr="retention_delete_after_s",
+    ),
+    Key(
+        "retention",
+        "archive",
+        "The directory a job is written to (one gzip JSON Lines file a month, `jobs-YYYY-MM.jsonl.gz`, "
+        'by the month the job was made) before its bulk or its rows leave the database. "off": not archived.',
+        shown="`gpuq-archive` beside the database",
+        attr="retention_archive",
+    ),
+    Key(
+        "retention",
+        "every",
+        "How often the sweep runs (and once a minute after the router starts).",
+        "1h",
+        attr="retention_every_s",
+        duration=True,
+    ),
+    Key(
+        "retention",
+        "batch",
+        "Jobs per transaction of the sweep: each holds the database's writer a few milliseconds. 1 to 10000.",
+        100,
+        attr="retention_batch",
+    ),
     # -- [[node]]
     Key("node", "name", "The node's name: letters, digits, `.`, `_`, `-`; unique.", shown="required", attr="name"),
     Key(
@@ -428,3 +478,4 @@ ROUTER_KEYS = keys_of("router")
 FRONT_KEYS = keys_of("front")
 NODE_KEYS = keys_of("node")
 USER_KEYS = keys_of("user")
+RETENTION_KEYS = keys_of("retention")

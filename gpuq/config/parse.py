@@ -24,6 +24,7 @@ from .checks import (
     typed,
 )
 from .keys import KEYS, ROUTER_KEYS
+from .retention import retention_settings
 from .settings import DEFAULT_LISTEN, IDENTITIES, LEGACY_ADMIN, USER_ROLES, Settings, UserConfig
 from .tables import alert_settings, front_settings, parse_node, parse_users, unload_policy
 
@@ -37,9 +38,11 @@ DURATION_KEYS = {
 
 
 def parse_config(data: dict, base_dir: Path) -> Settings:
-    unknown = sorted(set(data) - {"router", "node", "front", "user"})
+    unknown = sorted(set(data) - {"router", "node", "front", "retention", "user"})
     if unknown:
-        raise ConfigError(f"unknown key '{unknown[0]}' (expected [router], [front], [[node]] and [[user]] tables)")
+        raise ConfigError(
+            f"unknown key '{unknown[0]}' (expected [router], [front], [retention], [[node]] and [[user]] tables)"
+        )
     router = check_table(data.get("router", {}), "router", "[router]", ROUTER_KEYS)
     values: dict = {}
     if "listen" in router:
@@ -93,6 +96,7 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
         values["unload"] = policy
     values.update(alert_settings(router))
     values.update(front_settings(data.get("front", {})))
+    values.update(retention_settings(data.get("retention", {}), values["database"], base_dir))
     awake = typed(router, "keep_awake", bool, "router")
     if awake is not None:
         values["keep_awake"] = awake

@@ -10,6 +10,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 DEFAULT_LISTEN = "127.0.0.1:8750"
+DAY_S = 86400.0
 DEFAULT_ROUTER = f"http://{DEFAULT_LISTEN}"  # where the CLI looks when told nothing
 ROLES = ("task", "critique")
 
@@ -118,6 +119,17 @@ class Settings:
     # How long a router's hold on a node lasts unrenewed ([router] lease): it renews every third of
     # it; a router that stops answering (SIGKILL, a laptop asleep) loses its nodes after it.
     lease_s: float = 10.0
+    # [retention] (gpuq/config/retention.py): an ended job's bulk (front-door request, output,
+    # reasoning) is pruned this long after it ended (done and cancelled; failed ones, kept longer
+    # for forensics), its rows deleted after `retention_delete_after_s`; None: never.
+    retention_prune_after_s: float | None = 30 * DAY_S
+    retention_prune_failed_after_s: float | None = 90 * DAY_S
+    retention_delete_after_s: float | None = 365 * DAY_S
+    # Where what leaves the database is written first (one gzip JSON Lines file a month); None: off.
+    # Left out: the directory gpuq-archive beside the database (the parser puts it there).
+    retention_archive: Path | None = Path("gpuq-archive")
+    retention_every_s: float = 3600.0  # how often the sweep runs (and once at the start)
+    retention_batch: int = 100  # jobs per transaction: each holds the writer a few milliseconds
     nodes: tuple[NodeConfig, ...] = field(default_factory=tuple)
     users: tuple[UserConfig, ...] = field(default_factory=tuple)  # [[user]] (and the token's admin)
     identity: str = "token"  # "tailscale": a caller without a token is who tailscaled says owns it

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 from .. import placement as rules
 from ..errors import BadRequest, Conflict, Forbidden, NoResultToCritique, Unprocessable
-from ..jobs import ACTIVE, NO_RESULT, Interrupted, JobState, NodeInfo
+from ..jobs import ACTIVE, NO_RESULT, Interrupted, JobState, NodeInfo, pruned_words
 from .engine import Connection
 from .steps import (
     QUEUE_POSITION_SQL,
@@ -258,11 +258,18 @@ def retry(
             f"job {job_id}'s node {job['node']} is no longer in gpuq.toml (a reload removed it): "
             "submit the job again to place it on the nodes there are"
         )
+    if job["pruned_at"] is not None:  # its request (a front-door call's) and its output are gone
+        raise Conflict(f"job {job_id} cannot be retried: {pruned_words(job['pruned_at'])}; submit it again")
     check_quota(db, job["owner"], (max_waiting or {}).get(job["owner"]), 1)
     if job["subject_from_parent"]:  # (a parent now on this node: the schema refuses the requeue)
         parent = job_for_update(db, job["parent_id"])
         if parent["state"] in NO_RESULT:
             raise NoResultToCritique(parent["id"], parent["state"])
+        if parent["pruned_at"] is not None:
+            raise Conflict(
+                f"job {job_id} cannot be retried: the output of its parent {parent['id']} it reviews was"
+                f" {pruned_words(parent['pruned_at']).removeprefix('output ')}"
+            )
     if job["lane"] == rules.INTERACTIVE:  # in its lane again: ahead of every waiting batch job
         entered = rules.entry(waiting_lanes(db, job["node"]), job["lane"], job["owner"], False)
         position = position_at(db, job["node"], job_id, entered.index)

@@ -79,6 +79,9 @@ class Engine(Protocol):
     def seconds_between(self, start: str, end: str) -> str:
         """SQL for the seconds from `start` to `end`, two columns of ISO-8601 text."""
 
+    def byte_length(self, text: str) -> str:
+        """SQL for the UTF-8 bytes of a text column, 0 for NULL."""
+
     def indexed_by(self, index: str) -> str:
         """SQL that pins a read to its index, where the engine's planner needs it ('' if not)."""
 

@@ -28,7 +28,7 @@ from ..config import NodeConfig
 from ..errors import Conflict, StartupError, StoreUnavailable
 from ..jobs import Interrupted, JobState, NewJob, NodeInfo
 from ..shipped import shipped_dir, shipped_files
-from . import backup, control, leases, lifecycle, postgres, records, sqlite
+from . import backup, control, leases, lifecycle, postgres, records, retention, sqlite
 from .dbfile import DatabaseFile
 from .engine import Connection, Engine, Params, engine_for
 from .health import SLOW_CALL_S, Health
@@ -555,6 +555,37 @@ class Store(Reads):
                 self._backing_up.release()
 
         return await asyncio.to_thread(run)
+
+    # -- retention (gpuq/store/retention.py; its reads are in reads.py) -------------------------
+
+    async def prune(self, ids: list[str], cutoffs: retention.Cutoffs) -> dict[str, Any]:
+        """Shed the bulk (request, output, reasoning) of the jobs of `ids` still due; what went
+        (and how long its statements held the writer, `held_ms`)."""
+        return await self._write(partial(retention.prune, ids=ids, cutoffs=cutoffs, now=self.clock()))
+
+    async def delete_ended(self, ids: list[str], cutoffs: retention.Cutoffs) -> dict[str, Any]:
+        """Delete the jobs of `ids` still due, with their runs and events; what went (`held_ms`
+        as prune's)."""
+        return await self._write(partial(retention.delete, ids=ids, cutoffs=cutoffs))
+
+    async def give_back_space(self, pages: int = 2048) -> int:
+        """SQLite: up to `pages` free pages back to the file system (PostgreSQL's autovacuum does
+        its own); returns how many went."""
+        if self.dsn or self._writer is None:
+            return 0
+
+        def give_back(db: Connection) -> int:
+            assert isinstance(db, sqlite3.Connection)
+            return sqlite.give_back(db, pages)
+
+        freed: int = await self._writer.call(give_back)
+        return freed
+
+    async def take_service(self, router: leases.Router, service: str, lease_s: float) -> bool:
+        """Does this router run the maintenance `service` (its lease taken or renewed)?"""
+        return await self._write(
+            partial(leases.take_service, router=router, service=service, lease_s=lease_s, now=self._lease_now())
+        )
 
     # -- per-node leases (gpuq/store/leases.py): exactly one router drives a node ----------------
 

@@ -172,6 +172,24 @@ def renew(db: Connection, router: Router | str, nodes: list[str], lease_s: float
     return [n for n in nodes if n in got]
 
 
+def take_service(db: Connection, router: Router, service: str, lease_s: float, now: float | None) -> bool:
+    """Take (or renew) the lease of a maintenance service (the retention sweep): free, expired
+    or this router's own. True when this router holds it now: with several routers on one
+    PostgreSQL, only that one runs the service."""
+    now = clock(db, now)
+    _seen(db, router, now)
+    got = db.execute(
+        "INSERT INTO maintenance_lease (service, router, expires_at, taken_at) VALUES (?,?,?,?)"
+        " ON CONFLICT (service) DO UPDATE SET router = excluded.router, expires_at = excluded.expires_at,"
+        "  taken_at = CASE WHEN maintenance_lease.router = excluded.router THEN maintenance_lease.taken_at"
+        "  ELSE excluded.taken_at END"
+        " WHERE maintenance_lease.router = excluded.router OR maintenance_lease.expires_at <= excluded.taken_at"
+        " RETURNING service",
+        (service, router.id, now + lease_s, now),
+    ).fetchall()
+    return bool(got)
+
+
 # The routers last seen on a host, for a router starting there to find its dead predecessors.
 ON_HOST_SQL = "SELECT id, pid FROM router WHERE host = ? AND stopped_at IS NULL AND id <> ?"
 
@@ -201,6 +219,7 @@ def release(db: Connection, router: Router | str, now: float | None = None) -> l
     freed = [
         r[0] for r in db.execute("DELETE FROM node_lease WHERE router = ? RETURNING node", (router_id,)).fetchall()
     ]
+    db.execute("DELETE FROM maintenance_lease WHERE router = ?", (router_id,))
     if now is not None:
         db.execute("UPDATE router SET stopped_at = ? WHERE id = ?", (now, router_id))
     return sorted(freed)

@@ -119,6 +119,11 @@ LIMIT_VALUE = "l.value::bigint"
 LIKE = "ILIKE"
 
 
+def byte_length(text: str) -> str:
+    """SQL for the UTF-8 bytes of a text column (0 for NULL): what retention says it frees."""
+    return f"COALESCE(octet_length({text}), 0)"
+
+
 def indexed_by(index: str) -> str:
     """SQLite's INDEXED BY pins a plan; PostgreSQL's planner has no such hint (and needs none)."""
     return ""

@@ -6,12 +6,14 @@ statements written per engine come from the engine's module (`self.engine`)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..errors import NotFound
 from ..jobs import JobState, NodeCounts, iso
 from ..placement import INTERACTIVE
+from . import retention
 from .engine import Engine, Params
 from .steps import QUEUE_POSITION_SQL, Row, RunText, joined_text, run_text_query
 
@@ -26,7 +28,7 @@ WAITING_FOR = "(SELECT h.parent_id FROM held_job h WHERE h.id = j.id) AS waiting
 LISTING_COLUMNS = (
     """j.id, j.kind, j.state, j.node, j.model, j.parent_id, j.group_id,
     j.position, j.placement, j.run_id, j.error, j.findings, j.timeout_s, j.created_at, j.finished_at,
-    j.think, j.options, j.endpoint, j.prompt_excerpt, j.prompt_bytes, j.owner, j.client, j.lane,
+    j.think, j.options, j.endpoint, j.prompt_excerpt, j.prompt_bytes, j.owner, j.client, j.lane, j.pruned_at,
     r.started_at, r.progress_at, r.work_done_at, r.eval_count, r.prompt_eval_count,
     r.eval_duration_ns, r.total_duration_ns, r.done_reason,
     (SELECT COUNT(*) FROM run p WHERE p.job_id = j.id AND p.state = 'preempted') AS preempted_runs,
@@ -329,3 +331,37 @@ class Reads:
             for row in rows:
                 row["deliveries"] = [t for t in tries if t["alert_id"] == row["id"]]
         return rows
+
+    # -- retention (gpuq/store/retention.py): what is due, and what leaves whole -----------------
+
+    async def retention_due(self, step: str, cutoffs: retention.Cutoffs, limit: int) -> list[str]:
+        """Up to `limit` ids of ended jobs due for `step` ("prune" or "delete"), oldest first."""
+        rows = await self.read(retention.due_sql(step), cutoffs.params() | {"limit": limit})
+        return [r["id"] for r in rows]
+
+    async def retention_plan(self, cutoffs: retention.Cutoffs) -> dict[str, dict[str, int]]:
+        """The dry run: what each step would drop now, and its bytes."""
+        params = cutoffs.params()
+        found = {key: (await self.read(sql, params))[0] for key, sql in retention.plan_sql(self.engine).items()}
+        return retention.plan(found)
+
+    async def whole_jobs(self, ids: list[str]) -> list[Row]:
+        """Jobs whole, as the archive keeps them: every column (JSON ones parsed), each run with
+        its whole text, every event."""
+        if not ids:
+            return []
+        reads = retention.whole_jobs_sql(ids)
+        jobs = await self.read(*reads["jobs"])
+        runs = await self.read(*reads["runs"])
+        events = await self.read(*reads["events"])
+        texts = await self.run_texts([r["id"] for r in runs]) if runs else {}
+        for r in runs:
+            r.update(texts[r["id"]])
+        for job in jobs:
+            for key in ("request", "findings", "think", "options"):
+                if job[key] is not None:
+                    job[key] = json.loads(job[key])
+            job["runs"] = [r for r in runs if r["job_id"] == job["id"]]
+            job["events"] = [e for e in events if e["job_id"] == job["id"]]
+            job["output"] = job["runs"][-1]["output"] if job["runs"] else ""
+        return jobs

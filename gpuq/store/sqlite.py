@@ -7,7 +7,9 @@ engine's specifics only through these names."""
 
 from __future__ import annotations
 
+import logging
 import sqlite3
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -17,8 +19,13 @@ import aiosqlite
 from ..errors import GUARD_MESSAGE, GpuqError, GuardRefused, NewerSchema, SchemaViolated, StartupError, StoreUnavailable
 from ..jobs import iso
 
+log = logging.getLogger("gpuq")
+
 Connection = sqlite3.Connection
 Error = sqlite3.Error
+
+# SQLite's auto_vacuum modes, as `PRAGMA auto_vacuum` reads them.
+INCREMENTAL = 2
 
 # The writer's transaction takes the write lock at its start, so a batch never fails half-way
 # for want of it (a deferred BEGIN would upgrade at its first write, and could deadlock there).
@@ -53,6 +60,11 @@ LIMIT_VALUE = "l.value"
 LIKE = "LIKE"  # ignores ASCII case, as history's text search wants
 
 
+def byte_length(text: str) -> str:
+    """SQL for the UTF-8 bytes of a text column (0 for NULL): what retention says it frees."""
+    return f"COALESCE(length(CAST({text} AS BLOB)), 0)"
+
+
 def indexed_by(index: str) -> str:
     """Pin a read to its index (the planner would otherwise scan on a few shapes, see the callers)."""
     return f" INDEXED BY {index}"
@@ -64,9 +76,12 @@ def indexed_by(index: str) -> str:
 def connect_writer(path: Path, busy_timeout_s: float, max_bytes: int | None) -> sqlite3.Connection:
     """The writer's connection, opened in (and used only by) the writer's thread: WAL, every
     commit on disk before it is acknowledged (synchronous=FULL), foreign keys checked."""
+    new = not path.exists() or path.stat().st_size == 0
     db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     try:
         db.row_factory = sqlite3.Row
+        if new:  # before WAL writes the file's first page: a new database needs no VACUUM for it
+            db.execute("PRAGMA auto_vacuum = INCREMENTAL")
         db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
         db.execute("PRAGMA journal_mode = WAL").fetchall()
         db.execute("PRAGMA synchronous = FULL")
@@ -125,6 +140,35 @@ def migrate(db: sqlite3.Connection, files: list[Path], now: float, path: Path) -
                 _apply_migration(db, version, f, now)
     finally:
         db.execute("PRAGMA foreign_keys = ON")
+    make_incremental(db, path)
+
+
+def make_incremental(db: sqlite3.Connection, path: Path) -> float | None:
+    """auto_vacuum = INCREMENTAL, so the pages a retention sweep frees go back to the disk
+    (give_back). A database made before 017 needs one full VACUUM for it (it rewrites the file,
+    and cannot run inside a transaction): done here once, at the start after the upgrade, and
+    logged with its time. Returns the seconds it took, or None when there was nothing to do."""
+    if db.execute("PRAGMA auto_vacuum").fetchone()[0] == INCREMENTAL:
+        return None
+    size = path.stat().st_size if path.exists() else 0
+    log.info("database %s (%d MB): a one-time VACUUM for auto_vacuum = INCREMENTAL ...", path, size >> 20)
+    started = time.monotonic()
+    db.execute("PRAGMA auto_vacuum = INCREMENTAL")
+    db.execute("VACUUM")
+    took = time.monotonic() - started
+    log.info("database %s: VACUUM done in %.1fs; retention's sweeps now give freed space back", path, took)
+    return took
+
+
+def give_back(db: sqlite3.Connection, pages: int) -> int:
+    """After a sweep: up to `pages` free pages go back to the file system (auto_vacuum =
+    INCREMENTAL), a bounded step so the writer is held briefly; returns how many went. Run
+    outside a transaction (it is one of its own). executescript, because sqlite3's execute steps
+    `incremental_vacuum` once, which frees one page."""
+    free = int(db.execute("PRAGMA freelist_count").fetchone()[0])
+    if free:
+        db.executescript(f"PRAGMA incremental_vacuum({int(pages)});")
+    return free - int(db.execute("PRAGMA freelist_count").fetchone()[0])
 
 
 def refuse_newer(db: sqlite3.Connection, known: Iterable[int], where: object) -> set[int]:

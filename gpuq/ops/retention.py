@@ -1,0 +1,167 @@
+"""The retention sweep as a service of the router (River's job cleaner is the model): every
+[retention] every, and once a minute after the start, ended jobs past their time are archived,
+then deleted (their rows) or pruned (their bulk), in batches of [retention] batch jobs, each batch
+one short transaction of the writer, so a claim or a submit never waits long behind it. Then,
+on SQLite, the pages freed go back to the disk (incremental_vacuum). With several routers on one
+PostgreSQL, only the router holding the "retention" maintenance lease sweeps. The settings are
+read at each run: a reload changes the next one. `run_once()` returns counts (tests call it);
+`plan()` is the dry run of `gpuq prune --dry-run`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import Settings
+from ..errors import GpuqError, StoreUnavailable
+from ..store import Store
+from ..store.leases import Router
+from ..store.retention import STEPS, Cutoffs
+from . import archive
+
+log = logging.getLogger("gpuq")
+
+SERVICE = "retention"
+FIRST_SWEEP_S = 60.0  # after a start: the router's own start goes first
+MAX_PAUSE_S = 1.0  # the longest pause between two batches
+GIVE_BACK_PAGES = 2048  # free pages returned to the disk per step (8 MiB at 4 KiB pages)
+
+
+@dataclass
+class Swept:
+    """What one sweep did (or, dry, would do)."""
+
+    deleted: dict[str, int] = field(default_factory=lambda: {"jobs": 0, "runs": 0, "events": 0})
+    pruned: dict[str, int] = field(default_factory=lambda: {"jobs": 0, "chunks": 0})
+    archived: dict[str, int] = field(default_factory=lambda: {"jobs": 0, "bytes": 0})
+    pages_freed: int = 0
+    batches: int = 0
+    longest_batch_ms: float = 0.0  # the longest a batch's write took, its queueing and commit included
+    longest_hold_ms: float = 0.0  # the longest a batch's statements held the writer
+    seconds: float = 0.0
+    skipped: str | None = None  # why it did not run (another router sweeps)
+
+    def json(self) -> dict[str, Any]:
+        return {
+            "deleted": self.deleted,
+            "pruned": self.pruned,
+            "archived": self.archived,
+            "pages_freed": self.pages_freed,
+            "batches": self.batches,
+            "longest_batch_ms": round(self.longest_batch_ms, 3),
+            "longest_hold_ms": round(self.longest_hold_ms, 3),
+            "seconds": round(self.seconds, 3),
+            "skipped": self.skipped,
+        }
+
+
+def cutoffs_of(settings: Settings, now: float) -> Cutoffs:
+    return Cutoffs.at(
+        now,
+        settings.retention_prune_after_s,
+        settings.retention_prune_failed_after_s,
+        settings.retention_delete_after_s,
+    )
+
+
+class Sweeper:
+    def __init__(self, store: Store, settings: Callable[[], Settings], router: Callable[[], Router | None]):
+        self.store = store
+        self.settings = settings  # read at each run: a reload applies to the next sweep
+        self.router = router  # this router's row (for the maintenance lease on PostgreSQL)
+        self.lock = asyncio.Lock()  # one sweep at a time (the loop's, `gpuq prune`'s)
+        self.last: Swept | None = None
+
+    async def plan(self) -> dict[str, Any]:
+        """The dry run: what a sweep now would drop, and its bytes; nothing changes."""
+        settings = self.settings()
+        found = await self.store.retention_plan(cutoffs_of(settings, self.store.clock()))
+        return found | {"archive": None if settings.retention_archive is None else str(settings.retention_archive)}
+
+    async def holds_lease(self, settings: Settings) -> bool:
+        """SQLite: always (one router). PostgreSQL: when this router holds the sweep's lease."""
+        router = self.router()
+        if self.store.alone or router is None:
+            return self.store.alone
+        return await self.store.take_service(router, SERVICE, max(settings.retention_every_s * 2, 60.0))
+
+    async def run_once(self, force: bool = False) -> Swept:
+        """One sweep, whole: every job due, batch by batch. `force`: even when another router
+        holds the lease (an admin's `gpuq prune` on this router)."""
+        async with self.lock:
+            settings = self.settings()
+            started = time.monotonic()
+            swept = Swept()
+            if not force and not await self.holds_lease(settings):
+                swept.skipped = "another router runs the retention sweep"
+                return swept
+            cutoffs = cutoffs_of(settings, self.store.clock())
+            for step in STEPS:
+                await self._step(step, cutoffs, settings, swept)
+            if swept.deleted["jobs"] or swept.pruned["jobs"]:
+                swept.pages_freed = await self._give_back()
+            swept.seconds = time.monotonic() - started
+            self.last = swept
+            if swept.batches:
+                log.info("retention sweep: %s", swept.json())
+            return swept
+
+    async def _step(self, step: str, cutoffs: Cutoffs, settings: Settings, swept: Swept) -> None:
+        while True:
+            began_batch = time.monotonic()
+            ids = await self.store.retention_due(step, cutoffs, settings.retention_batch)
+            if not ids:
+                return
+            if settings.retention_archive is not None:
+                jobs = await self.store.whole_jobs(ids)
+                try:  # written and fsynced before the jobs leave the database
+                    size = await asyncio.to_thread(
+                        archive.append, settings.retention_archive, jobs, step, self.store.clock()
+                    )
+                except OSError as exc:
+                    raise StoreUnavailable(
+                        f"the retention archive {settings.retention_archive} cannot be written ({exc}); nothing was"
+                        " pruned or deleted"
+                    ) from exc
+                swept.archived["jobs"] += len(jobs)
+                swept.archived["bytes"] += size
+            began = time.monotonic()
+            if step == "delete":
+                done = await self.store.delete_ended(ids, cutoffs)
+                total = swept.deleted
+            else:
+                done = await self.store.prune(ids, cutoffs)
+                total = swept.pruned
+            swept.longest_batch_ms = max(swept.longest_batch_ms, (time.monotonic() - began) * 1000)
+            swept.batches += 1
+            swept.longest_hold_ms = max(swept.longest_hold_ms, done.pop("held_ms"))
+            for key, n in done.items():
+                total[key] += n
+            if not done["jobs"]:  # all changed since the read (a retry): they are not due any more
+                return
+            # Paced: as long again as the batch took, so the queue's own writes (a submit, a
+            # claim) and reads share the writer, the disk and the CPU with the sweep half the time.
+            await asyncio.sleep(min(time.monotonic() - began_batch, MAX_PAUSE_S))
+
+    async def _give_back(self) -> int:
+        freed = 0
+        while (n := await self.store.give_back_space(GIVE_BACK_PAGES)) > 0:
+            freed += n
+            if n < GIVE_BACK_PAGES:
+                break
+        return freed
+
+    async def run(self) -> None:
+        """The loop: a first sweep a minute after the start, then every [retention] every."""
+        wait = FIRST_SWEEP_S
+        while True:
+            await asyncio.sleep(min(wait, self.settings().retention_every_s))
+            wait = self.settings().retention_every_s
+            try:
+                await self.run_once()
+            except GpuqError as exc:
+                log.error("retention sweep stopped: %s (it runs again in %gs)", exc.message, wait)

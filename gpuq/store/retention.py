@@ -1,0 +1,188 @@
+"""Retention (issue 35): an ended job keeps its record and sheds its bulk. Two steps, each in
+small batches, each batch one short transaction of the writer:
+
+- prune: a job done or cancelled longer ago than `prune_after` (a failed one: `prune_failed_after`)
+  loses its front-door request (its images too), its output and its reasoning (run_chunk rows, and
+  run.output / run.thinking of runs before 011); its row, runs and events stay, and `pruned_at`
+  says when (the API, the page and the CLI say "output pruned on <date> (retention)").
+- delete: a job ended longer ago than `delete_after` goes with its runs, chunks and events.
+
+Waiting, running and held jobs are never touched (only ended ones qualify); a critique's parent
+is not pruned while one of its critiques has not ended (a held critique reads its parent's output
+at its claim), and not deleted while any critique of it is still stored (the critiques, which end
+later, go first). Each verb takes the ids a read found due and checks again, inside its
+transaction, that each still is (a retry between the read and the write makes a job active
+again): what it changed is what it returns. The archive of what leaves (gpuq/ops/archive.py) is
+written between that read and the write. Portable SQL, `?` placeholders; times are ISO text,
+which compares as the times do."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..jobs import iso
+from .engine import Connection, Engine
+from .steps import Row
+
+# No ISO time is before this: a step that is off has it as its cutoff, and finds nothing.
+NEVER = ""
+
+
+@dataclass(frozen=True)
+class Cutoffs:
+    """What is due, as of one moment: jobs that ended before each time (ISO text)."""
+
+    prune: str  # done and cancelled jobs whose bulk goes
+    prune_failed: str  # failed jobs whose bulk goes
+    delete: str  # jobs whose rows go
+
+    @classmethod
+    def at(cls, now: float, prune_s: float | None, prune_failed_s: float | None, delete_s: float | None) -> Cutoffs:
+        def before(period: float | None) -> str:
+            return NEVER if period is None else iso(now - period)
+
+        return cls(before(prune_s), before(prune_failed_s), before(delete_s))
+
+    def params(self) -> dict[str, str]:
+        return {"prune": self.prune, "prune_failed": self.prune_failed, "delete": self.delete}
+
+
+# The one statement of each rule, on a job `j`, with the cutoffs bound by name. A job has ended
+# exactly when its finished_at is set (the schema's job_finished_when_ended): that is the test,
+# not `state IN (...)`, which would lead SQLite's planner to walk every ended job by its state
+# index (a batch of 100 took 100 ms that way, against 1 ms by the ids).
+PRUNE_DUE = """j.finished_at IS NOT NULL AND j.pruned_at IS NULL
+    AND j.finished_at < CASE WHEN j.state = 'failed' THEN :prune_failed ELSE :prune END
+    AND NOT EXISTS (SELECT 1 FROM job c WHERE c.parent_id = j.id AND c.state IN ('queued', 'running'))"""
+DELETE_DUE = """j.finished_at IS NOT NULL AND j.finished_at < :delete
+    AND NOT EXISTS (SELECT 1 FROM job c WHERE c.parent_id = j.id)"""
+DUE = {"prune": PRUNE_DUE, "delete": DELETE_DUE}
+STEPS = ("delete", "prune")  # the order a sweep runs them: a job deleted needs no prune first
+
+
+def due_sql(step: str) -> str:
+    """The ids of up to :limit jobs due for `step`, oldest first (the index job_unpruned or
+    job_finished is walked from its start)."""
+    return f"SELECT j.id FROM job j WHERE {DUE[step]} ORDER BY j.finished_at, j.id LIMIT :limit"
+
+
+def _in(ids: list[str]) -> str:
+    return ",".join("?" * len(ids))
+
+
+def _named(ids: list[str], cutoffs: Cutoffs) -> tuple[str, dict[str, Any]]:
+    """`IN (:id0, :id1...)` and its parameters with the cutoffs' (one statement binds by name)."""
+    marks = ",".join(f":id{i}" for i in range(len(ids)))
+    return marks, {f"id{i}": job_id for i, job_id in enumerate(ids)} | cutoffs.params()
+
+
+def prune(db: Connection, ids: list[str], cutoffs: Cutoffs, now: float) -> dict[str, Any]:
+    """Shed the bulk of the jobs of `ids` still due; counts of what went, and `held_ms`: how long
+    its statements held the writer (the transaction's commit is shared with other writes)."""
+    began = time.perf_counter()
+    if not ids:
+        return {"jobs": 0, "chunks": 0, "held_ms": 0.0}
+    marks, params = _named(ids, cutoffs)
+    pruned = [
+        r[0]
+        for r in db.execute(
+            # By the ids (the primary key), then the rule.
+            f"UPDATE job AS j SET request = NULL, pruned_at = :now WHERE j.id IN ({marks}) AND {PRUNE_DUE}"
+            " RETURNING id",
+            params | {"now": iso(now)},
+        ).fetchall()
+    ]
+    chunks = 0
+    if pruned:
+        runs = f"SELECT id FROM run WHERE job_id IN ({_in(pruned)})"
+        chunks = db.execute(f"DELETE FROM run_chunk WHERE run_id IN ({runs})", tuple(pruned)).rowcount
+        db.execute(
+            f"UPDATE run SET output = '', thinking = NULL WHERE job_id IN ({_in(pruned)})"
+            " AND (output <> '' OR thinking IS NOT NULL)",
+            tuple(pruned),
+        )
+    return {"jobs": len(pruned), "chunks": chunks, "held_ms": (time.perf_counter() - began) * 1000}
+
+
+def delete(db: Connection, ids: list[str], cutoffs: Cutoffs) -> dict[str, Any]:
+    """Delete the jobs of `ids` still due, with their events, runs and chunks; counts of what
+    went, and `held_ms` (see prune)."""
+    began = time.perf_counter()
+    if not ids:
+        return {"jobs": 0, "runs": 0, "events": 0, "held_ms": 0.0}
+    marks, params = _named(ids, cutoffs)
+    gone = [r[0] for r in db.execute(f"SELECT j.id FROM job j WHERE j.id IN ({marks}) AND {DELETE_DUE}", params)]
+    runs = events = 0
+    if gone:
+        these = tuple(gone)
+        events = db.execute(f"DELETE FROM event WHERE job_id IN ({_in(gone)})", these).rowcount
+        runs = db.execute(f"DELETE FROM run WHERE job_id IN ({_in(gone)})", these).rowcount  # chunks: trigger
+        db.execute(f"DELETE FROM job WHERE id IN ({_in(gone)})", these)
+    return {"jobs": len(gone), "runs": runs, "events": events, "held_ms": (time.perf_counter() - began) * 1000}
+
+
+def plan_sql(engine: Engine) -> dict[str, str]:
+    """The dry run's reads: what each step would drop now (jobs, rows) and its bytes."""
+    size = engine.byte_length
+    pruned_only = f"{PRUNE_DUE} AND NOT ({DELETE_DUE})"  # a job due for both is deleted, not pruned
+    chunk_bytes = f"SUM({size('c.output')} + {size('c.thinking')})"
+    run_bytes = f"SUM({size('r.output')} + {size('r.thinking')})"
+    return {
+        "prune_jobs": f"SELECT COUNT(*) AS jobs, SUM({size('j.request')}) AS bytes FROM job j WHERE {pruned_only}",
+        "prune_chunks": f"SELECT COUNT(*) AS chunks, {chunk_bytes} AS bytes FROM run_chunk c"
+        f" JOIN run r ON r.id = c.run_id JOIN job j ON j.id = r.job_id WHERE {pruned_only}",
+        "prune_runs": f"SELECT {run_bytes} AS bytes FROM run r JOIN job j ON j.id = r.job_id WHERE {pruned_only}",
+        "delete_jobs": f"SELECT COUNT(*) AS jobs, SUM({size('j.request')} + {size('j.prompt')}) AS bytes"
+        f" FROM job j WHERE {DELETE_DUE}",
+        "delete_runs": f"SELECT COUNT(*) AS runs, {run_bytes} AS bytes FROM run r JOIN job j ON j.id = r.job_id"
+        f" WHERE {DELETE_DUE}",
+        "delete_chunks": f"SELECT {chunk_bytes} AS bytes FROM run_chunk c JOIN run r ON r.id = c.run_id"
+        f" JOIN job j ON j.id = r.job_id WHERE {DELETE_DUE}",
+        "delete_events": f"SELECT COUNT(*) AS events FROM event e JOIN job j ON j.id = e.job_id WHERE {DELETE_DUE}",
+    }
+
+
+def plan(found: dict[str, Row]) -> dict[str, dict[str, int]]:
+    """The dry run's answer from plan_sql's rows: per step, what it would drop and its bytes.
+    (Deletion is counted first: a job due for both is deleted, not pruned, by the sweep.)"""
+
+    def n(key: str, col: str) -> int:
+        return int(found[key][col] or 0)
+
+    return {
+        "delete": {
+            "jobs": n("delete_jobs", "jobs"),
+            "runs": n("delete_runs", "runs"),
+            "events": n("delete_events", "events"),
+            "bytes": n("delete_jobs", "bytes") + n("delete_runs", "bytes") + n("delete_chunks", "bytes"),
+        },
+        "prune": {
+            "jobs": n("prune_jobs", "jobs"),
+            "chunks": n("prune_chunks", "chunks"),
+            "bytes": n("prune_jobs", "bytes") + n("prune_chunks", "bytes") + n("prune_runs", "bytes"),
+        },
+    }
+
+
+# What an archive line holds of a job: every column but the two generated from the prompt.
+WHOLE_JOB_COLUMNS = (
+    "id, kind, state, node, model, model_pinned, parent_id, group_id, position, placement, run_id,"
+    " error, findings, timeout_s, created_at, finished_at, subject_from_parent, think, options,"
+    " endpoint, owner, client, lane, pruned_at, request, prompt"
+)
+
+
+def whole_jobs_sql(ids: list[str]) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """The reads of whole jobs (the archive's lines): the jobs, their runs, their events."""
+    these = tuple(ids)
+    return {
+        "jobs": (f"SELECT {WHOLE_JOB_COLUMNS} FROM job WHERE id IN ({_in(ids)}) ORDER BY id", these),
+        "runs": (f"SELECT * FROM run WHERE job_id IN ({_in(ids)}) ORDER BY id", these),
+        "events": (
+            f"SELECT job_id, run_id, at, from_state, to_state, actor, reason FROM event"
+            f" WHERE job_id IN ({_in(ids)}) ORDER BY id",
+            these,
+        ),
+    }
