@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from . import (
+    backup,
     first_token,
     front,
     growth_section,
@@ -53,6 +54,7 @@ SECTIONS = (
     "replay",
     "scale",
     "retention",
+    "backup",
 )
 
 
@@ -76,7 +78,9 @@ async def run_sections(bench: Bench) -> None:
         await scale.scale_section(bench)
     if bench.wants("retention"):  # its own store, in-process
         await retention.retention_section(bench)
-    needs_router = any(bench.wants(s) for s in ("submit", "turnaround", "first_token", "written", "growth", "listings"))
+    needs_router = any(
+        bench.wants(s) for s in ("submit", "turnaround", "first_token", "written", "growth", "listings", "backup")
+    )
     if not needs_router:
         return
     bench.fakes = await Fakes(NODES, bench.workdir / "fakes.log").start()
@@ -101,6 +105,8 @@ async def run_sections(bench: Bench) -> None:
             await growth_section.growth_section(bench)
         if bench.wants("listings"):
             await listings.listings_section(bench)
+        if bench.wants("backup"):  # its own 1 GB database and router
+            await backup.backup_section(bench)
     finally:
         await bench.fakes.stop()
 
@@ -134,6 +140,9 @@ def judge(bench: Bench) -> None:
         "retention_submit_ratio": lambda v: v <= 1.5,
         "retention_claim_ratio": lambda v: v <= 1.5,
         "retention_batch_max": lambda v: v <= 50.0,
+        "backup_s": lambda v: v <= 60.0,
+        "backup_health_max": lambda v: v < 1000.0,
+        "backup_submit_max": lambda v: v < 1000.0,
         **{
             k: (lambda v: v <= 1.0)
             for k in (

@@ -25,7 +25,9 @@ REMOVED_REASON = "node removed from gpuq.toml"
 
 # A [router] or [[node]] field's key where it is named otherwise ([front]'s fields keep their names).
 _KEY_OF = {k.attr: k.name for k in KEYS if k.section in ("router", "node") and k.attr != k.name} | {
-    k.attr: f"retention.{k.name}" for k in KEYS if k.section == "retention" and k.attr
+    k.attr: f"{k.section}.{k.name}"
+    for k in KEYS
+    if k.section in ("retention", "backup", "storage") and k.attr is not None
 }
 
 

@@ -8,6 +8,9 @@ CREATE UNIQUE INDEX alert_open ON alert (alert, node, COALESCE(job_id, '')) WHER
 CREATE INDEX alert_owed ON alert (id) WHERE deliver = 1 AND (fired_sent_at IS NULL
 OR (resolved_at IS NOT NULL AND resolved_sent_at IS NULL));
 
+-- index backup_kind on backup
+CREATE INDEX backup_kind ON backup (scheduled, ok, id);
+
 -- index event_job on event
 CREATE INDEX event_job ON event (job_id, id);
 
@@ -74,11 +77,15 @@ CREATE INDEX run_running ON run (state) WHERE state = 'running';
 -- index sqlite_autoindex_router_setting_1 on router_setting
 (made by SQLite);
 
+-- index storage_sample_at on storage_sample
+CREATE INDEX storage_sample_at ON storage_sample (at);
+
 -- table alert on alert
-CREATE TABLE alert (
+CREATE TABLE "alert" (
 id INTEGER PRIMARY KEY,
-alert TEXT NOT NULL CHECK (alert IN ('stale_head', 'node_down', 'vram_stuck')),
-node TEXT NOT NULL,
+alert TEXT NOT NULL CHECK (alert IN ('stale_head', 'node_down', 'vram_stuck',
+'backup_failed', 'backup_overdue', 'disk_filling', 'database_filling')),
+node TEXT NOT NULL, -- '' for the router's own (a backup, the storage)
 job_id TEXT, -- the stale head, or the job after which VRAM stuck
 model TEXT, -- vram_stuck: the model that would not leave
 since TEXT NOT NULL, -- when the condition began
@@ -103,6 +110,21 @@ attempt INTEGER NOT NULL, -- 1 for the first try of this notice
 ok INTEGER NOT NULL CHECK (ok IN (0, 1)),
 http_status INTEGER, -- the receiver's answer, NULL when none came
 error TEXT -- why it failed
+);
+
+-- table backup on backup
+CREATE TABLE backup (
+id INTEGER PRIMARY KEY,
+path TEXT NOT NULL, -- the backup's file, on the router's machine
+scheduled INTEGER NOT NULL CONSTRAINT backup_scheduled_flag CHECK (scheduled IN (0, 1)), -- 0: `gpuq backup`
+started_at TEXT NOT NULL,
+finished_at TEXT NOT NULL,
+ok INTEGER NOT NULL CONSTRAINT backup_ok_flag CHECK (ok IN (0, 1)),
+bytes INTEGER, -- ok: the copy's size
+seconds REAL, -- how long it took
+error TEXT, -- not ok: why
+removed_at TEXT, -- rotation deleted the file
+CONSTRAINT backup_says_what CHECK ((ok = 1) = (bytes IS NOT NULL) AND (ok = 0) = (error IS NOT NULL))
 );
 
 -- table config_reload on config_reload
@@ -262,6 +284,14 @@ PRIMARY KEY (run_id, seq)
 
 -- table schema_migration on schema_migration
 CREATE TABLE schema_migration ( version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL);
+
+-- table storage_sample on storage_sample
+CREATE TABLE storage_sample (
+id INTEGER PRIMARY KEY,
+at TEXT NOT NULL,
+database_bytes INTEGER NOT NULL, -- the database's file and its WAL
+free_bytes INTEGER -- free on the database's disk (NULL: not known)
+);
 
 -- trigger critique_guard_insert on job
 CREATE TRIGGER critique_guard_insert -- 010

@@ -659,7 +659,7 @@ def node1(**keys):
 CONFIG = {
     "unknown top-level key": (
         lambda d: d.update(nodes=[]),
-        "unknown key 'nodes' (expected [router], [front], [[node]] and [[user]] tables)",
+        "unknown key 'nodes' (expected [router], [front], [backup], [storage], [[node]] and [[user]] tables)",
     ),
     "unknown router key": (router(listn="x"), Starts("router: unknown key 'listn' (known: ")),
     "unknown node key": (node1(gpu="a100"), Starts("node[1]: unknown key 'gpu' (known: ")),

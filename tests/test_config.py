@@ -249,3 +249,50 @@ def test_a_routers_lease_on_its_nodes_is_ten_seconds_unless_set_and_never_under_
     assert parse_config(base(lease="30s"), tmp_path).lease_s == 30.0
     with pytest.raises(ConfigError, match=r"router.lease: must be at least 1000ms \(a router would lose its nodes"):
         parse_config(base(lease="500ms"), tmp_path)
+
+
+def test_scheduled_backups_are_on_by_default_beside_the_database_and_can_be_set_or_turned_off(tmp_path):
+    default = parse_config(base(), tmp_path)
+    assert (default.backup_every_s, default.backup_keep) == (86400.0, 7)
+    assert default.backups_dir == (tmp_path / "gpuq-backups").resolve()
+    assert (default.storage_warn_days, default.storage_sample_s) == (14.0, 3600.0)
+    set_ = parse_config(
+        {
+            **base(),
+            "backup": {"every": "6h", "keep": 3, "dir": "bk"},
+            "storage": {"warn_days": 30, "sample_every": "10m"},
+        },
+        tmp_path,
+    )
+    assert (set_.backup_every_s, set_.backup_keep, set_.backups_dir) == (21600.0, 3, (tmp_path / "bk").resolve())
+    assert (set_.storage_warn_days, set_.storage_sample_s) == (30.0, 600.0)
+    for off in ("off", "OFF", 0, "0s"):
+        assert parse_config({**base(), "backup": {"every": off}}, tmp_path).backup_every_s is None
+    on_pg = parse_config(base(database="postgresql://gpuq@db.lab/gpuq"), tmp_path)
+    assert on_pg.backup_every_s is None and on_pg.backups_dir is None  # pg_dump's, not gpuq's
+    off_on_pg = parse_config({**base(database="postgresql://gpuq@db.lab/gpuq"), "backup": {"every": "off"}}, tmp_path)
+    assert off_on_pg.backup_every_s is None
+
+
+@pytest.mark.parametrize(
+    ("tables", "message"),
+    [
+        ({"backup": {"every": "500ms"}}, "backup.every: must be at least 1s (or \"off\"), got '500ms'"),
+        ({"backup": {"every": "soon"}}, "backup.every: "),
+        ({"backup": {"keep": 0}}, "backup.keep: must be from 1 to 1000, got 0"),
+        ({"backup": {"keep": "7"}}, "backup.keep: expected int, got '7'"),
+        ({"backup": {"dir": ""}}, "backup.dir: expected a folder's path, got ''"),
+        ({"backup": {"evry": "1d"}}, "backup: unknown key 'evry' (known: dir, every, keep)"),
+        ({"storage": {"warn_days": 0}}, "storage.warn_days: must be from 1 to 3650, got 0"),
+        ({"storage": {"sample_every": "0.5s"}}, "storage.sample_every: must be at least 1s, got '0.5s'"),
+        (
+            {"router": {"database": "postgresql://gpuq@db.lab/gpuq"}, "backup": {"every": "1d"}},
+            "[backup]: the database is on PostgreSQL, and gpuq does not back PostgreSQL up itself: use pg_dump",
+        ),
+    ],
+)
+def test_backup_and_storage_mistakes_name_their_key(tmp_path, tables, message):
+    data = {**base(**tables.pop("router", {})), **tables}
+    with pytest.raises(ConfigError) as err:
+        parse_config(data, tmp_path)
+    assert str(err.value).startswith(message), str(err.value)

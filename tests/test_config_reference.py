@@ -23,9 +23,17 @@ def declared(section: str) -> set[str]:
 def test_each_key_is_declared_once_with_a_doc():
     names = [(k.section, k.name) for k in KEYS]
     assert len(names) == len(set(names))
-    assert all(k.section in ("router", "front", "retention", "node", "user") for k in KEYS)
+    assert all(k.section in ("router", "front", "retention", "backup", "storage", "node", "user") for k in KEYS)
     assert all(k.doc.strip() and (k.default is not None or k.shown) for k in KEYS)
-    owners = {"router": Settings, "front": Settings, "retention": Settings, "node": NodeConfig, "user": UserConfig}
+    owners = {
+        "router": Settings,
+        "front": Settings,
+        "retention": Settings,
+        "backup": Settings,
+        "storage": Settings,
+        "node": NodeConfig,
+        "user": UserConfig,
+    }
     for k in KEYS:
         assert k.attr in {f.name for f in fields(owners[k.section])}, k
 
@@ -146,7 +154,7 @@ def test_the_reference_page_names_every_key():
 def test_an_unknown_table_is_still_refused(tmp_path):
     with pytest.raises(
         ConfigError,
-        match=r"unknown key 'routr' \(expected \[router\], \[front\], \[retention\], \[\[node\]\] "
+        match=r"unknown key 'routr' \(expected \[router\], \[front\], \[retention\], \[backup\], \[storage\], \[\[node\]\] "
         r"and \[\[user\]\] tables\)",
     ):
         parse_config({"routr": {}}, tmp_path)

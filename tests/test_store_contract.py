@@ -653,6 +653,54 @@ async def test_one_router_holds_the_retention_sweeps_lease_until_it_stops(store)
     assert await store.take_service(two, "retention", 60.0) is True
 
 
+@covers("record_backup", "backups", "last_backups", "rotatable_backups", "backups_removed")
+async def test_backups_are_recorded_made_or_failed_and_rotation_marks_the_ones_it_deleted(store, tmp_path):
+    if not on_postgres(store):  # a backup asked for and made is on the record by itself
+        made = await store.backup(str(tmp_path / "by-hand.db"))
+        [row] = await store.backups()
+        assert (row["path"], row["ok"], row["scheduled"], row["bytes"]) == (made["path"], 1, 0, made["bytes"])
+        await store.backups_removed([row["id"]])  # not a scheduled one: rotation would never pick it
+    started = store.clock()
+    first = await store.record_backup("/b/gpuq-1.db", True, started, {"bytes": 10, "seconds": 0.5}, None)
+    failed = await store.record_backup("/b/gpuq-2.db", True, started, None, "disk full")
+    second = await store.record_backup("/b/gpuq-3.db", True, started, {"bytes": 30, "seconds": 0.7}, None)
+    assert (failed["ok"], failed["error"], failed["bytes"]) == (0, "disk full", None)
+    assert first["started_at"] < first["finished_at"] and first["seconds"] == 0.5
+    last = await store.last_backups()
+    assert last["last_success"]["id"] == last["scheduled_success"]["id"] == second["id"]
+    assert last["scheduled_failure"]["id"] == failed["id"]
+    assert [r["id"] for r in await store.backups(scheduled=True)] == [second["id"], failed["id"], first["id"]]
+    assert [r["id"] for r in await store.rotatable_backups()] == [first["id"], second["id"]]
+    await store.backups_removed([first["id"]])
+    assert [r["id"] for r in await store.rotatable_backups()] == [second["id"]]
+    assert (await store.backups(scheduled=True, limit=1))[0]["removed_at"] is None
+
+
+@covers("record_storage_sample", "storage_samples", "storage_now", "relations", "born")
+async def test_the_database_is_measured_sampled_and_its_tables_sized(store):
+    assert (await store.born()).endswith("Z")  # the first migration's time
+    now = await store.storage_now()
+    assert now["database_bytes"] == now["file_bytes"] + now["wal_bytes"] > 0
+    assert (now["free_bytes"] is None) == on_postgres(store)
+    assert await store.record_storage_sample(1000, 5000, min_gap_s=3600)
+    assert not await store.record_storage_sample(2000, 5000, min_gap_s=3600)  # one within the hour: skipped
+    store.clock.advance(3601)  # type: ignore[attr-defined]
+    assert await store.record_storage_sample(3000, None, min_gap_s=3600)
+    samples = await store.storage_samples(T0 - 1)
+    assert [(r["database_bytes"], r["free_bytes"]) for r in samples] == [(1000, 5000), (3000, None)]
+    store.clock.advance(91 * 86400)  # type: ignore[attr-defined]
+    assert await store.record_storage_sample(4000, None, min_gap_s=3600)
+    assert [r["database_bytes"] for r in await store.storage_samples(T0 - 1)] == [4000]  # a season kept
+    await submit(store, prompt="x" * 20000)
+    sized = await store.relations()
+    assert sized["method"] == ("postgres" if on_postgres(store) else "dbstat")
+    by_name = {r["name"]: r for r in sized["relations"]}
+    assert by_name["job"]["kind"] == "table" and by_name["job"]["bytes"] > 0
+    assert by_name["job_queue"] == {**by_name["job_queue"], "kind": "index", "table": "job"}
+    sizes = [r["bytes"] for r in sized["relations"]]
+    assert sizes == sorted(sizes, reverse=True)
+
+
 # -- the contract covers the whole store ------------------------------------------------------
 
 

@@ -187,6 +187,7 @@ function render() {
   document.body.classList.toggle('offline', Boolean(S.error)); // what is shown may be out of date
   renderTop();
   renderAwake();
+  renderUpkeep();
   renderAlerts();
   renderBoard();
   if (!S.drawnAt && S.queue) S.drawnAt = performance.now(); // the first board drawn (for make bench)
@@ -239,12 +240,51 @@ function renderAwake() {
   }
 }
 
+// The footer: when the last backup succeeded and where, and the storage budget (the database's
+// size, its growth per day, the free space on its disk). Their warnings are alerts above.
+function fmtBytes(n) {
+  if (n === null || n === undefined) return '–';
+  const units = ['B', 'kB', 'MB', 'GB', 'TB'];
+  let i = 0;
+  let v = Math.abs(n);
+  while (v >= 1000 && i < units.length - 1) { v /= 1000; i++; }
+  return `${n < 0 ? '-' : ''}${i ? v.toFixed(1) : v.toFixed(0)} ${units[i]}`;
+}
+
+function renderUpkeep() {
+  const h = S.health;
+  if (!h || !h.backup) return;
+  const b = h.backup;
+  const backup = $('upkeep-backup');
+  const parts = [];
+  if (b.last) {
+    parts.push('Last backup ', sinceSpan(b.last.at), ' ago: ', el('span', {className: 'mono', text: b.last.path}),
+      ` (${fmtBytes(b.last.bytes)})`);
+  } else {
+    parts.push('No backup yet');
+  }
+  if (b.scheduled) parts.push(b.next_at ? ` · next ${fmtClock(b.next_at)}` : '');
+  else parts.push(` · scheduled backups ${b.off.startsWith('off') ? 'off' : 'not gpuq\'s (PostgreSQL: pg_dump)'}`);
+  backup.replaceChildren(...parts);
+  backup.classList.toggle('warn', Boolean(b.last_failure || b.overdue));
+  backup.title = b.last_failure ? `the last scheduled backup failed: ${b.last_failure.error}` : (b.dir ? `scheduled backups go to ${b.dir}, ${b.keep} kept` : '');
+  const st = h.storage;
+  const storage = $('upkeep-storage');
+  if (!st) { storage.replaceChildren(); return; }
+  const growth = st.growth_bytes_per_day === null ? 'growth not known yet'
+    : `${st.growth_bytes_per_day >= 0 ? '+' : ''}${fmtBytes(st.growth_bytes_per_day)}/day`;
+  const free = st.free_bytes === null ? '' : ` · ${fmtBytes(st.free_bytes)} free on its disk`;
+  storage.textContent = `Database ${fmtBytes(st.database_bytes)} (${growth})${free}`;
+  storage.classList.toggle('warn', st.warnings.length > 0);
+  storage.title = st.days_until_full ? `at this growth the disk fills in about ${st.days_until_full} days` : '';
+}
+
 let alertsSig = '';
 
 function renderAlerts() {
   const box = $('alerts');
   const h = S.health;
-  const sig = JSON.stringify([S.error && [S.error.status, S.error.message], h && !h.ok && [h.stale, h.nodes_down, h.loops_down, h.store && h.store.problem, h.unclaimed],
+  const sig = JSON.stringify([S.error && [S.error.status, S.error.message], h && h.warnings, h && !h.ok && [h.stale, h.nodes_down, h.loops_down, h.store && h.store.problem, h.unclaimed],
     h && !h.ok && S.queue && S.queue.nodes.map((n) => n.queued_count)]);
   if (sig === alertsSig) return; // rebuilding would restart the pulse and drop focus
   alertsSig = sig;
@@ -255,6 +295,11 @@ function renderAlerts() {
     box.append(el('div', {className: 'alert warn'},
       el('strong', {text: 'Router unreachable'}),
       el('span', {text: ` ${S.error.message}. Showing what was last seen${S.updatedAt ? ` ${fmtClock(new Date(S.updatedAt).toISOString())}` : ''}; retrying.`})));
+  }
+  for (const w of (h && h.warnings) || []) {  // a backup or the storage budget: /health stays ok
+    box.append(el('div', {className: 'alert warn', dataset: {warning: 'upkeep'}},
+      el('span', {className: 'alert-tag', text: /backup/.test(w) ? 'BACKUP' : 'STORAGE'}),
+      el('span', {className: 'alert-text', text: w})));
   }
   if (!h || h.ok) return;
   const nodes = new Map((S.queue ? S.queue.nodes : []).map((n) => [n.name, n]));

@@ -14,6 +14,8 @@ MARKER = "<!-- gpuq:config-reference -->"
 SECTIONS = (
     ("router", "[router]", "The router: its addresses, access, database, job limits, connections, alerts."),
     ("front", "[front]", "The front door's own limits, and the browser pages that may call it."),
+    ("backup", "[backup]", "Scheduled backups of the SQLite database, taken by the router itself (not on PostgreSQL)."),
+    ("storage", "[storage]", "The storage budget: when /health, the page and an alert warn of a filling disk."),
     (
         "retention",
         "[retention]",

@@ -19,8 +19,10 @@ from ..bus import Bus
 from ..config import Settings
 from ..errors import DoorWords, http_error
 from ..node.alerts import Alerter
+from ..node.backups import Backups
 from ..node.dispatcher import Dispatcher
 from ..node.stale import StaleMonitor
+from ..node.storage import StorageWatch
 from ..ops.retention import Sweeper
 from ..shipped import shipped_files
 from ..store import Store
@@ -35,7 +37,8 @@ from .queue import clear, delete, move, nodes, preempt, queue, retry, stale
 from .reload import reload_view
 from .render import error_response
 from .retention import prune_view
-from .state import ALERTER, BUS, DISPATCHER, METRICS, RELOADING, SETTINGS, STORE, SWEEPER
+from .state import ALERTER, BACKUPS, BUS, DISPATCHER, METRICS, RELOADING, SETTINGS, STORAGE, STORE, SWEEPER
+from .storage import COUNTING, storage_view
 from .streams import events, stream_job
 
 log = logging.getLogger("gpuq")
@@ -101,6 +104,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         raise
     dispatcher.loops.start("stale monitor", StaleMonitor(store, app[BUS]).run)  # stopped with the workers
     dispatcher.loops.start("retention sweep", app[SWEEPER].run)
+    dispatcher.loops.start("scheduled backups", app[BACKUPS].run)
+    dispatcher.loops.start("storage budget", app[STORAGE].run)
     # Sum the history for /metrics now, so the first scrape after a start is not the slow one.
     warm = asyncio.create_task(app[METRICS].catch_up(store))
     yield
@@ -135,9 +140,15 @@ def create_app(settings: Settings, clock: Callable[[], float] = time.time) -> we
     app[BUS] = bus
     app[METRICS] = Metrics()
     app[DISPATCHER] = Dispatcher(settings, store, bus)
-    app[ALERTER] = Alerter(settings, store, app[DISPATCHER])
+    dispatcher = app[DISPATCHER]
+    app[BACKUPS] = Backups(
+        lambda: dispatcher.settings, store, clock, lambda row: bus.publish("queue", {"backup": row and row["id"]})
+    )
+    app[STORAGE] = StorageWatch(lambda: dispatcher.settings, store, clock)
+    app[ALERTER] = Alerter(settings, store, dispatcher, sources=(app[BACKUPS], app[STORAGE]))
     app[SWEEPER] = Sweeper(store, lambda: app[DISPATCHER].settings, lambda: app[DISPATCHER].router)
     app[RELOADING] = asyncio.Lock()
+    app[COUNTING] = asyncio.Lock()
     app.cleanup_ctx.append(_lifecycle)
     app.on_shutdown.append(_end_streams)
     r = app.router
@@ -162,6 +173,7 @@ def create_app(settings: Settings, clock: Callable[[], float] = time.time) -> we
     r.add_post("/api/reload", reload_view)
     r.add_post("/api/backup", backup_view)
     r.add_post("/api/prune", prune_view)
+    r.add_get("/api/storage", storage_view)
     r.add_get("/api/whoami", whoami)
     r.add_get("/", page)
     r.add_get("/jobs/{id}", preview_page)

@@ -13,7 +13,7 @@ from ..jobs import FINAL, NodeCounts, iso, parse_iso
 from ..store import Row
 from .inputs import int_param
 from .render import json_response
-from .state import DISPATCHER, METRICS, STORE
+from .state import BACKUPS, DISPATCHER, METRICS, STORAGE, STORE
 
 HEALTH_READ_S = 0.5  # /health answers within about this, whatever the store does
 
@@ -76,8 +76,14 @@ async def health(request: web.Request) -> web.Response:
         and not crashed
         and not unclaimed
     )
+    # A backup failed or overdue, a disk filling: warned of and alerted on, but /health stays ok.
+    # ok says the queue moves now (a monitor restarts a router on 503); neither is helped by a
+    # restart, and both leave every job flowing: the warnings and the alerts carry them.
+    backups, storage = request.app[BACKUPS], request.app[STORAGE]
+    warnings = [c.message for c in (*backups.conditions(), *storage.conditions())]
     body = {
         "ok": ok,
+        "warnings": warnings,
         "queue_depth": None if active is None else sum(c.queued for c in active.values()),
         "running": None if active is None else sum(c.running for c in active.values()),
         "stale": stale,
@@ -90,6 +96,8 @@ async def health(request: web.Request) -> web.Response:
         "draining": dispatcher.draining_json(),  # told to stop, waiting for its running jobs
         # This router, the routers alive (each with the nodes it holds) and each node's holder.
         "router": {"id": dispatcher.router.id, "nodes": dispatcher.leases.held()},
+        "backup": backups.json(),
+        "storage": storage.json(),
         **leases,
     }
     return json_response(body, status=200 if ok else 503)
@@ -99,7 +107,9 @@ async def metrics(request: web.Request) -> web.Response:
     """Prometheus' text format (the token applies, as for /api)."""
     app = request.app
     stale = await app[STORE].stale_heads()
-    body = await app[METRICS].render(app[STORE], list(app[DISPATCHER].nodes.values()), len(stale))
+    body = await app[METRICS].render(
+        app[STORE], list(app[DISPATCHER].nodes.values()), len(stale), app[STORAGE].json(), app[BACKUPS].json()
+    )
     return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
 

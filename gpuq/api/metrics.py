@@ -12,11 +12,12 @@ import asyncio
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from ..jobs import NodeCounts
+from ..jobs import NodeCounts, parse_iso
 from ..node.runtime import NodeRuntime
 from ..store import Row, Store
 
@@ -59,6 +60,8 @@ class Snapshot:
     nodes: list[NodeRuntime] = field(default_factory=list)  # the dispatcher's
     active: dict[str, NodeCounts] = field(default_factory=dict)
     stale_heads: int = 0
+    storage: dict[str, Any] | None = None  # StorageWatch.json()
+    backup: dict[str, Any] = field(default_factory=dict)  # Backups.json()
 
 
 class Metrics:
@@ -99,9 +102,16 @@ class Metrics:
         async with self._counting:
             self.count(await store.finished_totals(self.cursor, DURATION_BUCKETS_S, WAIT_BUCKETS_S))
 
-    async def render(self, store: Store, nodes: list[NodeRuntime], stale_heads: int) -> bytes:
+    async def render(
+        self,
+        store: Store,
+        nodes: list[NodeRuntime],
+        stale_heads: int,
+        storage: dict[str, Any] | None = None,
+        backup: dict[str, Any] | None = None,
+    ) -> bytes:
         await self.catch_up(store)
-        self.now = Snapshot(nodes, await store.active_by_node(), stale_heads)
+        self.now = Snapshot(nodes, await store.active_by_node(), stale_heads, storage, backup or {})
         return generate_latest(self.registry)
 
     def collect(self) -> Iterator[Metric]:
@@ -135,6 +145,7 @@ class Metrics:
         yield GaugeMetricFamily(
             "gpuq_stale_heads", "Running queue heads that are stale (see /api/stale).", value=self.now.stale_heads
         )
+        yield from self._budget()
         finished = CounterMetricFamily(
             "gpuq_jobs_finished", "Jobs that ended, by node, kind and final state.", labels=["node", "kind", "state"]
         )
@@ -169,3 +180,37 @@ class Metrics:
         for node, h in sorted(self.wait.items()):
             wait.add_metric([node], h.buckets(), h.total)
         yield wait
+
+    def _budget(self) -> Iterator[Metric]:
+        """The storage budget and the last backup (absent while not known: no sample, no backup)."""
+        storage = self.now.storage or {}
+        gauges = {
+            "gpuq_database_bytes": (
+                "The database's size: a SQLite file and its WAL; PostgreSQL's pg_database_size.",
+                "database_bytes",
+            ),
+            "gpuq_database_wal_bytes": ("The SQLite database's WAL file.", "wal_bytes"),
+            "gpuq_database_growth_bytes_per_day": (
+                "The database's growth over the last week of samples.",
+                "growth_bytes_per_day",
+            ),
+            "gpuq_disk_free_bytes": ("Free space on the database's disk.", "free_bytes"),
+            "gpuq_database_max_bytes": ("router.max_database_bytes, when set.", "max_database_bytes"),
+        }
+        for name, (doc, key) in gauges.items():
+            if storage.get(key) is not None:
+                yield GaugeMetricFamily(name, doc, value=storage[key])
+        last = self.now.backup.get("last")
+        if last is not None:
+            yield GaugeMetricFamily(
+                "gpuq_backup_last_success_timestamp_seconds",
+                "When the last backup (scheduled or `gpuq backup`) succeeded, in seconds since the epoch.",
+                value=parse_iso(last["at"]),
+            )
+            yield GaugeMetricFamily("gpuq_backup_last_bytes", "The last successful backup's size.", value=last["bytes"])
+        if self.now.backup:
+            yield GaugeMetricFamily(
+                "gpuq_backup_failing",
+                "1 while the last scheduled backup failed or one is overdue (an alert fires).",
+                value=int(bool(self.now.backup.get("last_failure")) or bool(self.now.backup.get("overdue"))),
+            )

@@ -94,6 +94,8 @@ def placeholder(job: Row) -> Row:
     out.update({k: None for k in PLACEHOLDER_NULLS if k in job})
     out["private"] = True
     return out
+
+
 def pruned(out: Row, pruned_at: str | None) -> None:
     """A job whose bulk retention shed says so: `pruned_at`, and `output_pruned` in words; its
     output (and request, reasoning) are null, never "" that would look like a job that gave none."""

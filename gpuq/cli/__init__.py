@@ -4,14 +4,14 @@ print `error <status> <message>` then `not retried`, and exit non-zero.
 This is the group and its global options; the commands live by group, each module registered
 below: jobs (task, critique, wait, show), queue (queue, stale, move, preempt, delete, clear,
 retry), history, lab (serve, init, reload, nodes, health), backup (backup, restore), retention (prune,
-archive search) and service.
+archive search), storage and service.
 What they share is in common; the HTTP client in client."""
 
 from __future__ import annotations
 
 import click
 
-from . import backup, history, jobs, lab, queue, retention, service
+from . import backup, history, jobs, lab, queue, retention, service, storage
 
 
 @click.group()
@@ -49,6 +49,7 @@ for command in (
     backup.restore,
     retention.prune,
     retention.archive,
+    storage.storage,
     service.service,
 ):
     main.add_command(command)

@@ -11,8 +11,8 @@ from urllib.parse import ParseResult, urlparse
 
 from ..errors import ConfigError
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
-_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 # No model's context holds more than a few MB of text (a million tokens is ~4 MB), and the
 # router holds a prompt in memory several times over (the request body, up to twice its size

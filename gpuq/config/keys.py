@@ -13,7 +13,7 @@ class Key:
     from KEYS, gpuq/reload.py what a reload keeps from `restart`, and the documentation's
     configuration reference is rendered from these records (docs/hooks/config_reference.py)."""
 
-    section: str  # "router", "front", "retention", "node" or "user": [router], [front], [retention], [[node]], [[user]]
+    section: str  # "router", "front", "retention", "backup", "storage", "node" or "user": [router]... [[user]]
     name: str  # as written in gpuq.toml
     doc: str
     default: object = None  # the value when the key is left out, as TOML writes it; None: see `shown`
@@ -378,6 +378,52 @@ KEYS: tuple[Key, ...] = (
         100,
         attr="retention_batch",
     ),
+    # -- [backup]
+    Key(
+        "backup",
+        "every",
+        "How often the router backs its SQLite database up by itself (a checked `VACUUM INTO` copy, "
+        'as `gpuq backup` makes), e.g. "1d", "6h"; "off" (or 0) turns it off. On by default: the '
+        "database is often a laptop's only record of its queue, and a torn or mistaken file is lost "
+        "without one; a daily compact copy costs little. Refused on PostgreSQL (use pg_dump). Reloads.",
+        "1d",
+        attr="backup_every_s",
+        duration=True,
+    ),
+    Key(
+        "backup",
+        "keep",
+        "How many scheduled backups are kept: after each, the oldest the router wrote beyond this "
+        "are deleted (never a file it did not write). From 1 to 1000. Reloads.",
+        7,
+        attr="backup_keep",
+    ),
+    Key(
+        "backup",
+        "dir",
+        "Where scheduled backups go (relative to gpuq.toml's folder), each named "
+        "`<database>-<UTC time>.db`; another disk is safer. Made when missing. Reloads.",
+        shown="gpuq-backups/ beside the database",
+        attr="backup_dir",
+    ),
+    # -- [storage]
+    Key(
+        "storage",
+        "warn_days",
+        "A warning on /health and the page, and an alert, when at the database's growth per day its "
+        "disk fills (or router.max_database_bytes is reached) within this many days. Reloads.",
+        14,
+        attr="storage_warn_days",
+    ),
+    Key(
+        "storage",
+        "sample_every",
+        "How often the router records the database's size and its disk's free space (its growth "
+        "per day is read from these samples). Reloads.",
+        "1h",
+        attr="storage_sample_s",
+        duration=True,
+    ),
     # -- [[node]]
     Key("node", "name", "The node's name: letters, digits, `.`, `_`, `-`; unique.", shown="required", attr="name"),
     Key(
@@ -479,3 +525,5 @@ FRONT_KEYS = keys_of("front")
 NODE_KEYS = keys_of("node")
 USER_KEYS = keys_of("user")
 RETENTION_KEYS = keys_of("retention")
+BACKUP_KEYS = keys_of("backup")
+STORAGE_KEYS = keys_of("storage")

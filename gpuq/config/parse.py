@@ -26,7 +26,15 @@ from .checks import (
 from .keys import KEYS, ROUTER_KEYS
 from .retention import retention_settings
 from .settings import DEFAULT_LISTEN, IDENTITIES, LEGACY_ADMIN, USER_ROLES, Settings, UserConfig
-from .tables import alert_settings, front_settings, parse_node, parse_users, unload_policy
+from .tables import (
+    alert_settings,
+    backup_settings,
+    front_settings,
+    parse_node,
+    parse_users,
+    storage_settings,
+    unload_policy,
+)
 
 # [router]'s durations and their Settings fields, checked in the order DURATION_FLOORS lists them.
 DURATION_KEYS = {
@@ -38,10 +46,10 @@ DURATION_KEYS = {
 
 
 def parse_config(data: dict, base_dir: Path) -> Settings:
-    unknown = sorted(set(data) - {"router", "node", "front", "retention", "user"})
+    unknown = sorted(set(data) - {"router", "node", "front", "retention", "backup", "storage", "user"})
     if unknown:
         raise ConfigError(
-            f"unknown key '{unknown[0]}' (expected [router], [front], [retention], [[node]] and [[user]] tables)"
+            f"unknown key '{unknown[0]}' (expected [router], [front], [retention], [backup], [storage], [[node]] and [[user]] tables)"
         )
     router = check_table(data.get("router", {}), "router", "[router]", ROUTER_KEYS)
     values: dict = {}
@@ -97,6 +105,8 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
     values.update(alert_settings(router))
     values.update(front_settings(data.get("front", {})))
     values.update(retention_settings(data.get("retention", {}), values["database"], base_dir))
+    values.update(backup_settings(data.get("backup", {}), base_dir, values["database"]))
+    values.update(storage_settings(data.get("storage", {})))
     awake = typed(router, "keep_awake", bool, "router")
     if awake is not None:
         values["keep_awake"] = awake

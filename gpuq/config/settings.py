@@ -130,6 +130,15 @@ class Settings:
     retention_archive: Path | None = Path("gpuq-archive")
     retention_every_s: float = 3600.0  # how often the sweep runs (and once at the start)
     retention_batch: int = 100  # jobs per transaction: each holds the writer a few milliseconds
+    # [backup]: the router backs its SQLite database up itself (gpuq/node/backups.py). On by
+    # default: see the key's doc in keys.py. None: off (every = "off"), and always on PostgreSQL.
+    backup_every_s: float | None = 86400.0
+    backup_keep: int = 7  # the newest scheduled backups kept; older ones the router wrote are deleted
+    backup_dir: Path | None = None  # None: gpuq-backups/ beside the database
+    # [storage]: warn (and alert) when, at the database's growth, its disk or max_database_bytes
+    # is reached within this many days; the database's size is sampled every storage_sample_s.
+    storage_warn_days: float = 14.0
+    storage_sample_s: float = 3600.0
     nodes: tuple[NodeConfig, ...] = field(default_factory=tuple)
     users: tuple[UserConfig, ...] = field(default_factory=tuple)  # [[user]] (and the token's admin)
     identity: str = "token"  # "tailscale": a caller without a token is who tailscaled says owns it
@@ -153,6 +162,14 @@ class Settings:
     @property
     def port(self) -> int:
         return int(self.listen.rsplit(":", 1)[1])
+
+    @property
+    def backups_dir(self) -> Path | None:
+        """Where scheduled backups go: [backup] dir, else gpuq-backups/ beside the database; None
+        on PostgreSQL (pg_dump's, not gpuq's)."""
+        if not isinstance(self.database, Path):
+            return None
+        return self.backup_dir or self.database.parent / "gpuq-backups"
 
     @property
     def ollama_url(self) -> str | None:

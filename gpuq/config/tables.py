@@ -1,10 +1,11 @@
 """gpuq.toml's tables beside [router]'s own keys: the [[user]] and [[node]] tables, [front], and
-[router]'s alert keys, each checked whole."""
+[router]'s alert keys, [backup] and [storage], each checked whole."""
 
 from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 from ..errors import ConfigError
 from ..params import options_problem, think_problem
@@ -19,7 +20,7 @@ from .checks import (
     parse_duration,
     typed,
 )
-from .keys import FRONT_KEYS, NODE_KEYS, USER_KEYS
+from .keys import BACKUP_KEYS, FRONT_KEYS, NODE_KEYS, STORAGE_KEYS, USER_KEYS
 from .settings import ALERT_FORMATS, LANES, LEGACY_ADMIN, ROLES, UNLOAD_POLICIES, USER_ROLES, NodeConfig, UserConfig
 
 _FRONT_REQUEST_RANGE = (1 << 20, 1 << 30)  # [front] max_request_bytes: from 1 MiB to 1 GiB
@@ -172,4 +173,65 @@ def front_settings(front: object) -> dict:
     for key in ("keep_alive", "max_keep_alive"):  # 0: a call's model leaves VRAM after it, as before
         if key in front:
             values[f"front_{key}_s"] = parse_duration(front[key], f"front.{key}")
+    return values
+
+
+_KEEP_RANGE = (1, 1000)  # [backup] keep
+_WARN_DAYS_RANGE = (1, 3650)  # [storage] warn_days
+_BACKUP_FLOOR_S = 1.0  # [backup] every: at least a second (a test's); a real one is hours
+
+
+def backup_settings(backup: object, base_dir: Path, database: Path | str) -> dict:
+    """The [backup] table: how often the router backs its database up, how many it keeps, where.
+    On PostgreSQL the table is refused (but `every = "off"`): gpuq does not reinvent pg_dump."""
+    backup = check_table(backup, "backup", "[backup]", BACKUP_KEYS)
+    values: dict = {}
+    if "every" in backup:
+        every = backup["every"]
+        if isinstance(every, str) and every.strip().lower() == "off":
+            values["backup_every_s"] = None
+        else:
+            seconds = parse_duration(every, "backup.every")
+            if seconds == 0:
+                values["backup_every_s"] = None
+            elif seconds < _BACKUP_FLOOR_S:
+                raise ConfigError(f'backup.every: must be at least 1s (or "off"), got {every!r}')
+            else:
+                values["backup_every_s"] = seconds
+    keep = typed(backup, "keep", int, "backup")
+    if keep is not None:
+        low, high = _KEEP_RANGE
+        if not low <= keep <= high:
+            raise ConfigError(f"backup.keep: must be from {low} to {high}, got {keep}")
+        values["backup_keep"] = keep
+    folder = typed(backup, "dir", str, "backup")
+    if folder is not None:
+        if not folder.strip() or "\x00" in folder:
+            raise ConfigError(f"backup.dir: expected a folder's path, got {folder!r}")
+        values["backup_dir"] = (base_dir / folder).resolve()
+    if not isinstance(database, Path) and backup and values.get("backup_every_s", 0) is not None:
+        raise ConfigError(
+            "[backup]: the database is on PostgreSQL, and gpuq does not back PostgreSQL up itself: use "
+            'pg_dump, pg_basebackup or WAL archiving (docs/operations.md), and remove [backup] or set every = "off"'
+        )
+    if not isinstance(database, Path):
+        values["backup_every_s"] = None  # never gpuq's on PostgreSQL
+    return values
+
+
+def storage_settings(storage: object) -> dict:
+    """The [storage] table: when the storage budget warns, and how often the database is sampled."""
+    storage = check_table(storage, "storage", "[storage]", STORAGE_KEYS)
+    values: dict = {}
+    days = typed(storage, "warn_days", (int, float), "storage")
+    if days is not None:
+        low, high = _WARN_DAYS_RANGE
+        if not low <= days <= high:
+            raise ConfigError(f"storage.warn_days: must be from {low} to {high}, got {days}")
+        values["storage_warn_days"] = float(days)
+    if "sample_every" in storage:
+        seconds = parse_duration(storage["sample_every"], "storage.sample_every")
+        if seconds < 1:
+            raise ConfigError(f"storage.sample_every: must be at least 1s, got {storage['sample_every']!r}")
+        values["storage_sample_s"] = seconds
     return values

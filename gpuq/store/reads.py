@@ -365,3 +365,35 @@ class Reads:
             job["events"] = [e for e in events if e["job_id"] == job["id"]]
             job["output"] = job["runs"][-1]["output"] if job["runs"] else ""
         return jobs
+
+    # -- backups and the storage budget (gpuq/node/backups.py, gpuq/node/storage.py) -----------------
+
+    async def backups(self, scheduled: bool | None = None, limit: int = 20) -> list[Row]:
+        """The latest backups recorded (both kinds, or only scheduled or asked-for ones), newest first."""
+        where = "" if scheduled is None else " WHERE scheduled = ?"
+        params: tuple[Any, ...] = () if scheduled is None else (int(scheduled),)
+        return await self.read(f"SELECT * FROM backup{where} ORDER BY id DESC LIMIT ?", (*params, limit))
+
+    async def last_backups(self) -> dict[str, Row | None]:
+        """The newest successful backup of any kind, and the newest scheduled success and failure."""
+        found: dict[str, Row | None] = {}
+        for key, where in (
+            ("last_success", "ok = 1"),
+            ("scheduled_success", "scheduled = 1 AND ok = 1"),
+            ("scheduled_failure", "scheduled = 1 AND ok = 0"),
+        ):
+            rows = await self.read(f"SELECT * FROM backup WHERE {where} ORDER BY id DESC LIMIT 1")
+            found[key] = rows[0] if rows else None
+        return found
+
+    async def rotatable_backups(self) -> list[Row]:
+        """Scheduled backups the router made whose files it has not deleted yet."""
+        return await self.read("SELECT * FROM backup WHERE scheduled = 1 AND ok = 1 AND removed_at IS NULL ORDER BY id")
+
+    async def storage_samples(self, since: float) -> list[Row]:
+        """The storage samples since `since`, oldest first."""
+        return await self.read("SELECT * FROM storage_sample WHERE at >= ? ORDER BY at", (iso(since),))
+
+    async def born(self) -> str:
+        """When the database was made: its first migration's time (ISO text)."""
+        return str((await self.read("SELECT MIN(applied_at) AS at FROM schema_migration"))[0]["at"])

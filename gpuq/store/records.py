@@ -98,3 +98,57 @@ def record_delivery(
     )
     if ok:
         db.execute(f"UPDATE alert SET {sent_column} = ? WHERE id = ?", (iso(now), alert_id))
+
+
+# -- backups and storage samples (gpuq/node/backups.py, gpuq/node/storage.py) -----------------------
+
+
+def record_backup(
+    db: Connection,
+    path: str,
+    scheduled: bool,
+    started: float,
+    made: dict[str, Any] | None,
+    error: str | None,
+    now: float,
+) -> Row:
+    """One row per backup taken (`made`: back_up's answer) or failed (`error`)."""
+    return dict(
+        db.execute(
+            "INSERT INTO backup (path, scheduled, started_at, finished_at, ok, bytes, seconds, error)"
+            " VALUES (?,?,?,?,?,?,?,?) RETURNING *",
+            (
+                path,
+                int(scheduled),
+                iso(started),
+                iso(now),
+                int(made is not None),
+                None if made is None else made["bytes"],
+                made["seconds"] if made is not None else round(now - started, 3),
+                error,
+            ),
+        ).fetchone()
+    )
+
+
+def backups_removed(db: Connection, ids: list[int], now: float) -> None:
+    """Rotation deleted these backups' files."""
+    db.executemany("UPDATE backup SET removed_at = ? WHERE id = ? AND removed_at IS NULL", [(iso(now), i) for i in ids])
+
+
+SAMPLES_KEPT_S = 90 * 86400.0  # growth is read over a week; a season of samples is plenty
+
+
+def record_storage_sample(
+    db: Connection, database_bytes: int, free_bytes: int | None, min_gap_s: float, now: float
+) -> bool:
+    """A sample of the database's size, unless one was recorded within `min_gap_s` (several
+    routers on one PostgreSQL database sample it once between them); samples past 90 days go.
+    True when this one was recorded."""
+    recorded = db.execute(
+        "INSERT INTO storage_sample (at, database_bytes, free_bytes) SELECT ?, ?, ?"
+        " WHERE NOT EXISTS (SELECT 1 FROM storage_sample WHERE at > ?)",
+        (iso(now), database_bytes, free_bytes, iso(now - min_gap_s)),
+    ).rowcount
+    db.execute("DELETE FROM storage_sample WHERE at < ?", (iso(now - SAMPLES_KEPT_S),))
+    return recorded == 1

@@ -1,0 +1,93 @@
+"""`gpuq storage`: the storage budget the router sees (GET /api/storage): the database's size, its
+growth per day, the free space on its disk, the last backup, and which tables and indexes hold
+the bytes."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from ..budget import human_bytes
+from .common import api_errors, router_of
+
+# Counting a large SQLite file's pages (dbstat) reads all of it: the CLI waits for the answer.
+STORAGE_TIMEOUT_S = 600.0
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the API's answer as JSON.")
+@click.pass_context
+@api_errors
+def storage(ctx: click.Context, as_json: bool) -> None:
+    """Where the database's bytes are: its size (file and WAL), growth per day, free space on its
+    disk, the last backup, and each table and index by size (SQLite's dbstat, or an estimate
+    where it is not compiled in; PostgreSQL's pg_total_relation_size).
+
+    Example: gpuq storage
+    """
+    router = router_of(ctx)
+    router.timeout_s = STORAGE_TIMEOUT_S
+    data = router.call("GET", "/api/storage")
+    if as_json:
+        click.echo(json.dumps(data))
+        return
+    for line in summary(data):
+        click.echo(line)
+
+
+def summary(data: dict) -> list[str]:
+    size = data["database_bytes"]
+    lines = [f"database {data['database']}: {human_bytes(size)}"]
+    if data.get("wal_bytes"):
+        lines[0] += f" (file {human_bytes(data['file_bytes'])}, WAL {human_bytes(data['wal_bytes'])})"
+    growth = data.get("growth_bytes_per_day")
+    lines.append(
+        f"growth: {'+' if growth >= 0 else ''}{human_bytes(growth)}/day over the last week"
+        if growth is not None
+        else "growth: not known yet (the router's samples span less than an hour)"
+    )
+    free = data.get("free_bytes")
+    if free is not None:
+        days = data.get("days_until_full")
+        lines.append(
+            f"disk {data['disk']}: {human_bytes(free)} free"
+            + (f"; full in about {days:g} days at this growth" if days is not None else "")
+        )
+    else:
+        lines.append("disk: the database server's (not seen from the router)")
+    cap = data.get("max_database_bytes")
+    if cap:
+        lines.append(f"cap: router.max_database_bytes {human_bytes(cap)} ({size / cap:.0%} used)")
+    lines.append(backup_line(data["backup"]))
+    lines += [f"warning: {w}" for w in data.get("warnings", [])]
+    lines += [
+        "",
+        f"where the bytes are ({data['method']}):",
+        f"  {'NAME':<32} {'KIND':<6} {'OF TABLE':<20} {'BYTES':>10} {'SHARE':>6}",
+    ]
+    for r in data["relations"]:
+        lines.append(
+            f"  {r['name']:<32} {r['kind']:<6} {r['table']:<20} {human_bytes(r['bytes']):>10} {r['share']:>6.1%}"
+        )
+    return lines
+
+
+def backup_line(backup: dict) -> str:
+    last = backup.get("last")
+    text = (
+        f"last backup: {last['at']} to {last['path']} ({human_bytes(last['bytes'])}"
+        f"{', scheduled' if last['scheduled'] else ''})"
+        if last
+        else "last backup: none yet"
+    )
+    if backup.get("scheduled"):
+        text += (
+            f"; next at {backup['next_at']} (every {backup['every_s']:g}s, keeping {backup['keep']} in {backup['dir']})"
+        )
+    else:
+        text += f"; scheduled backups: {backup.get('off')}"
+    if backup.get("last_failure"):
+        failed = backup["last_failure"]
+        text += f"\nlast scheduled backup FAILED at {failed['at']}: {failed['error']}"
+    return text

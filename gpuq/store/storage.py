@@ -1,0 +1,93 @@
+"""How much room the database takes, per engine: a SQLite file's bytes (with its WAL) and the
+free space on its disk, and which tables and indexes hold the bytes (SQLite's `dbstat` virtual
+table when it is compiled in, else an estimate from the stored values' lengths; PostgreSQL's
+`pg_total_relation_size`). The router's samples and backup records are verbs of records.py."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from .steps import Row
+
+# PostgreSQL: the database's size, and each table of gpuq's schema with its indexes apart.
+PG_DATABASE_BYTES_SQL = "SELECT pg_database_size(current_database()) AS bytes"
+PG_RELATIONS_SQL = """SELECT c.relname AS name, CASE c.relkind WHEN 'i' THEN 'index' ELSE 'table' END AS kind,
+    COALESCE(t.relname, c.relname) AS tbl, pg_relation_size(c.oid) AS bytes,
+    pg_total_relation_size(c.oid) AS total_bytes
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+LEFT JOIN pg_index x ON x.indexrelid = c.oid LEFT JOIN pg_class t ON t.oid = x.indrelid
+WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'i')"""
+
+
+def file_bytes(path: Path) -> tuple[int, int]:
+    """The SQLite file's bytes and its WAL's (0 when there is none)."""
+
+    def size(p: Path) -> int:
+        try:
+            return p.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    return size(path), size(path.with_name(path.name + "-wal"))
+
+
+def disk_free(path: Path) -> int | None:
+    """Free bytes on the disk holding `path` (for an unprivileged process: what it may use)."""
+    try:
+        return shutil.disk_usage(path.parent).free
+    except OSError:
+        return None
+
+
+def sqlite_relations(path: Path, busy_timeout_s: float) -> tuple[str, list[Row]]:
+    """Each table and index of the SQLite file with its bytes, largest first, and how they were
+    counted: "dbstat" (the pages each holds, exactly) or "estimate" (dbstat not compiled in: the
+    stored values' lengths, tables only). Blocking: a connection of its own, read-only, in a
+    thread; a reader, so the router's writer goes on meanwhile."""
+    db = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, isolation_level=None)
+    try:
+        db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+        objects = {
+            name: (kind, tbl)
+            for kind, name, tbl in db.execute(
+                "SELECT type, name, tbl_name FROM sqlite_master WHERE type IN ('table', 'index')"
+            )
+        }
+        try:
+            counted = dict(db.execute("SELECT name, SUM(pgsize) FROM dbstat GROUP BY name").fetchall())
+            method = "dbstat"
+        except sqlite3.OperationalError:  # no such table: dbstat (SQLITE_ENABLE_DBSTAT_VTAB unset)
+            counted = {name: _estimate(db, name) for name, (kind, _) in objects.items() if kind == "table"}
+            method = "estimate"
+    finally:
+        db.close()
+    found: list[Row] = []
+    for name, size in counted.items():
+        kind, tbl = objects.get(name, ("table", name))  # sqlite_schema itself is no row of sqlite_master
+        found.append({"name": name, "kind": kind, "table": tbl, "bytes": int(size or 0)})
+    return method, sorted(found, key=lambda r: (-r["bytes"], r["name"]))
+
+
+def _estimate(db: sqlite3.Connection, table: str) -> int:
+    columns = [r[1] for r in db.execute("SELECT * FROM pragma_table_info(?)", (table,))]
+    if not columns:
+        return 0
+    lengths = " + ".join(f'COALESCE(LENGTH(CAST("{c}" AS BLOB)), 0)' for c in columns)
+    return int(db.execute(f'SELECT COALESCE(SUM({lengths}), 0) FROM "{table}"').fetchone()[0])
+
+
+def pg_relations(rows: list[Row]) -> list[Row]:
+    """PG_RELATIONS_SQL's rows as sqlite_relations gives them: a table's bytes are its heap and
+    TOAST (its total less its indexes), each index apart, largest first."""
+    index_bytes: dict[str, int] = {}
+    for r in rows:
+        if r["kind"] == "index":
+            index_bytes[r["tbl"]] = index_bytes.get(r["tbl"], 0) + int(r["bytes"])
+    found: list[dict[str, Any]] = []
+    for r in rows:
+        size = int(r["bytes"]) if r["kind"] == "index" else int(r["total_bytes"]) - index_bytes.get(r["name"], 0)
+        found.append({"name": r["name"], "kind": r["kind"], "table": r["tbl"], "bytes": size})
+    return sorted(found, key=lambda r: (-r["bytes"], r["name"]))
