@@ -69,7 +69,8 @@ IMAGE_BYTES = 150_000  # a screenshot, as sent: base64 in the request's message
 
 
 def _text(rng: random.Random, size: int, base: str) -> str:
-    """`size` characters of `base`, varied so that nothing compresses into a shared page."""
+    """`size` characters of `base`'s words, shuffled: each job's text its own (as a lab's are),
+    so that the archive's gzip cannot fold one job's text into the next one's."""
     words = (base * (size // len(base) + 1))[:size].split(" ")
     rng.shuffle(words)
     return " ".join(words)[:size]
