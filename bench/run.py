@@ -32,6 +32,7 @@ from . import (
     turnaround,
     unload_policy,
     written,
+    year,
 )
 from .core import NODES, Bench
 from .machine import disk_write_cache, machine
@@ -59,6 +60,7 @@ SECTIONS = (
     "scale",
     "retention",
     "backup",
+    "year",
 )
 
 
@@ -87,7 +89,8 @@ async def run_sections(bench: Bench) -> None:
     if bench.wants("retention"):  # its own store, in-process
         await retention.retention_section(bench)
     needs_router = any(
-        bench.wants(s) for s in ("submit", "turnaround", "first_token", "written", "growth", "listings", "backup")
+        bench.wants(s)
+        for s in ("submit", "turnaround", "first_token", "written", "growth", "listings", "backup", "year")
     )
     if not needs_router:
         return
@@ -115,6 +118,8 @@ async def run_sections(bench: Bench) -> None:
             await listings.listings_section(bench)
         if bench.wants("backup"):  # its own 1 GB database and router
             await backup.backup_section(bench)
+        if bench.wants("year"):  # its own stores, then two routers side by side
+            await year.year_section(bench)
     finally:
         await bench.fakes.stop()
 
@@ -153,6 +158,9 @@ def judge(bench: Bench) -> None:
         "backup_s": lambda v: v <= 60.0,
         "backup_health_max": lambda v: v < 1000.0,
         "backup_submit_max": lambda v: v < 1000.0,
+        "year_db_ratio": lambda v: v <= 0.10,
+        "year_sweep_hold": lambda v: v <= 50.0,
+        **{f"year_{k}_ratio": (lambda v: v <= 1.5) for k in ("claim", "submit", "health", "queue")},
         **{
             k: (lambda v: v <= 1.0)
             for k in (
