@@ -28,7 +28,10 @@ async def live(tmp_path, days: list[int], seed: int = 1, name: str = "lab") -> l
         lab = year.Lab(store, clock, DAY, seed, None)
         for d in days:
             await lab.live(d, MIDNIGHT + d * year.DAY_S)
-        return [dict(r) for r in await store.read("SELECT * FROM job ORDER BY created_at, id")]
+        jobs = [dict(r) for r in await store.read("SELECT * FROM job ORDER BY created_at, id")]
+        for j in jobs:  # its request whole: an image is stored once, apart (gpuq/store/parts.py)
+            j["request"] = await store.whole_request(j["id"])
+        return jobs
     finally:
         await store.close()
 
