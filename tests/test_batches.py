@@ -229,3 +229,37 @@ async def test_a_batch_runs_the_same_on_each_engine(fakes, daemon_factory, datab
         assert [line["custom_id"] for line in output] == ["p-0", "p-1", "p-2"]
     finally:
         await lab.close()
+
+
+async def test_lines_take_a_calls_model_rules_local_dropped_aliases_applied_cloud_refused(fakes, daemon_factory):
+    """A line's model is read as a front-door call's (gpuq/front/names.py): `:local` dropped,
+    [front] model_aliases applied, an ollama.com cloud name refused as that line's error."""
+    lab = await start_front_lab(fakes, daemon_factory, token=TOKEN, front={"model_aliases": {"gpt-5*": CHAT_MODEL}})
+    lab.daemon.auth = {"Authorization": f"Bearer {TOKEN}"}
+    try:
+        client = lab.openai(api_key=TOKEN)
+        uploaded = await client.files.create(
+            file=(
+                "names.jsonl",
+                jsonl(
+                    chat_line("local", "asked local", model=CHAT_MODEL + ":local"),
+                    chat_line("alias", "asked alias", model="gpt-5-mini"),
+                    chat_line("cloud", "asked cloud", model="gpt-oss:120b-cloud"),
+                ),
+            ),
+            purpose="batch",
+        )
+        batch = await client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        done = await ended(client, batch.id)
+        assert (done.request_counts.completed, done.request_counts.failed) == (2, 1)
+        jobs = {j["prompt_excerpt"]: j for j in await lab.jobs() if j["prompt_excerpt"].startswith("asked ")}
+        assert {p: j["model"] for p, j in jobs.items()} == {"asked local": CHAT_MODEL, "asked alias": CHAT_MODEL}
+        output = lines_of((await client.files.content(done.output_file_id)).content)
+        assert [line["custom_id"] for line in output] == ["local", "alias"]
+        [cloud] = lines_of((await client.files.content(done.error_file_id)).content)
+        assert cloud["custom_id"] == "cloud" and cloud["response"]["status_code"] == 403
+        assert "cloud" in cloud["response"]["body"]["error"]["message"]
+    finally:
+        await lab.close()

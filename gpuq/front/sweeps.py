@@ -32,6 +32,7 @@ from .batch_input import (
     parse_openai,
 )
 from .batch_output import active, render_anthropic, render_openai
+from .call import run_model
 
 log = logging.getLogger("gpuq")
 
@@ -66,6 +67,10 @@ class Sweeps:
         """The settings in force (a reload changes the batch limits live)."""
         return self.dispatcher.settings
 
+    def model_of(self, asked: str) -> str:
+        """A line's model, as a front-door call's (its refusal is that line's error)."""
+        return run_model(self.dispatcher, asked)
+
     # -- create ----------------------------------------------------------------------------------
 
     def _check_size(self, n: int, what: str) -> None:
@@ -80,7 +85,9 @@ class Sweeps:
         lane = lane_for(caller.user, Lane.BATCH, Door.FRONT)
         new_lines = []
         for line in lines:
-            job, refused = line_job(line, ep, batch.id, caller.name, client, lane, self.settings.max_prompt_bytes)
+            job, refused = line_job(
+                line, ep, batch.id, caller.name, client, lane, self.settings.max_prompt_bytes, self.model_of
+            )
             new_lines.append(NewLine(line.line, line.custom_id, job, refused))
         row = await self.dispatcher.submit_batch(batch, new_lines, actor)
         log.info(
