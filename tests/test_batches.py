@@ -263,3 +263,47 @@ async def test_lines_take_a_calls_model_rules_local_dropped_aliases_applied_clou
         assert "cloud" in cloud["response"]["body"]["error"]["message"]
     finally:
         await lab.close()
+
+
+async def test_a_batch_past_its_completion_window_expires_with_the_files_of_what_finished(front):
+    """As OpenAI's: at expires_at the lines still waiting are cancelled as expired (the error
+    file says `batch_expired`), what ran is in the output, and the batch ends `expired`."""
+    client = front.openai(api_key=TOKEN)
+    front.fakes["node-1"].script.token_delay_s, front.fakes["node-1"].script.tokens = 0.05, 60
+    uploaded = await client.files.create(
+        file=("x.jsonl", jsonl(*(chat_line(f"x-{i}", f"slow {i}") for i in range(4)))), purpose="batch"
+    )
+    batch = await client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="2s"
+    )
+    assert batch.completion_window == "2s" and batch.expires_at - batch.created_at == 2
+    done = await ended(client, batch.id)
+    assert done.status == "expired" and done.expired_at is not None and done.expired_at >= batch.expires_at
+    assert done.completed_at is None and done.cancelled_at is None
+    counts = done.request_counts
+    assert counts.total == 4 and counts.completed >= 1 and counts.completed + counts.failed == 4
+    output = lines_of((await client.files.content(done.output_file_id)).content)
+    assert output[0]["custom_id"] == "x-0" and all(line["response"]["status_code"] == 200 for line in output)
+    errors = lines_of((await client.files.content(done.error_file_id)).content)
+    assert len(errors) == counts.failed and errors[-1]["custom_id"] == "x-3"
+    for line in errors:
+        assert line["response"] is None and line["error"]["code"] == "batch_expired"
+        assert "completion window expired" in line["error"]["message"]
+    # The lines were cancelled, not failed: a retry runs them again, with a new window.
+    front.fakes["node-1"].script.token_delay_s = 0
+    retried = await front.daemon.request("POST", f"/api/batches/{batch.id}/retry", {"failed": True})
+    assert retried[0] == 200 and len(retried[1]["retried"]) == counts.failed
+    again = await ended(client, batch.id)
+    assert again.status == "completed" and again.request_counts.completed == 4
+    assert again.expires_at > done.expires_at
+
+
+async def test_a_bad_completion_window_is_refused_naming_it(front):
+    client = front.openai(api_key=TOKEN)
+    uploaded = await client.files.create(file=("w.jsonl", jsonl(chat_line("w", "x"))), purpose="batch")
+    for window in ("soon", "0s"):
+        with pytest.raises(openai.BadRequestError) as exc:
+            await client.batches.create(
+                input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window=window
+            )
+        assert "completion_window" in exc.value.message

@@ -827,7 +827,15 @@ async def test_a_batch_queues_every_line_in_one_commit_placed_by_model_and_keeps
     lines = [line_of(1), line_of(2, model="mb:1b"), refused, line_of(4, model="nowhere")]
     row = await store.create_batch(batch_of("batch_1"), lines, KNOWN, "api")
     assert row["status"] == "in_progress" and row["total"] == 4 and row["metadata"] == {"k": "v"}
-    assert row["counts"] == {"queued": 2, "running": 0, "done": 0, "failed": 0, "cancelled": 0, "refused": 2}
+    assert row["counts"] == {
+        "queued": 2,
+        "running": 0,
+        "done": 0,
+        "failed": 0,
+        "cancelled": 0,
+        "expired": 0,
+        "refused": 2,
+    }
     got = await store.batch_lines("batch_1")
     assert [(g["line"], g["custom_id"], g["state"]) for g in got] == [
         (1, "id-1", "queued"),
@@ -905,6 +913,34 @@ async def test_a_batch_ends_once_its_lines_have_its_output_written_and_retries_i
         await store.file(ended["output_file_id"])  # the old output went; the next end writes it anew
     with pytest.raises(Conflict, match="no failed or cancelled lines"):
         await store.retry_batch("batch_1", "api")
+
+
+@covers("expire_batches")
+async def test_a_batch_past_its_window_has_its_waiting_lines_expired_and_ends_expired(store):
+    await store.create_batch(batch_of("batch_e"), [line_of(1), line_of(2), line_of(3)], KNOWN, "api")
+    await store.create_batch(batch_of("batch_f", owner="bob"), [line_of(1, owner="bob")], KNOWN, "api")
+    ids = [g["job_id"] for g in await store.batch_lines("batch_e")]
+    first = await store.claim("a")
+    assert first is not None and first["id"] == ids[0]
+    assert await store.expire_batches("sweeper") == []  # not due yet
+    clock = store.clock
+    assert isinstance(clock, Clock)
+    clock.advance(86400)
+    expired = dict(await store.expire_batches("sweeper"))
+    assert expired["batch_e"] == 2 and expired["batch_f"] == 1  # the waiting ones; the running one runs on
+    counts = (await store.batch("batch_e"))["counts"]
+    assert (counts["expired"], counts["cancelled"], counts["running"]) == (2, 0, 1)
+    assert await store.expire_batches("sweeper") == []  # nothing waits any more
+    assert await store.finalize_batch("batch_e", render_counts) is None  # one still runs
+    await store.finish(ids[0], first["run_id"], "done", None, "text")
+    ended = await store.finalize_batch("batch_e", render_counts)
+    assert ended is not None and ended["status"] == "expired" and ended["finalizing_at"] is not None
+    assert ended["completed_at"] is None and ended["counts"]["expired"] == 2
+    assert await store.file_content(ended["error_file_id"]) == b"id-2 cancelled\nid-3 cancelled\n"
+    # A retry gives it a new window from now: it does not expire again at once.
+    batch, retried = await store.retry_batch("batch_e", "api", window_s=3600)
+    assert retried == ids[1:] and batch["status"] == "in_progress" and batch["expires_at"] > ended["expires_at"]
+    assert await store.expire_batches("sweeper") == []
 
 
 # -- the contract covers the whole store ------------------------------------------------------

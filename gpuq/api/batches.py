@@ -61,6 +61,7 @@ def batch_json(batch: Row) -> Row:
         "cancelled_at": batch["cancelled_at"],
         "failed_at": batch["failed_at"],
         "expires_at": batch["expires_at"],
+        "expired_at": batch["finalizing_at"] if batch["status"] == "expired" else None,
     }
 
 

@@ -37,6 +37,7 @@ from .call import run_model
 log = logging.getLogger("gpuq")
 
 FINALIZE_EVERY_S = 1.0  # how often open batches are looked at, so a finished one is written soon
+EXPIRY_ACTOR = "gpuq (completion_window)"  # who cancels an expired batch's waiting lines, in their events
 
 
 def only_owner(caller: Caller) -> str | None:
@@ -212,8 +213,14 @@ class Sweeps:
         return await self.finalized(batch)
 
     async def retry_failed(self, batch_id: str, caller: Caller, actor: str) -> tuple[Row, list[str]]:
+        found = await self.store.batch(batch_id, only_owner(caller))
         batch, retried = await self.store.retry_batch(
-            batch_id, actor, only_owner(caller), frozenset(self.dispatcher.nodes), self.settings.max_waiting
+            batch_id,
+            actor,
+            only_owner(caller),
+            frozenset(self.dispatcher.nodes),
+            self.settings.max_waiting,
+            window_s(found["completion_window"]),
         )
         log.info("batch=%s retried_lines=%d actor=%r", batch_id, len(retried), actor)
         self.dispatcher.wake()
@@ -221,6 +228,14 @@ class Sweeps:
         return batch, retried
 
     # -- the finalizer ---------------------------------------------------------------------------
+
+    async def expire_due(self) -> int:
+        """Cancel, as expired, the waiting lines of every batch past its completion_window;
+        returns how many batches expired (each is then finalized `expired`)."""
+        expired = await self.store.expire_batches(EXPIRY_ACTOR)
+        for batch_id, n in expired:
+            log.info("batch=%s expired: its completion_window ended; expired_lines=%d", batch_id, n)
+        return len(expired)
 
     async def finalize_open(self) -> int:
         """Write the output of every open batch whose lines have all ended; returns how many."""
@@ -236,7 +251,7 @@ class Sweeps:
         still gets its output, and the page and /metrics see it end)."""
         while True:
             try:
-                if await self.finalize_open():
+                if await self.expire_due() + await self.finalize_open():
                     self.dispatcher.bus.publish("queue", {"batches": "ended"})
             except GpuqError as exc:
                 log.warning("batches not finalized this time: %s", exc.message)

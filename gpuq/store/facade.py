@@ -575,6 +575,10 @@ class Store(Reads):
             partial(batches.cancel_batch, batch_id=batch_id, actor=actor, now=self.clock(), only_owner=only_owner)
         )
 
+    async def expire_batches(self, actor: str) -> list[tuple[str, int]]:
+        """The waiting lines of every batch past its completion_window cancelled as expired."""
+        return await self._write(partial(batches.expire_due, now=self.clock(), actor=actor))
+
     async def finalize_batch(self, batch_id: str, render: Callable[[Row, list[Row]], batches.Rendered]) -> Row | None:
         """Write a batch's output and error files once every line has ended; None if not due."""
         return await self._write(partial(batches.finalize, batch_id=batch_id, render=render, now=self.clock()))
@@ -586,8 +590,10 @@ class Store(Reads):
         only_owner: str | None = None,
         nodes: frozenset[str] | None = None,
         max_waiting: dict[str, int] | None = None,
+        window_s: float | None = None,
     ) -> tuple[Row, list[str]]:
-        """Its failed and cancelled lines queued again, on request; the batch in progress again."""
+        """Its failed and cancelled lines queued again, on request; the batch in progress again
+        (one past its expiry given a new completion window of `window_s` from now)."""
         return await self._write(
             partial(
                 batches.retry_failed,
@@ -597,6 +603,7 @@ class Store(Reads):
                 only_owner=only_owner,
                 nodes=nodes,
                 max_waiting=max_waiting,
+                window_s=window_s,
             )
         )
 
