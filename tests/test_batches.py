@@ -307,3 +307,24 @@ async def test_a_bad_completion_window_is_refused_naming_it(front):
                 input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window=window
             )
         assert "completion_window" in exc.value.message
+
+
+async def test_deleting_a_batchs_files_as_the_sdk_reads_it(front):
+    """OpenAI's file DELETE: `{id, object: "file", deleted: true}`; the batch keeps naming the
+    file (as OpenAI's does) while its content is gone (404); a second delete is 404."""
+    client = front.openai(api_key=TOKEN)
+    uploaded = await client.files.create(file=("f.jsonl", jsonl(chat_line("f", "filed"))), purpose="batch")
+    batch = await client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    done = await ended(client, batch.id)
+    for file_id in (uploaded.id, done.output_file_id):
+        deleted = await client.files.delete(file_id)
+        assert (deleted.id, deleted.object, deleted.deleted) == (file_id, "file", True)
+        with pytest.raises(openai.NotFoundError):
+            await client.files.content(file_id)
+        with pytest.raises(openai.NotFoundError):
+            await client.files.delete(file_id)
+    again = await client.batches.retrieve(batch.id)
+    assert (again.input_file_id, again.output_file_id, again.status) == (uploaded.id, done.output_file_id, "completed")
+    assert [f.id async for f in client.files.list()] == []

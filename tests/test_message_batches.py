@@ -109,3 +109,26 @@ async def test_a_message_batch_past_its_24_hours_ends_with_its_waiting_requests_
     assert done.ended_at is not None and done.results_url is not None
     results = {r.custom_id: r.result.type async for r in await client.messages.batches.results(batch.id)}
     assert results == {"e-0": "succeeded", "e-1": "expired", "e-2": "expired"}
+
+
+async def test_delete_takes_an_ended_batch_only_as_the_sdk_expects(front):
+    """Anthropic's DELETE: a batch still processing is refused (cancel it first); an ended one
+    goes, `{"id", "type": "message_batch_deleted"}`, and is then not found; its jobs stay."""
+    client = client_for(front)
+    front.fakes["node-1"].script.token_delay_s, front.fakes["node-1"].script.tokens = 0.05, 40
+    batch = await client.messages.batches.create(requests=[request("d-1", "to delete"), request("d-2", "to wait")])
+    with pytest.raises(anthropic.BadRequestError) as exc:
+        await client.messages.batches.delete(batch.id)
+    assert "cancel it first" in exc.value.message
+    await client.messages.batches.cancel(batch.id)
+    await ended(client, batch.id)
+    deleted = await client.messages.batches.delete(batch.id)
+    assert (deleted.id, deleted.type) == (batch.id, "message_batch_deleted")
+    with pytest.raises(anthropic.NotFoundError):
+        await client.messages.batches.retrieve(batch.id)
+    with pytest.raises(anthropic.NotFoundError):
+        await client.messages.batches.delete(batch.id)
+    assert batch.id not in [b.id async for b in client.messages.batches.list()]
+    assert shell(front.daemon, "SELECT COUNT(*) FROM batch_line") == [(0,)]
+    jobs = [j for j in await front.jobs() if j["prompt_excerpt"] in ("to delete", "to wait")]
+    assert len(jobs) == 2  # the history keeps what ran and what was cancelled

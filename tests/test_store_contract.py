@@ -943,6 +943,26 @@ async def test_a_batch_past_its_window_has_its_waiting_lines_expired_and_ends_ex
     assert await store.expire_batches("sweeper") == []
 
 
+@covers("delete_batch")
+async def test_an_ended_batch_is_deleted_with_its_written_files_and_its_jobs_stay(store):
+    await store.create_batch(batch_of("batch_d"), [line_of(1), line_of(2)], KNOWN, "api")
+    with pytest.raises(Conflict, match="cancel it first"):
+        await store.delete_batch("batch_d")
+    ids = [g["job_id"] for g in await store.batch_lines("batch_d")]
+    await store.cancel_batch("batch_d", "api")
+    ended = await store.finalize_batch("batch_d", render_counts)
+    assert ended is not None and ended["error_file_id"] is not None
+    with pytest.raises(NotFound):
+        await store.delete_batch("batch_d", only_owner="bob")
+    assert (await store.delete_batch("batch_d", only_owner="alice"))["id"] == "batch_d"
+    with pytest.raises(NotFound):
+        await store.batch("batch_d")
+    with pytest.raises(NotFound):
+        await store.file(ended["error_file_id"])
+    assert await store.batch_lines("batch_d") == []
+    assert [(await store.job(i))["state"] for i in ids] == ["cancelled", "cancelled"]
+
+
 # -- the contract covers the whole store ------------------------------------------------------
 
 

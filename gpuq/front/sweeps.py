@@ -20,7 +20,7 @@ from ..errors import FrontError, GpuqError, NotFound
 from ..jobs import Lane
 from ..node.dispatcher import Dispatcher
 from ..store import Row, Store
-from ..store.batches import NewBatch, NewLine
+from ..store.batches import ENDED, NewBatch, NewLine
 from .batch_input import (
     ANTHROPIC_ENDPOINT,
     OPENAI_ENDPOINTS,
@@ -211,6 +211,20 @@ class Sweeps:
         log.info("batch=%s status=%s cancelled_lines=%d actor=%r", batch_id, batch["status"], cancelled, actor)
         self.dispatcher.bus.publish("queue", {"batch": batch_id})
         return await self.finalized(batch)
+
+    async def delete(self, batch_id: str, caller: Caller, actor: str, api: str | None = None) -> Row:
+        """An ended batch deleted (Anthropic's DELETE); one in progress is refused: cancel it first."""
+        batch = await self.get(batch_id, caller, api)  # (another API's batch is not found)
+        if batch["status"] not in ENDED:
+            raise FrontError(
+                400,
+                f"batch {batch_id} is still processing: only an ended batch can be deleted; cancel it first",
+                "batch_not_ended",
+            )
+        await self.store.delete_batch(batch_id, only_owner(caller))
+        log.info("batch=%s deleted actor=%r", batch_id, actor)
+        self.dispatcher.bus.publish("queue", {"batch": batch_id})
+        return batch
 
     async def retry_failed(self, batch_id: str, caller: Caller, actor: str) -> tuple[Row, list[str]]:
         found = await self.store.batch(batch_id, only_owner(caller))

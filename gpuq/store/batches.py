@@ -484,6 +484,21 @@ def retry_failed(
     return batch_row(db, batch_id), retried
 
 
+def delete_batch(db: Connection, batch_id: str, only_owner: str | None) -> Row:
+    """An ended batch gone (Anthropic's DELETE): its row, its lines' ties and the output and error
+    files it wrote; its lines' jobs stay, ordinary jobs of the history (retention ends them).
+    Its input file stays (the caller uploaded it; they delete it themselves). Returns it."""
+    batch = _batch_for_update(db, batch_id, only_owner)
+    if batch["status"] not in ENDED:
+        raise Conflict(f"batch {batch_id} is {batch['status']}: only an ended batch can be deleted; cancel it first")
+    for file_id in (batch["output_file_id"], batch["error_file_id"]):
+        if file_id is not None:
+            db.execute("DELETE FROM batch_file WHERE id = ?", (file_id,))
+    db.execute("DELETE FROM batch_line WHERE batch_id = ?", (batch_id,))
+    db.execute("DELETE FROM batch WHERE id = ?", (batch_id,))
+    return batch
+
+
 def _batch_for_update(db: Connection, batch_id: str, only_owner: str | None) -> Row:
     batch = db.execute("SELECT * FROM batch WHERE id = ?", (batch_id,)).fetchone()
     if batch is None or (only_owner is not None and batch["owner"] != only_owner):

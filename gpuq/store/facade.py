@@ -583,6 +583,10 @@ class Store(Reads):
         """Write a batch's output and error files once every line has ended; None if not due."""
         return await self._write(partial(batches.finalize, batch_id=batch_id, render=render, now=self.clock()))
 
+    async def delete_batch(self, batch_id: str, only_owner: str | None = None) -> Row:
+        """An ended batch deleted with its output and error files (its jobs stay in the history)."""
+        return await self._write(partial(batches.delete_batch, batch_id=batch_id, only_owner=only_owner))
+
     async def retry_batch(
         self,
         batch_id: str,
