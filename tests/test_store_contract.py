@@ -963,6 +963,57 @@ async def test_an_ended_batch_is_deleted_with_its_written_files_and_its_jobs_sta
     assert [(await store.job(i))["state"] for i in ids] == ["cancelled", "cancelled"]
 
 
+@covers("retention_batches_due", "whole_batches", "prune_batches", "delete_batches", "batch_of_file")
+async def test_retention_prunes_an_ended_batchs_files_then_deletes_it_and_then_its_jobs(store):
+    clock = store.clock
+    assert isinstance(clock, Clock)
+    await store.add_file("file-in", "batch", "in.jsonl", b'{"custom_id": "id-1"}\n', "alice")
+    await store.create_batch(batch_of("batch_r"), [line_of(1), line_of(2)], KNOWN, "api")
+    await store.create_batch(batch_of("batch_open"), [line_of(3)], KNOWN, "api")
+    ids = [g["job_id"] for g in await store.batch_lines("batch_r")]
+    for node in ("a", "b"):
+        claimed = await store.claim(node)
+        assert claimed is not None and claimed["id"] in ids
+        await store.keep_batch_response(claimed["id"], '{"reply": "kept"}')
+        await store.finish(claimed["id"], claimed["run_id"], "done", None, "text")
+    await store.delete((await store.batch_lines("batch_open"))[0]["job_id"], "api")  # its line ended, it is open
+    ended = await store.finalize_batch("batch_r", render_counts)
+    assert ended is not None and ended["output_file_id"] is not None
+    cut = Cutoffs.at(clock.now, 30 * DAY, 90 * DAY, 365 * DAY)
+    assert await store.retention_batches_due("prune", cut, 100) == []
+
+    clock.advance(40 * DAY)
+    cut = Cutoffs.at(clock.now, 30 * DAY, 90 * DAY, 365 * DAY)
+    assert await store.retention_batches_due("prune", cut, 100) == ["batch_r"]  # the open one is never due
+    [whole] = await store.whole_batches(["batch_r"])
+    assert [line["response"] for line in whole["lines"]] == ['{"reply": "kept"}'] * 2
+    assert {f["id"] for f in whole["files"]} == {"file-in", ended["output_file_id"]}
+    assert whole["metadata"] == {"k": "v"} and await store.whole_batches([]) == []
+    pruned = await store.prune_batches(["batch_r", "batch_open"], cut)
+    assert pruned.pop("held_ms") >= 0 and pruned == {"batches": 1, "files": 2}
+    assert (await store.prune_batches(["batch_r"], cut))["batches"] == 0  # pruned once
+    batch = await store.batch("batch_r")
+    assert batch["pruned_at"] is not None and batch["counts"]["done"] == 2  # the record stays
+    assert [r["response"] for r in await store.batch_results("batch_r")] == [None, None]
+    for file_id in ("file-in", ended["output_file_id"]):
+        with pytest.raises(NotFound):
+            await store.file_content(file_id)
+        assert await store.batch_of_file(file_id) == {"id": "batch_r", "pruned_at": batch["pruned_at"]}
+    assert await store.batch_of_file("file-none") is None
+    assert await store.retention_due("delete", Cutoffs.at(clock.now + 400 * DAY, None, None, 365 * DAY), 100) == []
+
+    clock.advance(400 * DAY)
+    cut = Cutoffs.at(clock.now, 30 * DAY, 90 * DAY, 365 * DAY)
+    assert ids[0] not in await store.retention_due("delete", cut, 100)  # its batch goes first
+    assert await store.retention_batches_due("delete", cut, 100) == ["batch_r"]
+    deleted = await store.delete_batches(["batch_r", "batch_open"], cut)
+    assert deleted.pop("held_ms") >= 0 and deleted == {"batches": 1, "lines": 2, "files": 0}
+    with pytest.raises(NotFound):
+        await store.batch("batch_r")
+    assert set(ids) <= set(await store.retention_due("delete", cut, 100))  # now its jobs may go
+    assert (await store.delete_ended(ids, cut))["jobs"] == 2
+
+
 # -- the contract covers the whole store ------------------------------------------------------
 
 

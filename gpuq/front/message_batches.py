@@ -68,6 +68,7 @@ async def results(request: web.Request) -> web.StreamResponse:
     batch = await sweeps.get(request.match_info["id"], caller_of(request), "anthropic")
     if message_batch(batch, "")["processing_status"] != "ended":
         raise_not_ended(batch["id"])
+    sweeps.check_results(batch)
     lines = await request.app[FRONT].store.batch_results(batch["id"])
     resp = web.StreamResponse(headers={"Content-Type": "application/binary"})
     await resp.prepare(request)

@@ -58,6 +58,16 @@ def window_s(window: Any) -> float:
     return seconds
 
 
+def pruned(what: str, batch_id: str, pruned_at: str) -> FrontError:
+    """410 for what retention took of an ended batch (its files, its lines' replies)."""
+    return FrontError(
+        410,
+        f"{what} was pruned by retention on {pruned_at[:10]} ([retention] prune_after): batch {batch_id}"
+        " keeps its status and counts, not its files or replies",
+        "pruned",
+    )
+
+
 class Sweeps:
     def __init__(self, store: Store, dispatcher: Dispatcher):
         self.store = store
@@ -240,6 +250,31 @@ class Sweeps:
         self.dispatcher.wake()
         self.dispatcher.bus.publish("queue", {"batch": batch_id})
         return batch, retried
+
+    def check_results(self, batch: Row) -> None:
+        """A pruned batch's replies are gone: its results are 410, not an empty list."""
+        if batch.get("pruned_at"):
+            raise pruned(f"the results of batch {batch['id']}", batch["id"], batch["pruned_at"])
+
+    async def file(self, file_id: str, caller: Caller) -> Row:
+        """A file's row; one retention pruned with its batch is 410, naming when."""
+        try:
+            return await self.store.file(file_id, only_owner(caller))
+        except NotFound:
+            await self._pruned_file(file_id)
+            raise
+
+    async def file_content(self, file_id: str, caller: Caller) -> bytes:
+        try:
+            return await self.store.file_content(file_id, only_owner(caller))
+        except NotFound:
+            await self._pruned_file(file_id)
+            raise
+
+    async def _pruned_file(self, file_id: str) -> None:
+        named = await self.store.batch_of_file(file_id)
+        if named is not None and named["pruned_at"]:
+            raise pruned(f"file {file_id}", named["id"], named["pruned_at"])
 
     # -- the finalizer ---------------------------------------------------------------------------
 

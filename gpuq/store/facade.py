@@ -760,6 +760,14 @@ class Store(Reads):
         as prune's)."""
         return await self._write(partial(retention.delete, ids=ids, cutoffs=cutoffs))
 
+    async def prune_batches(self, ids: list[str], cutoffs: retention.Cutoffs) -> dict[str, Any]:
+        """The ended batches of `ids` still due lose their files and their lines' replies."""
+        return await self._write(partial(retention.prune_batches, ids=ids, cutoffs=cutoffs, now=self.clock()))
+
+    async def delete_batches(self, ids: list[str], cutoffs: retention.Cutoffs) -> dict[str, Any]:
+        """The ended batches of `ids` still due go, with their lines and files (their jobs after)."""
+        return await self._write(partial(retention.delete_batches, ids=ids, cutoffs=cutoffs))
+
     async def give_back_space(self, pages: int = 2048) -> int:
         """SQLite: up to `pages` free pages back to the file system (PostgreSQL's autovacuum does
         its own); returns how many went."""
