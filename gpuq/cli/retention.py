@@ -55,6 +55,12 @@ def prune(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
     d, p, a = data["deleted"], data["pruned"], data["archived"]
     click.echo(f"deleted {d['jobs']} job(s) with {d['runs']} run(s) and {d['events']} event(s)")
     click.echo(f"pruned the output and request of {p['jobs']} job(s)")
+    s = data.get("sweeps") or {}
+    if s.get("pruned") or s.get("deleted"):  # ended sweeps (gpuq batch, the Batch APIs)
+        click.echo(
+            f"batches: pruned the files and replies of {s['pruned']}, deleted {s['deleted']} with {s['lines']}"
+            f" line(s); {s['files']} file(s) and {s['archived']} archive line(s)"
+        )
     click.echo(f"archived {a['jobs']} job line(s), {_mb(a['bytes'])} compressed; {data['pages_freed']} page(s) freed")
     click.echo(
         f"{data['batches']} batch(es), the longest held the database's writer {data['longest_hold_ms']:.1f} ms;"
