@@ -9,7 +9,7 @@ import json
 import pytest
 from conftest import eventually
 from playwright.async_api import expect
-from test_page import browser, busy, head, open_queue, page  # noqa: F401 (fixtures)
+from test_page import api_shows, browser, busy, card, drag, head, open_queue, page, page_shows  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.browser
 
@@ -53,3 +53,39 @@ async def test_a_batch_is_one_line_in_its_queue_that_unfolds_to_its_jobs_and_can
     rows = page.locator("#history-table tbody tr", has=page.locator(".badge.batch-of"))
     await expect(rows).to_have_count(3)
     await expect(rows.first.locator(".batch-of")).to_have_text("batch eval-sweep")
+
+
+async def test_a_batchs_own_cards_fold_under_its_line_and_the_column_still_drags(lab, page):  # noqa: F811
+    """The batch's job cards in the column are hidden while its line is folded (they keep their
+    places: positions count them), shown once it unfolds; a job behind them is dragged to the
+    head past them, and the router's order is the page's."""
+    busy(lab.fakes["node-3"])
+    await head(lab, "node-3")
+    status, body = await lab.request(
+        "POST", "/api/batches", {"input": "\n".join(line(i) for i in range(3)), "name": "eval-sweep"}
+    )
+    assert status == 201, body
+    lines = [j["job_id"] for j in (await lab.get(f"/api/batches/{body['batch']['id']}"))["batch"]["jobs"]]
+    task = (await lab.submit("task", "a job behind the sweep", node="node-3"))[0]["id"]
+    await open_queue(page, lab)
+    await page_shows(page, "node-3", [*lines, task])  # all in their places in the column
+    cards = page.locator('.col[data-node="node-3"] .queue > .card')
+    visible = page.locator('.col[data-node="node-3"] .queue > .card:visible')
+    await expect(visible).to_have_count(1)
+    await expect(visible.first.locator(".pos")).to_have_text("4")  # behind the three folded lines
+    for job_id in lines:
+        await expect(page.locator(card(job_id))).to_be_hidden()
+
+    folded = page.locator('.col[data-node="node-3"] .batch-line')
+    await folded.locator("summary").click()
+    await expect(visible).to_have_count(4)
+    await expect(cards.first).to_contain_text("sweep line 0")
+    await folded.locator("summary").click()  # folded again
+    await expect(visible).to_have_count(1)
+
+    # Dragged onto the batch's line (above the list): to the head, ahead of the folded lines.
+    await drag(page, task, '.col[data-node="node-3"] .batch-line')
+    await api_shows(lab, "node-3", [task, *lines])
+    await page_shows(page, "node-3", [task, *lines])
+    await expect(visible).to_have_count(1)
+    await expect(visible.first.locator(".pos")).to_have_text("1")
