@@ -985,6 +985,9 @@ async def test_retention_prunes_an_ended_batchs_files_then_deletes_it_and_then_i
     clock.advance(40 * DAY)
     cut = Cutoffs.at(clock.now, 30 * DAY, 90 * DAY, 365 * DAY)
     assert await store.retention_batches_due("prune", cut, 100) == ["batch_r"]  # the open one is never due
+    sweeps = (await store.retention_plan(cut))["sweeps"]
+    assert sweeps["prune"]["batches"] == 1 and sweeps["prune"]["files"] == 2 and sweeps["prune"]["bytes"] > 0
+    assert sweeps["delete"] == {"batches": 0, "lines": 0}
     [whole] = await store.whole_batches(["batch_r"])
     assert [line["response"] for line in whole["lines"]] == ['{"reply": "kept"}'] * 2
     assert {f["id"] for f in whole["files"]} == {"file-in", ended["output_file_id"]}
@@ -1006,6 +1009,8 @@ async def test_retention_prunes_an_ended_batchs_files_then_deletes_it_and_then_i
     cut = Cutoffs.at(clock.now, 30 * DAY, 90 * DAY, 365 * DAY)
     assert ids[0] not in await store.retention_due("delete", cut, 100)  # its batch goes first
     assert await store.retention_batches_due("delete", cut, 100) == ["batch_r"]
+    sweeps = (await store.retention_plan(cut))["sweeps"]
+    assert sweeps["delete"] == {"batches": 1, "lines": 2} and sweeps["prune"]["batches"] == 0
     deleted = await store.delete_batches(["batch_r", "batch_open"], cut)
     assert deleted.pop("held_ms") >= 0 and deleted == {"batches": 1, "lines": 2, "files": 0}
     with pytest.raises(NotFound):

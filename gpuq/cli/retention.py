@@ -47,6 +47,12 @@ def prune(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
             f"would delete {d['jobs']} job(s) with {d['runs']} run(s) and {d['events']} event(s) ({_mb(d['bytes'])})"
         )
         click.echo(f"would prune the output and request of {p['jobs']} job(s) ({_mb(p['bytes'])})")
+        sw = data.get("sweeps")
+        if sw and (sw["prune"]["batches"] or sw["delete"]["batches"]):
+            click.echo(
+                f"batches: would prune the files of {sw['prune']['batches']} ({sw['prune']['files']} file(s),"
+                f" {_mb(sw['prune']['bytes'])}), delete {sw['delete']['batches']} with {sw['delete']['lines']} line(s)"
+            )
         click.echo(f"archived first to {data['archive']}" if data["archive"] else "not archived (archive = off)")
         return
     if data["skipped"]:

@@ -356,7 +356,7 @@ class Reads(BatchReads):
         rows = await self.read(retention.due_sql(step), cutoffs.params() | {"limit": limit})
         return [r["id"] for r in rows]
 
-    async def retention_plan(self, cutoffs: retention.Cutoffs) -> dict[str, dict[str, int]]:
+    async def retention_plan(self, cutoffs: retention.Cutoffs) -> dict[str, Any]:
         """The dry run: what each step would drop now, and its bytes."""
         params = cutoffs.params()
         found = {key: (await self.read(sql, params))[0] for key, sql in retention.plan_sql(self.engine).items()}

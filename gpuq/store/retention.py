@@ -143,10 +143,17 @@ def plan_sql(engine: Engine) -> dict[str, str]:
         "delete_chunks": f"SELECT {chunk_bytes} AS bytes FROM run_chunk c JOIN run r ON r.id = c.run_id"
         f" JOIN job j ON j.id = r.job_id WHERE {DELETE_DUE}",
         "delete_events": f"SELECT COUNT(*) AS events FROM event e JOIN job j ON j.id = e.job_id WHERE {DELETE_DUE}",
+        # ended batches (a batch due for both is deleted, not pruned)
+        "batch_prune": f"SELECT COUNT(*) AS batches FROM batch b WHERE {BATCH_PRUNE_ONLY}",
+        "batch_prune_files": "SELECT COUNT(*) AS files, SUM(f.bytes) AS bytes FROM batch_file f"
+        f" JOIN batch b ON f.id IN (b.input_file_id, b.output_file_id, b.error_file_id) WHERE {BATCH_PRUNE_ONLY}",
+        "batch_delete": f"SELECT COUNT(*) AS batches FROM batch b WHERE {BATCH_DUE['delete']}",
+        "batch_delete_lines": "SELECT COUNT(*) AS lines FROM batch_line l JOIN batch b ON b.id = l.batch_id"
+        f" WHERE {BATCH_DUE['delete']}",
     }
 
 
-def plan(found: dict[str, Row]) -> dict[str, dict[str, int]]:
+def plan(found: dict[str, Row]) -> dict[str, Any]:
     """The dry run's answer from plan_sql's rows: per step, what it would drop and its bytes.
     (Deletion is counted first: a job due for both is deleted, not pruned, by the sweep.)"""
 
@@ -164,6 +171,14 @@ def plan(found: dict[str, Row]) -> dict[str, dict[str, int]]:
             "jobs": n("prune_jobs", "jobs"),
             "chunks": n("prune_chunks", "chunks"),
             "bytes": n("prune_jobs", "bytes") + n("prune_chunks", "bytes") + n("prune_runs", "bytes"),
+        },
+        "sweeps": {
+            "prune": {
+                "batches": n("batch_prune", "batches"),
+                "files": n("batch_prune_files", "files"),
+                "bytes": n("batch_prune_files", "bytes"),
+            },
+            "delete": {"batches": n("batch_delete", "batches"), "lines": n("batch_delete_lines", "lines")},
         },
     }
 
@@ -198,6 +213,7 @@ BATCH_DUE = {
     "prune": f"{BATCH_ENDED} AND b.pruned_at IS NULL AND {BATCH_END} < :prune",
     "delete": f"{BATCH_ENDED} AND {BATCH_END} < :delete",
 }
+BATCH_PRUNE_ONLY = f"{BATCH_DUE['prune']} AND NOT ({BATCH_END} < :delete)"
 
 
 def batches_due_sql(step: str) -> str:
