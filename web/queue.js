@@ -470,7 +470,7 @@ function spacer(px) {
 function rangeOf(c, scrollTop) {
   const n = c.jobs.length;
   if (!windowed || !n) return [0, n];
-  if (!cardHeight) return [0, Math.min(n, 3)]; // to measure one
+  if (!cardHeight) return [0, Math.min(n, placeOf(shownBefore(c), 3))]; // to measure one (folded ones take no room)
   const r = c.list.getBoundingClientRect();
   const vh = window.innerHeight;
   if (!inView(r, tight)) return [0, 0];
@@ -607,7 +607,7 @@ function restoreScroll(list, scrollTop, had) {
 
 function drawAll(force = false, scroll = new Map()) {
   if (windowed && !cardHeight) {
-    const c = [...cols.values()].find((x) => x.jobs.length);
+    const c = [...cols.values()].find((x) => shownBefore(x)[x.jobs.length] > 0);
     if (c) {
       drawList(c, true, 0);
       const drawn = [...c.list.querySelectorAll(':scope > .card:not(.batch-folded)')];
