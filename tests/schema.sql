@@ -173,7 +173,7 @@ completed_at TEXT,
 failed_at TEXT,
 cancelling_at TEXT,
 cancelled_at TEXT,
-expires_at TEXT NOT NULL,
+expires_at TEXT NOT NULL, pruned_at TEXT,
 CONSTRAINT batch_api_valid CHECK (api IN ('openai', 'anthropic')),
 CONSTRAINT batch_status_valid CHECK (status IN ('in_progress', 'cancelling', 'failed', 'completed', 'cancelled', 'expired'))
 );

@@ -167,3 +167,88 @@ async def test_a_file_past_the_apis_request_limit_is_refused_naming_the_way_roun
     res = await daemon.cli("batch", "submit", str(path))
     assert res.code == 1 and res.err.startswith("error 413 ") and "client.files.create" in res.err
     assert shell(daemon, "SELECT COUNT(*) FROM batch") == [(0,)]
+
+
+def age_batch(daemon, batch_id: str, days: float) -> None:
+    """The batch and its lines' jobs ended (and were made) `days` ago, as a person at the
+    sqlite3 shell could make it so while the router is stopped."""
+    import sqlite3
+
+    shift = f"-{days * 86400} seconds"
+    stamp = "strftime('%Y-%m-%dT%H:%M:%fZ', {0}, ?)"
+    db = sqlite3.connect(daemon.config.parent / "gpuq.db")
+    with db:
+        db.execute(
+            f"UPDATE batch SET created_at = {stamp.format('created_at')}, finalizing_at ="
+            f" {stamp.format('finalizing_at')}, completed_at = {stamp.format('completed_at')} WHERE id = ?",
+            (shift, shift, shift, batch_id),
+        )
+        db.execute(
+            f"UPDATE job SET created_at = {stamp.format('created_at')}, finished_at = {stamp.format('finished_at')}"
+            " WHERE id IN (SELECT job_id FROM batch_line WHERE batch_id = ?)",
+            (shift, shift, batch_id),
+        )
+    db.close()
+
+
+async def test_retention_prunes_an_old_batchs_files_then_deletes_it_archiving_it_first(fakes, daemon_factory, tmp_path):
+    """Past prune_after an ended batch keeps its status and counts, not its files or replies
+    (410 naming retention, through the front door and the CLI); past delete_after it goes, and
+    then its jobs; each time archived first, one line per batch in batches-YYYY-MM.jsonl.gz."""
+    import gzip
+    import signal
+
+    daemon, _ = await batch_lab(fakes, daemon_factory, tmp_path)
+    client = openai.AsyncOpenAI(base_url=daemon.front_url + "/v1", api_key=TOKEN, max_retries=0)
+    try:
+        submitted = await daemon.cli("batch", "submit", input_file(tmp_path, 2, "kept"), "--json")
+        b = json.loads(submitted.out)
+        done = await ended(daemon, b["id"])
+        assert done["output_file_id"] is not None and done["pruned_at"] is None
+        await daemon.kill(signal.SIGTERM)
+        age_batch(daemon, b["id"], 40)
+        await daemon.start()
+
+        dry = await daemon.cli("prune", "--dry-run")
+        assert "batches: would prune the files of 1 (2 file(s)," in dry.out, dry
+        pruned = json.loads((await daemon.cli("prune", "--json")).out)
+        assert pruned["sweeps"] == {"pruned": 1, "deleted": 0, "lines": 0, "files": 2, "archived": 1}
+        shown = (await daemon.get(f"/api/batches/{b['id']}"))["batch"]
+        assert shown["pruned_at"] is not None and shown["status"] == "completed"
+        assert shown["request_counts"] == {"total": 2, "completed": 2, "failed": 0}
+        with pytest.raises(openai.APIStatusError) as exc:
+            await client.files.content(done["output_file_id"])
+        assert exc.value.status_code == 410 and "pruned by retention" in exc.value.message
+        with pytest.raises(openai.APIStatusError) as exc:
+            await client.files.retrieve(done["input_file_id"])
+        assert exc.value.status_code == 410
+        results = await daemon.cli("batch", "results", b["id"])
+        assert results.code == 1 and results.err.startswith("error 410 ") and "retention" in results.err, results
+
+        await daemon.kill(signal.SIGTERM)
+        age_batch(daemon, b["id"], 400)
+        await daemon.start()
+        said = await daemon.cli("prune")
+        assert said.code == 0, said
+        assert (
+            "batches: pruned the files and replies of 0, deleted 1 with 2 line(s); 0 file(s) and 1 archive line(s)"
+            in said.out
+        ), said.out
+        assert said.out.startswith("deleted 2 job(s)")  # its jobs went after it, in the same sweep
+        status, _ = await daemon.request("GET", f"/api/batches/{b['id']}")
+        assert status == 404
+
+        archived = []
+        for path in sorted((tmp_path / "gpuq-archive").glob("batches-*.jsonl.gz")):
+            with gzip.open(path, "rt") as f:
+                archived += [json.loads(line) for line in f]
+        archived.sort(key=lambda a: a["archived_at"])  # (each in its month's file: the month it was made)
+        assert [(a["id"], a["archived_for"]) for a in archived] == [(b["id"], "prune"), (b["id"], "delete")]
+        first = archived[0]
+        assert [line["custom_id"] for line in first["lines"]] == ["kept-0", "kept-1"]
+        assert all(json.loads(line["response"])["choices"] for line in first["lines"])
+        assert {f["id"] for f in first["files"]} == {done["input_file_id"], done["output_file_id"]}
+        assert '"custom_id": "kept-0"' in next(f for f in first["files"] if f["id"] == done["input_file_id"])["content"]
+        assert archived[1]["pruned_at"] is not None and archived[1]["files"] == []
+    finally:
+        await client.close()

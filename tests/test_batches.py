@@ -229,3 +229,102 @@ async def test_a_batch_runs_the_same_on_each_engine(fakes, daemon_factory, datab
         assert [line["custom_id"] for line in output] == ["p-0", "p-1", "p-2"]
     finally:
         await lab.close()
+
+
+async def test_lines_take_a_calls_model_rules_local_dropped_aliases_applied_cloud_refused(fakes, daemon_factory):
+    """A line's model is read as a front-door call's (gpuq/front/names.py): `:local` dropped,
+    [front] model_aliases applied, an ollama.com cloud name refused as that line's error."""
+    lab = await start_front_lab(fakes, daemon_factory, token=TOKEN, front={"model_aliases": {"gpt-5*": CHAT_MODEL}})
+    lab.daemon.auth = {"Authorization": f"Bearer {TOKEN}"}
+    try:
+        client = lab.openai(api_key=TOKEN)
+        uploaded = await client.files.create(
+            file=(
+                "names.jsonl",
+                jsonl(
+                    chat_line("local", "asked local", model=CHAT_MODEL + ":local"),
+                    chat_line("alias", "asked alias", model="gpt-5-mini"),
+                    chat_line("cloud", "asked cloud", model="gpt-oss:120b-cloud"),
+                ),
+            ),
+            purpose="batch",
+        )
+        batch = await client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        done = await ended(client, batch.id)
+        assert (done.request_counts.completed, done.request_counts.failed) == (2, 1)
+        jobs = {j["prompt_excerpt"]: j for j in await lab.jobs() if j["prompt_excerpt"].startswith("asked ")}
+        assert {p: j["model"] for p, j in jobs.items()} == {"asked local": CHAT_MODEL, "asked alias": CHAT_MODEL}
+        output = lines_of((await client.files.content(done.output_file_id)).content)
+        assert [line["custom_id"] for line in output] == ["local", "alias"]
+        [cloud] = lines_of((await client.files.content(done.error_file_id)).content)
+        assert cloud["custom_id"] == "cloud" and cloud["response"]["status_code"] == 403
+        assert "cloud" in cloud["response"]["body"]["error"]["message"]
+    finally:
+        await lab.close()
+
+
+async def test_a_batch_past_its_completion_window_expires_with_the_files_of_what_finished(front):
+    """As OpenAI's: at expires_at the lines still waiting are cancelled as expired (the error
+    file says `batch_expired`), what ran is in the output, and the batch ends `expired`."""
+    client = front.openai(api_key=TOKEN)
+    front.fakes["node-1"].script.token_delay_s, front.fakes["node-1"].script.tokens = 0.05, 60
+    uploaded = await client.files.create(
+        file=("x.jsonl", jsonl(*(chat_line(f"x-{i}", f"slow {i}") for i in range(4)))), purpose="batch"
+    )
+    batch = await client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="2s"
+    )
+    assert batch.completion_window == "2s" and batch.expires_at - batch.created_at == 2
+    done = await ended(client, batch.id)
+    assert done.status == "expired" and done.expired_at is not None and done.expired_at >= batch.expires_at
+    assert done.completed_at is None and done.cancelled_at is None
+    counts = done.request_counts
+    assert counts.total == 4 and counts.completed >= 1 and counts.completed + counts.failed == 4
+    output = lines_of((await client.files.content(done.output_file_id)).content)
+    assert output[0]["custom_id"] == "x-0" and all(line["response"]["status_code"] == 200 for line in output)
+    errors = lines_of((await client.files.content(done.error_file_id)).content)
+    assert len(errors) == counts.failed and errors[-1]["custom_id"] == "x-3"
+    for line in errors:
+        assert line["response"] is None and line["error"]["code"] == "batch_expired"
+        assert "completion window expired" in line["error"]["message"]
+    # The lines were cancelled, not failed: a retry runs them again, with a new window.
+    front.fakes["node-1"].script.token_delay_s = 0
+    retried = await front.daemon.request("POST", f"/api/batches/{batch.id}/retry", {"failed": True})
+    assert retried[0] == 200 and len(retried[1]["retried"]) == counts.failed
+    again = await ended(client, batch.id)
+    assert again.status == "completed" and again.request_counts.completed == 4
+    assert again.expires_at > done.expires_at
+
+
+async def test_a_bad_completion_window_is_refused_naming_it(front):
+    client = front.openai(api_key=TOKEN)
+    uploaded = await client.files.create(file=("w.jsonl", jsonl(chat_line("w", "x"))), purpose="batch")
+    for window in ("soon", "0s"):
+        with pytest.raises(openai.BadRequestError) as exc:
+            await client.batches.create(
+                input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window=window
+            )
+        assert "completion_window" in exc.value.message
+
+
+async def test_deleting_a_batchs_files_as_the_sdk_reads_it(front):
+    """OpenAI's file DELETE: `{id, object: "file", deleted: true}`; the batch keeps naming the
+    file (as OpenAI's does) while its content is gone (404); a second delete is 404."""
+    client = front.openai(api_key=TOKEN)
+    uploaded = await client.files.create(file=("f.jsonl", jsonl(chat_line("f", "filed"))), purpose="batch")
+    batch = await client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    done = await ended(client, batch.id)
+    for file_id in (uploaded.id, done.output_file_id):
+        deleted = await client.files.delete(file_id)
+        assert (deleted.id, deleted.object, deleted.deleted) == (file_id, "file", True)
+        with pytest.raises(openai.NotFoundError):
+            await client.files.content(file_id)
+        with pytest.raises(openai.NotFoundError):
+            await client.files.delete(file_id)
+    again = await client.batches.retrieve(batch.id)
+    assert (again.input_file_id, again.output_file_id, again.status) == (uploaded.id, done.output_file_id, "completed")
+    assert [f.id async for f in client.files.list()] == []

@@ -84,3 +84,51 @@ async def test_a_malformed_request_refuses_the_whole_batch(front):
     assert shell(front.daemon, "SELECT COUNT(*) FROM batch") == [(0,)]
     with pytest.raises(anthropic.NotFoundError):
         await client.messages.batches.retrieve("msgbatch_nope")
+
+
+async def test_a_message_batch_past_its_24_hours_ends_with_its_waiting_requests_expired(front):
+    """Anthropic's batches expire after 24 hours: what had not run is `expired` in the results
+    and the counts, what ran is `succeeded`. The day passes as a person at the database's shell
+    would make it pass: its expires_at moved to a second ago."""
+    import sqlite3
+    import time
+
+    from gpuq.store.steps import iso
+
+    client = client_for(front)
+    front.fakes["node-1"].script.token_delay_s, front.fakes["node-1"].script.tokens = 0.05, 40
+    batch = await client.messages.batches.create(requests=[request(f"e-{i}", f"day {i}") for i in range(3)])
+    await front.job_with("day 0", "running")
+    db = sqlite3.connect(front.daemon.config.parent / "gpuq.db")
+    with db:
+        db.execute("UPDATE batch SET expires_at = ? WHERE id = ?", (iso(time.time() - 1), batch.id))
+    db.close()
+    done = await ended(client, batch.id)
+    counts = done.request_counts
+    assert (counts.succeeded, counts.expired, counts.canceled, counts.errored, counts.processing) == (1, 2, 0, 0, 0)
+    assert done.ended_at is not None and done.results_url is not None
+    results = {r.custom_id: r.result.type async for r in await client.messages.batches.results(batch.id)}
+    assert results == {"e-0": "succeeded", "e-1": "expired", "e-2": "expired"}
+
+
+async def test_delete_takes_an_ended_batch_only_as_the_sdk_expects(front):
+    """Anthropic's DELETE: a batch still processing is refused (cancel it first); an ended one
+    goes, `{"id", "type": "message_batch_deleted"}`, and is then not found; its jobs stay."""
+    client = client_for(front)
+    front.fakes["node-1"].script.token_delay_s, front.fakes["node-1"].script.tokens = 0.05, 40
+    batch = await client.messages.batches.create(requests=[request("d-1", "to delete"), request("d-2", "to wait")])
+    with pytest.raises(anthropic.BadRequestError) as exc:
+        await client.messages.batches.delete(batch.id)
+    assert "cancel it first" in exc.value.message
+    await client.messages.batches.cancel(batch.id)
+    await ended(client, batch.id)
+    deleted = await client.messages.batches.delete(batch.id)
+    assert (deleted.id, deleted.type) == (batch.id, "message_batch_deleted")
+    with pytest.raises(anthropic.NotFoundError):
+        await client.messages.batches.retrieve(batch.id)
+    with pytest.raises(anthropic.NotFoundError):
+        await client.messages.batches.delete(batch.id)
+    assert batch.id not in [b.id async for b in client.messages.batches.list()]
+    assert shell(front.daemon, "SELECT COUNT(*) FROM batch_line") == [(0,)]
+    jobs = [j for j in await front.jobs() if j["prompt_excerpt"] in ("to delete", "to wait")]
+    assert len(jobs) == 2  # the history keeps what ran and what was cancelled

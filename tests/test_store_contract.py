@@ -827,7 +827,15 @@ async def test_a_batch_queues_every_line_in_one_commit_placed_by_model_and_keeps
     lines = [line_of(1), line_of(2, model="mb:1b"), refused, line_of(4, model="nowhere")]
     row = await store.create_batch(batch_of("batch_1"), lines, KNOWN, "api")
     assert row["status"] == "in_progress" and row["total"] == 4 and row["metadata"] == {"k": "v"}
-    assert row["counts"] == {"queued": 2, "running": 0, "done": 0, "failed": 0, "cancelled": 0, "refused": 2}
+    assert row["counts"] == {
+        "queued": 2,
+        "running": 0,
+        "done": 0,
+        "failed": 0,
+        "cancelled": 0,
+        "expired": 0,
+        "refused": 2,
+    }
     got = await store.batch_lines("batch_1")
     assert [(g["line"], g["custom_id"], g["state"]) for g in got] == [
         (1, "id-1", "queued"),
@@ -905,6 +913,110 @@ async def test_a_batch_ends_once_its_lines_have_its_output_written_and_retries_i
         await store.file(ended["output_file_id"])  # the old output went; the next end writes it anew
     with pytest.raises(Conflict, match="no failed or cancelled lines"):
         await store.retry_batch("batch_1", "api")
+
+
+@covers("expire_batches")
+async def test_a_batch_past_its_window_has_its_waiting_lines_expired_and_ends_expired(store):
+    await store.create_batch(batch_of("batch_e"), [line_of(1), line_of(2), line_of(3)], KNOWN, "api")
+    await store.create_batch(batch_of("batch_f", owner="bob"), [line_of(1, owner="bob")], KNOWN, "api")
+    ids = [g["job_id"] for g in await store.batch_lines("batch_e")]
+    first = await store.claim("a")
+    assert first is not None and first["id"] == ids[0]
+    assert await store.expire_batches("sweeper") == []  # not due yet
+    clock = store.clock
+    assert isinstance(clock, Clock)
+    clock.advance(86400)
+    expired = dict(await store.expire_batches("sweeper"))
+    assert expired["batch_e"] == 2 and expired["batch_f"] == 1  # the waiting ones; the running one runs on
+    counts = (await store.batch("batch_e"))["counts"]
+    assert (counts["expired"], counts["cancelled"], counts["running"]) == (2, 0, 1)
+    assert await store.expire_batches("sweeper") == []  # nothing waits any more
+    assert await store.finalize_batch("batch_e", render_counts) is None  # one still runs
+    await store.finish(ids[0], first["run_id"], "done", None, "text")
+    ended = await store.finalize_batch("batch_e", render_counts)
+    assert ended is not None and ended["status"] == "expired" and ended["finalizing_at"] is not None
+    assert ended["completed_at"] is None and ended["counts"]["expired"] == 2
+    assert await store.file_content(ended["error_file_id"]) == b"id-2 cancelled\nid-3 cancelled\n"
+    # A retry gives it a new window from now: it does not expire again at once.
+    batch, retried = await store.retry_batch("batch_e", "api", window_s=3600)
+    assert retried == ids[1:] and batch["status"] == "in_progress" and batch["expires_at"] > ended["expires_at"]
+    assert await store.expire_batches("sweeper") == []
+
+
+@covers("delete_batch")
+async def test_an_ended_batch_is_deleted_with_its_written_files_and_its_jobs_stay(store):
+    await store.create_batch(batch_of("batch_d"), [line_of(1), line_of(2)], KNOWN, "api")
+    with pytest.raises(Conflict, match="cancel it first"):
+        await store.delete_batch("batch_d")
+    ids = [g["job_id"] for g in await store.batch_lines("batch_d")]
+    await store.cancel_batch("batch_d", "api")
+    ended = await store.finalize_batch("batch_d", render_counts)
+    assert ended is not None and ended["error_file_id"] is not None
+    with pytest.raises(NotFound):
+        await store.delete_batch("batch_d", only_owner="bob")
+    assert (await store.delete_batch("batch_d", only_owner="alice"))["id"] == "batch_d"
+    with pytest.raises(NotFound):
+        await store.batch("batch_d")
+    with pytest.raises(NotFound):
+        await store.file(ended["error_file_id"])
+    assert await store.batch_lines("batch_d") == []
+    assert [(await store.job(i))["state"] for i in ids] == ["cancelled", "cancelled"]
+
+
+@covers("retention_batches_due", "whole_batches", "prune_batches", "delete_batches", "batch_of_file")
+async def test_retention_prunes_an_ended_batchs_files_then_deletes_it_and_then_its_jobs(store):
+    clock = store.clock
+    assert isinstance(clock, Clock)
+    await store.add_file("file-in", "batch", "in.jsonl", b'{"custom_id": "id-1"}\n', "alice")
+    await store.create_batch(batch_of("batch_r"), [line_of(1), line_of(2)], KNOWN, "api")
+    await store.create_batch(batch_of("batch_open"), [line_of(3)], KNOWN, "api")
+    ids = [g["job_id"] for g in await store.batch_lines("batch_r")]
+    for node in ("a", "b"):
+        claimed = await store.claim(node)
+        assert claimed is not None and claimed["id"] in ids
+        await store.keep_batch_response(claimed["id"], '{"reply": "kept"}')
+        await store.finish(claimed["id"], claimed["run_id"], "done", None, "text")
+    await store.delete((await store.batch_lines("batch_open"))[0]["job_id"], "api")  # its line ended, it is open
+    ended = await store.finalize_batch("batch_r", render_counts)
+    assert ended is not None and ended["output_file_id"] is not None
+    cut = Cutoffs.at(clock.now, 30 * DAY, 90 * DAY, 365 * DAY)
+    assert await store.retention_batches_due("prune", cut, 100) == []
+
+    clock.advance(40 * DAY)
+    cut = Cutoffs.at(clock.now, 30 * DAY, 90 * DAY, 365 * DAY)
+    assert await store.retention_batches_due("prune", cut, 100) == ["batch_r"]  # the open one is never due
+    sweeps = (await store.retention_plan(cut))["sweeps"]
+    assert sweeps["prune"]["batches"] == 1 and sweeps["prune"]["files"] == 2 and sweeps["prune"]["bytes"] > 0
+    assert sweeps["delete"] == {"batches": 0, "lines": 0}
+    [whole] = await store.whole_batches(["batch_r"])
+    assert [line["response"] for line in whole["lines"]] == ['{"reply": "kept"}'] * 2
+    assert {f["id"] for f in whole["files"]} == {"file-in", ended["output_file_id"]}
+    assert whole["metadata"] == {"k": "v"} and await store.whole_batches([]) == []
+    pruned = await store.prune_batches(["batch_r", "batch_open"], cut)
+    assert pruned.pop("held_ms") >= 0 and pruned == {"batches": 1, "files": 2}
+    assert (await store.prune_batches(["batch_r"], cut))["batches"] == 0  # pruned once
+    batch = await store.batch("batch_r")
+    assert batch["pruned_at"] is not None and batch["counts"]["done"] == 2  # the record stays
+    assert [r["response"] for r in await store.batch_results("batch_r")] == [None, None]
+    for file_id in ("file-in", ended["output_file_id"]):
+        with pytest.raises(NotFound):
+            await store.file_content(file_id)
+        assert await store.batch_of_file(file_id) == {"id": "batch_r", "pruned_at": batch["pruned_at"]}
+    assert await store.batch_of_file("file-none") is None
+    assert await store.retention_due("delete", Cutoffs.at(clock.now + 400 * DAY, None, None, 365 * DAY), 100) == []
+
+    clock.advance(400 * DAY)
+    cut = Cutoffs.at(clock.now, 30 * DAY, 90 * DAY, 365 * DAY)
+    assert ids[0] not in await store.retention_due("delete", cut, 100)  # its batch goes first
+    assert await store.retention_batches_due("delete", cut, 100) == ["batch_r"]
+    sweeps = (await store.retention_plan(cut))["sweeps"]
+    assert sweeps["delete"] == {"batches": 1, "lines": 2} and sweeps["prune"]["batches"] == 0
+    deleted = await store.delete_batches(["batch_r", "batch_open"], cut)
+    assert deleted.pop("held_ms") >= 0 and deleted == {"batches": 1, "lines": 2, "files": 0}
+    with pytest.raises(NotFound):
+        await store.batch("batch_r")
+    assert set(ids) <= set(await store.retention_due("delete", cut, 100))  # now its jobs may go
+    assert (await store.delete_ended(ids, cut))["jobs"] == 2
 
 
 # -- the contract covers the whole store ------------------------------------------------------

@@ -470,7 +470,7 @@ function spacer(px) {
 function rangeOf(c, scrollTop) {
   const n = c.jobs.length;
   if (!windowed || !n) return [0, n];
-  if (!cardHeight) return [0, Math.min(n, 3)]; // to measure one
+  if (!cardHeight) return [0, Math.min(n, placeOf(shownBefore(c), 3))]; // to measure one (folded ones take no room)
   const r = c.list.getBoundingClientRect();
   const vh = window.innerHeight;
   if (!inView(r, tight)) return [0, 0];
@@ -478,9 +478,36 @@ function rangeOf(c, scrollTop) {
   // As if the list reached the viewport's bottom: an empty list is short until it is drawn.
   const top = scrollTop + Math.max(0, -r.top);
   const bottom = scrollTop + vh - r.top;
-  const start = Math.max(0, Math.floor(top / cardHeight) - margin);
-  const end = Math.min(n, Math.max(start, Math.ceil(bottom / cardHeight) + margin));
+  // In cards shown (a folded batch's cards take no room), then back to places in the order.
+  const vis = shownBefore(c);
+  const start = placeOf(vis, Math.max(0, Math.floor(top / cardHeight) - margin));
+  const end = Math.min(n, Math.max(start, placeOf(vis, Math.ceil(bottom / cardHeight) + margin)));
   return [start, end];
+}
+
+// A waiting line of a batch whose line on this node is folded: its card is drawn hidden (kept
+// in its place, so positions, moves and drops count it), and takes no room.
+function foldedHere(job, node) {
+  return Boolean(job && job.batch && !S.unfolded.has(`${job.batch.id}|${node}`));
+}
+
+// vis[i]: how many of a column's first i jobs are shown (not folded); vis[n] all of them.
+function shownBefore(c) {
+  const node = c.list.dataset.node;
+  const vis = new Array(c.jobs.length + 1);
+  vis[0] = 0;
+  for (let i = 0; i < c.jobs.length; i++) vis[i + 1] = vis[i] + (foldedHere(c.jobs[i], node) ? 0 : 1);
+  return vis;
+}
+
+// The first place whose shown cards before it reach `k`.
+function placeOf(vis, k) {
+  let lo = 0, hi = vis.length - 1;
+  while (lo < hi) {
+    const mid = (lo + hi) >> 1;
+    if (vis[mid] < k) lo = mid + 1; else hi = mid;
+  }
+  return lo;
 }
 
 // A list in view, or within half a window of it (`strict`: in the window itself).
@@ -499,6 +526,7 @@ function cardAt(c, i) {
     c.cards.set(job.id, card);
   }
   card.querySelector('.pos').textContent = String(i + 1);
+  card.classList.toggle('batch-folded', foldedHere(job, c.list.dataset.node));
   card.setAttribute('aria-label', `${job.kind} ${job.id}, position ${i + 1} on ${card.dataset.node}: ${promptExcerpt(job, 80)}`);
   const [up, down] = card.querySelectorAll('.step');
   up.disabled = i === 0;
@@ -562,9 +590,10 @@ function drawList(c, force = false, scrollTop = c.list.scrollTop, range = rangeO
   const active = document.activeElement;
   const had = active && c.list.contains(active) ? active : null;
   const items = [];
-  if (start > 0) items.push(spacer(start * cardHeight));
+  const vis = windowed ? shownBefore(c) : null; // (the spacers: as tall as the cards shown)
+  if (start > 0) items.push(spacer(vis[start] * cardHeight));
   for (let i = start; i < end; i++) items.push(cardAt(c, i));
-  if (end < c.jobs.length) items.push(spacer((c.jobs.length - end) * cardHeight));
+  if (end < c.jobs.length) items.push(spacer((vis[c.jobs.length] - vis[end]) * cardHeight));
   if (!c.jobs.length) items.push(el('li', {className: 'empty-queue', text: 'nothing waiting'}));
   c.list.replaceChildren(...items);
   if (scrolls) scrolls.push([c.list, scrollTop, had]);
@@ -578,10 +607,10 @@ function restoreScroll(list, scrollTop, had) {
 
 function drawAll(force = false, scroll = new Map()) {
   if (windowed && !cardHeight) {
-    const c = [...cols.values()].find((x) => x.jobs.length);
+    const c = [...cols.values()].find((x) => shownBefore(x)[x.jobs.length] > 0);
     if (c) {
       drawList(c, true, 0);
-      const drawn = [...c.list.querySelectorAll(':scope > .card')];
+      const drawn = [...c.list.querySelectorAll(':scope > .card:not(.batch-folded)')];
       const h = drawn.reduce((sum, d) => sum + d.offsetHeight, 0) / drawn.length;
       if (h > 0) cardHeight = h + 4; // the list's gap
     }
@@ -609,7 +638,7 @@ window.addEventListener('resize', drawSoon);
 // Draw the window around card `index` of a column (scrolled to it if it was not drawn).
 function reveal(c, index) {
   if (windowed && cardHeight && (index < c.start + 2 || index >= c.end - 2)) {
-    drawList(c, true, Math.max(0, index * cardHeight - c.list.clientHeight / 2));
+    drawList(c, true, Math.max(0, shownBefore(c)[index] * cardHeight - c.list.clientHeight / 2));
   } else {
     drawList(c, true);
   }

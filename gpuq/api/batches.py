@@ -61,6 +61,8 @@ def batch_json(batch: Row) -> Row:
         "cancelled_at": batch["cancelled_at"],
         "failed_at": batch["failed_at"],
         "expires_at": batch["expires_at"],
+        "expired_at": batch["finalizing_at"] if batch["status"] == "expired" else None,
+        "pruned_at": batch.get("pruned_at"),  # retention took its files and replies (docs/operations.md)
     }
 
 
@@ -154,7 +156,9 @@ async def retry_batch(request: web.Request) -> web.Response:
 async def results(request: web.Request) -> web.StreamResponse:
     """Every line's result in input order, in its API's shape (OpenAI's output and error lines
     together; Anthropic's results), as JSON Lines: `gpuq batch results ID > out.jsonl`."""
-    batch = await sweeps_of(request).get(request.match_info["id"], caller_of(request))
+    sweeps = sweeps_of(request)
+    batch = await sweeps.get(request.match_info["id"], caller_of(request))
+    sweeps.check_results(batch)
     lines = await request.app[STORE].batch_results(batch["id"])
     resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     await resp.prepare(request)

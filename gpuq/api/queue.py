@@ -63,6 +63,13 @@ async def queue(request: web.Request) -> web.Response:
             )
         )
     await with_quota(app, [j for n in nodes for j in n["queued"]])
+    # A sweep's waiting lines say whose (the page folds them under their batch's line).
+    lines = [j for n in nodes for j in n["queued"] if j.get("lane") == "batch" and j.get("endpoint")]
+    if lines:
+        batches = await app[STORE].batches_of_jobs([j["id"] for j in lines])
+        for j in lines:
+            if j["id"] in batches:
+                j["batch"] = batches[j["id"]]
     for n in nodes:  # on a private router, others' jobs as placeholders (last: with_live filled them)
         n["running"] = n["running"] and as_seen(request, n["running"])
         n["queued"] = [as_seen(request, j) for j in n["queued"]]

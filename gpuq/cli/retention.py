@@ -47,6 +47,12 @@ def prune(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
             f"would delete {d['jobs']} job(s) with {d['runs']} run(s) and {d['events']} event(s) ({_mb(d['bytes'])})"
         )
         click.echo(f"would prune the output and request of {p['jobs']} job(s) ({_mb(p['bytes'])})")
+        sw = data.get("sweeps")
+        if sw and (sw["prune"]["batches"] or sw["delete"]["batches"]):
+            click.echo(
+                f"batches: would prune the files of {sw['prune']['batches']} ({sw['prune']['files']} file(s),"
+                f" {_mb(sw['prune']['bytes'])}), delete {sw['delete']['batches']} with {sw['delete']['lines']} line(s)"
+            )
         click.echo(f"archived first to {data['archive']}" if data["archive"] else "not archived (archive = off)")
         return
     if data["skipped"]:
@@ -55,6 +61,12 @@ def prune(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
     d, p, a = data["deleted"], data["pruned"], data["archived"]
     click.echo(f"deleted {d['jobs']} job(s) with {d['runs']} run(s) and {d['events']} event(s)")
     click.echo(f"pruned the output and request of {p['jobs']} job(s)")
+    s = data.get("sweeps") or {}
+    if s.get("pruned") or s.get("deleted"):  # ended sweeps (gpuq batch, the Batch APIs)
+        click.echo(
+            f"batches: pruned the files and replies of {s['pruned']}, deleted {s['deleted']} with {s['lines']}"
+            f" line(s); {s['files']} file(s) and {s['archived']} archive line(s)"
+        )
     click.echo(f"archived {a['jobs']} job line(s), {_mb(a['bytes'])} compressed; {data['pages_freed']} page(s) freed")
     click.echo(
         f"{data['batches']} batch(es), the longest held the database's writer {data['longest_hold_ms']:.1f} ms;"

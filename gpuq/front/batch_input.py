@@ -11,6 +11,7 @@ over the limit, a model no node has) is that line's error in the error file, and
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,11 +144,20 @@ def listed(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def line_job(
-    line: Line, ep: Endpoint, batch_id: str, owner: str | None, client: str | None, lane: str, max_prompt_bytes: int
+    line: Line,
+    ep: Endpoint,
+    batch_id: str,
+    owner: str | None,
+    client: str | None,
+    lane: str,
+    max_prompt_bytes: int,
+    model_of: Callable[[str], str],
 ) -> tuple[NewJob | None, dict[str, Any] | None]:
     """A line's job, made as a front-door call's is (front/call.py's Call.new_job): the body in
-    Ollama's terms, its text within the router's limit; or the endpoint's refusal of it. The
-    stored request names its batch and custom_id, so the run keeps its reply for the batch."""
+    Ollama's terms, its model as a call's (`model_of`: front/call.py's run_model: `:local`
+    dropped, cloud names refused, [front] model_aliases applied), its text within the router's
+    limit; or the endpoint's refusal of it. The stored request names its batch and custom_id, so
+    the run keeps its reply for the batch."""
     if line.refused is not None or line.body is None:
         return None, line.refused
     body = line.body
@@ -159,11 +169,12 @@ def line_job(
         model = ollama.get("model")
         if not isinstance(model, str) or not model.strip():
             raise FrontError(400, "model is required")
+        model = model_of(model)
         request = {"path": ep.path, "user_agent": client, "body": body, "batch": batch_id, "custom_id": line.custom_id}
         job = NewJob(
             kind=ep.kind,
             prompt=ep.prompt(body),
-            model=model.strip(),
+            model=model,
             endpoint=ep.path,
             request=dumps(request),
             owner=owner,

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from ..jobs import ACTIVE, parse_iso
+from ..store.batches import is_expired
 from .anthropic import ERROR_TYPES
 from .openai_api import openai_error
 from .shapes import dumps
@@ -53,8 +54,8 @@ def openai_status(batch: dict[str, Any]) -> str:
 
 
 def request_counts(counts: dict[str, int]) -> dict[str, int]:
-    """OpenAI's three: completed (done), failed (failed, refused, cancelled), and their total."""
-    failed = counts["failed"] + counts["refused"] + counts["cancelled"]
+    """OpenAI's three: completed (done), failed (failed, refused, cancelled, expired), and their total."""
+    failed = counts["failed"] + counts["refused"] + counts["cancelled"] + counts["expired"]
     return {"total": sum(counts.values()), "completed": counts["done"], "failed": failed}
 
 
@@ -77,7 +78,7 @@ def batch_object(batch: dict[str, Any]) -> dict[str, Any]:
         "finalizing_at": unix(batch["finalizing_at"]),
         "completed_at": unix(batch["completed_at"]),
         "failed_at": unix(batch["failed_at"]),
-        "expired_at": None,
+        "expired_at": unix(batch["finalizing_at"]) if batch["status"] == "expired" else None,
         "cancelling_at": unix(batch["cancelling_at"]),
         "cancelled_at": unix(batch["cancelled_at"]),
         "request_counts": request_counts(batch["counts"]),
@@ -112,6 +113,12 @@ def openai_line(batch_id: str, line: dict[str, Any]) -> tuple[dict[str, Any], bo
     if state == "done" and line.get("response") is not None:
         out["response"] = {"status_code": 200, "request_id": job_id, "body": json.loads(line["response"])}
         return out, True
+    if is_expired(line):  # (OpenAI's words for a request its batch's window ended before)
+        out["error"] = {
+            "code": "batch_expired",
+            "message": "This request could not be executed before the completion window expired.",
+        }
+        return out, False
     if state == "cancelled":
         out["error"] = {"code": "batch_cancelled", "message": f"gpuq job {job_id} was cancelled: {line['error']}"}
         return out, False
@@ -145,6 +152,13 @@ def processing_status(batch: dict[str, Any]) -> str:
     return "ended" if status not in ("in_progress", "cancelling") else "in_progress"
 
 
+def ended_at(batch: dict[str, Any]) -> str | None:
+    """When it ended: an expired one at its finalizing (the schema keeps no expired_at)."""
+    if batch["status"] == "expired":
+        return batch["finalizing_at"]
+    return batch["completed_at"] or batch["cancelled_at"] or batch["failed_at"]
+
+
 def message_batch(batch: dict[str, Any], base_url: str) -> dict[str, Any]:
     """Anthropic's message_batch. Its counts move as lines end (Anthropic's stay 0 until the
     batch ends: gpuq shows its progress); their sum is always its total."""
@@ -159,10 +173,10 @@ def message_batch(batch: dict[str, Any], base_url: str) -> dict[str, Any]:
             "succeeded": counts["done"],
             "errored": counts["failed"] + counts["refused"],
             "canceled": counts["cancelled"],
-            "expired": 0,
+            "expired": counts["expired"],
         },
         "created_at": rfc3339(batch["created_at"]),
-        "ended_at": rfc3339(batch["completed_at"] or batch["cancelled_at"]),
+        "ended_at": rfc3339(ended_at(batch)),
         "expires_at": rfc3339(batch["expires_at"]),
         "cancel_initiated_at": rfc3339(batch["cancelling_at"]),
         "archived_at": None,
@@ -182,6 +196,8 @@ def anthropic_result(line: dict[str, Any]) -> dict[str, Any]:
         result = {"type": "errored", "error": _anthropic_error(int(refused.get("status") or 400), refused["message"])}
     elif line["state"] == "done" and line.get("response") is not None:
         result = {"type": "succeeded", "message": json.loads(line["response"])}
+    elif is_expired(line):
+        result = {"type": "expired"}
     elif line["state"] == "cancelled":
         result = {"type": "canceled"}
     elif line["state"] in ACTIVE:  # (results are read once the batch ended: none is)

@@ -123,7 +123,7 @@ async def list_files(request: web.Request) -> web.Response:
 
 
 async def get_file(request: web.Request) -> web.Response:
-    row = await request.app[FRONT].store.file(request.match_info["id"], only_owner(caller_of(request)))
+    row = await sweeps_of(request).file(request.match_info["id"], caller_of(request))
     return json_reply(file_object(row))
 
 
@@ -134,7 +134,7 @@ async def delete_file(request: web.Request) -> web.Response:
 
 
 async def file_content(request: web.Request) -> web.Response:
-    content = await request.app[FRONT].store.file_content(request.match_info["id"], only_owner(caller_of(request)))
+    content = await sweeps_of(request).file_content(request.match_info["id"], caller_of(request))
     return web.Response(body=content, content_type="application/octet-stream")
 
 

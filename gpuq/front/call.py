@@ -82,9 +82,14 @@ def model_to_run(front: Front, asked: str) -> str:
     """The model a call runs: the name as Ollama reads it (gpuq/front/names.py: `:local`
     dropped; cloud and unparsable names refused), or, when no node that runs front-door calls
     has it, the model [front] model_aliases give it (the settings in force: a reload changes them)."""
+    return run_model(front.dispatcher, asked)
+
+
+def run_model(dispatcher: Any, asked: str) -> str:
+    """model_to_run for a caller with no Front (a batch's lines: gpuq/front/batch_input.py)."""
     name = local_name(asked)
-    nodes = front.nodes_by_rank()
-    return aliased(name, front.dispatcher.settings.front_model_aliases, lambda m: bool(entries_of(nodes, m)))
+    nodes = list(dispatcher.nodes.values())
+    return aliased(name, dispatcher.settings.front_model_aliases, lambda m: bool(entries_of(nodes, m)))
 
 
 class StalledClient(ConnectionError):

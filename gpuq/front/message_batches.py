@@ -1,5 +1,5 @@
 """Anthropic's Message Batches on the front door (issue 37): /v1/messages/batches (create, list,
-retrieve, cancel) and its results as JSON Lines, in Anthropic's shapes, as its SDK reads them
+retrieve, cancel, delete) and its results as JSON Lines, in Anthropic's shapes, as its SDK reads them
 (`results` follows the batch's `results_url`, here this door's own). The work is the Sweeps
 service's (front/sweeps.py); each request is a /v1/messages job in the batch lane."""
 
@@ -53,6 +53,14 @@ async def cancel(request: web.Request) -> web.Response:
     return json_reply(message_batch(batch, base_url(request)))
 
 
+async def delete(request: web.Request) -> web.Response:
+    """DELETE: an ended batch gone, as the SDK's `messages.batches.delete` reads it."""
+    batch = await sweeps_of(request).delete(
+        request.match_info["id"], caller_of(request), actor_of(request, "anthropic"), "anthropic"
+    )
+    return json_reply({"id": batch["id"], "type": "message_batch_deleted"})
+
+
 async def results(request: web.Request) -> web.StreamResponse:
     """The batch's results, one JSON line per request in its order; only once it has ended (as
     Anthropic's: before, no results_url)."""
@@ -60,6 +68,7 @@ async def results(request: web.Request) -> web.StreamResponse:
     batch = await sweeps.get(request.match_info["id"], caller_of(request), "anthropic")
     if message_batch(batch, "")["processing_status"] != "ended":
         raise_not_ended(batch["id"])
+    sweeps.check_results(batch)
     lines = await request.app[FRONT].store.batch_results(batch["id"])
     resp = web.StreamResponse(headers={"Content-Type": "application/binary"})
     await resp.prepare(request)
@@ -77,5 +86,6 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_post("/v1/messages/batches", create)
     router.add_get("/v1/messages/batches", list_batches, allow_head=False)
     router.add_get("/v1/messages/batches/{id}", retrieve, allow_head=False)
+    router.add_delete("/v1/messages/batches/{id}", delete)
     router.add_post("/v1/messages/batches/{id}/cancel", cancel)
     router.add_get("/v1/messages/batches/{id}/results", results, allow_head=False)

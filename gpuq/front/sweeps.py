@@ -20,7 +20,7 @@ from ..errors import FrontError, GpuqError, NotFound
 from ..jobs import Lane
 from ..node.dispatcher import Dispatcher
 from ..store import Row, Store
-from ..store.batches import NewBatch, NewLine
+from ..store.batches import ENDED, NewBatch, NewLine
 from .batch_input import (
     ANTHROPIC_ENDPOINT,
     OPENAI_ENDPOINTS,
@@ -32,10 +32,12 @@ from .batch_input import (
     parse_openai,
 )
 from .batch_output import active, render_anthropic, render_openai
+from .call import run_model
 
 log = logging.getLogger("gpuq")
 
 FINALIZE_EVERY_S = 1.0  # how often open batches are looked at, so a finished one is written soon
+EXPIRY_ACTOR = "gpuq (completion_window)"  # who cancels an expired batch's waiting lines, in their events
 
 
 def only_owner(caller: Caller) -> str | None:
@@ -56,6 +58,16 @@ def window_s(window: Any) -> float:
     return seconds
 
 
+def pruned(what: str, batch_id: str, pruned_at: str) -> FrontError:
+    """410 for what retention took of an ended batch (its files, its lines' replies)."""
+    return FrontError(
+        410,
+        f"{what} was pruned by retention on {pruned_at[:10]} ([retention] prune_after): batch {batch_id}"
+        " keeps its status and counts, not its files or replies",
+        "pruned",
+    )
+
+
 class Sweeps:
     def __init__(self, store: Store, dispatcher: Dispatcher):
         self.store = store
@@ -65,6 +77,10 @@ class Sweeps:
     def settings(self) -> Settings:
         """The settings in force (a reload changes the batch limits live)."""
         return self.dispatcher.settings
+
+    def model_of(self, asked: str) -> str:
+        """A line's model, as a front-door call's (its refusal is that line's error)."""
+        return run_model(self.dispatcher, asked)
 
     # -- create ----------------------------------------------------------------------------------
 
@@ -80,7 +96,9 @@ class Sweeps:
         lane = lane_for(caller.user, Lane.BATCH, Door.FRONT)
         new_lines = []
         for line in lines:
-            job, refused = line_job(line, ep, batch.id, caller.name, client, lane, self.settings.max_prompt_bytes)
+            job, refused = line_job(
+                line, ep, batch.id, caller.name, client, lane, self.settings.max_prompt_bytes, self.model_of
+            )
             new_lines.append(NewLine(line.line, line.custom_id, job, refused))
         row = await self.dispatcher.submit_batch(batch, new_lines, actor)
         log.info(
@@ -204,16 +222,69 @@ class Sweeps:
         self.dispatcher.bus.publish("queue", {"batch": batch_id})
         return await self.finalized(batch)
 
+    async def delete(self, batch_id: str, caller: Caller, actor: str, api: str | None = None) -> Row:
+        """An ended batch deleted (Anthropic's DELETE); one in progress is refused: cancel it first."""
+        batch = await self.get(batch_id, caller, api)  # (another API's batch is not found)
+        if batch["status"] not in ENDED:
+            raise FrontError(
+                400,
+                f"batch {batch_id} is still processing: only an ended batch can be deleted; cancel it first",
+                "batch_not_ended",
+            )
+        await self.store.delete_batch(batch_id, only_owner(caller))
+        log.info("batch=%s deleted actor=%r", batch_id, actor)
+        self.dispatcher.bus.publish("queue", {"batch": batch_id})
+        return batch
+
     async def retry_failed(self, batch_id: str, caller: Caller, actor: str) -> tuple[Row, list[str]]:
+        found = await self.store.batch(batch_id, only_owner(caller))
         batch, retried = await self.store.retry_batch(
-            batch_id, actor, only_owner(caller), frozenset(self.dispatcher.nodes), self.settings.max_waiting
+            batch_id,
+            actor,
+            only_owner(caller),
+            frozenset(self.dispatcher.nodes),
+            self.settings.max_waiting,
+            window_s(found["completion_window"]),
         )
         log.info("batch=%s retried_lines=%d actor=%r", batch_id, len(retried), actor)
         self.dispatcher.wake()
         self.dispatcher.bus.publish("queue", {"batch": batch_id})
         return batch, retried
 
+    def check_results(self, batch: Row) -> None:
+        """A pruned batch's replies are gone: its results are 410, not an empty list."""
+        if batch.get("pruned_at"):
+            raise pruned(f"the results of batch {batch['id']}", batch["id"], batch["pruned_at"])
+
+    async def file(self, file_id: str, caller: Caller) -> Row:
+        """A file's row; one retention pruned with its batch is 410, naming when."""
+        try:
+            return await self.store.file(file_id, only_owner(caller))
+        except NotFound:
+            await self._pruned_file(file_id)
+            raise
+
+    async def file_content(self, file_id: str, caller: Caller) -> bytes:
+        try:
+            return await self.store.file_content(file_id, only_owner(caller))
+        except NotFound:
+            await self._pruned_file(file_id)
+            raise
+
+    async def _pruned_file(self, file_id: str) -> None:
+        named = await self.store.batch_of_file(file_id)
+        if named is not None and named["pruned_at"]:
+            raise pruned(f"file {file_id}", named["id"], named["pruned_at"])
+
     # -- the finalizer ---------------------------------------------------------------------------
+
+    async def expire_due(self) -> int:
+        """Cancel, as expired, the waiting lines of every batch past its completion_window;
+        returns how many batches expired (each is then finalized `expired`)."""
+        expired = await self.store.expire_batches(EXPIRY_ACTOR)
+        for batch_id, n in expired:
+            log.info("batch=%s expired: its completion_window ended; expired_lines=%d", batch_id, n)
+        return len(expired)
 
     async def finalize_open(self) -> int:
         """Write the output of every open batch whose lines have all ended; returns how many."""
@@ -229,7 +300,7 @@ class Sweeps:
         still gets its output, and the page and /metrics see it end)."""
         while True:
             try:
-                if await self.finalize_open():
+                if await self.expire_due() + await self.finalize_open():
                     self.dispatcher.bus.publish("queue", {"batches": "ended"})
             except GpuqError as exc:
                 log.warning("batches not finalized this time: %s", exc.message)

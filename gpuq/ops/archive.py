@@ -24,9 +24,10 @@ from ..jobs import compact_json, iso
 FILE = re.compile(r"jobs-(\d{4})-(\d{2})\.jsonl\.gz")
 
 
-def file_for(directory: Path, job: dict[str, Any]) -> Path:
-    """The month's file of a job: the month it was made (its id's time would do as well)."""
-    return directory / f"jobs-{job['created_at'][:7]}.jsonl.gz"
+def file_for(directory: Path, job: dict[str, Any], kind: str = "jobs") -> Path:
+    """The month's file of a job (or, `kind` "batches", of a batch: a file of their own, so a
+    search of the jobs reads jobs only): the month it was made."""
+    return directory / f"{kind}-{job['created_at'][:7]}.jsonl.gz"
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -37,7 +38,7 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def append(directory: Path, jobs: Iterable[dict[str, Any]], why: str, now: float) -> int:
+def append(directory: Path, jobs: Iterable[dict[str, Any]], why: str, now: float, kind: str = "jobs") -> int:
     """Write `jobs` (whole, as Store.whole_jobs reads them) to their months' files and fsync each,
     and the directory; returns the bytes written. Raises OSError (a full disk, no permission):
     then the caller must not let the jobs leave the database."""
@@ -45,7 +46,7 @@ def append(directory: Path, jobs: Iterable[dict[str, Any]], why: str, now: float
     stamp = {"archived_at": iso(now), "archived_for": why}
     for job in jobs:
         line = compact_json(job | stamp).encode() + b"\n"
-        by_file.setdefault(file_for(directory, job), []).append(line)
+        by_file.setdefault(file_for(directory, job, kind), []).append(line)
     if not by_file:
         return 0
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)  # it holds people's prompts

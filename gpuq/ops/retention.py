@@ -39,6 +39,10 @@ class Swept:
     pruned: dict[str, int] = field(default_factory=lambda: {"jobs": 0, "chunks": 0})
     archived: dict[str, int] = field(default_factory=lambda: {"jobs": 0, "bytes": 0})
     parts: dict[str, int] = field(default_factory=lambda: {"parts": 0, "bytes": 0})  # images no job holds now
+    # ended batches (issue 37): pruned (their files, their lines' replies), deleted, archived first
+    sweeps: dict[str, int] = field(
+        default_factory=lambda: {"pruned": 0, "deleted": 0, "lines": 0, "files": 0, "archived": 0}
+    )
     pages_freed: int = 0
     batches: int = 0
     longest_batch_ms: float = 0.0  # the longest a batch's write took, its queueing and commit included
@@ -52,6 +56,7 @@ class Swept:
             "pruned": self.pruned,
             "archived": self.archived,
             "parts": self.parts,
+            "sweeps": self.sweeps,
             "pages_freed": self.pages_freed,
             "batches": self.batches,
             "longest_batch_ms": round(self.longest_batch_ms, 3),
@@ -102,9 +107,11 @@ class Sweeper:
                 swept.skipped = "another router runs the retention sweep"
                 return swept
             cutoffs = cutoffs_of(settings, self.store.clock())
+            for step in STEPS:  # a batch first: its lines' jobs are deleted after it
+                await self._batch_step(step, cutoffs, settings, swept)
             for step in STEPS:
                 await self._step(step, cutoffs, settings, swept)
-            if swept.deleted["jobs"] or swept.pruned["jobs"]:
+            if swept.deleted["jobs"] or swept.pruned["jobs"] or swept.sweeps["files"]:
                 # The requests' large parts (gpuq/store/parts.py) that only these jobs held go too.
                 dropped = await self.store.drop_unreferenced_parts()
                 swept.parts = {"parts": int(dropped["parts"]), "bytes": int(dropped["bytes"] or 0)}
@@ -151,6 +158,39 @@ class Sweeper:
             # Paced: as long again as the batch took, so the queue's own writes (a submit, a
             # claim) and reads share the writer, the disk and the CPU with the sweep half the time.
             await asyncio.sleep(min(time.monotonic() - began_batch, MAX_PAUSE_S))
+
+    async def _batch_step(self, step: str, cutoffs: Cutoffs, settings: Settings, swept: Swept) -> None:
+        """Ended batches due for `step`, archived first (one line per batch, whole: its lines and
+        files, in the archive's batches-YYYY-MM.jsonl.gz), then pruned or deleted."""
+        while True:
+            ids = await self.store.retention_batches_due(step, cutoffs, settings.retention_batch)
+            if not ids:
+                return
+            if settings.retention_archive is not None:
+                batches = await self.store.whole_batches(ids)
+                try:
+                    size = await asyncio.to_thread(
+                        archive.append, settings.retention_archive, batches, step, self.store.clock(), "batches"
+                    )
+                except OSError as exc:
+                    raise StoreUnavailable(
+                        f"the retention archive {settings.retention_archive} cannot be written ({exc}); nothing was"
+                        " pruned or deleted"
+                    ) from exc
+                swept.sweeps["archived"] += len(batches)
+                swept.archived["bytes"] += size
+            if step == "delete":
+                done = await self.store.delete_batches(ids, cutoffs)
+                swept.sweeps["deleted"] += done["batches"]
+                swept.sweeps["lines"] += done["lines"]
+            else:
+                done = await self.store.prune_batches(ids, cutoffs)
+                swept.sweeps["pruned"] += done["batches"]
+            swept.sweeps["files"] += done["files"]
+            swept.batches += 1
+            swept.longest_hold_ms = max(swept.longest_hold_ms, done["held_ms"])
+            if not done["batches"]:
+                return
 
     async def _give_back(self) -> int:
         freed = 0

@@ -354,6 +354,39 @@ def cancel_batch(db: Connection, batch_id: str, actor: str, now: float, only_own
     return batch_row(db, batch_id), len(waiting)
 
 
+# A line its batch's completion_window ended before it ran: cancelled with this reason, counted
+# (and answered: OpenAI's `batch_expired`, Anthropic's `expired`) as expired.
+EXPIRED = "expired: "
+
+
+def expire_due(db: Connection, now: float, actor: str) -> list[tuple[str, int]]:
+    """Every batch in progress past its expires_at (its completion_window): its waiting lines
+    cancelled as expired, as OpenAI's unfinished requests are; a running one ends as it would,
+    and finalize then ends the batch `expired` with the files of what finished. Returns each
+    expired batch and how many lines it cancelled (a batch with none waiting is left alone)."""
+    out = []
+    due = db.execute(
+        "SELECT b.id, b.completion_window, COUNT(*) AS n FROM batch b JOIN batch_line l ON l.batch_id = b.id"
+        " JOIN job j ON j.id = l.job_id WHERE b.status = 'in_progress' AND b.expires_at <= ? AND j.state = 'queued'"
+        " GROUP BY b.id, b.completion_window",
+        (iso(now),),
+    ).fetchall()
+    for batch in due:
+        reason = (
+            f"{EXPIRED}its batch {batch['id']} did not end within its completion_window ({batch['completion_window']})"
+        )
+        waiting = rows(
+            db.execute(
+                "SELECT j.* FROM job j JOIN batch_line l ON l.job_id = j.id WHERE l.batch_id = ? AND j.state = 'queued'",
+                (batch["id"],),
+            ).fetchall()
+        )
+        for job in waiting:
+            cancel(db, job, actor, reason, now)
+        out.append((batch["id"], len(waiting)))
+    return out
+
+
 # What finalize hands its renderer: a batch's lines, in order, each with its job's end.
 LINES_SQL = (
     "SELECT l.line, l.custom_id, l.job_id, l.refused, l.response, j.state, j.error, j.node, j.model"
@@ -384,14 +417,24 @@ def finalize(db: Connection, batch_id: str, render: Callable[[Row, list[Row]], R
         file_id = new_file_id()
         add_file(db, file_id, "batch_output", f"{batch_id}_{suffix}.jsonl", content, batch["owner"], now)
         ids.append(file_id)
-    status = "cancelled" if batch["status"] == "cancelling" else "completed"
     at = iso(now)
+    if batch["status"] == "cancelling":
+        status = "cancelled"
+    elif any(is_expired(line) for line in lines):
+        status = "expired"  # (its time is finalizing_at: the schema has no expired_at)
+    else:
+        status = "completed"
+    ended_at = "" if status == "expired" else f", {status}_at = ?"
     db.execute(
-        f"UPDATE batch SET status = ?, output_file_id = ?, error_file_id = ?, finalizing_at = ?, {status}_at = ?"
-        " WHERE id = ?",
-        (status, ids[0], ids[1], at, at, batch_id),
+        f"UPDATE batch SET status = ?, output_file_id = ?, error_file_id = ?, finalizing_at = ?{ended_at} WHERE id = ?",
+        (status, ids[0], ids[1], at, *(() if status == "expired" else (at,)), batch_id),
     )
     return batch_row(db, batch_id)
+
+
+def is_expired(line: Row) -> bool:
+    """A line cancelled because its batch's completion_window ended (expire_due)."""
+    return line.get("state") == "cancelled" and str(line.get("error") or "").startswith(EXPIRED)
 
 
 def retry_failed(
@@ -402,10 +445,12 @@ def retry_failed(
     only_owner: str | None,
     nodes: frozenset[str] | None = None,
     max_waiting: dict[str, int] | None = None,
+    window_s: float | None = None,
 ) -> tuple[Row, list[str]]:
-    """Only by explicit request (`gpuq batch retry ID --failed`): the batch's failed and
-    cancelled lines go back to the tail of their queues and the batch is in progress again;
-    its old output and error files go (the new ones are written when it ends again)."""
+    """Only by explicit request (`gpuq batch retry ID --failed`): the batch's failed, cancelled
+    and expired lines go back to the tail of their queues and the batch is in progress again;
+    its old output and error files go (the new ones are written when it ends again). A batch
+    past its expiry gets a new one, `window_s` from now (else it would expire again at once)."""
     batch = _batch_for_update(db, batch_id, only_owner)
     if batch["status"] == "failed":
         raise Conflict(f"batch {batch_id} failed its validation: nothing of it ran; fix its input and submit it again")
@@ -434,7 +479,24 @@ def retry_failed(
         " completed_at = NULL, cancelling_at = NULL, cancelled_at = NULL WHERE id = ?",
         (batch_id,),
     )
+    if window_s is not None and batch["expires_at"] <= iso(now):
+        db.execute("UPDATE batch SET expires_at = ? WHERE id = ?", (iso(now + window_s), batch_id))
     return batch_row(db, batch_id), retried
+
+
+def delete_batch(db: Connection, batch_id: str, only_owner: str | None) -> Row:
+    """An ended batch gone (Anthropic's DELETE): its row, its lines' ties and the output and error
+    files it wrote; its lines' jobs stay, ordinary jobs of the history (retention ends them).
+    Its input file stays (the caller uploaded it; they delete it themselves). Returns it."""
+    batch = _batch_for_update(db, batch_id, only_owner)
+    if batch["status"] not in ENDED:
+        raise Conflict(f"batch {batch_id} is {batch['status']}: only an ended batch can be deleted; cancel it first")
+    for file_id in (batch["output_file_id"], batch["error_file_id"]):
+        if file_id is not None:
+            db.execute("DELETE FROM batch_file WHERE id = ?", (file_id,))
+    db.execute("DELETE FROM batch_line WHERE batch_id = ?", (batch_id,))
+    db.execute("DELETE FROM batch WHERE id = ?", (batch_id,))
+    return batch
 
 
 def _batch_for_update(db: Connection, batch_id: str, only_owner: str | None) -> Row:
@@ -454,13 +516,18 @@ def batch_row(db: Connection, batch_id: str) -> Row:
 # -- reads -------------------------------------------------------------------------------------
 
 # Each batch's lines by their jobs' states ('refused': a line that never became a job).
+# 'expired': a line cancelled by its batch's expiry (expire_due), not counted as cancelled.
+LINE_STATE_SQL = (
+    f"CASE WHEN j.id IS NULL THEN 'refused' WHEN j.state = 'cancelled' AND j.error LIKE '{EXPIRED}%' THEN 'expired'"
+    " ELSE j.state END"
+)
 COUNTS_SQL = (
-    "SELECT l.batch_id, COALESCE(j.state, 'refused') AS state, COUNT(*) AS n"
+    f"SELECT l.batch_id, {LINE_STATE_SQL} AS state, COUNT(*) AS n"
     " FROM batch_line l LEFT JOIN job j ON j.id = l.job_id WHERE l.batch_id IN ({ids})"
-    " GROUP BY l.batch_id, COALESCE(j.state, 'refused')"
+    f" GROUP BY l.batch_id, {LINE_STATE_SQL}"
 )
 
-LINE_STATES = ("queued", "running", "done", "failed", "cancelled", "refused")
+LINE_STATES = ("queued", "running", "done", "failed", "cancelled", "expired", "refused")
 
 
 def with_counts(batch: Row, counted: list[Row]) -> Row:

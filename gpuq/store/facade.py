@@ -575,9 +575,17 @@ class Store(Reads):
             partial(batches.cancel_batch, batch_id=batch_id, actor=actor, now=self.clock(), only_owner=only_owner)
         )
 
+    async def expire_batches(self, actor: str) -> list[tuple[str, int]]:
+        """The waiting lines of every batch past its completion_window cancelled as expired."""
+        return await self._write(partial(batches.expire_due, now=self.clock(), actor=actor))
+
     async def finalize_batch(self, batch_id: str, render: Callable[[Row, list[Row]], batches.Rendered]) -> Row | None:
         """Write a batch's output and error files once every line has ended; None if not due."""
         return await self._write(partial(batches.finalize, batch_id=batch_id, render=render, now=self.clock()))
+
+    async def delete_batch(self, batch_id: str, only_owner: str | None = None) -> Row:
+        """An ended batch deleted with its output and error files (its jobs stay in the history)."""
+        return await self._write(partial(batches.delete_batch, batch_id=batch_id, only_owner=only_owner))
 
     async def retry_batch(
         self,
@@ -586,8 +594,10 @@ class Store(Reads):
         only_owner: str | None = None,
         nodes: frozenset[str] | None = None,
         max_waiting: dict[str, int] | None = None,
+        window_s: float | None = None,
     ) -> tuple[Row, list[str]]:
-        """Its failed and cancelled lines queued again, on request; the batch in progress again."""
+        """Its failed and cancelled lines queued again, on request; the batch in progress again
+        (one past its expiry given a new completion window of `window_s` from now)."""
         return await self._write(
             partial(
                 batches.retry_failed,
@@ -597,6 +607,7 @@ class Store(Reads):
                 only_owner=only_owner,
                 nodes=nodes,
                 max_waiting=max_waiting,
+                window_s=window_s,
             )
         )
 
@@ -748,6 +759,14 @@ class Store(Reads):
         """Delete the jobs of `ids` still due, with their runs and events; what went (`held_ms`
         as prune's)."""
         return await self._write(partial(retention.delete, ids=ids, cutoffs=cutoffs))
+
+    async def prune_batches(self, ids: list[str], cutoffs: retention.Cutoffs) -> dict[str, Any]:
+        """The ended batches of `ids` still due lose their files and their lines' replies."""
+        return await self._write(partial(retention.prune_batches, ids=ids, cutoffs=cutoffs, now=self.clock()))
+
+    async def delete_batches(self, ids: list[str], cutoffs: retention.Cutoffs) -> dict[str, Any]:
+        """The ended batches of `ids` still due go, with their lines and files (their jobs after)."""
+        return await self._write(partial(retention.delete_batches, ids=ids, cutoffs=cutoffs))
 
     async def give_back_space(self, pages: int = 2048) -> int:
         """SQLite: up to `pages` free pages back to the file system (PostgreSQL's autovacuum does

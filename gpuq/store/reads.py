@@ -356,7 +356,7 @@ class Reads(BatchReads):
         rows = await self.read(retention.due_sql(step), cutoffs.params() | {"limit": limit})
         return [r["id"] for r in rows]
 
-    async def retention_plan(self, cutoffs: retention.Cutoffs) -> dict[str, dict[str, int]]:
+    async def retention_plan(self, cutoffs: retention.Cutoffs) -> dict[str, Any]:
         """The dry run: what each step would drop now, and its bytes."""
         params = cutoffs.params()
         found = {key: (await self.read(sql, params))[0] for key, sql in retention.plan_sql(self.engine).items()}
@@ -384,6 +384,36 @@ class Reads(BatchReads):
             job["events"] = [e for e in events if e["job_id"] == job["id"]]
             job["output"] = job["runs"][-1]["output"] if job["runs"] else ""
         return jobs
+
+    async def retention_batches_due(self, step: str, cutoffs: retention.Cutoffs, limit: int) -> list[str]:
+        """Up to `limit` ids of ended batches due for `step` ("prune" or "delete"), oldest first."""
+        rows = await self.read(retention.batches_due_sql(step), cutoffs.params() | {"limit": limit})
+        return [r["id"] for r in rows]
+
+    async def whole_batches(self, ids: list[str]) -> list[Row]:
+        """Batches whole, as the archive keeps them: every column, every line (its kept reply),
+        its files with their content as text (JSON Lines)."""
+        if not ids:
+            return []
+        reads = retention.whole_batches_sql(ids)
+        batches = await self.read(*reads["batches"])
+        lines = await self.read(*reads["lines"])
+        files = await self.read(*reads["files"])
+        for f in files:
+            f["content"] = bytes(f["content"]).decode("utf-8", "replace")
+        for batch in batches:
+            for key in ("metadata", "errors"):
+                if batch[key] is not None:
+                    batch[key] = json.loads(batch[key])
+            named = (batch["input_file_id"], batch["output_file_id"], batch["error_file_id"])
+            batch["lines"] = [line for line in lines if line["batch_id"] == batch["id"]]
+            batch["files"] = [f for f in files if f["id"] in named]
+        return batches
+
+    async def batch_of_file(self, file_id: str) -> Row | None:
+        """The batch that names a file ({id, pruned_at}), if any: a pruned batch's files are gone."""
+        found = await self.read(retention.BATCH_OF_FILE_SQL, (file_id, file_id, file_id))
+        return found[0] if found else None
 
     # -- backups and the storage budget (gpuq/node/backups.py, gpuq/node/storage.py) -----------------
 

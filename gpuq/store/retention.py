@@ -58,6 +58,8 @@ PRUNE_DUE = """j.finished_at IS NOT NULL AND j.pruned_at IS NULL
     AND NOT EXISTS (SELECT 1 FROM job c WHERE c.parent_id = j.id AND c.state IN ('queued', 'running'))"""
 DELETE_DUE = """j.finished_at IS NOT NULL AND j.finished_at < :delete
     AND NOT EXISTS (SELECT 1 FROM job c WHERE c.parent_id = j.id)"""
+# A batch's lines' jobs wait for their batch (batch_line refers to them): they go after it.
+DELETE_DUE += "\n    AND NOT EXISTS (SELECT 1 FROM batch_line l WHERE l.job_id = j.id)"
 DUE = {"prune": PRUNE_DUE, "delete": DELETE_DUE}
 STEPS = ("delete", "prune")  # the order a sweep runs them: a job deleted needs no prune first
 
@@ -141,10 +143,17 @@ def plan_sql(engine: Engine) -> dict[str, str]:
         "delete_chunks": f"SELECT {chunk_bytes} AS bytes FROM run_chunk c JOIN run r ON r.id = c.run_id"
         f" JOIN job j ON j.id = r.job_id WHERE {DELETE_DUE}",
         "delete_events": f"SELECT COUNT(*) AS events FROM event e JOIN job j ON j.id = e.job_id WHERE {DELETE_DUE}",
+        # ended batches (a batch due for both is deleted, not pruned)
+        "batch_prune": f"SELECT COUNT(*) AS batches FROM batch b WHERE {BATCH_PRUNE_ONLY}",
+        "batch_prune_files": "SELECT COUNT(*) AS files, SUM(f.bytes) AS bytes FROM batch_file f"
+        f" JOIN batch b ON f.id IN (b.input_file_id, b.output_file_id, b.error_file_id) WHERE {BATCH_PRUNE_ONLY}",
+        "batch_delete": f"SELECT COUNT(*) AS batches FROM batch b WHERE {BATCH_DUE['delete']}",
+        "batch_delete_lines": "SELECT COUNT(*) AS lines FROM batch_line l JOIN batch b ON b.id = l.batch_id"
+        f" WHERE {BATCH_DUE['delete']}",
     }
 
 
-def plan(found: dict[str, Row]) -> dict[str, dict[str, int]]:
+def plan(found: dict[str, Row]) -> dict[str, Any]:
     """The dry run's answer from plan_sql's rows: per step, what it would drop and its bytes.
     (Deletion is counted first: a job due for both is deleted, not pruned, by the sweep.)"""
 
@@ -162,6 +171,14 @@ def plan(found: dict[str, Row]) -> dict[str, dict[str, int]]:
             "jobs": n("prune_jobs", "jobs"),
             "chunks": n("prune_chunks", "chunks"),
             "bytes": n("prune_jobs", "bytes") + n("prune_chunks", "bytes") + n("prune_runs", "bytes"),
+        },
+        "sweeps": {
+            "prune": {
+                "batches": n("batch_prune", "batches"),
+                "files": n("batch_prune_files", "files"),
+                "bytes": n("batch_prune_files", "bytes"),
+            },
+            "delete": {"batches": n("batch_delete", "batches"), "lines": n("batch_delete_lines", "lines")},
         },
     }
 
@@ -186,3 +203,103 @@ def whole_jobs_sql(ids: list[str]) -> dict[str, tuple[str, tuple[str, ...]]]:
             these,
         ),
     }
+
+
+# -- batches (issue 37): an ended batch is due by when it ended, with the jobs' cutoffs --------
+
+BATCH_END = "COALESCE(b.finalizing_at, b.failed_at, b.created_at)"
+BATCH_ENDED = "b.status IN ('completed', 'cancelled', 'failed', 'expired')"
+BATCH_DUE = {
+    "prune": f"{BATCH_ENDED} AND b.pruned_at IS NULL AND {BATCH_END} < :prune",
+    "delete": f"{BATCH_ENDED} AND {BATCH_END} < :delete",
+}
+BATCH_PRUNE_ONLY = f"{BATCH_DUE['prune']} AND NOT ({BATCH_END} < :delete)"
+
+
+def batches_due_sql(step: str) -> str:
+    """The ids of up to :limit ended batches due for `step`, oldest first."""
+    return f"SELECT b.id FROM batch b WHERE {BATCH_DUE[step]} ORDER BY {BATCH_END}, b.id LIMIT :limit"
+
+
+def _named_batches(ids: list[str], cutoffs: Cutoffs) -> tuple[str, dict[str, Any]]:
+    marks = ",".join(f":id{i}" for i in range(len(ids)))
+    return marks, {f"id{i}": batch_id for i, batch_id in enumerate(ids)} | cutoffs.params()
+
+
+def _drop_files(db: Connection, found: list[Row]) -> int:
+    files = [f for b in found for f in (b["input_file_id"], b["output_file_id"], b["error_file_id"]) if f]
+    if not files:
+        return 0
+    return db.execute(f"DELETE FROM batch_file WHERE id IN ({_in(files)})", tuple(files)).rowcount
+
+
+def prune_batches(db: Connection, ids: list[str], cutoffs: Cutoffs, now: float) -> dict[str, Any]:
+    """The batches of `ids` still due lose their input, output and error files and their lines'
+    kept replies; their rows and lines stay, `pruned_at` set. Counts of what went."""
+    began = time.perf_counter()
+    if not ids:
+        return {"batches": 0, "files": 0, "held_ms": 0.0}
+    marks, params = _named_batches(ids, cutoffs)
+    found = [
+        dict(r)
+        for r in db.execute(
+            f"UPDATE batch AS b SET pruned_at = :now WHERE b.id IN ({marks}) AND {BATCH_DUE['prune']}"
+            " RETURNING id, input_file_id, output_file_id, error_file_id",
+            params | {"now": iso(now)},
+        ).fetchall()
+    ]
+    files = _drop_files(db, found)
+    if found:
+        gone = tuple(b["id"] for b in found)
+        db.execute(f"UPDATE batch_line SET response = NULL WHERE batch_id IN ({_in(list(gone))})", gone)
+    return {"batches": len(found), "files": files, "held_ms": (time.perf_counter() - began) * 1000}
+
+
+def delete_batches(db: Connection, ids: list[str], cutoffs: Cutoffs) -> dict[str, Any]:
+    """The batches of `ids` still due go, with their lines and files (their jobs then go by the
+    jobs' own rule: DELETE_DUE). Counts of what went."""
+    began = time.perf_counter()
+    if not ids:
+        return {"batches": 0, "lines": 0, "files": 0, "held_ms": 0.0}
+    marks, params = _named_batches(ids, cutoffs)
+    found = [
+        dict(r)
+        for r in db.execute(
+            f"SELECT b.id, b.input_file_id, b.output_file_id, b.error_file_id FROM batch b"
+            f" WHERE b.id IN ({marks}) AND {BATCH_DUE['delete']}",
+            params,
+        ).fetchall()
+    ]
+    files = _drop_files(db, found)
+    lines = 0
+    if found:
+        gone = tuple(b["id"] for b in found)
+        lines = db.execute(f"DELETE FROM batch_line WHERE batch_id IN ({_in(list(gone))})", gone).rowcount
+        db.execute(f"DELETE FROM batch WHERE id IN ({_in(list(gone))})", gone)
+    return {"batches": len(found), "lines": lines, "files": files, "held_ms": (time.perf_counter() - began) * 1000}
+
+
+def whole_batches_sql(ids: list[str]) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """The reads of whole batches (the archive's lines): the batches, their lines, their files."""
+    these = tuple(ids)
+    marks = _in(ids)
+    return {
+        "batches": (f"SELECT * FROM batch WHERE id IN ({marks}) ORDER BY id", these),
+        "lines": (
+            f"SELECT batch_id, line, custom_id, job_id, refused, response FROM batch_line WHERE batch_id IN ({marks})"
+            " ORDER BY batch_id, line",
+            these,
+        ),
+        "files": (
+            "SELECT f.* FROM batch_file f JOIN batch b ON f.id IN (b.input_file_id, b.output_file_id, b.error_file_id)"
+            f" WHERE b.id IN ({marks}) ORDER BY f.id",
+            these,
+        ),
+    }
+
+
+# The batch that names a file (a pruned one's files are gone: their reads say so, 410).
+BATCH_OF_FILE_SQL = (
+    "SELECT id, pruned_at FROM batch WHERE input_file_id = ? OR output_file_id = ? OR error_file_id = ?"
+    " ORDER BY pruned_at IS NULL, pruned_at DESC LIMIT 1"
+)
