@@ -99,6 +99,55 @@ def claude_code_body(model: str, *messages: dict) -> dict:
     }
 
 
+# Claude Code 2.1.197's side call for the session's title (its `generate_session_title`, made
+# beside an interactive turn of 10 characters or more), as it reached this front door from
+# `claude` in a terminal, "say hi to the whole team" typed: no tools, no thinking, a system prompt
+# asking for a title (trimmed here), a JSON schema of one "title" field.
+CLAUDE_TITLE_BODY = {
+    "model": "claude-opus-4-8",
+    "messages": [
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "text",
+                    "text": "<session>\nsay hi to the whole team\n</session>\n\nWrite the title in the language the"
+                    " user wrote in, regardless of the language of the examples above.",
+                }
+            ],
+        }
+    ],
+    "system": [
+        {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.197.78a; cc_entrypoint=cli;"},
+        {"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude."},
+        {
+            "type": "text",
+            "text": "Generate a concise, sentence-case title (3-7 words) that captures the main topic or goal of"
+            ' this coding session. […] Return JSON with a single "title" field.',
+        },
+    ],
+    "tools": [],
+    "metadata": {"user_id": '{"device_id":"be24","account_uuid":"","session_id":"b0a1aa6d"}'},
+    "max_tokens": 64000,
+    "thinking": {"type": "disabled"},
+    "output_config": {
+        "effort": "high",
+        "format": {
+            "type": "json_schema",
+            "schema": {
+                "type": "object",
+                "properties": {"title": {"type": "string"}},
+                "required": ["title"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    "stream": True,
+}
+# Its quota probe (`quota_check` in its source, made at start for a subscriber): one word, one token.
+CLAUDE_QUOTA_BODY = {"model": "claude-haiku-4-5", "max_tokens": 1, "messages": [{"role": "user", "content": "quota"}]}
+CLAUDE_UA = "claude-cli/2.1.197 (external, cli)"
+
 SAY_HI = {"role": "user", "content": [{"type": "text", "text": REMINDER}, {"type": "text", "text": "say hi"}]}
 
 
@@ -173,6 +222,33 @@ async def test_claude_codes_turns_are_titled_with_the_persons_words_and_badged_a
     # The queue's and the history's listings carry the same title and API.
     listed = {j["id"]: j for j in await lab.jobs()}
     assert (listed[job["id"]]["prompt_excerpt"], listed[job["id"]]["api"]) == ("say hi", "anthropic")
+
+
+async def test_claude_codes_side_calls_are_jobs_titled_as_side_calls_with_its_client(lab):
+    """Beside a turn, Claude Code asks for the session's title (and, for a subscriber, probes its
+    quota): each is a job, its title says it is a side call and what about, its client is
+    Claude Code's own User-Agent; the turn itself is titled with the person's words."""
+    lab.clients.append(
+        anthropic.AsyncAnthropic(
+            base_url=lab.url, api_key="unused", max_retries=0, default_headers={"User-Agent": CLAUDE_UA}
+        )
+    )
+    client = lab.clients[-1]
+    turn = await claude_turn(client, claude_code_body(MODEL, SAY_HI))
+    title = await claude_turn(client, CLAUDE_TITLE_BODY)
+    quota = await client.messages.create(**CLAUDE_QUOTA_BODY)
+    assert title.content and quota.id
+    jobs = {name: await job_of(lab, reply.id) for name, reply in (("turn", turn), ("title", title), ("quota", quota))}
+    assert {name: job["prompt_excerpt"] for name, job in jobs.items()} == {
+        "turn": "say hi",
+        "title": "side call (title): say hi to the whole team",
+        "quota": "side call (quota probe)",
+    }
+    assert all(job["client"] == CLAUDE_UA and job["api"] == "anthropic" for job in jobs.values())
+    listed = {j["id"]: j for j in await lab.jobs()}  # the queue and the history show the same
+    assert listed[jobs["title"]["id"]]["prompt_excerpt"] == "side call (title): say hi to the whole team"
+    shown = await lab.daemon.cli("show", jobs["title"]["id"])
+    assert "side call (title): say hi to the whole team" in shown.out and CLAUDE_UA in shown.out, shown.out
 
 
 async def test_claude_codes_default_model_runs_as_the_aliased_lab_model(lab):
@@ -459,4 +535,5 @@ async def test_claude_code_runs_a_turn_with_its_default_model_through_the_alias(
     assert code == 0, out[-2000:]
     jobs = [j for j in await lab.jobs() if j.get("endpoint") == "/v1/messages"]
     assert jobs and any(j["prompt_excerpt"] == "say hi" for j in jobs), jobs
+    assert all(j["client"].startswith("claude-cli/") for j in jobs), jobs
     assert all(j["api"] == "anthropic" and j["model"] == MODEL and j["state"] == "done" for j in jobs), jobs
