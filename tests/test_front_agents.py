@@ -324,6 +324,40 @@ async def test_ollama_stop_unloads_a_warm_model_verified_and_shown(lab, zero):
     assert record["model"] == MODEL and record["verified"] is True and "ollama 127.0.0.1" in record["by"]
 
 
+async def test_ollama_stop_during_a_job_of_its_model_unloads_it_as_that_job_ends(lab):
+    """`ollama stop` while the node runs a job of that model: the job runs to its end (its
+    answer whole), then the model leaves, whatever keep_alive the job asked (Ollama's
+    sched.go expireRunner), verified by /api/ps and recorded on the node and in the job's events."""
+    fake = lab.fakes["node-1"]
+    fake.script.token_delay_s, fake.script.tokens = 0.05, 40
+    call = asyncio.create_task(
+        lab.ollama().chat(model=MODEL, messages=[{"role": "user", "content": "long one"}], keep_alive="10m")
+    )
+    running = await lab.job_with("long one", "running")
+    reply = await lab.ollama().generate(model=MODEL, keep_alive=0)  # ollama stop, mid-job
+    assert (reply.done, reply.done_reason) == (True, "unload")
+    assert (await lab.daemon.job(running["id"]))["state"] == "running"  # not cut short
+    fake.script.token_delay_s = 0.0
+    answer = await call
+    assert answer.done and len(answer.message.content) > 0
+
+    async def gone():
+        return MODEL not in await front_ps(lab)
+
+    await eventually(gone, 10, what="the model to leave /api/ps after the job")
+    node = await eventually(lambda: _unloaded(lab), 10, what="the node to record the unload")
+    assert node["warm"] is None  # its keep_alive of 10m is not kept
+    record = node["asked_unload"]
+    assert record["model"] == MODEL and record["verified"] is True and "ollama 127.0.0.1" in record["by"]
+    job = await lab.daemon.job(running["id"])
+    assert job["state"] == "done"
+    notes = [e["reason"] or "" for e in job["events"]]
+    assert any(n.startswith(f"unloaded {MODEL} after this job as ollama 127.0.0.1") for n in notes), notes
+    # the next call loads it again, and is kept warm as it asks
+    await lab.ollama().chat(model=MODEL, messages=[{"role": "user", "content": "again"}], keep_alive="10m")
+    await eventually(lambda: _warm(lab), 10, what="the next call's model to be kept warm")
+
+
 async def _warm(lab: FrontLab):
     return (await node_1(lab))["warm"]
 

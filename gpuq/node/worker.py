@@ -168,8 +168,10 @@ class Worker:
         return job
 
     def ask_unload(self, model: str, by: str) -> bool:
-        """A client's unload of `model` (vram.py ask_unload): the idle worker, woken, unloads it."""
-        if not self.vram.ask_unload(model, by, self.idle):
+        """A client's unload of `model` (vram.py ask_unload): the idle worker, woken, unloads it;
+        a running job of that model leaves it as it ends."""
+        running = self.rt.current.model if self.rt.current is not None else None
+        if not self.vram.ask_unload(model, by, self.idle, running):
             return False
         self.wake.set()
         return True
@@ -228,7 +230,7 @@ class Worker:
         if early is not None:
             log.info("job=%s node=%s aborted before it started: %s", job["id"], self.rt.name, early)
             return None
-        cur = Current(job["id"], job["run_id"])
+        cur = Current(job["id"], job["run_id"], job["model"])
         self.rt.current = cur
         cur.task = asyncio.create_task(self._execute(job, cur))
         try:
