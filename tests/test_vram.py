@@ -99,10 +99,10 @@ def test_on_an_idle_node_when_idles_model_leaves_at_once_and_a_calls_when_its_ti
 
 
 def test_a_clients_unload_ends_a_warm_idle_model_now_and_a_running_jobs_model_at_its_end():
-    assert unload_asked("qwen3:8b", "qwen3:8b:latest", idle=True)
+    assert unload_asked("llama3.2", "llama3.2:latest", idle=True)
     assert not unload_asked("qwen3:8b", "qwen3:8b", idle=False)  # a job took the node
     assert not unload_asked("llama3.2", "qwen3:8b", idle=True)
-    assert unload_after("qwen3:8b:latest", "qwen3:8b")  # the running job's model: at its end
+    assert unload_after("llama3.2:latest", "llama3.2")  # the running job's model: at its end
     assert not unload_after("llama3.2", "qwen3:8b") and not unload_after(None, "qwen3:8b")
 
 
