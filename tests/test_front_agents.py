@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import time
 import tomllib
 from pathlib import Path
@@ -356,6 +357,23 @@ async def test_ollama_stop_during_a_job_of_its_model_unloads_it_as_that_job_ends
     # the next call loads it again, and is kept warm as it asks
     await lab.ollama().chat(model=MODEL, messages=[{"role": "user", "content": "again"}], keep_alive="10m")
     await eventually(lambda: _warm(lab), 10, what="the next call's model to be kept warm")
+
+
+async def test_an_asked_unload_is_shown_by_gpuq_nodes_and_kept_across_a_restart(lab):
+    await lab.ollama().chat(model=MODEL, messages=[{"role": "user", "content": "keep it"}], keep_alive="10m")
+    await eventually(lambda: _warm(lab), 10, what="the model to be kept warm")
+    await lab.ollama().generate(model=MODEL, keep_alive=0)  # ollama stop
+    record = (await eventually(lambda: _unloaded(lab), 10, what="the node to record the unload"))["asked_unload"]
+    listed = await lab.daemon.cli("nodes")
+    assert listed.code == 0, listed.err
+    line = next(x for x in listed.out.splitlines() if "last asked unload" in x)
+    assert f"last asked unload: {MODEL} at " in line and "by ollama 127.0.0.1" in line and "gone from /api/ps" in line
+    await lab.daemon.kill(signal.SIGTERM)
+    await lab.daemon.start()
+    node = await eventually(lambda: _unloaded(lab), 10, what="the restarted router to show the unload")
+    assert node["asked_unload"] == record
+    again = await lab.daemon.cli("nodes")
+    assert line in again.out.splitlines(), again.out
 
 
 async def _warm(lab: FrontLab):

@@ -285,11 +285,19 @@ class Vram:
         unloaded = await self.unload(job["model"], job["id"])
         took = time.monotonic() - started
         await self.note(job["id"], asked_unload_note(job["model"], pending[1], took, unloaded))
-        self.record_asked(job["model"], pending[1], took, unloaded)
+        await self.record_asked(job["model"], pending[1], took, unloaded)
         return unloaded
 
-    def record_asked(self, model: str, by: str, took: float, unloaded: bool) -> None:
-        """The node's last unload a client asked, for the pages and `gpuq nodes`."""
+    async def restore_asked(self) -> None:
+        """At start: the node's last asked unload, as the store kept it (a restart keeps it shown)."""
+        try:
+            self.rt.asked_unload = (await self.store.asked_unloads()).get(self.rt.name, self.rt.asked_unload)
+        except GpuqError as exc:  # shown again at the next asked unload
+            log.warning("node=%s cannot read its last asked unload: %s", self.rt.name, exc.message)
+
+    async def record_asked(self, model: str, by: str, took: float, unloaded: bool) -> None:
+        """The node's last unload a client asked, for the pages and `gpuq nodes`: in memory, and
+        on the node's row (migration 021), so a restart keeps it."""
         self.rt.asked_unload = {
             "model": model,
             "by": by,
@@ -305,6 +313,10 @@ class Vram:
             took,
             "gone from /api/ps" if unloaded else "still listed: node flagged",
         )
+        try:
+            await self.store.record_asked_unload(self.rt.name, self.rt.asked_unload)
+        except GpuqError as exc:  # the unload itself is done and shown; only its record is lost
+            log.warning("node=%s cannot record the asked unload of %s: %s", self.rt.name, model, exc.message)
 
     async def expire(self) -> bool:
         """The node went idle: a model kept for the next job ("when-idle") leaves now; one a
@@ -316,7 +328,7 @@ class Vram:
         started = time.monotonic()
         unloaded = await self.unload_warm(None)
         if by is not None and model is not None:
-            self.record_asked(model, by, time.monotonic() - started, unloaded)
+            await self.record_asked(model, by, time.monotonic() - started, unloaded)
         return True
 
     async def keeps(self, job: dict[str, Any], keep_s: float = 0.0) -> bool:

@@ -109,6 +109,8 @@ class Worker:
     # -- the loop -----------------------------------------------------------------------------
 
     async def run(self) -> None:
+        if self.rt.asked_unload is None:  # (a restarted loop keeps what it showed)
+            await self.vram.restore_asked()
         await self.vram.unload_orphans()  # a job of a dead router may still hold VRAM
         job = None  # a job claimed by the previous job's finish, else claimed here
         while True:
