@@ -1,16 +1,20 @@
 """Coding agents through the front door, as they really call: Codex CLI (Responses, with its
 built-in web_search tool), Claude Code (Messages, its words wrapped in <system-reminder> blocks,
-its own default model names), and Ollama as it is (`ollama stop`, model names, zero durations,
+its own default model names, its side calls for a title and its quota), and Ollama as it is (`ollama stop`, model names, zero durations,
 /api/status, OLLAMA_ORIGINS, host names), against the real daemon and simulated nodes.
 
 The request shapes are the ones Codex CLI 0.171.0 and Claude Code 2.1.197 sent to this front
 door (captured from their own runs, trimmed); where the CLIs are installed (`make agent-clis`,
-or GPUQ_CODEX / GPUQ_CLAUDE naming their binaries), they run against it themselves."""
+or GPUQ_CODEX / GPUQ_CLAUDE naming their binaries), they run against it themselves (Claude
+Code also in a terminal, a pty, where it makes its title side call)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import pty
+import re
 import shutil
 import signal
 import time
@@ -589,3 +593,65 @@ async def test_claude_code_runs_a_turn_with_its_default_model_through_the_alias(
     assert jobs and any(j["prompt_excerpt"] == "say hi" for j in jobs), jobs
     assert all(j["client"].startswith("claude-cli/") for j in jobs), jobs
     assert all(j["api"] == "anthropic" and j["model"] == MODEL and j["state"] == "done" for j in jobs), jobs
+
+
+async def test_claude_codes_title_side_call_from_its_terminal_is_a_side_call_job(lab, tmp_path):
+    """Claude Code in a terminal (a pty), a turn typed: beside it, its side call for the
+    session's title reaches the front door and its job says so (the shape CLAUDE_TITLE_BODY)."""
+    claude = agent_cli("claude", "GPUQ_CLAUDE")
+    if claude is None:
+        pytest.skip("Claude Code not installed (make agent-clis, or GPUQ_CLAUDE=<its binary>)")
+    key = "sk-ant-gpuq-test-0123456789abcdef"  # approved below, so it asks nothing at start
+    (tmp_path / ".claude.json").write_text(
+        json.dumps(
+            {
+                "hasCompletedOnboarding": True,
+                "theme": "dark",
+                "customApiKeyResponses": {"approved": [key[-20:]], "rejected": []},
+                "projects": {str(tmp_path): {"hasTrustDialogAccepted": True, "hasCompletedProjectOnboarding": True}},
+            }
+        )
+    )
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path),
+        "ANTHROPIC_BASE_URL": lab.url,
+        "ANTHROPIC_API_KEY": key,
+        "DISABLE_AUTOUPDATER": "1",
+        "TERM": "xterm",
+    }
+    leader, follower = pty.openpty()
+    proc = await asyncio.create_subprocess_exec(
+        claude, stdin=follower, stdout=follower, stderr=follower, cwd=tmp_path, env=env
+    )
+    os.close(follower)
+    os.set_blocking(leader, False)
+    screen = bytearray()
+
+    async def shows(text: str) -> bool:
+        try:
+            while chunk := os.read(leader, 65536):
+                screen.extend(chunk)
+        except (BlockingIOError, OSError):
+            pass
+        plain = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]|\s", "", screen.decode(errors="replace"))
+        return text in plain
+
+    async def side_call():
+        jobs = [j for j in await lab.jobs() if j["prompt_excerpt"].startswith("side call (title)")]
+        return jobs[0] if jobs else None
+
+    try:
+        await eventually(lambda: shows("forshortcuts"), 60, what="Claude Code's prompt")
+        os.write(leader, b"say hi to the whole team")
+        await eventually(lambda: shows("sayhitothewholeteam"), 10, what="the typed words on its prompt")
+        os.write(leader, b"\r")
+        job = await eventually(side_call, 90, what="Claude Code's title side call")
+        turn = await lab.job_with("say hi to the whole team")  # the turn itself (it may come second)
+    finally:
+        proc.kill()
+        await proc.wait()
+        os.close(leader)
+    assert job["prompt_excerpt"] == "side call (title): say hi to the whole team"
+    assert job["client"].startswith("claude-cli/") and job["api"] == "anthropic"
+    assert turn["client"] == job["client"] and turn["id"] != job["id"]
