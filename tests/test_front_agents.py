@@ -521,6 +521,20 @@ async def test_the_page_badges_a_messages_call_anthropic_and_shows_an_asked_unlo
     await expect(page.locator('.col[data-node="node-1"] .col-warm')).to_have_count(0)
 
 
+@pytest.mark.browser
+async def test_the_page_shows_the_last_asked_unload_after_a_restart(lab, page):
+    await lab.ollama().chat(model=MODEL, messages=[{"role": "user", "content": "keep it"}], keep_alive="10m")
+    await eventually(lambda: _warm(lab), 10, what="the model to be kept warm")
+    await lab.ollama().generate(model=MODEL, keep_alive=0)  # ollama stop
+    await eventually(lambda: _unloaded(lab), 10, what="the node to record the unload")
+    await lab.daemon.kill(signal.SIGTERM)
+    await lab.daemon.start()
+    await open_queue(page, lab.daemon)
+    line = page.locator('.col[data-node="node-1"] .col-unloaded')
+    await expect(line).to_contain_text(f"unloaded {MODEL} at ")
+    await expect(line).to_contain_text("gone from /api/ps")
+
+
 # -- the real CLIs, where installed ---------------------------------------------------------------
 
 AGENTS = Path(__file__).resolve().parent.parent / ".agents" / "node_modules" / ".bin"
