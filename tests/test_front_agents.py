@@ -1,17 +1,22 @@
 """Coding agents through the front door, as they really call: Codex CLI (Responses, with its
 built-in web_search tool), Claude Code (Messages, its words wrapped in <system-reminder> blocks,
-its own default model names), and Ollama as it is (`ollama stop`, model names, zero durations,
+its own default model names, its side calls for a title and its quota), and Ollama as it is (`ollama stop`, model names, zero durations,
 /api/status, OLLAMA_ORIGINS, host names), against the real daemon and simulated nodes.
 
 The request shapes are the ones Codex CLI 0.171.0 and Claude Code 2.1.197 sent to this front
 door (captured from their own runs, trimmed); where the CLIs are installed (`make agent-clis`,
-or GPUQ_CODEX / GPUQ_CLAUDE naming their binaries), they run against it themselves."""
+or GPUQ_CODEX / GPUQ_CLAUDE naming their binaries), they run against it themselves (Claude
+Code also in a terminal, a pty, where it makes its title side call)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import pty
+import re
 import shutil
+import signal
 import time
 import tomllib
 from pathlib import Path
@@ -99,6 +104,55 @@ def claude_code_body(model: str, *messages: dict) -> dict:
     }
 
 
+# Claude Code 2.1.197's side call for the session's title (its `generate_session_title`, made
+# beside an interactive turn of 10 characters or more), as it reached this front door from
+# `claude` in a terminal, "say hi to the whole team" typed: no tools, no thinking, a system prompt
+# asking for a title (trimmed here), a JSON schema of one "title" field.
+CLAUDE_TITLE_BODY = {
+    "model": "claude-opus-4-8",
+    "messages": [
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "text",
+                    "text": "<session>\nsay hi to the whole team\n</session>\n\nWrite the title in the language the"
+                    " user wrote in, regardless of the language of the examples above.",
+                }
+            ],
+        }
+    ],
+    "system": [
+        {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.197.78a; cc_entrypoint=cli;"},
+        {"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude."},
+        {
+            "type": "text",
+            "text": "Generate a concise, sentence-case title (3-7 words) that captures the main topic or goal of"
+            ' this coding session. […] Return JSON with a single "title" field.',
+        },
+    ],
+    "tools": [],
+    "metadata": {"user_id": '{"device_id":"be24","account_uuid":"","session_id":"b0a1aa6d"}'},
+    "max_tokens": 64000,
+    "thinking": {"type": "disabled"},
+    "output_config": {
+        "effort": "high",
+        "format": {
+            "type": "json_schema",
+            "schema": {
+                "type": "object",
+                "properties": {"title": {"type": "string"}},
+                "required": ["title"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    "stream": True,
+}
+# Its quota probe (`quota_check` in its source, made at start for a subscriber): one word, one token.
+CLAUDE_QUOTA_BODY = {"model": "claude-haiku-4-5", "max_tokens": 1, "messages": [{"role": "user", "content": "quota"}]}
+CLAUDE_UA = "claude-cli/2.1.197 (external, cli)"
+
 SAY_HI = {"role": "user", "content": [{"type": "text", "text": REMINDER}, {"type": "text", "text": "say hi"}]}
 
 
@@ -175,6 +229,33 @@ async def test_claude_codes_turns_are_titled_with_the_persons_words_and_badged_a
     assert (listed[job["id"]]["prompt_excerpt"], listed[job["id"]]["api"]) == ("say hi", "anthropic")
 
 
+async def test_claude_codes_side_calls_are_jobs_titled_as_side_calls_with_its_client(lab):
+    """Beside a turn, Claude Code asks for the session's title (and, for a subscriber, probes its
+    quota): each is a job, its title says it is a side call and what about, its client is
+    Claude Code's own User-Agent; the turn itself is titled with the person's words."""
+    lab.clients.append(
+        anthropic.AsyncAnthropic(
+            base_url=lab.url, api_key="unused", max_retries=0, default_headers={"User-Agent": CLAUDE_UA}
+        )
+    )
+    client = lab.clients[-1]
+    turn = await claude_turn(client, claude_code_body(MODEL, SAY_HI))
+    title = await claude_turn(client, CLAUDE_TITLE_BODY)
+    quota = await client.messages.create(**CLAUDE_QUOTA_BODY)
+    assert title.content and quota.id
+    jobs = {name: await job_of(lab, reply.id) for name, reply in (("turn", turn), ("title", title), ("quota", quota))}
+    assert {name: job["prompt_excerpt"] for name, job in jobs.items()} == {
+        "turn": "say hi",
+        "title": "side call (title): say hi to the whole team",
+        "quota": "side call (quota probe)",
+    }
+    assert all(job["client"] == CLAUDE_UA and job["api"] == "anthropic" for job in jobs.values())
+    listed = {j["id"]: j for j in await lab.jobs()}  # the queue and the history show the same
+    assert listed[jobs["title"]["id"]]["prompt_excerpt"] == "side call (title): say hi to the whole team"
+    shown = await lab.daemon.cli("show", jobs["title"]["id"])
+    assert "side call (title): say hi to the whole team" in shown.out and CLAUDE_UA in shown.out, shown.out
+
+
 async def test_claude_codes_default_model_runs_as_the_aliased_lab_model(lab):
     """Without --model Claude Code asks for its own default (claude-opus-4-8): [front]
     model_aliases gives it the lab's model; the job runs that model and keeps the name asked."""
@@ -246,6 +327,57 @@ async def test_ollama_stop_unloads_a_warm_model_verified_and_shown(lab, zero):
     assert node["warm"] is None
     record = node["asked_unload"]
     assert record["model"] == MODEL and record["verified"] is True and "ollama 127.0.0.1" in record["by"]
+
+
+async def test_ollama_stop_during_a_job_of_its_model_unloads_it_as_that_job_ends(lab):
+    """`ollama stop` while the node runs a job of that model: the job runs to its end (its
+    answer whole), then the model leaves, whatever keep_alive the job asked (Ollama's
+    sched.go expireRunner), verified by /api/ps and recorded on the node and in the job's events."""
+    fake = lab.fakes["node-1"]
+    fake.script.token_delay_s, fake.script.tokens = 0.05, 40
+    call = asyncio.create_task(
+        lab.ollama().chat(model=MODEL, messages=[{"role": "user", "content": "long one"}], keep_alive="10m")
+    )
+    running = await lab.job_with("long one", "running")
+    reply = await lab.ollama().generate(model=MODEL, keep_alive=0)  # ollama stop, mid-job
+    assert (reply.done, reply.done_reason) == (True, "unload")
+    assert (await lab.daemon.job(running["id"]))["state"] == "running"  # not cut short
+    fake.script.token_delay_s = 0.0
+    answer = await call
+    assert answer.done and len(answer.message.content) > 0
+
+    async def gone():
+        return MODEL not in await front_ps(lab)
+
+    await eventually(gone, 10, what="the model to leave /api/ps after the job")
+    node = await eventually(lambda: _unloaded(lab), 10, what="the node to record the unload")
+    assert node["warm"] is None  # its keep_alive of 10m is not kept
+    record = node["asked_unload"]
+    assert record["model"] == MODEL and record["verified"] is True and "ollama 127.0.0.1" in record["by"]
+    await lab.job_with("long one", "done")  # its finish is written after the unload
+    job = await lab.daemon.job(running["id"])
+    notes = [e["reason"] or "" for e in job["events"]]
+    assert any(n.startswith(f"unloaded {MODEL} after this job as ollama 127.0.0.1") for n in notes), notes
+    # the next call loads it again, and is kept warm as it asks
+    await lab.ollama().chat(model=MODEL, messages=[{"role": "user", "content": "again"}], keep_alive="10m")
+    await eventually(lambda: _warm(lab), 10, what="the next call's model to be kept warm")
+
+
+async def test_an_asked_unload_is_shown_by_gpuq_nodes_and_kept_across_a_restart(lab):
+    await lab.ollama().chat(model=MODEL, messages=[{"role": "user", "content": "keep it"}], keep_alive="10m")
+    await eventually(lambda: _warm(lab), 10, what="the model to be kept warm")
+    await lab.ollama().generate(model=MODEL, keep_alive=0)  # ollama stop
+    record = (await eventually(lambda: _unloaded(lab), 10, what="the node to record the unload"))["asked_unload"]
+    listed = await lab.daemon.cli("nodes")
+    assert listed.code == 0, listed.err
+    line = next(x for x in listed.out.splitlines() if "last asked unload" in x)
+    assert f"last asked unload: {MODEL} at " in line and "by ollama 127.0.0.1" in line and "gone from /api/ps" in line
+    await lab.daemon.kill(signal.SIGTERM)
+    await lab.daemon.start()
+    node = await eventually(lambda: _unloaded(lab), 10, what="the restarted router to show the unload")
+    assert node["asked_unload"] == record
+    again = await lab.daemon.cli("nodes")
+    assert line in again.out.splitlines(), again.out
 
 
 async def _warm(lab: FrontLab):
@@ -389,6 +521,20 @@ async def test_the_page_badges_a_messages_call_anthropic_and_shows_an_asked_unlo
     await expect(page.locator('.col[data-node="node-1"] .col-warm')).to_have_count(0)
 
 
+@pytest.mark.browser
+async def test_the_page_shows_the_last_asked_unload_after_a_restart(lab, page):
+    await lab.ollama().chat(model=MODEL, messages=[{"role": "user", "content": "keep it"}], keep_alive="10m")
+    await eventually(lambda: _warm(lab), 10, what="the model to be kept warm")
+    await lab.ollama().generate(model=MODEL, keep_alive=0)  # ollama stop
+    await eventually(lambda: _unloaded(lab), 10, what="the node to record the unload")
+    await lab.daemon.kill(signal.SIGTERM)
+    await lab.daemon.start()
+    await open_queue(page, lab.daemon)
+    line = page.locator('.col[data-node="node-1"] .col-unloaded')
+    await expect(line).to_contain_text(f"unloaded {MODEL} at ")
+    await expect(line).to_contain_text("gone from /api/ps")
+
+
 # -- the real CLIs, where installed ---------------------------------------------------------------
 
 AGENTS = Path(__file__).resolve().parent.parent / ".agents" / "node_modules" / ".bin"
@@ -459,4 +605,67 @@ async def test_claude_code_runs_a_turn_with_its_default_model_through_the_alias(
     assert code == 0, out[-2000:]
     jobs = [j for j in await lab.jobs() if j.get("endpoint") == "/v1/messages"]
     assert jobs and any(j["prompt_excerpt"] == "say hi" for j in jobs), jobs
+    assert all(j["client"].startswith("claude-cli/") for j in jobs), jobs
     assert all(j["api"] == "anthropic" and j["model"] == MODEL and j["state"] == "done" for j in jobs), jobs
+
+
+async def test_claude_codes_title_side_call_from_its_terminal_is_a_side_call_job(lab, tmp_path):
+    """Claude Code in a terminal (a pty), a turn typed: beside it, its side call for the
+    session's title reaches the front door and its job says so (the shape CLAUDE_TITLE_BODY)."""
+    claude = agent_cli("claude", "GPUQ_CLAUDE")
+    if claude is None:
+        pytest.skip("Claude Code not installed (make agent-clis, or GPUQ_CLAUDE=<its binary>)")
+    key = "sk-ant-gpuq-test-0123456789abcdef"  # approved below, so it asks nothing at start
+    (tmp_path / ".claude.json").write_text(
+        json.dumps(
+            {
+                "hasCompletedOnboarding": True,
+                "theme": "dark",
+                "customApiKeyResponses": {"approved": [key[-20:]], "rejected": []},
+                "projects": {str(tmp_path): {"hasTrustDialogAccepted": True, "hasCompletedProjectOnboarding": True}},
+            }
+        )
+    )
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path),
+        "ANTHROPIC_BASE_URL": lab.url,
+        "ANTHROPIC_API_KEY": key,
+        "DISABLE_AUTOUPDATER": "1",
+        "TERM": "xterm",
+    }
+    leader, follower = pty.openpty()
+    proc = await asyncio.create_subprocess_exec(
+        claude, stdin=follower, stdout=follower, stderr=follower, cwd=tmp_path, env=env
+    )
+    os.close(follower)
+    os.set_blocking(leader, False)
+    screen = bytearray()
+
+    async def shows(text: str) -> bool:
+        try:
+            while chunk := os.read(leader, 65536):
+                screen.extend(chunk)
+        except (BlockingIOError, OSError):
+            pass
+        plain = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]|\s", "", screen.decode(errors="replace"))
+        return text in plain
+
+    async def side_call():
+        jobs = [j for j in await lab.jobs() if j["prompt_excerpt"].startswith("side call (title)")]
+        return jobs[0] if jobs else None
+
+    try:
+        await eventually(lambda: shows("forshortcuts"), 60, what="Claude Code's prompt")
+        os.write(leader, b"say hi to the whole team")
+        await eventually(lambda: shows("sayhitothewholeteam"), 10, what="the typed words on its prompt")
+        os.write(leader, b"\r")
+        job = await eventually(side_call, 90, what="Claude Code's title side call")
+        turn = await lab.job_with("say hi to the whole team")  # the turn itself (it may come second)
+    finally:
+        proc.kill()
+        await proc.wait()
+        os.close(leader)
+    assert job["prompt_excerpt"] == "side call (title): say hi to the whole team"
+    assert job["client"].startswith("claude-cli/") and job["api"] == "anthropic"
+    assert turn["client"] == job["client"] and turn["id"] != job["id"]

@@ -444,6 +444,26 @@ async def test_the_router_records_its_nodes_their_health_its_reloads_and_notes(s
     assert broken.value.status == 503
 
 
+@covers("record_asked_unload", "asked_unloads")
+async def test_a_nodes_last_asked_unload_is_kept_on_its_row(store):
+    assert await store.asked_unloads() == {}
+    first = {
+        "model": "m:latest",
+        "by": "ollama 127.0.0.1",
+        "at": "2026-12-03T10:00:00Z",
+        "took_s": 0.4,
+        "verified": True,
+    }
+    await store.record_asked_unload("a", first)
+    second = dict(first, model="n:latest", verified=False)
+    await store.record_asked_unload("a", second)  # the last one replaces the one before
+    await store.record_asked_unload("b", first)
+    assert await store.asked_unloads() == {"a": second, "b": first}
+    # a reload's configure keeps it
+    await store.configure({}, [NodeConfig("a", "http://elsewhere:11434", 1, ("task",), "ma")])
+    assert (await store.asked_unloads())["a"] == second
+
+
 @covers("stale_heads", "note_stale")
 async def test_a_head_with_no_progress_goes_stale_once(store):
     job_id = await submit(store, "a")

@@ -614,6 +614,18 @@ def test_a_jobs_title_is_the_persons_last_words_in_each_apis_shape():
     }
     assert messages_prompt(anthropic_body) == "say hi"
     assert messages_prompt({"messages": [{"role": "user", "content": reminder + "fix the bug"}]}) == "fix the bug"
+    # An agent's side call says so: a title asked with no tools (by its system prompt or by a
+    # `title` schema), a quota probe; a turn with tools whose system mentions titles is a turn
+    asks = {"system": "Generate a concise title for this conversation.", "messages": [{"role": "user", "content": "x"}]}
+    assert messages_prompt(asks) == "side call (title): x"
+    schema = {"format": {"type": "json_schema", "schema": {"properties": {"title": {"type": "string"}}}}}
+    session = {"role": "user", "content": "<session>\nfix it\n</session>\n\nWrite the title."}
+    assert messages_prompt({"output_config": schema, "messages": [session], "tools": []}) == "side call (title): fix it"
+    assert messages_prompt({**asks, "tools": [{"name": "Read"}]}) == "x"
+    assert messages_prompt({"max_tokens": 1, "messages": [{"role": "user", "content": "quota"}]}) == (
+        "side call (quota probe)"
+    )
+    assert messages_prompt({"max_tokens": 100, "messages": [{"role": "user", "content": "quota"}]}) == "quota"
     # Responses: Codex's environment and AGENTS.md messages, and tool outputs, are skipped
     codex = {
         "input": [

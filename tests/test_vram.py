@@ -22,6 +22,8 @@ from gpuq.node.vram import (
     request_keep_alive,
     same_model,
     to_evict,
+    unload_after,
+    unload_asked,
     unload_failure,
     warm_expired,
     warm_until,
@@ -94,6 +96,14 @@ def test_on_an_idle_node_when_idles_model_leaves_at_once_and_a_calls_when_its_ti
     assert warm_expired("qwen3", None, 1000.0)  # "when-idle": idle now, so it goes
     assert not warm_expired("qwen3", 1000.5, 1000.0)  # a call's keep_alive still runs
     assert warm_expired("qwen3", 1000.0, 1000.0)
+
+
+def test_a_clients_unload_ends_a_warm_idle_model_now_and_a_running_jobs_model_at_its_end():
+    assert unload_asked("llama3.2", "llama3.2:latest", idle=True)
+    assert not unload_asked("qwen3:8b", "qwen3:8b", idle=False)  # a job took the node
+    assert not unload_asked("llama3.2", "qwen3:8b", idle=True)
+    assert unload_after("llama3.2:latest", "llama3.2")  # the running job's model: at its end
+    assert not unload_after("llama3.2", "qwen3:8b") and not unload_after(None, "qwen3:8b")
 
 
 def test_an_idle_worker_wakes_when_a_kept_models_time_runs_out():

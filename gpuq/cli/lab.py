@@ -109,6 +109,13 @@ def warm_text(warm: dict) -> str:
     return f"{warm['model']} until {time.strftime('%H:%M', time.localtime(parse_iso(warm['until'])))}"
 
 
+def asked_unload_text(u: dict) -> str:
+    """ "last asked unload: qwen3:8b at 14:32 by ollama 10.0.0.5, gone from /api/ps in 0.4 s"."""
+    at = time.strftime("%Y-%m-%d %H:%M", time.localtime(parse_iso(u["at"])))
+    how = f"gone from /api/ps in {u['took_s']:g} s" if u["verified"] else "still listed by /api/ps: node flagged"
+    return f"last asked unload: {u['model']} at {at} by {u['by']}, {how}"
+
+
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the API's answer as JSON.")
 @click.pass_context
@@ -138,6 +145,8 @@ def nodes(ctx, as_json) -> None:
         )
         if n.get("warm"):  # a model kept loaded between jobs
             click.echo(f"{'':12} warm: {warm_text(n['warm'])}")
+        if n.get("asked_unload"):  # the last `ollama stop` (or Open WebUI's unload) it was asked
+            click.echo(f"{'':12} {asked_unload_text(n['asked_unload'])}")
 
 
 @click.command()

@@ -504,10 +504,15 @@ async def run_call(request: web.Request, ep: Endpoint) -> web.StreamResponse:
         nodes = front_nodes(front.nodes_by_rank())
         if not any(normalize_model(model) in (rt.installed or ()) for rt in nodes):
             raise NotFound(f"model '{body['model']}' not found")
-        if unloads(body):  # where a call's keep_alive holds it warm, it leaves now (verified)
+        if unloads(body):  # held warm on an idle node: it leaves now; a running job's: as it ends
             by = actor_of(request, ep.api)
             unloading = front.dispatcher.ask_unload(model, by, [rt.name for rt in nodes])
-            log.info("unload of %s asked by %s: %s", model, by, ", ".join(unloading) or "held warm on no idle node")
+            log.info(
+                "unload of %s asked by %s: %s",
+                model,
+                by,
+                ", ".join(unloading) or "no node holds it warm or runs a job of it",
+            )
         return web.json_response(load_or_unload_reply(ep.path, body), dumps=dumps)
     call = Call(request, ep, body)
     await early_refusal(ep, call.ollama, front.nodes_by_rank())  # what its node would refuse, before it waits

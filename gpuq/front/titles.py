@@ -3,7 +3,12 @@ the person's last words, read from the client's own body in its API's shape. An 
 ends with what the person did not write: Claude Code wraps context in `<system-reminder>`
 blocks, Codex sends its environment and AGENTS.md as user messages, and a tool's result comes
 back as a user turn (Anthropic's tool_result blocks, Responses' function_call_output items,
-chat's tool messages). Those are skipped; the whole request is kept with the job. Pure."""
+chat's tool messages). Those are skipped; the whole request is kept with the job.
+
+An agent's side calls, made beside the person's turn, are titled as such: Claude Code's title for
+the session (its `generate_session_title`: no tools, a system prompt asking for a title, the
+session's words in `<session>` tags) and its quota probe (`quota_check`: "quota", max_tokens 1).
+Their client (Claude Code's User-Agent) is kept with the job as every call's is. Pure."""
 
 from __future__ import annotations
 
@@ -58,8 +63,58 @@ def chat_prompt(body: dict) -> str:
     return _last_words(turns)
 
 
+# What a side call's title says before its words.
+SIDE_TITLE = "side call (title): "
+SIDE_QUOTA = "side call (quota probe)"
+_SESSION = re.compile(r"^\s*<session>\s*(.*?)\s*</session>", re.DOTALL)
+
+
+def _system_text(system: Any) -> str:
+    if isinstance(system, str):
+        return system
+    blocks = system if isinstance(system, list) else []
+    return "\n".join(b["text"] for b in blocks if isinstance(b, dict) and isinstance(b.get("text"), str))
+
+
+def _asks_for_title(body: dict) -> bool:
+    """A call made to name the conversation: it offers no tool, and its system prompt or its
+    structured output asks for a title (Claude Code 2.1's `{"title": ...}` JSON schema)."""
+    if body.get("tools"):
+        return False
+    output = body.get("output_config")
+    form = output.get("format") if isinstance(output, dict) else None
+    schema = form.get("schema") if isinstance(form, dict) else None
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    if isinstance(props, dict) and "title" in props:
+        return True
+    return re.search(r"\btitle\b", _system_text(body.get("system")), re.IGNORECASE) is not None
+
+
+def _is_quota_probe(body: dict) -> bool:
+    """Claude Code's check of its rate limits: one user message "quota", max_tokens 1, no system."""
+    messages = body.get("messages")
+    return (
+        body.get("max_tokens") == 1
+        and isinstance(messages, list)
+        and len(messages) == 1
+        and isinstance(messages[0], dict)
+        and messages[0].get("content") == "quota"
+    )
+
+
 def messages_prompt(body: dict) -> str:
-    """Anthropic's Messages: the last user message's text blocks, its tool_result blocks left out."""
+    """Anthropic's Messages: the last user message's text blocks, its tool_result blocks left out;
+    an agent's side call says so, with the words it is about."""
+    if _is_quota_probe(body):
+        return SIDE_QUOTA
+    words = _person_words(body)
+    if _asks_for_title(body):
+        inside = _SESSION.match(words)
+        return SIDE_TITLE + (inside.group(1) if inside else words)
+    return words
+
+
+def _person_words(body: dict) -> str:
     turns = []
     for msg in body.get("messages") or []:
         if not isinstance(msg, dict) or msg.get("role") != "user":

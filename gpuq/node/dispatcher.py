@@ -225,7 +225,8 @@ class Dispatcher:
 
     def ask_unload(self, model: str, by: str, nodes: Iterable[str]) -> list[str]:
         """A client's unload (`ollama stop`): each of these nodes that holds `model` warm and idle
-        unloads it now, verified and recorded (gpuq/node/vram.py). The nodes that will."""
+        unloads it now, one running a job of it as that job ends, verified and recorded
+        (gpuq/node/vram.py). The nodes that will."""
         return [name for name in nodes if name in self.workers and self.workers[name].ask_unload(model, by)]
 
     def quiesce(self) -> None:

@@ -60,6 +60,7 @@ class Current:
 
     job_id: str
     run_id: int
+    model: str = ""  # the model it runs (a client's unload of it waits for its end)
     task: asyncio.Task[None] | None = None
     output: list[str] = field(default_factory=list)  # the answer, one piece per token
     thinking: list[str] = field(default_factory=list)  # the reasoning, apart from the answer

@@ -97,9 +97,22 @@ def to_evict(warm: str | None, model: str) -> str | None:
 
 def unload_asked(warm: str | None, model: str, idle: bool) -> bool:
     """Does a client's unload (`ollama stop`: keep_alive 0 with no prompt) end this node's kept
-    model now? Only where the model is held warm and the node is idle: a running job's model
-    follows that job's own keep_alive, as Ollama lets a request in flight finish first."""
+    model now? Only where the model is held warm and the node is idle (see unload_after)."""
     return idle and warm is not None and same_model(warm, model)
+
+
+def unload_after(running: str | None, model: str) -> bool:
+    """Is a client's unload of `model` kept for the end of the job the node runs (`running`: its
+    model)? As Ollama's scheduler does (sched.go expireRunner: a runner still referenced gets a
+    session of 0 and leaves as its last request finishes): the job runs to its end, then its
+    model leaves, whatever keep_alive it asked."""
+    return running is not None and same_model(running, model)
+
+
+def asked_unload_note(model: str, by: str, seconds: float, unloaded: bool) -> str:
+    """The event the job gets whose model a client asked to unload while it ran."""
+    how = "gone from /api/ps" if unloaded else "still listed by /api/ps: node flagged"
+    return f"unloaded {model} after this job as {by} asked while it ran (ollama stop), {seconds:.1f} s, {how}"
 
 
 def warm_expired(warm: str | None, until: float | None, now: float) -> bool:
@@ -167,6 +180,8 @@ class Vram:
         self.stopping = stopping
         self.orphans: list[str] = []
         self.unload_by: str | None = None  # who asked the kept model to leave now (ask_unload)
+        # An unload asked while a job of its model ran: (model, who asked), done as the job ends.
+        self.unload_pending: tuple[str, str] | None = None
 
     # The model left loaded on purpose (the runtime holds it, for the pages and the metrics): for
     # the next job of the same model ("when-idle"), or for a front-door call's keep_alive.
@@ -183,6 +198,7 @@ class Vram:
     def forget(self) -> None:
         """The node's models are another router's business now: nothing is kept here."""
         self.warm_model = None
+        self.unload_pending = None
 
     def keep_alive(self) -> int | str:
         """The keep_alive of a job's own request (and a called job's policy), by the node's unload."""
@@ -209,7 +225,11 @@ class Vram:
     async def after_job(self, job: dict[str, Any], error: str | None, keep_s: float = 0.0) -> bool:
         """Unload the job's model and confirm it left VRAM, or keep it loaded: for the next job
         of the same model ("when-idle"), or for `keep_s` (a front-door call's keep_alive) while
-        nothing else waits for the node. True: the node answered, it is reachable."""
+        nothing else waits for the node; a client's unload asked while it ran ends it now. True:
+        the node answered, it is reachable."""
+        asked = await self.asked_while_running(job)
+        if asked is not None:
+            return asked
         if error is None and await self.keeps(job, keep_s):
             self.warm_model = job["model"]
             self.rt.warm_until = warm_until(keep_s, time.time())
@@ -229,6 +249,8 @@ class Vram:
         evict = to_evict(warm, job["model"])
         if evict is not None:
             await self.unload(evict, job["id"])
+        if await self.asked_while_running(job) is not None:
+            return
         if (reason or "").startswith("preempted") and await self.keeps(job):
             self.warm_model, self.rt.warm_until = job["model"], None
             return
@@ -237,15 +259,64 @@ class Vram:
             return
         await self.unload(job["model"], job["id"])
 
-    def ask_unload(self, model: str, by: str, idle: bool) -> bool:
+    def ask_unload(self, model: str, by: str, idle: bool, running: str | None) -> bool:
         """A client asks the model to leave (`ollama stop`, Open WebUI's unload): if this node
         holds it warm and idle, its time runs out now; the worker, woken, unloads it (expire),
-        verified through /api/ps, and records it. False: not held here."""
-        if not unload_asked(self.warm_model, model, idle):
-            return False
-        self.unload_by = by
-        self.rt.warm_until = time.time()
-        return True
+        verified through /api/ps, and records it. If a job of that model runs (`running`: its
+        model), it leaves as that job ends (asked_while_running). False: not held here."""
+        if unload_asked(self.warm_model, model, idle):
+            self.unload_by = by
+            self.rt.warm_until = time.time()
+            return True
+        if unload_after(running, model):
+            self.unload_pending = (model, by)
+            return True
+        return False
+
+    async def asked_while_running(self, job: dict[str, Any]) -> bool | None:
+        """The job's end, where a client asked its model to leave while it ran: the model leaves
+        VRAM now (nothing kept, whatever keep_alive the job asked), verified, recorded on the node
+        and in the job's events. None: no such unload was asked; else whether it left."""
+        pending, self.unload_pending = self.unload_pending, None
+        if pending is None or not same_model(pending[0], job["model"]):
+            return None
+        self.warm_model = None
+        started = time.monotonic()
+        unloaded = await self.unload(job["model"], job["id"])
+        took = time.monotonic() - started
+        await self.note(job["id"], asked_unload_note(job["model"], pending[1], took, unloaded))
+        await self.record_asked(job["model"], pending[1], took, unloaded)
+        return unloaded
+
+    async def restore_asked(self) -> None:
+        """At start: the node's last asked unload, as the store kept it (a restart keeps it shown)."""
+        try:
+            self.rt.asked_unload = (await self.store.asked_unloads()).get(self.rt.name, self.rt.asked_unload)
+        except GpuqError as exc:  # shown again at the next asked unload
+            log.warning("node=%s cannot read its last asked unload: %s", self.rt.name, exc.message)
+
+    async def record_asked(self, model: str, by: str, took: float, unloaded: bool) -> None:
+        """The node's last unload a client asked, for the pages and `gpuq nodes`: in memory, and
+        on the node's row (migration 022), so a restart keeps it."""
+        self.rt.asked_unload = {
+            "model": model,
+            "by": by,
+            "at": iso(time.time()),
+            "took_s": round(took, 3),
+            "verified": unloaded,
+        }
+        log.info(
+            "node=%s unloaded %s as asked by %s (%.2fs, %s)",
+            self.rt.name,
+            model,
+            by,
+            took,
+            "gone from /api/ps" if unloaded else "still listed: node flagged",
+        )
+        try:
+            await self.store.record_asked_unload(self.rt.name, self.rt.asked_unload)
+        except GpuqError as exc:  # the unload itself is done and shown; only its record is lost
+            log.warning("node=%s cannot record the asked unload of %s: %s", self.rt.name, model, exc.message)
 
     async def expire(self) -> bool:
         """The node went idle: a model kept for the next job ("when-idle") leaves now; one a
@@ -257,22 +328,7 @@ class Vram:
         started = time.monotonic()
         unloaded = await self.unload_warm(None)
         if by is not None and model is not None:
-            took = time.monotonic() - started
-            self.rt.asked_unload = {
-                "model": model,
-                "by": by,
-                "at": iso(time.time()),
-                "took_s": round(took, 3),
-                "verified": unloaded,
-            }
-            log.info(
-                "node=%s unloaded %s as asked by %s (%.2fs, %s)",
-                self.rt.name,
-                model,
-                by,
-                took,
-                "gone from /api/ps" if unloaded else "still listed: node flagged",
-            )
+            await self.record_asked(model, by, time.monotonic() - started, unloaded)
         return True
 
     async def keeps(self, job: dict[str, Any], keep_s: float = 0.0) -> bool:

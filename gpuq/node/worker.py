@@ -109,6 +109,8 @@ class Worker:
     # -- the loop -----------------------------------------------------------------------------
 
     async def run(self) -> None:
+        if self.rt.asked_unload is None:  # (a restarted loop keeps what it showed)
+            await self.vram.restore_asked()
         await self.vram.unload_orphans()  # a job of a dead router may still hold VRAM
         job = None  # a job claimed by the previous job's finish, else claimed here
         while True:
@@ -168,8 +170,10 @@ class Worker:
         return job
 
     def ask_unload(self, model: str, by: str) -> bool:
-        """A client's unload of `model` (vram.py ask_unload): the idle worker, woken, unloads it."""
-        if not self.vram.ask_unload(model, by, self.idle):
+        """A client's unload of `model` (vram.py ask_unload): the idle worker, woken, unloads it;
+        a running job of that model leaves it as it ends."""
+        running = self.rt.current.model if self.rt.current is not None else None
+        if not self.vram.ask_unload(model, by, self.idle, running):
             return False
         self.wake.set()
         return True
@@ -228,7 +232,7 @@ class Worker:
         if early is not None:
             log.info("job=%s node=%s aborted before it started: %s", job["id"], self.rt.name, early)
             return None
-        cur = Current(job["id"], job["run_id"])
+        cur = Current(job["id"], job["run_id"], job["model"])
         self.rt.current = cur
         cur.task = asyncio.create_task(self._execute(job, cur))
         try:

@@ -262,6 +262,10 @@ class Store(Reads):
     async def set_node_health(self, name: str, up: bool, error: str | None) -> None:
         await self._write(partial(records.set_node_health, name=name, up=up, error=error, now=self.clock()))
 
+    async def record_asked_unload(self, name: str, record: dict[str, Any]) -> None:
+        """The node's last unload a client asked (`ollama stop`), kept across restarts."""
+        await self._write(partial(records.record_asked_unload, name=name, record=record))
+
     async def note_stale(self, now: float | None = None) -> list[Row]:
         """Write one event per newly stale head (not one per check); returns the new ones."""
         return await self._write(partial(lifecycle.note_stale, now=self.clock() if now is None else now))

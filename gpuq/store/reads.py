@@ -127,6 +127,11 @@ class Reads(BatchReads):
         n: int = rows[0]["n"]
         return n
 
+    async def asked_unloads(self) -> dict[str, dict[str, Any]]:
+        """Each node's last unload a client asked (migration 022), by node name."""
+        rows = await self.read("SELECT name, asked_unload FROM node WHERE asked_unload IS NOT NULL")
+        return {row["name"]: json.loads(row["asked_unload"]) for row in rows}
+
     async def jobs(self, node: str | None = None, state: str | None = None, limit: int = 100) -> list[Row]:
         where, params = [], []
         if node:

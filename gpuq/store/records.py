@@ -44,6 +44,11 @@ def set_node_health(db: Connection, name: str, up: bool, error: str | None, now:
     db.execute("UPDATE node SET up = ?, last_error = ?, since = ? WHERE name = ?", (int(up), error, iso(now), name))
 
 
+def record_asked_unload(db: Connection, name: str, record: dict[str, Any]) -> None:
+    """The node's last unload a client asked (migration 022), as JSON."""
+    db.execute("UPDATE node SET asked_unload = ? WHERE name = ?", (dumps(record), name))
+
+
 # -- alerts (gpuq/node/alerts.py) -----------------------------------------------------------------
 
 
