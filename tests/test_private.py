@@ -448,6 +448,7 @@ FRONT_ROUTES: dict[tuple[str, str], Check] = {
     ("GET", "/v1/messages/batches/{id}/results"): front_bobs_unseen(
         "GET", "/v1/messages/batches/{id}/results", "message"
     ),
+    ("DELETE", "/v1/messages/batches/{id}"): front_bobs_unseen("DELETE", "/v1/messages/batches/{id}", "message"),
     ("GET", "/api/tags"): no_job_text("/api/tags", door="front"),
     ("GET", "/api/ps"): no_job_text("/api/ps", door="front"),
     ("GET", "/v1/models"): no_job_text("/v1/models", door="front"),
