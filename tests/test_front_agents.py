@@ -15,7 +15,6 @@ import json
 import os
 import pty
 import re
-import shutil
 import signal
 import time
 import tomllib
@@ -544,8 +543,8 @@ def agent_cli(name: str, env: str) -> str | None:
     given = os.environ.get(env)
     if given:
         return given
-    local = AGENTS / name
-    return str(local) if local.exists() else shutil.which(name)
+    local = AGENTS / name  # the versions make agent-clis pins: another on PATH may ask or draw otherwise
+    return str(local) if local.exists() else None
 
 
 async def run_cli(argv: list[str], env: dict, cwd: Path, timeout: float = 120.0) -> tuple[int, str]:
