@@ -283,3 +283,11 @@ def typed(table: dict, key: str, kind: type | tuple, where: str, required: bool 
         names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
         raise ConfigError(f"{where}.{key}: expected {names}, got {value!r}")
     return value
+
+
+def within(table: dict, key: str, kind: type | tuple, where: str, low: float, high: float):
+    """table[key] (as `typed` reads it) when it lies from `low` to `high`; None when absent."""
+    value = typed(table, key, kind, where)
+    if value is not None and not low <= value <= high:
+        raise ConfigError(f"{where}.{key}: must be from {low} to {high}, got {value}")
+    return value

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from ..errors import ConfigError
-from .checks import check_table, parse_duration, typed
+from .checks import check_table, parse_duration, within
 from .keys import RETENTION_KEYS
 from .settings import DAY_S
 
@@ -65,10 +65,7 @@ def retention_settings(table: object, database: Path | str, base_dir: Path) -> d
                 f"retention.every: must be at least 1s (a sweep more often only burns CPU), got {table['every']!r}"
             )
         values["retention_every_s"] = every
-    batch = typed(table, "batch", int, "retention")
+    batch = within(table, "batch", int, "retention", *BATCH_RANGE)
     if batch is not None:
-        low, high = BATCH_RANGE
-        if not low <= batch <= high:
-            raise ConfigError(f"retention.batch: must be from {low} to {high}, got {batch}")
         values["retention_batch"] = batch
     return values

@@ -19,6 +19,7 @@ from .checks import (
     check_url,
     parse_duration,
     typed,
+    within,
 )
 from .keys import BACKUP_KEYS, FRONT_KEYS, NODE_KEYS, STORAGE_KEYS, USER_KEYS
 from .settings import ALERT_FORMATS, LANES, LEGACY_ADMIN, ROLES, UNLOAD_POLICIES, USER_ROLES, NodeConfig, UserConfig
@@ -54,10 +55,7 @@ def _parse_user(table: object, index: int) -> UserConfig:
         raise ConfigError(f"{where}.lanes: expected a non-empty list of 'interactive' and/or 'batch', got {lanes!r}")
     limits = {}
     for key in ("max_waiting", "max_running"):
-        value = typed(table, key, int, where)
-        if value is not None and not 1 <= value <= 1_000_000:
-            raise ConfigError(f"{where}.{key}: must be from 1 to 1000000, got {value}")
-        limits[key] = value
+        limits[key] = within(table, key, int, where, 1, 1_000_000)
     return UserConfig(name=name, token=token, role=role, lanes=tuple(lanes) if lanes else LANES, **limits)
 
 
@@ -163,10 +161,8 @@ def front_settings(front: object) -> dict:
         if not low <= limit <= high:
             raise ConfigError(f"front.max_request_bytes: must be from {low} (1 MiB) to {high} (1 GiB), got {limit}")
         values["front_max_request_bytes"] = limit
-    lines = typed(front, "max_batch_lines", int, "front")
+    lines = within(front, "max_batch_lines", int, "front", 1, 1_000_000)
     if lines is not None:
-        if not 1 <= lines <= 1_000_000:
-            raise ConfigError(f"front.max_batch_lines: must be from 1 to 1000000, got {lines}")
         values["front_max_batch_lines"] = lines
     if "origins" in front:
         origins = front["origins"]
@@ -212,11 +208,8 @@ def backup_settings(backup: object, base_dir: Path, database: Path | str) -> dic
                 raise ConfigError(f'backup.every: must be at least 1s (or "off"), got {every!r}')
             else:
                 values["backup_every_s"] = seconds
-    keep = typed(backup, "keep", int, "backup")
+    keep = within(backup, "keep", int, "backup", *_KEEP_RANGE)
     if keep is not None:
-        low, high = _KEEP_RANGE
-        if not low <= keep <= high:
-            raise ConfigError(f"backup.keep: must be from {low} to {high}, got {keep}")
         values["backup_keep"] = keep
     folder = typed(backup, "dir", str, "backup")
     if folder is not None:
@@ -237,11 +230,8 @@ def storage_settings(storage: object) -> dict:
     """The [storage] table: when the storage budget warns, and how often the database is sampled."""
     storage = check_table(storage, "storage", "[storage]", STORAGE_KEYS)
     values: dict = {}
-    days = typed(storage, "warn_days", (int, float), "storage")
+    days = within(storage, "warn_days", (int, float), "storage", *_WARN_DAYS_RANGE)
     if days is not None:
-        low, high = _WARN_DAYS_RANGE
-        if not low <= days <= high:
-            raise ConfigError(f"storage.warn_days: must be from {low} to {high}, got {days}")
         values["storage_warn_days"] = float(days)
     if "sample_every" in storage:
         seconds = parse_duration(storage["sample_every"], "storage.sample_every")
