@@ -229,7 +229,9 @@ async def test_a_whole_reply_call_holds_its_answers_text_not_a_chunk_per_token(f
     reply = calling.result()
     assert reply.done and reply.message.content == REPLY
     print(f"stream:false VmRSS before {before >> 10} KiB, peak {peak >> 10} KiB")
-    assert peak - before < 12 * len(REPLY), (before, peak)
+    # A parsed chunk per token held it at +43 MB (36x the answer); the text held is +8 MB alone
+    # and up to +15 MB on a busy machine (the router's other work allocates meanwhile): 20x.
+    assert peak - before < 20 * len(REPLY), (before, peak)
 
 
 @pytest.mark.parametrize("route", ["/api/chat", "/api/generate"])
