@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..jobs import compact_json, iso
+from ..store.backup import fsync
 
 FILE = re.compile(r"jobs-(\d{4})-(\d{2})\.jsonl\.gz")
 
@@ -28,14 +29,6 @@ def file_for(directory: Path, job: dict[str, Any], kind: str = "jobs") -> Path:
     """The month's file of a job (or, `kind` "batches", of a batch: a file of their own, so a
     search of the jobs reads jobs only): the month it was made."""
     return directory / f"{kind}-{job['created_at'][:7]}.jsonl.gz"
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def append(directory: Path, jobs: Iterable[dict[str, Any]], why: str, now: float, kind: str = "jobs") -> int:
@@ -60,7 +53,7 @@ def append(directory: Path, jobs: Iterable[dict[str, Any]], why: str, now: float
         finally:
             os.close(fd)
         written += len(member)
-    _fsync_dir(directory)
+    fsync(directory)
     return written
 
 

@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..config import Settings
@@ -130,17 +131,8 @@ class Sweeper:
                 return
             if settings.retention_archive is not None:
                 jobs = await self.store.whole_jobs(ids)
-                try:  # written and fsynced before the jobs leave the database
-                    size = await asyncio.to_thread(
-                        archive.append, settings.retention_archive, jobs, step, self.store.clock()
-                    )
-                except OSError as exc:
-                    raise StoreUnavailable(
-                        f"the retention archive {settings.retention_archive} cannot be written ({exc}); nothing was"
-                        " pruned or deleted"
-                    ) from exc
+                swept.archived["bytes"] += await self._archive(settings.retention_archive, jobs, step, "jobs")
                 swept.archived["jobs"] += len(jobs)
-                swept.archived["bytes"] += size
             began = time.monotonic()
             if step == "delete":
                 done = await self.store.delete_ended(ids, cutoffs)
@@ -168,17 +160,8 @@ class Sweeper:
                 return
             if settings.retention_archive is not None:
                 batches = await self.store.whole_batches(ids)
-                try:
-                    size = await asyncio.to_thread(
-                        archive.append, settings.retention_archive, batches, step, self.store.clock(), "batches"
-                    )
-                except OSError as exc:
-                    raise StoreUnavailable(
-                        f"the retention archive {settings.retention_archive} cannot be written ({exc}); nothing was"
-                        " pruned or deleted"
-                    ) from exc
+                swept.archived["bytes"] += await self._archive(settings.retention_archive, batches, step, "batches")
                 swept.sweeps["archived"] += len(batches)
-                swept.archived["bytes"] += size
             if step == "delete":
                 done = await self.store.delete_batches(ids, cutoffs)
                 swept.sweeps["deleted"] += done["batches"]
@@ -191,6 +174,16 @@ class Sweeper:
             swept.longest_hold_ms = max(swept.longest_hold_ms, done["held_ms"])
             if not done["batches"]:
                 return
+
+    async def _archive(self, directory: Path, records: list[dict[str, Any]], step: str, kind: str) -> int:
+        """`records` (whole jobs or batches) written and fsynced before they leave the database;
+        the bytes written. An archive that cannot be written stops the sweep with nothing dropped."""
+        try:
+            return await asyncio.to_thread(archive.append, directory, records, step, self.store.clock(), kind)
+        except OSError as exc:
+            raise StoreUnavailable(
+                f"the retention archive {directory} cannot be written ({exc}); nothing was pruned or deleted"
+            ) from exc
 
     async def _give_back(self) -> int:
         freed = 0

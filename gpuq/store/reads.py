@@ -16,7 +16,7 @@ from ..placement import INTERACTIVE
 from . import retention
 from .batches import BatchReads
 from .engine import Engine, Params
-from .parts import join_request, marks_in, parts_sql
+from .parts import MARK_TEXT, join_request, marks_in, parts_sql
 from .steps import QUEUE_POSITION_SQL, Row, RunText, joined_text, run_text_query
 
 # The parent a held critique waits for (NULL for any other job): the view held_job is the one
@@ -379,9 +379,14 @@ class Reads(BatchReads):
         texts = await self.run_texts([r["id"] for r in runs]) if runs else {}
         for r in runs:
             r.update(texts[r["id"]])
+        # Their requests' large parts, stored once apart (gpuq/store/parts.py), back in place:
+        # one read of every part the batch's requests name.
+        marked = [job for job in jobs if marks_in(job["request"])]
+        digests = sorted({d for job in marked for d in MARK_TEXT.findall(job["request"])})
+        found = {r["sha256"]: r["data"] for r in await self.read(parts_sql(digests), digests)} if digests else {}
+        for job in marked:
+            job["request"] = join_request(job["request"], lambda _: found)
         for job in jobs:
-            if marks_in(job["request"]):  # its large parts, stored once apart, back in place
-                job["request"] = await self.whole_request(job["id"])
             for key in ("request", "findings", "think", "options"):
                 if job[key] is not None:
                     job[key] = json.loads(job[key])
