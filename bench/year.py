@@ -66,6 +66,7 @@ DAY_QUICK = Day(bursts=2, chats=1, turns=3, sweep=4, critiques=1)  # 16 jobs a w
 CONTEXT = "    def retry(self, budget):\n        for attempt in range(budget):\n            yield attempt\n"
 ANSWER = "The export job retries without a cap when the budget is unset; cap it and log each retry. "
 IMAGE_BYTES = 150_000  # a screenshot, as sent: base64 in the request's message
+PREFIX_CHARS, SUFFIX_CHARS = 6000, 2000  # the code around the cursor an editor sends (as bench/storm.py)
 
 
 def _text(rng: random.Random, size: int, base: str) -> str:
@@ -86,7 +87,6 @@ class Lab:
         self.rng = random.Random(seed)
         self.sweeper = sweeper
         self.swept: list[Swept] = []
-        self.image = base64.b64encode(random.Random(seed).randbytes(IMAGE_BYTES)).decode()
         self.up = {name: True for name in NODES}
         self.sweep_ids: list[str] = []
 
@@ -149,8 +149,8 @@ class Lab:
         for _ in range(4):
             body = {
                 "model": NODES[CODER],
-                "prompt": _text(self.rng, 1500, CONTEXT),
-                "suffix": _text(self.rng, 500, CONTEXT),
+                "prompt": _text(self.rng, PREFIX_CHARS, CONTEXT),
+                "suffix": _text(self.rng, SUFFIX_CHARS, CONTEXT),
                 "options": {"num_predict": 64},
                 "stream": True,
             }
@@ -181,11 +181,12 @@ class Lab:
         """A conversation: each turn's request carries every message so far (and the image)."""
         owner = self.rng.choice(("ana", "ben", "cleo", "dev", "eve"))
         messages: list[dict] = []
-        image = self.rng.random() < 1 / 3
+        # One in three conversations is about a screenshot of its own, sent again every turn.
+        image = base64.b64encode(self.rng.randbytes(IMAGE_BYTES)).decode() if self.rng.random() < 1 / 3 else None
         for turn in range(self.day.turns):
             ask = {"role": "user", "content": _text(self.rng, 400, ANSWER)}
             if image and turn == 0:
-                ask["images"] = [self.image]
+                ask["images"] = [image]
             messages.append(ask)
             body = {"model": NODES[CHAT], "messages": messages, "stream": True}
             request = json.dumps({"path": "/api/chat", "user_agent": "open-webui", "body": body})

@@ -185,6 +185,17 @@ def pruned_words(pruned_at: str) -> str:
     return f"output pruned on {pruned_at[:10]} (retention)"
 
 
+# What retention keeps of a pruned job's prompt: its first characters, the excerpt listings show
+# (the schema's prompt_excerpt is substr(prompt, 1, 300)); the rest is bulk, like the output.
+PROMPT_KEPT_CHARS = 300
+
+
+def prompt_pruned_words(pruned_at: str) -> str:
+    """What a pruned job says of its prompt when retention may have cut it (one of at least
+    PROMPT_KEPT_CHARS characters): the whole is in the archive."""
+    return f"prompt kept to its first {PROMPT_KEPT_CHARS} characters on {pruned_at[:10]} (retention)"
+
+
 def parse_iso(text: str) -> float:
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
 

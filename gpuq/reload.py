@@ -42,8 +42,10 @@ def shown(attr: str, value: object) -> str:
             return "off"
         if isinstance(value, (int, float)) and value % 86400 == 0:
             return f"{value / 86400:g}d"
-    if attr == "retention_archive" and value is None:
+    if attr in ("retention_archive", "retention_compact_share") and value is None:
         return "off"
+    if attr == "retention_compact_share" and isinstance(value, float):
+        return f"{value * 100:g}%"
     if value is None:
         return "(not set)"
     if attr.endswith("_s") and isinstance(value, (int, float)):

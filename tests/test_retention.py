@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import re
 import signal
 import sqlite3
@@ -470,5 +471,51 @@ async def test_a_pruned_calls_image_is_archived_whole_and_then_leaves_the_databa
         assert sql(tmp_path / "q.db", "SELECT COUNT(*) FROM request_part") == [(0,)]
         for i in ids:
             assert (await store.job_detail(i))["request"] is None
+    finally:
+        await store.close()
+
+
+async def test_a_sweep_compacts_the_file_at_idle_once_a_quarter_of_it_is_empty(tmp_path, caplog):
+    """Pruned rows leave their pages part empty, which incremental_vacuum cannot give back: a sweep
+    with no job waiting or running rewrites the file (VACUUM) once [retention] compact of it is
+    empty; with a job waiting it leaves the file alone (the rewrite would hold the writer)."""
+    from gpuq.config import Settings
+    from gpuq.jobs import NewJob
+    from gpuq.store import NodeInfo
+
+    now = [1_800_000_000.0]
+    path = tmp_path / "q.db"
+    store = Store(path, clock=lambda: now[0])
+    await store.open()
+    nodes = [NodeInfo("a", 1, ("task",), "m", True, idle=False)]
+    try:
+        ended = []
+        for i in range(900):
+            [job] = await store.submit(NewJob("task", f"{i} " + "a long prompt " * 70, node="a"), nodes, "api")
+            ended.append(job["id"])
+            await store.delete(job["id"], "api")
+        [waiting] = await store.submit(NewJob("task", "still waiting", node="a"), nodes, "api")
+        now[0] += 40 * DAY
+        settings = Settings(retention_archive=tmp_path / "archive")
+        sweeper = Sweeper(store, lambda: settings, lambda: None)
+        swept = await sweeper.run_once()
+        assert swept.pruned["jobs"] == 900 and swept.compacted is None  # a job waits: not now
+        empty = (await store.relations())["empty_bytes"]
+        size = (await store.storage_now())["file_bytes"]
+        assert empty > size / 4, (empty, size)  # what pruning left inside the pages
+
+        await store.delete(waiting["id"], "api")
+        now[0] += 40 * DAY  # the cancelled one is due: this sweep sheds it, at idle
+        with caplog.at_level(logging.INFO, logger="gpuq"):
+            swept = await sweeper.run_once()
+        assert swept.compacted is not None and swept.compacted["after"] < swept.compacted["before"] / 2
+        assert (await store.storage_now())["database_bytes"] == swept.compacted["after"]  # the WAL truncated
+        assert (await store.relations())["empty_bytes"] < empty / 4
+        assert "database compacted" in caplog.text
+        assert [(await store.job(j))["state"] for j in ended] == ["cancelled"] * 900  # the record stays
+
+        now[0] += 40 * DAY
+        off = Settings(retention_archive=tmp_path / "archive", retention_compact_share=None)
+        assert (await Sweeper(store, lambda: off, lambda: None).run_once()).compacted is None
     finally:
         await store.close()

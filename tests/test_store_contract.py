@@ -669,7 +669,8 @@ async def test_retention_prunes_the_bulk_of_ended_jobs_then_deletes_their_rows_a
     assert isinstance(clock, Clock)
     done = await finished(store, "a", "kept prompt")
     failed = await finished(store, "b", "a failure", state="failed")
-    call = await finished(store, "b", "a call", endpoint="/api/chat", request='{"path": "/api/chat", "body": {}}')
+    long_prompt = "a call: " + "ü" * 400  # characters, not bytes, are kept (2 bytes each here)
+    call = await finished(store, "b", long_prompt, endpoint="/api/chat", request='{"path": "/api/chat", "body": {}}')
     cancelled = await submit(store, "a", "never ran")
     await store.delete(cancelled, "api")
     parent = await finished(store, "a", "the task under review")
@@ -684,7 +685,8 @@ async def test_retention_prunes_the_bulk_of_ended_jobs_then_deletes_their_rows_a
     assert await store.retention_due("delete", cut, 100) == []
     plan = await store.retention_plan(cut)
     assert plan["prune"]["jobs"] == 3 and plan["prune"]["chunks"] >= 2
-    assert plan["prune"]["bytes"] >= len("an answer") * 2 + len('{"path": "/api/chat", "body": {}}')
+    cut_bytes = len(long_prompt[300:].encode())  # a long prompt past its first 300 characters
+    assert plan["prune"]["bytes"] >= len("an answer") * 2 + len('{"path": "/api/chat", "body": {}}') + cut_bytes
     assert plan["delete"] == {"jobs": 0, "runs": 0, "events": 0, "bytes": 0}
 
     [whole] = await store.whole_jobs([done])
@@ -699,7 +701,9 @@ async def test_retention_prunes_the_bulk_of_ended_jobs_then_deletes_their_rows_a
     assert detail["pruned_at"] == iso(clock.now)[:10] + detail["pruned_at"][10:] and detail["prompt"] == "kept prompt"
     assert (detail["output"], detail["thinking"], detail["runs"][0]["output"]) == ("", None, "")
     assert [e["to_state"] for e in detail["events"]] == ["queued", "running", "done"]  # the record stays
-    assert (await store.job_detail(call))["request"] is None
+    call_detail = await store.job_detail(call)
+    assert call_detail["request"] is None and call_detail["prompt"] == long_prompt[:300]
+    assert call_detail["prompt_bytes"] == len(long_prompt[:300].encode())  # the listing's size follows
     with pytest.raises(Conflict, match=r"cannot be retried: output pruned on \d{4}-\d\d-\d\d \(retention\)"):
         await store.retry(cancelled, "api")
     assert await state(store, waiting) == "queued" and (await store.job_detail(parent))["output"] == "an answer"
@@ -779,6 +783,27 @@ async def test_the_database_is_measured_sampled_and_its_tables_sized(store):
     assert by_name["job_queue"] == {**by_name["job_queue"], "kind": "index", "table": "job"}
     sizes = [r["bytes"] for r in sized["relations"]]
     assert sizes == sorted(sizes, reverse=True)
+    assert (sized["empty_bytes"] is None) == on_postgres(store)  # PostgreSQL's VACUUM reuses its own
+
+
+@covers("compact")
+async def test_a_sqlite_file_is_compacted_of_the_space_pruned_rows_left_empty(store):
+    ids = [await submit(store, prompt=f"{i} " + "x" * 3000) for i in range(60)]
+    for job_id in ids:
+        await store.delete(job_id, "api")  # cancelled: ended
+    store.clock.advance(40 * DAY)  # type: ignore[attr-defined]
+    cut = Cutoffs.at(store.clock(), 30 * DAY, 90 * DAY, None)
+    assert (await store.prune(ids, cut))["jobs"] == 60  # each prompt cut to 300 characters
+    empty = (await store.relations())["empty_bytes"]
+    compacted = await store.compact()
+    if on_postgres(store):
+        assert compacted is None and (await store.relations())["empty_bytes"] is None
+        return
+    assert compacted is not None and compacted["seconds"] >= 0
+    assert compacted["after"] < compacted["before"] - 100_000  # 60 x 2.7 KB cut; the rows are whole
+    assert (await store.relations())["empty_bytes"] < empty - 100_000
+    assert [await state(store, j) for j in ids] == ["cancelled"] * 60
+    assert len((await store.job_detail(ids[0]))["prompt"]) == 300
 
 
 # -- batches (gpuq/store/batches.py) ------------------------------------------------------------

@@ -17,11 +17,13 @@ async def test_dbstat_counts_pages_and_the_estimate_counts_the_stored_values(tmp
     try:
         for i in range(3):
             await store.submit(NewJob("task", f"{i}" * 100_000, node="a"), NODES, "api")
-        method, exact = sqlite_relations(path, 5.0)
-        fallback, estimated = sqlite_relations(path, 5.0, dbstat=False)
+        method, exact, empty = sqlite_relations(path, 5.0)
+        fallback, estimated, unknown = sqlite_relations(path, 5.0, dbstat=False)
     finally:
         await store.close()
     assert (method, fallback) == ("dbstat", "estimate")
+    assert (empty is not None, unknown) == (True, None)  # the empty space is counted by dbstat only
+    assert all(0 <= r["empty_bytes"] <= r["bytes"] for r in exact) and empty >= sum(r["empty_bytes"] for r in exact)
     exact_by = {r["name"]: r for r in exact}
     estimated_by = {r["name"]: r for r in estimated}
     assert exact_by["job"]["bytes"] >= 300_000 and exact_by["job"]["bytes"] % 4096 == 0  # whole pages

@@ -276,7 +276,7 @@ function content(job, streaming, thinkingOpen, runs, children) {
     job.findings ? findings(job.findings) : null,
     el('section', {className: 'box', id: 'prompt-box'},
       el('div', {className: 'box-head'}, el('h2', {text: 'Prompt'}),
-        el('span', {text: `${fmtNum(job.prompt.length)} characters`})),
+        el('span', {id: 'prompt-note', text: job.prompt_pruned || `${fmtNum(job.prompt.length)} characters`})),
       el('pre', {className: 'text short', id: 'prompt', text: job.prompt})),
     thinkText.data ? el('details', {className: 'box thinking-box', id: 'thinking-box', open: thinkingOpen},
       el('summary', {className: 'box-head'}, el('h2', {text: 'Thinking'}),

@@ -10,7 +10,16 @@ from aiohttp import web
 
 from .. import eta
 from ..front.endpoints import api_of
-from ..jobs import ACTIVE, JobState, compact_json, iso, preview_url, pruned_words
+from ..jobs import (
+    ACTIVE,
+    PROMPT_KEPT_CHARS,
+    JobState,
+    compact_json,
+    iso,
+    preview_url,
+    prompt_pruned_words,
+    pruned_words,
+)
 from ..node.dispatcher import Dispatcher
 from ..node.runtime import NodeRuntime
 from ..store import Row
@@ -100,11 +109,14 @@ def placeholder(job: Row) -> Row:
 
 def pruned(out: Row, pruned_at: str | None) -> None:
     """A job whose bulk retention shed says so: `pruned_at`, and `output_pruned` in words; its
-    output (and request, reasoning) are null, never "" that would look like a job that gave none."""
+    output (and request, reasoning) are null, never "" that would look like a job that gave none;
+    a prompt retention kept to its first characters says so too (`prompt_pruned`)."""
     out["pruned_at"] = pruned_at
     if pruned_at is None:
         return
     out["output_pruned"] = pruned_words(pruned_at)
+    if len(out.get("prompt") or "") >= PROMPT_KEPT_CHARS:  # a longer one was cut to this
+        out["prompt_pruned"] = prompt_pruned_words(pruned_at)
     for key in ("output", "thinking"):
         if key in out:
             out[key] = None

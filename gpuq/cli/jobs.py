@@ -356,6 +356,8 @@ def show(ctx, job_id, as_json) -> None:
         if (ev["reason"] or "").startswith("warning: "):
             click.echo(ev["reason"])
     click.echo("\n-- prompt --\n" + job["prompt"])
+    if job.get("prompt_pruned"):  # the rest is in the archive
+        click.echo(f"({job['prompt_pruned']})")
     if job.get("think") is not None or job.get("options"):
         asked = [f"think {json.dumps(job['think'])}"] if job.get("think") is not None else []
         asked += [f"{k}={json.dumps(v)}" for k, v in (job.get("options") or {}).items()]

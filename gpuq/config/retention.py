@@ -38,6 +38,20 @@ def retention_period(value: object, key: str) -> float | None:
     return seconds
 
 
+def compact_share(value: object) -> float | None:
+    """'25%' (of the file left empty), or "off" (None: never compacted by the sweep)."""
+    if isinstance(value, str) and value.strip().lower() == OFF:
+        return None
+    text = value.strip() if isinstance(value, str) else ""
+    try:
+        share = float(text[:-1]) / 100 if text.endswith("%") else -1.0
+    except ValueError:
+        share = -1.0
+    if not 1 <= share * 100 <= 90:
+        raise ConfigError(f'retention.compact: expected a percentage from "1%" to "90%", or "off", got {value!r}')
+    return share
+
+
 def archive_dir(value: object, database: Path | str, base_dir: Path) -> Path | None:
     """The archive's directory: as written (relative to gpuq.toml's directory), "off", or left
     out: gpuq-archive beside the SQLite database (on PostgreSQL, beside gpuq.toml)."""
@@ -65,6 +79,8 @@ def retention_settings(table: object, database: Path | str, base_dir: Path) -> d
                 f"retention.every: must be at least 1s (a sweep more often only burns CPU), got {table['every']!r}"
             )
         values["retention_every_s"] = every
+    if "compact" in table:
+        values["retention_compact_share"] = compact_share(table["compact"])
     batch = within(table, "batch", int, "retention", *BATCH_RANGE)
     if batch is not None:
         values["retention_batch"] = batch

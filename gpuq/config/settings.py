@@ -132,12 +132,14 @@ class Settings:
     # for forensics), its rows deleted after `retention_delete_after_s`; None: never.
     retention_prune_after_s: float | None = 30 * DAY_S
     retention_prune_failed_after_s: float | None = 90 * DAY_S
-    retention_delete_after_s: float | None = 365 * DAY_S
+    retention_delete_after_s: float | None = 90 * DAY_S
     # Where what leaves the database is written first (one gzip JSON Lines file a month); None: off.
     # Left out: the directory gpuq-archive beside the database (the parser puts it there).
     retention_archive: Path | None = Path("gpuq-archive")
     retention_every_s: float = 3600.0  # how often the sweep runs (and once at the start)
     retention_batch: int = 100  # jobs per transaction: each holds the writer a few milliseconds
+    # SQLite: a sweep compacts the file (VACUUM) at idle once this share of it is empty; None: never
+    retention_compact_share: float | None = 0.25
     # [backup]: the router backs its SQLite database up itself (gpuq/node/backups.py). On by
     # default: see the key's doc in keys.py. None: off (every = "off"), and always on PostgreSQL.
     backup_every_s: float | None = 86400.0

@@ -2,7 +2,8 @@
 [retention] every, and once a minute after the start, ended jobs past their time are archived,
 then deleted (their rows) or pruned (their bulk), in batches of [retention] batch jobs, each batch
 one short transaction of the writer, so a claim or a submit never waits long behind it. Then,
-on SQLite, the pages freed go back to the disk (incremental_vacuum). With several routers on one
+on SQLite, the pages freed go back to the disk (incremental_vacuum), and once the space pruned rows
+left empty inside pages is [retention] compact of the file, the file is rewritten at idle. With several routers on one
 PostgreSQL, only the router holding the "retention" maintenance lease sweeps. The settings are
 read at each run: a reload changes the next one. `run_once()` returns counts (tests call it);
 `plan()` is the dry run of `gpuq prune --dry-run`."""
@@ -30,6 +31,7 @@ SERVICE = "retention"
 FIRST_SWEEP_S = 60.0  # after a start: the router's own start goes first
 MAX_PAUSE_S = 1.0  # the longest pause between two batches
 GIVE_BACK_PAGES = 2048  # free pages returned to the disk per step (8 MiB at 4 KiB pages)
+COMPACT_MIN_BYTES = 1 << 20  # less empty space than this is not worth rewriting the file for
 
 
 @dataclass
@@ -45,6 +47,7 @@ class Swept:
         default_factory=lambda: {"pruned": 0, "deleted": 0, "lines": 0, "files": 0, "archived": 0}
     )
     pages_freed: int = 0
+    compacted: dict[str, float] | None = None  # SQLite: the file rewritten at idle (before, after, seconds)
     batches: int = 0
     longest_batch_ms: float = 0.0  # the longest a batch's write took, its queueing and commit included
     longest_hold_ms: float = 0.0  # the longest a batch's statements held the writer
@@ -59,6 +62,7 @@ class Swept:
             "parts": self.parts,
             "sweeps": self.sweeps,
             "pages_freed": self.pages_freed,
+            "compacted": self.compacted,
             "batches": self.batches,
             "longest_batch_ms": round(self.longest_batch_ms, 3),
             "longest_hold_ms": round(self.longest_hold_ms, 3),
@@ -117,6 +121,7 @@ class Sweeper:
                 dropped = await self.store.drop_unreferenced_parts()
                 swept.parts = {"parts": int(dropped["parts"]), "bytes": int(dropped["bytes"] or 0)}
                 swept.pages_freed = await self._give_back()
+                swept.compacted = await self._compact_when_due(settings)
             swept.seconds = time.monotonic() - started
             self.last = swept
             if swept.batches:
@@ -192,6 +197,38 @@ class Sweeper:
             if n < GIVE_BACK_PAGES:
                 break
         return freed
+
+    async def _compact_when_due(self, settings: Settings) -> dict[str, float] | None:
+        """SQLite: the file rewritten (VACUUM) once the space left empty inside its pages reaches
+        [retention] compact of it, when no job waits or runs (the rewrite holds the writer: a
+        submit meanwhile waits for it), and the disk has room for the copy. What it did, or None."""
+        share = settings.retention_compact_share
+        if share is None or not self.store.alone:
+            return None
+        if any(n.running or n.queued for n in (await self.store.active_by_node()).values()):
+            return None
+        empty = (await self.store.relations())["empty_bytes"]
+        now = await self.store.storage_now()
+        if empty is None or empty < max(COMPACT_MIN_BYTES, share * now["file_bytes"]):
+            return None
+        if now["free_bytes"] is not None and now["free_bytes"] < now["database_bytes"]:
+            log.warning(
+                "retention: the database holds %d MB empty, but its disk has no room for the rewritten copy"
+                " (%d MB free): not compacted",
+                empty >> 20,
+                now["free_bytes"] >> 20,
+            )
+            return None
+        done = await self.store.compact()
+        if done is not None:
+            log.info(
+                "retention: database compacted (%d MB empty inside its pages): %.1f -> %.1f MB in %.2fs",
+                empty >> 20,
+                done["before"] / 1e6,
+                done["after"] / 1e6,
+                done["seconds"],
+            )
+        return done
 
     async def run(self) -> None:
         """The loop: a first sweep a minute after the start, then every [retention] every."""

@@ -745,12 +745,33 @@ class Store(Reads):
         )
 
     async def relations(self) -> dict[str, Any]:
-        """Which tables and indexes hold the bytes, largest first, and how they were counted
-        ("dbstat", "estimate" or "postgres")."""
+        """Which tables and indexes hold the bytes, largest first, how they were counted
+        ("dbstat", "estimate" or "postgres"), and the bytes a SQLite file holds empty (`empty_bytes`:
+        counted by dbstat, else None; on PostgreSQL None, its VACUUM's business)."""
         if self.dsn:
-            return {"method": "postgres", "relations": storage.pg_relations(await self.read(storage.PG_RELATIONS_SQL))}
-        method, found = await asyncio.to_thread(storage.sqlite_relations, self._sqlite_path(), self.busy_timeout_s)
-        return {"method": method, "relations": found}
+            found = storage.pg_relations(await self.read(storage.PG_RELATIONS_SQL))
+            return {"method": "postgres", "relations": found, "empty_bytes": None}
+        method, found, empty = await asyncio.to_thread(
+            storage.sqlite_relations, self._sqlite_path(), self.busy_timeout_s
+        )
+        return {"method": method, "relations": found, "empty_bytes": empty}
+
+    async def compact(self) -> dict[str, Any] | None:
+        """SQLite: the file rewritten without its empty space (VACUUM, then the WAL truncated),
+        holding the writer meanwhile; {"before", "after", "seconds"} (bytes of file and WAL).
+        None on PostgreSQL, whose autovacuum reuses the space (docs/operations)."""
+        if self.dsn or self._writer is None:
+            return None
+        path = self._sqlite_path()
+        before = sum(await asyncio.to_thread(storage.file_bytes, path))
+
+        def compact(db: Connection) -> float:
+            assert isinstance(db, sqlite3.Connection)
+            return sqlite.compact(db)
+
+        seconds: float = await self._writer.call(compact)
+        after = sum(await asyncio.to_thread(storage.file_bytes, path))
+        return {"before": before, "after": after, "seconds": seconds}
 
     # -- retention (gpuq/store/retention.py; its reads are in reads.py) -------------------------
 

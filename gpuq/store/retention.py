@@ -3,8 +3,9 @@ small batches, each batch one short transaction of the writer:
 
 - prune: a job done or cancelled longer ago than `prune_after` (a failed one: `prune_failed_after`)
   loses its front-door request (its images too), its output and its reasoning (run_chunk rows, and
-  run.output / run.thinking of runs before 011); its row, runs and events stay, and `pruned_at`
-  says when (the API, the page and the CLI say "output pruned on <date> (retention)").
+  run.output / run.thinking of runs before 011), and its prompt past the first 300 characters (a
+  critique's holds its parent's output); its row, runs and events stay, and `pruned_at` says when
+  (the API, the page and the CLI say "output pruned on <date> (retention)").
 - delete: a job ended longer ago than `delete_after` goes with its runs, chunks and events.
 
 Waiting, running and held jobs are never touched (only ended ones qualify); a critique's parent
@@ -22,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..jobs import iso
+from ..jobs import PROMPT_KEPT_CHARS, iso
 from .engine import Connection, Engine
 from .steps import Row
 
@@ -91,9 +92,9 @@ def prune(db: Connection, ids: list[str], cutoffs: Cutoffs, now: float) -> dict[
         r[0]
         for r in db.execute(
             # By the ids (the primary key), then the rule.
-            f"UPDATE job AS j SET request = NULL, pruned_at = :now WHERE j.id IN ({marks}) AND {PRUNE_DUE}"
-            " RETURNING id",
-            params | {"now": iso(now)},
+            f"UPDATE job AS j SET request = NULL, prompt = substr(j.prompt, 1, :kept), pruned_at = :now"
+            f" WHERE j.id IN ({marks}) AND {PRUNE_DUE} RETURNING id",
+            params | {"now": iso(now), "kept": PROMPT_KEPT_CHARS},
         ).fetchall()
     ]
     chunks = 0
@@ -132,7 +133,8 @@ def plan_sql(engine: Engine) -> dict[str, str]:
     chunk_bytes = f"SUM({size('c.output')} + {size('c.thinking')})"
     run_bytes = f"SUM({size('r.output')} + {size('r.thinking')})"
     return {
-        "prune_jobs": f"SELECT COUNT(*) AS jobs, SUM({size('j.request')}) AS bytes FROM job j WHERE {pruned_only}",
+        "prune_jobs": f"SELECT COUNT(*) AS jobs, SUM({size('j.request')} + j.prompt_bytes - {size('j.prompt_excerpt')})"
+        f" AS bytes FROM job j WHERE {pruned_only}",
         "prune_chunks": f"SELECT COUNT(*) AS chunks, {chunk_bytes} AS bytes FROM run_chunk c"
         f" JOIN run r ON r.id = c.run_id JOIN job j ON j.id = r.job_id WHERE {pruned_only}",
         "prune_runs": f"SELECT {run_bytes} AS bytes FROM run r JOIN job j ON j.id = r.job_id WHERE {pruned_only}",

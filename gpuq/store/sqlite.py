@@ -172,6 +172,16 @@ def give_back(db: sqlite3.Connection, pages: int) -> int:
     return free - int(db.execute("PRAGMA freelist_count").fetchone()[0])
 
 
+def compact(db: sqlite3.Connection) -> float:
+    """The whole file rewritten without the space pruned rows left empty inside their pages,
+    which incremental_vacuum (whole free pages only) cannot give back; then the WAL, which the
+    rewrite filled, truncated. Outside a transaction (VACUUM cannot run in one). Its seconds."""
+    started = time.monotonic()
+    db.execute("VACUUM")
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return time.monotonic() - started
+
+
 def refuse_newer(db: sqlite3.Connection, known: Iterable[int], where: object) -> set[int]:
     """The migrations applied to `db`; NewerSchema when one is newer than this gpuq knows (a
     newer gpuq wrote it): the store's start and a restore's check both refuse it here."""

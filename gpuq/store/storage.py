@@ -42,12 +42,14 @@ def disk_free(path: Path) -> int | None:
         return None
 
 
-def sqlite_relations(path: Path, busy_timeout_s: float, dbstat: bool = True) -> tuple[str, list[Row]]:
-    """Each table and index of the SQLite file with its bytes, largest first, and how they were
+def sqlite_relations(path: Path, busy_timeout_s: float, dbstat: bool = True) -> tuple[str, list[Row], int | None]:
+    """Each table and index of the SQLite file with its bytes, largest first, how they were
     counted: "dbstat" (the pages each holds, exactly) or "estimate" (dbstat not compiled in: the
-    stored values' lengths, tables only). Blocking: a connection of its own, read-only, in a
-    thread; a reader, so the router's writer goes on meanwhile. `dbstat=False`: the estimate
-    (what a build without dbstat gives)."""
+    stored values' lengths, tables only), and the bytes the file holds empty (dbstat only, else
+    None): unused inside its pages (a row whose bulk was pruned leaves its page part empty) and
+    its free pages. Blocking: a connection of its own, read-only, in a thread; a reader, so the
+    router's writer goes on meanwhile. `dbstat=False`: the estimate (what a build without dbstat
+    gives)."""
     db = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, isolation_level=None)
     try:
         db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
@@ -58,22 +60,33 @@ def sqlite_relations(path: Path, busy_timeout_s: float, dbstat: bool = True) -> 
             )
         }
         counted: dict[str, int] = {}
+        unused: dict[str, int] = {}
+        empty = None
         method = "estimate"
         if dbstat:
             try:
-                counted = dict(db.execute("SELECT name, SUM(pgsize) FROM dbstat GROUP BY name").fetchall())
+                for name, size, free in db.execute("SELECT name, SUM(pgsize), SUM(unused) FROM dbstat GROUP BY name"):
+                    counted[name], unused[name] = size, free
                 method = "dbstat"
             except sqlite3.OperationalError:  # no such table: dbstat (SQLITE_ENABLE_DBSTAT_VTAB unset)
                 pass
         if method == "estimate":
             counted = {name: _estimate(db, name) for name, (kind, _) in objects.items() if kind == "table"}
+        else:
+            free_pages = int(db.execute("PRAGMA freelist_count").fetchone()[0])
+            empty = sum(int(n or 0) for n in unused.values()) + free_pages * int(
+                db.execute("PRAGMA page_size").fetchone()[0]
+            )
     finally:
         db.close()
     found: list[Row] = []
     for name, size in counted.items():
         kind, tbl = objects.get(name, ("table", name))  # sqlite_schema itself is no row of sqlite_master
-        found.append({"name": name, "kind": kind, "table": tbl, "bytes": int(size or 0)})
-    return method, sorted(found, key=lambda r: (-r["bytes"], r["name"]))
+        row: Row = {"name": name, "kind": kind, "table": tbl, "bytes": int(size or 0)}
+        if method == "dbstat":
+            row["empty_bytes"] = int(unused.get(name) or 0)
+        found.append(row)
+    return method, sorted(found, key=lambda r: (-r["bytes"], r["name"])), empty
 
 
 def _estimate(db: sqlite3.Connection, table: str) -> int:
