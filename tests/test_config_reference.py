@@ -181,11 +181,20 @@ def test_a_retention_period_is_days_hours_or_off(value, seconds, tmp_path):
         ({"archive": ""}, 'retention.archive: expected a directory or "off"'),
         ({"batch": 0}, "retention.batch: must be from 1 to 10000"),
         ({"every": "10ms"}, "retention.every: must be at least 1s"),
+        ({"compact": "200%"}, 'retention.compact: expected a percentage from "1%" to "90%", or "off", got \'200%\''),
+        ({"compact": 0.25}, 'retention.compact: expected a percentage from "1%" to "90%", or "off", got 0.25'),
+        ({"compact": "a lot%"}, "retention.compact: expected a percentage"),
     ],
 )
 def test_a_wrong_retention_setting_is_named(table, words, tmp_path):
     with pytest.raises(ConfigError, match=re.escape(words)):
         parse_config({"retention": table, "node": [NODE]}, tmp_path)
+
+
+def test_compaction_is_a_share_of_the_file_or_off(tmp_path):
+    assert parse_config({"node": [NODE]}, tmp_path).retention_compact_share == 0.25
+    assert parse_config({"retention": {"compact": "10%"}, "node": [NODE]}, tmp_path).retention_compact_share == 0.1
+    assert parse_config({"retention": {"compact": "Off"}, "node": [NODE]}, tmp_path).retention_compact_share is None
 
 
 def test_the_archive_is_beside_the_database_unless_off(tmp_path):

@@ -21,7 +21,8 @@ MODEL = "qwen3-coder:30b"
 async def test_the_job_page_says_its_output_was_pruned(fakes, daemon_factory, page):
     fake = await fakes(MODEL, tokens=6, thinking_tokens=0)
     daemon = await daemon_factory([node_table("node-1", fake, 1, ["task"], MODEL)])
-    [old] = await daemon.submit("task", "summarise last month's incidents")
+    asked = "summarise last month's incidents: " + "the disk filled, the backup was late; " * 20
+    [old] = await daemon.submit("task", asked)
     [new] = await daemon.submit("task", "summarise this week's incidents")
     for job in (old, new):
         await daemon.wait_state(job["id"], "done")
@@ -36,7 +37,10 @@ async def test_the_job_page_says_its_output_was_pruned(fakes, daemon_factory, pa
         re.compile(r"^\(output pruned on \d{4}-\d\d-\d\d \(retention\)\)$")
     )
     await expect(page.locator("#output-box .box-head")).to_contain_text("dropped by retention")
-    await expect(page.locator("#prompt")).to_have_text("summarise last month's incidents")
+    await expect(page.locator("#prompt")).to_have_text(asked[:300])  # the rest is in the archive
+    await expect(page.locator("#prompt-note")).to_have_text(
+        re.compile(r"^prompt kept to its first 300 characters on \d{4}-\d\d-\d\d \(retention\)$")
+    )
     await page.goto(f"{daemon.url}/jobs/{new['id']}")
     await expect(page.locator("#output")).not_to_contain_text("pruned")
     await expect(page.locator("#output")).not_to_be_empty()

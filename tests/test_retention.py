@@ -98,18 +98,20 @@ def archived_lines(directory: Path) -> list[dict]:
 async def test_a_router_prunes_old_jobs_archives_them_first_and_says_so_everywhere(fakes, daemon_factory, tmp_path):
     daemon = await router(fakes, daemon_factory, {"every": "1s"})
     old = await finished_jobs(daemon, 2, "an old question")
+    long_prompt = "a long old question, " + "with its context pasted in, " * 20
+    [long] = await finished_jobs(daemon, 1, long_prompt)
     recent = await finished_jobs(daemon, 1, "a recent question")
     daemon.fake.script.token_delay_s = 0.05
     daemon.fake.script.tokens = 2000
     await daemon.kill(signal.SIGTERM)
-    age(daemon.db, old, 40)  # past prune_after (30 days), well before delete_after (365)
+    age(daemon.db, [*old, long], 40)  # past prune_after (30 days), well before delete_after (90)
     await daemon.start()
     [running] = await daemon.submit("task", "still running")
     [waiting] = await daemon.submit("task", "still waiting")
     await daemon.wait_state(running["id"], "running")
 
     async def pruned():
-        return all([(await daemon.job(j)).get("output_pruned") for j in old])
+        return all([(await daemon.job(j)).get("output_pruned") for j in [*old, long]])
 
     await eventually(pruned, 20, 0.1, "the sweep to prune the old jobs")
     for job_id in old:
@@ -122,6 +124,12 @@ async def test_a_router_prunes_old_jobs_archives_them_first_and_says_so_everywhe
             "done",
         ]
         assert job["eval_count"] == 6  # the record stays: tokens, times, state
+    assert "prompt_pruned" not in job  # a short prompt is whole
+    cut = await daemon.job(long)  # a long one keeps its first 300 characters, and says so
+    assert cut["prompt"] == f"{long_prompt} 0"[:300] and cut["prompt_bytes"] == 300
+    assert re.fullmatch(
+        r"prompt kept to its first 300 characters on \d{4}-\d\d-\d\d \(retention\)", cut["prompt_pruned"]
+    )
     fresh = await daemon.job(recent[0])
     assert fresh["output"] and fresh["pruned_at"] is None and "output_pruned" not in fresh
     assert (await daemon.job(running["id"]))["state"] == "running"
@@ -134,7 +142,8 @@ async def test_a_router_prunes_old_jobs_archives_them_first_and_says_so_everywhe
 
     # The archive, beside the database: each old job whole, with its output, before it was shed.
     lines = archived_lines(tmp_path / "gpuq-archive")
-    assert sorted(line["id"] for line in lines) == sorted(old)
+    assert sorted(line["id"] for line in lines) == sorted([*old, long])
+    assert [line["prompt"] for line in lines if line["id"] == long] == [f"{long_prompt} 0"]  # whole there
     for line in lines:
         assert line["archived_for"] == "prune" and line["output"] and line["runs"][0]["output"] == line["output"]
         assert [e["to_state"] for e in line["events"]] == ["queued", "running", "done"]
@@ -147,6 +156,10 @@ async def test_a_router_prunes_old_jobs_archives_them_first_and_says_so_everywhe
     assert not any("text" in x for x in stream)
     shown = await daemon.cli("show", old[0])
     assert shown.code == 0 and re.search(r"-- output --\n\(output pruned on \d{4}-\d\d-\d\d \(retention\)\)", shown.out)
+    shown = await daemon.cli("show", long)
+    assert shown.code == 0 and re.search(
+        r"\n\(prompt kept to its first 300 characters on [-\d]+ \(retention\)\)\n", shown.out
+    )
     found = await run_cli("archive", "search", "AN OLD QUESTION 1", "--dir", str(tmp_path / "gpuq-archive"), "--json")
     assert found.code == 0 and [json.loads(x)["id"] for x in found.out.splitlines()] == [old[1]]
     assert json.loads(found.out)["output"] == lines[[x["id"] for x in lines].index(old[1])]["output"]

@@ -275,10 +275,12 @@ async def test_gpuq_storage_names_the_tables_that_hold_the_bytes_on_each_engine(
         assert as_json["method"] == "dbstat"
         assert as_json["backup"]["scheduled"] is True and as_json["free_bytes"] > 0
         assert "where the bytes are (dbstat):" in out and "disk " in out
+        assert as_json["empty_bytes"] >= 0 and "empty inside the file: " in out
     else:
         assert as_json["method"] == "postgres" and as_json["free_bytes"] is None
         assert as_json["backup"]["scheduled"] is False and "pg_dump" in as_json["backup"]["off"]
         assert "where the bytes are (postgres):" in out
+        assert as_json["empty_bytes"] is None and "empty inside" not in out
         assert "scheduled backups: the database is on PostgreSQL" in out
     assert re.search(r"^  job\s+table\s+job\s+", out, re.M), out
 

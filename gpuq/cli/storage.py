@@ -61,6 +61,11 @@ def summary(data: dict) -> list[str]:
         lines.append(f"cap: router.max_database_bytes {human_bytes(cap)} ({size / cap:.0%} used)")
     lines.append(backup_line(data["backup"]))
     lines += [f"warning: {w}" for w in data.get("warnings", [])]
+    if data.get("empty_bytes") is not None:
+        lines.append(
+            f"empty inside the file: {human_bytes(data['empty_bytes'])}"
+            " (what pruned rows left in their pages; a sweep at idle compacts it, [retention] compact)"
+        )
     lines += [
         "",
         f"where the bytes are ({data['method']}):",
