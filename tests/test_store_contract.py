@@ -599,6 +599,32 @@ async def test_a_router_holds_its_nodes_until_it_releases_them_or_its_process_is
     assert (await store.take_nodes(two, ["a"], 60.0)).held == ["a"]
 
 
+@covers("record_node_models", "nodes_driven_elsewhere")
+async def test_the_nodes_other_routers_drive_are_read_with_their_health_and_models(store):
+    """A batch's lines may go to a node another live router drives: its row says its health and
+    the models its Ollama lists (recorded by that router's monitor); this router's own, a free
+    lease's and a released one's are not others'."""
+    one, two = Router.new("127.0.0.1:1", None, T0), Router.new("127.0.0.1:2", None, T0)
+    assert (await store.take_nodes(one, ["a"], 60.0)).held == ["a"]
+    assert (await store.take_nodes(two, ["b", "c"], 60.0)).held == ["b", "c"]
+    await store.set_node_health("b", True, None)
+    await store.record_node_models("b", ["mb:latest", "qwen3:8b"])
+    await store.record_node_models("b", ["qwen3:8b", "mb:latest", "llama3.2:latest"])  # the latest list wins
+    b, c = await store.nodes_driven_elsewhere(one.id)
+    assert b == NodeInfo(
+        "b", 2, ("task", "critique"), "mb", True, frozenset({"mb:latest", "qwen3:8b", "llama3.2:latest"})
+    )
+    assert c == NodeInfo("c", 3, ("critique",), "mc", False, None)  # not heard from: down, models unknown
+    assert [n.name for n in await store.nodes_driven_elsewhere(two.id)] == ["a"]
+    await store.release_nodes(two)  # a clean stop: its nodes are nobody's until taken
+    assert await store.nodes_driven_elsewhere(one.id) == []
+    # a reload's configure keeps the models
+    await store.configure({}, [NodeConfig("b", "http://elsewhere:11434", 2, ("task",), "mb")])
+    assert (await store.take_nodes(two, ["b"], 60.0)).held == ["b"]
+    [b] = await store.nodes_driven_elsewhere(one.id)
+    assert b.roles == ("task",) and b.models == frozenset({"mb:latest", "qwen3:8b", "llama3.2:latest"})
+
+
 # -- other routers' changes ------------------------------------------------------------------
 
 

@@ -341,16 +341,28 @@ class Dispatcher:
         self.bus.publish("queue", {"submitted": [j["id"] for j in jobs]})
         return jobs
 
+    async def batch_nodes(self) -> list[NodeInfo]:
+        """Where a batch's lines may go: this router's nodes and, on PostgreSQL, every node another
+        live router drives (no client waits on a line, so it may run on a node of any router; its
+        driver hears of it by the job's NOTIFY). Another router's node is placed on by its row's
+        health and models (the monitor of the router that lists it writes them)."""
+        mine = self.node_infos()
+        if self.store.alone:
+            return mine
+        known = {n.name for n in mine} | set(self.removing)
+        others = await self.store.nodes_driven_elsewhere(self.router.id)
+        return [*mine, *(n for n in others if n.name not in known)]
+
     async def submit_batch(self, batch: NewBatch, lines: Sequence[NewLine], actor: str) -> Row:
         """Store a batch and queue its every line (gpuq/store/batches.py), in one commit: placed
         on any node (no client waits on this router), fair share and the owner's max_waiting
         counting each line; idle nodes' heads claimed in it go to their workers, busy nodes
-        are woken."""
+        are woken (another router's, by the job's NOTIFY)."""
         try:
             row = await self.store.create_batch(
                 batch,
                 lines,
-                self.node_infos(),
+                await self.batch_nodes(),
                 actor,
                 self._hand_over,
                 fair=self.settings.shares_fairly,
