@@ -197,6 +197,14 @@ async def test_a_cancel_through_one_router_stops_the_lines_waiting_on_the_others
         return all(f.in_flight == 1 for f in lab.fakes.values())
 
     await eventually(both_running, 15, what="a line to run on each node")
+    # A waiting line moved from a's node to b's, through b: no client waits on it (a call's would be 409).
+    [(moved,)] = await lab.sql(
+        "SELECT j.id FROM batch_line l JOIN job j ON j.id = l.job_id WHERE l.batch_id = %s AND j.node = 'node-1'"
+        " AND j.state = 'queued' ORDER BY j.position DESC LIMIT 1",
+        (batch.id,),
+    )
+    status, body = await lab.b.request("POST", f"/api/jobs/{moved}/move", {"node": "node-2"})
+    assert status == 200 and body["job"]["node"] == "node-2", body
     cancelling = await via_b.batches.cancel(batch.id)
     assert cancelling.status == "cancelling"
     # Every waiting line is cancelled at once, a's node's too; the two running end as they would.
@@ -205,8 +213,8 @@ async def test_a_cancel_through_one_router_stops_the_lines_waiting_on_the_others
         " GROUP BY j.node, j.state ORDER BY j.node, j.state",
         (batch.id,),
     )
-    assert set(waiting) == {("node-1", "cancelled", 2), ("node-1", "running", 1)} | {
-        ("node-2", "cancelled", 2),
+    assert set(waiting) == {("node-1", "cancelled", 1), ("node-1", "running", 1)} | {
+        ("node-2", "cancelled", 3),
         ("node-2", "running", 1),
     }
     seen_by_a = await via_a.batches.retrieve(batch.id)
@@ -216,14 +224,14 @@ async def test_a_cancel_through_one_router_stops_the_lines_waiting_on_the_others
     assert all(len(f.chat_requests) == 1 for f in lab.fakes.values())  # no waiting line reached a node
     output = lines_of((await via_b.files.content(done.output_file_id)).content)
     assert sorted(line["custom_id"] for line in output) == ["q-0", "q-1"]
-    # Its cancelled lines retried through a: those on b's node too, each on the node it was on.
+    # Its cancelled lines retried through a: those on b's node too, each on the node it waited on.
     for fake in lab.fakes.values():
         fake.script.token_delay_s, fake.script.tokens = 0.01, 10
     retried = await lab.a.cli("batch", "retry", batch.id, "--failed")
     assert retried.code == 0 and "4 lines queued again" in retried.out, retried
     again = await ended(via_b, batch.id)
     assert again.status == "completed" and counts(again) == (6, 6, 0)
-    assert all(len(f.chat_requests) == 3 for f in lab.fakes.values())
+    assert [len(lab.fakes[n].chat_requests) for n in ("node-1", "node-2")] == [2, 4]
 
 
 async def test_a_router_killed_mid_batch_fails_its_line_and_the_other_finishes_the_batch(lab):
