@@ -118,9 +118,17 @@ async def nodes_of(lab: Lab, batch_id: str) -> dict[str, int]:
 
 async def test_a_batch_through_one_router_runs_on_both_routers_nodes_and_either_answers_for_it(lab):
     via_a, via_b = lab.openai("a"), lab.openai("b")
-    batch = await create(via_a, 8, extra=(chat_line("bad", "nope", model="no-such:model"),))
-    assert batch.status == "in_progress" and counts(batch) == (9, 0, 1)  # the unknown model: that line's error
-    assert await nodes_of(lab, batch.id) == {"node-1": 4, "node-2": 4}  # a's node and b's, by their queues
+    batch = await create(via_a, 10, extra=(chat_line("bad", "nope", model="no-such:model"),))
+    assert batch.status == "in_progress" and counts(batch) == (11, 0, 1)  # the unknown model: that line's error
+    assert await nodes_of(lab, batch.id) == {"node-1": 5, "node-2": 5}  # a's node and b's, by their queues
+
+    # a estimates its end over b's node too (by node-2's recent runs), once each node has run a line.
+    async def estimated_through_a():
+        shown = (await lab.a.get(f"/api/batches/{batch.id}"))["batch"]
+        assert shown["status"] == "in_progress", shown
+        return shown["eta"]["finish_s"] is not None
+
+    await eventually(estimated_through_a, 20, what="router a's estimate of the batch's end")
 
     # While it runs, b answers with the counts a answers (read between two equal answers of a's:
     # the counts only grow, so b's must be the same).
@@ -141,7 +149,7 @@ async def test_a_batch_through_one_router_runs_on_both_routers_nodes_and_either_
 
     answers = await asyncio.gather(*(polls(c) for c in (via_a, via_b, via_a, via_b)))
     assert {(a.status, counts(a), a.output_file_id, a.error_file_id) for a in answers} == {
-        ("completed", (9, 8, 1), answers[0].output_file_id, answers[0].error_file_id)
+        ("completed", (11, 10, 1), answers[0].output_file_id, answers[0].error_file_id)
     }
     files = await lab.sql(
         "SELECT filename FROM batch_file WHERE filename LIKE %s ORDER BY filename", (f"{batch.id}_%",)
@@ -154,13 +162,13 @@ async def test_a_batch_through_one_router_runs_on_both_routers_nodes_and_either_
         (batch.id,),
     )
     assert dict(runs) == {"node-1": 1, "node-2": 1}
-    assert len(lab.fakes["node-1"].chat_requests) == 4 and len(lab.fakes["node-2"].chat_requests) == 4
+    assert len(lab.fakes["node-1"].chat_requests) == 5 and len(lab.fakes["node-2"].chat_requests) == 5
 
     # Its output (and error) file read through either router: the same bytes, every reply there.
     out_a = (await via_a.files.content(answers[0].output_file_id)).content
     assert (await via_b.files.content(answers[0].output_file_id)).content == out_a
     output = lines_of(out_a)
-    assert [line["custom_id"] for line in output] == [f"q-{i}" for i in range(8)]
+    assert [line["custom_id"] for line in output] == [f"q-{i}" for i in range(10)]
     assert all(line["response"]["status_code"] == 200 for line in output)
     [bad] = lines_of((await via_b.files.content(answers[0].error_file_id)).content)
     assert bad["custom_id"] == "bad" and bad["response"]["status_code"] == 404
