@@ -926,6 +926,31 @@ async def test_a_batch_past_max_waiting_is_refused_whole(store):
     assert len(await store.jobs(state="queued")) == 1
 
 
+@covers("finalize_batch")
+async def test_two_routers_finalizing_one_batch_at_once_write_its_output_once(store, database):
+    """Both routers see the batch's last line end (each router's finalizer, each poll): their
+    finalizes are two writes on one database, and only the first writes the files."""
+    await store.create_batch(batch_of("batch_2r"), [line_of(1), line_of(2)], KNOWN, "api")
+    for node in ("a", "b"):
+        claimed = await store.claim(node)
+        assert claimed is not None
+        await store.keep_batch_response(claimed["id"], '{"reply": 1}')
+        await store.finish(claimed["id"], claimed["run_id"], "done", None, "text")
+    other = Store(database, clock=Clock())  # the second router's store
+    await other.open()
+    try:
+        ended = await asyncio.gather(
+            *(s.finalize_batch("batch_2r", render_counts) for s in (store, other, store, other))
+        )
+    finally:
+        await other.close()
+    [done] = [e for e in ended if e is not None]
+    assert done["status"] == "completed" and done["output_file_id"] is not None
+    files = await store.read("SELECT id FROM batch_file WHERE purpose = 'batch_output'")
+    assert [f["id"] for f in files] == [done["output_file_id"]]
+    assert (await store.batch("batch_2r"))["output_file_id"] == done["output_file_id"]
+
+
 @covers("keep_batch_response", "finalize_batch", "batch_results", "cancel_batch", "retry_batch")
 async def test_a_batch_ends_once_its_lines_have_its_output_written_and_retries_its_failed_lines(store):
     await store.create_batch(batch_of("batch_1"), [line_of(1), line_of(2), line_of(3)], KNOWN, "api")
