@@ -833,7 +833,8 @@ class Store(Reads):
     async def nodes_driven_elsewhere(self, router_id: str) -> list[NodeInfo]:
         """The nodes other live routers drive now (their lease not run out, by the database's
         clock on PostgreSQL), as their rows say them: health, installed models (migration 023).
-        None is idle for this router (their workers are the others'). SQLite: none (alone)."""
+        None is idle for this router (their workers are the others'). On SQLite the router is
+        alone (its start ended every other router's leases): none."""
         rows = await self.read(leases.DRIVEN_ELSEWHERE_SQL, (router_id, await self._lease_clock()))
         return [leases.node_info(r) for r in rows]
 
