@@ -66,8 +66,8 @@ class NodeMonitor:
             rt.installed = frozenset(normalize_model(m["name"]) for m in rt.tags)
             rt.model_installed = normalize_model(rt.config.model) in rt.installed
             await self._clear_stuck_if_gone()
-            await self._record_models()
         await self.set_up(failed is None, None if failed is None else failed.message)
+        await self._record_models()  # (after: the health in memory never waits on this write)
 
     async def _record_models(self) -> None:
         """The models it lists, in its row when they changed: other routers on the database place
