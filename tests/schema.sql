@@ -290,7 +290,7 @@ max_runtime_s REAL, -- NULL: the router's max_runtime
 up INTEGER NOT NULL DEFAULT 0 CHECK (up IN (0, 1)),
 last_error TEXT,
 since TEXT -- when `up` last changed
-, asked_unload TEXT);
+, asked_unload TEXT, models TEXT);
 
 -- table node_lease on node_lease
 CREATE TABLE node_lease (

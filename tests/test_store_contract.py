@@ -599,6 +599,32 @@ async def test_a_router_holds_its_nodes_until_it_releases_them_or_its_process_is
     assert (await store.take_nodes(two, ["a"], 60.0)).held == ["a"]
 
 
+@covers("record_node_models", "nodes_driven_elsewhere")
+async def test_the_nodes_other_routers_drive_are_read_with_their_health_and_models(store):
+    """A batch's lines may go to a node another live router drives: its row says its health and
+    the models its Ollama lists (recorded by that router's monitor); this router's own, a free
+    lease's and a released one's are not others'."""
+    one, two = Router.new("127.0.0.1:1", None, T0), Router.new("127.0.0.1:2", None, T0)
+    assert (await store.take_nodes(one, ["a"], 60.0)).held == ["a"]
+    assert (await store.take_nodes(two, ["b", "c"], 60.0)).held == ["b", "c"]
+    await store.set_node_health("b", True, None)
+    await store.record_node_models("b", ["mb:latest", "qwen3:8b"])
+    await store.record_node_models("b", ["qwen3:8b", "mb:latest", "llama3.2:latest"])  # the latest list wins
+    b, c = await store.nodes_driven_elsewhere(one.id)
+    assert b == NodeInfo(
+        "b", 2, ("task", "critique"), "mb", True, frozenset({"mb:latest", "qwen3:8b", "llama3.2:latest"})
+    )
+    assert c == NodeInfo("c", 3, ("critique",), "mc", False, None)  # not heard from: down, models unknown
+    assert [n.name for n in await store.nodes_driven_elsewhere(two.id)] == ["a"]
+    await store.release_nodes(two)  # a clean stop: its nodes are nobody's until taken
+    assert await store.nodes_driven_elsewhere(one.id) == []
+    # a reload's configure keeps the models
+    await store.configure({}, [NodeConfig("b", "http://elsewhere:11434", 2, ("task",), "mb")])
+    assert (await store.take_nodes(two, ["b"], 60.0)).held == ["b"]
+    [b] = await store.nodes_driven_elsewhere(one.id)
+    assert b.roles == ("task",) and b.models == frozenset({"mb:latest", "qwen3:8b", "llama3.2:latest"})
+
+
 # -- other routers' changes ------------------------------------------------------------------
 
 
@@ -923,6 +949,31 @@ async def test_a_batch_past_max_waiting_is_refused_whole(store):
     with pytest.raises(NotFound):
         await store.batch("batch_q")  # nothing stored
     assert len(await store.jobs(state="queued")) == 1
+
+
+@covers("finalize_batch")
+async def test_two_routers_finalizing_one_batch_at_once_write_its_output_once(store, database):
+    """Both routers see the batch's last line end (each router's finalizer, each poll): their
+    finalizes are two writes on one database, and only the first writes the files."""
+    await store.create_batch(batch_of("batch_2r"), [line_of(1), line_of(2)], KNOWN, "api")
+    for node in ("a", "b"):
+        claimed = await store.claim(node)
+        assert claimed is not None
+        await store.keep_batch_response(claimed["id"], '{"reply": 1}')
+        await store.finish(claimed["id"], claimed["run_id"], "done", None, "text")
+    other = Store(database, clock=Clock())  # the second router's store
+    await other.open()
+    try:
+        ended = await asyncio.gather(
+            *(s.finalize_batch("batch_2r", render_counts) for s in (store, other, store, other))
+        )
+    finally:
+        await other.close()
+    [done] = [e for e in ended if e is not None]
+    assert done["status"] == "completed" and done["output_file_id"] is not None
+    files = await store.read("SELECT id FROM batch_file WHERE purpose = 'batch_output'")
+    assert [f["id"] for f in files] == [done["output_file_id"]]
+    assert (await store.batch("batch_2r"))["output_file_id"] == done["output_file_id"]
 
 
 @covers("keep_batch_response", "finalize_batch", "batch_results", "cancel_batch", "retry_batch")

@@ -70,7 +70,7 @@ async def with_eta(request: web.Request, batch: Row, lines: list[Row]) -> Row:
     """The batch's expected end, from the nodes' recent runs (gpuq/eta.py), as `finish_at`."""
     active = [line["job_id"] for line in lines if line["state"] in ACTIVE]
     try:
-        found = await request.app[DISPATCHER].estimates() if active else {}
+        found = await request.app[DISPATCHER].batch_estimates() if active else {}
     except Exception:  # an estimate is a hint: the batch is shown without it
         found = {}
     finish, reason = eta.batch_finish(found, active)
@@ -98,7 +98,7 @@ async def open_batches(request: web.Request, limit: int) -> list[Row]:
     for job_id, batch_id in (await store.open_batch_lines()).items():
         active.setdefault(batch_id, []).append(job_id)
     try:
-        estimates = await request.app[DISPATCHER].estimates() if active else {}
+        estimates = await request.app[DISPATCHER].batch_estimates() if active else {}
     except Exception:  # an estimate is a hint: the batches are shown without it
         estimates = {}
     out = []

@@ -242,7 +242,7 @@ class Sweeps:
             batch_id,
             actor,
             only_owner(caller),
-            frozenset(self.dispatcher.nodes),
+            frozenset(n.name for n in await self.dispatcher.batch_nodes()),  # (another router's too)
             self.settings.max_waiting,
             window_s(found["completion_window"]),
         )

@@ -44,8 +44,12 @@ def node_blocked(rt: NodeRuntime) -> str | None:
     if rt.vram_stuck:
         return f"{rt.name} has a model stuck in VRAM: nothing starts there until it leaves"
     if rt.checked and not rt.up:
-        return f"{rt.name} is down: nothing starts there until it answers"
+        return down_words(rt.name)
     return None
+
+
+def down_words(node: str) -> str:
+    return f"{node} is down: nothing starts there until it answers"
 
 
 class Dispatcher:
@@ -341,16 +345,30 @@ class Dispatcher:
         self.bus.publish("queue", {"submitted": [j["id"] for j in jobs]})
         return jobs
 
+    async def batch_nodes(self) -> list[NodeInfo]:
+        """Where a batch's lines may go: this router's nodes and, on PostgreSQL, every node another
+        live router drives (no client waits on a line, so it may run on a node of any router; its
+        driver hears of it by the job's NOTIFY). Another router's node is placed on by its row's
+        health and models (the monitor of the router that lists it writes them)."""
+        return [*self.node_infos(), *await self.nodes_elsewhere()]
+
+    async def nodes_elsewhere(self) -> list[NodeInfo]:
+        """The nodes other live routers drive that this router does not list (PostgreSQL; none
+        on SQLite, whose router is alone)."""
+        if self.store.alone:
+            return []
+        return [n for n in await self.store.nodes_driven_elsewhere(self.router.id) if n.name not in self.nodes]
+
     async def submit_batch(self, batch: NewBatch, lines: Sequence[NewLine], actor: str) -> Row:
         """Store a batch and queue its every line (gpuq/store/batches.py), in one commit: placed
         on any node (no client waits on this router), fair share and the owner's max_waiting
         counting each line; idle nodes' heads claimed in it go to their workers, busy nodes
-        are woken."""
+        are woken (another router's, by the job's NOTIFY)."""
         try:
             row = await self.store.create_batch(
                 batch,
                 lines,
-                self.node_infos(),
+                await self.batch_nodes(),
                 actor,
                 self._hand_over,
                 fair=self.settings.shares_fairly,
@@ -379,20 +397,24 @@ class Dispatcher:
 
     # -- start estimates ----------------------------------------------------------------------
 
-    async def estimates(self, rows: list[dict[str, Any]] | None = None) -> dict[str, eta.Estimate]:
+    async def estimates(
+        self, rows: list[dict[str, Any]] | None = None, elsewhere: Sequence[NodeInfo] = ()
+    ) -> dict[str, eta.Estimate]:
         """eta.estimate over the queues now: two reads (the plans, the recent run times). `rows`:
-        the running and waiting jobs already read, in queue order (then only the run times are read)."""
+        the running and waiting jobs already read, in queue order (then only the run times are read).
+        `elsewhere`: other routers' nodes to estimate too (a batch's lines run there), by their rows."""
         runtimes = self.nodes
+        names = [*runtimes, *(n.name for n in elsewhere)]
         if rows is None:
-            rows = await self.store.queue_plans(list(runtimes), eta.DEPTH)
+            rows = await self.store.queue_plans(names, eta.DEPTH)
         durations = await self.store.recent_durations(
-            {(r["node"], r["model"]) for r in rows}, set(runtimes), eta.LAST_RUNS
+            {(r["node"], r["model"]) for r in rows}, set(names), eta.LAST_RUNS
         )
         history = eta.History()
         for d in durations:
             history.runs.setdefault((d["node"], d["model"]), []).append(d["seconds"])
         running: dict[str, eta.Slot] = {}
-        waiting: dict[str, list[eta.Slot]] = {name: [] for name in runtimes}
+        waiting: dict[str, list[eta.Slot]] = {name: [] for name in names}
         for r in rows:
             if r["state"] == JobState.RUNNING:
                 running[r["node"]] = eta.Slot(r["id"], r["model"], parse_iso(r["started_at"]))
@@ -401,8 +423,16 @@ class Dispatcher:
         plans = [
             eta.NodePlan(name, running.get(name), tuple(waiting[name]), node_blocked(rt))
             for name, rt in runtimes.items()
+        ] + [
+            eta.NodePlan(n.name, running.get(n.name), tuple(waiting[n.name]), None if n.up else down_words(n.name))
+            for n in elsewhere
         ]
         return eta.estimate(plans, history, time.time())
+
+    async def batch_estimates(self) -> dict[str, eta.Estimate]:
+        """estimates() over every node a batch's lines may wait on: this router's and, on
+        PostgreSQL, those other routers drive."""
+        return await self.estimates(elsewhere=await self.nodes_elsewhere())
 
     async def _preempt_for(self, job: Row, call: bool) -> dict[str, Any]:
         """[router] interactive_preempts: a waiting interactive job interrupts a running batch

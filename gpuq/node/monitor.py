@@ -67,6 +67,19 @@ class NodeMonitor:
             rt.model_installed = normalize_model(rt.config.model) in rt.installed
             await self._clear_stuck_if_gone()
         await self.set_up(failed is None, None if failed is None else failed.message)
+        await self._record_models()  # (after: the health in memory never waits on this write)
+
+    async def _record_models(self) -> None:
+        """The models it lists, in its row when they changed: other routers on the database place
+        batch lines here by them (Store.nodes_driven_elsewhere). Refused: written at a next check."""
+        rt = self.rt
+        if rt.installed is None or rt.installed == rt.models_recorded:
+            return
+        try:
+            await self.store.record_node_models(rt.name, sorted(rt.installed))
+            rt.models_recorded = rt.installed
+        except StoreUnavailable as exc:
+            log.error("node=%s models not recorded: %s", rt.name, exc.message)
 
     async def set_up(self, up: bool, error: str | None) -> None:
         """Record up or down (and why) in memory at once, in the node table when it changed."""

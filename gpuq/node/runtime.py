@@ -26,6 +26,7 @@ class NodeRuntime:
     since: float = field(default_factory=time.time)
     model_installed: bool | None = None
     installed: frozenset[str] | None = None  # the models /api/tags listed at the last answer
+    models_recorded: frozenset[str] | None = None  # those models as the node's row has them (other routers read it)
     tags: list[dict[str, Any]] = field(default_factory=list)  # those models as /api/tags described them
     version: str | None = None  # /api/version's answer at the last check
     vram_stuck: str | None = None  # set when a model would not leave VRAM

@@ -79,7 +79,7 @@ def move(
         rules.check_move(
             job["kind"], rules.node_views(list(nodes), {}), target, job["model"] if job["model_pinned"] else None
         )
-        if job["endpoint"] is not None:
+        if job["endpoint"] is not None and not _batch_line(db, job_id):
             _check_call_stays(db, job, target)
     index: int | None
     if before is not None:
@@ -105,6 +105,11 @@ def move(
     where = f"to {target} " if target != job["node"] else ""
     event(db, job_id, JobState.QUEUED, JobState.QUEUED, actor, f"moved {where}at position {moved['position']}", now)
     return moved
+
+
+def _batch_line(db: Connection, job_id: str) -> bool:
+    """Is the job a batch's line? No client waits on one: it may move to any router's node."""
+    return db.execute("SELECT 1 FROM batch_line WHERE job_id = ?", (job_id,)).fetchone() is not None
 
 
 def _check_call_stays(db: Connection, job: Row, target: str) -> None:

@@ -262,6 +262,10 @@ class Store(Reads):
     async def set_node_health(self, name: str, up: bool, error: str | None) -> None:
         await self._write(partial(records.set_node_health, name=name, up=up, error=error, now=self.clock()))
 
+    async def record_node_models(self, name: str, models: Sequence[str]) -> None:
+        """The models the node's Ollama lists, for the other routers' placement (nodes_driven_elsewhere)."""
+        await self._write(partial(records.record_node_models, name=name, models=models))
+
     async def record_asked_unload(self, name: str, record: dict[str, Any]) -> None:
         """The node's last unload a client asked (`ollama stop`), kept across restarts."""
         await self._write(partial(records.record_asked_unload, name=name, record=record))
@@ -826,6 +830,11 @@ class Store(Reads):
         when a lease runs out."""
         return self.clock() if self.dsn is None else None
 
+    async def _lease_clock(self) -> float:
+        """Now, by the clock leases are judged by (the database server's on PostgreSQL), for a read."""
+        now = self._lease_now()
+        return now if now is not None else float((await self.read(leases.DB_NOW_SQL + " AS now"))[0]["now"])
+
     async def take_nodes(
         self, router: leases.Router, nodes: list[str], lease_s: float, alone: bool = False
     ) -> leases.Taken:
@@ -842,6 +851,14 @@ class Store(Reads):
         dead = [r["id"] for r in rows if not alive(r["pid"])]
         return await self._write(partial(leases.end_dead, router_ids=dead, now=self._lease_now())) if dead else []
 
+    async def nodes_driven_elsewhere(self, router_id: str) -> list[NodeInfo]:
+        """The nodes other live routers drive now (their lease not run out, by the database's
+        clock on PostgreSQL), as their rows say them: health, installed models (migration 023).
+        None is idle for this router (their workers are the others'). On SQLite the router is
+        alone (its start ended every other router's leases): none."""
+        rows = await self.read(leases.DRIVEN_ELSEWHERE_SQL, (router_id, await self._lease_clock()))
+        return [leases.node_info(r) for r in rows]
+
     async def renew_nodes(self, router: leases.Router, nodes: list[str], lease_s: float) -> list[str]:
         """Renew this router's leases; returns the nodes it still holds."""
         return await self._write(
@@ -854,7 +871,7 @@ class Store(Reads):
 
     async def routers(self, lease_s: float) -> dict[str, Any]:
         """The routers alive (seen within `lease_s`), the nodes each holds, each node's holder."""
-        now = self.clock() if self.dsn is None else float((await self.read(leases.DB_NOW_SQL + " AS now"))[0]["now"])
+        now = await self._lease_clock()
         return leases.alive(
             await self.read(leases.ROUTERS_SQL, (now - lease_s,)), await self.read(leases.LEASES_SQL), now
         )

@@ -16,13 +16,14 @@ the facade runs on its reader and gives to `alive`."""
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import socket
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from ..jobs import iso
+from ..jobs import NodeInfo, iso
 from .engine import Connection
 from .lifecycle import fail_orphan
 from .steps import Row
@@ -223,6 +224,27 @@ def release(db: Connection, router: Router | str, now: float | None = None) -> l
     if now is not None:
         db.execute("UPDATE router SET stopped_at = ? WHERE id = ?", (now, router_id))
     return sorted(freed)
+
+
+# The nodes other routers drive now (their lease not run out at `now`): a batch's lines are
+# placed on them too (no client waits on a line), each where its model is.
+DRIVEN_ELSEWHERE_SQL = (
+    "SELECT n.name, n.rank, n.roles, n.model, n.up, n.models FROM node n JOIN node_lease l ON l.node = n.name"
+    " WHERE l.router <> ? AND l.expires_at > ? ORDER BY n.name"
+)
+
+
+def node_info(row: Row) -> NodeInfo:
+    """A node as its row says it (another router's: never idle here, its models as last recorded)."""
+    models = row["models"]
+    return NodeInfo(
+        row["name"],
+        int(row["rank"]),
+        tuple(row["roles"].split(",")),
+        row["model"],
+        bool(row["up"]),
+        None if models is None else frozenset(json.loads(models)),
+    )
 
 
 # The reads of /health: the routers that may be alive, and every lease.

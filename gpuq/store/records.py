@@ -44,6 +44,12 @@ def set_node_health(db: Connection, name: str, up: bool, error: str | None, now:
     db.execute("UPDATE node SET up = ?, last_error = ?, since = ? WHERE name = ?", (int(up), error, iso(now), name))
 
 
+def record_node_models(db: Connection, name: str, models: Sequence[str]) -> None:
+    """The models the node's Ollama listed at its last health check (migration 023), as JSON:
+    another router placing a batch's lines on this node reads them (leases.DRIVEN_ELSEWHERE_SQL)."""
+    db.execute("UPDATE node SET models = ? WHERE name = ?", (dumps(sorted(models)), name))
+
+
 def record_asked_unload(db: Connection, name: str, record: dict[str, Any]) -> None:
     """The node's last unload a client asked (migration 022), as JSON."""
     db.execute("UPDATE node SET asked_unload = ? WHERE name = ?", (dumps(record), name))
