@@ -192,7 +192,7 @@ def test_a_wrong_retention_setting_is_named(table, words, tmp_path):
 
 
 def test_compaction_is_a_share_of_the_file_or_off(tmp_path):
-    assert parse_config({"node": [NODE]}, tmp_path).retention_compact_share == 0.25
+    assert parse_config({"node": [NODE]}, tmp_path).retention_compact_share == 0.1
     assert parse_config({"retention": {"compact": "10%"}, "node": [NODE]}, tmp_path).retention_compact_share == 0.1
     assert parse_config({"retention": {"compact": "Off"}, "node": [NODE]}, tmp_path).retention_compact_share is None
 

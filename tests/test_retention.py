@@ -488,7 +488,7 @@ async def test_a_pruned_calls_image_is_archived_whole_and_then_leaves_the_databa
         await store.close()
 
 
-async def test_a_sweep_compacts_the_file_at_idle_once_a_quarter_of_it_is_empty(tmp_path, caplog):
+async def test_a_sweep_compacts_the_file_at_idle_once_a_tenth_of_it_is_empty(tmp_path, caplog):
     """Pruned rows leave their pages part empty, which incremental_vacuum cannot give back: a sweep
     with no job waiting or running rewrites the file (VACUUM) once [retention] compact of it is
     empty; with a job waiting it leaves the file alone (the rewrite would hold the writer)."""

@@ -39,7 +39,7 @@ def retention_period(value: object, key: str) -> float | None:
 
 
 def compact_share(value: object) -> float | None:
-    """'25%' (of the file left empty), or "off" (None: never compacted by the sweep)."""
+    """'10%' (of the file left empty), or "off" (None: never compacted by the sweep)."""
     if isinstance(value, str) and value.strip().lower() == OFF:
         return None
     text = value.strip() if isinstance(value, str) else ""
