@@ -9,9 +9,10 @@ turns: claim, submit, `/health` and the queue page's data; then `gpuq backup` th
 at the end and `gpuq restore` of that backup into a new file, checked job by job.
 
 A weekday (`DAY_FULL`, `DAY_QUICK`): an editor's autocomplete bursts (`/api/generate` calls with
-the file around the cursor; in each burst of four, the person kept typing and three were
+the 8 KB of the file around the cursor an editor sends; in each burst of four, the person kept typing and three were
 abandoned, one of them while it ran), chat (`/api/chat` conversations whose requests carry the
-whole conversation so far; one in three has an image, sent again with every later turn), the
+whole conversation so far; one in three is about a screenshot of its own, sent again with every
+later turn, so that storing a request's parts once per content stores it once), the
 nightly sweep (batch-lane tasks at 02:00) and critiques of some of its results. A weekend day has
 only the nightly sweep and its critiques. Now and then (`DOWN_EVERY_DAYS`) node n2 is down for a working day: its
 calls wait and run when it is back."""

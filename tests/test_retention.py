@@ -363,7 +363,16 @@ def test_the_sweeps_reads_and_checks_walk_their_indexes_never_the_table(tmp_path
     from gpuq.store import retention
 
     db = migrated(tmp_path / "q.db")
-    params = {"prune": "x", "prune_failed": "x", "delete": "x", "limit": 100, "now": "x", "id0": "a", "id1": "b"}
+    params = {
+        "prune": "x",
+        "prune_failed": "x",
+        "prune_cancelled": "x",
+        "delete": "x",
+        "limit": 100,
+        "now": "x",
+        "id0": "a",
+        "id1": "b",
+    }
 
     def plan(statement: str) -> str:
         return " | ".join(r[3] for r in db.execute("EXPLAIN QUERY PLAN " + statement, params))

@@ -703,8 +703,12 @@ async def test_retention_prunes_the_bulk_of_ended_jobs_then_deletes_their_rows_a
     critiques = await store.submit(NewJob("critique", None, parent=parent), NODES, "api")  # they wait on b, c
     waiting = await submit(store, "a", "still waiting")
 
-    clock.advance(40 * DAY)
-    cut = Cutoffs.at(clock.now, 30 * DAY, 90 * DAY, 365 * DAY)
+    clock.advance(2 * DAY)  # a cancelled job's bulk goes first (an editor's abandoned calls)
+    assert await store.retention_due("prune", Cutoffs.at(clock.now, 30 * DAY, 90 * DAY, 365 * DAY, DAY), 100) == [
+        cancelled
+    ]
+    clock.advance(38 * DAY)
+    cut = Cutoffs.at(clock.now, 30 * DAY, 90 * DAY, 365 * DAY, 30 * DAY)
     due = [done, call, cancelled]  # the failed one is kept longer; the parent while its critiques wait
     assert await store.retention_due("prune", cut, 100) == due
     assert await store.retention_due("prune", cut, 2) == due[:2]
@@ -736,7 +740,7 @@ async def test_retention_prunes_the_bulk_of_ended_jobs_then_deletes_their_rows_a
     assert await store.give_back_space() >= 0
 
     clock.advance(400 * DAY)
-    cut = Cutoffs.at(clock.now, 30 * DAY, 90 * DAY, 365 * DAY)
+    cut = Cutoffs.at(clock.now, 30 * DAY, 90 * DAY, 365 * DAY, 30 * DAY)
     for c in critiques:
         await store.delete(c["id"], "api")  # they end now: the parent may be pruned, not deleted yet
     assert await store.retention_due("delete", cut, 100) == [done, failed, call, cancelled]
@@ -818,7 +822,7 @@ async def test_a_sqlite_file_is_compacted_of_the_space_pruned_rows_left_empty(st
     for job_id in ids:
         await store.delete(job_id, "api")  # cancelled: ended
     store.clock.advance(40 * DAY)  # type: ignore[attr-defined]
-    cut = Cutoffs.at(store.clock(), 30 * DAY, 90 * DAY, None)
+    cut = Cutoffs.at(store.clock(), 30 * DAY, 90 * DAY, None, 30 * DAY)
     assert (await store.prune(ids, cut))["jobs"] == 60  # each prompt cut to 300 characters
     empty = (await store.relations())["empty_bytes"]
     compacted = await store.compact()
@@ -1075,11 +1079,11 @@ async def test_retention_prunes_an_ended_batchs_files_then_deletes_it_and_then_i
     await store.delete((await store.batch_lines("batch_open"))[0]["job_id"], "api")  # its line ended, it is open
     ended = await store.finalize_batch("batch_r", render_counts)
     assert ended is not None and ended["output_file_id"] is not None
-    cut = Cutoffs.at(clock.now, 30 * DAY, 90 * DAY, 365 * DAY)
+    cut = Cutoffs.at(clock.now, 30 * DAY, 90 * DAY, 365 * DAY, 30 * DAY)
     assert await store.retention_batches_due("prune", cut, 100) == []
 
     clock.advance(40 * DAY)
-    cut = Cutoffs.at(clock.now, 30 * DAY, 90 * DAY, 365 * DAY)
+    cut = Cutoffs.at(clock.now, 30 * DAY, 90 * DAY, 365 * DAY, 30 * DAY)
     assert await store.retention_batches_due("prune", cut, 100) == ["batch_r"]  # the open one is never due
     sweeps = (await store.retention_plan(cut))["sweeps"]
     assert sweeps["prune"]["batches"] == 1 and sweeps["prune"]["files"] == 2 and sweeps["prune"]["bytes"] > 0
@@ -1099,10 +1103,12 @@ async def test_retention_prunes_an_ended_batchs_files_then_deletes_it_and_then_i
             await store.file_content(file_id)
         assert await store.batch_of_file(file_id) == {"id": "batch_r", "pruned_at": batch["pruned_at"]}
     assert await store.batch_of_file("file-none") is None
-    assert await store.retention_due("delete", Cutoffs.at(clock.now + 400 * DAY, None, None, 365 * DAY), 100) == []
+    assert (
+        await store.retention_due("delete", Cutoffs.at(clock.now + 400 * DAY, None, None, 365 * DAY, None), 100) == []
+    )
 
     clock.advance(400 * DAY)
-    cut = Cutoffs.at(clock.now, 30 * DAY, 90 * DAY, 365 * DAY)
+    cut = Cutoffs.at(clock.now, 30 * DAY, 90 * DAY, 365 * DAY, 30 * DAY)
     assert ids[0] not in await store.retention_due("delete", cut, 100)  # its batch goes first
     assert await store.retention_batches_due("delete", cut, 100) == ["batch_r"]
     sweeps = (await store.retention_plan(cut))["sweeps"]

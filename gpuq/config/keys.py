@@ -364,7 +364,7 @@ KEYS: tuple[Key, ...] = (
     Key(
         "retention",
         "prune_after",
-        "How long after a done or cancelled job ended its bulk is pruned: a front-door call's request "
+        "How long after a done job ended its bulk is pruned: a front-door call's request "
         "(its images too), the output and the reasoning, and its prompt past the first 300 characters. The "
         'job, its runs and events stay, and say "output pruned on <date> (retention)". A period ("30d", '
         '"12h") or "off".',
@@ -377,6 +377,14 @@ KEYS: tuple[Key, ...] = (
         "The same for a failed job: kept longer, for forensics.",
         "90d",
         attr="retention_prune_failed_after_s",
+    ),
+    Key(
+        "retention",
+        "prune_cancelled_after",
+        "The same for a cancelled job: an editor's abandoned completions (thousands a day, each with the "
+        "file around its cursor) and jobs someone cancelled. Kept a day, as River keeps its cancelled jobs.",
+        "1d",
+        attr="retention_prune_cancelled_after_s",
     ),
     Key(
         "retention",

@@ -68,7 +68,7 @@ def retention_settings(table: object, database: Path | str, base_dir: Path) -> d
     """The [retention] table's Settings fields (every one: its archive's default is computed)."""
     table = check_table(table, "retention", "[retention]", RETENTION_KEYS)
     values: dict = {}
-    for key in ("prune_after", "prune_failed_after", "delete_after"):
+    for key in ("prune_after", "prune_failed_after", "prune_cancelled_after", "delete_after"):
         if key in table:
             values[f"retention_{key}_s"] = retention_period(table[key], f"retention.{key}")
     values["retention_archive"] = archive_dir(table.get("archive"), database, base_dir)

@@ -132,6 +132,7 @@ class Settings:
     # for forensics), its rows deleted after `retention_delete_after_s`; None: never.
     retention_prune_after_s: float | None = 30 * DAY_S
     retention_prune_failed_after_s: float | None = 90 * DAY_S
+    retention_prune_cancelled_after_s: float | None = DAY_S  # River's cancelled jobs: a day
     retention_delete_after_s: float | None = 90 * DAY_S
     # Where what leaves the database is written first (one gzip JSON Lines file a month); None: off.
     # Left out: the directory gpuq-archive beside the database (the parser puts it there).

@@ -77,6 +77,7 @@ def cutoffs_of(settings: Settings, now: float) -> Cutoffs:
         settings.retention_prune_after_s,
         settings.retention_prune_failed_after_s,
         settings.retention_delete_after_s,
+        settings.retention_prune_cancelled_after_s,
     )
 
 

@@ -1,7 +1,8 @@
 """Retention (issue 35): an ended job keeps its record and sheds its bulk. Two steps, each in
 small batches, each batch one short transaction of the writer:
 
-- prune: a job done or cancelled longer ago than `prune_after` (a failed one: `prune_failed_after`)
+- prune: a job done longer ago than `prune_after` (a failed one: `prune_failed_after`; a cancelled
+  one, mostly an editor's abandoned completions: `prune_cancelled_after`)
   loses its front-door request (its images too), its output and its reasoning (run_chunk rows, and
   run.output / run.thinking of runs before 011), and its prompt past the first 300 characters (a
   critique's holds its parent's output); its row, runs and events stay, and `pruned_at` says when
@@ -35,19 +36,32 @@ NEVER = ""
 class Cutoffs:
     """What is due, as of one moment: jobs that ended before each time (ISO text)."""
 
-    prune: str  # done and cancelled jobs whose bulk goes
+    prune: str  # done jobs whose bulk goes
     prune_failed: str  # failed jobs whose bulk goes
     delete: str  # jobs whose rows go
+    prune_cancelled: str  # cancelled jobs whose bulk goes (an editor's abandoned calls, mostly)
 
     @classmethod
-    def at(cls, now: float, prune_s: float | None, prune_failed_s: float | None, delete_s: float | None) -> Cutoffs:
+    def at(
+        cls,
+        now: float,
+        prune_s: float | None,
+        prune_failed_s: float | None,
+        delete_s: float | None,
+        prune_cancelled_s: float | None,
+    ) -> Cutoffs:
         def before(period: float | None) -> str:
             return NEVER if period is None else iso(now - period)
 
-        return cls(before(prune_s), before(prune_failed_s), before(delete_s))
+        return cls(before(prune_s), before(prune_failed_s), before(delete_s), before(prune_cancelled_s))
 
     def params(self) -> dict[str, str]:
-        return {"prune": self.prune, "prune_failed": self.prune_failed, "delete": self.delete}
+        return {
+            "prune": self.prune,
+            "prune_failed": self.prune_failed,
+            "delete": self.delete,
+            "prune_cancelled": self.prune_cancelled,
+        }
 
 
 # The one statement of each rule, on a job `j`, with the cutoffs bound by name. A job has ended
@@ -55,7 +69,8 @@ class Cutoffs:
 # not `state IN (...)`, which would lead SQLite's planner to walk every ended job by its state
 # index (a batch of 100 took 100 ms that way, against 1 ms by the ids).
 PRUNE_DUE = """j.finished_at IS NOT NULL AND j.pruned_at IS NULL
-    AND j.finished_at < CASE WHEN j.state = 'failed' THEN :prune_failed ELSE :prune END
+    AND j.finished_at < CASE j.state WHEN 'failed' THEN :prune_failed WHEN 'cancelled' THEN :prune_cancelled
+        ELSE :prune END
     AND NOT EXISTS (SELECT 1 FROM job c WHERE c.parent_id = j.id AND c.state IN ('queued', 'running'))"""
 DELETE_DUE = """j.finished_at IS NOT NULL AND j.finished_at < :delete
     AND NOT EXISTS (SELECT 1 FROM job c WHERE c.parent_id = j.id)"""
