@@ -482,6 +482,16 @@ async def year_section(bench: Bench) -> None:
     bench.metric("year_sweep_s", "  the longest daily sweep, whole", "s", "count").add_run(
         max(s.seconds for s in lab.swept)
     )
+    compactions = [s.compacted for s in lab.swept if s.compacted]
+    bench.metric(
+        "year_compactions", "the sweep's compactions of the file at idle ([retention] compact, VACUUM)", "", "count"
+    ).add_run(len(compactions))
+    bench.metric(
+        "year_compaction_s",
+        "  the longest one (it holds the writer; run only with no job waiting or running)",
+        "s",
+        "count",
+    ).add_run(max((c["seconds"] for c in compactions), default=0.0))
     # The real router on the database at the start and at the end, side by side in turns.
     labels = {
         "claim": "claim (a job's last byte -> the next job's request at the node)",
