@@ -59,6 +59,9 @@ CREATE INDEX job_unpruned ON job (finished_at, id) WHERE finished_at IS NOT NULL
 -- index node_lease_router on node_lease
 CREATE INDEX node_lease_router ON node_lease(router);
 
+-- index retention_sweep_kind on retention_sweep
+CREATE INDEX retention_sweep_kind ON retention_sweep (ok, id);
+
 -- index run_done_node on run
 CREATE INDEX run_done_node ON run (node, id) WHERE state = 'done';
 
@@ -108,8 +111,9 @@ CREATE INDEX storage_sample_at ON storage_sample (at);
 CREATE TABLE "alert" (
 id INTEGER PRIMARY KEY,
 alert TEXT NOT NULL CHECK (alert IN ('stale_head', 'node_down', 'vram_stuck',
-'backup_failed', 'backup_overdue', 'disk_filling', 'database_filling')),
-node TEXT NOT NULL, -- '' for the router's own (a backup, the storage)
+'backup_failed', 'backup_overdue', 'disk_filling', 'database_filling',
+'retention_failed', 'retention_overdue')),
+node TEXT NOT NULL, -- '' for the router's own (a backup, the storage, the sweep)
 job_id TEXT, -- the stale head, or the job after which VRAM stuck
 model TEXT, -- vram_stuck: the model that would not leave
 since TEXT NOT NULL, -- when the condition began
@@ -316,6 +320,19 @@ data TEXT NOT NULL, -- the string as JSON text, as it stood in the request (quot
 bytes INTEGER NOT NULL, -- the size of that text in UTF-8 bytes
 created_at TEXT NOT NULL -- when a request first brought it
 ) WITHOUT ROWID;
+
+-- table retention_sweep on retention_sweep
+CREATE TABLE retention_sweep (
+id INTEGER PRIMARY KEY,
+router TEXT, -- the router that swept (its id), NULL: not known
+asked INTEGER NOT NULL CONSTRAINT retention_sweep_asked_flag CHECK (asked IN (0, 1)), -- 1: `gpuq prune`
+started_at TEXT NOT NULL,
+finished_at TEXT NOT NULL,
+ok INTEGER NOT NULL CONSTRAINT retention_sweep_ok_flag CHECK (ok IN (0, 1)),
+swept TEXT NOT NULL, -- JSON: what it did (Swept.json in gpuq/ops/retention.py)
+error TEXT, -- not ok: why it stopped
+CONSTRAINT retention_sweep_says_why CHECK ((ok = 0) = (error IS NOT NULL))
+);
 
 -- table router on router
 CREATE TABLE router (

@@ -1,7 +1,8 @@
-"""The queue page's footer and warnings for backups and the storage budget (issue 35), in real
-headless Chromium against the real daemon: the footer says when the last backup succeeded and
-where, and the database's size and the free space on its disk; a scheduled backup that fails
-shows as a BACKUP warning above the board while the queue goes on, and leaves once one succeeds."""
+"""The queue page's footer and warnings for backups, the retention sweep and the storage budget
+(issue 35), in real headless Chromium against the real daemon: the footer says when the last
+backup succeeded and where, what the last retention sweep did, and the database's size and the
+free space on its disk; a scheduled backup (or a sweep) that fails shows as a BACKUP (RETENTION)
+warning above the board while the queue goes on, and leaves once one succeeds."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import tomli_w
 from conftest import node_table
 from playwright.async_api import Page, expect
 from test_page import browser, page  # noqa: F401 (fixtures)
+from test_retention_health import aged_jobs, router
 
 pytestmark = pytest.mark.browser
 
@@ -50,3 +52,30 @@ async def test_the_footer_shows_the_last_backup_and_storage_and_a_failing_backup
     await expect(page.locator("#upkeep-backup")).to_contain_text(f"ago: {good}/gpuq-")
     await expect(page.locator('#alerts [data-warning="upkeep"]')).to_have_count(0)
     await expect(page.locator("#upkeep-backup")).not_to_have_class("warn")
+
+
+async def test_the_footer_shows_the_last_retention_sweep_and_a_failing_one_warns(
+    fakes, daemon_factory, page: Page, tmp_path
+):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    daemon = await router(fakes, daemon_factory, {"every": "1s", "archive": str(blocked / "archive")})
+    old = await aged_jobs(daemon, 2, 400)  # due to be deleted, archived first: the archive refuses
+    await page.goto(daemon.url + "/")
+    warning = page.locator('#alerts [data-warning="upkeep"]', has_text="the retention sweep failed")
+    await expect(warning).to_contain_text("RETENTION")
+    await expect(warning).to_contain_text("cannot be written")
+    sweep = page.locator("#upkeep-retention")
+    await expect(sweep).to_contain_text(re.compile(r"Last sweep FAILED \S+ ago · next "))
+    await expect(sweep).to_have_class("warn")
+    assert "the last retention sweep failed: the retention archive" in (await sweep.get_attribute("title") or "")
+    data = tomllib.loads(daemon.config.read_text())
+    data["retention"]["archive"] = str(tmp_path / "archive")
+    daemon.config.write_text(tomli_w.dumps(data))
+    assert (await daemon.cli("reload")).code == 0
+    # The sweep after the mend deletes the two; the footer then shows each newer sweep's counts.
+    await expect(page.locator('#alerts [data-warning="upkeep"]')).to_have_count(0)
+    await expect(sweep).to_contain_text(re.compile(r"Last sweep \S+ ago: pruned \d+, deleted \d+, archived "))
+    await expect(sweep).not_to_have_class("warn")
+    assert "longest hold of the database's writer" in (await sweep.get_attribute("title") or "")
+    assert all([(await daemon.request("GET", f"/api/jobs/{j}"))[0] == 404 for j in old])

@@ -343,6 +343,10 @@ async def test_with_several_routers_one_sweeps_and_the_others_say_so(database, t
         one, two = (Sweeper(s, lambda: settings, lambda r=r: r) for s, r in zip(stores, routers))
         first = await one.run_once()
         assert first.skipped is None and first.deleted["jobs"] == 2
+        # The other router reports that sweep truthfully, from the record (its loop reads it).
+        await two.report.refresh()
+        shown = two.report.json()["last"]
+        assert shown["router"] == routers[0].id and shown["ok"] is True and shown["swept"]["deleted"]["jobs"] == 2
         second = await two.run_once()
         if stores[0].dsn:
             assert second.skipped == "another router runs the retention sweep" and second.batches == 0

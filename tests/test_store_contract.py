@@ -790,6 +790,29 @@ async def test_backups_are_recorded_made_or_failed_and_rotation_marks_the_ones_i
     assert (await store.backups(scheduled=True, limit=1))[0]["removed_at"] is None
 
 
+@covers("record_sweep", "last_sweeps")
+async def test_retention_sweeps_are_recorded_done_or_failed_with_what_they_did(store, monkeypatch):
+    from gpuq.store import records
+
+    assert await store.last_sweeps() == {"last": None, "last_success": None}
+    started = store.clock()
+    did = {"pruned": {"jobs": 3, "chunks": 40}, "longest_hold_ms": 1.5}
+    done = await store.record_sweep("router-a", False, started, did, None)
+    store.clock.advance(5)  # type: ignore[attr-defined]
+    failed = await store.record_sweep(None, True, store.clock(), {"pruned": {"jobs": 0}}, "the archive is full")
+    assert (done["ok"], done["router"], done["asked"], done["error"]) == (1, "router-a", 0, None)
+    assert done["started_at"] <= done["finished_at"] and json.loads(done["swept"]) == did
+    assert (failed["ok"], failed["asked"], failed["error"]) == (0, 1, "the archive is full")
+    last = await store.last_sweeps()
+    assert last["last"]["id"] == failed["id"] and last["last_success"]["id"] == done["id"]
+    # The record keeps the newest rows (and the newest success however old).
+    monkeypatch.setattr(records, "SWEEPS_KEPT", 2)
+    for _ in range(3):
+        await store.record_sweep("router-a", False, store.clock(), {}, "still failing")
+    last = await store.last_sweeps()
+    assert last["last_success"]["id"] == done["id"] and last["last"]["error"] == "still failing"
+
+
 @covers("record_storage_sample", "storage_samples", "storage_now", "relations", "born")
 async def test_the_database_is_measured_sampled_and_its_tables_sized(store):
     assert (await store.born()).endswith("Z")  # the first migration's time

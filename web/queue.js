@@ -248,8 +248,9 @@ function renderAwake() {
   }
 }
 
-// The footer: when the last backup succeeded and where, and the storage budget (the database's
-// size, its growth per day, the free space on its disk). Their warnings are alerts above.
+// The footer: when the last backup succeeded and where, the last retention sweep (what it did, or
+// why it failed), and the storage budget (the database's size, its growth per day, the free space
+// on its disk). Their warnings are alerts above.
 function fmtBytes(n) {
   if (n === null || n === undefined) return '–';
   const units = ['B', 'kB', 'MB', 'GB', 'TB'];
@@ -276,6 +277,7 @@ function renderUpkeep() {
   backup.replaceChildren(...parts);
   backup.classList.toggle('warn', Boolean(b.last_failure || b.overdue));
   backup.title = b.last_failure ? `the last scheduled backup failed: ${b.last_failure.error}` : (b.dir ? `scheduled backups go to ${b.dir}, ${b.keep} kept` : '');
+  renderSweep(h.retention);
   const st = h.storage;
   const storage = $('upkeep-storage');
   if (!st) { storage.replaceChildren(); return; }
@@ -285,6 +287,26 @@ function renderUpkeep() {
   storage.textContent = `Database ${fmtBytes(st.database_bytes)} (${growth})${free}`;
   storage.classList.toggle('warn', st.warnings.length > 0);
   storage.title = st.days_until_full ? `at this growth the disk fills in about ${st.days_until_full} days` : '';
+}
+
+function renderSweep(r) {
+  const sweep = $('upkeep-retention');
+  if (!r) { sweep.replaceChildren(); return; }
+  const last = r.last;
+  const next = r.next_at ? ` · next ${fmtClock(r.next_at)}` : '';
+  if (!last) {
+    sweep.replaceChildren(`No retention sweep yet${next}`);
+  } else if (last.ok) {
+    const d = last.swept;
+    sweep.replaceChildren('Last sweep ', sinceSpan(last.finished_at), ` ago: pruned ${d.pruned.jobs}, deleted `
+      + `${d.deleted.jobs}, archived ${fmtBytes(d.archived.bytes)}${next}`);
+  } else {
+    sweep.replaceChildren('Last sweep FAILED ', sinceSpan(last.finished_at), ` ago${next}`);
+  }
+  sweep.classList.toggle('warn', Boolean(r.failing || r.overdue));
+  sweep.title = !last ? '' : last.ok
+    ? `longest hold of the database's writer ${last.swept.longest_hold_ms} ms over ${last.swept.batches} batches; every ${fmtDur(r.every_s)}`
+    : `the last retention sweep failed: ${last.error}`;
 }
 
 let alertsSig = '';
@@ -304,9 +326,9 @@ function renderAlerts() {
       el('strong', {text: 'Router unreachable'}),
       el('span', {text: ` ${S.error.message}. Showing what was last seen${S.updatedAt ? ` ${fmtClock(new Date(S.updatedAt).toISOString())}` : ''}; retrying.`})));
   }
-  for (const w of (h && h.warnings) || []) {  // a backup or the storage budget: /health stays ok
+  for (const w of (h && h.warnings) || []) {  // a backup, the retention sweep or the storage budget: /health stays ok
     box.append(el('div', {className: 'alert warn', dataset: {warning: 'upkeep'}},
-      el('span', {className: 'alert-tag', text: /backup/.test(w) ? 'BACKUP' : 'STORAGE'}),
+      el('span', {className: 'alert-tag', text: /backup/.test(w) ? 'BACKUP' : /retention sweep/.test(w) ? 'RETENTION' : 'STORAGE'}),
       el('span', {className: 'alert-text', text: w})));
   }
   if (!h || h.ok) return;

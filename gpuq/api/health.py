@@ -13,7 +13,7 @@ from ..jobs import FINAL, NodeCounts, iso, parse_iso
 from ..store import Row
 from .inputs import int_param
 from .render import json_response
-from .state import BACKUPS, DISPATCHER, METRICS, STORAGE, STORE
+from .state import BACKUPS, DISPATCHER, METRICS, STORAGE, STORE, SWEEPER
 
 HEALTH_READ_S = 0.5  # /health answers within about this, whatever the store does
 
@@ -76,11 +76,11 @@ async def health(request: web.Request) -> web.Response:
         and not crashed
         and not unclaimed
     )
-    # A backup failed or overdue, a disk filling: warned of and alerted on, but /health stays ok.
-    # ok says the queue moves now (a monitor restarts a router on 503); neither is helped by a
-    # restart, and both leave every job flowing: the warnings and the alerts carry them.
-    backups, storage = request.app[BACKUPS], request.app[STORAGE]
-    warnings = [c.message for c in (*backups.conditions(), *storage.conditions())]
+    # A backup or a retention sweep failed or overdue, a disk filling: warned of and alerted on,
+    # but /health stays ok. ok says the queue moves now (a monitor restarts a router on 503); none
+    # is helped by a restart, and all leave every job flowing: the warnings and the alerts carry them.
+    backups, storage, sweeps = request.app[BACKUPS], request.app[STORAGE], request.app[SWEEPER].report
+    warnings = [c.message for c in (*backups.conditions(), *storage.conditions(), *sweeps.conditions())]
     body = {
         "ok": ok,
         "warnings": warnings,
@@ -98,6 +98,7 @@ async def health(request: web.Request) -> web.Response:
         "router": {"id": dispatcher.router.id, "nodes": dispatcher.leases.held()},
         "backup": backups.json(),
         "storage": storage.json(),
+        "retention": sweeps.json(),  # the last retention sweep (any router's) and the next here
         **leases,
     }
     return json_response(body, status=200 if ok else 503)
@@ -108,7 +109,12 @@ async def metrics(request: web.Request) -> web.Response:
     app = request.app
     stale = await app[STORE].stale_heads()
     body = await app[METRICS].render(
-        app[STORE], list(app[DISPATCHER].nodes.values()), len(stale), app[STORAGE].json(), app[BACKUPS].json()
+        app[STORE],
+        list(app[DISPATCHER].nodes.values()),
+        len(stale),
+        app[STORAGE].json(),
+        app[BACKUPS].json(),
+        app[SWEEPER].report.json(),
     )
     return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 

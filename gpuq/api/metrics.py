@@ -67,6 +67,7 @@ class Snapshot:
     backup: dict[str, Any] = field(default_factory=dict)  # Backups.json()
     batches: dict[str, int] = field(default_factory=dict)  # by status
     batch_lines: dict[str, int] = field(default_factory=dict)  # the open batches' lines, by state
+    retention: dict[str, Any] = field(default_factory=dict)  # SweepReport.json()
 
 
 class Metrics:
@@ -114,10 +115,13 @@ class Metrics:
         stale_heads: int,
         storage: dict[str, Any] | None = None,
         backup: dict[str, Any] | None = None,
+        retention: dict[str, Any] | None = None,
     ) -> bytes:
         await self.catch_up(store)
         batches, lines = await store.batch_totals()
-        self.now = Snapshot(nodes, await store.active_by_node(), stale_heads, storage, backup or {}, batches, lines)
+        self.now = Snapshot(
+            nodes, await store.active_by_node(), stale_heads, storage, backup or {}, batches, lines, retention or {}
+        )
         return generate_latest(self.registry)
 
     def collect(self) -> Iterator[Metric]:
@@ -232,3 +236,28 @@ class Metrics:
                 "1 while the last scheduled backup failed or one is overdue (an alert fires).",
                 value=int(bool(self.now.backup.get("last_failure")) or bool(self.now.backup.get("overdue"))),
             )
+        yield from self._sweeps()
+
+    def _sweeps(self) -> Iterator[Metric]:
+        """The last retention sweep (any router's: they are on the record)."""
+        sweep = self.now.retention
+        if not sweep:
+            return
+        if sweep.get("last_success_at"):
+            yield GaugeMetricFamily(
+                "gpuq_retention_last_success_timestamp_seconds",
+                "When the last retention sweep succeeded, in seconds since the epoch.",
+                value=parse_iso(sweep["last_success_at"]),
+            )
+        last = sweep.get("last")
+        if last is not None:
+            yield GaugeMetricFamily(
+                "gpuq_retention_last_hold_seconds",
+                "The last retention sweep's longest hold of the database's writer by one batch.",
+                value=last["swept"].get("longest_hold_ms", 0.0) / 1000,
+            )
+        yield GaugeMetricFamily(
+            "gpuq_retention_failing",
+            "1 while the last retention sweep failed or none has succeeded for 3 x every (an alert fires).",
+            value=int(bool(sweep.get("failing")) or bool(sweep.get("overdue"))),
+        )

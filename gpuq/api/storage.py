@@ -1,5 +1,5 @@
 """GET /api/storage (`gpuq storage`): the storage budget as /health shows it (size, WAL, growth per
-day, free space, warnings, the last backup) and which tables and indexes hold the bytes. Counting
+day, free space, warnings, the last backup, the last retention sweep) and which tables and indexes hold the bytes. Counting
 them reads every page of a SQLite file (dbstat), on a connection of its own in a thread: the
 writer goes on meanwhile, and one count runs at a time."""
 
@@ -10,7 +10,7 @@ import asyncio
 from aiohttp import web
 
 from .render import json_response
-from .state import BACKUPS, STORAGE, STORE
+from .state import BACKUPS, STORAGE, STORE, SWEEPER
 
 COUNTING = web.AppKey("counting storage", asyncio.Lock)
 
@@ -25,4 +25,5 @@ async def storage_view(request: web.Request) -> web.Response:
     total = sum(r["bytes"] for r in relations["relations"]) or 1
     for r in relations["relations"]:
         r["share"] = round(r["bytes"] / total, 4)
-    return json_response({**(watch.json() or {}), "backup": app[BACKUPS].json(), **relations})
+    body = {**(watch.json() or {}), "backup": app[BACKUPS].json(), "retention": app[SWEEPER].report.json()}
+    return json_response(body | relations)

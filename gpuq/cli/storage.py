@@ -1,6 +1,6 @@
 """`gpuq storage`: the storage budget the router sees (GET /api/storage): the database's size, its
-growth per day, the free space on its disk, the last backup, and which tables and indexes hold
-the bytes."""
+growth per day, the free space on its disk, the last backup, the last retention sweep, and which
+tables and indexes hold the bytes."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ STORAGE_TIMEOUT_S = 600.0
 @api_errors
 def storage(ctx: click.Context, as_json: bool) -> None:
     """Where the database's bytes are: its size (file and WAL), growth per day, free space on its
-    disk, the last backup, and each table and index by size (SQLite's dbstat, or an estimate
+    disk, the last backup, the last retention sweep (what it pruned, deleted and archived, its
+    longest hold of the database's writer, or why it failed), and each table and index by size (SQLite's dbstat, or an estimate
     where it is not compiled in; PostgreSQL's pg_total_relation_size).
 
     Example: gpuq storage
@@ -60,6 +61,8 @@ def summary(data: dict) -> list[str]:
     if cap:
         lines.append(f"cap: router.max_database_bytes {human_bytes(cap)} ({size / cap:.0%} used)")
     lines.append(backup_line(data["backup"]))
+    if data.get("retention"):
+        lines.append(sweep_line(data["retention"]))
     lines += [f"warning: {w}" for w in data.get("warnings", [])]
     if data.get("empty_bytes") is not None:
         lines.append(
@@ -95,4 +98,26 @@ def backup_line(backup: dict) -> str:
     if backup.get("last_failure"):
         failed = backup["last_failure"]
         text += f"\nlast scheduled backup FAILED at {failed['at']}: {failed['error']}"
+    return text
+
+
+def sweep_line(sweep: dict) -> str:
+    """The last retention sweep: when, what it did (or why it failed), and the next."""
+    last = sweep.get("last")
+    if last is None:
+        text = "last retention sweep: none yet"
+    else:
+        did = last["swept"]
+        text = (
+            f"last retention sweep: {last['finished_at']} (by {last['by']}, {did['seconds']:g}s): "
+            f"pruned {did['pruned']['jobs']} jobs, deleted {did['deleted']['jobs']},"
+            f" archived {did['archived']['jobs']} ({human_bytes(did['archived']['bytes'])}),"
+            f" {did['batches']} batches, longest hold of the writer {did['longest_hold_ms']:g} ms"
+        )
+    if sweep.get("next_at"):
+        text += f"; next at {sweep['next_at']} (every {sweep['every_s']:g}s)"
+    if last is not None and not last["ok"]:
+        text += (
+            f"\nlast retention sweep FAILED: {last['error']} (last success: {sweep['last_success_at'] or 'none yet'})"
+        )
     return text

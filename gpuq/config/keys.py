@@ -414,7 +414,9 @@ KEYS: tuple[Key, ...] = (
     Key(
         "retention",
         "batch",
-        "Jobs per transaction of the sweep: each holds the database's writer a few milliseconds. 1 to 10000.",
+        "The most jobs per transaction of the sweep: each holds the database's writer a few milliseconds. "
+        "A batch also stops at 1 MiB of archived jobs, and is halved after one that held the writer over "
+        "20 ms (growing back after short ones). 1 to 10000.",
         100,
         attr="retention_batch",
     ),

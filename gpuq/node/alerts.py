@@ -44,6 +44,8 @@ LABELS = {
     "backup_overdue": "backup overdue",
     "disk_filling": "disk filling",
     "database_filling": "database near its cap",
+    "retention_failed": "retention sweep failed",
+    "retention_overdue": "retention sweep overdue",
 }
 
 
@@ -52,7 +54,7 @@ class Condition:
     """Something that keeps a queue from moving, as the router sees it now."""
 
     alert: str  # stale_head | node_down | vram_stuck, or a source's (ConditionSource.alerts)
-    node: str  # "" for the router's own (a backup, the storage)
+    node: str  # "" for the router's own (a backup, the storage, the retention sweep)
     job: str | None
     since: str
     message: str
@@ -114,7 +116,8 @@ def conditions(stale_heads: list[dict[str, Any]], nodes: list[NodeRuntime], wait
 
 
 class ConditionSource(Protocol):
-    """Another part of the router whose trouble alerts (gpuq/node/backups.py, storage.py): what
+    """Another part of the router whose trouble alerts (gpuq/node/backups.py, storage.py,
+    gpuq/ops/sweep_report.py): what
     fires now, from its memory, and the words of a firing's end."""
 
     alerts: tuple[str, ...]  # the alert kinds it raises

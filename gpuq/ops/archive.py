@@ -31,21 +31,30 @@ def file_for(directory: Path, job: dict[str, Any], kind: str = "jobs") -> Path:
     return directory / f"{kind}-{job['created_at'][:7]}.jsonl.gz"
 
 
-def append(directory: Path, jobs: Iterable[dict[str, Any]], why: str, now: float, kind: str = "jobs") -> int:
-    """Write `jobs` (whole, as Store.whole_jobs reads them) to their months' files and fsync each,
-    and the directory; returns the bytes written. Raises OSError (a full disk, no permission):
-    then the caller must not let the jobs leave the database."""
-    by_file: dict[Path, list[bytes]] = {}
+Line = tuple[Path, bytes]  # a record's month file and its line
+
+
+def encoded(directory: Path, records: Iterable[dict[str, Any]], why: str, now: float, kind: str = "jobs") -> list[Line]:
+    """Each record (whole, as Store.whole_jobs or whole_batches reads it) as its line of the
+    archive, with the file it goes to: what `write` appends, and what a batch of the sweep weighs
+    (gpuq/ops/pacing.py) before it is cut to its budget."""
     stamp = {"archived_at": iso(now), "archived_for": why}
-    for job in jobs:
-        line = compact_json(job | stamp).encode() + b"\n"
-        by_file.setdefault(file_for(directory, job, kind), []).append(line)
+    return [(file_for(directory, r, kind), compact_json(r | stamp).encode() + b"\n") for r in records]
+
+
+def write(directory: Path, lines: Iterable[Line]) -> int:
+    """Append `lines` to their months' files and fsync each, and the directory; returns the bytes
+    written. Raises OSError (a full disk, no permission): then the caller must not let their
+    records leave the database."""
+    by_file: dict[Path, list[bytes]] = {}
+    for path, line in lines:
+        by_file.setdefault(path, []).append(line)
     if not by_file:
         return 0
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)  # it holds people's prompts
     written = 0
-    for path, lines in sorted(by_file.items()):
-        member = gzip.compress(b"".join(lines), mtime=0)
+    for path, chunk in sorted(by_file.items()):
+        member = gzip.compress(b"".join(chunk), mtime=0)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
             os.write(fd, member)
@@ -55,6 +64,11 @@ def append(directory: Path, jobs: Iterable[dict[str, Any]], why: str, now: float
         written += len(member)
     fsync(directory)
     return written
+
+
+def append(directory: Path, jobs: Iterable[dict[str, Any]], why: str, now: float, kind: str = "jobs") -> int:
+    """Write `jobs` (whole) to their months' files, fsynced; the bytes written (see `write`)."""
+    return write(directory, encoded(directory, jobs, why, now, kind))
 
 
 def files(directory: Path) -> list[Path]:

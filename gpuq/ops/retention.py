@@ -1,9 +1,11 @@
 """The retention sweep as a service of the router (River's job cleaner is the model): every
 [retention] every, and once a minute after the start, ended jobs past their time are archived,
-then deleted (their rows) or pruned (their bulk), in batches of [retention] batch jobs, each batch
-one short transaction of the writer, so a claim or a submit never waits long behind it. Then,
-on SQLite, the pages freed go back to the disk (incremental_vacuum), and once the space pruned rows
-left empty inside pages is [retention] compact of the file, the file is rewritten at idle. With several routers on one
+then deleted (their rows) or pruned (their bulk), in batches of at most [retention] batch jobs and
+1 MiB, smaller after a long hold of the writer (gpuq/ops/pacing.py), each batch one short
+transaction of the writer, so a claim or a submit never waits long behind it. Then,
+on SQLite, the pages freed go back to the disk (incremental_vacuum), and once the space pruned
+rows left empty inside pages is [retention] compact of the file, the file is rewritten at idle.
+With several routers on one
 PostgreSQL, only the router holding the "retention" maintenance lease sweeps. The settings are
 read at each run: a reload changes the next one. `run_once()` returns counts (tests call it);
 `plan()` is the dry run of `gpuq prune --dry-run`."""
@@ -24,6 +26,8 @@ from ..store import Store
 from ..store.leases import Router
 from ..store.retention import STEPS, Cutoffs
 from . import archive
+from .pacing import Pacer, fitting
+from .sweep_report import SweepReport
 
 log = logging.getLogger("gpuq")
 
@@ -32,6 +36,7 @@ FIRST_SWEEP_S = 60.0  # after a start: the router's own start goes first
 MAX_PAUSE_S = 1.0  # the longest pause between two batches
 GIVE_BACK_PAGES = 2048  # free pages returned to the disk per step (8 MiB at 4 KiB pages)
 COMPACT_MIN_BYTES = 1 << 20  # less empty space than this is not worth rewriting the file for
+POLL_S = 5.0  # the loop reads the sweeps' record this often: another router's sweep shows within it
 
 
 @dataclass
@@ -88,6 +93,10 @@ class Sweeper:
         self.router = router  # this router's row (for the maintenance lease on PostgreSQL)
         self.lock = asyncio.Lock()  # one sweep at a time (the loop's, `gpuq prune`'s)
         self.last: Swept | None = None
+        # Each step's batch size, adapted to the holds measured (gpuq/ops/pacing.py).
+        self.pacers = {(kind, step): Pacer() for kind in ("jobs", "batches") for step in STEPS}
+        # What /health, `gpuq storage` and the alerts say of the sweeps (from their record).
+        self.report = SweepReport(store, settings, min(FIRST_SWEEP_S, settings().retention_every_s))
 
     async def plan(self) -> dict[str, Any]:
         """The dry run: what a sweep now would drop, and its bytes; nothing changes."""
@@ -112,33 +121,53 @@ class Sweeper:
             if not force and not await self.holds_lease(settings):
                 swept.skipped = "another router runs the retention sweep"
                 return swept
-            cutoffs = cutoffs_of(settings, self.store.clock())
-            for step in STEPS:  # a batch first: its lines' jobs are deleted after it
-                await self._batch_step(step, cutoffs, settings, swept)
-            for step in STEPS:
-                await self._step(step, cutoffs, settings, swept)
-            if swept.deleted["jobs"] or swept.pruned["jobs"] or swept.sweeps["files"]:
-                # The requests' large parts (gpuq/store/parts.py) that only these jobs held go too.
-                dropped = await self.store.drop_unreferenced_parts()
-                swept.parts = {"parts": int(dropped["parts"]), "bytes": int(dropped["bytes"] or 0)}
-                swept.pages_freed = await self._give_back()
-                swept.compacted = await self._compact_when_due(settings)
+            began = self.store.clock()
+            self.report.running = True
+            try:
+                await self._sweep(settings, swept)
+            except GpuqError as exc:  # on the record as far as it got, and why it stopped
+                swept.seconds = time.monotonic() - started
+                await self._ran(force, began, swept, exc.message)
+                raise
+            finally:
+                self.report.running = False
             swept.seconds = time.monotonic() - started
             self.last = swept
             if swept.batches:
                 log.info("retention sweep: %s", swept.json())
+            await self._ran(force, began, swept, None)
             return swept
 
+    async def _sweep(self, settings: Settings, swept: Swept) -> None:
+        cutoffs = cutoffs_of(settings, self.store.clock())
+        for step in STEPS:  # a batch first: its lines' jobs are deleted after it
+            await self._batch_step(step, cutoffs, settings, swept)
+        for step in STEPS:
+            await self._step(step, cutoffs, settings, swept)
+        if swept.deleted["jobs"] or swept.pruned["jobs"] or swept.sweeps["files"]:
+            # The requests' large parts (gpuq/store/parts.py) that only these jobs held go too.
+            dropped = await self.store.drop_unreferenced_parts()
+            swept.parts = {"parts": int(dropped["parts"]), "bytes": int(dropped["bytes"] or 0)}
+            swept.pages_freed = await self._give_back()
+            swept.compacted = await self._compact_when_due(settings)
+
+    async def _ran(self, asked: bool, began: float, swept: Swept, error: str | None) -> None:
+        router = self.router()
+        await self.report.ran(None if router is None else router.id, asked, began, swept.json(), error)
+
     async def _step(self, step: str, cutoffs: Cutoffs, settings: Settings, swept: Swept) -> None:
+        pacer, cap = self.pacers["jobs", step], settings.retention_batch
         while True:
             began_batch = time.monotonic()
-            ids = await self.store.retention_due(step, cutoffs, settings.retention_batch)
+            asked = pacer.take(cap)
+            ids = await self.store.retention_due(step, cutoffs, asked)
             if not ids:
                 return
             if settings.retention_archive is not None:
                 jobs = await self.store.whole_jobs(ids)
-                swept.archived["bytes"] += await self._archive(settings.retention_archive, jobs, step, "jobs")
-                swept.archived["jobs"] += len(jobs)
+                ids, written = await self._archive(settings.retention_archive, jobs, step, "jobs")
+                swept.archived["bytes"] += written
+                swept.archived["jobs"] += len(ids)
             began = time.monotonic()
             if step == "delete":
                 done = await self.store.delete_ended(ids, cutoffs)
@@ -148,7 +177,9 @@ class Sweeper:
                 total = swept.pruned
             swept.longest_batch_ms = max(swept.longest_batch_ms, (time.monotonic() - began) * 1000)
             swept.batches += 1
-            swept.longest_hold_ms = max(swept.longest_hold_ms, done.pop("held_ms"))
+            held_ms = done.pop("held_ms")
+            swept.longest_hold_ms = max(swept.longest_hold_ms, held_ms)
+            pacer.held(asked, len(ids), held_ms, cap)
             for key, n in done.items():
                 total[key] += n
             if not done["jobs"]:  # all changed since the read (a retry): they are not due any more
@@ -160,14 +191,17 @@ class Sweeper:
     async def _batch_step(self, step: str, cutoffs: Cutoffs, settings: Settings, swept: Swept) -> None:
         """Ended batches due for `step`, archived first (one line per batch, whole: its lines and
         files, in the archive's batches-YYYY-MM.jsonl.gz), then pruned or deleted."""
+        pacer, cap = self.pacers["batches", step], settings.retention_batch
         while True:
-            ids = await self.store.retention_batches_due(step, cutoffs, settings.retention_batch)
+            asked = pacer.take(cap)
+            ids = await self.store.retention_batches_due(step, cutoffs, asked)
             if not ids:
                 return
             if settings.retention_archive is not None:
                 batches = await self.store.whole_batches(ids)
-                swept.archived["bytes"] += await self._archive(settings.retention_archive, batches, step, "batches")
-                swept.sweeps["archived"] += len(batches)
+                ids, written = await self._archive(settings.retention_archive, batches, step, "batches")
+                swept.archived["bytes"] += written
+                swept.sweeps["archived"] += len(ids)
             if step == "delete":
                 done = await self.store.delete_batches(ids, cutoffs)
                 swept.sweeps["deleted"] += done["batches"]
@@ -178,18 +212,26 @@ class Sweeper:
             swept.sweeps["files"] += done["files"]
             swept.batches += 1
             swept.longest_hold_ms = max(swept.longest_hold_ms, done["held_ms"])
+            pacer.held(asked, len(ids), done["held_ms"], cap)
             if not done["batches"]:
                 return
 
-    async def _archive(self, directory: Path, records: list[dict[str, Any]], step: str, kind: str) -> int:
-        """`records` (whole jobs or batches) written and fsynced before they leave the database;
-        the bytes written. An archive that cannot be written stops the sweep with nothing dropped."""
+    async def _archive(
+        self, directory: Path, records: list[dict[str, Any]], step: str, kind: str
+    ) -> tuple[list[str], int]:
+        """The first of `records` (whole jobs or batches) whose lines fit one batch's byte budget
+        (at least one; the rest stay due for the next batch), written and fsynced before they
+        leave the database: their ids, and the bytes written. An archive that cannot be written
+        stops the sweep with nothing of this batch dropped."""
+        lines = await asyncio.to_thread(archive.encoded, directory, records, step, self.store.clock(), kind)
+        lines = lines[: fitting([len(line) for _, line in lines])]
         try:
-            return await asyncio.to_thread(archive.append, directory, records, step, self.store.clock(), kind)
+            written = await asyncio.to_thread(archive.write, directory, lines)
         except OSError as exc:
             raise StoreUnavailable(
                 f"the retention archive {directory} cannot be written ({exc}); nothing was pruned or deleted"
             ) from exc
+        return [r["id"] for r in records[: len(lines)]], written
 
     async def _give_back(self) -> int:
         freed = 0
@@ -232,12 +274,24 @@ class Sweeper:
         return done
 
     async def run(self) -> None:
-        """The loop: a first sweep a minute after the start, then every [retention] every."""
-        wait = FIRST_SWEEP_S
+        """The loop: a first sweep a minute after the start, then [retention] every after each
+        ends (a reload's new `every` counts from there); between, the record is read again every
+        POLL_S, so a sweep by another router (or `gpuq prune`) shows."""
+        began, ended = time.monotonic(), None
         while True:
-            await asyncio.sleep(min(wait, self.settings().retention_every_s))
-            wait = self.settings().retention_every_s
+            every = self.settings().retention_every_s
+            due = began + min(FIRST_SWEEP_S, every) if ended is None else ended + every
+            left = due - time.monotonic()
+            self.report.next_at = self.store.clock() + max(left, 0.0)
+            if left <= 0:
+                try:
+                    await self.run_once()
+                except GpuqError as exc:
+                    log.error("retention sweep stopped: %s (it runs again in %gs)", exc.message, every)
+                ended = time.monotonic()
+                continue
             try:
-                await self.run_once()
-            except GpuqError as exc:
-                log.error("retention sweep stopped: %s (it runs again in %gs)", exc.message, wait)
+                await self.report.refresh()
+            except GpuqError as exc:  # the database refused a read: the last one read stays shown
+                log.warning("retention sweep: its record not read: %s", exc.message)
+            await asyncio.sleep(min(POLL_S, left))

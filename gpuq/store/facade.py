@@ -719,6 +719,23 @@ class Store(Reads):
             )
         )
 
+    async def record_sweep(
+        self, router: str | None, asked: bool, started: float, swept: dict[str, Any], error: str | None
+    ) -> Row:
+        """One retention sweep that ran, done or failed (`error`), with what it did: on the record
+        every router reads (gpuq/ops/retention.py)."""
+        return await self._write(
+            partial(
+                records.record_sweep,
+                router=router,
+                asked=asked,
+                started=started,
+                swept=swept,
+                error=error,
+                now=self.clock(),
+            )
+        )
+
     async def backups_removed(self, ids: list[int]) -> None:
         """Rotation deleted these scheduled backups' files (gpuq/node/backups.py)."""
         await self._write(partial(records.backups_removed, ids=ids, now=self.clock()))

@@ -445,6 +445,15 @@ class Reads(BatchReads):
             found[key] = rows[0] if rows else None
         return found
 
+    async def last_sweeps(self) -> dict[str, Row | None]:
+        """The newest retention sweep recorded (done or failed) and the newest that succeeded,
+        each with what it did (`swept`, JSON text)."""
+        found: dict[str, Row | None] = {}
+        for key, where in (("last", ""), ("last_success", " WHERE ok = 1")):
+            rows = await self.read(f"SELECT * FROM retention_sweep{where} ORDER BY id DESC LIMIT 1")
+            found[key] = rows[0] if rows else None
+        return found
+
     async def rotatable_backups(self) -> list[Row]:
         """Scheduled backups the router made whose files it has not deleted yet."""
         return await self.read("SELECT * FROM backup WHERE scheduled = 1 AND ok = 1 AND removed_at IS NULL ORDER BY id")

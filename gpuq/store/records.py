@@ -147,6 +147,35 @@ def backups_removed(db: Connection, ids: list[int], now: float) -> None:
     db.executemany("UPDATE backup SET removed_at = ? WHERE id = ? AND removed_at IS NULL", [(iso(now), i) for i in ids])
 
 
+SWEEPS_KEPT = 1000  # retention sweeps on the record: weeks of hourly ones, and always the newest success
+
+
+def record_sweep(
+    db: Connection,
+    router: str | None,
+    asked: bool,
+    started: float,
+    swept: dict[str, Any],
+    error: str | None,
+    now: float,
+) -> Row:
+    """One row per retention sweep that ran (gpuq/ops/retention.py), done or failed (`error`), with
+    what it did (`swept`, as JSON); the oldest past SWEEPS_KEPT go, never the newest success."""
+    row = dict(
+        db.execute(
+            "INSERT INTO retention_sweep (router, asked, started_at, finished_at, ok, swept, error)"
+            " VALUES (?,?,?,?,?,?,?) RETURNING *",
+            (router, int(asked), iso(started), iso(now), int(error is None), dumps(swept), error),
+        ).fetchone()
+    )
+    db.execute(
+        "DELETE FROM retention_sweep WHERE id <= ?"
+        " AND id <> (SELECT COALESCE(MAX(id), 0) FROM retention_sweep WHERE ok = 1)",
+        (row["id"] - SWEEPS_KEPT,),
+    )
+    return row
+
+
 SAMPLES_KEPT_S = 90 * 86400.0  # growth is read over a week; a season of samples is plenty
 
 
