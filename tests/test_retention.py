@@ -535,7 +535,7 @@ async def test_a_sweep_compacts_the_file_at_idle_once_a_tenth_of_it_is_empty(tmp
         with caplog.at_level(logging.INFO, logger="gpuq"):
             swept = await sweeper.run_once()
         assert swept.compacted is not None and swept.compacted["after"] < swept.compacted["before"] / 2
-        assert (await store.storage_now())["database_bytes"] == swept.compacted["after"]  # the WAL truncated
+        assert (await store.storage_now())["file_bytes"] == swept.compacted["after"]  # (its WAL was truncated)
         assert (await store.relations())["empty_bytes"] < empty / 4
         assert "database compacted" in caplog.text
         assert [(await store.job(j))["state"] for j in ended] == ["cancelled"] * 900  # the record stays
