@@ -424,7 +424,8 @@ KEYS: tuple[Key, ...] = (
         "retention",
         "compact",
         "SQLite: when the space left empty inside the database file (pruned rows leave their pages part empty, "
-        "which the sweep's incremental_vacuum cannot give back) reaches this share of it, a sweep that shed "
+        "which the sweep's incremental_vacuum cannot give back), past what a compacted file holds empty "
+        "anyway (about 15%: a B-tree's pages are never all full), reaches this share of it, a sweep that shed "
         "bulk with no job waiting or running rewrites the file without it (`VACUUM`: it holds the writer "
         'meanwhile, about 0.2 s for 10 MB; `gpuq storage` shows the empty bytes). A percentage ("10%") or "off".',
         "10%",
