@@ -33,7 +33,11 @@ log = logging.getLogger("gpuq")
 
 SERVICE = "retention"
 FIRST_SWEEP_S = 60.0  # after a start: the router's own start goes first
-MAX_PAUSE_S = 1.0  # the longest pause between two batches
+# After each batch the sweep pauses PAUSE_FACTOR times as long as the batch took (at most
+# MAX_PAUSE_S): the writer is the sweep's a tenth of the time, so few of the queue's own writes
+# (a submit, a claim) find a batch in their way, and those wait a few milliseconds at most.
+PAUSE_FACTOR = 9.0
+MAX_PAUSE_S = 1.0
 GIVE_BACK_PAGES = 2048  # free pages returned to the disk per step (8 MiB at 4 KiB pages)
 COMPACT_MIN_BYTES = 1 << 20  # less empty space than this is not worth rewriting the file for
 # A compacted file still holds this share of it empty: a B-tree's pages are never all full (the
@@ -188,9 +192,7 @@ class Sweeper:
                 total[key] += n
             if not done["jobs"]:  # all changed since the read (a retry): they are not due any more
                 return
-            # Paced: as long again as the batch took, so the queue's own writes (a submit, a
-            # claim) and reads share the writer, the disk and the CPU with the sweep half the time.
-            await asyncio.sleep(min(time.monotonic() - began_batch, MAX_PAUSE_S))
+            await asyncio.sleep(min((time.monotonic() - began_batch) * PAUSE_FACTOR, MAX_PAUSE_S))
 
     async def _batch_step(self, step: str, cutoffs: Cutoffs, settings: Settings, swept: Swept) -> None:
         """Ended batches due for `step`, archived first (one line per batch, whole: its lines and
