@@ -177,10 +177,19 @@ async def test_ctrl_c_stops_following_but_the_job_goes_on(lab):
     fake.script.token_delay_s = 0.05
     fake.script.tokens = 200  # 10 s: still running when Ctrl-C lands, on a busy machine too
     [job] = await lab.submit("task", "long enough to interrupt", node="node-3")
+    # The CLI as a terminal starts it: Ctrl-C's default handling. A child inherits an ignored
+    # or blocked SIGINT, and the test worker's may have been changed by a test before this one
+    # (two full runs saw the CLI finish the job and exit 0 after Ctrl-C; alone it never did).
+    inherited = (signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, []))
+    as_at_a_terminal = (
+        "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler);"
+        " signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); sys.argv[0] = 'gpuq';"
+        " runpy.run_module('gpuq.cli', run_name='__main__')"
+    )
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
-        "-m",
-        "gpuq.cli",
+        "-c",
+        as_at_a_terminal,
         "--router",
         lab.url,
         "wait",
@@ -192,7 +201,7 @@ async def test_ctrl_c_stops_following_but_the_job_goes_on(lab):
     assert await asyncio.wait_for(proc.stdout.read(5), 20)  # the output is flowing
     proc.send_signal(signal.SIGINT)
     _, err = await asyncio.wait_for(proc.communicate(), 20)
-    assert proc.returncode == 130
+    assert proc.returncode == 130, (proc.returncode, err.decode()[-500:], "the worker's SIGINT:", inherited)
     assert f"stopped following {job['id']}; it goes on" in err.decode()
     assert (await lab.job(job["id"]))["state"] == "running"
     done = await lab.wait_state(job["id"], "done", timeout=40)
