@@ -83,6 +83,12 @@ class Swept:
         }
 
 
+async def pause_after(began: float) -> None:
+    """Between two batches of a sweep (of jobs or of ended batches): PAUSE_FACTOR times as long as
+    the last one took, from its read to its commit, at most MAX_PAUSE_S."""
+    await asyncio.sleep(min((time.monotonic() - began) * PAUSE_FACTOR, MAX_PAUSE_S))
+
+
 def cutoffs_of(settings: Settings, now: float) -> Cutoffs:
     return Cutoffs.at(
         now,
@@ -192,13 +198,14 @@ class Sweeper:
                 total[key] += n
             if not done["jobs"]:  # all changed since the read (a retry): they are not due any more
                 return
-            await asyncio.sleep(min((time.monotonic() - began_batch) * PAUSE_FACTOR, MAX_PAUSE_S))
+            await pause_after(began_batch)
 
     async def _batch_step(self, step: str, cutoffs: Cutoffs, settings: Settings, swept: Swept) -> None:
         """Ended batches due for `step`, archived first (one line per batch, whole: its lines and
         files, in the archive's batches-YYYY-MM.jsonl.gz), then pruned or deleted."""
         pacer, cap = self.pacers["batches", step], settings.retention_batch
         while True:
+            began_batch = time.monotonic()
             asked = pacer.take(cap)
             ids = await self.store.retention_batches_due(step, cutoffs, asked)
             if not ids:
@@ -221,6 +228,7 @@ class Sweeper:
             pacer.held(asked, len(ids), done["held_ms"], cap)
             if not done["batches"]:
                 return
+            await pause_after(began_batch)
 
     async def _archive(
         self, directory: Path, records: list[dict[str, Any]], step: str, kind: str
