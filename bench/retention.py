@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from gpuq.config import Settings
-from gpuq.ops.retention import Sweeper
+from gpuq.upkeep.retention import Sweeper
 from gpuq.store import NewJob, NodeInfo, Store
 
 from . import growth

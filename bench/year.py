@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuq.config import Settings
-from gpuq.ops.retention import Sweeper, Swept
+from gpuq.upkeep.retention import Sweeper, Swept
 from gpuq.store import NewJob, NodeInfo, Store
 
 from .core import NODES, SETTINGS, Bench

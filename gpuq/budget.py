@@ -1,8 +1,8 @@
 """Pure rules of the storage budget and the backup schedule: the database's growth per day from
 the router's samples, when the disk (or max_database_bytes) is reached at that growth, when the
 next scheduled backup is due and when one is overdue, which backups rotation deletes, and a
-scheduled backup's file name. No I/O, no clock: the router's services (gpuq/node/backups.py,
-gpuq/node/storage.py) give them the facts and the time."""
+scheduled backup's file name. No I/O, no clock: the router's services (gpuq/upkeep/backups.py,
+gpuq/upkeep/storage.py) give them the facts and the time."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
-"""The pure parts of gpuq/node/alerts.py: what fires, the backoff, the notice in each format."""
+"""The pure parts of gpuq/upkeep/alerts.py: what fires, the backoff, the notice in each format."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 from gpuq.config import NodeConfig, Settings
-from gpuq.node.alerts import conditions, notice, request_for, retry_after_s
+from gpuq.upkeep.alerts import conditions, notice, request_for, retry_after_s
 
 
 def node(name: str, up=True, checked=True, vram_stuck=None):

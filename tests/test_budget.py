@@ -20,7 +20,7 @@ from gpuq.budget import (
     to_rotate,
 )
 from gpuq.config import Settings
-from gpuq.node.alerts import request_for
+from gpuq.upkeep.alerts import request_for
 
 NOW = 1_800_000_000.0
 GB = 1_000_000_000

@@ -18,7 +18,8 @@ from conftest import eventually, free_port, node_table
 from test_lanes import TOKENS, bearer, with_users
 
 from gpuq.api.app import create_app
-from gpuq.api.state import BUS, DISPATCHER, STORE
+from gpuq.api.state import BATCHES, BUS, DISPATCHER, STORE
+from gpuq.batches import front_door_routes
 from gpuq.config import NodeConfig, Settings
 from gpuq.front.listener import create_front_app
 from gpuq.front.relay import Relay
@@ -43,7 +44,7 @@ def apps_routes(tmp_path: Path) -> tuple[set, set]:
         database=tmp_path / "routes.db", nodes=(NodeConfig("n1", "http://127.0.0.1:9", 1, ("task",), MODEL),)
     )
     app = create_app(settings)
-    front = create_front_app(settings, app[STORE], app[DISPATCHER], app[BUS], Relay())
+    front = create_front_app(settings, app[STORE], app[DISPATCHER], app[BUS], Relay(), front_door_routes(app[BATCHES]))
     return served_routes(app), served_routes(front)
 
 

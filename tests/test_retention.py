@@ -24,8 +24,8 @@ import tomli_w
 from conftest import eventually, node_table, run_cli
 
 from gpuq.ops import archive
-from gpuq.ops.retention import Sweeper
 from gpuq.store import Store
+from gpuq.upkeep.retention import Sweeper
 
 MODEL = "qwen3-coder:30b"
 DAY = 86400

@@ -18,9 +18,9 @@ from test_alerts import receiver  # noqa: F401 (a fixture)
 from test_retention import age, finished_jobs, sql
 
 from gpuq.errors import StoreUnavailable
-from gpuq.ops.retention import Sweeper
-from gpuq.ops.sweep_report import OVERDUE_EVERY
 from gpuq.store import Store
+from gpuq.upkeep.retention import Sweeper
+from gpuq.upkeep.retention_report import OVERDUE_EVERY
 
 MODEL = "qwen3-coder:30b"
 DAY = 86400

@@ -23,8 +23,8 @@ from test_alerts import receiver  # noqa: F401 (a fixture)
 
 from gpuq.budget import NAME
 from gpuq.config import Settings
-from gpuq.node.backups import Backups
 from gpuq.store import Store
+from gpuq.upkeep.backups import Backups
 
 MODEL = "qwen3-coder:30b"
 

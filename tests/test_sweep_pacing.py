@@ -1,4 +1,4 @@
-"""The retention sweep's batches bounded by work (gpuq/ops/pacing.py): a batch stops taking jobs at
+"""The retention sweep's batches bounded by work (gpuq/upkeep/pacing.py): a batch stops taking jobs at
 a byte budget, and its size adapts to the writer holds it measures (halved after a hold over the
 target, grown back a quarter at a time after short ones). The rules as pure functions, then the
 real sweep on a real SQLite file: jobs whose archived lines outweigh the budget go in several
@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import zlib
 
-from gpuq.ops.pacing import BATCH_BYTES, GROW_BELOW_MS, TARGET_HOLD_MS, Pacer, fitting, next_size
-from gpuq.ops.retention import Sweeper
 from gpuq.store import Store
+from gpuq.upkeep.pacing import BATCH_BYTES, GROW_BELOW_MS, TARGET_HOLD_MS, Pacer, fitting, next_size
+from gpuq.upkeep.retention import Sweeper
 
 DAY = 86400
 

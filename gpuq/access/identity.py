@@ -30,6 +30,12 @@ class Caller:
         """An admin acts on every job; a member on their own only."""
         return self.admin or (owner is not None and owner == self.name)
 
+    def actor(self, door: str, remote: str | None) -> str:
+        """What an event records as its actor: the user, then the door and the address it came
+        from, kept for forensics ('alice (cli 127.0.0.1)'; with no user, 'openai 127.0.0.1')."""
+        where = f"{door} {remote or '?'}"
+        return where if self.name is None else f"{self.name} ({where})"
+
 
 # An open router (no token, no users): everyone may do everything, and no one is named.
 ANYONE = Caller(name=None, role="admin", via="open")

@@ -1,6 +1,15 @@
-"""Private prompts ([router] private, Slurm's PrivateData=jobs): whose jobs a caller may read in
-full. The one statement of the rule; the API's routes ask it (gpuq/api/callers.py `as_seen`), and
-what a job not visible shows is the API's placeholder (gpuq/api/render.py `placeholder`)."""
+"""Who may see and change what: the one access policy for jobs, batches and batch files, on
+every door (the router's API, the pages, the front door's OpenAI and Anthropic routes).
+
+- Reading. On a router that is not private, everyone reads everything: every job whole, every
+  batch with its name, metadata, errors and lines' custom ids, every batch file. With
+  `[router] private` (Slurm's PrivateData=jobs), a member reads their own only: another user's
+  job is a placeholder (where and when it runs, whose it is, never what it says), another user's
+  batch in a listing the same (its counts and status, never its name, metadata, errors, files or
+  custom ids), and another user's batch or file asked for by id does not exist (404). An admin
+  reads everything; on an open router everyone is the anonymous admin.
+- Changing. An admin changes everything; a member changes their own jobs, batches and files
+  only, on any router (403 naming the owner, or 404 where the thing is not theirs to see)."""
 
 from __future__ import annotations
 
@@ -13,8 +22,20 @@ def sees_all(caller: Caller, private: bool) -> bool:
 
 
 def visible(caller: Caller, owner: str | None, private: bool) -> bool:
-    """May `caller` read the content (prompt, output, thinking, request, findings, error, events)
-    of a job sent by `owner`? Always when the router is not private; else an admin's every job,
-    and a member's own only: a job of no user (sent before users, or without a token) is not
-    a member's. On an open router every caller is the anonymous admin, so private changes nothing."""
+    """May `caller` read the content (prompt, output, thinking, request, findings, error, events;
+    a batch's name, metadata, errors, files and custom ids) of what `owner` sent? Always when the
+    router is not private; else an admin's every one, and a member's own only: what no user sent
+    (before users, or without a token) is not a member's."""
     return sees_all(caller, private) or (owner is not None and owner == caller.name)
+
+
+def read_scope(caller: Caller, private: bool) -> str | None:
+    """The owner whose batches and files a caller's reads by id are limited to: None (everyone's)
+    when the caller sees all, else the caller's own name ("" when nameless: no one's)."""
+    return None if sees_all(caller, private) else caller.name or ""
+
+
+def change_scope(caller: Caller) -> str | None:
+    """The owner whose jobs, batches and files a caller may change: None (everyone's) for an
+    admin, else the member's own name."""
+    return None if caller.admin else caller.name or ""

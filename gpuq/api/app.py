@@ -15,17 +15,15 @@ from aiohttp.typedefs import Handler
 
 from ..access.connections import body_deadline
 from ..access.doors import api_access, host_middleware
+from ..batches.runs import BatchRelay
+from ..batches.service import BatchService
 from ..bus import Bus
 from ..config import Settings
 from ..errors import DoorWords, http_error
-from ..node.alerts import Alerter
-from ..node.backups import Backups
 from ..node.dispatcher import Dispatcher
-from ..node.stale import StaleMonitor
-from ..node.storage import StorageWatch
-from ..ops.retention import Sweeper
 from ..shipped import shipped_files
 from ..store import Store
+from ..upkeep import Upkeep
 from . import batches
 from .backup import backup_view
 from .callers import whoami
@@ -38,7 +36,7 @@ from .queue import clear, delete, move, nodes, preempt, queue, retry, stale
 from .reload import reload_view
 from .render import error_response
 from .retention import prune_view
-from .state import ALERTER, BACKUPS, BUS, DISPATCHER, METRICS, RELOADING, SETTINGS, STORAGE, STORE, SWEEPER
+from .state import BATCHES, BUS, DISPATCHER, METRICS, RELOADING, SETTINGS, STORE, UPKEEP
 from .storage import COUNTING, storage_view
 from .streams import events, stream_job
 
@@ -97,23 +95,19 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         )
         # A model a previous router saw stuck in VRAM keeps its node flagged until it is gone.
         await dispatcher.start(stuck=[a for a in await store.open_alerts() if a["alert"] == "vram_stuck"])
-        await app[ALERTER].start()
+        await app[UPKEEP].start()
     except BaseException:  # the store's threads would keep a router that failed to start alive
+        await app[UPKEEP].stop()
         await dispatcher.stop()
-        await app[ALERTER].stop()
         await store.close()
         raise
-    dispatcher.loops.start("stale monitor", StaleMonitor(store, app[BUS]).run)  # stopped with the workers
-    dispatcher.loops.start("retention sweep", app[SWEEPER].run)
-    dispatcher.loops.start("scheduled backups", app[BACKUPS].run)
-    dispatcher.loops.start("storage budget", app[STORAGE].run)
     # Sum the history for /metrics now, so the first scrape after a start is not the slow one.
     warm = asyncio.create_task(app[METRICS].catch_up(store))
     yield
     warm.cancel()
     await asyncio.gather(warm, return_exceptions=True)
-    await dispatcher.stop()  # its loops include the alerts'
-    await app[ALERTER].stop()
+    await app[UPKEEP].stop()
+    await dispatcher.stop()
     await store.close()
 
 
@@ -140,14 +134,13 @@ def create_app(settings: Settings, clock: Callable[[], float] = time.time) -> we
     app[STORE] = store
     app[BUS] = bus
     app[METRICS] = Metrics()
-    app[DISPATCHER] = Dispatcher(settings, store, bus)
+    # Jobs that clients called for (the front door's, a batch's lines) run as the front door
+    # prepares them, and their waiting clients hear their runs through its relay; a batch line's
+    # reply is kept for its batch (gpuq/batches/runs.py).
+    app[DISPATCHER] = Dispatcher(settings, store, bus, calls=BatchRelay(store))
     dispatcher = app[DISPATCHER]
-    app[BACKUPS] = Backups(
-        lambda: dispatcher.settings, store, clock, lambda row: bus.publish("queue", {"backup": row and row["id"]})
-    )
-    app[STORAGE] = StorageWatch(lambda: dispatcher.settings, store, clock)
-    app[SWEEPER] = Sweeper(store, lambda: app[DISPATCHER].settings, lambda: app[DISPATCHER].router)
-    app[ALERTER] = Alerter(settings, store, dispatcher, sources=(app[BACKUPS], app[STORAGE], app[SWEEPER].report))
+    app[BATCHES] = BatchService(store, dispatcher)
+    app[UPKEEP] = Upkeep(settings, store, dispatcher, bus, app[BATCHES], clock)
     app[RELOADING] = asyncio.Lock()
     app[COUNTING] = asyncio.Lock()
     app.cleanup_ctx.append(_lifecycle)
@@ -175,7 +168,7 @@ def create_app(settings: Settings, clock: Callable[[], float] = time.time) -> we
     r.add_post("/api/backup", backup_view)
     r.add_post("/api/prune", prune_view)
     r.add_get("/api/storage", storage_view)
-    batches.add_routes(r, bounded)  # sweeps (issue 37): gpuq batch, the pages
+    batches.add_routes(r, bounded)  # gpuq batch, the pages
     r.add_get("/api/whoami", whoami)
     r.add_get("/", page)
     r.add_get("/jobs/{id}", preview_page)

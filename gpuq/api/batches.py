@@ -1,40 +1,37 @@
-"""Batches on the router's API (issue 37), for `gpuq batch` and the pages: list, show (counts,
-ETA, the failed lines), cancel, retry the failed lines, results as JSON Lines, and a submit of
-a JSON Lines input. A batch is the front door's work (gpuq/front/sweeps.py: its lines are
-front-door calls, its shapes the hosted APIs'); these routes reach it with the API's token and
-the API's error shape. A member sees and acts on their own batches; an admin on all."""
+"""Batches on the router's API, for `gpuq batch` and the pages: list, show (counts, ETA, the
+failed lines), cancel, retry the failed lines, results as JSON Lines, and a submit of a JSON Lines
+input. The work is the batch service's (gpuq/batches/service.py); these routes reach it with the
+API's token and the API's error shape. Who sees and changes which batch: gpuq/access/privacy.py."""
 
 from __future__ import annotations
 
 import json
 import logging
 from collections.abc import Callable
-from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from .. import eta
-from ..errors import BadRequest, GpuqError, OverQuota
-from ..front.batch_input import OPENAI_ENDPOINTS
-from ..front.batch_output import anthropic_result, openai_line, openai_status, request_counts
+from ..batches.parse import OPENAI_ENDPOINTS
+from ..batches.service import BatchService
+from ..batches.shapes import anthropic_result, openai_line, openai_status, request_counts
+from ..errors import BadRequest, OverQuota
 from ..front.shapes import dumps
-from ..front.sweeps import Sweeps
 from ..jobs import ACTIVE
 from ..store import Row
-from ..store.batches import new_file_id
 from .callers import actor_of, caller_of
 from .inputs import field_of, int_param, json_body
 from .render import json_response
-from .state import DISPATCHER, STORE
+from .state import BATCHES, DISPATCHER
 
 log = logging.getLogger("gpuq")
 
 FAILED_SHOWN = 100  # `show`'s failed lines: this many, then how many more
 
 
-def sweeps_of(request: web.Request) -> Sweeps:
-    return Sweeps(request.app[STORE], request.app[DISPATCHER])
+def batches_of(request: web.Request) -> BatchService:
+    return request.app[BATCHES]
 
 
 def batch_json(batch: Row) -> Row:
@@ -66,6 +63,15 @@ def batch_json(batch: Row) -> Row:
     }
 
 
+# What a batch of another user's shows a member of a private router (gpuq/access/privacy.py): its
+# progress and whose it is, never what it says (its name, metadata, errors and files).
+BATCH_PLACEHOLDER_NULLS = ("name", "input_file_id", "output_file_id", "error_file_id", "errors", "metadata")
+
+
+def batch_placeholder(shown: Row) -> Row:
+    return shown | {key: None for key in BATCH_PLACEHOLDER_NULLS} | {"private": True}
+
+
 async def with_eta(request: web.Request, batch: Row, lines: list[Row]) -> Row:
     """The batch's expected end, from the nodes' recent runs (gpuq/eta.py), as `finish_at`."""
     active = [line["job_id"] for line in lines if line["state"] in ACTIVE]
@@ -82,15 +88,17 @@ async def list_batches(request: web.Request) -> web.Response:
     limit = int_param(request.query, "limit", 50, 1, 1000)
     if request.query.get("open") == "1":
         return json_response({"batches": await open_batches(request, limit)})
-    found = await sweeps_of(request).listed(caller_of(request), None, request.query.get("after"), limit)
+    found = await batches_of(request).listed(caller_of(request), None, request.query.get("after"), limit)
     return json_response({"batches": [batch_json(b) for b in found]})
 
 
 async def open_batches(request: web.Request, limit: int) -> list[Row]:
-    """The batches in progress (everyone's: the queue page shows the whole lab), each with its
-    lines per node and state and its expected end: what the page folds into one line per node."""
-    store = request.app[STORE]
-    found = await store.batches(open_only=True, limit=limit)
+    """The batches in progress (everyone's: the queue page shows the whole lab; another user's as
+    its placeholder on a private router), each with its lines per node and state and its expected
+    end: what the page folds into one line per node."""
+    service = batches_of(request)
+    store = service.store
+    found = await service.open_batches(limit)
     if not found:
         return []
     by_node = await store.open_batches_by_node()
@@ -107,13 +115,14 @@ async def open_batches(request: web.Request, limit: int) -> list[Row]:
         shown["nodes"] = by_node.get(b["id"], {})
         finish, reason = eta.batch_finish(estimates, active.get(b["id"], []))
         shown["eta"] = {"finish_s": finish, "reason": reason}
-        out.append(shown)
+        out.append(shown if service.visible(caller_of(request), b) else batch_placeholder(shown))
     return out
 
 
 async def get_batch(request: web.Request) -> web.Response:
-    batch = await sweeps_of(request).get(request.match_info["id"], caller_of(request))
-    lines = await request.app[STORE].batch_lines(batch["id"])
+    service = batches_of(request)
+    batch = await service.get(request.match_info["id"], caller_of(request))
+    lines = await service.lines(batch)
     out = await with_eta(request, batch_json(batch), lines)
     failed = [
         {k: line[k] for k in ("line", "custom_id", "job_id", "state", "node", "error")}
@@ -135,7 +144,7 @@ def _refusal(line: Row) -> str:
 
 
 async def cancel_batch(request: web.Request) -> web.Response:
-    batch = await sweeps_of(request).cancel(request.match_info["id"], caller_of(request), actor_of(request))
+    batch = await batches_of(request).cancel(request.match_info["id"], caller_of(request), actor_of(request))
     return json_response({"batch": batch_json(batch)})
 
 
@@ -144,7 +153,7 @@ async def retry_batch(request: web.Request) -> web.Response:
     if field_of(body, "failed", bool) is not True:
         raise BadRequest('retry takes {"failed": true}: the batch\'s failed and cancelled lines run again')
     try:
-        batch, retried = await sweeps_of(request).retry_failed(
+        batch, retried = await batches_of(request).retry_failed(
             request.match_info["id"], caller_of(request), actor_of(request)
         )
     except OverQuota as exc:
@@ -156,10 +165,7 @@ async def retry_batch(request: web.Request) -> web.Response:
 async def results(request: web.Request) -> web.StreamResponse:
     """Every line's result in input order, in its API's shape (OpenAI's output and error lines
     together; Anthropic's results), as JSON Lines: `gpuq batch results ID > out.jsonl`."""
-    sweeps = sweeps_of(request)
-    batch = await sweeps.get(request.match_info["id"], caller_of(request))
-    sweeps.check_results(batch)
-    lines = await request.app[STORE].batch_results(batch["id"])
+    batch, lines = await batches_of(request).results(request.match_info["id"], caller_of(request))
     resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     await resp.prepare(request)
     for i in range(0, len(lines), 500):
@@ -180,25 +186,15 @@ async def submit_batch(request: web.Request) -> web.Response:
     endpoint = field_of(body, "endpoint", str) or "/v1/chat/completions"
     if endpoint not in OPENAI_ENDPOINTS:
         raise BadRequest(f"field 'endpoint' must be one of {', '.join(OPENAI_ENDPOINTS)}, got {str(endpoint)[:80]!r}")
-    name = body.get("name")
-    caller = caller_of(request)
-    file = await request.app[STORE].add_file(
-        new_file_id(), "batch", str(name or "batch.jsonl")[:255], body["input"].encode("utf-8"), caller.name
+    batch = await batches_of(request).submit_text(
+        caller_of(request),
+        request.headers.get("User-Agent"),
+        actor_of(request),
+        body["input"],
+        endpoint,
+        body.get("name"),
+        body.get("completion_window", "24h"),
     )
-    metadata: dict[str, Any] = {"name": str(name)[:512]} if name else {}
-    try:
-        batch = await sweeps_of(request).create_openai(
-            caller,
-            request.headers.get("User-Agent"),
-            actor_of(request),
-            file["id"],
-            endpoint,
-            body.get("completion_window", "24h"),
-            metadata or None,
-        )
-    except GpuqError:
-        await request.app[STORE].delete_file(file["id"])  # refused: nothing of it is kept
-        raise
     return json_response({"batch": batch_json(batch)}, status=201 if batch["status"] != "failed" else 200)
 
 

@@ -26,10 +26,7 @@ def actor_of(request: web.Request) -> str:
     """An event's actor: the user, then how and from where ('alice (cli 127.0.0.1)'; on an open
     router, as before, 'cli 127.0.0.1'). The address stays for forensics."""
     who = request.headers.get("X-Gpuq-Actor", "api")
-    who = who if who in ("cli", "page", "api") else "api"
-    door = f"{who} {request.remote or '?'}"
-    name = caller_of(request).name
-    return door if name is None else f"{name} ({door})"
+    return caller_of(request).actor(who if who in ("cli", "page", "api") else "api", request.remote)
 
 
 def refuse_others(caller: Caller, job: Row) -> None:

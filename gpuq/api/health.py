@@ -13,7 +13,7 @@ from ..jobs import FINAL, NodeCounts, iso, parse_iso
 from ..store import Row
 from .inputs import int_param
 from .render import json_response
-from .state import BACKUPS, DISPATCHER, METRICS, STORAGE, STORE, SWEEPER
+from .state import DISPATCHER, METRICS, STORE, UPKEEP
 
 HEALTH_READ_S = 0.5  # /health answers within about this, whatever the store does
 
@@ -66,7 +66,7 @@ async def health(request: web.Request) -> web.Response:
             unclaimed.append(
                 {"node": w.rt.name, "job": head["id"] if head else None, "since": iso(refused[0]), "error": refused[1]}
             )
-    crashed = [loop.json() for loop in dispatcher.loops.down()]  # a loop that is not running, for now
+    crashed = [loop.json() for loop in (*dispatcher.loops.down(), *request.app[UPKEEP].down())]  # not running, for now
     lost = store.lost  # the database file deleted or replaced under the router: writes are refused
     ok = (
         trouble is None
@@ -79,7 +79,11 @@ async def health(request: web.Request) -> web.Response:
     # A backup or a retention sweep failed or overdue, a disk filling: warned of and alerted on,
     # but /health stays ok. ok says the queue moves now (a monitor restarts a router on 503); none
     # is helped by a restart, and all leave every job flowing: the warnings and the alerts carry them.
-    backups, storage, sweeps = request.app[BACKUPS], request.app[STORAGE], request.app[SWEEPER].report
+    backups, storage, sweeps = (
+        request.app[UPKEEP].backups,
+        request.app[UPKEEP].storage,
+        request.app[UPKEEP].sweeper.report,
+    )
     warnings = [c.message for c in (*backups.conditions(), *storage.conditions(), *sweeps.conditions())]
     body = {
         "ok": ok,
@@ -112,9 +116,9 @@ async def metrics(request: web.Request) -> web.Response:
         app[STORE],
         list(app[DISPATCHER].nodes.values()),
         len(stale),
-        app[STORAGE].json(),
-        app[BACKUPS].json(),
-        app[SWEEPER].report.json(),
+        app[UPKEEP].storage.json(),
+        app[UPKEEP].backups.json(),
+        app[UPKEEP].sweeper.report.json(),
     )
     return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 

@@ -67,7 +67,7 @@ class Snapshot:
     backup: dict[str, Any] = field(default_factory=dict)  # Backups.json()
     batches: dict[str, int] = field(default_factory=dict)  # by status
     batch_lines: dict[str, int] = field(default_factory=dict)  # the open batches' lines, by state
-    retention: dict[str, Any] = field(default_factory=dict)  # SweepReport.json()
+    retention: dict[str, Any] = field(default_factory=dict)  # RetentionReport.json()
 
 
 class Metrics:

@@ -8,6 +8,7 @@ import logging
 from aiohttp import web
 
 from .. import eta
+from ..access.privacy import change_scope
 from ..errors import BadRequest, OverQuota, UnknownNode
 from ..jobs import JobState, NodeCounts
 from .callers import actor_of, as_seen, caller_of, own_job
@@ -130,7 +131,7 @@ async def preempt(request: web.Request) -> web.Response:
     app = request.app
     caller = caller_of(request)
     job, interrupted = await app[STORE].preempt(
-        await own_job(request), actor_of(request), only_owner=None if caller.admin else caller.name or ""
+        await own_job(request), actor_of(request), only_owner=change_scope(caller)
     )
     app[DISPATCHER].abort(interrupted, f"preempted by {job['id']}")
     app[BUS].publish("queue", {"preempted": job["id"]})
@@ -178,7 +179,7 @@ async def clear(request: web.Request) -> web.Response:
     # A member clears only a queue of their own jobs: others' there refuse it all, named (the store
     # checks in the same transaction as it cancels).
     ids, interrupted = await app[STORE].clear(
-        name, actor_of(request), running=running, reason=reason, only_owner=None if caller.admin else caller.name or ""
+        name, actor_of(request), running=running, reason=reason, only_owner=change_scope(caller)
     )
     app[DISPATCHER].abort(interrupted, reason)
     app[DISPATCHER].ended(ids, reason)

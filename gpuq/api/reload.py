@@ -14,7 +14,7 @@ from ..reload import REMOVED_REASON, plan, refusal
 from .callers import actor_of, admin_only
 from .inputs import field_of, json_body
 from .render import json_response
-from .state import ALERTER, BACKUPS, BUS, DISPATCHER, RELOADING, STORE
+from .state import BUS, DISPATCHER, RELOADING, STORE, UPKEEP
 
 log = logging.getLogger("gpuq")
 
@@ -67,8 +67,8 @@ async def reload_config(app: web.Application, actor: str, force: bool = False) -
             await refused(exc.message)
             raise
         dispatcher.reconfigure(change)
-        await app[ALERTER].reconfigure(change.settings)
-        app[BACKUPS].wake.set()  # a new schedule is looked at now
+        await app[UPKEEP].alerter.reconfigure(change.settings)
+        app[UPKEEP].backups.wake.set()  # a new schedule is looked at now
         for job in failed:
             log.warning("job=%s node=%s state=failed reason=%r", job["id"], job["node"], REMOVED_REASON)
         dispatcher.ended([j["id"] for j in failed], REMOVED_REASON)

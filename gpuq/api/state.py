@@ -6,14 +6,12 @@ import asyncio
 
 from aiohttp import web
 
+from ..batches.service import BatchService
 from ..bus import Bus
 from ..config import Settings
-from ..node.alerts import Alerter
-from ..node.backups import Backups
 from ..node.dispatcher import Dispatcher
-from ..node.storage import StorageWatch
-from ..ops.retention import Sweeper
 from ..store import Store
+from ..upkeep import Upkeep
 from .metrics import Metrics
 
 SETTINGS = web.AppKey("settings", Settings)
@@ -31,16 +29,10 @@ BUS = web.AppKey("bus", Bus)
 METRICS = web.AppKey("metrics", Metrics)
 
 
-ALERTER = web.AppKey("alerter", Alerter)
+UPKEEP = web.AppKey("upkeep", Upkeep)  # the background services: alerts, backups, storage, retention...
 
 
-SWEEPER = web.AppKey("sweeper", Sweeper)  # the retention sweep (gpuq/ops/retention.py)
-
-
-BACKUPS = web.AppKey("backups", Backups)  # the scheduled backups ([backup])
-
-
-STORAGE = web.AppKey("storage", StorageWatch)  # the storage budget ([storage])
+BATCHES = web.AppKey("batches", BatchService)  # the batch service (gpuq/batches/service.py)
 
 
 RELOADING = web.AppKey("reloading", asyncio.Lock)  # one reload of gpuq.toml at a time

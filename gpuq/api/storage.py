@@ -10,14 +10,14 @@ import asyncio
 from aiohttp import web
 
 from .render import json_response
-from .state import BACKUPS, STORAGE, STORE, SWEEPER
+from .state import STORE, UPKEEP
 
 COUNTING = web.AppKey("counting storage", asyncio.Lock)
 
 
 async def storage_view(request: web.Request) -> web.Response:
     app = request.app
-    watch = app[STORAGE]
+    watch = app[UPKEEP].storage
     if watch.now is None or watch.store.dsn is None:  # measured now, not up to REFRESH_S ago
         await watch.run_once()
     async with app[COUNTING]:
@@ -25,5 +25,9 @@ async def storage_view(request: web.Request) -> web.Response:
     total = sum(r["bytes"] for r in relations["relations"]) or 1
     for r in relations["relations"]:
         r["share"] = round(r["bytes"] / total, 4)
-    body = {**(watch.json() or {}), "backup": app[BACKUPS].json(), "retention": app[SWEEPER].report.json()}
+    body = {
+        **(watch.json() or {}),
+        "backup": app[UPKEEP].backups.json(),
+        "retention": app[UPKEEP].sweeper.report.json(),
+    }
     return json_response(body | relations)

@@ -21,7 +21,7 @@ POLL_S = 1.0  # --wait looks at the batch this often
 
 @click.group()
 def batch() -> None:
-    """Sweeps: many requests as one batch, each a job in the batch lane (as OpenAI's Batch API).
+    """BatchService: many requests as one batch, each a job in the batch lane (as OpenAI's Batch API).
 
     Example: gpuq batch submit eval.jsonl --wait; gpuq batch results ID > out.jsonl
     """
@@ -92,7 +92,7 @@ def submit(ctx: click.Context, path: str, endpoint: str, name: str | None, wait:
             413,
             f"{exc.message}; the router's API takes up to twice router.max_prompt_bytes in one request:"
             " upload a larger file through the front door (client.files.create, then client.batches.create;"
-            " see the docs' Sweeps page)",
+            " see the docs' BatchService page)",
         )
     if not wait:
         click.echo(json.dumps(b) if as_json else f"batch {b['id']} {b['status']}: {b['total']:,} lines ({progress(b)})")

@@ -1,5 +1,5 @@
 """Retention: `prune` asks the running router to sweep now, or with --dry-run what it would drop
-(POST /api/prune); `archive search` reads the archive's files locally (gpuq/ops/archive.py)."""
+(POST /api/prune); `archive search` reads the archive's files locally (gpuq/upkeep/archive.py)."""
 
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def search(
 
     Example: gpuq archive search 1760883402-9f3a7c21
     """
-    from ..ops.archive import search as find
+    from ..upkeep.archive import search as find
 
     where = Path(directory) if directory else _configured_archive(ctx, config_path)
     if not where.is_dir():

@@ -141,7 +141,7 @@ class Settings:
     retention_batch: int = 100  # jobs per transaction: each holds the writer a few milliseconds
     # SQLite: a sweep compacts the file (VACUUM) at idle once this share of it is empty; None: never
     retention_compact_share: float | None = 0.1
-    # [backup]: the router backs its SQLite database up itself (gpuq/node/backups.py). On by
+    # [backup]: the router backs its SQLite database up itself (gpuq/upkeep/backups.py). On by
     # default: see the key's doc in keys.py. None: off (every = "off"), and always on PostgreSQL.
     backup_every_s: float | None = 86400.0
     backup_keep: int = 7  # the newest scheduled backups kept; older ones the router wrote are deleted

@@ -86,7 +86,7 @@ def model_to_run(front: Front, asked: str) -> str:
 
 
 def run_model(dispatcher: Any, asked: str) -> str:
-    """model_to_run for a caller with no Front (a batch's lines: gpuq/front/batch_input.py)."""
+    """model_to_run for a caller with no Front (a batch's lines: gpuq/batches/parse.py)."""
     name = local_name(asked)
     nodes = list(dispatcher.nodes.values())
     return aliased(name, dispatcher.settings.front_model_aliases, lambda m: bool(entries_of(nodes, m)))

@@ -174,7 +174,7 @@ def api_of(path: str) -> str:
     ep = ENDPOINTS.get(path)
     if ep is not None:
         return ep.api
-    if path.startswith("/v1/messages/"):  # Anthropic's Message Batches (front/message_batches.py)
+    if path.startswith("/v1/messages/"):  # Anthropic's Message Batches (batches/anthropic_routes.py)
         return "anthropic"
     return "openai" if path.startswith("/v1/") else "ollama"
 

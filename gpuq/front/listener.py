@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from aiohttp import web
 
@@ -23,7 +23,6 @@ from ..config import Settings
 from ..errors import DoorWords, StartupError, http_error
 from ..node.dispatcher import Dispatcher
 from ..store import Store
-from . import batches, message_batches
 from .call import call_handler
 from .context import FRONT, Front, error_response
 from .endpoints import ENDPOINTS, api_of
@@ -76,11 +75,20 @@ async def _closing(app: web.Application) -> None:
     front.relay.shutdown()
 
 
+MoreRoutes = Callable[[web.Application], None]
+
+
 def create_front_app(
-    settings: Settings, store: Store, dispatcher: Dispatcher, bus: Bus, relay: Relay
+    settings: Settings,
+    store: Store,
+    dispatcher: Dispatcher,
+    bus: Bus,
+    relay: Relay,
+    more_routes: MoreRoutes | None = None,
 ) -> web.Application:
     """The front door's app; the router's app (gpuq/api/app.py) owns the store and dispatcher,
-    and its workers run the calls' jobs through `relay` (the Dispatcher's calls)."""
+    and its workers run the calls' jobs through `relay` (the Dispatcher's calls). `more_routes`
+    adds the routes of what stands on the front door (the batches' APIs: gpuq.batches)."""
     app = web.Application(
         middlewares=[
             errors_middleware,
@@ -102,8 +110,8 @@ def create_front_app(
     r.add_post("/api/pull", pull)
     for ep in ENDPOINTS.values():
         r.add_post(ep.path, call_handler(ep))
-    batches.add_routes(r)  # OpenAI's files and batches, Anthropic's message batches (issue 37)
-    message_batches.add_routes(r)
+    if more_routes is not None:
+        more_routes(app)
     r.add_get("/v1/models", openai_models, allow_head=False)
     r.add_get("/v1/models/{model:.+}", openai_model, allow_head=False)
     for path in NOT_SERVED:
@@ -159,13 +167,14 @@ async def start_front_door(
     relay: Relay,
     sockets: Sequence[socket.socket],
     guard: ConnectionGuard,
+    more_routes: MoreRoutes | None = None,
 ) -> FrontDoor | None:
     """Serve the front door on its sockets, beside the router (the router's app owns the store
     and the dispatcher). A client that disconnects cancels its handler (handler_cancellation),
     so its waiting job is cancelled at once."""
     if not sockets:
         return None
-    app = create_front_app(settings, store, dispatcher, bus, relay)
+    app = create_front_app(settings, store, dispatcher, bus, relay, more_routes)
     runner = web.AppRunner(
         app,
         handle_signals=False,

@@ -29,12 +29,12 @@ from ..access.connections import (
     raise_file_limit,
     throttle_accept_errors,
 )
+from ..batches import front_door_routes
 from ..config import DEFAULT_LISTEN, DEFAULT_ROUTER, ConfigError, NodeConfig, Settings, check_database, check_listen
 from ..demo import FakeOllama, Script
 from ..errors import GpuqError, StartupError
-from ..front.batch_runs import BatchRelay
 from ..front.listener import bind_front_door, start_front_door
-from ..front.sweeps import Sweeps
+from ..front.relay import Relay
 from ..jobs import parse_iso
 from ..store.postgres import safe_dsn
 from .dblock import lock_database, unlock_database
@@ -207,7 +207,7 @@ async def run_router(
     settings: Settings, sockets: list[socket.socket], demo: bool, front_sockets: Sequence[socket.socket] = ()
 ) -> int:
     from ..api.app import create_app
-    from ..api.state import BUS, DISPATCHER, STORE
+    from ..api.state import BATCHES, BUS, DISPATCHER, STORE
 
     loop = asyncio.get_running_loop()
     throttle_accept_errors(loop)
@@ -236,10 +236,6 @@ async def run_router(
         fakes, nodes = await start_demo_nodes()
         settings = replace(settings, nodes=tuple(nodes))
     app = create_app(settings)
-    # Jobs that clients called for run as the front door prepares them, and their waiting
-    # clients hear their runs through its relay (gpuq/front/relay.py), listening or not; a batch's
-    # lines have their replies kept for their batch (gpuq/front/batch_runs.py).
-    relay = app[DISPATCHER].calls = BatchRelay(app[STORE])
     runner = web.AppRunner(app, handle_signals=False, access_log=None, keepalive_timeout=settings.keepalive_timeout_s)
     try:
         await runner.setup()
@@ -251,10 +247,20 @@ async def run_router(
     servers = [
         await loop.create_server(guard.protocol_factory(runner.server), sock=sock, backlog=BACKLOG) for sock in sockets
     ]
-    # Batches whose every line has ended get their output written (gpuq/front/sweeps.py).
-    app[DISPATCHER].loops.start("batch finalizer", Sweeps(app[STORE], app[DISPATCHER]).run)
-    # The Ollama/OpenAI front door, with slots of its own (gpuq/front/listener.py).
-    front = await start_front_door(settings, app[STORE], app[DISPATCHER], app[BUS], relay, front_sockets, front_guard)
+    # The Ollama/OpenAI front door, with slots of its own (gpuq/front/listener.py), its calls run
+    # through the dispatcher's relay, and the batch routes of OpenAI's and Anthropic's APIs.
+    relay = app[DISPATCHER].calls
+    assert isinstance(relay, Relay)  # create_app wires the front door's relay
+    front = await start_front_door(
+        settings,
+        app[STORE],
+        app[DISPATCHER],
+        app[BUS],
+        relay,
+        front_sockets,
+        front_guard,
+        more_routes=front_door_routes(app[BATCHES]),
+    )
     from ..api.reload import reload_on_signal
 
     loop.add_signal_handler(signal.SIGHUP, reload_on_signal, runner.app)  # gpuq.toml read again, as `gpuq reload`

@@ -659,7 +659,7 @@ class Store(Reads):
         machine; an existing file replaced only with `force`), made in a thread with a connection
         of its own: the writer and the readers go on meanwhile. Answered once the copy is in place.
         Each copy tried (its path accepted) is recorded in the backup table, made or failed, with
-        `scheduled` (the router's own, gpuq/node/backups.py). On PostgreSQL: Conflict, naming pg_dump."""
+        `scheduled` (the router's own, gpuq/upkeep/backups.py). On PostgreSQL: Conflict, naming pg_dump."""
         if self.dsn:
             raise Conflict(backup.pg_dump_advice(self.dsn))
         if (lost := self.lost) is not None:  # a copy of whatever now stands at the path is no backup
@@ -696,7 +696,7 @@ class Store(Reads):
         self, path: str, scheduled: bool, started: float, made: dict[str, Any] | None, error: str | None
     ) -> None:
         """A backup made is made even when the database refuses its record (full, locked): the
-        schedule keeps its own time of it too (gpuq/node/backups.py), and the log says the record
+        schedule keeps its own time of it too (gpuq/upkeep/backups.py), and the log says the record
         is missing (rotation, which goes by the records, leaves that file alone)."""
         try:
             await self.record_backup(path, scheduled, started, made, error)
@@ -723,7 +723,7 @@ class Store(Reads):
         self, router: str | None, asked: bool, started: float, swept: dict[str, Any], error: str | None
     ) -> Row:
         """One retention sweep that ran, done or failed (`error`), with what it did: on the record
-        every router reads (gpuq/ops/retention.py)."""
+        every router reads (gpuq/upkeep/retention.py)."""
         return await self._write(
             partial(
                 records.record_sweep,
@@ -737,7 +737,7 @@ class Store(Reads):
         )
 
     async def backups_removed(self, ids: list[int]) -> None:
-        """Rotation deleted these scheduled backups' files (gpuq/node/backups.py)."""
+        """Rotation deleted these scheduled backups' files (gpuq/upkeep/backups.py)."""
         await self._write(partial(records.backups_removed, ids=ids, now=self.clock()))
 
     # -- the storage budget (gpuq/store/storage.py) ------------------------------------------------

@@ -327,7 +327,7 @@ class Reads(BatchReads):
             (iso(since),),
         )
 
-    # -- alerts (gpuq/node/alerts.py) -----------------------------------------------------------------
+    # -- alerts (gpuq/upkeep/alerts.py) -----------------------------------------------------------------
 
     async def open_alerts(self) -> list[Row]:
         """Firings not resolved yet (a restart picks them up where the last router left them)."""
@@ -425,7 +425,7 @@ class Reads(BatchReads):
         found = await self.read(retention.BATCH_OF_FILE_SQL, (file_id, file_id, file_id))
         return found[0] if found else None
 
-    # -- backups and the storage budget (gpuq/node/backups.py, gpuq/node/storage.py) -----------------
+    # -- backups and the storage budget (gpuq/upkeep/backups.py, gpuq/upkeep/storage.py) -----------------
 
     async def backups(self, scheduled: bool | None = None, limit: int = 20) -> list[Row]:
         """The latest backups recorded (both kinds, or only scheduled or asked-for ones), newest first."""

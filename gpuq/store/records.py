@@ -1,6 +1,6 @@
 """The router's own records, each a verb (a plain function of the writer's connection inside the
 transaction its caller opened, see writer.py): the thresholds and nodes in force, each reload of
-gpuq.toml, a node's health, and the alerts with their notices' deliveries (gpuq/node/alerts.py).
+gpuq.toml, a node's health, and the alerts with their notices' deliveries (gpuq/upkeep/alerts.py).
 They change no job: the jobs' verbs are gpuq/store/lifecycle.py and gpuq/store/control.py."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def record_asked_unload(db: Connection, name: str, record: dict[str, Any]) -> No
     db.execute("UPDATE node SET asked_unload = ? WHERE name = ?", (dumps(record), name))
 
 
-# -- alerts (gpuq/node/alerts.py) -----------------------------------------------------------------
+# -- alerts (gpuq/upkeep/alerts.py) -----------------------------------------------------------------
 
 
 def fire_alert(db: Connection, alert: dict[str, Any], deliver: bool, now: float) -> Row:
@@ -111,7 +111,7 @@ def record_delivery(
         db.execute(f"UPDATE alert SET {sent_column} = ? WHERE id = ?", (iso(now), alert_id))
 
 
-# -- backups and storage samples (gpuq/node/backups.py, gpuq/node/storage.py) -----------------------
+# -- backups and storage samples (gpuq/upkeep/backups.py, gpuq/upkeep/storage.py) -----------------------
 
 
 def record_backup(
@@ -159,7 +159,7 @@ def record_sweep(
     error: str | None,
     now: float,
 ) -> Row:
-    """One row per retention sweep that ran (gpuq/ops/retention.py), done or failed (`error`), with
+    """One row per retention sweep that ran (gpuq/upkeep/retention.py), done or failed (`error`), with
     what it did (`swept`, as JSON); the oldest past SWEEPS_KEPT go, never the newest success."""
     row = dict(
         db.execute(

@@ -14,7 +14,7 @@ is not pruned while one of its critiques has not ended (a held critique reads it
 at its claim), and not deleted while any critique of it is still stored (the critiques, which end
 later, go first). Each verb takes the ids a read found due and checks again, inside its
 transaction, that each still is (a retry between the read and the write makes a job active
-again): what it changed is what it returns. The archive of what leaves (gpuq/ops/archive.py) is
+again): what it changed is what it returns. The archive of what leaves (gpuq/upkeep/archive.py) is
 written between that read and the write. Portable SQL, `?` placeholders; times are ISO text,
 which compares as the times do."""
 

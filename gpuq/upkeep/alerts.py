@@ -10,6 +10,7 @@ a notice still owed (open firings live in the database, not in memory)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -22,11 +23,12 @@ import aiohttp
 from ..config import Settings
 from ..errors import GpuqError, NotFound, described
 from ..jobs import iso, parse_iso, span
+from ..node.runtime import NodeRuntime
 from ..store import Store
-from .runtime import NodeRuntime
+from .service import Periodic, Service
 
 if TYPE_CHECKING:
-    from .dispatcher import Dispatcher
+    from ..node.dispatcher import Dispatcher
 
 log = logging.getLogger("gpuq")
 
@@ -116,8 +118,8 @@ def conditions(stale_heads: list[dict[str, Any]], nodes: list[NodeRuntime], wait
 
 
 class ConditionSource(Protocol):
-    """Another part of the router whose trouble alerts (gpuq/node/backups.py, storage.py,
-    gpuq/ops/sweep_report.py): what
+    """Another part of the router whose trouble alerts (gpuq/upkeep/backups.py, storage.py,
+    gpuq/upkeep/retention_report.py): what
     fires now, from its memory, and the words of a firing's end."""
 
     alerts: tuple[str, ...]  # the alert kinds it raises
@@ -174,12 +176,17 @@ def retry_after_s(attempts: int) -> float:
     return min(RETRY_FIRST_S * 2.0 ** max(attempts - 1, 0), RETRY_MAX_S)
 
 
-class Alerter:
-    """Turns conditions into firings and resolutions, and delivers their notices."""
+class Alerter(Periodic):
+    """Turns conditions into firings and resolutions (its rounds: `check`, every CHECK_S), and
+    delivers their notices (AlertDelivery's rounds: `send_owed`)."""
+
+    name = "alert check"
+    interval_s = CHECK_S
 
     def __init__(
         self, settings: Settings, store: Store, dispatcher: Dispatcher, sources: Sequence[ConditionSource] = ()
     ) -> None:
+        super().__init__()
         self.settings = settings
         self.sources = {alert: source for source in sources for alert in source.alerts}
         self.store = store
@@ -195,11 +202,9 @@ class Alerter:
         return self.settings.alert_url is not None
 
     async def start(self) -> None:
-        """The check loop, and with alert_url the delivery loop, supervised with the dispatcher's
-        loops (a crash is logged, restarted and shown by /health; they stop with the workers)."""
+        """With alert_url, the delivery's session, and the open firings owed to it."""
         if self.delivering:
             await self.start_delivery()
-        self.dispatcher.loops.start("alert check", self._check_loop)
 
     async def reconfigure(self, settings: Settings) -> None:
         """A reload of gpuq.toml: the alert settings follow it; an alert_url set now starts the
@@ -211,33 +216,15 @@ class Alerter:
     async def start_delivery(self) -> None:
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SEND_TIMEOUT_S))
         await self.store.owe_open_alerts()
-        self.dispatcher.loops.start("alert delivery", self._send_loop)
+        self.owed.set()
 
     async def stop(self) -> None:
         """After the loops have stopped: close the delivery session."""
         if self.session is not None:
             await self.session.close()
 
-    async def _check_loop(self) -> None:
-        while True:
-            try:
-                await self.check()
-            except GpuqError as exc:  # the database refused (locked, full): look again next time
-                log.error("alerts: check failed: %s", exc.message)
-            await asyncio.sleep(CHECK_S)
-
-    async def _send_loop(self) -> None:
-        while True:
-            try:
-                await self.send_owed()
-            except GpuqError as exc:
-                log.error("alerts: delivery failed: %s", exc.message)
-            try:
-                async with asyncio.timeout(SEND_POLL_S):
-                    await self.owed.wait()
-            except TimeoutError:
-                pass
-            self.owed.clear()
+    async def run_once(self) -> tuple[int, int]:
+        return await self.check()
 
     # -- firing and resolving -------------------------------------------------------------------
 
@@ -287,7 +274,7 @@ class Alerter:
             return f"no job waits on node {row['node']} any more; it is still down ({took})"
         return f"{row['model'] or 'the model'} left VRAM on {row['node']}; it takes jobs again ({took})"
 
-    # -- delivering -----------------------------------------------------------------------------
+    # -- delivering (AlertDelivery's rounds) ------------------------------------------------------
 
     async def send_owed(self) -> int:
         """Try each owed notice that is due, oldest firing first; returns how many were delivered."""
@@ -344,3 +331,24 @@ class Alerter:
         for (alert_id, status), (attempt, http_status) in list(self.unrecorded.items()):
             await self.store.record_delivery(alert_id, status, attempt, True, http_status, None)
             del self.unrecorded[alert_id, status]
+
+
+class AlertDelivery(Service):
+    """The alerts' notices sent: at once when one becomes owed, else every SEND_POLL_S (retries
+    wait their backoff); nothing while no alert_url is set."""
+
+    name = "alert delivery"
+
+    def __init__(self, alerter: Alerter) -> None:
+        self.alerter = alerter
+
+    async def run_once(self) -> int:
+        if self.alerter.session is None:  # no alert_url (yet: a reload may set one)
+            return 0
+        return await self.alerter.send_owed()
+
+    async def pause(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(SEND_POLL_S):
+                await self.alerter.owed.wait()
+        self.alerter.owed.clear()

@@ -12,13 +12,13 @@ import logging
 from typing import Any
 
 from ..errors import StoreUnavailable
+from ..front.endpoints import ENDPOINTS
+from ..front.ollama_api import collected
+from ..front.relay import NodeRun, Relay
+from ..front.shapes import dumps
 from ..node.calls import Policy, Sink
 from ..node.ollama import OllamaClient
 from ..store import Store
-from .endpoints import ENDPOINTS
-from .ollama_api import collected
-from .relay import NodeRun, Relay
-from .shapes import dumps
 
 log = logging.getLogger("gpuq")
 

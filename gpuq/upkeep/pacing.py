@@ -1,4 +1,4 @@
-"""How big the retention sweep's next batch is (gpuq/ops/retention.py): bounded by work, not only by
+"""How big the retention sweep's next batch is (gpuq/upkeep/retention.py): bounded by work, not only by
 a count. A batch of [retention] batch jobs whatever their size held the writer 39 ms on a quiet
 2-core VM and 72-147 ms under load, on the days whose batch archived the most bytes (a job's
 request with its images frees many pages in the one transaction). So a batch stops taking jobs

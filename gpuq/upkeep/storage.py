@@ -6,7 +6,6 @@ the growth, the free space, the days left) and what the alerts fire on: the disk
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -21,6 +20,7 @@ from ..errors import GpuqError
 from ..jobs import iso, parse_iso
 from ..store import Store
 from .alerts import Condition
+from .service import Periodic
 
 log = logging.getLogger("gpuq")
 
@@ -40,24 +40,19 @@ class Snapshot:
     since: dict[str, float] = field(default_factory=dict)  # each warning's alert: when it began
 
 
-class StorageWatch:
+class StorageWatch(Periodic):
+    name = "storage budget"
+    interval_s = REFRESH_S
     alerts: tuple[str, ...] = ("disk_filling", "database_filling")
 
     def __init__(self, settings_of: Callable[[], Settings], store: Store, clock: Callable[[], float] = time.time):
+        super().__init__()
         self.settings_of = settings_of
         self.store = store
         self.clock = clock
         self.now: Snapshot | None = None
         self.samples: list[Sample] = []  # the last week's, as last read
         self.sampled_at = 0.0  # this router's last sample (monotonic), 0: none yet
-
-    async def run(self) -> None:
-        while True:
-            try:
-                await self.run_once()
-            except GpuqError as exc:  # the database refused: the last snapshot stays, look again
-                log.error("storage: %s", exc.message)
-            await asyncio.sleep(REFRESH_S)
 
     async def run_once(self) -> Snapshot:
         """Measure now; record a sample when one is due; read the growth again after one."""

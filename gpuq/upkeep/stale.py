@@ -4,20 +4,23 @@ command that clears them. It only names them: a person decides (nothing is retri
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from ..bus import Bus
-from ..errors import GpuqError
 from ..store import Row, Store
+from .service import Periodic
 
 log = logging.getLogger("gpuq")
 
 STALE_CHECK_S = 1.0
 
 
-class StaleMonitor:
+class StaleMonitor(Periodic):
+    name = "stale monitor"
+    first_at_once = False
+
     def __init__(self, store: Store, bus: Bus, interval_s: float = STALE_CHECK_S):
+        super().__init__()
         self.store = store
         self.bus = bus
         self.interval_s = interval_s
@@ -36,11 +39,3 @@ class StaleMonitor:
             )
             self.bus.publish("queue", {"stale": head["id"]})
         return heads
-
-    async def run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            try:
-                await self.run_once()
-            except GpuqError as exc:
-                log.error("stale check failed: %s", exc.message)

@@ -37,7 +37,7 @@ Line = tuple[Path, bytes]  # a record's month file and its line
 def encoded(directory: Path, records: Iterable[dict[str, Any]], why: str, now: float, kind: str = "jobs") -> list[Line]:
     """Each record (whole, as Store.whole_jobs or whole_batches reads it) as its line of the
     archive, with the file it goes to: what `write` appends, and what a batch of the sweep weighs
-    (gpuq/ops/pacing.py) before it is cut to its budget."""
+    (gpuq/upkeep/pacing.py) before it is cut to its budget."""
     stamp = {"archived_at": iso(now), "archived_for": why}
     return [(file_for(directory, r, kind), compact_json(r | stamp).encode() + b"\n") for r in records]
 

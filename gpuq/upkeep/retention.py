@@ -1,7 +1,7 @@
 """The retention sweep as a service of the router (River's job cleaner is the model): every
 [retention] every, and once a minute after the start, ended jobs past their time are archived,
 then deleted (their rows) or pruned (their bulk), in batches of at most [retention] batch jobs and
-1 MiB, smaller after a long hold of the writer (gpuq/ops/pacing.py), each batch one short
+1 MiB, smaller after a long hold of the writer (gpuq/upkeep/pacing.py), each batch one short
 transaction of the writer, so a claim or a submit never waits long behind it. Then,
 on SQLite, the pages freed go back to the disk (incremental_vacuum), and once the space pruned
 rows left empty inside pages is [retention] compact of the file, the file is rewritten at idle.
@@ -27,7 +27,8 @@ from ..store.leases import Router
 from ..store.retention import STEPS, Cutoffs
 from . import archive
 from .pacing import Pacer, fitting
-from .sweep_report import SweepReport
+from .retention_report import RetentionReport
+from .service import Service
 
 log = logging.getLogger("gpuq")
 
@@ -99,7 +100,9 @@ def cutoffs_of(settings: Settings, now: float) -> Cutoffs:
     )
 
 
-class Sweeper:
+class Sweeper(Service):
+    name = "retention sweep"
+
     def __init__(self, store: Store, settings: Callable[[], Settings], router: Callable[[], Router | None]):
         self.store = store
         self.settings = settings  # read at each run: a reload applies to the next sweep
@@ -107,10 +110,12 @@ class Sweeper:
         self.lock = asyncio.Lock()  # one sweep at a time (the loop's, `gpuq prune`'s)
         self.slack: int | None = None  # the bytes the file held empty right after its last compaction here
         self.last: Swept | None = None
-        # Each step's batch size, adapted to the holds measured (gpuq/ops/pacing.py).
+        # Each step's batch size, adapted to the holds measured (gpuq/upkeep/pacing.py).
         self.pacers = {(kind, step): Pacer() for kind in ("jobs", "batches") for step in STEPS}
         # What /health, `gpuq storage` and the alerts say of the sweeps (from their record).
-        self.report = SweepReport(store, settings, min(FIRST_SWEEP_S, settings().retention_every_s))
+        self.report = RetentionReport(store, settings, min(FIRST_SWEEP_S, settings().retention_every_s))
+        self.began = time.monotonic()  # the first sweep is due a minute after the start
+        self.ended: float | None = None  # the next, [retention] every after the last one ended
 
     async def plan(self) -> dict[str, Any]:
         """The dry run: what a sweep now would drop, and its bytes; nothing changes."""
@@ -127,7 +132,14 @@ class Sweeper:
 
     async def run_once(self, force: bool = False) -> Swept:
         """One sweep, whole: every job due, batch by batch. `force`: even when another router
-        holds the lease (an admin's `gpuq prune` on this router)."""
+        holds the lease (an admin's `gpuq prune` on this router, which leaves the schedule be)."""
+        try:
+            return await self._run_once(force)
+        finally:
+            if not force:
+                self.ended = time.monotonic()
+
+    async def _run_once(self, force: bool) -> Swept:
         async with self.lock:
             settings = self.settings()
             started = time.monotonic()
@@ -292,23 +304,17 @@ class Sweeper:
             )
         return done
 
-    async def run(self) -> None:
-        """The loop: a first sweep a minute after the start, then [retention] every after each
-        ends (a reload's new `every` counts from there); between, the record is read again every
-        POLL_S, so a sweep by another router (or `gpuq prune`) shows."""
-        began, ended = time.monotonic(), None
+    async def pause(self) -> None:
+        """Until the next sweep is due: a first one a minute after the start, then [retention]
+        every after each ends (a reload's new `every` counts from there); meanwhile the record is
+        read again every POLL_S, so a sweep by another router (or `gpuq prune`) shows."""
         while True:
             every = self.settings().retention_every_s
-            due = began + min(FIRST_SWEEP_S, every) if ended is None else ended + every
+            due = self.began + min(FIRST_SWEEP_S, every) if self.ended is None else self.ended + every
             left = due - time.monotonic()
             self.report.next_at = self.store.clock() + max(left, 0.0)
             if left <= 0:
-                try:
-                    await self.run_once()
-                except GpuqError as exc:
-                    log.error("retention sweep stopped: %s (it runs again in %gs)", exc.message, every)
-                ended = time.monotonic()
-                continue
+                return
             try:
                 await self.report.refresh()
             except GpuqError as exc:  # the database refused a read: the last one read stays shown

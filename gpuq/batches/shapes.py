@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..front.anthropic import ERROR_TYPES
+from ..front.openai_api import openai_error
+from ..front.shapes import dumps
 from ..jobs import ACTIVE, parse_iso
 from ..store.batches import is_expired
-from .anthropic import ERROR_TYPES
-from .openai_api import openai_error
-from .shapes import dumps
 
 
 def unix(text: str | None) -> int | None:

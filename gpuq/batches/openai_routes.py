@@ -1,6 +1,7 @@
-"""OpenAI's Files and Batch API on the front door (issue 37): /v1/files (upload as the SDK sends
-it, multipart; list, retrieve, delete, content) and /v1/batches (create, list, retrieve,
-cancel), in OpenAI's shapes. The work is the Sweeps service's (front/sweeps.py)."""
+"""OpenAI's Files and Batch API on the front door: /v1/files (upload as the SDK sends it,
+multipart; list, retrieve, delete, content) and /v1/batches (create, list, retrieve, cancel), in
+OpenAI's shapes. Each handler reads its request and answers in OpenAI's shape; the work is the
+batch service's (gpuq/batches/service.py)."""
 
 from __future__ import annotations
 
@@ -10,47 +11,10 @@ from typing import Any
 
 from aiohttp import web
 
-from ..access.identity import ANYONE, Caller
-from ..access.tokens import CALLER
 from ..errors import FrontError
-from ..store.batches import new_file_id
-from .batch_output import batch_object, file_object
-from .context import FRONT, json_of
-from .shapes import dumps
-from .sweeps import Sweeps, only_owner
-
-
-def caller_of(request: web.Request) -> Caller:
-    return request.get(CALLER, ANYONE)
-
-
-def actor_of(request: web.Request, api: str) -> str:
-    """'alice (openai 127.0.0.1)', as a front-door call's actor is named (front/call.py)."""
-    caller = caller_of(request)
-    door = f"{api} {request.remote or '?'}"
-    return door if caller.name is None else f"{caller.name} ({door})"
-
-
-def sweeps_of(request: web.Request) -> Sweeps:
-    front = request.app[FRONT]
-    return Sweeps(front.store, front.dispatcher)
-
-
-def limit_of(request: web.Request, default: int, most: int) -> int:
-    raw = request.query.get("limit")
-    if raw is None:
-        return default
-    try:
-        limit = int(raw)
-    except ValueError:
-        raise FrontError(400, f"limit: an integer from 1 to {most} is required, got {raw[:20]!r}") from None
-    if not 1 <= limit <= most:
-        raise FrontError(400, f"limit: an integer from 1 to {most} is required, got {limit}")
-    return limit
-
-
-def json_reply(body: Any, status: int = 200) -> web.Response:
-    return web.json_response(body, status=status, dumps=dumps)
+from ..front.context import json_of
+from .doors import actor_of, batches_of, caller_of, json_reply, limit_of
+from .shapes import batch_object, file_object
 
 
 def page(data: list[dict[str, Any]], limit: int) -> dict[str, Any]:
@@ -97,13 +61,7 @@ async def upload_file(request: web.Request) -> web.Response:
         raise FrontError(400, "Missing required parameter: 'file'.", "missing_required_parameter")
     purpose = fields["purpose"][1].decode("utf-8", "replace").strip()
     filename, content = fields["file"]
-    if purpose != "batch":
-        raise FrontError(
-            400, f"purpose {purpose[:40]!r}: gpuq keeps only batch input files (purpose 'batch')", "invalid_purpose"
-        )
-    caller = caller_of(request)
-    front = request.app[FRONT]
-    row = await front.store.add_file(new_file_id(), purpose, (filename or "upload.jsonl")[:255], content, caller.name)
+    row = await batches_of(request).upload(caller_of(request), purpose, filename or "upload.jsonl", content)
     return json_reply(file_object(row))
 
 
@@ -112,29 +70,25 @@ async def list_files(request: web.Request) -> web.Response:
     order = request.query.get("order", "desc")
     if order not in ("asc", "desc"):
         raise FrontError(400, f"order: 'asc' or 'desc', got {order[:20]!r}")
-    found = await request.app[FRONT].store.files(
-        only_owner(caller_of(request)),
-        request.query.get("purpose"),
-        request.query.get("after"),
-        limit + 1,
-        order == "asc",
+    found = await batches_of(request).files(
+        caller_of(request), request.query.get("purpose"), request.query.get("after"), limit + 1, order == "asc"
     )
     return json_reply(page([file_object(f) for f in found], limit))
 
 
 async def get_file(request: web.Request) -> web.Response:
-    row = await sweeps_of(request).file(request.match_info["id"], caller_of(request))
+    row = await batches_of(request).file(request.match_info["id"], caller_of(request))
     return json_reply(file_object(row))
 
 
 async def delete_file(request: web.Request) -> web.Response:
     file_id = request.match_info["id"]
-    await request.app[FRONT].store.delete_file(file_id, only_owner(caller_of(request)))
+    await batches_of(request).delete_file(file_id, caller_of(request))
     return json_reply({"id": file_id, "object": "file", "deleted": True})
 
 
 async def file_content(request: web.Request) -> web.Response:
-    content = await sweeps_of(request).file_content(request.match_info["id"], caller_of(request))
+    content = await batches_of(request).file_content(request.match_info["id"], caller_of(request))
     return web.Response(body=content, content_type="application/octet-stream")
 
 
@@ -143,7 +97,7 @@ async def file_content(request: web.Request) -> web.Response:
 
 async def create_batch(request: web.Request) -> web.Response:
     body = await json_of(request)
-    batch = await sweeps_of(request).create_openai(
+    batch = await batches_of(request).create_openai(
         caller_of(request),
         request.headers.get("User-Agent"),
         actor_of(request, "openai"),
@@ -157,17 +111,17 @@ async def create_batch(request: web.Request) -> web.Response:
 
 async def list_batches(request: web.Request) -> web.Response:
     limit = limit_of(request, 20, 100)
-    found = await sweeps_of(request).listed(caller_of(request), "openai", request.query.get("after"), limit + 1)
+    found = await batches_of(request).listed(caller_of(request), "openai", request.query.get("after"), limit + 1)
     return json_reply(page([batch_object(b) for b in found], limit))
 
 
 async def get_batch(request: web.Request) -> web.Response:
-    batch = await sweeps_of(request).get(request.match_info["id"], caller_of(request), "openai")
+    batch = await batches_of(request).get(request.match_info["id"], caller_of(request), "openai")
     return json_reply(batch_object(batch))
 
 
 async def cancel_batch(request: web.Request) -> web.Response:
-    batch = await sweeps_of(request).cancel(
+    batch = await batches_of(request).cancel(
         request.match_info["id"], caller_of(request), actor_of(request, "openai"), "openai"
     )
     return json_reply(batch_object(batch))

@@ -1,13 +1,14 @@
-"""Sweeps (issue 37): the batches of OpenAI's Batch API and Anthropic's Message Batches, and
-`gpuq batch`, all through this one service: a batch created from its input (every line a job
-in the batch lane, placed by its model, queued in one commit), read (its output written once
-its every line has ended: finalize), cancelled, its failed lines retried. The front door's
-handlers (front/batches.py, front/message_batches.py) and the router's API (api/batches.py)
-call it; the store keeps it (gpuq/store/batches.py), the dispatcher queues it."""
+"""The batch service: OpenAI's Batch API and Files, Anthropic's Message Batches and `gpuq batch`,
+all through this one service. A batch is made from its input (every line a job in the batch lane,
+placed by its model, queued in one commit), read, cancelled, deleted and its failed lines retried
+here; its output is written here once its every line has ended (`finalize`), whichever asked: the
+upkeep's finalizer (gpuq/upkeep/batches.py), or a read that finds it ended first. Who may see and
+change which batch and file is gpuq/access/privacy.py's rule. The doors (batches/openai_routes.py,
+batches/anthropic_routes.py, api/batches.py) only translate HTTP to these calls; the store keeps
+the batches (gpuq/store/batches.py), the dispatcher queues their lines."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import secrets
 import time
@@ -15,13 +16,15 @@ from typing import Any
 
 from ..access.identity import Caller
 from ..access.lanes import Door, lane_for
+from ..access.privacy import change_scope, read_scope, visible
 from ..config import ConfigError, Settings, parse_duration
-from ..errors import FrontError, GpuqError, NotFound
+from ..errors import Forbidden, FrontError, GpuqError, NotFound
+from ..front.call import run_model
 from ..jobs import Lane
 from ..node.dispatcher import Dispatcher
 from ..store import Row, Store
-from ..store.batches import ENDED, NewBatch, NewLine
-from .batch_input import (
+from ..store.batches import ENDED, NewBatch, NewLine, new_file_id
+from .parse import (
     ANTHROPIC_ENDPOINT,
     OPENAI_ENDPOINTS,
     Line,
@@ -31,18 +34,11 @@ from .batch_input import (
     parse_anthropic,
     parse_openai,
 )
-from .batch_output import active, render_anthropic, render_openai
-from .call import run_model
+from .shapes import active, render_anthropic, render_openai
 
 log = logging.getLogger("gpuq")
 
-FINALIZE_EVERY_S = 1.0  # how often open batches are looked at, so a finished one is written soon
 EXPIRY_ACTOR = "gpuq (completion_window)"  # who cancels an expired batch's waiting lines, in their events
-
-
-def only_owner(caller: Caller) -> str | None:
-    """A member sees and acts on their own batches and files; an admin (or an open router) on all."""
-    return None if caller.admin else caller.name or ""
 
 
 def window_s(window: Any) -> float:
@@ -68,15 +64,29 @@ def pruned(what: str, batch_id: str, pruned_at: str) -> FrontError:
     )
 
 
-class Sweeps:
+def refuse_change(caller: Caller, owner: str | None, what: str) -> None:
+    """A member changes their own batches and files only: 403 naming the owner."""
+    if not caller.may_act_on(owner):
+        whose = f"belongs to {owner}" if owner else "belongs to no user (sent without a user's token)"
+        raise Forbidden(f"{what} {whose}; a member changes their own only (you are {caller.name})")
+
+
+class BatchService:
     def __init__(self, store: Store, dispatcher: Dispatcher):
         self.store = store
         self.dispatcher = dispatcher
 
     @property
     def settings(self) -> Settings:
-        """The settings in force (a reload changes the batch limits live)."""
+        """The settings in force (a reload changes the batch limits and privacy live)."""
         return self.dispatcher.settings
+
+    def _reads(self, caller: Caller) -> str | None:
+        return read_scope(caller, self.settings.private)
+
+    def visible(self, caller: Caller, batch: Row) -> bool:
+        """May `caller` read this batch's name, metadata, errors, files and custom ids?"""
+        return visible(caller, batch["owner"], self.settings.private)
 
     def model_of(self, asked: str) -> str:
         """A line's model, as a front-door call's (its refusal is that line's error)."""
@@ -137,7 +147,7 @@ class Sweeps:
             isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values()) and len(metadata) <= 16
         ):
             raise FrontError(400, "metadata: an object of at most 16 string values is required", "invalid_metadata")
-        owner = only_owner(caller)
+        owner = change_scope(caller)  # a batch is made from the caller's own upload
         try:
             found = await self.store.file(input_file_id, owner)
         except NotFound:
@@ -188,18 +198,37 @@ class Sweeps:
 
     async def get(self, batch_id: str, caller: Caller, api: str | None = None) -> Row:
         """A batch as it is now; one whose every line has ended has its output written first."""
-        batch = await self.store.batch(batch_id, only_owner(caller))
+        batch = await self.store.batch(batch_id, self._reads(caller))
         if api is not None and batch["api"] != api:
             raise NotFound(f"no batch '{batch_id}'")
-        return await self.finalized(batch)
+        return await self.finalize(batch)
 
     async def listed(
         self, caller: Caller, api: str | None = None, after: str | None = None, limit: int = 20
     ) -> list[Row]:
-        found = await self.store.batches(api, only_owner(caller), after, limit)
-        return [await self.finalized(b) for b in found]
+        found = await self.store.batches(api, self._reads(caller), after, limit)
+        return [await self.finalize(b) for b in found]
 
-    async def finalized(self, batch: Row) -> Row:
+    async def open_batches(self, limit: int) -> list[Row]:
+        """Every batch in progress, everyone's (the queue page shows the whole lab; what of
+        another user's a caller may read is the door's to redact, by `visible`)."""
+        return await self.store.batches(open_only=True, limit=limit)
+
+    async def lines(self, batch: Row) -> list[Row]:
+        """A batch's lines with their jobs (a batch the caller got from `get`)."""
+        return await self.store.batch_lines(batch["id"])
+
+    async def results(self, batch_id: str, caller: Caller, api: str | None = None) -> tuple[Row, list[Row]]:
+        """An ended batch and its lines' results, in input order (410 once retention pruned them)."""
+        batch = await self.get(batch_id, caller, api)
+        if batch.get("pruned_at"):
+            raise pruned(f"the results of batch {batch['id']}", batch["id"], batch["pruned_at"])
+        return batch, await self.store.batch_results(batch["id"])
+
+    async def finalize(self, batch: Row) -> Row:
+        """The one place a batch ends: one whose every line has ended gets its output files
+        written and its final status (two routers at once write it once); any other comes back
+        as it is."""
         if batch["status"] not in ("in_progress", "cancelling") or active(batch["counts"]):
             return batch
         render = render_openai if batch["api"] == "openai" else render_anthropic
@@ -216,32 +245,35 @@ class Sweeps:
         return await self.store.batch(batch["id"])
 
     async def cancel(self, batch_id: str, caller: Caller, actor: str, api: str | None = None) -> Row:
-        await self.get(batch_id, caller, api)  # (another API's batch is not found)
-        batch, cancelled = await self.store.cancel_batch(batch_id, actor, only_owner(caller))
+        found = await self.get(batch_id, caller, api)  # (another API's batch is not found)
+        refuse_change(caller, found["owner"], f"batch {batch_id}")
+        batch, cancelled = await self.store.cancel_batch(batch_id, actor, change_scope(caller))
         log.info("batch=%s status=%s cancelled_lines=%d actor=%r", batch_id, batch["status"], cancelled, actor)
         self.dispatcher.bus.publish("queue", {"batch": batch_id})
-        return await self.finalized(batch)
+        return await self.finalize(batch)
 
     async def delete(self, batch_id: str, caller: Caller, actor: str, api: str | None = None) -> Row:
         """An ended batch deleted (Anthropic's DELETE); one in progress is refused: cancel it first."""
         batch = await self.get(batch_id, caller, api)  # (another API's batch is not found)
+        refuse_change(caller, batch["owner"], f"batch {batch_id}")
         if batch["status"] not in ENDED:
             raise FrontError(
                 400,
                 f"batch {batch_id} is still processing: only an ended batch can be deleted; cancel it first",
                 "batch_not_ended",
             )
-        await self.store.delete_batch(batch_id, only_owner(caller))
+        await self.store.delete_batch(batch_id, change_scope(caller))
         log.info("batch=%s deleted actor=%r", batch_id, actor)
         self.dispatcher.bus.publish("queue", {"batch": batch_id})
         return batch
 
     async def retry_failed(self, batch_id: str, caller: Caller, actor: str) -> tuple[Row, list[str]]:
-        found = await self.store.batch(batch_id, only_owner(caller))
+        found = await self.store.batch(batch_id, self._reads(caller))
+        refuse_change(caller, found["owner"], f"batch {batch_id}")
         batch, retried = await self.store.retry_batch(
             batch_id,
             actor,
-            only_owner(caller),
+            change_scope(caller),
             frozenset(n.name for n in await self.dispatcher.batch_nodes()),  # (another router's too)
             self.settings.max_waiting,
             window_s(found["completion_window"]),
@@ -251,24 +283,52 @@ class Sweeps:
         self.dispatcher.bus.publish("queue", {"batch": batch_id})
         return batch, retried
 
-    def check_results(self, batch: Row) -> None:
-        """A pruned batch's replies are gone: its results are 410, not an empty list."""
-        if batch.get("pruned_at"):
-            raise pruned(f"the results of batch {batch['id']}", batch["id"], batch["pruned_at"])
+    # -- files -------------------------------------------------------------------------------------
+
+    async def upload(self, caller: Caller, purpose: str, filename: str, content: bytes) -> Row:
+        """A batch input file kept (purpose 'batch': gpuq keeps no other), owned by its caller."""
+        if purpose != "batch":
+            raise FrontError(
+                400, f"purpose {purpose[:40]!r}: gpuq keeps only batch input files (purpose 'batch')", "invalid_purpose"
+            )
+        return await self.store.add_file(new_file_id(), purpose, filename[:255], content, caller.name)
+
+    async def files(
+        self, caller: Caller, purpose: str | None, after: str | None, limit: int, ascending: bool
+    ) -> list[Row]:
+        return await self.store.files(self._reads(caller), purpose, after, limit, ascending)
 
     async def file(self, file_id: str, caller: Caller) -> Row:
         """A file's row; one retention pruned with its batch is 410, naming when."""
         try:
-            return await self.store.file(file_id, only_owner(caller))
+            return await self.store.file(file_id, self._reads(caller))
         except NotFound:
             await self._pruned_file(file_id)
             raise
 
     async def file_content(self, file_id: str, caller: Caller) -> bytes:
         try:
-            return await self.store.file_content(file_id, only_owner(caller))
+            return await self.store.file_content(file_id, self._reads(caller))
         except NotFound:
             await self._pruned_file(file_id)
+            raise
+
+    async def delete_file(self, file_id: str, caller: Caller) -> None:
+        found = await self.store.file(file_id, self._reads(caller))
+        refuse_change(caller, found["owner"], f"file {file_id}")
+        await self.store.delete_file(file_id, change_scope(caller))
+
+    async def submit_text(
+        self, caller: Caller, client: str | None, actor: str, text: str, endpoint: str, name: Any, window: Any
+    ) -> Row:
+        """`gpuq batch submit`: JSON Lines text kept as an input file and the batch made from it,
+        as POST /v1/batches makes one; a refused batch keeps nothing of it."""
+        file = await self.upload(caller, "batch", str(name or "batch.jsonl"), text.encode("utf-8"))
+        metadata = {"name": str(name)[:512]} if name else None
+        try:
+            return await self.create_openai(caller, client, actor, file["id"], endpoint, window, metadata)
+        except GpuqError:
+            await self.store.delete_file(file["id"])
             raise
 
     async def _pruned_file(self, file_id: str) -> None:
@@ -276,7 +336,7 @@ class Sweeps:
         if named is not None and named["pruned_at"]:
             raise pruned(f"file {file_id}", named["id"], named["pruned_at"])
 
-    # -- the finalizer ---------------------------------------------------------------------------
+    # -- what the upkeep's finalizer runs (gpuq/upkeep/batches.py) ---------------------------------
 
     async def expire_due(self) -> int:
         """Cancel, as expired, the waiting lines of every batch past its completion_window;
@@ -291,17 +351,6 @@ class Sweeps:
         done = 0
         for batch in await self.store.batches(open_only=True, limit=1000):
             if not active(batch["counts"]):
-                if (await self.finalized(batch))["status"] not in ("in_progress", "cancelling"):
+                if (await self.finalize(batch))["status"] not in ("in_progress", "cancelling"):
                     done += 1
         return done
-
-    async def run(self) -> None:
-        """Until cancelled: open batches finalized as their last lines end (a batch nobody polls
-        still gets its output, and the page and /metrics see it end)."""
-        while True:
-            try:
-                if await self.expire_due() + await self.finalize_open():
-                    self.dispatcher.bus.publish("queue", {"batches": "ended"})
-            except GpuqError as exc:
-                log.warning("batches not finalized this time: %s", exc.message)
-            await asyncio.sleep(FINALIZE_EVERY_S)

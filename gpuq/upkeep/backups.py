@@ -26,6 +26,7 @@ from ..jobs import iso, parse_iso, span
 from ..store import Row, Store
 from ..store.facade import BackupBusy
 from .alerts import Condition
+from .service import Service
 
 log = logging.getLogger("gpuq")
 
@@ -42,10 +43,11 @@ def latest(*times: float | None) -> float | None:
     return max(known) if known else None
 
 
-class Backups:
+class Backups(Service):
     """The schedule, its state for /health (from the backup table, refreshed at each turn) and
     its alert conditions."""
 
+    name = "scheduled backups"
     alerts: tuple[str, ...] = ("backup_failed", "backup_overdue")
 
     def __init__(
@@ -68,22 +70,21 @@ class Backups:
         # the record (full) must not make the schedule take a backup again at once, and again.
         self.made_at: float | None = None
         self.failed_at: float | None = None
+        self.rounds_begun = 0
 
     @property
     def every_s(self) -> float | None:
         return None if self.store.dsn else self.settings_of().backup_every_s
 
-    async def run(self) -> None:
-        """The loop: take each backup when due, refresh the state between."""
-        while True:
-            try:
-                await self.run_once()
-            except GpuqError as exc:  # the database refused a read or a record: look again next turn
-                log.error("scheduled backups: %s", exc.message)
-            self.wake.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._wait_s()):
-                    await self.wake.wait()
+    async def pause(self) -> None:
+        """The first round at once; then until the next backup is due, a reload's wake, or POLL_S."""
+        self.rounds_begun += 1
+        if self.rounds_begun == 1:
+            return
+        self.wake.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._wait_s()):
+                await self.wake.wait()
 
     async def refresh(self) -> None:
         self.last = await self.store.last_backups()

@@ -1,7 +1,7 @@
 """The retention sweep as /health, `gpuq storage`, the page and the alerts see it: each sweep that
 ran is on the record (the retention_sweep table, migration 024), so every router sharing a
 PostgreSQL database reports the last one truthfully though only the lease holder sweeps, and a
-restart keeps it. The rules mirror the scheduled backups' (gpuq/node/backups.py): an alert fires
+restart keeps it. The rules mirror the scheduled backups' (gpuq/upkeep/backups.py): an alert fires
 while the newest sweep failed (retention_failed) and while none has succeeded for OVERDUE_EVERY x
 [retention] every (retention_overdue); both are warnings, and /health's `ok` stays true, since
 neither stops a job and a restart mends neither."""
@@ -16,15 +16,15 @@ from typing import Any
 from ..config import Settings
 from ..errors import GpuqError
 from ..jobs import iso, parse_iso, span
-from ..node.alerts import Condition
 from ..store import Row, Store
+from .alerts import Condition
 
 log = logging.getLogger("gpuq")
 
 OVERDUE_EVERY = 3  # no sweep succeeded for this many [retention] every: retention_overdue
 
 
-class SweepReport:
+class RetentionReport:
     """The last sweeps as last read from the record (or, when the database refused the record,
     this router's own), and the alert conditions they make."""
 

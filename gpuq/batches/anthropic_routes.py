@@ -1,17 +1,17 @@
-"""Anthropic's Message Batches on the front door (issue 37): /v1/messages/batches (create, list,
+"""Anthropic's Message Batches on the front door: /v1/messages/batches (create, list,
 retrieve, cancel, delete) and its results as JSON Lines, in Anthropic's shapes, as its SDK reads them
-(`results` follows the batch's `results_url`, here this door's own). The work is the Sweeps
-service's (front/sweeps.py); each request is a /v1/messages job in the batch lane."""
+(`results` follows the batch's `results_url`, here this door's own). The work is the batch
+service's (gpuq/batches/service.py); each request is a /v1/messages job in the batch lane."""
 
 from __future__ import annotations
 
 from aiohttp import web
 
 from ..errors import FrontError
-from .batch_output import anthropic_result, message_batch
-from .batches import actor_of, caller_of, json_reply, limit_of, sweeps_of
-from .context import FRONT, json_of
-from .shapes import dumps
+from ..front.context import json_of
+from ..front.shapes import dumps
+from .doors import actor_of, batches_of, caller_of, json_reply, limit_of
+from .shapes import anthropic_result, message_batch
 
 
 def base_url(request: web.Request) -> str:
@@ -21,7 +21,7 @@ def base_url(request: web.Request) -> str:
 
 async def create(request: web.Request) -> web.Response:
     body = await json_of(request)
-    batch = await sweeps_of(request).create_anthropic(
+    batch = await batches_of(request).create_anthropic(
         caller_of(request), request.headers.get("User-Agent"), actor_of(request, "anthropic"), body
     )
     return json_reply(message_batch(batch, base_url(request)))
@@ -29,7 +29,7 @@ async def create(request: web.Request) -> web.Response:
 
 async def list_batches(request: web.Request) -> web.Response:
     limit = limit_of(request, 20, 1000)
-    found = await sweeps_of(request).listed(caller_of(request), "anthropic", request.query.get("after_id"), limit + 1)
+    found = await batches_of(request).listed(caller_of(request), "anthropic", request.query.get("after_id"), limit + 1)
     shown = [message_batch(b, base_url(request)) for b in found[:limit]]
     return json_reply(
         {
@@ -42,12 +42,12 @@ async def list_batches(request: web.Request) -> web.Response:
 
 
 async def retrieve(request: web.Request) -> web.Response:
-    batch = await sweeps_of(request).get(request.match_info["id"], caller_of(request), "anthropic")
+    batch = await batches_of(request).get(request.match_info["id"], caller_of(request), "anthropic")
     return json_reply(message_batch(batch, base_url(request)))
 
 
 async def cancel(request: web.Request) -> web.Response:
-    batch = await sweeps_of(request).cancel(
+    batch = await batches_of(request).cancel(
         request.match_info["id"], caller_of(request), actor_of(request, "anthropic"), "anthropic"
     )
     return json_reply(message_batch(batch, base_url(request)))
@@ -55,7 +55,7 @@ async def cancel(request: web.Request) -> web.Response:
 
 async def delete(request: web.Request) -> web.Response:
     """DELETE: an ended batch gone, as the SDK's `messages.batches.delete` reads it."""
-    batch = await sweeps_of(request).delete(
+    batch = await batches_of(request).delete(
         request.match_info["id"], caller_of(request), actor_of(request, "anthropic"), "anthropic"
     )
     return json_reply({"id": batch["id"], "type": "message_batch_deleted"})
@@ -64,12 +64,11 @@ async def delete(request: web.Request) -> web.Response:
 async def results(request: web.Request) -> web.StreamResponse:
     """The batch's results, one JSON line per request in its order; only once it has ended (as
     Anthropic's: before, no results_url)."""
-    sweeps = sweeps_of(request)
-    batch = await sweeps.get(request.match_info["id"], caller_of(request), "anthropic")
+    service, batch_id = batches_of(request), request.match_info["id"]
+    batch = await service.get(batch_id, caller_of(request), "anthropic")
     if message_batch(batch, "")["processing_status"] != "ended":
         raise_not_ended(batch["id"])
-    sweeps.check_results(batch)
-    lines = await request.app[FRONT].store.batch_results(batch["id"])
+    batch, lines = await service.results(batch_id, caller_of(request), "anthropic")
     resp = web.StreamResponse(headers={"Content-Type": "application/binary"})
     await resp.prepare(request)
     for i in range(0, len(lines), 500):

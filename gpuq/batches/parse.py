@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import FrontError, GpuqError
+from ..front.call import check_text_size
+from ..front.endpoints import ENDPOINTS, Endpoint
+from ..front.shapes import dumps
 from ..jobs import NewJob
-from .call import check_text_size
-from .endpoints import ENDPOINTS, Endpoint
-from .shapes import dumps
 
 # The endpoints a batch may call, as OpenAI's Batch API lists them (and Anthropic's Messages).
 OPENAI_ENDPOINTS = ("/v1/chat/completions", "/v1/embeddings", "/v1/responses", "/v1/completions")
