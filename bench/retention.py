@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 from gpuq.config import Settings
-from gpuq.upkeep.retention import Sweeper
 from gpuq.store import NewJob, NodeInfo, Store
+from gpuq.upkeep.retention import Sweeper
 
 from . import growth
 from .core import NODES, SETTINGS, Bench

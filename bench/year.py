@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuq.config import Settings
-from gpuq.upkeep.retention import Sweeper, Swept
 from gpuq.store import NewJob, NodeInfo, Store
+from gpuq.upkeep.retention import Sweeper, Swept
 
 from .core import NODES, SETTINGS, Bench
 from .procs import Router, clear_queues

@@ -329,7 +329,7 @@ asked INTEGER NOT NULL CONSTRAINT retention_sweep_asked_flag CHECK (asked IN (0,
 started_at TEXT NOT NULL,
 finished_at TEXT NOT NULL,
 ok INTEGER NOT NULL CONSTRAINT retention_sweep_ok_flag CHECK (ok IN (0, 1)),
-swept TEXT NOT NULL, -- JSON: what it did (Swept.json in gpuq/upkeep/retention.py)
+swept TEXT NOT NULL, -- JSON: what it did (Swept.json in gpuq/ops/retention.py)
 error TEXT, -- not ok: why it stopped
 CONSTRAINT retention_sweep_says_why CHECK ((ok = 0) = (error IS NOT NULL))
 );

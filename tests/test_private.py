@@ -529,3 +529,73 @@ async def test_the_cli_shows_a_placeholder_for_anothers_job(private_lab):
     holds_nothing_of_bobs(d, listed.out)
     waited = await d.cli("wait", d.ids["running"])
     assert waited.code != 0 and "belongs to bob" in waited.err, waited
+
+
+async def test_anothers_batch_shows_its_progress_never_its_name_or_custom_ids(private_lab):
+    """On a private router the queue page's batches in progress show bob's to alice as a
+    placeholder (its status, counts and owner; no name, metadata or files), and his ended line
+    in her history carries no batch name or custom id; bob and the admin read them whole."""
+    d = private_lab
+    batch = await bobs_batch(d)
+    status, body = await as_user(d, "alice", "GET", "/api/batches?open=1")
+    [shown] = [b for b in body["batches"] if b["id"] == batch]
+    assert (shown["private"], shown["owner"], shown["total"], shown["status"]) == (True, "bob", 1, "in_progress")
+    assert all(shown[key] is None for key in ("name", "metadata", "input_file_id", "errors")), shown
+    assert "bob-sweep" not in text_of(body)
+    for user in ("bob", "admin"):
+        status, body = await as_user(d, user, "GET", "/api/batches?open=1")
+        assert [b["name"] for b in body["batches"] if b["id"] == batch] == ["bob-sweep"], user
+    status, body = await as_user(d, "bob", "POST", f"/api/batches/{batch}/cancel", {})
+    assert status == 200 and body["batch"]["counts"]["cancelled"] == 1, body
+    status, body = await as_user(d, "bob", "GET", f"/api/batches/{batch}")
+    [line] = body["batch"]["jobs"]
+    status, body = await as_user(d, "alice", "GET", "/api/history")
+    [seen] = [j for j in body["jobs"] if j["id"] == line["job_id"]]
+    is_placeholder(seen)
+    assert "batch" not in seen and '"q1"' not in text_of(body), seen
+    status, body = await as_user(d, "bob", "GET", "/api/history")
+    [own] = [j for j in body["jobs"] if j["id"] == line["job_id"]]
+    assert own["batch"]["custom_id"] == "q1" and own["batch"]["id"] == batch, own
+
+
+async def test_on_a_router_not_private_a_member_reads_every_batch_and_changes_her_own(fakes, daemon_factory):
+    """Batches and their files follow the jobs' rule: with no [router] private, alice reads bob's
+    batch, its name and his input file on both doors, as she reads his jobs; cancelling,
+    retrying or deleting what is his is 403 naming him, and bob cancels it himself."""
+    f1 = await fakes(MODEL)
+    port = free_port()
+    d = await daemon_factory(
+        [node_table("node-1", f1, 1, ["task"], MODEL)], start=False, ollama_listen=f"127.0.0.1:{port}"
+    )
+    await with_users(
+        d,
+        [
+            {"name": "admin", "token": TOKENS["admin"], "role": "admin"},
+            {"name": "alice", "token": TOKENS["alice"], "role": "member"},
+            {"name": "bob", "token": TOKENS["bob"], "role": "member"},
+        ],
+    )
+    d.front = f"http://127.0.0.1:{port}"
+    f1.script.token_delay_s, f1.script.tokens = 0.05, 100_000  # bob's line runs until he cancels it
+    batch = await bobs_batch(d)
+    status, seen = await as_user(d, "alice", "GET", f"/api/batches/{batch}")
+    assert status == 200 and (seen["batch"]["name"], seen["batch"]["owner"]) == ("bob-sweep", "bob"), seen
+    assert seen["batch"]["jobs"][0]["custom_id"] == "q1"
+    status, listed = await as_user(d, "alice", "GET", "/api/batches")
+    assert batch in [b["id"] for b in listed["batches"]], listed
+    file_id = seen["batch"]["input_file_id"]
+    status, text = await on_front(d, "alice", "GET", f"/v1/files/{file_id}/content")
+    assert status == 200 and SECRET in text, text
+    status, text = await on_front(d, "alice", "GET", f"/v1/batches/{batch}")
+    assert status == 200 and json.loads(text)["metadata"] == {"name": "bob-sweep"}, text
+    for method, path, body in (
+        ("POST", f"/api/batches/{batch}/cancel", {}),
+        ("POST", f"/api/batches/{batch}/retry", {"failed": True}),
+    ):
+        status, refused = await as_user(d, "alice", method, path, body)
+        assert status == 403 and "belongs to bob" in refused["error"]["message"], (path, refused)
+    for method, path in (("POST", f"/v1/batches/{batch}/cancel"), ("DELETE", f"/v1/files/{file_id}")):
+        status, text = await on_front(d, "alice", method, path, {} if method == "POST" else None)
+        assert status == 403 and "belongs to bob" in text, (path, text)
+    status, body = await as_user(d, "bob", "POST", f"/api/batches/{batch}/cancel", {})
+    assert status == 200 and body["batch"]["status"] in ("cancelling", "cancelled"), body

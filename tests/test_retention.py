@@ -23,8 +23,8 @@ import pytest
 import tomli_w
 from conftest import eventually, node_table, run_cli
 
-from gpuq.ops import archive
 from gpuq.store import Store
+from gpuq.upkeep import archive
 from gpuq.upkeep.retention import Sweeper
 
 MODEL = "qwen3-coder:30b"

@@ -118,9 +118,10 @@ async def history(request: web.Request) -> web.Response:
         state, node, kind, text, limit, offset, owner=owner, text_owner=own_text
     )
     url = request.app[SETTINGS].public_url
-    jobs = [as_seen(request, job_json(r, url)) for r in rows]
-    batches = await request.app[STORE].batches_of_jobs([j["id"] for j in jobs])  # a sweep's lines say whose
+    jobs = [job_json(r, url) for r in rows]
+    batches = await request.app[STORE].batches_of_jobs([j["id"] for j in jobs])  # a batch's lines say whose
     for j in jobs:
         if j["id"] in batches:
             j["batch"] = batches[j["id"]]
+    jobs = [as_seen(request, j) for j in jobs]  # last: a placeholder drops the batch's name and custom id
     return json_response({"jobs": jobs, "total": total, "limit": limit, "offset": offset})

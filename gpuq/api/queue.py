@@ -64,7 +64,8 @@ async def queue(request: web.Request) -> web.Response:
             )
         )
     await with_quota(app, [j for n in nodes for j in n["queued"]])
-    # A sweep's waiting lines say whose (the page folds them under their batch's line).
+    # A batch's waiting lines say whose (the page folds them under their batch's line; a
+    # placeholder, below, drops it).
     lines = [j for n in nodes for j in n["queued"] if j.get("lane") == "batch" and j.get("endpoint")]
     if lines:
         batches = await app[STORE].batches_of_jobs([j["id"] for j in lines])

@@ -1,4 +1,4 @@
-"""A batch's input read into its lines (issue 37): an OpenAI Batch API input file (JSON Lines of
+"""A batch's input read into its lines: an OpenAI Batch API input file (JSON Lines of
 {custom_id, method, url, body}) or an Anthropic Message Batch's requests ({custom_id, params}),
 each line checked as the hosted API checks it. Pure: no I/O.
 

@@ -1,4 +1,4 @@
-"""A batch line's run (issue 37): run as any front-door call is (the relay prepares its node's
+"""A batch line's run: run as any front-door call is (the relay prepares its node's
 request and the worker runs it), but no client waits for it: its chunks are gathered, and its
 whole reply, in its endpoint's non-streamed shape (the translation a stream:false call gets),
 is kept with its batch line when the run ends, before the job finishes. The relay's other calls

@@ -1,4 +1,4 @@
-"""A batch as its API shows it (issue 37): OpenAI's batch and file objects, its output and error
+"""A batch as its API shows it: OpenAI's batch and file objects, its output and error
 files' lines; Anthropic's message_batch and its results' lines. Pure: the store's rows in, the
 API's JSON out (a line's reply was rendered in its endpoint's shape when its run ended)."""
 

@@ -89,7 +89,7 @@ class Dispatcher:
         model gone, as it would have without the restart."""
         keep_big_blocks_apart()  # a node's big reply must not leave the router's heap swollen
         # No cookie jar: no node sets one, and the jar's filter and update ran on every request
-        # (20-40 us of each node request's setup, bench/README "issue 28, session 8").
+        # (20-40 us of each node request's setup, measured by bench/README's relay rows).
         self.session = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar())
         for cfg in self.settings.nodes:
             self._wire(cfg)

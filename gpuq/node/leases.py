@@ -1,4 +1,4 @@
-"""This router's hold on its nodes (issue 27): a lease per node in the store (gpuq/store/leases.py),
+"""This router's hold on its nodes: a lease per node in the store (gpuq/store/leases.py),
 taken at start-up, renewed every third of [router] lease, taken when free or expired, released at
 a clean stop. A node's worker claims only while this router holds the node's lease; a node gained
 wakes its worker; a node lost while it ran a job stops that worker relaying it (the router that

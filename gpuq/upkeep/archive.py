@@ -1,4 +1,4 @@
-"""The archive (issue 35): what retention takes out of the database is written here first, in a
+"""The archive: what retention takes out of the database is written here first, in a
 form a person reads with ordinary tools. One gzip JSON Lines file per month, by the month the job
 was made (`jobs-2026-12.jsonl.gz`); each line one whole job as it was at that moment: every column,
 its runs each with its output and reasoning, its events, and `archived_at` / `archived_for`

@@ -55,7 +55,7 @@ class Swept:
     pruned: dict[str, int] = field(default_factory=lambda: {"jobs": 0, "chunks": 0})
     archived: dict[str, int] = field(default_factory=lambda: {"jobs": 0, "bytes": 0})
     parts: dict[str, int] = field(default_factory=lambda: {"parts": 0, "bytes": 0})  # images no job holds now
-    # ended batches (issue 37): pruned (their files, their lines' replies), deleted, archived first
+    # ended batches: pruned (their files, their lines' replies), deleted, archived first
     sweeps: dict[str, int] = field(
         default_factory=lambda: {"pruned": 0, "deleted": 0, "lines": 0, "files": 0, "archived": 0}
     )
