@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from ..access.identity import ANYONE, Caller
 from ..access.lanes import Door, lane_for
@@ -23,9 +24,10 @@ from ..access.tokens import CALLER
 from ..errors import FrontError, IdTaken, ModelMissing, NotFound, StoreUnavailable
 from ..jobs import ACTIVE, new_job_id, normalize_model
 from ..node.calls import CLIENT_LEFT
-from ..store import NewJob
+from ..node.dispatcher import Dispatcher
+from ..store import NewJob, Row
 from .context import FRONT, Front, error_response, json_of
-from .endpoints import Endpoint, early_refusal, entries_of, front_nodes
+from .endpoints import Endpoint, StreamWriter, early_refusal, entries_of, front_nodes
 from .listings import model_not_found
 from .names import aliased, local_name
 from .ollama_api import collected, is_load_or_unload, load_or_unload_reply, ollama_error, unloads
@@ -60,7 +62,7 @@ def text_bytes(value: Any) -> int:
     return 0
 
 
-def check_text_size(ollama: dict, limit: int) -> None:
+def check_text_size(ollama: dict[str, Any], limit: int) -> None:
     """The front door takes images up to front.max_request_bytes; its text is held to the
     router's prompt limit, as every job's prompt is (413, as the router's API says it)."""
     size = text_bytes(ollama)
@@ -85,7 +87,7 @@ def model_to_run(front: Front, asked: str) -> str:
     return run_model(front.dispatcher, asked)
 
 
-def run_model(dispatcher: Any, asked: str) -> str:
+def run_model(dispatcher: Dispatcher, asked: str) -> str:
     """model_to_run for a caller with no Front (a batch's lines: gpuq/front/batch_input.py)."""
     name = local_name(asked)
     nodes = list(dispatcher.nodes.values())
@@ -100,7 +102,7 @@ class StalledClient(ConnectionError):
 class Call:
     """One front-door call from submit to its last byte."""
 
-    def __init__(self, request: web.Request, ep: Endpoint, body: dict):
+    def __init__(self, request: web.Request, ep: Endpoint, body: dict[str, Any]) -> None:
         self.request = request
         self.front: Front = request.app[FRONT]
         self.ep = ep
@@ -117,23 +119,24 @@ class Call:
         self.node = ""
         self.inbox = Inbox()  # what its run sends (gpuq/front/relay.py)
         self.resp: web.StreamResponse | None = None
-        self.chunks: list[dict] = []
+        self.chunks: list[dict[str, Any]] = []
         self.delivered = False  # the client has its whole answer: a disconnect now cancels nothing
         self.started = False  # its run began on a node
-        self.sse: Any = None  # a /v1 stream's translator (feed, error), once the job has its id
+        self.sse: StreamWriter | None = None  # a /v1 stream's translator, once the job has its id
         self.parked = False  # its handler waits on the inbox: a chunk may be written by the relay
         self.fed = False  # the relay wrote a chunk since the handler last looked (write_now)
         self.unsent: list[bytes] = []  # chunks write_now took, written together once the read is done
 
     @property
     def caller(self) -> Caller:
-        return self.request.get(CALLER, ANYONE)
+        caller: Caller = self.request.get(CALLER, ANYONE)
+        return caller
 
     @property
     def actor(self) -> str:
         return actor_of(self.request, self.api)
 
-    def headers(self) -> dict:
+    def headers(self) -> dict[str, Any]:
         out = {"X-Gpuq-Job": self.job_id, "X-Gpuq-Preview": self.front.preview_url(self.job_id)}
         if self.node:
             out["X-Gpuq-Node"] = self.node
@@ -202,11 +205,12 @@ class Call:
         if self.openai and self.stream:
             self.sse = self.stream_translator()
 
-    def stream_translator(self):
+    def stream_translator(self) -> StreamWriter:
         """Chat or generate chunks -> the /v1 route's server-sent events."""
+        assert self.ep.stream is not None  # every /v1 route that streams has its writer
         return self.ep.stream(self.ep.reply_id(self.job_id), self.job_id, self.body)
 
-    async def _cancel_when_stored(self, submitting: asyncio.Future) -> None:
+    async def _cancel_when_stored(self, submitting: asyncio.Future[list[Row]]) -> None:
         try:
             await submitting
         except BaseException:
@@ -279,7 +283,7 @@ class Call:
                     )
             await self.flush(out)
 
-    def write_now(self, raw: bytes, chunk: dict) -> bool:
+    def write_now(self, raw: bytes, chunk: dict[str, Any]) -> bool:
         """A chunk from the node's reading task (Relay.chunk), taken at once when nothing stands
         before it: the handler waits with its inbox empty, the chunk is not the last, and the
         client reads (its response has begun and its connection's writing is not paused, so the
@@ -381,7 +385,7 @@ class Call:
         log.warning("job=%s client fell %d KiB behind its stream: stream ended; the job runs on", self.job_id, kib)
         return await self.fail(503, message, "client_behind")
 
-    async def ended_meanwhile(self) -> tuple | None:
+    async def ended_meanwhile(self) -> tuple[int, str, str] | None:
         """The job ended with nothing for this client (a path that did not tell it)."""
         if not self.inbox.empty():
             return None
@@ -401,7 +405,7 @@ class Call:
                 self.resp.headers["Cache-Control"] = "no-cache"
             await self.resp.prepare(self.request)
 
-    def on_chunk(self, raw: bytes, chunk: dict) -> tuple[bytes, bool]:
+    def on_chunk(self, raw: bytes, chunk: dict[str, Any]) -> tuple[bytes, bool]:
         """One chunk from the node: the bytes for the client now, and whether it was the last.
         stream:false keeps them, and the last makes the one reply."""
         done = bool(chunk.get("done"))
@@ -417,7 +421,7 @@ class Call:
                 self.resp.content_type, self.resp.charset = "application/json", "utf-8"
         return b"", done
 
-    def keep_for_reply(self, chunk: dict) -> None:
+    def keep_for_reply(self, chunk: dict[str, Any]) -> None:
         """stream:false: a chunk kept for the one reply. Every FOLD_CHUNKS they are folded into
         one (collected: their text joined, tool calls and logprobs gathered), so the call holds
         its answer's text, not a parsed chunk per token (about 1 KB each: 60 MB for a 60,000-token
@@ -535,7 +539,7 @@ async def run_call(request: web.Request, ep: Endpoint) -> web.StreamResponse:
             front.relay.close(call.job_id)
 
 
-def call_handler(ep: Endpoint):
+def call_handler(ep: Endpoint) -> Handler:
     """The handler of an endpoint's route (one per record of gpuq/front/endpoints.py)."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
