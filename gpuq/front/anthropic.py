@@ -165,6 +165,24 @@ def _think(body: dict[str, Any]) -> bool | str | None:
 def messages_request(body: dict[str, Any]) -> dict[str, Any]:
     """A /v1/messages body as the /api/chat body Ollama makes of it (AnthropicMessagesMiddleware,
     FromMessagesRequest), with its checks and messages."""
+    max_tokens, messages = _required(body)
+    out: dict[str, Any] = {
+        "model": body["model"],
+        "messages": _chat_messages(body, messages),
+        "options": _options(body, max_tokens),
+        "stream": bool(body.get("stream")),
+    }
+    if offered := _offered_tools(body):
+        out["tools"] = offered
+    think = _think(body)
+    if think is not None:
+        out["think"] = think
+    return out
+
+
+def _required(body: dict[str, Any]) -> tuple[int, list[Any]]:
+    """Check a Messages request's model, max_tokens, messages and stream, in the order Ollama
+    checks them; returns its max_tokens and its messages."""
     if body.get("model") is not None and not isinstance(body["model"], str):
         raise shapes.wrong("model", "a string", body["model"])
     if not body.get("model"):
@@ -179,11 +197,21 @@ def messages_request(body: dict[str, Any]) -> dict[str, Any]:
         raise BadRequest("messages is required")
     if body.get("stream") is not None and not isinstance(body["stream"], bool):
         raise shapes.wrong("stream", "true or false", body["stream"])
-    out_messages = [{"role": "system", "content": system}] if (system := _system(body.get("system"))) else []
+    return max_tokens, messages
+
+
+def _chat_messages(body: dict[str, Any], messages: list[Any]) -> list[dict[str, Any]]:
+    """The system prompt (if any) as the first chat message, then each message's (convert_message)."""
+    out = [{"role": "system", "content": system}] if (system := _system(body.get("system"))) else []
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
             raise shapes.wrong(f"messages[{i}]", "an object", msg)
-        out_messages += convert_message(msg, f"messages[{i}]")
+        out += convert_message(msg, f"messages[{i}]")
+    return out
+
+
+def _options(body: dict[str, Any], max_tokens: int) -> dict[str, Any]:
+    """The sampling fields as Ollama's options."""
     options: dict[str, Any] = {"num_predict": max_tokens}
     for key, option in (("temperature", "temperature"), ("top_p", "top_p")):
         if (value := shapes.number(body, key)) is not None:
@@ -195,20 +223,12 @@ def messages_request(body: dict[str, Any]) -> dict[str, Any]:
         raise shapes.wrong("stop_sequences", "an array of strings", stops)
     if stops:
         options["stop"] = stops
-    out: dict[str, Any] = {
-        "model": body["model"],
-        "messages": out_messages,
-        "options": options,
-        "stream": bool(body.get("stream")),
-    }
-    if tools := shapes.tools_of(body):
-        offered = [_tool(t) for t in tools if not (isinstance(t, dict) and is_server_tool(t))]
-        if offered:
-            out["tools"] = offered
-    think = _think(body)
-    if think is not None:
-        out["think"] = think
-    return out
+    return options
+
+
+def _offered_tools(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tools the model is offered: the request's own, its server tools left out (SERVER_TOOLS)."""
+    return [_tool(t) for t in shapes.tools_of(body) if not (isinstance(t, dict) and is_server_tool(t))]
 
 
 def relaxes_thinking(endpoint: str, think: Any, status: int | None, message: str) -> bool:
