@@ -101,23 +101,7 @@ def openai_messages(messages: list[Any]) -> list[dict[str, Any]]:
                 )
             )
         elif isinstance(content, list):
-            for part in content:  # each part becomes a message of its own, as Ollama does
-                if not isinstance(part, dict):
-                    raise BadRequest("invalid message format")
-                if part.get("type") == "text":
-                    if not isinstance(part.get("text"), str):
-                        raise BadRequest("invalid message format")
-                    out.append(message(role, part["text"]))
-                elif part.get("type") == "image_url":
-                    ref = part.get("image_url")
-                    out.append(message(role, images=[image_of(ref.get("url") if isinstance(ref, dict) else ref)]))
-                elif part.get("type") == "input_audio":
-                    audio = part.get("input_audio")
-                    if not isinstance(audio, dict) or not isinstance(audio.get("data"), str):
-                        raise BadRequest("invalid input_audio format")
-                    out.append(message(role, images=[audio["data"]]))
-                else:
-                    raise BadRequest("invalid message format")
+            out += [_part_message(role, part) for part in content]  # a message each, as Ollama does
             if out and calls:
                 out[-1].update(
                     message(
@@ -136,6 +120,25 @@ def openai_messages(messages: list[Any]) -> list[dict[str, Any]]:
         else:
             raise BadRequest(f"invalid message content type: {json_type(content)}")
     return out
+
+
+def _part_message(role: str, part: Any) -> dict[str, Any]:
+    """One part of a message's content (text, an image, audio) as a message of its own."""
+    if not isinstance(part, dict):
+        raise BadRequest("invalid message format")
+    if part.get("type") == "text":
+        if not isinstance(part.get("text"), str):
+            raise BadRequest("invalid message format")
+        return message(role, part["text"])
+    if part.get("type") == "image_url":
+        ref = part.get("image_url")
+        return message(role, images=[image_of(ref.get("url") if isinstance(ref, dict) else ref)])
+    if part.get("type") == "input_audio":
+        audio = part.get("input_audio")
+        if not isinstance(audio, dict) or not isinstance(audio.get("data"), str):
+            raise BadRequest("invalid input_audio format")
+        return message(role, images=[audio["data"]])
+    raise BadRequest("invalid message format")
 
 
 def _openai_options(body: dict[str, Any], strict_stop: bool) -> dict[str, Any]:
@@ -178,17 +181,8 @@ def openai_chat_request(body: dict[str, Any]) -> dict[str, Any]:
         "options": _openai_options(body, strict_stop=False),
         "stream": bool(body.get("stream")),
     }
-    fmt = body.get("response_format")
-    if fmt is not None:
-        if not isinstance(fmt, dict):
-            raise wrong("response_format", "an object", fmt)
-        kind = str(fmt.get("type", "")).strip().lower()
-        if kind == "json_object":
-            out["format"] = "json"
-        elif kind == "json_schema" and isinstance(fmt.get("json_schema"), dict):
-            schema = fmt["json_schema"].get("schema")
-            if schema is not None:
-                out["format"] = schema
+    if (fmt := _format_of(body.get("response_format"))) is not None:
+        out["format"] = fmt
     if body.get("tools") is not None:
         out["tools"] = tools_of(body)
     reasoning = body.get("reasoning")
@@ -201,6 +195,21 @@ def openai_chat_request(body: dict[str, Any]) -> dict[str, Any]:
         if isinstance(body.get("top_logprobs"), int) and body["top_logprobs"]:
             out["top_logprobs"] = body["top_logprobs"]
     return out
+
+
+def _format_of(response_format: Any) -> Any:
+    """A chat's response_format as Ollama's format: "json", a JSON schema, or None (none asked,
+    or a type Ollama's layer ignores)."""
+    if response_format is None:
+        return None
+    if not isinstance(response_format, dict):
+        raise wrong("response_format", "an object", response_format)
+    kind = str(response_format.get("type", "")).strip().lower()
+    if kind == "json_object":
+        return "json"
+    if kind == "json_schema" and isinstance(response_format.get("json_schema"), dict):
+        return response_format["json_schema"].get("schema")
+    return None
 
 
 def openai_completion_request(body: dict[str, Any]) -> dict[str, Any]:
