@@ -166,6 +166,28 @@ def responses_request(body: dict[str, Any]) -> dict[str, Any]:
         raise BadRequest("model is required")
     if body.get("stream") is not None and not isinstance(body["stream"], bool):
         raise shapes.wrong("stream", "true or false", body["stream"])
+    out: dict[str, Any] = {
+        "model": body["model"],
+        "messages": _chat_messages(body),
+        "options": _options(body),
+        "stream": bool(body.get("stream")),
+    }
+    if offered := [t for tool in shapes.tools_of(body) for t in _tool(tool)]:
+        out["tools"] = offered
+    if (schema := _schema_of(body)) is not None:
+        out["format"] = schema
+    reasoning = body.get("reasoning")
+    if reasoning is not None and not isinstance(reasoning, dict):
+        raise shapes.wrong("reasoning", "an object", reasoning)
+    think = shapes.think_from_effort((reasoning or {}).get("effort"))
+    if think is not None:
+        out["think"] = think
+    return out
+
+
+def _chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The instructions (if any) as the system message, then the input: a string is one user
+    message, an array its items' (input_messages)."""
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise shapes.wrong("instructions", "a string", instructions)
@@ -178,6 +200,11 @@ def responses_request(body: dict[str, Any]) -> dict[str, Any]:
         messages += input_messages(given)
     elif given is not None:
         raise BadRequest("input must be a string or array")
+    return messages
+
+
+def _options(body: dict[str, Any]) -> dict[str, Any]:
+    """The sampling fields as Ollama's options (temperature 1.0 unless given, as Ollama's layer)."""
     options: dict[str, Any] = {}
     temperature = shapes.number(body, "temperature")
     options["temperature"] = 1.0 if temperature is None else temperature
@@ -185,24 +212,15 @@ def responses_request(body: dict[str, Any]) -> dict[str, Any]:
         options["top_p"] = top_p
     if (limit := shapes.whole(body, "max_output_tokens")) is not None:
         options["num_predict"] = limit
-    out: dict[str, Any] = {
-        "model": body["model"],
-        "messages": messages,
-        "options": options,
-        "stream": bool(body.get("stream")),
-    }
-    if offered := [t for tool in shapes.tools_of(body) for t in _tool(tool)]:
-        out["tools"] = offered
+    return options
+
+
+def _schema_of(body: dict[str, Any]) -> Any:
+    """text.format's JSON schema, Ollama's format; None when it asks for none."""
     fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema" and fmt.get("schema") is not None:
-        out["format"] = fmt["schema"]
-    reasoning = body.get("reasoning")
-    if reasoning is not None and not isinstance(reasoning, dict):
-        raise shapes.wrong("reasoning", "an object", reasoning)
-    think = shapes.think_from_effort((reasoning or {}).get("effort"))
-    if think is not None:
-        out["think"] = think
-    return out
+        return fmt["schema"]
+    return None
 
 
 # -- the node's chunks -> the response ------------------------------------------------------------
