@@ -31,7 +31,7 @@ from .endpoints import Endpoint, StreamWriter, early_refusal, entries_of, front_
 from .listings import model_not_found
 from .names import aliased, local_name
 from .ollama_api import collected, is_load_or_unload, load_or_unload_reply, ollama_error, unloads
-from .relay import CLIENT_BACKLOG_BYTES, Inbox
+from .relay import CLIENT_BACKLOG_BYTES, Inbox, InboxItem
 from .shapes import dumps
 
 log = logging.getLogger("gpuq")
@@ -126,6 +126,9 @@ class Call:
         self.parked = False  # its handler waits on the inbox: a chunk may be written by the relay
         self.fed = False  # the relay wrote a chunk since the handler last looked (write_now)
         self.unsent: list[bytes] = []  # chunks write_now took, written together once the read is done
+        # A waiting /v1 stream's keep-alive clock (on_quiet): set as it is followed, and again at
+        # each comment and each quiet spell in which the relay wrote chunks itself
+        self.alive_at = 0.0
 
     @property
     def caller(self) -> Caller:
@@ -226,62 +229,91 @@ class Call:
         arrived together go out in one write: a slow reader costs the relay no extra CPU."""
         if self.sse is not None:  # headers now, so that comments keep a long wait alive
             await self.prepare("text/event-stream")
-        waited = time.monotonic()
+        self.alive_at = time.monotonic()
         while True:
-            self.parked = True
-            try:
-                async with asyncio.timeout(STATE_CHECK_S):
-                    items = [await self.inbox.get()]
-            except TimeoutError:
-                self.parked = False
-                if self.fed:  # the relay wrote chunks meanwhile: the job runs, the stream is alive
-                    self.fed = False
-                    waited = time.monotonic()
-                    continue
-                ended = await self.ended_meanwhile()
-                if ended is not None:
-                    return await self.fail(*ended)
-                if self.sse is not None and time.monotonic() - waited >= KEEPALIVE_S:
-                    waited = time.monotonic()
-                    await self.write(f": waiting for node {self.node} (gpuq job {self.job_id})\n\n".encode())
+            items = await self.next_items()
+            if items is None:
+                resp = await self.on_quiet()
+            else:
+                resp = await self.deliver(items)
+            if resp is not None:
+                return resp
+
+    async def next_items(self) -> list[InboxItem] | None:
+        """What the inbox holds, once something arrives within STATE_CHECK_S (None: nothing
+        did). While it waits, the handler is parked: the relay may write a chunk itself (write_now)."""
+        self.parked = True
+        try:
+            async with asyncio.timeout(STATE_CHECK_S):
+                items = [await self.inbox.get()]
+        except TimeoutError:
+            return None
+        finally:
+            self.parked = False
+        while not self.inbox.empty():
+            items.append(self.inbox.get_nowait())
+        return items
+
+    async def on_quiet(self) -> web.StreamResponse | None:
+        """Nothing reached the handler for STATE_CHECK_S: the job may have ended unheard (its
+        response then), and a waiting /v1 stream gets a comment every KEEPALIVE_S."""
+        if self.fed:  # the relay wrote chunks meanwhile: the job runs, the stream is alive
+            self.fed = False
+            self.alive_at = time.monotonic()
+            return None
+        ended = await self.ended_meanwhile()
+        if ended is not None:
+            return await self.fail(*ended)
+        if self.sse is not None and time.monotonic() - self.alive_at >= KEEPALIVE_S:
+            self.alive_at = time.monotonic()
+            await self.write(f": waiting for node {self.node} (gpuq job {self.job_id})\n\n".encode())
+        return None
+
+    async def deliver(self, items: list[InboxItem]) -> web.StreamResponse | None:
+        """The inbox's items, in order: chunks' bytes gathered into one write, flushed before
+        any other item; the response when one ends the call."""
+        out, self.unsent = self.unsent, []  # chunks write_now took before these (not yet sent)
+        for item in items:
+            kind = item[0]
+            if kind == "data":  # a chunk write_now had translated, but could not write
+                out.append(item[1])
                 continue
-            finally:
-                self.parked = False
-            while not self.inbox.empty():
-                items.append(self.inbox.get_nowait())
-            out, self.unsent = self.unsent, []  # chunks write_now took before these (not yet sent)
-            for item in items:
-                kind = item[0]
-                if kind == "data":  # a chunk write_now had translated, but could not write
-                    out.append(item[1])
-                    continue
-                if kind == "chunk":
-                    data, done = self.on_chunk(item[1], item[2])
-                    out.append(data)
-                    if done:
-                        await self.flush(out, last=True)
-                        assert self.resp is not None  # the last chunk made it (stream:false) or wrote to it
-                        return self.resp
-                    continue
-                await self.flush(out)
-                out = []
-                if kind == "start":
-                    self.node, self.started = item[1], True
-                elif kind == "reply":
-                    return await self.on_reply(item[1])
-                elif kind == "error":
-                    return await self.fail(item[1] or 500, item[2])
-                elif kind == "ended":
-                    return await self.on_ended(item[1])
-                elif kind == "behind":
-                    return await self.on_behind()
-                elif kind == "shutdown":  # a running job is failed at the next start, as any running then
-                    if not self.started:
-                        await self.front.cancel(self.job_id, "router shut down while its client waited", "router")
-                    return await self.fail(
-                        503, "the gpuq router is shutting down; this request was cancelled", "router_shutdown"
-                    )
+            if kind == "chunk":
+                data, done = self.on_chunk(item[1], item[2])
+                out.append(data)
+                if done:
+                    await self.flush(out, last=True)
+                    assert self.resp is not None  # the last chunk made it (stream:false) or wrote to it
+                    return self.resp
+                continue
             await self.flush(out)
+            out = []
+            resp = await self.on_told(item)
+            if resp is not None:
+                return resp
+        await self.flush(out)
+        return None
+
+    async def on_told(self, item: InboxItem) -> web.StreamResponse | None:
+        """What the job's run told the call besides its chunks (Relay): its node, or its end."""
+        kind = item[0]
+        if kind == "start":
+            self.node, self.started = item[1], True
+        elif kind == "reply":
+            return await self.on_reply(item[1])
+        elif kind == "error":
+            return await self.fail(item[1] or 500, item[2])
+        elif kind == "ended":
+            return await self.on_ended(item[1])
+        elif kind == "behind":
+            return await self.on_behind()
+        elif kind == "shutdown":  # a running job is failed at the next start, as any running then
+            if not self.started:
+                await self.front.cancel(self.job_id, "router shut down while its client waited", "router")
+            return await self.fail(
+                503, "the gpuq router is shutting down; this request was cancelled", "router_shutdown"
+            )
+        return None
 
     def write_now(self, raw: bytes, chunk: dict[str, Any]) -> bool:
         """A chunk from the node's reading task (Relay.chunk), taken at once when nothing stands
