@@ -2,11 +2,11 @@
 model), its client's connection held while it waits, its node's chunks relayed as they come
 (gpuq/front/relay.py), its answer in the shape of the caller's API (gpuq/front/endpoints.py).
 
-A streaming client that stops reading costs the router a bounded amount (issue 35): its inbox
-holds at most relay.CLIENT_BACKLOG_BYTES of the answer (past that the call is behind, and its
-stream ends with an error line naming the job that keeps the whole answer), and a write it
-does not take within [front] stalled_client_timeout closes its connection. Either way its job
-runs on to its end: the client's request was taken, and its output is stored."""
+A streaming client that stops reading costs the router a bounded amount: its inbox holds at
+most relay.CLIENT_BACKLOG_BYTES of the answer (past that the call is behind, and its stream
+ends with an error line naming the job that keeps the whole answer), and a write it does not
+take within [front] stalled_client_timeout closes its connection. Either way its job runs on to
+its end: the client's request was taken, and its output is stored."""
 
 from __future__ import annotations
 
@@ -534,8 +534,10 @@ async def run_call(request: web.Request, ep: Endpoint) -> web.StreamResponse:
     front = request.app[FRONT]
     refuse_if_stopping(front)
     if is_load_or_unload(ep.path, body):
-        # gpuq loads a model for each job and unloads it after: nothing to do, answered as Ollama
-        # does, for a model some node has (Open WebUI unloads this way).
+        # An empty call makes no job: a model loads with the jobs that use it, and stays loaded
+        # after one as the node's unload policy and the calls' keep_alive say (gpuq/node/vram.py).
+        # Answered at once as Ollama does, for a model some node has; an unload (Open WebUI's,
+        # `ollama stop`) is passed on to the nodes that hold the model.
         model = model_to_run(front, body["model"])
         nodes = front_nodes(front.nodes_by_rank())
         if not any(normalize_model(model) in (rt.installed or ()) for rt in nodes):

@@ -191,9 +191,9 @@ def node_request(
     """The Ollama route and body a front-door job sends its node: the client's own request, with
     the node's policy over it: the job's model (the name asked may be an alias, or end in
     `:local`: gpuq/front/names.py), the keep_alive the relay decided (the client's, capped, or the
-    node's: 0, the model leaves VRAM after the job), chat and generate streamed (gpuq relays each chunk as it
-    comes), the node's options under the client's, and the node's `think` when the client set
-    none."""
+    node's unload policy's: gpuq/node/vram.py), chat and generate streamed (gpuq relays each chunk
+    as it comes), the node's options under the client's, and the node's `think` when the client
+    set none."""
     ep = ENDPOINTS[path]
     out = dict(ep.to_ollama(body))
     if model is not None:

@@ -166,7 +166,9 @@ def check_embed(body: dict[str, Any], legacy: bool) -> None:
 
 def is_load_or_unload(endpoint: str, body: dict[str, Any]) -> bool:
     """Ollama answers an empty call at once: it loads the model, or with keep_alive 0 unloads it.
-    gpuq loads a model for each job and unloads it after, so such a call has nothing to do."""
+    gpuq makes no job of one: a model loads with the jobs that use it and stays loaded after them
+    only as the node's unload policy and the calls' keep_alive allow (gpuq/node/vram.py); an
+    unload is passed on to the nodes that hold the model (gpuq/front/call.py run_call)."""
     if endpoint == "/api/chat":
         return not body.get("messages")
     if endpoint == "/api/generate":

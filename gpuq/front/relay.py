@@ -3,17 +3,18 @@ made from the client's under the node's policy, its chunks relayed to the waitin
 the node sends them, an embedding's one reply, and the front door's own retry (Anthropic's
 "relax thinking"). The worker runs it on its node and keeps its output; it knows no client API.
 
-Memory per call is bounded (issue 35): the node is read at its own pace (never slowed by a
-client), so what a streaming client has not taken yet waits in its call's Inbox, which holds at
-most CLIENT_BACKLOG_BYTES. A client that falls further behind is not fed from the store but cut
-off: its call is marked behind, the rest of the node's chunks are not held for it, and its
-handler ends the stream with an error line saying where the whole answer is (gpuq/front/call.py;
-a write its client does not take within [front] stalled_client_timeout closes the connection).
-The job runs on to its end and keeps its whole output. Why not feed a late client from the store:
-the store keeps the answer's text, not the node's lines (their timings, tool calls as the node
-sent them, a /v1 stream's events), so a client fed from it would get a different stream than
-the one it asked for; a client that reads nothing for seconds while a model writes has stopped
-(a live client reads far faster than any model writes), and its answer is one `gpuq show` away."""
+Memory per call is bounded, however slowly its client reads: the node is read at its own pace
+(never slowed by a client), so what a streaming client has not taken yet waits in its call's
+Inbox, which holds at most CLIENT_BACKLOG_BYTES. A client that falls further behind is not fed
+from the store but cut off: its call is marked behind, the rest of the node's chunks are not
+held for it, and its handler ends the stream with an error line saying where the whole answer
+is (gpuq/front/call.py; a write its client does not take within [front] stalled_client_timeout
+closes the connection). The job runs on to its end and keeps its whole output. Why not feed a
+late client from the store: the store keeps the answer's text, not the node's lines (their
+timings, tool calls as the node sent them, a /v1 stream's events), so a client fed from it
+would get a different stream than the one it asked for; a client that reads nothing for seconds
+while a model writes has stopped (a live client reads far faster than any model writes), and
+its answer is one `gpuq show` away."""
 
 from __future__ import annotations
 
@@ -154,7 +155,8 @@ class Relay:
         client = json.loads(job["request"])["body"]
         keep_s = client_keep_s(job["endpoint"], client, policy)
         # The node is asked with the client's keep_alive (capped), so a router that dies leaves the
-        # model to Ollama's own timer; else with the node's policy (0: unloaded after the job).
+        # model to Ollama's own timer; else with the node's unload policy (0 for "after-each", a
+        # bounded keep-warm for "when-idle": gpuq/node/vram.py request_keep_alive).
         route, body = node_request(
             job["endpoint"], client, policy.think, policy.options, call_keep_alive(keep_s, policy), job["model"]
         )
