@@ -10,6 +10,7 @@ from aiohttp import web
 from ..access.identity import ANYONE, Caller
 from ..access.tokens import CALLER
 from ..errors import FrontError
+from ..front.call import actor_of
 from ..front.shapes import dumps
 from .service import BatchService
 
@@ -23,11 +24,6 @@ def batches_of(request: web.Request) -> BatchService:
 def caller_of(request: web.Request) -> Caller:
     caller: Caller = request.get(CALLER, ANYONE)
     return caller
-
-
-def actor_of(request: web.Request, api: str) -> str:
-    """'alice (openai 127.0.0.1)', as every event's actor is named (Caller.actor)."""
-    return caller_of(request).actor(api, request.remote)
 
 
 def limit_of(request: web.Request, default: int, most: int) -> int:

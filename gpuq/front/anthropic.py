@@ -30,7 +30,7 @@ ERROR_TYPES = {
 }
 
 
-def anthropic_error(status: int, message: str) -> dict:
+def anthropic_error(status: int, message: str) -> dict[str, Any]:
     """Anthropic's error body, its type from the status (anthropic.NewError)."""
     return {
         "type": "error",
@@ -74,7 +74,7 @@ def _tool_result(content: Any) -> tuple[str, list[str]]:
     return text, images
 
 
-def _blocks(content: Any, where: str) -> list:
+def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
     if isinstance(content, str):  # a plain string is one text block (MessageParam.UnmarshalJSON)
         return [{"type": "text", "text": content}]
     if not isinstance(content, list) or not all(isinstance(b, dict) for b in content):
@@ -82,7 +82,7 @@ def _blocks(content: Any, where: str) -> list:
     return content
 
 
-def convert_message(msg: dict, where: str) -> list[dict]:
+def convert_message(msg: dict[str, Any], where: str) -> list[dict[str, Any]]:
     """One Anthropic message as chat messages (convertMessage): its text, images, tool_use and
     thinking in one message; each tool_result a tool message, before it for a user's."""
     role = str(msg.get("role") or "").lower()
@@ -136,11 +136,11 @@ def _system(system: Any) -> str:
 SERVER_TOOLS = ("web_search_", "web_fetch_", "code_execution_", "tool_search_tool_")
 
 
-def is_server_tool(tool: dict) -> bool:
+def is_server_tool(tool: dict[str, Any]) -> bool:
     return str(tool.get("type") or "").startswith(SERVER_TOOLS)
 
 
-def _tool(tool: Any) -> dict:
+def _tool(tool: Any) -> dict[str, Any]:
     if not isinstance(tool, dict):
         raise shapes.wrong("tools[]", "an object", tool)
     schema = tool.get("input_schema")
@@ -152,19 +152,37 @@ def _tool(tool: Any) -> dict:
     return {"type": "function", "function": function}
 
 
-def _think(body: dict) -> bool | str | None:
+def _think(body: dict[str, Any]) -> bool | str | None:
     thinking = body.get("thinking")
     if isinstance(thinking, dict) and thinking.get("type") in ("enabled", "disabled"):
-        return thinking["type"] == "enabled"
+        return bool(thinking["type"] == "enabled")
     config = body.get("output_config")
     effort = str(config.get("effort") or "").strip().lower() if isinstance(config, dict) else ""
     effort = "high" if effort == "xhigh" else effort
     return effort if effort in THINK_LEVELS else None
 
 
-def messages_request(body: dict) -> dict:
+def messages_request(body: dict[str, Any]) -> dict[str, Any]:
     """A /v1/messages body as the /api/chat body Ollama makes of it (AnthropicMessagesMiddleware,
     FromMessagesRequest), with its checks and messages."""
+    max_tokens, messages = _required(body)
+    out: dict[str, Any] = {
+        "model": body["model"],
+        "messages": _chat_messages(body, messages),
+        "options": _options(body, max_tokens),
+        "stream": bool(body.get("stream")),
+    }
+    if offered := _offered_tools(body):
+        out["tools"] = offered
+    think = _think(body)
+    if think is not None:
+        out["think"] = think
+    return out
+
+
+def _required(body: dict[str, Any]) -> tuple[int, list[Any]]:
+    """Check a Messages request's model, max_tokens, messages and stream, in the order Ollama
+    checks them; returns its max_tokens and its messages."""
     if body.get("model") is not None and not isinstance(body["model"], str):
         raise shapes.wrong("model", "a string", body["model"])
     if not body.get("model"):
@@ -179,11 +197,21 @@ def messages_request(body: dict) -> dict:
         raise BadRequest("messages is required")
     if body.get("stream") is not None and not isinstance(body["stream"], bool):
         raise shapes.wrong("stream", "true or false", body["stream"])
-    out_messages = [{"role": "system", "content": system}] if (system := _system(body.get("system"))) else []
+    return max_tokens, messages
+
+
+def _chat_messages(body: dict[str, Any], messages: list[Any]) -> list[dict[str, Any]]:
+    """The system prompt (if any) as the first chat message, then each message's (convert_message)."""
+    out = [{"role": "system", "content": system}] if (system := _system(body.get("system"))) else []
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
             raise shapes.wrong(f"messages[{i}]", "an object", msg)
-        out_messages += convert_message(msg, f"messages[{i}]")
+        out += convert_message(msg, f"messages[{i}]")
+    return out
+
+
+def _options(body: dict[str, Any], max_tokens: int) -> dict[str, Any]:
+    """The sampling fields as Ollama's options."""
     options: dict[str, Any] = {"num_predict": max_tokens}
     for key, option in (("temperature", "temperature"), ("top_p", "top_p")):
         if (value := shapes.number(body, key)) is not None:
@@ -195,20 +223,12 @@ def messages_request(body: dict) -> dict:
         raise shapes.wrong("stop_sequences", "an array of strings", stops)
     if stops:
         options["stop"] = stops
-    out: dict[str, Any] = {
-        "model": body["model"],
-        "messages": out_messages,
-        "options": options,
-        "stream": bool(body.get("stream")),
-    }
-    if tools := shapes.tools_of(body):
-        offered = [_tool(t) for t in tools if not (isinstance(t, dict) and is_server_tool(t))]
-        if offered:
-            out["tools"] = offered
-    think = _think(body)
-    if think is not None:
-        out["think"] = think
-    return out
+    return options
+
+
+def _offered_tools(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tools the model is offered: the request's own, its server tools left out (SERVER_TOOLS)."""
+    return [_tool(t) for t in shapes.tools_of(body) if not (isinstance(t, dict) and is_server_tool(t))]
 
 
 def relaxes_thinking(endpoint: str, think: Any, status: int | None, message: str) -> bool:
@@ -222,7 +242,7 @@ def relaxes_thinking(endpoint: str, think: Any, status: int | None, message: str
     )
 
 
-def estimate_input_tokens(body: dict) -> int:
+def estimate_input_tokens(body: dict[str, Any]) -> int:
     """message_start's input tokens before the node has counted them: about 4 characters a token
     (EstimateCountTokens)."""
 
@@ -262,14 +282,14 @@ def stop_reason(done_reason: str | None, has_tool_calls: bool) -> str | None:
     return {"stop": "end_turn", "length": "max_tokens"}.get(done_reason, "stop_sequence")
 
 
-def _without_none(obj: dict) -> dict:
+def _without_none(obj: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in obj.items() if v is not None}
 
 
-def whole_message(message_id: str, reply: dict) -> dict:
+def whole_message(message_id: str, reply: dict[str, Any]) -> dict[str, Any]:
     """stream:false: the collected chat reply as one message (ToMessagesResponse)."""
     message = reply.get("message") or {}
-    content: list[dict] = []
+    content: list[dict[str, Any]] = []
     if message.get("thinking"):
         content.append({"type": "thinking", "thinking": message["thinking"]})
     if message.get("content"):
@@ -289,7 +309,7 @@ def whole_message(message_id: str, reply: dict) -> dict:
     )
 
 
-def _tool_use(call: dict) -> dict:
+def _tool_use(call: dict[str, Any]) -> dict[str, Any]:
     """An Ollama tool call as a tool_use block."""
     function = call.get("function") or {}
     return {
@@ -300,7 +320,7 @@ def _tool_use(call: dict) -> dict:
     }
 
 
-def _usage(reply: dict) -> dict:
+def _usage(reply: dict[str, Any]) -> dict[str, Any]:
     return {"input_tokens": reply.get("prompt_eval_count") or 0, "output_tokens": reply.get("eval_count") or 0}
 
 
@@ -317,7 +337,7 @@ class MessagesStream:
         self.text_open = False
         self.calls_sent: set[str] = set()
 
-    def _start(self, chunk: dict) -> list[bytes]:
+    def _start(self, chunk: dict[str, Any]) -> list[bytes]:
         if self.started:
             return []
         self.started = True
@@ -344,7 +364,7 @@ class MessagesStream:
         self.index += 1
         return data
 
-    def _block(self, block: dict, delta: dict) -> list[bytes]:
+    def _block(self, block: dict[str, Any], delta: dict[str, Any]) -> list[bytes]:
         return [
             shapes.sse_event(
                 "content_block_start", {"type": "content_block_start", "index": self.index, "content_block": block}
@@ -352,7 +372,7 @@ class MessagesStream:
             self._delta(delta),
         ]
 
-    def _delta(self, delta: dict) -> bytes:
+    def _delta(self, delta: dict[str, Any]) -> bytes:
         return shapes.sse_event(
             "content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta}
         )
@@ -385,7 +405,7 @@ class MessagesStream:
             return out + self._block({"type": "text", "text": ""}, delta)
         return out + [self._delta(delta)]
 
-    def _call(self, call: dict) -> list[bytes]:
+    def _call(self, call: dict[str, Any]) -> list[bytes]:
         out = self._close_thinking() + self._close_text()
         block = _tool_use(call)
         out += self._block(
@@ -395,7 +415,7 @@ class MessagesStream:
         self.calls_sent.add(call.get("id", ""))
         return out
 
-    def _finish(self, chunk: dict) -> list[bytes]:
+    def _finish(self, chunk: dict[str, Any]) -> list[bytes]:
         out = self._close_thinking() + self._close_text()
         reason = stop_reason(chunk.get("done_reason"), bool(self.calls_sent))
         out.append(
@@ -407,7 +427,7 @@ class MessagesStream:
         out.append(shapes.sse_event("message_stop", {"type": "message_stop"}))
         return out
 
-    def feed(self, chunk: dict) -> bytes:
+    def feed(self, chunk: dict[str, Any]) -> bytes:
         content, thinking, calls = shapes.chunk_text(chunk)
         out = self._start(chunk)
         if thinking and self.thinking != "closed":

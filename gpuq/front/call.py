@@ -2,11 +2,11 @@
 model), its client's connection held while it waits, its node's chunks relayed as they come
 (gpuq/front/relay.py), its answer in the shape of the caller's API (gpuq/front/endpoints.py).
 
-A streaming client that stops reading costs the router a bounded amount (issue 35): its inbox
-holds at most relay.CLIENT_BACKLOG_BYTES of the answer (past that the call is behind, and its
-stream ends with an error line naming the job that keeps the whole answer), and a write it
-does not take within [front] stalled_client_timeout closes its connection. Either way its job
-runs on to its end: the client's request was taken, and its output is stored."""
+A streaming client that stops reading costs the router a bounded amount: its inbox holds at
+most relay.CLIENT_BACKLOG_BYTES of the answer (past that the call is behind, and its stream
+ends with an error line naming the job that keeps the whole answer), and a write it does not
+take within [front] stalled_client_timeout closes its connection. Either way its job runs on to
+its end: the client's request was taken, and its output is stored."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from ..access.identity import ANYONE, Caller
 from ..access.lanes import Door, lane_for
@@ -23,13 +24,14 @@ from ..access.tokens import CALLER
 from ..errors import FrontError, IdTaken, ModelMissing, NotFound, StoreUnavailable
 from ..jobs import ACTIVE, new_job_id, normalize_model
 from ..node.calls import CLIENT_LEFT
-from ..store import NewJob
+from ..node.dispatcher import Dispatcher
+from ..store import NewJob, Row
 from .context import FRONT, Front, error_response, json_of
-from .endpoints import Endpoint, early_refusal, entries_of, front_nodes
+from .endpoints import Endpoint, StreamWriter, early_refusal, entries_of, front_nodes
 from .listings import model_not_found
 from .names import aliased, local_name
 from .ollama_api import collected, is_load_or_unload, load_or_unload_reply, ollama_error, unloads
-from .relay import CLIENT_BACKLOG_BYTES, Inbox
+from .relay import CLIENT_BACKLOG_BYTES, Inbox, InboxItem
 from .shapes import dumps
 
 log = logging.getLogger("gpuq")
@@ -60,7 +62,7 @@ def text_bytes(value: Any) -> int:
     return 0
 
 
-def check_text_size(ollama: dict, limit: int) -> None:
+def check_text_size(ollama: dict[str, Any], limit: int) -> None:
     """The front door takes images up to front.max_request_bytes; its text is held to the
     router's prompt limit, as every job's prompt is (413, as the router's API says it)."""
     size = text_bytes(ollama)
@@ -72,10 +74,9 @@ def check_text_size(ollama: dict, limit: int) -> None:
 
 
 def actor_of(request: web.Request, api: str) -> str:
-    """'alice (ollama 127.0.0.1)', as the router's API names its callers (server.actor_of)."""
+    """'alice (ollama 127.0.0.1)', as every event's actor is named (Caller.actor)."""
     caller: Caller = request.get(CALLER, ANYONE)
-    door = f"{api} {request.remote or '?'}"
-    return door if caller.name is None else f"{caller.name} ({door})"
+    return caller.actor(api, request.remote)
 
 
 def model_to_run(front: Front, asked: str) -> str:
@@ -85,7 +86,7 @@ def model_to_run(front: Front, asked: str) -> str:
     return run_model(front.dispatcher, asked)
 
 
-def run_model(dispatcher: Any, asked: str) -> str:
+def run_model(dispatcher: Dispatcher, asked: str) -> str:
     """model_to_run for a caller with no Front (a batch's lines: gpuq/batches/parse.py)."""
     name = local_name(asked)
     nodes = list(dispatcher.nodes.values())
@@ -100,7 +101,7 @@ class StalledClient(ConnectionError):
 class Call:
     """One front-door call from submit to its last byte."""
 
-    def __init__(self, request: web.Request, ep: Endpoint, body: dict):
+    def __init__(self, request: web.Request, ep: Endpoint, body: dict[str, Any]) -> None:
         self.request = request
         self.front: Front = request.app[FRONT]
         self.ep = ep
@@ -117,23 +118,27 @@ class Call:
         self.node = ""
         self.inbox = Inbox()  # what its run sends (gpuq/front/relay.py)
         self.resp: web.StreamResponse | None = None
-        self.chunks: list[dict] = []
+        self.chunks: list[dict[str, Any]] = []
         self.delivered = False  # the client has its whole answer: a disconnect now cancels nothing
         self.started = False  # its run began on a node
-        self.sse: Any = None  # a /v1 stream's translator (feed, error), once the job has its id
+        self.sse: StreamWriter | None = None  # a /v1 stream's translator, once the job has its id
         self.parked = False  # its handler waits on the inbox: a chunk may be written by the relay
         self.fed = False  # the relay wrote a chunk since the handler last looked (write_now)
         self.unsent: list[bytes] = []  # chunks write_now took, written together once the read is done
+        # A waiting /v1 stream's keep-alive clock (on_quiet): set as it is followed, and again at
+        # each comment and each quiet spell in which the relay wrote chunks itself
+        self.alive_at = 0.0
 
     @property
     def caller(self) -> Caller:
-        return self.request.get(CALLER, ANYONE)
+        caller: Caller = self.request.get(CALLER, ANYONE)
+        return caller
 
     @property
     def actor(self) -> str:
         return actor_of(self.request, self.api)
 
-    def headers(self) -> dict:
+    def headers(self) -> dict[str, Any]:
         out = {"X-Gpuq-Job": self.job_id, "X-Gpuq-Preview": self.front.preview_url(self.job_id)}
         if self.node:
             out["X-Gpuq-Node"] = self.node
@@ -202,11 +207,12 @@ class Call:
         if self.openai and self.stream:
             self.sse = self.stream_translator()
 
-    def stream_translator(self):
+    def stream_translator(self) -> StreamWriter:
         """Chat or generate chunks -> the /v1 route's server-sent events."""
+        assert self.ep.stream is not None  # every /v1 route that streams has its writer
         return self.ep.stream(self.ep.reply_id(self.job_id), self.job_id, self.body)
 
-    async def _cancel_when_stored(self, submitting: asyncio.Future) -> None:
+    async def _cancel_when_stored(self, submitting: asyncio.Future[list[Row]]) -> None:
         try:
             await submitting
         except BaseException:
@@ -222,64 +228,93 @@ class Call:
         arrived together go out in one write: a slow reader costs the relay no extra CPU."""
         if self.sse is not None:  # headers now, so that comments keep a long wait alive
             await self.prepare("text/event-stream")
-        waited = time.monotonic()
+        self.alive_at = time.monotonic()
         while True:
-            self.parked = True
-            try:
-                async with asyncio.timeout(STATE_CHECK_S):
-                    items = [await self.inbox.get()]
-            except TimeoutError:
-                self.parked = False
-                if self.fed:  # the relay wrote chunks meanwhile: the job runs, the stream is alive
-                    self.fed = False
-                    waited = time.monotonic()
-                    continue
-                ended = await self.ended_meanwhile()
-                if ended is not None:
-                    return await self.fail(*ended)
-                if self.sse is not None and time.monotonic() - waited >= KEEPALIVE_S:
-                    waited = time.monotonic()
-                    await self.write(f": waiting for node {self.node} (gpuq job {self.job_id})\n\n".encode())
-                continue
-            finally:
-                self.parked = False
-            while not self.inbox.empty():
-                items.append(self.inbox.get_nowait())
-            out, self.unsent = self.unsent, []  # chunks write_now took before these (not yet sent)
-            for item in items:
-                kind = item[0]
-                if kind == "data":  # a chunk write_now had translated, but could not write
-                    out.append(item[1])
-                    continue
-                if kind == "chunk":
-                    data, done = self.on_chunk(item[1], item[2])
-                    out.append(data)
-                    if done:
-                        await self.flush(out, last=True)
-                        assert self.resp is not None  # the last chunk made it (stream:false) or wrote to it
-                        return self.resp
-                    continue
-                await self.flush(out)
-                out = []
-                if kind == "start":
-                    self.node, self.started = item[1], True
-                elif kind == "reply":
-                    return await self.on_reply(item[1])
-                elif kind == "error":
-                    return await self.fail(item[1] or 500, item[2])
-                elif kind == "ended":
-                    return await self.on_ended(item[1])
-                elif kind == "behind":
-                    return await self.on_behind()
-                elif kind == "shutdown":  # a running job is failed at the next start, as any running then
-                    if not self.started:
-                        await self.front.cancel(self.job_id, "router shut down while its client waited", "router")
-                    return await self.fail(
-                        503, "the gpuq router is shutting down; this request was cancelled", "router_shutdown"
-                    )
-            await self.flush(out)
+            items = await self.next_items()
+            if items is None:
+                resp = await self.on_quiet()
+            else:
+                resp = await self.deliver(items)
+            if resp is not None:
+                return resp
 
-    def write_now(self, raw: bytes, chunk: dict) -> bool:
+    async def next_items(self) -> list[InboxItem] | None:
+        """What the inbox holds, once something arrives within STATE_CHECK_S (None: nothing
+        did). While it waits, the handler is parked: the relay may write a chunk itself (write_now)."""
+        self.parked = True
+        try:
+            async with asyncio.timeout(STATE_CHECK_S):
+                items = [await self.inbox.get()]
+        except TimeoutError:
+            return None
+        finally:
+            self.parked = False
+        while not self.inbox.empty():
+            items.append(self.inbox.get_nowait())
+        return items
+
+    async def on_quiet(self) -> web.StreamResponse | None:
+        """Nothing reached the handler for STATE_CHECK_S: the job may have ended unheard (its
+        response then), and a waiting /v1 stream gets a comment every KEEPALIVE_S."""
+        if self.fed:  # the relay wrote chunks meanwhile: the job runs, the stream is alive
+            self.fed = False
+            self.alive_at = time.monotonic()
+            return None
+        ended = await self.ended_meanwhile()
+        if ended is not None:
+            return await self.fail(*ended)
+        if self.sse is not None and time.monotonic() - self.alive_at >= KEEPALIVE_S:
+            self.alive_at = time.monotonic()
+            await self.write(f": waiting for node {self.node} (gpuq job {self.job_id})\n\n".encode())
+        return None
+
+    async def deliver(self, items: list[InboxItem]) -> web.StreamResponse | None:
+        """The inbox's items, in order: chunks' bytes gathered into one write, flushed before
+        any other item; the response when one ends the call."""
+        out, self.unsent = self.unsent, []  # chunks write_now took before these (not yet sent)
+        for item in items:
+            kind = item[0]
+            if kind == "data":  # a chunk write_now had translated, but could not write
+                out.append(item[1])
+                continue
+            if kind == "chunk":
+                data, done = self.on_chunk(item[1], item[2])
+                out.append(data)
+                if done:
+                    await self.flush(out, last=True)
+                    assert self.resp is not None  # the last chunk made it (stream:false) or wrote to it
+                    return self.resp
+                continue
+            await self.flush(out)
+            out = []
+            resp = await self.on_told(item)
+            if resp is not None:
+                return resp
+        await self.flush(out)
+        return None
+
+    async def on_told(self, item: InboxItem) -> web.StreamResponse | None:
+        """What the job's run told the call besides its chunks (Relay): its node, or its end."""
+        kind = item[0]
+        if kind == "start":
+            self.node, self.started = item[1], True
+        elif kind == "reply":
+            return await self.on_reply(item[1])
+        elif kind == "error":
+            return await self.fail(item[1] or 500, item[2])
+        elif kind == "ended":
+            return await self.on_ended(item[1])
+        elif kind == "behind":
+            return await self.on_behind()
+        elif kind == "shutdown":  # a running job is failed at the next start, as any running then
+            if not self.started:
+                await self.front.cancel(self.job_id, "router shut down while its client waited", "router")
+            return await self.fail(
+                503, "the gpuq router is shutting down; this request was cancelled", "router_shutdown"
+            )
+        return None
+
+    def write_now(self, raw: bytes, chunk: dict[str, Any]) -> bool:
         """A chunk from the node's reading task (Relay.chunk), taken at once when nothing stands
         before it: the handler waits with its inbox empty, the chunk is not the last, and the
         client reads (its response has begun and its connection's writing is not paused, so the
@@ -381,7 +416,7 @@ class Call:
         log.warning("job=%s client fell %d KiB behind its stream: stream ended; the job runs on", self.job_id, kib)
         return await self.fail(503, message, "client_behind")
 
-    async def ended_meanwhile(self) -> tuple | None:
+    async def ended_meanwhile(self) -> tuple[int, str, str] | None:
         """The job ended with nothing for this client (a path that did not tell it)."""
         if not self.inbox.empty():
             return None
@@ -401,7 +436,7 @@ class Call:
                 self.resp.headers["Cache-Control"] = "no-cache"
             await self.resp.prepare(self.request)
 
-    def on_chunk(self, raw: bytes, chunk: dict) -> tuple[bytes, bool]:
+    def on_chunk(self, raw: bytes, chunk: dict[str, Any]) -> tuple[bytes, bool]:
         """One chunk from the node: the bytes for the client now, and whether it was the last.
         stream:false keeps them, and the last makes the one reply."""
         done = bool(chunk.get("done"))
@@ -417,7 +452,7 @@ class Call:
                 self.resp.content_type, self.resp.charset = "application/json", "utf-8"
         return b"", done
 
-    def keep_for_reply(self, chunk: dict) -> None:
+    def keep_for_reply(self, chunk: dict[str, Any]) -> None:
         """stream:false: a chunk kept for the one reply. Every FOLD_CHUNKS they are folded into
         one (collected: their text joined, tool calls and logprobs gathered), so the call holds
         its answer's text, not a parsed chunk per token (about 1 KB each: 60 MB for a 60,000-token
@@ -498,8 +533,10 @@ async def run_call(request: web.Request, ep: Endpoint) -> web.StreamResponse:
     front = request.app[FRONT]
     refuse_if_stopping(front)
     if is_load_or_unload(ep.path, body):
-        # gpuq loads a model for each job and unloads it after: nothing to do, answered as Ollama
-        # does, for a model some node has (Open WebUI unloads this way).
+        # An empty call makes no job: a model loads with the jobs that use it, and stays loaded
+        # after one as the node's unload policy and the calls' keep_alive say (gpuq/node/vram.py).
+        # Answered at once as Ollama does, for a model some node has; an unload (Open WebUI's,
+        # `ollama stop`) is passed on to the nodes that hold the model.
         model = model_to_run(front, body["model"])
         nodes = front_nodes(front.nodes_by_rank())
         if not any(normalize_model(model) in (rt.installed or ()) for rt in nodes):
@@ -535,7 +572,7 @@ async def run_call(request: web.Request, ep: Endpoint) -> web.StreamResponse:
             front.relay.close(call.job_id)
 
 
-def call_handler(ep: Endpoint):
+def call_handler(ep: Endpoint) -> Handler:
     """The handler of an endpoint's route (one per record of gpuq/front/endpoints.py)."""
 
     async def handler(request: web.Request) -> web.StreamResponse:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from aiohttp import web
 
@@ -14,6 +15,7 @@ from ..config import Settings
 from ..errors import Conflict, NotFound, StoreUnavailable, check_text, json_object, json_type
 from ..jobs import preview_url
 from ..node.dispatcher import Dispatcher
+from ..node.runtime import NodeRuntime
 from ..store import Store
 from .anthropic import anthropic_error
 from .endpoints import api_of
@@ -39,7 +41,7 @@ class Front:
         self.relay = relay
         self.closing = False
 
-    def nodes_by_rank(self):
+    def nodes_by_rank(self) -> list[NodeRuntime]:
         return sorted(self.dispatcher.nodes.values(), key=lambda rt: rt.config.rank)
 
     def preview_url(self, job_id: str) -> str:
@@ -74,7 +76,7 @@ FRONT = web.AppKey("front", Front)
 
 
 def error_response(
-    request: web.Request, status: int, message: str, code: str | None = None, headers: dict | None = None
+    request: web.Request, status: int, message: str, code: str | None = None, headers: dict[str, Any] | None = None
 ) -> web.Response:
     """An error in the shape of the caller's API; an OpenAI or Anthropic client is told whether
     to retry it (x-should-retry, which both SDKs obey): only a refusal that stored nothing and
@@ -90,7 +92,7 @@ def error_response(
     return web.json_response(body, status=status, headers=headers, dumps=dumps)
 
 
-async def json_of(request: web.Request) -> dict:
+async def json_of(request: web.Request) -> dict[str, Any]:
     """A front-door call's body, whatever its API; text that cannot be stored is a 400 here, once."""
     body = json_object(
         await request.read(), "missing request body", "invalid character in JSON", json_type, strict=True

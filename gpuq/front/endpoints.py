@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from ..errors import BadRequest
 from ..jobs import Kind, normalize_model
+from ..node.runtime import NodeRuntime
 from ..params import THINK_LEVELS, merged_options
 from . import anthropic, ollama_api, openai_api, responses
 from .ollama_api import go_quote
@@ -25,7 +26,7 @@ STREAMED_ROUTES = ("/api/chat", "/api/generate")  # on the node: the others answ
 class StreamWriter(Protocol):
     """A /v1 stream: the node's chunks as the API's server-sent events, and its error event."""
 
-    def feed(self, chunk: dict) -> bytes: ...
+    def feed(self, chunk: dict[str, Any]) -> bytes: ...
 
     def error(self, status: int, message: str, code: str | None = None) -> bytes: ...
 
@@ -37,21 +38,21 @@ class Endpoint:
     node_route: str  #: the Ollama route its job runs as on its node
     kind: Kind  #: the job kind its calls become
     #: the client's body in Ollama's terms; raises BadRequest (the /v1 translations check as they go)
-    to_ollama: Callable[[dict], dict]
+    to_ollama: Callable[[dict[str, Any]], dict[str, Any]]
     #: what the job shows as its prompt, read from the client's body (gpuq/front/titles.py)
-    prompt: Callable[[dict], str]
-    check: Callable[[dict], None] | None = None  #: Ollama's own checks of an /api body, before all else
+    prompt: Callable[[dict[str, Any]], str]
+    check: Callable[[dict[str, Any]], None] | None = None  #: Ollama's own checks of an /api body, before all else
     #: stream:false (or an embedding): (reply id, job id, client body, the node's reply) -> the API's reply
-    whole: Callable[[str, str, dict, dict], Any] | None = None
+    whole: Callable[[str, str, dict[str, Any], dict[str, Any]], Any] | None = None
     #: a /v1 stream's writer: (reply id, job id, client body) -> StreamWriter; None: Ollama's lines as sent
-    stream: Callable[[str, str, dict], StreamWriter] | None = None
+    stream: Callable[[str, str, dict[str, Any]], StreamWriter] | None = None
     id_prefix: str = ""  #: the API's id of a reply: this and the job's id, so a client's log leads to the job
 
     @property
     def node_streams(self) -> bool:
         return self.node_route in STREAMED_ROUTES
 
-    def streams(self, body: dict) -> bool:
+    def streams(self, body: dict[str, Any]) -> bool:
         """Whether the client gets a stream: an Ollama call unless it says stream:false, a /v1
         call when it asks; an embedding never."""
         if self.kind == Kind.EMBED:
@@ -62,11 +63,11 @@ class Endpoint:
         return self.id_prefix + job_id
 
 
-def _same(body: dict) -> dict:
+def _same(body: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-def _usage_asked(body: dict) -> bool:
+def _usage_asked(body: dict[str, Any]) -> bool:
     options = body.get("stream_options")
     return isinstance(options, dict) and bool(options.get("include_usage"))
 
@@ -181,18 +182,18 @@ def api_of(path: str) -> str:
 
 def node_request(
     path: str,
-    body: dict,
+    body: dict[str, Any],
     node_think: bool | str | None = None,
-    node_options: dict | None = None,
+    node_options: dict[str, Any] | None = None,
     keep_alive: int | float | str = 0,
     model: str | None = None,
-) -> tuple[str, dict]:
+) -> tuple[str, dict[str, Any]]:
     """The Ollama route and body a front-door job sends its node: the client's own request, with
     the node's policy over it: the job's model (the name asked may be an alias, or end in
     `:local`: gpuq/front/names.py), the keep_alive the relay decided (the client's, capped, or the
-    node's: 0, the model leaves VRAM after the job), chat and generate streamed (gpuq relays each chunk as it
-    comes), the node's options under the client's, and the node's `think` when the client set
-    none."""
+    node's unload policy's: gpuq/node/vram.py), chat and generate streamed (gpuq relays each chunk
+    as it comes), the node's options under the client's, and the node's `think` when the client
+    set none."""
     ep = ENDPOINTS[path]
     out = dict(ep.to_ollama(body))
     if model is not None:
@@ -215,16 +216,16 @@ def node_request(
 # so only the task nodes' models are the front door's to list, pull or check.
 
 
-def runs_front_calls(node) -> bool:
+def runs_front_calls(node: NodeRuntime) -> bool:
     """A node (gpuq/node/runtime.py NodeRuntime) that front-door calls can be placed on."""
     return "task" in node.config.roles
 
 
-def front_nodes(nodes: Iterable) -> list:
+def front_nodes(nodes: Iterable[NodeRuntime]) -> list[NodeRuntime]:
     return [rt for rt in nodes if runs_front_calls(rt)]
 
 
-def entries_of(nodes: Iterable, model: str) -> list[dict]:
+def entries_of(nodes: Iterable[NodeRuntime], model: str) -> list[dict[str, Any]]:
     """The /api/tags entries of `model` on the nodes that run front-door calls, as their last
     health checks read them (one per node that has it)."""
     wanted = normalize_model(model)
@@ -236,6 +237,13 @@ def entries_of(nodes: Iterable, model: str) -> list[dict]:
                 out.append(entry)
                 break
     return out
+
+
+def _entry_name(entry: dict[str, Any]) -> str:
+    """The name an /api/tags entry goes by: its `model`, else its `name`."""
+    name = entry.get("model") or entry.get("name")
+    assert isinstance(name, str)  # entries_of keeps the entries it finds so named
+    return name
 
 
 def _full_name(name: str) -> str:
@@ -250,7 +258,7 @@ def _full_name(name: str) -> str:
     return "/".join(parts)
 
 
-async def capabilities_of(nodes: Iterable, model: str) -> list[list[str]] | None:
+async def capabilities_of(nodes: Iterable[NodeRuntime], model: str) -> list[list[str]] | None:
     """The capabilities of `model` on each task node that has it: as its /api/tags listed them
     (Ollama sends them there too), else as its /api/show lists them, asked once per model and
     digest (gpuq/node/ollama.py OllamaClient.capabilities). None when some node with it does
@@ -265,16 +273,14 @@ async def capabilities_of(nodes: Iterable, model: str) -> list[list[str]] | None
             if not rt.up:
                 return None
             digest = entries[0].get("digest")
-            caps = await rt.client.capabilities(
-                entries[0].get("model") or entries[0].get("name"), digest if isinstance(digest, str) else ""
-            )
+            caps = await rt.client.capabilities(_entry_name(entries[0]), digest if isinstance(digest, str) else "")
         if caps is None:
             return None
         known.append(caps)
     return known or None
 
 
-async def early_refusal(ep: Endpoint, ollama: dict, nodes: Iterable) -> None:
+async def early_refusal(ep: Endpoint, ollama: dict[str, Any], nodes: Iterable[NodeRuntime]) -> None:
     """Refuse now, before the call is stored and waits its turn, what Ollama would refuse when
     it came to run: with Ollama's status and words, in the order server/routes.go checks them.
     A call is refused for a capability only when every task node with the model lacks it, so
@@ -287,7 +293,10 @@ async def early_refusal(ep: Endpoint, ollama: dict, nodes: Iterable) -> None:
     known = await capabilities_of(nodes, model) if isinstance(model, str) else None
     if known and isinstance(model, str):  # known: model is a str
         chat = ep.node_route == "/api/chat"
-        lacks = lambda cap: all(cap not in caps for caps in known)  # noqa: E731
+
+        def lacks(cap: str) -> bool:
+            return all(cap not in caps for caps in known)
+
         # think on a model without the capability (ChatHandler, GenerateHandler). Anthropic's
         # API is the exception: Ollama relaxes it there ("relax_thinking"), and so does gpuq.
         think = ollama.get("think")
@@ -303,8 +312,6 @@ async def early_refusal(ep: Endpoint, ollama: dict, nodes: Iterable) -> None:
             needed.append("insert")
         missing = [cap for cap in needed if lacks(cap)]
         if missing:
-            entry = entries_of(nodes, model)[0]
-            name = entry.get("model") or entry.get("name")
-            assert isinstance(name, str)  # entries_of keeps the entries it finds so named
+            name = _entry_name(entries_of(nodes, model)[0])
             raise BadRequest(f"{_full_name(name)} does not support " + "\n".join(missing))
     ollama_api.check_format(ollama.get("format"))  # llm/llama_server.go, once loaded: last

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from aiohttp import web
 
 from ..errors import BadRequest, FrontError, NotFound, OllamaError
 from ..jobs import normalize_model
+from ..node.runtime import NodeRuntime
 from .context import FRONT, Front, json_of
 from .endpoints import entries_of, front_nodes
 from .names import local_name
@@ -26,7 +28,7 @@ LISTING_TIMEOUT_S = 3.0  # /api/ps and /api/show ask the nodes; a slow node is l
 NOT_SERVED = ("/api/push", "/api/create", "/api/delete", "/api/copy", "/api/blobs")
 
 
-def _version_key(text: str) -> tuple:
+def _version_key(text: str) -> tuple[int, ...]:
     parts = []
     for piece in text.split("-")[0].split("."):
         parts.append(int(piece) if piece.isdigit() else 0)
@@ -43,7 +45,7 @@ async def version(request: web.Request) -> web.Response:
     return web.json_response({"version": min(known, key=_version_key) if known else "0.0.0"}, dumps=dumps)
 
 
-def all_tags(front: Front) -> list[dict]:
+def all_tags(front: Front) -> list[dict[str, Any]]:
     return merged_tags((rt.tags for rt in front_nodes(front.nodes_by_rank())), normalize_model)
 
 
@@ -66,13 +68,13 @@ async def ps(request: web.Request) -> web.Response:
     return web.json_response({"models": merged_ps(a for a in answers if isinstance(a, list))}, dumps=dumps)
 
 
-def node_with(front: Front, model: str):
+def node_with(front: Front, model: str) -> NodeRuntime | None:
     """The first node by rank, up, whose Ollama lists the model (for /api/show)."""
     wanted = normalize_model(model)
     return next((rt for rt in front.nodes_by_rank() if rt.up and rt.installed and wanted in rt.installed), None)
 
 
-async def _show(front: Front, body: dict) -> dict:
+async def _show(front: Front, body: dict[str, Any]) -> dict[str, Any]:
     model = body.get("model") or body.get("name")
     if not isinstance(model, str) or not model.strip():
         raise BadRequest("model is required")
@@ -81,9 +83,10 @@ async def _show(front: Front, body: dict) -> dict:
     if rt is None:
         raise NotFound(f"model '{model}' not found")
     try:
-        return await rt.client.post("/api/show", {**body, "model": model}, timeout_s=30.0)
+        shown: dict[str, Any] = await rt.client.post("/api/show", {**body, "model": model}, timeout_s=30.0)
     except OllamaError as exc:
         raise FrontError(exc.status or 502, exc.message) from None
+    return shown
 
 
 def model_not_found(front: Front, model: str) -> str:

@@ -8,7 +8,7 @@ import base64
 import binascii
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..errors import BadRequest, FrontError, NotFound
@@ -16,7 +16,7 @@ from ..params import options_problem, think_problem
 from .shapes import chunk_text, now_rfc3339, tools_of, unix_of, wrong
 
 
-def ollama_error(message: str) -> dict:
+def ollama_error(message: str) -> dict[str, Any]:
     return {"error": message}
 
 
@@ -54,7 +54,7 @@ def keep_alive_s(value: Any) -> float | None:
     return None if sign < 0 and seconds > 0 else seconds
 
 
-def _check_common(body: dict) -> None:
+def _check_common(body: dict[str, Any]) -> None:
     for field in ("stream", "raw"):
         if body.get(field) is not None and not isinstance(body[field], bool):
             raise wrong(field, "true or false", body[field])
@@ -73,7 +73,7 @@ def go_quote(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-def check_top_logprobs(body: dict) -> None:
+def check_top_logprobs(body: dict[str, Any]) -> None:
     """Ollama's first check of a chat or generate (server/routes.go ChatHandler, GenerateHandler)."""
     given = body.get("top_logprobs")
     if isinstance(given, (int, float)) and not isinstance(given, bool) and not 0 <= given <= 20:
@@ -101,7 +101,7 @@ def _check_images(images: Any, where: str) -> None:
             raise BadRequest(f"{where}: illegal base64 data in an image") from None
 
 
-def check_chat(body: dict) -> None:
+def check_chat(body: dict[str, Any]) -> None:
     """An /api/chat body Ollama would accept (types only; the model is checked by placement)."""
     if not isinstance(body.get("model"), str) or not body["model"].strip():
         raise BadRequest("model is required")
@@ -124,7 +124,7 @@ def check_chat(body: dict) -> None:
     tools_of(body)
 
 
-def check_generate(body: dict) -> None:
+def check_generate(body: dict[str, Any]) -> None:
     if not isinstance(body.get("model"), str) or not body["model"].strip():
         raise NotFound(f"model '{body.get('model') or ''}' not found")
     _check_common(body)
@@ -140,7 +140,7 @@ def check_generate(body: dict) -> None:
         raise BadRequest("raw mode does not support template, system, or context")
 
 
-def check_embed(body: dict, legacy: bool) -> None:
+def check_embed(body: dict[str, Any], legacy: bool) -> None:
     """/api/embed (input: a string or strings) or the legacy /api/embeddings (prompt)."""
     if not isinstance(body.get("model"), str) or not body["model"].strip():
         raise (BadRequest("model is required") if legacy else NotFound(f"model '{body.get('model') or ''}' not found"))
@@ -164,9 +164,11 @@ def check_embed(body: dict, legacy: bool) -> None:
         raise wrong("dimensions", "a whole number", body["dimensions"])
 
 
-def is_load_or_unload(endpoint: str, body: dict) -> bool:
+def is_load_or_unload(endpoint: str, body: dict[str, Any]) -> bool:
     """Ollama answers an empty call at once: it loads the model, or with keep_alive 0 unloads it.
-    gpuq loads a model for each job and unloads it after, so such a call has nothing to do."""
+    gpuq makes no job of one: a model loads with the jobs that use it and stays loaded after them
+    only as the node's unload policy and the calls' keep_alive allow (gpuq/node/vram.py); an
+    unload is passed on to the nodes that hold the model (gpuq/front/call.py run_call)."""
     if endpoint == "/api/chat":
         return not body.get("messages")
     if endpoint == "/api/generate":
@@ -179,14 +181,14 @@ def is_load_or_unload(endpoint: str, body: dict) -> bool:
     return False
 
 
-def unloads(body: dict) -> bool:
+def unloads(body: dict[str, Any]) -> bool:
     """A keep_alive that is zero as Go reads it (0, "0", "-0", "0s", "0.0s", "0m0s"): the
     model leaves memory (routes.go: req.KeepAlive.Duration == 0). A negative one is forever."""
     keep_alive = body.get("keep_alive")
     return keep_alive is not None and keep_alive_s(keep_alive) == 0
 
 
-def load_or_unload_reply(endpoint: str, body: dict) -> dict:
+def load_or_unload_reply(endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
     """What Ollama answers to an empty call (one JSON object, whatever `stream` says)."""
     model = body["model"]
     if endpoint == "/api/embed":
@@ -204,12 +206,12 @@ def load_or_unload_reply(endpoint: str, body: dict) -> dict:
     return out
 
 
-def collected(endpoint: str, chunks: Iterable[dict], body: dict) -> dict:
+def collected(endpoint: str, chunks: Iterable[dict[str, Any]], body: dict[str, Any]) -> dict[str, Any]:
     """stream:false: the last chunk, its text the whole reply (routes.go writeChatResponse and
     GenerateHandler): content and thinking concatenated, tool calls and logprobs gathered."""
     content, thinking, calls = [], [], []
     logprobs: list[Any] = []
-    last: dict = {}
+    last: dict[str, Any] = {}
     for chunk in chunks:
         text, thought, tool_calls = chunk_text(chunk)
         content.append(text)
@@ -244,10 +246,10 @@ def collected(endpoint: str, chunks: Iterable[dict], body: dict) -> dict:
     return out
 
 
-def merged_tags(per_node: Iterable[list[dict]], normalize) -> list[dict]:
+def merged_tags(per_node: Iterable[list[dict[str, Any]]], normalize: Callable[[str], str]) -> list[dict[str, Any]]:
     """Every node's /api/tags models, each once (the first node by rank that has it speaks for
     it), most recently modified first, as Ollama sorts its own list."""
-    seen: dict[str, dict] = {}
+    seen: dict[str, dict[str, Any]] = {}
     for models in per_node:
         for m in models:
             if not isinstance(m, dict) or not isinstance(m.get("name") or m.get("model"), str):
@@ -256,7 +258,7 @@ def merged_tags(per_node: Iterable[list[dict]], normalize) -> list[dict]:
     return sorted(seen.values(), key=lambda m: -unix_of(m.get("modified_at")))
 
 
-def merged_ps(per_node: Iterable[list[dict]]) -> list[dict]:
+def merged_ps(per_node: Iterable[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Every node's loaded models, longest time left first, as Ollama sorts /api/ps."""
     models = [m for node in per_node for m in node if isinstance(m, dict)]
     return sorted(models, key=lambda m: -unix_of(m.get("expires_at")))
@@ -272,7 +274,7 @@ def merged_ps(per_node: Iterable[list[dict]]) -> list[dict]:
 PULL_STATUSES = ("pulling manifest", "verifying sha256 digest", "writing manifest", "success")
 
 
-def pull_model_of(body: dict) -> str:
+def pull_model_of(body: dict[str, Any]) -> str:
     """The model a pull names (`model`, or the older `name`: routes.go PullHandler's cmp.Or)."""
     model = body.get("model") or body.get("name")
     if not isinstance(model, str) or not model.strip():
@@ -283,7 +285,7 @@ def pull_model_of(body: dict) -> str:
     return model
 
 
-def pull_progress(model: str, having: list[str], others: dict[str, list[str]]) -> list[dict]:
+def pull_progress(model: str, having: list[str], others: dict[str, list[str]]) -> list[dict[str, Any]]:
     """The progress objects of a pull of a model that the nodes in `having` have; else a 404
     naming the nodes that run front-door calls (`others`: each one's models) and how to pull
     it there."""

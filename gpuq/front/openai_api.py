@@ -28,7 +28,7 @@ from .shapes import (
 )
 
 
-def openai_error(status: int, message: str, code: str | None = None) -> dict:
+def openai_error(status: int, message: str, code: str | None = None) -> dict[str, Any]:
     """openai.NewError: the type follows the status; `code` is gpuq's own for its refusals."""
     kind = {400: "invalid_request_error", 404: "not_found_error"}.get(status, "api_error")
     if status == 401:
@@ -47,7 +47,7 @@ def _openai_stop(stop: Any, strict: bool) -> list[str] | None:
     return None
 
 
-def _tool_calls_in(calls: Any) -> list[dict]:
+def _tool_calls_in(calls: Any) -> list[dict[str, Any]]:
     """OpenAI tool calls (arguments as a JSON string) -> Ollama's (arguments as an object)."""
     if not isinstance(calls, list):
         raise BadRequest("invalid message format")
@@ -67,7 +67,9 @@ def _tool_calls_in(calls: Any) -> list[dict]:
     return out
 
 
-def _tool_name(messages: list, msg: dict) -> str:
+def _tool_name(messages: list[Any], msg: dict[str, Any]) -> Any:
+    """A tool message's tool: its `name`, else the name of the call it answers (by id), each as
+    the client sent it; "" for a message that is no tool's."""
     if str(msg.get("role", "")).lower() != "tool":
         return ""
     if msg.get("name"):
@@ -79,8 +81,8 @@ def _tool_name(messages: list, msg: dict) -> str:
     return ""
 
 
-def openai_messages(messages: list) -> list[dict]:
-    out: list[dict] = []
+def openai_messages(messages: list[Any]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
     for msg in messages:
         if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
             raise BadRequest("invalid message format")
@@ -99,23 +101,7 @@ def openai_messages(messages: list) -> list[dict]:
                 )
             )
         elif isinstance(content, list):
-            for part in content:  # each part becomes a message of its own, as Ollama does
-                if not isinstance(part, dict):
-                    raise BadRequest("invalid message format")
-                if part.get("type") == "text":
-                    if not isinstance(part.get("text"), str):
-                        raise BadRequest("invalid message format")
-                    out.append(message(role, part["text"]))
-                elif part.get("type") == "image_url":
-                    ref = part.get("image_url")
-                    out.append(message(role, images=[image_of(ref.get("url") if isinstance(ref, dict) else ref)]))
-                elif part.get("type") == "input_audio":
-                    audio = part.get("input_audio")
-                    if not isinstance(audio, dict) or not isinstance(audio.get("data"), str):
-                        raise BadRequest("invalid input_audio format")
-                    out.append(message(role, images=[audio["data"]]))
-                else:
-                    raise BadRequest("invalid message format")
+            out += [_part_message(role, part) for part in content]  # a message each, as Ollama does
             if out and calls:
                 out[-1].update(
                     message(
@@ -136,7 +122,26 @@ def openai_messages(messages: list) -> list[dict]:
     return out
 
 
-def _openai_options(body: dict, strict_stop: bool) -> dict:
+def _part_message(role: str, part: Any) -> dict[str, Any]:
+    """One part of a message's content (text, an image, audio) as a message of its own."""
+    if not isinstance(part, dict):
+        raise BadRequest("invalid message format")
+    if part.get("type") == "text":
+        if not isinstance(part.get("text"), str):
+            raise BadRequest("invalid message format")
+        return message(role, part["text"])
+    if part.get("type") == "image_url":
+        ref = part.get("image_url")
+        return message(role, images=[image_of(ref.get("url") if isinstance(ref, dict) else ref)])
+    if part.get("type") == "input_audio":
+        audio = part.get("input_audio")
+        if not isinstance(audio, dict) or not isinstance(audio.get("data"), str):
+            raise BadRequest("invalid input_audio format")
+        return message(role, images=[audio["data"]])
+    raise BadRequest("invalid message format")
+
+
+def _openai_options(body: dict[str, Any], strict_stop: bool) -> dict[str, Any]:
     options: dict[str, Any] = {}
     stop = _openai_stop(body.get("stop"), strict_stop)
     if stop is not None:
@@ -159,7 +164,7 @@ def _openai_options(body: dict, strict_stop: bool) -> dict:
     return options
 
 
-def openai_chat_request(body: dict) -> dict:
+def openai_chat_request(body: dict[str, Any]) -> dict[str, Any]:
     """A /v1/chat/completions body as the /api/chat body Ollama's own layer makes of it."""
     if not isinstance(body.get("model"), str) or not body["model"].strip():
         raise BadRequest("model is required")
@@ -176,17 +181,8 @@ def openai_chat_request(body: dict) -> dict:
         "options": _openai_options(body, strict_stop=False),
         "stream": bool(body.get("stream")),
     }
-    fmt = body.get("response_format")
-    if fmt is not None:
-        if not isinstance(fmt, dict):
-            raise wrong("response_format", "an object", fmt)
-        kind = str(fmt.get("type", "")).strip().lower()
-        if kind == "json_object":
-            out["format"] = "json"
-        elif kind == "json_schema" and isinstance(fmt.get("json_schema"), dict):
-            schema = fmt["json_schema"].get("schema")
-            if schema is not None:
-                out["format"] = schema
+    if (fmt := _format_of(body.get("response_format"))) is not None:
+        out["format"] = fmt
     if body.get("tools") is not None:
         out["tools"] = tools_of(body)
     reasoning = body.get("reasoning")
@@ -201,7 +197,22 @@ def openai_chat_request(body: dict) -> dict:
     return out
 
 
-def openai_completion_request(body: dict) -> dict:
+def _format_of(response_format: Any) -> Any:
+    """A chat's response_format as Ollama's format: "json", a JSON schema, or None (none asked,
+    or a type Ollama's layer ignores)."""
+    if response_format is None:
+        return None
+    if not isinstance(response_format, dict):
+        raise wrong("response_format", "an object", response_format)
+    kind = str(response_format.get("type", "")).strip().lower()
+    if kind == "json_object":
+        return "json"
+    if kind == "json_schema" and isinstance(response_format.get("json_schema"), dict):
+        return response_format["json_schema"].get("schema")
+    return None
+
+
+def openai_completion_request(body: dict[str, Any]) -> dict[str, Any]:
     """A /v1/completions body as /api/generate (openai.FromCompleteRequest)."""
     if not isinstance(body.get("model"), str) or not body["model"].strip():
         raise NotFound(f"model '{body.get('model') or ''}' not found")
@@ -224,7 +235,7 @@ def openai_completion_request(body: dict) -> dict:
     return out
 
 
-def openai_embed_request(body: dict) -> dict:
+def openai_embed_request(body: dict[str, Any]) -> dict[str, Any]:
     """A /v1/embeddings body as /api/embed (middleware.EmbeddingsMiddleware)."""
     fmt = body.get("encoding_format")
     if fmt not in (None, "") and str(fmt).lower() not in ("float", "base64"):
@@ -247,12 +258,12 @@ def openai_embed_request(body: dict) -> dict:
     return out
 
 
-def usage_of(chunk: dict) -> dict:
+def usage_of(chunk: dict[str, Any]) -> dict[str, Any]:
     prompt, completion = chunk.get("prompt_eval_count") or 0, chunk.get("eval_count") or 0
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def chat_completion(completion_id: str, reply: dict) -> dict:
+def chat_completion(completion_id: str, reply: dict[str, Any]) -> dict[str, Any]:
     """A collected /api/chat reply as a chat.completion."""
     message = reply.get("message") or {}
     calls = tool_calls_out(message.get("tool_calls") or [])
@@ -290,7 +301,9 @@ class ChatStream:
         self.first_sent = False
         self.tool_call_sent = False
 
-    def _chunk(self, model: str, delta: dict, finish_reason: str | None = None, logprobs: Any = None) -> dict:
+    def _chunk(
+        self, model: str, delta: dict[str, Any], finish_reason: str | None = None, logprobs: Any = None
+    ) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish_reason}
         if logprobs:
             choice["logprobs"] = {"content": logprobs}
@@ -303,7 +316,7 @@ class ChatStream:
             "choices": [choice],
         }
 
-    def feed(self, chunk: dict) -> bytes:
+    def feed(self, chunk: dict[str, Any]) -> bytes:
         if self.created is None:
             self.created = unix_of(chunk.get("created_at"))
         model = chunk.get("model", "")
@@ -346,7 +359,7 @@ class ChatStream:
         return sse(openai_error(status, message, code))
 
 
-def text_completion(completion_id: str, reply: dict) -> dict:
+def text_completion(completion_id: str, reply: dict[str, Any]) -> dict[str, Any]:
     """A collected /api/generate reply as a text_completion (openai.ToCompletion)."""
     return {
         "id": completion_id,
@@ -366,7 +379,7 @@ class CompletionStream:
         self.id = completion_id
         self.include_usage = include_usage
 
-    def feed(self, chunk: dict) -> bytes:
+    def feed(self, chunk: dict[str, Any]) -> bytes:
         event: dict[str, Any] = {
             "id": self.id,
             "object": "text_completion",
@@ -389,11 +402,11 @@ class CompletionStream:
     error = ChatStream.error
 
 
-def _base64_floats(vector: list) -> str:
+def _base64_floats(vector: list[float]) -> str:
     return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
 
 
-def embedding_list(model: str, reply: dict, encoding_format: Any = None) -> dict:
+def embedding_list(model: str, reply: dict[str, Any], encoding_format: Any = None) -> dict[str, Any]:
     """An /api/embed reply as /v1/embeddings' list (openai.ToEmbeddingList)."""
     as_base64 = str(encoding_format or "").lower() == "base64"
     data = [
@@ -412,7 +425,7 @@ def owned_by(name: str) -> str:
     return parts[-2] if len(parts) >= 2 else "library"
 
 
-def model_list(tags: list[dict]) -> dict:
+def model_list(tags: list[dict[str, Any]]) -> dict[str, Any]:
     """/api/tags as /v1/models (openai.ToListCompletion)."""
     data = []
     for m in tags:
@@ -423,6 +436,6 @@ def model_list(tags: list[dict]) -> dict:
     return {"object": "list", "data": data}
 
 
-def model_card(name: str, show: dict) -> dict:
+def model_card(name: str, show: dict[str, Any]) -> dict[str, Any]:
     """/api/show as /v1/models/{model} (openai.ToModel)."""
     return {"id": name, "object": "model", "created": unix_of(show.get("modified_at")), "owned_by": owned_by(name)}

@@ -3,17 +3,18 @@ made from the client's under the node's policy, its chunks relayed to the waitin
 the node sends them, an embedding's one reply, and the front door's own retry (Anthropic's
 "relax thinking"). The worker runs it on its node and keeps its output; it knows no client API.
 
-Memory per call is bounded (issue 35): the node is read at its own pace (never slowed by a
-client), so what a streaming client has not taken yet waits in its call's Inbox, which holds at
-most CLIENT_BACKLOG_BYTES. A client that falls further behind is not fed from the store but cut
-off: its call is marked behind, the rest of the node's chunks are not held for it, and its
-handler ends the stream with an error line saying where the whole answer is (gpuq/front/call.py;
-a write its client does not take within [front] stalled_client_timeout closes the connection).
-The job runs on to its end and keeps its whole output. Why not feed a late client from the store:
-the store keeps the answer's text, not the node's lines (their timings, tool calls as the node
-sent them, a /v1 stream's events), so a client fed from it would get a different stream than
-the one it asked for; a client that reads nothing for seconds while a model writes has stopped
-(a live client reads far faster than any model writes), and its answer is one `gpuq show` away."""
+Memory per call is bounded, however slowly its client reads: the node is read at its own pace
+(never slowed by a client), so what a streaming client has not taken yet waits in its call's
+Inbox, which holds at most CLIENT_BACKLOG_BYTES. A client that falls further behind is not fed
+from the store but cut off: its call is marked behind, the rest of the node's chunks are not
+held for it, and its handler ends the stream with an error line saying where the whole answer
+is (gpuq/front/call.py; a write its client does not take within [front] stalled_client_timeout
+closes the connection). The job runs on to its end and keeps its whole output. Why not feed a
+late client from the store: the store keeps the answer's text, not the node's lines (their
+timings, tool calls as the node sent them, a /v1 stream's events), so a client fed from it
+would get a different stream than the one it asked for; a client that reads nothing for seconds
+while a model writes has stopped (a live client reads far faster than any model writes), and
+its answer is one `gpuq show` away."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from ..errors import OllamaError
 from ..node.calls import Policy, Sink
@@ -43,8 +45,12 @@ EMBED_MAX_BYTES = 256 << 20  # an embedding's reply, read whole (its vectors go 
 CLIENT_BACKLOG_BYTES = 512 << 10
 CHUNK_OVERHEAD = 1024  # a parsed chunk (a dict of dicts and strings) beside its line, in bytes, roughly
 
+# What a call's inbox holds: its kind first, then what that kind carries (Relay lists them, and
+# gpuq/front/call.py's Call adds ("data", bytes)). Told through Relay.tell(job_id, *item).
+InboxItem = tuple[Any, ...]
 
-def held_bytes(item: tuple) -> int:
+
+def held_bytes(item: InboxItem) -> int:
     """The bytes an inbox's item holds: a chunk's line and its parse, a translated chunk's data."""
     if item[0] == "chunk":
         return len(item[1]) + CHUNK_OVERHEAD
@@ -53,7 +59,7 @@ def held_bytes(item: tuple) -> int:
     return 0
 
 
-class Inbox(asyncio.Queue):
+class Inbox(asyncio.Queue[InboxItem]):
     """One call's queue, what it holds counted: once a chunk would take it past `limit` (None:
     no limit, a stream:false call holds its whole answer anyway), the call is `behind` and holds
     no more chunks; ("behind", bytes dropped) tells its handler, once, after what it holds."""
@@ -65,16 +71,16 @@ class Inbox(asyncio.Queue):
         self.behind = False
         self.dropped = 0  # the node's bytes not held for the client since it fell behind
 
-    def put_nowait(self, item: tuple) -> None:
+    def put_nowait(self, item: InboxItem) -> None:
         super().put_nowait(item)
         self.held += held_bytes(item)
 
-    def get_nowait(self) -> tuple:
-        item: tuple = super().get_nowait()
+    def get_nowait(self) -> InboxItem:
+        item = super().get_nowait()
         self.held -= held_bytes(item)
         return item
 
-    def hold_chunk(self, raw: bytes, chunk: dict) -> None:
+    def hold_chunk(self, raw: bytes, chunk: dict[str, Any]) -> None:
         """A chunk of the node's stream for the client, unless that takes it past its limit."""
         if not self.behind and (self.limit is None or self.held + len(raw) + CHUNK_OVERHEAD <= self.limit):
             self.put_nowait(("chunk", raw, chunk))
@@ -97,12 +103,12 @@ class Relay:
 
     def __init__(self) -> None:
         self.waiting: dict[str, Inbox] = {}
-        self.direct: dict[str, tuple[Callable[[bytes, dict], bool], Callable[[], None]]] = {}
+        self.direct: dict[str, tuple[Callable[[bytes, dict[str, Any]], bool], Callable[[], None]]] = {}
 
     def open(
         self,
         job_id: str,
-        direct: Callable[[bytes, dict], bool] | None = None,
+        direct: Callable[[bytes, dict[str, Any]], bool] | None = None,
         flush: Callable[[], None] | None = None,
         limit: int | None = None,
     ) -> Inbox:
@@ -116,12 +122,12 @@ class Relay:
         self.waiting.pop(job_id, None)
         self.direct.pop(job_id, None)
 
-    def tell(self, job_id: str, *item) -> None:
+    def tell(self, job_id: str, *item: Any) -> None:
         queue = self.waiting.get(job_id)
         if queue is not None:
             queue.put_nowait(item)
 
-    def chunk(self, job_id: str, raw: bytes, chunk: dict) -> None:
+    def chunk(self, job_id: str, raw: bytes, chunk: dict[str, Any]) -> None:
         """A chunk of the node's stream: taken for its client now if it can be (written at the
         next `flush`), else held in its inbox (up to the inbox's limit)."""
         inbox = self.waiting.get(job_id)
@@ -144,12 +150,13 @@ class Relay:
 
     # -- Calls (gpuq/node/calls.py) -------------------------------------------------------------
 
-    def prepare(self, job: dict, policy: Policy, node: str) -> NodeRun:
+    def prepare(self, job: dict[str, Any], policy: Policy, node: str) -> NodeRun:
         self.tell(job["id"], "start", node)
         client = json.loads(job["request"])["body"]
         keep_s = client_keep_s(job["endpoint"], client, policy)
         # The node is asked with the client's keep_alive (capped), so a router that dies leaves the
-        # model to Ollama's own timer; else with the node's policy (0: unloaded after the job).
+        # model to Ollama's own timer; else with the node's unload policy (0 for "after-each", a
+        # bounded keep-warm for "when-idle": gpuq/node/vram.py request_keep_alive).
         route, body = node_request(
             job["endpoint"], client, policy.think, policy.options, call_keep_alive(keep_s, policy), job["model"]
         )
@@ -166,7 +173,7 @@ class Relay:
             self.tell(job_id, "ended", reason)
 
 
-def client_keep_s(endpoint: str, body: dict, policy: Policy) -> float:
+def client_keep_s(endpoint: str, body: dict[str, Any], policy: Policy) -> float:
     """How long a call's model may stay loaded after it, in seconds: the client's keep_alive as
     Ollama reads it (a negative one, forever, becomes the cap), [front] keep_alive when it sends
     none (OpenAI's and Anthropic's APIs carry none: Ollama gives them its default too), never
@@ -183,12 +190,14 @@ class NodeRun:
     """One called job's request to its node, relayed chunk by chunk as Ollama sent it; the
     answer, the reasoning and any tool calls kept as the job's output."""
 
-    def __init__(self, relay: Relay, job: dict, node: str, route: str, body: dict, keep_s: float = 0.0):
+    def __init__(
+        self, relay: Relay, job: dict[str, Any], node: str, route: str, body: dict[str, Any], keep_s: float = 0.0
+    ) -> None:
         self.relay, self.job, self.node, self.route, self.body = relay, job, node, route, body
         self.keep_s = keep_s
         self.options = body.get("options")
 
-    async def run(self, client: OllamaClient, sink: Sink) -> dict:
+    async def run(self, client: OllamaClient, sink: Sink) -> dict[str, Any]:
         if self.route not in STREAMED_ROUTES:  # an embedding: one answer
             return await self._embed(client, sink)
         relay, job_id = self.relay, self.job["id"]
@@ -208,7 +217,7 @@ class NodeRun:
             await sink.beat()
         raise OllamaError("Ollama's stream ended without done: true")
 
-    async def _stream(self, client: OllamaClient, sink: Sink) -> AsyncIterator[list[tuple[bytes, dict]]]:
+    async def _stream(self, client: OllamaClient, sink: Sink) -> AsyncIterator[list[tuple[bytes, dict[str, Any]]]]:
         """The node's chunks, a read's at a time. An Anthropic call asking a model that cannot
         think to think is sent again without `think`, as Ollama relaxes it for Claude Code and
         the like (server/routes.go ChatHandler, "relax_thinking"): the node refused it before
@@ -229,7 +238,7 @@ class NodeRun:
         async for lines in client.stream_reads(self.route, body, max_line=FRONT_MAX_LINE):
             yield lines
 
-    async def _embed(self, client: OllamaClient, sink: Sink) -> dict:
+    async def _embed(self, client: OllamaClient, sink: Sink) -> dict[str, Any]:
         reply = await client.post(self.route, self.body, max_bytes=EMBED_MAX_BYTES)
         vectors = reply.get("embeddings") if isinstance(reply, dict) else None
         if vectors is None and isinstance(reply, dict) and "embedding" in reply:

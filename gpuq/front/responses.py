@@ -21,7 +21,7 @@ from .openai_api import openai_error
 # -- the request -> /api/chat -------------------------------------------------------------------
 
 
-def _content(parts: list, where: str) -> tuple[str, list[str]]:
+def _content(parts: list[Any], where: str) -> tuple[str, list[str]]:
     """Input content parts as text and images (convertResponsesContent)."""
     text, images = "", []
     for i, part in enumerate(parts):
@@ -40,7 +40,7 @@ def _content(parts: list, where: str) -> tuple[str, list[str]]:
     return text, images
 
 
-def _parts(content: Any, where: str) -> list:
+def _parts(content: Any, where: str) -> list[Any]:
     """A message's content: a string is one input_text part (ResponsesInputMessage.UnmarshalJSON)."""
     if content is None:
         return []
@@ -51,7 +51,7 @@ def _parts(content: Any, where: str) -> list:
     return content
 
 
-def _kind(item: dict) -> str:
+def _kind(item: dict[str, Any]) -> str:
     """An input item's type; a bare {role, content} is a message (unmarshalResponsesInputItem)."""
     kind = item.get("type") or ("message" if item.get("role") else "")
     if not kind:
@@ -59,7 +59,7 @@ def _kind(item: dict) -> str:
     return kind
 
 
-def _arguments(text: Any) -> dict:
+def _arguments(text: Any) -> dict[str, Any]:
     if text in (None, ""):
         return {}
     if not isinstance(text, str):
@@ -67,10 +67,10 @@ def _arguments(text: Any) -> dict:
     return json_object(text.encode(), "", "failed to parse function call arguments", json_type)
 
 
-def input_messages(items: list) -> list[dict]:
+def input_messages(items: list[Any]) -> list[dict[str, Any]]:
     """Input items as chat messages (FromResponsesRequest): reasoning joins the next assistant
     message, function calls join the assistant message before them, outputs become tool messages."""
-    messages: list[dict] = []
+    messages: list[dict[str, Any]] = []
     pending_thinking = ""
     for i, item in enumerate(items):
         where = f"input[{i}]"
@@ -116,7 +116,7 @@ def input_messages(items: list) -> list[dict]:
     return messages
 
 
-def _merged_into_call(messages: list[dict], msg: dict, items: list, i: int) -> bool:
+def _merged_into_call(messages: list[dict[str, Any]], msg: dict[str, Any], items: list[Any], i: int) -> bool:
     """An assistant message replayed between a function_call and its output joins the message
     that holds the call, so the tool result follows the call it answers."""
     following = items[i + 1] if i + 1 < len(items) else None
@@ -140,7 +140,7 @@ def _merged_into_call(messages: list[dict], msg: dict, items: list, i: int) -> b
     return True
 
 
-def _tool(tool: Any) -> list[dict]:
+def _tool(tool: Any) -> list[dict[str, Any]]:
     """One Responses tool as Ollama's (convertTools): flat fields, a namespace expanded into its
     members with qualified names."""
     if not isinstance(tool, dict):
@@ -160,12 +160,34 @@ def _tool(tool: Any) -> list[dict]:
     return [{"type": tool.get("type") or "", "function": function}]
 
 
-def responses_request(body: dict) -> dict:
+def responses_request(body: dict[str, Any]) -> dict[str, Any]:
     """A /v1/responses body as the /api/chat body Ollama makes of it (FromResponsesRequest)."""
     if not isinstance(body.get("model"), str) or not body["model"].strip():
         raise BadRequest("model is required")
     if body.get("stream") is not None and not isinstance(body["stream"], bool):
         raise shapes.wrong("stream", "true or false", body["stream"])
+    out: dict[str, Any] = {
+        "model": body["model"],
+        "messages": _chat_messages(body),
+        "options": _options(body),
+        "stream": bool(body.get("stream")),
+    }
+    if offered := [t for tool in shapes.tools_of(body) for t in _tool(tool)]:
+        out["tools"] = offered
+    if (schema := _schema_of(body)) is not None:
+        out["format"] = schema
+    reasoning = body.get("reasoning")
+    if reasoning is not None and not isinstance(reasoning, dict):
+        raise shapes.wrong("reasoning", "an object", reasoning)
+    think = shapes.think_from_effort((reasoning or {}).get("effort"))
+    if think is not None:
+        out["think"] = think
+    return out
+
+
+def _chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The instructions (if any) as the system message, then the input: a string is one user
+    message, an array its items' (input_messages)."""
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise shapes.wrong("instructions", "a string", instructions)
@@ -178,6 +200,11 @@ def responses_request(body: dict) -> dict:
         messages += input_messages(given)
     elif given is not None:
         raise BadRequest("input must be a string or array")
+    return messages
+
+
+def _options(body: dict[str, Any]) -> dict[str, Any]:
+    """The sampling fields as Ollama's options (temperature 1.0 unless given, as Ollama's layer)."""
     options: dict[str, Any] = {}
     temperature = shapes.number(body, "temperature")
     options["temperature"] = 1.0 if temperature is None else temperature
@@ -185,30 +212,21 @@ def responses_request(body: dict) -> dict:
         options["top_p"] = top_p
     if (limit := shapes.whole(body, "max_output_tokens")) is not None:
         options["num_predict"] = limit
-    out: dict[str, Any] = {
-        "model": body["model"],
-        "messages": messages,
-        "options": options,
-        "stream": bool(body.get("stream")),
-    }
-    if offered := [t for tool in shapes.tools_of(body) for t in _tool(tool)]:
-        out["tools"] = offered
+    return options
+
+
+def _schema_of(body: dict[str, Any]) -> Any:
+    """text.format's JSON schema, Ollama's format; None when it asks for none."""
     fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema" and fmt.get("schema") is not None:
-        out["format"] = fmt["schema"]
-    reasoning = body.get("reasoning")
-    if reasoning is not None and not isinstance(reasoning, dict):
-        raise shapes.wrong("reasoning", "an object", reasoning)
-    think = shapes.think_from_effort((reasoning or {}).get("effort"))
-    if think is not None:
-        out["think"] = think
-    return out
+        return fmt["schema"]
+    return None
 
 
 # -- the node's chunks -> the response ------------------------------------------------------------
 
 
-def _usage(chunk: dict) -> dict:
+def _usage(chunk: dict[str, Any]) -> dict[str, Any]:
     prompt, completion = chunk.get("prompt_eval_count") or 0, chunk.get("eval_count") or 0
     return {
         "input_tokens": prompt,
@@ -219,7 +237,7 @@ def _usage(chunk: dict) -> dict:
     }
 
 
-def _echo_tools(body: dict) -> list[dict]:
+def _echo_tools(body: dict[str, Any]) -> list[dict[str, Any]]:
     return [
         {
             "type": t.get("type"),
@@ -233,14 +251,14 @@ def _echo_tools(body: dict) -> list[dict]:
     ]
 
 
-def _text_format(body: dict) -> dict:
+def _text_format(body: dict[str, Any]) -> dict[str, Any]:
     fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
     if not isinstance(fmt, dict):
         return {"type": "text"}
     return {"type": fmt.get("type"), **{k: fmt[k] for k in ("name", "schema", "strict") if fmt.get(k) is not None}}
 
 
-def _reasoning_echo(body: dict) -> dict | None:
+def _reasoning_echo(body: dict[str, Any]) -> dict[str, Any] | None:
     given = body.get("reasoning")
     reasoning = given if isinstance(given, dict) else {}
     if not (reasoning.get("effort") or reasoning.get("summary")):
@@ -249,8 +267,13 @@ def _reasoning_echo(body: dict) -> dict | None:
 
 
 def response_object(
-    response_id: str, body: dict, status: str, output: list, usage: dict | None, created_at: int | None = None
-) -> dict:
+    response_id: str,
+    body: dict[str, Any],
+    status: str,
+    output: list[dict[str, Any]],
+    usage: dict[str, Any] | None,
+    created_at: int | None = None,
+) -> dict[str, Any]:
     """The `response` object, the request's settings echoed (buildResponseObject, ToResponse)."""
 
     def number(key: str) -> Any:
@@ -291,11 +314,11 @@ def response_object(
     }
 
 
-def _text_part(text: str) -> dict:
+def _text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def _message_item(item_id: str, text: str, status: str = "completed") -> dict:
+def _message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
     return {
         "id": item_id,
         "type": "message",
@@ -305,7 +328,7 @@ def _message_item(item_id: str, text: str, status: str = "completed") -> dict:
     }
 
 
-def _reasoning_item(item_id: str, thinking: str) -> dict:
+def _reasoning_item(item_id: str, thinking: str) -> dict[str, Any]:
     return {
         "id": item_id,
         "type": "reasoning",
@@ -314,7 +337,7 @@ def _reasoning_item(item_id: str, thinking: str) -> dict:
     }
 
 
-def _call_item(item_id: str, call: dict, status: str = "completed") -> dict:
+def _call_item(item_id: str, call: dict[str, Any], status: str = "completed") -> dict[str, Any]:
     return {
         "id": item_id,
         "type": "function_call",
@@ -325,7 +348,7 @@ def _call_item(item_id: str, call: dict, status: str = "completed") -> dict:
     }
 
 
-def whole_response(response_id: str, item_id: str, reply: dict, body: dict) -> dict:
+def whole_response(response_id: str, item_id: str, reply: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
     """stream:false: the collected chat reply as one `response` (ToResponse): reasoning, then the
     tool calls or else the message."""
     message = reply.get("message") or {}
@@ -346,7 +369,7 @@ class ResponsesStream:
     .in_progress first; reasoning as a reasoning item; tool calls as function_call items (text
     after them is dropped); text as one message item; response.completed with the usage."""
 
-    def __init__(self, response_id: str, item_id: str, body: dict):
+    def __init__(self, response_id: str, item_id: str, body: dict[str, Any]):
         self.id, self.item_id, self.body = response_id, item_id, body
         self.seq = 0
         self.started = False
@@ -356,7 +379,7 @@ class ResponsesStream:
         self.reasoning: list[str] | None = None
         self.text: list[str] | None = None
         self.calls_sent = False
-        self.done_items: list[dict] = []
+        self.done_items: list[dict[str, Any]] = []
 
     def _event(self, kind: str, **data: Any) -> bytes:
         data = {"type": kind, "sequence_number": self.seq, **data}
@@ -418,7 +441,7 @@ class ResponsesStream:
         self.index += 1
         return out
 
-    def _calls(self, calls: list) -> list[bytes]:
+    def _calls(self, calls: list[Any]) -> list[bytes]:
         out = self._end_reasoning()
         for _i, call in enumerate(shapes.tool_calls_out(calls)):
             item = _call_item(f"fc_{self.id}_{self.index}", call)
@@ -479,7 +502,7 @@ class ResponsesStream:
         )
         return out
 
-    def _complete(self, chunk: dict) -> list[bytes]:
+    def _complete(self, chunk: dict[str, Any]) -> list[bytes]:
         out = self._end_reasoning()
         if self.text is not None and not self.calls_sent:
             text = "".join(self.text)
@@ -506,7 +529,7 @@ class ResponsesStream:
         response = response_object(self.id, self.body, "completed", self.done_items, _usage(chunk))
         return out + [self._event("response.completed", response=response)]
 
-    def feed(self, chunk: dict) -> bytes:
+    def feed(self, chunk: dict[str, Any]) -> bytes:
         content, thinking, calls = shapes.chunk_text(chunk)
         out = self._start()
         if thinking:

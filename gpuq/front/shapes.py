@@ -58,7 +58,7 @@ def wrong(field: str, want: str, value: Any) -> BadRequest:
     return BadRequest(f"field '{field}' must be {want}, got {json_type(value)} {json.dumps(value)[:60]}")
 
 
-def tools_of(body: dict) -> list:
+def tools_of(body: dict[str, Any]) -> list[Any]:
     """The request's `tools`: an array (or none), as every API's middleware in Ollama checks it."""
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
@@ -66,7 +66,7 @@ def tools_of(body: dict) -> list:
     return tools or []
 
 
-def number(body: dict, key: str) -> float | int | None:
+def number(body: dict[str, Any], key: str) -> float | int | None:
     value = body.get(key)
     if value is None:
         return None
@@ -75,7 +75,7 @@ def number(body: dict, key: str) -> float | int | None:
     return value
 
 
-def whole(body: dict, key: str) -> int | None:
+def whole(body: dict[str, Any], key: str) -> int | None:
     value = body.get(key)
     if value is None:
         return None
@@ -92,7 +92,7 @@ def think_from_effort(effort: Any) -> bool | str | None:
         return False
     if effort == "minimal":
         return "low"
-    if effort in THINK_LEVELS:
+    if isinstance(effort, str) and effort in THINK_LEVELS:
         return effort
     if effort in ("xhigh", "ultra"):
         return "max"
@@ -119,14 +119,14 @@ def image_of(url: Any) -> str:
     raise BadRequest("invalid image input")
 
 
-def message(role: str, content: str = "", **extra: Any) -> dict:
+def message(role: str, content: str = "", **extra: Any) -> dict[str, Any]:
     """A chat message in Ollama's terms; empty extras left out."""
     out: dict[str, Any] = {"role": role, "content": content}
     out.update({k: v for k, v in extra.items() if v})
     return out
 
 
-def chunk_text(chunk: dict) -> tuple[str, str, list]:
+def chunk_text(chunk: dict[str, Any]) -> tuple[str, str, list[Any]]:
     """(answer, reasoning, tool calls) in one chunk of /api/chat or /api/generate."""
     message = chunk.get("message")
     if isinstance(message, dict):
@@ -134,7 +134,7 @@ def chunk_text(chunk: dict) -> tuple[str, str, list]:
     return chunk.get("response") or "", chunk.get("thinking") or "", chunk.get("tool_calls") or []
 
 
-def tool_calls_out(calls: list) -> list[dict]:
+def tool_calls_out(calls: list[Any]) -> list[dict[str, Any]]:
     """Ollama tool calls as OpenAI's (arguments as a JSON string)."""
     out = []
     for call in calls:

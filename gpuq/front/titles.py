@@ -45,7 +45,7 @@ def _last_words(turns: list[tuple[str, int]]) -> str:
     return with_images(turns[-1][0].strip(), [None] * turns[-1][1]) if turns else ""
 
 
-def chat_prompt(body: dict) -> str:
+def chat_prompt(body: dict[str, Any]) -> str:
     """Ollama's /api/chat and OpenAI's chat: the last user message with words of its own (an
     OpenAI message's text parts joined), its images counted; tool messages are not the user's."""
     turns = []
@@ -76,7 +76,7 @@ def _system_text(system: Any) -> str:
     return "\n".join(b["text"] for b in blocks if isinstance(b, dict) and isinstance(b.get("text"), str))
 
 
-def _asks_for_title(body: dict) -> bool:
+def _asks_for_title(body: dict[str, Any]) -> bool:
     """A call made to name the conversation: it offers no tool, and its system prompt or its
     structured output asks for a title (Claude Code 2.1's `{"title": ...}` JSON schema)."""
     if body.get("tools"):
@@ -90,7 +90,7 @@ def _asks_for_title(body: dict) -> bool:
     return re.search(r"\btitle\b", _system_text(body.get("system")), re.IGNORECASE) is not None
 
 
-def _is_quota_probe(body: dict) -> bool:
+def _is_quota_probe(body: dict[str, Any]) -> bool:
     """Claude Code's check of its rate limits: one user message "quota", max_tokens 1, no system."""
     messages = body.get("messages")
     return (
@@ -102,7 +102,7 @@ def _is_quota_probe(body: dict) -> bool:
     )
 
 
-def messages_prompt(body: dict) -> str:
+def messages_prompt(body: dict[str, Any]) -> str:
     """Anthropic's Messages: the last user message's text blocks, its tool_result blocks left out;
     an agent's side call says so, with the words it is about."""
     if _is_quota_probe(body):
@@ -114,7 +114,7 @@ def messages_prompt(body: dict) -> str:
     return words
 
 
-def _person_words(body: dict) -> str:
+def _person_words(body: dict[str, Any]) -> str:
     turns = []
     for msg in body.get("messages") or []:
         if not isinstance(msg, dict) or msg.get("role") != "user":
@@ -133,7 +133,7 @@ def _person_words(body: dict) -> str:
     return _last_words(turns)
 
 
-def responses_prompt(body: dict) -> str:
+def responses_prompt(body: dict[str, Any]) -> str:
     """OpenAI's Responses: a string input, else the last user message item's input_text parts
     (function_call_output items are tool results)."""
     given = body.get("input")
@@ -155,7 +155,7 @@ def responses_prompt(body: dict) -> str:
     return _last_words(turns)
 
 
-def generate_prompt(body: dict) -> str:
+def generate_prompt(body: dict[str, Any]) -> str:
     prompt = body.get("prompt")
     return with_images(prompt if isinstance(prompt, str) else "", body.get("images"))
 
