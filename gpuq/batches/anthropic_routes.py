@@ -8,9 +8,10 @@ from __future__ import annotations
 from aiohttp import web
 
 from ..errors import FrontError
+from ..front.call import actor_of
 from ..front.context import json_of
 from ..front.shapes import dumps
-from .doors import actor_of, batches_of, caller_of, json_reply, limit_of
+from .doors import batches_of, caller_of, json_reply, limit_of
 from .shapes import anthropic_result, message_batch
 
 

@@ -10,7 +10,6 @@ from aiohttp import web
 from ..access.identity import ANYONE, Caller
 from ..access.tokens import CALLER
 from ..errors import FrontError
-from ..front.call import actor_of
 from ..front.shapes import dumps
 from .service import BatchService
 

@@ -12,8 +12,9 @@ from typing import Any
 from aiohttp import web
 
 from ..errors import FrontError
+from ..front.call import actor_of
 from ..front.context import json_of
-from .doors import actor_of, batches_of, caller_of, json_reply, limit_of
+from .doors import batches_of, caller_of, json_reply, limit_of
 from .shapes import batch_object, file_object
 
 
