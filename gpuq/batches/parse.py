@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import FrontError, GpuqError
 from ..front.call import check_text_size
 from ..front.endpoints import ENDPOINTS, Endpoint
-from ..front.shapes import dumps
+from ..front.stored import StoredCall
 from ..jobs import NewJob
 
 # The endpoints a batch may call, as OpenAI's Batch API lists them (and Anthropic's Messages).
@@ -170,13 +170,13 @@ def line_job(
         if not isinstance(model, str) or not model.strip():
             raise FrontError(400, "model is required")
         model = model_of(model)
-        request = {"path": ep.path, "user_agent": client, "body": body, "batch": batch_id, "custom_id": line.custom_id}
+        request = StoredCall(ep.path, body, client, batch_id, line.custom_id)
         job = NewJob(
             kind=ep.kind,
             prompt=ep.prompt(body),
             model=model,
             endpoint=ep.path,
-            request=dumps(request),
+            request=request.dumps(),
             owner=owner,
             client=client,
             lane=lane,

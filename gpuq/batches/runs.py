@@ -7,7 +7,6 @@ go through it unchanged."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import Any
 
@@ -33,49 +32,42 @@ class BatchRelay(Relay):
         self.store = store
         self.gathering: dict[str, list[Any]] = {}  # a running batch line's chunks (or its one reply)
 
-    def prepare(self, job: dict, policy: Policy, node: str) -> Any:
+    def prepare(self, job: dict[str, Any], policy: Policy, node: str) -> NodeRun:
         run = super().prepare(job, policy, node)
-        if '"batch":' not in job["request"]:  # no batch's line (a scan, not a second parse of the call)
-            return run
-        request = json.loads(job["request"])
-        if not request.get("batch"):
-            return run
-        return BatchLineRun(self, run, request)
+        return run if run.call.batch is None else BatchLineRun(self, run)
 
-    def chunk(self, job_id: str, raw: bytes, chunk: dict) -> None:
+    def chunk(self, job_id: str, raw: bytes, chunk: dict[str, Any]) -> None:
         kept = self.gathering.get(job_id)
         if kept is None:
             super().chunk(job_id, raw, chunk)
         else:
             kept.append(chunk)
 
-    def tell(self, job_id: str, *item) -> None:
+    def tell(self, job_id: str, *item: Any) -> None:
         kept = self.gathering.get(job_id)
         if kept is not None and item and item[0] == "reply":  # an embedding's one reply
             kept.append(item[1])
         super().tell(job_id, *item)
 
 
-class BatchLineRun:
-    """A batch line's NodeRun, its reply kept for the batch when the node's answer is whole."""
+class BatchLineRun(NodeRun):
+    """A batch line's run, its reply kept for the batch when the node's answer is whole."""
 
-    def __init__(self, relay: BatchRelay, run: NodeRun, request: dict):
-        self.relay, self.run_, self.request = relay, run, request
-        self.options = run.options
-        self.keep_s = run.keep_s
+    def __init__(self, relay: BatchRelay, run: NodeRun) -> None:
+        super().__init__(relay, run.job, run.node, run.route, run.body, run.keep_s, run.call)
+        self.batch_relay = relay
 
-    async def run(self, client: OllamaClient, sink: Sink) -> dict:
-        job_id = self.run_.job["id"]
+    async def run(self, client: OllamaClient, sink: Sink) -> dict[str, Any]:
+        job_id = self.job["id"]
         kept: list[Any] = []
-        self.relay.gathering[job_id] = kept
+        self.batch_relay.gathering[job_id] = kept
         try:
-            last = await self.run_.run(client, sink)
+            last = await super().run(client, sink)
         finally:
-            self.relay.gathering.pop(job_id, None)
-        ep = ENDPOINTS[self.request["path"]]
-        reply = collected(ep.node_route, kept, self.run_.body) if ep.node_streams else (kept[-1] if kept else {})
-        body = self.request["body"]
-        whole = ep.whole(ep.reply_id(job_id), job_id, body, reply) if ep.whole is not None else reply
+            self.batch_relay.gathering.pop(job_id, None)
+        ep = ENDPOINTS[self.call.path]
+        reply = collected(ep.node_route, kept, self.body) if ep.node_streams else (kept[-1] if kept else {})
+        whole = ep.whole(ep.reply_id(job_id), job_id, self.call.body, reply) if ep.whole is not None else reply
         await self.keep(job_id, dumps(whole))
         return last
 
@@ -85,7 +77,7 @@ class BatchLineRun:
         delay = 0.1
         while True:
             try:
-                await self.relay.store.keep_batch_response(job_id, response)
+                await self.batch_relay.store.keep_batch_response(job_id, response)
                 return
             except StoreUnavailable as exc:
                 log.error("job=%s batch reply not kept yet, trying again in %gs: %s", job_id, delay, exc.message)

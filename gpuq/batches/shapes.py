@@ -154,9 +154,8 @@ def processing_status(batch: dict[str, Any]) -> str:
 
 def ended_at(batch: dict[str, Any]) -> str | None:
     """When it ended: an expired one at its finalizing (the schema keeps no expired_at)."""
-    if batch["status"] == "expired":
-        return batch["finalizing_at"]
-    return batch["completed_at"] or batch["cancelled_at"] or batch["failed_at"]
+    ended: str | None = batch["finalizing_at"] if batch["status"] == "expired" else None
+    return ended or batch["completed_at"] or batch["cancelled_at"] or batch["failed_at"]
 
 
 def message_batch(batch: dict[str, Any], base_url: str) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from .names import aliased, local_name
 from .ollama_api import collected, is_load_or_unload, load_or_unload_reply, ollama_error, unloads
 from .relay import CLIENT_BACKLOG_BYTES, Inbox, InboxItem
 from .shapes import dumps
+from .stored import StoredCall
 
 log = logging.getLogger("gpuq")
 
@@ -147,13 +148,13 @@ class Call:
     # -- submit ---------------------------------------------------------------------------
 
     def new_job(self, job_id: str) -> NewJob:
-        request = {"path": self.endpoint, "user_agent": self.request.headers.get("User-Agent"), "body": self.body}
+        request = StoredCall(self.endpoint, self.body, self.request.headers.get("User-Agent"))
         return NewJob(
             kind=self.ep.kind,
             prompt=self.ep.prompt(self.body),
             model=self.ollama["model"].strip(),
             endpoint=self.endpoint,
-            request=dumps(request),
+            request=request.dumps(),
             job_id=job_id,
             owner=self.caller.name,
             client=self.request.headers.get("User-Agent"),

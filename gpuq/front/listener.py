@@ -14,6 +14,7 @@ import socket
 from collections.abc import Callable, Sequence
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from ..access.connections import BACKLOG, ConnectionGuard, bind_sockets, body_deadline
 from ..access.doors import front_access
@@ -44,7 +45,7 @@ FRONT_DOOR = DoorWords(
 
 
 @web.middleware
-async def errors_middleware(request: web.Request, handler):
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except Exception as exc:
@@ -123,7 +124,7 @@ def create_front_app(
 class FrontDoor:
     """The running front door: its runner, its servers and the address clients use."""
 
-    def __init__(self, runner: web.AppRunner, servers: list, url: str):
+    def __init__(self, runner: web.AppRunner, servers: list[asyncio.Server], url: str) -> None:
         self.runner = runner
         self.servers = servers
         self.url = url

@@ -32,6 +32,7 @@ from .anthropic import relaxes_thinking
 from .endpoints import STREAMED_ROUTES, api_of, node_request
 from .ollama_api import keep_alive_s
 from .shapes import chunk_text
+from .stored import StoredCall
 
 log = logging.getLogger("gpuq")
 
@@ -152,7 +153,8 @@ class Relay:
 
     def prepare(self, job: dict[str, Any], policy: Policy, node: str) -> NodeRun:
         self.tell(job["id"], "start", node)
-        client = json.loads(job["request"])["body"]
+        call = StoredCall.parse(job["request"])
+        client = call.body
         keep_s = client_keep_s(job["endpoint"], client, policy)
         # The node is asked with the client's keep_alive (capped), so a router that dies leaves the
         # model to Ollama's own timer; else with the node's unload policy (0 for "after-each", a
@@ -160,7 +162,7 @@ class Relay:
         route, body = node_request(
             job["endpoint"], client, policy.think, policy.options, call_keep_alive(keep_s, policy), job["model"]
         )
-        return NodeRun(self, job, node, route, body, keep_s)
+        return NodeRun(self, job, node, route, body, keep_s, call)
 
     def waits(self, job_id: str) -> bool:
         return job_id in self.waiting
@@ -191,10 +193,18 @@ class NodeRun:
     answer, the reasoning and any tool calls kept as the job's output."""
 
     def __init__(
-        self, relay: Relay, job: dict[str, Any], node: str, route: str, body: dict[str, Any], keep_s: float = 0.0
+        self,
+        relay: Relay,
+        job: dict[str, Any],
+        node: str,
+        route: str,
+        body: dict[str, Any],
+        keep_s: float,
+        call: StoredCall,
     ) -> None:
         self.relay, self.job, self.node, self.route, self.body = relay, job, node, route, body
         self.keep_s = keep_s
+        self.call = call  # the job's stored request (its batch, when it is a batch's line)
         self.options = body.get("options")
 
     async def run(self, client: OllamaClient, sink: Sink) -> dict[str, Any]:

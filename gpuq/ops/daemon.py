@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -373,12 +374,12 @@ async def drain(app: web.Application, stop: asyncio.Event, signals: list[int]) -
     await dispatcher.fail_running(STOPPED_NOW.format(why=why))
 
 
-async def running_lines(app: web.Application, running: list[dict]) -> list[str]:
+async def running_lines(app: web.Application, running: list[dict[str, Any]]) -> list[str]:
     """One line per running job: its id, node, model, how long it has run and, when its node's
     past runs tell, about how long it has left (gpuq/eta.py)."""
     from ..api.state import DISPATCHER, STORE
 
-    rows: dict[str, dict] = {}
+    rows: dict[str, dict[str, Any]] = {}
     found = {}
     try:
         plans = await app[STORE].queue_plans(sorted({r["node"] for r in running}), 1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 
 from ..batches.service import BatchService
 from ..bus import Bus
@@ -74,7 +75,7 @@ class Upkeep:
     async def start(self) -> None:
         for service in self.services:
             await service.start()
-            self.loops.start(service.name, lambda service=service: keep(service))
+            self.loops.start(service.name, partial(keep, service))
 
     async def stop(self) -> None:
         """The loops cancelled and awaited, then each service closed."""
