@@ -4,6 +4,7 @@ the page's strip and its numbers are tested without a clock."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .jobs import JobState, parse_iso
 
@@ -15,7 +16,7 @@ class NodeActivity:
     finished: int  # runs that ended done or failed inside the window
 
 
-def activity(runs: list[dict], start: float, end: float) -> dict[str, NodeActivity]:
+def activity(runs: list[dict[str, Any]], start: float, end: float) -> dict[str, NodeActivity]:
     """Per node: when a run occupied it between `start` and `end` (a running run up to `end`),
     merged into spans, and how many runs finished there. `runs` are rows of node, state,
     started_at, finished_at (ISO; finished_at None while running)."""

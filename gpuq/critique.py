@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 SEVERITIES = ("low", "medium", "high")
 
@@ -41,7 +42,7 @@ def instruction(template: str, subject: str) -> str:
     return template.replace("{subject}", subject)
 
 
-def parse_findings(reply: str) -> list[dict]:
+def parse_findings(reply: str) -> list[dict[str, Any]]:
     """The findings in a model's reply, checked against FINDINGS_SCHEMA."""
     try:
         data = json.loads(reply)

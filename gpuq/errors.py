@@ -311,7 +311,7 @@ STRICT: dict[str, Any] = {"parse_constant": _no_constant, "parse_float": _finite
 
 def json_object(
     raw: bytes, missing: str, malformed: str, type_name: Callable[[Any], str], strict: bool = False
-) -> dict:
+) -> dict[str, Any]:
     """A request body as a JSON object, else BadRequest naming what is wrong, in the words of the
     API that asks (gpuq's own, or Ollama's at the front door). `strict`: NaN, Infinity and
     numbers past a float refused, as Ollama's parser refuses them (the front door, whose bodies

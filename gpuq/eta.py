@@ -4,7 +4,7 @@ A job's expected run time on its node is the median of the node's last 20 done r
 job's model, else of the node's last 20 done runs of any model, else unknown. The running job
 ends at its start plus its expected time (never before now: an overdue job ends "any moment").
 A waiting job starts when every job ahead of it on its node has run, held critiques included
-(each counted in its place, as the issue asks: it may run there once its parent is done); a held
+(each counted in its place: it may run there once its parent is done); a held
 critique itself starts no earlier than its parent's estimated finish. A node that is down or
 has a model stuck in VRAM starts nothing: its waiting jobs get no estimate, with the reason."""
 
@@ -47,7 +47,8 @@ class History:
     """Recent done run times in seconds, newest first: per (node, model) and per (node, None)."""
 
     runs: dict[tuple[str, str | None], list[float]] = field(default_factory=dict)
-    _medians: dict = field(default_factory=dict, compare=False, repr=False)  # a queue repeats its models
+    # (node, model) -> its expected run time, worked out once: a queue repeats its models
+    _medians: dict[tuple[str, str], float | None] = field(default_factory=dict, compare=False, repr=False)
 
     def expected_s(self, node: str, model: str) -> float | None:
         if (node, model) not in self._medians:

@@ -74,7 +74,7 @@ def options_problem(value: Any) -> str | None:
     return None
 
 
-def merged_options(node: dict | None, job: dict | None) -> dict | None:
+def merged_options(node: dict[str, Any] | None, job: dict[str, Any] | None) -> dict[str, Any] | None:
     """The options a run sends: the job's over the node's (a job's null leaves the node's value,
     as null leaves Ollama's default); None when neither has any."""
     merged = {**(node or {}), **{k: v for k, v in (job or {}).items() if v is not None}}

@@ -5,6 +5,7 @@ router's wiring (gpuq/api/app.py's reload_config, Dispatcher.reconfigure) applie
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 from .config import KEYS, LEGACY_ADMIN, NodeConfig, Settings, UserConfig
 
@@ -81,7 +82,7 @@ class Plan:
     def changed(self) -> bool:
         return bool(self.added or self.removed or self.nodes or self.router)
 
-    def json(self) -> dict:
+    def json(self) -> dict[str, Any]:
         return {
             "changed": self.changed,
             "added": list(self.added),

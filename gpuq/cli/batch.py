@@ -1,4 +1,4 @@
-"""`gpuq batch`: sweeps (issue 37) from the command line, through the router's API
+"""`gpuq batch`: sweeps from the command line, through the router's API
 (/api/batches): submit a JSON Lines file (OpenAI's Batch API input: one request a line), list,
 show (counts, ETA, the failed lines), cancel, results, and retry of the failed lines."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from typing import Any
 
 import click
 
@@ -27,21 +28,21 @@ def batch() -> None:
     """
 
 
-def progress(b: dict) -> str:
+def progress(b: dict[str, Any]) -> str:
     """'412 of 2,000 done, 3 failed' as the page says it."""
     counts = b["request_counts"]
     text = f"{counts['completed']:,} of {counts['total']:,} done"
     return text + (f", {counts['failed']:,} failed" if counts["failed"] else "")
 
 
-def eta_text(b: dict) -> str:
+def eta_text(b: dict[str, Any]) -> str:
     eta = b.get("eta") or {}
     if eta.get("finish_s"):
         return f"ETA {about(eta['finish_s'] - time.time())}"
     return f"ETA unknown ({eta['reason']})" if eta.get("reason") else ""
 
 
-def print_batch(b: dict) -> None:
+def print_batch(b: dict[str, Any]) -> None:
     click.echo(f"batch {b['id']}  {b['status']}  {b['name'] or ''}")
     click.echo(f"  {b['endpoint']} ({b['api']}), owner {b['owner'] or '-'}, created {ago(b['created_at'])} ago")
     line = f"  {progress(b)}"

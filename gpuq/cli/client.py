@@ -10,6 +10,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from email.message import Message
+from http.client import HTTPResponse
 from typing import Any
 
 from .. import __version__
@@ -35,7 +36,7 @@ class Router:
 
     def _request(
         self, method: str, path: str, body: Any = None, timeout: float | None = None, allow: tuple[int, ...] = ()
-    ):
+    ) -> HTTPResponse | urllib.error.HTTPError:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.base_url + path, data=data, method=method)
         req.add_header("X-Gpuq-Actor", "cli")
@@ -46,7 +47,8 @@ class Router:
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
         try:
-            return urllib.request.urlopen(req, timeout=timeout or self.timeout_s)
+            resp: HTTPResponse = urllib.request.urlopen(req, timeout=timeout or self.timeout_s)
+            return resp
         except urllib.error.HTTPError as exc:
             if exc.code in allow:
                 return exc  # e.g. /health's 503 still carries the report
@@ -68,16 +70,16 @@ class Router:
                 f"is {self.base_url} the router's URL?",
             ) from None
 
-    def call(self, method: str, path: str, body: Any = None, allow: tuple[int, ...] = ()) -> dict:
+    def call(self, method: str, path: str, body: Any = None, allow: tuple[int, ...] = ()) -> dict[str, Any]:
         url = self.base_url + path
         with self._request(method, path, body, allow=allow) as resp:
             raw = self._read(resp, url)
             data = _json_object(raw)
             if not data:  # every gpuq answer is a non-empty JSON object
-                raise self._foreign(url, resp.status, resp.headers, raw)
+                raise self._foreign(url, _status(resp), resp.headers, raw)
             return data
 
-    def lines(self, path: str) -> Iterator[dict]:
+    def lines(self, path: str) -> Iterator[dict[str, Any]]:
         """Follow an NDJSON stream line by line."""
         url = self.base_url + path
         with self._request("GET", path, timeout=3600 * 24) as resp:
@@ -86,12 +88,12 @@ class Router:
                     if raw.strip():
                         line = _json_object(raw)
                         if not line:
-                            raise self._foreign(url, resp.status, resp.headers, raw)
+                            raise self._foreign(url, _status(resp), resp.headers, raw)
                         yield line
             except BROKEN as exc:
                 raise ApiError("-", f"the stream from {url} broke off: {_describe(exc)}") from None
 
-    def _read(self, resp, url: str) -> bytes:
+    def _read(self, resp: HTTPResponse | urllib.error.HTTPError, url: str) -> bytes:
         try:
             return resp.read()
         except BROKEN as exc:
@@ -110,7 +112,12 @@ class Router:
         return ApiError(status, f"{url} answered {what}, not gpuq's JSON; is {self.base_url} the router's URL?")
 
 
-def _json_object(raw: bytes) -> dict:
+def _status(resp: HTTPResponse | urllib.error.HTTPError) -> int:
+    """An answer's HTTP status; an error answer let through (`allow`) carries it as its code."""
+    return resp.code if isinstance(resp, urllib.error.HTTPError) else resp.status
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
     """The JSON object in `raw`, or {} when it holds anything else."""
     try:
         data = json.loads(raw)

@@ -8,7 +8,8 @@ import functools
 import os
 import sys
 import time
-from typing import NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn, ParamSpec, TypeVar
 from urllib.parse import quote
 
 import click
@@ -18,16 +19,21 @@ from ..jobs import ACTIVE, JobState, parse_iso, span
 from .client import ApiError, Router
 from .where import find_router, notice, read_config
 
+P = ParamSpec("P")
+R = TypeVar("R")
 
-def fail(status, message: str) -> NoReturn:
+
+def fail(status: int | str, message: str) -> NoReturn:
     click.echo(f"error {status} {message}", err=True)
     click.echo("not retried", err=True)
     sys.exit(1)
 
 
-def api_errors(fn):
+def api_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """A command that meets an ApiError fails the CLI's way (`error <status> <message>`, exit 1)."""
+
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return fn(*args, **kwargs)
         except ApiError as exc:
@@ -84,7 +90,7 @@ def in_about(ts: str) -> str:
     return "now" if seconds < 0.5 else f"in {about(seconds)}"
 
 
-def eta_summary(job: dict) -> str | None:
+def eta_summary(job: dict[str, Any]) -> str | None:
     """'est. start in ~4 min, finish in ~9 min' (a waiting job), 'est. finish in ~2 min' (a
     running one), with the reason when a time is unknown. None for a finished job."""
     if job.get("state") not in ACTIVE or "eta_finish" not in job:
@@ -106,7 +112,7 @@ def excerpt(text: str, width: int = 50, more: bool = False) -> str:
     return flat + "…" if more else flat
 
 
-def prompt_excerpt(job: dict, width: int = 50) -> str:
+def prompt_excerpt(job: dict[str, Any], width: int = 50) -> str:
     """A listed job's prompt: listings carry its first characters and its size in bytes."""
     if job.get("private"):
         return private_label(job)
@@ -114,11 +120,11 @@ def prompt_excerpt(job: dict, width: int = 50) -> str:
     return excerpt(text, width, more=len(text.encode("utf-8")) < job["prompt_bytes"])
 
 
-def private_label(job: dict) -> str:
+def private_label(job: dict[str, Any]) -> str:
     """Another user's job on a private router ([router] private) comes without its text: whose it is."""
     return f"private: {job['owner']}'s job" if job.get("owner") else "private: a job of no user"
 
 
-def owner_of(job: dict) -> str:
+def owner_of(job: dict[str, Any]) -> str:
     """A job's owner as a column shows it: '-' for a job of no user."""
     return excerpt(job.get("owner") or "-", 10)

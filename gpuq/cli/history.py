@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 from urllib.parse import urlencode
 
 import click
@@ -37,10 +38,10 @@ def since_time(text: str) -> float:
 
 def history_jobs(
     router: Router, state: str | None, node: str | None, since: float | None, limit: int, owner: str | None = None
-) -> tuple[list[dict], bool]:
+) -> tuple[list[dict[str, Any]], bool]:
     """The newest finished jobs (at most `limit`, none older than `since`), and whether there are
     more. /api/history pages newest first; `since` is where the paging stops."""
-    jobs: list[dict] = []
+    jobs: list[dict[str, Any]] = []
     offset = 0
     while True:
         size = min(500, limit + 1 - len(jobs))
@@ -72,7 +73,15 @@ def history_jobs(
 @click.option("--json", "as_json", is_flag=True, help='Print {"jobs": [...], "more": true|false} as JSON.')
 @click.pass_context
 @api_errors
-def history(ctx, state, node, owner, since, limit, as_json) -> None:
+def history(
+    ctx: click.Context,
+    state: str | None,
+    node: str | None,
+    owner: str | None,
+    since: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
     """Finished jobs, newest first: how each ended, when, how long it ran, and why it failed.
 
     Example: gpuq history --state failed --since 2h

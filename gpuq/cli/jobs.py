@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
@@ -14,6 +16,8 @@ from ..jobs import FINAL, JobState, parse_iso
 from ..params import THINK_LEVELS
 from .client import ApiError, Router
 from .common import ago, api_errors, eta_summary, excerpt, fail, private_label, router_of, seg
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def read_text(path: str) -> str:
@@ -26,7 +30,7 @@ def read_text(path: str) -> str:
         raise  # unreachable
 
 
-def ollama_params(fn):
+def ollama_params(fn: F) -> F:
     """--think/--no-think, --think-level and --option KEY=VALUE, for the commands that submit."""
     fn = click.option(
         "--option",
@@ -47,12 +51,12 @@ def ollama_params(fn):
     )(fn)
 
 
-def params_body(think: bool | None, think_level: str | None, options: tuple[str, ...]) -> dict:
+def params_body(think: bool | None, think_level: str | None, options: tuple[str, ...]) -> dict[str, Any]:
     """The API fields for --think, --think-level and --option (values read as JSON when they are)."""
     if think is not None and think_level is not None:
         raise click.UsageError("give --think/--no-think or --think-level, not both")
-    body: dict = {"think": think_level if think_level is not None else think}
-    parsed = {}
+    body: dict[str, Any] = {"think": think_level if think_level is not None else think}
+    parsed: dict[str, Any] = {}
     for item in options:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
@@ -65,7 +69,7 @@ def params_body(think: bool | None, think_level: str | None, options: tuple[str,
     return body
 
 
-def after_submit(job: dict) -> str:
+def after_submit(job: dict[str, Any]) -> str:
     """The line `gpuq task` prints after placing a job: when it should start (it may already
     have started, or even finished)."""
     if job["state"] == JobState.RUNNING:
@@ -100,7 +104,20 @@ def clock(ts: str) -> str:
 @ollama_params
 @click.pass_context
 @api_errors
-def task(ctx, prompt, file_, model, node, timeout, priority, wait, think, think_level, options, as_json) -> None:
+def task(
+    ctx: click.Context,
+    prompt: str | None,
+    file_: str | None,
+    model: str | None,
+    node: str | None,
+    timeout: float | None,
+    priority: str | None,
+    wait: bool,
+    think: bool | None,
+    think_level: str | None,
+    options: tuple[str, ...],
+    as_json: bool,
+) -> None:
     """Submit a task: it goes to the first free task node by rank.
 
     Example: gpuq task "add a retry budget to the export job" --wait
@@ -164,7 +181,20 @@ def task(ctx, prompt, file_, model, node, timeout, priority, wait, think, think_
 @ollama_params
 @click.pass_context
 @api_errors
-def critique(ctx, file, parent, node, model, timeout, priority, no_wait, as_json, think, think_level, options) -> None:
+def critique(
+    ctx: click.Context,
+    file: str | None,
+    parent: str | None,
+    node: str | None,
+    model: str | None,
+    timeout: float | None,
+    priority: str | None,
+    no_wait: bool,
+    as_json: bool,
+    think: bool | None,
+    think_level: str | None,
+    options: tuple[str, ...],
+) -> None:
     """Fan a critique out to every critique node: each child's id, node and preview link at
     once, then each one's result as it finishes.
 
@@ -205,7 +235,7 @@ def critique(ctx, file, parent, node, model, timeout, priority, no_wait, as_json
         sys.exit(1)
 
 
-def critique_line(job: dict) -> str:
+def critique_line(job: dict[str, Any]) -> str:
     took = ago(job["created_at"], job["finished_at"])
     if job["state"] == JobState.DONE:
         count = len(job.get("findings") or [])
@@ -213,12 +243,13 @@ def critique_line(job: dict) -> str:
     return f"{job['node']} {job['id']} {job['model']} {job['state']} {took}: {job.get('error') or ''}"
 
 
-def wait_all(router: Router, jobs: list[dict], as_json: bool = False) -> list[dict]:
+def wait_all(router: Router, jobs: list[dict[str, Any]], as_json: bool = False) -> list[dict[str, Any]]:
     """Say on stderr when each job starts, and print each one's result as it finishes (on
     stderr too with `as_json`, whose stdout is the finished jobs alone); poll with a gentle
     backoff. The finished jobs, in the order given."""
     seen = {j["id"]: j["state"] for j in jobs}
-    pending, finished, delay = list(seen), {}, 0.05
+    pending, delay = list(seen), 0.05
+    finished: dict[str, dict[str, Any]] = {}
     while pending:
         for job_id in list(pending):
             job = router.call("GET", f"/api/jobs/{seg(job_id)}")
@@ -246,27 +277,13 @@ def follow(router: Router, job_id: str, as_json: bool = False) -> None:
     """Stream a job's output to the terminal; Ctrl-C stops following, the job goes on. With
     `as_json` stdout is only the finished job as JSON (the API's shape): no text, no summary;
     where it waits and when it starts go to stderr either way."""
-    final, shown = None, None  # shown: "thinking" or "text", the kind printed last
+    final: dict[str, Any] | None = None
+    shown: str | None = None  # "thinking" or "text", the kind printed last
     try:
         for line in router.lines(f"/api/jobs/{seg(job_id)}/stream"):
-            for kind in ("thinking", "text"):
-                if kind not in line or as_json:  # --json: the text is in the job's output
-                    continue
-                if kind != shown:  # the reasoning is marked and dimmed, apart from the answer
-                    header = THINKING_HEADER if kind == "thinking" else ANSWER_HEADER if shown else None
-                    if header:
-                        click.echo(("\n" if shown else "") + click.style(header, dim=True))
-                    shown = kind
-                click.echo(click.style(line[kind], dim=True) if kind == "thinking" else line[kind], nl=False)
-                sys.stdout.flush()
-            if "queued" in line:  # where it waits, on stderr: stdout stays the job's output
-                q = line["queued"]
-                held = f", waiting for parent {q['waiting_for']}" if q.get("waiting_for") else ""
-                click.echo(f"queued on {q['node']}, position {q['position']}{held}", err=True)
-            if "started" in line:
-                click.echo(f"started on {line['started']['node']}", err=True)
-            if "pruned" in line and not as_json:  # its output is gone (retention), not empty
-                click.echo(f"({line['pruned']})", nl=False)
+            if not as_json:  # --json: the text is in the job's output
+                shown = print_stream_text(line, shown)
+            print_stream_notes(line, as_json)
             if line.get("done"):
                 final = line["job"]
     except KeyboardInterrupt:
@@ -281,7 +298,37 @@ def follow(router: Router, job_id: str, as_json: bool = False) -> None:
         sys.exit(1)
 
 
-def summary(job: dict) -> str:
+def print_stream_text(line: dict[str, Any], shown: str | None) -> str | None:
+    """A stream line's reasoning and answer, as they come; the reasoning is marked and dimmed,
+    apart from the answer. `shown` is the kind printed last ("thinking" or "text"); returns it
+    after this line."""
+    for kind in ("thinking", "text"):
+        if kind not in line:
+            continue
+        if kind != shown:
+            header = THINKING_HEADER if kind == "thinking" else ANSWER_HEADER if shown else None
+            if header:
+                click.echo(("\n" if shown else "") + click.style(header, dim=True))
+            shown = kind
+        click.echo(click.style(line[kind], dim=True) if kind == "thinking" else line[kind], nl=False)
+        sys.stdout.flush()
+    return shown
+
+
+def print_stream_notes(line: dict[str, Any], as_json: bool) -> None:
+    """What a stream line says about the job rather than its text: where it waits and where it
+    started (on stderr: stdout stays the job's output), and that its output was pruned."""
+    if "queued" in line:
+        q = line["queued"]
+        held = f", waiting for parent {q['waiting_for']}" if q.get("waiting_for") else ""
+        click.echo(f"queued on {q['node']}, position {q['position']}{held}", err=True)
+    if "started" in line:
+        click.echo(f"started on {line['started']['node']}", err=True)
+    if "pruned" in line and not as_json:  # its output is gone (retention), not empty
+        click.echo(f"({line['pruned']})", nl=False)
+
+
+def summary(job: dict[str, Any]) -> str:
     # A cancelled job's error is why it was cancelled ("deleted by cli 127.0.0.1"), not a failure.
     cancelled = job["state"] == JobState.CANCELLED and job.get("error")
     parts = [f"cancelled: {job['error']};" if cancelled else job["state"]]
@@ -301,7 +348,7 @@ def summary(job: dict) -> str:
 @click.option("--json", "as_json", is_flag=True, help="End with the finished job as JSON instead of a summary.")
 @click.pass_context
 @api_errors
-def wait(ctx, job_id, as_json) -> None:
+def wait(ctx: click.Context, job_id: str, as_json: bool) -> None:
     """Follow a job's output until it finishes.
 
     Example: gpuq wait 1760883402-9f3a7c21
@@ -317,7 +364,7 @@ def wait(ctx, job_id, as_json) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
 @click.pass_context
 @api_errors
-def show(ctx, job_id, as_json) -> None:
+def show(ctx: click.Context, job_id: str, as_json: bool) -> None:
     """Show a job: state, timings, prompt, output or findings, runs and events.
 
     Example: gpuq show 1760883402-9f3a7c21
@@ -326,6 +373,23 @@ def show(ctx, job_id, as_json) -> None:
     if as_json:
         click.echo(json.dumps(job, indent=2))
         return
+    print_placement(job)
+    print_eta(job)
+    click.echo(summary(job))
+    if job.get("private"):
+        click.echo(f"\n{private_label(job)}: its prompt, output, runs and events are for its owner and admins")
+        return
+    for ev in job.get("events", []):
+        if (ev["reason"] or "").startswith("warning: "):
+            click.echo(ev["reason"])
+    print_request(job)
+    print_result(job)
+    print_runs(job)
+    print_events(job)
+
+
+def print_placement(job: dict[str, Any]) -> None:
+    """Which job it is, where it went and why, whose it is, and where it waits."""
     click.echo(f"{job['id']}  {job['kind']}  {job['state']}  on {job['node']}  model {job['model']}")
     click.echo(f"placed: {job['placement']}   queued {job['created_at']}")
     click.echo(f"owner: {job.get('owner') or '(no user)'}   client: {job.get('client') or '(not said)'}")
@@ -340,21 +404,23 @@ def show(ctx, job_id, as_json) -> None:
         click.echo(f"position {job['queue_position']} in {job['node']}'s queue")
     if job.get("waiting_for"):
         click.echo(f"waiting for parent {job['waiting_for']} to finish (held: it reviews the parent's result)")
+
+
+def print_eta(job: dict[str, Any]) -> None:
+    """When a job still to end should start and finish, with the clock times."""
     eta = eta_summary(job)
-    if eta:
-        times = [
-            f"{k} {clock(job['eta_' + k])}"
-            for k in ("start", "finish")
-            if job.get("eta_" + k) and not (k == "start" and job["state"] == JobState.RUNNING)
-        ]
-        click.echo(eta + (f"   [{', '.join(times)}]" if times else ""))
-    click.echo(summary(job))
-    if job.get("private"):
-        click.echo(f"\n{private_label(job)}: its prompt, output, runs and events are for its owner and admins")
+    if not eta:
         return
-    for ev in job.get("events", []):
-        if (ev["reason"] or "").startswith("warning: "):
-            click.echo(ev["reason"])
+    times = [
+        f"{k} {clock(job['eta_' + k])}"
+        for k in ("start", "finish")
+        if job.get("eta_" + k) and not (k == "start" and job["state"] == JobState.RUNNING)
+    ]
+    click.echo(eta + (f"   [{', '.join(times)}]" if times else ""))
+
+
+def print_request(job: dict[str, Any]) -> None:
+    """What was asked: the prompt (or where it went), and the thinking and options asked for."""
     click.echo("\n-- prompt --\n" + job["prompt"])
     if job.get("prompt_pruned"):  # the rest is in the archive
         click.echo(f"({job['prompt_pruned']})")
@@ -362,6 +428,10 @@ def show(ctx, job_id, as_json) -> None:
         asked = [f"think {json.dumps(job['think'])}"] if job.get("think") is not None else []
         asked += [f"{k}={json.dumps(v)}" for k, v in (job.get("options") or {}).items()]
         click.echo("asked: " + " ".join(asked))
+
+
+def print_result(job: dict[str, Any]) -> None:
+    """What came back: the reasoning, then the findings (a critique) or the output."""
     if job.get("thinking"):
         click.echo("\n-- thinking --\n" + click.style(job["thinking"], dim=True))
     if job.get("findings") is not None:
@@ -372,6 +442,9 @@ def show(ctx, job_id, as_json) -> None:
         click.echo(f"\n-- output --\n({job['output_pruned']})")
     elif job.get("findings") is None and job.get("output"):
         click.echo("\n-- output --\n" + job["output"])
+
+
+def print_runs(job: dict[str, Any]) -> None:
     click.echo("\n-- runs --")
     for run in job.get("runs", []):
         if run.get("finished_at"):
@@ -381,6 +454,9 @@ def show(ctx, job_id, as_json) -> None:
         click.echo(
             f"run {run['id']} on {run['node']}: {run['state']}, {when}{': ' + run['error'] if run.get('error') else ''}"
         )
+
+
+def print_events(job: dict[str, Any]) -> None:
     click.echo("\n-- events --")
     for ev in job.get("events", []):
         why = f": {ev['reason']}" if ev["reason"] else ""

@@ -8,6 +8,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -102,14 +103,14 @@ def init(path: str, tailscale: bool, ollama_port: int) -> None:
     click.echo("check each node's roles and model, then run `gpuq serve`")
 
 
-def warm_text(warm: dict) -> str:
+def warm_text(warm: dict[str, Any]) -> str:
     """ "qwen3:8b until 14:32" (local time), or "... until the node is idle"."""
     if warm.get("until") is None:
         return f"{warm['model']} until the node is idle"
     return f"{warm['model']} until {time.strftime('%H:%M', time.localtime(parse_iso(warm['until'])))}"
 
 
-def asked_unload_text(u: dict) -> str:
+def asked_unload_text(u: dict[str, Any]) -> str:
     """ "last asked unload: qwen3:8b at 14:32 by ollama 10.0.0.5, gone from /api/ps in 0.4 s"."""
     at = time.strftime("%Y-%m-%d %H:%M", time.localtime(parse_iso(u["at"])))
     how = f"gone from /api/ps in {u['took_s']:g} s" if u["verified"] else "still listed by /api/ps: node flagged"
@@ -120,7 +121,7 @@ def asked_unload_text(u: dict) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the API's answer as JSON.")
 @click.pass_context
 @api_errors
-def nodes(ctx, as_json) -> None:
+def nodes(ctx: click.Context, as_json: bool) -> None:
     """Each node's health, model and waiting jobs.
 
     Example: gpuq nodes
@@ -153,7 +154,7 @@ def nodes(ctx, as_json) -> None:
 @click.option("--json", "as_json", is_flag=True, help="The same JSON (accepted for symmetry with the other commands).")
 @click.pass_context
 @api_errors
-def health(ctx, as_json) -> None:
+def health(ctx: click.Context, as_json: bool) -> None:
     """The router's health as JSON; exit 1 while it is not ok (a stale head, a node down, a crashed loop).
 
     Example: gpuq health
@@ -168,7 +169,7 @@ def health(ctx, as_json) -> None:
 @click.option("--force", is_flag=True, help="Remove nodes even where jobs wait (they fail) or run (it finishes).")
 @click.pass_context
 @api_errors
-def reload(ctx, force) -> None:
+def reload(ctx: click.Context, force: bool) -> None:
     """Read the router's gpuq.toml again and follow it, without a restart (as SIGHUP does):
     nodes added, removed, re-ranked, new URLs and models, timeouts, alerts. Prints what changed,
     and what only a restart changes (listen, database, ollama_listen, token...).

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import click
 
 from ..errors import UnknownNode
-from .client import ApiError
+from .client import ApiError, Router
 from .common import ago, api_errors, in_about, owner_of, prompt_excerpt, router_of, seg
 
 
@@ -19,66 +20,84 @@ from .common import ago, api_errors, in_about, owner_of, prompt_excerpt, router_
 @click.option("--json", "as_json", is_flag=True, help="Print the API's answer as JSON.")
 @click.pass_context
 @api_errors
-def queue_cmd(ctx, limit, mine, as_json) -> None:
+def queue_cmd(ctx: click.Context, limit: int, mine: bool, as_json: bool) -> None:
     """Every node's running job and waiting jobs, in order (like squeue), and whose each is.
 
     Example: gpuq queue --mine
     """
     router = router_of(ctx)
-    me = None
-    if mine:
-        me = router.call("GET", "/api/whoami")["name"]
-        if me is None:
-            raise click.ClickException(
-                "--mine: this router knows no users (no token, no [[user]]), so no job is anyone's; leave out --mine"
-            )
+    me = whoami(router) if mine else None
     data = router.call("GET", f"/api/queue?limit={limit}")
-    if me is not None:  # only yours, each with its place in its node's queue (POS)
-        for node in data["nodes"]:
-            node["queued"] = [
-                dict(j, position=i) for i, j in enumerate(node["queued"], start=1) if j.get("owner") == me
-            ]
-            if node["running"] and node["running"].get("owner") != me:
-                node["running"] = None
-                node["others_running"] = True
+    if me is not None:
+        keep_mine(data, me)
     if as_json:
         click.echo(json.dumps(data))
         return
     click.echo(f"queue depth {data['queue_depth']}" + (f"; yours ({me}) shown" if me else ""))
     for node in data["nodes"]:
-        status = "up" if node["up"] else ("down" if node["checked"] else "checking")
-        click.echo(
-            f"\n{node['name']}  {status}  {node['model']}  [{','.join(node['roles'])}]  {node['queued_count']} waiting"
+        print_node(node, me)
+
+
+def whoami(router: Router) -> str:
+    """--mine: the user of this token, or a ClickException when the router knows no users."""
+    me: str | None = router.call("GET", "/api/whoami")["name"]
+    if me is None:
+        raise click.ClickException(
+            "--mine: this router knows no users (no token, no [[user]]), so no job is anyone's; leave out --mine"
         )
-        click.echo(f"  {'POS':>7}  {'JOB':19}  {'KIND':8} {'OWNER':10} {'AGE':>7} {'ESTIMATE':18}  PROMPT")
-        run = node["running"]
-        if run:
-            tokens = run.get("tokens_so_far") or 0
-            click.echo(
-                f"  running  {run['id']}  {run['kind']:8} {owner_of(run):10} {ago(run['started_at']):>7} "
-                f"{eta_column(run, 'eta_finish', 'ends')}  "
-                f"[ran {ago(run['started_at'])}, {tokens} token{'s' if tokens != 1 else ''}]  {prompt_excerpt(run)}"
-            )
-        elif node.get("others_running"):
-            click.echo(f"  {'running':>7}  (someone else's job)")
-        elif status == "up":
-            click.echo(f"  {'idle':>7}")
-        else:
-            click.echo(f"  {'idle':>7}  (nothing runs while the node is {status})")
-        for i, job in enumerate(node["queued"], start=1):
-            i = job.get("position", i) if me is not None else i
-            mark = " (preempted)" if job["preempted_runs"] else ""
-            if job.get("waiting_for"):
-                mark += f" (waiting for parent {job['waiting_for']})"
-            click.echo(
-                f"  {i:>7}  {job['id']}  {job['kind']:8} {owner_of(job):10} {ago(job['created_at']):>7} "
-                f"{eta_column(job, 'eta_start', 'starts')}  {prompt_excerpt(job)}{mark}"
-            )
-        if me is None and node["queued_count"] > len(node["queued"]):
-            click.echo(f"  … {node['queued_count'] - len(node['queued'])} more")
+    return me
 
 
-def eta_column(job: dict, key: str, verb: str) -> str:
+def keep_mine(data: dict[str, Any], me: str) -> None:
+    """Only `me`'s jobs in the queue's answer, each with its place in its node's queue (POS); a
+    node running someone else's job says only that."""
+    for node in data["nodes"]:
+        node["queued"] = [dict(j, position=i) for i, j in enumerate(node["queued"], start=1) if j.get("owner") == me]
+        if node["running"] and node["running"].get("owner") != me:
+            node["running"] = None
+            node["others_running"] = True
+
+
+def print_node(node: dict[str, Any], me: str | None) -> None:
+    """One node's block: its state, then its running job and its waiting ones."""
+    status = "up" if node["up"] else ("down" if node["checked"] else "checking")
+    click.echo(
+        f"\n{node['name']}  {status}  {node['model']}  [{','.join(node['roles'])}]  {node['queued_count']} waiting"
+    )
+    click.echo(f"  {'POS':>7}  {'JOB':19}  {'KIND':8} {'OWNER':10} {'AGE':>7} {'ESTIMATE':18}  PROMPT")
+    print_running(node, status)
+    for i, job in enumerate(node["queued"], start=1):
+        i = job.get("position", i) if me is not None else i
+        mark = " (preempted)" if job["preempted_runs"] else ""
+        if job.get("waiting_for"):
+            mark += f" (waiting for parent {job['waiting_for']})"
+        click.echo(
+            f"  {i:>7}  {job['id']}  {job['kind']:8} {owner_of(job):10} {ago(job['created_at']):>7} "
+            f"{eta_column(job, 'eta_start', 'starts')}  {prompt_excerpt(job)}{mark}"
+        )
+    if me is None and node["queued_count"] > len(node["queued"]):
+        click.echo(f"  … {node['queued_count'] - len(node['queued'])} more")
+
+
+def print_running(node: dict[str, Any], status: str) -> None:
+    """A node's running line: its job, someone else's (--mine), idle, or why nothing runs."""
+    run = node["running"]
+    if run:
+        tokens = run.get("tokens_so_far") or 0
+        click.echo(
+            f"  running  {run['id']}  {run['kind']:8} {owner_of(run):10} {ago(run['started_at']):>7} "
+            f"{eta_column(run, 'eta_finish', 'ends')}  "
+            f"[ran {ago(run['started_at'])}, {tokens} token{'s' if tokens != 1 else ''}]  {prompt_excerpt(run)}"
+        )
+    elif node.get("others_running"):
+        click.echo(f"  {'running':>7}  (someone else's job)")
+    elif status == "up":
+        click.echo(f"  {'idle':>7}")
+    else:
+        click.echo(f"  {'idle':>7}  (nothing runs while the node is {status})")
+
+
+def eta_column(job: dict[str, Any], key: str, verb: str) -> str:
     """'starts in ~4 min' / 'ends now' / 'starts ?' (unknown: `gpuq show ID` says why), padded."""
     return f"{verb} {in_about(job[key]) if job.get(key) else '?'}".ljust(18)
 
@@ -87,7 +106,7 @@ def eta_column(job: dict, key: str, verb: str) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the API's answer as JSON.")
 @click.pass_context
 @api_errors
-def stale(ctx, as_json) -> None:
+def stale(ctx: click.Context, as_json: bool) -> None:
     """Stale queue heads, how long and why, and the command that fixes each; exit 1 while any.
 
     Example: gpuq stale
@@ -112,7 +131,9 @@ def stale(ctx, as_json) -> None:
 @click.option("--node", help="Move it to this node's queue.")
 @click.pass_context
 @api_errors
-def move(ctx, job_id, position, before, after, node) -> None:
+def move(
+    ctx: click.Context, job_id: str, position: int | None, before: str | None, after: str | None, node: str | None
+) -> None:
     """Reorder a waiting job, or move it to another node's queue.
 
     Example: gpuq move 1760883402-9f3a7c21 --to 1 --node node-2
@@ -133,7 +154,7 @@ def move(ctx, job_id, position, before, after, node) -> None:
 @click.argument("job_id")
 @click.pass_context
 @api_errors
-def preempt(ctx, job_id) -> None:
+def preempt(ctx: click.Context, job_id: str) -> None:
     """Run a waiting job next, now, interrupting its node's running job (which goes back behind it).
 
     Example: gpuq preempt 1760883402-9f3a7c21
@@ -148,7 +169,7 @@ def preempt(ctx, job_id) -> None:
 @click.command()
 @click.argument("job_ids", nargs=-1, required=True)
 @click.pass_context
-def delete(ctx, job_ids) -> None:
+def delete(ctx: click.Context, job_ids: tuple[str, ...]) -> None:
     """Cancel jobs: waiting ones leave the queue, a running one is aborted. Rows stay for forensics.
 
     Example: gpuq delete 1760883402-9f3a7c21
@@ -172,7 +193,7 @@ def delete(ctx, job_ids) -> None:
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_context
 @api_errors
-def clear(ctx, node, running, yes) -> None:
+def clear(ctx: click.Context, node: str, running: bool, yes: bool) -> None:
     """Cancel every waiting job on a node (and the running one with --running).
 
     Example: gpuq clear node-2 --yes
@@ -199,7 +220,7 @@ def clear(ctx, node, running, yes) -> None:
 @click.argument("job_id")
 @click.pass_context
 @api_errors
-def retry(ctx, job_id) -> None:
+def retry(ctx: click.Context, job_id: str) -> None:
     """Put a failed or cancelled job back at the tail of its node's queue, as a new run.
 
     Example: gpuq retry 1760883402-9f3a7c21

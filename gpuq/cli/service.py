@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
 
 import click
 
 from ..config import ConfigError, find_config, load_config
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def service_fail(message: str) -> NoReturn:
@@ -17,7 +20,7 @@ def service_fail(message: str) -> NoReturn:
     sys.exit(1)
 
 
-def platform_option(fn):
+def platform_option(fn: F) -> F:
     from ..ops.service import PLATFORMS, this_platform
 
     return click.option(
@@ -51,7 +54,7 @@ def service() -> None:
 @platform_option
 @click.option("--dry-run", is_flag=True, help="Print the file and the commands; change nothing.")
 @click.pass_context
-def service_install(ctx, config_path, platform, dry_run) -> None:
+def service_install(ctx: click.Context, config_path: str | None, platform: str | None, dry_run: bool) -> None:
     """Write the agent or unit that runs `gpuq serve --config <gpuq.toml>` at login, and start it.
 
     Example: gpuq service install --dry-run
@@ -93,7 +96,7 @@ def service_install(ctx, config_path, platform, dry_run) -> None:
 
 @service.command("status")
 @platform_option
-def service_status(platform) -> None:
+def service_status(platform: str | None) -> None:
     """Say whether the router's agent or unit is installed and running (exit 0 only when running).
 
     Example: gpuq service status
@@ -118,7 +121,7 @@ def service_status(platform) -> None:
 @service.command("uninstall")
 @platform_option
 @click.option("--dry-run", is_flag=True, help="Print the file and the commands; change nothing.")
-def service_uninstall(platform, dry_run) -> None:
+def service_uninstall(platform: str | None, dry_run: bool) -> None:
     """Stop the router's agent or unit and remove its file.
 
     Example: gpuq service uninstall

@@ -5,6 +5,7 @@ tables and indexes hold the bytes."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
@@ -37,7 +38,7 @@ def storage(ctx: click.Context, as_json: bool) -> None:
         click.echo(line)
 
 
-def summary(data: dict) -> list[str]:
+def summary(data: dict[str, Any]) -> list[str]:
     size = data["database_bytes"]
     lines = [f"database {data['database']}: {human_bytes(size)}"]
     if data.get("wal_bytes"):
@@ -81,7 +82,7 @@ def summary(data: dict) -> list[str]:
     return lines
 
 
-def backup_line(backup: dict) -> str:
+def backup_line(backup: dict[str, Any]) -> str:
     last = backup.get("last")
     text = (
         f"last backup: {last['at']} to {last['path']} ({human_bytes(last['bytes'])}"
@@ -101,7 +102,7 @@ def backup_line(backup: dict) -> str:
     return text
 
 
-def sweep_line(sweep: dict) -> str:
+def sweep_line(sweep: dict[str, Any]) -> str:
     """The last retention sweep: when, what it did (or why it failed), and the next."""
     last = sweep.get("last")
     if last is None:

@@ -9,6 +9,7 @@ import json
 import shutil
 import subprocess
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 
@@ -38,14 +39,15 @@ class Machine:
 @dataclass(frozen=True)
 class Found:
     machine: Machine
-    models: list[dict]  # /api/tags entries
+    models: list[dict[str, Any]]  # /api/tags entries
 
     @property
     def largest(self) -> str:
-        return max(self.models, key=lambda m: m.get("size") or 0)["name"]
+        name: str = max(self.models, key=lambda m: m.get("size") or 0)["name"]  # probe() keeps str names only
+        return name
 
 
-def status(command: str = "tailscale") -> dict:
+def status(command: str = "tailscale") -> dict[str, Any]:
     """`tailscale status --json`, or a GpuqError saying what is wrong and the manual way."""
     path = shutil.which(command)
     if path is None:
@@ -68,7 +70,7 @@ def status(command: str = "tailscale") -> dict:
     return data
 
 
-def machine(node: dict) -> Machine | None:
+def machine(node: dict[str, Any]) -> Machine | None:
     ips = [ip for ip in node.get("TailscaleIPs") or [] if ":" not in ip]
     if not ips:
         return None
@@ -80,7 +82,7 @@ def machine(node: dict) -> Machine | None:
     )
 
 
-def peers(data: dict) -> list[Machine]:
+def peers(data: dict[str, Any]) -> list[Machine]:
     """The tailnet's other machines, in the order tailscale lists them."""
     return [m for m in (machine(p) for p in (data.get("Peer") or {}).values()) if m is not None]
 

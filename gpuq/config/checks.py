@@ -7,6 +7,7 @@ import ipaddress
 import math
 import re
 from pathlib import Path
+from typing import Any, Literal, TypeVar, overload
 from urllib.parse import ParseResult, urlparse
 
 from ..errors import ConfigError
@@ -251,7 +252,7 @@ def check_alert_url(value: str, key: str) -> str:
     return value
 
 
-def check_table(table: object, where: str, kind: str, known: frozenset[str]) -> dict:
+def check_table(table: object, where: str, kind: str, known: frozenset[str]) -> dict[str, Any]:
     """A table of gpuq.toml, checked for its shape and its keys: `kind` as it is written ("[front]",
     "[[node]]"), `known` its keys; a misspelt key is named with the ones there are."""
     if not isinstance(table, dict):
@@ -262,7 +263,7 @@ def check_table(table: object, where: str, kind: str, known: frozenset[str]) -> 
     return table
 
 
-def byte_limit(table: dict, key: str, where: str) -> int | None:
+def byte_limit(table: dict[str, Any], key: str, where: str) -> int | None:
     """max_output_bytes or max_reply_bytes, held to BYTE_LIMITS; None when the table leaves it out."""
     value = typed(table, key, int, where)
     if value is not None:
@@ -272,7 +273,23 @@ def byte_limit(table: dict, key: str, where: str) -> int | None:
     return value
 
 
-def typed(table: dict, key: str, kind: type | tuple, where: str, required: bool = False):
+T = TypeVar("T")
+N = TypeVar("N", bound=float)
+
+
+@overload
+def typed(table: dict[str, Any], key: str, kind: type[T], where: str, required: Literal[True]) -> T: ...
+
+
+@overload
+def typed(
+    table: dict[str, Any], key: str, kind: type[T] | tuple[type[T], ...], where: str, required: bool = False
+) -> T | None: ...
+
+
+def typed(
+    table: dict[str, Any], key: str, kind: type[Any] | tuple[type[Any], ...], where: str, required: bool = False
+) -> Any:
     """table[key] when it is of `kind` (a bool is no int), None when absent and not required."""
     if key not in table:
         if required:
@@ -285,7 +302,9 @@ def typed(table: dict, key: str, kind: type | tuple, where: str, required: bool 
     return value
 
 
-def within(table: dict, key: str, kind: type | tuple, where: str, low: float, high: float):
+def within(
+    table: dict[str, Any], key: str, kind: type[N] | tuple[type[N], ...], where: str, low: float, high: float
+) -> N | None:
     """table[key] (as `typed` reads it) when it lies from `low` to `high`; None when absent."""
     value = typed(table, key, kind, where)
     if value is not None and not low <= value <= high:

@@ -7,6 +7,7 @@ import os
 import tomllib
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from ..errors import ConfigError
 from .checks import (
@@ -25,7 +26,7 @@ from .checks import (
 )
 from .keys import KEYS, ROUTER_KEYS
 from .retention import retention_settings
-from .settings import DEFAULT_LISTEN, IDENTITIES, LEGACY_ADMIN, USER_ROLES, Settings, UserConfig
+from .settings import DEFAULT_LISTEN, IDENTITIES, LEGACY_ADMIN, USER_ROLES, NodeConfig, Settings, UserConfig
 from .tables import (
     alert_settings,
     backup_settings,
@@ -36,32 +37,80 @@ from .tables import (
     unload_policy,
 )
 
-# [router]'s durations and their Settings fields, checked in the order DURATION_FLOORS lists them.
-DURATION_KEYS = {
-    k.name: k.attr
+# [router]'s durations and their Settings fields, checked in the order DURATION_FLOORS lists them
+# (keys._r gives every [router] key its field: a duration's is its name and "_s").
+DURATION_KEYS: dict[str, str] = {
+    k.name: k.attr or f"{k.name}_s"
     for k in sorted(
         (k for k in KEYS if k.section == "router" and k.duration), key=lambda k: list(DURATION_FLOORS).index(k.name)
     )
 }
 
+# gpuq.toml's top-level tables: any other key is a mistake.
+TABLES = ("router", "node", "front", "retention", "backup", "storage", "user")
 
-def parse_config(data: dict, base_dir: Path) -> Settings:
-    unknown = sorted(set(data) - {"router", "node", "front", "retention", "backup", "storage", "user"})
+
+def parse_config(data: dict[str, Any], base_dir: Path) -> Settings:
+    """A parsed gpuq.toml as Settings: [router]'s keys a concern at a time, the tables beside it,
+    then the users and the nodes. The first mistake found is the one raised."""
+    check_tables(data)
+    router = check_table(data.get("router", {}), "router", "[router]", ROUTER_KEYS)
+    values = router_addresses(router, base_dir)
+    values.update(router_durations(router))
+    values.update(router_sizes(router))
+    values.update(router_connections(router))
+    values.update(router_doors(router, values.get("listen", DEFAULT_LISTEN)))
+    policy = unload_policy(router, "router")
+    if policy is not None:
+        values["unload"] = policy
+    values.update(alert_settings(router))
+    values.update(front_settings(data.get("front", {})))
+    values.update(retention_settings(data.get("retention", {}), values["database"], base_dir))
+    values.update(backup_settings(data.get("backup", {}), base_dir, values["database"]))
+    values.update(storage_settings(data.get("storage", {})))
+    values.update(router_switches(router, ("keep_awake",)))
+    values.update(router_identity(router, base_dir))
+    values.update(router_switches(router, ("fair_share", "interactive_preempts", "private")))
+    values["users"] = parse_users(data, values)
+    values.update(router_template(router))
+    values["nodes"] = parse_nodes(data)
+    return Settings(**values)
+
+
+def check_tables(data: dict[str, Any]) -> None:
+    """The file holds gpuq's tables and nothing else."""
+    unknown = sorted(set(data) - set(TABLES))
     if unknown:
         raise ConfigError(
             f"unknown key '{unknown[0]}' (expected [router], [front], [retention], [backup], [storage], [[node]] and [[user]] tables)"
         )
-    router = check_table(data.get("router", {}), "router", "[router]", ROUTER_KEYS)
-    values: dict = {}
+
+
+def router_addresses(router: dict[str, Any], base_dir: Path) -> dict[str, Any]:
+    """Where the router listens, the URL it is reached at (by default its listen address) and
+    its database (by default gpuq.db beside the file)."""
+    values: dict[str, Any] = {}
     if "listen" in router:
         values["listen"] = check_listen(router["listen"], "router.listen")
     listen = values.get("listen", DEFAULT_LISTEN)
     values["public_url"] = check_url(router.get("public_url", f"http://{listen}"), "router.public_url")
     database = typed(router, "database", str, "router")
     values["database"] = check_database(database or "gpuq.db", base_dir, "router.database")
-    for key, attr in DURATION_KEYS.items():
-        if key in router:
-            values[attr] = bounded_duration(router[key], f"router.{key}", key)
+    return values
+
+
+def router_durations(router: dict[str, Any]) -> dict[str, Any]:
+    """[router]'s durations, each held to its floor (DURATION_FLOORS)."""
+    return {
+        attr: bounded_duration(router[key], f"router.{key}", key)
+        for key, attr in DURATION_KEYS.items()
+        if key in router
+    }
+
+
+def router_sizes(router: dict[str, Any]) -> dict[str, Any]:
+    """The bytes the router takes: a prompt, the database, a node's output and reply."""
+    values: dict[str, Any] = {}
     limit = typed(router, "max_prompt_bytes", int, "router")
     if limit is not None:
         if limit < 1:
@@ -77,6 +126,12 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
     for key in BYTE_LIMITS:
         if (limit := byte_limit(router, key, "router")) is not None:
             values[key] = limit
+    return values
+
+
+def router_connections(router: dict[str, Any]) -> dict[str, Any]:
+    """How many connections the router holds open, in all and per peer."""
+    values: dict[str, Any] = {}
     connections = typed(router, "max_connections", int, "router")
     if connections is not None:
         if not 8 <= connections <= 1_000_000:
@@ -87,6 +142,13 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
         if not 1 <= per_peer <= 1_000_000:
             raise ConfigError(f"router.max_connections_per_peer: must be from 1 to 1000000, got {per_peer}")
         values["max_connections_per_peer"] = per_peer
+    return values
+
+
+def router_doors(router: dict[str, Any], listen: str) -> dict[str, Any]:
+    """Who gets in and by which door: the token, the front door's own address (never the
+    router's `listen`), and the Host names the router answers to."""
+    values: dict[str, Any] = {}
     token = typed(router, "token", str, "router")
     if token is not None:
         values["token"] = check_token(token, "router.token")
@@ -99,17 +161,23 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
             )
     if "allowed_hosts" in router:
         values["allowed_hosts"] = check_hosts(router["allowed_hosts"], "router.allowed_hosts")
-    policy = unload_policy(router, "router")
-    if policy is not None:
-        values["unload"] = policy
-    values.update(alert_settings(router))
-    values.update(front_settings(data.get("front", {})))
-    values.update(retention_settings(data.get("retention", {}), values["database"], base_dir))
-    values.update(backup_settings(data.get("backup", {}), base_dir, values["database"]))
-    values.update(storage_settings(data.get("storage", {})))
-    awake = typed(router, "keep_awake", bool, "router")
-    if awake is not None:
-        values["keep_awake"] = awake
+    return values
+
+
+def router_switches(router: dict[str, Any], keys: tuple[str, ...]) -> dict[str, bool]:
+    """[router]'s on/off keys among `keys`, each a Settings field of its own name, as set."""
+    values: dict[str, bool] = {}
+    for key in keys:
+        value = typed(router, key, bool, "router")
+        if value is not None:
+            values[key] = value
+    return values
+
+
+def router_identity(router: dict[str, Any], base_dir: Path) -> dict[str, Any]:
+    """How a caller is known (a token or its tailnet login), tailscaled's socket, and the role
+    of a caller known by no [[user]]."""
+    values: dict[str, Any] = {}
     identity = router.get("identity")
     if identity is not None:
         if identity not in IDENTITIES:
@@ -125,22 +193,21 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
         if default_role not in USER_ROLES:
             raise ConfigError(f"router.default_role: expected 'admin' or 'member', got {default_role!r}")
         values["default_role"] = default_role
-    fair = typed(router, "fair_share", bool, "router")
-    if fair is not None:
-        values["fair_share"] = fair
-    preempts = typed(router, "interactive_preempts", bool, "router")
-    if preempts is not None:
-        values["interactive_preempts"] = preempts
-    private = typed(router, "private", bool, "router")
-    if private is not None:
-        values["private"] = private
-    values["users"] = parse_users(data, values)
-    template = typed(router, "critique_template", str, "router")
-    if template is not None:
-        if "{subject}" not in template:
-            raise ConfigError("router.critique_template: must contain '{subject}'")
-        values["critique_template"] = template
+    return values
 
+
+def router_template(router: dict[str, Any]) -> dict[str, str]:
+    """The critique prompt's template, which must place the document under critique."""
+    template = typed(router, "critique_template", str, "router")
+    if template is None:
+        return {}
+    if "{subject}" not in template:
+        raise ConfigError("router.critique_template: must contain '{subject}'")
+    return {"critique_template": template}
+
+
+def parse_nodes(data: dict[str, Any]) -> tuple[NodeConfig, ...]:
+    """The [[node]] tables by rank: names and ranks each used once."""
     nodes_raw = data.get("node", [])
     if not isinstance(nodes_raw, list):
         raise ConfigError("node: expected [[node]] tables")
@@ -154,8 +221,7 @@ def parse_config(data: dict, base_dir: Path) -> Settings:
             raise ConfigError(f"node '{n.name}'.rank: rank {n.rank} is already used by node '{seen_ranks[n.rank]}'")
         seen_names[n.name] = 1
         seen_ranks[n.rank] = n.name
-    values["nodes"] = tuple(sorted(nodes, key=lambda n: n.rank))
-    return Settings(**values)
+    return tuple(sorted(nodes, key=lambda n: n.rank))
 
 
 def load_config(path: Path, env_token: bool = True) -> Settings:

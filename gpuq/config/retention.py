@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from ..errors import ConfigError
 from .checks import check_table, parse_duration, within
@@ -64,10 +65,10 @@ def archive_dir(value: object, database: Path | str, base_dir: Path) -> Path | N
     return base_dir / Path(value).expanduser()
 
 
-def retention_settings(table: object, database: Path | str, base_dir: Path) -> dict:
+def retention_settings(table: object, database: Path | str, base_dir: Path) -> dict[str, Any]:
     """The [retention] table's Settings fields (every one: its archive's default is computed)."""
     table = check_table(table, "retention", "[retention]", RETENTION_KEYS)
-    values: dict = {}
+    values: dict[str, Any] = {}
     for key in ("prune_after", "prune_failed_after", "prune_cancelled_after", "delete_after"):
         if key in table:
             values[f"retention_{key}_s"] = retention_period(table[key], f"retention.{key}")

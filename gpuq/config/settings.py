@@ -7,6 +7,7 @@ import hmac
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 DEFAULT_LISTEN = "127.0.0.1:8750"
@@ -39,7 +40,7 @@ class NodeConfig:
     model: str
     max_runtime_s: float | None = None  # None: the router's max_runtime
     think: bool | str | None = None  # Ollama's `think` for this node's jobs; None: Ollama's default
-    options: dict | None = field(default=None, hash=False)  # Ollama model options, e.g. num_ctx
+    options: dict[str, Any] | None = field(default=None, hash=False)  # Ollama model options, e.g. num_ctx
     unload: str | None = None  # "after-each" | "when-idle"; None: the router's
     max_output_bytes: int | None = None  # None: the router's
 

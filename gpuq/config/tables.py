@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from ..errors import ConfigError
 from ..params import options_problem, think_problem
@@ -59,7 +60,7 @@ def _parse_user(table: object, index: int) -> UserConfig:
     return UserConfig(name=name, token=token, role=role, lanes=tuple(lanes) if lanes else LANES, **limits)
 
 
-def parse_users(data: dict, values: dict) -> tuple[UserConfig, ...]:
+def parse_users(data: dict[str, Any], values: dict[str, Any]) -> tuple[UserConfig, ...]:
     """[[user]] tables, and the single [router] token as the admin it always was."""
     raw = data.get("user", [])
     if not isinstance(raw, list):
@@ -88,7 +89,7 @@ def parse_users(data: dict, values: dict) -> tuple[UserConfig, ...]:
     return tuple(users)
 
 
-def unload_policy(table: dict, where: str) -> str | None:
+def unload_policy(table: dict[str, Any], where: str) -> str | None:
     policy = table.get("unload")
     if policy is not None and policy not in UNLOAD_POLICIES:
         raise ConfigError(f'{where}.unload: expected "after-each" or "when-idle", got {policy!r}')
@@ -129,9 +130,9 @@ def parse_node(table: object, index: int) -> NodeConfig:
     )
 
 
-def alert_settings(router: dict) -> dict:
+def alert_settings(router: dict[str, Any]) -> dict[str, Any]:
     """alert_url, alert_token and alert_format: a token or a format needs somewhere to send."""
-    values: dict = {}
+    values: dict[str, Any] = {}
     url = typed(router, "alert_url", str, "router")
     if url is not None:
         values["alert_url"] = check_alert_url(url, "router.alert_url")
@@ -151,10 +152,10 @@ def alert_settings(router: dict) -> dict:
     return values
 
 
-def front_settings(front: object) -> dict:
+def front_settings(front: object) -> dict[str, Any]:
     """The [front] table: the front door's own request limit and browser origins."""
     front = check_table(front, "front", "[front]", FRONT_KEYS)
-    values: dict = {}
+    values: dict[str, Any] = {}
     limit = typed(front, "max_request_bytes", int, "front")
     if limit is not None:
         low, high = _FRONT_REQUEST_RANGE
@@ -191,11 +192,11 @@ _WARN_DAYS_RANGE = (1, 3650)  # [storage] warn_days
 _BACKUP_FLOOR_S = 1.0  # [backup] every: at least a second (a test's); a real one is hours
 
 
-def backup_settings(backup: object, base_dir: Path, database: Path | str) -> dict:
+def backup_settings(backup: object, base_dir: Path, database: Path | str) -> dict[str, Any]:
     """The [backup] table: how often the router backs its database up, how many it keeps, where.
     On PostgreSQL the table is refused (but `every = "off"`): gpuq does not reinvent pg_dump."""
     backup = check_table(backup, "backup", "[backup]", BACKUP_KEYS)
-    values: dict = {}
+    values: dict[str, Any] = {}
     if "every" in backup:
         every = backup["every"]
         if isinstance(every, str) and every.strip().lower() == "off":
@@ -226,10 +227,10 @@ def backup_settings(backup: object, base_dir: Path, database: Path | str) -> dic
     return values
 
 
-def storage_settings(storage: object) -> dict:
+def storage_settings(storage: object) -> dict[str, Any]:
     """The [storage] table: when the storage budget warns, and how often the database is sampled."""
     storage = check_table(storage, "storage", "[storage]", STORAGE_KEYS)
-    values: dict = {}
+    values: dict[str, Any] = {}
     days = within(storage, "warn_days", (int, float), "storage", *_WARN_DAYS_RANGE)
     if days is not None:
         values["storage_warn_days"] = float(days)

@@ -214,7 +214,7 @@ def chat_template(capabilities: tuple[str, ...]) -> str:
     )
 
 
-def details(model: str, with_lengths: bool = False) -> dict:
+def details(model: str, with_lengths: bool = False) -> dict[str, Any]:
     """The `details` object of /api/tags, /api/show and /api/ps."""
     profile, name = profile_for(model), ModelName.parse(model)
     out: dict[str, Any] = {

@@ -222,7 +222,7 @@ def _innermost(text: str, pos: int) -> str:
     return stack[-1] if stack else ""
 
 
-def parse_body(raw: bytes, struct: str) -> dict:
+def parse_body(raw: bytes, struct: str) -> dict[str, Any]:
     """gin's ShouldBindJSON: one JSON value (anything after it is never read)."""
     text = raw.decode("utf-8", "replace").lstrip()
     if not text:
@@ -238,7 +238,7 @@ def parse_body(raw: bytes, struct: str) -> dict:
     return value
 
 
-def request_fields(body: dict, struct: str, fields: dict[str, str]) -> dict:
+def request_fields(body: dict[str, Any], struct: str, fields: dict[str, str]) -> dict[str, Any]:
     """The request's fields by their canonical names (Go matches keys case-insensitively).
     A custom decoder's error (think, keep_alive) stops at once; a type error is reported after
     the whole body was read, the first one found."""
@@ -295,9 +295,9 @@ _OPTION_TYPES = {
 }
 
 
-def parse_options(raw: dict | None) -> dict:
+def parse_options(raw: dict[str, Any] | None) -> dict[str, Any]:
     """The options Ollama understands, checked like Options.FromMap (an error here is a 500)."""
-    out = {}
+    out: dict[str, Any] = {}
     for key, value in (raw or {}).items():
         kind = _OPTION_TYPES.get(key)
         if kind is None or value is None:

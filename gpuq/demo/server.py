@@ -24,6 +24,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from .catalogue import ModelName, chat_template, count_tokens, details, digest, model_size, profile_for, size_bytes
 from .parse import (
@@ -93,7 +94,7 @@ class Script:
     reply: str | None = None  # exact reply text (else words derived from the prompt)
     # A chat that offers tools, its last message not a tool's result, calls this tool (name,
     # arguments) instead of answering, after any reasoning; given the result, it answers.
-    tool_call: tuple[str, dict] | None = None
+    tool_call: tuple[str, dict[str, Any]] | None = None
     invalid_json: bool = False  # a structured-output request gets text that is not JSON
     findings: int | None = None  # how many findings a structured reply holds; None: 1 to 4
     thinking_tokens: int | None = None  # a thinking model's reasoning in words; None: 6 to 16 (by level); 0: none
@@ -111,7 +112,7 @@ class Loaded:
     stopping: bool = False
     keep_alive_s: float | None = DEFAULT_KEEP_ALIVE_S  # the session: the last request's keep_alive
     context_length: int = 4096  # num_ctx it was loaded with
-    ready: asyncio.Future | None = None  # done once loaded (None: loaded)
+    ready: asyncio.Future[None] | None = None  # done once loaded (None: loaded)
 
 
 @dataclass
@@ -125,14 +126,14 @@ class Generation:
     started: float  # monotonic, when the request arrived
     loaded: float  # when its model was ready
     first: float | None = None  # when its first token came out
-    tool_calls: list[dict] = field(default_factory=list)  # Ollama's, with their ids
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # Ollama's, with their ids
 
 
 @dataclass
 class FakeOllama:
     models: set[str] = field(default_factory=lambda: {"qwen3-coder:30b"})
     script: Script = field(default_factory=Script)
-    requests: list[dict] = field(default_factory=list)  # every /api/chat and /api/generate body
+    requests: list[dict[str, Any]] = field(default_factory=list)  # every /api/chat and /api/generate body
     disconnects: int = 0  # generations stopped because the client went away
     ps_calls: int = 0  # GET /api/ps answered (how often someone checked what is loaded)
     in_flight: int = 0  # generations streaming now
@@ -189,7 +190,7 @@ class FakeOllama:
         return f"http://{self.host}:{self.port}"
 
     @property
-    def chat_requests(self) -> list[dict]:
+    def chat_requests(self) -> list[dict[str, Any]]:
         """Requests that asked for a generation (not unloads)."""
         return [r for r in self.requests if r.get("messages") or r.get("prompt")]
 
@@ -208,9 +209,9 @@ class FakeOllama:
                 return tuple(caps)
         return profile_for(model).capabilities
 
-    def _context_for(self, model: str, options: dict) -> int:
+    def _context_for(self, model: str, options: dict[str, Any]) -> int:
         """The num_ctx a runner is loaded with [server/sched.go getRunner, effectiveContext]."""
-        num_ctx = max(options.get("num_ctx", self.context_length), 4)
+        num_ctx: int = max(options.get("num_ctx", self.context_length), 4)
         if "vision" in self.capabilities_of(model):
             num_ctx = max(num_ctx, 2048)
         return min(num_ctx, profile_for(model).context_length)
@@ -259,7 +260,7 @@ class FakeOllama:
         else:
             m.expires_at = None if m.keep_alive_s is None else time.monotonic() + m.keep_alive_s
 
-    async def _acquire(self, name: str, body: dict, num_ctx: int) -> Loaded:
+    async def _acquire(self, name: str, body: dict[str, Any], num_ctx: int) -> Loaded:
         """Get a runner for the model [sched.go getRunner]: a loaded one at once; one that is
         not loaded (or stopping, or loaded with another num_ctx) is loaded first, paying
         Script.load_delay_s before any header goes out."""
@@ -308,7 +309,7 @@ class FakeOllama:
     # -- handlers -----------------------------------------------------------------------------
 
     @web.middleware
-    async def _gin_errors(self, request: web.Request, handler):
+    async def _gin_errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """gin's own answers for an unknown path and a wrong method [routes.go HandleMethodNotAllowed]."""
         try:
             return await handler(request)
@@ -398,7 +399,7 @@ class FakeOllama:
             return self._error(r.status, r.message)
         return web.json_response(self._card(model, body))
 
-    def _card(self, model: str, body: dict) -> dict:
+    def _card(self, model: str, body: dict[str, Any]) -> dict[str, Any]:
         """/api/show's answer [routes.go GetModelInfo, api/types.go ShowResponse]."""
         profile, name = profile_for(model), ModelName.parse(model)
         capabilities = self.capabilities_of(model)
@@ -464,7 +465,9 @@ class FakeOllama:
         except Reply as r:
             return self._error(r.status, r.message)
 
-    async def _answer(self, request: web.Request, body: dict, chat: bool, started: float) -> web.StreamResponse:
+    async def _answer(
+        self, request: web.Request, body: dict[str, Any], chat: bool, started: float
+    ) -> web.StreamResponse:
         wanted = body.get("model") or ""
         if not 0 <= (body.get("top_logprobs") or 0) <= 20:
             raise Reply(400, "top_logprobs must be between 0 and 20")
@@ -530,12 +533,14 @@ class FakeOllama:
     # -- the reply ----------------------------------------------------------------------------
 
     @staticmethod
-    def _prompt_text(body: dict, chat: bool) -> str:
+    def _prompt_text(body: dict[str, Any], chat: bool) -> str:
         if chat:
             return "\n".join((m or {}).get("content") or "" for m in body.get("messages") or [])
         return "\n".join(body.get(k) or "" for k in ("system", "prompt", "suffix"))
 
-    def _plan(self, body: dict, chat: bool, think: Any, options: dict, num_ctx: int, started: float) -> Generation:
+    def _plan(
+        self, body: dict[str, Any], chat: bool, think: Any, options: dict[str, Any], num_ctx: int, started: float
+    ) -> Generation:
         thinking = self._thinking_words(body, chat, think) if think else []
         content = self._reply_words(body, chat)
         reason = "stop"
@@ -562,7 +567,7 @@ class FakeOllama:
             gen.tool_calls = [{"id": _tool_call_id(), "function": {"index": 0, "name": name, "arguments": arguments}}]
         return gen
 
-    def _prompt_tokens(self, body: dict, chat: bool, options: dict, num_ctx: int) -> int:
+    def _prompt_tokens(self, body: dict[str, Any], chat: bool, options: dict[str, Any], num_ctx: int) -> int:
         """Prompt tokens evaluated. A prompt longer than the context is cut to about half of it,
         keeping its first num_keep tokens [llm/llama_server.go completionPromptForRequest]."""
         text = self._prompt_text(body, chat)
@@ -574,7 +579,7 @@ class FakeOllama:
         keep = min(count if num_keep < 0 else num_keep + 1, num_ctx - 1)  # + the BOS token
         return num_ctx - max((num_ctx - keep) // 2, 1)
 
-    def _thinking_words(self, body: dict, chat: bool, level: Any) -> list[str]:
+    def _thinking_words(self, body: dict[str, Any], chat: bool, level: Any) -> list[str]:
         rng = random.Random("think:" + self._prompt_text(body, chat) + str(body.get("options", {}).get("seed", "")))
         count = self.script.thinking_tokens
         if count is None:
@@ -582,7 +587,7 @@ class FakeOllama:
             count = int(rng.randint(6, 16) * scale)
         return [rng.choice(THOUGHTS) + " " for _ in range(count)]
 
-    def _reply_words(self, body: dict, chat: bool) -> list[str]:
+    def _reply_words(self, body: dict[str, Any], chat: bool) -> list[str]:
         s = self.script
         if body.get("format") not in (None, ""):
             return re.findall(r"\S+\s*|\s+", self._structured(body))
@@ -593,7 +598,7 @@ class FakeOllama:
         count = s.tokens if s.tokens is not None else rng.randint(8, 24)
         return [rng.choice(WORDS) + " " for _ in range(count)]
 
-    def _structured(self, body: dict) -> str:
+    def _structured(self, body: dict[str, Any]) -> str:
         """A reply to a `format` request: JSON that fits the schema (findings for gpuq's), or junk."""
         if self.script.invalid_json:
             return "Sure! Here are my findings: the plan looks fine"
@@ -620,7 +625,7 @@ class FakeOllama:
         ]
         return json.dumps({"findings": findings})
 
-    def _chunk(self, model: str, chat: bool, content: str = "", thinking: str = "") -> dict:
+    def _chunk(self, model: str, chat: bool, content: str = "", thinking: str = "") -> dict[str, Any]:
         """A streamed piece; `thinking` is omitted when empty [api/types.go omitempty]."""
         out: dict[str, Any] = {"model": model, "created_at": _now()}
         if chat:
@@ -644,7 +649,7 @@ class FakeOllama:
         gen: Generation | None = None,
         thinking: str = "",
         raw: bool = False,
-    ) -> dict:
+    ) -> dict[str, Any]:
         out = self._chunk(model, chat, text, thinking)
         out["done"] = True
         out["done_reason"] = reason
@@ -671,7 +676,9 @@ class FakeOllama:
     def _pieces(self, gen: Generation) -> list[tuple[str, str]]:
         return [("thinking", w) for w in gen.thinking] + [("content", w) for w in gen.content]
 
-    async def _stream(self, request: web.Request, body: dict, chat: bool, gen: Generation) -> web.StreamResponse:
+    async def _stream(
+        self, request: web.Request, body: dict[str, Any], chat: bool, gen: Generation
+    ) -> web.StreamResponse:
         s = self.script
         model = body["model"]
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
@@ -723,7 +730,9 @@ class FakeOllama:
             raise
         return resp
 
-    async def _whole(self, request: web.Request, body: dict, chat: bool, gen: Generation) -> web.StreamResponse:
+    async def _whole(
+        self, request: web.Request, body: dict[str, Any], chat: bool, gen: Generation
+    ) -> web.StreamResponse:
         """stream: false: the same generation, answered as one JSON object [routes.go writeChatResponse]."""
         s = self.script
         pieces = self._pieces(gen)
@@ -832,7 +841,7 @@ class FakeOllama:
         except Reply as r:
             return self._error(r.status, r.message)
 
-    async def _embedding_runner(self, wanted: str, body: dict) -> tuple[str, Loaded, int]:
+    async def _embedding_runner(self, wanted: str, body: dict[str, Any]) -> tuple[str, Loaded, int]:
         model = self.installed(wanted)
         if model is None:  # this route's message differs from chat's [routes.go handleScheduleError]
             raise Reply(404, f"model {go_quote(wanted)} not found, try pulling it first")
@@ -849,15 +858,12 @@ def _embedding(text: str, size: int, dims: int) -> list[float]:
     return [float(f"{x / norm:.7g}") for x in vector]
 
 
-def _instance(schema: Any, rng: random.Random, root: dict, depth: int = 0) -> Any:
+def _instance(schema: Any, rng: random.Random, root: dict[str, Any], depth: int = 0) -> Any:
     """A value that fits a JSON schema (the subset structured outputs use)."""
     if not isinstance(schema, dict) or depth > 8:
         return None
     if "$ref" in schema:
-        target: Any = root
-        for part in schema["$ref"].lstrip("#/").split("/"):
-            target = target.get(part, {}) if isinstance(target, dict) else {}
-        return _instance(target, rng, root, depth + 1)
+        return _instance(_resolve_ref(schema["$ref"], root), rng, root, depth + 1)
     if "const" in schema:
         return schema["const"]
     if schema.get("enum"):
@@ -865,15 +871,35 @@ def _instance(schema: Any, rng: random.Random, root: dict, depth: int = 0) -> An
     for key in ("anyOf", "oneOf", "allOf"):
         if schema.get(key):
             return _instance(schema[key][0], rng, root, depth + 1)
-    kind = schema.get("type", "object" if "properties" in schema else "string")
-    if isinstance(kind, list):
-        kind = next((k for k in kind if k != "null"), "null")
+    kind = _schema_type(schema)
     if kind == "object":
         return {k: _instance(v, rng, root, depth + 1) for k, v in (schema.get("properties") or {}).items()}
     if kind == "array":
         low = schema.get("minItems", 1)
         count = max(low, min(schema.get("maxItems", low + 2), rng.randint(low, low + 2)))
         return [_instance(schema.get("items", {}), rng, root, depth + 1) for _ in range(count)]
+    return _scalar(kind, schema, rng)
+
+
+def _resolve_ref(ref: str, root: dict[str, Any]) -> Any:
+    """What a "$ref" ("#/$defs/Finding") points at in the root schema; {} where nothing is."""
+    target: Any = root
+    for part in ref.lstrip("#/").split("/"):
+        target = target.get(part, {}) if isinstance(target, dict) else {}
+    return target
+
+
+def _schema_type(schema: dict[str, Any]) -> Any:
+    """A schema's type: the first one not null of a list; unsaid, an object if it has
+    properties, else a string."""
+    kind = schema.get("type", "object" if "properties" in schema else "string")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    return kind
+
+
+def _scalar(kind: Any, schema: dict[str, Any], rng: random.Random) -> Any:
+    """A value of a type that holds no other values: a number, a boolean, null or a string."""
     if kind == "integer":
         return rng.randint(schema.get("minimum", 0), schema.get("maximum", 100))
     if kind == "number":

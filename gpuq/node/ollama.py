@@ -91,6 +91,15 @@ MESSAGE_FIELDS = (("content", "message.content"), ("thinking", "message.thinking
 TOP_FIELDS = (("response", str), ("done", bool), ("done_reason", str), *((key, int) for key in STATS))
 
 
+def _split_lines(pending: bytes, data: bytes) -> tuple[list[bytes], bytes]:
+    """A read's whole lines (after what was pending of the last one), and its unfinished last
+    line; at the end of the stream (no data) what was pending is the last line."""
+    if data:
+        *lines, pending = (pending + data).split(b"\n")
+        return lines, pending
+    return [pending], b""
+
+
 class _ReadDeadline:
     """A stream's read limit, one timer for the whole stream: each read waits at most until
     `at`, which progress moves on by assignment. asyncio.timeout_at around each read set a
@@ -376,7 +385,6 @@ class OllamaClient:
         """stream(), the lines of one read of the node's connection at a time (at least one): a
         consumer can do its per-read work (a write to its client) once per read, not per line.
         A line that fails comes after the good lines before it, as in stream()."""
-        url = self.base_url + path
         # A cold load of a large model sends nothing, not even headers, until the model is in
         # VRAM (minutes): the first token gets load_timeout, each token after it stall_timeout.
         # Progress is a token (a line that carries text, a tool call or the end), not a byte: a
@@ -385,29 +393,11 @@ class OllamaClient:
         # not be cancelled by this generator's clock).
         loop = asyncio.get_running_loop()
         progress_by = loop.time() + self.load_timeout_s
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s, sock_read=None)
         first = True
         try:
-            try:
-                async with asyncio.timeout_at(progress_by):
-                    resp = await self.session.post(
-                        url,
-                        data=_body(body),
-                        timeout=timeout,
-                        headers=STREAM_HEADERS,
-                        allow_redirects=False,
-                        auto_decompress=False,
-                    )
-            except aiohttp.ConnectionTimeoutError:
-                raise  # no connection at all (a TimeoutError too): the node is unreachable
-            except TimeoutError:
-                raise self._late(first) from None
+            resp = await self._post_stream(path, body, progress_by)
             async with resp:
-                self._refuse(resp, path)
-                if resp.status >= 400:
-                    raise OllamaError(
-                        _message((await self._read(resp, path)).decode("utf-8", "replace"), resp.status), resp.status
-                    )
+                await self._refuse_stream(resp, path)
                 # One read takes whatever has arrived (often many lines): one clock per read,
                 # not per line. A line still unfinished past the limit fails here, before it
                 # fills the router's memory.
@@ -419,40 +409,12 @@ class OllamaClient:
                         if buffered:  # bytes that came while the last ones were handled
                             data, buffered = buffered, b""
                         else:
-                            deadline.at = progress_by
-                            try:
-                                data = await deadline.read(resp.content)
-                            except TimeoutError:
-                                raise self._late(first) from None
-                        if data:
-                            *lines, pending = (pending + data).split(b"\n")
-                        else:
-                            lines, pending = [pending], b""
-                        good, done, progressed, wrong = [], False, False, None
-                        try:
-                            for raw in lines:
-                                if len(raw) > limit:
-                                    raise self._wrong(
-                                        f"a chat line longer than {limit} bytes, the most the router reads"
-                                    )
-                                line = raw.strip()
-                                if not line:
-                                    continue
-                                try:
-                                    chunk, halves = _loads(line)
-                                except (ValueError, RecursionError):
-                                    raise self._wrong(f"a chat line that is not JSON: {line[:200]!r}") from None
-                                self._check_chunk(chunk, line, halves)
-                                good.append((line, chunk))
-                                if chunk.get("done"):
-                                    done = True
-                                    break
-                                progressed = progressed or _progress(chunk)
-                        except OllamaError as exc:  # raised once the lines before it are handled
-                            wrong = exc
+                            data = await self._read_by(deadline, resp.content, progress_by, first)
+                        lines, pending = _split_lines(pending, data)
+                        good, done, progressed, wrong = self._parse_lines(lines, limit)
                         if good:
                             yield good
-                        if wrong is not None:
+                        if wrong is not None:  # raised once the lines before it are handled
                             raise wrong
                         if done:
                             return
@@ -479,6 +441,72 @@ class OllamaClient:
             raise OllamaError("Ollama's stream broke off: the connection closed before the reply ended") from exc
         except aiohttp.ClientError as exc:
             raise OllamaError(f"request to {self.where} failed: {str(exc) or type(exc).__name__}") from exc
+
+    async def _post_stream(self, path: str, body: dict[str, Any], progress_by: float) -> aiohttp.ClientResponse:
+        """The streamed request sent, and its reply's headers by `progress_by` (the first token's
+        limit: a cold load sends no headers until the model is loaded)."""
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s, sock_read=None)
+        try:
+            async with asyncio.timeout_at(progress_by):
+                return await self.session.post(
+                    self.base_url + path,
+                    data=_body(body),
+                    timeout=timeout,
+                    headers=STREAM_HEADERS,
+                    allow_redirects=False,
+                    auto_decompress=False,
+                )
+        except aiohttp.ConnectionTimeoutError:
+            raise  # no connection at all (a TimeoutError too): the node is unreachable
+        except TimeoutError:
+            raise self._late(True) from None
+
+    async def _refuse_stream(self, resp: aiohttp.ClientResponse, path: str) -> None:
+        """A stream's reply that is no stream: a redirect, a compressed body, or an error status
+        (with Ollama's status and message)."""
+        self._refuse(resp, path)
+        if resp.status >= 400:
+            raise OllamaError(
+                _message((await self._read(resp, path)).decode("utf-8", "replace"), resp.status), resp.status
+            )
+
+    async def _read_by(
+        self, deadline: _ReadDeadline, content: aiohttp.StreamReader, progress_by: float, first: bool
+    ) -> bytes:
+        """The next bytes of a stream, or the late error when none come by `progress_by`."""
+        deadline.at = progress_by
+        try:
+            return await deadline.read(content)
+        except TimeoutError:
+            raise self._late(first) from None
+
+    def _parse_lines(
+        self, lines: list[bytes], limit: int
+    ) -> tuple[list[tuple[bytes, dict[str, Any]]], bool, bool, OllamaError | None]:
+        """One read's lines: the good ones up to the first that fails or ends the stream (each
+        as sent, stripped, and parsed), whether the stream is done, whether a line was progress,
+        and the error of the line that failed."""
+        good: list[tuple[bytes, dict[str, Any]]] = []
+        progressed = False
+        try:
+            for raw in lines:
+                if len(raw) > limit:
+                    raise self._wrong(f"a chat line longer than {limit} bytes, the most the router reads")
+                line = raw.strip()
+                if not line:
+                    continue
+                try:
+                    chunk, halves = _loads(line)
+                except (ValueError, RecursionError):
+                    raise self._wrong(f"a chat line that is not JSON: {line[:200]!r}") from None
+                self._check_chunk(chunk, line, halves)
+                good.append((line, chunk))
+                if chunk.get("done"):
+                    return good, True, progressed, None
+                progressed = progressed or _progress(chunk)
+        except OllamaError as exc:
+            return good, False, progressed, exc
+        return good, False, progressed, None
 
     def _late(self, first: bool) -> OllamaError:
         if first:

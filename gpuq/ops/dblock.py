@@ -84,7 +84,7 @@ def running_router(database: Path) -> dict[str, Any] | None:
     router that died (its pid is gone). Read without taking the lock, so a router starting
     meanwhile is never refused for it."""
     try:
-        holder = json.loads(lock_path(database).read_bytes())
+        holder: dict[str, Any] = json.loads(lock_path(database).read_bytes())  # not an object: TypeError below
         pid = holder["pid"]
         if holder.get("holder", "router") != "router" or not holder.get("listen") or not isinstance(pid, int):
             return None

@@ -168,7 +168,7 @@ def uninstall_plan(platform: str) -> Plan:
     )
 
 
-def run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
+def run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(argv, capture_output=True, text=True)
     if check and done.returncode != 0:
         said = (done.stderr or done.stdout).strip()
