@@ -58,8 +58,8 @@ agent-clis:
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
-# Lint and types (configured in pyproject.toml): ruff's rules and format, mypy (strict for store/,
-# node/, api/ and access/).
+# Lint and types (configured in pyproject.toml): ruff's rules (complexity included) and format,
+# mypy strict on the whole package.
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

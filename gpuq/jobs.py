@@ -82,7 +82,7 @@ class NewJob:
     parent: str | None = None
     timeout_s: float | None = None
     think: bool | str | None = None  # Ollama's think; None: the node's default
-    options: dict | None = None  # Ollama model options, over the node's
+    options: dict[str, Any] | None = None  # Ollama model options, over the node's
     # A front-door call (gpuq/front/listener.py): the route it came in on, the request as received
     # (JSON text), and the id its client chose, so that it can follow the job from the start.
     endpoint: str | None = None
@@ -158,7 +158,7 @@ class Interrupted:
     run_id: int
 
 
-def compact_json(obj) -> str:
+def compact_json(obj: object) -> str:
     """JSON as the router sends it (and Go's encoder writes it): no spaces, UTF-8 as is, so a
     listing's excerpts in any script cost their UTF-8 bytes, not six per character."""
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
