@@ -222,3 +222,11 @@ def normalize_model(name: str) -> str:
         if key.startswith(prefix):
             key = key[len(prefix) :]
     return key if ":" in key.rsplit("/", 1)[-1] else f"{key}:latest"
+
+
+def api_of(path: str) -> str:
+    """Which API a front-door path speaks: "anthropic" (/v1/messages and its batches), "openai"
+    (the rest of /v1, its unknown paths too: they get OpenAI's error shape) or "ollama"."""
+    if path == "/v1/messages" or path.startswith("/v1/messages/"):
+        return "anthropic"
+    return "openai" if path.startswith("/v1/") else "ollama"

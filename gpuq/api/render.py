@@ -9,11 +9,11 @@ from typing import Any
 from aiohttp import web
 
 from .. import eta
-from ..front.endpoints import api_of
 from ..jobs import (
     ACTIVE,
     PROMPT_KEPT_CHARS,
     JobState,
+    api_of,
     compact_json,
     iso,
     preview_url,

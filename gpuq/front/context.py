@@ -13,12 +13,11 @@ from aiohttp import web
 from ..bus import Bus
 from ..config import Settings
 from ..errors import Conflict, NotFound, StoreUnavailable, check_text, json_object, json_type
-from ..jobs import preview_url
+from ..jobs import api_of, preview_url
 from ..node.dispatcher import Dispatcher
 from ..node.runtime import NodeRuntime
 from ..store import Store
 from .anthropic import anthropic_error
-from .endpoints import api_of
 from .ollama_api import ollama_error
 from .openai_api import openai_error
 from .relay import Relay

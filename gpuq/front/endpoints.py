@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..errors import BadRequest
-from ..jobs import Kind, normalize_model
+from ..jobs import Kind, api_of, normalize_model
 from ..node.runtime import NodeRuntime
 from ..params import THINK_LEVELS, merged_options
 from . import anthropic, ollama_api, openai_api, responses
@@ -34,7 +34,6 @@ class StreamWriter(Protocol):
 @dataclass(frozen=True)
 class Endpoint:
     path: str  #: the front door's route (POST)
-    api: str  #: "ollama", "openai" or "anthropic": its error shape, its token rule, how it streams
     node_route: str  #: the Ollama route its job runs as on its node
     kind: Kind  #: the job kind its calls become
     #: the client's body in Ollama's terms; raises BadRequest (the /v1 translations check as they go)
@@ -47,6 +46,11 @@ class Endpoint:
     #: a /v1 stream's writer: (reply id, job id, client body) -> StreamWriter; None: Ollama's lines as sent
     stream: Callable[[str, str, dict[str, Any]], StreamWriter] | None = None
     id_prefix: str = ""  #: the API's id of a reply: this and the job's id, so a client's log leads to the job
+
+    @property
+    def api(self) -> str:
+        """Its API, by its path (jobs.api_of): its error shape, its token rule, how it streams."""
+        return api_of(self.path)
 
     @property
     def node_streams(self) -> bool:
@@ -79,19 +83,10 @@ def _item_id(job_id: str) -> str:
 ENDPOINTS: dict[str, Endpoint] = {
     ep.path: ep
     for ep in (
-        Endpoint("/api/chat", "ollama", "/api/chat", Kind.TASK, _same, chat_prompt, check=ollama_api.check_chat),
-        Endpoint(
-            "/api/generate",
-            "ollama",
-            "/api/generate",
-            Kind.TASK,
-            _same,
-            generate_prompt,
-            check=ollama_api.check_generate,
-        ),
+        Endpoint("/api/chat", "/api/chat", Kind.TASK, _same, chat_prompt, check=ollama_api.check_chat),
+        Endpoint("/api/generate", "/api/generate", Kind.TASK, _same, generate_prompt, check=ollama_api.check_generate),
         Endpoint(
             "/api/embed",
-            "ollama",
             "/api/embed",
             Kind.EMBED,
             _same,
@@ -100,7 +95,6 @@ ENDPOINTS: dict[str, Endpoint] = {
         ),
         Endpoint(
             "/api/embeddings",
-            "ollama",
             "/api/embeddings",
             Kind.EMBED,
             _same,
@@ -109,7 +103,6 @@ ENDPOINTS: dict[str, Endpoint] = {
         ),
         Endpoint(
             "/v1/chat/completions",
-            "openai",
             "/api/chat",
             Kind.TASK,
             openai_api.openai_chat_request,
@@ -120,7 +113,6 @@ ENDPOINTS: dict[str, Endpoint] = {
         ),
         Endpoint(
             "/v1/completions",
-            "openai",
             "/api/generate",
             Kind.TASK,
             openai_api.openai_completion_request,
@@ -131,7 +123,6 @@ ENDPOINTS: dict[str, Endpoint] = {
         ),
         Endpoint(
             "/v1/embeddings",
-            "openai",
             "/api/embed",
             Kind.EMBED,
             openai_api.openai_embed_request,
@@ -143,7 +134,6 @@ ENDPOINTS: dict[str, Endpoint] = {
         # OpenAI's Responses API and Anthropic's Messages API: their own shapes of a chat.
         Endpoint(
             "/v1/responses",
-            "openai",
             "/api/chat",
             Kind.TASK,
             responses.responses_request,
@@ -154,7 +144,6 @@ ENDPOINTS: dict[str, Endpoint] = {
         ),
         Endpoint(
             "/v1/messages",
-            "anthropic",
             "/api/chat",
             Kind.TASK,
             anthropic.messages_request,
@@ -167,17 +156,6 @@ ENDPOINTS: dict[str, Endpoint] = {
         ),
     )
 }
-
-
-def api_of(path: str) -> str:
-    """Which API a path speaks, the routes that are not jobs too (/v1/models is OpenAI's, an
-    unknown /v1 path gets OpenAI's error shape)."""
-    ep = ENDPOINTS.get(path)
-    if ep is not None:
-        return ep.api
-    if path.startswith("/v1/messages/"):  # Anthropic's Message Batches (batches/anthropic_routes.py)
-        return "anthropic"
-    return "openai" if path.startswith("/v1/") else "ollama"
 
 
 def node_request(

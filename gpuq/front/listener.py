@@ -22,11 +22,12 @@ from ..access.sites import cors_headers
 from ..bus import Bus
 from ..config import Settings
 from ..errors import DoorWords, StartupError, http_error
+from ..jobs import api_of
 from ..node.dispatcher import Dispatcher
 from ..store import Store
 from .call import call_handler
 from .context import FRONT, Front, error_response
-from .endpoints import ENDPOINTS, api_of
+from .endpoints import ENDPOINTS
 from .listings import NOT_SERVED, not_served, openai_model, openai_models, ps, pull, root, show, status, tags, version
 from .relay import Relay
 

@@ -25,11 +25,12 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from ..errors import OllamaError
+from ..jobs import api_of
 from ..node.calls import Policy, Sink
 from ..node.ollama import OllamaClient
 from ..node.vram import call_keep_alive, call_keep_s
 from .anthropic import relaxes_thinking
-from .endpoints import STREAMED_ROUTES, api_of, node_request
+from .endpoints import STREAMED_ROUTES, node_request
 from .ollama_api import keep_alive_s
 from .shapes import chunk_text
 from .stored import StoredCall
