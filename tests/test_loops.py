@@ -17,7 +17,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from conftest import eventually
 
 from gpuq.api.app import create_app
-from gpuq.api.state import DISPATCHER, SETTINGS, STORE
+from gpuq.api.state import DISPATCHER, SETTINGS, STORE, UPKEEP
 from gpuq.config import NodeConfig, Settings
 from gpuq.demo import FakeOllama, Script
 from gpuq.jobs import NewJob
@@ -209,6 +209,48 @@ async def test_a_crashed_stale_monitor_turns_health_red_until_it_runs_again(rout
         return status == 200
 
     await eventually(green, 15, what="/health to be ok again")
+
+
+async def test_every_upkeep_service_that_crashes_turns_health_red_and_runs_again(router, caplog):
+    """The upkeep's services (the stale check, the alerts, backups, storage, retention, the batch
+    finalizer) run under one supervisor: each one's crash is named on /health and logged, and
+    the service runs again once its fault is gone."""
+    client, fake = router
+    upkeep = client.server.app[UPKEEP]
+    names = [service.name for service in upkeep.services]
+    assert names == [
+        "stale monitor",
+        "alert check",
+        "alert delivery",
+        "retention sweep",
+        "scheduled backups",
+        "storage budget",
+        "batch finalizer",
+    ]
+
+    async def soon() -> None:
+        await asyncio.sleep(0.01)
+
+    async def broken() -> None:
+        raise KeyError("injected")
+
+    for service in upkeep.services:
+
+        async def down(name=service.name):
+            status, health = await get(client, "/health")
+            return status == 503 and [d["loop"] for d in health["loops_down"]] == [name]
+
+        service.pause, service.run_once = soon, broken  # due at once, and failing
+        upkeep.sweeper.began -= 3600  # (the retention sweep's first is due now, not in a minute)
+        await eventually(down, 15, what=f"/health to name the crashed {service.name}")
+        assert crashes(caplog, f"{service.name} crashed, restarting in")
+        del service.pause, service.run_once  # the class's own again
+
+        async def green():
+            status, _ = await get(client, "/health")
+            return status == 200
+
+        await eventually(green, 15, what=f"{service.name} to run again")
 
 
 async def cli(client, *args: str) -> str:
