@@ -18,7 +18,7 @@ from typing import Any
 
 from .. import placement as rules
 from ..errors import Conflict, ModelMissing, NotFound
-from ..jobs import ACTIVE, POSITION_GAP, JobState, NewJob, NodeCounts, NodeInfo, new_job_id
+from ..jobs import ACTIVE, POSITION_GAP, JobState, Lane, NewJob, NodeCounts, NodeInfo, new_job_id
 from . import control, lifecycle
 from .engine import Connection, Params
 from .steps import Row, cancel, check_quota, iso, rows, tail_position
@@ -183,7 +183,9 @@ def queue_lines(
     at = iso(now)
     job_rows, event_rows = [], []
     for node, entering in chosen.items():
-        positions, reasons = _positions(db, node, [(job.owner, fair) for _, job, _ in entering])
+        owners = {job.owner for _, job, _ in entering}
+        assert len(owners) == 1, "a batch's lines are its owner's"
+        positions, reasons = _positions(db, node, owners.pop(), fair, len(entering))
         for (i, new, why), position, entered in zip(entering, positions, reasons, strict=True):
             job_id = ids.pop()
             out[i] = (job_id, node, None)
@@ -231,16 +233,13 @@ def _fresh_ids(db: Connection, n: int, now: float) -> list[str]:
     return sorted(fresh, reverse=True)  # popped from the end: ascending, in line order
 
 
-def _positions(
-    db: Connection, node: str, entering: list[tuple[str | None, bool]]
-) -> tuple[list[int], list[str | None]]:
-    """Positions in `node`'s queue for batch jobs entering it in order (owner, fair): each at the
-    tail, or with fair share where placement.entry puts a user's k-th waiting batch job (before
-    the first waiting batch job that is some user's (k+1)-th, never ahead of an interactive one).
-    The queue is read once; a gap too narrow for the jobs entering it has its queue renumbered."""
-    if not any(fair for _, fair in entering):
+def _positions(db: Connection, node: str, owner: str | None, fair: bool, n: int) -> tuple[list[int], list[str | None]]:
+    """Positions in `node`'s queue for `n` batch jobs of `owner` entering it in order, each where
+    placement.entries puts it (the tail, or with fair share among users' batch jobs). The queue
+    is read once; a gap too narrow for the jobs entering it has its queue renumbered."""
+    if not rules.reads_queue(Lane.BATCH, fair):
         tail = tail_position(db, node)
-        return [tail + i * POSITION_GAP for i in range(len(entering))], [None] * len(entering)
+        return [tail + i * POSITION_GAP for i in range(n)], [None] * n
     waiting = [
         (r[0], r[1], r[2], r[3])
         for r in db.execute(
@@ -248,63 +247,31 @@ def _positions(
             (node,),
         )
     ]
-    last_interactive = max((i for i, w in enumerate(waiting) if w[1] == rules.INTERACTIVE), default=-1)
-    # first[k]: the first waiting batch job that is its owner's (k+1)-th: a user's k-th enters
-    # before it (the first round k+1 job comes before any later round's). The jobs entering never
-    # move it: each is its owner's k-th with k rising, never past its round.
-    rounds: dict[str | None, int] = {}
-    first: dict[int, int] = {}
-    for i, (_, lane, owner, _) in enumerate(waiting):
-        if lane == rules.BATCH:
-            rounds[owner] = rounds.get(owner, 0) + 1
-            first.setdefault(rounds[owner] - 1, i)
-    mine: dict[str | None, int] = {}
-    for _, lane, owner, _ in waiting:
-        if lane == rules.BATCH:
-            mine[owner] = mine.get(owner, 0) + 1
-    others = sorted({_who(o) for _, lane, o, _ in waiting if lane == rules.BATCH})
-    gaps: list[int] = []  # each entering job's gap: the index of the waiting job it goes before
-    reasons: list[str | None] = []
-    for owner, fair in entering:
-        mine[owner] = mine.get(owner, 0) + 1
-        k = mine[owner]
-        index = first.get(k, len(waiting)) if fair else len(waiting)
-        index = max(index, last_interactive + 1)
-        gaps.append(index)
-        shared = [o for o in others if o != _who(owner)]
-        reasons.append(
-            f"entered at position {index + 1 + sum(g <= index for g in gaps[:-1])}: fair share with {', '.join(shared)}"
-            if index < len(waiting) and shared
-            else None
-        )
+    entered = rules.entries([(lane, who) for _, lane, who, _ in waiting], Lane.BATCH, owner, fair, n)
+    gaps = [e.index for e in entered]  # each entering job's gap: the index of the waiting job it goes before
+    reasons = [e.reason for e in entered]
     by_gap: dict[int, list[int]] = {}
     for j, gap in enumerate(gaps):
         by_gap.setdefault(gap, []).append(j)
-    positions = [0] * len(entering)
+    positions = [0] * n
     for gap, members in by_gap.items():
         before = waiting[gap - 1][3] if gap > 0 else None
         after = waiting[gap][3] if gap < len(waiting) else None
         if after is None:
             start = (before or 0) + POSITION_GAP
-            for n, j in enumerate(members):
-                positions[j] = start + n * POSITION_GAP
+            for k, j in enumerate(members):
+                positions[j] = start + k * POSITION_GAP
             continue
         low = before if before is not None else after - POSITION_GAP * (len(members) + 1)
         if after - low <= len(members):  # no room between them: renumber the whole queue
-            return _renumbered(db, node, waiting, gaps)
+            return _renumbered(db, waiting, gaps), reasons
         step = (after - low) / (len(members) + 1)
-        for n, j in enumerate(members):
-            positions[j] = low + int(step * (n + 1))
+        for k, j in enumerate(members):
+            positions[j] = low + int(step * (k + 1))
     return positions, reasons
 
 
-def _who(owner: str | None) -> str:
-    return owner if owner is not None else "anonymous"
-
-
-def _renumbered(
-    db: Connection, node: str, waiting: list[tuple[Any, ...]], gaps: list[int]
-) -> tuple[list[int], list[str | None]]:
+def _renumbered(db: Connection, waiting: list[tuple[Any, ...]], gaps: list[int]) -> list[int]:
     """The node's waiting jobs and the entering ones merged in order, every position anew."""
     merged: list[tuple[str, Any]] = []
     by_gap: dict[int, list[int]] = {}
@@ -322,7 +289,7 @@ def _renumbered(
         else:
             updates.append((n * POSITION_GAP, what))
     db.executemany("UPDATE job SET position = ? WHERE id = ?", updates)
-    return positions, [None] * len(gaps)
+    return positions
 
 
 # -- its life --------------------------------------------------------------------------------

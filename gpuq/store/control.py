@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 from .. import placement as rules
 from ..errors import BadRequest, Conflict, Forbidden, NoResultToCritique, Unprocessable
-from ..jobs import ACTIVE, NO_RESULT, Interrupted, JobState, NodeInfo, pruned_words
+from ..jobs import ACTIVE, NO_RESULT, Interrupted, JobState, Lane, NodeInfo, pruned_words
 from .engine import Connection
 from .steps import (
     QUEUE_POSITION_SQL,
@@ -163,7 +163,7 @@ def preempt(
         if where != job["node"]:
             if db.execute(
                 "SELECT 1 FROM job WHERE node = ? AND state = 'queued' AND lane = ? AND id != ?",
-                (where, rules.INTERACTIVE, job_id),
+                (where, Lane.INTERACTIVE, job_id),
             ).fetchone():
                 return dict(job), None
             move(db, job_id, nodes, actor, now, position=1, node=where)
@@ -275,7 +275,7 @@ def retry(
                 f"job {job_id} cannot be retried: the output of its parent {parent['id']} it reviews was"
                 f" {pruned_words(parent['pruned_at']).removeprefix('output ')}"
             )
-    if job["lane"] == rules.INTERACTIVE:  # in its lane again: ahead of every waiting batch job
+    if rules.reads_queue(job["lane"], False):  # interactive: in its lane again, ahead of every waiting batch job
         entered = rules.entry(waiting_lanes(db, job["node"]), job["lane"], job["owner"], False)
         position = position_at(db, job["node"], job_id, entered.index)
     else:

@@ -17,7 +17,7 @@ from typing import Any
 from .. import placement as rules
 from ..critique import parent_subject
 from ..errors import GuardMiss, IdTaken, NoResultToCritique, Unprocessable
-from ..jobs import NO_RESULT, JobState, NewJob, NodeCounts, NodeInfo, new_job_id
+from ..jobs import NO_RESULT, JobState, Lane, NewJob, NodeCounts, NodeInfo, new_job_id
 from .engine import Connection, Engine, dialect
 from .parts import keep_parts, split_request, whole_request_in
 from .steps import (
@@ -67,56 +67,25 @@ def submit(
     node's queue is placement's `entry`: an interactive job ahead of every waiting batch job, a
     batch job at the tail (with `fair`: where users' batch jobs interleave). `max_waiting`: the
     owner's limit of waiting jobs; beyond it, OverQuota and nothing is stored."""
-    by_name = {n.name: n for n in nodes}
-    lane = new.lane or rules.BATCH  # (NewJob sets it: None only before its __post_init__)
-    parent: Any = None  # the parent's row (a critique's), as read
-    if new.parent is not None:
-        parent = db.execute("SELECT id, kind, node, state, prompt FROM job WHERE id = ?", (new.parent,)).fetchone()
-        if parent is None:
-            raise Unprocessable(f"unknown parent job '{new.parent}'")
-        if parent["kind"] != "task":
-            raise Unprocessable(f"parent job '{new.parent}' is a {parent['kind']}, not a task")
-    parent_node = parent["node"] if parent else None
+    models = {n.name: n.model for n in nodes}
+    parent = _parent_of(db, new)
     counts = _node_counts(db)
-    interactive = None
-    if new.lane == rules.INTERACTIVE:
-        interactive = {
-            r[0]: r[1]
-            for r in db.execute(
-                "SELECT node, COUNT(*) FROM job WHERE state = 'queued' AND lane = ? GROUP BY node", (rules.INTERACTIVE,)
-            )
-        }
-    views = rules.node_views(nodes, counts, interactive)
-    if new.kind != "critique":  # a task, or an embedding (placed as a task)
-        placements = [rules.place_task(views, new.node, new.model, lane)]
-    else:  # the guard is judged here, first, whatever state the parent is in
-        placements = rules.place_critique(views, parent_node, new.node, new.model)
-    prompt, from_parent = new.prompt, new.prompt is None
-    if from_parent:  # reviews the parent's prompt and result; held until the parent is done
-        if parent["state"] in NO_RESULT:
-            raise NoResultToCritique(parent["id"], parent["state"])
-        prompt = parent_subject(parent["prompt"], f"(the result of task {parent['id']}, once it is done)")
+    placements = _placements(db, new, nodes, counts, parent["node"] if parent else None)
+    prompt, from_parent = _subject_of(new, parent)
     check_quota(db, new.owner, max_waiting, len(placements))
+    waiting_for = new.parent if from_parent and parent["state"] != JobState.DONE else None
+    held = f"; waiting for parent {waiting_for}" if waiting_for else ""
     group = None  # a fan-out's children share the first child's id as their group
     at = iso(now)
     created = []
     # a request's large parts (images), stored once per content (gpuq/store/parts.py)
     request, parts = split_request(new.request) if new.request is not None else (None, {})
     for p in placements:
-        job_id = new.job_id or _unused_id(db, now)
-        if new.job_id and db.execute("SELECT 1 FROM job WHERE id = ?", (job_id,)).fetchone():
-            raise IdTaken(f"job id {job_id} is taken")
+        job_id = _new_id(db, new, now)
         if new.kind == "critique" and group is None:
             group = job_id
-        entered = rules.Entry(counts.get(p.node, NodeCounts()).queued)
-        if new.lane == rules.INTERACTIVE or fair:
-            waiting = waiting_lanes(db, p.node)
-            entered = rules.entry(waiting, lane, new.owner, fair)
-        if entered.reason is None:  # the tail
-            position = tail_position(db, p.node)
-        else:
-            position = position_at(db, p.node, job_id, entered.index)
-        model = new.model or by_name[p.node].model
+        entered, position = _entered(db, new, p.node, job_id, counts.get(p.node, NodeCounts()).queued, fair)
+        model = new.model or models[p.node]
         db.execute(
             "INSERT INTO job (id, kind, node, model, model_pinned, prompt, parent_id, group_id,"
             " position, placement, timeout_s, created_at, subject_from_parent, think, options,"
@@ -144,8 +113,6 @@ def submit(
                 new.lane,
             ),
         )
-        waiting_for = new.parent if from_parent and parent["state"] != JobState.DONE else None
-        held = f"; waiting for parent {waiting_for}" if waiting_for else ""
         entered_why = f"; {entered.reason}" if entered.reason else ""
         event(db, job_id, None, JobState.QUEUED, actor, f"placed on {p.node} ({p.reason}){entered_why}{held}", now)
         created.append(
@@ -168,6 +135,67 @@ def submit(
     if parts:
         keep_parts(db, [str(job["id"]) for job in created], parts, at)
     return created
+
+
+def _parent_of(db: Connection, new: NewJob) -> Any:
+    """A critique's parent as read (None: no parent), refused unless it is a task."""
+    if new.parent is None:
+        return None
+    parent = db.execute("SELECT id, kind, node, state, prompt FROM job WHERE id = ?", (new.parent,)).fetchone()
+    if parent is None:
+        raise Unprocessable(f"unknown parent job '{new.parent}'")
+    if parent["kind"] != "task":
+        raise Unprocessable(f"parent job '{new.parent}' is a {parent['kind']}, not a task")
+    return parent
+
+
+def _placements(
+    db: Connection, new: NewJob, nodes: list[NodeInfo], counts: dict[str, NodeCounts], parent_node: str | None
+) -> list[rules.Placement]:
+    """Where the job goes: a task's (or an embedding's) node, or a critique's fan-out."""
+    interactive = None
+    if new.lane == Lane.INTERACTIVE:  # placement weighs each node's interactive backlog
+        interactive = {
+            r[0]: r[1]
+            for r in db.execute(
+                "SELECT node, COUNT(*) FROM job WHERE state = 'queued' AND lane = ? GROUP BY node", (Lane.INTERACTIVE,)
+            )
+        }
+    views = rules.node_views(nodes, counts, interactive)
+    if new.kind != "critique":
+        return [rules.place_task(views, new.node, new.model, new.lane or Lane.BATCH)]
+    return rules.place_critique(views, parent_node, new.node, new.model)  # the guard is judged here, first
+
+
+def _subject_of(new: NewJob, parent: Any) -> tuple[str | None, bool]:
+    """The job's prompt, and whether it reviews its parent's prompt and result (held until the
+    parent is done; one that can have no result is refused)."""
+    if new.prompt is not None:
+        return new.prompt, False
+    if parent["state"] in NO_RESULT:
+        raise NoResultToCritique(parent["id"], parent["state"])
+    return parent_subject(parent["prompt"], f"(the result of task {parent['id']}, once it is done)"), True
+
+
+def _new_id(db: Connection, new: NewJob, now: float) -> str:
+    """The id the job asked for (refused when taken), else a fresh one."""
+    if not new.job_id:
+        return _unused_id(db, now)
+    if db.execute("SELECT 1 FROM job WHERE id = ?", (new.job_id,)).fetchone():
+        raise IdTaken(f"job id {new.job_id} is taken")
+    return new.job_id
+
+
+def _entered(db: Connection, new: NewJob, node: str, job_id: str, queued: int, fair: bool) -> tuple[rules.Entry, int]:
+    """Where the job enters `node`'s queue (of `queued` waiting jobs), as placement's `entry`
+    says, and the position that puts it there."""
+    lane = new.lane or Lane.BATCH  # (NewJob sets it: None only before its __post_init__)
+    entered = rules.Entry(queued)
+    if rules.reads_queue(lane, fair):
+        entered = rules.entry(waiting_lanes(db, node), lane, new.owner, fair)
+    if entered.reason is None:  # the tail
+        return entered, tail_position(db, node)
+    return entered, position_at(db, node, job_id, entered.index)
 
 
 def submit_and_claim(

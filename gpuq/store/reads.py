@@ -11,8 +11,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..errors import NotFound
-from ..jobs import JobState, NodeCounts, iso
-from ..placement import INTERACTIVE
+from ..jobs import JobState, Lane, NodeCounts, iso
 from . import retention
 from .batches import BatchReads
 from .engine import Engine, Params
@@ -60,7 +59,7 @@ class Reads(BatchReads):
         return await self.read(
             "SELECT node, state, lane, model FROM job WHERE state = 'running'"
             " OR (state = 'queued' AND lane = ? AND id != ?)",
-            (INTERACTIVE, job_id),
+            (Lane.INTERACTIVE, job_id),
         )
 
     async def stale_heads(self, now: float | None = None) -> list[Row]:
