@@ -220,7 +220,7 @@ def preempt_elsewhere(
       else too); from one running a batch job of its own model, or nothing: never.
 
     In the replayed day this halves an interactive call's p95 wait while batch work is queued
-    (bench/README, "issue 28, session 8")."""
+    (bench/README: the replayed day's interactive wait while batch work is queued)."""
 
     def wanted(n: NodeView) -> str | None:
         return defaults.get(n.name) if defaults is not None else model

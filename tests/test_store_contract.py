@@ -27,6 +27,7 @@ from gpuq.errors import GUARD_MESSAGE, Conflict, GpuqError, GuardMiss, GuardRefu
 from gpuq.jobs import Interrupted, NodeCounts, compact_json, iso
 from gpuq.store import NewJob, NodeInfo, Store
 from gpuq.store.batches import NewBatch, NewLine
+from gpuq.store.core import Verb
 from gpuq.store.leases import Router
 from gpuq.store.retention import Cutoffs
 
@@ -170,14 +171,21 @@ async def test_submitted_jobs_wait_in_order_and_every_read_of_the_queue_agrees(s
     assert await store.queue_plans([], depth=2) == []
 
 
-@covers("running_by_owner")
-async def test_each_owners_running_jobs_are_counted(store):
-    for node in ("a", "b"):
-        await submit(store, node, owner="ann")
-        await store.claim(node)
-    await submit(store, "a", owner="bob")  # waiting: not running
-    assert await store.running_by_owner(["ann", "bob", "cy"]) == {"ann": 2}
-    assert await store.running_by_owner(iter(["bob"])) == {} and await store.running_by_owner([]) == {}
+@covers("set_max_running", "at_max_running")
+async def test_max_running_holds_a_users_next_job_and_the_store_says_whose_limit_holds(store):
+    store.set_max_running({"ann": 1, "bob": 2})
+    first = await submit(store, "a", owner="ann")
+    held = await submit(store, "b", owner="ann")
+    other = await submit(store, "b", owner="cy")
+    assert (await store.claim("a"))["id"] == first
+    assert (await store.claim("b"))["id"] == other  # ann runs her one: her job waits, cy's runs
+    assert await store.at_max_running(["ann", "bob", "cy", None, "ann"]) == {"ann": 1}
+    assert await store.at_max_running(iter(["bob"])) == {} and await store.at_max_running([]) == {}
+    store.set_max_running({"ann": 2})  # a reload raises it: in force from the next claim on
+    assert await store.at_max_running(["ann"]) == {}
+    await store.finish(other, (await store.job(other))["run_id"], "done", None, claim_node="b")
+    assert await state(store, held) == "running"
+    assert await store.at_max_running(["ann"]) == {"ann": 2}
 
 
 @covers("submit")
@@ -1148,14 +1156,14 @@ async def test_retention_prunes_an_ended_batchs_files_then_deletes_it_and_then_i
 
 
 def public_names() -> set[str]:
-    """Store's public methods and properties, its own and those of its bases (its reads:
-    gpuq/store/reads.py's Reads)."""
+    """Store's public methods (its verbs declared with core.write too) and properties, its own
+    and those of its bases (one per aggregate: gpuq/store/facade.py)."""
     return {
         name
         for cls in Store.__mro__
         if cls is not object
         for name, member in vars(cls).items()
-        if not name.startswith("_") and (inspect.isfunction(member) or isinstance(member, property))
+        if not name.startswith("_") and (inspect.isfunction(member) or isinstance(member, (property, Verb)))
     }
 
 

@@ -81,7 +81,7 @@ class Dispatcher:
 
     def _limit_running(self, settings: Settings) -> None:
         """Users' max_running, which every claim of the store applies."""
-        self.store.max_running = settings.max_running
+        self.store.set_max_running(settings.max_running)
 
     async def start(self, stuck: list[dict[str, Any]] | None = None) -> None:
         """`stuck`: the models a previous router saw stuck in VRAM (open vram_stuck alerts, with
