@@ -34,7 +34,7 @@ class JobVerbs(Core):
             for job in result[1]:
                 hand_over(job)  # type: ignore[misc]
 
-        write = partial(
+        verb = partial(
             lifecycle.submit_and_claim,
             new=new,
             nodes=nodes,
@@ -45,10 +45,10 @@ class JobVerbs(Core):
             max_running=self._max_running,
         )
         if self.submit_timeout_s is None:
-            created, _ = await self._write(write, handed if hand_over else None)
+            created, _ = await self._write(verb, handed if hand_over else None)
         else:
             created, _ = await self._bounded_write(
-                write, handed if hand_over else None, self.submit_timeout_s, "submit", "router.submit_timeout"
+                verb, handed if hand_over else None, self.submit_timeout_s, "submit", "router.submit_timeout"
             )
         return created
 
