@@ -123,7 +123,7 @@ def round_trips(db, n: int) -> tuple[float, dict[str, float], dict[str, int]]:
     running = db.execute("SELECT id, run_id FROM job WHERE state = 'running'").fetchone()
     if running is None:
         tx(db, lambda d, now=now: lifecycle.submit(d, JOB, NODES, "bench", now))
-        running = tx(db, lambda d: lifecycle.claim(d, "n1", now))
+        running = tx(db, lambda d: lifecycle.claim(d, now, {}, "n1"))
     if isinstance(db, Timed):
         db.spent.clear()
         db.count.clear()
@@ -134,7 +134,7 @@ def round_trips(db, n: int) -> tuple[float, dict[str, float], dict[str, int]]:
         running = tx(
             db,
             lambda d, running=running, now=now: lifecycle.finish(
-                d, running["id"], running["run_id"], "done", None, now, output="out", claim_node="n1"
+                d, now, {}, running["id"], running["run_id"], "done", None, output="out", claim_node="n1"
             ),
         )
     total = (time.perf_counter() - t) / n * 1e6

@@ -7,10 +7,11 @@ parent's says so, quoting the guard's words (errors.GUARD_MESSAGE) as the reason
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from .errors import GUARD_MESSAGE, Conflict, ModelMissing, UnknownNode
-from .jobs import NodeCounts, NodeInfo, normalize_model
+from .jobs import Lane, NodeCounts, NodeInfo, normalize_model
 
 FIRST_FREE = "first free node by rank"
 SHORTEST = "shortest queue; all busy"
@@ -21,8 +22,6 @@ FAN_OUT = "fan-out"
 # An interactive job (a person waits for it): the node where it starts soonest.
 SOONEST = "interactive: the shortest interactive backlog; all busy"
 SOONEST_WITH_MODEL = "interactive: the shortest interactive backlog of the nodes with this model; all busy"
-INTERACTIVE = "interactive"
-BATCH = "batch"
 
 
 @dataclass(frozen=True)
@@ -136,7 +135,7 @@ def _having(candidates: list[NodeView], model: str | None, role: str) -> list[No
 
 
 def place_task(
-    nodes: list[NodeView], asked: str | None = None, model: str | None = None, lane: str = BATCH
+    nodes: list[NodeView], asked: str | None = None, model: str | None = None, lane: str = Lane.BATCH
 ) -> Placement:
     """The first free task node by rank; else the shortest queue (up nodes first), ties by rank.
     A job that names a model goes only to the nodes whose Ollama lists it. An interactive job
@@ -151,7 +150,7 @@ def place_task(
     if free:
         return Placement(free[0].name, FIRST_FREE)
     every_task_node = len(candidates) == sum("task" in n.roles for n in nodes)
-    if lane == INTERACTIVE:
+    if lane == Lane.INTERACTIVE:
         best = min(candidates, key=lambda n: (not n.up, n.interactive, n.running, n.queued, n.rank))
         return Placement(best.name, SOONEST if every_task_node else SOONEST_WITH_MODEL)
     best = min(candidates, key=lambda n: (not n.up, n.queued, n.rank))
@@ -194,7 +193,7 @@ def preempts(lane: str, running_lane: str | None, enabled: bool) -> bool:
     """May a new waiting job interrupt its node's running job ([router] interactive_preempts)?
     Only an interactive job, only a running batch job (never an interactive one, never when the
     node runs nothing), only with the setting on."""
-    return enabled and lane == INTERACTIVE and running_lane == BATCH
+    return enabled and lane == Lane.INTERACTIVE and running_lane == Lane.BATCH
 
 
 def preempt_elsewhere(
@@ -219,7 +218,7 @@ def preempt_elsewhere(
       else too); from one running a batch job of its own model, or nothing: never.
 
     In the replayed day this halves an interactive call's p95 wait while batch work is queued
-    (bench/README, "issue 28, session 8")."""
+    (bench/README: the replayed day's interactive wait while batch work is queued)."""
 
     def wanted(n: NodeView) -> str | None:
         return defaults.get(n.name) if defaults is not None else model
@@ -233,9 +232,9 @@ def preempt_elsewhere(
         )
 
     node = next((n for n in nodes if n.name == here), None)
-    if node is None or wanted(node) is None or node.running_lane not in (INTERACTIVE, BATCH):
+    if node is None or wanted(node) is None or node.running_lane not in (Lane.INTERACTIVE, Lane.BATCH):
         return None
-    if node.running_lane == BATCH and warm(node):
+    if node.running_lane == Lane.BATCH and warm(node):
         return None
     targets = [
         n
@@ -246,12 +245,12 @@ def preempt_elsewhere(
         and wanted(n) is not None
         and n.may_have(wanted(n))
         and not n.interactive
-        and n.running_lane == BATCH
+        and n.running_lane == Lane.BATCH
     ]
     ready = [n for n in targets if warm(n)]
     if ready:
         return _by_rank(ready)[0].name
-    if targets and node.running_lane == INTERACTIVE and not warm(node):
+    if targets and node.running_lane == Lane.INTERACTIVE and not warm(node):
         return _by_rank(targets)[0].name
     return None
 
@@ -319,7 +318,13 @@ def _who(owner: str | None) -> str:
     return owner if owner is not None else "anonymous"
 
 
-def entry(waiting: list[tuple[str, str | None]], lane: str, owner: str | None, fair: bool) -> Entry:
+def reads_queue(lane: str, fair: bool) -> bool:
+    """Does where a job enters depend on the jobs waiting there? Not for a batch job without fair
+    share: it goes to the tail (its store need not read the queue)."""
+    return lane == Lane.INTERACTIVE or fair
+
+
+def entry(waiting: Sequence[tuple[str, str | None]], lane: str, owner: str | None, fair: bool) -> Entry:
     """Where a new job of `lane` and `owner` enters a node's queue, given its waiting jobs in
     order as (lane, owner). Never moves a waiting job: it only chooses the gap to enter.
 
@@ -328,31 +333,45 @@ def entry(waiting: list[tuple[str, str | None]], lane: str, owner: str | None, f
     the place that interleaves users round-robin by submit order: a user's k-th waiting batch job
     goes before the first batch job that is some user's (k+1)-th, and never ahead of a waiting
     interactive job."""
-    last_interactive = max((i for i, (ln, _) in enumerate(waiting) if ln == INTERACTIVE), default=-1)
-    if lane == INTERACTIVE:
+    return entries(waiting, lane, owner, fair)[0]
+
+
+def entries(
+    waiting: Sequence[tuple[str, str | None]], lane: str, owner: str | None, fair: bool, n: int = 1
+) -> list[Entry]:
+    """Where `n` jobs of one `lane` and `owner` enter a node's queue one after another (a batch's
+    lines), each where `entry` would put it with the ones before it already waiting. Each index
+    counts among `waiting` alone: the jobs entering at one index go there in their order, and
+    the position a reason names counts the ones entered before it."""
+    last_interactive = max((i for i, (ln, _) in enumerate(waiting) if ln == Lane.INTERACTIVE), default=-1)
+    if lane == Lane.INTERACTIVE:
         index = last_interactive + 1
-        behind = sum(ln == BATCH for ln, _ in waiting[index:])
+        behind = sum(ln == Lane.BATCH for ln, _ in waiting[index:])
         if not behind:
-            return Entry(index)
-        return Entry(
-            index,
-            f"interactive: entered at position {index + 1}, ahead of {behind} waiting batch "
-            f"job{'s' if behind != 1 else ''}",
-        )
+            return [Entry(index)] * n
+        jobs = f"job{'s' if behind != 1 else ''}"
+        return [
+            Entry(index, f"interactive: entered at position {index + 1 + j}, ahead of {behind} waiting batch {jobs}")
+            for j in range(n)
+        ]
     if not fair:
-        return Entry(len(waiting))
-    k = sum(1 for ln, o in waiting if ln == BATCH and o == owner) + 1
+        return [Entry(len(waiting))] * n
+    # first[m]: the index of the first waiting batch job that is its owner's m-th. The owner's k-th
+    # enters before first[k + 1]. The jobs entering leave it be: they count only as their owner's,
+    # whose next one looks for a (k + 2)-th, and it never falls as k rises.
     seen: dict[str | None, int] = {}
-    index = len(waiting)
+    first: dict[int, int] = {}
     for i, (ln, o) in enumerate(waiting):
-        if ln != BATCH:
-            continue
-        seen[o] = seen.get(o, 0) + 1
-        if seen[o] > k:
-            index = i
-            break
-    index = max(index, last_interactive + 1)
-    if index == len(waiting):
-        return Entry(index)
-    others = sorted({_who(o) for ln, o in waiting if ln == BATCH and o != owner})
-    return Entry(index, f"entered at position {index + 1}: fair share with {', '.join(others)}")
+        if ln == Lane.BATCH:
+            seen[o] = seen.get(o, 0) + 1
+            first.setdefault(seen[o], i)
+    others = ", ".join(sorted({_who(o) for o in seen if o != owner}))
+    out = []
+    for j in range(n):
+        k = seen.get(owner, 0) + 1 + j
+        index = max(first.get(k + 1, len(waiting)), last_interactive + 1)
+        if index == len(waiting):
+            out.append(Entry(index))
+        else:
+            out.append(Entry(index, f"entered at position {index + 1 + j}: fair share with {others}"))
+    return out

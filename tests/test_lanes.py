@@ -16,10 +16,11 @@ from conftest import eventually, free_port, node_table
 from test_front import CHAT_MODEL, front, start_front_lab  # noqa: F401 (a fixture)
 
 from gpuq.errors import QUOTA_RETRY_AFTER_S
-from gpuq.placement import BATCH, INTERACTIVE, NodeView, entry, place_task, preempts
+from gpuq.jobs import Lane
+from gpuq.placement import NodeView, entry, place_task, preempts
 from gpuq.store import NewJob, NodeInfo, Store
 
-I, B = INTERACTIVE, BATCH  # noqa: E741 (one letter each keeps the lane tables below readable)
+I, B = Lane.INTERACTIVE, Lane.BATCH  # noqa: E741 (one letter each keeps the lane tables below readable)
 
 
 # -- the rules ----------------------------------------------------------------------------------

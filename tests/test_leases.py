@@ -224,7 +224,7 @@ def test_the_claim_stamps_its_run_with_the_router_holding_the_node(tmp_path):
         )
     )
     lite.run(leases.take, A, ["a"], LEASE, T0)
-    job = lite.run(lifecycle.claim, "a", T0)
+    job = lite.run(lifecycle.claim, T0, {}, "a")
     assert lite.rows("SELECT router FROM run WHERE id = ?", (job["run_id"],)) == [(A.id,)]
 
 

@@ -1,6 +1,8 @@
 """Placement rules: pure functions, every rule and tie."""
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpuq.errors import Conflict, Unprocessable
 from gpuq.placement import (
@@ -9,13 +11,17 @@ from gpuq.placement import (
     FIRST_FREE,
     SHORTEST,
     SHORTEST_WITH_MODEL,
+    Entry,
     NodeView,
     Placement,
     check_move,
+    entries,
+    entry,
     place_critique,
     place_task,
     position_between,
     preempt_elsewhere,
+    reads_queue,
 )
 
 
@@ -243,3 +249,33 @@ def test_a_job_that_asked_for_no_model_is_weighed_by_the_model_it_would_run_on_e
     assert preempt_elsewhere(nodes, "n1", CODER, defaults={"n1": CODER, "n2": CODER, "n3": SMALL}) is None
     assert preempt_elsewhere(nodes, "n1", CODER, defaults={"n1": CODER, "n2": CODER, "n3": CODER}) == "n3"
     assert preempt_elsewhere(nodes, "n1", CODER, defaults={"n1": CODER, "n2": SMALL, "n3": CODER}) == "n2"  # by rank
+
+
+WAITING = st.lists(st.tuples(st.sampled_from(["interactive", "batch"]), st.sampled_from(["ann", "bob", "cy", None])))
+
+
+@given(waiting=WAITING, lane=st.sampled_from(["interactive", "batch"]), owner=st.sampled_from(["ann", "dan", None]))
+@pytest.mark.parametrize("fair", [False, True])
+def test_many_jobs_enter_where_one_entry_each_would_put_them(waiting, lane, owner, fair):
+    """entries (a batch's lines, in one go) is entry applied to each job in turn, the ones before
+    it already waiting: the same gaps among the jobs that waited, and the same reasons with
+    their positions. (Held behind a waiting interactive job, a user's jobs entering at one gap
+    keep their order in one go, where one by one a later one enters just ahead of an earlier
+    one: the same gap, the reasons' positions told apart.)"""
+    n = 5
+    got = entries(waiting, lane, owner, fair, n)
+    queue = [(ln, o, None) for ln, o in waiting]  # (lane, owner, index in `waiting` it stands before)
+    for j in range(n):
+        one = entry([(ln, o) for ln, o, _ in queue], lane, owner, fair)
+        # the gap among the jobs first waiting: the first of those at or past one.index
+        gap = next((i for i, (_, _, w) in enumerate(queue[one.index :]) if w is None), None)
+        originals = [i for i, (_, _, w) in enumerate(queue) if w is None]
+        index = len(waiting) if gap is None else originals.index(one.index + gap)
+        assert got[j].index == index
+        if lane == "interactive" or not any(ln == "interactive" for ln, _ in waiting):
+            assert got[j] == Entry(index, one.reason)
+        queue.insert(one.index, (lane, owner, index))
+
+
+def test_a_batch_job_reads_the_queue_only_with_fair_share_an_interactive_one_always():
+    assert reads_queue("interactive", False) and reads_queue("batch", True) and not reads_queue("batch", False)

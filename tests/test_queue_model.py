@@ -165,7 +165,7 @@ class QueueMachine(RuleBasedStateMachine):
     def fill(self, nodes, busy, fair, limits):
         """Start from a few waiting jobs, with some nodes already running their head."""
         self.fair, self.limits = fair, limits
-        self.store.max_running = dict(limits)
+        self.store.set_max_running(limits)
         for i, node in enumerate(nodes):
             self.submit_task(node, "batch", OWNERS[i % len(OWNERS)])
         for node in sorted(busy):

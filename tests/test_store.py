@@ -435,11 +435,11 @@ async def test_an_upgrade_from_migration_010_keeps_every_runs_text(tmp_path, mon
 
     def old_run(prompt: str, node: str, texts: list[tuple[str | None, str | None]], done: bool = True) -> str:
         [job] = lifecycle.submit(db, NewJob("task", prompt, node=node), nodes, "api", now)
-        run_id = lifecycle.claim(db, node, now)["run_id"]
+        run_id = lifecycle.claim(db, now, {}, node)["run_id"]
         for output, thinking in texts:
             db.execute(OLD_APPEND, {"output": output, "thinking": thinking, "run_id": run_id})
         if done:
-            lifecycle.finish(db, job["id"], run_id, "done", None, now)
+            lifecycle.finish(db, now, {}, job["id"], run_id, "done", None)
         return job["id"]
 
     thought = old_run("think first", "a", [("The answer, ", "mulling "), ("in two parts.", "it over")])

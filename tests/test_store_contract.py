@@ -26,7 +26,8 @@ from gpuq.config import NodeConfig
 from gpuq.errors import GUARD_MESSAGE, Conflict, GpuqError, GuardMiss, GuardRefused, NotFound, StoreUnavailable
 from gpuq.jobs import Interrupted, NodeCounts, compact_json, iso
 from gpuq.store import NewJob, NodeInfo, Store
-from gpuq.store.batches import NewBatch, NewLine
+from gpuq.store.batches import NewBatch, NewLine, lines_seen
+from gpuq.store.core import Verb
 from gpuq.store.leases import Router
 from gpuq.store.retention import Cutoffs
 
@@ -170,14 +171,21 @@ async def test_submitted_jobs_wait_in_order_and_every_read_of_the_queue_agrees(s
     assert await store.queue_plans([], depth=2) == []
 
 
-@covers("running_by_owner")
-async def test_each_owners_running_jobs_are_counted(store):
-    for node in ("a", "b"):
-        await submit(store, node, owner="ann")
-        await store.claim(node)
-    await submit(store, "a", owner="bob")  # waiting: not running
-    assert await store.running_by_owner(["ann", "bob", "cy"]) == {"ann": 2}
-    assert await store.running_by_owner(iter(["bob"])) == {} and await store.running_by_owner([]) == {}
+@covers("set_max_running", "at_max_running")
+async def test_max_running_holds_a_users_next_job_and_the_store_says_whose_limit_holds(store):
+    store.set_max_running({"ann": 1, "bob": 2})
+    first = await submit(store, "a", owner="ann")
+    held = await submit(store, "b", owner="ann")
+    other = await submit(store, "b", owner="cy")
+    assert (await store.claim("a"))["id"] == first
+    assert (await store.claim("b"))["id"] == other  # ann runs her one: her job waits, cy's runs
+    assert await store.at_max_running(["ann", "bob", "cy", None, "ann"]) == {"ann": 1}
+    assert await store.at_max_running(iter(["bob"])) == {} and await store.at_max_running([]) == {}
+    store.set_max_running({"ann": 2})  # a reload raises it: in force from the next claim on
+    assert await store.at_max_running(["ann"]) == {}
+    await store.finish(other, (await store.job(other))["run_id"], "done", None, claim_node="b")
+    assert await state(store, held) == "running"
+    assert await store.at_max_running(["ann"]) == {"ann": 2}
 
 
 @covers("submit")
@@ -880,13 +888,20 @@ def line_of(n: int, model: str = "shared:7b", owner: str | None = "alice") -> Ne
     return NewLine(n, f"id-{n}", job)
 
 
-def render_counts(batch: dict, lines: list[dict]) -> tuple[bytes | None, bytes | None]:
+def render_counts(lines: list[dict]) -> tuple[bytes | None, bytes | None]:
     done = [line for line in lines if line["state"] == "done"]
     other = [line for line in lines if line["state"] != "done"]
     return (
         b"".join(f"{line['custom_id']} {line['response']}\n".encode() for line in done) or None,
         b"".join(f"{line['custom_id']} {line['state']}\n".encode() for line in other) or None,
     )
+
+
+async def finalize(store, batch_id: str) -> dict | None:
+    """As the batch service finalizes: the lines read, rendered, and the end written if they
+    are as read."""
+    lines = await store.batch_results(batch_id)
+    return await store.finalize_batch(batch_id, *render_counts(lines), lines_seen(lines))
 
 
 @covers("add_file", "file", "files", "file_content", "delete_file")
@@ -991,9 +1006,7 @@ async def test_two_routers_finalizing_one_batch_at_once_write_its_output_once(st
     other = Store(database, clock=Clock())  # the second router's store
     await other.open()
     try:
-        ended = await asyncio.gather(
-            *(s.finalize_batch("batch_2r", render_counts) for s in (store, other, store, other))
-        )
+        ended = await asyncio.gather(*(finalize(s, "batch_2r") for s in (store, other, store, other)))
     finally:
         await other.close()
     [done] = [e for e in ended if e is not None]
@@ -1003,10 +1016,33 @@ async def test_two_routers_finalizing_one_batch_at_once_write_its_output_once(st
     assert (await store.batch("batch_2r"))["output_file_id"] == done["output_file_id"]
 
 
+@covers("finalize_batch")
+async def test_a_batch_whose_lines_changed_since_they_were_read_is_not_ended_with_that_output(store):
+    """The output is rendered off the writer from the lines as read; a line retried and ended
+    again meanwhile ends at another time, and the stale output is not written: the next look
+    renders the lines as they are now."""
+    await store.create_batch(batch_of("batch_s"), [line_of(1)], KNOWN, "api")
+    claimed = await store.claim("a")
+    assert claimed is not None
+    await store.finish(claimed["id"], claimed["run_id"], "failed", "the node broke")
+    stale = await store.batch_results("batch_s")
+    await store.retry_batch("batch_s", "api")
+    again = await store.claim("a")
+    assert again is not None and again["id"] == claimed["id"]
+    await store.keep_batch_response(again["id"], '{"reply": 2}')
+    store.clock.advance(1)
+    await store.finish(again["id"], again["run_id"], "done", None, "text")
+    assert await store.finalize_batch("batch_s", *render_counts(stale), lines_seen(stale)) is None
+    assert (await store.batch("batch_s"))["status"] == "in_progress"
+    ended = await finalize(store, "batch_s")
+    assert ended is not None and ended["status"] == "completed" and ended["error_file_id"] is None
+    assert await store.file_content(ended["output_file_id"]) == b'id-1 {"reply": 2}\n'
+
+
 @covers("keep_batch_response", "finalize_batch", "batch_results", "cancel_batch", "retry_batch")
 async def test_a_batch_ends_once_its_lines_have_its_output_written_and_retries_its_failed_lines(store):
     await store.create_batch(batch_of("batch_1"), [line_of(1), line_of(2), line_of(3)], KNOWN, "api")
-    assert await store.finalize_batch("batch_1", render_counts) is None  # its lines wait
+    assert await finalize(store, "batch_1") is None  # its lines wait
     ids = [g["job_id"] for g in await store.batch_lines("batch_1")]
     first = await store.claim("a")
     assert first is not None and first["id"] == ids[0]
@@ -1018,9 +1054,9 @@ async def test_a_batch_ends_once_its_lines_have_its_output_written_and_retries_i
     batch, cancelled = await store.cancel_batch("batch_1", "api")
     assert batch["status"] == "cancelling" and cancelled == 1  # the waiting one; the running one runs on
     assert (await store.batch("batch_1"))["counts"]["cancelled"] == 1
-    assert await store.finalize_batch("batch_1", render_counts) is None  # one still runs
+    assert await finalize(store, "batch_1") is None  # one still runs
     await store.finish(ids[1], second["run_id"], "failed", "the node broke")
-    ended = await store.finalize_batch("batch_1", render_counts)
+    ended = await finalize(store, "batch_1")
     assert ended is not None and ended["status"] == "cancelled" and ended["cancelled_at"] is not None
     assert await store.file_content(ended["output_file_id"]) == b'id-1 {"reply": 1}\n'
     assert await store.file_content(ended["error_file_id"]) == b"id-2 failed\nid-3 cancelled\n"
@@ -1054,9 +1090,9 @@ async def test_a_batch_past_its_window_has_its_waiting_lines_expired_and_ends_ex
     counts = (await store.batch("batch_e"))["counts"]
     assert (counts["expired"], counts["cancelled"], counts["running"]) == (2, 0, 1)
     assert await store.expire_batches("sweeper") == []  # nothing waits any more
-    assert await store.finalize_batch("batch_e", render_counts) is None  # one still runs
+    assert await finalize(store, "batch_e") is None  # one still runs
     await store.finish(ids[0], first["run_id"], "done", None, "text")
-    ended = await store.finalize_batch("batch_e", render_counts)
+    ended = await finalize(store, "batch_e")
     assert ended is not None and ended["status"] == "expired" and ended["finalizing_at"] is not None
     assert ended["completed_at"] is None and ended["counts"]["expired"] == 2
     assert await store.file_content(ended["error_file_id"]) == b"id-2 cancelled\nid-3 cancelled\n"
@@ -1073,7 +1109,7 @@ async def test_an_ended_batch_is_deleted_with_its_written_files_and_its_jobs_sta
         await store.delete_batch("batch_d")
     ids = [g["job_id"] for g in await store.batch_lines("batch_d")]
     await store.cancel_batch("batch_d", "api")
-    ended = await store.finalize_batch("batch_d", render_counts)
+    ended = await finalize(store, "batch_d")
     assert ended is not None and ended["error_file_id"] is not None
     with pytest.raises(NotFound):
         await store.delete_batch("batch_d", only_owner="bob")
@@ -1100,7 +1136,7 @@ async def test_retention_prunes_an_ended_batchs_files_then_deletes_it_and_then_i
         await store.keep_batch_response(claimed["id"], '{"reply": "kept"}')
         await store.finish(claimed["id"], claimed["run_id"], "done", None, "text")
     await store.delete((await store.batch_lines("batch_open"))[0]["job_id"], "api")  # its line ended, it is open
-    ended = await store.finalize_batch("batch_r", render_counts)
+    ended = await finalize(store, "batch_r")
     assert ended is not None and ended["output_file_id"] is not None
     cut = Cutoffs.at(clock.now, 30 * DAY, 90 * DAY, 365 * DAY, 30 * DAY)
     assert await store.retention_batches_due("prune", cut, 100) == []
@@ -1148,14 +1184,14 @@ async def test_retention_prunes_an_ended_batchs_files_then_deletes_it_and_then_i
 
 
 def public_names() -> set[str]:
-    """Store's public methods and properties, its own and those of its bases (its reads:
-    gpuq/store/reads.py's Reads)."""
+    """Store's public methods (its verbs declared with core.write too) and properties, its own
+    and those of its bases (one per aggregate: gpuq/store/facade.py)."""
     return {
         name
         for cls in Store.__mro__
         if cls is not object
         for name, member in vars(cls).items()
-        if not name.startswith("_") and (inspect.isfunction(member) or isinstance(member, property))
+        if not name.startswith("_") and (inspect.isfunction(member) or isinstance(member, (property, Verb)))
     }
 
 

@@ -52,11 +52,12 @@ def in_transaction(db, verb, **kwargs):
 def test_submit_claim_and_finish_by_hand(db):
     [job] = in_transaction(db, lifecycle.submit, new=NewJob("task", "hello"), nodes=NODES, actor="test", now=NOW)
     assert (job["node"], job["state"], job["position"]) == ("a", "queued", 1)
-    claimed = in_transaction(db, lifecycle.claim, node="a", now=NOW + 1)
+    claimed = in_transaction(db, lifecycle.claim, max_running={}, node="a", now=NOW + 1)
     assert claimed["id"] == job["id"] and claimed["prompt"] == "hello"
     in_transaction(
         db,
         lifecycle.finish,
+        max_running={},
         job_id=job["id"],
         run_id=claimed["run_id"],
         state="done",
@@ -71,10 +72,17 @@ def test_submit_claim_and_finish_by_hand(db):
 
 def test_a_refused_verb_leaves_nothing_behind(db):
     [job] = in_transaction(db, lifecycle.submit, new=NewJob("task", "x"), nodes=NODES, actor="test", now=NOW)
-    claimed = in_transaction(db, lifecycle.claim, node="a", now=NOW)
+    claimed = in_transaction(db, lifecycle.claim, max_running={}, node="a", now=NOW)
     with pytest.raises(GuardMiss):  # not the job's running run
         in_transaction(
-            db, lifecycle.finish, job_id=job["id"], run_id=claimed["run_id"] + 1, state="done", error=None, now=NOW
+            db,
+            lifecycle.finish,
+            max_running={},
+            job_id=job["id"],
+            run_id=claimed["run_id"] + 1,
+            state="done",
+            error=None,
+            now=NOW,
         )
     assert db.execute("SELECT state FROM job").fetchone()[0] == "running"
     assert db.execute("SELECT COUNT(*) FROM event").fetchone()[0] == 2
@@ -112,7 +120,7 @@ def test_the_schema_refuses_every_write_that_puts_a_critique_on_its_parents_node
     assert db.execute("SELECT state FROM job WHERE id = ?", (critique["id"],)).fetchone()[0] == "cancelled"
     in_transaction(db, lambda d: d.execute("UPDATE job SET node = 'a' WHERE id = ?", (task["id"],)))
     in_transaction(db, control.retry, job_id=critique["id"], actor="t", now=NOW)
-    assert in_transaction(db, lifecycle.claim, node="b", now=NOW)["id"] == critique["id"]
+    assert in_transaction(db, lifecycle.claim, max_running={}, node="b", now=NOW)["id"] == critique["id"]
 
 
 def test_many_appends_keep_the_whole_text_in_order_and_never_rewrite_earlier_text(db):
@@ -125,7 +133,7 @@ def test_many_appends_keep_the_whole_text_in_order_and_never_rewrite_earlier_tex
     [held] = in_transaction(
         db, lifecycle.submit, new=NewJob("critique", None, parent=job["id"]), nodes=nodes, actor="t", now=NOW
     )
-    run_id = in_transaction(db, lifecycle.claim, node="a", now=NOW)["run_id"]
+    run_id = in_transaction(db, lifecycle.claim, max_running={}, node="a", now=NOW)["run_id"]
     pieces = [(f"answer {i:03d} ünïcode\n", f"thought {i:03d} " if i < 40 else None) for i in range(200)]
 
     def chunks() -> list[tuple]:
@@ -150,6 +158,7 @@ def test_many_appends_keep_the_whole_text_in_order_and_never_rewrite_earlier_tex
     in_transaction(
         db,
         lifecycle.finish,
+        max_running={},
         job_id=job["id"],
         run_id=run_id,
         state="done",
@@ -161,17 +170,17 @@ def test_many_appends_keep_the_whole_text_in_order_and_never_rewrite_earlier_tex
     assert db.execute("SELECT output, thinking FROM run WHERE id = ?", (run_id,)).fetchone()[:] == ("", None)
     whole = {"output": "".join(o for o, _ in pieces), "thinking": "".join(t for _, t in pieces if t)}
     assert steps.run_texts(db, [run_id]) == {run_id: whole}
-    claimed = in_transaction(db, lifecycle.claim, node="b", now=NOW + 503)
+    claimed = in_transaction(db, lifecycle.claim, max_running={}, node="b", now=NOW + 503)
     assert claimed["id"] == held["id"] and claimed["prompt"].endswith("## Result\n" + whole["output"])
 
 
 def test_a_run_that_gave_no_reasoning_reads_none_and_a_run_with_no_text_reads_empty(db):
     in_transaction(db, lifecycle.submit, new=NewJob("task", "p"), nodes=NODES, actor="t", now=NOW)
-    answered = in_transaction(db, lifecycle.claim, node="a", now=NOW)["run_id"]
+    answered = in_transaction(db, lifecycle.claim, max_running={}, node="a", now=NOW)["run_id"]
     in_transaction(db, lifecycle.heartbeat, run_id=answered, output="partial", thinking=None, now=NOW)
     [other] = in_transaction(db, lifecycle.submit, new=NewJob("task", "q"), nodes=NODES, actor="t", now=NOW)
     in_transaction(db, control.preempt, job_id=other["id"], actor="t", now=NOW)  # ends the first run
-    silent = in_transaction(db, lifecycle.claim, node="a", now=NOW)["run_id"]
+    silent = in_transaction(db, lifecycle.claim, max_running={}, node="a", now=NOW)["run_id"]
     assert steps.run_texts(db, [answered, silent]) == {
         answered: {"output": "partial", "thinking": None},
         silent: {"output": "", "thinking": None},
@@ -183,7 +192,7 @@ def test_a_run_deleted_by_hand_takes_its_chunks_with_it(db, foreign_keys):
     """Nothing in the router deletes a run; a person in the sqlite3 shell may, and leaves no
     orphaned text (or events naming it) behind."""
     in_transaction(db, lifecycle.submit, new=NewJob("task", "p"), nodes=NODES, actor="t", now=NOW)
-    run_id = in_transaction(db, lifecycle.claim, node="a", now=NOW)["run_id"]
+    run_id = in_transaction(db, lifecycle.claim, max_running={}, node="a", now=NOW)["run_id"]
     for i in range(3):
         in_transaction(db, lifecycle.heartbeat, run_id=run_id, output=f"piece {i}", thinking=None, now=NOW + i)
     lite = isinstance(db, sqlite3.Connection)  # (PostgreSQL checks every reference, always)
@@ -227,7 +236,7 @@ def test_a_submit_to_an_idle_node_claims_it_in_the_same_transaction_as_a_claim_w
         actor="test",
         now=NOW,
     )
-    in_transaction(db, lifecycle.claim, node="b", now=NOW)
+    in_transaction(db, lifecycle.claim, max_running={}, node="b", now=NOW)
     assert [e[1:] for e in events_of(db, other["id"])] == [
         (None, "queued", "test", "placed on b (asked)"),
         ("queued", "running", "router", "claimed by b"),

@@ -179,21 +179,12 @@ def with_eta(job: Row, found: dict[str, eta.Estimate]) -> Row:
 async def with_quota(app: web.Application, jobs: list[Row]) -> None:
     """A waiting job whose owner runs their max_running already waits for that, even on a free
     node: say so (held_by_quota), and its start estimate says it too."""
-    limits = app[STORE].max_running
-    owners = {j["owner"] for j in jobs if j["state"] == JobState.QUEUED and j.get("owner") in limits}
-    if not owners:
-        return
-    running = await app[STORE].running_by_owner(owners)
-    for job in jobs:
+    waiting = [j for j in jobs if j["state"] == JobState.QUEUED]
+    held = await app[STORE].at_max_running(j.get("owner") for j in waiting)  # the store's rule, its claim's
+    for job in waiting:
         owner = job.get("owner")
-        # owner is not None: owners holds only max_running's users
-        if (
-            job["state"] == JobState.QUEUED
-            and owner is not None
-            and owner in owners
-            and running.get(owner, 0) >= limits[owner]
-        ):
-            n = running[owner]
+        if owner in held:
+            n = held[owner]
             why = (
                 f"user '{owner}' runs {n} job{'s' if n != 1 else ''} already, their max_running: it starts "
                 "once one ends; other users' jobs run meanwhile"

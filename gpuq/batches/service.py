@@ -9,6 +9,7 @@ the batches (gpuq/store/batches.py), the dispatcher queues their lines."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
@@ -23,7 +24,7 @@ from ..front.call import run_model
 from ..jobs import Lane
 from ..node.dispatcher import Dispatcher
 from ..store import Row, Store
-from ..store.batches import ENDED, NewBatch, NewLine, new_file_id
+from ..store.batches import ENDED, NewBatch, NewLine, lines_seen, new_file_id
 from .parse import (
     ANTHROPIC_ENDPOINT,
     OPENAI_ENDPOINTS,
@@ -228,11 +229,14 @@ class BatchService:
     async def finalize(self, batch: Row) -> Row:
         """The one place a batch ends: one whose every line has ended gets its output files
         written and its final status (two routers at once write it once); any other comes back
-        as it is."""
+        as it is. Its lines are read and rendered off the writer (a 10,000-line batch's output
+        takes the writer only to be stored), and the store writes it only if they are as read."""
         if batch["status"] not in ("in_progress", "cancelling") or active(batch["counts"]):
             return batch
+        lines = await self.store.batch_results(batch["id"])
         render = render_openai if batch["api"] == "openai" else render_anthropic
-        done = await self.store.finalize_batch(batch["id"], render)
+        output, errors = await asyncio.to_thread(render, batch, lines)
+        done = await self.store.finalize_batch(batch["id"], output, errors, lines_seen(lines))
         if done is not None:
             log.info(
                 "batch=%s status=%s output=%s errors=%s",

@@ -17,8 +17,8 @@ from .. import eta
 from ..bus import Bus
 from ..config import NodeConfig, Settings
 from ..errors import GpuqError, GuardMiss, OverQuota
-from ..jobs import FINAL, JobState, Kind, NodeCounts, iso, parse_iso
-from ..placement import BATCH, node_views, preempt_elsewhere, preempted_reason, preempts
+from ..jobs import FINAL, JobState, Kind, Lane, NodeCounts, iso, parse_iso
+from ..placement import node_views, preempt_elsewhere, preempted_reason, preempts
 from ..reload import Plan
 from ..store import Interrupted, NewJob, NodeInfo, Row, Store
 from ..store.batches import NewBatch, NewLine
@@ -81,7 +81,7 @@ class Dispatcher:
 
     def _limit_running(self, settings: Settings) -> None:
         """Users' max_running, which every claim of the store applies."""
-        self.store.max_running = settings.max_running
+        self.store.set_max_running(settings.max_running)
 
     async def start(self, stuck: list[dict[str, Any]] | None = None) -> None:
         """`stuck`: the models a previous router saw stuck in VRAM (open vram_stuck alerts, with
@@ -442,8 +442,8 @@ class Dispatcher:
         its own. The store decides by the running job's lane in the same transaction
         (placement.preempts), so an interactive job is never interrupted, even by a race with
         the node's next claim. The job as it is now (where it waits)."""
-        lane, enabled = job.get("lane", BATCH), self.settings.interactive_preempts
-        if not preempts(lane, BATCH, enabled):  # (nothing to ask the store)
+        lane, enabled = job.get("lane", Lane.BATCH), self.settings.interactive_preempts
+        if not preempts(lane, Lane.BATCH, enabled):  # (nothing to ask the store)
             return job
         reason = preempted_reason(job["id"], call)
         infos = [n for n in self.node_infos() if job.get("endpoint") is None or self.leases.holds(n.name)]

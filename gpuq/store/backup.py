@@ -41,6 +41,10 @@ from .postgres import safe_dsn
 OWN_FILES = ("", "-wal", "-shm", "-journal", ".lock")
 
 
+class BackupBusy(Conflict):
+    """Another backup of this database is being made (a scheduled one waits for its turn)."""
+
+
 def pg_dump_advice(dsn: str) -> str:
     """What a backup on PostgreSQL answers: gpuq does not reinvent pg_dump; the command to run."""
     return (

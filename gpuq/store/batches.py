@@ -1,9 +1,9 @@
-"""Batches (issue 37): the OpenAI Batch API's files and batches, Anthropic's Message Batches. Each
-verb is a plain function of the writer's connection inside one transaction (as lifecycle.py's):
-a batch's every line is placed and queued in the one commit of its create (10,000 lines: one
-commit, not 10,000), a batch is cancelled, its lines' replies kept as they end, its output
-written once every line has ended (finalize), its failed lines retried on request. The reads
-of batches and files are here too; gpuq/store/facade.py runs the verbs on the writer.
+"""Batches: the OpenAI Batch API's files and batches, Anthropic's Message Batches. Each verb is a
+plain function of the writer's connection inside one transaction (as lifecycle.py's): a batch's
+every line is placed and queued in the one commit of its create (10,000 lines: one commit, not
+10,000; batch_queue.py), a batch is cancelled, its lines' replies kept as they end, its output
+written once every line has ended (finalize), its failed lines retried on request. Their reads
+are batch_reads.py's; batches_api.py runs the verbs on the writer.
 
 A line is an ordinary job (its request carries the batch and its custom_id), so placement, the
 lanes, fair share, max_waiting and max_running apply to it as to any job."""
@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .. import placement as rules
-from ..errors import Conflict, ModelMissing, NotFound
-from ..jobs import ACTIVE, POSITION_GAP, JobState, NewJob, NodeCounts, NodeInfo, new_job_id
+from ..errors import Conflict, NotFound
+from ..jobs import ACTIVE, NewJob, NodeInfo
 from . import control, lifecycle
-from .engine import Connection, Params
-from .steps import Row, cancel, check_quota, iso, rows, tail_position
+from .batch_queue import queue_lines
+from .engine import Connection
+from .steps import Row, cancel, check_quota, iso, rows
 
 # A batch's status as stored; `finalizing` is answered while its lines have all ended and its
 # output is not written yet (a read that sees it writes it: finalize).
@@ -68,8 +68,9 @@ def _dumps(value: Any) -> str | None:
 
 
 def add_file(
-    db: Connection, file_id: str, purpose: str, filename: str, content: bytes, owner: str | None, now: float
+    db: Connection, now: float, file_id: str, purpose: str, filename: str, content: bytes, owner: str | None
 ) -> Row:
+    """A file kept in the database (a batch's input, or the output finalize writes), content and all."""
     db.execute(
         "INSERT INTO batch_file (id, purpose, filename, bytes, created_at, owner, content) VALUES (?,?,?,?,?,?,?)",
         (file_id, purpose, filename, len(content), iso(now), owner, content),
@@ -84,7 +85,8 @@ def add_file(
     }
 
 
-def delete_file(db: Connection, file_id: str, only_owner: str | None) -> None:
+def delete_file(db: Connection, file_id: str, only_owner: str | None = None) -> None:
+    """A file gone. `only_owner`: a member's name; another's file is not found (404)."""
     found = db.execute("SELECT owner FROM batch_file WHERE id = ?", (file_id,)).fetchone()
     if found is None or (only_owner is not None and found["owner"] != only_owner):
         raise NotFound(f"no file '{file_id}'")
@@ -104,7 +106,7 @@ def create_batch(
     *,
     fair: bool = False,
     max_waiting: int | None = None,
-    max_running: dict[str, int] | None = None,
+    max_running: Mapping[str, int] = lifecycle.NO_LIMITS,
 ) -> tuple[Row, list[Row]]:
     """Store a batch and queue every line of it as a job, placed by its model as any job is, in
     this one transaction: all of it, or (a refusal) nothing. A line whose model no node has is
@@ -148,181 +150,9 @@ def create_batch(
     db.executemany("INSERT INTO batch_line (batch_id, line, custom_id, job_id, refused) VALUES (?,?,?,?,?)", kept)
     idle = {n.name for n in nodes if n.idle and n.up}
     claimed = [
-        head for node in sorted(placed & idle) if (head := lifecycle.claim(db, node, now, max_running)) is not None
+        head for node in sorted(placed & idle) if (head := lifecycle.claim(db, now, max_running, node)) is not None
     ]
     return batch_row(db, batch.id), claimed
-
-
-# -- queueing many jobs at once ---------------------------------------------------------------------
-
-Queued = tuple[str | None, str | None, dict[str, Any] | None]  # (job id, node, refusal)
-
-
-def queue_lines(
-    db: Connection, jobs: Sequence[NewJob | None], nodes: list[NodeInfo], actor: str, now: float, fair: bool
-) -> list[Queued]:
-    """Place and insert many batch-lane jobs in this transaction, each exactly where
-    lifecycle.submit would put it if they came one by one (placement by model over the queues as
-    they grow, the tail of its node's queue or, with `fair`, the gap fair share gives it), but
-    with the queues read once and the rows written with executemany: 10,000 lines in about a
-    second, where one submit each would take many. A job whose model no node has is refused
-    (404) and not stored."""
-    counts = {r[0]: NodeCounts(r[1], r[2]) for r in db.execute("SELECT node, running, queued FROM node_load")}
-    by_name = {n.name: n for n in nodes}
-    wanted = [(i, new) for i, new in enumerate(jobs) if new is not None]
-    placements = rules.place_batch(rules.node_views(nodes, counts), [new.model for _, new in wanted])
-    out: list[Queued] = [(None, None, None)] * len(jobs)
-    chosen: dict[str, list[tuple[int, NewJob, str]]] = {}  # node -> (index in out, job, placement reason)
-    for (i, new), placement in zip(wanted, placements, strict=True):
-        if isinstance(placement, ModelMissing):
-            out[i] = (None, None, {"status": 404, "code": "model_not_found", "message": placement.message})
-            continue
-        chosen.setdefault(placement.node, []).append((i, new, placement.reason))
-        out[i] = (None, placement.node, None)
-    ids = _fresh_ids(db, sum(len(v) for v in chosen.values()), now)
-    at = iso(now)
-    job_rows, event_rows = [], []
-    for node, entering in chosen.items():
-        positions, reasons = _positions(db, node, [(job.owner, fair) for _, job, _ in entering])
-        for (i, new, why), position, entered in zip(entering, positions, reasons, strict=True):
-            job_id = ids.pop()
-            out[i] = (job_id, node, None)
-            job_rows.append(
-                (
-                    job_id,
-                    new.kind,
-                    node,
-                    new.model or by_name[node].model,
-                    int(new.model is not None),
-                    new.prompt,
-                    position,
-                    why,
-                    new.timeout_s,
-                    at,
-                    new.endpoint,
-                    new.request,
-                    new.owner,
-                    new.client,
-                    new.lane,
-                )
-            )
-            note = f"placed on {node} ({why})" + (f"; {entered}" if entered else "")
-            event_rows.append((job_id, at, None, JobState.QUEUED, actor, note, None))
-    db.executemany(
-        "INSERT INTO job (id, kind, node, model, model_pinned, prompt, position, placement, timeout_s, created_at,"
-        " endpoint, request, owner, client, lane) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-        job_rows,
-    )
-    db.executemany(
-        "INSERT INTO event (job_id, at, from_state, to_state, actor, reason, run_id) VALUES (?,?,?,?,?,?,?)", event_rows
-    )
-    return out
-
-
-def _fresh_ids(db: Connection, n: int, now: float) -> list[str]:
-    """`n` job ids unused in the table (ids of one second share their prefix: one range read)."""
-    second = str(int(now))
-    taken = {r[0] for r in db.execute("SELECT id FROM job WHERE id >= ? AND id < ?", (second + "-", second + "."))}
-    fresh: set[str] = set()
-    while len(fresh) < n:
-        job_id = new_job_id(now)
-        if job_id not in taken:
-            fresh.add(job_id)
-    return sorted(fresh, reverse=True)  # popped from the end: ascending, in line order
-
-
-def _positions(
-    db: Connection, node: str, entering: list[tuple[str | None, bool]]
-) -> tuple[list[int], list[str | None]]:
-    """Positions in `node`'s queue for batch jobs entering it in order (owner, fair): each at the
-    tail, or with fair share where placement.entry puts a user's k-th waiting batch job (before
-    the first waiting batch job that is some user's (k+1)-th, never ahead of an interactive one).
-    The queue is read once; a gap too narrow for the jobs entering it has its queue renumbered."""
-    if not any(fair for _, fair in entering):
-        tail = tail_position(db, node)
-        return [tail + i * POSITION_GAP for i in range(len(entering))], [None] * len(entering)
-    waiting = [
-        (r[0], r[1], r[2], r[3])
-        for r in db.execute(
-            "SELECT id, lane, owner, position FROM job WHERE node = ? AND state = 'queued' ORDER BY position, id",
-            (node,),
-        )
-    ]
-    last_interactive = max((i for i, w in enumerate(waiting) if w[1] == rules.INTERACTIVE), default=-1)
-    # first[k]: the first waiting batch job that is its owner's (k+1)-th: a user's k-th enters
-    # before it (the first round k+1 job comes before any later round's). The jobs entering never
-    # move it: each is its owner's k-th with k rising, never past its round.
-    rounds: dict[str | None, int] = {}
-    first: dict[int, int] = {}
-    for i, (_, lane, owner, _) in enumerate(waiting):
-        if lane == rules.BATCH:
-            rounds[owner] = rounds.get(owner, 0) + 1
-            first.setdefault(rounds[owner] - 1, i)
-    mine: dict[str | None, int] = {}
-    for _, lane, owner, _ in waiting:
-        if lane == rules.BATCH:
-            mine[owner] = mine.get(owner, 0) + 1
-    others = sorted({_who(o) for _, lane, o, _ in waiting if lane == rules.BATCH})
-    gaps: list[int] = []  # each entering job's gap: the index of the waiting job it goes before
-    reasons: list[str | None] = []
-    for owner, fair in entering:
-        mine[owner] = mine.get(owner, 0) + 1
-        k = mine[owner]
-        index = first.get(k, len(waiting)) if fair else len(waiting)
-        index = max(index, last_interactive + 1)
-        gaps.append(index)
-        shared = [o for o in others if o != _who(owner)]
-        reasons.append(
-            f"entered at position {index + 1 + sum(g <= index for g in gaps[:-1])}: fair share with {', '.join(shared)}"
-            if index < len(waiting) and shared
-            else None
-        )
-    by_gap: dict[int, list[int]] = {}
-    for j, gap in enumerate(gaps):
-        by_gap.setdefault(gap, []).append(j)
-    positions = [0] * len(entering)
-    for gap, members in by_gap.items():
-        before = waiting[gap - 1][3] if gap > 0 else None
-        after = waiting[gap][3] if gap < len(waiting) else None
-        if after is None:
-            start = (before or 0) + POSITION_GAP
-            for n, j in enumerate(members):
-                positions[j] = start + n * POSITION_GAP
-            continue
-        low = before if before is not None else after - POSITION_GAP * (len(members) + 1)
-        if after - low <= len(members):  # no room between them: renumber the whole queue
-            return _renumbered(db, node, waiting, gaps)
-        step = (after - low) / (len(members) + 1)
-        for n, j in enumerate(members):
-            positions[j] = low + int(step * (n + 1))
-    return positions, reasons
-
-
-def _who(owner: str | None) -> str:
-    return owner if owner is not None else "anonymous"
-
-
-def _renumbered(
-    db: Connection, node: str, waiting: list[tuple[Any, ...]], gaps: list[int]
-) -> tuple[list[int], list[str | None]]:
-    """The node's waiting jobs and the entering ones merged in order, every position anew."""
-    merged: list[tuple[str, Any]] = []
-    by_gap: dict[int, list[int]] = {}
-    for j, gap in enumerate(gaps):
-        by_gap.setdefault(gap, []).append(j)
-    for i in range(len(waiting) + 1):
-        merged.extend(("new", j) for j in by_gap.get(i, []))
-        if i < len(waiting):
-            merged.append(("old", waiting[i][0]))
-    positions = [0] * len(gaps)
-    updates = []
-    for n, (kind, what) in enumerate(merged, 1):
-        if kind == "new":
-            positions[what] = n * POSITION_GAP
-        else:
-            updates.append((n * POSITION_GAP, what))
-    db.executemany("UPDATE job SET position = ? WHERE id = ?", updates)
-    return positions, [None] * len(gaps)
 
 
 # -- its life --------------------------------------------------------------------------------
@@ -333,7 +163,9 @@ def keep_response(db: Connection, job_id: str, response: str) -> bool:
     return db.execute("UPDATE batch_line SET response = ? WHERE job_id = ?", (response, job_id)).rowcount > 0
 
 
-def cancel_batch(db: Connection, batch_id: str, actor: str, now: float, only_owner: str | None) -> tuple[Row, int]:
+def cancel_batch(
+    db: Connection, now: float, batch_id: str, actor: str, only_owner: str | None = None
+) -> tuple[Row, int]:
     """Cancelling: every waiting line is cancelled now; a running one ends as it would (as
     OpenAI's in-flight requests do), and the batch is cancelled once none runs (finalize).
     Returns the batch and how many lines were cancelled."""
@@ -389,33 +221,46 @@ def expire_due(db: Connection, now: float, actor: str) -> list[tuple[str, int]]:
 
 # What finalize hands its renderer: a batch's lines, in order, each with its job's end.
 LINES_SQL = (
-    "SELECT l.line, l.custom_id, l.job_id, l.refused, l.response, j.state, j.error, j.node, j.model"
+    "SELECT l.line, l.custom_id, l.job_id, l.refused, l.response, j.state, j.error, j.node, j.model, j.finished_at"
+    " FROM batch_line l LEFT JOIN job j ON j.id = l.job_id WHERE l.batch_id = ? ORDER BY l.line"
+)
+# What finalize checks again in its transaction: each line's state and end, not its reply.
+LINE_ENDS_SQL = (
+    "SELECT l.line, j.state, j.error, j.finished_at"
     " FROM batch_line l LEFT JOIN job j ON j.id = l.job_id WHERE l.batch_id = ? ORDER BY l.line"
 )
 
-# (output, errors): each a file's content, or None when it would be empty
-Rendered = tuple[bytes | None, bytes | None]
+# A batch's lines as its output was rendered from them: each line's state and when it ended
+# (a line retried and ended again between the read and the write ends at another time).
+Seen = list[tuple[Any, Any, Any]]
 
 
-def finalize(db: Connection, batch_id: str, render: Callable[[Row, list[Row]], Rendered], now: float) -> Row | None:
-    """Once every line of an open batch has ended: its output and error files are written (the
-    render gives their content, in the batch's API's shape) and it is completed (or cancelled,
-    when it was cancelling). None when it is not due (a line still waits or runs, or it ended)."""
+def lines_seen(lines: Sequence[Row]) -> Seen:
+    return [(line["line"], line["state"], line["finished_at"]) for line in lines]
+
+
+def finalize(
+    db: Connection, now: float, batch_id: str, output: bytes | None, errors: bytes | None, seen: Seen
+) -> Row | None:
+    """The batch ends: its output and error files (rendered off the writer, in the batch's API's
+    shape, from the lines as `seen`) are written and it is completed (cancelled, when it was
+    cancelling; expired, when its window ended some). None when it is not due: it ended already
+    (another router's finalize came first), a line still waits or runs, or a line changed since
+    it was read (retried); then nothing is written, and the next look renders it again."""
     found = db.execute("SELECT * FROM batch WHERE id = ?", (batch_id,)).fetchone()
     if found is None or found["status"] not in OPEN:
         return None
-    lines = rows(db.execute(LINES_SQL, (batch_id,)).fetchall())
-    if any(line["state"] in ACTIVE for line in lines):
+    lines = rows(db.execute(LINE_ENDS_SQL, (batch_id,)).fetchall())
+    if any(line["state"] in ACTIVE for line in lines) or lines_seen(lines) != seen:
         return None
     batch = dict(found)
-    output, errors = render(batch, lines)
     ids: list[str | None] = []
     for content, suffix in ((output, "output"), (errors, "errors")):
         if content is None:
             ids.append(None)
             continue
         file_id = new_file_id()
-        add_file(db, file_id, "batch_output", f"{batch_id}_{suffix}.jsonl", content, batch["owner"], now)
+        add_file(db, now, file_id, "batch_output", f"{batch_id}_{suffix}.jsonl", content, batch["owner"])
         ids.append(file_id)
     at = iso(now)
     if batch["status"] == "cancelling":
@@ -439,10 +284,10 @@ def is_expired(line: Row) -> bool:
 
 def retry_failed(
     db: Connection,
+    now: float,
     batch_id: str,
     actor: str,
-    now: float,
-    only_owner: str | None,
+    only_owner: str | None = None,
     nodes: frozenset[str] | None = None,
     max_waiting: dict[str, int] | None = None,
     window_s: float | None = None,
@@ -466,7 +311,7 @@ def retry_failed(
         raise Conflict(f"batch {batch_id} has no failed or cancelled lines to retry")
     check_quota(db, batch["owner"], (max_waiting or {}).get(batch["owner"] or ""), len(retried))
     for job_id in retried:
-        control.retry(db, job_id, actor, now, nodes)
+        control.retry(db, now, job_id, actor, nodes)
     db.execute(
         "UPDATE batch_line SET response = NULL WHERE batch_id = ? AND job_id IN (SELECT id FROM job WHERE state = 'queued')",
         (batch_id,),
@@ -484,7 +329,7 @@ def retry_failed(
     return batch_row(db, batch_id), retried
 
 
-def delete_batch(db: Connection, batch_id: str, only_owner: str | None) -> Row:
+def delete_batch(db: Connection, batch_id: str, only_owner: str | None = None) -> Row:
     """An ended batch gone (Anthropic's DELETE): its row, its lines' ties and the output and error
     files it wrote; its lines' jobs stay, ordinary jobs of the history (retention ends them).
     Its input file stays (the caller uploaded it; they delete it themselves). Returns it."""
@@ -513,7 +358,7 @@ def batch_row(db: Connection, batch_id: str) -> Row:
     return with_counts(batch, counted)
 
 
-# -- reads -------------------------------------------------------------------------------------
+# -- a batch's counts (its rows, in writes and reads) ---------------------------------------------
 
 # Each batch's lines by their jobs' states ('refused': a line that never became a job).
 # 'expired': a line cancelled by its batch's expiry (expire_due), not counted as cancelled.
@@ -544,167 +389,3 @@ def with_counts(batch: Row, counted: list[Row]) -> Row:
 
 def counts_sql(n: int) -> str:
     return COUNTS_SQL.format(ids=",".join("?" * n))
-
-
-BATCH_SQL = "SELECT * FROM batch WHERE id = ?"
-
-
-def batches_sql(api: str | None, owner: bool, after: bool, status: bool) -> str:
-    """Batches, newest first, paged by the last one seen (`after`: its created_at and id)."""
-    where = []
-    if api is not None:
-        where.append("api = :api")
-    if owner:
-        where.append("owner = :owner")
-    if status:
-        where.append("status IN ('in_progress', 'cancelling')")
-    if after:
-        where.append("(created_at < :created_at OR (created_at = :created_at AND id < :id))")
-    clause = f" WHERE {' AND '.join(where)}" if where else ""
-    return f"SELECT * FROM batch{clause} ORDER BY created_at DESC, id DESC LIMIT :limit"
-
-
-LINES_OF_SQL = LINES_SQL
-# A batch's lines that are jobs, with the page's and the CLI's view of each.
-LINE_JOBS_SQL = (
-    "SELECT l.line, l.custom_id, l.job_id, l.refused, j.state, j.error, j.node, j.model, j.created_at, j.finished_at"
-    " FROM batch_line l LEFT JOIN job j ON j.id = l.job_id WHERE l.batch_id = ? ORDER BY l.line"
-)
-# The batch a job is a line of (the page folds them).
-OPEN_LINES_SQL = (
-    "SELECT l.batch_id, l.job_id FROM batch_line l JOIN batch b ON b.id = l.batch_id"
-    " JOIN job j ON j.id = l.job_id WHERE b.status IN ('in_progress', 'cancelling') AND j.state IN ('queued', 'running')"
-)
-# The open batches' lines per node and state (the queue page folds them: one line per node).
-OPEN_BY_NODE_SQL = (
-    "SELECT l.batch_id, j.node, j.state, COUNT(*) AS n FROM batch b JOIN batch_line l ON l.batch_id = b.id"
-    " JOIN job j ON j.id = l.job_id WHERE b.status IN ('in_progress', 'cancelling')"
-    " GROUP BY l.batch_id, j.node, j.state"
-)
-FILE_SQL = "SELECT id, purpose, filename, bytes, created_at, owner FROM batch_file WHERE id = ?"
-FILE_CONTENT_SQL = "SELECT content, owner FROM batch_file WHERE id = ?"
-# Batches by state, and the lines of the open ones by their jobs' states (/metrics: a scrape
-# reads the lines of the batches in progress only, never the whole history's).
-BATCH_STATES_SQL = "SELECT status, COUNT(*) AS n FROM batch GROUP BY status"
-LINE_STATES_SQL = (
-    "SELECT COALESCE(j.state, 'refused') AS state, COUNT(*) AS n FROM batch b"
-    " JOIN batch_line l ON l.batch_id = b.id LEFT JOIN job j ON j.id = l.job_id"
-    " WHERE b.status IN ('in_progress', 'cancelling') GROUP BY COALESCE(j.state, 'refused')"
-)
-
-
-def files_sql(owner: bool, purpose: bool, after: bool, ascending: bool) -> str:
-    where = []
-    if owner:
-        where.append("owner = :owner")
-    if purpose:
-        where.append("purpose = :purpose")
-    if after:
-        op = ">" if ascending else "<"
-        where.append(f"(created_at {op} :created_at OR (created_at = :created_at AND id {op} :id))")
-    clause = f" WHERE {' AND '.join(where)}" if where else ""
-    order = "ASC" if ascending else "DESC"
-    return (
-        f"SELECT id, purpose, filename, bytes, created_at, owner FROM batch_file{clause}"
-        f" ORDER BY created_at {order}, id {order} LIMIT :limit"
-    )
-
-
-class BatchReads:
-    """The reads of batches and files (Store's, through its readers' connection). `only_owner`: a
-    member's name; another's batch or file is not found (404), as another's job is not theirs."""
-
-    async def read(self, sql: str, params: Params = ()) -> list[Row]:
-        raise NotImplementedError
-
-    async def batch(self, batch_id: str, only_owner: str | None = None) -> Row:
-        found = await self.read(BATCH_SQL, (batch_id,))
-        if not found or (only_owner is not None and found[0]["owner"] != only_owner):
-            raise NotFound(f"no batch '{batch_id}'")
-        return with_counts(found[0], await self.read(counts_sql(1), (batch_id,)))
-
-    async def batches(
-        self,
-        api: str | None = None,
-        owner: str | None = None,
-        after: str | None = None,
-        limit: int = 20,
-        open_only: bool = False,
-    ) -> list[Row]:
-        """Newest first; `after`: the id of the last one seen (the next page starts past it)."""
-        params: dict[str, Any] = {"api": api, "owner": owner, "limit": limit}
-        if after is not None:
-            seen = await self.read(BATCH_SQL, (after,))
-            if not seen:
-                raise NotFound(f"no batch '{after}' to list after")
-            params.update(created_at=seen[0]["created_at"], id=after)
-        found = await self.read(batches_sql(api, owner is not None, after is not None, open_only), params)
-        if not found:
-            return []
-        ids = [b["id"] for b in found]
-        counted = await self.read(counts_sql(len(ids)), ids)
-        return [with_counts(b, counted) for b in found]
-
-    async def batch_lines(self, batch_id: str) -> list[Row]:
-        """A batch's lines in order, each with its job's state, node and error (None: refused)."""
-        return await self.read(LINE_JOBS_SQL, (batch_id,))
-
-    async def batch_results(self, batch_id: str) -> list[Row]:
-        """A batch's lines in order with their kept replies (its results, its output files)."""
-        return await self.read(LINES_SQL, (batch_id,))
-
-    async def open_batch_lines(self) -> dict[str, str]:
-        """The waiting and running jobs that are lines of open batches: job id -> batch id."""
-        return {r["job_id"]: r["batch_id"] for r in await self.read(OPEN_LINES_SQL)}
-
-    async def batches_of_jobs(self, job_ids: list[str]) -> dict[str, Row]:
-        """The batch each of these jobs is a line of ({id, name, custom_id}); others are left out."""
-        if not job_ids:
-            return {}
-        found = await self.read(
-            "SELECT l.job_id, b.id, b.name, l.custom_id FROM batch_line l JOIN batch b ON b.id = l.batch_id"
-            f" WHERE l.job_id IN ({','.join('?' * len(job_ids))})",
-            job_ids,
-        )
-        return {r["job_id"]: {"id": r["id"], "name": r["name"], "custom_id": r["custom_id"]} for r in found}
-
-    async def open_batches_by_node(self) -> dict[str, dict[str, dict[str, int]]]:
-        """The open batches' lines on each node by state: batch id -> node -> state -> count."""
-        out: dict[str, dict[str, dict[str, int]]] = {}
-        for r in await self.read(OPEN_BY_NODE_SQL):
-            out.setdefault(r["batch_id"], {}).setdefault(r["node"], {})[r["state"]] = int(r["n"])
-        return out
-
-    async def batch_totals(self) -> tuple[dict[str, int], dict[str, int]]:
-        """Batches by status, and the open batches' lines by their jobs' states (/metrics)."""
-        by_status = {r["status"]: int(r["n"]) for r in await self.read(BATCH_STATES_SQL)}
-        by_state = {r["state"]: int(r["n"]) for r in await self.read(LINE_STATES_SQL)}
-        return by_status, by_state
-
-    async def file(self, file_id: str, only_owner: str | None = None) -> Row:
-        found = await self.read(FILE_SQL, (file_id,))
-        if not found or (only_owner is not None and found[0]["owner"] != only_owner):
-            raise NotFound(f"no file '{file_id}'")
-        return found[0]
-
-    async def files(
-        self,
-        owner: str | None = None,
-        purpose: str | None = None,
-        after: str | None = None,
-        limit: int = 10000,
-        ascending: bool = False,
-    ) -> list[Row]:
-        params: dict[str, Any] = {"owner": owner, "purpose": purpose, "limit": limit}
-        if after is not None:
-            seen = await self.read(FILE_SQL, (after,))
-            if not seen:
-                raise NotFound(f"no file '{after}' to list after")
-            params.update(created_at=seen[0]["created_at"], id=after)
-        return await self.read(files_sql(owner is not None, purpose is not None, after is not None, ascending), params)
-
-    async def file_content(self, file_id: str, only_owner: str | None = None) -> bytes:
-        found = await self.read(FILE_CONTENT_SQL, (file_id,))
-        if not found or (only_owner is not None and found[0]["owner"] != only_owner):
-            raise NotFound(f"no file '{file_id}'")
-        return bytes(found[0]["content"])

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 from .. import placement as rules
 from ..errors import BadRequest, Conflict, Forbidden, NoResultToCritique, Unprocessable
-from ..jobs import ACTIVE, NO_RESULT, Interrupted, JobState, NodeInfo, pruned_words
+from ..jobs import ACTIVE, NO_RESULT, Interrupted, JobState, Lane, NodeInfo, pruned_words
 from .engine import Connection
 from .steps import (
     QUEUE_POSITION_SQL,
@@ -59,10 +59,10 @@ def _index_of(db: Connection, node: str, other_id: str, job_id: str) -> int:
 
 def move(
     db: Connection,
+    now: float,
     job_id: str,
     nodes: Sequence[NodeInfo],
     actor: str,
-    now: float,
     *,
     position: int | None = None,
     before: str | None = None,
@@ -131,9 +131,9 @@ def _check_call_stays(db: Connection, job: Row, target: str) -> None:
 
 def preempt(
     db: Connection,
+    now: float,
     job_id: str,
     actor: str,
-    now: float,
     only_owner: str | None = None,
     rule: Callable[[str], bool] | None = None,
     reason: str | None = None,
@@ -163,10 +163,10 @@ def preempt(
         if where != job["node"]:
             if db.execute(
                 "SELECT 1 FROM job WHERE node = ? AND state = 'queued' AND lane = ? AND id != ?",
-                (where, rules.INTERACTIVE, job_id),
+                (where, Lane.INTERACTIVE, job_id),
             ).fetchone():
                 return dict(job), None
-            move(db, job_id, nodes, actor, now, position=1, node=where)
+            move(db, now, job_id, nodes, actor, position=1, node=where)
             job = job_for_update(db, job_id)
     if job["state"] != JobState.QUEUED:
         raise Conflict(f"job {job_id} is {job['state']}; only a queued job can preempt")
@@ -201,7 +201,9 @@ def preempt(
 # -- a delete, a clear, a retry: a job's end by request, and its second chance ------------------
 
 
-def delete(db: Connection, job_id: str, actor: str, reason: str, now: float) -> tuple[Row, Interrupted | None]:
+def delete(
+    db: Connection, now: float, job_id: str, actor: str, reason: str = "deleted"
+) -> tuple[Row, Interrupted | None]:
     """A queued or running job is cancelled with the reason ('deleted'); its rows stay."""
     job = job_for_update(db, job_id)
     if job["state"] not in ACTIVE:
@@ -211,10 +213,10 @@ def delete(db: Connection, job_id: str, actor: str, reason: str, now: float) -> 
 
 def clear(
     db: Connection,
+    now: float,
     node: str,
     actor: str,
-    running: bool,
-    now: float,
+    running: bool = False,
     reason: str = "cleared",
     only_owner: str | None = None,
 ) -> tuple[list[str], Interrupted | None]:
@@ -245,9 +247,9 @@ def clear(
 
 def retry(
     db: Connection,
+    now: float,
     job_id: str,
     actor: str,
-    now: float,
     nodes: frozenset[str] | None = None,
     max_waiting: dict[str, int] | None = None,
 ) -> Row:
@@ -275,7 +277,7 @@ def retry(
                 f"job {job_id} cannot be retried: the output of its parent {parent['id']} it reviews was"
                 f" {pruned_words(parent['pruned_at']).removeprefix('output ')}"
             )
-    if job["lane"] == rules.INTERACTIVE:  # in its lane again: ahead of every waiting batch job
+    if rules.reads_queue(job["lane"], False):  # interactive: in its lane again, ahead of every waiting batch job
         entered = rules.entry(waiting_lanes(db, job["node"]), job["lane"], job["owner"], False)
         position = position_at(db, job["node"], job_id, entered.index)
     else:
@@ -293,10 +295,10 @@ def retry(
 
 def remove_nodes(
     db: Connection,
+    now: float,
     names: list[str],
     force: bool,
     reason: str,
-    now: float,
     refused: Callable[[dict[str, list[str]], dict[str, str]], str | None],
 ) -> list[Row]:
     """Nodes leaving the config (a reload): refused (Conflict, with `refused`'s message) while jobs

@@ -1,5 +1,5 @@
-"""The store's two engines behind one written interface (issue 34): what the verbs, the writer and
-the facade ask of an engine, written down as Protocols the type checker holds both engines to.
+"""The store's two engines behind one written interface: what the verbs, the writer and
+the store's core ask of an engine, written down as Protocols the type checker holds both engines to.
 
 An engine is a module: gpuq/store/sqlite.py (a file's path: one router) or gpuq/store/postgres.py
 (a `postgresql://` DSN: several routers on one queue). `Engine` is its face: the few statements
@@ -9,7 +9,7 @@ postgres.Connection, which takes the verbs' SQL (sqlite3's placeholders) as sqli
 
 `ENGINES` is the dialect switch, typed: each module is checked against `Engine` there (mypy
 --strict, pyproject.toml), so a name one engine lacks, or spells with another type, fails the
-check. What is not in the Protocol differs by engine on purpose and the facade calls it on the
+check. What is not in the Protocol differs by engine on purpose and the core (core.py) calls it on the
 module itself: how a connection is opened (a file with its pragmas and size cap; a DSN with a
 connect timeout), the readers (aiosqlite's thread; psycopg's pool), the migration runner (its
 arguments name the file, or the DSN without its password) and PostgreSQL's watch of other

@@ -1,4 +1,4 @@
-"""Per-node leases (issue 27): exactly one router drives a node at a time.
+"""Per-node leases: exactly one router drives a node at a time.
 
 Each router process has a row of its own in `router` (a fresh id per start); it holds a node while
 its row in `node_lease` has not expired, and renews its leases at each heartbeat. A router takes a
@@ -12,7 +12,7 @@ The verbs are plain functions of a connection `db` run inside a write transactio
 or a test's); portable SQL only (ON CONFLICT ... DO UPDATE ... WHERE and RETURNING serve both
 engines), `?` placeholders. Lease times are the caller's clock `now`, seconds since the epoch,
 stored as numbers. `routers` is a read (/health): its SQL is ROUTERS_SQL and LEASES_SQL, which
-the facade runs on its reader and gives to `alive`."""
+the store runs on its reader and gives to `alive`."""
 
 from __future__ import annotations
 

@@ -3,21 +3,24 @@ inside one transaction its caller opened (the writer's batch, see writer.py; or 
 connection), checked against the job's state there. A job is submitted (placed, and claimed at
 once by an idle node's worker), claimed, kept (heartbeats, work done), finished; a claim whose
 request never reached Ollama is undone; a running head gone stale is noted; at start-up a dead
-router's jobs fail and its front-door calls, their clients gone, are cancelled. `now` is the
-caller's clock, in seconds.
+router's jobs fail and its front-door calls, their clients gone, are cancelled.
 
-The store's other writes: queue control (move, preempt, delete, clear, retry, removed nodes) in
-gpuq/store/control.py, the router's own records in records.py, the steps they share in steps.py;
-gpuq/store/facade.py runs each on the writer."""
+A verb's first arguments are the connection and `now` (the caller's clock, in seconds), then a
+claim's users' max_running, then its own: core.write makes a Store method of it that gives those
+(jobs_api.py). The store's other writes: queue control (move, preempt, delete, clear, retry,
+removed nodes) in gpuq/store/control.py, batches in batches.py, the router's own records in
+records.py, the steps they share in steps.py."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from .. import placement as rules
 from ..critique import parent_subject
 from ..errors import GuardMiss, IdTaken, NoResultToCritique, Unprocessable
-from ..jobs import NO_RESULT, JobState, NewJob, NodeCounts, NodeInfo, new_job_id
+from ..jobs import NO_RESULT, JobState, Lane, NewJob, NodeCounts, NodeInfo, new_job_id
 from .engine import Connection, Engine, dialect
 from .parts import keep_parts, split_request, whole_request_in
 from .steps import (
@@ -34,6 +37,9 @@ from .steps import (
     tail_position,
     waiting_lanes,
 )
+
+# Users' max_running when none has one (the claim's `max_running`: {user: limit}).
+NO_LIMITS: Mapping[str, int] = MappingProxyType({})
 
 # -- submitting --------------------------------------------------------------------------------
 
@@ -67,56 +73,25 @@ def submit(
     node's queue is placement's `entry`: an interactive job ahead of every waiting batch job, a
     batch job at the tail (with `fair`: where users' batch jobs interleave). `max_waiting`: the
     owner's limit of waiting jobs; beyond it, OverQuota and nothing is stored."""
-    by_name = {n.name: n for n in nodes}
-    lane = new.lane or rules.BATCH  # (NewJob sets it: None only before its __post_init__)
-    parent: Any = None  # the parent's row (a critique's), as read
-    if new.parent is not None:
-        parent = db.execute("SELECT id, kind, node, state, prompt FROM job WHERE id = ?", (new.parent,)).fetchone()
-        if parent is None:
-            raise Unprocessable(f"unknown parent job '{new.parent}'")
-        if parent["kind"] != "task":
-            raise Unprocessable(f"parent job '{new.parent}' is a {parent['kind']}, not a task")
-    parent_node = parent["node"] if parent else None
+    models = {n.name: n.model for n in nodes}
+    parent = _parent_of(db, new)
     counts = _node_counts(db)
-    interactive = None
-    if new.lane == rules.INTERACTIVE:
-        interactive = {
-            r[0]: r[1]
-            for r in db.execute(
-                "SELECT node, COUNT(*) FROM job WHERE state = 'queued' AND lane = ? GROUP BY node", (rules.INTERACTIVE,)
-            )
-        }
-    views = rules.node_views(nodes, counts, interactive)
-    if new.kind != "critique":  # a task, or an embedding (placed as a task)
-        placements = [rules.place_task(views, new.node, new.model, lane)]
-    else:  # the guard is judged here, first, whatever state the parent is in
-        placements = rules.place_critique(views, parent_node, new.node, new.model)
-    prompt, from_parent = new.prompt, new.prompt is None
-    if from_parent:  # reviews the parent's prompt and result; held until the parent is done
-        if parent["state"] in NO_RESULT:
-            raise NoResultToCritique(parent["id"], parent["state"])
-        prompt = parent_subject(parent["prompt"], f"(the result of task {parent['id']}, once it is done)")
+    placements = _placements(db, new, nodes, counts, parent["node"] if parent else None)
+    prompt, from_parent = _subject_of(new, parent)
     check_quota(db, new.owner, max_waiting, len(placements))
+    waiting_for = new.parent if from_parent and parent["state"] != JobState.DONE else None
+    held = f"; waiting for parent {waiting_for}" if waiting_for else ""
     group = None  # a fan-out's children share the first child's id as their group
     at = iso(now)
     created = []
     # a request's large parts (images), stored once per content (gpuq/store/parts.py)
     request, parts = split_request(new.request) if new.request is not None else (None, {})
     for p in placements:
-        job_id = new.job_id or _unused_id(db, now)
-        if new.job_id and db.execute("SELECT 1 FROM job WHERE id = ?", (job_id,)).fetchone():
-            raise IdTaken(f"job id {job_id} is taken")
+        job_id = _new_id(db, new, now)
         if new.kind == "critique" and group is None:
             group = job_id
-        entered = rules.Entry(counts.get(p.node, NodeCounts()).queued)
-        if new.lane == rules.INTERACTIVE or fair:
-            waiting = waiting_lanes(db, p.node)
-            entered = rules.entry(waiting, lane, new.owner, fair)
-        if entered.reason is None:  # the tail
-            position = tail_position(db, p.node)
-        else:
-            position = position_at(db, p.node, job_id, entered.index)
-        model = new.model or by_name[p.node].model
+        entered, position = _entered(db, new, p.node, job_id, counts.get(p.node, NodeCounts()).queued, fair)
+        model = new.model or models[p.node]
         db.execute(
             "INSERT INTO job (id, kind, node, model, model_pinned, prompt, parent_id, group_id,"
             " position, placement, timeout_s, created_at, subject_from_parent, think, options,"
@@ -144,8 +119,6 @@ def submit(
                 new.lane,
             ),
         )
-        waiting_for = new.parent if from_parent and parent["state"] != JobState.DONE else None
-        held = f"; waiting for parent {waiting_for}" if waiting_for else ""
         entered_why = f"; {entered.reason}" if entered.reason else ""
         event(db, job_id, None, JobState.QUEUED, actor, f"placed on {p.node} ({p.reason}){entered_why}{held}", now)
         created.append(
@@ -170,6 +143,67 @@ def submit(
     return created
 
 
+def _parent_of(db: Connection, new: NewJob) -> Any:
+    """A critique's parent as read (None: no parent), refused unless it is a task."""
+    if new.parent is None:
+        return None
+    parent = db.execute("SELECT id, kind, node, state, prompt FROM job WHERE id = ?", (new.parent,)).fetchone()
+    if parent is None:
+        raise Unprocessable(f"unknown parent job '{new.parent}'")
+    if parent["kind"] != "task":
+        raise Unprocessable(f"parent job '{new.parent}' is a {parent['kind']}, not a task")
+    return parent
+
+
+def _placements(
+    db: Connection, new: NewJob, nodes: list[NodeInfo], counts: dict[str, NodeCounts], parent_node: str | None
+) -> list[rules.Placement]:
+    """Where the job goes: a task's (or an embedding's) node, or a critique's fan-out."""
+    interactive = None
+    if new.lane == Lane.INTERACTIVE:  # placement weighs each node's interactive backlog
+        interactive = {
+            r[0]: r[1]
+            for r in db.execute(
+                "SELECT node, COUNT(*) FROM job WHERE state = 'queued' AND lane = ? GROUP BY node", (Lane.INTERACTIVE,)
+            )
+        }
+    views = rules.node_views(nodes, counts, interactive)
+    if new.kind != "critique":
+        return [rules.place_task(views, new.node, new.model, new.lane or Lane.BATCH)]
+    return rules.place_critique(views, parent_node, new.node, new.model)  # the guard is judged here, first
+
+
+def _subject_of(new: NewJob, parent: Any) -> tuple[str | None, bool]:
+    """The job's prompt, and whether it reviews its parent's prompt and result (held until the
+    parent is done; one that can have no result is refused)."""
+    if new.prompt is not None:
+        return new.prompt, False
+    if parent["state"] in NO_RESULT:
+        raise NoResultToCritique(parent["id"], parent["state"])
+    return parent_subject(parent["prompt"], f"(the result of task {parent['id']}, once it is done)"), True
+
+
+def _new_id(db: Connection, new: NewJob, now: float) -> str:
+    """The id the job asked for (refused when taken), else a fresh one."""
+    if not new.job_id:
+        return _unused_id(db, now)
+    if db.execute("SELECT 1 FROM job WHERE id = ?", (new.job_id,)).fetchone():
+        raise IdTaken(f"job id {new.job_id} is taken")
+    return new.job_id
+
+
+def _entered(db: Connection, new: NewJob, node: str, job_id: str, queued: int, fair: bool) -> tuple[rules.Entry, int]:
+    """Where the job enters `node`'s queue (of `queued` waiting jobs), as placement's `entry`
+    says, and the position that puts it there."""
+    lane = new.lane or Lane.BATCH  # (NewJob sets it: None only before its __post_init__)
+    entered = rules.Entry(queued)
+    if rules.reads_queue(lane, fair):
+        entered = rules.entry(waiting_lanes(db, node), lane, new.owner, fair)
+    if entered.reason is None:  # the tail
+        return entered, tail_position(db, node)
+    return entered, position_at(db, node, job_id, entered.index)
+
+
 def submit_and_claim(
     db: Connection,
     new: NewJob,
@@ -178,7 +212,7 @@ def submit_and_claim(
     now: float,
     fair: bool = False,
     max_waiting: int | None = None,
-    max_running: dict[str, int] | None = None,
+    max_running: Mapping[str, int] = NO_LIMITS,
 ) -> tuple[list[Row], list[Row]]:
     """Submit, then claim the head of each chosen node whose worker waits idle (NodeInfo.idle),
     in the same transaction: an idle node's job pays one commit before its request, not two.
@@ -189,7 +223,7 @@ def submit_and_claim(
     claimed = [
         job
         for node in dict.fromkeys(j["node"] for j in created if j["node"] in idle)
-        if (job := claim(db, node, now, max_running)) is not None
+        if (job := claim(db, now, max_running, node)) is not None
     ]
     running = {job["id"] for job in claimed}
     for row in created:
@@ -209,20 +243,38 @@ CLAIM_SQL = (
 )
 
 
+# Users' max_running, the rule's one statement: `:limits` is a JSON object {user: limit}, read as
+# rows `l` in the engine's words; a user whose row holds this runs that many jobs already. The
+# claim skips their jobs (claim_limited_sql); the pages say why they wait (at_max_running_sql).
+def over_max_running(sql: Engine, user: str) -> str:
+    return f"{sql.LIMIT_VALUE} <= {_running_of(user)}"
+
+
+def _running_of(user: str) -> str:
+    return f"(SELECT COUNT(*) FROM job o WHERE o.owner = {user} AND o.state = 'running')"
+
+
 # The claim when users have max_running: a job whose owner already runs that many waits, even
-# on a free node (the next job of another user runs). `:limits` is a JSON object {user: limit},
-# read as rows in the engine's words.
+# on a free node (the next job of another user runs).
 def claim_limited_sql(sql: Engine) -> str:
     return (
         "UPDATE job SET state = 'running' WHERE id = (SELECT r.id FROM ready_job r WHERE r.node = :node"
         f" AND NOT EXISTS (SELECT 1 FROM {sql.LIMITS_ROWS} WHERE l.key = r.owner"
-        f"  AND {sql.LIMIT_VALUE} <= (SELECT COUNT(*) FROM job o WHERE o.owner = r.owner AND o.state = 'running'))"
+        f"  AND {over_max_running(sql, 'r.owner')})"
         " ORDER BY r.position, r.id LIMIT 1)"
         " AND NOT EXISTS (SELECT 1 FROM job WHERE node = :node AND state = 'running') RETURNING *"
     )
 
 
-def claim(db: Connection, node: str, now: float, max_running: dict[str, int] | None = None) -> Row | None:
+def at_max_running_sql(sql: Engine) -> str:
+    """The users of `:limits` who run their max_running already, with how many jobs they run."""
+    return (
+        f"SELECT l.key AS owner, {_running_of('l.key')} AS running FROM {sql.LIMITS_ROWS}"
+        f" WHERE {over_max_running(sql, 'l.key')}"
+    )
+
+
+def claim(db: Connection, now: float, max_running: Mapping[str, int], node: str) -> Row | None:
     """The first ready job of the node's queue becomes running, with a new run row (never a
     second head). Ready (the view ready_job, migration 003): not a critique held for its
     parent's result, so a held critique never blocks the jobs behind it. With `max_running`
@@ -262,7 +314,7 @@ APPEND_CHUNK = (
 )
 
 
-def append_output(db: Connection, run_id: int, output: str | None, thinking: str | None, now: float) -> None:
+def append_output(db: Connection, now: float, run_id: int, output: str | None, thinking: str | None = None) -> None:
     """Keep more of a run's output (and reasoning): a heartbeat's, or an interrupted run's last."""
     if output or thinking:
         db.execute(
@@ -270,17 +322,18 @@ def append_output(db: Connection, run_id: int, output: str | None, thinking: str
         )
 
 
-def heartbeat(db: Connection, run_id: int, output: str, thinking: str | None, now: float) -> None:
-    append_output(db, run_id, output, thinking, now)
+def heartbeat(db: Connection, now: float, run_id: int, output: str, thinking: str | None = None) -> None:
+    """Progress: `output` and `thinking` are the text that came since the last write (appended)."""
+    append_output(db, now, run_id, output, thinking)
     db.execute("UPDATE run SET progress_at = ? WHERE id = ? AND state = 'running'", (iso(now), run_id))
 
 
 def work_done(
-    db: Connection, run_id: int, output: str, stats: dict[str, Any], thinking: str | None, now: float
+    db: Connection, now: float, run_id: int, output: str, stats: dict[str, Any], thinking: str | None = None
 ) -> None:
     """Ollama's stream ended (`output`: its text not stored yet); the job is not finished until
     its model has left VRAM."""
-    append_output(db, run_id, output, thinking, now)
+    append_output(db, now, run_id, output, thinking)
     db.execute(
         "UPDATE run SET progress_at = ?, work_done_at = ?, done_reason = ?,"
         " eval_count = ?, prompt_eval_count = ?, total_duration_ns = ?,"
@@ -301,23 +354,28 @@ def work_done(
 
 def finish(
     db: Connection,
+    now: float,
+    max_running: Mapping[str, int],
     job_id: str,
     run_id: int,
     state: str,
     error: str | None,
-    now: float,
-    *,
     output: str | None = None,
     actor: str = "router",
     findings: list[Any] | None = None,
     claim_node: str | None = None,
     thinking: str | None = None,
     streamed: int = 0,
-    max_running: dict[str, int] | None = None,
 ) -> Row | None:
-    """Finish a run that is still the job's running run; anything else is a GuardMiss. `output`
-    and `thinking`: text not stored yet, appended. With `claim_node`, the node's next job is
-    claimed in the same transaction and returned."""
+    """Finish a run that is still the job's running run (`state`: done or failed); anything else
+    is a GuardMiss. `output` and `thinking`: text not stored yet, appended.
+
+    `streamed` pieces (one token each) count as a failed run's tokens: Ollama counts them in
+    its last line, which a reply that broke off never sent.
+
+    With `claim_node`, the node's next job is claimed in the same transaction and returned:
+    a worker going from job to job pays one durable commit between them, not two."""
+    assert state in (JobState.DONE, JobState.FAILED)
     done = db.execute(
         "UPDATE job SET state = ?, error = ?, finished_at = ?, findings = ? WHERE id = ?"
         " AND state = 'running' AND run_id = ? RETURNING id",
@@ -325,7 +383,7 @@ def finish(
     ).fetchall()
     if not done:
         raise GuardMiss(f"job {job_id} run {run_id} is no longer running")
-    append_output(db, run_id, output, thinking, now)
+    append_output(db, now, run_id, output, thinking)
     tokens = streamed if state == JobState.FAILED and streamed else None  # a reply that broke off: no last line
     db.execute(
         "UPDATE run SET state = ?, error = ?, finished_at = ?, eval_count = COALESCE(eval_count, ?) WHERE id = ?",
@@ -334,13 +392,13 @@ def finish(
     event(db, job_id, JobState.RUNNING, state, actor, error, now, run_id)
     if state == JobState.FAILED:
         end_held_critiques(db, job_id, f"failed ({error})", now)
-    return claim(db, claim_node, now, max_running) if claim_node else None
+    return claim(db, now, max_running, claim_node) if claim_node else None
 
 
 # -- a claim undone: its request never reached Ollama ------------------------------------------
 
 
-def requeue_unsent(db: Connection, sent: dict[str, int | None], reason: str, now: float) -> list[Row]:
+def requeue_unsent(db: Connection, now: float, sent: dict[str, int | None], reason: str) -> list[Row]:
     """When the router stops: the running job of each node in `sent` whose run is not the one its
     worker last sent to Ollama never reached it; its claim is undone (see _put_back)."""
     running = rows(
@@ -355,7 +413,7 @@ def requeue_unsent(db: Connection, sent: dict[str, int | None], reason: str, now
     return unsent
 
 
-def put_back(db: Connection, job_id: str, run_id: int, reason: str, now: float) -> bool:
+def put_back(db: Connection, now: float, job_id: str, run_id: int, reason: str) -> bool:
     """The run's request never reached Ollama: undo its claim. False when the run had already
     ended (deleted or preempted meanwhile: that already ended it)."""
     job = db.execute("SELECT id, node, run_id, state FROM job WHERE id = ?", (job_id,)).fetchone()
@@ -404,7 +462,7 @@ def note_stale(db: Connection, now: float) -> list[Row]:
     return fresh
 
 
-def note(db: Connection, job_id: str, reason: str, actor: str, now: float) -> None:
+def note(db: Connection, now: float, job_id: str, reason: str, actor: str = "router") -> None:
     """An event that changes no state: an unload that failed, a stale head, a node flag."""
     state = db.execute("SELECT state FROM job WHERE id = ?", (job_id,)).fetchone()
     if state:

@@ -1,4 +1,4 @@
-"""A front-door request's large parts, stored once per content (migration 018, issue 35): a chat
+"""A front-door request's large parts, stored once per content (migration 018): a chat
 UI resends the same 20 MB base64 photo with every turn, and each turn stored it again in
 job.request. Now every string of a request's JSON of PART_BYTES or more (a base64 image in
 Ollama's `images`, an OpenAI `image_url` data URL, an Anthropic `source.data`, a long pasted
@@ -119,7 +119,9 @@ def whole_request_in(db: Connection, request: str) -> str:
 
 
 def drop_unreferenced(db: Connection) -> Row:
-    """Every part no job refers to, dropped: how many, and their bytes."""
+    """The stored request parts (images) that no job refers to any more (their jobs deleted, or
+    their requests emptied by retention), dropped: {"parts", "bytes"}. A part some job still
+    refers to is never dropped."""
     row = db.execute(
         "SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM request_part p"
         " WHERE NOT EXISTS (SELECT 1 FROM job_part j WHERE j.sha256 = p.sha256)"

@@ -1,4 +1,4 @@
-"""The store's seam to PostgreSQL, the engine for several routers sharing one queue (issue 27): the
+"""The store's seam to PostgreSQL, the engine for several routers sharing one queue: the
 twin of gpuq/store/sqlite.py, under the same names. The migration runner (migrations/postgres/NNN_*.sql
 in order, each in its own transaction with its schema_migration row, each under one advisory lock,
 so two routers starting together migrate once), the SQL that is PostgreSQL's own dialect, the

@@ -1,21 +1,19 @@
 """The store's reads: every question the router, its pages and its API ask of the queue, each
 one or a few statements on the readers' connection (aiosqlite's thread, psycopg's pool; see
-Store.read), which WAL (or PostgreSQL's MVCC) lets in alongside the writer. `Reads` is the base
-of gpuq/store/facade.py's Store: its methods are Store's, asked through Store.read; the few
-statements written per engine come from the engine's module (`self.engine`)."""
+Core.read), which WAL (or PostgreSQL's MVCC) lets in alongside the writer. `Reads` is a base of
+gpuq/store/facade.py's Store: its methods are Store's; the few statements written per engine
+come from the engine's module (`self.engine`). The reads of batches and files: batch_reads.py."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ..errors import NotFound
-from ..jobs import JobState, NodeCounts, iso
-from ..placement import INTERACTIVE
+from ..jobs import JobState, Lane, NodeCounts, iso
 from . import retention
-from .batches import BatchReads
-from .engine import Engine, Params
+from .core import Core
 from .parts import MARK_TEXT, join_request, marks_in, parts_sql
 from .steps import QUEUE_POSITION_SQL, Row, RunText, joined_text, run_text_query
 
@@ -42,15 +40,8 @@ DETAIL_COLUMNS = LISTING_COLUMNS + ", j.prompt"
 JOB_FROM = "FROM job j LEFT JOIN run r ON r.id = j.run_id"
 
 
-class Reads(BatchReads):
-    """The reads of the queue, answered through `read` (Store's: the readers' connection)."""
-
-    engine: Engine  # the engine's own words for the few statements written per engine
-    clock: Callable[[], float]
-
-    async def read(self, sql: str, params: Params = ()) -> list[Row]:
-        """One statement's rows, on the readers' connection (Store.read)."""
-        raise NotImplementedError
+class Reads(Core):
+    """The reads of the queue, answered through `read` (Core's: the readers' connection)."""
 
     # -- jobs and queues ----------------------------------------------------------------------
 
@@ -60,7 +51,7 @@ class Reads(BatchReads):
         return await self.read(
             "SELECT node, state, lane, model FROM job WHERE state = 'running'"
             " OR (state = 'queued' AND lane = ? AND id != ?)",
-            (INTERACTIVE, job_id),
+            (Lane.INTERACTIVE, job_id),
         )
 
     async def stale_heads(self, now: float | None = None) -> list[Row]:
@@ -163,18 +154,6 @@ class Reads(BatchReads):
         """Running and queued jobs per node (one row per node: the table node_load)."""
         rows = await self.read("SELECT node, running, queued FROM node_load")
         return {r["node"]: NodeCounts(r["running"], r["queued"]) for r in rows}
-
-    async def running_by_owner(self, owners: Iterable[str]) -> dict[str, int]:
-        """How many jobs each of `owners` runs now (an owner running none is not in it)."""
-        owners = tuple(owners)
-        if not owners:
-            return {}
-        rows = await self.read(
-            f"SELECT owner, COUNT(*) AS n FROM job WHERE state = 'running'"
-            f" AND owner IN ({','.join('?' * len(owners))}) GROUP BY owner",
-            owners,
-        )
-        return {r["owner"]: r["n"] for r in rows}
 
     async def finished_totals(
         self, after_event: int, duration_bounds: Sequence[float], wait_bounds: Sequence[float]

@@ -31,7 +31,7 @@ def configure(db: Connection, settings_s: dict[str, float], nodes: Sequence[Node
 
 
 def record_reload(
-    db: Connection, actor: str, path: str, changes: dict[str, Any] | None, error: str | None, now: float
+    db: Connection, now: float, actor: str, path: str, changes: dict[str, Any] | None, error: str | None
 ) -> None:
     """One row per reload of gpuq.toml (migration 013): what changed, or why nothing did."""
     db.execute(
@@ -40,7 +40,7 @@ def record_reload(
     )
 
 
-def set_node_health(db: Connection, name: str, up: bool, error: str | None, now: float) -> None:
+def set_node_health(db: Connection, now: float, name: str, up: bool, error: str | None) -> None:
     db.execute("UPDATE node SET up = ?, last_error = ?, since = ? WHERE name = ?", (int(up), error, iso(now), name))
 
 
@@ -51,14 +51,15 @@ def record_node_models(db: Connection, name: str, models: Sequence[str]) -> None
 
 
 def record_asked_unload(db: Connection, name: str, record: dict[str, Any]) -> None:
-    """The node's last unload a client asked (migration 022), as JSON."""
+    """The node's last unload a client asked (`ollama stop`), kept across restarts as JSON
+    (migration 022)."""
     db.execute("UPDATE node SET asked_unload = ? WHERE name = ?", (dumps(record), name))
 
 
 # -- alerts (gpuq/upkeep/alerts.py) -----------------------------------------------------------------
 
 
-def fire_alert(db: Connection, alert: dict[str, Any], deliver: bool, now: float) -> Row:
+def fire_alert(db: Connection, now: float, alert: dict[str, Any], deliver: bool) -> Row:
     return dict(
         db.execute(
             "INSERT INTO alert (alert, node, job_id, model, since, message, fix, fired_at, deliver)"
@@ -78,7 +79,7 @@ def fire_alert(db: Connection, alert: dict[str, Any], deliver: bool, now: float)
     )
 
 
-def resolve_alert(db: Connection, alert_id: int, resolution: str, now: float) -> None:
+def resolve_alert(db: Connection, now: float, alert_id: int, resolution: str) -> None:
     db.execute(
         "UPDATE alert SET resolved_at = ?, resolution = ? WHERE id = ? AND resolved_at IS NULL",
         (iso(now), resolution, alert_id),
@@ -93,13 +94,13 @@ def owe_open_alerts(db: Connection) -> int:
 
 def record_delivery(
     db: Connection,
+    now: float,
     alert_id: int,
     status: str,
     attempt: int,
     ok: bool,
     http_status: int | None,
     error: str | None,
-    now: float,
 ) -> None:
     """One try to deliver a notice; a delivered one is marked sent in the same transaction."""
     sent_column = {"firing": "fired_sent_at", "resolved": "resolved_sent_at"}[status]
@@ -116,12 +117,12 @@ def record_delivery(
 
 def record_backup(
     db: Connection,
+    now: float,
     path: str,
     scheduled: bool,
     started: float,
     made: dict[str, Any] | None,
     error: str | None,
-    now: float,
 ) -> Row:
     """One row per backup taken (`made`: back_up's answer) or failed (`error`)."""
     return dict(
@@ -142,7 +143,7 @@ def record_backup(
     )
 
 
-def backups_removed(db: Connection, ids: list[int], now: float) -> None:
+def backups_removed(db: Connection, now: float, ids: list[int]) -> None:
     """Rotation deleted these backups' files."""
     db.executemany("UPDATE backup SET removed_at = ? WHERE id = ? AND removed_at IS NULL", [(iso(now), i) for i in ids])
 
@@ -152,12 +153,12 @@ SWEEPS_KEPT = 1000  # retention sweeps on the record: weeks of hourly ones, and 
 
 def record_sweep(
     db: Connection,
+    now: float,
     router: str | None,
     asked: bool,
     started: float,
     swept: dict[str, Any],
     error: str | None,
-    now: float,
 ) -> Row:
     """One row per retention sweep that ran (gpuq/upkeep/retention.py), done or failed (`error`), with
     what it did (`swept`, as JSON); the oldest past SWEEPS_KEPT go, never the newest success."""
@@ -180,7 +181,7 @@ SAMPLES_KEPT_S = 90 * 86400.0  # growth is read over a week; a season of samples
 
 
 def record_storage_sample(
-    db: Connection, database_bytes: int, free_bytes: int | None, min_gap_s: float, now: float
+    db: Connection, now: float, database_bytes: int, free_bytes: int | None, min_gap_s: float
 ) -> bool:
     """A sample of the database's size, unless one was recorded within `min_gap_s` (several
     routers on one PostgreSQL database sample it once between them); samples past 90 days go.

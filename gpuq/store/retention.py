@@ -1,4 +1,4 @@
-"""Retention (issue 35): an ended job keeps its record and sheds its bulk. Two steps, each in
+"""Retention: an ended job keeps its record and sheds its bulk. Two steps, each in
 small batches, each batch one short transaction of the writer:
 
 - prune: a job done longer ago than `prune_after` (a failed one: `prune_failed_after`; a cancelled
@@ -96,7 +96,7 @@ def _named(ids: list[str], cutoffs: Cutoffs) -> tuple[str, dict[str, Any]]:
     return marks, {f"id{i}": job_id for i, job_id in enumerate(ids)} | cutoffs.params()
 
 
-def prune(db: Connection, ids: list[str], cutoffs: Cutoffs, now: float) -> dict[str, Any]:
+def prune(db: Connection, now: float, ids: list[str], cutoffs: Cutoffs) -> dict[str, Any]:
     """Shed the bulk of the jobs of `ids` still due; counts of what went, and `held_ms`: how long
     its statements held the writer (the transaction's commit is shared with other writes)."""
     began = time.perf_counter()
@@ -222,7 +222,7 @@ def whole_jobs_sql(ids: list[str]) -> dict[str, tuple[str, tuple[str, ...]]]:
     }
 
 
-# -- batches (issue 37): an ended batch is due by when it ended, with the jobs' cutoffs --------
+# -- batches: an ended batch is due by when it ended, with the jobs' cutoffs --------
 
 BATCH_END = "COALESCE(b.finalizing_at, b.failed_at, b.created_at)"
 BATCH_ENDED = "b.status IN ('completed', 'cancelled', 'failed', 'expired')"
@@ -250,7 +250,7 @@ def _drop_files(db: Connection, found: list[Row]) -> int:
     return db.execute(f"DELETE FROM batch_file WHERE id IN ({_in(files)})", tuple(files)).rowcount
 
 
-def prune_batches(db: Connection, ids: list[str], cutoffs: Cutoffs, now: float) -> dict[str, Any]:
+def prune_batches(db: Connection, now: float, ids: list[str], cutoffs: Cutoffs) -> dict[str, Any]:
     """The batches of `ids` still due lose their input, output and error files and their lines'
     kept replies; their rows and lines stay, `pruned_at` set. Counts of what went."""
     began = time.perf_counter()

@@ -2,7 +2,7 @@
 again, and nothing else. The connections (the writer's and the reader's, with their pragmas), the
 SQL that is SQLite's own dialect (the write transaction's BEGIN, time arithmetic on ISO text,
 JSON functions, the migration bookkeeping) and the mapping of sqlite3's errors to gpuq's. The verbs
-and the facade write portable SQL (bound parameters, ON CONFLICT, RETURNING, views) and reach the
+and the reads write portable SQL (bound parameters, ON CONFLICT, RETURNING, views) and reach the
 engine's specifics only through these names."""
 
 from __future__ import annotations

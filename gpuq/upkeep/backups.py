@@ -24,7 +24,7 @@ from ..config import Settings
 from ..errors import GpuqError
 from ..jobs import iso, parse_iso, span
 from ..store import Row, Store
-from ..store.facade import BackupBusy
+from ..store.backup import BackupBusy
 from .alerts import Condition
 from .service import Service
 

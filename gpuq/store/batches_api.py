@@ -1,0 +1,59 @@
+"""Store's API for batches and their files (batches.py's verbs, run on the one writer)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+
+from ..jobs import NodeInfo
+from . import batches
+from .core import Core, write, write_untimed
+from .steps import Row
+
+
+class BatchVerbs(Core):
+    add_file = write(batches.add_file)
+    delete_file = write_untimed(batches.delete_file)
+
+    async def create_batch(
+        self,
+        batch: batches.NewBatch,
+        lines: Sequence[batches.NewLine],
+        nodes: list[NodeInfo],
+        actor: str,
+        hand_over: Callable[[Row], None] | None = None,
+        *,
+        fair: bool = False,
+        max_waiting: int | None = None,
+    ) -> Row:
+        """A batch and every line of it queued, in one commit (or, refused, nothing); the heads of
+        idle nodes claimed in it go to their workers through `hand_over` after the commit."""
+        assert hand_over is not None or not any(n.idle for n in nodes), "a claim needs its worker"
+
+        def handed(result: tuple[Row, list[Row]]) -> None:
+            for job in result[1]:
+                hand_over(job)  # type: ignore[misc]
+
+        row, _ = await self._write(
+            partial(
+                batches.create_batch,
+                batch=batch,
+                lines=lines,
+                nodes=nodes,
+                actor=actor,
+                now=self.clock(),
+                fair=fair,
+                max_waiting=max_waiting,
+                max_running=self._max_running,
+            ),
+            handed if hand_over else None,
+        )
+        return row
+
+    keep_batch_response = write_untimed(batches.keep_response)
+    cancel_batch = write(batches.cancel_batch)
+    expire_batches = write(batches.expire_due)
+    retry_batch = write(batches.retry_failed)
+    delete_batch = write_untimed(batches.delete_batch)
+
+    finalize_batch = write(batches.finalize)
