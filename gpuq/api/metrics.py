@@ -152,7 +152,7 @@ class Metrics:
             for rt in self.now.nodes:
                 counter.add_metric([rt.name], getattr(rt, attr))
             yield counter
-        batches = GaugeMetricFamily("gpuq_batches", "Batches (sweeps), by status.", labels=["status"])
+        batches = GaugeMetricFamily("gpuq_batches", "Batches, by status.", labels=["status"])
         for status in BATCH_STATUSES:
             batches.add_metric([status], self.now.batches.get(status, 0))
         yield batches

@@ -1,4 +1,4 @@
-"""`gpuq batch`: sweeps from the command line, through the router's API
+"""`gpuq batch`: batches from the command line, through the router's API
 (/api/batches): submit a JSON Lines file (OpenAI's Batch API input: one request a line), list,
 show (counts, ETA, the failed lines), cancel, results, and retry of the failed lines."""
 
