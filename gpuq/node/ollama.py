@@ -7,9 +7,10 @@ wrong: nothing past this client ever sees a chunk that is not an object of the r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, TypedDict
 
 import aiohttp
@@ -89,15 +90,6 @@ def _loads(line: bytes) -> tuple[Any, bool]:
 # A chunk's fields and their JSON types, in the order a wrong one is named.
 MESSAGE_FIELDS = (("content", "message.content"), ("thinking", "message.thinking"))
 TOP_FIELDS = (("response", str), ("done", bool), ("done_reason", str), *((key, int) for key in STATS))
-
-
-def _split_lines(pending: bytes, data: bytes) -> tuple[list[bytes], bytes]:
-    """A read's whole lines (after what was pending of the last one), and its unfinished last
-    line; at the end of the stream (no data) what was pending is the last line."""
-    if data:
-        *lines, pending = (pending + data).split(b"\n")
-        return lines, pending
-    return [pending], b""
 
 
 class _ReadDeadline:
@@ -394,7 +386,7 @@ class OllamaClient:
         loop = asyncio.get_running_loop()
         progress_by = loop.time() + self.load_timeout_s
         first = True
-        try:
+        with self._node_errors():
             resp = await self._post_stream(path, body, progress_by)
             async with resp:
                 await self._refuse_stream(resp, path)
@@ -406,11 +398,19 @@ class OllamaClient:
                 deadline = _ReadDeadline(progress_by)
                 try:
                     while True:
+                        # (inline, not a helper: a coroutine call per read costs the relay CPU per token)
                         if buffered:  # bytes that came while the last ones were handled
                             data, buffered = buffered, b""
                         else:
-                            data = await self._read_by(deadline, resp.content, progress_by, first)
-                        lines, pending = _split_lines(pending, data)
+                            deadline.at = progress_by
+                            try:
+                                data = await deadline.read(resp.content)
+                            except TimeoutError:
+                                raise self._late(first) from None
+                        if data:
+                            *lines, pending = (pending + data).split(b"\n")
+                        else:
+                            lines, pending = [pending], b""
                         good, done, progressed, wrong = self._parse_lines(lines, limit)
                         if good:
                             yield good
@@ -434,6 +434,12 @@ class OllamaClient:
                 finally:
                     deadline.close()
             raise OllamaError("Ollama's stream ended without done: true")
+
+    @contextlib.contextmanager
+    def _node_errors(self) -> Iterator[None]:
+        """aiohttp's errors of a stream, as Ollama's: unreachable, broke off, failed."""
+        try:
+            yield
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             raise self._unreachable(exc, self.connect_timeout_s) from exc
         except aiohttp.ClientPayloadError as exc:
@@ -469,16 +475,6 @@ class OllamaClient:
             raise OllamaError(
                 _message((await self._read(resp, path)).decode("utf-8", "replace"), resp.status), resp.status
             )
-
-    async def _read_by(
-        self, deadline: _ReadDeadline, content: aiohttp.StreamReader, progress_by: float, first: bool
-    ) -> bytes:
-        """The next bytes of a stream, or the late error when none come by `progress_by`."""
-        deadline.at = progress_by
-        try:
-            return await deadline.read(content)
-        except TimeoutError:
-            raise self._late(first) from None
 
     def _parse_lines(
         self, lines: list[bytes], limit: int
