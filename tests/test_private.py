@@ -593,7 +593,9 @@ async def test_on_a_router_not_private_a_member_reads_every_batch_and_changes_he
         ("POST", f"/api/batches/{batch}/retry", {"failed": True}),
     ):
         status, refused = await as_user(d, "alice", method, path, body)
-        assert status == 403 and "belongs to bob" in refused["error"]["message"], (path, refused)
+        assert (
+            status == 403 and "belongs to bob; a member acts only on their own batches" in refused["error"]["message"]
+        ), (path, refused)
     for method, path in (("POST", f"/v1/batches/{batch}/cancel"), ("DELETE", f"/v1/files/{file_id}")):
         status, text = await on_front(d, "alice", method, path, {} if method == "POST" else None)
         assert status == 403 and "belongs to bob" in text, (path, text)

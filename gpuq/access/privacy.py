@@ -13,6 +13,7 @@ every door (the router's API, the pages, the front door's OpenAI and Anthropic r
 
 from __future__ import annotations
 
+from ..errors import Forbidden
 from .identity import Caller
 
 
@@ -39,3 +40,11 @@ def change_scope(caller: Caller) -> str | None:
     """The owner whose jobs, batches and files a caller may change: None (everyone's) for an
     admin, else the member's own name."""
     return None if caller.admin else caller.name or ""
+
+
+def refuse_change(caller: Caller, owner: str | None, what: str, kind: str) -> None:
+    """A member changes their own only: 403 naming the owner of `what` ("job 1760-..."), one of
+    the member's `kind` ("jobs", "batches", "files") it is not."""
+    if not caller.may_act_on(owner):
+        whose = f"belongs to {owner}" if owner else "belongs to no user (sent without a user's token)"
+        raise Forbidden(f"{what} {whose}; a member acts only on their own {kind} (you are {caller.name}, a member)")

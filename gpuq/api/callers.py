@@ -7,7 +7,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from ..access.identity import ANYONE, Caller
-from ..access.privacy import sees_all, visible
+from ..access.privacy import refuse_change, sees_all, visible
 from ..access.tokens import CALLER
 from ..errors import Forbidden
 from ..store import Row
@@ -27,16 +27,6 @@ def actor_of(request: web.Request) -> str:
     router, as before, 'cli 127.0.0.1'). The address stays for forensics."""
     who = request.headers.get("X-Gpuq-Actor", "api")
     return caller_of(request).actor(who if who in ("cli", "page", "api") else "api", request.remote)
-
-
-def refuse_others(caller: Caller, job: Row) -> None:
-    """A member acts on their own jobs only: 403 naming the job's owner."""
-    if not caller.may_act_on(job.get("owner")):
-        owner = job.get("owner")
-        whose = f"belongs to {owner}" if owner else "belongs to no user (sent without a user's token)"
-        raise Forbidden(
-            f"job {job['id']} {whose}; a member acts only on their own jobs (you are {caller.name}, a member)"
-        )
 
 
 def private_for(request: web.Request) -> bool:
@@ -78,7 +68,8 @@ async def own_job(request: web.Request) -> str:
     job_id = job_id_of(request)
     caller = caller_of(request)
     if not caller.admin:
-        refuse_others(caller, await request.app[STORE].job(job_id))
+        job = await request.app[STORE].job(job_id)
+        refuse_change(caller, job.get("owner"), f"job {job_id}", "jobs")
     return job_id
 
 

@@ -17,9 +17,9 @@ from typing import Any
 
 from ..access.identity import Caller
 from ..access.lanes import Door, lane_for
-from ..access.privacy import change_scope, read_scope, visible
+from ..access.privacy import change_scope, read_scope, refuse_change, visible
 from ..config import ConfigError, Settings, parse_duration
-from ..errors import Forbidden, FrontError, GpuqError, NotFound
+from ..errors import FrontError, GpuqError, NotFound
 from ..front.call import run_model
 from ..jobs import Lane
 from ..node.dispatcher import Dispatcher
@@ -63,13 +63,6 @@ def pruned(what: str, batch_id: str, pruned_at: str) -> FrontError:
         " keeps its status and counts, not its files or replies",
         "pruned",
     )
-
-
-def refuse_change(caller: Caller, owner: str | None, what: str) -> None:
-    """A member changes their own batches and files only: 403 naming the owner."""
-    if not caller.may_act_on(owner):
-        whose = f"belongs to {owner}" if owner else "belongs to no user (sent without a user's token)"
-        raise Forbidden(f"{what} {whose}; a member changes their own only (you are {caller.name})")
 
 
 class BatchService:
@@ -250,7 +243,7 @@ class BatchService:
 
     async def cancel(self, batch_id: str, caller: Caller, actor: str, api: str | None = None) -> Row:
         found = await self.get(batch_id, caller, api)  # (another API's batch is not found)
-        refuse_change(caller, found["owner"], f"batch {batch_id}")
+        refuse_change(caller, found["owner"], f"batch {batch_id}", "batches")
         batch, cancelled = await self.store.cancel_batch(batch_id, actor, change_scope(caller))
         log.info("batch=%s status=%s cancelled_lines=%d actor=%r", batch_id, batch["status"], cancelled, actor)
         self.dispatcher.bus.publish("queue", {"batch": batch_id})
@@ -259,7 +252,7 @@ class BatchService:
     async def delete(self, batch_id: str, caller: Caller, actor: str, api: str | None = None) -> Row:
         """An ended batch deleted (Anthropic's DELETE); one in progress is refused: cancel it first."""
         batch = await self.get(batch_id, caller, api)  # (another API's batch is not found)
-        refuse_change(caller, batch["owner"], f"batch {batch_id}")
+        refuse_change(caller, batch["owner"], f"batch {batch_id}", "batches")
         if batch["status"] not in ENDED:
             raise FrontError(
                 400,
@@ -273,7 +266,7 @@ class BatchService:
 
     async def retry_failed(self, batch_id: str, caller: Caller, actor: str) -> tuple[Row, list[str]]:
         found = await self.store.batch(batch_id, self._reads(caller))
-        refuse_change(caller, found["owner"], f"batch {batch_id}")
+        refuse_change(caller, found["owner"], f"batch {batch_id}", "batches")
         batch, retried = await self.store.retry_batch(
             batch_id,
             actor,
@@ -319,7 +312,7 @@ class BatchService:
 
     async def delete_file(self, file_id: str, caller: Caller) -> None:
         found = await self.store.file(file_id, self._reads(caller))
-        refuse_change(caller, found["owner"], f"file {file_id}")
+        refuse_change(caller, found["owner"], f"file {file_id}", "files")
         await self.store.delete_file(file_id, change_scope(caller))
 
     async def submit_text(
