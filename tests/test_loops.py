@@ -109,7 +109,8 @@ async def test_an_unexpected_error_in_a_job_fails_it_and_the_worker_runs_the_nex
     assert failed["error"] == f"{error}RuntimeError: injected: {verb} broke"
     assert len(failed["output"].split()) == 4  # what streamed is kept
     assert failed["events"][-1]["to_state"] == "failed" and failed["events"][-1]["reason"] == failed["error"]
-    [record] = crashes(caplog, logged.format(job=first))
+    # (the job's failure is committed, and readable, a moment before its worker's crash is logged)
+    [record] = await eventually(lambda: crashes(caplog, logged.format(job=first)), what="the crash in the log")
     assert f"injected: {verb} broke" in logging.Formatter().formatException(record.exc_info)
     assert (await wait_state(client, second, "done"))["error"] is None
     assert fake.loaded == {} and fake.max_in_flight == 1
