@@ -7,7 +7,7 @@ from functools import partial
 
 from ..jobs import NodeInfo
 from . import batches
-from .core import Core, write, write_untimed
+from .core import Core, handing_over, write, write_untimed
 from .steps import Row
 
 
@@ -28,12 +28,6 @@ class BatchVerbs(Core):
     ) -> Row:
         """A batch and every line of it queued, in one commit (or, refused, nothing); the heads of
         idle nodes claimed in it go to their workers through `hand_over` after the commit."""
-        assert hand_over is not None or not any(n.idle for n in nodes), "a claim needs its worker"
-
-        def handed(result: tuple[Row, list[Row]]) -> None:
-            for job in result[1]:
-                hand_over(job)  # type: ignore[misc]
-
         row, _ = await self._write(
             partial(
                 batches.create_batch,
@@ -46,7 +40,7 @@ class BatchVerbs(Core):
                 max_waiting=max_waiting,
                 max_running=self._max_running,
             ),
-            handed if hand_over else None,
+            handing_over(hand_over, nodes),
         )
         return row
 

@@ -15,13 +15,14 @@ import inspect
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
 
 import aiosqlite
 
 from ..errors import StartupError, StoreUnavailable
+from ..jobs import NodeInfo
 from ..shipped import shipped_dir, shipped_files
 from . import lifecycle, postgres, sqlite
 from .dbfile import DatabaseFile
@@ -242,6 +243,23 @@ class Core:
             return answer
         except (sqlite.Error, postgres.Error) as exc:
             raise self.engine.from_error(exc) from exc
+
+
+def handing_over(
+    hand_over: Callable[[Row], None] | None, nodes: Sequence[NodeInfo]
+) -> Callable[[tuple[Any, list[Row]]], None] | None:
+    """What gives the heads a write claimed on idle nodes (its result's second part) to their
+    workers, on the loop right after the commit; None when no worker waits."""
+    assert hand_over is not None or not any(n.idle for n in nodes), "a claim needs its worker"
+    if hand_over is None:
+        return None
+    give = hand_over
+
+    def handed(result: tuple[Any, list[Row]]) -> None:
+        for job in result[1]:
+            give(job)
+
+    return handed
 
 
 class Verb(Generic[P, R]):

@@ -9,7 +9,7 @@ from functools import partial
 
 from ..jobs import NewJob, NodeInfo
 from . import control, lifecycle, parts
-from .core import Core, write, write_limited, write_untimed
+from .core import Core, handing_over, write, write_limited, write_untimed
 from .steps import Row, dumps
 
 
@@ -28,12 +28,7 @@ class JobVerbs(Core):
         only once its transaction has committed. On a node whose worker waits idle
         (NodeInfo.idle) the same commit claims the node's head, and `hand_over` gives it to
         that worker on the loop right after the commit, whether or not the caller still waits."""
-        assert hand_over is not None or not any(n.idle for n in nodes), "a claim needs its worker"
-
-        def handed(result: tuple[list[Row], list[Row]]) -> None:
-            for job in result[1]:
-                hand_over(job)  # type: ignore[misc]
-
+        handed = handing_over(hand_over, nodes)
         verb = partial(
             lifecycle.submit_and_claim,
             new=new,
@@ -45,10 +40,10 @@ class JobVerbs(Core):
             max_running=self._max_running,
         )
         if self.submit_timeout_s is None:
-            created, _ = await self._write(verb, handed if hand_over else None)
+            created, _ = await self._write(verb, handed)
         else:
             created, _ = await self._bounded_write(
-                verb, handed if hand_over else None, self.submit_timeout_s, "submit", "router.submit_timeout"
+                verb, handed, self.submit_timeout_s, "submit", "router.submit_timeout"
             )
         return created
 
