@@ -328,3 +328,32 @@ async def test_deleting_a_batchs_files_as_the_sdk_reads_it(front):
     again = await client.batches.retrieve(batch.id)
     assert (again.input_file_id, again.output_file_id, again.status) == (uploaded.id, done.output_file_id, "completed")
     assert [f.id async for f in client.files.list()] == []
+
+
+async def test_a_line_that_is_not_text_or_too_deep_fails_the_batch_in_validation_never_500(front):
+    """A lone surrogate in a line's custom_id, content or model (JSON escapes half a UTF-16 pair
+    that no UTF-8 can hold) and a line nested deeper than JSON is read are that line's
+    validation errors, on the front door and on the router's API alike: no 500, nothing queued."""
+    surrogate = "\\ud800"  # as it stands in the file: an escape json.loads decodes to half a pair
+    lines = [
+        json.dumps(chat_line("ok", "fine")),
+        json.dumps(chat_line("id-X", "x")).replace("id-X", f"id-{surrogate}"),
+        json.dumps(chat_line("c", "text-X")).replace("text-X", f"text-{surrogate}"),
+        json.dumps(chat_line("m", "y", model="model-X")).replace("model-X", f"model-{surrogate}"),
+        '{"custom_id": "deep", "body": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    ]
+    content = ("\n".join(lines) + "\n").encode()
+    client = front.openai(api_key=TOKEN)
+    uploaded = await client.files.create(file=("bad.jsonl", content), purpose="batch")
+    batch = await client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    assert batch.status == "failed" and batch.errors is not None and batch.errors.data is not None
+    found = [(e.line, e.code) for e in batch.errors.data]
+    assert found == [(2, "invalid_text"), (3, "invalid_text"), (4, "invalid_text"), (5, "invalid_json_line")]
+    named = {e.line: e.message for e in batch.errors.data}
+    assert "custom_id" in named[2] and "messages[0].content" in named[3] and "model" in named[4], named
+    status, body = await front.daemon.request("POST", "/api/batches", {"input": content.decode()})
+    assert status == 200 and body["batch"]["status"] == "failed", body
+    assert [e["code"] for e in body["batch"]["errors"]] == ["invalid_text"] * 3 + ["invalid_json_line"]
+    assert not [j for j in await front.jobs() if j["prompt_excerpt"] in ("fine", "x", "y")]

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import FrontError, GpuqError
+from ..errors import BadRequest, FrontError, GpuqError, check_text
 from ..front.call import check_text_size
 from ..front.endpoints import ENDPOINTS, Endpoint
 from ..front.stored import StoredCall
@@ -58,11 +58,16 @@ def parse_openai(content: bytes, endpoint: str) -> Parsed:
             continue
         try:
             request = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
+        except (UnicodeDecodeError, ValueError, RecursionError):  # (nested past what json reads)
             errors.append(_error("invalid_json_line", number, "This line is not parseable as valid JSON."))
             continue
         if not isinstance(request, dict):
             errors.append(_error("invalid_json_line", number, "This line is not a JSON object."))
+            continue
+        try:
+            check_text(request)  # a lone surrogate can be neither stored nor sent on
+        except BadRequest as exc:
+            errors.append(_error("invalid_text", number, f"This line is not valid text: {exc.message}."))
             continue
         custom_id = request.get("custom_id")
         if not isinstance(custom_id, str) or not custom_id:
