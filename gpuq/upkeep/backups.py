@@ -26,7 +26,7 @@ from ..jobs import iso, parse_iso, span
 from ..store import Row, Store
 from ..store.backup import BackupBusy
 from .alerts import Condition
-from .service import Service
+from .service import Periodic
 
 log = logging.getLogger("gpuq")
 
@@ -43,7 +43,7 @@ def latest(*times: float | None) -> float | None:
     return max(known) if known else None
 
 
-class Backups(Service):
+class Backups(Periodic):
     """The schedule, its state for /health (from the backup table, refreshed at each turn) and
     its alert conditions."""
 
@@ -70,17 +70,14 @@ class Backups(Service):
         # the record (full) must not make the schedule take a backup again at once, and again.
         self.made_at: float | None = None
         self.failed_at: float | None = None
-        self.rounds_begun = 0
+        super().__init__()
 
     @property
     def every_s(self) -> float | None:
         return None if self.store.dsn else self.settings_of().backup_every_s
 
-    async def pause(self) -> None:
-        """The first round at once; then until the next backup is due, a reload's wake, or POLL_S."""
-        self.rounds_begun += 1
-        if self.rounds_begun == 1:
-            return
+    async def wait(self) -> None:
+        """Until the next backup is due, a reload's wake, or POLL_S."""
         self.wake.clear()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self._wait_s()):

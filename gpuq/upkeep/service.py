@@ -41,4 +41,8 @@ class Periodic(Service):
     async def pause(self) -> None:
         self.rounds_begun += 1
         if self.rounds_begun > 1 or not self.first_at_once:
-            await asyncio.sleep(self.interval_s)
+            await self.wait()
+
+    async def wait(self) -> None:
+        """Between two rounds: `interval_s` (a service woken early waits on its event instead)."""
+        await asyncio.sleep(self.interval_s)
