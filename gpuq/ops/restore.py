@@ -21,9 +21,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..disk import fsync
 from ..errors import Conflict, DatabaseInUse, NotFound, Unprocessable
 from ..jobs import JobState
-from ..store.backup import check_restorable, checkpoint, fsync
+from ..store.backup import check_restorable, checkpoint
 from ..store.facade import migration_files
 from .dblock import lock_database, unlock_database
 
