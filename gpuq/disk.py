@@ -14,17 +14,23 @@ from pathlib import Path
 FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
+def write_some(fd: int, data: memoryview) -> int:
+    """One write: as many bytes as the file takes now (the seam's write)."""
+    return os.write(fd, data)
+
+
 def write_all(fd: int, data: bytes) -> None:
     """Every byte of `data` to `fd`, however many writes it takes; OSError otherwise."""
     view = memoryview(data)
     while view:
-        n = os.write(fd, view)
+        n = write_some(fd, view)
         if n <= 0:  # no progress and no error: as good as a full disk
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         view = view[n:]
 
 
 def fsync_fd(fd: int) -> None:
+    """The file's bytes on disk (the seam's fsync)."""
     os.fsync(fd)
 
 

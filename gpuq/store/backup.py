@@ -136,12 +136,10 @@ def back_up(database: Path, target: Path, busy_timeout_s: float) -> dict[str, An
         fsync(target.parent)
         phases["synced"] = time.monotonic() - started
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
+        _remove_copy(temp)
         raise _refused(exc, f"the backup could not be written to {target}: {why(exc)}; nothing was written") from None
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
+        _remove_copy(temp)
         raise
     return {
         "path": str(target),
@@ -151,6 +149,13 @@ def back_up(database: Path, target: Path, busy_timeout_s: float) -> dict[str, An
         "database": str(database),
         "phases": {k: round(v, 3) for k, v in phases.items()},
     }
+
+
+def _remove_copy(temp: Path) -> None:
+    """A copy that failed, gone whole: the file and what SQLite kept beside it (its journal)."""
+    for suffix in ("", "-journal", "-wal", "-shm"):
+        with contextlib.suppress(OSError):
+            os.unlink(temp.with_name(temp.name + suffix))
 
 
 def _refused(exc: OSError, message: str) -> GpuqError:
