@@ -399,7 +399,7 @@ async def test_a_backup_onto_a_full_disk_is_refused_leaves_nothing_and_the_sched
 ):
     where = small_disk("backups", "24m")
     daemon = await router(fakes, daemon_factory, {"backup": {"every": "2s", "keep": 1, "dir": str(where / "sched")}})
-    for i in range(40):  # a database of a few MB: more than the room left
+    for _ in range(40):  # a database of a few MB: more than the room left
         await daemon.submit("task", secrets.token_hex(30_000))
     filler = fill(where, leave=256 * 1024)
     target = where / "by-hand.db"
