@@ -387,6 +387,25 @@ async def test_a_full_disk_under_the_database_refuses_writes_keeps_every_job_and
     assert stored(where / "gpuq.db") >= set(done) | set(acked) | {after}
 
 
+async def test_a_router_started_on_a_full_disk_exits_2_naming_it_and_starts_once_there_is_room(
+    small_disk, fakes, daemon_factory
+):
+    """Today's code died with a traceback writing its lock file, and left the empty file."""
+    where = small_disk("db", "4m")
+    daemon = await router(fakes, daemon_factory, database=str(where / "gpuq.db"))
+    [job] = await daemon.submit("task", "kept across the refused start")
+    await daemon.wait_state(job["id"], "done")
+    await daemon.kill(signal.SIGTERM)
+    filler = fill(where)
+    res = await daemon.cli("serve", "--config", str(daemon.config), timeout=20)
+    assert res.code == 2, res
+    assert f"cannot write the lock file {where / 'gpuq.db.lock'}: the disk is full" in res.err, res.err
+    assert "Traceback" not in res.err and not (where / "gpuq.db.lock").exists()
+    filler.unlink()
+    await daemon.start()
+    assert (await daemon.job(job["id"]))["state"] == "done"
+
+
 # -- the backups ------------------------------------------------------------------------------
 
 
