@@ -406,6 +406,28 @@ async def test_a_router_started_on_a_full_disk_exits_2_naming_it_and_starts_once
     assert (await daemon.job(job["id"]))["state"] == "done"
 
 
+async def test_a_restore_onto_a_full_disk_replaces_nothing_and_says_why(small_disk, tmp_path):
+    from gpuq.store import Store
+
+    where = small_disk("db", "4m")
+    for path in (tmp_path / "backup.db", where / "gpuq.db"):  # a gpuq database each
+        store = Store(path)
+        await store.open()
+        await store.close()
+    before = (where / "gpuq.db").read_bytes()
+    filler = fill(where, leave=16 * 1024)  # room for the lock file, not for the copy
+    args = ("restore", str(tmp_path / "backup.db"), "--database", str(where / "gpuq.db"))
+    res = await run_cli(*args)
+    assert res.code == 1, res
+    said = f"error 503 {tmp_path / 'backup.db'} cannot be copied beside {where / 'gpuq.db'}: the disk is full"
+    assert res.err.startswith(said) and "nothing was replaced" in res.err, res.err
+    assert (where / "gpuq.db").read_bytes() == before
+    assert sorted(p.name for p in where.iterdir()) == ["filler", "gpuq.db"]
+    filler.unlink()
+    res = await run_cli(*args)
+    assert res.code == 0 and res.out.startswith(f"restored {where / 'gpuq.db'} from "), res
+
+
 # -- the backups ------------------------------------------------------------------------------
 
 

@@ -54,7 +54,7 @@ def lock_database(database: Path, listen: str, holder: str = "router", url: str 
         os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
     except OSError as exc:  # a full disk: said, and the empty lock file not left behind
         unlock_database(database, fd)
-        raise StartupError(f"cannot write the lock file {path}: {why(exc)}; nothing was started") from None
+        raise StartupError(f"cannot write the lock file {path}: {why(exc)}", 503) from None
     return fd
 
 
