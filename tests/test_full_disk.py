@@ -471,6 +471,27 @@ async def test_a_backup_onto_a_full_disk_is_refused_leaves_nothing_and_the_sched
     assert status == 200 and body["integrity"] == "ok", body
 
 
+def test_a_backup_whose_fsync_meets_a_full_disk_is_a_503_and_leaves_nothing(tmp_path, monkeypatch):
+    """The seam's test of a backup (no root needed): the copy made, its fsync refused."""
+    from gpuq.errors import StoreUnavailable
+    from gpuq.store.backup import back_up
+
+    db = tmp_path / "gpuq.db"
+    sqlite3.connect(db).executescript("CREATE TABLE t (x); INSERT INTO t VALUES (1);").close()
+    (tmp_path / "out").mkdir()
+
+    def refused(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(disk, "fsync_fd", refused)
+    target = tmp_path / "out" / "copy.db"
+    with pytest.raises(StoreUnavailable, match=r"could not be written to .*copy\.db: the disk is full"):
+        back_up(db, target, 1.0)
+    assert list((tmp_path / "out").iterdir()) == []
+    monkeypatch.undo()
+    assert back_up(db, target, 1.0)["integrity"] == "ok"
+
+
 async def test_backups_killed_mid_copy_leave_nothing_after_a_restart_or_the_next_backup(
     fakes, daemon_factory, tmp_path
 ):

@@ -195,9 +195,8 @@ def files(directory: Path) -> list[Path]:
     """The archive's monthly files, oldest first (a month's `.2`, `.3`... after its first)."""
     if not directory.is_dir():
         return []
-    found = [(m, p) for p in directory.iterdir() if (m := FILE.fullmatch(p.name))]
-    found.sort(key=lambda mp: (mp[0][1], mp[0][2], int(mp[0][3] or 1)))
-    return [p for _, p in found]
+    found = [(m[1], m[2], int(m[3] or 1), p) for p in directory.iterdir() if (m := FILE.fullmatch(p.name))]
+    return [p for *_, p in sorted(found)]
 
 
 def lines(path: Path, damaged: list[Damage] | None = None) -> Iterator[dict[str, Any]]:

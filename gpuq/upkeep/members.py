@@ -12,7 +12,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 CHUNK = 1 << 16
 MAGIC = b"\x1f\x8b\x08"  # a gzip member's header: its id and the deflate method
@@ -29,9 +29,6 @@ class Damage:
 
     def text(self) -> str:
         return f"{self.path}: {self.length} byte(s) at offset {self.offset} cannot be read ({self.why})"
-
-    def json(self) -> dict[str, Any]:
-        return {"file": str(self.path), "offset": self.offset, "length": self.length, "why": self.why}
 
 
 @dataclass(frozen=True)

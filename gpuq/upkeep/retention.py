@@ -253,7 +253,7 @@ class Sweeper(Service):
         lines = lines[: fitting([len(line) for _, line in lines])]
         try:
             written = await asyncio.to_thread(archive.write, directory, lines)
-        except archive.Unwritable as exc:
+        except (archive.Unwritable, OSError) as exc:
             raise StoreUnavailable(
                 f"the retention archive {directory} cannot be written ({exc}); nothing of this batch was pruned or"
                 f" deleted: its {len(lines)} {kind} stay in the database until the archive takes them"
