@@ -49,34 +49,40 @@ def input_file(mb: int) -> bytes:
     return b"".join(lines) + b'{"custom_id": "broken"\n'
 
 
-# The /health prober, in a process of its own (the bench's own loop is busy sending 60 MB): asks
-# every 10 ms until its stdin closes, then prints the longest answer in ms.
+# The prober, in a process of its own (the bench's own loop is busy sending 60 MB): every 10 ms
+# it asks the front door's `/` (answered from memory: the event loop alone) and the router's
+# `/health` (its store reads too), each on a kept-alive connection, until its stdin closes; then
+# prints the longest answer of each, in ms.
 PROBE = """
 import sys, threading, time, http.client
-host, port = sys.argv[1], int(sys.argv[2])
+host, front, api = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 done = threading.Event()
 threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
-conn, longest = http.client.HTTPConnection(host, port, timeout=60), 0.0
+probes = [(http.client.HTTPConnection(host, port, timeout=60), path) for port, path in ((front, "/"), (api, "/health"))]
+longest = [0.0, 0.0]
 print("ready", flush=True)
 while not done.is_set():
-    began = time.perf_counter()
-    conn.request("GET", "/health")
-    conn.getresponse().read()
-    longest = max(longest, (time.perf_counter() - began) * 1000)
+    for i, (conn, path) in enumerate(probes):
+        began = time.perf_counter()
+        conn.request("GET", path)
+        conn.getresponse().read()
+        longest[i] = max(longest[i], (time.perf_counter() - began) * 1000)
     time.sleep(0.01)
-print(longest, flush=True)
+print(*longest, flush=True)
 """
 
 
 class Watch:
-    """The router's peak memory (VmHWM, its peak reset first through clear_refs) and its longest
-    /health (asked from another process) while a step runs."""
+    """The router's peak memory (VmHWM, its peak reset first through clear_refs), its event
+    loop's longest answer and its longest /health (asked from another process) while a step runs."""
 
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Router, front_port: int) -> None:
         self.router = router
+        self.front_port = front_port
         self.before = rss_mb(router.pid)
         self.peak = self.before
-        self.longest_ms = 0.0
+        self.loop_ms = 0.0
+        self.health_ms = 0.0
 
     async def during(self, step: Awaitable[None]) -> None:
         Path(f"/proc/{self.router.pid}/clear_refs").write_text("5")  # VmHWM := VmRSS
@@ -85,6 +91,7 @@ class Watch:
             "-c",
             PROBE,
             "127.0.0.1",
+            str(self.front_port),
             str(self.router.port),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
@@ -98,7 +105,7 @@ class Watch:
             probe.stdin.close()
             out = await probe.stdout.read()
             await probe.wait()
-        self.longest_ms = float(out.decode().split()[-1])
+        self.loop_ms, self.health_ms = (float(v) for v in out.decode().split()[-2:])
 
 
 def stalled_download(port: int, path: str) -> socket.socket:
@@ -130,10 +137,15 @@ async def create(session: aiohttp.ClientSession, front: str, file_id: str) -> No
 
 async def stalled_round(router: Router, port: int, file_id: str) -> None:
     """DOWNLOADS clients ask for the file and never read; done once the router cut all off."""
+
+    def cut_off() -> int:
+        return router.log.read_text(errors="replace").count("stalled_client_timeout")
+
+    before = cut_off()  # (the rounds before this one's)
     socks = [stalled_download(port, f"/v1/files/{file_id}/content") for _ in range(DOWNLOADS)]
     deadline = time.monotonic() + STALLED_S + 60
     try:
-        while router.log.read_text(errors="replace").count("stalled_client_timeout") < DOWNLOADS:
+        while cut_off() - before < DOWNLOADS:
             if time.monotonic() > deadline:
                 raise RuntimeError("the stalled downloads were not cut off within a minute of their deadline")
             await asyncio.sleep(0.05)
@@ -142,23 +154,32 @@ async def stalled_round(router: Router, port: int, file_id: str) -> None:
             sock.close()
 
 
+IDLE_S = 3.0
+STEPS = {  # key: what the step is, as its rows name it
+    "idle": f"nothing ({IDLE_S:g} s idle: the same probes' baseline)",
+    "upload": f"a {UPLOAD_MB} MB upload to /v1/files",
+    "create": "a batch made from that file (POST /v1/batches)",
+    "stalled": f"{DOWNLOADS} downloads of a {DOWNLOAD_MB} MB file never read",
+}
+
+
+def rows(bench: Bench) -> dict[str, tuple[Metric, Metric, Metric]]:
+    """Per step: the router's RSS growth at its peak, its event loop's longest answer, its
+    longest /health."""
+    out = {}
+    for key, what in STEPS.items():
+        out[key] = (
+            bench.metric(f"bodies_{key}_rss", f"router RSS growth (peak), {what}", "MB", "mb", "<= 30 MB"),
+            bench.metric(
+                f"bodies_{key}_loop", "  the event loop's longest stall meanwhile (`/` answered)", "ms", "ms", "< 100"
+            ),
+            bench.metric(f"bodies_{key}_health", "  the longest /health meanwhile", "ms", "ms"),
+        )
+    return out
+
+
 async def bodies_section(bench: Bench) -> None:
-    up_rss = bench.metric(
-        "bodies_upload_rss", f"router RSS growth, a {UPLOAD_MB} MB upload to /v1/files (peak)", "MB", "mb", "<= 30 MB"
-    )
-    up_loop = bench.metric(
-        "bodies_upload_loop", "  the longest /health during it (the event loop's longest stall)", "ms", "ms", "< 100"
-    )
-    mk_rss = bench.metric("bodies_create_rss", "  a batch made from that file: RSS growth (peak)", "MB", "mb")
-    mk_loop = bench.metric("bodies_create_loop", "  the longest /health during it", "ms", "ms", "< 100")
-    dl_rss = bench.metric(
-        "bodies_stalled_rss",
-        f"router RSS growth, {DOWNLOADS} downloads of a {DOWNLOAD_MB} MB file never read (peak)",
-        "MB",
-        "mb",
-        "<= 30 MB",
-    )
-    dl_loop = bench.metric("bodies_stalled_loop", "  the longest /health meanwhile", "ms", "ms", "< 100")
+    measured = rows(bench)
     fakes = await Fakes({"b1": MODEL}, bench.workdir / "bodies-fakes.log").start()
     port = free_port()
     router = await Router(
@@ -170,29 +191,31 @@ async def bodies_section(bench: Bench) -> None:
     ).start()
     front = f"http://127.0.0.1:{port}"
     big, small = input_file(UPLOAD_MB), input_file(DOWNLOAD_MB)
+
+    async def watched(key: str, step: Awaitable[None]) -> None:
+        watch = Watch(router, port)
+        await watch.during(step)
+        for metric, value in zip(measured[key], (watch.peak - watch.before, watch.loop_ms, watch.health_ms)):
+            metric.add_run(value)
+
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
             await _wait_front(session, front, 1)
             await upload(session, front, b'{"warm": "up"}\n')  # what loads once is in `before`
             for _ in range(1 if bench.quick else 3):
-                watch = Watch(router)
+                await watched("idle", asyncio.sleep(IDLE_S))
                 holder: list[str] = []
-                await watch.during(_keep(holder, upload(session, front, big)))
-                up_rss.add_run(watch.peak - watch.before)
-                up_loop.add_run(watch.longest_ms)
-                watch = Watch(router)
-                await watch.during(create(session, front, holder[0]))
-                mk_rss.add_run(watch.peak - watch.before)
-                mk_loop.add_run(watch.longest_ms)
+                await watched("upload", _keep(holder, upload(session, front, big)))
+                await watched("create", create(session, front, holder[0]))
                 file_id = await upload(session, front, small)
-                watch = Watch(router)
-                await watch.during(stalled_round(router, port, file_id))
-                dl_rss.add_run(watch.peak - watch.before)
-                dl_loop.add_run(watch.longest_ms)
+                await watched("stalled", stalled_round(router, port, file_id))
                 bench.say(
-                    f"bodies: upload +{up_rss.runs[-1][0]:.1f} MB, /health <= {up_loop.runs[-1][0]:.0f} ms;"
-                    f" create +{mk_rss.runs[-1][0]:.1f} MB, <= {mk_loop.runs[-1][0]:.0f} ms;"
-                    f" {DOWNLOADS} stalled downloads +{dl_rss.runs[-1][0]:.1f} MB, <= {dl_loop.runs[-1][0]:.0f} ms"
+                    "bodies: "
+                    + "; ".join(
+                        f"{key} +{rss.runs[-1][0]:.1f} MB, loop <= {loop.runs[-1][0]:.0f} ms,"
+                        f" /health <= {health.runs[-1][0]:.0f} ms"
+                        for key, (rss, loop, health) in measured.items()
+                    )
                 )
     finally:
         await router.stop()
@@ -205,11 +228,7 @@ async def _keep(holder: list[str], upload_done: Awaitable[str]) -> None:
 
 def judge(metrics: dict[str, Metric]) -> None:
     """Each row against its target, on its median."""
-    limits = {
-        "bodies_upload_rss": 30.0,
-        "bodies_stalled_rss": 30.0,
-        **{k: 100.0 for k in ("bodies_upload_loop", "bodies_create_loop", "bodies_stalled_loop")},
-    }
+    limits = {**{f"bodies_{key}_rss": 30.0 for key in STEPS}, **{f"bodies_{key}_loop": 100.0 for key in STEPS}}
     for key, most in limits.items():
         if key in metrics and metrics[key].pooled:
             value = metrics[key].summary()["median"]

@@ -197,3 +197,81 @@ def test_migration_025_moves_each_files_content_into_its_chunks(tmp_path):
     assert whole == {"file-big": big, "file-small": b'{"a": 1}\n', "file-empty": b""}
     assert [len(c) for fid, _, c in chunks if fid == "file-big"] == [MB, MB, 2560]
     assert "content" not in [r[1] for r in db.execute("PRAGMA table_info(batch_file)")]
+
+
+def chunks_stored(db: Path) -> int:
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return conn.execute("SELECT COUNT(*) FROM batch_file_chunk").fetchone()[0]
+    finally:
+        conn.close()
+
+
+async def send_head(url: str, length: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        f"POST /v1/files HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: multipart/form-data; boundary={BOUNDARY}\r\n"
+        f"Content-Length: {length}\r\n\r\n".encode()
+    )
+    return reader, writer
+
+
+async def test_an_upload_whose_client_leaves_half_way_keeps_nothing_and_was_never_held_whole(door):
+    """A 60 MB upload whose client goes after 30 MB: what reached the router went to the store as
+    it came (not into its memory), and all of it is gone once the client is."""
+    content = b"".join(chat_line(f"h-{i}", pad=100_000) for i in range(600))
+    body = form(b"batch", "half.jsonl", content)
+    db = door.daemon.config.parent / "gpuq.db"
+    pid = door.daemon.proc.pid
+    before = peak_rss_mb(pid)
+    _, writer = await send_head(door.url, len(body))
+    writer.write(body[: 30 * MB])
+    await writer.drain()
+    await eventually(lambda: chunks_stored(db) >= 20, 20, what="the upload's first chunks in the store")
+    writer.transport.abort()
+    await eventually(lambda: chunks_stored(db) == 0 and stored(db)["batch_file"] == 0, 10, what="the upload dropped")
+    grown = peak_rss_mb(pid) - before
+    assert grown < 20, f"the router's peak memory grew by {grown:.0f} MiB for 30 MiB of an upload"
+
+
+async def test_an_upload_that_trickles_is_cut_with_408_at_body_timeout_and_keeps_nothing(fakes, daemon_factory):
+    """An upload is read as it arrives (not whole by the body deadline's middleware), within
+    router.body_timeout all the same: a client that trickles it is answered 408 naming the key."""
+    chat = await fakes(CHAT_MODEL)
+    port = free_port()
+    daemon = await daemon_factory(
+        [node_table("node-1", chat, 1, ["task"], CHAT_MODEL)], ollama_listen=f"127.0.0.1:{port}", body_timeout="1s"
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    async def answers():
+        try:
+            async with daemon.session.get(url + "/") as resp:
+                return resp.status == 200
+        except aiohttp.ClientError:
+            return False
+
+    await eventually(answers, 10, what="the front door to answer")
+    body = form(b"batch", "slow.jsonl", b"".join(chat_line(f"s-{i}") for i in range(50)))
+    reader, writer = await send_head(url, len(body))
+    writer.write(body[:500])
+    answer: list[bytes] = []
+
+    async def trickled_until_answered():
+        try:
+            answer.append(await asyncio.wait_for(reader.read(65536), 0.1))
+            return True
+        except TimeoutError:
+            writer.write(body[500 + len(answer) : 501 + len(answer)])  # a byte at a time
+            return False
+
+    try:
+        await eventually(trickled_until_answered, 8, 0, "the router to answer a trickling upload")
+        head, _, rest = answer[0].partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408"), answer[0]
+        assert "router.body_timeout" in json.loads(rest)["error"]["message"]
+    finally:
+        writer.close()
+    db = daemon.config.parent / "gpuq.db"
+    await eventually(lambda: stored(db)["batch_file"] == 0 and chunks_stored(db) == 0, 5, what="nothing kept")

@@ -14,7 +14,7 @@ from aiohttp import BodyPartReader, web
 from ..access.connections import late_body, streams_body
 from ..errors import FrontError
 from ..front.call import actor_of
-from ..front.context import json_of
+from ..front.context import error_response, json_of
 from ..store import Row
 from .doors import batches_of, caller_of, json_reply, limit_of, send_stream
 from .files import FileUpload
@@ -96,7 +96,7 @@ class Form:
 
 
 @streams_body
-async def upload_file(request: web.Request) -> web.Response:
+async def upload_file(request: web.Request) -> web.StreamResponse:
     """POST /v1/files: multipart/form-data with `purpose` and `file`, as the SDK sends it, read
     as it arrives and stored chunk by chunk (never whole in memory). front.max_request_bytes
     bounds it (413 past it, naming that key), router.body_timeout its arrival (408); a body cut
@@ -114,14 +114,26 @@ async def upload_file(request: web.Request) -> web.Response:
             async with asyncio.timeout(timeout_s):
                 await form.parts()
         except TimeoutError:
-            request.protocol.force_close()
-            raise FrontError(408, late_body(timeout_s)) from None
+            if form.upload is not None:
+                await form.upload.abort()
+            return await too_late(request, timeout_s)
         row = await finish_upload(form)
     except BaseException:
         if form.upload is not None:
             await asyncio.shield(form.upload.abort())
         raise
     return json_reply(file_object(row))
+
+
+async def too_late(request: web.Request, timeout_s: float) -> web.StreamResponse:
+    """408, as the body deadline answers any late body: the connection closed at once after it,
+    without aiohttp's lingering read of the rest."""
+    resp = error_response(request, 408, late_body(timeout_s))
+    resp.force_close()
+    await resp.prepare(request)
+    await resp.write_eof()
+    request.protocol.force_close()
+    return resp
 
 
 async def finish_upload(form: Form) -> Row:

@@ -237,7 +237,8 @@ KEYS: tuple[Key, ...] = (
     ),
     _r(
         "body_timeout",
-        "A request's whole body must arrive within this of its headers (else 408).",
+        "A request's whole body must arrive within this of its headers (else 408); "
+        "a batch file's upload (`POST /v1/files`) too.",
         "60s",
         duration=True,
         restart=True,
@@ -344,7 +345,7 @@ KEYS: tuple[Key, ...] = (
         "A streaming client that takes nothing of its answer for this long is cut off (its "
         "connection closed); its job runs on and keeps its whole output. A client more than "
         "512 KiB behind its stream is told so and its stream ends at once: the router holds no "
-        "more per call.",
+        "more per call. A batch file's download and a batch's results are cut off the same way.",
         "30s",
         attr="front_stalled_client_s",
         duration=True,
