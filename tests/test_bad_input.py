@@ -676,6 +676,14 @@ FRONT: dict[str, tuple[str, str, Any, str, int, str]] = {
         400,
         "form field 'purpose': over 1024 bytes",
     ),
+    "upload: a gzipped file": (
+        "POST",
+        "/v1/files",
+        WHOLE.replace(b'filename="in.jsonl"\r\n', b'filename="in.jsonl"\r\nContent-Encoding: gzip\r\n'),
+        MULTIPART,
+        400,
+        "the file's encoding (binary, gzip) is not one gpuq reads: send it as is, or in base64",
+    ),
     "upload: over the size limit": (
         "POST",
         "/v1/files",

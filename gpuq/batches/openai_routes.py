@@ -69,10 +69,12 @@ class Form:
         if part.name == "file" and self.upload is None:
             if "purpose" in self.fields:
                 BatchService.check_purpose(self.fields["purpose"])
+            base64 = encoded(part)
             self.upload = await batches_of(self.request).begin_upload(
                 caller_of(self.request), part.filename or "upload.jsonl"
             )
-            await self.pieces(part, self.upload.write)
+            upload = self.upload
+            await self.pieces(part, (lambda data: upload.write(part.decode(data))) if base64 else upload.write)
             return
         kept = bytearray()
 
@@ -93,6 +95,18 @@ class Form:
             await take(data)
         if not part.at_eof():
             raise FrontError(400, INCOMPLETE)
+
+
+def encoded(part: BodyPartReader) -> bool:
+    """Whether the file comes in base64 (decoded piece by piece: aiohttp reads it in whole
+    quanta); another transfer or content encoding is refused, naming it."""
+    transfer = part.headers.get("Content-Transfer-Encoding", "binary").lower()
+    content = part.headers.get("Content-Encoding", "identity").lower()
+    if transfer not in ("binary", "7bit", "8bit", "base64") or content != "identity":
+        raise FrontError(
+            400, f"the file's encoding ({transfer}, {content}) is not one gpuq reads: send it as is, or in base64"
+        )
+    return transfer == "base64"
 
 
 @streams_body
