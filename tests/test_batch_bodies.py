@@ -15,12 +15,13 @@ import sqlite3
 from pathlib import Path
 
 import aiohttp
+import psycopg
 import pytest
 from conftest import eventually, free_port, node_table
 from test_front import CHAT_MODEL, FrontLab
 
 from gpuq.shipped import shipped_files
-from gpuq.store import MIGRATIONS_DIR
+from gpuq.store import MIGRATIONS_DIR, postgres
 from gpuq.store import sqlite as engine
 
 BOUNDARY = "gpuq-test-boundary"
@@ -197,6 +198,33 @@ def test_migration_025_moves_each_files_content_into_its_chunks(tmp_path):
     assert whole == {"file-big": big, "file-small": b'{"a": 1}\n', "file-empty": b""}
     assert [len(c) for fid, _, c in chunks if fid == "file-big"] == [MB, MB, 2560]
     assert "content" not in [r[1] for r in db.execute("PRAGMA table_info(batch_file)")]
+
+
+@pytest.mark.postgres
+def test_migration_025_moves_each_files_content_into_its_chunks_on_postgres(pg_dsn):
+    """PostgreSQL's 025 as SQLite's: a file's bytes in 1 MiB chunks, read back the same."""
+    files = shipped_files(postgres.MIGRATIONS_DIR, "[0-9][0-9][0-9]_*.sql", "migrations/postgres")
+    big = bytes(range(256)) * (2 * 4096 + 10)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        postgres.migrate(conn, [f for f in files if int(f.name[:3]) < 25], 0.0, "test")
+        for file_id, content in (("file-big", big), ("file-small", b'{"a": 1}\n'), ("file-empty", b"")):
+            conn.execute(
+                "INSERT INTO batch_file (id, purpose, filename, bytes, created_at, owner, content)"
+                " VALUES (%s, 'batch', 'f.jsonl', %s, '2026-01-01T00:00:00Z', NULL, %s)",
+                (file_id, len(content), content),
+            )
+        postgres.migrate(conn, files, 0.0, "test")
+        chunks = conn.execute("SELECT file_id, seq, bytes FROM batch_file_chunk ORDER BY file_id, seq").fetchall()
+        columns = [
+            r[0]
+            for r in conn.execute("SELECT column_name FROM information_schema.columns WHERE table_name = 'batch_file'")
+        ]
+    whole = {
+        f: b"".join(bytes(c) for fid, _, c in chunks if fid == f) for f in ("file-big", "file-small", "file-empty")
+    }
+    assert whole == {"file-big": big, "file-small": b'{"a": 1}\n', "file-empty": b""}
+    assert [len(c) for fid, _, c in chunks if fid == "file-big"] == [MB, MB, 2560]
+    assert "content" not in columns
 
 
 def chunks_stored(db: Path) -> int:
