@@ -1043,6 +1043,16 @@ async def test_an_upload_is_stored_chunk_by_chunk_shown_only_once_whole_and_drop
     assert [f["id"] for f in await store.files()] == ["file-up"]
     await store.delete_file("file-up")
     assert await store.read("SELECT file_id FROM batch_file_chunk") == []
+    # An upload its router never ended (stopped half-way) goes once it is older than its bound.
+    await store.begin_file("file-left", "batch", "left.jsonl", "alice", 600.0)
+    await store.add_file_chunk("file-left", 0, b"left behind")
+    store.clock.advance(599)
+    await store.begin_file("file-next", "batch", "next.jsonl", "alice", 600.0)
+    assert len(await store.read("SELECT file_id FROM batch_file_chunk WHERE file_id = 'file-left'")) == 1
+    store.clock.advance(2)
+    await store.begin_file("file-later", "batch", "later.jsonl", "alice", 600.0)
+    assert await store.read("SELECT file_id FROM batch_file_chunk WHERE file_id = 'file-left'") == []
+    assert [r["id"] for r in await store.read("SELECT id FROM batch_file ORDER BY id")] == ["file-later", "file-next"]
 
 
 @covers("add_file", "file_chunk")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from ..store import Row, Store
-from ..store.batches import FILE_CHUNK_BYTES, new_file_id
+from ..store.batches import ABANDONED_S, FILE_CHUNK_BYTES, new_file_id
 
 LINES_PIECE_BYTES = 1 << 20  # an input's lines are checked in pieces of about this many bytes
 
@@ -18,9 +18,10 @@ class FileUpload:
     """One upload on its way to the store: begun (a row no read shows), fed, then ended whole
     (`finish`) or dropped with every chunk it stored (`abort`)."""
 
-    def __init__(self, store: Store, owner: str | None) -> None:
+    def __init__(self, store: Store, owner: str | None, lasts_s: float) -> None:
         self.store = store
         self.owner = owner
+        self.abandoned_s = max(ABANDONED_S, 2 * lasts_s)  # (router.body_timeout bounds an upload)
         self.id = new_file_id()
         self.size = 0
         self.seq = 0
@@ -28,7 +29,7 @@ class FileUpload:
         self.begun = False
 
     async def begin(self, purpose: str, filename: str) -> None:
-        await self.store.begin_file(self.id, purpose, filename, self.owner)
+        await self.store.begin_file(self.id, purpose, filename, self.owner, self.abandoned_s)
         self.begun = True
 
     async def write(self, data: bytes) -> None:

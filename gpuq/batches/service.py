@@ -314,7 +314,7 @@ class BatchService:
     async def begin_upload(self, caller: Caller, filename: str) -> FileUpload:
         """A file uploaded as it arrives (POST /v1/files): stored chunk by chunk, shown once its
         caller `finish`es it, gone if it is `abort`ed (purpose checked by the door)."""
-        upload = FileUpload(self.store, caller.name)
+        upload = FileUpload(self.store, caller.name, self.settings.body_timeout_s)
         await upload.begin("batch", filename[:255])
         return upload
 

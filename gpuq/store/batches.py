@@ -71,7 +71,7 @@ def _dumps(value: Any) -> str | None:
 FILE_CHUNK_BYTES = 1 << 20
 UPLOADING = -1  # a file's `bytes` while its upload is under way: no read shows it
 # An upload whose router stopped half-way leaves its row behind: the next upload removes it once
-# it is older than this (an upload lasts at most router.body_timeout, up to an hour).
+# it is older than this, or twice router.body_timeout if longer (an upload lasts at most that).
 ABANDONED_S = 2 * 3600.0
 
 
@@ -86,10 +86,18 @@ def add_file(
     return end_file(db, file_id, len(content))
 
 
-def begin_file(db: Connection, now: float, file_id: str, purpose: str, filename: str, owner: str | None) -> None:
-    """An upload begins: its row, shown by no read until end_file (and any upload abandoned
-    long ago, by a router stopped half-way through it, removed with its chunks)."""
-    db.execute("DELETE FROM batch_file WHERE bytes = ? AND created_at < ?", (UPLOADING, iso(now - ABANDONED_S)))
+def begin_file(
+    db: Connection,
+    now: float,
+    file_id: str,
+    purpose: str,
+    filename: str,
+    owner: str | None,
+    abandoned_s: float = ABANDONED_S,
+) -> None:
+    """An upload begins: its row, shown by no read until end_file (and any upload begun more
+    than `abandoned_s` ago, by a router stopped half-way through it, removed with its chunks)."""
+    db.execute("DELETE FROM batch_file WHERE bytes = ? AND created_at < ?", (UPLOADING, iso(now - abandoned_s)))
     db.execute(
         "INSERT INTO batch_file (id, purpose, filename, bytes, created_at, owner) VALUES (?,?,?,?,?,?)",
         (file_id, purpose, filename, UPLOADING, iso(now), owner),
