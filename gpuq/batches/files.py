@@ -6,10 +6,14 @@ FILE_CHUNK_BYTES (gpuq/store/batches.py, migration 025)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 
+from ..errors import GpuqError
 from ..store import Row, Store
 from ..store.batches import ABANDONED_S, FILE_CHUNK_BYTES, new_file_id
+
+log = logging.getLogger("gpuq")
 
 LINES_PIECE_BYTES = 1 << 20  # an input's lines are checked in pieces of about this many bytes
 
@@ -47,10 +51,14 @@ class FileUpload:
         return await self.store.end_file(self.id, self.size)
 
     async def abort(self) -> None:
-        """Nothing of it kept: its row and its chunks gone."""
+        """Nothing of it kept: its row and its chunks gone. A store that cannot take the delete
+        now (full, unwritable) keeps them hidden until a later upload removes them as abandoned."""
         self.pending.clear()
         if self.begun:
-            await self.store.drop_upload(self.id)
+            try:
+                await self.store.drop_upload(self.id)
+            except GpuqError as exc:
+                log.warning("upload %s refused; its stored chunks stay hidden until removed: %s", self.id, exc)
 
     async def _store(self, data: bytes) -> None:
         await self.store.add_file_chunk(self.id, self.seq, data)
