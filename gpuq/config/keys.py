@@ -342,9 +342,9 @@ KEYS: tuple[Key, ...] = (
         "front",
         "stalled_client_timeout",
         "A streaming client that takes nothing of its answer for this long is cut off (its "
-        "connection closed); its job runs on and keeps its whole output. A client more than "
-        "512 KiB behind its stream is told so and its stream ends at once: the router holds no "
-        "more per call.",
+        "connection closed); its job runs on and keeps its whole output. A client that reads, "
+        "however slowly, is never cut: past 512 KiB behind its stream, the rest waits for it "
+        "on disk (the call's spool) and it is caught up from there.",
         "30s",
         attr="front_stalled_client_s",
         duration=True,
