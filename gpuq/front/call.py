@@ -430,6 +430,7 @@ class Call:
                     assert self.resp is not None  # the last chunk made it (stream:false) or wrote to it
                     return self.resp
             await self.flush(out)
+            await asyncio.sleep(0)  # a fast client's writes need not wait: let the loop's other work run
         return None
 
     async def on_behind(self) -> web.StreamResponse:
