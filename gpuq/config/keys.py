@@ -216,8 +216,11 @@ KEYS: tuple[Key, ...] = (
     ),
     _r(
         "interactive_preempts",
-        "An interactive job queued on a node running a batch job interrupts it, as `gpuq preempt` would.",
-        False,
+        "An interactive job queued on a node running a batch job interrupts it, as `gpuq preempt` "
+        "would, so a person never waits for a batch job; a batch job already interrupted twice runs "
+        "to its end (the most of its work thrown away). `false`: an interactive job waits for the "
+        "running job, whatever its lane.",
+        True,
     ),
     _r(
         "private",
