@@ -199,9 +199,7 @@ def preempts(lane: str, running_lane: str | None, enabled: bool, preempted_befor
     Only an interactive job, only a running batch job (never an interactive one, never when the
     node runs nothing) interrupted fewer than MAX_PREEMPTIONS times before, only with the
     setting on."""
-    return (
-        enabled and lane == Lane.INTERACTIVE and running_lane == Lane.BATCH and preempted_before < MAX_PREEMPTIONS
-    )
+    return enabled and lane == Lane.INTERACTIVE and running_lane == Lane.BATCH and preempted_before < MAX_PREEMPTIONS
 
 
 def preempt_elsewhere(
