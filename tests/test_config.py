@@ -238,9 +238,9 @@ def test_each_users_mistake_names_its_key(users, message, tmp_path):
     assert exc.value.message == message
 
 
-def test_interactive_preempts_is_off_unless_set_and_must_be_a_boolean(tmp_path):
-    assert parse_config(base(), tmp_path).interactive_preempts is False
-    assert parse_config(base(interactive_preempts=True), tmp_path).interactive_preempts is True
+def test_interactive_preempts_is_on_unless_set_off_and_must_be_a_boolean(tmp_path):
+    assert parse_config(base(), tmp_path).interactive_preempts is True
+    assert parse_config(base(interactive_preempts=False), tmp_path).interactive_preempts is False
     with pytest.raises(ConfigError, match="router.interactive_preempts"):
         parse_config(base(interactive_preempts="yes"), tmp_path)
 

@@ -158,8 +158,9 @@ class Settings:
     tailscale_socket: Path = Path("/var/run/tailscale/tailscaled.sock")
     default_role: str | None = None  # a tailnet login with no [[user]]: this role; None: refused
     fair_share: bool | None = None  # interleave users' batch jobs; None: on with two users or more
-    # An interactive job queued behind a running batch job interrupts it (gpuq preempt's way).
-    interactive_preempts: bool = False
+    # An interactive job queued behind a running batch job interrupts it (gpuq preempt's way),
+    # unless that job was interrupted placement.MAX_PREEMPTIONS times already.
+    interactive_preempts: bool = True
     # A member sees other users' jobs as placeholders, their own in full (gpuq/access/privacy.py).
     private: bool = False
     # The file these settings were read from (what `gpuq reload` and SIGHUP read again); None: the demo.
