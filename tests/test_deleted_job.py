@@ -6,6 +6,7 @@ sweep (POST /api/prune) after the job's end was set back in the file with the ro
 
 from __future__ import annotations
 
+import gzip
 import signal
 import tomllib
 
@@ -15,6 +16,9 @@ from conftest import node_table, run_cli
 from playwright.async_api import expect
 from test_page import browser, page  # noqa: F401 (fixtures)
 from test_retention import DAY, sql
+
+from gpuq.upkeep import archive
+from gpuq.upkeep.archived import ArchiveIndex
 
 MODEL = "qwen3-coder:30b"
 NEVER = "1765000000-0123abcd"  # well-formed, never made
@@ -74,3 +78,33 @@ async def test_the_job_page_of_a_deleted_job_names_the_archive(fakes, daemon_fac
     notice = page.locator(".notice")
     await expect(notice).to_contain_text(f"job {gone} is not in the database: retention deleted it")
     await expect(notice).to_contain_text(f"gpuq archive search {gone}")
+
+
+def archived(job_id: str, created_at: str) -> dict:
+    return {"id": job_id, "kind": "task", "state": "done", "node": "n", "created_at": created_at, "runs": []}
+
+
+def test_the_archive_is_read_once_per_append_and_never_past_a_cut_member(tmp_path):
+    """The lookup behind the 404: the id's month file and its neighbours, each member read once;
+    a member cut short by a crash ends the reading, as `gpuq archive search` reads it."""
+    index = ArchiveIndex(tmp_path)
+    first = "1764547200-00000001"  # 2025-12-01T00:00:00Z
+    archive.append(tmp_path, [archived(first, "2025-12-01T00:00:00.000000Z")], "delete", 1764600000.0)
+    found = index.find(first)
+    assert found is not None and found.archived_for == "delete" and found.file.name == "jobs-2025-12.jsonl.gz"
+    assert found.archived_at.startswith("2025-12-01T14:40:00")
+    # Made a second before the month turned, by its clock: filed under November, found all the same.
+    edge = "1764547201-00000002"
+    archive.append(tmp_path, [archived(edge, "2025-11-30T23:59:59.000000Z")], "delete", 1764600000.0)
+    assert index.find(edge) is not None and index.find(edge).file.name == "jobs-2025-11.jsonl.gz"
+    # A sweep appends: the new member is read, not the file again.
+    later = "1764547300-00000003"
+    archive.append(tmp_path, [archived(later, "2025-12-01T00:01:40.000000Z")], "prune", 1764600000.0)
+    assert index.find(later) is not None and index.find(later).archived_for == "prune"
+    # Half a member (a crash mid-append): what came before it is still found, nothing after.
+    month = tmp_path / "jobs-2025-12.jsonl.gz"
+    whole = month.read_bytes()
+    member = gzip.compress(b'{"id":"1764547400-00000004","created_at":"2025-12-01"}\n')
+    month.write_bytes(whole + member[: len(member) // 2])
+    assert index.find(first) is not None and index.find(later) is not None
+    assert index.find("1999999999-00000005") is None  # a month the archive does not have

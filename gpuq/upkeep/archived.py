@@ -10,7 +10,6 @@ lookups costs one read per file, and at most CACHED files' ids are held."""
 
 from __future__ import annotations
 
-import gzip
 import threading
 import time
 import zlib
@@ -34,7 +33,17 @@ class Archived:
 
 
 Stamp = tuple[str, str]  # (archived_at, archived_for) of a job's latest line
-Seen = tuple[tuple[int, int], dict[str, Stamp]]  # a file's (size, mtime) and the ids it held then
+CHUNK = 1 << 20
+
+
+@dataclass
+class Seen:
+    """What one month file held when last read: its ids, and where its last whole member ended
+    (a sweep appends whole gzip members: the next read starts there)."""
+
+    ids: dict[str, Stamp]
+    offset: int = 0
+    mtime_ns: int = 0
 
 
 class ArchiveIndex:
@@ -64,16 +73,18 @@ class ArchiveIndex:
             st = path.stat()
         except OSError:
             return {}  # no such month in the archive
-        version = (st.st_size, st.st_mtime_ns)
         with self._lock:
             seen = self._files.get(path)
-            if seen is None or seen[0] != version:
-                seen = (version, read_ids(path))
-                self._files[path] = seen
+            if seen is None or st.st_size < seen.offset:  # new, or replaced by a smaller file
+                seen = Seen({})
+            if seen.mtime_ns != st.st_mtime_ns or seen.offset < st.st_size:
+                seen.offset = read_members(path, seen.offset, st.st_size, seen.ids)
+                seen.mtime_ns = st.st_mtime_ns
+            self._files[path] = seen
             self._files.move_to_end(path)
             while len(self._files) > CACHED:
                 self._files.popitem(last=False)
-            return seen[1]
+            return seen.ids
 
 
 def _step(year: int, month: int, by: int) -> tuple[int, int]:
@@ -81,19 +92,43 @@ def _step(year: int, month: int, by: int) -> tuple[int, int]:
     return index // 12, index % 12 + 1
 
 
-def read_ids(path: Path) -> dict[str, Stamp]:
-    """Each job id in a month file with its latest line's stamp. A member cut short by a crash
-    mid-append ends the reading there, as archive.lines does (what came before it is whole)."""
-    ids: dict[str, Stamp] = {}
-    try:
-        with gzip.open(path, "rb") as f:
-            for raw in f:
-                if raw.strip():
-                    line = orjson.loads(raw)
-                    ids[line["id"]] = (line.get("archived_at") or "", line.get("archived_for") or "")
-    except (OSError, EOFError, zlib.error, orjson.JSONDecodeError, KeyError, TypeError):
-        pass
-    return ids
+def read_members(path: Path, start: int, end: int, ids: dict[str, Stamp]) -> int:
+    """Each job id in the gzip members from byte `start` to `end`, with its latest line's stamp,
+    into `ids`; returns where the last whole member ended. A member cut short (a crash
+    mid-append, or an append under way) ends the reading there, as archive.lines does."""
+    offset = start
+    with open(path, "rb") as f:
+        f.seek(start)
+        member, pending, left = zlib.decompressobj(wbits=31), b"", end - start
+        while left > 0:
+            data = f.read(min(CHUNK, left))
+            if not data:
+                break
+            left -= len(data)
+            while data:
+                try:
+                    pending += member.decompress(data)
+                except zlib.error:
+                    return offset
+                pending = _take_lines(pending, ids)
+                if not member.eof:
+                    break
+                offset += len(data) - len(member.unused_data)  # a whole member: the next read starts here
+                data, member = member.unused_data, zlib.decompressobj(wbits=31)
+    return offset
+
+
+def _take_lines(pending: bytes, ids: dict[str, Stamp]) -> bytes:
+    """The whole lines of `pending` into `ids`; what is left of a line still coming."""
+    *whole, rest = pending.split(b"\n")
+    for raw in whole:
+        if raw.strip():
+            try:
+                line = orjson.loads(raw)
+                ids[line["id"]] = (line.get("archived_at") or "", line.get("archived_for") or "")
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                continue  # not a job's line: nothing to find by id
+    return rest
 
 
 _indexes: dict[Path, ArchiveIndex] = {}
