@@ -357,7 +357,14 @@ HTTP: dict[str, tuple[str, str, Any, int, str]] = {
     ),
     "unknown state": ("GET", "/api/jobs?state=bogus", None, 400, "unknown state 'bogus'"),
     # Job ids and node names in paths.
-    "unknown job id": ("GET", f"/api/jobs/{UNKNOWN_ID}", None, 404, f"no job with id '{UNKNOWN_ID}'"),
+    "unknown job id": (
+        "GET",
+        f"/api/jobs/{UNKNOWN_ID}",
+        None,
+        404,
+        f"no job with id '{UNKNOWN_ID}': not in the database; retention may have deleted it: "
+        f"gpuq archive search {UNKNOWN_ID}",
+    ),
     "id with an encoded path trick": (
         "GET",
         "/api/jobs/..%2F..%2Fgpuq.db",
