@@ -9,7 +9,7 @@ What a command reads of the config, and nothing more: where the router listens (
 lock, public_url) and the caller's own token ($GPUQ_TOKEN, else [router] token, else the one
 [[user]] whose token_env is set in this shell). No other user's token_env is read, so a shell
 holding only its own secret works. A config that cannot be read stops the command naming the
-file and why (`config_problem`), never a guess at another address."""
+file and why (`ConfigRead.problem`), never a guess at another address."""
 
 from __future__ import annotations
 
