@@ -89,6 +89,12 @@ async def test_a_config_that_cannot_be_read_is_named_never_an_unreachable_router
         first = res.err.splitlines()[0]
         assert first.startswith("error - the config gpuq.toml could not be read: not valid TOML: "), res.err
         assert "cannot reach" not in res.err and "8750" not in res.err, res.err
+    # A router given: asked all the same (it reads its own file), and said that no token came from this one.
+    res = await gpuq(tmp_path, "--router", "http://127.0.0.1:1", "queue", env=shell())
+    assert res.code == 1, res
+    assert res.err.splitlines()[0].startswith("gpuq: the config gpuq.toml could not be read: not valid TOML: ")
+    assert res.err.splitlines()[0].endswith("; no token taken from it"), res.err
+    assert "error - cannot reach the router at http://127.0.0.1:1" in res.err, res.err
     # A mistake in a value names the key, as `gpuq serve` would.
     (tmp_path / "gpuq.toml").write_text('[router]\nstale_after = "ten minutes"\n')
     res = await gpuq(tmp_path, "queue", env=shell())
