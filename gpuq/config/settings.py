@@ -63,6 +63,7 @@ class UserConfig:
     lanes: tuple[str, ...] = LANES  # the lanes they may submit to (("batch",): never ahead of others)
     max_waiting: int | None = None  # queued jobs at once; a submit beyond is 429
     max_running: int | None = None  # running jobs at once; more wait even on a free node
+    token_env: str | None = field(default=None, compare=False)  # the variable their token is read from
 
     @property
     def admin(self) -> bool:
