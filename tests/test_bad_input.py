@@ -367,7 +367,14 @@ HTTP: dict[str, tuple[str, str, Any, int, str]] = {
     ),
     "unknown state": ("GET", "/api/jobs?state=bogus", None, 400, "unknown state 'bogus'"),
     # Job ids and node names in paths.
-    "unknown job id": ("GET", f"/api/jobs/{UNKNOWN_ID}", None, 404, f"no job with id '{UNKNOWN_ID}'"),
+    "unknown job id": (
+        "GET",
+        f"/api/jobs/{UNKNOWN_ID}",
+        None,
+        404,
+        f"no job with id '{UNKNOWN_ID}': not in the database; retention may have deleted it: "
+        f"gpuq archive search {UNKNOWN_ID}",
+    ),
     "id with an encoded path trick": (
         "GET",
         "/api/jobs/..%2F..%2Fgpuq.db",
@@ -1221,7 +1228,7 @@ def test_a_config_file_that_is_not_a_config_is_refused(text, message, tmp_path):
         "health_interval zero",
     ],
 )
-async def test_serve_exits_2_naming_the_key(name, world, tmp_path):
+async def test_serve_exits_78_naming_the_key(name, world, tmp_path):
     mutate, message = CONFIG[name]
     data = base()
     data["router"]["database"] = "never-created.db"
@@ -1229,7 +1236,7 @@ async def test_serve_exits_2_naming_the_key(name, world, tmp_path):
     config = tmp_path / "gpuq.toml"
     config.write_text(tomli_w.dumps(data))
     res = await world.daemon.cli("serve", "--config", str(config))
-    assert res.code == 2
+    assert res.code == 78
     assert res.err.startswith("gpuq: config error: ") and message.split(":")[0] in res.err, res.err
     assert matches(message, res.err.strip().removeprefix("gpuq: config error: "))
     assert not (tmp_path / "never-created.db").exists()  # it stopped before touching anything

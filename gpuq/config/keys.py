@@ -216,8 +216,11 @@ KEYS: tuple[Key, ...] = (
     ),
     _r(
         "interactive_preempts",
-        "An interactive job queued on a node running a batch job interrupts it, as `gpuq preempt` would.",
-        False,
+        "An interactive job queued on a node running a batch job interrupts it, as `gpuq preempt` "
+        "would, so a person never waits for a batch job; a batch job already interrupted twice runs "
+        "to its end (the most of its work thrown away). `false`: an interactive job waits for the "
+        "running job, whatever its lane.",
+        True,
     ),
     _r(
         "private",
@@ -343,9 +346,10 @@ KEYS: tuple[Key, ...] = (
         "front",
         "stalled_client_timeout",
         "A streaming client that takes nothing of its answer for this long is cut off (its "
-        "connection closed); its job runs on and keeps its whole output. A client more than "
-        "512 KiB behind its stream is told so and its stream ends at once: the router holds no "
-        "more per call. A batch file's download and a batch's results are cut off the same way.",
+        "connection closed); its job runs on and keeps its whole output. A client that reads, "
+        "however slowly, is never cut: past 512 KiB behind its stream, the rest waits for it "
+        "on disk (the call's spool) and it is caught up from there. A batch file's download or a "
+        "batch's results that its client takes nothing of for this long is cut off too.",
         "30s",
         attr="front_stalled_client_s",
         duration=True,

@@ -63,6 +63,7 @@ class UserConfig:
     lanes: tuple[str, ...] = LANES  # the lanes they may submit to (("batch",): never ahead of others)
     max_waiting: int | None = None  # queued jobs at once; a submit beyond is 429
     max_running: int | None = None  # running jobs at once; more wait even on a free node
+    token_env: str | None = field(default=None, compare=False)  # the variable their token is read from
 
     @property
     def admin(self) -> bool:
@@ -158,8 +159,9 @@ class Settings:
     tailscale_socket: Path = Path("/var/run/tailscale/tailscaled.sock")
     default_role: str | None = None  # a tailnet login with no [[user]]: this role; None: refused
     fair_share: bool | None = None  # interleave users' batch jobs; None: on with two users or more
-    # An interactive job queued behind a running batch job interrupts it (gpuq preempt's way).
-    interactive_preempts: bool = False
+    # An interactive job queued behind a running batch job interrupts it (gpuq preempt's way),
+    # unless that job was interrupted placement.MAX_PREEMPTIONS times already.
+    interactive_preempts: bool = True
     # A member sees other users' jobs as placeholders, their own in full (gpuq/access/privacy.py).
     private: bool = False
     # The file these settings were read from (what `gpuq reload` and SIGHUP read again); None: the demo.
