@@ -1016,6 +1016,67 @@ async def test_two_routers_finalizing_one_batch_at_once_write_its_output_once(st
     assert (await store.batch("batch_2r"))["output_file_id"] == done["output_file_id"]
 
 
+@covers("begin_file", "add_file_chunk", "end_file", "file_chunk", "drop_upload")
+async def test_an_upload_is_stored_chunk_by_chunk_shown_only_once_whole_and_dropped_whole(store):
+    """An upload's row is shown by no read until it ends; its chunks read back one by one, in
+    order; one dropped (refused, cut) leaves nothing; a file deleted takes its chunks with it."""
+    await store.begin_file("file-up", "batch", "up.jsonl", "alice")
+    for seq, data in enumerate((b"first \x00", b"second\xff", b"third")):
+        await store.add_file_chunk("file-up", seq, data)
+    with pytest.raises(NotFound):
+        await store.file("file-up")
+    assert await store.files() == []
+    row = await store.end_file("file-up", 20)
+    assert (row["id"], row["bytes"], row["owner"]) == ("file-up", 20, "alice")
+    assert [await store.file_chunk("file-up", seq) for seq in range(4)] == [
+        b"first \x00",
+        b"second\xff",
+        b"third",
+        None,
+    ]
+    assert await store.file_content("file-up") == b"first \x00second\xffthird"
+    await store.begin_file("file-cut", "batch", "cut.jsonl", "alice")
+    await store.add_file_chunk("file-cut", 0, b"half")
+    await store.drop_upload("file-cut")
+    await store.drop_upload("file-up")  # (a whole file is not an upload: it stays)
+    assert await store.read("SELECT file_id FROM batch_file_chunk WHERE file_id = 'file-cut'") == []
+    assert [f["id"] for f in await store.files()] == ["file-up"]
+    await store.delete_file("file-up")
+    assert await store.read("SELECT file_id FROM batch_file_chunk") == []
+    # An upload its router never ended (stopped half-way) goes once it is older than its bound.
+    await store.begin_file("file-left", "batch", "left.jsonl", "alice", 600.0)
+    await store.add_file_chunk("file-left", 0, b"left behind")
+    store.clock.advance(599)
+    await store.begin_file("file-next", "batch", "next.jsonl", "alice", 600.0)
+    assert len(await store.read("SELECT file_id FROM batch_file_chunk WHERE file_id = 'file-left'")) == 1
+    store.clock.advance(2)
+    await store.begin_file("file-later", "batch", "later.jsonl", "alice", 600.0)
+    assert await store.read("SELECT file_id FROM batch_file_chunk WHERE file_id = 'file-left'") == []
+    assert [r["id"] for r in await store.read("SELECT id FROM batch_file ORDER BY id")] == ["file-later", "file-next"]
+
+
+@covers("add_file", "file_chunk")
+async def test_a_file_kept_whole_is_kept_as_chunks_of_at_most_a_mebibyte(store):
+    content = bytes(range(256)) * (5 * 4096 + 7)  # 5 MiB and a bit
+    await store.add_file("file-big", "batch_output", "big.jsonl", content, None)
+    chunks = await store.read(
+        "SELECT seq, LENGTH(bytes) AS n FROM batch_file_chunk WHERE file_id = ? ORDER BY seq", ("file-big",)
+    )
+    assert [c["n"] for c in chunks] == [1 << 20] * 5 + [7 * 256]
+    assert await store.file_content("file-big") == content
+
+
+@covers("batch_results_page")
+async def test_a_batchs_results_are_read_a_page_at_a_time_in_line_order(store):
+    await store.create_batch(batch_of("batch_p"), [line_of(n) for n in range(1, 6)], KNOWN, "api")
+    pages, after = [], 0
+    while found := await store.batch_results_page("batch_p", after, 2):
+        pages.append([r["line"] for r in found])
+        after = found[-1]["line"]
+    assert pages == [[1, 2], [3, 4], [5]]
+    assert [r["custom_id"] for r in await store.batch_results_page("batch_p", 3, 10)] == ["id-4", "id-5"]
+
+
 @covers("finalize_batch")
 async def test_a_batch_whose_lines_changed_since_they_were_read_is_not_ended_with_that_output(store):
     """The output is rendered off the writer from the lines as read; a line retried and ended

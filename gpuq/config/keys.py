@@ -240,7 +240,8 @@ KEYS: tuple[Key, ...] = (
     ),
     _r(
         "body_timeout",
-        "A request's whole body must arrive within this of its headers (else 408).",
+        "A request's whole body must arrive within this of its headers (else 408); "
+        "a batch file's upload (`POST /v1/files`) too.",
         "60s",
         duration=True,
         restart=True,
@@ -347,7 +348,8 @@ KEYS: tuple[Key, ...] = (
         "A streaming client that takes nothing of its answer for this long is cut off (its "
         "connection closed); its job runs on and keeps its whole output. A client that reads, "
         "however slowly, is never cut: past 512 KiB behind its stream, the rest waits for it "
-        "on disk (the call's spool) and it is caught up from there.",
+        "on disk (the call's spool) and it is caught up from there. A batch file's download or a "
+        "batch's results that its client takes nothing of for this long is cut off too.",
         "30s",
         attr="front_stalled_client_s",
         duration=True,

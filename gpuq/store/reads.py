@@ -388,8 +388,9 @@ class Reads(Core):
         batches = await self.read(*reads["batches"])
         lines = await self.read(*reads["lines"])
         files = await self.read(*reads["files"])
-        for f in files:
-            f["content"] = bytes(f["content"]).decode("utf-8", "replace")
+        for f in files:  # (its chunks: migration 025)
+            chunks = await self.read("SELECT bytes FROM batch_file_chunk WHERE file_id = ? ORDER BY seq", (f["id"],))
+            f["content"] = b"".join(bytes(c["bytes"]) for c in chunks).decode("utf-8", "replace")
         for batch in batches:
             for key in ("metadata", "errors"):
                 if batch[key] is not None:
