@@ -477,6 +477,14 @@ KEYS: tuple[Key, ...] = (
         attr="storage_sample_s",
         duration=True,
     ),
+    Key(
+        "storage",
+        "min_free_bytes",
+        "A warning and an alert at once, whatever the growth, when the database's disk has less free "
+        "than this many bytes (a full disk always warns; 0: only then). Reloads.",
+        1_000_000_000,
+        attr="storage_min_free",
+    ),
     # -- [[node]]
     Key("node", "name", "The node's name: letters, digits, `.`, `_`, `-`; unique.", shown="required", attr="name"),
     Key(
