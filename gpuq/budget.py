@@ -97,13 +97,13 @@ def disk_warning(
     if free is None:  # PostgreSQL: the server's disk is not ours to see
         return None
     if free <= 0 or free < min_free:
-        state = "is full (0 B free)" if free <= 0 else f"is nearly full: {human_bytes(free)} free"
-        return Warning(
-            "disk_filling",
-            f"the disk holding {where} {state}, under [storage] min_free_bytes {human_bytes(min_free)};"
-            " writes that need room fail once it is full",
-            DISK_FIX,
+        state = (
+            "is full (0 B free): writes that need room fail"
+            if free <= 0
+            else f"is nearly full: {human_bytes(free)} free, under [storage] min_free_bytes {human_bytes(min_free)};"
+            " writes that need room fail once it is full"
         )
+        return Warning("disk_filling", f"the disk holding {where} {state}", DISK_FIX)
     days = days_left(free, growth.per_day) if growth is not None else None
     if growth is None or days is None or days >= warn_days:
         return None
