@@ -71,7 +71,7 @@ def summary(data: dict[str, Any]) -> list[str]:
 def size_line(data: dict[str, Any]) -> str:
     """SQLite: its pages (what the cap and the growth count), and the file and WAL on disk."""
     line = f"database {data['database']}: {human_bytes(data['database_bytes'])}"
-    if data.get("max_database_bytes") is not None or data.get("wal_bytes"):
+    if data.get("disk") is not None:  # SQLite (PostgreSQL's disk is the server's)
         line += f" of pages (on disk: file {human_bytes(data['file_bytes'])}, WAL {human_bytes(data['wal_bytes'])})"
     return line
 
