@@ -204,7 +204,8 @@ def human_bytes(n: float) -> str:
     sign = "-" if n < 0 else ""
     n = abs(n)
     for unit in ("B", "kB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.1f} {unit}"
+        shown = f"{n:.0f}" if unit == "B" else f"{n:.1f}"
+        if float(shown) < 1000 or unit == "TB":  # as rounded: 999,996 bytes are 1.0 MB, not 1000.0 kB
+            return f"{sign}{shown} {unit}"
         n /= 1000
     return f"{sign}{n:.1f} TB"

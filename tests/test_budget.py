@@ -78,7 +78,7 @@ def test_a_database_at_or_past_its_cap_says_so():
     below the size), the warning says so rather than "it reaches the cap soon"."""
     [at] = storage_warnings(GB - 8192, 100 * GB, None, 14, GB, "/q.db")
     assert at.message == (
-        "/q.db is at router.max_database_bytes 1.0 GB (1000.0 MB of pages, 8.2 kB left):"
+        "/q.db is at router.max_database_bytes 1.0 GB (1.0 GB of pages, 8.2 kB left):"
         " a write that needs more room is refused"
     )
     [past] = storage_warnings(2 * GB, 100 * GB, Growth(0, DAY_S), 14, GB, "/q.db")
@@ -103,6 +103,7 @@ def test_backups_are_named_by_utc_time_and_rotation_takes_the_oldest_past_keep()
     made = [{"id": i} for i in (3, 1, 5, 2, 4)]
     assert [r["id"] for r in to_rotate(made, 2)] == [3, 2, 1] and to_rotate(made, 7) == []
     assert [human_bytes(n) for n in (812, 3_400_000, -1_200_000_000)] == ["812 B", "3.4 MB", "-1.2 GB"]
+    assert [human_bytes(n) for n in (999_996, 999.6, 999_949)] == ["1.0 MB", "1.0 kB", "999.9 kB"]  # as rounded
 
 
 def test_a_router_alert_is_titled_without_a_node_on_ntfy():

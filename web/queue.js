@@ -257,7 +257,7 @@ function fmtBytes(n) {
   const units = ['B', 'kB', 'MB', 'GB', 'TB'];
   let i = 0;
   let v = Math.abs(n);
-  while (v >= 1000 && i < units.length - 1) { v /= 1000; i++; }
+  while (Number(v.toFixed(i ? 1 : 0)) >= 1000 && i < units.length - 1) { v /= 1000; i++; }  // as rounded
   return `${n < 0 ? '-' : ''}${i ? v.toFixed(1) : v.toFixed(0)} ${units[i]}`;
 }
 
