@@ -586,7 +586,7 @@ async def test_an_alert_fires_is_owed_delivered_and_resolved(store):
 # -- leases: exactly one router drives a node (every case: tests/test_leases.py) ----------------
 
 
-@covers("take_nodes", "renew_nodes", "release_nodes", "end_dead_routers", "routers")
+@covers("take_nodes", "renew_nodes", "release_nodes", "end_dead_routers", "routers", "still_held")
 async def test_a_router_holds_its_nodes_until_it_releases_them_or_its_process_is_gone(store):
     host = socket.gethostname()
     one = Router.new("127.0.0.1:1", None, T0)
@@ -598,6 +598,7 @@ async def test_a_router_holds_its_nodes_until_it_releases_them_or_its_process_is
     assert {r["id"]: sorted(r["nodes"]) for r in alive["routers"]} == {one.id: ["a", "b"], two.id: ["c"]}
     assert {n: h["router"] for n, h in alive["holders"].items() if h} == {"a": one.id, "b": one.id, "c": two.id}
     assert await store.renew_nodes(one, ["a", "b"], 60.0) == ["a", "b"]
+    assert await store.still_held(one, ["a", "b", "c"]) == ["a", "b"]  # a read: c is two's
 
     # `two` ran on this host and its process is gone: its leases end now, its node is free at once.
     assert await store.end_dead_routers(one, lambda pid: pid != two.pid) == ["c"]
@@ -825,7 +826,11 @@ async def test_retention_sweeps_are_recorded_done_or_failed_with_what_they_did(s
 async def test_the_database_is_measured_sampled_and_its_tables_sized(store):
     assert (await store.born()).endswith("Z")  # the first migration's time
     now = await store.storage_now()
-    assert now["database_bytes"] == now["file_bytes"] + now["wal_bytes"] > 0
+    if on_postgres(store):
+        assert now["database_bytes"] == now["file_bytes"] > 0 and now["page_size"] is None
+    else:  # its pages, what max_database_bytes counts; the file and its WAL on disk apart
+        assert now["database_bytes"] % now["page_size"] == 0 and now["database_bytes"] > 0
+        assert now["file_bytes"] + now["wal_bytes"] > 0
     assert (now["free_bytes"] is None) == on_postgres(store)
     assert await store.record_storage_sample(1000, 5000, min_gap_s=3600)
     assert not await store.record_storage_sample(2000, 5000, min_gap_s=3600)  # one within the hour: skipped
@@ -845,6 +850,7 @@ async def test_the_database_is_measured_sampled_and_its_tables_sized(store):
     sizes = [r["bytes"] for r in sized["relations"]]
     assert sizes == sorted(sizes, reverse=True)
     assert (sized["empty_bytes"] is None) == on_postgres(store)  # PostgreSQL's VACUUM reuses its own
+    assert (sized["reclaimable_bytes"] is None) == on_postgres(store)
 
 
 @covers("compact")

@@ -43,9 +43,13 @@ def prune(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
     if dry_run:
         d, p = data["delete"], data["prune"]
         click.echo(
-            f"would delete {d['jobs']} job(s) with {d['runs']} run(s) and {d['events']} event(s) ({_mb(d['bytes'])})"
+            f"would delete {d['jobs']} job(s) with {d['runs']} run(s) and {d['events']} event(s)"
+            f" ({_mb(d['bytes'])}: their rows' stored values, every column)"
         )
-        click.echo(f"would prune the output and request of {p['jobs']} job(s) ({_mb(p['bytes'])})")
+        click.echo(
+            f"would prune the output and request of {p['jobs']} job(s)"
+            f" ({_mb(p['bytes'])}: the request, output, reasoning and prompt past its start)"
+        )
         sw = data.get("sweeps")
         if sw and (sw["prune"]["batches"] or sw["delete"]["batches"]):
             click.echo(

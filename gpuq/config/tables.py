@@ -248,6 +248,9 @@ def storage_settings(storage: object) -> dict[str, Any]:
         if seconds < 1:
             raise ConfigError(f"storage.sample_every: must be at least 1s, got {storage['sample_every']!r}")
         values["storage_sample_s"] = seconds
+    min_free = within(storage, "min_free_bytes", int, "storage", 0, 1 << 60)
+    if min_free is not None:
+        values["storage_min_free"] = min_free
     return values
 
 

@@ -343,7 +343,12 @@ class Reads(Core):
     async def retention_plan(self, cutoffs: retention.Cutoffs) -> dict[str, Any]:
         """The dry run: what each step would drop now, and its bytes."""
         params = cutoffs.params()
-        found = {key: (await self.read(sql, params))[0] for key, sql in retention.plan_sql(self.engine).items()}
+        columns = {
+            table: [r["name"] for r in await self.read(self.engine.COLUMNS_SQL, {"table": table})]
+            for table in retention.ROW_TABLES
+        }
+        plans = retention.plan_sql(self.engine, columns)
+        found = {key: (await self.read(sql, params))[0] for key, sql in plans.items()}
         return retention.plan(found)
 
     async def whole_jobs(self, ids: list[str]) -> list[Row]:
