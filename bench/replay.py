@@ -48,6 +48,7 @@ POLICIES = {
     "lanes+when-idle": (True, "when-idle", False, False),
     "lanes+kept": (True, "after-each", True, False),
     "lanes+preempts": (True, "when-idle", False, True),
+    "defaults": (True, "after-each", True, True),
 }
 LABELS = {
     "fifo": "FIFO (every job in the batch lane, no fair share)",
@@ -55,6 +56,7 @@ LABELS = {
     "lanes+when-idle": "lanes, [router] unload = when-idle",
     "lanes+kept": "lanes, front door keeps the editor's model (keep_alive)",
     "lanes+preempts": "lanes + interactive preempts, unload when-idle",
+    "defaults": "the defaults: lanes, kept models, interactive preempts, unload after-each",
 }
 SAMPLE_S = 0.05
 BACK_TO_BACK_S = 0.5  # a node's gap between two jobs shorter than this: the next one was waiting
@@ -142,6 +144,8 @@ class Day:
     loads: int = 0
     failed: int = 0
     lost: int = 0
+    batch_gpu_s: float = 0.0  # every batch run's time on its node, s
+    thrown_s: float = 0.0  # of it, the preempted runs' (their work is done again), s
     errors: list[str] = field(default_factory=list)  # each failed job's error, or the call's answer
     gaps: list[float] = field(default_factory=list)  # a node's generation's end to its next one's arrival, back to back
     jobs: int = 0
@@ -173,8 +177,7 @@ class Replay:
             for rank, (name, (model, _)) in enumerate(tr.NODES.items(), 1)
         ]
         router = {"unload": unload, "fair_share": lanes, "health_interval": "0.25s"}
-        if preempts:
-            router["interactive_preempts"] = True
+        router["interactive_preempts"] = preempts
         front = {} if kept else {"max_keep_alive": "0s"}
         users = [
             dict({"name": who, "token": token(who), "role": "member"}, **({} if lanes else {"lanes": ["batch"]}))
@@ -403,6 +406,11 @@ class Replay:
                 elif job["state"] != "done":
                     self.day.lost += 1
                 created.append(_ts(job["created_at"]))
+                for run in job.get("runs") or []:
+                    if run.get("started_at") and run.get("finished_at"):
+                        spent = _ts(run["finished_at"]) - _ts(run["started_at"])
+                        self.day.batch_gpu_s += spent
+                        self.day.thrown_s += spent if run["state"] == "preempted" else 0.0
                 if job.get("finished_at"):
                     finished.append(_ts(job["finished_at"]))
             if finished:
@@ -454,7 +462,8 @@ async def replay(
             say(
                 f"replay {policy} run {rep + 1}/{repeats}: interactive p50 {_p(day.waits, 50):.2f} s p95"
                 f" {_p(day.waits, 95):.2f} s, sweeps median {_med(day.sweeps):.1f} s, busy {day.busy_share:.0%},"
-                f" loads {day.loads}, failed {day.failed}, lost {day.lost}, {day.seconds:.0f} s"
+                f" thrown away {day.thrown_s:.1f} of {day.batch_gpu_s:.1f} GPU-s, loads {day.loads}, failed {day.failed},"
+                f" lost {day.lost}, {day.seconds:.0f} s"
             )
     return results
 
@@ -534,6 +543,13 @@ async def replay_section(bench: Bench) -> None:
             ">= 0.90x",
             better="higher",
         )
+        thrown = bench.metric(
+            f"replay_{k}_thrown",
+            f"  replay {policy}: batch GPU time thrown away (preempted runs, of all batch runs' time)",
+            "ratio",
+            "ratio",
+            better="lower",
+        )
         loads = bench.metric(f"replay_{k}_loads", f"  replay {policy}: cold loads", "loads", "count")
         failed = bench.metric(f"replay_{k}_failed", f"  replay {policy}: jobs failed", "jobs", "count")
         lost = bench.metric(
@@ -550,6 +566,7 @@ async def replay_section(bench: Bench) -> None:
             gaps.add_run([g * 1000 for g in day.gaps] or [0.0])
             idle["own"].add_run(day.idle_own / day.up if day.up else 0.0)
             idle["elsewhere"].add_run(day.idle_elsewhere / day.up if day.up else 0.0)
+            thrown.add_run(day.thrown_s / day.batch_gpu_s if day.batch_gpu_s else 0.0)
             loads.add_run(day.loads)
             failed.add_run(day.failed)
             lost.add_run(day.lost)

@@ -189,11 +189,17 @@ def place_batch(nodes: list[NodeView], models: list[str | None]) -> list[Placeme
     return out
 
 
-def preempts(lane: str, running_lane: str | None, enabled: bool) -> bool:
+# A batch job interrupted this many times runs to its end: the most of its work a stream of
+# interactive calls may throw away ([router] interactive_preempts), so it is never starved.
+MAX_PREEMPTIONS = 2
+
+
+def preempts(lane: str, running_lane: str | None, enabled: bool, preempted_before: int = 0) -> bool:
     """May a new waiting job interrupt its node's running job ([router] interactive_preempts)?
     Only an interactive job, only a running batch job (never an interactive one, never when the
-    node runs nothing), only with the setting on."""
-    return enabled and lane == Lane.INTERACTIVE and running_lane == Lane.BATCH
+    node runs nothing) interrupted fewer than MAX_PREEMPTIONS times before, only with the
+    setting on."""
+    return enabled and lane == Lane.INTERACTIVE and running_lane == Lane.BATCH and preempted_before < MAX_PREEMPTIONS
 
 
 def preempt_elsewhere(

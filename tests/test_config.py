@@ -226,6 +226,10 @@ def test_users_take_tokens_roles_lanes_and_limits_and_the_single_token_stays_an_
             [{"name": "a", "token_env": "GPUQ_NO_SUCH_VARIABLE"}],
             "user 'a'.token_env: the environment variable $GPUQ_NO_SUCH_VARIABLE is not set",
         ),
+        (
+            [{"name": "a", "token_env": "$GPUQ_A"}],
+            "user 'a'.token_env: expected an environment variable's name like GPUQ_ALICE_TOKEN, got '$GPUQ_A'",
+        ),
         ([{"name": "a", "max_waiting": 0}], "user 'a'.max_waiting: must be from 1 to 1000000, got 0"),
         ([{"name": "a b"}], "user[1].name: use letters, digits, '.', '_', '@', '+' or '-', got 'a b'"),
     ],
@@ -238,9 +242,9 @@ def test_each_users_mistake_names_its_key(users, message, tmp_path):
     assert exc.value.message == message
 
 
-def test_interactive_preempts_is_off_unless_set_and_must_be_a_boolean(tmp_path):
-    assert parse_config(base(), tmp_path).interactive_preempts is False
-    assert parse_config(base(interactive_preempts=True), tmp_path).interactive_preempts is True
+def test_interactive_preempts_is_on_unless_set_off_and_must_be_a_boolean(tmp_path):
+    assert parse_config(base(), tmp_path).interactive_preempts is True
+    assert parse_config(base(interactive_preempts=False), tmp_path).interactive_preempts is False
     with pytest.raises(ConfigError, match="router.interactive_preempts"):
         parse_config(base(interactive_preempts="yes"), tmp_path)
 

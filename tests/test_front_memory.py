@@ -1,8 +1,8 @@
 """What a front-door client that stops reading costs the router (issue 35): the real daemon and
 the simulator giving a long answer; a raw socket client that sends its request and never reads,
 the router's resident memory (/proc/<pid>/status VmRSS) read before, during and after; a client
-that pauses too long told so at the end of its stream; a client that reads slowly given every
-byte in order. The job runs to its end with its whole output stored, whatever its client does."""
+that pauses while the whole answer is written caught up from its call's spool (issue 44), and
+rejoining the live stream; a client that reads slowly given every byte in order. The job runs to its end with its whole output stored, whatever its client does."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from test_front import CHAT_MODEL
 from test_front_door_http import start_lab
 
 from gpuq.front.ollama_api import collected
-from gpuq.front.relay import CLIENT_BACKLOG_BYTES
 
 # A long answer: 60000 words of 20 characters, 1.2 MB of text (the issue's measure), one node
 # line each (about 9 MB of the node's NDJSON: more than the kernel's socket buffers take for a
@@ -46,23 +45,23 @@ async def front(fakes, daemon_factory, request):
     await lab.close()
 
 
-def chat_request(front, prompt: str) -> bytes:
+def chat_request(front, prompt: str, route: str = "/api/chat") -> bytes:
     body = json.dumps({"model": CHAT_MODEL, "messages": [{"role": "user", "content": prompt}], "stream": True})
     host = front.url.removeprefix("http://")
     return (
-        f"POST /api/chat HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"POST {route} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n{body}"
     ).encode()
 
 
-def stalled_client(front, prompt: str) -> socket.socket:
+def stalled_client(front, prompt: str, route: str = "/api/chat") -> socket.socket:
     """A client that sends its request and never reads (a small receive buffer, so the kernel
     takes little of the answer for it)."""
     host, port = front.url.removeprefix("http://").rsplit(":", 1)
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 << 10)
     sock.connect((host, int(port)))
-    sock.sendall(chat_request(front, prompt))
+    sock.sendall(chat_request(front, prompt, route))
     return sock
 
 
@@ -141,33 +140,100 @@ async def test_a_client_that_takes_nothing_for_the_timeout_is_cut_off_and_its_jo
         sock.close()
 
 
-async def test_a_client_that_pauses_too_long_is_told_where_its_answer_is(front):
-    """A client that takes nothing while more than the router holds arrives gets what was held
-    in order, then an error line naming its job; the job runs on and keeps the whole answer."""
+async def read_to_end(sock: socket.socket) -> bytes:
+    """What the router sends on `sock` until it ends the response (a chunked body's last chunk)."""
+    loop = asyncio.get_running_loop()
+    sock.setblocking(False)
+    got = bytearray()
+    while True:
+        data = await asyncio.wait_for(loop.sock_recv(sock, 1 << 16), 10)
+        if not data:
+            break
+        got += data
+        if got.endswith(b"0\r\n\r\n"):
+            break
+    return bytes(got)
+
+
+async def test_a_client_that_pauses_while_a_fast_node_answers_gets_the_whole_answer(front):
+    """A client that takes nothing while the node sends its whole 1.2 MB answer (9 MB of lines,
+    far more than the router holds in memory for a call) and then reads: every line the node
+    sent, in order, caught up from the call's spool on disk; the job's whole answer stored."""
     sock = stalled_client(front, "pause a while")
     try:
         job = await front.job_with("pause a while")
         await front.daemon.wait_state(job["id"], "done", timeout=120)
-        loop = asyncio.get_running_loop()
-        sock.setblocking(False)
-        got = bytearray()
-        while True:  # reads until the router ends the stream (a chunked body's last chunk, then nothing)
-            data = await asyncio.wait_for(loop.sock_recv(sock, 1 << 16), 10)
-            if not data:
-                break
-            got += data
-            if got.endswith(b"0\r\n\r\n"):
-                break
+        got = await read_to_end(sock)
     finally:
         sock.close()
-    head, _, body = bytes(got).partition(b"\r\n\r\n")
+    head, _, body = got.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200") and b"Transfer-Encoding: chunked" in head
     lines = [json.loads(line) for line in dechunk(body).splitlines() if line.strip()]
-    *chunks, last = lines
-    text = "".join(c["message"]["content"] for c in chunks)
-    assert chunks and REPLY.startswith(text) and len(text) < len(REPLY)  # in order, none lost before the cut
-    assert f"gpuq job {job['id']} runs on and keeps its whole answer" in last["error"]
-    assert f"more than {CLIENT_BACKLOG_BYTES >> 10} KiB behind" in last["error"]
+    assert all("error" not in line for line in lines)
+    assert "".join(line["message"]["content"] for line in lines) == REPLY
+    assert lines[-1]["done"] is True and not any(line["done"] for line in lines[:-1])
+    assert await whole_output(front, job["id"]) == REPLY
+    assert "catching it up from its spool" in front.daemon.log.read_text()
+
+
+def sse_texts(body: bytes) -> list[str]:
+    """A /v1/chat/completions stream's text, event by event (its last event [DONE])."""
+    out = []
+    for event in body.split(b"\n\n"):
+        if event == b"data: [DONE]":
+            continue
+        if event.startswith(b"data: "):
+            choices = json.loads(event[6:])["choices"]
+            out.append(choices[0]["delta"].get("content") or "" if choices else "")
+        elif event.strip():
+            out.append(event.decode())
+    return out
+
+
+async def test_a_v1_stream_that_pauses_gets_every_event_from_the_spool(front):
+    """The same pause on OpenAI's streamed chat: its events made from the spooled lines."""
+    sock = stalled_client(front, "pause on v1", route="/v1/chat/completions")
+    try:
+        job = await front.job_with("pause on v1")
+        await front.daemon.wait_state(job["id"], "done", timeout=120)
+        got = await read_to_end(sock)
+    finally:
+        sock.close()
+    head, _, body = got.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"text/event-stream" in head
+    body = dechunk(body)
+    assert body.endswith(b"data: [DONE]\n\n")
+    assert "".join(sse_texts(body)) == REPLY
+
+
+async def test_a_client_that_catches_up_rejoins_the_live_stream(front):
+    """The node holds its answer half-way until the client, paused long enough to be spooled
+    for, has read all the spool held: the rest of the answer then reaches it live, in order."""
+    fake = front.fakes["node-1"]
+    fake.script.hold_after = 50_000  # 7 MB of lines: past the kernel's buffers and the call's memory
+    d = front.daemon
+    sock = stalled_client(front, "catch up and rejoin")
+    try:
+        job = await front.job_with("catch up and rejoin")
+        spooled = f"job={job['id']} client fell behind its stream: its lines are spooled"
+        await eventually(lambda: spooled in d.log.read_text(), 120, interval=0.05, what="the call spooled")
+        loop = asyncio.get_running_loop()
+        sock.setblocking(False)
+        got, seen, marker = bytearray(), 0, b'"done": false}'
+        while seen < 50_000:  # the lines the node sent before it held, counted as they come
+            start = max(0, len(got) - len(marker) + 1)
+            got += await asyncio.wait_for(loop.sock_recv(sock, 1 << 16), 10)
+            seen += got.count(marker, start)
+        rejoined = f"job={job['id']} client caught up from its spool: it rejoins the live stream"
+        await eventually(lambda: rejoined in d.log.read_text(), 60, interval=0.05, what="the call to rejoin")
+        fake.script.released.set()
+        got += await read_to_end(sock)
+    finally:
+        sock.close()
+    _, _, body = bytes(got).partition(b"\r\n\r\n")
+    lines = [json.loads(line) for line in dechunk(body).splitlines() if line.strip()]
+    assert "".join(line["message"]["content"] for line in lines) == REPLY
+    assert lines[-1]["done"] is True and not any(line["done"] for line in lines[:-1])
     assert await whole_output(front, job["id"]) == REPLY
 
 

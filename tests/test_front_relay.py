@@ -94,3 +94,59 @@ async def test_a_dispatcher_with_no_front_door_wired_fails_a_called_job_naming_w
     finally:
         await dispatcher.stop()
         await store.close()
+
+
+def node_lines(n: int) -> list[bytes]:
+    return [json.dumps({"message": {"content": f"w{i:05d} "}, "done": i == n - 1}).encode() for i in range(n)]
+
+
+def test_a_call_past_its_memory_spools_the_rest_and_gives_it_back_in_order(tmp_path):
+    """What a slow client's call holds: the first lines in memory up to its limit, the rest in
+    an unnamed file in the spool's directory (nothing left there by name), read back whole."""
+    relay = Relay()
+    inbox = relay.open("j", limit=4096, spool_dir=tmp_path)
+    lines = node_lines(3000)
+    for raw in lines:
+        relay.chunk("j", raw, json.loads(raw))
+    held = []
+    while not inbox.empty():
+        held.append(inbox.get_nowait())
+    assert held[-1] == ("spooled",) and all(item[0] == "chunk" for item in held[:-1])
+    assert inbox.held == 0 and list(tmp_path.iterdir()) == []  # on disk, under no name
+    assert inbox.spool is not None
+    back = []
+    while piece := inbox.spool.read(1000):
+        back += piece
+    assert [item[1] for item in held[:-1]] + back == lines
+    inbox.rejoin()  # caught up: the next line comes through memory again
+    relay.chunk("j", b'{"done": true}', {"done": True})
+    assert inbox.get_nowait()[0] == "chunk"
+
+
+def test_a_call_whose_spool_cannot_be_written_is_told_it_fell_behind(tmp_path):
+    """Where the spool cannot keep a line (its bound, or a full disk), the call is behind: told
+    once, after what was spooled, and nothing more is held for it."""
+    relay = Relay()
+    inbox = relay.open("j", limit=4096, spool_dir=tmp_path)
+    inbox.spool_max = 20_000
+    for raw in node_lines(3000):
+        relay.chunk("j", raw, json.loads(raw))
+    kinds = []
+    while not inbox.empty():
+        kinds.append(inbox.get_nowait()[0])
+    assert kinds[-2:] == ["spooled", "behind"] and inbox.behind
+    assert inbox.dropped > 0 and inbox.spool is not None and inbox.spool.total <= 20_000
+    relay.close("j")
+    assert inbox.spool is None
+
+
+def test_a_spool_that_cannot_be_made_ends_the_stream_behind(tmp_path):
+    """A spool whose directory cannot take it (gone, or full): the call is behind at once."""
+    relay = Relay()
+    inbox = relay.open("j", limit=4096, spool_dir=tmp_path / "missing")
+    for raw in node_lines(200):
+        relay.chunk("j", raw, json.loads(raw))
+    kinds = []
+    while not inbox.empty():
+        kinds.append(inbox.get_nowait()[0])
+    assert kinds[-1] == "behind" and "spooled" not in kinds

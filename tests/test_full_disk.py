@@ -31,6 +31,7 @@ from conftest import eventually, node_table, run_cli
 
 from gpuq import disk
 from gpuq.upkeep import archive
+from gpuq.upkeep.archived import index_of
 
 MODEL = "qwen3-coder:30b"
 DAY = 86400
@@ -149,10 +150,17 @@ async def last_sweep(daemon) -> dict | None:
     return (await daemon.get("/health"))["retention"]["last"]
 
 
+DECEMBER = 1796083200  # 2026-12-01T00:00:00Z: a job id starts with the second it was made
+
+
+def jid(n: int) -> str:
+    return f"{DECEMBER + n}-0000000{n}"
+
+
 def _job(n: int, text: str = "") -> dict:
     """A job's archived line, as a sweep writes it (the columns a search shows)."""
     return {
-        "id": f"{n}-00000000",
+        "id": jid(n),
         "kind": "task",
         "state": "cancelled",
         "node": "node-1",
@@ -244,16 +252,18 @@ async def test_a_damaged_month_file_is_never_appended_to_and_search_reads_past_i
     assert month.read_bytes() == damaged  # never appended to again
     second = tmp_path / "jobs-2026-12.2.jsonl.gz"
     with gzip.open(second, "rt") as f:  # zcat reads the month's next file whole
-        assert [json.loads(line)["id"] for line in f] == ["3-00000000"]
+        assert [json.loads(line)["id"] for line in f] == [jid(3)]
     assert archive.files(tmp_path) == [month, second]
 
     found = archive.find(tmp_path, "JOB")
-    assert [j["id"] for j in found.jobs] == ["3-00000000", "2-00000000", "1-00000000"]
+    assert [j["id"] for j in found.jobs] == [jid(3), jid(2), jid(1)]
     assert [(d.path, d.offset, d.length) for d in found.damaged] == [(month, whole, 40)]
 
     res = await run_cli("archive", "search", "job", "--dir", str(tmp_path))
     assert res.code == 0, res.err
-    assert [line.split()[0] for line in res.out.splitlines()] == ["3-00000000", "2-00000000", "1-00000000"]
+    assert [line.split()[0] for line in res.out.splitlines()] == [jid(3), jid(2), jid(1)]
+    # A deleted job's 404 finds it in the month's next file too (gpuq/upkeep/archived.py).
+    assert index_of(tmp_path).find(jid(3)).file == second
     assert f"warning: damaged archive: {month}: 40 byte(s) at offset {whole} cannot be read" in res.err
 
 
@@ -265,10 +275,10 @@ async def test_bytes_that_are_not_gzip_in_a_month_file_are_named_and_read_past(t
     whole = month.stat().st_size
     with open(month, "ab") as f:
         f.write(b"\x1f\x8b\x08" + b"\xff" * 997)  # a header, then no deflate stream
-        f.write(gzip.compress(json.dumps(job | {"id": "2-00000000", "prompt": "second"}).encode() + b"\n"))
+        f.write(gzip.compress(json.dumps(job | {"id": jid(2), "prompt": "second"}).encode() + b"\n"))
     res = await run_cli("archive", "search", "", "--dir", str(tmp_path), "--json")
     assert res.code == 0, res.err
-    assert [json.loads(line)["id"] for line in res.out.splitlines()] == ["2-00000000", "1-00000000"]
+    assert [json.loads(line)["id"] for line in res.out.splitlines()] == [jid(2), jid(1)]
     assert f"{month}: 1000 byte(s) at offset {whole} cannot be read (not a whole gzip member" in res.err
 
 
@@ -295,7 +305,7 @@ def test_a_short_write_then_a_full_disk_leaves_the_month_file_as_it_was(tmp_path
     monkeypatch.undo()
     archive.append(tmp_path, [_job(3)], "delete", 1_800_000_000.0)
     with gzip.open(month, "rt") as f:
-        assert [json.loads(line)["id"] for line in f] == ["1-00000000", "3-00000000"]
+        assert [json.loads(line)["id"] for line in f] == [jid(1), jid(3)]
 
 
 def test_an_fsync_that_fails_leaves_no_new_file_and_the_jobs_stay(tmp_path, monkeypatch):

@@ -17,7 +17,7 @@ from test_front import CHAT_MODEL, front, start_front_lab  # noqa: F401 (a fixtu
 
 from gpuq.errors import QUOTA_RETRY_AFTER_S
 from gpuq.jobs import Lane
-from gpuq.placement import NodeView, entry, place_task, preempts
+from gpuq.placement import MAX_PREEMPTIONS, NodeView, entry, place_task, preempts
 from gpuq.store import NewJob, NodeInfo, Store
 
 I, B = Lane.INTERACTIVE, Lane.BATCH  # noqa: E741 (one letter each keeps the lane tables below readable)
@@ -62,10 +62,12 @@ def test_an_interactive_job_goes_where_it_starts_soonest():
 
 def test_only_an_interactive_job_preempts_and_only_a_running_batch_job_with_the_setting_on():
     assert preempts(I, B, True)
-    assert not preempts(I, B, False)  # the default: a running job is never interrupted
+    assert not preempts(I, B, False)  # set off: a running job is never interrupted
     assert not preempts(I, I, True)  # never an interactive job
     assert not preempts(I, None, True)  # the node runs nothing
     assert not preempts(B, B, True)  # a batch job waits its turn
+    assert preempts(I, B, True, MAX_PREEMPTIONS - 1)
+    assert not preempts(I, B, True, MAX_PREEMPTIONS)  # interrupted enough: it runs to its end
 
 
 # -- the daemon ---------------------------------------------------------------------------------
@@ -102,7 +104,15 @@ async def queued(daemon, node: str) -> list[dict]:
     return next(n for n in body["nodes"] if n["name"] == node)["queued"]
 
 
-async def test_an_interactive_front_door_call_behind_five_batch_jobs_runs_next(front):  # noqa: F811
+async def test_with_preempts_off_a_call_behind_five_batch_jobs_runs_next(fakes, daemon_factory):
+    front = await start_front_lab(fakes, daemon_factory, interactive_preempts=False)
+    try:
+        await _runs_next_behind_five(front)
+    finally:
+        await front.close()
+
+
+async def _runs_next_behind_five(front) -> None:
     fake = front.fakes["node-1"]
     fake.script.token_delay_s, fake.script.tokens = 0.1, 400  # busy while the test looks
     busy = (await front.daemon.submit("task", "the long one", node="node-1"))[0]["id"]
@@ -242,13 +252,16 @@ async def test_a_user_limited_to_batch_asking_for_interactive_is_403(fakes, daem
 async def test_the_cli_asks_for_the_interactive_lane(fakes, daemon_factory):
     daemon = await one_node_with_users(fakes, daemon_factory, [{"name": "alice", "token": TOKENS["alice"]}])
     status, body = await submit_as(daemon, "alice", "the long one")
-    await daemon.wait_state(body["jobs"][0]["id"], "running")
+    long_one = body["jobs"][0]["id"]
+    await daemon.wait_state(long_one, "running")
     batch = [(await submit_as(daemon, "alice", f"batch {i}"))[1]["jobs"][0]["id"] for i in range(2)]
     res = await daemon.cli("task", "--priority", "interactive", "--json", "a person waits for this")
     assert res.code == 0, res.err
     job = json.loads(res.out)
     assert job["lane"] == "interactive" and job["position"] == 1
-    assert [j["id"] for j in await queued(daemon, "node-1")] == [job["id"], *batch]
+    # By default it interrupts the running batch job, which goes back first in the queue.
+    await daemon.wait_state(job["id"], "running")
+    assert [j["id"] for j in await queued(daemon, "node-1")] == [long_one, *batch]
     res = await daemon.cli("task", "--priority", "urgent", "no such lane")
     assert res.code != 0 and "'urgent' is not one of 'interactive', 'batch'" in res.err
 
@@ -394,8 +407,10 @@ async def _streamed(daemon, job_id: str, words: int) -> dict:
     return await eventually(enough, 20, what=f"job {job_id} to stream {words} words")
 
 
-async def test_an_interactive_call_preempts_a_running_batch_job_which_runs_again_after(fakes, daemon_factory):
-    lab = await start_front_lab(fakes, daemon_factory, interactive_preempts=True)
+async def test_by_default_an_interactive_call_preempts_a_running_batch_job_which_runs_again_after(
+    fakes, daemon_factory
+):
+    lab = await start_front_lab(fakes, daemon_factory)  # [router] interactive_preempts left out: on
     try:
         fake = lab.fakes["node-1"]
         fake.script.token_delay_s, fake.script.tokens = 0.2, 40  # 8 s: busy while the call arrives
@@ -430,7 +445,49 @@ async def test_an_interactive_call_preempts_a_running_batch_job_which_runs_again
         await lab.close()
 
 
-async def test_without_the_setting_a_call_waits_for_the_running_batch_job(front):  # noqa: F811
+async def test_a_batch_job_interrupted_twice_runs_to_its_end_while_the_next_call_waits(fakes, daemon_factory):
+    """What a stream of calls may throw away is bounded: the batch job is interrupted
+    MAX_PREEMPTIONS times, then runs to its end while the next call waits for it."""
+    lab = await start_front_lab(fakes, daemon_factory)
+    try:
+        fake, d = lab.fakes["node-1"], lab.daemon
+        fake.script.token_delay_s, fake.script.tokens = 0.2, 400  # a long batch job, as slow as the test needs
+        batch = (await d.submit("task", "the long sweep step", node="node-1"))[0]["id"]
+        for i in range(MAX_PREEMPTIONS):
+            await _streamed(d, batch, 3)
+            call = asyncio.ensure_future(
+                lab.ollama().chat(model=CHAT_MODEL, messages=[{"role": "user", "content": f"call {i}"}])
+            )
+            await lab.job_with(f"call {i}", "running", "done")  # it interrupted the batch job
+            fake.script.token_delay_s = 0.001  # the call answers quickly...
+            assert (await asyncio.wait_for(call, 60)).message.content
+            fake.script.token_delay_s = 0.2  # ...and the batch job runs long again
+            assert (await d.job(batch))["preempted_runs"] == i + 1
+        await _streamed(d, batch, 3)
+        last = asyncio.ensure_future(
+            lab.ollama().chat(model=CHAT_MODEL, messages=[{"role": "user", "content": "the third call"}])
+        )
+        [waiting] = await eventually(lambda: _grown(d, "node-1", 1), 15, what="the third call to wait on node-1")
+        await _streamed(d, batch, 8)  # the batch job streams on with the call waiting
+        assert not last.done() and (await d.job(batch))["preempted_runs"] == MAX_PREEMPTIONS
+        fake.script.token_delay_s = 0.001
+        assert (await asyncio.wait_for(last, 60)).message.content
+        done = await d.wait_state(batch, "done", timeout=60)
+        assert [r["state"] for r in done["runs"]] == ["preempted"] * MAX_PREEMPTIONS + ["done"]
+        assert (await d.job(waiting["id"]))["started_at"] >= done["finished_at"]
+    finally:
+        await lab.close()
+
+
+async def test_with_the_setting_off_a_call_waits_for_the_running_batch_job(fakes, daemon_factory):
+    front = await start_front_lab(fakes, daemon_factory, interactive_preempts=False)
+    try:
+        await _waits_for_the_batch_job(front)
+    finally:
+        await front.close()
+
+
+async def _waits_for_the_batch_job(front) -> None:
     fake = front.fakes["node-1"]
     fake.script.token_delay_s, fake.script.tokens = 0.1, 400
     batch = (await front.daemon.submit("task", "the long sweep step", node="node-1"))[0]["id"]

@@ -88,6 +88,8 @@ class Script:
     busy: bool = False  # 503 queue full (for a model that is not loaded, as Ollama)
     error_after: int | None = None  # an {"error"} line after N chunks
     stall_after: int | None = None  # stop sending after N chunks, keep the connection open
+    hold_after: int | None = None  # after N chunks, wait until `released` is set, then go on
+    released: asyncio.Event = field(default_factory=asyncio.Event)
     close_after: int | None = None  # drop the connection after N chunks
     unload: str = "immediate"  # immediate | delay | never (stuck in "Stopping...")
     unload_delay_s: float = 0.2
@@ -701,6 +703,8 @@ class FakeOllama:
                 if s.stall_after is not None and i == s.stall_after:
                     await self._wait_for_disconnect(request)
                     return resp
+                if s.hold_after is not None and i == s.hold_after:
+                    await s.released.wait()
                 if s.raw_lines is not None and i == s.raw_after:
                     await resp.write("".join(line + "\n" for line in s.raw_lines).encode())
                     await resp.write_eof()

@@ -11,6 +11,7 @@ its end: the client's request was taken, and its output is stored."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from typing import Any
@@ -170,7 +171,7 @@ class Call:
             # a stream's client may stop reading: its inbox is bounded (stream:false holds its
             # whole answer for its one reply anyway)
             limit = CLIENT_BACKLOG_BYTES if self.stream else None
-            self.inbox = front.relay.open(self.job_id, self.write_now, self.send_unsent, limit)
+            self.inbox = front.relay.open(self.job_id, self.write_now, self.send_unsent, limit, front.spool_dir)
             submitting = asyncio.ensure_future(front.dispatcher.submit(self.new_job(self.job_id), self.actor))
             try:
                 jobs = await asyncio.shield(submitting)
@@ -305,6 +306,8 @@ class Call:
             return await self.fail(item[1] or 500, item[2])
         elif kind == "ended":
             return await self.on_ended(item[1])
+        elif kind == "spooled":
+            return await self.catch_up()
         elif kind == "behind":
             return await self.on_behind()
         elif kind == "shutdown":  # a running job is failed at the next start, as any running then
@@ -404,13 +407,40 @@ class Call:
                 self.request.transport.abort()
             raise StalledClient(f"client of job {self.job_id} stalled") from None
 
+    async def catch_up(self) -> web.StreamResponse | None:
+        """The client fell further behind the node than its call holds in memory: the lines
+        since then are read back from its spool (gpuq/front/relay.py), in order, as fast as the
+        client takes them (each write waits for it, within [front] stalled_client_timeout), while
+        the node's new lines join the spool's end. Once all the spool holds is read, the call
+        rejoins the live tail; the response when the last line was in the spool."""
+        spool = self.inbox.spool
+        log.info("job=%s client fell behind its stream: catching it up from its spool", self.job_id)
+        while spool is not None and spool is self.inbox.spool:
+            lines = spool.read()
+            if not lines:  # caught up, on this turn of the loop: the next chunk comes through memory
+                self.inbox.rejoin()
+                log.info("job=%s client caught up from its spool: it rejoins the live stream", self.job_id)
+                return None
+            out = []
+            for raw in lines:
+                data, done = self.on_chunk(raw, json.loads(raw))
+                out.append(data)
+                if done:
+                    await self.flush(out, last=True)
+                    assert self.resp is not None  # the last chunk made it (stream:false) or wrote to it
+                    return self.resp
+            await self.flush(out)
+            await asyncio.sleep(0)  # a fast client's writes need not wait: let the loop's other work run
+        return None
+
     async def on_behind(self) -> web.StreamResponse:
-        """The client fell further behind the node than its call holds: its stream ends here
-        with an error saying so, and where the whole answer is; the job runs on."""
+        """The client fell further behind the node than its call can keep for it (its spool
+        could not be written: a full disk, or SPOOL_MAX_BYTES): its stream ends here with an
+        error saying so, and where the whole answer is; the job runs on."""
         kib = CLIENT_BACKLOG_BYTES >> 10
         message = (
-            f"this client read its stream too slowly: it fell more than {kib} KiB behind the node,"
-            f" the most the gpuq router holds for one call, so its stream ends here. gpuq job {self.job_id}"
+            f"this client read its stream too slowly: it fell more than {kib} KiB behind the node and"
+            f" the gpuq router could not spool the rest for it, so its stream ends here. gpuq job {self.job_id}"
             f" runs on and keeps its whole answer: gpuq show {self.job_id}, or GET /api/jobs/{self.job_id}"
             " on the router"
         )

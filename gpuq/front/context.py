@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -42,6 +43,14 @@ class Front:
 
     def nodes_by_rank(self) -> list[NodeRuntime]:
         return sorted(self.dispatcher.nodes.values(), key=lambda rt: rt.config.rank)
+
+    @property
+    def spool_dir(self) -> Path | None:
+        """Where a call's spool goes (gpuq/front/relay.py Spool): beside the SQLite database, on
+        the disk the router already writes (a tmpfs /tmp would keep it in memory); with
+        PostgreSQL, the system's temporary directory."""
+        database = self.dispatcher.settings.database
+        return database.absolute().parent if isinstance(database, Path) else None
 
     def preview_url(self, job_id: str) -> str:
         return preview_url(self.settings.public_url, job_id)
@@ -93,8 +102,11 @@ def error_response(
 
 async def json_of(request: web.Request) -> dict[str, Any]:
     """A front-door call's body, whatever its API; text that cannot be stored is a 400 here, once."""
-    body = json_object(
-        await request.read(), "missing request body", "invalid character in JSON", json_type, strict=True
-    )
+    return body_of(await request.read())
+
+
+def body_of(raw: bytes) -> dict[str, Any]:
+    """json_of's parse and check, for a body large enough to be parsed off the event loop."""
+    body = json_object(raw, "missing request body", "invalid character in JSON", json_type, strict=True)
     check_text(body)
     return body

@@ -5,23 +5,28 @@ the node sends them, an embedding's one reply, and the front door's own retry (A
 
 Memory per call is bounded, however slowly its client reads: the node is read at its own pace
 (never slowed by a client), so what a streaming client has not taken yet waits in its call's
-Inbox, which holds at most CLIENT_BACKLOG_BYTES. A client that falls further behind is not fed
-from the store but cut off: its call is marked behind, the rest of the node's chunks are not
-held for it, and its handler ends the stream with an error line saying where the whole answer
-is (gpuq/front/call.py; a write its client does not take within [front] stalled_client_timeout
-closes the connection). The job runs on to its end and keeps its whole output. Why not feed a
-late client from the store: the store keeps the answer's text, not the node's lines (their
-timings, tool calls as the node sent them, a /v1 stream's events), so a client fed from it
-would get a different stream than the one it asked for; a client that reads nothing for seconds
-while a model writes has stopped (a live client reads far faster than any model writes), and
-its answer is one `gpuq show` away."""
+Inbox, which holds at most CLIENT_BACKLOG_BYTES. A client that falls further behind is not cut:
+the node's lines it has not taken go on to its call's Spool, an unnamed file on the router's disk
+(beside its database), which its handler reads back in order as the client takes them; once it
+has read all the spool holds, the call rejoins the live tail (gpuq/front/call.py `catch_up`), as a
+log's consumer reads old offsets from disk and new ones from memory. The client gets every line
+the node sent, in order, whatever its pace; a client that takes nothing for [front]
+stalled_client_timeout is cut off (its job runs on and keeps its whole output). Why the node's
+lines and not the job's stored output: the store keeps the answer's text, not the node's lines
+(their timings, tool calls as the node sent them, a /v1 stream's events), so a client fed from
+it would get a different stream than the one it asked for. Only where the spool cannot be
+written (a full disk, SPOOL_MAX_BYTES for one call) is the client told it fell behind and its
+stream ended, with where its whole answer is."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import os
+import tempfile
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 from ..errors import OllamaError
@@ -46,6 +51,11 @@ EMBED_MAX_BYTES = 256 << 20  # an embedding's reply, read whole (its vectors go 
 # parsed chunk beside each, counted as CHUNK_OVERHEAD): a few hundred KB, whatever the answer's size.
 CLIENT_BACKLOG_BYTES = 512 << 10
 CHUNK_OVERHEAD = 1024  # a parsed chunk (a dict of dicts and strings) beside its line, in bytes, roughly
+# Past it, a call's lines wait in its spool: at most this much per call, then its client is told
+# it fell behind (a 60,000-token answer is about 10 MB of the node's lines).
+SPOOL_MAX_BYTES = 256 << 20
+SPOOL_WRITE_BYTES = 64 << 10  # lines gathered before a write to the spool's file
+SPOOL_READ_BYTES = 64 << 10  # what a catching-up handler reads at a time
 
 # What a call's inbox holds: its kind first, then what that kind carries (Relay lists them, and
 # gpuq/front/call.py's Call adds ("data", bytes)). Told through Relay.tell(job_id, *item).
@@ -61,17 +71,72 @@ def held_bytes(item: InboxItem) -> int:
     return 0
 
 
+class Spool:
+    """A call's node lines past what its inbox holds in memory, in order, in an unnamed file
+    (tempfile.TemporaryFile: private, and gone with its handle or with the router, so a crash
+    leaves nothing on disk). Lines are gathered in memory up to SPOOL_WRITE_BYTES, then written
+    in one go; a read takes the file's unread lines first, then what is gathered. Everything
+    runs on the event loop: a write or read of tens of KB to the page cache takes microseconds."""
+
+    def __init__(self, directory: Path | None, max_bytes: int) -> None:
+        self.file = tempfile.TemporaryFile(dir=directory, buffering=0)
+        self.max_bytes = max_bytes
+        self.gathered = bytearray()  # lines not written yet
+        self.written = 0  # the file's length
+        self.read_at = 0  # the next unread byte of the file
+        self.total = 0  # every byte spooled: the call's bound
+
+    def append(self, raw: bytes) -> None:
+        """One line (OSError when it cannot be kept: the disk is full, or the call's bound)."""
+        if self.total + len(raw) + 1 > self.max_bytes:
+            raise OSError(f"a call's spool holds at most {self.max_bytes >> 20} MiB")
+        self.gathered += raw
+        self.gathered += b"\n"
+        self.total += len(raw) + 1
+        if len(self.gathered) >= SPOOL_WRITE_BYTES:
+            self._write()
+
+    def _write(self) -> None:
+        view = memoryview(self.gathered)
+        while view:  # a short write is not an error: write the rest
+            n = os.pwrite(self.file.fileno(), view, self.written)
+            self.written += n
+            view = view[n:]
+        self.gathered = bytearray()
+
+    def read(self, size: int = SPOOL_READ_BYTES) -> list[bytes]:
+        """The next unread lines, about `size` bytes of them ([] once all is read)."""
+        if self.read_at < self.written:
+            data = os.pread(self.file.fileno(), min(size, self.written - self.read_at), self.read_at)
+            end = data.rfind(b"\n") + 1
+            if end == 0:  # one line longer than `size`: read on to its end (the file holds whole lines)
+                data = os.pread(self.file.fileno(), self.written - self.read_at, self.read_at)
+                end = data.index(b"\n") + 1
+            self.read_at += end
+            return data[:end].splitlines()
+        data, self.gathered = bytes(self.gathered), bytearray()
+        return data.splitlines()
+
+    def close(self) -> None:
+        self.file.close()
+
+
 class Inbox(asyncio.Queue[InboxItem]):
     """One call's queue, what it holds counted: once a chunk would take it past `limit` (None:
-    no limit, a stream:false call holds its whole answer anyway), the call is `behind` and holds
-    no more chunks; ("behind", bytes dropped) tells its handler, once, after what it holds."""
+    no limit, a stream:false call holds its whole answer anyway), the call's chunks go to its
+    Spool, and ("spooled",) tells its handler to read them from there (`rejoin` ends that once
+    it has read them all). Where no spool can be kept, the call is `behind` and holds no more
+    chunks; ("behind", bytes dropped) tells its handler, once, after what it holds."""
 
-    def __init__(self, limit: int | None = None) -> None:
+    def __init__(self, limit: int | None = None, spool_dir: Path | None = None, spool_max: int = 0) -> None:
         super().__init__()
         self.limit = limit
         self.held = 0
         self.behind = False
         self.dropped = 0  # the node's bytes not held for the client since it fell behind
+        self.spool: Spool | None = None
+        self.spool_dir = spool_dir
+        self.spool_max = spool_max
 
     def put_nowait(self, item: InboxItem) -> None:
         super().put_nowait(item)
@@ -83,14 +148,32 @@ class Inbox(asyncio.Queue[InboxItem]):
         return item
 
     def hold_chunk(self, raw: bytes, chunk: dict[str, Any]) -> None:
-        """A chunk of the node's stream for the client, unless that takes it past its limit."""
-        if not self.behind and (self.limit is None or self.held + len(raw) + CHUNK_OVERHEAD <= self.limit):
+        """A chunk of the node's stream for the client: held, or spooled past the inbox's limit."""
+        if self.behind:
+            self.dropped += len(raw)
+            return
+        if self.spool is None and (self.limit is None or self.held + len(raw) + CHUNK_OVERHEAD <= self.limit):
             self.put_nowait(("chunk", raw, chunk))
             return
-        if not self.behind:
+        try:
+            if self.spool is None:
+                self.spool = Spool(self.spool_dir, self.spool_max)
+                self.put_nowait(("spooled",))
+            self.spool.append(raw)
+        except OSError as exc:
+            log.warning("a call's spool could not keep its client's lines (%s): its stream ends behind", exc)
             self.behind = True
             self.put_nowait(("behind",))
-        self.dropped += len(raw)
+            self.dropped += len(raw)
+
+    def rejoin(self) -> None:
+        """The handler has read all the spool holds: the next chunks come through memory again."""
+        if self.spool is not None:
+            self.spool.close()
+            self.spool = None
+
+    def close(self) -> None:
+        self.rejoin()
 
 
 class Relay:
@@ -113,15 +196,19 @@ class Relay:
         direct: Callable[[bytes, dict[str, Any]], bool] | None = None,
         flush: Callable[[], None] | None = None,
         limit: int | None = None,
+        spool_dir: Path | None = None,
     ) -> Inbox:
-        """The call's inbox; `limit`: what it may hold for a client that does not read (Inbox)."""
-        queue = self.waiting[job_id] = Inbox(limit)
+        """The call's inbox; `limit`: what it may hold in memory for a client that does not
+        read, the rest spooled in `spool_dir` (None: the system's temporary directory) (Inbox)."""
+        queue = self.waiting[job_id] = Inbox(limit, spool_dir, SPOOL_MAX_BYTES)
         if direct is not None and flush is not None:
             self.direct[job_id] = (direct, flush)
         return queue
 
     def close(self, job_id: str) -> None:
-        self.waiting.pop(job_id, None)
+        inbox = self.waiting.pop(job_id, None)
+        if inbox is not None:
+            inbox.close()
         self.direct.pop(job_id, None)
 
     def tell(self, job_id: str, *item: Any) -> None:
@@ -131,13 +218,18 @@ class Relay:
 
     def chunk(self, job_id: str, raw: bytes, chunk: dict[str, Any]) -> None:
         """A chunk of the node's stream: taken for its client now if it can be (written at the
-        next `flush`), else held in its inbox (up to the inbox's limit)."""
+        next `flush`), else held in its inbox (or its spool, past the inbox's limit)."""
         inbox = self.waiting.get(job_id)
         if inbox is None or inbox.behind:
+            return
+        if inbox.spool is not None:
+            inbox.hold_chunk(raw, chunk)
             return
         direct = self.direct.get(job_id)
         if direct is None or not direct[0](raw, chunk):
             inbox.hold_chunk(raw, chunk)
+            if inbox.spool is not None:
+                log.info("job=%s client fell behind its stream: its lines are spooled for it", job_id)
 
     def flush(self, job_id: str) -> None:
         """The chunks `chunk` took since the last flush, written to their client in one write."""

@@ -453,7 +453,7 @@ class Dispatcher:
                 after, interrupted = await self.store.preempt(
                     job["id"],
                     "router",
-                    rule=lambda running: preempts(lane, running, enabled),
+                    rule=lambda running, before: preempts(lane, running, enabled, before),
                     reason=reason,
                     to=to,
                     nodes=infos,
