@@ -309,7 +309,9 @@ async def test_an_archive_that_cannot_be_written_keeps_the_jobs_in_the_database(
         blocked = tmp_path / "a-file"
         blocked.write_text("not a directory")
         settings = Settings(retention_archive=blocked / "archive")
-        with pytest.raises(StoreUnavailable, match=r"the retention archive .* cannot be written .* nothing was pruned"):
+        with pytest.raises(
+            StoreUnavailable, match=r"the retention archive .* cannot be written .* nothing of this batch was pruned"
+        ):
             await Sweeper(store, lambda: settings, lambda: None).run_once()
         assert (await store.job(job["id"]))["state"] == "cancelled"
     finally:

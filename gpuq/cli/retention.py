@@ -96,16 +96,20 @@ def search(
     ctx: click.Context, text: str, directory: str | None, config_path: str | None, limit: int, as_json: bool
 ) -> None:
     """Find archived jobs by id or by text in their prompt, output or request (ignoring case),
-    newest first, each once. Reads the archive's files on this machine; no router needed.
+    newest first, each once. Reads the archive's files on this machine; no router needed. A
+    damaged file is read past its damage, which is named (file, offset, bytes) on stderr.
 
     Example: gpuq archive search 1760883402-9f3a7c21
     """
-    from ..upkeep.archive import search as find
+    from ..upkeep.archive import find
 
     where = Path(directory) if directory else _configured_archive(ctx, config_path)
     if not where.is_dir():
         fail("-", f"no archive at {where} (nothing archived yet, or another --dir)")
-    found = find(where, text, limit)
+    result = find(where, text, limit)
+    for damage in result.damaged:
+        click.echo(f"warning: damaged archive: {damage.text()}; every whole member around it was read", err=True)
+    found = result.jobs
     for job in found:
         if as_json:
             click.echo(json.dumps(job))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,19 @@ class UpkeepVerbs(Core):
             raise
         await self._record_backup_quietly(made["path"], scheduled, started, made, None)
         return made
+
+    async def remove_backup_partials(self, folders: Iterable[Path]) -> list[Path]:
+        """The copies killed backups left in `folders` (backup.remove_partials), removed while no
+        backup of this database runs; the paths removed. Nothing on PostgreSQL."""
+        if self.dsn:
+            return []
+        wanted = list(dict.fromkeys(folders))
+
+        def run() -> list[Path]:
+            with self._backing_up:
+                return [path for folder in wanted for path in backup.remove_partials(folder)]
+
+        return await asyncio.to_thread(run)
 
     async def _record_backup_quietly(
         self, path: str, scheduled: bool, started: float, made: dict[str, Any] | None, error: str | None

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import orjson
 
+from .archive import numbered
+
 CACHED = 6  # the months whose ids are held at once (a month of a busy lab: ~100k ids, a few MB)
 
 
@@ -62,11 +64,12 @@ class ArchiveIndex:
         return None
 
     def months_of(self, job_id: str) -> list[Path]:
-        """The month file the id's time names, then the month before and after it."""
+        """The month file the id's time names, then the month before and after it; each followed
+        by the month's next files, where a damaged one's month goes on (archive.numbered)."""
         seconds = int(job_id.split("-", 1)[0])
         year, month = time.gmtime(seconds)[:2]
         months = [(year, month), _step(year, month, -1), _step(year, month, 1)]
-        return [self.directory / f"jobs-{y:04d}-{m:02d}.jsonl.gz" for y, m in months]
+        return [path for y, m in months for path in _month_files(self.directory / f"jobs-{y:04d}-{m:02d}.jsonl.gz")]
 
     def _ids(self, path: Path) -> dict[str, Stamp]:
         try:
@@ -87,6 +90,15 @@ class ArchiveIndex:
             return seen.ids
 
 
+def _month_files(first: Path) -> list[Path]:
+    """A month's first file, and its `.2`, `.3`... for as long as they exist."""
+    found, n = [first], 2
+    while (path := numbered(first, n)).exists():
+        found.append(path)
+        n += 1
+    return found
+
+
 def _step(year: int, month: int, by: int) -> tuple[int, int]:
     index = year * 12 + (month - 1) + by
     return index // 12, index % 12 + 1
@@ -95,7 +107,8 @@ def _step(year: int, month: int, by: int) -> tuple[int, int]:
 def read_members(path: Path, start: int, end: int, ids: dict[str, Stamp]) -> int:
     """Each job id in the gzip members from byte `start` to `end`, with its latest line's stamp,
     into `ids`; returns where the last whole member ended. A member cut short (a crash
-    mid-append, or an append under way) ends the reading there, as archive.lines does."""
+    mid-append, or an append under way) ends the reading there: a sweep never appends after a
+    damaged member (its month goes on in the next file, which months_of reads too)."""
     offset = start
     with open(path, "rb") as f:
         f.seek(start)
