@@ -406,7 +406,8 @@ KEYS: tuple[Key, ...] = (
         "retention",
         "archive",
         "The directory a job is written to (one gzip JSON Lines file a month, `jobs-YYYY-MM.jsonl.gz`, "
-        'by the month the job was made) before its bulk or its rows leave the database. "off": not archived.',
+        "by the month the job was made; a month whose file was damaged goes on in `jobs-YYYY-MM.2.jsonl.gz`, "
+        '`.3`, ...) before its bulk or its rows leave the database. "off": not archived.',
         shown="`gpuq-archive` beside the database",
         attr="retention_archive",
     ),
