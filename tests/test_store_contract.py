@@ -993,6 +993,58 @@ async def test_a_batch_past_max_waiting_is_refused_whole(store):
     assert len(await store.jobs(state="queued")) == 1
 
 
+@covers("begin_batch", "add_batch_lines", "open_batch", "unfinished_batches")
+async def test_a_large_batch_made_in_pieces_is_hidden_until_it_is_opened_whole(store):
+    """A large batch's create, piece by piece (batch_create.py): its lines are queued as they
+    come but no claim takes one, and the batch is `validating`, until the short commit that
+    opens it whole; only its creator adds to it or opens it."""
+    begun = await store.begin_batch(batch_of("batch_p"), 4, 3, "router-1")
+    assert (begun["status"], begun["total"], begun["creator"]) == ("validating", 4, "router-1")
+    [unfinished] = await store.unfinished_batches()
+    assert (unfinished["id"], unfinished["creator"], unfinished["total"]) == ("batch_p", "router-1", 4)
+    placed = await store.add_batch_lines("batch_p", "router-1", [line_of(1, model="ma:1b"), line_of(2)], KNOWN, "api")
+    assert "a" in placed
+    assert await store.claim("a") is None and await store.next_ready("a") is None  # hidden: never claimed
+    assert (await store.batch("batch_p"))["counts"]["queued"] == 2
+    assert await store.batches(open_only=True) == []  # no expiry, no finalize looks at it
+    with pytest.raises(Conflict, match="no longer being created by this router"):
+        await store.add_batch_lines("batch_p", "router-2", [line_of(3)], KNOWN, "api")
+    with pytest.raises(Conflict, match="has 2 of its 4 lines stored"):
+        await store.open_batch("batch_p", "router-1", KNOWN)
+    refused = NewLine(3, "id-3", None, {"status": 400, "code": None, "message": "bad body"})
+    await store.add_batch_lines("batch_p", "router-1", [refused, line_of(4)], KNOWN, "api")
+    opened = await store.open_batch("batch_p", "router-1", [])
+    assert (opened["status"], opened["creator"]) == ("in_progress", None) and opened["in_progress_at"]
+    assert (opened["counts"]["queued"], opened["counts"]["refused"]) == (3, 1)
+    assert await store.unfinished_batches() == []
+    head = await store.claim("a")  # live: its lines run
+    assert head is not None and head["prompt"] == "line 1"
+    assert [b["id"] for b in await store.batches(open_only=True)] == ["batch_p"]
+
+
+@covers("begin_batch", "drop_batch_piece")
+async def test_a_create_that_never_finished_is_dropped_a_piece_at_a_time_with_its_jobs(store):
+    """What a create left half-made (its router killed, or its create failed) goes whole: the
+    lines, their jobs and their events, then the batch; only that creator's create is dropped."""
+    await store.begin_batch(batch_of("batch_d"), 3, 3, "router-1")
+    await store.add_batch_lines("batch_d", "router-1", [line_of(1), line_of(2), line_of(3)], KNOWN, "api")
+    assert await store.drop_batch_piece("batch_d", "router-2") is None  # not its create
+    assert len(await store.jobs(state="queued")) == 3
+    assert await store.drop_batch_piece("batch_d", "router-1", 2) == 2
+    assert [line["line"] for line in await store.batch_lines("batch_d")] == [3]
+    assert await store.drop_batch_piece("batch_d", "router-1", 2) == 1
+    assert await store.drop_batch_piece("batch_d", "router-1", 2) is None  # its last piece: the batch
+    with pytest.raises(NotFound):
+        await store.batch("batch_d")
+    assert await store.jobs() == [] and await store.unfinished_batches() == []
+    await submit(store, owner="alice")
+    with pytest.raises(GpuqError) as exc:  # max_waiting counts the whole batch at its beginning
+        await store.begin_batch(batch_of("batch_q"), 2, 2, "router-1", max_waiting=2)
+    assert exc.value.status == 429
+    with pytest.raises(NotFound):
+        await store.batch("batch_q")  # nothing stored
+
+
 @covers("finalize_batch")
 async def test_two_routers_finalizing_one_batch_at_once_write_its_output_once(store, database):
     """Both routers see the batch's last line end (each router's finalizer, each poll): their
