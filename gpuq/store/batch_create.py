@@ -16,39 +16,59 @@ of it is kept, and none of its lines ever ran."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..errors import Conflict
 from ..jobs import NodeInfo
 from . import lifecycle
 from .batch_queue import queue_lines
-from .batches import NewBatch, NewLine, batch_row
+from .batches import NewBatch, NewLine, batch_row, with_counts
 from .engine import Connection
 from .steps import Row, check_quota, iso
 
 # A piece of a large batch's create: at most this many lines, and this many bytes of their
-# requests (a line may carry a long prompt): about 25 ms of the writer's time on an idle machine.
+# requests (a line may carry a long prompt): about 25 ms of the writer's time on an idle machine,
+# 60-150 ms on a loaded one; so its size adapts to the holds measured (Pace), as retention's do.
 PIECE_LINES = 500
 PIECE_BYTES = 4 << 20
+PIECE_HOLD_S = 0.05  # a piece's write that took longer: the next piece is half as large
+MIN_PIECE_LINES = 50
 # A dropped create's rows go this many lines at a time.
 DROP_LINES = 1000
 
 
+class Pace:
+    """The next piece's size from the last piece's write: halved after one over PIECE_HOLD_S
+    (down to MIN_PIECE_LINES), grown a quarter after one under a quarter of it (up to PIECE_LINES)."""
+
+    def __init__(self) -> None:
+        self.lines = PIECE_LINES
+
+    def size(self) -> int:
+        return self.lines
+
+    def took(self, seconds: float) -> None:
+        if seconds > PIECE_HOLD_S:
+            self.lines = max(MIN_PIECE_LINES, self.lines // 2)
+        elif seconds < PIECE_HOLD_S / 4:
+            self.lines = min(PIECE_LINES, self.lines + self.lines // 4)
+
+
 def pieces(
-    lines: Sequence[NewLine], max_lines: int = PIECE_LINES, max_bytes: int = PIECE_BYTES
+    lines: Sequence[NewLine], size: Callable[[], int] = lambda: PIECE_LINES, max_bytes: int = PIECE_BYTES
 ) -> Iterator[list[NewLine]]:
-    """`lines` in order, cut into pieces of at most `max_lines` lines and about `max_bytes` bytes
-    (a piece always takes one line, however large)."""
+    """`lines` in order, cut into pieces of at most `size()` lines (asked as each piece begins)
+    and about `max_bytes` bytes (a piece always takes one line, however large)."""
     piece: list[NewLine] = []
-    size = 0
+    limit, weight_so_far = size(), 0
     for line in lines:
         weight = len(line.job.request or "") + len(line.job.prompt or "") if line.job is not None else 0
-        if piece and (len(piece) >= max_lines or size + weight > max_bytes):
+        if piece and (len(piece) >= limit or weight_so_far + weight > max_bytes):
             yield piece
-            piece, size = [], 0
+            piece, limit, weight_so_far = [], size(), 0
         piece.append(line)
-        size += weight
+        weight_so_far += weight
     if piece:
         yield piece
 
@@ -178,16 +198,25 @@ def open_batch(
 ) -> tuple[Row, list[Row]]:
     """The short commit that makes a whole batch live: `in_progress`, its lines claimable from
     now; the heads of the idle nodes of `nodes` (those its lines went to) are claimed in it
-    (returned, to hand to their workers). A batch
-    missing lines (never: each piece committed before the next was sent) is refused."""
+    (returned, to hand to their workers). A batch missing lines (never: each piece committed
+    before the next was sent) is refused. Its counts are its lines as they were stored, every
+    job queued (none could run; one cancelled meanwhile by a `gpuq clear` is counted queued in
+    this answer only): counting them by their jobs' states took half a second at 100,000."""
     found = _creating(db, batch_id, creator)
-    stored = db.execute("SELECT COUNT(*) FROM batch_line WHERE batch_id = ?", (batch_id,)).fetchone()[0]
-    if stored != found["total"]:
-        raise Conflict(f"batch {batch_id} has {stored} of its {found['total']} lines stored: it is not whole")
+    stored = db.execute(
+        "SELECT COUNT(*) AS n, COUNT(job_id) AS jobs FROM batch_line WHERE batch_id = ?", (batch_id,)
+    ).fetchone()
+    if stored["n"] != found["total"]:
+        raise Conflict(f"batch {batch_id} has {stored['n']} of its {found['total']} lines stored: it is not whole")
     db.execute(
         "UPDATE batch SET status = 'in_progress', creator = NULL, in_progress_at = ? WHERE id = ?", (iso(now), batch_id)
     )
-    return batch_row(db, batch_id), _claim_idle(db, now, max_running, nodes)
+    batch = dict(db.execute("SELECT * FROM batch WHERE id = ?", (batch_id,)).fetchone())
+    counted = [
+        {"batch_id": batch_id, "state": "queued", "n": stored["jobs"]},
+        {"batch_id": batch_id, "state": "refused", "n": stored["n"] - stored["jobs"]},
+    ]
+    return with_counts(batch, counted), _claim_idle(db, now, max_running, nodes)
 
 
 def drop_piece(db: Connection, batch_id: str, creator: str, limit: int = DROP_LINES) -> int | None:
