@@ -30,6 +30,17 @@ async def front(fakes, daemon_factory):
     await lab.close()
 
 
+@pytest.fixture
+async def front_on_each_engine(fakes, daemon_factory, database):
+    """The same lab on a SQLite file, then on PostgreSQL (a killed router's row counts as alive
+    for its lease: 1 s here)."""
+    lab = await start_front_lab(
+        fakes, daemon_factory, front={"max_batch_lines": LINES}, database=str(database), lease="1s"
+    )
+    yield lab
+    await lab.close()
+
+
 def big_file(n: int) -> bytes:
     return b"".join(
         json.dumps(
@@ -110,7 +121,8 @@ async def test_health_stays_green_and_a_submit_gets_through_while_a_50000_line_b
     assert submitted == [True], "the batch was never seen half made, or the submit waited for the whole create"
 
 
-async def test_a_router_killed_mid_create_leaves_no_half_batch_and_none_of_its_lines_ran(front):
+async def test_a_router_killed_mid_create_leaves_no_half_batch_and_none_of_its_lines_ran(front_on_each_engine):
+    front = front_on_each_engine
     file_id = await upload(front)
     making = create(front, file_id)
     await eventually(lambda: half_made(front), 60, 0.01, "the batch to be half made")
