@@ -118,16 +118,20 @@ class BatchService:
         return new_lines
 
     async def _submit(self, batch: NewBatch, lines: list[Line], caller: Caller, client: str | None, actor: str) -> Row:
+        started = time.monotonic()
         new_lines = await self._line_jobs(batch, lines, caller, client)
+        made = time.monotonic()
         row = await self.dispatcher.submit_batch(batch, new_lines, actor)
         log.info(
-            "batch=%s api=%s endpoint=%s lines=%d status=%s actor=%r",
+            "batch=%s api=%s endpoint=%s lines=%d status=%s actor=%r (lines made in %.2fs, stored in %.2fs)",
             row["id"],
             batch.api,
             batch.endpoint,
             row["total"],
             row["status"],
             actor,
+            made - started,
+            time.monotonic() - made,
         )
         return row
 

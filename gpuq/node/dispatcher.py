@@ -21,7 +21,7 @@ from ..jobs import FINAL, JobState, Kind, Lane, NodeCounts, iso, parse_iso
 from ..placement import node_views, preempt_elsewhere, preempted_reason, preempts
 from ..reload import Plan
 from ..store import Interrupted, NewJob, NodeInfo, Row, Store
-from ..store.batch_create import PIECE_LINES, Pace, pieces
+from ..store.batch_create import PIECE_LINES, pieces
 from ..store.batches import NewBatch, NewLine
 from ..store.leases import Router
 from .awake import Awake
@@ -402,11 +402,8 @@ class Dispatcher:
             jobs = sum(1 for line in lines if line.job is not None)
             await self.store.begin_batch(batch, len(lines), jobs, me, max_waiting)
             placed: set[str] = set()
-            pace = Pace()  # pieces as large as hold the writer briefly on this machine now
-            for piece in pieces(lines, pace.size):
-                started = time.monotonic()
+            for piece in pieces(lines):
                 placed.update(await self.store.add_batch_lines(batch.id, me, piece, nodes, actor, fair))
-                pace.took(time.monotonic() - started)
             ready = [n for n in self.node_infos() if n.name in placed]  # idle now, not when it began
             return await self.store.open_batch(batch.id, me, ready, self._hand_over)
         finally:

@@ -16,7 +16,7 @@ of it is kept, and none of its lines ever ran."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from ..errors import Conflict
@@ -28,47 +28,29 @@ from .engine import Connection
 from .steps import Row, check_quota, iso
 
 # A piece of a large batch's create: at most this many lines, and this many bytes of their
-# requests (a line may carry a long prompt): about 25 ms of the writer's time on an idle machine,
-# 60-150 ms on a loaded one; so its size adapts to the holds measured (Pace), as retention's do.
+# requests (a line may carry a long prompt): about 25 ms of the writer's time on an idle 2-core
+# machine, 150-200 ms at a load of 8. (Pieces that shrank while their writes took over 50 ms made a
+# loaded router's 100,000-line create 3.5x slower, 2,000 commits, and its submits wait longer.)
 PIECE_LINES = 500
 PIECE_BYTES = 4 << 20
-PIECE_HOLD_S = 0.05  # a piece's write that took longer: the next piece is half as large
-MIN_PIECE_LINES = 50
 # A dropped create's rows go this many lines at a time.
 DROP_LINES = 1000
 
 
-class Pace:
-    """The next piece's size from the last piece's write: halved after one over PIECE_HOLD_S
-    (down to MIN_PIECE_LINES), grown a quarter after one under a quarter of it (up to PIECE_LINES)."""
-
-    def __init__(self) -> None:
-        self.lines = PIECE_LINES
-
-    def size(self) -> int:
-        return self.lines
-
-    def took(self, seconds: float) -> None:
-        if seconds > PIECE_HOLD_S:
-            self.lines = max(MIN_PIECE_LINES, self.lines // 2)
-        elif seconds < PIECE_HOLD_S / 4:
-            self.lines = min(PIECE_LINES, self.lines + self.lines // 4)
-
-
 def pieces(
-    lines: Sequence[NewLine], size: Callable[[], int] = lambda: PIECE_LINES, max_bytes: int = PIECE_BYTES
+    lines: Sequence[NewLine], max_lines: int = PIECE_LINES, max_bytes: int = PIECE_BYTES
 ) -> Iterator[list[NewLine]]:
-    """`lines` in order, cut into pieces of at most `size()` lines (asked as each piece begins)
-    and about `max_bytes` bytes (a piece always takes one line, however large)."""
+    """`lines` in order, cut into pieces of at most `max_lines` lines and about `max_bytes` bytes
+    (a piece always takes one line, however large)."""
     piece: list[NewLine] = []
-    limit, weight_so_far = size(), 0
+    size = 0
     for line in lines:
         weight = len(line.job.request or "") + len(line.job.prompt or "") if line.job is not None else 0
-        if piece and (len(piece) >= limit or weight_so_far + weight > max_bytes):
+        if piece and (len(piece) >= max_lines or size + weight > max_bytes):
             yield piece
-            piece, limit, weight_so_far = [], size(), 0
+            piece, size = [], 0
         piece.append(line)
-        weight_so_far += weight
+        size += weight
     if piece:
         yield piece
 
