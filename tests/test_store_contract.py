@@ -993,7 +993,7 @@ async def test_a_batch_past_max_waiting_is_refused_whole(store):
     assert len(await store.jobs(state="queued")) == 1
 
 
-@covers("begin_batch", "add_batch_lines", "open_batch", "unfinished_batches")
+@covers("begin_batch", "add_batch_lines", "open_batch", "unfinished_batches", "retry_batch", "cancel_batch", "preempt")
 async def test_a_large_batch_made_in_pieces_is_hidden_until_it_is_opened_whole(store):
     """A large batch's create, piece by piece (batch_create.py): its lines are queued as they
     come but no claim takes one, and the batch is `validating`, until the short commit that
@@ -1005,12 +1005,19 @@ async def test_a_large_batch_made_in_pieces_is_hidden_until_it_is_opened_whole(s
     placed = await store.add_batch_lines("batch_p", "router-1", [line_of(1, model="ma:1b"), line_of(2)], KNOWN, "api")
     assert "a" in placed
     assert await store.claim("a") is None and await store.next_ready("a") is None  # hidden: never claimed
+    hidden = (await store.batch_lines("batch_p"))[0]["job_id"]
+    with pytest.raises(Conflict, match="a line of a batch still being created"):
+        await store.preempt(hidden, "api")
     assert (await store.batch("batch_p"))["counts"]["queued"] == 2
     assert await store.batches(open_only=True) == []  # no expiry, no finalize looks at it
     with pytest.raises(Conflict, match="no longer being created by this router"):
         await store.add_batch_lines("batch_p", "router-2", [line_of(3)], KNOWN, "api")
     with pytest.raises(Conflict, match="has 2 of its 4 lines stored"):
         await store.open_batch("batch_p", "router-1", KNOWN)
+    with pytest.raises(Conflict, match="still being created"):
+        await store.retry_batch("batch_p", "api")
+    with pytest.raises(Conflict, match="only a batch in progress can be cancelled"):
+        await store.cancel_batch("batch_p", "api")
     refused = NewLine(3, "id-3", None, {"status": 400, "code": None, "message": "bad body"})
     await store.add_batch_lines("batch_p", "router-1", [refused, line_of(4)], KNOWN, "api")
     opened = await store.open_batch("batch_p", "router-1", [])

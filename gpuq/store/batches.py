@@ -232,6 +232,8 @@ def retry_failed(
     batch = _batch_for_update(db, batch_id, only_owner)
     if batch["status"] == "failed":
         raise Conflict(f"batch {batch_id} failed its validation: nothing of it ran; fix its input and submit it again")
+    if batch["status"] == "validating":
+        raise Conflict(f"batch {batch_id} is still being created: none of its lines has run yet")
     retried = [
         r["job_id"]
         for r in db.execute(
