@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import time
 
 import openai
@@ -151,3 +152,34 @@ async def test_a_router_killed_mid_create_leaves_no_half_batch_and_none_of_its_l
     client = front.openai()
     assert [b.id async for b in client.batches.list()] == []  # nobody sees it, whole or half
     assert (await client.files.retrieve(file_id)).id == file_id  # the upload is kept: send it again
+
+
+async def test_a_create_the_store_refuses_half_way_is_answered_503_and_dropped_by_its_own_router(fakes, daemon_factory):
+    """A person holds the database's write lock in the sqlite3 shell mid-create: the next piece
+    waits out busy_timeout and the create is refused (503), as any write would be; once the lock
+    goes, the same router drops what the create had stored, and none of its lines ever ran."""
+    front = await start_front_lab(fakes, daemon_factory, front={"max_batch_lines": LINES}, busy_timeout="0.5s")
+    try:
+        file_id = await upload(front)
+        making = create(front, file_id)
+        await eventually(lambda: half_made(front), 60, 0.01, "the batch to be half made")
+        shell_db = sqlite3.connect(front.daemon.config.parent / "gpuq.db", isolation_level=None)
+        shell_db.execute("BEGIN IMMEDIATE")  # what `BEGIN IMMEDIATE;` typed in the sqlite3 shell does
+        try:
+            with pytest.raises(openai.APIStatusError) as refused:
+                await making
+            assert refused.value.status_code == 503
+            batch_id, status, lines = stored(front)
+            assert status == "validating" and 0 < lines < LINES  # what it had stored stays, hidden, meanwhile
+        finally:
+            shell_db.execute("ROLLBACK")
+            shell_db.close()
+        left = "SELECT (SELECT COUNT(*) FROM batch), (SELECT COUNT(*) FROM batch_line), (SELECT COUNT(*) FROM job)"
+        await eventually(lambda: shell(front.daemon, left) == [(0, 0, 0)], 30, 0.05, "the refused create dropped")
+        log = front.daemon.log.read_text()
+        router = log.split("router id ", 1)[1].split()[0]
+        said = f"batch={batch_id} dropped: router {router} stopped creating it"
+        await eventually(lambda: said in front.daemon.log.read_text(), 10, 0.05, "the drop to be logged")
+        assert not [r for r in front.fakes["node-1"].requests if "big " in json.dumps(r)]  # no line ever ran
+    finally:
+        await front.close()
