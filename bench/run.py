@@ -16,6 +16,7 @@ from pathlib import Path
 
 from . import (
     backup,
+    bigbatch,
     bodies,
     first_token,
     front,
@@ -62,6 +63,7 @@ SECTIONS = (
     "scale",
     "retention",
     "backup",
+    "bigbatch",
     "year",
 )
 
@@ -94,7 +96,7 @@ async def run_sections(bench: Bench) -> None:
         await retention.retention_section(bench)
     needs_router = any(
         bench.wants(s)
-        for s in ("submit", "turnaround", "first_token", "written", "growth", "listings", "backup", "year")
+        for s in ("submit", "turnaround", "first_token", "written", "growth", "listings", "backup", "bigbatch", "year")
     )
     if not needs_router:
         return
@@ -122,6 +124,8 @@ async def run_sections(bench: Bench) -> None:
             await listings.listings_section(bench)
         if bench.wants("backup"):  # its own 1 GB database and router
             await backup.backup_section(bench)
+        if bench.wants("bigbatch"):  # its own stores and routers
+            await bigbatch.bigbatch_section(bench)
         if bench.wants("year"):  # its own stores, then two routers side by side
             await year.year_section(bench)
     finally:
@@ -162,6 +166,9 @@ def judge(bench: Bench) -> None:
         "backup_s": lambda v: v <= 60.0,
         "backup_health_max": lambda v: v < 1000.0,
         "backup_submit_max": lambda v: v < 1000.0,
+        "bigbatch_hold": lambda v: v <= 100.0,
+        "bigbatch_health_p99": lambda v: v < 500.0,
+        "bigbatch_health_red": lambda v: v == 0,
         "year_db_ratio": lambda v: v <= 0.10,
         "year_sweep_hold": lambda v: v <= 50.0,
         **{f"year_{k}_ratio": (lambda v: v <= 1.5) for k in ("claim", "submit", "health", "queue")},
