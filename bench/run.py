@@ -20,6 +20,7 @@ from . import (
     front,
     growth_section,
     listings,
+    neighbours,
     pgstore,
     physical,
     postgres,
@@ -61,6 +62,7 @@ SECTIONS = (
     "retention",
     "backup",
     "year",
+    "neighbours",
 )
 
 
@@ -86,6 +88,8 @@ async def run_sections(bench: Bench) -> None:
         await replay.replay_section(bench)
     if bench.wants("scale"):  # its own routers, nodes and Chromium
         await scale.scale_section(bench)
+    if bench.wants("neighbours"):  # its own nodes, gpuq and the peers (LiteLLM, ollama-herd)
+        await neighbours.neighbours_section(bench)
     if bench.wants("retention"):  # its own store, in-process
         await retention.retention_section(bench)
     needs_router = any(
