@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import shutil
 import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
@@ -321,11 +323,12 @@ async def probe_disconnect(fleet: Fleet, system: System) -> None:
 
 
 async def gpuq_records(fleet: Fleet, system: System, tag: str) -> str:
+    """What gpuq still lists of the probe's calls after its restart: how many, in which states."""
     async with fleet.session.get(system.router.url + "/api/jobs?limit=100") as resp:
         jobs = (await resp.json())["jobs"]
-    ours = [j for j in jobs if tag in str(j.get("prompt") or j.get("summary") or j)]
-    states = ", ".join(sorted({str(j.get("state")) for j in ours}))
-    return f"{len(ours)} recorded ({states or 'none'})"
+    ours = Counter(str(j.get("state")) for j in jobs if tag in json.dumps(j))
+    states = ", ".join(f"{n} {state}" for state, n in sorted(ours.items()))
+    return f"{sum(ours.values())} of 4 recorded ({states or 'none'})"
 
 
 async def probe_kill(fleet: Fleet, system: System) -> None:
@@ -355,7 +358,7 @@ async def probe_kill(fleet: Fleet, system: System) -> None:
     ready = await fleet.models_listed(system)
     await asyncio.sleep(5.0)  # the window in which a kept call would run again
     after = generations(await fleet.fakes.log(NODE, since=restarted), restarted)
-    records = await gpuq_records(fleet, system, tag) if isinstance(system, Gpuq) else "no list of calls to ask"
+    records = await gpuq_records(fleet, system, tag) if isinstance(system, Gpuq) else "records not checked"
     words = f"SIGKILL with 4 calls out, restart (up again in {ready:.1f} s): {len(after)} ran after it; {records}"
     probe_row(fleet.bench, "kill", system, words, len(after))
 
