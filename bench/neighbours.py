@@ -263,7 +263,8 @@ async def unload_after(fleet: Fleet, system: System, key: str, how: str, call: C
         models = await loaded_models(fleet)
     if not models:
         ms = (time.monotonic() - ended) * 1000
-        probe_row(fleet.bench, key, system, f"after {how}: the model unloaded within {ms:.0f} ms", ms)
+        when = "already unloaded as it ended" if ms < 1 else f"unloaded within {ms:.0f} ms"
+        probe_row(fleet.bench, key, system, f"after {how}: the model {when}", ms)
         return
     words = f"after {how}: the model still loaded 3 s later, {expiry(models[0].get('expires_at'))}"
     probe_row(fleet.bench, key, system, words, None)
