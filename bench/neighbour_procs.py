@@ -125,6 +125,18 @@ class System:
     def router_pids(self) -> list[int]:
         raise NotImplementedError
 
+    def router_proc(self) -> asyncio.subprocess.Process | None:
+        raise NotImplementedError
+
+    def exited(self) -> str | None:
+        """Why its router is gone (its exit status and log's tail), or None while it runs."""
+        proc = self.router_proc()
+        if proc is None or proc.returncode is None:
+            return None
+        logs = sorted(self.workdir.glob("*.log"), key=lambda p: p.stat().st_mtime)
+        tail = logs[-1].read_text(errors="replace")[-600:] if logs else ""
+        return f"its router exited with status {proc.returncode}: {tail}"
+
     def pids(self) -> list[int]:
         return self.router_pids()
 
@@ -143,10 +155,6 @@ class System:
             return await asyncio.create_subprocess_exec(
                 *argv, stdout=log, stderr=log, stdin=asyncio.subprocess.DEVNULL, cwd=str(self.workdir), env=env
             )
-
-    def log_tail(self, log_name: str) -> str:
-        path = self.workdir / log_name
-        return path.read_text(errors="replace")[-1500:] if path.exists() else ""
 
 
 class Gpuq(System):
@@ -179,6 +187,9 @@ class Gpuq(System):
 
     def router_pids(self) -> list[int]:
         return [self.router.pid]
+
+    def router_proc(self) -> asyncio.subprocess.Process | None:
+        return self.router.proc
 
 
 class LiteLLM(System):
@@ -223,6 +234,9 @@ class LiteLLM(System):
     def router_pids(self) -> list[int]:
         assert self.proc is not None
         return descendants(self.proc.pid)
+
+    def router_proc(self) -> asyncio.subprocess.Process | None:
+        return self.proc
 
 
 class Herd(System):
@@ -274,6 +288,9 @@ class Herd(System):
         assert self.proc is not None
         return descendants(self.proc.pid)
 
+    def router_proc(self) -> asyncio.subprocess.Process | None:
+        return self.proc
+
     def pids(self) -> list[int]:
         return self.router_pids() + [p for a in self.agents for p in descendants(a.pid)]
 
@@ -282,4 +299,4 @@ class Herd(System):
 
 
 SYSTEMS: tuple[type[System], ...] = (Gpuq, LiteLLM, Herd)
-LABELS = {"gpuq": "gpuq", "litellm": "LiteLLM", "herd": "ollama-herd"}
+LABELS = {"gpuq": "gpuq", "litellm": "LiteLLM", "herd": "ollama-herd", "neighbours": "the section"}

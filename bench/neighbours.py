@@ -51,7 +51,14 @@ class Fleet:
         self.bench = bench
         self.fakes = fakes
         self.session = session
-        self.systems: list[System] = []
+        self.systems: list[System] = []  # those still measured
+        self.started: list[System] = []  # every one started, to be stopped
+
+    def drop(self, system: System, why: str) -> None:
+        """A system that failed mid-measure: a row says so, the others go on without it."""
+        failed(self.bench, system.name, why)
+        if system in self.systems:
+            self.systems.remove(system)
 
     async def quiet(self) -> None:
         """Every node idle (nothing streaming, gpuq's queue drained), then a quiet moment."""
@@ -80,6 +87,9 @@ class Fleet:
         deadline = time.monotonic() + START_LIMIT_S
         last = ""
         while time.monotonic() < deadline:
+            gone = system.exited()
+            if gone:
+                raise RuntimeError(gone)
             try:
                 call = await stream(self.session, system.url, "are you up?", headers=system.headers)
                 if call.status == 200 and call.tokens:
@@ -107,6 +117,7 @@ class Fleet:
     async def start_all(self, classes: list[type[System]], workdir: Path, timed: bool) -> None:
         for cls in classes:
             system = cls(workdir, dict(self.fakes.urls))
+            self.started.append(system)
             try:
                 await system.start()
                 took = await self.first_answer(system)
@@ -121,14 +132,17 @@ class Fleet:
             self.bench.say(f"neighbours: {system.name} answered {took:.1f} s after its start")
 
     async def stop_all(self) -> None:
-        for system in self.systems:
+        for system in self.started:
             await system.stop()
 
 
 def failed(bench: Bench, name: str, why: str) -> None:
     """A row that says a peer was not measured, and why (never a silent skip)."""
+    why = " ".join(why.replace("|", "/").split())  # one table cell
+    if len(why) > 300:  # its start (what failed) and its end (a traceback's last line)
+        why = why[:100] + " ... " + why[-200:]
     bench.say(f"neighbours: {name} not measured: {why}")
-    bench.metric(f"nb_failed_{name}", f"neighbours: {LABELS[name]} NOT MEASURED: {why[:300]}", "", "count")
+    bench.metric(f"nb_failed_{name}", f"neighbours: {LABELS[name]} NOT MEASURED: {why}", "", "count")
 
 
 def rotated(items: list, by: int) -> list:
@@ -174,14 +188,21 @@ async def first_tokens(fleet: Fleet) -> None:
             await fleet.quiet()
             direct = await stream(fleet.session, node_url, "hello", openai=False)
             for key, system, v1 in rotated(paths, i):
+                if system not in fleet.systems:
+                    continue
                 await fleet.quiet()
-                call = await stream(fleet.session, system.url, "hello", openai=v1, headers=system.headers)
-                if call.status != 200 or not call.tokens:
-                    raise RuntimeError(f"{key}: {call.status} {call.error}")
+                try:
+                    call = await stream(fleet.session, system.url, "hello", openai=v1, headers=system.headers)
+                    if call.status != 200 or not call.tokens:
+                        raise RuntimeError(f"{key}: {call.status} {call.error}")
+                except (RuntimeError, ValueError, OSError, aiohttp.ClientError) as exc:
+                    fleet.drop(system, f"a first-token call failed: {exc!r}")
+                    continue
                 runs[key].append(call.first_ms - direct.first_ms)
         for key, samples in runs.items():
-            rows[key].add_run(samples)
-        medians = ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in runs.items())
+            if samples:
+                rows[key].add_run(samples)
+        medians = ", ".join(f"{k} {statistics.median(v):.1f}" for k, v in runs.items() if v)
         bench.say(f"neighbours: first-token overhead run {rep + 1}/{bench.repeats} (ms, median): {medians}")
 
 
@@ -202,20 +223,28 @@ async def cpu_per_token(fleet: Fleet) -> None:
         for s in fleet.systems
     }
     for rep in range(bench.repeats):
-        for system in rotated(fleet.systems, rep):
+        for system in rotated(list(fleet.systems), rep):
             await fleet.quiet()
-            pids = system.pids()
-            before = sum(cpu_s(p) for p in pids)
-            calls = await asyncio.gather(
-                *(stream(fleet.session, system.url, f"stream {i}", headers=system.headers) for i in range(CLIENTS))
-            )
-            used = sum(cpu_s(p) for p in pids) - before
-            got = sum(len(c.tokens) for c in calls)
-            if got < tokens * CLIENTS:
-                errors = {c.error or c.status for c in calls if len(c.tokens) < tokens}
-                raise RuntimeError(f"{system.name}: {got} of {tokens * CLIENTS} tokens ({errors})")
-            rows[system.name].add_run(used / got * 1e6)
+            try:
+                rows[system.name].add_run(await cpu_run(fleet, system, tokens))
+            except (RuntimeError, ValueError, OSError, aiohttp.ClientError) as exc:
+                fleet.drop(system, f"the 20 streams failed: {exc!r}")
         bench.say(f"neighbours: CPU per token run {rep + 1}/{bench.repeats} done")
+
+
+async def cpu_run(fleet: Fleet, system: System, tokens: int) -> float:
+    """One round of 20 streams through `system`: its processes' CPU per token received, in us."""
+    pids = system.pids()
+    before = sum(cpu_s(p) for p in pids)
+    calls = await asyncio.gather(
+        *(stream(fleet.session, system.url, f"stream {i}", headers=system.headers) for i in range(CLIENTS))
+    )
+    used = sum(cpu_s(p) for p in pids) - before
+    got = sum(len(c.tokens) for c in calls)
+    if got < tokens * CLIENTS:
+        errors = {c.error or c.status for c in calls if len(c.tokens) < tokens}
+        raise RuntimeError(f"{system.name}: {got} of {tokens * CLIENTS} tokens ({errors})")
+    return used / got * 1e6
 
 
 def probe_row(bench: Bench, key: str, system: System, words: str, value: float | None) -> None:
@@ -434,8 +463,11 @@ async def neighbours_section(bench: Bench) -> None:
         classes = classes[:1]
     timeout = aiohttp.ClientTimeout(total=60)
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        await one_node(bench, classes, session)
-        await twenty_nodes(bench, classes, session)
+        for part in (one_node, twenty_nodes):
+            try:
+                await part(bench, classes, session)
+            except Exception as exc:  # noqa: BLE001 (said in a row; `make bench` goes on)
+                failed(bench, "neighbours", f"{part.__name__} stopped: {exc!r}")
     await ratios(bench)
 
 
