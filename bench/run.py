@@ -22,6 +22,7 @@ from . import (
     front,
     growth_section,
     listings,
+    neighbours,
     pgstore,
     physical,
     postgres,
@@ -65,6 +66,7 @@ SECTIONS = (
     "backup",
     "bigbatch",
     "year",
+    "neighbours",
 )
 
 
@@ -92,6 +94,8 @@ async def run_sections(bench: Bench) -> None:
         await replay.replay_section(bench)
     if bench.wants("scale"):  # its own routers, nodes and Chromium
         await scale.scale_section(bench)
+    if bench.wants("neighbours"):  # its own nodes, gpuq and the peers (LiteLLM, ollama-herd)
+        await neighbours.neighbours_section(bench)
     if bench.wants("retention"):  # its own store, in-process
         await retention.retention_section(bench)
     needs_router = any(
