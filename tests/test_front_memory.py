@@ -155,18 +155,25 @@ async def read_to_end(sock: socket.socket) -> bytes:
     return bytes(got)
 
 
-async def test_a_client_that_pauses_while_a_fast_node_answers_gets_the_whole_answer(front):
-    """A client that takes nothing while the node sends its whole 1.2 MB answer (9 MB of lines,
-    far more than the router holds in memory for a call) and then reads: every line the node
-    sent, in order, caught up from the call's spool on disk; the job's whole answer stored."""
-    sock = stalled_client(front, "pause a while")
+async def paused_until_done(front, prompt: str, route: str = "/api/chat") -> tuple[dict, bytes, bytes]:
+    """A call whose client reads nothing until its job is done, then everything: the job, and
+    the response's head and (still chunk-encoded) body."""
+    sock = stalled_client(front, prompt, route)
     try:
-        job = await front.job_with("pause a while")
+        job = await front.job_with(prompt)
         await front.daemon.wait_state(job["id"], "done", timeout=120)
         got = await read_to_end(sock)
     finally:
         sock.close()
     head, _, body = got.partition(b"\r\n\r\n")
+    return job, head, body
+
+
+async def test_a_client_that_pauses_while_a_fast_node_answers_gets_the_whole_answer(front):
+    """A client that takes nothing while the node sends its whole 1.2 MB answer (9 MB of lines,
+    far more than the router holds in memory for a call) and then reads: every line the node
+    sent, in order, caught up from the call's spool on disk; the job's whole answer stored."""
+    job, head, body = await paused_until_done(front, "pause a while")
     assert head.startswith(b"HTTP/1.1 200") and b"Transfer-Encoding: chunked" in head
     lines = [json.loads(line) for line in dechunk(body).splitlines() if line.strip()]
     assert all("error" not in line for line in lines)
@@ -192,14 +199,7 @@ def sse_texts(body: bytes) -> list[str]:
 
 async def test_a_v1_stream_that_pauses_gets_every_event_from_the_spool(front):
     """The same pause on OpenAI's streamed chat: its events made from the spooled lines."""
-    sock = stalled_client(front, "pause on v1", route="/v1/chat/completions")
-    try:
-        job = await front.job_with("pause on v1")
-        await front.daemon.wait_state(job["id"], "done", timeout=120)
-        got = await read_to_end(sock)
-    finally:
-        sock.close()
-    head, _, body = got.partition(b"\r\n\r\n")
+    _, head, body = await paused_until_done(front, "pause on v1", "/v1/chat/completions")
     assert head.startswith(b"HTTP/1.1 200") and b"text/event-stream" in head
     body = dechunk(body)
     assert body.endswith(b"data: [DONE]\n\n")

@@ -440,6 +440,17 @@ def late_body(timeout_s: float) -> str:
     )
 
 
+async def closed_after(request: web.Request, resp: web.StreamResponse) -> web.StreamResponse:
+    """`resp` (a late body's 408), the connection closed at once after it, without aiohttp's
+    lingering read of the rest of the body."""
+    resp.force_close()
+    await resp.prepare(request)
+    await resp.write_eof()
+    assert request.protocol is not None  # (the request's own connection, open while it is answered)
+    request.protocol.force_close()
+    return resp
+
+
 def body_deadline(timeout_s: float, render: Callable[[web.Request, int, str], web.Response]) -> Middleware:
     """A middleware reading each request's whole body within `timeout_s` of its headers (a client
     trickling its body would hold its connection for ever): late, the client gets 408 and the
@@ -454,12 +465,7 @@ def body_deadline(timeout_s: float, render: Callable[[web.Request, int, str], we
                     await request.read()
             except TimeoutError:
                 log.debug("cut %s %s: its body did not arrive within %gs", request.method, request.path, timeout_s)
-                resp = render(request, 408, late_body(timeout_s))
-                resp.force_close()
-                await resp.prepare(request)
-                await resp.write_eof()
-                request.protocol.force_close()
-                return resp
+                return await closed_after(request, render(request, 408, late_body(timeout_s)))
         return await handler(request)
 
     return middleware

@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import BodyPartReader, web
 
-from ..access.connections import late_body, streams_body
+from ..access.connections import closed_after, late_body, streams_body
 from ..errors import FrontError
 from ..front.call import actor_of
 from ..front.context import error_response, json_of
@@ -142,12 +142,7 @@ async def upload_file(request: web.Request) -> web.StreamResponse:
 async def too_late(request: web.Request, timeout_s: float) -> web.StreamResponse:
     """408, as the body deadline answers any late body: the connection closed at once after it,
     without aiohttp's lingering read of the rest."""
-    resp = error_response(request, 408, late_body(timeout_s))
-    resp.force_close()
-    await resp.prepare(request)
-    await resp.write_eof()
-    request.protocol.force_close()
-    return resp
+    return await closed_after(request, error_response(request, 408, late_body(timeout_s)))
 
 
 async def finish_upload(form: Form) -> Row:
