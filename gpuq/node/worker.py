@@ -16,7 +16,16 @@ from typing import Any, TypeVar
 from ..bus import Bus
 from ..config import Settings
 from ..critique import FINDINGS_SCHEMA, FindingsError, instruction, parse_findings
-from ..errors import GpuqError, GuardMiss, OllamaError, OllamaUnreachable, StoreUnavailable, described
+from ..errors import (
+    Conflict,
+    GpuqError,
+    GuardMiss,
+    NotFound,
+    OllamaError,
+    OllamaUnreachable,
+    StoreUnavailable,
+    described,
+)
 from ..jobs import JobState, Kind
 from ..params import merged_options
 from ..store import Row, Store
@@ -232,6 +241,10 @@ class Worker:
         if early is not None:
             log.info("job=%s node=%s aborted before it started: %s", job["id"], self.rt.name, early)
             return None
+        gone = self.calls.gone(job["id"]) if job.get("endpoint") is not None else None
+        if gone is not None:  # its client left before its claim: nothing is sent, loaded or unloaded
+            await self._cancel_unsent(job, gone)
+            return None
         cur = Current(job["id"], job["run_id"], job["model"])
         self.rt.current = cur
         cur.task = asyncio.create_task(self._execute(job, cur))
@@ -255,6 +268,17 @@ class Worker:
         finally:
             self.rt.current = None
             self.changed(job=job["id"], node=self.rt.name)
+
+    async def _cancel_unsent(self, job: Row, reason: str) -> None:
+        """A called job claimed after its client left (its cancel lost the race to the claim, or
+        the store refused it): cancelled here with the client's reason; the node is not touched
+        (its warm model stays). Its run row stays, never sent (no request in the node's log)."""
+        try:
+            await self._persist(job["id"], "cancel", lambda: self.store.delete(job["id"], "router", reason=reason))
+        except (Conflict, NotFound):  # the front door's own cancel came first
+            pass
+        log.info("job=%s node=%s state=cancelled reason=%r (never sent)", job["id"], self.rt.name, reason)
+        self.changed(job=job["id"], node=self.rt.name, state=JobState.CANCELLED)
 
     async def _end_lost(self, job: Row, cur: Current, exc: Exception) -> None:
         """The worker broke while ending a job: the job must not stay "running" with no one
@@ -543,7 +567,7 @@ class Worker:
         output, thinking, upto = cur.unsaved()
         await self._persist(job["id"], "partial output", lambda: self.store.save_output(cur.run_id, output, thinking))
         cur.saved = upto
-        await self.vram.after_abort(job, cur.abort_reason, cur.keep_s)
+        await self.vram.after_abort(job, cur.abort_reason, cur.keep_s, sent=self.sent_run == cur.run_id)
 
     async def note(self, job_id: str, message: str) -> None:
         """An event on the job, written as its outcome is (_persist)."""
