@@ -15,6 +15,7 @@ from ..bus import Bus
 from ..config import Settings
 from ..errors import Conflict, NotFound, StoreUnavailable, check_text, json_object, json_type
 from ..jobs import api_of, preview_url
+from ..node.calls import CLIENT_LEFT
 from ..node.dispatcher import Dispatcher
 from ..node.runtime import NodeRuntime
 from ..store import Store
@@ -58,9 +59,12 @@ class Front:
     async def cancel(self, job_id: str, reason: str, actor: str) -> None:
         """End a call's job because its client is gone: as a delete, with the reason. A job that
         generates has its node request cut first, at once (the node frees without waiting for
-        the commit); its cancel is then committed, tried again while the store refuses, as a
-        worker records what a job did: a cut job left "running" would hold its node."""
-        cut = self.dispatcher.cut(job_id, reason)
+        the commit); its worker then commits the cancel with the output so far, in one commit,
+        tried again while the store refuses, as it records what a job did (a cut job left
+        "running" would hold its node). Else the cancel is committed here, as a delete."""
+        cut = self.dispatcher.cut(job_id, reason, actor)
+        if cut and reason == CLIENT_LEFT:  # its worker commits the cancel with its output so far
+            return
         # Until the cancel is committed, a worker that claims the job ends it instead of running
         # it: a claim that wins the race with this cancel must not load or unload anything.
         self.relay.left(job_id, reason)

@@ -29,7 +29,7 @@ from ..errors import (
 from ..jobs import JobState, Kind
 from ..params import merged_options
 from ..store import Row, Store
-from .calls import Calls, Policy
+from .calls import CLIENT_LEFT, Calls, Policy
 from .monitor import NodeMonitor
 from .ollama import prompt_was_cut
 from .runtime import Current, NodeRuntime
@@ -565,9 +565,35 @@ class Worker:
     async def _after_abort(self, job: Row, cur: Current) -> None:
         log.info("job=%s node=%s aborted: %s", job["id"], self.rt.name, cur.abort_reason)
         output, thinking, upto = cur.unsaved()
-        await self._persist(job["id"], "partial output", lambda: self.store.save_output(cur.run_id, output, thinking))
+        if not (cur.abort_reason == CLIENT_LEFT and await self._cancel_cut(job, cur, output, thinking)):
+            await self._persist(
+                job["id"], "partial output", lambda: self.store.save_output(cur.run_id, output, thinking)
+            )
         cur.saved = upto
         await self.vram.after_abort(job, cur.abort_reason, cur.keep_s, sent=self.sent_run == cur.run_id)
+
+    async def _cancel_cut(self, job: Row, cur: Current, output: str, thinking: str | None) -> bool:
+        """A called job cut as its client left (Dispatcher.cut): its cancel and its output so far,
+        in one commit (an editor drops most of its autocompletes: one commit fewer each). False:
+        it was no longer running (the front door's own delete came first): the output is kept apart."""
+        try:
+            await self._persist(
+                job["id"],
+                "cancel",
+                lambda: self.store.finish(
+                    job["id"],
+                    cur.run_id,
+                    JobState.CANCELLED,
+                    CLIENT_LEFT,
+                    output,
+                    actor=cur.abort_actor,
+                    thinking=thinking,
+                ),
+            )
+        except GuardMiss:
+            return False
+        log.info("job=%s node=%s state=cancelled reason=%r", job["id"], self.rt.name, CLIENT_LEFT)
+        return True
 
     async def note(self, job_id: str, message: str) -> None:
         """An event on the job, written as its outcome is (_persist)."""
