@@ -16,6 +16,7 @@ from pathlib import Path
 
 from . import (
     backup,
+    bodies,
     first_token,
     front,
     growth_section,
@@ -54,6 +55,7 @@ SECTIONS = (
     "warm",
     "storm",
     "stalled",
+    "bodies",
     "postgres",
     "pgstore",
     "replay",
@@ -78,6 +80,8 @@ async def run_sections(bench: Bench) -> None:
         await storm.storm_section(bench)
     if bench.wants("stalled"):  # its own nodes and router
         await stalled.stalled_section(bench)
+    if bench.wants("bodies"):  # its own node and router: batch files uploaded and downloaded
+        await bodies.bodies_section(bench)
     if bench.wants("postgres"):  # its own throwaway PostgreSQL cluster
         await postgres.postgres_section(bench)
     if bench.wants("pgstore"):  # its own cluster, fakes and routers: gpuq on each engine
@@ -180,6 +184,7 @@ def judge(bench: Bench) -> None:
         if med(key) is not None:
             m[key].met = bool(ok(med(key)))
     storm.judge(m)
+    bodies.judge(m)
 
 
 def targets(bench: Bench) -> str:

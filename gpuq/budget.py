@@ -16,6 +16,10 @@ DAY_S = 86400.0
 GROWTH_WINDOW_S = 7 * DAY_S  # growth is read over the last week of samples
 GROWTH_MIN_SPAN_S = 3600.0  # samples closer than this say nothing of a day's growth yet
 NEAR_CAP = 0.9  # max_database_bytes is near past nine tenths of it
+# ...and reached with less room left than a few pages or a hundredth of it: a submit's few pages
+# may no longer fit (SQLite refuses the write, naming the cap: gpuq/store/sqlite.py cap_reached).
+AT_CAP_PAGES = 8
+AT_CAP_SHARE = 0.01
 OVERDUE_TIMES = 2.0  # a scheduled backup is overdue past twice `every` since the last success
 RETRY_MAX_S = 3600.0  # a failed scheduled backup is tried again after min(every, this)
 
@@ -27,14 +31,29 @@ class Sample:
     free_bytes: int | None
 
 
-def growth_per_day(samples: Sequence[Sample], now: float) -> float | None:
+@dataclass(frozen=True)
+class Growth:
+    """The database's growth, and the window it was measured over: from the oldest sample of the
+    last week to the newest (an hour of samples is an hour's growth, said per day)."""
+
+    per_day: float  # bytes a day (negative: it shrank)
+    span_s: float  # the seconds between the two samples it was read from
+
+    def words(self) -> str:
+        """'+5.1 MB/day over the last 3 h'."""
+        return f"{'+' if self.per_day >= 0 else ''}{human_bytes(self.per_day)}/day over the last {duration_words(self.span_s)}"
+
+
+def growth_per_day(samples: Sequence[Sample], now: float) -> Growth | None:
     """Bytes a day the database grew over the last week: from the oldest sample in the window to
-    the newest (a sweep that shrinks it shows as negative). None until the samples span an hour."""
+    the newest (a sweep that shrinks it shows as negative), with the span it was read over. None
+    until the samples span an hour."""
     recent = sorted((s for s in samples if now - s.at <= GROWTH_WINDOW_S), key=lambda s: s.at)
     if len(recent) < 2 or recent[-1].at - recent[0].at < GROWTH_MIN_SPAN_S:
         return None
     first, last = recent[0], recent[-1]
-    return (last.database_bytes - first.database_bytes) / (last.at - first.at) * DAY_S
+    span = last.at - first.at
+    return Growth((last.database_bytes - first.database_bytes) / span * DAY_S, span)
 
 
 def days_left(room: int, growth: float | None) -> float | None:
@@ -42,6 +61,19 @@ def days_left(room: int, growth: float | None) -> float | None:
     if growth is None or growth <= 0:
         return None
     return max(room, 0) / growth
+
+
+def duration_words(seconds: float) -> str:
+    """'45 min', '1 h', '2.5 h', '6.9 days'."""
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 2 * DAY_S:
+        return f"{_short(seconds / 3600)} h"
+    return f"{_short(seconds / DAY_S)} days"
+
+
+def _short(x: float) -> str:
+    return f"{x:.1f}".removesuffix(".0")
 
 
 @dataclass(frozen=True)
@@ -53,35 +85,87 @@ class Warning:
     fix: str
 
 
-def storage_warnings(
-    size: int, free: int | None, growth: float | None, warn_days: float, max_bytes: int | None, where: str
-) -> list[Warning]:
-    """What the storage budget warns of now: the disk filling within `warn_days` at the growth, the
-    database past nine tenths of max_database_bytes or reaching it within `warn_days`."""
-    found = []
-    disk_days = days_left(free or 0, growth) if free is not None else None
-    if disk_days is not None and disk_days < warn_days:
-        found.append(
-            Warning(
-                "disk_filling",
-                f"the disk holding {where} fills in about {disk_days:.1f} days at the database's growth "
-                f"({human_bytes(growth or 0)}/day; {human_bytes(free or 0)} free)",
-                "free space on that disk, or move the database; prune what the queue no longer needs",
-            )
+DISK_FIX = "free space on that disk, or move the database; prune what the queue no longer needs"
+CAP_FIX = "raise router.max_database_bytes (gpuq.toml, then a restart), or prune what the queue no longer needs"
+
+
+def disk_warning(
+    free: int | None, growth: Growth | None, warn_days: float, min_free: int, where: str
+) -> Warning | None:
+    """The disk holding the database: full or nearly full (under `min_free` bytes free) at once,
+    whatever the growth; else filling within `warn_days` at the growth measured."""
+    if free is None:  # PostgreSQL: the server's disk is not ours to see
+        return None
+    if free <= 0 or free < min_free:
+        state = (
+            "is full (0 B free): writes that need room fail"
+            if free <= 0
+            else f"is nearly full: {human_bytes(free)} free, under [storage] min_free_bytes {human_bytes(min_free)};"
+            " writes that need room fail once it is full"
         )
-    if max_bytes is not None:
-        cap_days = days_left(max_bytes - size, growth)
-        if size >= NEAR_CAP * max_bytes or (cap_days is not None and cap_days < warn_days):
-            when = f"in about {cap_days:.1f} days" if cap_days is not None else "soon"
-            found.append(
-                Warning(
-                    "database_filling",
-                    f"{where} is {human_bytes(size)} of router.max_database_bytes {human_bytes(max_bytes)}; "
-                    f"it reaches the cap {when}, then every write is refused",
-                    "raise router.max_database_bytes (gpuq.toml, then a restart), or prune what the queue no longer needs",
-                )
-            )
-    return found
+        return Warning("disk_filling", f"the disk holding {where} {state}", DISK_FIX)
+    days = days_left(free, growth.per_day) if growth is not None else None
+    if growth is None or days is None or days >= warn_days:
+        return None
+    return Warning(
+        "disk_filling",
+        f"the disk holding {where} fills in about {days:.1f} days at the database's growth"
+        f" ({growth.words()}; {human_bytes(free)} free)",
+        DISK_FIX,
+    )
+
+
+def cap_warning(
+    size: int, growth: Growth | None, warn_days: float, max_bytes: int | None, where: str, page_size: int = 4096
+) -> Warning | None:
+    """router.max_database_bytes (SQLite's max_page_count): `size` is what it counts, the
+    database's pages (page_count x page_size, free pages included; not the WAL). Reached or past
+    it, said so; past nine tenths, or reaching it within `warn_days` at the growth, warned of."""
+    if max_bytes is None:
+        return None
+    cap = f"router.max_database_bytes {human_bytes(max_bytes)}"
+    room = max_bytes - size
+    if room < max(AT_CAP_PAGES * page_size, AT_CAP_SHARE * max_bytes):
+        at = (
+            f"is past {cap} ({human_bytes(size)} of pages)"
+            if room < 0
+            else (f"is at {cap} ({human_bytes(size)} of pages, {human_bytes(room)} left)")
+        )
+        return Warning("database_filling", f"{where} {at}: a write that needs more room is refused", CAP_FIX)
+    days = days_left(max_bytes - size, growth.per_day) if growth is not None else None
+    if size < NEAR_CAP * max_bytes and (days is None or days >= warn_days):
+        return None
+    if growth is None:
+        when = "its growth is not measured yet"
+    elif days is None:
+        when = f"it does not grow ({growth.words()})"
+    else:
+        when = f"it reaches the cap in about {days:.1f} days ({growth.words()}), then every write that needs room is refused"
+    return Warning(
+        "database_filling",
+        f"{where} is {human_bytes(size)} of pages of {cap} ({size / max_bytes:.0%}); {when}",
+        CAP_FIX,
+    )
+
+
+def storage_warnings(
+    size: int,
+    free: int | None,
+    growth: Growth | None,
+    warn_days: float,
+    max_bytes: int | None,
+    where: str,
+    min_free: int = 0,
+    page_size: int = 4096,
+) -> list[Warning]:
+    """What the storage budget warns of now: the disk full or nearly full, or filling within
+    `warn_days` at the growth; the database at or past max_database_bytes, past nine tenths of
+    it, or reaching it within `warn_days`."""
+    found = (
+        disk_warning(free, growth, warn_days, min_free, where),
+        cap_warning(size, growth, warn_days, max_bytes, where, page_size),
+    )
+    return [w for w in found if w is not None]
 
 
 def next_backup_at(last_success: float | None, last_failure: float | None, born: float, every_s: float) -> float:
@@ -120,7 +204,8 @@ def human_bytes(n: float) -> str:
     sign = "-" if n < 0 else ""
     n = abs(n)
     for unit in ("B", "kB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.1f} {unit}"
+        shown = f"{n:.0f}" if unit == "B" else f"{n:.1f}"
+        if float(shown) < 1000 or unit == "TB":  # as rounded: 999,996 bytes are 1.0 MB, not 1000.0 kB
+            return f"{sign}{shown} {unit}"
         n /= 1000
     return f"{sign}{n:.1f} TB"

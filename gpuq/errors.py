@@ -158,8 +158,14 @@ class IncompleteInstall(GpuqError):
     exit_code = 2
 
 
+# `gpuq serve`'s exit code for a config it cannot run on (sysexits.h EX_CONFIG), apart from 2
+# (a port taken, a database in use: worth starting again): a service manager told not to restart
+# on it (gpuq/ops/service.py) stops instead of looping on a file only a person can mend.
+EX_CONFIG = 78
+
+
 class ConfigError(GpuqError):
-    exit_code = 2
+    exit_code = EX_CONFIG
 
 
 class NewerSchema(GpuqError):

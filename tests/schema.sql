@@ -83,6 +83,9 @@ CREATE INDEX run_running ON run (state) WHERE state = 'running';
 -- index sqlite_autoindex_batch_file_1 on batch_file
 (made by SQLite);
 
+-- index sqlite_autoindex_batch_file_chunk_1 on batch_file_chunk
+(made by SQLite);
+
 -- index sqlite_autoindex_batch_line_1 on batch_line
 (made by SQLite);
 
@@ -189,8 +192,14 @@ purpose TEXT NOT NULL, -- 'batch' (an input), 'batch_output' (written at finaliz
 filename TEXT NOT NULL,
 bytes INTEGER NOT NULL,
 created_at TEXT NOT NULL,
-owner TEXT, -- the user who uploaded it (or whose batch wrote it); NULL: no identity
-content BLOB NOT NULL -- last: the file as uploaded or written
+owner TEXT);
+
+-- table batch_file_chunk on batch_file_chunk
+CREATE TABLE batch_file_chunk (
+file_id TEXT NOT NULL REFERENCES batch_file(id) ON DELETE CASCADE,
+seq INTEGER NOT NULL, -- from 0, in the file's order
+bytes BLOB NOT NULL,
+PRIMARY KEY (file_id, seq)
 );
 
 -- table batch_line on batch_line

@@ -109,5 +109,5 @@ async def test_an_empty_token_from_the_environment_stops_the_router_from_startin
     # The variable is set, so a token was meant: ignoring it would serve the queue to anyone.
     d = await token_lab(fakes, daemon_factory, env={"GPUQ_TOKEN": ""}, start=False)
     res = await d.cli("serve", "--config", str(d.config), timeout=20)
-    assert res.code == 2
+    assert res.code == 78
     assert res.err.strip() == "gpuq: config error: $GPUQ_TOKEN: must not be empty (leave it out for no token)"

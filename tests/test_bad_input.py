@@ -6,6 +6,7 @@ HTTP and CLI tables (its jobs are all finished first, so nothing else writes mea
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import sqlite3
@@ -32,6 +33,9 @@ NOT_AN_ID = "(ids look like 1760883402-9f3a7c21)"
 NODES = " (the nodes: node-1, node-2, node-3)"  # what an unknown node's message lists
 
 
+FRONT_LIMIT = 1 << 20  # front.max_request_bytes (its least)
+
+
 @dataclass
 class World:
     daemon: Daemon
@@ -39,6 +43,7 @@ class World:
     task: str  # a done task
     critique: str  # a done critique
     tmp: Path
+    front: str  # the front door's URL
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -49,7 +54,7 @@ async def world(tmp_path_factory):
     f3 = FakeOllama(models={"llama3.2:latest"}, script=Script(tokens=4))
     for f in (f1, f2, f3):
         await f.start()
-    port = free_port()
+    port, front_port = free_port(), free_port()
     config = write_config(
         tmp / "gpuq.toml",
         [
@@ -59,6 +64,8 @@ async def world(tmp_path_factory):
         ],
         port,
         max_prompt_bytes=LIMIT,
+        ollama_listen=f"127.0.0.1:{front_port}",
+        front={"max_request_bytes": FRONT_LIMIT},
     )
     session = aiohttp.ClientSession()
     d = Daemon(config=config, url=f"http://127.0.0.1:{port}", log=tmp / "daemon.log", session=session)
@@ -75,7 +82,7 @@ async def world(tmp_path_factory):
         [tagless] = await d.submit("task", "another model", node="node-1", model="llama3.2")
         for job in (task, critique, tagless):
             await d.wait_state(job["id"], "done")
-        yield World(d, tmp / "gpuq.db", task["id"], critique["id"], tmp)
+        yield World(d, tmp / "gpuq.db", task["id"], critique["id"], tmp, f"http://127.0.0.1:{front_port}")
     finally:
         await d.kill()
         await session.close()
@@ -83,10 +90,13 @@ async def world(tmp_path_factory):
             await f.stop()
 
 
+STORED = ("job", "run", "event", "batch", "batch_line", "batch_file", "batch_file_chunk")
+
+
 def counts(db: Path) -> dict[str, int]:
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
-        return {t: conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in ("job", "run", "event")}
+        return {t: conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in STORED}
     finally:
         conn.close()
 
@@ -357,7 +367,14 @@ HTTP: dict[str, tuple[str, str, Any, int, str]] = {
     ),
     "unknown state": ("GET", "/api/jobs?state=bogus", None, 400, "unknown state 'bogus'"),
     # Job ids and node names in paths.
-    "unknown job id": ("GET", f"/api/jobs/{UNKNOWN_ID}", None, 404, f"no job with id '{UNKNOWN_ID}'"),
+    "unknown job id": (
+        "GET",
+        f"/api/jobs/{UNKNOWN_ID}",
+        None,
+        404,
+        f"no job with id '{UNKNOWN_ID}': not in the database; retention may have deleted it: "
+        f"gpuq archive search {UNKNOWN_ID}",
+    ),
     "id with an encoded path trick": (
         "GET",
         "/api/jobs/..%2F..%2Fgpuq.db",
@@ -434,6 +451,66 @@ HTTP: dict[str, tuple[str, str, Any, int, str]] = {
         400,
         "field 'running' must be a boolean, got \"yes\"",
     ),
+    # A batch's submit (`gpuq batch submit`): the same bodies as a job's.
+    "batch: malformed JSON": ("POST", "/api/batches", b'{"input": ', 400, Starts("malformed JSON: Expecting value")),
+    "batch: empty body": ("POST", "/api/batches", b"", 400, "missing request body: expected a JSON object"),
+    "batch: a JSON array": ("POST", "/api/batches", b'["x"]', 400, "expected a JSON object, got a JSON array"),
+    "batch: JSON null": ("POST", "/api/batches", b"null", 400, "expected a JSON object, got a JSON null"),
+    "batch: a JSON number": ("POST", "/api/batches", b"42", 400, "expected a JSON object, got a JSON number"),
+    "batch: nested too deep": ("POST", "/api/batches", b"[" * 50_000, 400, "malformed JSON: nested too deeply"),
+    "batch: non-UTF-8 bytes": (
+        "POST",
+        "/api/batches",
+        b'{"input": "\xff\xfe"}',
+        400,
+        "request body is not valid UTF-8",
+    ),
+    "batch: a lone surrogate in a key": (
+        "POST",
+        "/api/batches",
+        b'{"input": "x", "\\ud800": 1}',
+        400,
+        "the request body has a key that is not valid text: it holds a lone surrogate (\\ud800)",
+    ),
+    "batch: body over the size limit": (
+        "POST",
+        "/api/batches",
+        json.dumps({"input": "x" * 70_000}).encode(),
+        413,
+        Starts("request body too large"),
+    ),
+    "batch: unknown field": (
+        "POST",
+        "/api/batches",
+        {"input": "x", "model": "m"},
+        400,
+        "unknown field 'model' (allowed: completion_window, endpoint, input, name)",
+    ),
+    "batch: no input": ("POST", "/api/batches", {"name": "n"}, 400, "missing field 'input'"),
+    "batch: input of the wrong type": (
+        "POST",
+        "/api/batches",
+        {"input": ["x"]},
+        400,
+        "field 'input' must be a string, got [\"x\"]",
+    ),
+    "batch: an empty input": ("POST", "/api/batches", {"input": "\n"}, 400, Starts("file file-")),
+    "batch: unknown endpoint": (
+        "POST",
+        "/api/batches",
+        {"input": "x", "endpoint": "/v1/nope"},
+        400,
+        Starts("field 'endpoint' must be one of /v1/chat/completions"),
+    ),
+    "batch: unknown batch": ("GET", "/api/batches/batch_nope", None, 404, "no batch 'batch_nope'"),
+    "batch: results of an unknown batch": (
+        "GET",
+        "/api/batches/batch_nope/results",
+        None,
+        404,
+        "no batch 'batch_nope'",
+    ),
+    "batch: retry without failed": ("POST", "/api/batches/batch_nope/retry", {}, 400, Starts("retry takes")),
     # Routes.
     "unknown route": ("GET", "/api/nope", None, 404, "no route for /api/nope"),
     "wrong method": ("PUT", "/api/jobs", None, 405, "Method Not Allowed"),
@@ -455,6 +532,248 @@ async def test_http_bad_input_is_refused_and_changes_nothing(name, world):
     assert got_status == status, got
     assert got == {"error": {"status": status, "message": got["error"]["message"]}}
     assert matches(Starts(message) if isinstance(HTTP[name][4], Starts) else message, got["error"]["message"]), got
+    assert counts(world.db) == before
+
+
+# The front door's batch routes (OpenAI's /v1/files and /v1/batches, Anthropic's
+# /v1/messages/batches): name -> (method, path, body, content type, status, message). A bytes body
+# is sent as is, anything else as JSON; the message is read from each API's error envelope.
+BOUNDARY = "b0undary"
+MULTIPART = f"multipart/form-data; boundary={BOUNDARY}"
+INCOMPLETE = "the upload ended before its closing multipart boundary: incomplete upload"
+NOT_MULTIPART = "a file is uploaded as multipart/form-data with the fields 'purpose' and 'file'"
+
+
+def form(*parts: tuple[str, str | None, bytes], close: bool = True) -> bytes:
+    out = b""
+    for name, filename, data in parts:
+        named = f'form-data; name="{name}"' + (f'; filename="{filename}"' if filename else "")
+        out += f"--{BOUNDARY}\r\nContent-Disposition: {named}\r\n\r\n".encode() + data + b"\r\n"
+    return out + (f"--{BOUNDARY}--\r\n".encode() if close else b"")
+
+
+LINES = b"".join(
+    b'{"custom_id": "c-%d", "method": "POST", "url": "/v1/chat/completions", "body": {}}\n' % i for i in range(20)
+)
+WHOLE = form(("purpose", None, b"batch"), ("file", "in.jsonl", LINES))
+TOO_BIG = form(("purpose", None, b"batch"), ("file", "in.jsonl", b"x" * FRONT_LIMIT))
+
+
+def bodies(path: str) -> dict[str, tuple[str, str, Any, str, int, str]]:
+    """The body cases of every JSON route, for one front-door route."""
+    over = json.dumps({"requests": [], "pad": "x" * FRONT_LIMIT}).encode()
+    return {
+        f"{path}: malformed JSON": ("POST", path, b'{"a": ', "application/json", 400, Starts("invalid character")),
+        f"{path}: empty body": ("POST", path, b"", "application/json", 400, "missing request body"),
+        f"{path}: a JSON array": ("POST", path, b"[1]", "application/json", 400, "expected a JSON object, got array"),
+        f"{path}: JSON null": ("POST", path, b"null", "application/json", 400, "expected a JSON object, got null"),
+        f"{path}: a JSON number": ("POST", path, b"42", "application/json", 400, "expected a JSON object, got number"),
+        f"{path}: nested too deep": (
+            "POST",
+            path,
+            b"[" * 50_000,
+            "application/json",
+            400,
+            "malformed JSON: nested too deeply",
+        ),
+        f"{path}: non-UTF-8 bytes": (
+            "POST",
+            path,
+            b'{"a": "\xff\xfe"}',
+            "application/json",
+            400,
+            "request body is not valid UTF-8",
+        ),
+        f"{path}: a lone surrogate": (
+            "POST",
+            path,
+            b'{"a": "\\ud800 half"}',
+            "application/json",
+            400,
+            "field 'a' is not valid text: it holds a lone surrogate (\\ud800)",
+        ),
+        f"{path}: body over the size limit": (
+            "POST",
+            path,
+            over,
+            "application/json",
+            413,
+            Starts(f"request body too large: Maximum request body size {FRONT_LIMIT} exceeded"),
+        ),
+    }
+
+
+FRONT: dict[str, tuple[str, str, Any, str, int, str]] = {
+    **bodies("/v1/batches"),
+    **bodies("/v1/messages/batches"),
+    # An upload.
+    "upload: cut at a line": (
+        "POST",
+        "/v1/files",
+        WHOLE[: WHOLE.index(b'{"custom_id": "c-12"')],
+        MULTIPART,
+        400,
+        INCOMPLETE,
+    ),
+    "upload: no closing boundary": (
+        "POST",
+        "/v1/files",
+        form(("purpose", None, b"batch"), ("file", "in.jsonl", LINES), close=False),
+        MULTIPART,
+        400,
+        INCOMPLETE,
+    ),
+    "upload: cut inside the closing boundary": ("POST", "/v1/files", WHOLE[:-6], MULTIPART, 400, INCOMPLETE),
+    "upload: cut after its purpose": (
+        "POST",
+        "/v1/files",
+        WHOLE[: WHOLE.index(b"--" + BOUNDARY.encode(), 10) + 4],
+        MULTIPART,
+        400,
+        INCOMPLETE,
+    ),
+    "upload: empty body": ("POST", "/v1/files", b"", MULTIPART, 400, Starts(NOT_MULTIPART)),
+    "upload: not a form": ("POST", "/v1/files", b"hello", MULTIPART, 400, Starts(NOT_MULTIPART)),
+    "upload: JSON": ("POST", "/v1/files", {"purpose": "batch"}, "application/json", 400, NOT_MULTIPART),
+    "upload: a form without its boundary": (
+        "POST",
+        "/v1/files",
+        WHOLE,
+        "multipart/form-data",
+        400,
+        Starts(NOT_MULTIPART),
+    ),
+    "upload: no purpose": (
+        "POST",
+        "/v1/files",
+        form(("file", "in.jsonl", LINES)),
+        MULTIPART,
+        400,
+        "Missing required parameter: 'purpose'.",
+    ),
+    "upload: no file": (
+        "POST",
+        "/v1/files",
+        form(("purpose", None, b"batch")),
+        MULTIPART,
+        400,
+        "Missing required parameter: 'file'.",
+    ),
+    "upload: another purpose": (
+        "POST",
+        "/v1/files",
+        form(("purpose", None, b"fine-tune"), ("file", "in.jsonl", LINES)),
+        MULTIPART,
+        400,
+        "purpose 'fine-tune': gpuq keeps only batch input files (purpose 'batch')",
+    ),
+    "upload: another purpose after the file": (
+        "POST",
+        "/v1/files",
+        form(("file", "in.jsonl", LINES), ("purpose", None, b"assistants")),
+        MULTIPART,
+        400,
+        "purpose 'assistants': gpuq keeps only batch input files (purpose 'batch')",
+    ),
+    "upload: a purpose of 2 KB": (
+        "POST",
+        "/v1/files",
+        form(("purpose", None, b"b" * 2048), ("file", "in.jsonl", LINES)),
+        MULTIPART,
+        400,
+        "form field 'purpose': over 1024 bytes",
+    ),
+    "upload: a gzipped file": (
+        "POST",
+        "/v1/files",
+        WHOLE.replace(b'filename="in.jsonl"\r\n', b'filename="in.jsonl"\r\nContent-Encoding: gzip\r\n'),
+        MULTIPART,
+        400,
+        "the file's encoding (binary, gzip) is not one gpuq reads: send it as is, or in base64",
+    ),
+    "upload: over the size limit": (
+        "POST",
+        "/v1/files",
+        TOO_BIG,
+        MULTIPART,
+        413,
+        f"request body too large: Maximum request body size {FRONT_LIMIT} exceeded, actual body size {len(TOO_BIG)}"
+        " (front.max_request_bytes)",
+    ),
+    # A batch's fields.
+    "batch: no input file": (
+        "POST",
+        "/v1/batches",
+        {"endpoint": "/v1/chat/completions", "completion_window": "24h"},
+        "application/json",
+        400,
+        "input_file_id: the id of an uploaded file (purpose 'batch') is required",
+    ),
+    "batch: an unknown input file": (
+        "POST",
+        "/v1/batches",
+        {"input_file_id": "file-nope", "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+        "application/json",
+        404,
+        "no file 'file-nope'",
+    ),
+    "batch: a window that is no duration": (
+        "POST",
+        "/v1/batches",
+        {"input_file_id": "file-nope", "endpoint": "/v1/chat/completions", "completion_window": "soon"},
+        "application/json",
+        400,
+        Starts("completion_window"),
+    ),
+    "message batch: no requests": (
+        "POST",
+        "/v1/messages/batches",
+        {"requests": []},
+        "application/json",
+        400,
+        "requests: a list of at least one request is required",
+    ),
+    "message batch: a request without params": (
+        "POST",
+        "/v1/messages/batches",
+        {"requests": [{"custom_id": "a"}]},
+        "application/json",
+        400,
+        "requests.0.params: an object (a Messages request) is required",
+    ),
+    "file: content of an unknown file": ("GET", "/v1/files/file-nope/content", None, "", 404, "no file 'file-nope'"),
+    "message batch: results of an unknown batch": (
+        "GET",
+        "/v1/messages/batches/msgbatch_nope/results",
+        None,
+        "",
+        404,
+        "no batch 'msgbatch_nope'",
+    ),
+}
+
+
+def error_message(got: Any) -> str:
+    """The message of OpenAI's error envelope, or of Anthropic's."""
+    assert isinstance(got, dict) and isinstance(got.get("error"), dict), got
+    return got["error"]["message"]
+
+
+@IN_WORLD
+@pytest.mark.parametrize("name", list(FRONT))
+async def test_batch_routes_bad_input_is_refused_and_changes_nothing(name, world):
+    method, path, body, content_type, status, message = FRONT[name]
+    before = counts(world.db)
+    kwargs: dict[str, Any] = {"headers": {"Content-Type": content_type} if content_type else {}}
+    if isinstance(body, bytes):
+        kwargs["data"] = io.BytesIO(body)  # (sent with its Content-Length, in pieces)
+    elif body is not None:
+        kwargs["data"] = json.dumps(body).encode()
+    async with world.daemon.session.request(method, world.front + path, **kwargs) as resp:
+        got_status, text = resp.status, await resp.text()
+    got = json.loads(text)
+    assert got_status == status, got
+    assert matches(message, error_message(got)), got
     assert counts(world.db) == before
 
 
@@ -909,7 +1228,7 @@ def test_a_config_file_that_is_not_a_config_is_refused(text, message, tmp_path):
         "health_interval zero",
     ],
 )
-async def test_serve_exits_2_naming_the_key(name, world, tmp_path):
+async def test_serve_exits_78_naming_the_key(name, world, tmp_path):
     mutate, message = CONFIG[name]
     data = base()
     data["router"]["database"] = "never-created.db"
@@ -917,7 +1236,7 @@ async def test_serve_exits_2_naming_the_key(name, world, tmp_path):
     config = tmp_path / "gpuq.toml"
     config.write_text(tomli_w.dumps(data))
     res = await world.daemon.cli("serve", "--config", str(config))
-    assert res.code == 2
+    assert res.code == 78
     assert res.err.startswith("gpuq: config error: ") and message.split(":")[0] in res.err, res.err
     assert matches(message, res.err.strip().removeprefix("gpuq: config error: "))
     assert not (tmp_path / "never-created.db").exists()  # it stopped before touching anything

@@ -226,6 +226,10 @@ def test_users_take_tokens_roles_lanes_and_limits_and_the_single_token_stays_an_
             [{"name": "a", "token_env": "GPUQ_NO_SUCH_VARIABLE"}],
             "user 'a'.token_env: the environment variable $GPUQ_NO_SUCH_VARIABLE is not set",
         ),
+        (
+            [{"name": "a", "token_env": "$GPUQ_A"}],
+            "user 'a'.token_env: expected an environment variable's name like GPUQ_ALICE_TOKEN, got '$GPUQ_A'",
+        ),
         ([{"name": "a", "max_waiting": 0}], "user 'a'.max_waiting: must be from 1 to 1000000, got 0"),
         ([{"name": "a b"}], "user[1].name: use letters, digits, '.', '_', '@', '+' or '-', got 'a b'"),
     ],

@@ -142,11 +142,11 @@ async def test_the_sqlite_file_is_wal(fakes, daemon_factory, tmp_path):
     db.close()
 
 
-async def test_bad_config_exits_2_naming_the_key(fakes, daemon_factory):
+async def test_bad_config_exits_78_naming_the_key(fakes, daemon_factory):
     fake = await fakes()
     d = await daemon_factory([node_table("n1", fake, 1, ["task"], "m")], start=False, stale_after="ten minutes")
     res = await d.cli("serve", "--config", str(d.config))
-    assert res.code == 2
+    assert res.code == 78  # EX_CONFIG: apart from a taken port's 2, so a service does not restart it
     assert "router.stale_after" in res.err
 
 

@@ -31,8 +31,9 @@ async def submit_as(daemon, user: str, prompt: str, **extra) -> str:
 @pytest.fixture
 async def two_users(fakes, daemon_factory):
     """node-1 busy with alice's long task; waiting behind it: alice's batch task and bob's
-    interactive one (ahead of it). On node-2 (free), alice's second batch task, held by her
-    max_running of 1; alice's quick task done earlier, in history."""
+    interactive one (ahead of it: [router] interactive_preempts is off here, so it waits rather
+    than interrupting). On node-2 (free), alice's second batch task, held by her max_running of
+    1; alice's quick task done earlier, in history."""
     f1 = await fakes("qwen3-coder:30b", tokens=3)
     f2 = await fakes("qwen3-coder:30b")
     daemon = await daemon_factory(
@@ -42,6 +43,7 @@ async def two_users(fakes, daemon_factory):
         ],
         start=False,
         stall_timeout="120s",
+        interactive_preempts=False,
     )
     await with_users(
         daemon,

@@ -184,6 +184,32 @@ async def history(d) -> None:
     for user in ("bob", "admin"):
         status, body = await as_user(d, user, "GET", f"/api/history?q={SECRET}")
         assert d.ids["done"] in [j["id"] for j in body["jobs"] if j["prompt_excerpt"].startswith("bob's")], user
+    # bob's batch line that ended: a placeholder with no batch (its name, its custom id) to alice...
+    line = await ended_line(d)
+    status, body = await as_user(d, "alice", "GET", "/api/history")
+    [seen] = [j for j in body["jobs"] if j["id"] == line]
+    is_placeholder(seen)
+    assert "batch" not in seen, seen
+    holds_nothing_of_bobs(d, body)
+    d.auth = bearer("alice")  # ...and in `gpuq history --json`, which prints the API's jobs
+    try:
+        res = await d.cli("history", "--json", "--limit", "100")
+    finally:
+        d.auth = {}
+    assert res.code == 0 and line in res.out, res
+    holds_nothing_of_bobs(d, res.out)
+    for user in ("bob", "admin"):  # whole to bob and the admin
+        status, body = await as_user(d, user, "GET", "/api/history")
+        [own] = [j for j in body["jobs"] if j["id"] == line]
+        assert (own["batch"]["name"], own["batch"]["custom_id"]) == (f"bob-{SECRET}-ended", f"{SECRET}-e1"), user
+
+
+async def ended_line(d) -> str:
+    """The job of bob's cancelled batch's line (in history)."""
+    status, body = await as_user(d, "bob", "GET", f"/api/batches/{await bobs_ended_batch(d)}")
+    [line] = body["batch"]["jobs"]
+    assert line["state"] == "cancelled", line
+    return line["job_id"]
 
 
 async def queue(d) -> None:
@@ -192,12 +218,21 @@ async def queue(d) -> None:
     [node] = [n for n in body["nodes"] if n["name"] == "node-1"]
     is_placeholder(node["running"])
     assert node["running"]["id"] == d.ids["running"] and node["running"]["tokens_so_far"] >= 0
-    assert [j["id"] for j in node["queued"]] == [d.ids["waiting"], d.ids["alices"]]
-    is_placeholder(node["queued"][0])
-    assert node["queued"][1]["prompt_excerpt"] == "alice's own question"
+    queued = {j["id"]: j for j in node["queued"]}
+    is_placeholder(queued[d.ids["waiting"]])
+    assert queued[d.ids["alices"]]["prompt_excerpt"] == "alice's own question"
+    lines = [j for j in node["queued"] if j["owner"] == "bob" and j["id"] != d.ids["waiting"]]
+    assert len(lines) == 3, node["queued"]  # bob's batches' lines (gpuq batch, OpenAI's, Anthropic's)
+    for j in lines:
+        is_placeholder(j)
+        assert "batch" not in j, j
     holds_nothing_of_bobs(d, body)
     status, body = await as_user(d, "alice", "GET", "/api/queue?node=node-1&offset=1&limit=5")
-    assert [j["id"] for j in body["nodes"][0]["queued"]] == [d.ids["alices"]]
+    assert d.ids["waiting"] not in [j["id"] for j in body["nodes"][0]["queued"]]
+    holds_nothing_of_bobs(d, body)
+    status, body = await as_user(d, "bob", "GET", "/api/queue")
+    [node] = [n for n in body["nodes"] if n["name"] == "node-1"]
+    assert {f"{SECRET}-q1", f"{SECRET}-o1"} <= {j["batch"]["custom_id"] for j in node["queued"] if "batch" in j}
     status, body = await as_user(d, "admin", "GET", "/api/queue")
     assert SECRET in text_of(body)
 
@@ -251,19 +286,41 @@ def refused_on_bobs(action: str, method: str, body=None) -> Check:
     return check
 
 
+BATCH_NAME = f"bob-{SECRET}-sweep"  # bob's batches' names, metadata and custom ids all hold SECRET:
+# every route's check (holds_nothing_of_bobs) looks for them too.
+
+
+def chat_line(custom_id: str, text: str) -> dict:
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": MODEL, "messages": [{"role": "user", "content": text}]},
+    }
+
+
 async def bobs_batch(d) -> str:
     """A batch of bob's (made once per lab): one line asking about his secret."""
     if not hasattr(d, "batch"):
-        line = {
-            "custom_id": "q1",
-            "method": "POST",
-            "url": "/v1/chat/completions",
-            "body": {"model": MODEL, "messages": [{"role": "user", "content": f"bob's batched {SECRET} line"}]},
-        }
-        status, body = await as_user(d, "bob", "POST", "/api/batches", {"input": json.dumps(line), "name": "bob-sweep"})
+        line = chat_line(f"{SECRET}-q1", f"bob's batched {SECRET} line")
+        status, body = await as_user(d, "bob", "POST", "/api/batches", {"input": json.dumps(line), "name": BATCH_NAME})
         assert status == 201, body
         d.batch = body["batch"]["id"]
     return d.batch
+
+
+async def bobs_ended_batch(d) -> str:
+    """A batch of bob's that he cancelled at once (made once per lab): its line is in history."""
+    if not hasattr(d, "ended_batch"):
+        line = chat_line(f"{SECRET}-e1", "bob's cancelled line")
+        status, body = await as_user(
+            d, "bob", "POST", "/api/batches", {"input": json.dumps(line), "name": f"bob-{SECRET}-ended"}
+        )
+        assert status == 201, body
+        d.ended_batch = body["batch"]["id"]
+        status, body = await as_user(d, "bob", "POST", f"/api/batches/{d.ended_batch}/cancel", {})
+        assert status == 200, body
+    return d.ended_batch
 
 
 async def batch_list(d) -> None:
@@ -272,6 +329,17 @@ async def batch_list(d) -> None:
     status, body = await as_user(d, "alice", "GET", "/api/batches")
     assert status == 200 and batch not in text_of(body), body
     holds_nothing_of_bobs(d, body)
+    # The batches in progress (the queue page's): bob's as placeholders, his progress only.
+    status, body = await as_user(d, "alice", "GET", "/api/batches?open=1")
+    bobs = [b for b in body["batches"] if b["owner"] == "bob"]
+    assert status == 200 and len(bobs) == 3 and all(b["private"] for b in bobs), body
+    assert all(b[key] is None for b in bobs for key in ("name", "metadata", "input_file_id")), bobs
+    holds_nothing_of_bobs(d, body)
+    for user in ("bob", "admin"):
+        status, body = await as_user(d, user, "GET", "/api/batches?open=1")
+        assert {f"{SECRET}-project", BATCH_NAME} <= {
+            (b["metadata"] or {}).get("project") or b["name"] for b in body["batches"]
+        }, (user, body)
 
 
 def bobs_batch_unseen(method: str, action: str, body=None) -> Check:
@@ -306,20 +374,31 @@ async def on_front(d, user: str, method: str, path: str, body=None) -> tuple[int
 
 
 async def bobs_front_batches(d) -> dict[str, str]:
-    """bob's OpenAI batch (its input file) and an Anthropic message batch of his, made once."""
+    """bob's OpenAI batch from an uploaded file (metadata, custom id and file name holding his
+    secret) and an Anthropic message batch of his, made once."""
     if not hasattr(d, "front_batches"):
-        status, body = await as_user(d, "admin", "GET", f"/api/batches/{await bobs_batch(d)}")
-        assert status == 200, body
-        params = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": f"bob's {SECRET}"}]}
-        status, text = await on_front(
-            d, "bob", "POST", "/v1/messages/batches", {"requests": [{"custom_id": "m1", "params": params}]}
+        form = aiohttp.FormData()
+        form.add_field("purpose", "batch")
+        form.add_field(
+            "file", json.dumps(chat_line(f"{SECRET}-o1", f"bob's {SECRET}")), filename=f"{SECRET}-input.jsonl"
         )
-        assert status == 200, text
-        d.front_batches = {
-            "batch": body["batch"]["id"],
-            "file": body["batch"]["input_file_id"],
-            "message": json.loads(text)["id"],
+        async with d.session.post(d.front + "/v1/files", data=form, headers=bearer("bob")) as resp:
+            assert resp.status == 200, await resp.text()
+            file_id = (await resp.json())["id"]
+        asked = {
+            "input_file_id": file_id,
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+            "metadata": {"project": f"{SECRET}-project"},
         }
+        status, text = await on_front(d, "bob", "POST", "/v1/batches", asked)
+        assert status == 200, text
+        params = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": f"bob's {SECRET}"}]}
+        status, made = await on_front(
+            d, "bob", "POST", "/v1/messages/batches", {"requests": [{"custom_id": f"{SECRET}-m1", "params": params}]}
+        )
+        assert status == 200, made
+        d.front_batches = {"batch": json.loads(text)["id"], "file": file_id, "message": json.loads(made)["id"]}
     return d.front_batches
 
 
@@ -483,6 +562,11 @@ def test_every_route_of_both_doors_has_its_privacy_check(tmp_path):
 
 
 async def test_a_member_sees_others_jobs_as_placeholders_on_every_route(private_lab):
+    # bob's batches first (one ended, three in progress): their names, metadata and custom ids
+    # hold his secret, so every route's check looks for them too.
+    await bobs_ended_batch(private_lab)
+    await bobs_batch(private_lab)
+    await bobs_front_batches(private_lab)
     failures = []
     for (method, path), check in API_ROUTES.items():
         try:
@@ -541,10 +625,10 @@ async def test_anothers_batch_shows_its_progress_never_its_name_or_custom_ids(pr
     [shown] = [b for b in body["batches"] if b["id"] == batch]
     assert (shown["private"], shown["owner"], shown["total"], shown["status"]) == (True, "bob", 1, "in_progress")
     assert all(shown[key] is None for key in ("name", "metadata", "input_file_id", "errors")), shown
-    assert "bob-sweep" not in text_of(body)
+    assert BATCH_NAME not in text_of(body)
     for user in ("bob", "admin"):
         status, body = await as_user(d, user, "GET", "/api/batches?open=1")
-        assert [b["name"] for b in body["batches"] if b["id"] == batch] == ["bob-sweep"], user
+        assert [b["name"] for b in body["batches"] if b["id"] == batch] == [BATCH_NAME], user
     status, body = await as_user(d, "bob", "POST", f"/api/batches/{batch}/cancel", {})
     assert status == 200 and body["batch"]["counts"]["cancelled"] == 1, body
     status, body = await as_user(d, "bob", "GET", f"/api/batches/{batch}")
@@ -552,10 +636,10 @@ async def test_anothers_batch_shows_its_progress_never_its_name_or_custom_ids(pr
     status, body = await as_user(d, "alice", "GET", "/api/history")
     [seen] = [j for j in body["jobs"] if j["id"] == line["job_id"]]
     is_placeholder(seen)
-    assert "batch" not in seen and '"q1"' not in text_of(body), seen
+    assert "batch" not in seen and f"{SECRET}-q1" not in text_of(body), seen
     status, body = await as_user(d, "bob", "GET", "/api/history")
     [own] = [j for j in body["jobs"] if j["id"] == line["job_id"]]
-    assert own["batch"]["custom_id"] == "q1" and own["batch"]["id"] == batch, own
+    assert own["batch"]["custom_id"] == f"{SECRET}-q1" and own["batch"]["id"] == batch, own
 
 
 async def test_on_a_router_not_private_a_member_reads_every_batch_and_changes_her_own(fakes, daemon_factory):
@@ -579,15 +663,15 @@ async def test_on_a_router_not_private_a_member_reads_every_batch_and_changes_he
     f1.script.token_delay_s, f1.script.tokens = 0.05, 100_000  # bob's line runs until he cancels it
     batch = await bobs_batch(d)
     status, seen = await as_user(d, "alice", "GET", f"/api/batches/{batch}")
-    assert status == 200 and (seen["batch"]["name"], seen["batch"]["owner"]) == ("bob-sweep", "bob"), seen
-    assert seen["batch"]["jobs"][0]["custom_id"] == "q1"
+    assert status == 200 and (seen["batch"]["name"], seen["batch"]["owner"]) == (BATCH_NAME, "bob"), seen
+    assert seen["batch"]["jobs"][0]["custom_id"] == f"{SECRET}-q1"
     status, listed = await as_user(d, "alice", "GET", "/api/batches")
     assert batch in [b["id"] for b in listed["batches"]], listed
     file_id = seen["batch"]["input_file_id"]
     status, text = await on_front(d, "alice", "GET", f"/v1/files/{file_id}/content")
     assert status == 200 and SECRET in text, text
     status, text = await on_front(d, "alice", "GET", f"/v1/batches/{batch}")
-    assert status == 200 and json.loads(text)["metadata"] == {"name": "bob-sweep"}, text
+    assert status == 200 and json.loads(text)["metadata"] == {"name": BATCH_NAME}, text
     for method, path, body in (
         ("POST", f"/api/batches/{batch}/cancel", {}),
         ("POST", f"/api/batches/{batch}/retry", {"failed": True}),

@@ -267,11 +267,11 @@ def test_each_allowed_hosts_mistake_names_the_key(name, tmp_path):
 
 
 @pytest.mark.parametrize("value", [["mybox:8750"], "mybox"])
-async def test_serve_exits_2_on_a_bad_allowed_hosts(value, fakes, daemon_factory):
+async def test_serve_exits_78_on_a_bad_allowed_hosts(value, fakes, daemon_factory):
     fake = await fakes()
     d = await daemon_factory([node_table("n1", fake, 1, ["task"], "m")], start=False, allowed_hosts=value)
     res = await d.cli("serve", "--config", str(d.config))
-    assert res.code == 2, res.err
+    assert res.code == 78, res.err
     assert res.err.startswith("gpuq: config error: router.allowed_hosts"), res.err
 
 

@@ -178,8 +178,13 @@ async def test_gpuq_prune_says_what_it_would_drop_then_drops_it_and_deletes_the_
     dry = await daemon.cli("prune", "--dry-run")
     assert dry.code == 0, dry.err
     lines = dry.out.splitlines()
-    assert re.fullmatch(r"would delete 1 job\(s\) with 1 run\(s\) and 3 event\(s\) \(\d+ bytes\)", lines[0]), lines
-    assert re.fullmatch(r"would prune the output and request of 2 job\(s\) \(\d+ bytes\)", lines[1]), lines
+    assert re.fullmatch(
+        r"would delete 1 job\(s\) with 1 run\(s\) and 3 event\(s\) \(\d+ bytes: their rows' stored values, every column\)",
+        lines[0],
+    ), lines
+    assert re.fullmatch(r"would prune the output and request of 2 job\(s\) \(\d+ bytes: the request, .*\)", lines[1]), (
+        lines
+    )
     assert lines[2] == f"archived first to {tmp_path / 'gpuq-archive'}"
     as_json = json.loads((await daemon.cli("prune", "--dry-run", "--json")).out)
     assert as_json["prune"]["jobs"] == 2 and as_json["prune"]["bytes"] > 0 and as_json["delete"]["jobs"] == 1
@@ -304,7 +309,9 @@ async def test_an_archive_that_cannot_be_written_keeps_the_jobs_in_the_database(
         blocked = tmp_path / "a-file"
         blocked.write_text("not a directory")
         settings = Settings(retention_archive=blocked / "archive")
-        with pytest.raises(StoreUnavailable, match=r"the retention archive .* cannot be written .* nothing was pruned"):
+        with pytest.raises(
+            StoreUnavailable, match=r"the retention archive .* cannot be written .* nothing of this batch was pruned"
+        ):
             await Sweeper(store, lambda: settings, lambda: None).run_once()
         assert (await store.job(job["id"]))["state"] == "cancelled"
     finally:

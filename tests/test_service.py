@@ -3,14 +3,20 @@ stand-in `systemctl`/`launchctl` first on PATH that record how they were called.
 
 from __future__ import annotations
 
+import json
 import os
 import plistlib
 import shlex
+import shutil
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import free_port
 
 from gpuq.config import starter_config
 
@@ -29,6 +35,21 @@ exit 0
 """
 
 
+# Two users' tokens in the installing shell; alice's holds each character an EnvironmentFile (or a
+# shell sourcing it) reads specially, and systemd's specifier.
+SECRETS = {"GPUQ_ALICE_TOKEN": 'al"ice $HOME `id` \\n %h', "GPUQ_BOB_TOKEN": "bob-token-4567"}
+USERS = """
+[[user]]
+name = "alice"
+token_env = "GPUQ_ALICE_TOKEN"
+role = "admin"
+
+[[user]]
+name = "bob"
+token_env = "GPUQ_BOB_TOKEN"
+"""
+
+
 class Lab:
     def __init__(self, tmp_path: Path, tools: tuple[str, ...] = ("systemctl", "launchctl")):
         self.home = tmp_path / "home"
@@ -41,13 +62,15 @@ class Lab:
         self.calls_file = tmp_path / "calls"
         self.cwd = tmp_path / "elsewhere"
         self.cwd.mkdir()
-        self.env = {k: v for k, v in os.environ.items() if k not in ("XDG_CONFIG_HOME", "GPUQ_CONFIG")}
+        # What the router reads from its environment: only what a test gives (the lab's tokens).
+        steering = ("XDG_CONFIG_HOME", "GPUQ_CONFIG", "GPUQ_TOKEN", "GPUQ_DATABASE", *SECRETS)
+        self.env = {k: v for k, v in os.environ.items() if k not in steering}
         self.env.update(HOME=str(self.home), PATH=str(self.bin), CALLS=str(self.calls_file))
 
-    def config(self, where: str = "lab") -> Path:
+    def config(self, where: str = "lab", extra: str = "") -> Path:
         path = self.cwd.parent / where / "gpuq.toml"
         path.parent.mkdir(parents=True)
-        path.write_text(starter_config())
+        path.write_text(starter_config() + extra)
         return path
 
     def gpuq(self, *args: str, **env: str) -> subprocess.CompletedProcess:
@@ -66,6 +89,17 @@ class Lab:
     @property
     def unit(self) -> Path:
         return self.home / ".config" / "systemd" / "user" / "gpuq.service"
+
+    @property
+    def env_file(self) -> Path:
+        return self.home / ".config" / "gpuq" / "router.env"
+
+
+def sourced(env_file: Path, *names: str) -> list[str]:
+    """The values a shell reads from the file (systemd reads double-quoted values the same way)."""
+    script = f'set -a; . "{env_file}"; ' + "; ".join(f'printf "%s\\0" "${n}"' for n in names)
+    done = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, env={}, check=True)
+    return done.stdout.split("\0")[:-1]
 
 
 def exec_start(unit: str) -> list[str]:
@@ -202,3 +236,118 @@ def test_a_failing_systemctl_is_named_with_what_it_said(tmp_path):
     assert r.returncode == 1
     assert "error `systemctl --user enable --now gpuq.service` exited 1: Failed to connect to bus" in r.stderr
     assert f"({lab.unit} is written; `gpuq service uninstall` removes it)" in r.stderr
+
+
+def mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def test_install_carries_the_routers_tokens_in_a_file_only_its_owner_reads(tmp_path):
+    lab = Lab(tmp_path)
+    config = lab.config(extra=USERS)
+    r = lab.gpuq("service", "install", "--platform", "linux", "--config", str(config), **SECRETS)
+    assert r.returncode == 0, r.stderr
+    assert mode(lab.env_file) == 0o600 and mode(lab.env_file.parent) == 0o700
+    assert sourced(lab.env_file, *SECRETS) == list(SECRETS.values())
+    assert f"in {lab.env_file} (0600): $GPUQ_ALICE_TOKEN, $GPUQ_BOB_TOKEN" in r.stdout
+    assert not any(secret in r.stdout + r.stderr for secret in SECRETS.values())  # named, never shown
+    lines = lab.unit.read_text().splitlines()
+    assert f"EnvironmentFile={lab.env_file}" in lines
+    # A config error (exit 78) is not restarted; anything else at most 20 times in 5 minutes.
+    assert "Restart=on-failure" in lines and "RestartPreventExitStatus=78" in lines
+    assert "StartLimitIntervalSec=300" in lines and "StartLimitBurst=20" in lines
+    assert lines.index("StartLimitBurst=20") < lines.index("[Service]")  # [Unit]'s keys
+    if shutil.which("systemd-analyze"):
+        done = subprocess.run(["systemd-analyze", "verify", str(lab.unit)], capture_output=True, text=True)
+        assert done.returncode == 0 and done.stderr == "", done.stderr
+    # A dry run names what it would carry, never a value.
+    r = lab.gpuq("service", "install", "--platform", "linux", "--config", str(config), "--dry-run", **SECRETS)
+    assert r.returncode == 0 and f"# and {lab.env_file} (0600): $GPUQ_ALICE_TOKEN, $GPUQ_BOB_TOKEN" in r.stdout
+    assert SECRETS["GPUQ_BOB_TOKEN"] not in r.stdout
+    # Installed again from a shell with another token: the file holds the new one, still 0600.
+    lab.env_file.chmod(0o644)
+    r = lab.gpuq(
+        "service", "install", "--platform", "linux", "--config", str(config), **SECRETS | {"GPUQ_BOB_TOKEN": "b2"}
+    )
+    assert r.returncode == 0, r.stderr
+    assert mode(lab.env_file) == 0o600 and sourced(lab.env_file, "GPUQ_BOB_TOKEN") == ["b2"]
+    assert lab.gpuq("service", "uninstall", "--platform", "linux").returncode == 0
+    assert not lab.env_file.exists() and not lab.unit.exists()  # no secret left behind
+
+
+def test_install_refuses_a_token_env_its_shell_does_not_set_and_writes_nothing(tmp_path):
+    lab = Lab(tmp_path)
+    config = lab.config(extra=USERS)
+    r = lab.gpuq("service", "install", "--platform", "linux", "--config", str(config), GPUQ_ALICE_TOKEN="a")
+    assert r.returncode == 1
+    assert "user 'bob'.token_env: the environment variable $GPUQ_BOB_TOKEN is not set" in r.stderr
+    assert "set $GPUQ_BOB_TOKEN here (export GPUQ_BOB_TOKEN=...) and install again; nothing was written" in r.stderr
+    assert not lab.unit.exists() and not lab.env_file.exists() and lab.calls() == []
+
+
+def test_macos_carries_the_tokens_in_a_plist_only_its_owner_reads(tmp_path):
+    lab = Lab(tmp_path)
+    config = lab.config(extra=USERS)
+    r = lab.gpuq("service", "install", "--platform", "macos", "--config", str(config), **SECRETS)
+    assert r.returncode == 0, r.stderr
+    path = lab.home / "Library" / "LaunchAgents" / "local.gpuq.router.plist"
+    assert mode(path) == 0o600
+    env = plistlib.loads(path.read_bytes())["EnvironmentVariables"]
+    # launchd restarts any failure: GPUQ_SERVICE=launchd makes a config error exit 0 instead.
+    assert env == {**SECRETS, "PYTHONUNBUFFERED": "1", "GPUQ_SERVICE": "launchd"}
+    r = lab.gpuq("service", "install", "--platform", "macos", "--config", str(config), "--dry-run", **SECRETS)
+    assert r.returncode == 0 and "<string>(the value in this shell)</string>" in r.stdout
+    assert SECRETS["GPUQ_BOB_TOKEN"] not in r.stdout
+
+
+def test_the_units_router_starts_on_its_environment_and_a_config_error_is_not_restarted(tmp_path):
+    """What the service manager runs: ExecStart with the EnvironmentFile, from a shell that holds
+    no token. It starts and knows each user; a config gone wrong exits 78, the code the unit
+    names not to restart on (and 0 under launchd, whose only rule is "restart unless it succeeded")."""
+    lab = Lab(tmp_path)
+    port = free_port()
+    config = lab.config(extra=USERS)
+    config.write_text(
+        config.read_text()
+        .replace("127.0.0.1:8750", f"127.0.0.1:{port}")
+        .replace('ollama_listen = "127.0.0.1:11435"\n', "")
+    )
+    r = lab.gpuq("service", "install", "--platform", "linux", "--config", str(config), **SECRETS)
+    assert r.returncode == 0, r.stderr
+    command = shlex.join(exec_start(lab.unit.read_text()))
+    service_env = {k: v for k, v in lab.env.items() if k not in SECRETS} | {"PATH": "/usr/bin:/bin"}
+    log = tmp_path / "router.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", f'set -a; . "{lab.env_file}"; exec {command}'], env=service_env, stdout=out, stderr=out
+        )
+    try:
+        whoami = wait_for_whoami(f"http://127.0.0.1:{port}", SECRETS["GPUQ_ALICE_TOKEN"], proc, log)
+        assert whoami["name"] == "alice" and whoami["role"] == "admin"
+    finally:
+        proc.terminate()
+        proc.wait(20)
+    config.write_text(config.read_text() + '\n[[user]]\nname = "carol"\ntoken_env = "GPUQ_CAROL_TOKEN"\n')
+    argv = exec_start(lab.unit.read_text())
+    done = subprocess.run(argv, env=service_env | SECRETS, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 78, done.stderr
+    assert "user 'carol'.token_env: the environment variable $GPUQ_CAROL_TOKEN is not set" in done.stderr
+    done = subprocess.run(
+        argv, env=service_env | SECRETS | {"GPUQ_SERVICE": "launchd"}, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and "GPUQ_CAROL_TOKEN is not set" in done.stderr, done.stderr
+
+
+def wait_for_whoami(url: str, token: str, proc: subprocess.Popen, log: Path) -> dict:
+    """GET /api/whoami as `token` once the router answers (polled, with a deadline)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the router exited {proc.returncode}:\n{log.read_text()}")
+        request = urllib.request.Request(url + "/api/whoami", headers={"Authorization": f"Bearer {token}"})
+        try:
+            with urllib.request.urlopen(request, timeout=2) as resp:
+                return json.loads(resp.read())
+        except (urllib.error.URLError, ConnectionError):
+            time.sleep(0.05)  # polling its port with a deadline, not a wait for time to pass
+    raise AssertionError(f"the router did not answer within 30 s:\n{log.read_text()}")

@@ -586,7 +586,7 @@ async def test_an_alert_fires_is_owed_delivered_and_resolved(store):
 # -- leases: exactly one router drives a node (every case: tests/test_leases.py) ----------------
 
 
-@covers("take_nodes", "renew_nodes", "release_nodes", "end_dead_routers", "routers")
+@covers("take_nodes", "renew_nodes", "release_nodes", "end_dead_routers", "routers", "still_held")
 async def test_a_router_holds_its_nodes_until_it_releases_them_or_its_process_is_gone(store):
     host = socket.gethostname()
     one = Router.new("127.0.0.1:1", None, T0)
@@ -598,6 +598,7 @@ async def test_a_router_holds_its_nodes_until_it_releases_them_or_its_process_is
     assert {r["id"]: sorted(r["nodes"]) for r in alive["routers"]} == {one.id: ["a", "b"], two.id: ["c"]}
     assert {n: h["router"] for n, h in alive["holders"].items() if h} == {"a": one.id, "b": one.id, "c": two.id}
     assert await store.renew_nodes(one, ["a", "b"], 60.0) == ["a", "b"]
+    assert await store.still_held(one, ["a", "b", "c"]) == ["a", "b"]  # a read: c is two's
 
     # `two` ran on this host and its process is gone: its leases end now, its node is free at once.
     assert await store.end_dead_routers(one, lambda pid: pid != two.pid) == ["c"]
@@ -825,7 +826,11 @@ async def test_retention_sweeps_are_recorded_done_or_failed_with_what_they_did(s
 async def test_the_database_is_measured_sampled_and_its_tables_sized(store):
     assert (await store.born()).endswith("Z")  # the first migration's time
     now = await store.storage_now()
-    assert now["database_bytes"] == now["file_bytes"] + now["wal_bytes"] > 0
+    if on_postgres(store):
+        assert now["database_bytes"] == now["file_bytes"] > 0 and now["page_size"] is None
+    else:  # its pages, what max_database_bytes counts; the file and its WAL on disk apart
+        assert now["database_bytes"] % now["page_size"] == 0 and now["database_bytes"] > 0
+        assert now["file_bytes"] + now["wal_bytes"] > 0
     assert (now["free_bytes"] is None) == on_postgres(store)
     assert await store.record_storage_sample(1000, 5000, min_gap_s=3600)
     assert not await store.record_storage_sample(2000, 5000, min_gap_s=3600)  # one within the hour: skipped
@@ -845,6 +850,7 @@ async def test_the_database_is_measured_sampled_and_its_tables_sized(store):
     sizes = [r["bytes"] for r in sized["relations"]]
     assert sizes == sorted(sizes, reverse=True)
     assert (sized["empty_bytes"] is None) == on_postgres(store)  # PostgreSQL's VACUUM reuses its own
+    assert (sized["reclaimable_bytes"] is None) == on_postgres(store)
 
 
 @covers("compact")
@@ -1014,6 +1020,67 @@ async def test_two_routers_finalizing_one_batch_at_once_write_its_output_once(st
     files = await store.read("SELECT id FROM batch_file WHERE purpose = 'batch_output'")
     assert [f["id"] for f in files] == [done["output_file_id"]]
     assert (await store.batch("batch_2r"))["output_file_id"] == done["output_file_id"]
+
+
+@covers("begin_file", "add_file_chunk", "end_file", "file_chunk", "drop_upload")
+async def test_an_upload_is_stored_chunk_by_chunk_shown_only_once_whole_and_dropped_whole(store):
+    """An upload's row is shown by no read until it ends; its chunks read back one by one, in
+    order; one dropped (refused, cut) leaves nothing; a file deleted takes its chunks with it."""
+    await store.begin_file("file-up", "batch", "up.jsonl", "alice")
+    for seq, data in enumerate((b"first \x00", b"second\xff", b"third")):
+        await store.add_file_chunk("file-up", seq, data)
+    with pytest.raises(NotFound):
+        await store.file("file-up")
+    assert await store.files() == []
+    row = await store.end_file("file-up", 20)
+    assert (row["id"], row["bytes"], row["owner"]) == ("file-up", 20, "alice")
+    assert [await store.file_chunk("file-up", seq) for seq in range(4)] == [
+        b"first \x00",
+        b"second\xff",
+        b"third",
+        None,
+    ]
+    assert await store.file_content("file-up") == b"first \x00second\xffthird"
+    await store.begin_file("file-cut", "batch", "cut.jsonl", "alice")
+    await store.add_file_chunk("file-cut", 0, b"half")
+    await store.drop_upload("file-cut")
+    await store.drop_upload("file-up")  # (a whole file is not an upload: it stays)
+    assert await store.read("SELECT file_id FROM batch_file_chunk WHERE file_id = 'file-cut'") == []
+    assert [f["id"] for f in await store.files()] == ["file-up"]
+    await store.delete_file("file-up")
+    assert await store.read("SELECT file_id FROM batch_file_chunk") == []
+    # An upload its router never ended (stopped half-way) goes once it is older than its bound.
+    await store.begin_file("file-left", "batch", "left.jsonl", "alice", 600.0)
+    await store.add_file_chunk("file-left", 0, b"left behind")
+    store.clock.advance(599)
+    await store.begin_file("file-next", "batch", "next.jsonl", "alice", 600.0)
+    assert len(await store.read("SELECT file_id FROM batch_file_chunk WHERE file_id = 'file-left'")) == 1
+    store.clock.advance(2)
+    await store.begin_file("file-later", "batch", "later.jsonl", "alice", 600.0)
+    assert await store.read("SELECT file_id FROM batch_file_chunk WHERE file_id = 'file-left'") == []
+    assert [r["id"] for r in await store.read("SELECT id FROM batch_file ORDER BY id")] == ["file-later", "file-next"]
+
+
+@covers("add_file", "file_chunk")
+async def test_a_file_kept_whole_is_kept_as_chunks_of_at_most_a_mebibyte(store):
+    content = bytes(range(256)) * (5 * 4096 + 7)  # 5 MiB and a bit
+    await store.add_file("file-big", "batch_output", "big.jsonl", content, None)
+    chunks = await store.read(
+        "SELECT seq, LENGTH(bytes) AS n FROM batch_file_chunk WHERE file_id = ? ORDER BY seq", ("file-big",)
+    )
+    assert [c["n"] for c in chunks] == [1 << 20] * 5 + [7 * 256]
+    assert await store.file_content("file-big") == content
+
+
+@covers("batch_results_page")
+async def test_a_batchs_results_are_read_a_page_at_a_time_in_line_order(store):
+    await store.create_batch(batch_of("batch_p"), [line_of(n) for n in range(1, 6)], KNOWN, "api")
+    pages, after = [], 0
+    while found := await store.batch_results_page("batch_p", after, 2):
+        pages.append([r["line"] for r in found])
+        after = found[-1]["line"]
+    assert pages == [[1, 2], [3, 4], [5]]
+    assert [r["custom_id"] for r in await store.batch_results_page("batch_p", 3, 10)] == ["id-4", "id-5"]
 
 
 @covers("finalize_batch")

@@ -17,8 +17,8 @@ async def test_dbstat_counts_pages_and_the_estimate_counts_the_stored_values(tmp
     try:
         for i in range(3):
             await store.submit(NewJob("task", f"{i}" * 100_000, node="a"), NODES, "api")
-        method, exact, empty = sqlite_relations(path, 5.0)
-        fallback, estimated, unknown = sqlite_relations(path, 5.0, dbstat=False)
+        method, exact, empty, _ = sqlite_relations(path, 5.0)
+        fallback, estimated, unknown, _ = sqlite_relations(path, 5.0, dbstat=False)
     finally:
         await store.close()
     assert (method, fallback) == ("dbstat", "estimate")

@@ -51,5 +51,5 @@ async def test_a_bad_unload_policy_stops_the_router_naming_the_key(fakes, daemon
         [dict(node_table("n", fake, 1, ["task"], "qwen3:latest"), unload="sometimes")], start=False
     )
     res = await d.cli("serve", "--config", str(d.config))
-    assert res.code == 2
+    assert res.code == 78
     assert "node 'n'.unload: expected \"after-each\" or \"when-idle\", got 'sometimes'" in res.err

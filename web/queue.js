@@ -249,14 +249,15 @@ function renderAwake() {
 }
 
 // The footer: when the last backup succeeded and where, the last retention sweep (what it did, or
-// why it failed), and the storage budget (the database's size, its growth per day, the free space
-// on its disk). Their warnings are alerts above.
+// why it failed), and the storage budget (the database's size, its growth per day and the window
+// it was measured over, the free space on its disk and the days until it is full at that growth).
+// Their warnings are alerts above.
 function fmtBytes(n) {
   if (n === null || n === undefined) return '–';
   const units = ['B', 'kB', 'MB', 'GB', 'TB'];
   let i = 0;
   let v = Math.abs(n);
-  while (v >= 1000 && i < units.length - 1) { v /= 1000; i++; }
+  while (Number(v.toFixed(i ? 1 : 0)) >= 1000 && i < units.length - 1) { v /= 1000; i++; }  // as rounded
   return `${n < 0 ? '-' : ''}${i ? v.toFixed(1) : v.toFixed(0)} ${units[i]}`;
 }
 
@@ -281,12 +282,16 @@ function renderUpkeep() {
   const st = h.storage;
   const storage = $('upkeep-storage');
   if (!st) { storage.replaceChildren(); return; }
+  const window = st.growth_window_s === null ? '' : ` over the last ${fmtDur(st.growth_window_s)}`;
   const growth = st.growth_bytes_per_day === null ? 'growth not known yet'
-    : `${st.growth_bytes_per_day >= 0 ? '+' : ''}${fmtBytes(st.growth_bytes_per_day)}/day`;
+    : `${st.growth_bytes_per_day >= 0 ? '+' : ''}${fmtBytes(st.growth_bytes_per_day)}/day${window}`;
   const free = st.free_bytes === null ? '' : ` · ${fmtBytes(st.free_bytes)} free on its disk`;
-  storage.textContent = `Database ${fmtBytes(st.database_bytes)} (${growth})${free}`;
+  const full = st.days_until_full === null || st.days_until_full === undefined ? ''
+    : `, full in about ${st.days_until_full} days at that growth`;
+  storage.textContent = `Database ${fmtBytes(st.database_bytes)} (${growth})${free}${full}`;
   storage.classList.toggle('warn', st.warnings.length > 0);
-  storage.title = st.days_until_full ? `at this growth the disk fills in about ${st.days_until_full} days` : '';
+  storage.title = st.wal_bytes === undefined || st.free_bytes === null ? ''
+    : `its pages; on disk the file is ${fmtBytes(st.file_bytes)} and its WAL ${fmtBytes(st.wal_bytes)}`;
 }
 
 function renderSweep(r) {

@@ -422,26 +422,39 @@ class GuardedConnection(asyncio.Protocol):
             self.inner.resume_writing()
 
 
+STREAMS_BODY = "gpuq_streams_body"  # a handler's mark: it reads its body as it comes (streams_body)
+
+
+def streams_body(handler: Handler) -> Handler:
+    """Marks a route's handler as one that reads its own body as it arrives, in bounded pieces,
+    within its own deadline (an upload): body_deadline does not read it whole first."""
+    setattr(handler, STREAMS_BODY, True)
+    return handler
+
+
+def late_body(timeout_s: float) -> str:
+    """The 408's words for a body that did not arrive within router.body_timeout."""
+    return (
+        f"request body not received within {timeout_s:g}s of its headers "
+        "(router.body_timeout); send it whole, without pauses"
+    )
+
+
 def body_deadline(timeout_s: float, render: Callable[[web.Request, int, str], web.Response]) -> Middleware:
     """A middleware reading each request's whole body within `timeout_s` of its headers (a client
     trickling its body would hold its connection for ever): late, the client gets 408 and the
     connection is closed at once, without aiohttp's lingering read of the rest. Handlers then read
-    the body from aiohttp's cache."""
+    the body from aiohttp's cache; one marked by `streams_body` reads its own, as it comes."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.body_exists:
+        if request.body_exists and not getattr(request.match_info.handler, STREAMS_BODY, False):
             try:
                 async with asyncio.timeout(timeout_s):
                     await request.read()
             except TimeoutError:
                 log.debug("cut %s %s: its body did not arrive within %gs", request.method, request.path, timeout_s)
-                resp = render(
-                    request,
-                    408,
-                    f"request body not received within {timeout_s:g}s of its headers "
-                    "(router.body_timeout); send it whole, without pauses",
-                )
+                resp = render(request, 408, late_body(timeout_s))
                 resp.force_close()
                 await resp.prepare(request)
                 await resp.write_eof()

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from .. import eta
+from ..batches.doors import send_stream
 from ..batches.parse import OPENAI_ENDPOINTS
 from ..batches.service import BatchService
 from ..batches.shapes import anthropic_result, openai_line, openai_status, request_counts
@@ -165,17 +166,21 @@ async def retry_batch(request: web.Request) -> web.Response:
 async def results(request: web.Request) -> web.StreamResponse:
     """Every line's result in input order, in its API's shape (OpenAI's output and error lines
     together; Anthropic's results), as JSON Lines: `gpuq batch results ID > out.jsonl`."""
-    batch, lines = await batches_of(request).results(request.match_info["id"], caller_of(request))
+    service = batches_of(request)
+    batch = await service.results(request.match_info["id"], caller_of(request))
+
+    async def pages() -> AsyncIterator[bytes]:
+        async for lines in service.results_pages(batch):
+            out = []
+            for line in lines:
+                rendered = openai_line(batch["id"], line)[0] if batch["api"] == "openai" else anthropic_result(line)
+                out.append(dumps(rendered).encode() + b"\n")
+            yield b"".join(out)
+
     resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-    await resp.prepare(request)
-    for i in range(0, len(lines), 500):
-        out = []
-        for line in lines[i : i + 500]:
-            rendered = openai_line(batch["id"], line)[0] if batch["api"] == "openai" else anthropic_result(line)
-            out.append(dumps(rendered).encode() + b"\n")
-        await resp.write(b"".join(out))
-    await resp.write_eof()
-    return resp
+    return await send_stream(
+        request, resp, pages(), service.settings.front_stalled_client_s, f"results of batch {batch['id']}"
+    )
 
 
 async def submit_batch(request: web.Request) -> web.Response:

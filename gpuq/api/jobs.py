@@ -9,9 +9,10 @@ from aiohttp import web
 
 from .. import eta
 from ..access.lanes import Door, lane_for
-from ..errors import BadRequest
+from ..errors import BadRequest, NotFound
 from ..jobs import ACTIVE, FINAL, JobState, Kind, NewJob, preview_url
 from .callers import actor_of, as_seen, caller_of, private_for, reads_all, refuse_unreadable
+from .gone import not_in_database
 from .inputs import field_of, int_param, job_id_of, json_body
 from .render import job_json, json_response, with_eta, with_live, with_quota
 from .state import DISPATCHER, SETTINGS, STORE
@@ -67,7 +68,10 @@ async def submit(request: web.Request) -> web.Response:
 async def get_job(request: web.Request) -> web.Response:
     app = request.app
     job_id = job_id_of(request)
-    job = await app[STORE].job_detail(job_id)
+    try:
+        job = await app[STORE].job_detail(job_id)
+    except NotFound:
+        raise await not_in_database(app[SETTINGS], job_id) from None  # retention may have deleted it
     found: dict[str, eta.Estimate] = {}
     if job["state"] in ACTIVE:
         found = await app[DISPATCHER].estimates()

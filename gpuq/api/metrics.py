@@ -208,12 +208,13 @@ class Metrics:
         storage = self.now.storage or {}
         gauges = {
             "gpuq_database_bytes": (
-                "The database's size: a SQLite file and its WAL; PostgreSQL's pg_database_size.",
+                "The database's size: SQLite's pages (page_count x page_size, what router.max_database_bytes"
+                " counts; the WAL apart); PostgreSQL's pg_database_size.",
                 "database_bytes",
             ),
             "gpuq_database_wal_bytes": ("The SQLite database's WAL file.", "wal_bytes"),
             "gpuq_database_growth_bytes_per_day": (
-                "The database's growth over the last week of samples.",
+                "The database's growth per day, from the oldest sample of the last week to the newest.",
                 "growth_bytes_per_day",
             ),
             "gpuq_disk_free_bytes": ("Free space on the database's disk.", "free_bytes"),

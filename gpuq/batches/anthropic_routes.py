@@ -5,13 +5,16 @@ service's (gpuq/batches/service.py); each request is a /v1/messages job in the b
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+
 from aiohttp import web
 
 from ..errors import FrontError
 from ..front.call import actor_of
-from ..front.context import json_of
+from ..front.context import body_of
 from ..front.shapes import dumps
-from .doors import batches_of, caller_of, json_reply, limit_of
+from .doors import batches_of, caller_of, json_reply, limit_of, send_stream
 from .shapes import anthropic_result, message_batch
 
 
@@ -21,7 +24,9 @@ def base_url(request: web.Request) -> str:
 
 
 async def create(request: web.Request) -> web.Response:
-    body = await json_of(request)
+    """A batch's every request arrives in one JSON body, bounded by front.max_request_bytes (413
+    past it) and its requests by front.max_batch_lines; parsed and checked off the event loop."""
+    body = await asyncio.to_thread(body_of, await request.read())
     batch = await batches_of(request).create_anthropic(
         caller_of(request), request.headers.get("User-Agent"), actor_of(request, "anthropic"), body
     )
@@ -69,13 +74,16 @@ async def results(request: web.Request) -> web.StreamResponse:
     batch = await service.get(batch_id, caller_of(request), "anthropic")
     if message_batch(batch, "")["processing_status"] != "ended":
         raise_not_ended(batch["id"])
-    batch, lines = await service.results(batch_id, caller_of(request), "anthropic")
+    batch = await service.results(batch_id, caller_of(request), "anthropic")
+
+    async def pages() -> AsyncIterator[bytes]:
+        async for lines in service.results_pages(batch):
+            yield b"".join(dumps(anthropic_result(line)).encode() + b"\n" for line in lines)
+
     resp = web.StreamResponse(headers={"Content-Type": "application/binary"})
-    await resp.prepare(request)
-    for i in range(0, len(lines), 500):
-        await resp.write(b"".join(dumps(anthropic_result(line)).encode() + b"\n" for line in lines[i : i + 500]))
-    await resp.write_eof()
-    return resp
+    return await send_stream(
+        request, resp, pages(), service.settings.front_stalled_client_s, f"results of batch {batch['id']}"
+    )
 
 
 def raise_not_ended(batch_id: str) -> None:

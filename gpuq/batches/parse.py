@@ -47,74 +47,86 @@ def _error(code: str, line: int, message: str, param: str | None = None) -> dict
     return {"code": code, "line": line, "message": message, "param": param}
 
 
-def parse_openai(content: bytes, endpoint: str) -> Parsed:
-    """An input file's lines, each checked as OpenAI's validation checks it. Blank lines are
-    skipped (a final newline is no request); line numbers count every line, from 1."""
-    lines: list[Line] = []
-    errors: list[dict[str, Any]] = []
-    seen: dict[str, int] = {}
-    for number, raw in enumerate(content.split(b"\n"), 1):
-        if not raw.strip():
-            continue
+class OpenAIInput:
+    """An input file's lines, each checked as OpenAI's validation checks it, fed a piece at a
+    time (the file is read from the store chunk by chunk: never whole). Blank lines are skipped
+    (a final newline is no request); line numbers count every line, from 1."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.lines: list[Line] = []
+        self.errors: list[dict[str, Any]] = []
+        self.seen: dict[str, int] = {}
+
+    @property
+    def total(self) -> int:
+        return len(self.lines) + len(self.errors)
+
+    def feed(self, numbered: list[tuple[int, bytes]]) -> None:
+        for number, raw in numbered:
+            if raw.strip():
+                self.line(number, raw)
+
+    def parsed(self) -> Parsed:
+        return Parsed(self.lines, self.errors)
+
+    def line(self, number: int, raw: bytes) -> None:
         try:
             request = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError):  # (nested past what json reads)
-            errors.append(_error("invalid_json_line", number, "This line is not parseable as valid JSON."))
-            continue
-        if not isinstance(request, dict):
-            errors.append(_error("invalid_json_line", number, "This line is not a JSON object."))
-            continue
-        try:
-            check_text(request)  # a lone surrogate can be neither stored nor sent on
-        except BadRequest as exc:
-            errors.append(_error("invalid_text", number, f"This line is not valid text: {exc.message}."))
-            continue
-        custom_id = request.get("custom_id")
-        if not isinstance(custom_id, str) or not custom_id:
-            errors.append(
-                _error("missing_required_parameter", number, "Missing required parameter: 'custom_id'.", "custom_id")
-            )
-            continue
-        if custom_id in seen:
-            errors.append(
-                _error(
-                    "duplicate_custom_id",
-                    number,
-                    f"The custom_id '{custom_id[:64]}' is used on line {seen[custom_id]} already;"
-                    " each request's custom_id must be unique in its batch.",
-                    "custom_id",
-                )
-            )
-            continue
-        seen[custom_id] = number
-        method = request.get("method")
-        if method != "POST":
-            errors.append(
-                _error(
-                    "invalid_method", number, f"Only the POST method is supported, got {str(method)[:20]!r}.", "method"
-                )
-            )
-            continue
-        url = request.get("url")
-        if url != endpoint:
-            errors.append(
-                _error(
-                    "mismatched_endpoint",
-                    number,
-                    f"The line's url {str(url)[:80]!r} is not the batch's endpoint '{endpoint}';"
-                    " a batch's requests all call its endpoint.",
-                    "url",
-                )
-            )
-            continue
-        body = request.get("body")
-        if not isinstance(body, dict):
-            errors.append(
-                _error("missing_required_parameter", number, "Missing required parameter: 'body' (an object).", "body")
-            )
-            continue
-        lines.append(Line(number, custom_id, body))
-    return Parsed(lines, errors)
+            self.errors.append(_error("invalid_json_line", number, "This line is not parseable as valid JSON."))
+            return
+        refused = _request_error(request, number, self.endpoint, self.seen)
+        if refused is not None:
+            self.errors.append(refused)
+            return
+        self.seen[request["custom_id"]] = number
+        self.lines.append(Line(number, request["custom_id"], request["body"]))
+
+
+def _request_error(request: Any, number: int, endpoint: str, seen: dict[str, int]) -> dict[str, Any] | None:
+    """Why a line's JSON is not a request of this batch (OpenAI's validation), or None."""
+    if not isinstance(request, dict):
+        return _error("invalid_json_line", number, "This line is not a JSON object.")
+    try:
+        check_text(request)  # a lone surrogate can be neither stored nor sent on
+    except BadRequest as exc:
+        return _error("invalid_text", number, f"This line is not valid text: {exc.message}.")
+    custom_id = request.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        return _error("missing_required_parameter", number, "Missing required parameter: 'custom_id'.", "custom_id")
+    if custom_id in seen:
+        return _error(
+            "duplicate_custom_id",
+            number,
+            f"The custom_id '{custom_id[:64]}' is used on line {seen[custom_id]} already;"
+            " each request's custom_id must be unique in its batch.",
+            "custom_id",
+        )
+    method = request.get("method")
+    if method != "POST":
+        return _error(
+            "invalid_method", number, f"Only the POST method is supported, got {str(method)[:20]!r}.", "method"
+        )
+    url = request.get("url")
+    if url != endpoint:
+        return _error(
+            "mismatched_endpoint",
+            number,
+            f"The line's url {str(url)[:80]!r} is not the batch's endpoint '{endpoint}';"
+            " a batch's requests all call its endpoint.",
+            "url",
+        )
+    if not isinstance(request.get("body"), dict):
+        return _error("missing_required_parameter", number, "Missing required parameter: 'body' (an object).", "body")
+    return None
+
+
+def parse_openai(content: bytes, endpoint: str) -> Parsed:
+    """A whole input file's lines, checked (OpenAIInput fed at once)."""
+    parser = OpenAIInput(endpoint)
+    parser.feed(list(enumerate(content.split(b"\n"), 1)))
+    return parser.parsed()
 
 
 def parse_anthropic(requests: Any) -> list[Line]:

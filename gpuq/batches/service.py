@@ -13,6 +13,7 @@ import asyncio
 import logging
 import secrets
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from ..access.identity import Caller
@@ -25,15 +26,17 @@ from ..jobs import Lane
 from ..node.dispatcher import Dispatcher
 from ..store import Row, Store
 from ..store.batches import ENDED, NewBatch, NewLine, lines_seen, new_file_id
+from .files import FileUpload, chunks_of, numbered_lines
 from .parse import (
     ANTHROPIC_ENDPOINT,
     OPENAI_ENDPOINTS,
     Line,
+    OpenAIInput,
+    Parsed,
     endpoint_of,
     line_job,
     listed,
     parse_anthropic,
-    parse_openai,
 )
 from .shapes import active, render_anthropic, render_openai
 
@@ -150,13 +153,7 @@ class BatchService:
             raise FrontError(
                 400, f"file {input_file_id} has purpose '{found['purpose']}'; a batch's input needs purpose 'batch'"
             )
-        parsed = parse_openai(await self.store.file_content(input_file_id, owner), endpoint)
-        total = len(parsed.lines) + len(parsed.errors)
-        if total == 0:
-            raise FrontError(
-                400, f"file {input_file_id} has no requests: a batch needs at least one line", "empty_file"
-            )
-        self._check_size(total, f"file {input_file_id}")
+        parsed = await self._read_input(input_file_id, endpoint)
         now = time.time()
         name = (metadata or {}).get("name") or found["filename"]
         batch = NewBatch(
@@ -172,6 +169,23 @@ class BatchService:
             errors=listed(parsed.errors) if parsed.errors else None,
         )
         return await self._submit(batch, parsed.lines, caller, client, actor)
+
+    async def _read_input(self, file_id: str, endpoint: str) -> Parsed:
+        """An input file's lines read from its chunks and checked a piece at a time, off the
+        event loop; past front.max_batch_lines the rest is only counted, for the refusal."""
+        parser = OpenAIInput(endpoint)
+        counted = 0
+        limit = self.settings.front_max_batch_lines
+        async for piece in numbered_lines(chunks_of(self.store, file_id)):
+            if parser.total <= limit:
+                await asyncio.to_thread(parser.feed, piece)
+            else:
+                counted += sum(1 for _, raw in piece if raw.strip())
+        total = parser.total + counted
+        if total == 0:
+            raise FrontError(400, f"file {file_id} has no requests: a batch needs at least one line", "empty_file")
+        self._check_size(total, f"file {file_id}")
+        return parser.parsed()
 
     async def create_anthropic(self, caller: Caller, client: str | None, actor: str, body: dict[str, Any]) -> Row:
         """POST /v1/messages/batches: every request a job of /v1/messages."""
@@ -212,12 +226,13 @@ class BatchService:
         """A batch's lines with their jobs (a batch the caller got from `get`)."""
         return await self.store.batch_lines(batch["id"])
 
-    async def results(self, batch_id: str, caller: Caller, api: str | None = None) -> tuple[Row, list[Row]]:
-        """An ended batch and its lines' results, in input order (410 once retention pruned them)."""
+    async def results(self, batch_id: str, caller: Caller, api: str | None = None) -> Row:
+        """A batch whose results may be read (410 once retention pruned them): read them by
+        `results_pages`."""
         batch = await self.get(batch_id, caller, api)
         if batch.get("pruned_at"):
             raise pruned(f"the results of batch {batch['id']}", batch["id"], batch["pruned_at"])
-        return batch, await self.store.batch_results(batch["id"])
+        return batch
 
     async def finalize(self, batch: Row) -> Row:
         """The one place a batch ends: one whose every line has ended gets its output files
@@ -282,13 +297,26 @@ class BatchService:
 
     # -- files -------------------------------------------------------------------------------------
 
-    async def upload(self, caller: Caller, purpose: str, filename: str, content: bytes) -> Row:
-        """A batch input file kept (purpose 'batch': gpuq keeps no other), owned by its caller."""
+    @staticmethod
+    def check_purpose(purpose: str) -> None:
+        """gpuq keeps batch input files only (purpose 'batch')."""
         if purpose != "batch":
             raise FrontError(
                 400, f"purpose {purpose[:40]!r}: gpuq keeps only batch input files (purpose 'batch')", "invalid_purpose"
             )
+
+    async def upload(self, caller: Caller, purpose: str, filename: str, content: bytes) -> Row:
+        """A batch input file kept whole (`gpuq batch submit`'s, within the API's body limit),
+        owned by its caller."""
+        self.check_purpose(purpose)
         return await self.store.add_file(new_file_id(), purpose, filename[:255], content, caller.name)
+
+    async def begin_upload(self, caller: Caller, filename: str) -> FileUpload:
+        """A file uploaded as it arrives (POST /v1/files): stored chunk by chunk, shown once its
+        caller `finish`es it, gone if it is `abort`ed (purpose checked by the door)."""
+        upload = FileUpload(self.store, caller.name, self.settings.body_timeout_s)
+        await upload.begin("batch", filename[:255])
+        return upload
 
     async def files(
         self, caller: Caller, purpose: str | None, after: str | None, limit: int, ascending: bool
@@ -303,12 +331,18 @@ class BatchService:
             await self._pruned_file(file_id)
             raise
 
-    async def file_content(self, file_id: str, caller: Caller) -> bytes:
-        try:
-            return await self.store.file_content(file_id, self._reads(caller))
-        except NotFound:
-            await self._pruned_file(file_id)
-            raise
+    async def file_content(self, file_id: str, caller: Caller) -> tuple[Row, AsyncIterator[bytes]]:
+        """A file's row and its content, read chunk by chunk as its reader takes it."""
+        found = await self.file(file_id, caller)
+        return found, chunks_of(self.store, file_id)
+
+    async def results_pages(self, batch: Row, page: int = 500) -> AsyncIterator[list[Row]]:
+        """An ended batch's lines with their replies, `page` at a time in input order (a batch
+        the caller got from `results`): never all its replies at once."""
+        after = 0
+        while found := await self.store.batch_results_page(batch["id"], after, page):
+            yield found
+            after = found[-1]["line"]
 
     async def delete_file(self, file_id: str, caller: Caller) -> None:
         found = await self.store.file(file_id, self._reads(caller))

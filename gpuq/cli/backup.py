@@ -10,9 +10,10 @@ from pathlib import Path
 
 import click
 
-from ..config import ConfigError, find_config, load_config
+from ..config import ConfigError
 from ..errors import GpuqError
 from .common import api_errors, fail, router_of
+from .where import read_config
 
 # A large database takes as long as it takes to copy and check: the CLI waits for the answer.
 BACKUP_TIMEOUT_S = 3600.0
@@ -70,12 +71,14 @@ def restore(ctx: click.Context, backup_path: str, database: str | None, config_p
 
     try:
         chosen = database_override(database)
-        if chosen is None:
-            path = find_config(config_path or ctx.obj["config"])
-            chosen = load_config(path).database if path is not None else None
     except ConfigError as exc:
         click.echo(f"gpuq: config error: {exc.message}", err=True)
         sys.exit(2)
+    if chosen is None:  # the config's database: no one's token needed to know it
+        config = read_config(config_path or ctx.obj["config"])
+        if config.problem is not None:
+            fail("-", config.problem)
+        chosen = config.settings.database if config.settings is not None else None
     if chosen is None:
         fail(
             "-",

@@ -17,7 +17,7 @@ import click
 from ..config import ConfigError, check_token, check_url
 from ..jobs import ACTIVE, JobState, parse_iso, span
 from .client import ApiError, Router
-from .where import find_router, notice, read_config
+from .where import ConfigRead, find_router, notice, own_token, read_config
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -44,24 +44,39 @@ def api_errors(fn: Callable[P, R]) -> Callable[P, R]:
 
 def router_of(ctx: click.Context) -> Router:
     """The router this command talks to (gpuq/cli/where.py says which, in what order), named on
-    stderr when it was found rather than given; $GPUQ_TOKEN, else the config's token."""
+    stderr when it was found rather than given; $GPUQ_TOKEN, else the config's (where.py own_token).
+    A config that cannot be read stops it, unless the router was given (then no token is taken
+    from it, and stderr says so)."""
     opts = ctx.obj
     config = read_config(opts.get("config"))
     found = find_router(opts.get("router"), config)
-    token = os.environ.get("GPUQ_TOKEN") or None  # set but empty: as if unset (the config's token is used)
+    if config.problem is not None and not found.given:
+        fail("-", config.problem)
     try:
         url = check_url(found.url, found.why if found.given else f"the router's address ({found.why})")
-        if token:
-            check_token(token, "$GPUQ_TOKEN")
     except ConfigError as exc:
         raise click.UsageError(exc.message, ctx) from None
-    if not token and config.settings is not None:
-        token = config.settings.token
+    token = caller_token(ctx, config)
     said = notice(found)
     if said is not None and not opts.get("told"):
         opts["told"] = True  # once per command, however many routers it asks for
         click.echo(said, err=True)
     return Router(url, token)
+
+
+def caller_token(ctx: click.Context, config: ConfigRead) -> str | None:
+    """$GPUQ_TOKEN (set but empty: as if unset), else the config's token for this caller."""
+    given = os.environ.get("GPUQ_TOKEN") or None
+    mine = (given, "$GPUQ_TOKEN") if given else own_token(config.settings)
+    if mine is None:
+        if config.problem is not None and not ctx.obj.get("told_config"):
+            ctx.obj["told_config"] = True
+            click.echo(f"gpuq: {config.problem}; no token taken from it", err=True)
+        return None
+    try:
+        return check_token(*mine)
+    except ConfigError as exc:
+        raise click.UsageError(exc.message, ctx) from None
 
 
 def seg(text: str) -> str:

@@ -57,8 +57,10 @@ def serve(
     try:
         settings = None if path is None else load_config(path)  # no path: --demo (else exited above)
     except ConfigError as exc:
+        from ..ops.service import config_error_exit
+
         click.echo(f"gpuq: config error: {exc.message}", err=True)
-        sys.exit(2)
+        sys.exit(config_error_exit())  # EX_CONFIG: a service does not start it again (gpuq/ops/service.py)
     if settings is not None:  # what the command line sets, a reload of the file keeps
         pinned = {"listen", "public_url"} if listen else set()
         pinned |= {"database"} if database else set()

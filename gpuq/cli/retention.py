@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import click
 
-from ..config import ConfigError, find_config, load_config
 from .common import api_errors, fail, router_of
+from .where import read_config
 
 # A first sweep of a large database takes as long as it takes: the CLI waits for the answer.
 PRUNE_TIMEOUT_S = 3600.0
@@ -44,9 +43,13 @@ def prune(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
     if dry_run:
         d, p = data["delete"], data["prune"]
         click.echo(
-            f"would delete {d['jobs']} job(s) with {d['runs']} run(s) and {d['events']} event(s) ({_mb(d['bytes'])})"
+            f"would delete {d['jobs']} job(s) with {d['runs']} run(s) and {d['events']} event(s)"
+            f" ({_mb(d['bytes'])}: their rows' stored values, every column)"
         )
-        click.echo(f"would prune the output and request of {p['jobs']} job(s) ({_mb(p['bytes'])})")
+        click.echo(
+            f"would prune the output and request of {p['jobs']} job(s)"
+            f" ({_mb(p['bytes'])}: the request, output, reasoning and prompt past its start)"
+        )
         sw = data.get("sweeps")
         if sw and (sw["prune"]["batches"] or sw["delete"]["batches"]):
             click.echo(
@@ -93,16 +96,20 @@ def search(
     ctx: click.Context, text: str, directory: str | None, config_path: str | None, limit: int, as_json: bool
 ) -> None:
     """Find archived jobs by id or by text in their prompt, output or request (ignoring case),
-    newest first, each once. Reads the archive's files on this machine; no router needed.
+    newest first, each once. Reads the archive's files on this machine; no router needed. A
+    damaged file is read past its damage, which is named (file, offset, bytes) on stderr.
 
     Example: gpuq archive search 1760883402-9f3a7c21
     """
-    from ..upkeep.archive import search as find
+    from ..upkeep.archive import find
 
     where = Path(directory) if directory else _configured_archive(ctx, config_path)
     if not where.is_dir():
         fail("-", f"no archive at {where} (nothing archived yet, or another --dir)")
-    found = find(where, text, limit)
+    result = find(where, text, limit)
+    for damage in result.damaged:
+        click.echo(f"warning: damaged archive: {damage.text()}; every whole member around it was read", err=True)
+    found = result.jobs
     for job in found:
         if as_json:
             click.echo(json.dumps(job))
@@ -114,14 +121,14 @@ def search(
 
 
 def _configured_archive(ctx: click.Context, config_path: str | None) -> Path:
-    try:
-        path = find_config(config_path or ctx.obj["config"])
-        if path is None:
-            fail("-", "no gpuq.toml found: name the archive with --dir, or the config with --config")
-        settings = load_config(path, env_token=False)
-    except ConfigError as exc:
-        click.echo(f"gpuq: config error: {exc.message}", err=True)
-        sys.exit(2)
+    """[retention] archive of the config: read without a router and without anyone's token."""
+    config = read_config(config_path or ctx.obj["config"])
+    if config.path is None:
+        fail("-", "no gpuq.toml found: name the archive with --dir, or the config with --config")
+    if config.problem is not None:
+        fail("-", config.problem)
+    settings, path = config.settings, config.path
+    assert settings is not None  # read, since no problem
     if settings.retention_archive is None:
         fail("-", f"{path}: [retention] archive is off; name a directory with --dir")
     return settings.retention_archive

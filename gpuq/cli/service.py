@@ -4,15 +4,21 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable
-from typing import Any, NoReturn, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
 from ..config import ConfigError, find_config, load_config
 
+if TYPE_CHECKING:
+    from ..ops.service import Plan
+
 F = TypeVar("F", bound=Callable[..., Any])
+UNSET = re.compile(r"the environment variable \$(\w+) is not set")
 
 
 def service_fail(message: str) -> NoReturn:
@@ -66,14 +72,12 @@ def service_install(ctx: click.Context, config_path: str | None, platform: str |
     if path is None or not path.is_file():
         where = f"{path} does not exist" if path else "looked at --config, $GPUQ_CONFIG and ./gpuq.toml"
         service_fail(f"no gpuq.toml to serve ({where}); write one with `gpuq init`, or name it with --config")
-    try:
-        load_config(path, env_token=False)
-    except ConfigError as exc:
-        service_fail(f"{path}: {exc.message}")
-    plan = svc.install_plan(platform, path.resolve(), svc.gpuq_command())
+    plan = svc.install_plan(platform, path.resolve(), svc.gpuq_command(), router_environment(path))
     if dry_run:
         click.echo(f"# would write {plan.path}:")
-        click.echo(plan.text, nl=False)
+        click.echo(plan.shown or "", nl=False)
+        if plan.env_path is not None:
+            click.echo(f"# and {plan.env_path} (0600): {carried(plan)}")
         click.echo("# then run:")
         for argv in plan.commands:
             click.echo(" ".join(argv))
@@ -84,6 +88,9 @@ def service_install(ctx: click.Context, config_path: str | None, platform: str |
         left = f" ({plan.path} is written; `gpuq service uninstall` removes it)" if plan.path.exists() else ""
         service_fail(exc.message + left)
     click.echo(f"wrote {plan.path}")
+    if plan.env:
+        held = plan.env_path or plan.path
+        click.echo(f"the router's environment, from this shell, in {held} (0600): {carried(plan)}")
     for argv in plan.commands:
         click.echo(f"ran {' '.join(argv)}")
     if platform == "macos":
@@ -92,6 +99,30 @@ def service_install(ctx: click.Context, config_path: str | None, platform: str |
         click.echo(f"the router starts now and at each login; its log: journalctl --user -u {svc.UNIT}")
         click.echo(f"to start it at boot, before any login: loginctl enable-linger {os.environ.get('USER', '$USER')}")
     click.echo("check it with `gpuq service status`")
+
+
+def router_environment(path: Path) -> dict[str, str]:
+    """What `gpuq serve` run here would read from its environment, to carry into the service: the
+    config read as the router reads it (each token_env's value, $GPUQ_TOKEN), so a variable unset
+    here is refused now, not by a service that would fail at each start."""
+    try:
+        settings = load_config(path)
+    except ConfigError as exc:
+        unset = UNSET.search(exc.message)
+        if unset:
+            service_fail(
+                f"{path}: {exc.message}; the service carries the router's environment from this shell: "
+                f"set ${unset[1]} here (export {unset[1]}=...) and install again; nothing was written"
+            )
+        service_fail(f"{path}: {exc.message}")
+    from ..ops.service import CARRIED
+
+    names = [u.token_env for u in settings.users if u.token_env] + [n for n in CARRIED if os.environ.get(n)]
+    return {name: os.environ[name] for name in dict.fromkeys(names)}
+
+
+def carried(plan: Plan) -> str:
+    return ", ".join(f"${name}" for name in sorted(plan.env)) or "nothing (no variable to carry)"
 
 
 @service.command("status")
@@ -134,7 +165,7 @@ def service_uninstall(platform: str | None, dry_run: bool) -> None:
         click.echo("# would run:")
         for argv in plan.commands:
             click.echo(" ".join(argv))
-        click.echo(f"# and remove {plan.path}")
+        click.echo(f"# and remove {plan.path}" + (f" and {plan.env_path}" if plan.env_path else ""))
         return
     try:
         removed = svc.uninstall(plan)

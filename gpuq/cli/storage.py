@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from ..budget import human_bytes
+from ..budget import Growth, duration_words, human_bytes
 from .common import api_errors, router_of
 
 # Counting a large SQLite file's pages (dbstat) reads all of it: the CLI waits for the answer.
@@ -39,46 +39,78 @@ def storage(ctx: click.Context, as_json: bool) -> None:
 
 
 def summary(data: dict[str, Any]) -> list[str]:
-    size = data["database_bytes"]
-    lines = [f"database {data['database']}: {human_bytes(size)}"]
-    if data.get("wal_bytes"):
-        lines[0] += f" (file {human_bytes(data['file_bytes'])}, WAL {human_bytes(data['wal_bytes'])})"
-    growth = data.get("growth_bytes_per_day")
-    lines.append(
-        f"growth: {'+' if growth >= 0 else ''}{human_bytes(growth)}/day over the last week"
-        if growth is not None
-        else "growth: not known yet (the router's samples span less than an hour)"
-    )
+    lines = [size_line(data), growth_line(data)]
     free = data.get("free_bytes")
     if free is not None:
         days = data.get("days_until_full")
         lines.append(
             f"disk {data['disk']}: {human_bytes(free)} free"
-            + (f"; full in about {days:g} days at this growth" if days is not None else "")
+            + (
+                f"; full in about {days:g} days at the growth of the last {duration_words(data['growth_window_s'])}"
+                if days is not None
+                else ""
+            )
         )
     else:
         lines.append("disk: the database server's (not seen from the router)")
     cap = data.get("max_database_bytes")
     if cap:
-        lines.append(f"cap: router.max_database_bytes {human_bytes(cap)} ({size / cap:.0%} used)")
+        used = data["database_bytes"] / cap
+        lines.append(
+            f"cap: router.max_database_bytes {human_bytes(cap)} ({used:.0%} used, by its pages; the WAL apart)"
+        )
     lines.append(backup_line(data["backup"]))
     if data.get("retention"):
         lines.append(sweep_line(data["retention"]))
     lines += [f"warning: {w}" for w in data.get("warnings", [])]
     if data.get("empty_bytes") is not None:
-        lines.append(
-            f"empty inside the file: {human_bytes(data['empty_bytes'])}"
-            " (what pruned rows left in their pages; a sweep at idle compacts it, [retention] compact)"
-        )
-    lines += [
-        "",
+        lines.append(empty_line(data))
+    return lines + ["", *relation_lines(data)]
+
+
+def size_line(data: dict[str, Any]) -> str:
+    """SQLite: its pages (what the cap and the growth count), and the file and WAL on disk."""
+    line = f"database {data['database']}: {human_bytes(data['database_bytes'])}"
+    if data.get("disk") is not None:  # SQLite (PostgreSQL's disk is the server's)
+        line += f" of pages (on disk: file {human_bytes(data['file_bytes'])}, WAL {human_bytes(data['wal_bytes'])})"
+    return line
+
+
+def growth_line(data: dict[str, Any]) -> str:
+    growth = data.get("growth_bytes_per_day")
+    if growth is None:
+        return "growth: not known yet (the router's samples span less than an hour)"
+    return (
+        f"growth: {Growth(growth, data['growth_window_s']).words()} (samples of the last week, read oldest to newest)"
+    )
+
+
+def empty_line(data: dict[str, Any]) -> str:
+    """The room unused inside the file, and what of it a compaction could give back."""
+    return (
+        f"unused inside the file: {human_bytes(data['empty_bytes'])} (room left in its pages, free pages;"
+        f" each table and index keeps a page however empty); a compaction could give back at most"
+        f" {human_bytes(data['reclaimable_bytes'] or 0)} ([retention] compact: at idle, once it is past the"
+        " share set and 1 MiB)"
+    )
+
+
+def relation_lines(data: dict[str, Any]) -> list[str]:
+    """Each table and index by size; those of one page (a new database's, mostly) folded into one line."""
+    relations = data["relations"]
+    single = [r for r in relations if r.get("pages") == 1]
+    lines = [
         f"where the bytes are ({data['method']}):",
         f"  {'NAME':<32} {'KIND':<6} {'OF TABLE':<20} {'BYTES':>10} {'SHARE':>6}",
     ]
-    for r in data["relations"]:
-        lines.append(
-            f"  {r['name']:<32} {r['kind']:<6} {r['table']:<20} {human_bytes(r['bytes']):>10} {r['share']:>6.1%}"
-        )
+    for r in relations:
+        if r.get("pages") != 1:
+            lines.append(
+                f"  {r['name']:<32} {r['kind']:<6} {r['table']:<20} {human_bytes(r['bytes']):>10} {r['share']:>6.1%}"
+            )
+    if single:
+        each = human_bytes(single[0]["bytes"])
+        lines.append(f"  and {len(single)} more tables and indexes of one page each ({each})")
     return lines
 
 

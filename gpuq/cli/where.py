@@ -3,7 +3,13 @@ on this database (the lock file beside it records the URL its clients use: `make
 or `gpuq serve --listen` move a router off the config's address, and the lock knows); the
 config's public_url; http://127.0.0.1:8750. "This database" is $GPUQ_DATABASE's, else the
 config's (--config, $GPUQ_CONFIG, ./gpuq.toml), else the demo's ./gpuq-demo.db, where `gpuq
-serve --demo` and `make run` without a gpuq.toml keep their queue."""
+serve --demo` and `make run` without a gpuq.toml keep their queue.
+
+What a command reads of the config, and nothing more: where the router listens (its database's
+lock, public_url) and the caller's own token ($GPUQ_TOKEN, else [router] token, else the one
+[[user]] whose token_env is set in this shell). No other user's token_env is read, so a shell
+holding only its own secret works. A config that cannot be read stops the command naming the
+file and why (`ConfigRead.problem`), never a guess at another address."""
 
 from __future__ import annotations
 
@@ -32,15 +38,40 @@ class ConfigRead:
     settings: Settings | None
     error: str | None
 
+    @property
+    def problem(self) -> str | None:
+        """'the config gpuq.toml could not be read: REASON', when it could not."""
+        if self.error is None:
+            return None
+        reason = self.error.removeprefix(f"{self.path}: ")
+        return f"the config {self.path} could not be read: {reason}"
+
 
 def read_config(explicit: str | None) -> ConfigRead:
+    """The config a client command reads: every user's token_env named, none read."""
     path = find_config(explicit)
     if path is None:
         return ConfigRead(None, None, None)
     try:
-        return ConfigRead(path, load_config(path, env_token=False), None)
+        return ConfigRead(path, load_config(path, env_token=False, secrets=False), None)
     except ConfigError as exc:
         return ConfigRead(path, None, exc.message)
+
+
+def own_token(settings: Settings | None) -> tuple[str, str] | None:
+    """The caller's token from the config, and where it came from: [router] token (the admin's,
+    written in the file), else the one [[user]] whose token_env is set in this shell (several
+    set: whose shell is this? none is guessed)."""
+    if settings is None:
+        return None
+    if settings.token is not None:
+        return settings.token, f"router.token in {settings.source}"
+    mine = [u for u in settings.users if u.token_env and os.environ.get(u.token_env)]
+    if len(mine) != 1:
+        return None
+    env = mine[0].token_env
+    assert env is not None
+    return os.environ[env], f"${env} (user '{mine[0].name}'.token_env)"
 
 
 def this_database(config: ConfigRead) -> Path | None:

@@ -123,7 +123,9 @@ KEYS: tuple[Key, ...] = (
     ),
     _r(
         "max_database_bytes",
-        "Cap on the SQLite file, at least 65536: past it submits fail with 503, as on a full disk. Unset: no cap.",
+        "Cap on the SQLite database, at least 65536: it counts the database's pages (page_count x page_size,"
+        " free pages included; not the WAL), SQLite's max_page_count. At it, a write that needs more room"
+        " fails with 503 naming this cap; near it (nine tenths), a warning and an alert. Unset: no cap.",
         shown="not set",
         restart=True,
     ),
@@ -240,7 +242,8 @@ KEYS: tuple[Key, ...] = (
     ),
     _r(
         "body_timeout",
-        "A request's whole body must arrive within this of its headers (else 408).",
+        "A request's whole body must arrive within this of its headers (else 408); "
+        "a batch file's upload (`POST /v1/files`) too.",
         "60s",
         duration=True,
         restart=True,
@@ -347,7 +350,8 @@ KEYS: tuple[Key, ...] = (
         "A streaming client that takes nothing of its answer for this long is cut off (its "
         "connection closed); its job runs on and keeps its whole output. A client that reads, "
         "however slowly, is never cut: past 512 KiB behind its stream, the rest waits for it "
-        "on disk (the call's spool) and it is caught up from there.",
+        "on disk (the call's spool) and it is caught up from there. A batch file's download or a "
+        "batch's results that its client takes nothing of for this long is cut off too.",
         "30s",
         attr="front_stalled_client_s",
         duration=True,
@@ -402,7 +406,8 @@ KEYS: tuple[Key, ...] = (
         "retention",
         "archive",
         "The directory a job is written to (one gzip JSON Lines file a month, `jobs-YYYY-MM.jsonl.gz`, "
-        'by the month the job was made) before its bulk or its rows leave the database. "off": not archived.',
+        "by the month the job was made; a month whose file was damaged goes on in `jobs-YYYY-MM.2.jsonl.gz`, "
+        '`.3`, ...) before its bulk or its rows leave the database. "off": not archived.',
         shown="`gpuq-archive` beside the database",
         attr="retention_archive",
     ),
@@ -430,7 +435,8 @@ KEYS: tuple[Key, ...] = (
         "which the sweep's incremental_vacuum cannot give back), past what a compacted file holds empty "
         "anyway (about 15%: a B-tree's pages are never all full), reaches this share of it, a sweep that shed "
         "bulk with no job waiting or running rewrites the file without it (`VACUUM`: it holds the writer "
-        'meanwhile, about 0.2 s for 10 MB; `gpuq storage` shows the empty bytes). A percentage ("10%") or "off".',
+        "meanwhile, about 0.2 s for 10 MB; `gpuq storage` shows the unused bytes). Less than 1 MiB past that "
+        'is never worth a rewrite, whatever the share. A percentage ("10%") or "off".',
         "10%",
         attr="retention_compact_share",
     ),
@@ -479,6 +485,14 @@ KEYS: tuple[Key, ...] = (
         "1h",
         attr="storage_sample_s",
         duration=True,
+    ),
+    Key(
+        "storage",
+        "min_free_bytes",
+        "A warning and an alert at once, whatever the growth, when the database's disk has less free "
+        "than this many bytes (a full disk always warns; 0: only then). Reloads.",
+        1_000_000_000,
+        attr="storage_min_free",
     ),
     # -- [[node]]
     Key("node", "name", "The node's name: letters, digits, `.`, `_`, `-`; unique.", shown="required", attr="name"),

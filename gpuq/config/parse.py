@@ -50,9 +50,10 @@ DURATION_KEYS: dict[str, str] = {
 TABLES = ("router", "node", "front", "retention", "backup", "storage", "user")
 
 
-def parse_config(data: dict[str, Any], base_dir: Path) -> Settings:
+def parse_config(data: dict[str, Any], base_dir: Path, secrets: bool = True) -> Settings:
     """A parsed gpuq.toml as Settings: [router]'s keys a concern at a time, the tables beside it,
-    then the users and the nodes. The first mistake found is the one raised."""
+    then the users and the nodes. The first mistake found is the one raised. Without `secrets`,
+    no [[user]]'s token_env is read (tables.py _parse_user): a client's read."""
     check_tables(data)
     router = check_table(data.get("router", {}), "router", "[router]", ROUTER_KEYS)
     values = router_addresses(router, base_dir)
@@ -71,7 +72,7 @@ def parse_config(data: dict[str, Any], base_dir: Path) -> Settings:
     values.update(router_switches(router, ("keep_awake",)))
     values.update(router_identity(router, base_dir))
     values.update(router_switches(router, ("fair_share", "interactive_preempts", "private")))
-    values["users"] = parse_users(data, values)
+    values["users"] = parse_users(data, values, secrets)
     values.update(router_template(router))
     values["nodes"] = parse_nodes(data)
     return Settings(**values)
@@ -224,15 +225,17 @@ def parse_nodes(data: dict[str, Any]) -> tuple[NodeConfig, ...]:
     return tuple(sorted(nodes, key=lambda n: n.rank))
 
 
-def load_config(path: Path, env_token: bool = True) -> Settings:
-    """Read and check `path`; with env_token, $GPUQ_TOKEN is the token when the file sets none."""
+def load_config(path: Path, env_token: bool = True, secrets: bool = True) -> Settings:
+    """Read and check `path`; with env_token, $GPUQ_TOKEN is the token when the file sets none.
+    Without `secrets` the users' token_env variables are named, not read: what every command but
+    `gpuq serve` and `gpuq service install` reads (a user's shell holds their own token only)."""
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    settings = replace(parse_config(data, path.resolve().parent), source=path.resolve())
+    settings = replace(parse_config(data, path.resolve().parent, secrets), source=path.resolve())
     if not settings.nodes:
         raise ConfigError(f"{path}: node: at least one [[node]] is required")
     if env_token and settings.token is None and "GPUQ_TOKEN" in os.environ:

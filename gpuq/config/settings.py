@@ -63,6 +63,7 @@ class UserConfig:
     lanes: tuple[str, ...] = LANES  # the lanes they may submit to (("batch",): never ahead of others)
     max_waiting: int | None = None  # queued jobs at once; a submit beyond is 429
     max_running: int | None = None  # running jobs at once; more wait even on a free node
+    token_env: str | None = field(default=None, compare=False)  # the variable their token is read from
 
     @property
     def admin(self) -> bool:
@@ -151,6 +152,7 @@ class Settings:
     # is reached within this many days; the database's size is sampled every storage_sample_s.
     storage_warn_days: float = 14.0
     storage_sample_s: float = 3600.0
+    storage_min_free: int = 1_000_000_000  # the disk is nearly full below this: warned of at once
     nodes: tuple[NodeConfig, ...] = field(default_factory=tuple)
     users: tuple[UserConfig, ...] = field(default_factory=tuple)  # [[user]] (and the token's admin)
     identity: str = "token"  # "tailscale": a caller without a token is who tailscaled says owns it

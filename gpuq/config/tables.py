@@ -25,12 +25,15 @@ from .checks import (
 from .keys import BACKUP_KEYS, FRONT_KEYS, NODE_KEYS, STORAGE_KEYS, USER_KEYS
 from .settings import ALERT_FORMATS, LANES, LEGACY_ADMIN, ROLES, UNLOAD_POLICIES, USER_ROLES, NodeConfig, UserConfig
 
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _FRONT_REQUEST_RANGE = (1 << 20, 1 << 30)  # [front] max_request_bytes: from 1 MiB to 1 GiB
 
 
-def _parse_user(table: object, index: int) -> UserConfig:
+def _parse_user(table: object, index: int, secrets: bool = True) -> UserConfig:
     """A [[user]]: its token written out, or read from the environment variable token_env (so
-    gpuq.toml can be shared without secrets); neither: a tailnet user, known by login name."""
+    gpuq.toml can be shared without secrets); neither: a tailnet user, known by login name.
+    Without `secrets` (a client's read: the CLI needs no one else's token) token_env is named,
+    not read."""
     where = f"user[{index}]"
     table = check_table(table, where, "[[user]]", USER_KEYS)
     name = typed(table, "name", str, where, required=True)
@@ -42,9 +45,13 @@ def _parse_user(table: object, index: int) -> UserConfig:
     env = typed(table, "token_env", str, where)
     if token is not None and env is not None:
         raise ConfigError(f"{where}: give token or token_env, not both")
+    if env is not None and not ENV_NAME.fullmatch(env):  # a service's environment file names it too
+        raise ConfigError(
+            f"{where}.token_env: expected an environment variable's name like GPUQ_ALICE_TOKEN, got {env!r}"
+        )
     if token is not None:
         token = check_token(token, f"{where}.token")
-    elif env is not None:
+    elif env is not None and secrets:
         if env not in os.environ:
             raise ConfigError(f"{where}.token_env: the environment variable ${env} is not set")
         token = check_token(os.environ[env], f"${env} ({where}.token_env)")
@@ -57,15 +64,17 @@ def _parse_user(table: object, index: int) -> UserConfig:
     limits = {}
     for key in ("max_waiting", "max_running"):
         limits[key] = within(table, key, int, where, 1, 1_000_000)
-    return UserConfig(name=name, token=token, role=role, lanes=tuple(lanes) if lanes else LANES, **limits)
+    return UserConfig(
+        name=name, token=token, role=role, lanes=tuple(lanes) if lanes else LANES, token_env=env, **limits
+    )
 
 
-def parse_users(data: dict[str, Any], values: dict[str, Any]) -> tuple[UserConfig, ...]:
+def parse_users(data: dict[str, Any], values: dict[str, Any], secrets: bool = True) -> tuple[UserConfig, ...]:
     """[[user]] tables, and the single [router] token as the admin it always was."""
     raw = data.get("user", [])
     if not isinstance(raw, list):
         raise ConfigError("user: expected [[user]] tables")
-    users = [_parse_user(t, i) for i, t in enumerate(raw, start=1)]
+    users = [_parse_user(t, i, secrets) for i, t in enumerate(raw, start=1)]
     names: set[str] = set()
     tokens: dict[str, str] = {}
     for u in users:
@@ -239,6 +248,9 @@ def storage_settings(storage: object) -> dict[str, Any]:
         if seconds < 1:
             raise ConfigError(f"storage.sample_every: must be at least 1s, got {storage['sample_every']!r}")
         values["storage_sample_s"] = seconds
+    min_free = within(storage, "min_free_bytes", int, "storage", 0, 1 << 60)
+    if min_free is not None:
+        values["storage_min_free"] = min_free
     return values
 
 

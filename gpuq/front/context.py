@@ -116,8 +116,11 @@ def error_response(
 
 async def json_of(request: web.Request) -> dict[str, Any]:
     """A front-door call's body, whatever its API; text that cannot be stored is a 400 here, once."""
-    body = json_object(
-        await request.read(), "missing request body", "invalid character in JSON", json_type, strict=True
-    )
+    return body_of(await request.read())
+
+
+def body_of(raw: bytes) -> dict[str, Any]:
+    """json_of's parse and check, for a body large enough to be parsed off the event loop."""
+    body = json_object(raw, "missing request body", "invalid character in JSON", json_type, strict=True)
     check_text(body)
     return body

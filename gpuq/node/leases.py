@@ -92,14 +92,19 @@ class Leases:
         return taken
 
     async def renew(self) -> None:
-        """One heartbeat: renew the leases held, take the nodes free or expired."""
+        """One heartbeat: renew the leases held, take the nodes free or expired. On SQLite the
+        router is alone: its leases are read, not renewed, so an idle router writes nothing."""
         nodes = self.nodes()
         mine = [n for n in nodes if n in self.until]
         if mine:
             asked = awake_clock()
-            self._heard(mine, await self.store.renew_nodes(self.router, mine, self.lease_s()), asked)
+            if self.alone:
+                held = await self.store.still_held(self.router, mine)
+            else:
+                held = await self.store.renew_nodes(self.router, mine, self.lease_s())
+            self._heard(mine, held, asked)
         others = [n for n in nodes if n not in self.until]
-        if others or not mine:  # (the router's row is seen again by either)
+        if others or not (mine or self.alone):  # (on PostgreSQL the router's row is seen again by either)
             taken = await self._take(others)
             for job in taken.failed:
                 log.warning("job=%s node=%s state=failed reason=%r", job["id"], job["node"], job["error"])

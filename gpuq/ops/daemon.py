@@ -40,6 +40,7 @@ from ..jobs import parse_iso
 from ..store.postgres import safe_dsn
 from .dblock import lock_database, unlock_database
 from .portcheck import next_free_port
+from .service import config_error_exit
 
 log = logging.getLogger("gpuq")
 
@@ -434,7 +435,7 @@ def run_daemon(
         return asyncio.run(serve(settings, listen, database, ollama_listen))
     except ConfigError as exc:
         print(f"gpuq: config error: {exc.message}", file=sys.stderr)
-        return 2
+        return config_error_exit()
     except GpuqError as exc:
         print(f"gpuq: {exc.message}", file=sys.stderr)
         return exc.exit_code

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..disk import why
 from ..errors import DatabaseInUse, StartupError
 from ..jobs import iso
 
@@ -48,8 +49,12 @@ def lock_database(database: Path, listen: str, holder: str = "router", url: str 
     else:
         raise StartupError(f"cannot lock {path}: it was removed and created again ten times over")
     me = {"pid": os.getpid(), "listen": listen, "url": url, "started": iso(time.time()), "holder": holder}
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
+    except OSError as exc:  # a full disk: said, and the empty lock file not left behind
+        unlock_database(database, fd)
+        raise StartupError(f"cannot write the lock file {path}: {why(exc)}", 503) from None
     return fd
 
 

@@ -62,7 +62,8 @@ def router_listen(listen: str | None) -> str | None:
         if listen:
             return check_listen(listen, "--listen")
         path = find_config(None)
-        return load_config(path, env_token=False).listen if path is not None else DEFAULT_LISTEN
+        # Its address only: no one's token is needed to know it (token_env named, not read).
+        return load_config(path, env_token=False, secrets=False).listen if path is not None else DEFAULT_LISTEN
     except Exception:  # (a broken config, an old Python): the router's start says what is wrong
         return None
 

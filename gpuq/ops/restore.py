@@ -21,9 +21,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import Conflict, DatabaseInUse, NotFound, Unprocessable
+from ..disk import fsync, why
+from ..errors import Conflict, DatabaseInUse, NotFound, StoreUnavailable, Unprocessable
 from ..jobs import JobState
-from ..store.backup import check_restorable, checkpoint, fsync
+from ..store.backup import check_restorable, checkpoint
 from ..store.facade import migration_files
 from .dblock import lock_database, unlock_database
 
@@ -65,7 +66,12 @@ def _replace(backup: Path, database: Path, now: float) -> Restored:
     temp = database.with_name(f".{database.name}.restore-{secrets.token_hex(4)}")
     os.close(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))  # private: it holds prompts
     try:
-        shutil.copyfile(backup, temp)
+        try:
+            shutil.copyfile(backup, temp)
+        except OSError as exc:  # a full disk most often: said so, and nothing replaced
+            raise StoreUnavailable(
+                f"{backup} cannot be copied beside {database}: {why(exc)}; nothing was replaced"
+            ) from None
         known = {int(f.name[:3]) for f in migration_files()}
         try:
             jobs = check_restorable(temp, known)

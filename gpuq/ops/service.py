@@ -2,21 +2,37 @@
 (~/Library/LaunchAgents/local.gpuq.router.plist, loaded with `launchctl bootstrap gui/<uid>`);
 Linux: a systemd user unit (~/.config/systemd/user/gpuq.service, after network-online.target,
 `systemctl --user enable --now`). The file runs this very gpuq, by absolute path, on an absolute
-gpuq.toml, so it works without a venv activated or a PATH set up."""
+gpuq.toml, so it works without a venv activated or a PATH set up.
+
+The router's environment goes with it: the [[user]] token_env variables its config names (and
+$GPUQ_TOKEN, $GPUQ_DATABASE when the installing shell sets them, as `gpuq serve` there would
+read them), their values from the installing shell, in a file only its owner reads (systemd: an
+EnvironmentFile, 0600; launchd: the plist's EnvironmentVariables, the plist 0600). A config
+`gpuq serve` cannot run on is not restarted for ever: systemd is told its exit code
+(RestartPreventExitStatus, EX_CONFIG) and bounds every other restart (StartLimitBurst); launchd,
+which restarts any failure, gets a serve that exits 0 on it (GPUQ_SERVICE=launchd)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import plistlib
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from ..errors import EX_CONFIG
 
 LABEL = "local.gpuq.router"  # the launchd agent's label (and its file's name)
 UNIT = "gpuq.service"  # the systemd user unit
 PLATFORMS = ("linux", "macos")
+# Besides the token_env variables: what `gpuq serve` reads from its environment (a DSN's password).
+CARRIED = ("GPUQ_TOKEN", "GPUQ_DATABASE")
+SERVICE_VARIABLE = "GPUQ_SERVICE"  # "launchd": a config error exits 0, so launchd does not restart it
+# systemd: at most this many starts in this many seconds (a port taken for good, a database in use).
+START_LIMIT = (20, 300)
 
 
 class ServiceError(Exception):
@@ -51,6 +67,18 @@ def plist_path() -> Path:
     return Path.home() / "Library" / "LaunchAgents" / f"{LABEL}.plist"
 
 
+def env_path() -> Path:
+    """The systemd unit's EnvironmentFile: the router's secrets, beside gpuq's other settings."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "gpuq" / "router.env"
+
+
+def config_error_exit() -> int:
+    """`gpuq serve`'s exit code for a config error: EX_CONFIG, but 0 under launchd, which can be
+    told only "restart unless it succeeded" (a config only a person can mend is not retried)."""
+    return 0 if os.environ.get(SERVICE_VARIABLE) == "launchd" else EX_CONFIG
+
+
 def log_path() -> Path:
     return Path.home() / "Library" / "Logs" / "gpuq" / "router.log"
 
@@ -64,37 +92,57 @@ def systemd_quote(arg: str) -> str:
     return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def unit_text(command: list[str], config: Path) -> str:
+def env_quote(value: str) -> str:
+    """A value as an EnvironmentFile line holds it: in double quotes, with the characters that
+    systemd (and a shell sourcing the file) read specially escaped."""
+    if any(c in value for c in "\r\n\x00"):
+        raise ServiceError("a value of the router's environment holds a newline; it cannot be carried")
+    return '"' + "".join("\\" + c if c in '"\\$`' else c for c in value) + '"'
+
+
+def env_text(env: dict[str, str]) -> str:
+    lines = [f"{name}={env_quote(value)}\n" for name, value in sorted(env.items())]
+    return "# Written by `gpuq service install` from its shell: the router's secrets (0600).\n" + "".join(lines)
+
+
+def unit_text(command: list[str], config: Path, environment: Path | None = None) -> str:
     exec_start = " ".join(systemd_quote(a) for a in [*command, "serve", "--config", str(config)])
+    env_line = f"EnvironmentFile={systemd_quote(str(environment))}\n" if environment else ""
+    burst, interval = START_LIMIT
     return f"""\
 # Written by `gpuq service install`; remove with `gpuq service uninstall`.
 [Unit]
 Description=gpuq router ({config})
 After=network-online.target
 Wants=network-online.target
+# Started at most {burst} times in {interval} s, then left failed (`gpuq service status` says so).
+StartLimitIntervalSec={interval}
+StartLimitBurst={burst}
 
 [Service]
 Type=simple
 WorkingDirectory={systemd_quote(str(config.parent))}
 ExecStart={exec_start}
 Environment=PYTHONUNBUFFERED=1
-# A Tailscale address not yet bindable, or a crash: try again in 5 s.
+{env_line}# A Tailscale address not yet bindable, or a crash: try again in 5 s. A config gpuq serve
+# cannot run on (exit {EX_CONFIG}, EX_CONFIG) is not: mend it, then `systemctl --user restart {UNIT}`.
 Restart=on-failure
 RestartSec=5
+RestartPreventExitStatus={EX_CONFIG}
 
 [Install]
 WantedBy=default.target
 """
 
 
-def plist_text(command: list[str], config: Path) -> str:
+def plist_text(command: list[str], config: Path, env: dict[str, str] | None = None) -> str:
     log = str(log_path())
     return plistlib.dumps(
         {
             "Label": LABEL,
             "ProgramArguments": [*command, "serve", "--config", str(config)],
             "WorkingDirectory": str(config.parent),
-            "EnvironmentVariables": {"PYTHONUNBUFFERED": "1"},
+            "EnvironmentVariables": {**(env or {}), "PYTHONUNBUFFERED": "1", SERVICE_VARIABLE: "launchd"},
             "RunAtLoad": True,  # at login
             # Started again when it fails (a network not yet up, a crash), not when it stopped cleanly.
             "KeepAlive": {"SuccessfulExit": False},
@@ -107,12 +155,16 @@ def plist_text(command: list[str], config: Path) -> str:
 
 @dataclass
 class Plan:
-    """What `install` or `uninstall` does: the file (written or removed) and the commands run."""
+    """What `install` or `uninstall` does: the file (written or removed) and the commands run;
+    an install's secrets (`env`) go to `env_path` (systemd) or into the file itself (launchd)."""
 
     platform: str
     path: Path
     text: str | None  # None: the file is removed
     commands: list[list[str]]
+    env: dict[str, str] = field(default_factory=dict, repr=False)
+    env_path: Path | None = None
+    shown: str | None = None  # the file as a dry run prints it: the secrets' names, not their values
 
 
 def tool(platform: str) -> str:
@@ -136,24 +188,24 @@ def domain() -> str:
     return f"gui/{os.getuid()}"
 
 
-def install_plan(platform: str, config: Path, command: list[str]) -> Plan:
+def install_plan(platform: str, config: Path, command: list[str], env: dict[str, str] | None = None) -> Plan:
+    env = env or {}
+    masked = {name: "(the value in this shell)" for name in env}
     if platform == "macos":
         path = plist_path()
-        return Plan(
-            platform,
-            path,
-            plist_text(command, config),
-            [
-                ["launchctl", "bootout", f"{domain()}/{LABEL}"],  # a loaded older one (may fail: none)
-                ["launchctl", "enable", f"{domain()}/{LABEL}"],
-                ["launchctl", "bootstrap", domain(), str(path)],
-            ],
-        )
+        commands = [
+            ["launchctl", "bootout", f"{domain()}/{LABEL}"],  # a loaded older one (may fail: none)
+            ["launchctl", "enable", f"{domain()}/{LABEL}"],
+            ["launchctl", "bootstrap", domain(), str(path)],
+        ]
+        text = plist_text(command, config, env)
+        return Plan(platform, path, text, commands, env, None, plist_text(command, config, masked))
     path = unit_path()
     commands = [["systemctl", "--user", "daemon-reload"], ["systemctl", "--user", "enable", "--now", UNIT]]
     if path.exists():  # a reinstall: the running router is started again on the new file
         commands.append(["systemctl", "--user", "restart", UNIT])
-    return Plan(platform, path, unit_text(command, config), commands)
+    text = unit_text(command, config, env_path())
+    return Plan(platform, path, text, commands, env, env_path(), text)
 
 
 def uninstall_plan(platform: str) -> Plan:
@@ -165,6 +217,7 @@ def uninstall_plan(platform: str) -> Plan:
         unit_path(),
         None,
         [["systemctl", "--user", "disable", "--now", UNIT], ["systemctl", "--user", "daemon-reload"]],
+        env_path=env_path(),  # removed with the unit: no secret is left behind
     )
 
 
@@ -176,13 +229,31 @@ def run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]
     return done
 
 
+def write_private(path: Path, text: str) -> None:
+    """`text` in `path`, readable by its owner only from its first byte (a new file renamed into
+    place: an older one's wider mode, or a reader of a half-written file, sees no secret)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    temp = path.with_name(f".{path.name}.partial")
+    with contextlib.suppress(FileNotFoundError):
+        temp.unlink()
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(temp, path)
+
+
 def install(plan: Plan) -> None:
     require_tool(plan.platform)
     plan.path.parent.mkdir(parents=True, exist_ok=True)
     if plan.platform == "macos":
         log_path().parent.mkdir(parents=True, exist_ok=True)
     assert plan.text is not None  # an install plan writes its file
-    plan.path.write_text(plan.text, encoding="utf-8")
+    if plan.env_path is not None:
+        write_private(plan.env_path, env_text(plan.env))
+    if plan.platform == "macos":
+        write_private(plan.path, plan.text)  # it holds the secrets itself
+    else:
+        plan.path.write_text(plan.text, encoding="utf-8")
     for i, argv in enumerate(plan.commands):
         # launchd's bootout of an agent that is not loaded fails, and that is fine
         run(argv, check=not (plan.platform == "macos" and i == 0))
@@ -199,6 +270,8 @@ def uninstall(plan: Plan) -> bool:
     else:
         run(plan.commands[0])
         plan.path.unlink()
+        if plan.env_path is not None:
+            plan.env_path.unlink(missing_ok=True)
         run(plan.commands[1])
     return True
 

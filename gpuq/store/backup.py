@@ -25,7 +25,9 @@ checked copy."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import re
 import secrets
 import sqlite3
 import stat
@@ -33,12 +35,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..disk import fsync, is_full, why
 from ..errors import BadRequest, Conflict, GpuqError, NewerSchema, StoreUnavailable, Unprocessable
 from . import sqlite
 from .postgres import safe_dsn
 
+log = logging.getLogger("gpuq")
+
 # The database's own files, by suffix: none of them may be a backup's target.
 OWN_FILES = ("", "-wal", "-shm", "-journal", ".lock")
+# A copy being made (back_up's temp file beside its target), and what SQLite keeps beside it.
+PARTIAL = re.compile(r"(?P<copy>\..+\.[0-9a-f]{8}\.partial)(?:-journal|-wal|-shm)?")
 
 
 class BackupBusy(Conflict):
@@ -106,11 +113,12 @@ def back_up(database: Path, target: Path, busy_timeout_s: float) -> dict[str, An
     answer says: the path, its bytes, the seconds it took, the integrity check's result, and when
     each step ended (`phases`: copied, checked, synced; seconds from the start)."""
     started = time.monotonic()
+    remove_partials(target.parent)  # a killed backup's copy takes room this one may need
     temp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.partial")
     try:  # made empty, private (the queue holds people's prompts), and new: VACUUM INTO fills it
         os.close(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except OSError as exc:
-        raise Unprocessable(f"cannot write in {target.parent}: {exc.strerror}; nothing was written") from None
+        raise _refused(exc, f"cannot write in {target.parent}: {why(exc)}; nothing was written") from None
     phases: dict[str, float] = {}  # when each step ended, from the start: where a backup's time goes
     try:
         _vacuum_into(database, temp, busy_timeout_s, target)
@@ -128,12 +136,10 @@ def back_up(database: Path, target: Path, busy_timeout_s: float) -> dict[str, An
         fsync(target.parent)
         phases["synced"] = time.monotonic() - started
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise GpuqError(f"the backup could not be written to {target}: {exc.strerror or exc}") from None
+        _remove_copy(temp)
+        raise _refused(exc, f"the backup could not be written to {target}: {why(exc)}; nothing was written") from None
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
+        _remove_copy(temp)
         raise
     return {
         "path": str(target),
@@ -143,6 +149,71 @@ def back_up(database: Path, target: Path, busy_timeout_s: float) -> dict[str, An
         "database": str(database),
         "phases": {k: round(v, 3) for k, v in phases.items()},
     }
+
+
+def _remove_copy(temp: Path) -> None:
+    """A copy that failed, gone whole: the file and what SQLite kept beside it (its journal)."""
+    for suffix in ("", "-journal", "-wal", "-shm"):
+        with contextlib.suppress(OSError):
+            os.unlink(temp.with_name(temp.name + suffix))
+
+
+def _refused(exc: OSError, message: str) -> GpuqError:
+    """A full disk is a 503 (room may come back: try again), any other OSError a 422."""
+    return StoreUnavailable(message) if is_full(exc) else Unprocessable(message)
+
+
+def remove_partials(folder: Path) -> list[Path]:
+    """The copies backups killed mid-way left in `folder` (a SIGKILL gives back_up no chance to
+    remove its temp file): each `.NAME.<8 hex>.partial`, with its `-journal`, `-wal` and `-shm`,
+    unless a backup is writing it now (SQLite's lock on it, held by this process or another).
+    Best effort; the paths removed, each logged."""
+    try:
+        found = sorted((p, m["copy"]) for p in folder.iterdir() if (m := PARTIAL.fullmatch(p.name)))
+    except OSError:
+        return []
+    copies: dict[str, bool] = {}  # each copy's name: may it go
+    removed = []
+    for path, name in found:
+        copy = folder / name
+        if copy.name not in copies:
+            copies[copy.name] = not _being_written(copy)
+        if not copies[copy.name] or not _regular(path):
+            continue
+        try:
+            os.unlink(path)
+        except OSError:
+            continue
+        removed.append(path)
+        log.info("backup: removed %s, left by a backup that was stopped mid-way", path)
+    return removed
+
+
+def _regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _being_written(copy: Path) -> bool:
+    """Does a backup write `copy` now? VACUUM INTO holds SQLite's write lock on it throughout."""
+    if not _regular(copy):
+        return False
+    try:
+        db = sqlite3.connect(f"{copy.as_uri()}?mode=rw", uri=True, timeout=0, isolation_level=None)
+    except sqlite3.Error:
+        return False
+    try:
+        db.execute("BEGIN IMMEDIATE")
+        db.execute("ROLLBACK")
+        return False
+    except sqlite3.OperationalError as exc:
+        return "locked" in str(exc)
+    except sqlite3.Error:
+        return False
+    finally:
+        db.close()
 
 
 def _vacuum_into(database: Path, temp: Path, busy_timeout_s: float, target: Path) -> None:
@@ -157,15 +228,6 @@ def _vacuum_into(database: Path, temp: Path, busy_timeout_s: float, target: Path
         raise StoreUnavailable(f"the backup failed: {exc}; nothing was written to {target}") from None
     finally:
         db.close()
-
-
-def fsync(path: Path) -> None:
-    """The file's (or a directory's: its entries') bytes on disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def integrity(path: Path) -> str:

@@ -11,6 +11,8 @@ from .core import Core
 from .steps import Row
 
 BATCH_SQL = "SELECT * FROM batch WHERE id = ?"
+# A page of a batch's lines with their replies, past the last line sent (results streamed).
+LINES_PAGE_SQL = LINES_SQL.replace("WHERE l.batch_id = ?", "WHERE l.batch_id = ? AND l.line > ?") + " LIMIT ?"
 
 
 def batches_sql(api: str | None, owner: bool, after: bool, status: bool) -> str:
@@ -44,8 +46,10 @@ OPEN_BY_NODE_SQL = (
     " JOIN job j ON j.id = l.job_id WHERE b.status IN ('in_progress', 'cancelling')"
     " GROUP BY l.batch_id, j.node, j.state"
 )
-FILE_SQL = "SELECT id, purpose, filename, bytes, created_at, owner FROM batch_file WHERE id = ?"
-FILE_CONTENT_SQL = "SELECT content, owner FROM batch_file WHERE id = ?"
+# A file under upload (bytes -1: gpuq/store/batches.py begin_file) is shown by no read.
+FILE_SQL = "SELECT id, purpose, filename, bytes, created_at, owner FROM batch_file WHERE id = ? AND bytes >= 0"
+# A file's content, one chunk (at most FILE_CHUNK_BYTES) per read: never the file whole.
+FILE_CHUNK_SQL = "SELECT bytes FROM batch_file_chunk WHERE file_id = ? AND seq = ?"
 # Batches by state, and the lines of the open ones by their jobs' states (/metrics: a scrape
 # reads the lines of the batches in progress only, never the whole history's).
 BATCH_STATES_SQL = "SELECT status, COUNT(*) AS n FROM batch GROUP BY status"
@@ -57,7 +61,7 @@ LINE_STATES_SQL = (
 
 
 def files_sql(owner: bool, purpose: bool, after: bool, ascending: bool) -> str:
-    where = []
+    where = ["bytes >= 0"]
     if owner:
         where.append("owner = :owner")
     if purpose:
@@ -65,7 +69,7 @@ def files_sql(owner: bool, purpose: bool, after: bool, ascending: bool) -> str:
     if after:
         op = ">" if ascending else "<"
         where.append(f"(created_at {op} :created_at OR (created_at = :created_at AND id {op} :id))")
-    clause = f" WHERE {' AND '.join(where)}" if where else ""
+    clause = f" WHERE {' AND '.join(where)}"
     order = "ASC" if ascending else "DESC"
     return (
         f"SELECT id, purpose, filename, bytes, created_at, owner FROM batch_file{clause}"
@@ -112,6 +116,11 @@ class BatchReads(Core):
     async def batch_results(self, batch_id: str) -> list[Row]:
         """A batch's lines in order with their kept replies (its results, its output files)."""
         return await self.read(LINES_SQL, (batch_id,))
+
+    async def batch_results_page(self, batch_id: str, after_line: int, limit: int) -> list[Row]:
+        """Up to `limit` of a batch's lines past `after_line`, in order, with their kept replies:
+        its results sent page by page, never all its replies at once."""
+        return await self.read(LINES_PAGE_SQL, (batch_id, after_line, limit))
 
     async def open_batch_lines(self) -> dict[str, str]:
         """The waiting and running jobs that are lines of open batches: job id -> batch id."""
@@ -163,8 +172,18 @@ class BatchReads(Core):
             params.update(created_at=seen[0]["created_at"], id=after)
         return await self.read(files_sql(owner is not None, purpose is not None, after is not None, ascending), params)
 
+    async def file_chunk(self, file_id: str, seq: int) -> bytes | None:
+        """A file's chunk `seq` (from 0), or None past its last: a file is read one chunk at a
+        time (a member's read is checked by `file` first)."""
+        found = await self.read(FILE_CHUNK_SQL, (file_id, seq))
+        return bytes(found[0]["bytes"]) if found else None
+
     async def file_content(self, file_id: str, only_owner: str | None = None) -> bytes:
-        found = await self.read(FILE_CONTENT_SQL, (file_id,))
-        if not found or (only_owner is not None and found[0]["owner"] != only_owner):
-            raise NotFound(f"no file '{file_id}'")
-        return bytes(found[0]["content"])
+        """A file whole: for what is small by its own limit (the tests, a batch's output checked
+        in the store's contract); the routes stream a file by `file_chunk`."""
+        await self.file(file_id, only_owner)
+        out, seq = [], 0
+        while (chunk := await self.file_chunk(file_id, seq)) is not None:
+            out.append(chunk)
+            seq += 1
+        return b"".join(out)

@@ -66,28 +66,68 @@ def _dumps(value: Any) -> str | None:
 
 # -- files -----------------------------------------------------------------------------------
 
+# A file's content is kept as rows of at most this many bytes (batch_file_chunk, migration 025):
+# an upload is stored, and a download read, one chunk at a time, never the file whole.
+FILE_CHUNK_BYTES = 1 << 20
+UPLOADING = -1  # a file's `bytes` while its upload is under way: no read shows it
+# An upload whose router stopped half-way leaves its row behind: the next upload removes it once
+# it is older than this, or twice router.body_timeout if longer (an upload lasts at most that).
+ABANDONED_S = 2 * 3600.0
+
 
 def add_file(
     db: Connection, now: float, file_id: str, purpose: str, filename: str, content: bytes, owner: str | None
 ) -> Row:
-    """A file kept in the database (a batch's input, or the output finalize writes), content and all."""
+    """A file kept whole in one write (the output finalize writes; `gpuq batch submit`'s input,
+    within the API's body limit), as chunks."""
+    begin_file(db, now, file_id, purpose, filename, owner)
+    for seq, at in enumerate(range(0, len(content), FILE_CHUNK_BYTES)):
+        add_file_chunk(db, file_id, seq, content[at : at + FILE_CHUNK_BYTES])
+    return end_file(db, file_id, len(content))
+
+
+def begin_file(
+    db: Connection,
+    now: float,
+    file_id: str,
+    purpose: str,
+    filename: str,
+    owner: str | None,
+    abandoned_s: float = ABANDONED_S,
+) -> None:
+    """An upload begins: its row, shown by no read until end_file (and any upload begun more
+    than `abandoned_s` ago, by a router stopped half-way through it, removed with its chunks)."""
+    db.execute("DELETE FROM batch_file WHERE bytes = ? AND created_at < ?", (UPLOADING, iso(now - abandoned_s)))
     db.execute(
-        "INSERT INTO batch_file (id, purpose, filename, bytes, created_at, owner, content) VALUES (?,?,?,?,?,?,?)",
-        (file_id, purpose, filename, len(content), iso(now), owner, content),
+        "INSERT INTO batch_file (id, purpose, filename, bytes, created_at, owner) VALUES (?,?,?,?,?,?)",
+        (file_id, purpose, filename, UPLOADING, iso(now), owner),
     )
-    return {
-        "id": file_id,
-        "purpose": purpose,
-        "filename": filename,
-        "bytes": len(content),
-        "created_at": iso(now),
-        "owner": owner,
-    }
+
+
+def add_file_chunk(db: Connection, file_id: str, seq: int, data: bytes) -> None:
+    """One piece of a file under upload, in its order (`seq` from 0)."""
+    db.execute("INSERT INTO batch_file_chunk (file_id, seq, bytes) VALUES (?,?,?)", (file_id, seq, data))
+
+
+def end_file(db: Connection, file_id: str, size: int) -> Row:
+    """The upload is whole: its size set, the file shown from now on."""
+    db.execute("UPDATE batch_file SET bytes = ? WHERE id = ? AND bytes = ?", (size, file_id, UPLOADING))
+    found = db.execute(
+        "SELECT id, purpose, filename, bytes, created_at, owner FROM batch_file WHERE id = ?", (file_id,)
+    ).fetchone()
+    if found is None or found["bytes"] != size:
+        raise NotFound(f"no upload '{file_id}' under way")
+    return dict(found)
+
+
+def drop_upload(db: Connection, file_id: str) -> None:
+    """An upload refused or cut: its row and every chunk it stored so far, gone."""
+    db.execute("DELETE FROM batch_file WHERE id = ? AND bytes = ?", (file_id, UPLOADING))
 
 
 def delete_file(db: Connection, file_id: str, only_owner: str | None = None) -> None:
     """A file gone. `only_owner`: a member's name; another's file is not found (404)."""
-    found = db.execute("SELECT owner FROM batch_file WHERE id = ?", (file_id,)).fetchone()
+    found = db.execute("SELECT owner FROM batch_file WHERE id = ? AND bytes >= 0", (file_id,)).fetchone()
     if found is None or (only_owner is not None and found["owner"] != only_owner):
         raise NotFound(f"no file '{file_id}'")
     db.execute("DELETE FROM batch_file WHERE id = ?", (file_id,))

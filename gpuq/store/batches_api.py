@@ -13,6 +13,10 @@ from .steps import Row
 
 class BatchVerbs(Core):
     add_file = write(batches.add_file)
+    begin_file = write(batches.begin_file)
+    add_file_chunk = write_untimed(batches.add_file_chunk)
+    end_file = write_untimed(batches.end_file)
+    drop_upload = write_untimed(batches.drop_upload)
     delete_file = write_untimed(batches.delete_file)
 
     async def create_batch(

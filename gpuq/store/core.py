@@ -90,6 +90,16 @@ class Core:
         assert self.path is not None, "a store on PostgreSQL has no file"
         return self.path
 
+    def _writers_error(self, exc: BaseException) -> Exception:
+        """The writer's error as a user sees it (asked in the writer's thread): a SQLite write
+        refused as full where router.max_database_bytes, not the disk, ran out names the cap."""
+        db = self._writer.db if self._writer is not None else None
+        if self.path is not None and self.max_bytes is not None and isinstance(db, sqlite3.Connection):
+            capped = sqlite.cap_reached(exc, db, self.path, self.max_bytes)
+            if capped is not None:
+                return capped
+        return self.engine.from_error(exc)
+
     def _connect_writer(self) -> Connection:
         """The writer's connection, opened in (and used only by) the writer's thread."""
         if self.dsn:
@@ -104,7 +114,7 @@ class Core:
         try:
             self._writer = Writer(
                 self._connect_writer,
-                self.engine.from_error,
+                self._writers_error,
                 engine=self.engine,
                 refuse=self._refusal if self._file else None,
             )

@@ -75,6 +75,8 @@ class Engine(Protocol):
     LIMIT_VALUE: str
     # The operator that matches text ignoring ASCII case (history's search).
     LIKE: str
+    # The stored columns of the table bound as :table, each a row {name}.
+    COLUMNS_SQL: str
 
     def seconds_between(self, start: str, end: str) -> str:
         """SQL for the seconds from `start` to `end`, two columns of ISO-8601 text."""

@@ -253,11 +253,20 @@ ROUTERS_SQL = (
     " WHERE stopped_at IS NULL AND seen_at > ? ORDER BY started_at, id"
 )
 LEASES_SQL = "SELECT node, router, expires_at, taken_at FROM node_lease ORDER BY node"
+SEEN_EVER = float("-inf")  # SQLite: a router not stopped is alive, whenever it was last seen (see alive)
 
 
-def alive(router_rows: list[Any], lease_rows: list[Any], now: float) -> dict[str, Any]:
+def held_sql(n: int) -> str:
+    """The nodes of `n` whose lease names router ?, whatever its end (SQLite's check: a read)."""
+    return f"SELECT node FROM node_lease WHERE router = ? AND node IN ({_marks(n)}) ORDER BY node"
+
+
+def alive(router_rows: list[Any], lease_rows: list[Any], now: float, alone: bool = False) -> dict[str, Any]:
     """/health's view: the routers alive (each with the nodes whose lease it holds now) and each
-    node's holder (None: no router holds it, its lease free or expired)."""
+    node's holder (None: no router holds it, its lease free or expired). `alone` (SQLite: one
+    router per file, its lock file says so): the router rows read are alive, and a lease of
+    theirs is held until that router stops, whatever its end says (a router alone does not
+    renew: an idle one writes nothing)."""
     routers = [
         {k: r[k] for k in ("id", "listen", "public_url", "pid", "host", "started_at")}
         | {"seen_at": iso(r["seen_at"]), "nodes": []}
@@ -266,10 +275,10 @@ def alive(router_rows: list[Any], lease_rows: list[Any], now: float) -> dict[str
     by_id = {r["id"]: r for r in routers}
     holders: dict[str, dict[str, Any] | None] = {}
     for lease in lease_rows:
-        if lease["expires_at"] > now:
+        if lease["expires_at"] > now or (alone and lease["router"] in by_id):
             holders[lease["node"]] = {
                 "router": lease["router"],
-                "until": iso(lease["expires_at"]),
+                "until": None if alone else iso(lease["expires_at"]),  # alone: until its router stops
                 "since": iso(lease["taken_at"]),
             }
             if lease["router"] in by_id:

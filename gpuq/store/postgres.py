@@ -118,6 +118,10 @@ LIMIT_VALUE = "l.value::bigint"
 # SQLite's LIKE ignores ASCII case; history's text search keeps doing so here.
 LIKE = "ILIKE"
 
+# A table's columns (:table), in gpuq's schema.
+COLUMNS_SQL = """SELECT column_name AS name FROM information_schema.columns
+WHERE table_schema = current_schema() AND table_name = :table ORDER BY ordinal_position"""
+
 
 def byte_length(text: str) -> str:
     """SQL for the UTF-8 bytes of a text column (0 for NULL): what retention says it frees."""

@@ -343,7 +343,12 @@ class Reads(Core):
     async def retention_plan(self, cutoffs: retention.Cutoffs) -> dict[str, Any]:
         """The dry run: what each step would drop now, and its bytes."""
         params = cutoffs.params()
-        found = {key: (await self.read(sql, params))[0] for key, sql in retention.plan_sql(self.engine).items()}
+        columns = {
+            table: [r["name"] for r in await self.read(self.engine.COLUMNS_SQL, {"table": table})]
+            for table in retention.ROW_TABLES
+        }
+        plans = retention.plan_sql(self.engine, columns)
+        found = {key: (await self.read(sql, params))[0] for key, sql in plans.items()}
         return retention.plan(found)
 
     async def whole_jobs(self, ids: list[str]) -> list[Row]:
@@ -388,8 +393,9 @@ class Reads(Core):
         batches = await self.read(*reads["batches"])
         lines = await self.read(*reads["lines"])
         files = await self.read(*reads["files"])
-        for f in files:
-            f["content"] = bytes(f["content"]).decode("utf-8", "replace")
+        for f in files:  # (its chunks: migration 025)
+            chunks = await self.read("SELECT bytes FROM batch_file_chunk WHERE file_id = ? ORDER BY seq", (f["id"],))
+            f["content"] = b"".join(bytes(c["bytes"]) for c in chunks).decode("utf-8", "replace")
         for batch in batches:
             for key in ("metadata", "errors"):
                 if batch[key] is not None:

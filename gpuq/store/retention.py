@@ -141,25 +141,39 @@ def delete(db: Connection, ids: list[str], cutoffs: Cutoffs) -> dict[str, Any]:
     return {"jobs": len(gone), "runs": runs, "events": events, "held_ms": (time.perf_counter() - began) * 1000}
 
 
-def plan_sql(engine: Engine) -> dict[str, str]:
-    """The dry run's reads: what each step would drop now (jobs, rows) and its bytes."""
+# The tables whose rows a deletion takes (a job's runs, their chunks, its events): the dry run
+# counts their rows' stored values, every column.
+ROW_TABLES = {"job": "j", "run": "r", "run_chunk": "c", "event": "e"}  # each with its alias in plan_sql
+
+
+def row_bytes(engine: Engine, alias: str, columns: list[str]) -> str:
+    """SQL for the bytes of a row's stored values: each column's as text (a number's digits),
+    NULL none. What a deleted row frees, less SQLite's few bytes of header a row and its indexes'
+    entries (`gpuq prune --dry-run` says so)."""
+    return " + ".join(engine.byte_length(f'CAST({alias}."{c}" AS TEXT)') for c in columns) or "0"
+
+
+def plan_sql(engine: Engine, columns: dict[str, list[str]]) -> dict[str, str]:
+    """The dry run's reads: what each step would drop now (jobs, rows) and its bytes: a prune's,
+    the bulk it sheds; a deletion's, its rows' stored values (`columns`: each of ROW_TABLES')."""
     size = engine.byte_length
     pruned_only = f"{PRUNE_DUE} AND NOT ({DELETE_DUE})"  # a job due for both is deleted, not pruned
     chunk_bytes = f"SUM({size('c.output')} + {size('c.thinking')})"
     run_bytes = f"SUM({size('r.output')} + {size('r.thinking')})"
+    whole = {table: f"SUM({row_bytes(engine, alias, columns[table])})" for table, alias in ROW_TABLES.items()}
     return {
         "prune_jobs": f"SELECT COUNT(*) AS jobs, SUM({size('j.request')} + j.prompt_bytes - {size('j.prompt_excerpt')})"
         f" AS bytes FROM job j WHERE {pruned_only}",
         "prune_chunks": f"SELECT COUNT(*) AS chunks, {chunk_bytes} AS bytes FROM run_chunk c"
         f" JOIN run r ON r.id = c.run_id JOIN job j ON j.id = r.job_id WHERE {pruned_only}",
         "prune_runs": f"SELECT {run_bytes} AS bytes FROM run r JOIN job j ON j.id = r.job_id WHERE {pruned_only}",
-        "delete_jobs": f"SELECT COUNT(*) AS jobs, SUM({size('j.request')} + {size('j.prompt')}) AS bytes"
-        f" FROM job j WHERE {DELETE_DUE}",
-        "delete_runs": f"SELECT COUNT(*) AS runs, {run_bytes} AS bytes FROM run r JOIN job j ON j.id = r.job_id"
+        "delete_jobs": f"SELECT COUNT(*) AS jobs, {whole['job']} AS bytes FROM job j WHERE {DELETE_DUE}",
+        "delete_runs": f"SELECT COUNT(*) AS runs, {whole['run']} AS bytes FROM run r JOIN job j ON j.id = r.job_id"
         f" WHERE {DELETE_DUE}",
-        "delete_chunks": f"SELECT {chunk_bytes} AS bytes FROM run_chunk c JOIN run r ON r.id = c.run_id"
+        "delete_chunks": f"SELECT {whole['run_chunk']} AS bytes FROM run_chunk c JOIN run r ON r.id = c.run_id"
         f" JOIN job j ON j.id = r.job_id WHERE {DELETE_DUE}",
-        "delete_events": f"SELECT COUNT(*) AS events FROM event e JOIN job j ON j.id = e.job_id WHERE {DELETE_DUE}",
+        "delete_events": f"SELECT COUNT(*) AS events, {whole['event']} AS bytes FROM event e"
+        f" JOIN job j ON j.id = e.job_id WHERE {DELETE_DUE}",
         # ended batches (a batch due for both is deleted, not pruned)
         "batch_prune": f"SELECT COUNT(*) AS batches FROM batch b WHERE {BATCH_PRUNE_ONLY}",
         "batch_prune_files": "SELECT COUNT(*) AS files, SUM(f.bytes) AS bytes FROM batch_file f"
@@ -182,7 +196,7 @@ def plan(found: dict[str, Row]) -> dict[str, Any]:
             "jobs": n("delete_jobs", "jobs"),
             "runs": n("delete_runs", "runs"),
             "events": n("delete_events", "events"),
-            "bytes": n("delete_jobs", "bytes") + n("delete_runs", "bytes") + n("delete_chunks", "bytes"),
+            "bytes": sum(n(key, "bytes") for key in ("delete_jobs", "delete_runs", "delete_chunks", "delete_events")),
         },
         "prune": {
             "jobs": n("prune_jobs", "jobs"),

@@ -93,11 +93,20 @@ class RouterRecords(Core):
         """A clean stop: this router's leases are freed for the next router."""
         return await self._write(partial(leases.release, router=router, now=self.clock()))
 
+    async def still_held(self, router: leases.Router, nodes: list[str]) -> list[str]:
+        """SQLite (alone): the nodes of `nodes` whose lease is still this router's, by a read: a
+        router alone needs no renewal (its lock file keeps every other router out), so an idle
+        one writes nothing; a lease someone took all the same is seen lost."""
+        rows = await self.read(leases.held_sql(len(nodes)), (router.id, *nodes))
+        return [r["node"] for r in rows]
+
     async def routers(self, lease_s: float) -> dict[str, Any]:
-        """The routers alive (seen within `lease_s`), the nodes each holds, each node's holder."""
+        """The routers alive (seen within `lease_s`; on SQLite, not stopped), the nodes each
+        holds, each node's holder."""
         now = await self._lease_clock()
+        seen = leases.SEEN_EVER if self.alone else now - lease_s
         return leases.alive(
-            await self.read(leases.ROUTERS_SQL, (now - lease_s,)), await self.read(leases.LEASES_SQL), now
+            await self.read(leases.ROUTERS_SQL, (seen,)), await self.read(leases.LEASES_SQL), now, self.alone
         )
 
     async def take_service(self, router: leases.Router, service: str, lease_s: float) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shutil
 import sqlite3
 import time
 from collections.abc import Callable, Iterable
@@ -17,6 +18,7 @@ from typing import Any
 
 import aiosqlite
 
+from ..budget import human_bytes
 from ..errors import GUARD_MESSAGE, GpuqError, GuardRefused, NewerSchema, SchemaViolated, StartupError, StoreUnavailable
 from ..jobs import iso
 
@@ -59,6 +61,9 @@ LIMITS_ROWS = "json_each(:limits) l"
 LIMIT_VALUE = "l.value"
 
 LIKE = "LIKE"  # ignores ASCII case, as history's text search wants
+
+# A table's stored columns (:table), generated STORED ones too (hidden 3; a virtual one, 2, takes no room).
+COLUMNS_SQL = "SELECT name FROM pragma_table_xinfo(:table) WHERE hidden IN (0, 3) ORDER BY cid"
 
 
 def byte_length(text: str) -> str:
@@ -291,3 +296,27 @@ def from_sqlite(exc: BaseException) -> GpuqError:
 
 
 from_error = from_sqlite
+
+
+def cap_reached(exc: BaseException, db: sqlite3.Connection, path: Path, max_bytes: int) -> GpuqError | None:
+    """A write refused as full (SQLITE_FULL) that router.max_database_bytes refused, not the disk:
+    the error naming the cap. The cap is the database's pages (page_count x page_size, free pages
+    included; not the WAL); the tighter of its room and the disk's free space is what ran out.
+    None for any other error. In the writer's thread, on its connection (after the rollback)."""
+    if not (getattr(exc, "sqlite_errorname", None) or "").startswith("SQLITE_FULL"):
+        return None
+    page_size = int(db.execute("PRAGMA page_size").fetchone()[0])
+    pages = int(db.execute("PRAGMA page_count").fetchone()[0])
+    cap_pages = int(db.execute("PRAGMA max_page_count").fetchone()[0])
+    room = max(cap_pages - pages, 0) * page_size
+    try:
+        free = shutil.disk_usage(path.parent).free
+    except OSError:
+        free = None
+    if free is not None and free <= room:  # the disk had less room than the cap left: the disk is full
+        return None
+    return StoreUnavailable(
+        f"the database cannot be written: it reached router.max_database_bytes ({human_bytes(max_bytes)};"
+        f" {human_bytes(pages * page_size)} of pages, the WAL not counted); raise it (gpuq.toml, then a"
+        " restart) or prune what the queue no longer needs; nothing was changed"
+    )

@@ -12,6 +12,9 @@ from typing import Any
 
 from .steps import Row
 
+# SQLite: the database's pages as of the last commit (the WAL's included), free ones too: what
+# max_page_count (router.max_database_bytes) counts.
+SQLITE_PAGES_SQL = "SELECT page_count, page_size FROM pragma_page_count(), pragma_page_size()"
 # PostgreSQL: the database's size, and each table of gpuq's schema with its indexes apart.
 PG_DATABASE_BYTES_SQL = "SELECT pg_database_size(current_database()) AS bytes"
 PG_RELATIONS_SQL = """SELECT c.relname AS name, CASE c.relkind WHEN 'i' THEN 'index' ELSE 'table' END AS kind,
@@ -42,14 +45,18 @@ def disk_free(path: Path) -> int | None:
         return None
 
 
-def sqlite_relations(path: Path, busy_timeout_s: float, dbstat: bool = True) -> tuple[str, list[Row], int | None]:
-    """Each table and index of the SQLite file with its bytes, largest first, how they were
-    counted: "dbstat" (the pages each holds, exactly) or "estimate" (dbstat not compiled in: the
-    stored values' lengths, tables only), and the bytes the file holds empty (dbstat only, else
-    None): unused inside its pages (a row whose bulk was pruned leaves its page part empty) and
-    its free pages. Blocking: a connection of its own, read-only, in a thread; a reader, so the
-    router's writer goes on meanwhile. `dbstat=False`: the estimate (what a build without dbstat
-    gives)."""
+def sqlite_relations(
+    path: Path, busy_timeout_s: float, dbstat: bool = True
+) -> tuple[str, list[Row], int | None, int | None]:
+    """Each table and index of the SQLite file with its bytes (and, by dbstat, its pages), largest
+    first; how they were counted: "dbstat" (the pages each holds, exactly) or "estimate" (dbstat
+    not compiled in: the stored values' lengths, tables only); the bytes the file holds empty
+    (dbstat only, else None): unused inside its pages and its free pages; and of those, what a
+    compaction could give back at most (`reclaimable`): the free pages, and each table's and
+    index's whole pages of unused space past its first page (each keeps one page however empty:
+    a new database's 60 tables and indexes are 60 pages, mostly empty, and nothing to reclaim).
+    Blocking: a connection of its own, read-only, in a thread; a reader, so the router's writer
+    goes on meanwhile. `dbstat=False`: the estimate (what a build without dbstat gives)."""
     db = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, isolation_level=None)
     try:
         db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
@@ -61,22 +68,26 @@ def sqlite_relations(path: Path, busy_timeout_s: float, dbstat: bool = True) -> 
         }
         counted: dict[str, int] = {}
         unused: dict[str, int] = {}
-        empty = None
+        pages: dict[str, int] = {}
+        empty = reclaimable = None
         method = "estimate"
         if dbstat:
             try:
-                for name, size, free in db.execute("SELECT name, SUM(pgsize), SUM(unused) FROM dbstat GROUP BY name"):
-                    counted[name], unused[name] = size, free
+                for name, size, free, n in db.execute(
+                    "SELECT name, SUM(pgsize), SUM(unused), COUNT(*) FROM dbstat GROUP BY name"
+                ):
+                    counted[name], unused[name], pages[name] = size, int(free or 0), int(n)
                 method = "dbstat"
             except sqlite3.OperationalError:  # no such table: dbstat (SQLITE_ENABLE_DBSTAT_VTAB unset)
                 pass
         if method == "estimate":
             counted = {name: _estimate(db, name) for name, (kind, _) in objects.items() if kind == "table"}
         else:
+            page_size = int(db.execute("PRAGMA page_size").fetchone()[0])
             free_pages = int(db.execute("PRAGMA freelist_count").fetchone()[0])
-            empty = sum(int(n or 0) for n in unused.values()) + free_pages * int(
-                db.execute("PRAGMA page_size").fetchone()[0]
-            )
+            empty = sum(unused.values()) + free_pages * page_size
+            whole = sum(min(unused[name] // page_size, pages[name] - 1) for name in unused)
+            reclaimable = (free_pages + whole) * page_size
     finally:
         db.close()
     found: list[Row] = []
@@ -84,9 +95,9 @@ def sqlite_relations(path: Path, busy_timeout_s: float, dbstat: bool = True) -> 
         kind, tbl = objects.get(name, ("table", name))  # sqlite_schema itself is no row of sqlite_master
         row: Row = {"name": name, "kind": kind, "table": tbl, "bytes": int(size or 0)}
         if method == "dbstat":
-            row["empty_bytes"] = int(unused.get(name) or 0)
+            row["empty_bytes"], row["pages"] = unused[name], pages[name]
         found.append(row)
-    return method, sorted(found, key=lambda r: (-r["bytes"], r["name"])), empty
+    return method, sorted(found, key=lambda r: (-r["bytes"], r["name"])), empty, reclaimable
 
 
 def _estimate(db: sqlite3.Connection, table: str) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,19 @@ class UpkeepVerbs(Core):
         await self._record_backup_quietly(made["path"], scheduled, started, made, None)
         return made
 
+    async def remove_backup_partials(self, folders: Iterable[Path]) -> list[Path]:
+        """The copies killed backups left in `folders` (backup.remove_partials), removed while no
+        backup of this database runs; the paths removed. Nothing on PostgreSQL."""
+        if self.dsn:
+            return []
+        wanted = list(dict.fromkeys(folders))
+
+        def run() -> list[Path]:
+            with self._backing_up:
+                return [path for folder in wanted for path in backup.remove_partials(folder)]
+
+        return await asyncio.to_thread(run)
+
     async def _record_backup_quietly(
         self, path: str, scheduled: bool, started: float, made: dict[str, Any] | None, error: str | None
     ) -> None:
@@ -80,27 +94,37 @@ class UpkeepVerbs(Core):
     record_storage_sample = write(records.record_storage_sample)
 
     async def storage_now(self) -> dict[str, Any]:
-        """The database's bytes now (a SQLite file's and its WAL's; PostgreSQL's pg_database_size)
-        and the free bytes on its disk (None on PostgreSQL: the server's disk is not ours to see)."""
+        """The database's bytes now: SQLite's pages (page_count x page_size, free pages included:
+        what router.max_database_bytes caps and what its growth is read from; the file and its WAL
+        on disk apart), PostgreSQL's pg_database_size; and the free bytes on its disk (None on
+        PostgreSQL: the server's disk is not ours to see)."""
         if self.dsn:
             size = int((await self.read(storage.PG_DATABASE_BYTES_SQL))[0]["bytes"])
-            return {"database_bytes": size, "file_bytes": size, "wal_bytes": 0, "free_bytes": None}
+            return {"database_bytes": size, "file_bytes": size, "wal_bytes": 0, "free_bytes": None, "page_size": None}
         path = self._sqlite_path()
+        [pages] = await self.read(storage.SQLITE_PAGES_SQL)
         main, wal = await asyncio.to_thread(storage.file_bytes, path)
         free = await asyncio.to_thread(storage.disk_free, path)
-        return {"database_bytes": main + wal, "file_bytes": main, "wal_bytes": wal, "free_bytes": free}
+        return {
+            "database_bytes": int(pages["page_count"]) * int(pages["page_size"]),
+            "file_bytes": main,
+            "wal_bytes": wal,
+            "free_bytes": free,
+            "page_size": int(pages["page_size"]),
+        }
 
     async def relations(self) -> dict[str, Any]:
         """Which tables and indexes hold the bytes, largest first, how they were counted
-        ("dbstat", "estimate" or "postgres"), and the bytes a SQLite file holds empty (`empty_bytes`:
-        counted by dbstat, else None; on PostgreSQL None, its VACUUM's business)."""
+        ("dbstat", "estimate" or "postgres"), the bytes a SQLite file holds empty (`empty_bytes`:
+        counted by dbstat, else None; on PostgreSQL None, its VACUUM's business) and what of them a
+        compaction could give back at most (`reclaimable_bytes`, see storage.sqlite_relations)."""
         if self.dsn:
             found = storage.pg_relations(await self.read(storage.PG_RELATIONS_SQL))
-            return {"method": "postgres", "relations": found, "empty_bytes": None}
-        method, found, empty = await asyncio.to_thread(
+            return {"method": "postgres", "relations": found, "empty_bytes": None, "reclaimable_bytes": None}
+        method, found, empty, reclaimable = await asyncio.to_thread(
             storage.sqlite_relations, self._sqlite_path(), self.busy_timeout_s
         )
-        return {"method": method, "relations": found, "empty_bytes": empty}
+        return {"method": method, "relations": found, "empty_bytes": empty, "reclaimable_bytes": reclaimable}
 
     async def compact(self) -> dict[str, Any] | None:
         """SQLite: the file rewritten without its empty space (VACUUM, then the WAL truncated),

@@ -72,6 +72,18 @@ class Backups(Periodic):
         self.failed_at: float | None = None
         super().__init__()
 
+    async def start(self) -> None:
+        """Before the first round: the copies that backups killed mid-way left (a SIGKILL, a
+        crash) removed from the backup folder and the folders of the backups on record."""
+        settings = self.settings_of()
+        folders = [] if settings.backups_dir is None else [settings.backups_dir]
+        try:
+            await self.refresh()
+        except GpuqError as exc:
+            log.warning("backups on record not read (%s): only %s is cleaned", exc.message, folders)
+        folders += [Path(row["path"]).parent for row in self.last.values() if row is not None]
+        await self.store.remove_backup_partials(folders)
+
     @property
     def every_s(self) -> float | None:
         return None if self.store.dsn else self.settings_of().backup_every_s

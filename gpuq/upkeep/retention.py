@@ -253,9 +253,10 @@ class Sweeper(Service):
         lines = lines[: fitting([len(line) for _, line in lines])]
         try:
             written = await asyncio.to_thread(archive.write, directory, lines)
-        except OSError as exc:
+        except (archive.Unwritable, OSError) as exc:
             raise StoreUnavailable(
-                f"the retention archive {directory} cannot be written ({exc}); nothing was pruned or deleted"
+                f"the retention archive {directory} cannot be written ({exc}); nothing of this batch was pruned or"
+                f" deleted: its {len(lines)} {kind} stay in the database until the archive takes them"
             ) from exc
         return [r["id"] for r in records[: len(lines)]], written
 

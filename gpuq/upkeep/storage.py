@@ -1,8 +1,11 @@
-"""The storage budget, watched: the router samples the database's size and its disk's free space
-([storage] sample_every, a row of storage_sample), reads its growth per day from the last week's
-samples, and keeps in memory what /health, /metrics and the page show (the size now, the WAL,
-the growth, the free space, the days left) and what the alerts fire on: the disk filling within
-[storage] warn_days at that growth, or the database near router.max_database_bytes."""
+"""The storage budget, watched: the router samples the database's size (SQLite: its pages, what
+router.max_database_bytes counts; not the WAL, which a checkpoint folds back) and its disk's free
+space ([storage] sample_every, a row of storage_sample), reads its growth per day from the last
+week's samples (with the span it was read over), and keeps in memory what /health, /metrics and
+the page show (the size now, the file and the WAL, the growth, the free space, the days left) and
+what the alerts fire on: the disk full or under [storage] min_free_bytes (at once), or filling
+within [storage] warn_days at that growth; the database at, past or near
+router.max_database_bytes."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..budget import GROWTH_WINDOW_S, Sample, Warning, days_left, growth_per_day, storage_warnings
+from ..budget import GROWTH_WINDOW_S, Growth, Sample, Warning, days_left, growth_per_day, storage_warnings
 from ..config import Settings
 from ..errors import GpuqError
 from ..jobs import iso, parse_iso
@@ -35,7 +38,8 @@ class Snapshot:
     file_bytes: int
     wal_bytes: int
     free_bytes: int | None
-    growth_per_day: float | None
+    page_size: int | None  # SQLite's; None on PostgreSQL
+    growth: Growth | None
     warnings: list[Warning] = field(default_factory=list)
     since: dict[str, float] = field(default_factory=dict)  # each warning's alert: when it began
 
@@ -75,10 +79,12 @@ class StorageWatch(Periodic):
             settings.storage_warn_days,
             None if self.store.dsn else settings.max_database_bytes,  # SQLite's cap (max_page_count)
             self.store.where,
+            settings.storage_min_free,
+            sizes["page_size"] or 4096,
         )
         before = self.now.since if self.now else {}
         since = {w.alert: before.get(w.alert, now) for w in warnings}
-        self.now = Snapshot(now, **sizes, growth_per_day=growth, warnings=warnings, since=since)
+        self.now = Snapshot(now, **sizes, growth=growth, warnings=warnings, since=since)
         return self.now
 
     def json(self) -> dict[str, Any] | None:
@@ -86,6 +92,7 @@ class StorageWatch(Periodic):
         if snap is None:
             return None
         settings = self.settings_of()
+        growth = snap.growth
         return {
             "database": self.store.where,
             "database_bytes": snap.database_bytes,
@@ -93,11 +100,13 @@ class StorageWatch(Periodic):
             "wal_bytes": snap.wal_bytes,
             "free_bytes": snap.free_bytes,
             "disk": None if self.store.dsn else str(Path(self.store.where).parent),
-            "growth_bytes_per_day": None if snap.growth_per_day is None else round(snap.growth_per_day),
-            "days_until_full": _rounded(days_left(snap.free_bytes or 0, snap.growth_per_day))
-            if snap.free_bytes is not None
+            "growth_bytes_per_day": None if growth is None else round(growth.per_day),
+            "growth_window_s": None if growth is None else round(growth.span_s),  # what it was measured over
+            "days_until_full": _rounded(days_left(snap.free_bytes or 0, growth.per_day))
+            if snap.free_bytes is not None and growth is not None
             else None,
             "max_database_bytes": None if self.store.dsn else settings.max_database_bytes,
+            "min_free_bytes": None if self.store.dsn else settings.storage_min_free,
             "warn_days": settings.storage_warn_days,
             "measured_at": iso(snap.at),
             "warnings": [w.message for w in snap.warnings],
@@ -112,7 +121,7 @@ class StorageWatch(Periodic):
     def resolution(self, alert: str) -> str:
         days = self.settings_of().storage_warn_days
         if alert == "disk_filling":
-            return f"the database's disk no longer fills within {days:g} days at its growth"
+            return f"the database's disk has room again: not nearly full, and not filling within {days:g} days"
         return "the database is no longer near router.max_database_bytes"
 
 
