@@ -16,11 +16,13 @@ from pathlib import Path
 
 from . import (
     backup,
+    bigbatch,
     bodies,
     first_token,
     front,
     growth_section,
     listings,
+    neighbours,
     pgstore,
     physical,
     postgres,
@@ -62,7 +64,9 @@ SECTIONS = (
     "scale",
     "retention",
     "backup",
+    "bigbatch",
     "year",
+    "neighbours",
 )
 
 
@@ -90,11 +94,13 @@ async def run_sections(bench: Bench) -> None:
         await replay.replay_section(bench)
     if bench.wants("scale"):  # its own routers, nodes and Chromium
         await scale.scale_section(bench)
+    if bench.wants("neighbours"):  # its own nodes, gpuq and the peers (LiteLLM, ollama-herd)
+        await neighbours.neighbours_section(bench)
     if bench.wants("retention"):  # its own store, in-process
         await retention.retention_section(bench)
     needs_router = any(
         bench.wants(s)
-        for s in ("submit", "turnaround", "first_token", "written", "growth", "listings", "backup", "year")
+        for s in ("submit", "turnaround", "first_token", "written", "growth", "listings", "backup", "bigbatch", "year")
     )
     if not needs_router:
         return
@@ -122,6 +128,8 @@ async def run_sections(bench: Bench) -> None:
             await listings.listings_section(bench)
         if bench.wants("backup"):  # its own 1 GB database and router
             await backup.backup_section(bench)
+        if bench.wants("bigbatch"):  # its own stores and routers
+            await bigbatch.bigbatch_section(bench)
         if bench.wants("year"):  # its own stores, then two routers side by side
             await year.year_section(bench)
     finally:
@@ -162,6 +170,9 @@ def judge(bench: Bench) -> None:
         "backup_s": lambda v: v <= 60.0,
         "backup_health_max": lambda v: v < 1000.0,
         "backup_submit_max": lambda v: v < 1000.0,
+        "bigbatch_hold": lambda v: v <= 100.0,
+        "bigbatch_health_p99": lambda v: v < 500.0,
+        "bigbatch_health_red": lambda v: v == 0,
         "year_db_ratio": lambda v: v <= 0.10,
         "year_sweep_hold": lambda v: v <= 50.0,
         **{f"year_{k}_ratio": (lambda v: v <= 1.5) for k in ("claim", "submit", "health", "queue")},

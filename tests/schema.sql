@@ -159,11 +159,11 @@ CONSTRAINT backup_says_what CHECK ((ok = 1) = (bytes IS NOT NULL) AND (ok = 0) =
 );
 
 -- table batch on batch
-CREATE TABLE batch (
+CREATE TABLE "batch" (
 id TEXT PRIMARY KEY, -- 'batch_<24 hex>' (OpenAI), 'msgbatch_<24 hex>' (Anthropic)
 api TEXT NOT NULL, -- 'openai' or 'anthropic': the shapes it is answered in
 endpoint TEXT NOT NULL, -- the front-door route every line calls
-status TEXT NOT NULL, -- in_progress, cancelling, failed, completed, cancelled, expired
+status TEXT NOT NULL, -- validating, in_progress, cancelling, failed, completed, cancelled, expired
 completion_window TEXT NOT NULL,
 owner TEXT,
 name TEXT, -- what the page calls it (metadata's name, else its file's)
@@ -180,9 +180,12 @@ completed_at TEXT,
 failed_at TEXT,
 cancelling_at TEXT,
 cancelled_at TEXT,
-expires_at TEXT NOT NULL, pruned_at TEXT,
+expires_at TEXT NOT NULL,
+pruned_at TEXT, -- 021: retention shed its files and replies
+creator TEXT, -- 026: the router creating it ('validating'); NULL once whole
 CONSTRAINT batch_api_valid CHECK (api IN ('openai', 'anthropic')),
-CONSTRAINT batch_status_valid CHECK (status IN ('in_progress', 'cancelling', 'failed', 'completed', 'cancelled', 'expired'))
+CONSTRAINT batch_status_valid CHECK (status IN ('validating', 'in_progress', 'cancelling', 'failed', 'completed', 'cancelled', 'expired')),
+CONSTRAINT batch_creator_while_validating CHECK ((creator IS NOT NULL) = (status = 'validating'))
 );
 
 -- table batch_file on batch_file
@@ -525,7 +528,9 @@ WHERE j.state = 'queued' AND j.subject_from_parent = 1 AND p.state <> 'done';
 -- view ready_job on ready_job
 CREATE VIEW ready_job AS
 SELECT j.* FROM job j
-WHERE j.state = 'queued' AND NOT EXISTS (SELECT 1 FROM held_job h WHERE h.id = j.id);
+WHERE j.state = 'queued' AND NOT EXISTS (SELECT 1 FROM held_job h WHERE h.id = j.id)
+AND NOT EXISTS (SELECT 1 FROM batch_line l JOIN batch b ON b.id = l.batch_id
+WHERE l.job_id = j.id AND b.status = 'validating');
 
 -- view run_output on run_output
 CREATE VIEW run_output AS

@@ -683,6 +683,24 @@ async def test_a_backup_is_a_checked_copy_on_sqlite_and_names_pg_dump_on_postgre
     assert sorted(p.name for p in target.parent.iterdir()) == ["gpuq-backup.db"]  # no temp file left
 
 
+@covers("remove_backup_partials")
+async def test_what_killed_backups_left_is_removed_and_nothing_else(store, tmp_path):
+    """A killed backup's temporary copy and its journal go; the backups, a file of another name,
+    and (on PostgreSQL, where the router makes no copies) everything stay."""
+    folder = tmp_path / "backups"
+    folder.mkdir()
+    left = [folder / ".gpuq-backup.db.0a1b2c3d.partial", folder / ".gpuq-backup.db.0a1b2c3d.partial-journal"]
+    kept = [folder / "gpuq-backup.db", folder / ".notes.partial", folder / ".gpuq-backup.db.xyz.partial"]
+    for path in left + kept:
+        path.write_bytes(b"x")
+    removed = await store.remove_backup_partials([folder, folder, tmp_path / "missing"])
+    if on_postgres(store):
+        assert removed == [] and all(p.exists() for p in left + kept)
+        return
+    assert left[0] in removed and set(removed) <= set(left)  # (SQLite's look at the copy may take its journal)
+    assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in kept)
+
+
 # -- retention: the record kept, the bulk shed, then the rows (gpuq/store/retention.py) ---------
 
 DAY = 86400.0
@@ -997,6 +1015,65 @@ async def test_a_batch_past_max_waiting_is_refused_whole(store):
     with pytest.raises(NotFound):
         await store.batch("batch_q")  # nothing stored
     assert len(await store.jobs(state="queued")) == 1
+
+
+@covers("begin_batch", "add_batch_lines", "open_batch", "unfinished_batches", "retry_batch", "cancel_batch", "preempt")
+async def test_a_large_batch_made_in_pieces_is_hidden_until_it_is_opened_whole(store):
+    """A large batch's create, piece by piece (batch_create.py): its lines are queued as they
+    come but no claim takes one, and the batch is `validating`, until the short commit that
+    opens it whole; only its creator adds to it or opens it."""
+    begun = await store.begin_batch(batch_of("batch_p"), 4, 3, "router-1")
+    assert (begun["status"], begun["total"], begun["creator"]) == ("validating", 4, "router-1")
+    [unfinished] = await store.unfinished_batches()
+    assert (unfinished["id"], unfinished["creator"], unfinished["total"]) == ("batch_p", "router-1", 4)
+    placed = await store.add_batch_lines("batch_p", "router-1", [line_of(1, model="ma:1b"), line_of(2)], KNOWN, "api")
+    assert "a" in placed
+    assert await store.claim("a") is None and await store.next_ready("a") is None  # hidden: never claimed
+    hidden = (await store.batch_lines("batch_p"))[0]["job_id"]
+    with pytest.raises(Conflict, match="a line of a batch still being created"):
+        await store.preempt(hidden, "api")
+    assert (await store.batch("batch_p"))["counts"]["queued"] == 2
+    assert await store.batches(open_only=True) == []  # no expiry, no finalize looks at it
+    with pytest.raises(Conflict, match="no longer being created by this router"):
+        await store.add_batch_lines("batch_p", "router-2", [line_of(3)], KNOWN, "api")
+    with pytest.raises(Conflict, match="has 2 of its 4 lines stored"):
+        await store.open_batch("batch_p", "router-1", KNOWN)
+    with pytest.raises(Conflict, match="still being created"):
+        await store.retry_batch("batch_p", "api")
+    with pytest.raises(Conflict, match="only a batch in progress can be cancelled"):
+        await store.cancel_batch("batch_p", "api")
+    refused = NewLine(3, "id-3", None, {"status": 400, "code": None, "message": "bad body"})
+    await store.add_batch_lines("batch_p", "router-1", [refused, line_of(4)], KNOWN, "api")
+    opened = await store.open_batch("batch_p", "router-1", [])
+    assert (opened["status"], opened["creator"]) == ("in_progress", None) and opened["in_progress_at"]
+    assert (opened["counts"]["queued"], opened["counts"]["refused"]) == (3, 1)
+    assert await store.unfinished_batches() == []
+    head = await store.claim("a")  # live: its lines run
+    assert head is not None and head["prompt"] == "line 1"
+    assert [b["id"] for b in await store.batches(open_only=True)] == ["batch_p"]
+
+
+@covers("begin_batch", "drop_batch_piece")
+async def test_a_create_that_never_finished_is_dropped_a_piece_at_a_time_with_its_jobs(store):
+    """What a create left half-made (its router killed, or its create failed) goes whole: the
+    lines, their jobs and their events, then the batch; only that creator's create is dropped."""
+    await store.begin_batch(batch_of("batch_d"), 3, 3, "router-1")
+    await store.add_batch_lines("batch_d", "router-1", [line_of(1), line_of(2), line_of(3)], KNOWN, "api")
+    assert await store.drop_batch_piece("batch_d", "router-2") is None  # not its create
+    assert len(await store.jobs(state="queued")) == 3
+    assert await store.drop_batch_piece("batch_d", "router-1", 2) == 2
+    assert [line["line"] for line in await store.batch_lines("batch_d")] == [3]
+    assert await store.drop_batch_piece("batch_d", "router-1", 2) == 1
+    assert await store.drop_batch_piece("batch_d", "router-1", 2) is None  # its last piece: the batch
+    with pytest.raises(NotFound):
+        await store.batch("batch_d")
+    assert await store.jobs() == [] and await store.unfinished_batches() == []
+    await submit(store, owner="alice")
+    with pytest.raises(GpuqError) as exc:  # max_waiting counts the whole batch at its beginning
+        await store.begin_batch(batch_of("batch_q"), 2, 2, "router-1", max_waiting=2)
+    assert exc.value.status == 429
+    with pytest.raises(NotFound):
+        await store.batch("batch_q")  # nothing stored
 
 
 @covers("finalize_batch")

@@ -25,6 +25,7 @@ from ..front.call import run_model
 from ..jobs import Lane
 from ..node.dispatcher import Dispatcher
 from ..store import Row, Store
+from ..store.batch_create import PIECE_LINES
 from ..store.batches import ENDED, NewBatch, NewLine, lines_seen, new_file_id
 from .files import FileUpload, chunks_of, numbered_lines
 from .parse import (
@@ -98,24 +99,42 @@ class BatchService:
                 400, f"{what} has {n} requests, over the limit of {limit} (front.max_batch_lines)", "too_many_requests"
             )
 
-    async def _submit(self, batch: NewBatch, lines: list[Line], caller: Caller, client: str | None, actor: str) -> Row:
+    async def _line_jobs(self, batch: NewBatch, lines: list[Line], caller: Caller, client: str | None) -> list[NewLine]:
+        """Each line's job (or its refusal), made off the event loop a piece at a time when there
+        are many (30,000 lines take about a second of CPU): /health and the calls go on meanwhile."""
         ep = endpoint_of(batch.endpoint)
         lane = lane_for(caller.user, Lane.BATCH, Door.FRONT)
-        new_lines = []
-        for line in lines:
-            job, refused = line_job(
-                line, ep, batch.id, caller.name, client, lane, self.settings.max_prompt_bytes, self.model_of
-            )
-            new_lines.append(NewLine(line.line, line.custom_id, job, refused))
+        limit = self.settings.max_prompt_bytes
+
+        def made(part: list[Line]) -> list[NewLine]:
+            out = []
+            for line in part:
+                job, refused = line_job(line, ep, batch.id, caller.name, client, lane, limit, self.model_of)
+                out.append(NewLine(line.line, line.custom_id, job, refused))
+            return out
+
+        if len(lines) <= PIECE_LINES:
+            return made(lines)
+        new_lines: list[NewLine] = []
+        for i in range(0, len(lines), PIECE_LINES):
+            new_lines += await asyncio.to_thread(made, lines[i : i + PIECE_LINES])
+        return new_lines
+
+    async def _submit(self, batch: NewBatch, lines: list[Line], caller: Caller, client: str | None, actor: str) -> Row:
+        started = time.monotonic()
+        new_lines = await self._line_jobs(batch, lines, caller, client)
+        made = time.monotonic()
         row = await self.dispatcher.submit_batch(batch, new_lines, actor)
         log.info(
-            "batch=%s api=%s endpoint=%s lines=%d status=%s actor=%r",
+            "batch=%s api=%s endpoint=%s lines=%d status=%s actor=%r (lines made in %.2fs, stored in %.2fs)",
             row["id"],
             batch.api,
             batch.endpoint,
             row["total"],
             row["status"],
             actor,
+            made - started,
+            time.monotonic() - made,
         )
         return row
 
@@ -376,6 +395,38 @@ class BatchService:
         for batch_id, n in expired:
             log.info("batch=%s expired: its completion_window ended; expired_lines=%d", batch_id, n)
         return len(expired)
+
+    async def drop_unfinished(self) -> int:
+        """Drop, a piece at a time, every batch whose create will never finish: `validating`, and
+        its router dead (killed mid-create: on SQLite, any router before this one) or this router
+        no longer creating it (its create failed half-way). It was never answered and none of
+        its lines ran (hidden until whole): nothing of it is kept. Returns how many went."""
+        found = await self.store.unfinished_batches()
+        if not found:
+            return 0
+        me = self.dispatcher.router.id
+        live = (
+            {me}
+            if self.store.alone
+            else {r["id"] for r in (await self.store.routers(self.settings.lease_s))["routers"]}
+        )
+        dropped = 0
+        for batch in found:
+            if batch["id"] in self.dispatcher.creating or (batch["creator"] != me and batch["creator"] in live):
+                continue
+            lines = 0
+            while (n := await self.store.drop_batch_piece(batch["id"], batch["creator"])) is not None:
+                lines += n
+            log.warning(
+                "batch=%s dropped: router %s stopped creating it (%d of its %d lines were stored, none ran);"
+                " it was never answered: send it again",
+                batch["id"],
+                batch["creator"],
+                lines,
+                batch["total"],
+            )
+            dropped += 1
+        return dropped
 
     async def finalize_open(self) -> int:
         """Write the output of every open batch whose lines have all ended; returns how many."""

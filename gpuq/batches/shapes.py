@@ -145,6 +145,8 @@ def render_openai(batch: dict[str, Any], lines: list[dict[str, Any]]) -> tuple[b
 
 def processing_status(batch: dict[str, Any]) -> str:
     status = batch["status"]
+    if status == "validating":  # still being created (Anthropic's has no such status)
+        return "in_progress"
     if status == "in_progress" and active(batch["counts"]):
         return "in_progress"
     if status == "cancelling" and active(batch["counts"]):

@@ -21,6 +21,7 @@ from ..jobs import FINAL, JobState, Kind, Lane, NodeCounts, iso, parse_iso
 from ..placement import node_views, preempt_elsewhere, preempted_reason, preempts
 from ..reload import Plan
 from ..store import Interrupted, NewJob, NodeInfo, Row, Store
+from ..store.batch_create import PIECE_LINES, pieces
 from ..store.batches import NewBatch, NewLine
 from ..store.leases import Router
 from .awake import Awake
@@ -70,6 +71,7 @@ class Dispatcher:
         self.retiring: set[asyncio.Future[None]] = set()  # removed nodes whose loops end after their running job
         self.retired: dict[str, Worker] = {}  # their workers meanwhile (a running job can still be aborted)
         self.removing: set[str] = set()  # nodes a reload is taking out: no placement or move there
+        self.creating: set[str] = set()  # the large batches this router is creating now, in pieces
         self.draining_since: float | None = None  # told to stop, waiting for the running jobs
         self.quiesced = False  # told to stop: no worker, a reload's new ones included, claims again
         # This router process (a fresh id per start) and its leases: a node's worker claims only
@@ -360,26 +362,52 @@ class Dispatcher:
         return [n for n in await self.store.nodes_driven_elsewhere(self.router.id) if n.name not in self.nodes]
 
     async def submit_batch(self, batch: NewBatch, lines: Sequence[NewLine], actor: str) -> Row:
-        """Store a batch and queue its every line (gpuq/store/batches.py), in one commit: placed
-        on any node (no client waits on this router), fair share and the owner's max_waiting
-        counting each line; idle nodes' heads claimed in it go to their workers, busy nodes
-        are woken (another router's, by the job's NOTIFY)."""
+        """Store a batch and queue its every line (gpuq/store/batch_create.py): placed on any node
+        (no client waits on this router), fair share and the owner's max_waiting counting each
+        line; idle nodes' heads claimed when it goes live go to their workers, busy nodes are
+        woken (another router's, by the job's NOTIFY). A small batch is one commit; a large one
+        goes in bounded pieces, its lines hidden until the last (`_create_in_pieces`)."""
+        nodes = await self.batch_nodes()
+        fair, max_waiting = self.settings.shares_fairly, self.settings.max_waiting.get(batch.owner or "")
         try:
-            row = await self.store.create_batch(
-                batch,
-                lines,
-                await self.batch_nodes(),
-                actor,
-                self._hand_over,
-                fair=self.settings.shares_fairly,
-                max_waiting=self.settings.max_waiting.get(batch.owner or ""),
-            )
+            if batch.errors is not None or len(lines) <= PIECE_LINES:
+                row = await self.store.create_batch(
+                    batch, lines, nodes, actor, self._hand_over, fair=fair, max_waiting=max_waiting
+                )
+            else:
+                row = await self._create_in_pieces(batch, lines, nodes, actor, fair, max_waiting)
         except OverQuota as exc:
             await self.when_one_starts(exc)
             raise
         self.wake()
         self.bus.publish("queue", {"batch": row["id"]})
         return row
+
+    async def _create_in_pieces(
+        self,
+        batch: NewBatch,
+        lines: Sequence[NewLine],
+        nodes: list[NodeInfo],
+        actor: str,
+        fair: bool,
+        max_waiting: int | None,
+    ) -> Row:
+        """A large batch in bounded writes, the writer free between them: begun `validating`,
+        its lines added a piece at a time (hidden: no worker claims them), then made live in one
+        short commit. A create that fails half-way is left to the batch upkeep, which drops it
+        once it is no longer in `creating` (as it drops one whose router died)."""
+        me = self.router.id
+        self.creating.add(batch.id)  # before its first commit: the upkeep must never drop it meanwhile
+        try:
+            jobs = sum(1 for line in lines if line.job is not None)
+            await self.store.begin_batch(batch, len(lines), jobs, me, max_waiting)
+            placed: set[str] = set()
+            for piece in pieces(lines):
+                placed.update(await self.store.add_batch_lines(batch.id, me, piece, nodes, actor, fair))
+            ready = [n for n in self.node_infos() if n.name in placed]  # idle now, not when it began
+            return await self.store.open_batch(batch.id, me, ready, self._hand_over)
+        finally:
+            self.creating.discard(batch.id)
 
     async def when_one_starts(self, exc: OverQuota) -> None:
         """A refusal over max_waiting says when to ask again (Retry-After): when the first of the

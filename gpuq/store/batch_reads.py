@@ -46,6 +46,8 @@ OPEN_BY_NODE_SQL = (
     " JOIN job j ON j.id = l.job_id WHERE b.status IN ('in_progress', 'cancelling')"
     " GROUP BY l.batch_id, j.node, j.state"
 )
+# The batches still being created, and by which router (batch_create.py).
+UNFINISHED_SQL = "SELECT id, creator, owner, total, created_at FROM batch WHERE status = 'validating'"
 # A file under upload (bytes -1: gpuq/store/batches.py begin_file) is shown by no read.
 FILE_SQL = "SELECT id, purpose, filename, bytes, created_at, owner FROM batch_file WHERE id = ? AND bytes >= 0"
 # A file's content, one chunk (at most FILE_CHUNK_BYTES) per read: never the file whole.
@@ -108,6 +110,10 @@ class BatchReads(Core):
         ids = [b["id"] for b in found]
         counted = await self.read(counts_sql(len(ids)), ids)
         return [with_counts(b, counted) for b in found]
+
+    async def unfinished_batches(self) -> list[Row]:
+        """The batches still being created (`validating`), each with the router creating it."""
+        return await self.read(UNFINISHED_SQL)
 
     async def batch_lines(self, batch_id: str) -> list[Row]:
         """A batch's lines in order, each with its job's state, node and error (None: refused)."""

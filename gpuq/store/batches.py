@@ -1,9 +1,9 @@
 """Batches: the OpenAI Batch API's files and batches, Anthropic's Message Batches. Each verb is a
-plain function of the writer's connection inside one transaction (as lifecycle.py's): a batch's
-every line is placed and queued in the one commit of its create (10,000 lines: one commit, not
-10,000; batch_queue.py), a batch is cancelled, its lines' replies kept as they end, its output
-written once every line has ended (finalize), its failed lines retried on request. Their reads
-are batch_reads.py's; batches_api.py runs the verbs on the writer.
+plain function of the writer's connection inside one transaction (as lifecycle.py's): a batch is
+created (batch_create.py: in one commit, a large one in bounded pieces), cancelled, its lines'
+replies kept as they end, its output written once every line has ended (finalize), its failed
+lines retried on request. Their reads are batch_reads.py's; batches_api.py runs the verbs on the
+writer.
 
 A line is an ordinary job (its request carries the batch and its custom_id), so placement, the
 lanes, fair share, max_waiting and max_running apply to it as to any job."""
@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import Conflict, NotFound
-from ..jobs import ACTIVE, NewJob, NodeInfo
-from . import control, lifecycle
-from .batch_queue import queue_lines
+from ..jobs import ACTIVE, NewJob
+from . import control
 from .engine import Connection
 from .steps import Row, cancel, check_quota, iso, rows
 
@@ -58,10 +57,6 @@ class NewLine:
     custom_id: str
     job: NewJob | None = None
     refused: dict[str, Any] | None = None
-
-
-def _dumps(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 # -- files -----------------------------------------------------------------------------------
@@ -131,68 +126,6 @@ def delete_file(db: Connection, file_id: str, only_owner: str | None = None) -> 
     if found is None or (only_owner is not None and found["owner"] != only_owner):
         raise NotFound(f"no file '{file_id}'")
     db.execute("DELETE FROM batch_file WHERE id = ?", (file_id,))
-
-
-# -- a batch's create --------------------------------------------------------------------------
-
-
-def create_batch(
-    db: Connection,
-    batch: NewBatch,
-    lines: Sequence[NewLine],
-    nodes: list[NodeInfo],
-    actor: str,
-    now: float,
-    *,
-    fair: bool = False,
-    max_waiting: int | None = None,
-    max_running: Mapping[str, int] = lifecycle.NO_LIMITS,
-) -> tuple[Row, list[Row]]:
-    """Store a batch and queue every line of it as a job, placed by its model as any job is, in
-    this one transaction: all of it, or (a refusal) nothing. A line whose model no node has is
-    kept refused (404, as the endpoint would answer it) and the others run. `max_waiting`: the
-    owner's limit of waiting jobs, which counts every line (over it: OverQuota, nothing stored).
-    Returns the batch's row and the jobs claimed for idle nodes (to hand to their workers)."""
-    at = iso(now)
-    failed = batch.errors is not None
-    db.execute(
-        "INSERT INTO batch (id, api, endpoint, status, completion_window, owner, name, total, input_file_id,"
-        " metadata, errors, created_at, in_progress_at, failed_at, expires_at)"
-        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-        (
-            batch.id,
-            batch.api,
-            batch.endpoint,
-            "failed" if failed else "in_progress",
-            batch.completion_window,
-            batch.owner,
-            batch.name,
-            0 if failed else len(lines),
-            batch.input_file_id,
-            _dumps(batch.metadata),
-            _dumps(batch.errors),
-            at,
-            None if failed else at,
-            at if failed else None,
-            iso(batch.expires_at),
-        ),
-    )
-    if failed:
-        return batch_row(db, batch.id), []
-    check_quota(db, batch.owner, max_waiting, sum(1 for line in lines if line.job is not None))
-    queued = queue_lines(db, [line.job for line in lines], nodes, actor, now, fair)
-    kept: list[tuple[Any, ...]] = []
-    placed: set[str] = set()
-    for line, (job_id, node, refused) in zip(lines, queued, strict=True):
-        if node is not None:
-            placed.add(node)
-        kept.append((batch.id, line.line, line.custom_id, job_id, _dumps(refused or line.refused)))
-    db.executemany("INSERT INTO batch_line (batch_id, line, custom_id, job_id, refused) VALUES (?,?,?,?,?)", kept)
-    idle = {n.name for n in nodes if n.idle and n.up}
-    claimed = [
-        head for node in sorted(placed & idle) if (head := lifecycle.claim(db, now, max_running, node)) is not None
-    ]
-    return batch_row(db, batch.id), claimed
 
 
 # -- its life --------------------------------------------------------------------------------
@@ -339,6 +272,8 @@ def retry_failed(
     batch = _batch_for_update(db, batch_id, only_owner)
     if batch["status"] == "failed":
         raise Conflict(f"batch {batch_id} failed its validation: nothing of it ran; fix its input and submit it again")
+    if batch["status"] == "validating":
+        raise Conflict(f"batch {batch_id} is still being created: none of its lines has run yet")
     retried = [
         r["job_id"]
         for r in db.execute(

@@ -176,6 +176,8 @@ def preempt(
     if job["state"] != JobState.QUEUED:
         raise Conflict(f"job {job_id} is {job['state']}; only a queued job can preempt")
     if not db.execute("SELECT 1 FROM ready_job WHERE id = ?", (job_id,)).fetchone():
+        if job["parent_id"] is None:  # (a line of a batch still being created: hidden until it is whole)
+            raise Conflict(f"job {job_id} is a line of a batch still being created; it cannot run before")
         raise Conflict(f"job {job_id} is waiting for parent {job['parent_id']} to finish; it cannot run before")
     node = job["node"]
     if only_owner is not None:

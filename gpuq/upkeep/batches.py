@@ -1,4 +1,5 @@
-"""The batches' upkeep: every second, the waiting lines of a batch past its completion_window are
+"""The batches' upkeep: every second, a batch whose create will never finish (its router died
+mid-create, or its create failed) is dropped, the waiting lines of a batch past its completion_window are
 cancelled as expired, and each open batch whose every line has ended is finalized (the batch
 service's `finalize`, the one place a batch ends), so a batch nobody polls still gets its output,
 and the page and /metrics see it end."""
@@ -23,7 +24,9 @@ class BatchFinalizer(Periodic):
         self.bus = bus
 
     async def run_once(self) -> int:
-        """Expire what is due, finalize what has ended; how many batches ended."""
+        """Drop the creates that will never finish, expire what is due, finalize what has ended;
+        how many batches ended."""
+        await self.batches.drop_unfinished()
         ended = await self.batches.expire_due() + await self.batches.finalize_open()
         if ended:
             self.bus.publish("queue", {"batches": "ended"})
