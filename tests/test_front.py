@@ -437,6 +437,10 @@ async def test_a_client_that_leaves_while_running_aborts_the_run(front):
     job = await front.job_with("leave")
     cancelled = await front.daemon.wait_state(job["id"], "cancelled")
     assert cancelled["error"] == "client disconnected"
+    # Its worker commits the cancel with the output so far (one commit): the client is named,
+    # and what the node had sent is kept.
+    assert cancelled["events"][-1]["actor"] == "ollama 127.0.0.1"
+    assert cancelled["output"] and cancelled["runs"][-1]["state"] == "cancelled"
     # The request is aborted; the model stays loaded for the call's keep_alive ([front]
     # keep_alive, 5m, when it sends none), as Ollama keeps it after a cancelled request.
     await eventually(lambda: fake.disconnects == 1, what="Ollama's request aborted")

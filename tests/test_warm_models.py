@@ -5,6 +5,7 @@ model unloads it first, verified through /api/ps, and a kept time that runs out 
 
 from __future__ import annotations
 
+import asyncio
 import re
 import sqlite3
 import time
@@ -312,5 +313,58 @@ async def test_a_client_that_leaves_frees_its_node_while_the_database_is_locked(
         fake.script.tokens, fake.script.token_delay_s = 4, 0
         after = await chat(lab, "and the node works on", keep_alive="5m")
         assert after.message.content
+    finally:
+        await lab.close()
+
+
+async def post_and_wait(lab: FrontLab, prompt: str) -> None:
+    """An editor's streamed autocomplete, read until its task is cancelled (the editor drops it)."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "keep_alive": "5m"}
+    async with aiohttp.ClientSession() as session, session.post(lab.url + "/api/chat", json=body) as resp:
+        async for _ in resp.content:
+            pass
+
+
+async def test_a_call_whose_client_left_before_its_claim_never_reaches_the_node(fakes, daemon_factory, tmp_path):
+    """An editor drops a call that waits behind another, and its cancel is not committed before
+    the node's worker claims it (here the store is held by the sqlite3 shell, as a loaded machine
+    delays the cancel's commit): the job is cancelled with its client's reason and never sent
+    (its run row stays, with no request in the node's log); the node's warm model stays loaded,
+    and the next kept call pays no load (issue 44)."""
+    lab = await warm_lab(fakes, daemon_factory, busy_timeout="0.2s")
+    fake = lab.fakes["node-1"]
+    try:
+        await chat(lab, "warm", keep_alive="5m")
+        assert (await kept(lab))["model"] == MODEL
+        loads = fake.loads
+        fake.script.tokens, fake.script.hold_after = 8, 2  # the next call holds the node until released
+        fake.script.released.clear()
+        holding = asyncio.create_task(chat(lab, "holding", keep_alive="5m"))
+        await lab.job_with("holding", "running")
+        dropped = asyncio.create_task(post_and_wait(lab, "dropped"))
+        job = await lab.job_with("dropped", "queued")
+        shell = sqlite3.connect(tmp_path / "gpuq.db", isolation_level=None)
+        try:
+            shell.execute("BEGIN IMMEDIATE")  # the cancel's commit waits, then is refused
+            dropped.cancel()  # the editor types on: its connection closes
+            with pytest.raises(asyncio.CancelledError):
+                await dropped
+            await eventually(
+                lambda: f"job={job['id']} could not be cancelled" in lab.daemon.log.read_text(),
+                10,
+                what="the cancel to be refused by the held store",
+            )
+        finally:
+            shell.execute("ROLLBACK")
+            shell.close()
+        fake.script.hold_after = None
+        fake.script.released.set()
+        await holding  # its finish claims the dropped call's job in the same commit
+        ended = await lab.job_with("dropped", "cancelled", "done", "failed")
+        assert (ended["state"], ended["error"]) == ("cancelled", "client disconnected")
+        assert not [r for r in fake.chat_requests if "dropped" in str(r)]  # never sent to the node
+        assert (await kept(lab))["model"] == MODEL and MODEL in fake.loaded
+        after = await chat(lab, "the next one", keep_alive="5m")
+        assert after.load_duration < LOAD_S * 0.5e9 and fake.loads == loads  # warm: no load
     finally:
         await lab.close()

@@ -139,6 +139,7 @@ class FakeOllama:
     disconnects: int = 0  # generations stopped because the client went away
     ps_calls: int = 0  # GET /api/ps answered (how often someone checked what is loaded)
     in_flight: int = 0  # generations streaming now
+    loads: int = 0  # models loaded (each a cold load a request paid, Script.load_delay_s)
     max_in_flight: int = 0  # the most ever at once: a router runs one job per node
     loaded: dict[str, Loaded] = field(default_factory=dict)
     version: str = "0.33.0"
@@ -289,6 +290,7 @@ class FakeOllama:
             raise Reply(503, BUSY)
         ready = asyncio.get_running_loop().create_future()
         m = Loaded(expires_at=None, refcount=1, context_length=num_ctx, ready=ready)
+        self.loads += 1
         if body.get("keep_alive") is not None:
             m.keep_alive_s = keep_alive
         self.loaded[name] = m

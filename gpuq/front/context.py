@@ -15,6 +15,7 @@ from ..bus import Bus
 from ..config import Settings
 from ..errors import Conflict, NotFound, StoreUnavailable, check_text, json_object, json_type
 from ..jobs import api_of, preview_url
+from ..node.calls import CLIENT_LEFT
 from ..node.dispatcher import Dispatcher
 from ..node.runtime import NodeRuntime
 from ..store import Store
@@ -58,23 +59,36 @@ class Front:
     async def cancel(self, job_id: str, reason: str, actor: str) -> None:
         """End a call's job because its client is gone: as a delete, with the reason. A job that
         generates has its node request cut first, at once (the node frees without waiting for
-        the commit); its cancel is then committed, tried again while the store refuses, as a
-        worker records what a job did: a cut job left "running" would hold its node."""
-        cut = self.dispatcher.cut(job_id, reason)
+        the commit); its worker then commits the cancel with the output so far, in one commit,
+        tried again while the store refuses, as it records what a job did (a cut job left
+        "running" would hold its node). Else the cancel is committed here, as a delete."""
+        cut = self.dispatcher.cut(job_id, reason, actor)
+        if cut and reason == CLIENT_LEFT:  # its worker commits the cancel with its output so far
+            return
+        # Until the cancel is committed, a worker that claims the job ends it instead of running
+        # it: a claim that wins the race with this cancel must not load or unload anything.
+        self.relay.left(job_id, reason)
         delay = 0.1
         while True:
             try:
                 job, interrupted = await self.store.delete(job_id, actor, reason=reason)
                 break
             except (Conflict, NotFound):
-                return  # it ended on its own meanwhile
+                self.relay.left(job_id, None)
+                return  # it ended on its own meanwhile (or its worker cancelled it)
             except StoreUnavailable as exc:
-                if not cut:  # it runs on for no one, and ends as it would have
-                    log.error("job=%s could not be cancelled (%s): %s", job_id, reason, exc.message)
+                if not cut:  # still marked gone: its worker cancels it when it claims it
+                    log.error(
+                        "job=%s could not be cancelled (%s): %s; its node's worker cancels it before it would run",
+                        job_id,
+                        reason,
+                        exc.message,
+                    )
                     return
                 log.error("job=%s cancel not recorded yet, trying again in %gs: %s", job_id, delay, exc.message)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, CANCEL_RETRY_MAX_S)
+        self.relay.left(job_id, None)
         self.dispatcher.abort(interrupted, reason)
         self.bus.publish("queue", {"deleted": job_id})
         log.info("job=%s node=%s state=cancelled reason=%r actor=%r", job_id, job["node"], reason, actor)

@@ -188,6 +188,9 @@ class Relay:
 
     def __init__(self) -> None:
         self.waiting: dict[str, Inbox] = {}
+        # Calls whose client left, by job id, with the reason, until their cancel is committed
+        # (left): a worker that gets one of these jobs ends it without touching its node (gone).
+        self.gone_calls: dict[str, str] = {}
         self.direct: dict[str, tuple[Callable[[bytes, dict[str, Any]], bool], Callable[[], None]]] = {}
 
     def open(
@@ -259,6 +262,17 @@ class Relay:
 
     def waits(self, job_id: str) -> bool:
         return job_id in self.waiting
+
+    def left(self, job_id: str, reason: str | None) -> None:
+        """The call's client left (`reason`), its cancel on its way to the store; None: that
+        cancel was committed (or the job had ended), nothing more to do."""
+        if reason is None:
+            self.gone_calls.pop(job_id, None)
+        else:
+            self.gone_calls[job_id] = reason
+
+    def gone(self, job_id: str) -> str | None:
+        return self.gone_calls.pop(job_id, None)
 
     def failed(self, job_id: str, status: int | None, message: str) -> None:
         self.tell(job_id, "error", status, message)

@@ -65,6 +65,11 @@ class Calls(Protocol):
     def waits(self, job_id: str) -> bool:
         """Does the job's client wait on this router (else nobody would read its answer)?"""
 
+    def gone(self, job_id: str) -> str | None:
+        """Why the job's client left before its run reached the node (its cancel may not be
+        committed yet: the store was busy, or refused), or None. Told once: the worker that
+        asks ends the job itself, and touches nothing on the node for it."""
+
     def failed(self, job_id: str, status: int | None, message: str) -> None:
         """The run failed: its waiting client (if any) hears it now, with Ollama's status."""
 
@@ -80,6 +85,9 @@ class NoCalls:
 
     def waits(self, job_id: str) -> bool:
         return False  # (nothing waits here)
+
+    def gone(self, job_id: str) -> str | None:
+        return None
 
     def failed(self, job_id: str, status: int | None, message: str) -> None:
         pass

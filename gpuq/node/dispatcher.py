@@ -575,7 +575,7 @@ class Dispatcher:
         if worker is not None:
             worker.abort(interrupted.run_id, reason)
 
-    def cut(self, job_id: str, reason: str) -> bool:
+    def cut(self, job_id: str, reason: str, actor: str = "router") -> bool:
         """A front-door call's client left: stop its job's request to its node now, before the
         job's cancel is committed, so the node frees at once (an editor abandons most of its
         autocompletes). Only while the job generates: once it is being recorded and finished,
@@ -583,6 +583,7 @@ class Dispatcher:
         for worker in (*self.workers.values(), *self.retired.values()):
             cur = worker.rt.current
             if cur is not None and cur.job_id == job_id and cur.generating:
+                cur.abort_actor = actor
                 worker.abort(cur.run_id, reason)
                 return True
         return False

@@ -71,6 +71,7 @@ class Current:
     size: int = 0  # bytes of output and thinking held (UTF-8), against max_output_bytes
     merged: tuple[int, int] = (0, 0)  # pieces of output and of thinking joined by compact()
     abort_reason: str | None = None
+    abort_actor: str = "router"  # who cut it (Dispatcher.cut): the cancel's event names them
     # Generating (its request to the node in flight, or about to be): a client that leaves may cut
     # it at once (Dispatcher.cut), before its cancel is committed; not while it is recorded and
     # finished, whose commit may claim the node's next job.

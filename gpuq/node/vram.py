@@ -237,19 +237,27 @@ class Vram:
         self.warm_model = None
         return await self.unload(job["model"], job["id"])
 
-    async def after_abort(self, job: dict[str, Any], reason: str | None, keep_s: float = 0.0) -> None:
+    async def after_abort(
+        self, job: dict[str, Any], reason: str | None, keep_s: float = 0.0, sent: bool = True
+    ) -> None:
         """After an aborted job: a kept model whose unload the abort cut short leaves VRAM too,
         verified, before the next job; the job's own model leaves, unless a job of the same
         model preempted it under "when-idle" (an interactive call on the sweep's model): the
         model stays for it, as after a finish; a reload would be the call's whole wait. A call
         whose client left (an editor's abandoned autocomplete) keeps its model for the
         keep_alive it asked (`keep_s`), as after a finish and as Ollama does for a cancelled
-        request: the editor's next call must not pay a load."""
-        warm, self.warm_model = self.warm_model, None
+        request: the editor's next call must not pay a load. A job aborted before its request
+        left (`sent` False) loaded nothing: a model kept warm for its own model stays, as it was."""
+        warm, until = self.warm_model, self.rt.warm_until
+        self.warm_model = None
         evict = to_evict(warm, job["model"])
         if evict is not None:
             await self.unload(evict, job["id"])
         if await self.asked_while_running(job) is not None:
+            return
+        if not sent:
+            if evict is None:
+                self.warm_model, self.rt.warm_until = warm, until
             return
         if (reason or "").startswith("preempted") and await self.keeps(job):
             self.warm_model, self.rt.warm_until = job["model"], None

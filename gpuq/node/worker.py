@@ -16,11 +16,20 @@ from typing import Any, TypeVar
 from ..bus import Bus
 from ..config import Settings
 from ..critique import FINDINGS_SCHEMA, FindingsError, instruction, parse_findings
-from ..errors import GpuqError, GuardMiss, OllamaError, OllamaUnreachable, StoreUnavailable, described
+from ..errors import (
+    Conflict,
+    GpuqError,
+    GuardMiss,
+    NotFound,
+    OllamaError,
+    OllamaUnreachable,
+    StoreUnavailable,
+    described,
+)
 from ..jobs import JobState, Kind
 from ..params import merged_options
 from ..store import Row, Store
-from .calls import Calls, Policy
+from .calls import CLIENT_LEFT, Calls, Policy
 from .monitor import NodeMonitor
 from .ollama import prompt_was_cut
 from .runtime import Current, NodeRuntime
@@ -232,6 +241,10 @@ class Worker:
         if early is not None:
             log.info("job=%s node=%s aborted before it started: %s", job["id"], self.rt.name, early)
             return None
+        gone = self.calls.gone(job["id"]) if job.get("endpoint") is not None else None
+        if gone is not None:  # its client left before its claim: nothing is sent, loaded or unloaded
+            await self._cancel_unsent(job, gone)
+            return None
         cur = Current(job["id"], job["run_id"], job["model"])
         self.rt.current = cur
         cur.task = asyncio.create_task(self._execute(job, cur))
@@ -255,6 +268,17 @@ class Worker:
         finally:
             self.rt.current = None
             self.changed(job=job["id"], node=self.rt.name)
+
+    async def _cancel_unsent(self, job: Row, reason: str) -> None:
+        """A called job claimed after its client left (its cancel lost the race to the claim, or
+        the store refused it): cancelled here with the client's reason; the node is not touched
+        (its warm model stays). Its run row stays, never sent (no request in the node's log)."""
+        try:
+            await self._persist(job["id"], "cancel", lambda: self.store.delete(job["id"], "router", reason=reason))
+        except (Conflict, NotFound):  # the front door's own cancel came first
+            pass
+        log.info("job=%s node=%s state=cancelled reason=%r (never sent)", job["id"], self.rt.name, reason)
+        self.changed(job=job["id"], node=self.rt.name, state=JobState.CANCELLED)
 
     async def _end_lost(self, job: Row, cur: Current, exc: Exception) -> None:
         """The worker broke while ending a job: the job must not stay "running" with no one
@@ -541,9 +565,35 @@ class Worker:
     async def _after_abort(self, job: Row, cur: Current) -> None:
         log.info("job=%s node=%s aborted: %s", job["id"], self.rt.name, cur.abort_reason)
         output, thinking, upto = cur.unsaved()
-        await self._persist(job["id"], "partial output", lambda: self.store.save_output(cur.run_id, output, thinking))
+        if not (cur.abort_reason == CLIENT_LEFT and await self._cancel_cut(job, cur, output, thinking)):
+            await self._persist(
+                job["id"], "partial output", lambda: self.store.save_output(cur.run_id, output, thinking)
+            )
         cur.saved = upto
-        await self.vram.after_abort(job, cur.abort_reason, cur.keep_s)
+        await self.vram.after_abort(job, cur.abort_reason, cur.keep_s, sent=self.sent_run == cur.run_id)
+
+    async def _cancel_cut(self, job: Row, cur: Current, output: str, thinking: str | None) -> bool:
+        """A called job cut as its client left (Dispatcher.cut): its cancel and its output so far,
+        in one commit (an editor drops most of its autocompletes: one commit fewer each). False:
+        it was no longer running (the front door's own delete came first): the output is kept apart."""
+        try:
+            await self._persist(
+                job["id"],
+                "cancel",
+                lambda: self.store.finish(
+                    job["id"],
+                    cur.run_id,
+                    JobState.CANCELLED,
+                    CLIENT_LEFT,
+                    output,
+                    actor=cur.abort_actor,
+                    thinking=thinking,
+                ),
+            )
+        except GuardMiss:
+            return False
+        log.info("job=%s node=%s state=cancelled reason=%r", job["id"], self.rt.name, CLIENT_LEFT)
+        return True
 
     async def note(self, job_id: str, message: str) -> None:
         """An event on the job, written as its outcome is (_persist)."""

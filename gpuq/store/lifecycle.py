@@ -367,15 +367,16 @@ def finish(
     thinking: str | None = None,
     streamed: int = 0,
 ) -> Row | None:
-    """Finish a run that is still the job's running run (`state`: done or failed); anything else
-    is a GuardMiss. `output` and `thinking`: text not stored yet, appended.
+    """Finish a run that is still the job's running run (`state`: done, failed, or cancelled: a
+    called job cut as its client left, its output so far in the same commit); anything else is
+    a GuardMiss. `output` and `thinking`: text not stored yet, appended.
 
     `streamed` pieces (one token each) count as a failed run's tokens: Ollama counts them in
     its last line, which a reply that broke off never sent.
 
     With `claim_node`, the node's next job is claimed in the same transaction and returned:
     a worker going from job to job pays one durable commit between them, not two."""
-    assert state in (JobState.DONE, JobState.FAILED)
+    assert state in (JobState.DONE, JobState.FAILED, JobState.CANCELLED)
     done = db.execute(
         "UPDATE job SET state = ?, error = ?, finished_at = ?, findings = ? WHERE id = ?"
         " AND state = 'running' AND run_id = ? RETURNING id",
@@ -390,8 +391,8 @@ def finish(
         (state, error, iso(now), tokens, run_id),
     )
     event(db, job_id, JobState.RUNNING, state, actor, error, now, run_id)
-    if state == JobState.FAILED:
-        end_held_critiques(db, job_id, f"failed ({error})", now)
+    if state != JobState.DONE:
+        end_held_critiques(db, job_id, f"{'was ' if state == JobState.CANCELLED else ''}{state} ({error})", now)
     return claim(db, now, max_running, claim_node) if claim_node else None
 
 
