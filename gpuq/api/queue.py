@@ -7,10 +7,10 @@ import logging
 
 from aiohttp import web
 
-from .. import eta
+from .. import eta, speed
 from ..access.privacy import change_scope
 from ..errors import BadRequest, OverQuota, UnknownNode
-from ..jobs import JobState, NodeCounts
+from ..jobs import JobState, NodeCounts, normalize_model
 from .callers import actor_of, as_seen, caller_of, own_job
 from .inputs import field_of, int_param, job_id_of, json_body
 from .render import job_json, json_response, node_json, with_eta, with_live, with_quota
@@ -79,12 +79,20 @@ async def queue(request: web.Request) -> web.Response:
 
 
 async def nodes(request: web.Request) -> web.Response:
-    active = await request.app[STORE].active_by_node()
+    """Each node as node_json, with its waiting jobs and its measured speed on its model (speed.py)."""
+    store, runtimes = request.app[STORE], list(request.app[DISPATCHER].nodes.values())
+    active = await store.active_by_node()
+    asked = {(rt.name, name) for rt in runtimes for name in speed.asked_names(rt.config.model)}
+    found = speed.from_rows(await store.speeds(asked, speed.LAST_RUNS))
     return json_response(
         {
             "nodes": [
-                dict(node_json(rt), waiting=active.get(rt.name, NodeCounts()).queued)
-                for rt in request.app[DISPATCHER].nodes.values()
+                dict(
+                    node_json(rt),
+                    waiting=active.get(rt.name, NodeCounts()).queued,
+                    speed=speed.speed_json(found.get((rt.name, normalize_model(rt.config.model)))),
+                )
+                for rt in runtimes
             ]
         }
     )

@@ -1,0 +1,84 @@
+"""Each node's measured speed (issue 45, item 4): prompt and output tokens per second and the
+load time of a node's model, from its own done runs, through the real daemon and the simulated
+Ollama, as `gpuq nodes` and /api/nodes show them."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import node_table
+
+from gpuq.jobs import parse_iso
+
+MODEL = "qwen3-coder:30b"
+LOAD_S = 0.3  # the simulator's cold load; gpuq unloads after each job, so every run pays it
+
+
+async def two_nodes(fakes, daemon_factory):
+    busy = await fakes(MODEL, token_delay_s=0.01, tokens=20, load_delay_s=LOAD_S)
+    idle = await fakes(MODEL)
+    return await daemon_factory(
+        [
+            node_table("node-1", busy, 1, ["task", "critique"], MODEL),
+            node_table("node-2", idle, 2, ["task", "critique"], MODEL),
+        ]
+    )
+
+
+async def test_gpuq_nodes_shows_each_nodes_measured_speed_from_its_runs(fakes, daemon_factory):
+    d = await two_nodes(fakes, daemon_factory)
+    done = []
+    for i in range(2):
+        [job] = await d.submit("task", f"count to {i}", node="node-1")
+        done.append(await d.wait_state(job["id"], "done", timeout=20))
+
+    nodes = {n["name"]: n for n in json.loads((await d.cli("nodes", "--json")).out)["nodes"]}
+    speed = nodes["node-1"]["speed"]
+    # Output tokens per second: the runs' own tokens over their own generation time, as Ollama
+    # reported them (each job shows its count and duration).
+    tokens = sum(j["eval_count"] for j in done)
+    seconds = sum(j["eval_duration_ns"] for j in done) / 1e9
+    assert speed["runs"] == 2 and tokens == 40
+    assert abs(speed["output_tokens_per_s"] - tokens / seconds) <= 0.1, (speed, tokens, seconds)
+    assert speed["prompt_tokens_per_s"] > 0
+    # The load: what a cold run paid, at least the simulator's load and no longer than a run.
+    longest = max(parse_iso(j["finished_at"]) - parse_iso(j["started_at"]) for j in done)
+    assert LOAD_S <= speed["load_s"] <= longest, (speed, longest)
+    assert nodes["node-2"]["speed"] == {
+        "runs": 0,
+        "prompt_tokens_per_s": None,
+        "output_tokens_per_s": None,
+        "load_s": None,
+    }
+
+    res = await d.cli("nodes")
+    assert res.code == 0, res.err
+    lines = res.out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("node-1 "))
+    assert lines[at + 1].split() == [
+        "speed:",
+        "prompt",
+        f"{speed['prompt_tokens_per_s']:g}",
+        "tok/s,",
+        "output",
+        f"{speed['output_tokens_per_s']:g}",
+        "tok/s,",
+        "load",
+        f"{speed['load_s']:g}",
+        "s",
+        "(2",
+        "runs)",
+    ]
+    at = next(i for i, line in enumerate(lines) if line.startswith("node-2 "))
+    assert lines[at + 1].strip() == "speed: not measured yet (no done run)"
+
+
+async def test_a_job_asked_by_the_models_short_name_counts_for_its_speed(fakes, daemon_factory):
+    """Ollama runs "m" as "m:latest": a node configured with one is measured on runs of both."""
+    fake = await fakes("llama3.2:latest")
+    d = await daemon_factory([node_table("node-1", fake, 1, ["task", "critique"], "llama3.2:latest")])
+    for model in ("llama3.2", "llama3.2:latest"):
+        [job] = await d.submit("task", "hi", model=model)
+        await d.wait_state(job["id"], "done", timeout=20)
+    [node] = json.loads((await d.cli("nodes", "--json")).out)["nodes"]
+    assert node["speed"]["runs"] == 2 and node["speed"]["output_tokens_per_s"] > 0
