@@ -82,3 +82,31 @@ async def test_a_job_asked_by_the_models_short_name_counts_for_its_speed(fakes, 
         await d.wait_state(job["id"], "done", timeout=20)
     [node] = json.loads((await d.cli("nodes", "--json")).out)["nodes"]
     assert node["speed"]["runs"] == 2 and node["speed"]["output_tokens_per_s"] > 0
+
+
+async def test_the_eta_counts_the_load_only_for_a_job_that_finds_its_model_cold(fakes, daemon_factory):
+    """A node that keeps its model between back-to-back jobs (unload = "when-idle"): its past
+    runs each loaded the model (the node went idle between them), the jobs waiting behind a
+    running job of the same model will not. Their estimated run time leaves the load out; the
+    plain median of the past runs (each over LOAD_S) would not."""
+    load_s = 1.5
+    fake = await fakes(MODEL, token_delay_s=0.02, tokens=2, load_delay_s=load_s)
+    d = await daemon_factory([dict(node_table("node-1", fake, 1, ["task"], MODEL), unload="when-idle")])
+    for i in range(2):  # the history: cold runs
+        [job] = await d.submit("task", f"past {i}")
+        past = await d.wait_state(job["id"], "done", timeout=20)
+        assert parse_iso(past["finished_at"]) - parse_iso(past["started_at"]) >= load_s
+
+    fake.script.hold_after = 1  # the running job holds until released: its followers wait
+    [running] = await d.submit("task", "runs first")
+    await d.wait_state(running["id"], "running")
+    waiting = [(await d.submit("task", f"waits {i}"))[0]["id"] for i in range(3)]
+    shown = [await d.job(job_id) for job_id in waiting]
+    fake.script.hold_after = None
+    fake.script.released.set()
+
+    spans = [parse_iso(j["eta_finish"]) - parse_iso(j["eta_start"]) for j in shown]
+    assert all(span < load_s for span in spans), spans
+    for job_id in waiting:  # and they did run warm: no load
+        job = await d.wait_state(job_id, "done", timeout=20)
+        assert parse_iso(job["finished_at"]) - parse_iso(job["started_at"]) < load_s, job

@@ -220,8 +220,12 @@ class Reads(Core):
 
     async def recent_durations(self, node_models: set[tuple[str, str]], nodes: set[str], last: int = 20) -> list[Row]:
         """How long the last `last` done runs took, per node and model and per node: rows of
-        (node, model or NULL for the node's, seconds). Each part reads its partial index."""
-        seconds = self.engine.seconds_between("started_at", "finished_at") + " AS seconds"
+        (node, model or NULL for the node's, seconds, load_s: the part of it Ollama spent
+        loading the model, 0 where not reported). Each part reads its partial index."""
+        seconds = (
+            self.engine.seconds_between("started_at", "finished_at")
+            + " AS seconds, COALESCE(load_duration_ns, 0) / 1e9 AS load_s"
+        )
         by_node, by_model = self.engine.indexed_by("run_done_node"), self.engine.indexed_by("run_done_node_model")
         parts: list[tuple[str, tuple[Any, ...]]] = [
             (
