@@ -1384,3 +1384,22 @@ def test_every_public_name_of_the_store_has_its_contract():
     )
     gone = set(COVERED) - public_names()
     assert not gone, f"@covers names {sorted(gone)}, which Store no longer has"
+
+
+@covers("model_use")
+async def test_a_models_use_counts_the_jobs_whose_runs_ended_since(store):
+    clock = store.clock
+    old = await submit(store, "a")
+    await store.finish(old, (await store.claim("a"))["run_id"], "done", None)
+    clock.advance(100)
+    since = clock()
+    retried = await submit(store, "a")
+    await store.finish(retried, (await store.claim("a"))["run_id"], "failed", "boom")
+    done = await submit(store, "a")
+    await store.finish(done, (await store.claim("a"))["run_id"], "done", None)
+    await submit(store, "b")
+    await store.claim("b")  # still running: not counted yet
+    [use] = await store.model_use(since)
+    assert (use["node"], use["model"], use["jobs"]) == ("a", "ma", 2)
+    assert iso(since) < use["last_used"] <= iso(clock())  # the done run, the last to end
+    assert await store.model_use(clock() + 1) == []

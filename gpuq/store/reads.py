@@ -276,6 +276,16 @@ class Reads(Core):
             )
         return rows
 
+    async def model_use(self, since: float) -> list[Row]:
+        """Per (node, model) as jobs asked for it: how many jobs had a run end since `since`
+        (jobs), and when the last of those runs ended (last_used); `gpuq models`. One range of
+        the index run_finished."""
+        return await self.read(
+            "SELECT node, model, COUNT(DISTINCT job_id) AS jobs, MAX(finished_at) AS last_used"
+            " FROM run WHERE finished_at >= ? GROUP BY node, model",
+            (iso(since),),
+        )
+
     # -- history and utilisation (the history page, the busy strips) ---------------------------
 
     async def history(
