@@ -100,9 +100,7 @@ def _round(value: float | None, digits: int = 1) -> float | None:
 
 
 def speed_text(speed: dict[str, Any]) -> str:
-    """ "prompt 812.4 tok/s, output 41.2 tok/s, load 3.21 s (20 runs)", or "not measured yet"."""
-    if not speed.get("runs"):
-        return "not measured yet (no done run)"
+    """ "prompt 812.4 tok/s, output 41.2 tok/s, load 3.21 s (20 runs)"."""
     parts = [
         f"prompt {_or_dash(speed['prompt_tokens_per_s'])} tok/s",
         f"output {_or_dash(speed['output_tokens_per_s'])} tok/s",
@@ -112,4 +110,9 @@ def speed_text(speed: dict[str, Any]) -> str:
 
 
 def _or_dash(value: float | None) -> str:
-    return "-" if value is None else f"{value:g}"
+    return "-" if value is None else num_text(value)
+
+
+def num_text(value: float) -> str:
+    """A rounded figure as the page's JavaScript writes it: 86, 41.2, 99509.1 (never 1e+05)."""
+    return str(int(value)) if value == int(value) else str(value)

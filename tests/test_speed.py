@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from conftest import node_table
+from playwright.async_api import expect
+from test_page import browser, open_queue, page  # noqa: F401 (the page tests' fixtures)
 
 from gpuq.jobs import parse_iso
+from gpuq.speed import num_text
 
 MODEL = "qwen3-coder:30b"
 LOAD_S = 0.3  # the simulator's cold load; gpuq unloads after each job, so every run pays it
@@ -58,19 +62,18 @@ async def test_gpuq_nodes_shows_each_nodes_measured_speed_from_its_runs(fakes, d
     assert lines[at + 1].split() == [
         "speed:",
         "prompt",
-        f"{speed['prompt_tokens_per_s']:g}",
+        num_text(speed["prompt_tokens_per_s"]),
         "tok/s,",
         "output",
-        f"{speed['output_tokens_per_s']:g}",
+        num_text(speed["output_tokens_per_s"]),
         "tok/s,",
         "load",
-        f"{speed['load_s']:g}",
+        num_text(speed["load_s"]),
         "s",
         "(2",
         "runs)",
     ]
-    at = next(i for i, line in enumerate(lines) if line.startswith("node-2 "))
-    assert lines[at + 1].strip() == "speed: not measured yet (no done run)"
+    assert [line for line in lines if "speed:" in line] == [lines[at + 1]]  # node-2: nothing measured, no line
 
 
 async def test_a_job_asked_by_the_models_short_name_counts_for_its_speed(fakes, daemon_factory):
@@ -110,3 +113,21 @@ async def test_the_eta_counts_the_load_only_for_a_job_that_finds_its_model_cold(
     for job_id in waiting:  # and they did run warm: no load
         job = await d.wait_state(job_id, "done", timeout=20)
         assert parse_iso(job["finished_at"]) - parse_iso(job["started_at"]) < load_s, job
+
+
+@pytest.mark.browser
+async def test_the_node_card_shows_its_measured_speed_once_a_run_is_done(fakes, daemon_factory, page):
+    d = await two_nodes(fakes, daemon_factory)
+    d.fakes = {"node-1": None, "node-2": None}  # open_queue counts the columns by them
+    await open_queue(page, d)
+    line = page.locator('.col[data-node="node-1"] .col-speed')
+    await expect(line).to_have_count(0)  # nothing measured yet: no line
+    [job] = await d.submit("task", "count", node="node-1")
+    await d.wait_state(job["id"], "done", timeout=20)
+    [node] = [n for n in (await d.get("/api/nodes"))["nodes"] if n["name"] == "node-1"]
+    s = node["speed"]
+    await expect(line).to_have_text(
+        f"speed: prompt {num_text(s['prompt_tokens_per_s'])} tok/s · output {num_text(s['output_tokens_per_s'])}"
+        f" tok/s · load {num_text(s['load_s'])} s"
+    )
+    await expect(page.locator('.col[data-node="node-2"] .col-speed')).to_have_count(0)

@@ -147,7 +147,7 @@ def nodes(ctx: click.Context, as_json: bool) -> None:
             f"{n['name']:12} {n['rank']:>4} {status:8} {n['model']:22} {','.join(n['roles']):15} "
             f"{n['waiting']:>7}  {ago(n['since'])} ago {problem}".rstrip()
         )
-        if n.get("speed"):  # measured on its model over its recent runs (gpuq/speed.py)
+        if n.get("speed", {}).get("runs"):  # measured on its model over its recent runs (gpuq/speed.py)
             click.echo(f"{'':12} speed: {speed_text(n['speed'])}")
         if n.get("warm"):  # a model kept loaded between jobs
             click.echo(f"{'':12} warm: {warm_text(n['warm'])}")

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from ..node_models import size_text
+from ..speed import num_text
 from .common import ago, api_errors, router_of
 
 TAIL = f"{'SIZE':>8} {'FAMILY':10} {'PARAMS':>7} {'QUANT':8} {'LOADED':6} {'JOBS30D':>7} {'LAST USED':>10}  PROMPT/S OUTPUT/S   LOAD"
@@ -58,4 +59,4 @@ def model_line(m: dict[str, Any]) -> str:
 
 
 def _num(value: float | None, unit: str = "") -> str:
-    return "-" if value is None else f"{value:g}{unit}"
+    return "-" if value is None else num_text(value) + unit
