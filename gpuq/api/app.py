@@ -39,6 +39,7 @@ from .retention import prune_view
 from .state import BATCHES, BUS, DISPATCHER, METRICS, RELOADING, SETTINGS, STORE, UPKEEP
 from .storage import COUNTING, storage_view
 from .streams import events, stream_job
+from .usage import usage_view
 
 log = logging.getLogger("gpuq")
 
@@ -168,6 +169,7 @@ def create_app(settings: Settings, clock: Callable[[], float] = time.time) -> we
     r.add_post("/api/backup", backup_view)
     r.add_post("/api/prune", prune_view)
     r.add_get("/api/storage", storage_view)
+    r.add_get("/api/usage", bounded(usage_view))
     batches.add_routes(r, bounded)  # gpuq batch, the pages
     r.add_get("/api/whoami", whoami)
     r.add_get("/", page)
