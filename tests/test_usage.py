@@ -3,10 +3,11 @@ node, what a member and an admin each read, and the refusals of bad windows."""
 
 from __future__ import annotations
 
+import json
 import tomllib
 
 import tomli_w
-from conftest import node_table
+from conftest import node_table, run_cli
 
 MODEL = "qwen3-coder:30b"
 TOKENS = {"alice": "alice-token", "bob": "bob-token", "root": "root-token"}
@@ -79,3 +80,24 @@ async def test_usage_refuses_a_bad_key_window_or_step_naming_it(fakes, daemon_fa
         status, body = await d.request("GET", f"/api/usage?{query}", headers=auth("root"))
         assert status == 400 and words in body["error"]["message"], (query, status, body)
     assert summary(await usage(d, "root", "by=user&since=365d&step=1d")) == [("alice", 2, 8, 2), ("bob", 1, 4, 1)]
+
+
+async def test_gpuq_usage_prints_a_members_own_table_an_admins_everyone_and_json(fakes, daemon_factory):
+    d = await usage_lab(fakes, daemon_factory)
+    res = await run_cli("--router", d.url, "usage", "--by", "node", env={"GPUQ_TOKEN": TOKENS["bob"]})
+    assert res.code == 0, res
+    lines = res.out.splitlines()
+    assert lines[0].startswith("usage by node from ") and lines[0].endswith("UTC to now (your own jobs)"), res
+    assert lines[1].split() == "NODE JOBS GPU TIME LOAD TOKENS IN TOKENS OUT WAIT P50 WAIT P95".split()
+    assert [line.split()[:2] for line in lines[2:]] == [["node-2", "1"]]  # bob's run only
+    res = await run_cli("--router", d.url, "usage", "--since", "365d", env={"GPUQ_TOKEN": TOKENS["root"]})
+    assert res.code == 0, res
+    assert sorted(line.split()[:2] for line in res.out.splitlines()[2:]) == [["alice", "2"], ["bob", "1"]]
+    res = await run_cli("--router", d.url, "usage", "--json", env={"GPUQ_TOKEN": TOKENS["alice"]})
+    assert res.code == 0, res
+    body = json.loads(res.out)
+    assert body["scope"] == "own" and [(r["key"], r["jobs"], r["tokens_out"]) for r in body["rows"]] == [
+        ("alice", 2, 8)
+    ]
+    res = await run_cli("--router", d.url, "usage", "--since", "-1", env={"GPUQ_TOKEN": TOKENS["root"]})
+    assert res.code == 1 and "error 400 query parameter 'since': expected a duration" in res.err, res
