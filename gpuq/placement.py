@@ -194,12 +194,21 @@ def place_batch(nodes: list[NodeView], models: list[str | None]) -> list[Placeme
 MAX_PREEMPTIONS = 2
 
 
-def preempts(lane: str, running_lane: str | None, enabled: bool, preempted_before: int = 0) -> bool:
+def preempts(
+    lane: str, running_lane: str | None, enabled: bool, preempted_before: int = 0, work_done: bool = False
+) -> bool:
     """May a new waiting job interrupt its node's running job ([router] interactive_preempts)?
     Only an interactive job, only a running batch job (never an interactive one, never when the
-    node runs nothing) interrupted fewer than MAX_PREEMPTIONS times before, only with the
-    setting on."""
-    return enabled and lane == Lane.INTERACTIVE and running_lane == Lane.BATCH and preempted_before < MAX_PREEMPTIONS
+    node runs nothing) interrupted fewer than MAX_PREEMPTIONS times before, and still
+    generating (one whose answer is whole only waits for its model to leave VRAM: interrupting
+    it would throw the whole answer away to save nothing), only with the setting on."""
+    return (
+        enabled
+        and lane == Lane.INTERACTIVE
+        and running_lane == Lane.BATCH
+        and preempted_before < MAX_PREEMPTIONS
+        and not work_done
+    )
 
 
 def preempt_elsewhere(

@@ -77,6 +77,9 @@ CREATE INDEX run_job ON run (job_id);
 -- index run_running on run
 CREATE INDEX run_running ON run (state) WHERE state = 'running';
 
+-- index run_started on run
+CREATE INDEX run_started ON run (started_at) WHERE finished_at IS NOT NULL;
+
 -- index sqlite_autoindex_batch_1 on batch
 (made by SQLite);
 
@@ -109,6 +112,9 @@ CREATE INDEX run_running ON run (state) WHERE state = 'running';
 
 -- index storage_sample_at on storage_sample
 CREATE INDEX storage_sample_at ON storage_sample (at);
+
+-- index usage_run_started on usage_run
+CREATE INDEX usage_run_started ON usage_run (started_at);
 
 -- table alert on alert
 CREATE TABLE "alert" (
@@ -408,6 +414,24 @@ id INTEGER PRIMARY KEY,
 at TEXT NOT NULL,
 database_bytes INTEGER NOT NULL, -- the database's file and its WAL
 free_bytes INTEGER -- free on the database's disk (NULL: not known)
+);
+
+-- table usage_run on usage_run
+CREATE TABLE usage_run (
+id INTEGER PRIMARY KEY, -- the run's id, as it was
+job_id TEXT NOT NULL, -- no reference: the job is gone
+owner TEXT, -- the job's
+client TEXT,
+lane TEXT NOT NULL,
+node TEXT NOT NULL, -- the run's
+model TEXT NOT NULL,
+started_at TEXT NOT NULL,
+finished_at TEXT NOT NULL,
+busy_s REAL NOT NULL, -- started_at to finished_at
+load_s REAL, -- Ollama's load_duration
+tokens_in INTEGER, -- prompt_eval_count
+tokens_out INTEGER, -- eval_count
+wait_s REAL -- the job's first run only: created_at to started_at
 );
 
 -- trigger critique_guard_insert on job

@@ -68,6 +68,7 @@ def test_only_an_interactive_job_preempts_and_only_a_running_batch_job_with_the_
     assert not preempts(B, B, True)  # a batch job waits its turn
     assert preempts(I, B, True, MAX_PREEMPTIONS - 1)
     assert not preempts(I, B, True, MAX_PREEMPTIONS)  # interrupted enough: it runs to its end
+    assert not preempts(I, B, True, 0, work_done=True)  # its answer is whole: it only waits for its unload
 
 
 # -- the daemon ---------------------------------------------------------------------------------

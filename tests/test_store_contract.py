@@ -1403,3 +1403,67 @@ async def test_a_models_use_counts_the_jobs_whose_runs_ended_since(store):
     assert (use["node"], use["model"], use["jobs"]) == ("a", "ma", 2)
     assert iso(since) < use["last_used"] <= iso(clock())  # the done run, the last to end
     assert await store.model_use(clock() + 1) == []
+
+
+# -- usage over time (gpuq/store/usage.py) -----------------------------------------------------
+
+
+async def ran(store: Store, node: str, owner: str, wait_s: float, run_s: float, tokens: tuple[int, int]) -> str:
+    """A job of `owner`'s on `node` that waited `wait_s`, then ran `run_s` (its model loading 2 s)."""
+    clock = store.clock
+    assert isinstance(clock, Clock)
+    job_id = await submit(store, node, "p", owner=owner, client="cli")
+    clock.advance(wait_s)
+    claimed = await store.claim(node)
+    assert claimed is not None and claimed["id"] == job_id
+    clock.advance(run_s)
+    stats = {"prompt_eval_count": tokens[0], "eval_count": tokens[1], "load_duration": 2_000_000_000}
+    await store.work_done(claimed["run_id"], "answer", stats)
+    await store.finish(job_id, claimed["run_id"], "done", None)
+    return job_id
+
+
+def figures(row: dict[str, Any]) -> tuple[Any, ...]:
+    waits = (row["wait_p50_s"], row["wait_p95_s"])
+    rounded = tuple(None if w is None else round(w) for w in waits)
+    return (
+        row["key"],
+        row["jobs"],
+        round(row["busy_s"]),
+        round(row["load_s"]),
+        row["tokens_in"],
+        row["tokens_out"],
+        *rounded,
+    )
+
+
+@covers("usage")
+async def test_usage_sums_runs_by_user_and_node_per_step_and_outlives_retentions_delete(store):
+    clock = store.clock
+    assert isinstance(clock, Clock)
+    start = clock.now
+    jobs = [await ran(store, "a", "alice", 10, 100, (5, 7)), await ran(store, "b", "bob", 40, 50, (1, 2))]
+    clock.advance(3600 - (clock.now - start))  # the next hour
+    jobs.append(await ran(store, "a", "alice", 30, 200, (10, 20)))
+    jobs.append(await ran(store, "a", "alice", 50, 10, (1, 1)))
+    until = clock.now + 1
+
+    by_user = await store.usage("user", start, until, 3600)
+    assert [figures(r) for r in by_user] == [("alice", 3, 310, 6, 16, 28, 30, 50), ("bob", 1, 50, 2, 1, 2, 40, 40)]
+    alice = by_user[0]["series"]
+    assert [(p["step"], p["at"], p["jobs"], round(p["busy_s"])) for p in alice] == [
+        (0, iso(start), 1, 100),
+        (1, iso(start + 3600), 2, 210),
+    ]
+    assert [(round(p["wait_p50_s"]), round(p["wait_p95_s"])) for p in alice] == [(10, 10), (30, 50)]
+    assert [figures(r)[:3] for r in await store.usage("node", start, until, 3600)] == [("a", 3, 310), ("b", 1, 50)]
+    assert [figures(r) for r in await store.usage("user", start, until, 3600, owner="bob")] == [
+        ("bob", 1, 50, 2, 1, 2, 40, 40)
+    ]
+    assert await store.usage("user", start, until, 3600, owner="") == []  # a nameless member: no one's
+    assert await store.usage("model", until, until + 3600, 3600) == []  # nothing ran then
+
+    clock.advance(400 * DAY)  # retention deletes every job: their usage stays as it was
+    cut = Cutoffs.at(clock.now, 30 * DAY, 90 * DAY, 365 * DAY, 30 * DAY)
+    assert (await store.delete_ended(jobs, cut))["jobs"] == 4
+    assert await store.usage("user", start, until, 3600) == by_user

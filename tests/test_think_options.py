@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 from conftest import node_table
 
+from gpuq.errors import EX_CONFIG
+
 
 @pytest.fixture
 async def node_with_defaults(fakes, daemon_factory):
@@ -121,7 +123,7 @@ async def test_bad_node_options_stop_the_router_naming_the_key(fakes, daemon_fac
     table = dict(node_table("n", fake, 1, ["task"], "m:latest"), options={"num_ctx": 0})
     d = await daemon_factory([table], start=False)
     res = await d.cli("serve", "--config", str(d.config))
-    assert res.code == 2
+    assert res.code == EX_CONFIG  # a config error: a service manager does not restart it
     assert "node 'n'.options: option 'num_ctx' must be at least 1, got 0" in res.err
 
 

@@ -143,8 +143,11 @@ async def test_a_front_door_call_does_not_move_to_another_routers_node(fakes, da
     one = node_table("node-1", f1, 1, ["task"], "qwen3-coder:30b")
     two = node_table("node-2", f2, 2, ["task"], "qwen3-coder:30b")
     door = f"127.0.0.1:{free_port()}"
-    a = await daemon_factory([one], database=pg_dsn, ollama_listen=door, stall_timeout="60s")
-    b = await daemon_factory([two], name="b", database=pg_dsn, stall_timeout="60s")
+    # (interactive_preempts off: the call waits behind the task rather than interrupting it)
+    a = await daemon_factory(
+        [one], database=pg_dsn, ollama_listen=door, stall_timeout="60s", interactive_preempts=False
+    )
+    b = await daemon_factory([two], name="b", database=pg_dsn, stall_timeout="60s", interactive_preempts=False)
     await eventually(lambda: _holds(a, "node-1"), 15, what="router a to drive node-1")
     await eventually(lambda: _holds(b, "node-2"), 15, what="router b to drive node-2")
     busy, call, call_id = await a_call_waiting_behind_a_task(a, f1, clients(f"http://{door}"))
@@ -165,10 +168,13 @@ async def test_a_router_starting_leaves_the_other_routers_waiting_calls_alone(fa
     fake = await fakes("qwen3-coder:30b")
     one = node_table("node-1", fake, 1, ["task"], "qwen3-coder:30b")
     door = f"127.0.0.1:{free_port()}"
-    a = await daemon_factory([one], database=pg_dsn, ollama_listen=door, stall_timeout="60s")
+    # (interactive_preempts off: the call waits behind the task rather than interrupting it)
+    a = await daemon_factory(
+        [one], database=pg_dsn, ollama_listen=door, stall_timeout="60s", interactive_preempts=False
+    )
     await eventually(lambda: _holds(a, "node-1"), 15, what="router a to drive node-1")
     busy, call, call_id = await a_call_waiting_behind_a_task(a, fake, clients(f"http://{door}"))
-    b = await daemon_factory([one], name="b", database=pg_dsn)
+    b = await daemon_factory([one], name="b", database=pg_dsn, interactive_preempts=False)
     await eventually(lambda: b.get("/health"), 10, what="router b to answer")
     assert (await b.job(call_id))["state"] == "queued"
     fake.script.stall_after = None

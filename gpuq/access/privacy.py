@@ -36,6 +36,12 @@ def read_scope(caller: Caller, private: bool) -> str | None:
     return None if sees_all(caller, private) else caller.name or ""
 
 
+def usage_scope(caller: Caller) -> str | None:
+    """The owner whose usage (GET /api/usage) a caller reads: None (everyone's) for an admin, on
+    any router (an open router's anonymous caller is one), else the member's own name."""
+    return None if caller.admin else caller.name or ""
+
+
 def change_scope(caller: Caller) -> str | None:
     """The owner whose jobs, batches and files a caller may change: None (everyone's) for an
     admin, else the member's own name."""

@@ -32,7 +32,7 @@ from .inputs import bounded
 from .jobs import get_job, history, list_jobs, submit
 from .metrics import Metrics
 from .models import models
-from .pages import WEB_DIR, headers_middleware, history_page, page, preview_page
+from .pages import WEB_DIR, headers_middleware, history_page, page, preview_page, usage_page
 from .queue import clear, delete, move, nodes, preempt, queue, retry, stale
 from .reload import reload_view
 from .render import error_response
@@ -40,6 +40,7 @@ from .retention import prune_view
 from .state import BATCHES, BUS, DISPATCHER, METRICS, RELOADING, SETTINGS, STORE, UPKEEP
 from .storage import COUNTING, storage_view
 from .streams import events, stream_job
+from .usage import usage_view
 
 log = logging.getLogger("gpuq")
 
@@ -170,11 +171,13 @@ def create_app(settings: Settings, clock: Callable[[], float] = time.time) -> we
     r.add_post("/api/backup", backup_view)
     r.add_post("/api/prune", prune_view)
     r.add_get("/api/storage", storage_view)
+    r.add_get("/api/usage", bounded(usage_view))
     batches.add_routes(r, bounded)  # gpuq batch, the pages
     r.add_get("/api/whoami", whoami)
     r.add_get("/", page)
     r.add_get("/jobs/{id}", preview_page)
     r.add_get("/history", history_page)
+    r.add_get("/usage", usage_page)
     shipped_files(WEB_DIR, "index.html", "pages")
     r.add_static("/static/", WEB_DIR, name="static")
     return app

@@ -34,6 +34,10 @@ async def history_page(request: web.Request) -> web.FileResponse:
     return web.FileResponse(WEB_DIR / "history.html")
 
 
+async def usage_page(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(WEB_DIR / "usage.html")
+
+
 async def preview_page(request: web.Request) -> web.FileResponse:
     job_id_of(request)
     return web.FileResponse(WEB_DIR / "job.html")

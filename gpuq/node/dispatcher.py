@@ -489,7 +489,7 @@ class Dispatcher:
                 after, interrupted = await self.store.preempt(
                     job["id"],
                     "router",
-                    rule=lambda running, before: preempts(lane, running, enabled, before),
+                    rule=lambda running, before, done: preempts(lane, running, enabled, before, done),
                     reason=reason,
                     to=to,
                     nodes=infos,

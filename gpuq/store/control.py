@@ -135,7 +135,7 @@ def preempt(
     job_id: str,
     actor: str,
     only_owner: str | None = None,
-    rule: Callable[[str, int], bool] | None = None,
+    rule: Callable[[str, int, bool], bool] | None = None,
     reason: str | None = None,
     to: str | None = None,
     nodes: Sequence[NodeInfo] = (),
@@ -143,8 +143,8 @@ def preempt(
     """The queued job runs next: to the head, and the node's running job goes back behind it.
     `only_owner` (a member preempting): interrupting someone else's running job is acting on it,
     refused (403) naming its owner, before anything changes. `rule` (the router preempting on
-    its own, [router] interactive_preempts): given the running job's lane and how many times it
-    was preempted before, whether to; when no
+    its own, [router] interactive_preempts): given the running job's lane, how many times it
+    was preempted before and whether its answer is whole, whether to; when no
     job runs, the job is no longer waiting or the rule says no, nothing changes. `to` (with
     `rule` and `nodes`): on that node instead, the job moved there in the same transaction,
     only when the rule holds there and no other interactive job waits there (else nothing
@@ -154,14 +154,15 @@ def preempt(
     if rule is not None:
         where = to or job["node"]
         running = db.execute(
-            "SELECT lane, (SELECT COUNT(*) FROM run r WHERE r.job_id = job.id AND r.state = 'preempted') AS preempted"
-            " FROM job WHERE node = ? AND state = 'running'",
+            "SELECT j.lane, r.work_done_at,"
+            " (SELECT COUNT(*) FROM run p WHERE p.job_id = j.id AND p.state = 'preempted') AS preempted"
+            " FROM job j LEFT JOIN run r ON r.id = j.run_id WHERE j.node = ? AND j.state = 'running'",
             (where,),
         ).fetchone()
         if (
             job["state"] != JobState.QUEUED
             or running is None
-            or not rule(running["lane"], running["preempted"])
+            or not rule(running["lane"], running["preempted"], running["work_done_at"] is not None)
             or not db.execute("SELECT 1 FROM ready_job WHERE id = ?", (job_id,)).fetchone()
         ):
             return dict(job), None

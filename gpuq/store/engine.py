@@ -81,6 +81,9 @@ class Engine(Protocol):
     def seconds_between(self, start: str, end: str) -> str:
         """SQL for the seconds from `start` to `end`, two columns of ISO-8601 text."""
 
+    def whole(self, expr: str) -> str:
+        """SQL for the whole part of `expr`, a number never negative (a usage step's index)."""
+
     def byte_length(self, text: str) -> str:
         """SQL for the UTF-8 bytes of a text column, 0 for NULL."""
 

@@ -15,7 +15,7 @@ second connection (aiosqlite's, its public API; psycopg's pool), which WAL lets 
 - batches_api.py: batches and their files;
 - upkeep_api.py: backups, the storage budget, retention's writes;
 - router_api.py: the router's records (settings, nodes, reloads, alerts), leases, other routers;
-- reads.py and batch_reads.py: every read.
+- reads.py and batch_reads.py: every read; usage.py: usage over time.
 
 The engine is SQLite (a file's path: one router) or PostgreSQL (a `postgresql://` DSN: any number
 of routers on one queue, gpuq/store/postgres.py): the same verbs, reads and answers; the few
@@ -34,6 +34,7 @@ from .router_api import RouterRecords
 from .sqlite import STALE_SQL
 from .steps import Row
 from .upkeep_api import UpkeepVerbs
+from .usage import UsageReads
 
 __all__ = [
     "BackupBusy",
@@ -48,5 +49,5 @@ __all__ = [
 ]
 
 
-class Store(JobVerbs, BatchVerbs, UpkeepVerbs, RouterRecords, Reads, BatchReads):
+class Store(JobVerbs, BatchVerbs, UpkeepVerbs, RouterRecords, Reads, BatchReads, UsageReads):
     """The durable queue: every write through the one writer, every read on the readers."""

@@ -100,6 +100,11 @@ def seconds_between(start: str, end: str) -> str:
     return f"GREATEST((julianday({end}) - julianday({start})) * 86400.0, 0)"
 
 
+def whole(expr: str) -> str:
+    """SQL for the whole part of a number never negative (a usage step's index)."""
+    return f"FLOOR({expr})::bigint"
+
+
 FINDING_COUNT = "json_array_length(findings::json)"
 TOP_SEVERITY = (
     "(SELECT f.value ->> 'severity' FROM json_array_elements(findings::json) f(value) ORDER BY"

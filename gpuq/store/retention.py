@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..jobs import PROMPT_KEPT_CHARS, iso
-from .engine import Connection, Engine
+from . import usage
+from .engine import Connection, Engine, dialect
 from .steps import Row
 
 # No ISO time is before this: a step that is off has it as its cutoff, and finds nothing.
@@ -125,8 +126,9 @@ def prune(db: Connection, now: float, ids: list[str], cutoffs: Cutoffs) -> dict[
 
 
 def delete(db: Connection, ids: list[str], cutoffs: Cutoffs) -> dict[str, Any]:
-    """Delete the jobs of `ids` still due, with their events, runs and chunks; counts of what
-    went, and `held_ms` (see prune)."""
+    """Delete the jobs of `ids` still due, with their events, runs and chunks (each run's
+    figures kept in usage_run first: past usage never changes); counts of what went, and
+    `held_ms` (see prune)."""
     began = time.perf_counter()
     if not ids:
         return {"jobs": 0, "runs": 0, "events": 0, "held_ms": 0.0}
@@ -135,6 +137,7 @@ def delete(db: Connection, ids: list[str], cutoffs: Cutoffs) -> dict[str, Any]:
     runs = events = 0
     if gone:
         these = tuple(gone)
+        usage.keep(db, dialect(db), gone, _in(gone))
         events = db.execute(f"DELETE FROM event WHERE job_id IN ({_in(gone)})", these).rowcount
         runs = db.execute(f"DELETE FROM run WHERE job_id IN ({_in(gone)})", these).rowcount  # chunks: trigger
         db.execute(f"DELETE FROM job WHERE id IN ({_in(gone)})", these)

@@ -40,6 +40,11 @@ def seconds_between(start: str, end: str) -> str:
     return f"MAX((julianday({end}) - julianday({start})) * 86400.0, 0)"
 
 
+def whole(expr: str) -> str:
+    """SQL for the whole part of a number never negative (a usage step's index)."""
+    return f"CAST({expr} AS INTEGER)"
+
+
 # A done critique's findings (a JSON array in job.findings): how many, and the highest severity.
 FINDING_COUNT = "json_array_length(findings)"
 TOP_SEVERITY = (
