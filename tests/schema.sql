@@ -390,7 +390,7 @@ total_duration_ns INTEGER,
 load_duration_ns INTEGER,
 eval_duration_ns INTEGER,
 stale_reason TEXT, -- set once when the run is first seen stale
-thinking TEXT, router TEXT, -- 004 (runs before 011 only, as output)
+thinking TEXT, router TEXT, prompt_eval_duration_ns INTEGER, -- 004 (runs before 011 only, as output)
 CONSTRAINT run_state_valid CHECK (state IN ('running', 'done', 'failed', 'cancelled', 'preempted')),
 CONSTRAINT run_finished_when_ended CHECK ((finished_at IS NULL) = (state = 'running'))
 );

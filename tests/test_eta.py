@@ -73,3 +73,22 @@ def test_a_blocked_node_starts_nothing_but_its_running_job_still_ends():
     e = estimate([plan], h, NOW)
     assert e["r"].finish_s == NOW + 60
     assert e["w"] == Estimate(None, None, "n is down")
+
+
+def test_a_cold_job_pays_the_measured_load_and_a_warm_one_does_not():
+    """Runs of 12 s of which 10 s loading (gpuq unloads after each job): 2 s warm, 12 s cold."""
+    h = History({("n", "a"): [12, 12, 12], ("n", "b"): [12]}, {("n", "a"): [10, 10, 10], ("n", "b"): [10]})
+    waiting = (Slot("w1", "a"), Slot("w2", "a"), Slot("w3", "b"))
+    running = Slot("r", "a", started_s=NOW)
+    after_each = estimate([NodePlan("n", running, waiting)], h, NOW)
+    assert [after_each[s.id].finish_s for s in waiting] == [NOW + 24, NOW + 36, NOW + 48]  # each loads again
+    when_idle = estimate([NodePlan("n", running, waiting, keeps_warm=True)], h, NOW)
+    assert [when_idle[s.id].finish_s for s in waiting] == [NOW + 14, NOW + 16, NOW + 28]  # b loads
+    # An idle node holding "a" warm (a call's keep_alive) starts its first "a" job warm, only it.
+    idle = estimate([NodePlan("n", None, waiting, warm="a:latest")], h, NOW)
+    assert [idle[s.id].finish_s for s in waiting] == [NOW + 2, NOW + 14, NOW + 26]
+
+
+def test_runs_with_no_load_measured_keep_the_plain_median():
+    assert History({("n", "a"): [10, 30, 20]}).expected_s("n", "a", cold=True) == 20
+    assert History({("n", "a"): [10, 30, 20]}).expected_s("n", "a", cold=False) == 20

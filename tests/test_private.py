@@ -499,6 +499,7 @@ API_ROUTES: dict[tuple[str, str], Check] = {
     ("GET", "/metrics"): metrics,
     ("GET", "/health"): no_job_text("/health", ok=(200, 503)),
     ("GET", "/api/nodes"): no_job_text("/api/nodes"),
+    ("GET", "/api/models"): no_job_text("/api/models"),
     ("GET", "/api/stale"): no_job_text("/api/stale"),
     ("GET", "/api/activity"): no_job_text("/api/activity"),
     ("GET", "/api/alerts"): no_job_text("/api/alerts"),

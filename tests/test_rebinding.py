@@ -78,6 +78,7 @@ def every_route(head: str, job: str) -> list[tuple]:
         ("GET", f"/api/jobs/{head}/stream", None),
         ("GET", "/api/events", None),
         ("GET", "/api/nodes", None),
+        ("GET", "/api/models", None),
         ("GET", "/api/stale", None),
         ("GET", "/health", None),
         ("GET", "/", None),

@@ -546,6 +546,43 @@ async def test_finished_jobs_are_counted_searched_and_timed_alike(store):
     ]
 
 
+@covers("speeds")
+async def test_a_nodes_speed_is_summed_over_its_last_done_runs_of_the_model(store):
+    """Ollama's counters of the last `last` done runs: an older run, a failed one, another
+    node's and a run without durations (an embedding) do not count for the rates."""
+
+    async def run(node: str, stats: dict[str, int], end: str = "done") -> None:
+        job = await submit(store, node)
+        run_id = (await store.claim(node))["run_id"]
+        await store.work_done(run_id, "x", stats)
+        store.clock.advance(5)
+        await store.finish(job, run_id, end, None if end == "done" else "boom")
+
+    old = {"prompt_eval_count": 1, "prompt_eval_duration": 10**9, "eval_count": 1, "eval_duration": 10**9}
+    await run("a", dict(old, load_duration=9 * 10**9))  # the oldest: past `last`
+    await run("a", {"prompt_eval_count": 100, "prompt_eval_duration": 10**8, "eval_count": 30,
+                    "eval_duration": 10**9, "load_duration": 3 * 10**9})  # fmt: skip
+    await run("a", {"prompt_eval_count": 300, "prompt_eval_duration": 3 * 10**8, "eval_count": 10,
+                    "eval_duration": 10**9, "load_duration": 10**6})  # fmt: skip
+    await run("a", {"prompt_eval_count": 7, "load_duration": 10**6})  # an embedding: no durations
+    await run("a", dict(old, load_duration=8 * 10**9), end="failed")
+    await run("b", dict(old, load_duration=10**6))
+
+    rows = await store.speeds({("a", "ma"), ("b", "mb"), ("c", "mc")}, last=3)
+    by_node = {r["node"]: r for r in rows}
+    assert set(by_node) == {"a", "b"}  # c: no done run, no row
+    a = {k: int(v) for k, v in by_node["a"].items() if k not in ("node", "model", "last_used")}
+    assert a == {
+        "runs": 3,
+        "prompt_tokens": 400,  # 1000 tokens/s
+        "prompt_ns": 4 * 10**8,
+        "output_tokens": 40,  # 20 tokens/s
+        "output_ns": 2 * 10**9,
+        "load_ns": 3 * 10**9,  # the longest: a cold load
+    }
+    assert by_node["a"]["last_used"] < by_node["b"]["last_used"]
+
+
 # -- alerts ---------------------------------------------------------------------------------------
 
 
@@ -1347,6 +1384,25 @@ def test_every_public_name_of_the_store_has_its_contract():
     )
     gone = set(COVERED) - public_names()
     assert not gone, f"@covers names {sorted(gone)}, which Store no longer has"
+
+
+@covers("model_use")
+async def test_a_models_use_counts_the_jobs_whose_runs_ended_since(store):
+    clock = store.clock
+    old = await submit(store, "a")
+    await store.finish(old, (await store.claim("a"))["run_id"], "done", None)
+    clock.advance(100)
+    since = clock()
+    retried = await submit(store, "a")
+    await store.finish(retried, (await store.claim("a"))["run_id"], "failed", "boom")
+    done = await submit(store, "a")
+    await store.finish(done, (await store.claim("a"))["run_id"], "done", None)
+    await submit(store, "b")
+    await store.claim("b")  # still running: not counted yet
+    [use] = await store.model_use(since)
+    assert (use["node"], use["model"], use["jobs"]) == ("a", "ma", 2)
+    assert iso(since) < use["last_used"] <= iso(clock())  # the done run, the last to end
+    assert await store.model_use(clock() + 1) == []
 
 
 # -- usage over time (gpuq/store/usage.py) -----------------------------------------------------

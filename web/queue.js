@@ -712,6 +712,14 @@ function unloadedLine(u) {
     title: `${u.by} asked this model to leave VRAM (keep_alive 0 with no prompt)`});
 }
 
+// The node's speed on its model, measured over its last 20 done runs (gpuq/speed.py).
+function speedLine(speed) {
+  const num = (v, unit) => (v === null ? '-' : `${v} ${unit}`);
+  const text = `speed: prompt ${num(speed.prompt_tokens_per_s, 'tok/s')} · output ${num(speed.output_tokens_per_s, 'tok/s')} · load ${num(speed.load_s, 's')}`;
+  return el('div', {className: 'col-speed mono', text,
+    title: `measured on this node over its last ${speed.runs} done run${speed.runs === 1 ? '' : 's'} of its model; load: the longest (a cold load)`});
+}
+
 function column(node, stale) {
   const [cls, label, why] = nodeStatus(node);
   const runningStale = node.running && stale.has(node.running.id);
@@ -738,6 +746,7 @@ function column(node, stale) {
   } else if (cls === 'stuck') {
     head.append(el('div', {className: 'col-warn', text: node.vram_stuck}));
   }
+  if (node.speed && node.speed.runs) head.append(speedLine(node.speed));
   if (node.warm) head.append(warmLine(node.warm));
   if (node.asked_unload && !node.warm) head.append(unloadedLine(node.asked_unload));
   if (node.model_installed === false) {

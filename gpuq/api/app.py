@@ -31,6 +31,7 @@ from .health import activity_view, alerts, health, metrics
 from .inputs import bounded
 from .jobs import get_job, history, list_jobs, submit
 from .metrics import Metrics
+from .models import models
 from .pages import WEB_DIR, headers_middleware, history_page, page, preview_page, usage_page
 from .queue import clear, delete, move, nodes, preempt, queue, retry, stale
 from .reload import reload_view
@@ -151,6 +152,7 @@ def create_app(settings: Settings, clock: Callable[[], float] = time.time) -> we
     r.add_get("/metrics", metrics)
     r.add_get("/api/queue", bounded(queue))
     r.add_get("/api/nodes", bounded(nodes))
+    r.add_get("/api/models", bounded(models))
     r.add_get("/api/stale", bounded(stale))
     r.add_get("/api/history", bounded(history))
     r.add_get("/api/activity", bounded(activity_view))

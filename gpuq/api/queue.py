@@ -7,10 +7,12 @@ import logging
 
 from aiohttp import web
 
-from .. import eta
+from .. import eta, speed
 from ..access.privacy import change_scope
 from ..errors import BadRequest, OverQuota, UnknownNode
-from ..jobs import JobState, NodeCounts
+from ..jobs import JobState, NodeCounts, normalize_model
+from ..node.runtime import NodeRuntime
+from ..store import Row, Store
 from .callers import actor_of, as_seen, caller_of, own_job
 from .inputs import field_of, int_param, job_id_of, json_body
 from .render import job_json, json_response, node_json, with_eta, with_live, with_quota
@@ -51,6 +53,7 @@ async def queue(request: web.Request) -> web.Response:
             [j for running, queued, _ in queues.values() for j in [running, *queued] if j]
         )
     nodes, depth = [], 0
+    speeds = await model_speeds(app[STORE], runtimes)  # the node's head on the page shows it
     for rt in runtimes:
         running, queued, count = queues[rt.name]
         depth += count
@@ -61,6 +64,7 @@ async def queue(request: web.Request) -> web.Response:
                 running=running,
                 queued=[with_eta(job_json(j, url), found) for j in queued],
                 queued_count=count,
+                speed=speeds[rt.name],
             )
         )
     await with_quota(app, [j for n in nodes for j in n["queued"]])
@@ -79,15 +83,25 @@ async def queue(request: web.Request) -> web.Response:
 
 
 async def nodes(request: web.Request) -> web.Response:
-    active = await request.app[STORE].active_by_node()
+    """Each node as node_json, with its waiting jobs and its measured speed on its model (speed.py)."""
+    store, runtimes = request.app[STORE], list(request.app[DISPATCHER].nodes.values())
+    active = await store.active_by_node()
+    speeds = await model_speeds(store, runtimes)
     return json_response(
         {
             "nodes": [
-                dict(node_json(rt), waiting=active.get(rt.name, NodeCounts()).queued)
-                for rt in request.app[DISPATCHER].nodes.values()
+                dict(node_json(rt), waiting=active.get(rt.name, NodeCounts()).queued, speed=speeds[rt.name])
+                for rt in runtimes
             ]
         }
     )
+
+
+async def model_speeds(store: Store, runtimes: list[NodeRuntime]) -> dict[str, Row]:
+    """Each node's measured speed on its configured model, in the API's shape (one read)."""
+    asked = {(rt.name, name) for rt in runtimes for name in speed.asked_names(rt.config.model)}
+    found = speed.from_rows(await store.speeds(asked, speed.LAST_RUNS))
+    return {rt.name: speed.speed_json(found.get((rt.name, normalize_model(rt.config.model)))) for rt in runtimes}
 
 
 async def stale(request: web.Request) -> web.Response:

@@ -3,7 +3,7 @@ print `error <status> <message>` then `not retried`, and exit non-zero.
 
 This is the group and its global options; the commands live by group, each module registered
 below: jobs (task, critique, wait, show), queue (queue, stale, move, preempt, delete, clear,
-retry), history, usage, lab (serve, init, reload, nodes, health), backup (backup, restore), retention (prune,
+retry), history, usage, lab (serve, init, reload, nodes, health), models, backup (backup, restore), retention (prune,
 archive search), storage and service.
 What they share is in common; the HTTP client in client."""
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import click
 
-from . import backup, batch, history, jobs, lab, queue, retention, service, storage, usage
+from . import backup, batch, history, jobs, lab, models, queue, retention, service, storage, usage
 
 
 @click.group()
@@ -49,6 +49,7 @@ for command in (
     lab.reload,
     lab.nodes,
     lab.health,
+    models.models,
     backup.backup,
     backup.restore,
     retention.prune,

@@ -14,6 +14,7 @@ import click
 
 from ..config import ConfigError, find_config, load_config, starter_config
 from ..jobs import parse_iso
+from ..speed import speed_text
 from .common import ago, api_errors, fail, router_of
 from .where import find_router, read_config
 
@@ -146,6 +147,8 @@ def nodes(ctx: click.Context, as_json: bool) -> None:
             f"{n['name']:12} {n['rank']:>4} {status:8} {n['model']:22} {','.join(n['roles']):15} "
             f"{n['waiting']:>7}  {ago(n['since'])} ago {problem}".rstrip()
         )
+        if n.get("speed", {}).get("runs"):  # measured on its model over its recent runs (gpuq/speed.py)
+            click.echo(f"{'':12} speed: {speed_text(n['speed'])}")
         if n.get("warm"):  # a model kept loaded between jobs
             click.echo(f"{'':12} warm: {warm_text(n['warm'])}")
         if n.get("asked_unload"):  # the last `ollama stop` (or Open WebUI's unload) it was asked

@@ -441,6 +441,7 @@ class Dispatcher:
         history = eta.History()
         for d in durations:
             history.runs.setdefault((d["node"], d["model"]), []).append(d["seconds"])
+            history.loads.setdefault((d["node"], d["model"]), []).append(float(d["load_s"]))
         running: dict[str, eta.Slot] = {}
         waiting: dict[str, list[eta.Slot]] = {name: [] for name in names}
         for r in rows:
@@ -449,7 +450,14 @@ class Dispatcher:
             elif r["node"] in waiting:
                 waiting[r["node"]].append(eta.Slot(r["id"], r["model"], waiting_for=r["waiting_for"]))
         plans = [
-            eta.NodePlan(name, running.get(name), tuple(waiting[name]), node_blocked(rt))
+            eta.NodePlan(
+                name,
+                running.get(name),
+                tuple(waiting[name]),
+                node_blocked(rt),
+                keeps_warm=self.settings.unload_for(rt.config) == "when-idle",
+                warm=rt.warm_model,
+            )
             for name, rt in runtimes.items()
         ] + [
             eta.NodePlan(n.name, running.get(n.name), tuple(waiting[n.name]), None if n.up else down_words(n.name))

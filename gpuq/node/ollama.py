@@ -51,7 +51,7 @@ def _snippet(value: Any) -> str:
 EXPECTED = {str: "a string", bool: "a boolean", int: "a whole number"}
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # half of a UTF-16 pair, which JSON's \u escapes allow
 # The final chunk's counters and durations (ns); the store records them as they are.
-STATS = ("eval_count", "prompt_eval_count", "total_duration", "load_duration", "eval_duration")
+STATS = ("eval_count", "prompt_eval_count", "total_duration", "load_duration", "eval_duration", "prompt_eval_duration")
 
 
 # Every request to a node asks for its bytes as they are and follows no redirect: a compressed

@@ -337,7 +337,7 @@ def work_done(
     db.execute(
         "UPDATE run SET progress_at = ?, work_done_at = ?, done_reason = ?,"
         " eval_count = ?, prompt_eval_count = ?, total_duration_ns = ?,"
-        " load_duration_ns = ?, eval_duration_ns = ? WHERE id = ? AND state = 'running'",
+        " load_duration_ns = ?, eval_duration_ns = ?, prompt_eval_duration_ns = ? WHERE id = ? AND state = 'running'",
         (
             iso(now),
             iso(now),
@@ -347,6 +347,7 @@ def work_done(
             stats.get("total_duration"),
             stats.get("load_duration"),
             stats.get("eval_duration"),
+            stats.get("prompt_eval_duration"),
             run_id,
         ),
     )

@@ -220,8 +220,12 @@ class Reads(Core):
 
     async def recent_durations(self, node_models: set[tuple[str, str]], nodes: set[str], last: int = 20) -> list[Row]:
         """How long the last `last` done runs took, per node and model and per node: rows of
-        (node, model or NULL for the node's, seconds). Each part reads its partial index."""
-        seconds = self.engine.seconds_between("started_at", "finished_at") + " AS seconds"
+        (node, model or NULL for the node's, seconds, load_s: the part of it Ollama spent
+        loading the model, 0 where not reported). Each part reads its partial index."""
+        seconds = (
+            self.engine.seconds_between("started_at", "finished_at")
+            + " AS seconds, COALESCE(load_duration_ns, 0) / 1e9 AS load_s"
+        )
         by_node, by_model = self.engine.indexed_by("run_done_node"), self.engine.indexed_by("run_done_node_model")
         parts: list[tuple[str, tuple[Any, ...]]] = [
             (
@@ -244,6 +248,43 @@ class Reads(Core):
             chunk = parts[at : at + 400]
             rows += await self.read(" UNION ALL ".join(sql for sql, _ in chunk), [p for _, ps in chunk for p in ps])
         return rows
+
+    async def speeds(self, node_models: set[tuple[str, str]], last: int = 20) -> list[Row]:
+        """Ollama's counters summed over the last `last` done runs of each (node, model), for its
+        measured speed (gpuq/speed.py): runs, prompt_tokens and prompt_ns (runs with a prompt
+        time), output_tokens and output_ns (runs that generated), load_ns (the longest load),
+        last_used (the newest one's end). No row for a pair with no done run. Each part reads
+        the partial index run_done_node_model."""
+        by_model = self.engine.indexed_by("run_done_node_model")
+        part = (
+            "SELECT node, model, COUNT(*) AS runs,"
+            " SUM(CASE WHEN prompt_eval_duration_ns > 0 THEN prompt_eval_count END) AS prompt_tokens,"
+            " SUM(CASE WHEN prompt_eval_duration_ns > 0 THEN prompt_eval_duration_ns END) AS prompt_ns,"
+            " SUM(CASE WHEN eval_duration_ns > 0 THEN eval_count END) AS output_tokens,"
+            " SUM(CASE WHEN eval_duration_ns > 0 THEN eval_duration_ns END) AS output_ns,"
+            " MAX(load_duration_ns) AS load_ns, MAX(finished_at) AS last_used FROM ("
+            " SELECT node, model, prompt_eval_count, prompt_eval_duration_ns, eval_count, eval_duration_ns,"
+            f" load_duration_ns, finished_at FROM run{by_model}"
+            " WHERE state = 'done' AND node = ? AND model = ? ORDER BY id DESC LIMIT ?) AS last GROUP BY node, model"
+        )
+        pairs = sorted(node_models)
+        rows: list[Row] = []
+        for at in range(0, len(pairs), 400):  # SQLite compounds at most 500 SELECTs
+            chunk = pairs[at : at + 400]
+            rows += await self.read(
+                " UNION ALL ".join([part] * len(chunk)), [p for n, m in chunk for p in (n, m, last)]
+            )
+        return rows
+
+    async def model_use(self, since: float) -> list[Row]:
+        """Per (node, model) as jobs asked for it: how many jobs had a run end since `since`
+        (jobs), and when the last of those runs ended (last_used); `gpuq models`. One range of
+        the index run_finished."""
+        return await self.read(
+            "SELECT node, model, COUNT(DISTINCT job_id) AS jobs, MAX(finished_at) AS last_used"
+            " FROM run WHERE finished_at >= ? GROUP BY node, model",
+            (iso(since),),
+        )
 
     # -- history and utilisation (the history page, the busy strips) ---------------------------
 
