@@ -473,6 +473,20 @@ async def model_card(d) -> None:
         holds_nothing_of_bobs(d, await resp.text())
 
 
+async def usage(d) -> None:
+    """A member's usage is her own runs: by person, no row of bob's; by node, none of his runs
+    counted; no text of his anywhere. The admin's counts his."""
+    mine = await as_user(d, "alice", "GET", "/api/usage?by=user&since=7d")
+    everyone = await as_user(d, "admin", "GET", "/api/usage?by=user&since=7d")
+    assert mine[0] == everyone[0] == 200, (mine, everyone)
+    assert mine[1]["scope"] == "own" and {r["key"] for r in mine[1]["rows"]} <= {"alice"}, mine
+    assert "bob" in {r["key"] for r in everyone[1]["rows"]}, everyone
+    status, by_node = await as_user(d, "alice", "GET", "/api/usage?by=node&since=7d")
+    assert status == 200 and sum(r["jobs"] for r in by_node["rows"]) == sum(r["jobs"] for r in mine[1]["rows"])
+    holds_nothing_of_bobs(d, mine[1])
+    holds_nothing_of_bobs(d, by_node)
+
+
 API_ROUTES: dict[tuple[str, str], Check] = {
     ("GET", "/api/jobs/{id}"): job_detail,
     ("GET", "/api/jobs/{id}/stream"): job_stream,
@@ -500,6 +514,7 @@ API_ROUTES: dict[tuple[str, str], Check] = {
     ("GET", "/health"): no_job_text("/health", ok=(200, 503)),
     ("GET", "/api/nodes"): no_job_text("/api/nodes"),
     ("GET", "/api/models"): no_job_text("/api/models"),
+    ("GET", "/api/usage"): usage,
     ("GET", "/api/stale"): no_job_text("/api/stale"),
     ("GET", "/api/activity"): no_job_text("/api/activity"),
     ("GET", "/api/alerts"): no_job_text("/api/alerts"),
@@ -507,6 +522,7 @@ API_ROUTES: dict[tuple[str, str], Check] = {
     ("GET", "/"): no_job_text("/"),  # the pages are files; their data comes from the routes above
     ("GET", "/jobs/{id}"): no_job_text("/jobs/1760883402-9f3a7c21"),
     ("GET", "/history"): no_job_text("/history"),
+    ("GET", "/usage"): no_job_text("/usage"),
     ("GET", "/static"): no_job_text("/static/job.js"),
 }
 
