@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 import tomli_w
 from conftest import eventually, node_table, run_cli
+from test_retention import sql
 
 from gpuq import disk
 from gpuq.upkeep import archive
@@ -99,14 +100,6 @@ async def router(fakes, daemon_factory, tables: dict | None = None, **router_key
     await daemon.start()
     daemon.fake = fake
     return daemon
-
-
-def sql(path: Path, statement: str, *params) -> list[tuple]:
-    db = sqlite3.connect(path, isolation_level=None)
-    try:
-        return db.execute(statement, params).fetchall()
-    finally:
-        db.close()
 
 
 def age(path: Path, days: float) -> None:

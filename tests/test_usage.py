@@ -8,14 +8,9 @@ import tomllib
 
 import tomli_w
 from conftest import node_table, run_cli
+from test_users import TOKENS, USERS
 
 MODEL = "qwen3-coder:30b"
-TOKENS = {"alice": "alice-token", "bob": "bob-token", "root": "root-token"}
-USERS = [
-    {"name": "alice", "token": TOKENS["alice"], "role": "member"},
-    {"name": "bob", "token": TOKENS["bob"], "role": "member"},
-    {"name": "root", "token": TOKENS["root"], "role": "admin"},
-]
 
 
 def auth(user: str) -> dict:
