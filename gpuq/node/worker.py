@@ -30,8 +30,8 @@ from ..jobs import JobState, Kind
 from ..params import merged_options
 from ..store import Row, Store
 from .calls import CLIENT_LEFT, Calls, Policy
+from .context_check import ContextCheck
 from .monitor import NodeMonitor
-from .ollama import prompt_was_cut
 from .runtime import Current, NodeRuntime
 from .vram import Vram, idle_wait_s, same_model
 
@@ -42,7 +42,6 @@ T = TypeVar("T")
 IDLE_POLL_S = 5.0  # the fallback poll; a submit wakes the worker at once
 HEARTBEAT_S = 1.0  # progress is written at most this often while tokens stream
 RECORD_RETRY_MAX_S = 5.0  # the longest wait between tries to record a job's outcome
-OLLAMA_DEFAULT_CONTEXT = 4096  # num_ctx when neither the job, the node nor the model sets one
 # Why a claimed job goes back to the head of its queue when the router stops before sending it.
 NOT_SENT = "back to the head of the queue: the router stopped before this run's request reached Ollama"
 
@@ -100,7 +99,7 @@ class Worker:
         self.vram = Vram(rt, monitor, settings, store, self.note, lambda: self.stopping)
         # Runs aborted before this worker took them up (a delete racing the claim's return).
         self.aborted_runs: dict[int, str] = {}
-        self.context_lengths: dict[str, int | None] = {}  # /api/show's num_ctx per model
+        self.context_check = ContextCheck(rt)  # a prompt Ollama cut, noted on its job
         self.sent_run: int | None = None  # the last run whose request went to Ollama
         self.stopping = False  # the router is stopping: nothing new is claimed or sent
         # Does this router hold the node's lease (gpuq/node/leases.py)? Nothing is claimed while not.
@@ -504,7 +503,10 @@ class Worker:
         cur.saved = upto
         output = "".join(cur.output)
         if job["kind"] != Kind.EMBED:  # an embedding's prompt_eval_count sums all its inputs
-            await self._warn_if_prompt_filled_context(job, stats, cur.options)
+            warning = await self.context_check.warning(job, stats, cur.options)
+            if warning is not None:
+                log.warning("job=%s node=%s %s", job["id"], self.rt.name, warning)
+                await self.note(job["id"], f"warning: {warning}")
         # A front-door client that set its limit is told done_reason "length", as Ollama tells it:
         # its job is done. gpuq's own jobs fail loudly instead.
         if stats.get("done_reason") == "length" and job.get("endpoint") is None:
@@ -518,36 +520,6 @@ class Worker:
             return parse_findings(output), None
         except FindingsError as exc:
             return None, f"the model's reply does not match the findings schema: {exc}; raw reply kept as output"
-
-    async def _warn_if_prompt_filled_context(
-        self, job: Row, stats: dict[str, Any], options: dict[str, Any] | None
-    ) -> None:
-        """Ollama cuts a prompt too long for the context window with only a line in its own log.
-        When the prompt tokens it evaluated show a cut, say so on the job (num_ctx from the options, else
-        from the model's /api/show parameters; unknown: no warning)."""
-        used = stats.get("prompt_eval_count")
-        if not isinstance(used, int):
-            return
-        num_ctx = (options or {}).get("num_ctx")
-        if num_ctx is None:
-            if job["model"] not in self.context_lengths:
-                try:
-                    self.context_lengths[job["model"]] = await self.rt.client.context_length(job["model"])
-                except OllamaError as exc:
-                    log.warning(
-                        "job=%s node=%s cannot read num_ctx from /api/show: %s", job["id"], self.rt.name, exc.message
-                    )
-                    return
-            # No num_ctx in the model's parameters: the server's default context applies, 4096
-            # unless its OLLAMA_CONTEXT_LENGTH says otherwise (which no API tells).
-            num_ctx = self.context_lengths[job["model"]] or OLLAMA_DEFAULT_CONTEXT
-        if num_ctx and prompt_was_cut(used, num_ctx, (options or {}).get("num_keep", 4)):
-            warning = (
-                f"prompt may have been truncated: {used} tokens, num_ctx {num_ctx} "
-                "(set a larger num_ctx in the node's or the job's options)"
-            )
-            log.warning("job=%s node=%s %s", job["id"], self.rt.name, warning)
-            await self.note(job["id"], f"warning: {warning}")
 
     async def _persist(self, job_id: str, what: str, write: Callable[[], Awaitable[T]]) -> T:
         """Write what a job did. While the database refuses (a person holds its lock, the disk
